@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean schemas
+
+install: $(STAMP)
+
+# Rebuilt only when the packaging changes; code is installed editable.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# local CPU build of torch; a looser pin would pull gigabytes of CUDA packages
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[all,dev]'
+	touch $@
+
+demo: install
+	$(BIN)/phasewise demo $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+schemas: install
+	$(BIN)/phasewise schemas --write infra/schemas
+
+bench: install
+	$(BIN)/phasewise bench pipeline --containers 200 --seconds 20 --json
+
+clean:
+	rm -rf $(VENV) build *.egg-info
