@@ -1,0 +1,3 @@
+"""phasewise: an event-streaming resource manager for deep-learning clusters."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,451 @@
+"""Every record phasewise puts on a topic, in one module.
+
+Producers, stream agents, actuators and outside subscribers share these
+definitions. Each record is a frozen dataclass carrying ``v`` (its schema
+version) and ``ts`` (event time, Unix seconds). Wire format is JSON (UTF-8).
+
+Parsing is strict: :func:`decode` turns bytes into a record or raises
+:class:`SchemaError` whose message says exactly what is wrong, so a consumer
+can dead-letter the message with that reason instead of crashing.
+
+JSON Schemas for subscribers are generated from these classes
+(:func:`json_schemas`) into ``infra/schemas/`` and a test keeps them current.
+
+>>> s = ContainerSample(container="job-a", cpu_cores=1.5, mem_bytes=2**30)
+>>> msg = HostSamples(host="h1", ts=1.0, interval_s=1.0, containers=(s,))
+>>> decode(HostSamples, encode(msg)) == msg
+True
+>>> decode(HostSamples, b'{"v": 1, "host": "h1"}')
+Traceback (most recent call last):
+...
+phasewise.schemas.SchemaError: HostSamples: missing field 'ts'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+__all__ = [
+    "SchemaError",
+    "ContainerSample",
+    "GpuSample",
+    "HostSamples",
+    "JobEvent",
+    "Decision",
+    "Actuation",
+    "PhaseChange",
+    "ModelSnapshot",
+    "DeadLetter",
+    "RECORDS",
+    "encode",
+    "decode",
+    "from_dict",
+    "to_dict",
+    "json_schemas",
+]
+
+# Bounds that reject absurd values at the edge. A container using more than
+# 4096 cores or 64 TiB is a broken sampler, not a workload.
+MAX_CORES = 4096.0
+MAX_BYTES = float(2**46)
+MAX_PCT = 100.0
+
+
+class SchemaError(ValueError):
+    """A message does not match its record's schema; ``str(e)`` is the reason."""
+
+
+def _f(
+    *,
+    default: Any = dataclasses.MISSING,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    enum: tuple[str, ...] | None = None,
+    doc: str = "",
+) -> Any:
+    meta = {"minimum": minimum, "maximum": maximum, "enum": enum, "doc": doc}
+    if default is dataclasses.MISSING:
+        return field(metadata=meta)
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerSample:
+    """One container's usage over the producer's last interval."""
+
+    VERSION: ClassVar[int] = 1
+    container: str = _f(doc="container id: cgroup path relative to the managed root")
+    cpu_cores: float = _f(minimum=0, maximum=MAX_CORES, doc="CPU cores used (mean over interval)")
+    mem_bytes: float = _f(minimum=0, maximum=MAX_BYTES, doc="memory working set, bytes")
+    cpu_limit_cores: float | None = _f(
+        default=None, minimum=0, maximum=MAX_CORES, doc="current CPU limit; null = unlimited"
+    )
+    mem_limit_bytes: float | None = _f(
+        default=None, minimum=0, maximum=MAX_BYTES, doc="current memory limit; null = unlimited"
+    )
+    throttled_periods: int = _f(default=0, minimum=0, doc="CFS periods throttled (delta)")
+    nr_periods: int = _f(default=0, minimum=0, doc="CFS periods elapsed (delta)")
+    throttled_s: float = _f(default=0.0, minimum=0, doc="time throttled, seconds (delta)")
+    oom_events: int = _f(default=0, minimum=0, doc="OOM kills (delta)")
+    gpu_util: float | None = _f(
+        default=None, minimum=0, maximum=MAX_PCT * 64, doc="GPU SM utilisation, percent summed over GPUs"
+    )
+    gpu_mem_bytes: float | None = _f(
+        default=None, minimum=0, maximum=MAX_BYTES, doc="GPU memory used by its processes, bytes"
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSample:
+    """One GPU of a host."""
+
+    VERSION: ClassVar[int] = 1
+    index: int = _f(minimum=0)
+    uuid: str = _f()
+    util: float = _f(minimum=0, maximum=MAX_PCT, doc="SM utilisation, percent")
+    mem_used_bytes: float = _f(minimum=0, maximum=MAX_BYTES)
+    mem_total_bytes: float = _f(minimum=0, maximum=MAX_BYTES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostSamples:
+    """One message per host per tick holding all its containers (key: host)."""
+
+    VERSION: ClassVar[int] = 1
+    host: str = _f()
+    ts: float = _f(minimum=0, doc="event time of the end of the interval, Unix seconds")
+    interval_s: float = _f(minimum=0, maximum=86400)
+    containers: tuple[ContainerSample, ...] = _f(default=())
+    gpus: tuple[GpuSample, ...] = _f(default=())
+    host_cpu_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
+    host_cpu_count: int | None = _f(default=None, minimum=0)
+    host_mem_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+    host_mem_total_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+    v: int = _f(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobEvent:
+    """A training job's life: submitted, progress (step, loss), finished (key: job)."""
+
+    VERSION: ClassVar[int] = 1
+    job: str = _f()
+    ts: float = _f(minimum=0)
+    kind: str = _f(enum=("submitted", "progress", "finished"))
+    host: str | None = _f(default=None)
+    container: str | None = _f(default=None)
+    step: int | None = _f(default=None, minimum=0)
+    loss: float | None = _f(default=None)
+    acceptable_loss: float | None = _f(default=None)
+    objective_loss: float | None = _f(default=None)
+    priority: int | None = _f(default=None)
+    workload: str | None = _f(default=None, doc="training | inference | interactive")
+    v: int = _f(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What a policy wants done to one container (key: host)."""
+
+    VERSION: ClassVar[int] = 1
+    id: str = _f(doc="idempotency key: an actuator applies each id at most once")
+    ts: float = _f(minimum=0)
+    host: str = _f()
+    container: str = _f()
+    action: str = _f(enum=("limit", "freeze", "thaw", "terminate", "place"))
+    policy: str = _f(doc="policy that produced it, e.g. vpa, phase")
+    reason: str = _f(default="")
+    cpu_limit_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
+    mem_limit_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+    details: dict = _f(default={}, doc="the numbers behind the decision")
+    v: int = _f(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Actuation:
+    """What an actuator did with a decision (key: host)."""
+
+    VERSION: ClassVar[int] = 1
+    decision_id: str = _f()
+    ts: float = _f(minimum=0)
+    host: str = _f()
+    container: str = _f()
+    status: str = _f(enum=("applied", "clamped", "duplicate", "rejected", "failed"))
+    backend: str = _f()
+    message: str = _f(default="")
+    cpu_limit_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
+    mem_limit_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+    decision_ts: float | None = _f(default=None, minimum=0)
+    v: int = _f(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseChange:
+    """A container entered a new phase (key: container)."""
+
+    VERSION: ClassVar[int] = 1
+    container: str = _f()
+    host: str = _f()
+    ts: float = _f(minimum=0)
+    old_phase: int | None = _f(default=None)
+    new_phase: int = _f(minimum=0)
+    since: float = _f(minimum=0, doc="event time the old phase began")
+    stats: dict = _f(default={}, doc="per-resource statistics of the new phase")
+    v: int = _f(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSnapshot:
+    """A serialised model (compacted topic, key: model name)."""
+
+    VERSION: ClassVar[int] = 1
+    name: str = _f()
+    ts: float = _f(minimum=0)
+    version: int = _f(minimum=0, doc="monotonic snapshot counter")
+    payload_b64: str = _f(doc="base64 of the model checkpoint")
+    samples_seen: int = _f(default=0, minimum=0)
+    v: int = _f(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter:
+    """A message that could not be processed, with why (key: source key)."""
+
+    VERSION: ClassVar[int] = 1
+    ts: float = _f(minimum=0)
+    source_topic: str = _f()
+    partition: int | None = _f(default=None)
+    offset: int | None = _f(default=None)
+    reason: str = _f()
+    payload: str = _f(doc="the original bytes, UTF-8 with backslash escapes for invalid bytes")
+    key: str | None = _f(default=None)
+    v: int = _f(default=1)
+
+
+RECORDS: tuple[type, ...] = (
+    HostSamples,
+    ContainerSample,
+    GpuSample,
+    JobEvent,
+    Decision,
+    Actuation,
+    PhaseChange,
+    ModelSnapshot,
+    DeadLetter,
+)
+
+R = TypeVar("R")
+
+# --------------------------------------------------------------------------- parsing
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    h = _HINTS.get(cls)
+    if h is None:
+        h = typing.get_type_hints(cls)
+        h.pop("VERSION", None)
+        _HINTS[cls] = h
+    return h
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _check_number(cls: str, name: str, value: Any, meta: dict, integer: bool) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SchemaError(f"{cls}: field '{name}' must be a number, got {type(value).__name__}")
+    if integer:
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise SchemaError(f"{cls}: field '{name}' must be an integer, got {value!r}")
+            value = int(value)
+    else:
+        value = float(value)
+        if not math.isfinite(value):
+            raise SchemaError(f"{cls}: field '{name}' must be finite, got {value!r}")
+    lo, hi = meta.get("minimum"), meta.get("maximum")
+    if lo is not None and value < lo:
+        raise SchemaError(f"{cls}: field '{name}' = {value!r} is below the minimum {lo}")
+    if hi is not None and value > hi:
+        raise SchemaError(f"{cls}: field '{name}' = {value!r} is above the maximum {hi:g}")
+    return value
+
+
+def _convert(cls: str, name: str, tp: Any, value: Any, meta: dict) -> Any:
+    tp, optional = _unwrap_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise SchemaError(f"{cls}: field '{name}' must not be null")
+    if tp is float:
+        return _check_number(cls, name, value, meta, integer=False)
+    if tp is int:
+        return _check_number(cls, name, value, meta, integer=True)
+    if tp is str:
+        if not isinstance(value, str):
+            raise SchemaError(f"{cls}: field '{name}' must be a string, got {type(value).__name__}")
+        if meta.get("enum") and value not in meta["enum"]:
+            raise SchemaError(f"{cls}: field '{name}' = {value!r} is not one of {list(meta['enum'])}")
+        return value
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise SchemaError(f"{cls}: field '{name}' must be an object")
+        return value
+    if typing.get_origin(tp) is tuple:
+        (item_tp, _ellipsis) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise SchemaError(f"{cls}: field '{name}' must be an array")
+        out = []
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise SchemaError(f"{cls}: {name}[{i}] must be an object")
+            try:
+                out.append(from_dict(item_tp, item))
+            except SchemaError as e:
+                raise SchemaError(f"{cls}: {name}[{i}]: {e}") from None
+        return tuple(out)
+    raise TypeError(f"unsupported field type {tp!r}")  # a bug in this module, not bad input
+
+
+def from_dict(cls: type[R], data: dict) -> R:
+    """Build a record from a decoded JSON object, validating every field."""
+    name = cls.__name__
+    if not isinstance(data, dict):
+        raise SchemaError(f"{name}: expected a JSON object, got {type(data).__name__}")
+    hints = _hints(cls)
+    if "v" in hints:
+        v = data.get("v", None)
+        if v is None:
+            raise SchemaError(f"{name}: missing field 'v' (schema version)")
+        if v != cls.VERSION:  # type: ignore[attr-defined]
+            raise SchemaError(
+                f"{name}: unsupported schema version {v!r} (this build reads v{cls.VERSION})"  # type: ignore[attr-defined]
+            )
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _convert(name, f.name, hints[f.name], data[f.name], f.metadata)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SchemaError(f"{name}: missing field '{f.name}'")
+    return cls(**kwargs)
+
+
+def to_dict(record: Any) -> dict:
+    out = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, tuple):
+            value = [to_dict(x) for x in value]
+        out[f.name] = value
+    return out
+
+
+def encode(record: Any) -> bytes:
+    return json.dumps(to_dict(record), separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(cls: type[R], raw: bytes | str) -> R:
+    """Parse and validate one message; :class:`SchemaError` says why not."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SchemaError(f"{cls.__name__}: not valid JSON: {e}") from None
+    return from_dict(cls, data)
+
+
+def payload_text(raw: bytes | None) -> str:
+    """Lossless text form of arbitrary bytes for a dead letter."""
+    if raw is None:
+        return ""
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
+# --------------------------------------------------------------------------- JSON Schema
+
+
+def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
+    tp, optional = _unwrap_optional(tp)
+    if tp is float:
+        s: dict = {"type": "number"}
+    elif tp is int:
+        s = {"type": "integer"}
+    elif tp is str:
+        s = {"type": "string"}
+        if meta.get("enum"):
+            s["enum"] = list(meta["enum"])
+    elif tp is dict:
+        s = {"type": "object"}
+    elif typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        defs[item.__name__] = _schema_body(item, defs)
+        s = {"type": "array", "items": {"$ref": f"#/$defs/{item.__name__}"}}
+    else:
+        raise TypeError(tp)
+    if meta.get("minimum") is not None:
+        s["minimum"] = meta["minimum"]
+    if meta.get("maximum") is not None:
+        s["maximum"] = meta["maximum"]
+    if meta.get("doc"):
+        s["description"] = meta["doc"]
+    if optional:
+        s["type"] = [s["type"], "null"] if "type" in s else s
+    return s
+
+
+def _schema_body(cls: type, defs: dict) -> dict:
+    hints = _hints(cls)
+    props, required = {}, []
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        props[f.name] = _json_type(hints[f.name], f.metadata, defs)
+        if f.name == "v":
+            props["v"] = {"const": cls.VERSION, "description": "schema version"}  # type: ignore[attr-defined]
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required.append(f.name)
+    if "v" in props:
+        required.append("v")
+    return {
+        "type": "object",
+        "description": (cls.__doc__ or "").strip().splitlines()[0],
+        "properties": props,
+        "required": required,
+        "additionalProperties": True,
+    }
+
+
+def json_schemas() -> dict[str, dict]:
+    """``{file name: JSON Schema}`` for every top-level record."""
+    out = {}
+    for cls in RECORDS:
+        if "v" not in _hints(cls):
+            continue  # nested records are $defs of their parents
+        defs: dict = {}
+        body = _schema_body(cls, defs)
+        schema = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"phasewise/{cls.__name__}.v{cls.VERSION}.json",  # type: ignore[attr-defined]
+            "title": cls.__name__,
+            **body,
+        }
+        if defs:
+            schema["$defs"] = defs
+        out[f"{cls.__name__}.v{cls.VERSION}.json"] = schema  # type: ignore[attr-defined]
+    return out

@@ -1,0 +1,116 @@
+"""One frozen settings object per process, read from ``PHASEWISE_*`` and flags.
+
+The environment is read only here, at the edge (:meth:`Settings.from_env`);
+everything else receives a :class:`Settings`. Flags override the environment,
+which overrides the defaults. Every process prints its settings at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+__all__ = ["Settings", "SettingsError"]
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # --- Kafka
+    bootstrap: str = "127.0.0.1:9092"
+    #: consumer session timeout; the embedded broker completes a group join
+    #: after about half of it, so local runs keep it short
+    session_timeout_ms: int = 6000
+    heartbeat_interval_ms: int = 1500
+    create_topics: bool = True
+    topic_partitions: int = 0  # 0 = each topic's documented default
+    # --- identity
+    host: str = dataclasses.field(default_factory=socket.gethostname)
+    # --- producer (host agent)
+    interval_s: float = 1.0
+    cgroup_root: str = "/sys/fs/cgroup"
+    cgroup_prefix: str = "phasewise"
+    buffer_max_messages: int = 10_000
+    # --- worker
+    worker_id: str = "phasewise-worker"
+    data_dir: str = "/tmp/phasewise"
+    web_port: int = 6066
+    policy: str = "vpa"
+    recommend_interval_s: float = 5.0
+    hysteresis: float = 0.10
+    # --- actuator
+    backend: str = "cgroup"
+    cpu_floor_cores: float = 0.05
+    mem_margin_bytes: int = 64 * 2**20
+    mem_floor_bytes: int = 64 * 2**20
+    metrics_port: int = 0  # 0 = no Prometheus endpoint
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> "Settings":
+        """Defaults < ``PHASEWISE_<NAME>`` environment < explicit overrides (flags).
+
+        ``None`` values in *overrides* mean "flag not given".
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f"PHASEWISE_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = _parse(f.name, f.type, raw)
+        for k, v in (overrides or {}).items():
+            if v is None:
+                continue
+            if k not in {f.name for f in fields(cls)}:
+                raise SettingsError(f"unknown setting {k!r}")
+            values[k] = v
+        s = cls(**values)
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        if not self.bootstrap:
+            raise SettingsError("bootstrap address is empty (set --bootstrap or PHASEWISE_BOOTSTRAP)")
+        if self.interval_s <= 0:
+            raise SettingsError(f"interval_s must be > 0, got {self.interval_s}")
+        if not 0 <= self.hysteresis < 1:
+            raise SettingsError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
+        if self.backend not in ("cgroup", "dry-run"):
+            raise SettingsError(f"backend must be 'cgroup' or 'dry-run', got {self.backend!r}")
+        if self.cpu_floor_cores <= 0:
+            raise SettingsError("cpu_floor_cores must be > 0")
+
+    def describe(self) -> str:
+        return "settings: " + " ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+
+    def kafka_common(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap}
+
+
+def _parse(name: str, tp: Any, raw: str) -> Any:
+    tp = str(tp)
+    try:
+        if tp == "bool":
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if tp == "int":
+            return int(raw)
+        if tp == "float":
+            return float(raw)
+        return raw
+    except ValueError:
+        raise SettingsError(f"PHASEWISE_{name.upper()}={raw!r} is not a valid {tp}") from None
+
+
+def fields_of(cls: type) -> set[str]:
+    return {f.name for f in fields(cls)}

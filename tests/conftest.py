@@ -1,0 +1,39 @@
+"""Shared fixtures: one embedded broker per test session, fresh settings per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from phasewise.infra.broker import EmbeddedBroker
+from phasewise.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    """A real Tansu broker on loopback, shared by the session's tests."""
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    with EmbeddedBroker(log_path=log) as b:
+        yield b
+
+
+@pytest.fixture
+def settings(broker, tmp_path) -> Settings:
+    """Settings pointing at the session broker, with a private data dir."""
+    from phasewise.kafka import ensure_topics
+
+    s = Settings.from_env(
+        {"bootstrap": broker.bootstrap, "host": f"test-{uuid.uuid4().hex[:6]}", "data_dir": str(tmp_path)},
+        env={},
+    )
+    ensure_topics(s)
+    return s
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+requires_root = pytest.mark.skipif(not is_root(), reason="needs root to create cgroups")
