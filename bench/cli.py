@@ -1,0 +1,28 @@
+"""``phasewise bench``: benchmarks that print numbers (one JSON object with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHES = {
+    "pipeline": ("phasewise.bench.pipeline", "closed loop: samples/s through the worker, latency, memory"),
+    "phases": ("phasewise.bench.phases", "phase detector with the CRBM in the loop: samples/s, memory"),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for name, (module, help_) in BENCHES.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        try:
+            importlib.import_module(module).add_arguments(sp)
+        except ImportError as e:  # a bench whose module is missing says so when chosen
+            sp.set_defaults(_missing=str(e))
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "_missing", None):
+        print(f"bench {args.bench} unavailable: {args._missing}")
+        return 2
+    return importlib.import_module(BENCHES[args.bench][0]).run(args)

@@ -1,0 +1,130 @@
+"""Pieces the benchmarks share: role subprocesses, message floods, scrapes.
+
+Benchmarks run the real roles as the operator would (``phasewise worker``
+etc. as subprocesses against a broker), so the figures include Kafka, Faust
+and JSON costs, not just the model maths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterable
+
+from phasewise.schemas import ContainerSample, HostSamples, encode
+
+__all__ = ["RoleProcess", "host_message", "scrape", "rss_bytes", "produce_messages"]
+
+
+class RoleProcess:
+    """``phasewise <role> ...`` in a subprocess with its log in *log_path*."""
+
+    def __init__(self, role: str, args: Iterable[str], *, env: dict[str, str], log_path: Path) -> None:
+        self.cmd = [sys.executable, "-m", "phasewise.cli", role, *args]
+        self.env = {**os.environ, **env}
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "RoleProcess":
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        p = self.proc
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self._log.close()
+        return p.returncode
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def host_message(host: str, ts: float, containers: list[str], cpu: list[float], mem: list[float],
+                 cpu_limit: float | None = None, mem_limit: float | None = None) -> bytes:
+    return encode(HostSamples(
+        host=host, ts=ts, interval_s=1.0,
+        containers=tuple(
+            ContainerSample(container=c, cpu_cores=u, mem_bytes=m, cpu_limit_cores=cpu_limit,
+                            mem_limit_bytes=mem_limit, nr_periods=10)
+            for c, u, m in zip(containers, cpu, mem)
+        ),
+    ))
+
+
+def produce_messages(producer, topic: str, items: Iterable[tuple[bytes, bytes]]) -> int:
+    n = 0
+    for key, value in items:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        n += 1
+        if n % 1000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return n
+
+
+def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
+    """Prometheus text exposition -> {sample name with labels: value}."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def dumps(obj: dict) -> str:
+    return json.dumps(obj, sort_keys=False)
+
+
+def wait_until(pred, timeout_s: float, interval_s: float = 0.1, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")

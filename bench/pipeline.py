@@ -1,0 +1,240 @@
+"""``phasewise bench pipeline``: the closed loop's throughput, latency and memory.
+
+What it does, in one run against one broker (embedded unless ``--bootstrap``):
+
+1. **raw_consume_per_s** — produces ``--raw-messages`` host messages of the
+   same shape as the benchmark's to a scratch topic, then times one
+   confluent-kafka consumer reading them back: the broker's own ceiling,
+   in messages/s, for comparison.
+2. **samples_per_s** — starts ``phasewise worker`` (a real Faust worker,
+   subprocess) and floods the samples topic with one message per host per
+   tick (``--containers`` split into hosts of ``--per-host``) for
+   ``--seconds``; the rate is read from the worker's own counter
+   ``phasewise_worker_container_samples_total`` (Prometheus endpoint) over the
+   steady part of the run: container samples per second through the worker.
+3. **p50_ms / p99_ms** — with the backlog drained, ticks at 1 Hz for
+   ``--latency-seconds`` with usage that moves, a dry-run ``phasewise
+   actuate`` for the first host, and latency = actuation time − the
+   sample's event time (both stamped on this machine's clock) for every
+   actuation of that host.
+4. **bytes_per_container** — the worker's resident memory growth from
+   before the first sample to after all containers are tracked, divided by
+   the number of containers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from phasewise.bench.harness import RoleProcess, host_message, produce_messages, rss_bytes, scrape, wait_until
+from phasewise.infra.broker import EmbeddedBroker, free_port
+from phasewise.kafka import ensure_topics, make_consumer, make_producer
+from phasewise.schemas import Actuation, decode
+from phasewise.settings import Settings
+from phasewise.topics import ACTUATIONS, SAMPLES, Topic
+
+COUNTER = "phasewise_worker_container_samples_total"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--containers", type=int, default=1000)
+    p.add_argument("--seconds", type=float, default=20.0, help="length of the throughput flood")
+    p.add_argument("--per-host", type=int, default=100, help="containers per host message")
+    p.add_argument("--latency-seconds", type=float, default=20.0)
+    p.add_argument("--raw-messages", type=int, default=20000)
+    p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--keep-logs", action="store_true", help="print where role logs are kept")
+
+
+def _hosts(n: int, per_host: int) -> list[tuple[str, list[str]]]:
+    out = []
+    for i in range(math.ceil(n / per_host)):
+        k = min(per_host, n - i * per_host)
+        out.append((f"bench-h{i:03d}", [f"c{i:03d}-{j:04d}" for j in range(k)]))
+    return out
+
+
+def _usage(n: int, t: float, seed: int) -> tuple[list[float], list[float]]:
+    """Usage that moves: per container a square wave between two levels."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.2, 1.0, n)
+    period = rng.integers(8, 20, n)
+    high = ((t // period) % 2).astype(float)
+    cpu = base * (1.0 + 1.5 * high)
+    mem = (base * 4e8) * (1.0 + 0.8 * high)
+    return cpu.tolist(), mem.tolist()
+
+
+def raw_consume_rate(settings: Settings, value: bytes, n: int) -> float:
+    topic = Topic(f"phasewise.bench-raw.{uuid.uuid4().hex[:6]}", "host", 1)
+    ensure_topics(settings, [topic])
+    p = make_producer(settings, **{"linger.ms": 20, "batch.num.messages": 10000})
+    produce_messages(p, topic.name, ((b"h", value) for _ in range(n)))
+    c = make_consumer(settings, f"bench-raw-{uuid.uuid4().hex[:6]}", **{"fetch.max.bytes": 52428800})
+    c.subscribe([topic.name])
+    got, t0 = 0, None
+    deadline = time.monotonic() + 120
+    while got < n and time.monotonic() < deadline:
+        msgs = c.consume(1000, 1.0)
+        for m in msgs:
+            if m.error():
+                continue
+            if t0 is None:
+                t0 = time.perf_counter()
+            got += 1
+    elapsed = time.perf_counter() - (t0 or time.perf_counter())
+    c.close()
+    return got / elapsed if elapsed > 0 else float("nan")
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="phasewise-bench-"))
+    broker = None if args.bootstrap else EmbeddedBroker(log_path=workdir / "broker.log").start()
+    bootstrap = args.bootstrap or broker.bootstrap
+    roles: list[RoleProcess] = []
+    try:
+        s = Settings.from_env({"bootstrap": bootstrap}, env={})
+        ensure_topics(s)
+        hosts = _hosts(args.containers, args.per_host)
+        cpu0, mem0 = _usage(args.per_host, 0, 0)
+        sample_value = host_message(hosts[0][0], time.time(), hosts[0][1], cpu0, mem0)
+        raw = raw_consume_rate(s, sample_value, args.raw_messages)
+
+        metrics_port = free_port()
+        env = {
+            "PHASEWISE_BOOTSTRAP": bootstrap,
+            "PHASEWISE_DATA_DIR": str(workdir / "worker"),
+            "PHASEWISE_METRICS_PORT": str(metrics_port),
+            "PHASEWISE_WEB_PORT": str(free_port()),
+            "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
+            "PHASEWISE_LOG_LEVEL": "warning",
+        }
+        worker = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log").start()
+        roles.append(worker)
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+        def counter() -> float:
+            return scrape(url).get(COUNTER, 0.0)
+
+        def ready() -> bool:
+            if not worker.alive():
+                raise RuntimeError("worker exited:\n" + worker.log_tail())
+            try:
+                return scrape(url).get("phasewise_worker_ready", 0.0) >= 1.0
+            except OSError:
+                return False
+
+        wait_until(ready, 90, what="the worker to be ready")
+        rss0 = rss_bytes(worker.pid)
+
+        # --- throughput: a backlog the worker drains as fast as it can
+        producer = make_producer(s, **{"linger.ms": 20})
+        ticks = max(1, int(args.seconds))
+        t_base = time.time() - ticks - 60
+        start_count = counter()
+
+        def flood():
+            for k in range(ticks):
+                for i, (host, cs) in enumerate(hosts):
+                    cpu, mem = _usage(len(cs), k, i)
+                    yield host.encode(), host_message(host, t_base + k, cs, cpu, mem, cpu_limit=2.0, mem_limit=4e9)
+
+        produced = produce_messages(producer, SAMPLES.name, flood())
+        expected = start_count + produced * 0 + sum(len(cs) for _, cs in hosts) * ticks
+        # steady-state rate between 10% and 90% of the backlog
+        lo = start_count + 0.1 * (expected - start_count)
+        hi = start_count + 0.9 * (expected - start_count)
+        wait_until(lambda: counter() >= lo, 600, 0.02, "10% of the backlog")
+        c_lo, t_lo = counter(), time.perf_counter()
+        wait_until(lambda: counter() >= hi, 600, 0.02, "90% of the backlog")
+        c_hi, t_hi = counter(), time.perf_counter()
+        samples_per_s = (c_hi - c_lo) / (t_hi - t_lo)
+        wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
+        rss1 = rss_bytes(worker.pid)
+        bytes_per_container = max(0.0, (rss1 - rss0) / args.containers)
+
+        # --- latency at 1 Hz with a dry-run actuator for the first host
+        host0 = hosts[0][0]
+        act_env = {**env, "PHASEWISE_HOST": host0, "PHASEWISE_DATA_DIR": str(workdir / "actuator")}
+        roles.append(RoleProcess("actuate", ["--backend", "dry-run"], env=act_env,
+                                 log_path=workdir / "actuator.log").start())
+        consumer = make_consumer(s, f"bench-lat-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "latest"})
+        consumer.subscribe([ACTUATIONS.name])
+        lat_start = time.time()
+        for _ in range(50):  # join the group before the measured window
+            consumer.poll(0.1)
+            if consumer.assignment():
+                break
+        latencies: list[float] = []
+        t_next = time.time()
+        k = ticks
+        while time.time() - lat_start < args.latency_seconds:
+            now = time.time()
+            for i, (host, cs) in enumerate(hosts):
+                cpu, mem = _usage(len(cs), k, i)
+                producer.produce(SAMPLES.name, key=host.encode(),
+                                 value=host_message(host, now, cs, cpu, mem, cpu_limit=2.0, mem_limit=4e9))
+            producer.poll(0)
+            k += 1
+            t_next += 1.0
+            while time.time() < t_next:
+                m = consumer.poll(max(0.0, t_next - time.time()))
+                _collect(m, host0, lat_start, latencies)
+        producer.flush(10)
+        end = time.time() + 5
+        while time.time() < end:
+            _collect(consumer.poll(0.2), host0, lat_start, latencies)
+        consumer.close()
+
+        lat_ms = np.array(latencies) * 1000.0
+        return {
+            "samples_per_s": round(samples_per_s, 1),
+            "raw_consume_per_s": round(raw, 1),
+            "p50_ms": round(float(np.percentile(lat_ms, 50)), 1) if len(lat_ms) else None,
+            "p99_ms": round(float(np.percentile(lat_ms, 99)), 1) if len(lat_ms) else None,
+            "bytes_per_container": round(bytes_per_container, 1),
+            "containers": args.containers,
+            "per_host": args.per_host,
+            "actuations_measured": int(len(lat_ms)),
+            "raw_unit": "messages/s",
+            "logs": str(workdir) if args.keep_logs else None,
+        }
+    finally:
+        for r in reversed(roles):
+            r.stop()
+        if broker:
+            broker.stop()
+
+
+def _collect(m, host: str, since: float, out: list[float]) -> None:
+    if m is None or m.error():
+        return
+    a = decode(Actuation, m.value())
+    if a.host == host and a.decision_ts is not None and a.decision_ts >= since:
+        out.append(a.ts - a.decision_ts)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = run_bench(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:22s} {v}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    sys.exit(run(p.parse_args()))
