@@ -1,0 +1,137 @@
+"""The closed loop on real parts: a CPU burner in a real cgroup, the real roles.
+
+producer (cgroup sampler) -> samples topic -> Faust worker (VPA) -> decision ->
+actuator (cgroup backend) -> cpu.cfs_quota_us changes -> throttling changes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from phasewise.bench.harness import RoleProcess
+from phasewise.cgroupfs import CgroupLayout
+from phasewise.kafka import make_consumer
+from phasewise.schemas import Actuation, Decision, decode
+from phasewise.topics import ACTUATIONS, DECISIONS
+
+from tests.conftest import requires_root
+
+pytestmark = [requires_root, pytest.mark.broker, pytest.mark.slow]
+
+PERIOD = 100_000
+BURN = "import time\nwhile True:\n    pass\n"
+
+
+def throttle_rate(cpu_dir: Path, seconds: float) -> float:
+    """Share of CFS periods throttled over the next *seconds*."""
+
+    def read() -> dict[str, int]:
+        return {k: int(v) for k, v in (ln.split() for ln in (cpu_dir / "cpu.stat").read_text().splitlines())}
+
+    a = read()
+    time.sleep(seconds)
+    b = read()
+    periods = b["nr_periods"] - a["nr_periods"]
+    return (b["nr_throttled"] - a["nr_throttled"]) / max(periods, 1)
+
+
+@pytest.fixture
+def burner_cgroup():
+    layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwe2e-{uuid.uuid4().hex[:8]}")
+    layout.create("burner")
+    cpu_dir = layout.path("burner", "cpu")
+    (cpu_dir / "cpu.cfs_period_us").write_text(str(PERIOD))
+    (cpu_dir / "cpu.cfs_quota_us").write_text(str(PERIOD // 4))  # 0.25 cores: heavily throttled
+    proc = subprocess.Popen([sys.executable, "-c", BURN])
+    layout.attach("burner", proc.pid)
+    try:
+        yield layout, cpu_dir
+    finally:
+        proc.kill()
+        proc.wait()
+        layout.remove("burner")
+        for c in layout.controllers():
+            try:
+                layout.base(c).rmdir()
+            except OSError:
+                pass
+
+
+def test_the_loop_changes_a_real_cgroup_limit_and_its_throttling(settings, burner_cgroup, tmp_path):
+    layout, cpu_dir = burner_cgroup
+    before_rate = throttle_rate(cpu_dir, 2.0)
+    assert before_rate > 0.5, "a 1-core burner under a 0.25-core quota must be throttled"
+
+    env = {
+        "PHASEWISE_BOOTSTRAP": settings.bootstrap,
+        "PHASEWISE_HOST": settings.host,
+        "PHASEWISE_CGROUP_ROOT": "/sys/fs/cgroup",
+        "PHASEWISE_CGROUP_PREFIX": layout.prefix,
+        "PHASEWISE_INTERVAL_S": "0.5",
+        "PHASEWISE_RECOMMEND_INTERVAL_S": "2",
+        "PHASEWISE_VPA_TIME_SCALE": "0.001",
+        "PHASEWISE_LOG_LEVEL": "info",
+    }
+    roles = [
+        RoleProcess("worker", ["--web-port", "0"], env={**env, "PHASEWISE_DATA_DIR": str(tmp_path / "w")},
+                    log_path=tmp_path / "worker.log"),
+        RoleProcess("actuate", ["--backend", "cgroup"], env={**env, "PHASEWISE_DATA_DIR": str(tmp_path / "a")},
+                    log_path=tmp_path / "actuator.log"),
+        RoleProcess("produce", [], env=env, log_path=tmp_path / "producer.log"),
+    ]
+    consumer = make_consumer(settings, f"e2e-{uuid.uuid4().hex[:6]}")
+    consumer.subscribe([DECISIONS.name, ACTUATIONS.name])
+    decisions: list[Decision] = []
+    actuations: list[Actuation] = []
+    try:
+        for r in roles:
+            r.start()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(
+            a.status in ("applied", "clamped") for a in actuations
+        ):
+            for r in roles:
+                assert r.alive(), f"{r.cmd[3]} exited:\n{r.log_tail()}"
+            m = consumer.poll(0.5)
+            if m is None or m.error():
+                continue
+            if m.topic() == DECISIONS.name:
+                d = decode(Decision, m.value())
+                if d.host == settings.host:
+                    decisions.append(d)
+            else:
+                a = decode(Actuation, m.value())
+                if a.host == settings.host:
+                    actuations.append(a)
+        applied = [a for a in actuations if a.status in ("applied", "clamped")]
+        assert applied, (
+            "no applied actuation within 90 s\n--- worker\n" + roles[0].log_tail()
+            + "\n--- actuator\n" + roles[1].log_tail() + "\n--- producer\n" + roles[2].log_tail()
+        )
+        act = applied[0]
+        # the decision behind it is on the decisions topic, for this container, from the VPA policy
+        dec = next(d for d in decisions if d.id == act.decision_id)
+        assert dec.container == "burner" and dec.policy == "vpa" and dec.details
+        # the cgroup file now holds the applied limit
+        quota = int((cpu_dir / "cpu.cfs_quota_us").read_text())
+        assert quota == round(act.cpu_limit_cores * PERIOD)
+        assert quota != PERIOD // 4
+        # ... and the throttling counters follow the direction of the change
+        roles[2].stop()  # freeze the loop so the limit under measurement stays put
+        roles[0].stop()
+        quota = int((cpu_dir / "cpu.cfs_quota_us").read_text())
+        after_rate = throttle_rate(cpu_dir, 2.0)
+        if quota > PERIOD // 4:
+            assert after_rate < before_rate, (before_rate, after_rate, quota)
+        else:
+            assert after_rate >= before_rate, (before_rate, after_rate, quota)
+    finally:
+        consumer.close()
+        for r in reversed(roles):
+            r.stop()
