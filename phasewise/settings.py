@@ -51,6 +51,14 @@ class Settings:
     mem_floor_bytes: int = 64 * 2**20
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     log_level: str = "info"
+    # --- actuator (appended)
+    #: ledger of applied decision ids: keep entries this long (must exceed the
+    #: decisions topic's retention) and at most this many
+    ledger_max_age_days: float = 30.0
+    ledger_max_rows: int = 100_000
+    #: temporary backend errors: retries after the first attempt, first backoff (doubles)
+    apply_retries: int = 3
+    apply_retry_backoff_s: float = 0.2
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> "Settings":
