@@ -50,11 +50,12 @@ import tempfile
 import time
 import tokenize
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TextIO
+from typing import TextIO
 
-__all__ = ["JOBS", "DEFAULT_JOBS", "parse_progress", "stdlib_sources", "ai4dl_path", "main", "JobError"]
+__all__ = ["DEFAULT_JOBS", "JOBS", "JobError", "ai4dl_path", "main", "parse_progress", "stdlib_sources"]
 
 #: the demo's three jobs (``forecaster`` becomes ``convlm`` without the trace)
 DEFAULT_JOBS = ("charlstm", "transformer", "forecaster")
@@ -211,9 +212,9 @@ class Task:
     """What differs between jobs: data, model and how to draw batches."""
 
     name: str
-    model: "object"
+    model: object
     batch: Callable[[int, bool], tuple]  # (batch size, held-out?) -> (inputs, targets)
-    loss: Callable[[tuple], "object"]  # batch -> scalar loss tensor
+    loss: Callable[[tuple], object]  # batch -> scalar loss tensor
     batch_size: int
     lr: float
     info: dict[str, object] = field(default_factory=dict)
@@ -265,7 +266,7 @@ def _split(n: int, held_out: float = 0.1) -> int:
     return max(1, int(n * (1 - held_out)))
 
 
-def _sequence_batcher(data: "object", seq: int, seed: int) -> Callable[[int, bool], tuple]:
+def _sequence_batcher(data: object, seq: int, seed: int) -> Callable[[int, bool], tuple]:
     import torch
 
     n = len(data)
@@ -525,7 +526,7 @@ def evaluate(task: Task, batches: int) -> float:
     return total / batches
 
 
-def save_checkpoint(model: "object", opt: "object", step: int, path: Path) -> int:
+def save_checkpoint(model: object, opt: object, step: int, path: Path) -> int:
     """Serialise model and optimiser state in memory, then write and fsync it."""
     import torch
 

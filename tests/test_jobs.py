@@ -57,7 +57,7 @@ def test_each_job_trains_and_its_loss_falls(job_outputs, name):
 
 @pytest.mark.parametrize("name", jobs.DEFAULT_JOBS)
 def test_each_job_goes_through_load_eval_checkpoint_and_done_phases(job_outputs, name):
-    rc, lines, text, ckpt_dir = job_outputs[name]
+    _rc, lines, text, ckpt_dir = job_outputs[name]
     phases = [d["phase"] for d in lines]
     assert phases[0] == "load" and phases[-1] == "done", text
     assert "eval" in phases and "checkpoint" in phases, text
