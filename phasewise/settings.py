@@ -59,6 +59,11 @@ class Settings:
     #: temporary backend errors: retries after the first attempt, first backoff (doubles)
     apply_retries: int = 3
     apply_retry_backoff_s: float = 0.2
+    # --- producer (host agent), appended
+    #: seconds the host agent spends flushing buffered samples at shutdown
+    flush_timeout_s: float = 5.0
+    #: where the host agent reads /proc/<pid>/cgroup to attribute GPU processes
+    proc_root: str = "/proc"
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> "Settings":
