@@ -64,6 +64,17 @@ class Settings:
     flush_timeout_s: float = 5.0
     #: where the host agent reads /proc/<pid>/cgroup to attribute GPU processes
     proc_root: str = "/proc"
+    # --- worker: VPA recommender (appended)
+    #: multiplies every VPA duration (24 h half-lives, memory interval, confidence
+    #: interval): 1 = Kubernetes VPA; 0.001 = a VPA "day" lasts 86.4 s (demo, tests)
+    vpa_time_scale: float = 1.0
+    #: floors of every recommendation (VPA: 25 millicores, 250 MiB)
+    vpa_min_cpu_cores: float = 0.025
+    vpa_min_mem_bytes: int = 250 * 2**20
+    #: phasewise's throttling bump: a sample throttled in more than this share of
+    #: CFS periods is recorded as limit * (1 + vpa_throttle_bump)
+    vpa_throttle_threshold: float = 0.1
+    vpa_throttle_bump: float = 0.5
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> "Settings":
