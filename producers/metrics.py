@@ -1,0 +1,45 @@
+"""Prometheus metrics of the host agent (``phasewise produce``).
+
+All metrics register on the registry passed in (a fresh
+``CollectorRegistry()`` in tests, the default registry in the agent):
+
+- ``phasewise_producer_samples_total``   HostSamples messages built (one per tick)
+- ``phasewise_producer_delivered_total`` messages the broker acknowledged
+- ``phasewise_producer_buffered``        messages waiting for the broker (buffer + in flight)
+- ``phasewise_producer_dropped_total``   oldest messages dropped because the buffer was full
+- ``phasewise_producer_containers``      containers in the last message
+- ``phasewise_producer_sample_seconds``  time to read all cgroups/NVML for one tick
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+
+__all__ = ["ProducerMetrics"]
+
+
+class ProducerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = REGISTRY if registry is None else registry
+        self.registry = r
+        self.samples = Counter("phasewise_producer_samples_total", "HostSamples messages built", registry=r)
+        self.delivered = Counter("phasewise_producer_delivered_total", "messages acknowledged by the broker",
+                                 registry=r)
+        self.buffered = Gauge("phasewise_producer_buffered", "messages waiting for the broker", registry=r)
+        self.dropped = Counter("phasewise_producer_dropped_total", "messages dropped: buffer full", registry=r)
+        self.containers = Gauge("phasewise_producer_containers", "containers in the last message", registry=r)
+        self.sample_seconds = Histogram(
+            "phasewise_producer_sample_seconds", "time to sample all containers for one tick",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r,
+        )
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Expose ``/metrics`` on *port* (a daemon thread)."""
+        start_http_server(port, addr=addr, registry=self.registry)
