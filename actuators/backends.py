@@ -1,0 +1,289 @@
+"""Backends carry out actuator commands: cgroup files (v1 and v2) or a dry run.
+
+A backend does IO only; the safety rules ran before it is called
+(:mod:`phasewise.actuators.safety`). Every backend implements the small
+:class:`Backend` protocol: ``apply(command) -> Outcome``, ``memory_usage``
+(working set, for the memory floor) and ``exists``.
+
+cgroup v1 (one hierarchy per controller under the root)::
+
+    cpu/<prefix>/<c>/cpu.cfs_period_us     100000
+    cpu/<prefix>/<c>/cpu.cfs_quota_us      round(cores * period), at least 1000
+    memory/<prefix>/<c>/memory.limit_in_bytes
+    freezer/<prefix>/<c>/freezer.state     FROZEN | THAWED
+
+cgroup v2 (one unified tree)::
+
+    <prefix>/<c>/cpu.max                   "<quota> <period>"
+    <prefix>/<c>/memory.max
+    <prefix>/<c>/cgroup.freeze             1 | 0
+
+Errors never escape ``apply``: they come back as a ``failed`` outcome marked
+``temporary`` when a retry may help (EAGAIN, EINTR, ENOMEM, a busy freezer)
+and permanent otherwise (missing container, permission, invalid value). A v1
+memory limit the kernel refuses because usage cannot be reclaimed under it
+(EBUSY) is permanent: the kernel already tried to reclaim, so it is reported
+at once, not retried.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable, Protocol, runtime_checkable
+
+from phasewise.actuators.commands import Command, Freeze, Outcome, SetLimits, Thaw
+from phasewise.cgroupfs import CgroupError, CgroupLayout
+
+__all__ = ["Backend", "CgroupBackend", "DryRunBackend", "CFS_PERIOD_US", "MIN_QUOTA_US"]
+
+log = logging.getLogger(__name__)
+
+CFS_PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000
+_TEMPORARY_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.ENOMEM, errno.EBUSY}
+
+
+@runtime_checkable
+class Backend(Protocol):
+    #: shown as ``Actuation.backend``
+    name: str
+
+    def apply(self, command: Command) -> Outcome:
+        """Carry out *command*; never raises for an OS error (see module doc)."""
+        ...
+
+    def memory_usage(self, container: str) -> float | None:
+        """The container's memory working set in bytes, ``None`` if it cannot be read."""
+        ...
+
+    def exists(self, container: str) -> bool:
+        """Whether the managed container exists now."""
+        ...
+
+
+# --------------------------------------------------------------------------- cgroup
+
+
+class _WriteFailed(Exception):
+    def __init__(self, outcome_message: str, temporary: bool) -> None:
+        super().__init__(outcome_message)
+        self.temporary = temporary
+
+
+def quota_us(cores: float, period_us: int = CFS_PERIOD_US) -> int:
+    """CFS quota for *cores* (at least the kernel's minimum of 1 ms)."""
+    return max(MIN_QUOTA_US, round(cores * period_us))
+
+
+class CgroupBackend:
+    """Writes limits straight into the managed containers' cgroup files."""
+
+    def __init__(self, layout: CgroupLayout, *, freeze_timeout_s: float = 2.0) -> None:
+        self.layout = layout
+        self.freeze_timeout_s = freeze_timeout_s
+        self.name = f"cgroup-v{layout.version}"
+
+    # ------------------------------------------------------------------ protocol
+
+    def exists(self, container: str) -> bool:
+        try:
+            return self.layout.exists(container)
+        except CgroupError:
+            return False
+
+    def memory_usage(self, container: str) -> float | None:
+        """``usage - inactive_file``: what the kernel cannot reclaim cheaply (as kubelet's working set)."""
+        v1 = self.layout.version == 1
+        try:
+            d = self.layout.path(container, "memory")
+            usage = int(_read(d / ("memory.usage_in_bytes" if v1 else "memory.current")))
+        except (OSError, ValueError):
+            return None
+        inactive = 0
+        try:
+            key = "total_inactive_file" if v1 else "inactive_file"
+            for line in _read(d / "memory.stat").splitlines():
+                k, _, v = line.partition(" ")
+                if k == key:
+                    inactive = int(v)
+                    break
+        except (OSError, ValueError):
+            pass  # no memory.stat: count the whole usage (the safe side)
+        return float(max(0, usage - inactive))
+
+    def apply(self, command: Command) -> Outcome:
+        try:
+            if isinstance(command, SetLimits):
+                return self._set_limits(command)
+            if isinstance(command, Freeze):
+                return self._freeze(command.container, True)
+            if isinstance(command, Thaw):
+                return self._freeze(command.container, False)
+        except CgroupError as e:
+            return Outcome.failed(str(e), temporary=e.temporary)
+        except OSError as e:
+            return Outcome.failed(f"{type(command).__name__} on {command.container!r}: {e}",
+                                  temporary=e.errno in _TEMPORARY_ERRNOS)
+        except ValueError as e:  # a cgroup file holding something unexpected
+            return Outcome.failed(f"{type(command).__name__} on {command.container!r}: {e}")
+        return Outcome.failed(f"unknown command {command!r}")
+
+    # ------------------------------------------------------------------ limits
+
+    def _set_limits(self, cmd: SetLimits) -> Outcome:
+        done: list[str] = []
+        cpu_set: float | None = None
+        mem_set: int | None = None
+        try:
+            if cmd.cpu_cores is not None:
+                cpu_set = self._set_cpu(cmd.container, cmd.cpu_cores)
+                done.append(f"cpu {cpu_set:g} cores")
+            if cmd.mem_bytes is not None:
+                mem_set = self._set_mem(cmd.container, cmd.mem_bytes)
+                done.append(f"memory {mem_set} bytes")
+        except _WriteFailed as e:
+            msg = str(e) if not done else f"{e} (already set: {', '.join(done)})"
+            return Outcome.failed(msg, temporary=e.temporary, cpu_cores=cpu_set, mem_bytes=mem_set)
+        return Outcome.applied("set " + ", ".join(done), cpu_cores=cpu_set, mem_bytes=mem_set)
+
+    def _set_cpu(self, container: str, cores: float) -> float:
+        quota = quota_us(cores)
+        d = self.layout.path(container, "cpu")
+        if self.layout.version == 1:
+            period_file, quota_file = d / "cpu.cfs_period_us", d / "cpu.cfs_quota_us"
+            if _read_int(period_file) != CFS_PERIOD_US:
+                _write(period_file, str(CFS_PERIOD_US), "CPU period")
+            _write(quota_file, str(quota), "CPU quota")
+            q, p = _read_int(quota_file), _read_int(period_file)
+        else:
+            f = d / "cpu.max"
+            _write(f, f"{quota} {CFS_PERIOD_US}", "CPU limit")
+            q_text, _, p_text = _read(f).strip().partition(" ")
+            if q_text == "max":
+                raise _WriteFailed(f"{f} still reads 'max' after writing quota {quota}", False)
+            q, p = int(q_text), int(p_text or CFS_PERIOD_US)
+        return q / p
+
+    def _set_mem(self, container: str, limit: int) -> int:
+        d = self.layout.path(container, "memory")
+        f = d / ("memory.limit_in_bytes" if self.layout.version == 1 else "memory.max")
+        try:
+            _write(f, str(int(limit)), "memory limit")
+        except _WriteFailed as e:
+            if self.layout.version == 1 and getattr(e.__cause__, "errno", None) == errno.EBUSY:
+                raise _WriteFailed(
+                    f"kernel refused memory limit {limit} bytes for {container!r}: usage could not be "
+                    f"reclaimed below it (EBUSY)", False) from e.__cause__
+            raise
+        text = _read(f).strip()
+        return int(limit) if text == "max" else int(text)
+
+    # ------------------------------------------------------------------ freezer
+
+    def _freeze(self, container: str, frozen: bool) -> Outcome:
+        want = "FROZEN" if frozen else "THAWED"
+        try:
+            if self.layout.version == 1:
+                f = self.layout.path(container, "freezer") / "freezer.state"
+                _write(f, want, "freezer state")
+                deadline = time.monotonic() + self.freeze_timeout_s
+                state = _read(f).strip()
+                while state != want and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    state = _read(f).strip()
+                if state != want:
+                    return Outcome.failed(f"{f} reads {state} {self.freeze_timeout_s:g}s after writing {want}",
+                                          temporary=True)
+            else:
+                d = self.layout.path(container)
+                _write(d / "cgroup.freeze", "1" if frozen else "0", "freeze")
+                events = d / "cgroup.events"
+                if events.exists():  # the kernel reports completion here; fixture trees may lack it
+                    deadline = time.monotonic() + self.freeze_timeout_s
+                    while _events(events).get("frozen") != ("1" if frozen else "0"):
+                        if time.monotonic() > deadline:
+                            return Outcome.failed(f"{events} does not report frozen={int(frozen)} "
+                                                  f"{self.freeze_timeout_s:g}s after writing cgroup.freeze",
+                                                  temporary=True)
+                        time.sleep(0.01)
+        except _WriteFailed as e:
+            return Outcome.failed(str(e), temporary=e.temporary)
+        except OSError as e:
+            return Outcome.failed(f"cannot read freezer state of {container!r}: {e}",
+                                  temporary=e.errno in _TEMPORARY_ERRNOS)
+        return Outcome.applied("frozen" if frozen else "thawed")
+
+
+def _read(path: Path) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(_read(path).strip())
+    except (OSError, ValueError) as e:
+        raise _WriteFailed(f"cannot read {path}: {e}", isinstance(e, OSError) and e.errno in _TEMPORARY_ERRNOS) from e
+
+
+def _events(path: Path) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in _read(path).splitlines() if " " in line)
+
+
+def _write(path: Path, value: str, what: str) -> None:
+    """One write(2) of *value* into a cgroup file; OS errors become classified failures."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # O_TRUNC: a no-op on cgroupfs
+    except OSError as e:
+        gone = e.errno == errno.ENOENT
+        raise _WriteFailed(
+            f"cannot open {path} to set {what}: {e.strerror}" + (" (container gone?)" if gone else ""),
+            e.errno in _TEMPORARY_ERRNOS,
+        ) from e
+    try:
+        os.write(fd, value.encode())
+    except OSError as e:
+        code = errno.errorcode.get(e.errno, e.errno)
+        raise _WriteFailed(f"kernel refused {what} {value!r} in {path}: {e.strerror} ({code})",
+                           e.errno in _TEMPORARY_ERRNOS) from e
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- dry run
+
+
+class DryRunBackend:
+    """Applies nothing: records and logs each command and reports it applied.
+
+    *usage* reads a container's memory working set (e.g. a real cgroup
+    backend's ``memory_usage``, so a dry run on a live host checks the real
+    floors); without it usage is unknown and memory limits are dropped by the
+    safety rules. *exists* defaults to "every well-named container exists".
+    """
+
+    name = "dry-run"
+
+    def __init__(self, *, usage: Callable[[str], float | None] | None = None,
+                 exists: Callable[[str], bool] | None = None) -> None:
+        self._usage = usage
+        self._exists = exists
+        self.commands: list[Command] = []
+
+    def exists(self, container: str) -> bool:
+        return True if self._exists is None else bool(self._exists(container))
+
+    def memory_usage(self, container: str) -> float | None:
+        return None if self._usage is None else self._usage(container)
+
+    def apply(self, command: Command) -> Outcome:
+        self.commands.append(command)
+        log.info("dry run: would apply %r", command)
+        if isinstance(command, SetLimits):
+            return Outcome.applied("dry run: nothing written", cpu_cores=command.cpu_cores,
+                                   mem_bytes=command.mem_bytes)
+        return Outcome.applied(f"dry run: would {type(command).__name__.lower()}")

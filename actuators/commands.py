@@ -1,0 +1,77 @@
+"""What an actuator can do to a container, and what came of it.
+
+Commands are frozen dataclasses built by pure code (:mod:`phasewise.actuators.safety`)
+and carried out by a backend (:mod:`phasewise.actuators.backends`), which
+answers with an :class:`Outcome`. Nothing here does IO.
+
+>>> SetLimits("job-a", cpu_cores=1.5, mem_bytes=2**30)
+SetLimits(container='job-a', cpu_cores=1.5, mem_bytes=1073741824)
+>>> Outcome.applied("set cpu", cpu_cores=1.5).status
+'applied'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SetLimits", "Freeze", "Thaw", "Command", "Outcome", "STATUSES"]
+
+#: the statuses of :class:`phasewise.schemas.Actuation`
+STATUSES = ("applied", "clamped", "duplicate", "rejected", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class SetLimits:
+    """Set a container's CPU (cores) and/or memory (bytes) limit; ``None`` leaves it."""
+
+    container: str
+    cpu_cores: float | None = None
+    mem_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Freeze:
+    """Stop every process of the container (cgroup freezer) until thawed."""
+
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class Thaw:
+    """Let a frozen container's processes run again."""
+
+    container: str
+
+
+Command = SetLimits | Freeze | Thaw
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What came of a decision: one of :data:`STATUSES`, why, and the values now in force.
+
+    ``cpu_cores`` / ``mem_bytes`` are the limits the backend actually set
+    (read back where the kernel rounds, e.g. memory to whole pages).
+    ``temporary`` marks a failure a retry may fix (the consumer decides
+    whether to retry); it is meaningless for other statuses.
+    """
+
+    status: str
+    message: str = ""
+    cpu_cores: float | None = None
+    mem_bytes: int | None = None
+    temporary: bool = False
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"outcome status must be one of {STATUSES}, got {self.status!r}")
+
+    @classmethod
+    def applied(cls, message: str = "", *, cpu_cores: float | None = None,
+                mem_bytes: int | None = None) -> "Outcome":
+        return cls("applied", message, cpu_cores, mem_bytes)
+
+    @classmethod
+    def failed(cls, message: str, *, temporary: bool = False, cpu_cores: float | None = None,
+               mem_bytes: int | None = None) -> "Outcome":
+        return cls("failed", message, cpu_cores, mem_bytes, temporary)

@@ -1,0 +1,350 @@
+"""``phasewise actuate``: apply this host's decisions to its containers and report each.
+
+For every message on the decisions topic the actuator:
+
+1. decodes it as a :class:`~phasewise.schemas.Decision`; a malformed message
+   goes to the dead-letter topic with the reason (topic, partition and offset
+   are logged) and the actuator carries on;
+2. skips decisions for other hosts (see "Why every partition" below);
+3. claims the decision id in the ledger; an id already there is reported as
+   ``duplicate`` and not applied again;
+4. plans a command under the safety rules (managed, existing container;
+   CPU floor and host cap; memory never under usage + margin);
+5. applies it through the backend (``cgroup`` or ``dry-run``), retrying
+   temporary errors a few times with doubling backoff;
+6. records the outcome in the ledger and publishes an
+   :class:`~phasewise.schemas.Actuation` (key: host, with ``decision_ts`` so
+   decision-to-actuation latency can be measured);
+7. commits the offsets only after the actuations were delivered. Kafka
+   delivery is at least once; with the ledger each decision id is applied at
+   most once.
+
+Why every partition: decisions are keyed by host, so one host's decisions
+stay in order in one partition, but which partition depends on the producing
+client's partitioner (Faust/aiokafka and librdkafka hash keys differently)
+and on the partition count an operator chose. So each host's actuator uses
+its own consumer group (``phasewise-actuator-<host>``), reads all partitions
+and ignores other hosts' decisions, which is correct for any producer and
+costs little: decisions are a few per container per minute.
+
+Stops cleanly on SIGTERM / SIGINT (finishes the batch in hand, flushes,
+commits, leaves the group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import re
+import signal
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend
+from phasewise.actuators.commands import Outcome
+from phasewise.actuators.ledger import Ledger, ledger_path
+from phasewise.actuators.metrics import ActuatorMetrics
+from phasewise.actuators.safety import Planned, is_managed_name, plan
+from phasewise.schemas import Actuation, Decision, SchemaError, decode, encode
+from phasewise.settings import Settings, SettingsError
+from phasewise.topics import ACTUATIONS, DECISIONS
+
+__all__ = ["Actuator", "add_arguments", "run", "serve", "run_actuator", "make_backend", "group_id"]
+
+log = logging.getLogger("phasewise.actuator")
+
+
+class _Produces(Protocol):
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None: ...
+
+    def poll(self, timeout: float = ...) -> int: ...
+
+
+def group_id(host: str) -> str:
+    return f"phasewise-actuator-{host}"
+
+
+class Actuator:
+    """Turns one decisions-topic message into at most one applied command and its Actuation.
+
+    Kafka-free apart from ``producer.produce`` (actuations, dead letters), so
+    :meth:`handle` is tested with any object that has ``produce`` and ``poll``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        ledger: Ledger,
+        producer: _Produces,
+        *,
+        metrics: ActuatorMetrics | None = None,
+        host_cores: float | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Any] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.ledger = ledger
+        self.producer = producer
+        self.metrics = metrics or ActuatorMetrics()
+        self.host_cores = float(host_cores if host_cores is not None else (os.cpu_count() or 1))
+        self.clock = clock
+        self.sleep = sleep
+
+    # ------------------------------------------------------------------ one message
+
+    def handle(self, decision_bytes: bytes | None, key: bytes | None, partition: int | None,
+               offset: int | None, *, topic: str = DECISIONS.name) -> Actuation | None:
+        """Handle one message; returns the published Actuation, or ``None`` (dead-lettered / other host)."""
+        from phasewise.kafka import publish_dead_letter  # confluent_kafka only where a message is bad
+
+        try:
+            if decision_bytes is None:
+                raise SchemaError("Decision: empty message (tombstone)")
+            d = decode(Decision, decision_bytes)
+        except SchemaError as e:
+            log.warning("malformed decision at %s[%s]@%s: %s", topic, partition, offset, e)
+            publish_dead_letter(self.producer, source_topic=topic, reason=str(e), payload=decision_bytes,
+                                key=key, partition=partition, offset=offset)
+            self.metrics.dead_letters.inc()
+            return None
+        if d.host != self.settings.host:
+            log.debug("decision %s is for host %s, not %s: skipped", d.id, d.host, self.settings.host)
+            self.metrics.ignored.inc()
+            return None
+
+        if not self.ledger.claim(d.id, container=d.container, now=self.clock()):
+            prev = self.ledger.get(d.id)
+            what = (f"{prev.status}" if prev and prev.status else "interrupted before its outcome was recorded")
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(prev.claimed)) if prev else "?"
+            return self._publish(d, Outcome("duplicate", f"decision already handled at {when}: {what}; not applied again"))
+
+        outcome = self._decide_and_apply(d)
+        self.ledger.finish(d.id, outcome.status, outcome.message)
+        return self._publish(d, outcome)
+
+    def _decide_and_apply(self, d: Decision) -> Outcome:
+        exists = is_managed_name(d.container) and self.backend.exists(d.container)
+        usage = None
+        if exists and d.action == "limit" and d.mem_limit_bytes is not None:
+            usage = self.backend.memory_usage(d.container)
+        p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings)
+        if not isinstance(p, Planned):
+            return Outcome("rejected", p.reason)
+        out = self._apply_with_retries(p)
+        if out.status != "applied":
+            return out
+        msg = "; ".join(m for m in (p.message, out.message) if m)
+        return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes)
+
+    def _apply_with_retries(self, p: Planned) -> Outcome:
+        s = self.settings
+        t0 = time.perf_counter()
+        attempts = max(0, s.apply_retries) + 1
+        for attempt in range(attempts):
+            try:
+                out = self.backend.apply(p.command)
+            except Exception as e:  # a backend bug must not lose the decision's report
+                log.exception("backend %s raised on %r", self.backend.name, p.command)
+                out = Outcome.failed(f"backend {self.backend.name} raised {type(e).__name__}: {e}")
+            if out.status != "failed" or not out.temporary:
+                break
+            if attempt + 1 == attempts:
+                out = Outcome.failed(f"{out.message} (temporary error; gave up after {attempts} attempts)",
+                                     temporary=True, cpu_cores=out.cpu_cores, mem_bytes=out.mem_bytes)
+                break
+            delay = s.apply_retry_backoff_s * 2**attempt
+            log.warning("temporary error applying %r (attempt %d/%d), retrying in %.2fs: %s",
+                        p.command, attempt + 1, attempts, delay, out.message)
+            self.metrics.retries.inc()
+            self.sleep(delay)
+        self.metrics.apply_seconds.observe(time.perf_counter() - t0)
+        return out
+
+    def _publish(self, d: Decision, out: Outcome) -> Actuation:
+        def finite(x: float | None) -> float | None:
+            return None if x is None or not math.isfinite(x) else float(x)
+
+        act = Actuation(
+            decision_id=d.id,
+            ts=self.clock(),
+            host=self.settings.host,
+            container=d.container,
+            status=out.status,
+            backend=self.backend.name,
+            message=out.message,
+            cpu_limit_cores=finite(out.cpu_cores),
+            mem_limit_bytes=finite(None if out.mem_bytes is None else float(out.mem_bytes)),
+            decision_ts=d.ts,
+        )
+        self.producer.produce(ACTUATIONS.name, key=self.settings.host.encode(), value=encode(act))
+        self.producer.poll(0)
+        self.metrics.decisions.labels(status=out.status).inc()
+        level = logging.WARNING if out.status in ("failed", "rejected") else logging.INFO
+        log.log(level, "decision %s (%s %s, policy %s): %s %s", d.id, d.action, d.container, d.policy,
+                out.status, out.message)
+        return act
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Event, *,
+          batch: int = 100, poll_s: float = 0.5) -> None:
+    """Consume decisions until *stop* is set: handle, flush, then commit."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    consumer.subscribe([DECISIONS.name])
+    while not stop.is_set():
+        msgs = consumer.consume(batch, poll_s)
+        if not msgs:
+            continue
+        offsets: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("consumer error on %s[%s]: %s", m.topic(), m.partition(), err)
+                continue
+            actuator.handle(m.value(), m.key(), m.partition(), m.offset(), topic=m.topic())
+            offsets[(m.topic(), m.partition())] = m.offset() + 1
+        left = producer.flush(30)
+        if left:
+            # not committing: the batch is redelivered and the ledger reports it as duplicates
+            log.error("%d actuation/dead-letter messages undelivered after 30 s; offsets not committed", left)
+            continue
+        if offsets:
+            try:
+                consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                asynchronous=False)
+            except KafkaException as e:
+                log.warning("offset commit failed (the ledger covers redelivery): %s", e)
+
+
+def make_backend(settings: Settings) -> Backend:
+    """The backend the settings name; dry-run reads real memory usage when the cgroup tree is there."""
+    from phasewise.cgroupfs import CgroupError, CgroupLayout
+
+    if settings.backend == "cgroup":
+        return CgroupBackend(CgroupLayout(settings.cgroup_root, settings.cgroup_prefix))
+    try:
+        reader = CgroupBackend(CgroupLayout(settings.cgroup_root, settings.cgroup_prefix)).memory_usage
+    except CgroupError:
+        reader = None
+    return DryRunBackend(usage=reader)
+
+
+def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
+                 metrics: ActuatorMetrics | None = None, ledger: Ledger | None = None,
+                 host_cores: float | None = None) -> None:
+    """Build the Kafka clients and ledger, then :func:`serve` until *stop* is set."""
+    from phasewise.kafka import ensure_topics, make_consumer, make_producer
+
+    if settings.create_topics:
+        ensure_topics(settings)
+    own_ledger = ledger is None
+    if ledger is None:
+        ledger = Ledger(ledger_path(settings.data_dir, settings.host),
+                        max_age_s=settings.ledger_max_age_days * 86400, max_rows=settings.ledger_max_rows)
+    producer = make_producer(settings, on_delivery=_delivery_report)
+    consumer = make_consumer(settings, group_id(settings.host))
+    actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores)
+    try:
+        serve(actuator, consumer, producer, stop)
+    finally:
+        consumer.close()
+        producer.flush(10)
+        if own_ledger:
+            ledger.close()
+
+
+def _delivery_report(err: Any, msg: Any) -> None:
+    if err is not None:
+        log.error("could not deliver to %s: %s", msg.topic(), err)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?)?B?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"67108864"``, ``"64Mi"``, ``"1.5G"`` -> bytes."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 67108864, 64Mi, 1G)")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from phasewise.cli import add_common
+
+    add_common(p)
+    p.add_argument("--backend", choices=["cgroup", "dry-run"],
+                   help="cgroup: write cgroup files; dry-run: log and report only (env PHASEWISE_BACKEND)")
+    p.add_argument("--cgroup-root", dest="cgroup_root",
+                   help="cgroup mount root (env PHASEWISE_CGROUP_ROOT; default /sys/fs/cgroup)")
+    p.add_argument("--cgroup-prefix", dest="cgroup_prefix",
+                   help="managed containers live under <root>/[<controller>/]<prefix>/ (env PHASEWISE_CGROUP_PREFIX)")
+    p.add_argument("--cpu-floor", dest="cpu_floor_cores", type=float,
+                   help="never set a CPU limit below this many cores (env PHASEWISE_CPU_FLOOR_CORES; default 0.05)")
+    p.add_argument("--mem-margin", dest="mem_margin_bytes", type=parse_bytes,
+                   help="memory limit >= current usage + this, e.g. 64Mi (env PHASEWISE_MEM_MARGIN_BYTES)")
+    p.add_argument("--mem-floor", dest="mem_floor_bytes", type=parse_bytes,
+                   help="never set a memory limit below this, e.g. 64Mi (env PHASEWISE_MEM_FLOOR_BYTES)")
+    p.add_argument("--metrics-port", dest="metrics_port", type=int,
+                   help="serve Prometheus metrics on this port; 0 = off (env PHASEWISE_METRICS_PORT)")
+    p.add_argument("--data-dir", dest="data_dir",
+                   help="where the ledger of applied decisions lives (env PHASEWISE_DATA_DIR)")
+
+
+def check_settings(s: Settings) -> None:
+    if s.mem_margin_bytes < 0 or s.mem_floor_bytes < 0:
+        raise SettingsError("mem_margin_bytes and mem_floor_bytes must be >= 0")
+    if s.apply_retries < 0 or s.apply_retry_backoff_s < 0:
+        raise SettingsError("apply_retries and apply_retry_backoff_s must be >= 0")
+    if s.ledger_max_age_days <= 0 or s.ledger_max_rows < 1:
+        raise SettingsError("ledger_max_age_days must be > 0 and ledger_max_rows >= 1")
+
+
+def run(args: argparse.Namespace) -> int:
+    from phasewise.cgroupfs import CgroupError
+    from phasewise.cli import settings_from_args
+
+    try:
+        settings = settings_from_args(args)
+        check_settings(settings)
+        backend = make_backend(settings)
+    except (SettingsError, CgroupError) as e:
+        print(f"phasewise actuate: {e}", flush=True)
+        return 2
+    print(settings.describe(), flush=True)
+    print(f"actuator: backend={backend.name} group={group_id(settings.host)} "
+          f"ledger={ledger_path(settings.data_dir, settings.host)} host_cores={os.cpu_count()}", flush=True)
+
+    metrics = ActuatorMetrics()
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, registry=metrics.registry)
+        log.info("metrics on :%d/metrics", settings.metrics_port)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("%s: stopping after the current batch", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    run_actuator(settings, backend, stop, metrics=metrics)
+    log.info("actuator stopped")
+    return 0

@@ -1,0 +1,135 @@
+"""The actuator's ledger: which decision ids it has handled, kept across restarts.
+
+Kafka delivers decisions at least once (a restart or rebalance replays
+everything after the last committed offset). The ledger turns that into
+"each decision id is applied at most once": before applying, the consumer
+*claims* the id (an atomic insert that fails if the id is known); after, it
+records the outcome. A crash between the two leaves a claim without an
+outcome, and the redelivered decision is reported as a duplicate rather than
+applied again.
+
+Stored in SQLite (stdlib) at ``<data_dir>/actuator-<host>.sqlite``, one file
+per host; ``":memory:"`` keeps it in memory for tests. Bounded: entries older
+than ``max_age_s`` and all but the newest ``max_rows`` are pruned on open and
+every ``prune_every`` claims. Keep ``max_age_s`` above the decisions topic's
+retention, or a replay older than the ledger could apply a decision again.
+
+>>> led = Ledger(":memory:")
+>>> led.claim("d1", container="job-a", now=100.0)
+True
+>>> led.claim("d1", container="job-a", now=101.0)
+False
+>>> led.finish("d1", "applied", "set cpu 1 cores")
+>>> led.get("d1").status
+'applied'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Ledger", "Entry", "ledger_path"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS decisions (
+    id        TEXT PRIMARY KEY,
+    container TEXT NOT NULL,
+    claimed   REAL NOT NULL,
+    status    TEXT,          -- NULL while claimed but not finished
+    message   TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS decisions_claimed ON decisions (claimed);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    id: str
+    container: str
+    claimed: float
+    status: str | None
+    message: str
+
+
+def ledger_path(data_dir: str | os.PathLike, host: str) -> Path:
+    """``<data_dir>/actuator-<host>.sqlite`` (host made file-name safe)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "_"
+    return Path(data_dir) / f"actuator-{safe}.sqlite"
+
+
+class Ledger:
+    """Decision ids this actuator handled; see the module doc."""
+
+    def __init__(self, path: str | os.PathLike, *, max_age_s: float = 30 * 86400,
+                 max_rows: int = 100_000, prune_every: int = 1000) -> None:
+        if max_rows < 1 or max_age_s <= 0:
+            raise ValueError("ledger bounds must be positive (max_rows >= 1, max_age_s > 0)")
+        self.path = str(path)
+        self.max_age_s = max_age_s
+        self.max_rows = max_rows
+        self.prune_every = prune_every
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # check_same_thread=False: the consumer thread owns it; tests may read it from another
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL" if self.path != ":memory:" else "PRAGMA journal_mode=MEMORY")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._claims = 0
+        self.prune()
+
+    def claim(self, decision_id: str, *, container: str, now: float | None = None) -> bool:
+        """Record that *decision_id* is being handled; ``False`` if it already was."""
+        now = time.time() if now is None else now
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO decisions (id, container, claimed) VALUES (?, ?, ?)",
+            (decision_id, container, now),
+        )
+        claimed = cur.rowcount == 1
+        if claimed:
+            self._claims += 1
+            if self._claims % self.prune_every == 0:
+                self.prune(now)
+        return claimed
+
+    def finish(self, decision_id: str, status: str, message: str = "") -> None:
+        """Record the outcome of a claimed decision."""
+        cur = self._db.execute("UPDATE decisions SET status = ?, message = ? WHERE id = ?",
+                               (status, message, decision_id))
+        if cur.rowcount != 1:
+            raise KeyError(f"decision {decision_id!r} was not claimed in the ledger")
+
+    def get(self, decision_id: str) -> Entry | None:
+        row = self._db.execute("SELECT id, container, claimed, status, message FROM decisions WHERE id = ?",
+                               (decision_id,)).fetchone()
+        return None if row is None else Entry(*row)
+
+    def __contains__(self, decision_id: str) -> bool:
+        return self.get(decision_id) is not None
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0]
+
+    def prune(self, now: float | None = None) -> int:
+        """Drop entries older than ``max_age_s`` and beyond the newest ``max_rows``; returns how many."""
+        now = time.time() if now is None else now
+        n = self._db.execute("DELETE FROM decisions WHERE claimed < ?", (now - self.max_age_s,)).rowcount
+        n += self._db.execute(
+            "DELETE FROM decisions WHERE id NOT IN "
+            "(SELECT id FROM decisions ORDER BY claimed DESC LIMIT ?)", (self.max_rows,)
+        ).rowcount
+        return n
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,43 @@
+"""Prometheus metrics of the actuator (``phasewise actuate``).
+
+Every metric is registered on the registry passed in, so tests use a fresh
+``CollectorRegistry()``; the process uses the default one and serves it on
+``--metrics-port``.
+
+- ``phasewise_actuator_decisions_total{status}``: this host's decisions by
+  outcome (applied, clamped, duplicate, rejected, failed);
+- ``phasewise_actuator_apply_seconds``: time a backend took to apply a command
+  (retries included);
+- ``phasewise_actuator_dead_letters_total``: malformed decisions dead-lettered;
+- ``phasewise_actuator_ignored_total``: well-formed decisions for other hosts;
+- ``phasewise_actuator_retries_total``: retries after temporary backend errors.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+from phasewise.actuators.commands import STATUSES
+
+__all__ = ["ActuatorMetrics"]
+
+
+class ActuatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = REGISTRY if registry is None else registry
+        self.registry = registry
+        self.decisions = Counter("phasewise_actuator_decisions", "this host's decisions by outcome",
+                                 ["status"], registry=registry)
+        for s in STATUSES:  # export zeros so rate() works from the first scrape
+            self.decisions.labels(status=s)
+        self.apply_seconds = Histogram(
+            "phasewise_actuator_apply_seconds", "time to apply one command, retries included",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=registry,
+        )
+        self.dead_letters = Counter("phasewise_actuator_dead_letters", "malformed decisions dead-lettered",
+                                    registry=registry)
+        self.ignored = Counter("phasewise_actuator_ignored", "decisions for other hosts, skipped",
+                               registry=registry)
+        self.retries = Counter("phasewise_actuator_retries", "retries after temporary backend errors",
+                               registry=registry)

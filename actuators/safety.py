@@ -1,0 +1,265 @@
+"""Safety rules: turn a Decision into a command the actuator may carry out, or refuse it.
+
+Pure: no IO. The caller passes in what it observed (does the container exist,
+its memory working set, the host's cores) and gets back either
+:class:`Planned` (a command, plus notes on every limit a rule changed, which
+make the actuation ``clamped``) or :class:`Rejected` (a reason).
+
+The rules, in order:
+
+1. the container id must be a managed container name (a single name relative
+   to the managed cgroup prefix, so it cannot point anywhere else) and the
+   container must exist now;
+2. the action must be one this actuator performs (``limit``, ``freeze``,
+   ``thaw``); ``terminate`` and ``place`` belong to other components;
+3. a ``limit`` decision must carry at least one limit, each a finite,
+   non-negative number;
+4. CPU is clamped into ``[settings.cpu_floor_cores, host cores]``;
+5. memory is never set below ``settings.mem_floor_bytes`` nor below the
+   container's current usage plus ``settings.mem_margin_bytes``; when the
+   usage is unknown, a memory limit cannot be checked and is dropped (the
+   rest of the decision still applies, reported as ``clamped``).
+
+Limits are bounded by composing small rules by wrapping
+(``Floor(Cap(Requested(...), ...), ...)``), the way VPA composes estimators.
+
+>>> from phasewise.schemas import Decision
+>>> from phasewise.settings import Settings
+>>> s = Settings(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=0, mem_floor_bytes=0)
+>>> d = Decision(id="d1", ts=1.0, host="h1", container="job-a", action="limit",
+...              policy="vpa", cpu_limit_cores=0.01)
+>>> p = plan(d, exists=True, usage_mem_bytes=None, host_cores=8, settings=s)
+>>> p.command, p.status
+(SetLimits(container='job-a', cpu_cores=0.1, mem_bytes=None), 'clamped')
+>>> p.message
+'cpu 0.01 cores raised to the CPU floor (0.1 cores)'
+>>> plan(d, exists=False, usage_mem_bytes=None, host_cores=8, settings=s).reason
+"container 'job-a' does not exist under the managed prefix"
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from phasewise.actuators.commands import Command, Freeze, SetLimits, Thaw
+from phasewise.cgroupfs import _NAME as _MANAGED_NAME  # the one definition of a managed name
+from phasewise.schemas import Decision
+from phasewise.settings import Settings
+
+__all__ = [
+    "Planned",
+    "Rejected",
+    "Bounded",
+    "Unsafe",
+    "Rule",
+    "Requested",
+    "Floor",
+    "Cap",
+    "cpu_rule",
+    "mem_rule",
+    "is_managed_name",
+    "plan",
+]
+
+SUPPORTED_ACTIONS = ("limit", "freeze", "thaw")
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A command that passed the rules; ``notes`` says what each clamp changed."""
+
+    command: Command
+    notes: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> str:
+        return "clamped" if self.notes else "applied"
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.notes)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The decision must not be applied, and why."""
+
+    reason: str
+    status: str = "rejected"
+
+
+class Unsafe(ValueError):
+    """A requested limit no rule can make safe (NaN, infinite, negative)."""
+
+
+# --------------------------------------------------------------------------- composable limit rules
+
+
+@dataclass(frozen=True, slots=True)
+class Bounded:
+    """A limit value and the notes of every rule that changed it."""
+
+    value: float
+    notes: tuple[str, ...] = ()
+
+
+class Rule(Protocol):
+    def __call__(self, requested: float) -> Bounded: ...
+
+
+Fmt = Callable[[float], str]
+
+
+def fmt_cores(x: float) -> str:
+    return f"{x:g} cores"
+
+
+def fmt_bytes(x: float) -> str:
+    return f"{x / 2**20:.1f} MiB"
+
+
+@dataclass(frozen=True, slots=True)
+class Requested:
+    """The innermost rule: the requested value itself, if it is a finite number >= 0."""
+
+    what: str
+    fmt: Fmt = fmt_cores
+
+    def __call__(self, requested: float) -> Bounded:
+        if not isinstance(requested, (int, float)) or isinstance(requested, bool):
+            raise Unsafe(f"{self.what} limit must be a number, got {type(requested).__name__}")
+        if not math.isfinite(requested) or requested < 0:
+            raise Unsafe(f"{self.what} limit {requested!r} is not a finite number >= 0")
+        return Bounded(float(requested))
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """Raise the inner rule's value to at least ``minimum``."""
+
+    inner: Rule
+    minimum: float
+    why: str
+
+    def __call__(self, requested: float) -> Bounded:
+        b = self.inner(requested)
+        if b.value >= self.minimum:
+            return b
+        fmt = _fmt_of(self.inner)
+        note = f"{_what_of(self.inner)} {fmt(b.value)} raised to {self.why} ({fmt(self.minimum)})"
+        return Bounded(self.minimum, b.notes + (note,))
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    """Lower the inner rule's value to at most ``maximum``."""
+
+    inner: Rule
+    maximum: float
+    why: str
+
+    def __call__(self, requested: float) -> Bounded:
+        b = self.inner(requested)
+        if b.value <= self.maximum:
+            return b
+        fmt = _fmt_of(self.inner)
+        note = f"{_what_of(self.inner)} {fmt(b.value)} lowered to {self.why} ({fmt(self.maximum)})"
+        return Bounded(self.maximum, b.notes + (note,))
+
+
+def _innermost(rule: Rule) -> Requested:
+    while not isinstance(rule, Requested):
+        rule = rule.inner  # type: ignore[attr-defined]
+    return rule
+
+
+def _fmt_of(rule: Rule) -> Fmt:
+    return _innermost(rule).fmt
+
+
+def _what_of(rule: Rule) -> str:
+    return _innermost(rule).what
+
+
+def cpu_rule(settings: Settings, host_cores: float) -> Rule:
+    """CPU cores clamped into ``[cpu_floor_cores, host_cores]`` (the floor wins a conflict)."""
+    return Floor(
+        Cap(Requested("cpu", fmt_cores), host_cores, "the host's cores"),
+        settings.cpu_floor_cores,
+        "the CPU floor",
+    )
+
+
+def mem_rule(settings: Settings, usage_mem_bytes: float) -> Rule:
+    """Memory never below the static floor nor below current usage + margin."""
+    need = usage_mem_bytes + settings.mem_margin_bytes
+    return Floor(
+        Floor(Requested("memory", fmt_bytes), settings.mem_floor_bytes, "the memory floor"),
+        need,
+        f"current usage {fmt_bytes(usage_mem_bytes)} + margin {fmt_bytes(settings.mem_margin_bytes)}",
+    )
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def is_managed_name(container: str) -> bool:
+    """A single cgroup name relative to the managed prefix (no ``/``, no ``..``)."""
+    return isinstance(container, str) and bool(_MANAGED_NAME.match(container))
+
+
+def plan(
+    decision: Decision,
+    *,
+    exists: bool,
+    usage_mem_bytes: float | None,
+    host_cores: float,
+    settings: Settings,
+) -> Planned | Rejected:
+    """The command for *decision* under the safety rules, or why it is refused.
+
+    *exists*: whether the container exists under the managed prefix now;
+    *usage_mem_bytes*: its memory working set (``None`` = unknown);
+    *host_cores*: CPUs of this host, the highest CPU limit worth setting.
+    """
+    c = decision.container
+    if not is_managed_name(c):
+        return Rejected(f"container id {c!r} is not a managed container name "
+                        "(a single cgroup name under the managed prefix)")
+    if not exists:
+        return Rejected(f"container {c!r} does not exist under the managed prefix")
+    if decision.action == "freeze":
+        return Planned(Freeze(c))
+    if decision.action == "thaw":
+        return Planned(Thaw(c))
+    if decision.action != "limit":
+        return Rejected(f"action {decision.action!r} is not performed by this actuator "
+                        f"(it performs {', '.join(SUPPORTED_ACTIONS)})")
+
+    cpu, mem = decision.cpu_limit_cores, decision.mem_limit_bytes
+    if cpu is None and mem is None:
+        return Rejected("limit decision carries no limits (cpu_limit_cores and mem_limit_bytes are null)")
+
+    notes: list[str] = []
+    cpu_out: float | None = None
+    mem_out: int | None = None
+    try:
+        if cpu is not None:
+            if not (isinstance(host_cores, (int, float)) and math.isfinite(host_cores) and host_cores > 0):
+                return Rejected(f"the host's core count {host_cores!r} is unknown; cannot bound a CPU limit")
+            b = cpu_rule(settings, host_cores)(cpu)
+            cpu_out, notes = b.value, notes + list(b.notes)
+        if mem is not None:
+            if usage_mem_bytes is None or not math.isfinite(usage_mem_bytes) or usage_mem_bytes < 0:
+                why = f"memory limit dropped: current memory usage of {c!r} is unknown, so it cannot be checked"
+                if cpu_out is None:
+                    return Rejected(why)
+                notes.append(why)
+            else:
+                b = mem_rule(settings, usage_mem_bytes)(mem)
+                mem_out, notes = math.ceil(b.value), notes + list(b.notes)
+    except Unsafe as e:
+        return Rejected(str(e))
+    return Planned(SetLimits(c, cpu_cores=cpu_out, mem_bytes=mem_out), tuple(notes))

@@ -1,0 +1,59 @@
+"""The ledger: each decision id claimed once, across restarts, bounded."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from phasewise.actuators.ledger import Ledger, ledger_path
+
+
+def test_a_decision_id_can_be_claimed_only_once():
+    with Ledger(":memory:") as led:
+        assert led.claim("d1", container="c", now=1.0)
+        assert not led.claim("d1", container="c", now=2.0)
+        assert led.claim("d2", container="c", now=2.0)
+        assert len(led) == 2
+
+
+def test_the_ledger_survives_a_restart(tmp_path):
+    path = ledger_path(tmp_path, "host-1")
+    t0 = time.time()  # (re-opening prunes entries older than max_age_s against the clock)
+    with Ledger(path) as led:
+        assert led.claim("d1", container="job-a", now=t0)
+        led.finish("d1", "clamped", "cpu raised to the floor")
+        assert led.claim("d2", container="job-a", now=t0 + 1)  # claimed, then "crash" before finish
+    with Ledger(path) as led:
+        assert not led.claim("d1", container="job-a", now=t0 + 100)
+        e = led.get("d1")
+        assert (e.status, e.message, e.claimed) == ("clamped", "cpu raised to the floor", t0)
+        assert not led.claim("d2", container="job-a", now=t0 + 100)
+        assert led.get("d2").status is None  # interrupted: reported, never re-applied
+
+
+def test_each_host_gets_its_own_file_with_a_safe_name(tmp_path):
+    assert ledger_path(tmp_path, "node-1.example") == tmp_path / "actuator-node-1.example.sqlite"
+    assert ledger_path(tmp_path, "a/../b").name == "actuator-a_.._b.sqlite"
+
+
+def test_old_entries_are_pruned_by_age(tmp_path):
+    with Ledger(tmp_path / "l.sqlite", max_age_s=10) as led:
+        led.claim("old", container="c", now=100.0)
+        led.claim("new", container="c", now=105.0)
+        assert led.prune(now=112.0) == 1
+        assert "old" not in led and "new" in led
+
+
+def test_the_ledger_keeps_only_the_newest_rows_beyond_its_bound():
+    with Ledger(":memory:", max_rows=3, prune_every=2) as led:
+        for i in range(6):
+            led.claim(f"d{i}", container="c", now=1000.0 + i)
+        led.prune(now=1006.0)
+        assert len(led) == 3
+        assert all(f"d{i}" in led for i in (3, 4, 5))
+
+
+def test_finishing_an_unclaimed_decision_is_an_error():
+    with Ledger(":memory:") as led, pytest.raises(KeyError, match="not claimed"):
+        led.finish("nope", "applied")

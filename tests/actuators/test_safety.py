@@ -1,0 +1,118 @@
+"""Safety rules: floors, caps and rejections, pure and table-driven."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from phasewise.actuators.commands import Freeze, SetLimits, Thaw
+from phasewise.actuators.safety import Cap, Floor, Planned, Rejected, Requested, Unsafe, plan
+from phasewise.schemas import Decision
+from phasewise.settings import Settings
+
+MiB = 2**20
+S = Settings(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=64 * MiB, mem_floor_bytes=32 * MiB)
+
+
+def decision(**kw) -> Decision:
+    base = dict(id="d1", ts=1.0, host="h1", container="job-a", action="limit", policy="test")
+    return Decision(**{**base, **kw})
+
+
+def plan_for(*, exists=True, usage=100 * MiB, host_cores=4.0, **kw):
+    return plan(decision(**kw), exists=exists, usage_mem_bytes=usage, host_cores=host_cores, settings=S)
+
+
+# (decision fields, usage, expected cpu, expected mem, expected status, words in message)
+CASES = [
+    ("cpu inside the bounds is applied as asked",
+     dict(cpu_limit_cores=1.5), None, 1.5, None, "applied", []),
+    ("cpu below the floor is raised to the floor",
+     dict(cpu_limit_cores=0.01), None, 0.1, None, "clamped", ["CPU floor"]),
+    ("cpu of zero is raised to the floor",
+     dict(cpu_limit_cores=0.0), None, 0.1, None, "clamped", ["CPU floor"]),
+    ("cpu above the host is lowered to the host's cores",
+     dict(cpu_limit_cores=64.0), None, 4.0, None, "clamped", ["host's cores"]),
+    ("memory above usage + margin is applied as asked",
+     dict(mem_limit_bytes=500 * MiB), 100 * MiB, None, 500 * MiB, "applied", []),
+    ("memory below usage is raised to usage + margin",
+     dict(mem_limit_bytes=10 * MiB), 100 * MiB, None, 164 * MiB, "clamped", ["current usage 100.0 MiB", "margin 64.0 MiB"]),
+    ("memory between usage and usage + margin is raised to usage + margin",
+     dict(mem_limit_bytes=120 * MiB), 100 * MiB, None, 164 * MiB, "clamped", ["current usage"]),
+    ("memory of an idle container is raised to the static floor then usage + margin",
+     dict(mem_limit_bytes=1 * MiB), 0.0, None, 64 * MiB, "clamped", ["memory floor", "current usage"]),
+    ("both limits are bounded independently",
+     dict(cpu_limit_cores=0.01, mem_limit_bytes=10 * MiB), 100 * MiB, 0.1, 164 * MiB, "clamped",
+     ["CPU floor", "current usage"]),
+    ("an unknown usage drops the memory limit but keeps the cpu one",
+     dict(cpu_limit_cores=2.0, mem_limit_bytes=500 * MiB), None, 2.0, None, "clamped", ["memory limit dropped"]),
+]
+
+
+@pytest.mark.parametrize("name,fields,usage,cpu,mem,status,words", CASES, ids=[c[0] for c in CASES])
+def test_limits_are_bounded_by_the_floors_and_caps(name, fields, usage, cpu, mem, status, words):
+    p = plan_for(usage=usage, **fields)
+    assert isinstance(p, Planned), p
+    assert p.command == SetLimits("job-a", cpu_cores=cpu, mem_bytes=mem)
+    assert p.status == status
+    for w in words:
+        assert w in p.message
+    if status == "applied":
+        assert p.message == ""
+
+
+REJECTIONS = [
+    ("a container id with a slash", dict(container="../other"), {}, "not a managed container name"),
+    ("a nested path", dict(container="a/b"), {}, "not a managed container name"),
+    ("an empty container id", dict(container=""), {}, "not a managed container name"),
+    ("a container that does not exist", {}, dict(exists=False), "does not exist"),
+    ("a limit decision with no limits", {}, {}, "no limits"),
+    ("a terminate action", dict(action="terminate"), {}, "not performed by this actuator"),
+    ("a place action", dict(action="place"), {}, "not performed by this actuator"),
+    ("only a memory limit with unknown usage", dict(mem_limit_bytes=500 * MiB), dict(usage=None), "unknown"),
+    ("a NaN usage with only a memory limit", dict(mem_limit_bytes=500 * MiB), dict(usage=math.nan), "unknown"),
+    ("a cpu limit on a host of unknown size", dict(cpu_limit_cores=1.0), dict(host_cores=math.nan), "core count"),
+]
+
+
+@pytest.mark.parametrize("name,fields,observed,reason", REJECTIONS, ids=[r[0] for r in REJECTIONS])
+def test_unsafe_decisions_are_rejected_with_a_reason(name, fields, observed, reason):
+    p = plan_for(**observed, **fields)
+    assert isinstance(p, Rejected), p
+    assert reason in p.reason
+
+
+def test_non_finite_limits_are_rejected_even_though_the_schema_guards_them():
+    # Decision() built directly skips decode's validation, as a buggy in-process caller would
+    for bad in (math.nan, math.inf, -1.0):
+        p = plan_for(cpu_limit_cores=bad)
+        assert isinstance(p, Rejected) and "finite" in p.reason
+        p = plan_for(mem_limit_bytes=bad)
+        assert isinstance(p, Rejected) and "finite" in p.reason
+
+
+def test_freeze_and_thaw_plan_their_commands_for_existing_managed_containers():
+    assert plan_for(action="freeze").command == Freeze("job-a")
+    assert plan_for(action="thaw").command == Thaw("job-a")
+    assert isinstance(plan_for(action="freeze", exists=False), Rejected)
+
+
+def test_memory_limits_are_whole_bytes_rounded_up():
+    p = plan_for(mem_limit_bytes=1000.5 * MiB + 0.25, usage=1.0)
+    assert p.command.mem_bytes == math.ceil(1000.5 * MiB + 0.25)
+
+
+def test_the_floor_wins_when_the_host_has_fewer_cores_than_the_floor():
+    p = plan_for(cpu_limit_cores=1.0, host_cores=0.05)
+    assert p.command.cpu_cores == 0.1
+    assert "host's cores" in p.message and "CPU floor" in p.message
+
+
+def test_rules_compose_by_wrapping_and_report_every_change():
+    rule = Floor(Cap(Requested("cpu"), 8.0, "the cap"), 1.0, "the floor")
+    assert rule(4.0).value == 4.0 and rule(4.0).notes == ()
+    assert rule(0.5).value == 1.0 and rule(0.5).notes == ("cpu 0.5 cores raised to the floor (1 cores)",)
+    assert rule(9.0).value == 8.0 and "lowered to the cap" in rule(9.0).notes[0]
+    with pytest.raises(Unsafe):
+        rule(math.inf)
