@@ -1,0 +1,164 @@
+"""Score limits against measured usage: allocation over usage, and fulfilment.
+
+For one resource of one container, a replay produces, at each step ``t``, the
+limit ``L_t`` a policy set *before* seeing step ``t`` and the usage ``U_t``
+measured at ``t``. With ``dt_t`` the time to the next sample:
+
+- ``alloc_over_used = sum(L_t * dt_t) / sum(U_t * dt_t)`` -- how much was
+  allocated per unit used (1.0 is the oracle; lower than 1 means the policy
+  cut usage short);
+- ``fulfilment = #{t : U_t <= L_t} / #steps`` -- the share of steps whose
+  demand the limit covered (unweighted by time).
+
+Rules (the same for every policy, so none is flattered):
+
+- ``dt`` of the last step is the median step of that series; a gap longer
+  than ``max_gap_factor`` times the median step (the container reported
+  nothing for a while) counts as one median step, so neither allocation nor
+  usage is charged across time without data.
+- Warm-up: a policy may have no opinion yet (``None``/``NaN``). Scoring of a
+  (container, resource) starts at the first step at which **every** policy in
+  the run has a limit (:func:`common_start`); all policies are scored on the
+  same steps. After its first limit, a policy's ``None`` means "leave the
+  current limit", as in the live pipeline (:func:`hold_last`).
+
+Everything here is pure numpy; :class:`Score` parts add up across containers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["Score", "common_start", "hold_last", "score_steps", "step_durations"]
+
+
+@dataclass(frozen=True)
+class Score:
+    """Additive parts of a score; sum them over containers with ``+``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> s = score_steps(np.array([0., 10., 20.]), used=np.array([1., 2., 1.]),
+    ...                 limit=np.array([2., 1., 1.]))
+    >>> (s.alloc, s.used, s.fulfilled, s.steps)
+    (40.0, 40.0, 2, 3)
+    >>> s.alloc_over_used, round(s.fulfilment, 3)
+    (1.0, 0.667)
+    """
+
+    alloc: float = 0.0  # sum of L * dt
+    used: float = 0.0  # sum of U * dt
+    fulfilled: int = 0  # steps with U <= L
+    steps: int = 0
+
+    def __add__(self, other: "Score") -> "Score":
+        return Score(self.alloc + other.alloc, self.used + other.used,
+                     self.fulfilled + other.fulfilled, self.steps + other.steps)
+
+    @property
+    def alloc_over_used(self) -> float | None:
+        """``sum(L dt) / sum(U dt)``; ``None`` when nothing was used (ratio undefined)."""
+        return self.alloc / self.used if self.used > 0 else None
+
+    @property
+    def fulfilment(self) -> float | None:
+        """Share of scored steps with ``U <= L``; ``None`` when no step was scored."""
+        return self.fulfilled / self.steps if self.steps else None
+
+    @staticmethod
+    def total(scores: Iterable["Score"]) -> "Score":
+        out = Score()
+        for s in scores:
+            out = out + s
+        return out
+
+
+def step_durations(t: np.ndarray, median_dt: float | None = None,
+                   max_gap_factor: float = 5.0) -> np.ndarray:
+    """Time from each sample to the next; the last gets the median step.
+
+    Gaps longer than ``max_gap_factor`` x median count as one median step.
+    *median_dt* is used when the series has fewer than two samples (or to
+    impose one); it must then be given.
+
+    >>> step_durations(np.array([0., 10., 30., 40.]))
+    array([10., 20., 10., 10.])
+    >>> step_durations(np.array([0., 10., 20., 1000., 1010.]))  # 980 s gap -> 10
+    array([10., 10., 10., 10., 10.])
+    """
+    t = np.asarray(t, dtype=np.float64)
+    if t.ndim != 1:
+        raise ValueError("t must be one-dimensional")
+    d = np.diff(t)
+    if np.any(d <= 0):
+        raise ValueError("timestamps must be strictly increasing")
+    med = float(np.median(d)) if median_dt is None and len(d) else median_dt
+    if med is None:
+        raise ValueError("a series of one sample needs median_dt")
+    out = np.append(d, med)
+    out[out > max_gap_factor * med] = med
+    return out
+
+
+def hold_last(limit: Sequence[float | None] | np.ndarray) -> np.ndarray:
+    """Limits as floats, each ``None``/``NaN`` after the first limit replaced by the
+    previous limit (leading ones stay ``NaN``).
+
+    >>> hold_last([None, 2.0, None, 3.0, float("nan")])
+    array([nan,  2.,  2.,  3.,  3.])
+    """
+    a = np.array([np.nan if v is None else v for v in limit], dtype=np.float64)
+    ok = ~np.isnan(a)
+    idx = np.where(ok, np.arange(len(a)), -1)
+    np.maximum.accumulate(idx, out=idx)
+    out = np.full(len(a), np.nan)
+    has = idx >= 0
+    out[has] = a[idx[has]]
+    return out
+
+
+def common_start(limits: Iterable[np.ndarray]) -> int:
+    """First index at which every limit series has a value (after :func:`hold_last`);
+    the length of the series when some policy never sets one.
+
+    >>> common_start([np.array([np.nan, 1., 1.]), np.array([np.nan, np.nan, 2.])])
+    2
+    """
+    start, n = 0, None
+    for a in limits:
+        n = len(a)
+        ok = np.flatnonzero(~np.isnan(a))
+        start = max(start, int(ok[0]) if len(ok) else len(a))
+    return start if n is not None else 0
+
+
+def score_steps(t: np.ndarray, used: np.ndarray, limit: np.ndarray,
+                start: int = 0, median_dt: float | None = None,
+                max_gap_factor: float = 5.0) -> Score:
+    """Score one resource of one container from step *start* on.
+
+    *t*, *used* and *limit* are aligned arrays of the steps where the resource
+    has a value; *limit* must have a value at every scored step (apply
+    :func:`hold_last` and :func:`common_start` first).
+    """
+    t = np.asarray(t, dtype=np.float64)
+    used = np.asarray(used, dtype=np.float64)
+    limit = np.asarray(limit, dtype=np.float64)
+    if not (len(t) == len(used) == len(limit)):
+        raise ValueError(f"length mismatch: t={len(t)} used={len(used)} limit={len(limit)}")
+    if len(t) == 0 or start >= len(t):
+        return Score()
+    if len(t) == 1 and median_dt is None:
+        raise ValueError("a series of one sample needs median_dt")
+    dt = step_durations(t, median_dt=median_dt, max_gap_factor=max_gap_factor)[start:]
+    u, lim = used[start:], limit[start:]
+    if np.any(np.isnan(u)):
+        raise ValueError("used has missing values at scored steps")
+    if np.any(np.isnan(lim)):
+        raise ValueError("limit has missing values at scored steps (apply hold_last/common_start)")
+    return Score(alloc=float(np.dot(lim, dt)), used=float(np.dot(u, dt)),
+                 fulfilled=int(np.count_nonzero(u <= lim)), steps=int(len(u)))
