@@ -117,10 +117,11 @@ class SampleBuffer:
 class Publisher:
     """Moves messages from a :class:`SampleBuffer` through a confluent-kafka producer.
 
-    While the broker answers, messages are dispatched as they come. After a
-    failed delivery no more are dispatched until everything in flight has
-    reported; the failed ones then go back to the front of the buffer and the
-    next dispatch retries them first, in order.
+    While the broker answers, messages are dispatched as they come. Until the
+    first delivery succeeds, and after any failed delivery, only one batch is
+    in flight at a time (a probe) and new messages wait in the bounded buffer;
+    failed messages go back to the front of the buffer and the next probe
+    retries them first, in order.
     """
 
     def __init__(self, producer: Any, topic: Topic, buffer: SampleBuffer, *, metrics: Any = None,
@@ -134,7 +135,8 @@ class Publisher:
         self._seq = 0
         self._inflight = 0
         self._failed: list[Outgoing] = []
-        self._healthy = True
+        # unproven until the first delivery: one probe batch at a time, the rest waits in the buffer
+        self._healthy = False
         self._outage_since: float | None = None
 
     @property
@@ -162,7 +164,7 @@ class Publisher:
             self._inflight -= 1
             if err is not None:
                 self._failed.append(item)
-                if self._healthy:
+                if self._outage_since is None:
                     self._outage_since = time.monotonic()
                     log.warning("broker unavailable (%s); buffering samples (up to %d)", err,
                                 self.buffer.max_messages)
@@ -171,9 +173,10 @@ class Publisher:
                 self.delivered += 1
                 if self.metrics is not None:
                     self.metrics.delivered.inc()
-                if not self._healthy:
-                    log.info("broker back after %.1f s; flushing the buffer in order",
-                             time.monotonic() - (self._outage_since or time.monotonic()))
+                if self._outage_since is not None:
+                    log.info("broker back after %.1f s; flushing %d buffered message(s) in order",
+                             time.monotonic() - self._outage_since, self.pending)
+                    self._outage_since = None
                 self._healthy = True
             if self._inflight == 0 and self._failed:
                 dropped = self.buffer.requeue(self._failed)

@@ -1,0 +1,218 @@
+"""HostSampler: deltas between calls on fixture trees, and a real v1 cgroup with a CPU burner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from phasewise.cgroupfs import CgroupError, CgroupLayout
+from phasewise.producers.sampler import HostSampler
+from phasewise.schemas import HostSamples, decode, encode
+
+from tests.conftest import requires_root
+
+
+class Clock:
+    """A monotonic clock the test advances by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def sampler_for(tree, clock: Clock | None = None) -> HostSampler:
+    kw = {"monotonic": clock} if clock else {}
+    return HostSampler(tree.layout, host="h1", clock=lambda: 1_700_000_000.0, gpu=False, **kw)
+
+
+def by_name(msg: HostSamples) -> dict:
+    return {c.container: c for c in msg.containers}
+
+
+def test_a_new_container_is_omitted_until_it_has_an_interval(cgtree):
+    clock = Clock()
+    cgtree.set("job-a", cpu_s=10.0, mem=4096)
+    s = sampler_for(cgtree, clock)
+    first = s.sample()
+    assert first.containers == () and first.interval_s == 0.0
+    clock.t += 2.0
+    cgtree.set("job-a", cpu_s=13.0, mem=8192)
+    second = s.sample()
+    assert list(by_name(second)) == ["job-a"]
+    assert second.interval_s == pytest.approx(2.0)
+
+
+def test_cpu_cores_and_counters_are_deltas_over_the_interval(cgtree):
+    clock = Clock()
+    cgtree.set("job-a", cpu_s=10.0, mem=500, inactive_file=100, periods=100, throttled=10, throttled_s=1.0, oom=1,
+               quota_us=150_000, mem_limit=2**30)
+    s = sampler_for(cgtree, clock)
+    s.sample()
+    clock.t += 2.0
+    cgtree.set("job-a", cpu_s=13.0, mem=900, inactive_file=100, periods=120, throttled=25, throttled_s=1.6, oom=3,
+               quota_us=150_000, mem_limit=2**30)
+    c = by_name(s.sample())["job-a"]
+    assert c.cpu_cores == pytest.approx(1.5)
+    assert c.mem_bytes == 800
+    assert (c.nr_periods, c.throttled_periods, c.oom_events) == (20, 15, 2)
+    assert c.throttled_s == pytest.approx(0.6)
+    assert c.cpu_limit_cores == pytest.approx(1.5)
+    assert c.mem_limit_bytes == 2**30
+    assert c.gpu_util is None and c.gpu_mem_bytes is None
+
+
+def test_a_recreated_container_never_yields_negative_values(cgtree):
+    clock = Clock()
+    cgtree.set("job-a", cpu_s=100.0, periods=500, oom=2)
+    s = sampler_for(cgtree, clock)
+    s.sample()
+    clock.t += 1.0
+    cgtree.remove("job-a")
+    cgtree.set("job-a", cpu_s=0.5, periods=3)  # same name, fresh counters
+    after_reset = s.sample()
+    assert "job-a" not in by_name(after_reset)  # new baseline, nothing published
+    clock.t += 1.0
+    cgtree.set("job-a", cpu_s=1.0, periods=13)
+    c = by_name(s.sample())["job-a"]
+    assert c.cpu_cores == pytest.approx(0.5) and c.nr_periods == 10 and c.oom_events == 0
+
+
+def test_a_container_that_vanishes_between_samples_is_absent_and_nothing_raises(cgtree):
+    clock = Clock()
+    cgtree.set("job-a", cpu_s=1.0)
+    cgtree.set("job-b", cpu_s=1.0)
+    s = sampler_for(cgtree, clock)
+    s.sample()
+    clock.t += 1.0
+    cgtree.remove("job-a")
+    msg = s.sample()
+    assert list(by_name(msg)) == ["job-b"]
+    # and it round-trips through the wire format
+    assert decode(HostSamples, encode(msg)) == msg
+
+
+def test_an_unreadable_container_is_skipped_and_the_others_still_sampled(v2tree, caplog):
+    clock = Clock()
+    v2tree.set("job-a", cpu_s=1.0)
+    v2tree.set("job-b", cpu_s=1.0)
+    s = sampler_for(v2tree, clock)
+    s.sample()
+    clock.t += 1.0
+    (v2tree.dirs("job-a")[0] / "cpu.stat").write_text("usage_usec garbage\n")
+    msg = s.sample()
+    assert list(by_name(msg)) == ["job-b"]
+    assert "container job-a skipped" in caplog.text
+
+
+def test_host_fields_come_from_psutil_deltas(v2tree):
+    from collections import namedtuple
+
+    Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice")
+    VM = namedtuple("VM", "total available")
+
+    class FakePsutil:
+        busy = 100.0
+
+        def cpu_times(self):
+            return Times(self.busy, 0, 0, 900.0, 5.0, 0, 0, 0, 50.0, 0)
+
+        def virtual_memory(self):
+            return VM(16 * 2**30, 12 * 2**30)
+
+        def cpu_count(self):
+            return 8
+
+    ps = FakePsutil()
+    clock = Clock()
+    s = HostSampler(v2tree.layout, host="h1", gpu=False, monotonic=clock, psutil=ps)
+    first = s.sample()
+    assert first.host_cpu_cores is None and first.host_cpu_count == 8
+    assert first.host_mem_bytes == 4 * 2**30 and first.host_mem_total_bytes == 16 * 2**30
+    clock.t += 2.0
+    ps.busy = 106.0
+    assert s.sample().host_cpu_cores == pytest.approx(3.0)
+
+
+def test_a_missing_managed_prefix_gives_empty_samples_not_errors(tmp_path):
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    s = HostSampler(CgroupLayout(tmp_path, "absent"), host="h1", gpu=False)
+    assert s.sample().containers == ()
+    assert s.sample().containers == ()
+
+
+# --------------------------------------------------------------------------- real cgroup v1
+
+BURN = "x = b'\\x01' * (32 * 2**20)\nwhile True:\n    pass\n"
+
+
+@pytest.fixture
+def real_v1_layout():
+    try:
+        layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}")
+    except CgroupError as e:
+        pytest.skip(f"no cgroup mount: {e}")
+    if layout.version != 1:
+        pytest.skip("this host's /sys/fs/cgroup is not cgroup v1")
+    yield layout
+    for c in layout.controllers():
+        base = layout.base(c)
+        if base.exists():
+            for d in base.iterdir():
+                if d.is_dir():
+                    d.rmdir()
+            base.rmdir()
+
+
+@requires_root
+def test_a_real_v1_cgroup_with_a_cpu_burner_reads_one_core_then_throttles_under_quota(real_v1_layout):
+    layout = real_v1_layout
+    layout.create("burner")
+    proc = subprocess.Popen([sys.executable, "-c", BURN],
+                            preexec_fn=lambda: layout.attach("burner", os.getpid()))
+    try:
+        time.sleep(0.3)  # let it start and touch its memory
+        s = HostSampler(layout, host="h1", gpu=False)
+        s.sample()
+        time.sleep(1.0)
+        free = {c.container: c for c in s.sample().containers}["burner"]
+        assert 0.5 < free.cpu_cores < 1.5, free
+        assert free.mem_bytes > 16 * 2**20, free
+        assert free.cpu_limit_cores is None
+
+        cpu_dir: Path = layout.path("burner", "cpu")
+        (cpu_dir / "cpu.cfs_quota_us").write_text("20000")  # 0.2 cores of a 100 ms period
+        s.sample()  # start an interval that lies wholly under the quota
+        time.sleep(1.0)
+        capped = {c.container: c for c in s.sample().containers}["burner"]
+        assert capped.cpu_limit_cores == pytest.approx(0.2)
+        assert capped.throttled_periods > 0 and capped.nr_periods >= capped.throttled_periods, capped
+        assert capped.throttled_s > 0
+        assert capped.cpu_cores < 0.4, capped
+        print(f"\nfree: {free}\ncapped: {capped}")
+    finally:
+        proc.kill()
+        proc.wait()
+        layout.remove("burner")
+
+
+@requires_root
+def test_a_real_v1_cgroup_removed_between_samples_is_absent(real_v1_layout):
+    layout = real_v1_layout
+    layout.create("short")
+    layout.create("long")
+    s = HostSampler(layout, host="h1", gpu=False)
+    s.sample()
+    time.sleep(0.1)
+    assert {c.container for c in s.sample().containers} == {"short", "long"}
+    layout.remove("short")
+    assert {c.container for c in s.sample().containers} == {"long"}
+    layout.remove("long")
+
