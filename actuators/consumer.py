@@ -90,7 +90,7 @@ class Actuator:
         self.backend = backend
         self.ledger = ledger
         self.producer = producer
-        self.metrics = metrics or ActuatorMetrics()
+        self.metrics = ActuatorMetrics() if metrics is None else metrics
         self.host_cores = float(host_cores if host_cores is not None else (os.cpu_count() or 1))
         self.clock = clock
         self.sleep = sleep
