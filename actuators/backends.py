@@ -32,13 +32,15 @@ import errno
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from phasewise.actuators.commands import Command, Freeze, Outcome, SetLimits, Thaw
+
 from phasewise.cgroupfs import CgroupError, CgroupLayout
 
-__all__ = ["Backend", "CgroupBackend", "DryRunBackend", "CFS_PERIOD_US", "MIN_QUOTA_US"]
+__all__ = ["CFS_PERIOD_US", "MIN_QUOTA_US", "Backend", "CgroupBackend", "DryRunBackend"]
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SetLimits", "Freeze", "Thaw", "Command", "Outcome", "STATUSES"]
+__all__ = ["STATUSES", "Command", "Freeze", "Outcome", "SetLimits", "Thaw"]
 
 #: the statuses of :class:`phasewise.schemas.Actuation`
 STATUSES = ("applied", "clamped", "duplicate", "rejected", "failed")
@@ -68,10 +68,10 @@ class Outcome:
 
     @classmethod
     def applied(cls, message: str = "", *, cpu_cores: float | None = None,
-                mem_bytes: int | None = None) -> "Outcome":
+                mem_bytes: int | None = None) -> Outcome:
         return cls("applied", message, cpu_cores, mem_bytes)
 
     @classmethod
     def failed(cls, message: str, *, temporary: bool = False, cpu_cores: float | None = None,
-               mem_bytes: int | None = None) -> "Outcome":
+               mem_bytes: int | None = None) -> Outcome:
         return cls("failed", message, cpu_cores, mem_bytes, temporary)

@@ -41,18 +41,20 @@ import re
 import signal
 import threading
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend
 from phasewise.actuators.commands import Outcome
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import Planned, is_managed_name, plan
+
 from phasewise.schemas import Actuation, Decision, SchemaError, decode, encode
 from phasewise.settings import Settings, SettingsError
 from phasewise.topics import ACTUATIONS, DECISIONS
 
-__all__ = ["Actuator", "add_arguments", "run", "serve", "run_actuator", "make_backend", "group_id"]
+__all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve"]
 
 log = logging.getLogger("phasewise.actuator")
 
@@ -100,7 +102,9 @@ class Actuator:
     def handle(self, decision_bytes: bytes | None, key: bytes | None, partition: int | None,
                offset: int | None, *, topic: str = DECISIONS.name) -> Actuation | None:
         """Handle one message; returns the published Actuation, or ``None`` (dead-lettered / other host)."""
-        from phasewise.kafka import publish_dead_letter  # confluent_kafka only where a message is bad
+        from phasewise.kafka import (
+            publish_dead_letter,  # confluent_kafka only where a message is bad
+        )
 
         try:
             if decision_bytes is None:
@@ -121,9 +125,14 @@ class Actuator:
             prev = self.ledger.get(d.id)
             what = (f"{prev.status}" if prev and prev.status else "interrupted before its outcome was recorded")
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(prev.claimed)) if prev else "?"
-            return self._publish(d, Outcome("duplicate", f"decision already handled at {when}: {what}; not applied again"))
+            msg = f"decision already handled at {when}: {what}; not applied again"
+            return self._publish(d, Outcome("duplicate", msg))
 
-        outcome = self._decide_and_apply(d)
+        try:
+            outcome = self._decide_and_apply(d)
+        except Exception as e:  # a bug must still leave a report and a ledger entry, not a silent claim
+            log.exception("error handling decision %s", d.id)
+            outcome = Outcome.failed(f"actuator error: {type(e).__name__}: {e}")
         self.ledger.finish(d.id, outcome.status, outcome.message)
         return self._publish(d, outcome)
 

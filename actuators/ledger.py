@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Ledger", "Entry", "ledger_path"]
+__all__ = ["Entry", "Ledger", "ledger_path"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
@@ -128,7 +128,7 @@ class Ledger:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -15,9 +15,8 @@ Every metric is registered on the registry passed in, so tests use a fresh
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
-
 from phasewise.actuators.commands import STATUSES
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 __all__ = ["ActuatorMetrics"]
 

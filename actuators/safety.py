@@ -40,26 +40,28 @@ Limits are bounded by composing small rules by wrapping
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from phasewise.actuators.commands import Command, Freeze, SetLimits, Thaw
+
 from phasewise.cgroupfs import _NAME as _MANAGED_NAME  # the one definition of a managed name
 from phasewise.schemas import Decision
 from phasewise.settings import Settings
 
 __all__ = [
+    "Bounded",
+    "Cap",
+    "Floor",
     "Planned",
     "Rejected",
-    "Bounded",
-    "Unsafe",
-    "Rule",
     "Requested",
-    "Floor",
-    "Cap",
+    "Rule",
+    "Unsafe",
     "cpu_rule",
-    "mem_rule",
     "is_managed_name",
+    "mem_rule",
     "plan",
 ]
 

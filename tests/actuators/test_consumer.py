@@ -7,17 +7,16 @@ import time
 import uuid
 
 import pytest
-from prometheus_client import CollectorRegistry
-
 from phasewise.actuators.backends import CgroupBackend, DryRunBackend
 from phasewise.actuators.commands import Outcome, SetLimits
 from phasewise.actuators.consumer import Actuator, group_id, parse_bytes, run_actuator
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
+from prometheus_client import CollectorRegistry
+
 from phasewise.schemas import Actuation, DeadLetter, Decision, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS
-
 from tests.conftest import requires_root
 
 MiB = 2**20
@@ -36,7 +35,8 @@ def decision_bytes(host: str = "h1", **kw) -> bytes:
 
 def make(recorder, backend=None, ledger=None, settings=None, sleeps=None):
     metrics = ActuatorMetrics(CollectorRegistry())
-    a = Actuator(settings or mk_settings(), backend or DryRunBackend(), Ledger(":memory:") if ledger is None else ledger, recorder,
+    ledger = Ledger(":memory:") if ledger is None else ledger
+    a = Actuator(settings or mk_settings(), backend or DryRunBackend(), ledger, recorder,
                  metrics=metrics, host_cores=4.0, clock=lambda: NOW,
                  sleep=(sleeps.append if sleeps is not None else lambda s: None))
     return a, metrics
@@ -322,3 +322,14 @@ def test_the_loop_applies_a_decision_to_a_real_cgroup(settings):
 
 def test_each_host_has_its_own_consumer_group():
     assert group_id("node-7") == "phasewise-actuator-node-7"
+
+
+def test_a_backend_that_raises_still_yields_a_failed_report_and_a_ledger_entry(recorder):
+    class Broken(Flaky):
+        def exists(self, c):
+            raise RuntimeError("inventory unreachable")
+
+    a, _ = make(recorder, Broken(0))
+    act = a.handle(decision_bytes(), None, 0, 0)
+    assert act.status == "failed" and "inventory unreachable" in act.message
+    assert a.ledger.get(act.decision_id).status == "failed"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from phasewise.actuators.commands import Freeze, SetLimits, Thaw
 from phasewise.actuators.safety import Cap, Floor, Planned, Rejected, Requested, Unsafe, plan
+
 from phasewise.schemas import Decision
 from phasewise.settings import Settings
 
@@ -37,7 +37,8 @@ CASES = [
     ("memory above usage + margin is applied as asked",
      dict(mem_limit_bytes=500 * MiB), 100 * MiB, None, 500 * MiB, "applied", []),
     ("memory below usage is raised to usage + margin",
-     dict(mem_limit_bytes=10 * MiB), 100 * MiB, None, 164 * MiB, "clamped", ["current usage 100.0 MiB", "margin 64.0 MiB"]),
+     dict(mem_limit_bytes=10 * MiB), 100 * MiB, None, 164 * MiB, "clamped",
+     ["current usage 100.0 MiB", "margin 64.0 MiB"]),
     ("memory between usage and usage + margin is raised to usage + margin",
      dict(mem_limit_bytes=120 * MiB), 100 * MiB, None, 164 * MiB, "clamped", ["current usage"]),
     ("memory of an idle container is raised to the static floor then usage + margin",

@@ -1,0 +1,52 @@
+"""``phasewise actuate`` as an operator runs it: a subprocess, metrics, SIGTERM."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from phasewise.bench.harness import RoleProcess, scrape
+from phasewise.infra.broker import free_port
+
+from phasewise.kafka import make_producer
+from phasewise.schemas import Decision, encode
+from phasewise.topics import DECISIONS
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+
+def test_the_actuate_role_applies_reports_metrics_and_stops_on_sigterm(settings, tmp_path):
+    port = free_port()
+    role = RoleProcess(
+        "actuate",
+        ["--backend", "dry-run", "--metrics-port", str(port), "--cpu-floor", "0.2", "--mem-margin", "32Mi"],
+        env={"PHASEWISE_BOOTSTRAP": settings.bootstrap, "PHASEWISE_HOST": settings.host,
+             "PHASEWISE_DATA_DIR": str(tmp_path)},
+        log_path=tmp_path / "actuator.log",
+    ).start()
+    try:
+        p = make_producer(settings)
+        d = Decision(id=uuid.uuid4().hex, ts=time.time(), host=settings.host, container="job-a",
+                     action="limit", policy="test", cpu_limit_cores=0.01)
+        p.produce(DECISIONS.name, key=settings.host.encode(), value=encode(d))
+        assert p.flush(10) == 0
+        url = f"http://127.0.0.1:{port}/metrics"
+        deadline = time.monotonic() + 40
+        clamped = 0.0
+        while time.monotonic() < deadline and clamped < 1:
+            assert role.alive(), role.log_tail()
+            try:
+                clamped = scrape(url).get('phasewise_actuator_decisions_total{status="clamped"}', 0.0)
+            except OSError:
+                pass
+            time.sleep(0.3)
+        assert clamped == 1, role.log_tail()
+    finally:
+        rc = role.stop(timeout_s=15)
+    log = (tmp_path / "actuator.log").read_text()
+    assert rc == 0, log
+    assert "settings: " in log and "cpu_floor_cores=0.2" in log and f"mem_margin_bytes={32 * 2**20}" in log
+    assert "raised to the CPU floor (0.2 cores)" in log
+    assert "SIGTERM: stopping" in log and "actuator stopped" in log
+    assert (tmp_path / f"actuator-{settings.host}.sqlite").exists()
