@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import shutil
 
-from phasewise.cgroupfs import CgroupError
+import pytest
 from phasewise.producers import cgroup_reader as cr
 from phasewise.producers.cgroup_reader import read_container
+
+from phasewise.cgroupfs import CgroupError
 
 # --------------------------------------------------------------------------- parsing (strings)
 
@@ -126,9 +128,7 @@ def test_a_vanished_container_reads_as_none(cgtree):
 def test_v1_container_gone_from_one_controller_mid_read_reads_as_none(v1tree):
     """rmdir removes the cgroup controller by controller; a read in between must not raise."""
     v1tree.set("job-a", cpu_s=1.0, mem=4096)
-    cpu, acct, mem = v1tree.dirs("job-a")
-    import shutil
-
+    _cpu, _acct, mem = v1tree.dirs("job-a")
     shutil.rmtree(mem)
     assert read_container(v1tree.layout, "job-a") is None
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from phasewise.producers.nvml import NvmlSampler, container_from_cgroup_text, container_of_pid
 from phasewise.producers.sampler import HostSampler
 
@@ -139,8 +138,8 @@ def test_no_nvidia_gpu_logs_once_and_reports_nothing(proc, caplog):
         assert s.sample() is None
         assert s.sample() is None
     lines = [r.getMessage() for r in caplog.records if "no NVIDIA GPU" in r.getMessage()]
-    assert lines == ["no NVIDIA GPU: NVML unavailable (FakeNVMLError: NVML Shared Library Not Found); "
-                     "GPU fields omitted"]
+    assert lines == [("no NVIDIA GPU: NVML unavailable (FakeNVMLError: NVML Shared Library Not Found); "
+                     "GPU fields omitted")]
     assert nv.inits == 1  # not retried every tick
 
 

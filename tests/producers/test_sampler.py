@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -10,11 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from phasewise.producers.sampler import HostSampler
 
 from phasewise.cgroupfs import CgroupError, CgroupLayout
-from phasewise.producers.sampler import HostSampler
 from phasewise.schemas import HostSamples, decode, encode
-
 from tests.conftest import requires_root
 
 
@@ -150,7 +148,15 @@ def test_a_missing_managed_prefix_gives_empty_samples_not_errors(tmp_path):
 
 # --------------------------------------------------------------------------- real cgroup v1
 
-BURN = "x = b'\\x01' * (32 * 2**20)\nwhile True:\n    pass\n"
+#: joins the cgroups named on its command line, then allocates 32 MiB there and burns a core
+BURN = (
+    "import os, sys\n"
+    "for f in sys.argv[1:]:\n"
+    "    open(f, 'w').write(str(os.getpid()))\n"
+    "x = b'\\x01' * (32 * 2**20)\n"
+    "while True:\n"
+    "    pass\n"
+)
 
 
 @pytest.fixture
@@ -175,8 +181,8 @@ def real_v1_layout():
 def test_a_real_v1_cgroup_with_a_cpu_burner_reads_one_core_then_throttles_under_quota(real_v1_layout):
     layout = real_v1_layout
     layout.create("burner")
-    proc = subprocess.Popen([sys.executable, "-c", BURN],
-                            preexec_fn=lambda: layout.attach("burner", os.getpid()))
+    procs_files = [str(layout.path("burner", c) / "cgroup.procs") for c in layout.controllers()]
+    proc = subprocess.Popen([sys.executable, "-c", BURN, *procs_files])
     try:
         time.sleep(0.3)  # let it start and touch its memory
         s = HostSampler(layout, host="h1", gpu=False)
