@@ -98,3 +98,16 @@ def test_dry_run_records_commands_and_changes_nothing(v2):
     assert (d / "cpu.max").read_text() == "max 100000\n"
     assert dry.memory_usage("job-a") == real.memory_usage("job-a")
     assert DryRunBackend().memory_usage("job-a") is None and DryRunBackend().exists("anything")
+
+
+def test_the_dry_run_backend_reads_real_usage_when_the_cgroup_tree_is_there(v2, tmp_path):
+    from phasewise.actuators.consumer import make_backend
+    from phasewise.settings import Settings
+
+    _, d = v2
+    dry = make_backend(Settings(backend="dry-run", cgroup_root=str(d.parent.parent), cgroup_prefix="pw"))
+    assert dry.name == "dry-run" and dry.memory_usage("job-a") == 209715200 - 52428800
+    nowhere = make_backend(Settings(backend="dry-run", cgroup_root=str(tmp_path / "none")))
+    assert nowhere.memory_usage("job-a") is None
+    real = make_backend(Settings(backend="cgroup", cgroup_root=str(d.parent.parent), cgroup_prefix="pw"))
+    assert real.name == "cgroup-v2"

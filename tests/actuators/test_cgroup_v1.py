@@ -149,13 +149,14 @@ def test_freeze_stops_a_process_accumulating_cpu_and_thaw_resumes_it(managed):
         time.sleep(seconds)
         return int(usage.read_text()) - a
 
-    assert cpu_over(0.3) > 0.1e9
+    # (the machine is shared: a running burner gets some CPU, not necessarily a whole core)
+    assert cpu_over(0.5) > 0.02e9
     assert backend.apply(Freeze("job")).status == "applied"
     assert state.read_text().strip() == "FROZEN"
     assert cpu_over(0.5) == 0
     assert backend.apply(Thaw("job")).status == "applied"
     assert state.read_text().strip() == "THAWED"
-    assert cpu_over(0.3) > 0.1e9
+    assert cpu_over(0.5) > 0.02e9
 
 
 def test_containers_outside_the_prefix_or_missing_are_rejected_and_untouched(managed, recorder):
