@@ -1,0 +1,927 @@
+"""``phasewise demo``: the whole closed loop on this machine, with real training jobs.
+
+What it starts, in order (everything is stopped and removed again on exit):
+
+1. an embedded Kafka-compatible broker (Tansu) on a free loopback port, and
+   the topics;
+2. one cgroup per training job under ``<cgroup-root>/<controller>/<prefix>/``
+   (v1) or ``<cgroup-root>/<prefix>/`` (v2), with a generous starting limit
+   (``--start-cpu`` cores, ``--start-mem`` bytes) for the loop to lower or raise;
+3. the roles, each a subprocess of the ordinary CLI with its log in the run
+   directory: ``phasewise produce`` (samples the job cgroups),
+   ``phasewise worker`` (VPA recommender, demo-tuned: a short VPA time scale
+   and recommendation interval so decisions come within a minute) and
+   ``phasewise actuate --backend cgroup`` (applies them);
+4. the training jobs (:mod:`phasewise.jobs`: a character LSTM and a small
+   Transformer on the standard library's source, an MLP forecaster on the
+   AI4DL trace), each one thread. A job's process writes its own pid into its
+   cgroup's ``cgroup.procs`` (a ``/bin/sh`` wrapper) *before* it ``exec``\\ s
+   Python, so none of its CPU or memory use escapes the cgroup.
+
+The demo then reads the samples, decisions and actuations topics with its own
+consumer group and shows a live view (:mod:`phasewise.view`) until Ctrl-C,
+SIGTERM or ``--duration``. A job that dies (e.g. killed by the kernel for
+exceeding a lowered memory limit) is restarted, up to ``--max-restarts`` times,
+and counted. On exit it always stops the jobs, then the roles (SIGTERM to each
+process group, SIGKILL after a timeout), reads the final limits, removes the
+cgroups, stops the broker, and then checks that no process of any group it
+started is left and no cgroup directory remains; the summary says so
+(``"cleanup": true``). ``--json`` prints the summary as exactly one JSON object
+on stdout; logs go to stderr and the run directory
+(``<data_dir>/demo-<timestamp>/``), which is kept for inspection.
+
+Needs root (it creates cgroups). The summary is computed by the pure
+:func:`summarize` from the collected records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from phasewise.cgroupfs import CgroupError, CgroupLayout
+from phasewise.jobs import DEFAULT_JOBS, JOBS, parse_progress
+from phasewise.schemas import Actuation, Decision, HostSamples, SchemaError, decode
+from phasewise.view import JobRow, LiveView, ViewState, fmt_bytes
+
+__all__ = [
+    "DemoError",
+    "JobProgress",
+    "Records",
+    "SamplePoint",
+    "add_arguments",
+    "run",
+    "summarize",
+    "view_state",
+]
+
+log = logging.getLogger(__name__)
+
+NEED_ROOT = "the demo needs root to create cgroups; run `sudo make demo`"
+APPLIED = ("applied", "clamped")
+#: the wrapper that puts itself into the job's cgroup(s), then becomes the job
+ATTACH_SH = 'pid=$$; while [ "$1" != "--" ]; do echo "$pid" > "$1" || exit 97; shift; done; shift; exec "$@"'
+
+
+class DemoError(RuntimeError):
+    """The demo cannot start or a part of it failed; ``str(e)`` says what to do."""
+
+
+# --------------------------------------------------------------------------- records (pure)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplePoint:
+    ts: float
+    cpu_cores: float
+    mem_bytes: float
+    cpu_limit: float | None
+    mem_limit: float | None
+    oom_events: int = 0
+
+
+@dataclass
+class JobProgress:
+    """What a job's own progress lines said."""
+
+    phase: str = ""
+    step: int | None = None
+    first_loss: float | None = None
+    last_loss: float | None = None
+    restarts: int = 0
+    exits: list[int] = field(default_factory=list)
+
+    def update(self, line: dict) -> None:
+        self.phase = str(line.get("phase", self.phase))
+        if "step" in line:
+            self.step = int(line["step"])
+        if line.get("phase") == "train" and "loss" in line:
+            loss = float(line["loss"])
+            if math.isfinite(loss):
+                if self.first_loss is None:
+                    self.first_loss = loss
+                self.last_loss = loss
+
+
+@dataclass
+class Records:
+    """Everything the demo saw, per job: the input of :func:`summarize` and :func:`view_state`."""
+
+    jobs: tuple[str, ...]
+    samples: dict[str, list[SamplePoint]] = field(default_factory=dict)
+    decisions: list[Decision] = field(default_factory=list)
+    actuations: list[Actuation] = field(default_factory=list)
+    progress: dict[str, JobProgress] = field(default_factory=dict)
+    host_messages: int = 0
+
+    def __post_init__(self) -> None:
+        for j in self.jobs:
+            self.samples.setdefault(j, [])
+            self.progress.setdefault(j, JobProgress())
+
+    def add_samples(self, msg: HostSamples) -> int:
+        """Keep the samples of our jobs; returns how many were kept."""
+        self.host_messages += 1
+        n = 0
+        for c in msg.containers:
+            if c.container in self.samples:
+                self.samples[c.container].append(SamplePoint(
+                    msg.ts, c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes, c.oom_events))
+                n += 1
+        return n
+
+    def add_decision(self, d: Decision) -> bool:
+        if d.container in self.samples:
+            self.decisions.append(d)
+            return True
+        return False
+
+    def add_actuation(self, a: Actuation) -> bool:
+        if a.container in self.samples:
+            self.actuations.append(a)
+            return True
+        return False
+
+
+def _mean(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def _round(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def summarize(
+    records: Records,
+    *,
+    duration_s: float,
+    final_limits: dict[str, tuple[float | None, float | None]] | None = None,
+    cleanup_problems: Sequence[str] = (),
+    run_dir: str = "",
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The demo's summary from what it collected (pure).
+
+    ``decisions_made`` counts distinct decision ids seen for the demo's jobs;
+    ``decisions_applied`` counts distinct decision ids with an ``applied`` or
+    ``clamped`` actuation. Per job: ``cpu_used`` is the mean of the sampled
+    CPU use (cores) over the run, ``mem_used`` the mean working set (bytes);
+    ``*_limit_final`` come from *final_limits* (read from the cgroup at the
+    end) or else the last sample (``None`` = unlimited);
+    ``cpu_alloc_ratio`` / ``mem_alloc_ratio`` are the mean limit over the
+    mean use across the samples that had a limit (allocation vs use: 1.0 is a
+    perfect fit, 3.0 means three times more was reserved than used).
+    ``cleanup`` is true when *cleanup_problems* is empty.
+    """
+    final_limits = final_limits or {}
+    decided = {d.id for d in records.decisions}
+    applied = {a.decision_id for a in records.actuations if a.status in APPLIED}
+    jobs: dict[str, Any] = {}
+    for name in records.jobs:
+        pts = records.samples.get(name, [])
+        cpu_lim_pts = [p for p in pts if p.cpu_limit is not None]
+        mem_lim_pts = [p for p in pts if p.mem_limit is not None]
+        last = pts[-1] if pts else None
+        cpu_final, mem_final = final_limits.get(
+            name, (last.cpu_limit if last else None, last.mem_limit if last else None))
+        prog = records.progress.get(name, JobProgress())
+        job_decisions = {d.id for d in records.decisions if d.container == name}
+        jobs[name] = {
+            "samples": len(pts),
+            "cpu_used": _round(_mean(p.cpu_cores for p in pts)),
+            "cpu_used_max": _round(max((p.cpu_cores for p in pts), default=None)),
+            "cpu_limit_final": _round(cpu_final),
+            "cpu_alloc_ratio": _round(_ratio(_mean(p.cpu_limit for p in cpu_lim_pts),  # type: ignore[misc]
+                                             _mean(p.cpu_cores for p in cpu_lim_pts)), 3),
+            "mem_used": _round(_mean(p.mem_bytes for p in pts), 0),
+            "mem_used_max": _round(max((p.mem_bytes for p in pts), default=None), 0),
+            "mem_limit_final": _round(mem_final, 0),
+            "mem_alloc_ratio": _round(_ratio(_mean(p.mem_limit for p in mem_lim_pts),  # type: ignore[misc]
+                                             _mean(p.mem_bytes for p in mem_lim_pts)), 3),
+            "decisions": len(job_decisions),
+            "decisions_applied": len(job_decisions & applied),
+            "oom_kills": sum(p.oom_events for p in pts),
+            "steps": prog.step,
+            "first_loss": prog.first_loss,
+            "last_loss": prog.last_loss,
+            "restarts": prog.restarts,
+        }
+    return {
+        "duration_s": round(duration_s, 1),
+        "decisions_made": len(decided),
+        "decisions_applied": len(decided & applied) if decided else len(applied),
+        "actuations": len(records.actuations),
+        "host_messages": records.host_messages,
+        "jobs": jobs,
+        "cleanup": not cleanup_problems,
+        "cleanup_problems": list(cleanup_problems),
+        "run_dir": run_dir,
+        "error": error,
+    }
+
+
+def _decision_text(d: Decision) -> str:
+    parts = []
+    if d.cpu_limit_cores is not None:
+        parts.append(f"cpu {d.cpu_limit_cores:.2f}")
+    if d.mem_limit_bytes is not None:
+        parts.append(f"mem {fmt_bytes(d.mem_limit_bytes)}")
+    what = " ".join(parts) if parts else d.action
+    return f"{d.action} {what} ({d.policy})" if parts else f"{what} ({d.policy})"
+
+
+def view_state(records: Records, *, elapsed_s: float, job_states: dict[str, str] | None = None,
+               **kw: Any) -> ViewState:
+    """The live view's input from the records (pure)."""
+    job_states = job_states or {}
+    last_dec: dict[str, Decision] = {}
+    for d in records.decisions:
+        last_dec[d.container] = d
+    status: dict[str, str] = {}
+    applied: dict[str, set[str]] = {j: set() for j in records.jobs}
+    for a in records.actuations:
+        if a.status != "duplicate" or a.decision_id not in status:  # a re-delivery keeps the first outcome
+            status[a.decision_id] = a.status
+        if a.status in APPLIED:
+            applied[a.container].add(a.decision_id)
+    rows = []
+    for name in records.jobs:
+        pts = records.samples.get(name, [])
+        p = pts[-1] if pts else None
+        prog = records.progress.get(name, JobProgress())
+        d = last_dec.get(name)
+        rows.append(JobRow(
+            name=name,
+            cpu_cores=p.cpu_cores if p else None,
+            cpu_limit=p.cpu_limit if p else None,
+            mem_bytes=p.mem_bytes if p else None,
+            mem_limit=p.mem_limit if p else None,
+            phase=prog.phase,
+            step=prog.step,
+            loss=prog.last_loss,
+            decisions=len({x.id for x in records.decisions if x.container == name}),
+            applied=len(applied[name]),
+            last_decision=_decision_text(d) if d else "",
+            last_reason=d.reason if d else "",
+            last_status=status.get(d.id, "pending") if d else "",
+            state=job_states.get(name, "running"),
+            restarts=prog.restarts,
+            oom_kills=sum(x.oom_events for x in pts),
+        ))
+    decided = {d.id for d in records.decisions}
+    return ViewState(
+        elapsed_s=elapsed_s,
+        jobs=rows,
+        decisions_total=len(decided),
+        applied_total=len({a.decision_id for a in records.actuations if a.status in APPLIED}),
+        samples_total=sum(len(v) for v in records.samples.values()),
+        **kw,
+    )
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary as text for a terminal."""
+    lines = [
+        (f"phasewise demo: {s['duration_s']:.0f} s, {s['decisions_made']} decisions made, "
+         f"{s['decisions_applied']} applied ({s['actuations']} actuations)"),
+        "",
+        (f"{'job':<12} {'cpu used':>9} {'cpu limit':>10} {'alloc/use':>9}  {'mem used':>9} {'mem limit':>10} "
+         f"{'alloc/use':>9}  {'dec':>3} {'app':>3}  {'steps':>6} {'loss':>15}"),
+    ]
+    for name, j in s["jobs"].items():
+        def num(x: float | None, f: str = ".2f") -> str:
+            return "-" if x is None else format(x, f)
+
+        loss = (f"{num(j['first_loss'], '.3f')} -> {num(j['last_loss'], '.3f')}"
+                if j["first_loss"] is not None else "-")
+        lines.append(
+            f"{name:<12} {num(j['cpu_used']):>9} {num(j['cpu_limit_final']) if j['cpu_limit_final'] else 'none':>10} "
+            f"{num(j['cpu_alloc_ratio']):>9}  {fmt_bytes(j['mem_used']):>9} "
+            f"{fmt_bytes(j['mem_limit_final']) if j['mem_limit_final'] else 'none':>10} "
+            f"{num(j['mem_alloc_ratio']):>9}  {j['decisions']:>3} {j['decisions_applied']:>3}  "
+            f"{j['steps'] if j['steps'] is not None else '-':>6} {loss:>15}"
+            + (f"  restarts {j['restarts']}, OOM kills {j['oom_kills']}" if j["restarts"] or j["oom_kills"] else "")
+        )
+    lines.append("")
+    if s["cleanup"]:
+        lines.append("cleanup: all processes stopped, cgroups removed, broker stopped; nothing left behind")
+    else:
+        lines.append("cleanup FAILED: " + "; ".join(s["cleanup_problems"]))
+    if s.get("error"):
+        lines.append(f"error: {s['error']}")
+    lines.append(f"logs: {s['run_dir']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _session_pids(sid: int, proc_root: str = "/proc") -> list[int]:
+    """Pids of live (non-zombie) processes in session *sid*."""
+    out = []
+    for d in os.listdir(proc_root):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"{proc_root}/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # fields after the ")" closing the command name: state ppid pgrp session ...
+        rest = stat[stat.rfind(")") + 2:].split()
+        if len(rest) >= 4 and rest[0] != "Z" and int(rest[3]) == sid:
+            out.append(int(d))
+    return out
+
+
+class ManagedProcess:
+    """A subprocess in its own session with its output in a log file.
+
+    ``stop`` signals the whole process group (SIGTERM, then SIGKILL after
+    *timeout_s*) and reaps it; :meth:`leftovers` lists any process of its
+    session still alive.
+    """
+
+    def __init__(self, name: str, cmd: list[str], *, env: dict[str, str], log_path: Path,
+                 cwd: str | None = None) -> None:
+        self.name, self.cmd, self.env, self.log_path, self.cwd = name, cmd, env, log_path, cwd
+        self.proc: subprocess.Popen | None = None
+        self._log: Any = None
+        self.sids: list[int] = []
+
+    def start(self) -> ManagedProcess:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while the process runs
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd)
+        self.sids.append(self.proc.pid)  # a new session's id is its leader's pid
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def terminate(self) -> None:
+        """SIGTERM the process group without waiting."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        p = self.proc
+        if p is None:
+            return None
+        self.terminate()
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0fs of SIGTERM; killing it", self.name, timeout_s)
+        # kill whatever is left of the group (also children of a leader that exited)
+        for sid in self.sids:
+            if _session_pids(sid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(sid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(5)
+        if self._log:
+            self._log.close()
+            self._log = None
+        return p.returncode
+
+    def leftovers(self) -> list[int]:
+        return [pid for sid in self.sids for pid in _session_pids(sid)]
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+class JobProcess(ManagedProcess):
+    """A training job started inside its cgroup; its progress read from its log."""
+
+    def __init__(self, name: str, layout: CgroupLayout, *, env: dict[str, str], log_path: Path,
+                 checkpoint_dir: Path, threads: int = 1) -> None:
+        procs = ([layout.path(name) / "cgroup.procs"] if layout.version == 2
+                 else [layout.path(name, c) / "cgroup.procs" for c in layout.controllers()])
+        cmd = ["/bin/sh", "-c", ATTACH_SH, "sh", *map(str, procs), "--",
+               sys.executable, "-W", "ignore", "-m", "phasewise.jobs", name, "--threads", str(threads),
+               "--checkpoint-dir", str(checkpoint_dir)]
+        super().__init__(name, cmd, env=env, log_path=log_path)
+        self.layout = layout
+        self._offset = 0
+
+    def start(self, timeout_s: float = 5.0) -> JobProcess:
+        super().start()
+        deadline = time.monotonic() + timeout_s
+        while self.pid not in self.layout.pids(self.name):
+            rc = self.returncode()
+            if rc is not None:
+                raise DemoError(f"job {self.name} exited with {rc} before joining its cgroup "
+                                f"(97 = could not write cgroup.procs):\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"job {self.name} (pid {self.pid}) did not appear in its cgroup")
+            time.sleep(0.01)
+        return self
+
+    def read_progress(self) -> list[dict]:
+        """Progress lines written since the last call."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        return [d for d in map(parse_progress, data[:end].decode(errors="replace").splitlines()) if d]
+
+
+# --------------------------------------------------------------------------- cgroups
+
+
+def check_cgroups(root: str, prefix: str) -> CgroupLayout:
+    """A layout under *root* we may write, or :class:`DemoError` saying why not."""
+    if os.geteuid() != 0:
+        raise DemoError(NEED_ROOT)
+    try:
+        layout = CgroupLayout(root, prefix)
+    except CgroupError as e:
+        raise DemoError(f"{e}; the demo needs a writable cgroup v1 or v2 hierarchy at --cgroup-root") from e
+    if layout.version == 1:
+        have = set(layout.controllers())
+        missing = {"cpu", "cpuacct", "memory"} - have
+        if missing:
+            raise DemoError(f"cgroup v1 controllers {sorted(missing)} are not mounted under {root}")
+        for c in ("cpu", "memory"):
+            if not os.access(layout.controller_root(c), os.W_OK):
+                raise DemoError(f"{layout.controller_root(c)} is not writable; {NEED_ROOT}")
+    else:
+        avail = set((Path(root) / "cgroup.controllers").read_text().split())
+        if not {"cpu", "memory"} <= avail:
+            raise DemoError(f"the cgroup2 mount {root} lacks the cpu and memory controllers "
+                            f"(has: {' '.join(sorted(avail)) or 'none'})")
+        if not os.access(root, os.W_OK):
+            raise DemoError(f"{root} is not writable; {NEED_ROOT}")
+    return layout
+
+
+def _bases(layout: CgroupLayout) -> list[Path]:
+    if layout.version == 2:
+        return [layout.root / layout.prefix]
+    return [layout.base(c) for c in layout.controllers()]
+
+
+def clear_stale(layout: CgroupLayout) -> list[str]:
+    """Remove empty cgroups a crashed earlier demo left under the prefix."""
+    removed = []
+    for base in _bases(layout):
+        if not base.is_dir():
+            continue
+        for d in sorted(p for p in base.iterdir() if p.is_dir()):
+            procs = (d / "cgroup.procs").read_text().split() if (d / "cgroup.procs").exists() else []
+            if procs:
+                raise DemoError(f"{d} still has processes {' '.join(procs)}: is another demo running? "
+                                f"Use --cgroup-prefix to run beside it.")
+            d.rmdir()
+            removed.append(str(d))
+    return removed
+
+
+def set_limits(layout: CgroupLayout, name: str, cpu_cores: float, mem_bytes: int) -> None:
+    """Write the starting limits straight into the job's cgroup files."""
+    period = 100_000
+    quota = max(1_000, round(cpu_cores * period))
+    if layout.version == 2:
+        d = layout.path(name)
+        (d / "cpu.max").write_text(f"{quota} {period}")
+        (d / "memory.max").write_text(str(mem_bytes))
+    else:
+        cpu = layout.path(name, "cpu")
+        (cpu / "cpu.cfs_period_us").write_text(str(period))
+        (cpu / "cpu.cfs_quota_us").write_text(str(quota))
+        (layout.path(name, "memory") / "memory.limit_in_bytes").write_text(str(mem_bytes))
+
+
+def read_limits(layout: CgroupLayout, name: str) -> tuple[float | None, float | None]:
+    from phasewise.producers.cgroup_reader import read_container
+
+    c = read_container(layout, name)
+    return (None, None) if c is None else (c.cpu_limit_cores, c.mem_limit_bytes)
+
+
+# --------------------------------------------------------------------------- the demo
+
+
+@dataclass
+class Config:
+    jobs: tuple[str, ...]
+    duration_s: float | None
+    json: bool
+    cgroup_root: str
+    cgroup_prefix: str
+    interval_s: float
+    recommend_interval_s: float
+    vpa_time_scale: float
+    start_cpu: float
+    start_mem: int
+    host: str
+    data_dir: str
+    max_restarts: int
+    log_level: str
+
+
+class _Signals:
+    """SIGINT/SIGTERM set a flag the loop checks, so cleanup is never interrupted."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> Self:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            log.warning("already stopping; cleanup continues")
+        self.requested = signal.Signals(signum).name
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+class Demo:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.run_dir = Path(cfg.data_dir) / f"demo-{stamp}-{os.getpid()}"
+        self.records = Records(cfg.jobs)
+        self.problems: list[str] = []
+        self.final_limits: dict[str, tuple[float | None, float | None]] = {}
+        self.layout: CgroupLayout | None = None
+        self.jobs: dict[str, JobProcess] = {}
+        self.roles: dict[str, ManagedProcess] = {}
+        self.all_procs: list[ManagedProcess] = []
+        self.job_states: dict[str, str] = {}
+        self.bootstrap = ""
+        self.broker_port: int | None = None
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.error: str | None = None
+        self.signals = _Signals()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def run(self) -> dict[str, Any]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "jobs").mkdir(exist_ok=True)
+        with self.signals:
+            try:
+                with contextlib.ExitStack() as stack:
+                    self._start(stack)
+                    self._loop()
+            except DemoError as e:
+                self.error = str(e)
+                log.error("%s", e)
+            except Exception as e:  # an unexpected bug: still clean up and report it
+                self.error = f"{type(e).__name__}: {e}"
+                log.exception("demo failed")
+            finally:
+                self.ended = time.monotonic()
+                self._verify_clean()
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        end = self.ended or time.monotonic()
+        return summarize(self.records, duration_s=end - self.started, final_limits=self.final_limits,
+                         cleanup_problems=self.problems, run_dir=str(self.run_dir), error=self.error)
+
+    def _stop_requested(self) -> None:
+        if self.signals.requested:
+            raise DemoError(f"stopped by {self.signals.requested} while starting")
+
+    def _start(self, stack: contextlib.ExitStack) -> None:
+        from phasewise.infra.broker import EmbeddedBroker, free_port
+        from phasewise.kafka import ensure_topics, make_consumer
+        from phasewise.settings import Settings
+        from phasewise.topics import ACTUATIONS, DECISIONS, SAMPLES
+
+        cfg = self.cfg
+        layout = check_cgroups(cfg.cgroup_root, cfg.cgroup_prefix)
+        self.layout = layout
+        for d in clear_stale(layout):
+            log.info("removed stale cgroup %s", d)
+
+        broker = EmbeddedBroker(log_path=self.run_dir / "broker.log")
+        log.info("starting the embedded broker")
+        broker.start()
+        self.bootstrap, self.broker_port = broker.bootstrap, broker.port
+        stack.callback(self._step, "stop the broker", broker.stop)
+        settings = Settings.from_env({"bootstrap": broker.bootstrap, "host": cfg.host,
+                                      "data_dir": str(self.run_dir)}, env={})
+        ensure_topics(settings)
+        self._stop_requested()
+
+        stack.callback(self._remove_cgroups)
+        for name in cfg.jobs:
+            layout.create(name)
+            set_limits(layout, name, cfg.start_cpu, cfg.start_mem)
+
+        env = {**os.environ, **self._role_env(settings, free_port())}
+        stack.callback(self._stop_roles)
+        roles = {
+            "worker": [],
+            "actuate": ["--backend", "cgroup"],
+            "produce": [],
+        }
+        for role, extra in roles.items():
+            log_path = self.run_dir / f"{role}.log"
+            renv = {**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role)}
+            p = ManagedProcess(role, [sys.executable, "-W", "ignore", "-m", "phasewise.cli", role, *extra],
+                               env=renv, log_path=log_path)
+            self.roles[role] = p
+            self.all_procs.append(p)
+            p.start()
+            log.info("started phasewise %s (pid %d), log %s", role, p.pid, log_path)
+
+        consumer = make_consumer(settings, f"phasewise-demo-{uuid.uuid4().hex[:8]}")
+        stack.callback(self._step, "close the consumer", consumer.close)
+        consumer.subscribe([SAMPLES.name, DECISIONS.name, ACTUATIONS.name])
+        self.consumer = consumer
+        self.topics = {SAMPLES.name: HostSamples, DECISIONS.name: Decision, ACTUATIONS.name: Actuation}
+        self._stop_requested()
+
+        stack.callback(self._stop_jobs)
+        job_env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        for name in cfg.jobs:
+            self._start_job(name, job_env)
+        self.job_env = job_env
+
+    def _role_env(self, settings: Any, web_port: int) -> dict[str, str]:
+        cfg = self.cfg
+        return {
+            "PHASEWISE_BOOTSTRAP": settings.bootstrap,
+            "PHASEWISE_HOST": cfg.host,
+            "PHASEWISE_CGROUP_ROOT": cfg.cgroup_root,
+            "PHASEWISE_CGROUP_PREFIX": cfg.cgroup_prefix,
+            "PHASEWISE_INTERVAL_S": str(cfg.interval_s),
+            "PHASEWISE_RECOMMEND_INTERVAL_S": str(cfg.recommend_interval_s),
+            "PHASEWISE_VPA_TIME_SCALE": str(cfg.vpa_time_scale),
+            "PHASEWISE_WEB_PORT": str(web_port),
+            "PHASEWISE_BACKEND": "cgroup",
+            "PHASEWISE_METRICS_PORT": "0",
+            "PHASEWISE_LOG_LEVEL": cfg.log_level,
+        }
+
+    def _start_job(self, name: str, env: dict[str, str]) -> None:
+        assert self.layout is not None
+        ckpt = self.run_dir / "checkpoints" / name
+        ckpt.mkdir(parents=True, exist_ok=True)
+        j = JobProcess(name, self.layout, env=env, log_path=self.run_dir / "jobs" / f"{name}.log",
+                       checkpoint_dir=ckpt)
+        old = self.jobs.get(name)
+        if old is not None:  # a restart keeps the log offset and the sessions to check at cleanup
+            j._offset, j.sids = old._offset, old.sids
+        self.jobs[name] = j
+        self.all_procs = [p for p in self.all_procs if p is not old] + [j]
+        j.start()
+        self.job_states[name] = "running"
+        log.info("started job %s (pid %d) in its cgroup", name, j.pid)
+
+    # ---------------------------------------------------------------- running
+
+    def _loop(self) -> None:
+        cfg = self.cfg
+        deadline = None if cfg.duration_s is None else self.started + cfg.duration_s
+        view = None if cfg.json else LiveView()
+        next_tick = 0.0
+        restart_at: dict[str, float] = {}
+        with view or contextlib.nullcontext():
+            while not self.signals.requested and (deadline is None or time.monotonic() < deadline):
+                for m in self.consumer.consume(num_messages=200, timeout=0.2):
+                    self._handle(m)
+                now = time.monotonic()
+                if now < next_tick:
+                    continue
+                next_tick = now + cfg.interval_s
+                for role, p in self.roles.items():
+                    if not p.alive():
+                        raise DemoError(f"phasewise {role} exited with {p.returncode()}; "
+                                        f"last lines of {p.log_path}:\n{p.log_tail()}")
+                for name, j in self.jobs.items():
+                    for line in j.read_progress():
+                        self.records.progress[name].update(line)
+                    rc = j.returncode()
+                    if rc is None or name in restart_at:
+                        continue
+                    prog = self.records.progress[name]
+                    prog.exits.append(rc)
+                    why = "killed (SIGKILL: OOM?)" if rc == -signal.SIGKILL else f"exited {rc}"
+                    if prog.restarts < cfg.max_restarts:
+                        self.job_states[name] = f"{why}; restarting"
+                        restart_at[name] = now + 2.0
+                    else:
+                        self.job_states[name] = why
+                    log.warning("job %s %s", name, why)
+                for name, at in list(restart_at.items()):
+                    if now >= at:
+                        del restart_at[name]
+                        self.jobs[name].stop(1)
+                        self.records.progress[name].restarts += 1
+                        self._start_job(name, self.job_env)
+                if view is not None:
+                    view.draw(self._view_state(), force=True)
+        if self.signals.requested:
+            log.info("stopping (%s)", self.signals.requested)
+
+    def _view_state(self) -> ViewState:
+        roles = {r: ("up" if p.alive() else f"exited {p.returncode()}") for r, p in self.roles.items()}
+        return view_state(self.records, elapsed_s=time.monotonic() - self.started, job_states=self.job_states,
+                          host=self.cfg.host, bootstrap=self.bootstrap, run_dir=str(self.run_dir),
+                          roles=roles, duration_s=self.cfg.duration_s)
+
+    def _handle(self, m: Any) -> None:
+        if m.error():
+            log.debug("consumer: %s", m.error())
+            return
+        cls = self.topics.get(m.topic())
+        if cls is None:
+            return
+        try:
+            rec = decode(cls, m.value())
+        except SchemaError as e:  # the worker dead-letters bad input; the demo only watches
+            log.warning("ignoring a malformed %s message: %s", m.topic(), e)
+            return
+        if rec.host != self.cfg.host:
+            return
+        if cls is HostSamples:
+            self.records.add_samples(rec)
+        elif cls is Decision:
+            self.records.add_decision(rec)
+        else:
+            self.records.add_actuation(rec)
+
+    # ---------------------------------------------------------------- cleanup
+
+    def _step(self, what: str, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - every cleanup step runs whatever failed before
+            self.problems.append(f"could not {what}: {e}")
+            log.error("could not %s: %s", what, e)
+
+    def _stop_jobs(self) -> None:
+        for j in self.jobs.values():
+            j.terminate()
+        for name, j in self.jobs.items():
+            self._step(f"stop job {name}", j.stop, 15.0)
+            for line in j.read_progress():
+                self.records.progress[name].update(line)
+
+    def _stop_roles(self) -> None:
+        # the producer first (no new samples), then the actuator and the worker together
+        order = [["produce"], ["actuate", "worker"]]
+        for group in order:
+            procs = [self.roles[r] for r in group if r in self.roles]
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                self._step(f"stop phasewise {p.name}", p.stop, 20.0)
+
+    def _remove_cgroups(self) -> None:
+        layout = self.layout
+        if layout is None:
+            return
+        for name in self.cfg.jobs:
+            if not layout.exists(name):
+                continue
+            try:
+                self.final_limits[name] = read_limits(layout, name)
+            except (OSError, CgroupError) as e:
+                log.warning("could not read the final limits of %s: %s", name, e)
+            self._step(f"remove the cgroup of {name}", layout.remove, name, 10.0)
+        for base in _bases(layout):
+            if base.is_dir():
+                self._step(f"remove {base}", base.rmdir)
+        ckpt = self.run_dir / "checkpoints"
+        if ckpt.is_dir():
+            import shutil
+
+            self._step("remove the checkpoints", shutil.rmtree, ckpt)
+
+    def _verify_clean(self) -> None:
+        for p in self.all_procs:
+            left = p.leftovers()
+            if left:
+                self.problems.append(f"{p.name}: processes {left} still running")
+        if self.layout is not None:
+            for base in _bases(self.layout):
+                if base.exists():
+                    self.problems.append(f"cgroup directory {base} still exists")
+        if self.broker_port is not None:
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                if s.connect_ex(("127.0.0.1", self.broker_port)) == 0:
+                    self.problems.append(f"something still listens on the broker port {self.broker_port}")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def parse_size(text: str) -> int:
+    """``"1G"``, ``"512MiB"``, ``"1073741824"`` -> bytes.
+
+    >>> parse_size("1G"), parse_size("512MiB"), parse_size("1000")
+    (1073741824, 536870912, 1000)
+    """
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1G, 512M, 1073741824)")
+    return int(float(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2)])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--duration", type=float, metavar="SECONDS",
+                   help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--json", action="store_true",
+                   help="no live view; print the summary as one JSON object on stdout")
+    p.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount (v1 hierarchies or v2)")
+    p.add_argument("--cgroup-prefix", default="phasewise-demo", help="parent cgroup of the jobs")
+    p.add_argument("--interval", type=float, default=1.0, help="sampling interval, seconds")
+    p.add_argument("--jobs", nargs="+", choices=JOBS, default=list(DEFAULT_JOBS), metavar="JOB",
+                   help=f"training jobs to run (default: {' '.join(DEFAULT_JOBS)})")
+    p.add_argument("--recommend-interval", type=float, default=5.0,
+                   help="worker: seconds between recommendations per container (demo default 5)")
+    p.add_argument("--vpa-time-scale", type=float, default=0.001,
+                   help="worker: VPA durations x this (demo default 0.001: a VPA day lasts 86 s)")
+    p.add_argument("--start-cpu", type=float, default=1.0, help="starting CPU limit per job, cores")
+    p.add_argument("--start-mem", type=parse_size, default=2**30, help="starting memory limit per job (e.g. 1G)")
+    p.add_argument("--max-restarts", type=int, default=3, help="restarts per job that dies")
+    p.add_argument("--host", help="host name on the wire (default: this machine's)")
+    p.add_argument("--data-dir", help="where the run directory goes (default: settings data_dir)")
+    p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"],
+                   help="log level of the demo and its roles (default: info; warning with the live view)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from phasewise.settings import Settings
+
+    base = Settings.from_env({"host": args.host, "data_dir": args.data_dir})
+    level = args.log_level or ("info" if args.json else "warning")
+    logging.getLogger().setLevel(getattr(logging, level.upper()))
+    if args.duration is not None and args.duration <= 0:
+        print("phasewise demo: --duration must be > 0", file=sys.stderr)
+        return 2
+    cfg = Config(jobs=tuple(dict.fromkeys(args.jobs)), duration_s=args.duration, json=args.json,
+                 cgroup_root=args.cgroup_root, cgroup_prefix=args.cgroup_prefix, interval_s=args.interval,
+                 recommend_interval_s=args.recommend_interval, vpa_time_scale=args.vpa_time_scale,
+                 start_cpu=args.start_cpu, start_mem=args.start_mem, host=base.host, data_dir=base.data_dir,
+                 max_restarts=args.max_restarts, log_level=args.log_level or "info")
+    if os.geteuid() != 0:
+        print(f"phasewise demo: {NEED_ROOT}", file=sys.stderr)
+        return 2
+    demo = Demo(cfg)
+    summary = demo.run()
+    if args.json:
+        print(json.dumps(summary, allow_nan=False, default=_json_default))
+    else:
+        print(format_summary(summary))
+    if summary["error"] and not summary["error"].startswith("stopped by"):
+        return 1
+    return 0 if summary["cleanup"] else 1
+
+
+def _json_default(o: Any) -> Any:
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
