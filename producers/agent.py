@@ -31,6 +31,7 @@ import argparse
 import logging
 import math
 import signal
+import socket
 import sys
 import threading
 import time
@@ -56,6 +57,9 @@ PRODUCER_CONFIG = {
     "reconnect.backoff.max.ms": 1_000,
     "max.in.flight.requests.per.connection": 1,
     "linger.ms": 5,
+    # librdkafka logs every failed reconnect at error level; the agent reports
+    # outages itself (error_cb once per kind of error, then delivery failures)
+    "log_level": 2,
 }
 
 
@@ -138,6 +142,14 @@ class Publisher:
         # unproven until the first delivery: one probe batch at a time, the rest waits in the buffer
         self._healthy = False
         self._outage_since: float | None = None
+        self._errors_seen: set[str] = set()
+
+    def on_kafka_error(self, err: Any) -> None:
+        """librdkafka ``error_cb``: log each kind of error once until a delivery succeeds."""
+        name = err.name() if hasattr(err, "name") else str(err)
+        if name not in self._errors_seen:
+            self._errors_seen.add(name)
+            log.warning("kafka: %s; samples are buffered until the broker answers", err)
 
     @property
     def pending(self) -> int:
@@ -178,6 +190,7 @@ class Publisher:
                              time.monotonic() - self._outage_since, self.pending)
                     self._outage_since = None
                 self._healthy = True
+                self._errors_seen.clear()
             if self._inflight == 0 and self._failed:
                 dropped = self.buffer.requeue(self._failed)
                 self._failed = []
@@ -225,13 +238,14 @@ class Agent:
         self.settings = settings
         self.sampler = sampler
         self.metrics = metrics if metrics is not None else ProducerMetrics()
+        self.publisher = Publisher(None, SAMPLES, SampleBuffer(settings.buffer_max_messages),
+                                   metrics=self.metrics)
         if producer is None:
             from phasewise.kafka import make_producer
 
             producer = make_producer(settings, logger=logging.getLogger("phasewise.producers.librdkafka"),
-                                     **PRODUCER_CONFIG)
-        self.publisher = Publisher(producer, SAMPLES, SampleBuffer(settings.buffer_max_messages),
-                                   metrics=self.metrics)
+                                     error_cb=self.publisher.on_kafka_error, **PRODUCER_CONFIG)
+        self.publisher.producer = producer
         self.monotonic = monotonic
         self.ticks = 0
         self._key = settings.host.encode()
@@ -288,6 +302,18 @@ class Agent:
         return left
 
 
+def _reachable(bootstrap: str, timeout_s: float = 1.0) -> bool:
+    """Does any bootstrap address accept a TCP connection? (A quiet probe: no Kafka client logs.)"""
+    for addr in bootstrap.split(","):
+        host, _, port = addr.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def _ensure_topics_until_ok(settings: Settings, stop: threading.Event) -> None:
     """Create the samples topic, retrying in the background while the broker is away."""
     from phasewise.kafka import ensure_topics
@@ -295,6 +321,8 @@ def _ensure_topics_until_ok(settings: Settings, stop: threading.Event) -> None:
     warned = False
     while not stop.is_set():
         try:
+            if not _reachable(settings.bootstrap):
+                raise ConnectionError(f"nothing listens at {settings.bootstrap}")
             ensure_topics(settings, [SAMPLES], timeout_s=5.0)
             return
         except Exception as e:  # noqa: BLE001 - retried until the broker answers
@@ -357,12 +385,20 @@ def run(args: argparse.Namespace) -> int:
         agent.metrics.serve(settings.metrics_port)
         log.info("metrics on :%d/metrics", settings.metrics_port)
     stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:  # only flags: logging here could deadlock
+        received.append(signum)
+        stop.set()
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, _frame: (log.info("signal %d: stopping", signum), stop.set()))
+            signal.signal(sig, on_signal)
     if settings.create_topics:
         threading.Thread(target=_ensure_topics_until_ok, args=(settings, stop), name="ensure-topics",
                          daemon=True).start()
     agent.run(stop)
+    if received:
+        log.info("signal %d: stopping", received[0])
     agent.close(settings.flush_timeout_s)
     return 0

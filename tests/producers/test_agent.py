@@ -13,13 +13,13 @@ import time
 import uuid
 
 import pytest
-from prometheus_client import CollectorRegistry
-
 from phasewise.infra.broker import EmbeddedBroker, free_port
-from phasewise.kafka import ensure_topics, make_consumer
 from phasewise.producers.agent import Agent, Outgoing, Publisher, SampleBuffer
 from phasewise.producers.metrics import ProducerMetrics
 from phasewise.producers.sampler import HostSampler
+from prometheus_client import CollectorRegistry
+
+from phasewise.kafka import ensure_topics, make_consumer
 from phasewise.schemas import HostSamples, decode
 from phasewise.settings import Settings
 from phasewise.topics import SAMPLES
@@ -197,7 +197,7 @@ def test_produce_once_prints_one_host_samples_json_without_kafka(v2tree):
     r = subprocess.run(
         [sys.executable, "-m", "phasewise.cli", "produce", "--once", "--interval", "0.1", "--host", "h-once",
          "--cgroup-root", str(v2tree.root), "--cgroup-prefix", v2tree.prefix],
-        env=env, capture_output=True, text=True, timeout=60,
+        check=False, env=env, capture_output=True, text=True, timeout=60,
     )
     assert r.returncode == 0, r.stderr
     msg = decode(HostSamples, r.stdout.strip())
@@ -225,6 +225,6 @@ def test_produce_exits_cleanly_on_sigterm_and_says_what_was_undelivered(v2tree, 
 
 def test_produce_rejects_a_root_that_is_no_cgroup_mount(tmp_path):
     r = subprocess.run([sys.executable, "-m", "phasewise.cli", "produce", "--once", "--cgroup-root", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+                       check=False, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "neither a cgroup v2 mount nor a directory of v1 hierarchies" in r.stderr
