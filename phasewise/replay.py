@@ -1,0 +1,609 @@
+"""``phasewise replay``: replay a real usage trace through limit policies and score them.
+
+Each container of the trace is replayed on its own, with a fresh instance of
+every policy. At each sample time ``t`` a policy is first asked for its limits
+(:meth:`LimitPolicy.limits`) and only then shown the usage measured at ``t``
+(:meth:`LimitPolicy.observe`), so no policy sees the step it limits. The one
+exception is the **oracle** (``L_t = U_t``), a reference computed by this
+harness from the measured usage and labelled as such everywhere it appears.
+
+Per resource, scores are summed over containers (see
+:mod:`phasewise.models.scoring`): ``alloc_over_used`` (allocation per unit of
+usage, time-weighted) and ``fulfilment`` (share of steps with usage within the
+limit). All policies are scored on the same steps: a (container, resource)
+is scored from the first step at which every policy managing that resource
+has a limit. A policy manages a resource when it names it in its limits
+(even as ``None``) in any container of the run; one that never does (VPA has
+no GPU model) is not scored on that resource and its row says so.
+
+Policy families (``--policies``):
+
+- ``vpa``: :class:`phasewise.models.vpa.VpaPolicy` (VPA-style recommender);
+- ``window``: :func:`phasewise.models.baselines.window_family` (max x 1.0 and
+  p95 x 1.15 over several windows); reported as its best member: the lowest
+  ``alloc_over_used`` among the members reaching the reference fulfilment
+  (the phase policy's; without a phase score, vpa's; without either, 95 %),
+  or the highest fulfilment when none reaches it;
+- ``phase``: :class:`phasewise.models.phase_policy.PhasePolicy` (phase limits);
+- ``oracle``: harness special case, ``L_t = U_t``.
+
+Savings of the phase policy are computed at matched fulfilment against the best
+reactive baseline (vpa or any window member) reaching at least the phase
+policy's fulfilment (or, flagged ``matched_fulfilment: false``, the closest
+below): ``savings = 1 - phase_alloc_over_used / best_alloc_over_used``.
+
+:func:`decision_sequence` exposes a policy's per-container decisions
+(``[(t, limits), ...]``) so the in-process path can be compared with the Kafka
+path. ``--through-kafka`` is not supported yet (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, TextIO
+
+import numpy as np
+
+from phasewise.models.policy import LimitPolicy, Limits
+from phasewise.models.scoring import Score, common_start, hold_last, score_steps
+from phasewise.producers.traces import FORMATS, ContainerSeries, Trace, TraceFormatError, load_trace
+
+__all__ = [
+    "FAMILIES",
+    "ORACLE",
+    "ContainerReplay",
+    "PolicySpec",
+    "PolicyUnavailable",
+    "ScaledPolicy",
+    "ReplayResult",
+    "ResourceResult",
+    "add_arguments",
+    "decision_sequence",
+    "oracle_decisions",
+    "policy_specs",
+    "replay_trace",
+    "result_rows",
+    "run",
+    "sample_path",
+]
+
+ORACLE = "oracle"
+FAMILIES = ("vpa", "window", "phase", ORACLE)
+REACTIVE = ("vpa", "window")
+ORACLE_NOTE = "harness special case: L_t = U_t, the only policy that sees the usage of the step it limits"
+#: reference fulfilment for picking the best window member when neither phase nor vpa ran
+DEFAULT_TARGET_FULFILMENT = 0.95
+
+
+class PolicyUnavailable(RuntimeError):
+    """A requested policy family cannot be built (its module is not installed or not written)."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy of a run: a family member with a factory of fresh instances.
+
+    ``factory`` is ``None`` only for the oracle, which the harness computes.
+    """
+
+    name: str
+    family: str
+    factory: Callable[[], LimitPolicy] | None
+
+
+def sample_path() -> Path:
+    """The AI4DL sample shipped with phasewise (Apache-2.0; see data/PROVENANCE.md)."""
+    return Path(__file__).resolve().parent / "data" / "ai4dl_sample.csv"
+
+
+# ---------------------------------------------------------------- policies
+
+
+def _lazy_factory(module: str, cls: str, family: str) -> Callable[[], LimitPolicy]:
+    try:
+        mod = importlib.import_module(module)
+        klass = getattr(mod, cls)
+    except (ImportError, AttributeError) as e:
+        raise PolicyUnavailable(f"policy {family!r} is not available: {module}.{cls} cannot be imported ({e})") from e
+    return klass
+
+
+#: nominal capacity (bytes) that turns a memory *fraction* into bytes for VPA (see :class:`ScaledPolicy`)
+NOMINAL_MEM_BYTES = float(2**40)
+
+
+class ScaledPolicy:
+    """Harness adapter: show a policy usage multiplied by ``scales[r]`` and divide
+    its limits back, so a policy that works in fixed units sees them.
+
+    Used for VPA on traces whose ``mem`` is a utilisation fraction: VPA's memory
+    histogram is in bytes (first bucket 1e7 bytes, 5 % wider buckets, floor
+    250 MiB), so the fraction is shown as bytes of a nominal 1 TiB pod. Buckets
+    grow geometrically, so alloc/used does not depend on the nominal size as
+    long as usage stays far above the first bucket and the floor (250 MiB is
+    0.02 % of 1 TiB).
+
+    >>> from phasewise.models.baselines import WindowPolicy
+    >>> p = ScaledPolicy(WindowPolicy(window=2), {"mem": 1000.0})
+    >>> p.observe(0.0, {"mem": 0.5, "cpu": 2.0})
+    >>> p.limits(1.0), p.inner.limits(1.0)
+    ({'mem': 0.5, 'cpu': 2.0}, {'mem': 500.0, 'cpu': 2.0})
+    """
+
+    def __init__(self, inner: LimitPolicy, scales: dict[str, float]) -> None:
+        self.inner = inner
+        self.scales = dict(scales)
+        self.name = inner.name
+
+    def limits(self, t: float) -> Limits:
+        out = dict(self.inner.limits(t))
+        for r, k in self.scales.items():
+            if out.get(r) is not None:
+                out[r] = out[r] / k
+        return out
+
+    def observe(self, t: float, usage) -> None:
+        self.inner.observe(t, {r: (v * self.scales[r] if r in self.scales else v) for r, v in usage.items()})
+
+    def explain(self) -> dict:
+        return {**self.inner.explain(), "harness_unit_scales": dict(self.scales)}
+
+
+def policy_specs(families: Iterable[str], windows: tuple[int, ...] = (5, 10, 30, 60),
+                 units: dict[str, str] | None = None) -> list[PolicySpec]:
+    """Expand family names (``vpa``, ``window``, ``phase``, ``oracle``) into specs.
+
+    *units* are the trace's units per resource: when ``mem`` is not in bytes,
+    VPA and the phase policy (whose reactive fallback is VPA) see it through
+    :class:`ScaledPolicy` (nominal 1 TiB pod).
+
+    >>> [s.name for s in policy_specs(["window", "oracle"], windows=(5,))]
+    ['window-max-5', 'window-p95x1.15-5', 'oracle']
+    """
+    specs: list[PolicySpec] = []
+    seen: set[str] = set()
+    for fam in families:
+        fam = fam.strip()
+        if not fam or fam in seen:
+            continue
+        seen.add(fam)
+        if fam == "window":
+            from phasewise.models.baselines import window_family
+
+            specs += [PolicySpec(n, "window", f) for n, f in window_family(windows).items()]
+        elif fam == "vpa":
+            vpa = _lazy_factory("phasewise.models.vpa", "VpaPolicy", "vpa")
+            mem_unit = (units or {}).get("mem", "bytes")
+            if mem_unit.startswith("bytes"):
+                specs.append(PolicySpec("vpa", "vpa", vpa))
+            else:
+                specs.append(PolicySpec("vpa", "vpa",
+                                        lambda vpa=vpa: ScaledPolicy(vpa(), {"mem": NOMINAL_MEM_BYTES})))
+        elif fam == "phase":
+            phase = _lazy_factory("phasewise.models.phase_policy", "PhasePolicy", "phase")
+            if (units or {}).get("mem", "bytes").startswith("bytes"):
+                specs.append(PolicySpec("phase", "phase", phase))
+            else:  # same unit treatment as VPA (its reactive fallback is VPA)
+                specs.append(PolicySpec("phase", "phase",
+                                        lambda phase=phase: ScaledPolicy(phase(), {"mem": NOMINAL_MEM_BYTES})))
+        elif fam == ORACLE:
+            specs.append(PolicySpec(ORACLE, ORACLE, None))
+        else:
+            raise ValueError(f"unknown policy {fam!r}; known: {', '.join(FAMILIES)}")
+    if not specs:
+        raise ValueError("no policy named")
+    return specs
+
+
+# ---------------------------------------------------------------- driving one container
+
+
+def _usage_at(series: ContainerSeries, i: int) -> dict[str, float]:
+    out = {}
+    for r, u in series.usage.items():
+        v = u[i]
+        if v == v:  # not NaN
+            out[r] = float(v)
+    return out
+
+
+def decision_sequence(policy: LimitPolicy, series: ContainerSeries,
+                      explain: bool = False) -> list[tuple[float, Limits]] | tuple[list[tuple[float, Limits]], list[dict]]:
+    """Drive *policy* through one container: ``[(t, limits asked at t), ...]``.
+
+    At each sample ``t`` the limits are asked first, then the usage measured at
+    ``t`` is observed (only the resources with a value at ``t``). With
+    *explain*, also return ``policy.explain()`` taken right after each
+    ``limits(t)``.
+
+    >>> import numpy as np
+    >>> from phasewise.models.baselines import WindowPolicy
+    >>> s = ContainerSeries("c", np.array([0., 10., 20.]), {"cpu": np.array([1., 3., 2.])})
+    >>> decision_sequence(WindowPolicy(window=2), s)
+    [(0.0, {}), (10.0, {'cpu': 1.0}), (20.0, {'cpu': 3.0})]
+    """
+    seq: list[tuple[float, Limits]] = []
+    exps: list[dict] = []
+    for i, t in enumerate(series.t.tolist()):
+        lim = dict(policy.limits(t))
+        seq.append((t, lim))
+        if explain:
+            exps.append(policy.explain())
+        policy.observe(t, _usage_at(series, i))
+    return (seq, exps) if explain else seq
+
+
+def oracle_decisions(series: ContainerSeries) -> list[tuple[float, Limits]]:
+    """The oracle's decisions: ``L_t = U_t`` (harness special case; it sees the step's usage)."""
+    return [(t, _usage_at(series, i)) for i, t in enumerate(series.t.tolist())]
+
+
+def _limit_arrays(seq: list[tuple[float, Limits]], resources: Iterable[str]) -> dict[str, np.ndarray]:
+    """resource -> limit per step (held over ``None``), for the resources the policy
+    manages: those it names in its limits at least once (even as ``None``)."""
+    out = {}
+    for r in resources:
+        if any(r in lim for _, lim in seq):
+            out[r] = hold_last([lim.get(r) for _, lim in seq])
+    return out
+
+
+def _phase_ids(exps: list[dict]) -> np.ndarray:
+    """Phase id per step from the phase policy's explain() (-1 where none)."""
+    ids = np.full(len(exps), -1, dtype=np.int64)
+    for i, e in enumerate(exps):
+        v = e.get("phase", e.get("phase_id")) if isinstance(e, dict) else None
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            ids[i] = int(v)
+    return ids
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class ResourceResult:
+    """Scores of every policy on one resource, summed over containers."""
+
+    resource: str
+    unit: str
+    scores: dict[str, Score] = field(default_factory=dict)
+    containers: int = 0  # containers with at least one scored step
+    valid_steps: int = 0  # steps with a value for this resource
+    warmup_steps: int = 0  # valid steps before the common start (not scored)
+
+
+@dataclass
+class ContainerReplay:
+    """What the report plots for one container."""
+
+    container: str
+    t: np.ndarray
+    usage: dict[str, np.ndarray]
+    limits: dict[str, dict[str, np.ndarray]]  # policy -> resource -> limit per step (NaN: none)
+    phases: np.ndarray | None  # phase id per step (-1: none), None when no phase policy ran
+
+
+@dataclass
+class ReplayResult:
+    trace: Trace
+    specs: list[PolicySpec]
+    resources: dict[str, ResourceResult]
+    plotted: list[ContainerReplay]
+    elapsed_s: float
+    phase_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def families(self) -> list[str]:
+        return list(dict.fromkeys(s.family for s in self.specs))
+
+    def members(self, family: str) -> list[str]:
+        return [s.name for s in self.specs if s.family == family]
+
+
+class _Progress:
+    """A one-line progress bar on a terminal stream; silent otherwise."""
+
+    def __init__(self, total: int, stream: TextIO | None, label: str = "replay") -> None:
+        self.total, self.stream, self.label = total, stream, label
+        self._last = -1.0
+
+    def update(self, done: int) -> None:
+        if self.stream is None:
+            return
+        now = time.monotonic()
+        if done < self.total and now - self._last < 0.1:
+            return
+        self._last = now
+        width = 30
+        fill = int(width * done / max(self.total, 1))
+        self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} containers")
+        if done >= self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6,
+                 progress: TextIO | None = None) -> ReplayResult:
+    """Replay every container of *trace* through every policy in *specs* and score them."""
+    t0 = time.perf_counter()
+    resources = {r: ResourceResult(r, u, {s.name: Score() for s in specs}) for r, u in trace.units.items()}
+    # fallback step for series of a single sample: the trace-wide median step
+    diffs = [np.diff(c.t) for c in trace.containers if len(c) > 1]
+    global_dt = float(np.median(np.concatenate(diffs))) if diffs else 1.0
+    plotted: list[ContainerReplay] = []
+    phase_info: dict[str, Any] = {}
+    pending: list[tuple[str, np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []
+    managed: dict[str, set[str]] = {}
+    bar = _Progress(len(trace.containers), progress)
+    for k, series in enumerate(trace.containers):
+        keep = k < plot_containers
+        limits: dict[str, dict[str, np.ndarray]] = {}
+        phases = None
+        for spec in specs:
+            if spec.factory is None:
+                seq = oracle_decisions(series)
+            else:
+                policy = spec.factory()
+                if spec.family == "phase":
+                    seq, exps = decision_sequence(policy, series, explain=True)
+                    phases = _phase_ids(exps)
+                    _describe_phase(policy, phase_info)
+                else:
+                    seq = decision_sequence(policy, series)
+            limits[spec.name] = _limit_arrays(seq, series.usage)
+        for r, u in series.usage.items():
+            ok = ~np.isnan(u)
+            if ok.any():
+                pending.append((r, series.t[ok], u[ok],
+                                {name: lim[r][ok] for name, lim in limits.items() if r in lim}))
+                managed.setdefault(r, set()).update(name for name, lim in limits.items() if r in lim)
+        if keep:
+            plotted.append(ContainerReplay(series.container, series.t, series.usage, limits, phases))
+        bar.update(k + 1)
+    # Score once every container is replayed: a policy manages r when it named r in
+    # any container; where it never did in one container, it had no opinion there
+    # (NaN), which holds back that (container, r) for every policy.
+    for r, t_r, u_r, lim_r in pending:
+        res = resources[r]
+        n = len(t_r)
+        res.valid_steps += n
+        names = managed.get(r, set())
+        if not names:
+            continue
+        lims = {name: lim_r.get(name, np.full(n, np.nan)) for name in names}
+        start = common_start(lims.values())
+        res.warmup_steps += min(start, n)
+        if start >= n:
+            continue
+        res.containers += 1
+        med = None if n > 1 else global_dt
+        for name, lim in lims.items():
+            res.scores[name] = res.scores[name] + score_steps(t_r, u_r, lim, start=start, median_dt=med)
+    return ReplayResult(trace, specs, resources, plotted, time.perf_counter() - t0, phase_info)
+
+
+def _describe_phase(policy: Any, info: dict[str, Any]) -> None:
+    """Accumulate what the report says about how the phase model started, per container."""
+    inner = getattr(policy, "inner", policy)  # through ScaledPolicy
+    info.setdefault("class", f"{type(inner).__module__}.{type(inner).__qualname__}")
+    if inner is not policy:
+        info["harness_unit_scales"] = dict(policy.scales)
+    if hasattr(inner, "pretrained"):
+        info["pretrained_allowed"] = bool(inner.pretrained)
+    start = getattr(inner, "warm_start", None)
+    if start is not None:
+        counts = info.setdefault("warm_start", {})
+        counts[str(start)] = counts.get(str(start), 0) + 1
+
+
+# ---------------------------------------------------------------- summaries
+
+
+def _pick(scores: dict[str, Score], names: list[str], target_fulfilled: float) -> tuple[str, bool] | None:
+    """Lowest alloc among *names* with fulfilled >= target (matched), else the
+    highest fulfilment below it (ties: lowest alloc), flagged unmatched."""
+    cands = [n for n in names if scores[n].steps > 0 and scores[n].alloc_over_used is not None]
+    if not cands:
+        return None
+    ok = [n for n in cands if scores[n].fulfilled >= target_fulfilled]
+    if ok:
+        return min(ok, key=lambda n: (scores[n].alloc, n)), True
+    return min(cands, key=lambda n: (-scores[n].fulfilled, scores[n].alloc, n)), False
+
+
+def _num(v: float | None, nd: int = 6) -> float | None:
+    return None if v is None else round(float(v), nd)
+
+
+def result_rows(result: ReplayResult) -> tuple[list[dict], list[dict]]:
+    """(one row per (policy family, resource), one savings row per resource)."""
+    rows: list[dict] = []
+    savings: list[dict] = []
+    fams = result.families
+    for r, res in result.resources.items():
+        sc = res.scores
+        steps = max((s.steps for s in sc.values()), default=0)
+        ref = next((f for f in ("phase", "vpa") if f in fams and sc[f].steps > 0), None)
+        if ref is not None:
+            target, target_from = sc[ref].fulfilled, ref
+        else:
+            target, target_from = DEFAULT_TARGET_FULFILMENT * steps, f"{DEFAULT_TARGET_FULFILMENT:.0%}"
+        for fam in fams:
+            base = {"policy": fam, "resource": r}
+            if fam == "window":
+                picked = _pick(sc, result.members("window"), target)
+                name = picked[0] if picked else result.members("window")[0]
+                row = {**base, **_score_fields(sc[name]), "member": name,
+                       "member_choice": f"lowest alloc_over_used reaching {target_from} fulfilment"
+                       if picked and picked[1] else f"highest fulfilment (none reached {target_from})",
+                       "members": {n: _score_fields(sc[n]) for n in result.members("window")}}
+            else:
+                row = {**base, **_score_fields(sc[fam])}
+                if fam == ORACLE:
+                    row["note"] = ORACLE_NOTE
+                elif sc[fam].steps == 0:
+                    row["note"] = "no score: the policy sets no limit for this resource"
+            row["unit"] = res.unit
+            row["containers"] = res.containers
+            rows.append(row)
+        srow: dict[str, Any] = {"resource": r, "savings_vs_best_reactive": None}
+        reactive = [n for f in REACTIVE if f in fams for n in result.members(f)]
+        if "phase" not in fams:
+            srow["reason"] = "phase policy not in this run"
+        elif not reactive:
+            srow["reason"] = "no reactive baseline (vpa, window) in this run"
+        elif sc["phase"].steps == 0 or sc["phase"].alloc_over_used is None:
+            srow["reason"] = "no scored step with usage for this resource"
+        else:
+            picked = _pick(sc, reactive, sc["phase"].fulfilled)
+            if picked is None:
+                srow["reason"] = "no reactive baseline has a score"
+            else:
+                best, matched = picked
+                b = sc[best]
+                p = sc["phase"]
+                srow.update({
+                    "savings_vs_best_reactive": _num(1.0 - p.alloc / b.alloc) if b.alloc > 0 else None,
+                    "best_reactive": best,
+                    "best_reactive_alloc_over_used": _num(b.alloc_over_used),
+                    "best_reactive_fulfilment": _num(b.fulfilment),
+                    "phase_alloc_over_used": _num(p.alloc_over_used),
+                    "phase_fulfilment": _num(p.fulfilment),
+                    "matched_fulfilment": matched,
+                })
+                if not matched:
+                    srow["flag"] = "no reactive baseline reaches the phase policy's fulfilment; closest below used"
+        if ORACLE in fams:
+            srow["oracle_alloc_over_used"] = _num(sc[ORACLE].alloc_over_used)
+        srow["steps"] = steps
+        srow["warmup_steps_not_scored"] = res.warmup_steps
+        savings.append(srow)
+    return rows, savings
+
+
+def _score_fields(s: Score) -> dict[str, Any]:
+    return {"alloc_over_used": _num(s.alloc_over_used), "fulfilment": _num(s.fulfilment), "steps": s.steps}
+
+
+def format_table(rows: list[dict], savings: list[dict]) -> str:
+    """Readable table of the rows and savings."""
+
+    def f(v: Any, pct: bool = False) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.1%}" if pct else f"{v:.3f}"
+
+    lines = [f"{'resource':9s} {'policy':8s} {'alloc/used':>10s} {'fulfilment':>10s} {'steps':>7s}  detail"]
+    for r in rows:
+        detail = r.get("member", "") or ("oracle: sees U_t" if r["policy"] == ORACLE else "")
+        lines.append(f"{r['resource']:9s} {r['policy']:8s} {f(r['alloc_over_used']):>10s} "
+                     f"{f(r['fulfilment'], True):>10s} {r['steps']:>7d}  {detail}")
+    lines.append("")
+    for s in savings:
+        if s["savings_vs_best_reactive"] is None:
+            lines.append(f"{s['resource']:9s} savings vs best reactive: - ({s.get('reason', 'undefined')})")
+        else:
+            flag = "" if s["matched_fulfilment"] else "  [UNMATCHED: closest baseline below phase fulfilment]"
+            lines.append(f"{s['resource']:9s} savings vs best reactive ({s['best_reactive']}, "
+                         f"fulfilment {f(s['best_reactive_fulfilment'], True)} vs phase "
+                         f"{f(s['phase_fulfilment'], True)}): {f(s['savings_vs_best_reactive'], True)}{flag}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", nargs="?", help="trace file (ai4dl) or folder (genai2026); "
+                   "default: the AI4DL sample shipped with phasewise")
+    p.add_argument("--format", choices=sorted(FORMATS), default="ai4dl",
+                   help="trace layout: " + "; ".join(f"{k} = {v}" for k, v in FORMATS.items()))
+    p.add_argument("--policies", default="vpa,window,phase,oracle",
+                   help="comma-separated policy families among vpa, window, phase, oracle (default: all)")
+    p.add_argument("--windows", default="5,10,30,60",
+                   help="window sizes (samples) of the window family (default 5,10,30,60)")
+    p.add_argument("--through-kafka", action="store_true",
+                   help="replay through the broker and the stream worker (not supported yet)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per line instead of a table")
+    p.add_argument("--report", metavar="DIR", help="write PNG plots and summary.md into DIR")
+    p.add_argument("--plot-containers", type=int, default=6, help="containers plotted in the report (default 6)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"],
+                   help="log level (default info)")
+
+
+def replay_command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run (written into the report)."""
+    parts = ["phasewise", "replay"]
+    if args.path is not None:
+        parts.append(args.path)
+    parts += ["--format", args.format, "--policies", args.policies]
+    if args.windows != "5,10,30,60":
+        parts += ["--windows", args.windows]
+    if args.through_kafka:
+        parts.append("--through-kafka")
+    if args.json:
+        parts.append("--json")
+    if args.report:
+        parts += ["--report", args.report]
+    if args.plot_containers != 6:
+        parts += ["--plot-containers", str(args.plot_containers)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    command = replay_command(args)
+    if args.through_kafka:
+        print("phasewise replay: --through-kafka is not supported yet; the replay runs in-process "
+              "only (drop --through-kafka). The Kafka path will replay the same decision sequences "
+              "through the broker and the stream worker.", file=sys.stderr)
+        return 2
+    try:
+        windows = tuple(int(w) for w in args.windows.split(",") if w.strip())
+        if not windows or min(windows) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"phasewise replay: --windows must be positive integers, got {args.windows!r}", file=sys.stderr)
+        return 2
+    path = args.path
+    if path is None:
+        if args.format != "ai4dl":
+            print("phasewise replay: PATH is required for --format genai2026", file=sys.stderr)
+            return 2
+        path = str(sample_path())
+    try:
+        trace = load_trace(path, args.format)
+    except TraceFormatError as e:
+        print(f"phasewise replay: {e}", file=sys.stderr)
+        return 2
+    try:
+        specs = policy_specs(args.policies.split(","), windows=windows, units=trace.units)
+    except (ValueError, PolicyUnavailable) as e:
+        print(f"phasewise replay: {e}", file=sys.stderr)
+        return 2
+    show = None if args.quiet or not sys.stderr.isatty() else sys.stderr
+    result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show)
+    rows, savings = result_rows(result)
+    if args.json:
+        for row in rows + savings:
+            print(json.dumps(row, sort_keys=False))
+    else:
+        print(f"trace: {trace.format} {trace.source}: {len(trace.containers)} containers, "
+              f"{trace.n_samples()} samples; replayed in {result.elapsed_s:.1f} s")
+        for n in trace.notes:
+            print(f"note: {n}")
+        print(format_table(rows, savings))
+    if args.report:
+        from phasewise.report import write_report
+
+        written = write_report(result, rows, savings, Path(args.report), command=command)
+        print(f"report: {len(written)} files in {args.report}", file=sys.stderr)
+    return 0

@@ -1,0 +1,301 @@
+"""Replay harness and ``phasewise replay`` end to end (in-process)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phasewise.cli import main
+from phasewise.models.baselines import WindowPolicy
+from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
+from phasewise.replay import (
+    PolicySpec,
+    ScaledPolicy,
+    _Progress,
+    decision_sequence,
+    oracle_decisions,
+    policy_specs,
+    replay_trace,
+    result_rows,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "phasewise" / "data" / "ai4dl_sample.csv"
+GENAI = REPO.parent / "shared" / "data" / "alibaba-genai2026-pods"
+HAS_VPA = importlib.util.find_spec("phasewise.models.vpa") is not None
+HAS_PHASE = importlib.util.find_spec("phasewise.models.phase_policy") is not None
+
+
+class Recorder:
+    """Sets limit = 1.0 and checks it was never shown a sample at or after the time it is asked about."""
+
+    name = "recorder"
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.seen: list[float] = []
+
+    def limits(self, t):
+        assert all(s < t for s in self.seen), f"saw {max(self.seen)} before limits({t})"
+        self.log.append(("limits", t))
+        return {"cpu": 1.0, "mem": 1.0}
+
+    def observe(self, t, usage):
+        assert self.log[-1] == ("limits", t), "observe(t) before limits(t)"
+        self.seen.append(t)
+        self.log.append(("observe", t))
+
+    def explain(self):
+        return {}
+
+
+class Late:
+    """No opinion for the first `k` steps, then the previous sample's usage (cpu only)."""
+
+    name = "late"
+
+    def __init__(self, k: int) -> None:
+        self.k, self.n, self.last = k, 0, None
+
+    def limits(self, t):
+        return {"cpu": self.last if self.n >= self.k else None}
+
+    def observe(self, t, usage):
+        self.n += 1
+        self.last = usage.get("cpu", self.last)
+
+    def explain(self):
+        return {"n": self.n}
+
+
+class Generous:
+    """A constant, very large limit: fulfils every step."""
+
+    name = "generous"
+
+    def limits(self, t):
+        return {"cpu": 1e6, "mem": 1e15}
+
+    def observe(self, t, usage):
+        pass
+
+    def explain(self):
+        return {"phase": 3}
+
+
+def test_no_policy_is_shown_a_sample_before_it_is_asked_for_that_steps_limits():
+    log: list = []
+    trace = load_ai4dl(SAMPLE)
+    replay_trace(trace, [PolicySpec("recorder", "recorder", lambda: Recorder(log))], plot_containers=0)
+    asked = [t for kind, t in log if kind == "limits"]
+    assert len(asked) == trace.n_samples()
+    # strictly alternating limits(t) / observe(t), per container in time order
+    assert [k for k, _ in log] == ["limits", "observe"] * trace.n_samples()
+
+
+def test_decision_sequence_lists_the_limits_asked_at_each_sample_time():
+    s = ContainerSeries("c", np.array([0., 10., 20., 30.]),
+                        {"cpu": np.array([1., 3., np.nan, 2.]), "mem": np.array([5., np.nan, 7., 6.])})
+    seq = decision_sequence(WindowPolicy(window=2), s)
+    assert seq == [(0.0, {}), (10.0, {"cpu": 1.0, "mem": 5.0}), (20.0, {"cpu": 3.0, "mem": 5.0}),
+                   (30.0, {"cpu": 3.0, "mem": 7.0})]
+    seq, exps = decision_sequence(WindowPolicy(window=2), s, explain=True)
+    assert len(exps) == 4 and exps[0]["samples"] == {}
+    assert oracle_decisions(s)[1] == (10.0, {"cpu": 3.0})
+
+
+def _spec(name, family, make):
+    return PolicySpec(name, family, make)
+
+
+def test_the_oracle_scores_one_and_every_policy_is_scored_on_the_same_steps():
+    trace = load_ai4dl(SAMPLE)
+    specs = policy_specs(["window", "oracle"], windows=(5, 30))
+    res = replay_trace(trace, specs)
+    for r in ("cpu", "mem"):
+        sc = res.resources[r].scores
+        assert sc["oracle"].alloc_over_used == pytest.approx(1.0) and sc["oracle"].fulfilment == 1.0
+        assert len({s.steps for s in sc.values()}) == 1
+        # the window needs one observation: the first sample of each of the 4 containers is not scored
+        assert sc["oracle"].steps == 204 - 4 and res.resources[r].warmup_steps == 4
+
+
+def test_the_slowest_policy_sets_the_warm_up_for_all_and_unmanaged_resources_are_not_scored():
+    trace = load_ai4dl(SAMPLE)
+    specs = [_spec("late", "late", lambda: Late(10))] + policy_specs(["window", "oracle"], windows=(5,))
+    res = replay_trace(trace, specs)
+    cpu, mem = res.resources["cpu"], res.resources["mem"]
+    assert {s.steps for s in cpu.scores.values()} == {204 - 4 * 10}
+    assert cpu.warmup_steps == 40
+    # Late never names mem: it does not hold back the others there, and gets no mem score
+    assert mem.scores["late"].steps == 0
+    assert mem.scores["oracle"].steps == mem.scores["window-max-5"].steps == 204 - 4
+
+
+def test_savings_are_against_the_cheapest_reactive_baseline_at_matched_fulfilment():
+    trace = load_ai4dl(SAMPLE)
+    specs = [_spec("phase", "phase", lambda: WindowPolicy(30, "p95", 1.15))] + \
+        policy_specs(["window", "oracle"], windows=(5, 10, 30, 60))
+    res = replay_trace(trace, specs)
+    rows, savings = result_rows(res)
+    for r in ("cpu", "mem"):
+        sc = res.resources[r].scores
+        phase = sc["phase"]
+        reached = [n for n in res.members("window") if sc[n].fulfilled >= phase.fulfilled]
+        best = min(reached, key=lambda n: sc[n].alloc)
+        srow = next(s for s in savings if s["resource"] == r)
+        assert srow["best_reactive"] == best and srow["matched_fulfilment"] is True
+        assert srow["savings_vs_best_reactive"] == pytest.approx(1 - phase.alloc / sc[best].alloc, abs=1e-6)
+        wrow = next(x for x in rows if x["policy"] == "window" and x["resource"] == r)
+        assert wrow["member"] == best  # same rule picks the reported window member
+        assert set(wrow["members"]) == set(res.members("window"))
+
+
+def test_an_unreachable_phase_fulfilment_is_flagged_and_the_closest_baseline_used():
+    trace = load_ai4dl(SAMPLE)
+    specs = [_spec("phase", "phase", Generous)] + policy_specs(["window"], windows=(5, 60))
+    res = replay_trace(trace, specs)
+    _, savings = result_rows(res)
+    mem = next(s for s in savings if s["resource"] == "mem")
+    sc = res.resources["mem"].scores
+    assert sc["phase"].fulfilment == 1.0
+    top = max(sc[n].fulfilled for n in res.members("window"))
+    assert top < sc["phase"].fulfilled
+    assert mem["matched_fulfilment"] is False and "flag" in mem
+    assert sc[mem["best_reactive"]].fulfilled == top
+    assert mem["savings_vs_best_reactive"] < 0  # a huge constant limit costs more
+
+
+def test_phase_ids_come_from_the_phase_policys_explain():
+    trace = load_ai4dl(SAMPLE)
+    res = replay_trace(trace, [_spec("phase", "phase", Generous)], plot_containers=2)
+    assert len(res.plotted) == 2
+    assert set(res.plotted[0].phases.tolist()) == {3}
+
+
+def test_scaled_policy_shows_usage_in_other_units_and_scales_limits_back():
+    p = ScaledPolicy(WindowPolicy(window=3), {"mem": 2.0 ** 40})
+    for t, v in enumerate([0.25, 0.5, 0.125]):
+        p.observe(float(t), {"mem": v})
+    assert p.inner.limits(3.0)["mem"] == 0.5 * 2 ** 40
+    assert p.limits(3.0)["mem"] == 0.5
+    assert p.explain()["harness_unit_scales"] == {"mem": 2.0 ** 40}
+
+
+@pytest.mark.skipif(not HAS_VPA, reason="phasewise.models.vpa not written yet")
+def test_vpa_sees_a_memory_fraction_as_bytes_of_a_nominal_pod():
+    frac = policy_specs(["vpa"], units={"mem": "fraction of the pod's memory"})[0].factory()
+    byt = policy_specs(["vpa"], units={"mem": "bytes"})[0].factory()
+    assert isinstance(frac, ScaledPolicy) and not isinstance(byt, ScaledPolicy)
+
+
+def test_unknown_policies_are_refused():
+    with pytest.raises(ValueError, match="unknown policy 'magic'"):
+        policy_specs(["magic"])
+
+
+def test_the_progress_bar_counts_containers_and_is_silent_without_a_stream():
+    buf = io.StringIO()
+    bar = _Progress(3, buf)
+    bar.update(3)
+    assert "3/3 containers" in buf.getvalue() and buf.getvalue().endswith("\n")
+    _Progress(3, None).update(1)  # no stream, nothing to write to
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _policies() -> str:
+    return ",".join(p for p, ok in (("vpa", HAS_VPA), ("window", True), ("phase", HAS_PHASE), ("oracle", True)) if ok)
+
+
+def test_the_cli_prints_one_json_line_per_policy_and_resource_then_savings(capsys):
+    rc = main(["replay", str(SAMPLE), "--format", "ai4dl", "--policies", _policies(), "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = [json.loads(ln) for ln in out.splitlines()]
+    fams = _policies().split(",")
+    rows = [x for x in lines if "policy" in x]
+    savings = [x for x in lines if "savings_vs_best_reactive" in x]
+    assert len(rows) == len(fams) * 2 and len(savings) == 2
+    assert lines[: len(rows)] == rows  # rows first, then one savings line per resource
+    for x in rows:
+        assert set(x) >= {"policy", "resource", "alloc_over_used", "fulfilment", "steps"}
+        assert x["resource"] in ("cpu", "mem") and x["policy"] in fams
+    oracle = [x for x in rows if x["policy"] == "oracle"]
+    assert all(x["alloc_over_used"] == 1.0 and x["fulfilment"] == 1.0 for x in oracle)
+    window = [x for x in rows if x["policy"] == "window"]
+    assert all(x["member"] in x["members"] for x in window)
+    if not HAS_PHASE:
+        assert all(s["savings_vs_best_reactive"] is None for s in savings)
+
+
+def test_the_cli_writes_a_report_with_plots_and_a_summary(tmp_path, capsys):
+    out = tmp_path / "report"
+    rc = main(["replay", str(SAMPLE), "--policies", _policies(), "--report", str(out), "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "alloc/used" in text and "oracle" in text
+    pngs = sorted(out.glob("*.png"))
+    assert len(pngs) == 5  # 4 containers + scores
+    for p in pngs:
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    summary = (out / "summary.md").read_text()
+    assert f"phasewise replay {SAMPLE} --format ai4dl --policies {_policies()} --report {out}" in summary
+    assert "No policy sees the future" in summary and "Apache-2.0" in summary
+    assert "| cpu | window |" in summary
+
+
+def test_through_kafka_is_refused_honestly_with_exit_status_2(capsys):
+    assert main(["replay", str(SAMPLE), "--policies", "window", "--through-kafka"]) == 2
+    assert "not supported yet" in capsys.readouterr().err
+
+
+def test_bad_input_exits_2_with_the_reason(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    assert main(["replay", str(bad), "--policies", "window"]) == 2
+    assert "missing column" in capsys.readouterr().err
+    assert main(["replay", str(SAMPLE), "--policies", "window,crystal-ball"]) == 2
+    assert "unknown policy 'crystal-ball'" in capsys.readouterr().err
+    assert main(["replay", str(SAMPLE), "--windows", "0"]) == 2
+
+
+@pytest.mark.skipif(HAS_PHASE, reason="the phase policy exists")
+def test_asking_for_a_phase_policy_that_is_not_written_yet_says_so(capsys):
+    assert main(["replay", str(SAMPLE), "--policies", "phase"]) == 2
+    assert "policy 'phase' is not available" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not GENAI.is_dir(), reason="shared GenAI 2026 trace not present (not shipped: no licence)")
+def test_the_genai_trace_replays_gpu_gpu_memory_and_memory(capsys):
+    rc = main(["replay", str(GENAI), "--format", "genai2026", "--policies", "window,oracle",
+               "--windows", "10", "--json"])
+    assert rc == 0
+    rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    got = {(x["policy"], x["resource"]): x for x in rows if "policy" in x}
+    assert set(got) == {(p, r) for p in ("window", "oracle") for r in ("gpu", "gpu_mem", "mem")}
+    assert got[("window", "gpu")]["containers"] == 105
+    assert "fraction" in got[("oracle", "mem")]["unit"]
+    assert all(x["steps"] > 100_000 for x in got.values())
+
+
+def test_a_container_where_one_policy_never_had_an_opinion_is_scored_for_no_policy():
+    short = ContainerSeries("short", np.array([0.0]), {"cpu": np.array([1.0])})
+    longer = ContainerSeries("long", np.array([0.0, 10.0, 20.0]), {"cpu": np.array([1.0, 2.0, 2.0])})
+    tr = Trace("ai4dl", "mem", {"cpu": "cores"}, [short, longer])
+    res = replay_trace(tr, policy_specs(["window", "oracle"], windows=(5,)))
+    cpu = res.resources["cpu"]
+    # the window has no opinion at the first sample of each container: 'short' is not
+    # scored at all (not even for the oracle), 'long' from its second sample
+    assert {s.steps for s in cpu.scores.values()} == {2}
+    assert cpu.containers == 1 and cpu.warmup_steps == 2 and cpu.valid_steps == 4
+    rows, _ = result_rows(res)
+    # window limits 1.0 then 2.0 against usage 2.0, 2.0
+    assert {r["policy"]: r["fulfilment"] for r in rows} == {"window": 0.5, "oracle": 1.0}
