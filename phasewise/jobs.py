@@ -28,6 +28,10 @@ run, so CPU and memory use change over time:
                 state serialised in memory, written to ``--checkpoint-dir``
                 and fsynced (a short memory spike, then IO wait)
 
+A job started with a ``--checkpoint-dir`` that already holds one of its
+checkpoints resumes from the newest (``phase=resume``), as a restarted
+training job does after being killed, e.g. for exceeding its memory limit.
+
 Every event is one ``key=value`` line on stdout, flushed at once, e.g.::
 
     job=charlstm phase=train step=120 loss=2.3456 elapsed=3.10
@@ -473,6 +477,7 @@ def train(
     first: float | None = None
     recent: list[float] = []
     step = 0
+    reported = False
     next_eval = time.monotonic() + eval_every_s
     next_ckpt = time.monotonic() + checkpoint_every_s
     next_report = time.monotonic() + report_every_s
@@ -480,6 +485,10 @@ def train(
     with tempfile.TemporaryDirectory(prefix=f"phasewise-{name}-") as tmp:
         ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else Path(tmp)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
+        resumed = load_checkpoint(model, opt, ckpt_dir, name)
+        if resumed is not None:
+            step = resumed
+            emit("resume", step=step, mb=rss_mb())
         while not done():
             model.train()  # type: ignore[attr-defined]
             b = task.batch(task.batch_size, False)
@@ -494,10 +503,11 @@ def train(
                 first = value
             recent.append(value)
             now = time.monotonic()
-            if now >= next_report or step == 1:
+            if now >= next_report or not reported:  # the first step of a run is always reported
                 emit("train", step=step, loss=sum(recent) / len(recent))
                 recent.clear()
                 next_report = now + report_every_s
+                reported = True
             if now >= next_eval and not done():
                 eval_loss = evaluate(task, batches=4)
                 emit("eval", step=step, eval_loss=eval_loss, mb=rss_mb())
@@ -524,6 +534,21 @@ def evaluate(task: Task, batches: int) -> float:
         for _ in range(batches):
             total += float(task.loss(task.batch(task.batch_size * 4, True)))
     return total / batches
+
+
+def load_checkpoint(model: object, opt: object, ckpt_dir: Path, name: str) -> int | None:
+    """Restore the newest readable checkpoint of *name* in *ckpt_dir*; its step, or None."""
+    import torch
+
+    for path in sorted(ckpt_dir.glob(f"{name}-*.pt"), reverse=True):
+        try:
+            state = torch.load(path, weights_only=True)
+            model.load_state_dict(state["model"])  # type: ignore[attr-defined]
+            opt.load_state_dict(state["optimizer"])  # type: ignore[attr-defined]
+            return int(state["step"])
+        except (OSError, RuntimeError, KeyError, ValueError) as e:  # torn or foreign file: try an older one
+            print(f"phasewise.jobs {name}: cannot resume from {path}: {e}", file=sys.stderr)
+    return None
 
 
 def save_checkpoint(model: object, opt: object, step: int, path: Path) -> int:

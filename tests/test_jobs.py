@@ -48,7 +48,7 @@ def test_each_job_trains_and_its_loss_falls(job_outputs, name):
     assert rc == 0, text
     train = [d for d in lines if d["phase"] == "train"]
     assert len(train) >= 4, text
-    assert train[0]["step"] == 1
+    assert train[0]["step"] == 1  # fresh checkpoint dir: no resume
     steps = [d["step"] for d in train]
     assert steps == sorted(steps) and steps[-1] > steps[0]
     first, last = train[0]["loss"], train[-1]["loss"]
@@ -119,3 +119,23 @@ def test_sigterm_ends_a_job_cleanly(tmp_path):
     rest = p.communicate(timeout=30)[0]
     assert p.returncode == 0
     assert "phase=done" in rest
+
+
+def test_a_restarted_job_resumes_from_its_newest_checkpoint(tmp_path):
+    first = io.StringIO()
+    jobs.train("forecaster", seconds=4, report_every_s=0.5, eval_every_s=100, checkpoint_every_s=1.0,
+               checkpoint_dir=tmp_path, out=first)
+    saved = [d for d in map(parse_progress, first.getvalue().splitlines()) if d and d["phase"] == "checkpoint"]
+    assert saved, first.getvalue()
+    second = io.StringIO()
+    stats = jobs.train("forecaster", seconds=2, report_every_s=0.5, eval_every_s=100, checkpoint_every_s=100,
+                       checkpoint_dir=tmp_path, out=second)
+    lines = [d for d in map(parse_progress, second.getvalue().splitlines()) if d]
+    resume = next(d for d in lines if d["phase"] == "resume")
+    assert resume["step"] == saved[-1]["step"]
+    train = [d for d in lines if d["phase"] == "train"]
+    assert train[0]["step"] == resume["step"] + 1
+    # it goes on from the trained weights, not from scratch
+    fresh = [d for d in map(parse_progress, first.getvalue().splitlines()) if d and d["phase"] == "train"]
+    assert train[0]["loss"] < fresh[0]["loss"] * 0.5
+    assert stats["steps"] > resume["step"]
