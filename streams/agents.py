@@ -1,0 +1,114 @@
+"""The samples agent: HostSamples in, VPA limit decisions and dead letters out.
+
+For every message on the samples topic (key: host):
+
+- parse it with :func:`phasewise.schemas.decode`; a malformed message (not
+  JSON, another schema version, missing fields, absurd values) goes to the
+  dead-letter topic with the parser's reason, its partition and offset, and
+  the agent carries on;
+- run :func:`phasewise.streams.processing.process_host_samples` over all of
+  its containers in one pass, with each container's recommender held in an
+  in-memory cache backed by the changelogged table ``vpa-state`` (key
+  ``host/container``, read on a cache miss, e.g. after a restart or a
+  rebalance; written only when a container's recommendation step ran, i.e. at
+  most once per ``recommend_interval_s`` per container);
+- send the resulting decisions to the decisions topic, keyed by host.
+
+A valid message the logic fails on (a bug) is dead-lettered too, with kind
+``processing``, so one bad message never stops the stream. Samples learned
+after a container's last table write (at most one recommend interval) are not
+in the changelog and are lost if the worker dies or its partitions move.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import faust
+from phasewise.streams.metrics import WorkerMetrics
+from phasewise.streams.processing import StateCache, process_host_samples
+from phasewise.streams.topics import worker_topics
+
+from phasewise.schemas import DeadLetter, HostSamples, SchemaError, decode, encode, payload_text
+from phasewise.settings import Settings
+from phasewise.topics import SAMPLES
+
+__all__ = ["TABLE_NAME", "register"]
+
+log = logging.getLogger(__name__)
+
+TABLE_NAME = "vpa-state"
+
+
+def register(app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
+             metrics: WorkerMetrics | None = None) -> dict[str, Any]:
+    """Add the state table and the samples agent to *app*; returns the handles."""
+    if metrics is None:
+        from prometheus_client import CollectorRegistry
+
+        metrics = WorkerMetrics(CollectorRegistry())
+    topics = worker_topics(app, samples_partitions)
+    partitions = samples_partitions or settings.topic_partitions or SAMPLES.partitions
+    # values are the compact JSON of ContainerEntry.to_state(), kept as bytes:
+    # a few hundred bytes per container in memory and on the changelog
+    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
+                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                      help="per-container VPA recommender state (key: host/container)")
+
+    def load(key: str) -> Any:
+        raw = table.get(key)
+        # written as JSON bytes; Faust hands values recovered from the changelog
+        # back already decoded by its default (JSON) codec
+        return json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+
+    cache = StateCache.from_settings(settings, loader=load)
+
+    async def dead_letter(event: faust.types.EventT, reason: str, kind: str) -> None:
+        msg = event.message
+        dl = DeadLetter(ts=time.time(), source_topic=msg.topic, partition=msg.partition,
+                        offset=msg.offset, reason=reason, payload=payload_text(msg.value),
+                        key=None if msg.key is None else payload_text(msg.key))
+        await topics.dead_letters.send(key=msg.key, value=encode(dl))
+        metrics.dead_letters.labels(kind=kind).inc()
+        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
+
+    @app.agent(topics.samples, name="phasewise.vpa-samples")
+    async def on_samples(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            try:
+                hs = decode(HostSamples, event.message.value)
+            except SchemaError as e:
+                await dead_letter(event, str(e), "schema")
+                continue
+            t0 = time.perf_counter()
+            try:
+                decisions = process_host_samples(cache, hs, settings)
+            except Exception as e:  # a bug on valid input: keep the message, keep going
+                log.exception("processing a valid HostSamples message failed")
+                await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+                continue
+            for key, state in cache.pop_dirty():
+                table[key] = json.dumps(state, separators=(",", ":")).encode()
+            metrics.process_seconds.inc(time.perf_counter() - t0)
+            metrics.messages.inc()
+            metrics.container_samples.inc(len(hs.containers))
+            metrics.containers.set(len(cache))
+            for d in decisions:
+                await topics.decisions.send(key=d.host.encode(), value=encode(d))
+                log.info("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
+            if decisions:
+                metrics.decisions.inc(len(decisions))
+
+    @app.on_partitions_revoked.connect
+    async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:
+        cache.clear()  # the table, restored on assignment, is the truth from here
+        metrics.containers.set(0)
+
+    @app.on_rebalance_complete.connect
+    async def _ready(app: faust.App, **kwargs: Any) -> None:
+        metrics.ready.set(1)
+
+    return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics}

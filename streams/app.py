@@ -1,0 +1,75 @@
+"""The Faust application of ``phasewise worker``.
+
+:func:`create_app` builds one ``faust.App`` from the process's
+:class:`~phasewise.settings.Settings`, with what the embedded broker and
+phasewise need:
+
+- broker from ``settings.bootstrap`` (comma-separated list allowed);
+  consumer session timeout and heartbeat from settings (the embedded broker
+  completes a group join after about half the session timeout);
+- ``producer_max_batch_size=1``: the embedded broker reports a partition's
+  high watermark as the first offset of its last batch + 1, which breaks
+  changelog recovery unless every record is its own batch;
+- ``store="memory://"``: tables live in memory and are restored from their
+  changelog topics when a worker starts or takes over partitions;
+- no ``exactly_once`` (aiokafka's idempotent producer fails on the embedded
+  broker); decisions carry idempotency keys instead;
+- web server only when ``settings.web_port`` is non-zero;
+- ``version=APP_VERSION``: bump it when a table's value format changes, so a
+  new worker starts from fresh changelogs instead of misreading old ones.
+
+The samples agent and the state table are registered by
+:func:`phasewise.streams.agents.register`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+
+from phasewise.settings import Settings
+
+__all__ = ["APP_VERSION", "create_app"]
+
+#: format of the worker's tables (see phasewise.streams.processing.ContainerEntry)
+APP_VERSION = 1
+
+
+def broker_urls(bootstrap: str) -> list[str]:
+    return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
+
+
+def create_app(settings: Settings, *, samples_partitions: int | None = None,
+               metrics: Any = None, register_agents: bool = True) -> faust.App:
+    """A configured app with the samples agent and its table registered.
+
+    *samples_partitions*: the samples topic's real partition count (the
+    state table must be co-partitioned with it); default: the documented one.
+    *metrics*: a :class:`~phasewise.streams.metrics.WorkerMetrics` (default:
+    one on a private registry).
+    """
+    app = faust.App(
+        settings.worker_id,
+        broker=broker_urls(settings.bootstrap),
+        store="memory://",
+        version=APP_VERSION,
+        autodiscover=False,
+        datadir=settings.data_dir,
+        broker_session_timeout=settings.session_timeout_ms / 1000.0,
+        broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000.0,
+        producer_max_batch_size=1,
+        producer_linger=0.0,
+        consumer_auto_offset_reset="earliest",
+        topic_allow_declare=True,
+        topic_partitions=samples_partitions or settings.topic_partitions or None,
+        web_enabled=bool(settings.web_port),
+        web_port=settings.web_port or 6066,
+        web_bind="127.0.0.1",
+        stream_recovery_delay=0.0,
+    )
+    if register_agents:
+        from phasewise.streams.agents import register
+
+        register(app, settings, samples_partitions=samples_partitions, metrics=metrics)
+    return app

@@ -1,0 +1,50 @@
+"""Prometheus metrics of the stream worker (``phasewise worker``).
+
+Every metric is registered on the registry passed in (tests use a fresh
+``CollectorRegistry()``); the process serves the default one on
+``--metrics-port`` (0 = no endpoint).
+
+- ``phasewise_worker_messages_total``: HostSamples messages processed;
+- ``phasewise_worker_container_samples_total``: container samples learned;
+- ``phasewise_worker_decisions_total``: limit decisions emitted;
+- ``phasewise_worker_dead_letters_total{kind}``: messages dead-lettered,
+  ``kind`` = ``schema`` (malformed input) or ``processing`` (valid input the
+  worker failed on);
+- ``phasewise_worker_process_seconds_total``: time spent in the decision logic;
+- ``phasewise_worker_containers``: containers held in memory;
+- ``phasewise_worker_ready``: 1 once the worker has its partitions and has
+  recovered its tables.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
+
+__all__ = ["DEAD_LETTER_KINDS", "WorkerMetrics"]
+
+DEAD_LETTER_KINDS = ("schema", "processing")
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = REGISTRY if registry is None else registry
+        self.registry = registry
+        self.messages = Counter("phasewise_worker_messages", "HostSamples messages processed",
+                                registry=registry)
+        self.container_samples = Counter("phasewise_worker_container_samples",
+                                         "container samples learned", registry=registry)
+        self.decisions = Counter("phasewise_worker_decisions", "limit decisions emitted",
+                                 registry=registry)
+        self.dead_letters = Counter("phasewise_worker_dead_letters", "messages dead-lettered",
+                                    ["kind"], registry=registry)
+        for k in DEAD_LETTER_KINDS:
+            self.dead_letters.labels(kind=k)
+        self.process_seconds = Counter("phasewise_worker_process_seconds",
+                                       "seconds spent in the decision logic", registry=registry)
+        self.containers = Gauge("phasewise_worker_containers", "containers held in memory",
+                                registry=registry)
+        self.ready = Gauge("phasewise_worker_ready", "1 once partitions are assigned and tables recovered",
+                           registry=registry)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)

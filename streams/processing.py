@@ -1,0 +1,235 @@
+"""The worker's decision logic without Faust: samples in, VPA limit decisions out.
+
+:func:`process_host_samples` is what the samples agent runs for every
+``HostSamples`` message (and what benchmarks and tests call directly):
+
+1. each container of the message (key ``host/container``) gets its
+   :class:`~phasewise.models.vpa.VpaRecommender` from a :class:`StateCache`
+   (memory first; on a miss, the loader, i.e. the worker's changelogged table,
+   e.g. after a restart or a rebalance) and learns the sample: CPU cores, memory
+   working set, OOM kills, the share of CFS periods throttled and the limits in
+   force (the VPA weights CPU samples by the request; phasewise by the limit);
+2. every ``recommend_interval_s`` of event time per container (the first after
+   one interval of history) it asks the recommender for its target and emits a
+   ``Decision`` (action ``limit``, policy ``vpa``) for each resource whose
+   target moved by more than ``hysteresis`` relative to the last decided limit,
+   or, before any decision, the limit the sample reports (an unlimited resource
+   always gets one). CPU limits are rounded up to a millicore (as VPA rounds
+   CPU), memory limits up to a byte;
+3. the same step marks the container's state dirty, so the caller persists it
+   at most once per interval per container (table writes are expensive).
+
+Decision ids are a hash of host, container, limits and event time: replaying
+the same samples yields the same ids, and actuators apply each id once.
+
+Nothing here does IO; time comes from the samples' event times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+from phasewise.models.vpa import VpaRecommender, VpaStateError
+
+from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples
+from phasewise.settings import Settings
+
+__all__ = [
+    "POLICY",
+    "ContainerEntry",
+    "StateCache",
+    "decision_id",
+    "process_host_samples",
+    "recommender_params",
+]
+
+log = logging.getLogger(__name__)
+
+POLICY = "vpa"
+ENTRY_VERSION = 1
+
+
+def recommender_params(settings: Settings) -> dict[str, Any]:
+    """Constructor arguments of every container's recommender, from settings."""
+    return {
+        "time_scale": settings.vpa_time_scale,
+        "min_cpu_cores": settings.vpa_min_cpu_cores,
+        "min_mem_bytes": float(settings.vpa_min_mem_bytes),
+        "throttle_threshold": settings.vpa_throttle_threshold,
+        "throttle_bump": settings.vpa_throttle_bump,
+    }
+
+
+class ContainerEntry:
+    """One container's recommender plus the worker's bookkeeping about it."""
+
+    __slots__ = ("decided_cpu", "decided_mem", "model", "next_ts")
+
+    def __init__(self, model: VpaRecommender) -> None:
+        self.model = model
+        self.decided_cpu: float | None = None  # last CPU limit this worker decided
+        self.decided_mem: float | None = None
+        self.next_ts: float | None = None  # event time of the next recommendation
+
+    def to_state(self) -> dict[str, Any]:
+        return {"v": ENTRY_VERSION, "vpa": self.model.to_state(), "dc": self.decided_cpu,
+                "dm": self.decided_mem, "nx": self.next_ts}
+
+    @classmethod
+    def from_state(cls, state: Any, params: dict[str, Any]) -> ContainerEntry:
+        if not isinstance(state, dict) or state.get("v") != ENTRY_VERSION:
+            raise VpaStateError(f"unsupported container state {str(state)[:80]!r}")
+        e = cls(VpaRecommender.from_state(state["vpa"], **params))
+        e.decided_cpu, e.decided_mem, e.next_ts = state.get("dc"), state.get("dm"), state.get("nx")
+        return e
+
+
+class StateCache:
+    """Per-container entries in memory, loaded through *loader* on a miss.
+
+    *loader* maps a key to a stored state (or ``None``); the worker passes its
+    table's ``get``. Keys whose state changed enough to be persisted collect
+    in :attr:`dirty`; :meth:`pop_dirty` hands them out once.
+    """
+
+    def __init__(self, params: dict[str, Any] | None = None,
+                 loader: Callable[[str], Any] | None = None) -> None:
+        self.params = dict(params or {})
+        self.loader = loader
+        self._entries: dict[str, ContainerEntry] = {}
+        self.dirty: set[str] = set()
+        self.loaded = 0  # entries restored through the loader
+        self.load_errors = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, loader: Callable[[str], Any] | None = None) -> StateCache:
+        return cls(recommender_params(settings), loader)
+
+    def get(self, key: str) -> ContainerEntry:
+        e = self._entries.get(key)
+        if e is not None:
+            return e
+        if self.loader is not None:
+            try:
+                state = self.loader(key)
+                if state is not None:
+                    e = ContainerEntry.from_state(state, self.params)
+                    self.loaded += 1
+            except (ValueError, TypeError) as err:  # VpaStateError, undecodable or foreign values
+                self.load_errors += 1
+                log.warning("discarding stored state of %s: %s", key, err)
+        if e is None:
+            e = ContainerEntry(VpaRecommender(**self.params))
+        self._entries[key] = e
+        return e
+
+    def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
+        out = [(k, self._entries[k].to_state()) for k in self.dirty if k in self._entries]
+        self.dirty.clear()
+        return out
+
+    def clear(self) -> None:
+        """Forget every entry (after a rebalance the table is the truth)."""
+        self._entries.clear()
+        self.dirty.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+
+def decision_id(host: str, container: str, cpu: float | None, mem: float | None, ts: float) -> str:
+    """Deterministic idempotency key of a limit decision."""
+    raw = f"{POLICY}|{host}|{container}|{cpu!r}|{mem!r}|{ts!r}".encode()
+    return hashlib.blake2b(raw, digest_size=12).hexdigest()
+
+
+def _moved(new: float | None, ref: float | None, hysteresis: float) -> bool:
+    if new is None:
+        return False
+    if ref is None or ref <= 0:
+        return True
+    return abs(new - ref) > hysteresis * ref
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _decide(entry: ContainerEntry, host: str, c: ContainerSample, ts: float,
+            settings: Settings) -> Decision | None:
+    rec = entry.model.predict_one()
+    cpu_t, mem_t = rec["cpu"]["target"], rec["mem"]["target"]
+    if cpu_t is not None:
+        cpu_t = min(math.ceil(cpu_t * 1000.0 - 1e-9) / 1000.0, MAX_CORES)
+    if mem_t is not None:
+        mem_t = float(min(math.ceil(mem_t), MAX_BYTES))
+    ref_cpu = entry.decided_cpu if entry.decided_cpu is not None else c.cpu_limit_cores
+    ref_mem = entry.decided_mem if entry.decided_mem is not None else c.mem_limit_bytes
+    h = settings.hysteresis
+    cpu_out = cpu_t if _moved(cpu_t, ref_cpu, h) else None
+    mem_out = mem_t if _moved(mem_t, ref_mem, h) else None
+    if cpu_out is None and mem_out is None:
+        return None
+    why = []
+    if cpu_out is not None:
+        why.append(f"cpu {_fmt(ref_cpu)} -> {cpu_out:g} cores")
+        entry.decided_cpu = cpu_out
+    if mem_out is not None:
+        why.append(f"mem {_fmt(ref_mem, 2**-20)} -> {mem_out / 2**20:.0f} MiB")
+        entry.decided_mem = mem_out
+    m = entry.model
+    details = m.explain()
+    details["cpu"] = {k: _finite(v) for k, v in rec["cpu"].items()}
+    details["mem"] = {k: _finite(v) for k, v in rec["mem"].items()}
+    details["previous"] = {"cpu": ref_cpu, "mem": ref_mem}
+    details["observed"] = {"cpu": c.cpu_limit_cores, "mem": c.mem_limit_bytes}
+    details["hysteresis"] = h
+    details["confidence"] = _finite(details["confidence"])
+    reason = (f"vpa target (p{m.target_percentile * 100:g} of {m.samples} samples "
+              f"+{m.safety_margin * 100:g}%): " + "; ".join(why))
+    return Decision(
+        id=decision_id(host, c.container, cpu_out, mem_out, ts),
+        ts=ts, host=host, container=c.container, action="limit", policy=POLICY, reason=reason,
+        cpu_limit_cores=cpu_out, mem_limit_bytes=mem_out, details=details,
+    )
+
+
+def _fmt(v: float | None, scale: float = 1.0) -> str:
+    return "unlimited" if v is None else f"{v * scale:g}"
+
+
+def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Settings) -> list[Decision]:
+    """Learn every container sample of *msg*; return the limit decisions due now."""
+    out: list[Decision] = []
+    ts = msg.ts
+    host = msg.host
+    interval = settings.recommend_interval_s
+    dirty = state_cache.dirty
+    for c in msg.containers:
+        key = f"{host}/{c.container}"
+        entry = state_cache.get(key)
+        nr = c.nr_periods
+        entry.model.learn_one({
+            "t": ts, "cpu": c.cpu_cores, "mem": c.mem_bytes, "oom": c.oom_events,
+            "throttled_frac": c.throttled_periods / nr if nr else 0.0,
+            "cpu_limit": c.cpu_limit_cores, "mem_limit": c.mem_limit_bytes,
+        })
+        nx = entry.next_ts
+        if nx is None:
+            entry.next_ts = ts + interval
+            continue
+        if ts < nx:
+            continue
+        entry.next_ts = ts + interval
+        dirty.add(key)
+        d = _decide(entry, host, c, ts, settings)
+        if d is not None:
+            out.append(d)
+    return out

@@ -1,0 +1,117 @@
+"""``phasewise worker``: the Faust stream processor (samples -> VPA limit decisions).
+
+Reads ``HostSamples`` from the samples topic, keeps a VPA recommender per
+container (state in a changelogged table, so a restarted worker recovers it),
+and writes a ``Decision`` to the decisions topic whenever a container's
+recommended limit moves by more than the hysteresis. Malformed samples go to
+the dead-letter topic with the reason. Start several workers with the same
+``worker_id`` to split the hosts between them.
+
+Start-up: create missing topics, print the settings, start a Faust worker
+in this process (log levels map to Faust's crit|error|warn|info|debug).
+SIGTERM and SIGINT stop it cleanly (Faust's worker installs those handlers;
+it also installs SIGUSR1 to log a stack dump). Exit status 0 after a clean stop.
+
+The decision logic itself is :func:`process_host_samples` (re-exported from
+:mod:`phasewise.streams.processing`), pure and usable without Faust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from phasewise.streams.processing import StateCache, process_host_samples
+
+from phasewise.cli import add_common, settings_from_args
+from phasewise.settings import Settings, SettingsError
+
+__all__ = ["FAUST_LEVELS", "StateCache", "add_arguments", "process_host_samples", "run"]
+
+log = logging.getLogger(__name__)
+
+#: phasewise log level -> Faust / mode log level
+FAUST_LEVELS = {"debug": "debug", "info": "info", "warning": "warn", "error": "error", "critical": "crit"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    p.add_argument("--recommend-interval", dest="recommend_interval_s", type=float,
+                   help="seconds of event time between a container's recommendations "
+                        "(env PHASEWISE_RECOMMEND_INTERVAL_S; default 5)")
+    p.add_argument("--hysteresis", type=float,
+                   help="relative change of a limit needed for a decision (env PHASEWISE_HYSTERESIS; default 0.10)")
+    p.add_argument("--data-dir", dest="data_dir",
+                   help="Faust data directory (env PHASEWISE_DATA_DIR; default /tmp/phasewise)")
+    p.add_argument("--web-port", dest="web_port", type=int,
+                   help="Faust web port, 0 = no web server (env PHASEWISE_WEB_PORT; default 6066)")
+    p.add_argument("--metrics-port", dest="metrics_port", type=int,
+                   help="Prometheus port, 0 = none (env PHASEWISE_METRICS_PORT; default 0)")
+    p.add_argument("--worker-id", dest="worker_id",
+                   help="Faust app id = consumer group (env PHASEWISE_WORKER_ID; default phasewise-worker)")
+    p.add_argument("--vpa-time-scale", dest="vpa_time_scale", type=float,
+                   help="multiply VPA's 24 h half-lives and intervals by this (1 = Kubernetes VPA; "
+                        "0.001 = a day in 86.4 s) (env PHASEWISE_VPA_TIME_SCALE; default 1)")
+
+
+def check(settings: Settings) -> None:
+    if settings.recommend_interval_s <= 0:
+        raise SettingsError(f"recommend_interval_s must be > 0, got {settings.recommend_interval_s}")
+    if settings.vpa_time_scale <= 0:
+        raise SettingsError(f"vpa_time_scale must be > 0, got {settings.vpa_time_scale}")
+    if settings.vpa_min_cpu_cores < 0 or settings.vpa_min_mem_bytes < 0:
+        raise SettingsError("vpa_min_cpu_cores and vpa_min_mem_bytes must be >= 0")
+    if not 0 <= settings.web_port < 65536 or not 0 <= settings.metrics_port < 65536:
+        raise SettingsError("web_port and metrics_port must be in [0, 65535]")
+
+
+def samples_partitions(settings: Settings) -> int:
+    """The samples topic's real partition count (the state table must match it)."""
+    from confluent_kafka.admin import AdminClient
+
+    from phasewise.topics import SAMPLES
+
+    md = AdminClient(settings.kafka_common()).list_topics(SAMPLES.name, timeout=10)
+    t = md.topics.get(SAMPLES.name)
+    if t is None or t.error is not None or not t.partitions:
+        return settings.topic_partitions or SAMPLES.partitions
+    return len(t.partitions)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+        check(settings)
+    except SettingsError as e:
+        print(f"phasewise worker: {e}", file=sys.stderr)
+        return 2
+    import faust
+    from phasewise.streams.app import create_app
+    from phasewise.streams.metrics import WorkerMetrics
+
+    from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
+
+    print(settings.describe(), flush=True)
+    try:
+        if settings.create_topics:
+            ensure_topics(settings)
+        else:
+            wait_for_broker(settings)
+        partitions = samples_partitions(settings)
+    except BrokerUnavailable as e:
+        print(f"phasewise worker: {e}", file=sys.stderr)
+        return 1
+    metrics = WorkerMetrics()
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
+        log.info("metrics on :%d/metrics", settings.metrics_port)
+    app = create_app(settings, samples_partitions=partitions, metrics=metrics)
+    worker = faust.Worker(app, loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
+                          quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as e:
+        code = e.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
