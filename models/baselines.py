@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from phasewise.models.policy import Limits, Usage
 
@@ -101,7 +101,7 @@ class WindowPolicy:
     def observe(self, t: float, usage: Usage) -> None:
         """Add the usage measured at *t* (resources absent or ``NaN`` are skipped)."""
         for r, v in usage.items():
-            if v is None or v != v:
+            if v is None or math.isnan(v):
                 continue
             v = float(v)
             q = self._recent.get(r)

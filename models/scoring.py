@@ -27,8 +27,8 @@ Everything here is pure numpy; :class:`Score` parts add up across containers.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class Score:
     fulfilled: int = 0  # steps with U <= L
     steps: int = 0
 
-    def __add__(self, other: "Score") -> "Score":
+    def __add__(self, other: Score) -> Score:
         return Score(self.alloc + other.alloc, self.used + other.used,
                      self.fulfilled + other.fulfilled, self.steps + other.steps)
 
@@ -70,7 +70,7 @@ class Score:
         return self.fulfilled / self.steps if self.steps else None
 
     @staticmethod
-    def total(scores: Iterable["Score"]) -> "Score":
+    def total(scores: Iterable[Score]) -> Score:
         out = Score()
         for s in scores:
             out = out + s
@@ -161,4 +161,4 @@ def score_steps(t: np.ndarray, used: np.ndarray, limit: np.ndarray,
     if np.any(np.isnan(lim)):
         raise ValueError("limit has missing values at scored steps (apply hold_last/common_start)")
     return Score(alloc=float(np.dot(lim, dt)), used=float(np.dot(u, dt)),
-                 fulfilled=int(np.count_nonzero(u <= lim)), steps=int(len(u)))
+                 fulfilled=int(np.count_nonzero(u <= lim)), steps=len(u))

@@ -42,12 +42,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import shlex
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -61,9 +63,9 @@ __all__ = [
     "ContainerReplay",
     "PolicySpec",
     "PolicyUnavailable",
-    "ScaledPolicy",
     "ReplayResult",
     "ResourceResult",
+    "ScaledPolicy",
     "add_arguments",
     "decision_sequence",
     "oracle_decisions",
@@ -209,7 +211,7 @@ def _usage_at(series: ContainerSeries, i: int) -> dict[str, float]:
     out = {}
     for r, u in series.usage.items():
         v = u[i]
-        if v == v:  # not NaN
+        if not math.isnan(v):
             out[r] = float(v)
     return out
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
 import numpy as np
 
 from phasewise.replay import ORACLE, ORACLE_NOTE, ReplayResult, format_table, sample_path
@@ -131,8 +132,8 @@ def _plot_scores(rows: list[dict], path: Path) -> None:
 def _provenance(result: ReplayResult) -> list[str]:
     tr = result.trace
     src = Path(tr.source)
-    lines = [f"- Trace: `{tr.source}` (format `{tr.format}`), {len(tr.containers)} containers, "
-             f"{tr.n_samples()} samples."]
+    lines = [(f"- Trace: `{tr.source}` (format `{tr.format}`), {len(tr.containers)} containers, "
+              f"{tr.n_samples()} samples.")]
     if src.resolve() == sample_path().resolve():
         lines.append("- Source: the AI4DL authors' IBM DLaaS sample, https://github.com/BSC-IBM/AI4DL "
                      "commit 620d78dc0dafca1fa0bd77e2a138149de54076c9, `examples/1 - detecting phases/sample.csv`, "
@@ -201,8 +202,9 @@ def write_report(result: ReplayResult, rows: list[dict], savings: list[dict], ou
 
     md: list[str] = ["# phasewise replay report", "", "Command:", "", "```", command, "```", ""]
     md += ["## Data", "", *_provenance(result), ""]
-    md += ["## Scores", "", "Per resource, summed over containers: `alloc_over_used` = sum(L dt) / sum(U dt); "
-           "`fulfilment` = share of steps with U <= L. Every policy is scored on the same steps.", ""]
+    md += ["## Scores", "", ("Per resource, summed over containers: `alloc_over_used` = sum(L dt) / sum(U dt); "
+                             "`fulfilment` = share of steps with U <= L. Every policy managing a resource is "
+                             "scored on the same steps."), ""]
     md += ["| resource | policy | alloc / used | fulfilment | steps | detail |", "|---|---|---:|---:|---:|---|"]
     for r in rows:
         detail = r.get("member", "")
@@ -213,9 +215,9 @@ def write_report(result: ReplayResult, rows: list[dict], savings: list[dict], ou
         md.append(f"| {r['resource']} | {r['policy']} | {a} | {f} | {r['steps']} | {detail} |")
     md.append("")
     if "window" in fams:
-        md += ["Window family members (the table shows the member picked per resource: lowest alloc/used "
-               "among members reaching the phase policy's fulfilment — vpa's without phase, 95 % without "
-               "either — else the highest fulfilment):", ""]
+        md += [("Window family members (the table shows the member picked per resource: lowest alloc/used "
+                "among members reaching the phase policy's fulfilment — vpa's without phase, 95 % without "
+                "either — else the highest fulfilment):"), ""]
         md += ["| resource | member | alloc / used | fulfilment |", "|---|---|---:|---:|"]
         for r in rows:
             if r["policy"] != "window":
@@ -226,9 +228,9 @@ def write_report(result: ReplayResult, rows: list[dict], savings: list[dict], ou
                 md.append(f"| {r['resource']} | {name} | {a} | {f} |")
         md.append("")
     md += ["## Savings at matched fulfilment", "",
-           "Best reactive baseline = vpa or any window member reaching at least the phase policy's fulfilment "
-           "(lowest alloc/used among those), or the closest below, flagged. "
-           "savings = 1 - phase alloc/used ÷ best reactive alloc/used.", ""]
+           ("Best reactive baseline = vpa or any window member reaching at least the phase policy's fulfilment "
+            "(lowest alloc/used among those), or the closest below, flagged. "
+            "savings = 1 - phase alloc/used ÷ best reactive alloc/used."), ""]
     for s in savings:
         if s["savings_vs_best_reactive"] is None:
             md.append(f"- `{s['resource']}`: not computed ({s.get('reason', 'undefined')}).")
@@ -240,17 +242,18 @@ def write_report(result: ReplayResult, rows: list[dict], savings: list[dict], ou
                       f"fulfilment {s['phase_fulfilment']:.1%} vs {s['best_reactive_fulfilment']:.1%}).{flag}")
     md += ["", "Plain-text table:", "", "```", format_table(rows, savings), "```", ""]
     md += ["## Fairness", "",
-           "- No policy sees the future: at each sample time t every policy is asked for its limits before it "
-           "is shown the usage measured at t (`LimitPolicy.limits` then `observe`), one fresh instance per "
-           "container.",
+           ("- No policy sees the future: at each sample time t every policy is asked for its limits before it "
+            "is shown the usage measured at t (`LimitPolicy.limits` then `observe`), one fresh instance per "
+            "container."),
            f"- The oracle is the exception and is labelled so: {ORACLE_NOTE}.",
-           "- Warm-up: a (container, resource) is scored from the first step at which every policy in the run "
-           "has a limit; the same steps are scored for all policies. After its first limit, a policy's `None` "
-           "keeps its previous limit (as in the live pipeline). Steps not scored for warm-up: "
-           + ", ".join(f"{s['resource']} {s['warmup_steps_not_scored']}" for s in savings) + ".",
-           "- dt is the time to the container's next sample of that resource; the last sample gets the median "
-           "step; a gap longer than 5 median steps counts as one median step (no allocation or usage is "
-           "charged across time without data). A resource is scored only at steps where it has a value.",
+           ("- Warm-up: a (container, resource) is scored from the first step at which every policy managing "
+            "that resource has a limit; the same steps are scored for all of them. A policy that never names "
+            "a resource in its limits (VPA has no GPU model) is not scored on it. After its first limit, a "
+            "policy's `None` keeps its previous limit (as in the live pipeline). Steps not scored for warm-up: "
+            + ", ".join(f"{s['resource']} {s['warmup_steps_not_scored']}" for s in savings) + "."),
+           ("- dt is the time to the container's next sample of that resource; the last sample gets the median "
+            "step; a gap longer than 5 median steps counts as one median step (no allocation or usage is "
+            "charged across time without data). A resource is scored only at steps where it has a value."),
            f"- {_phase_statement(result)}", ""]
     md += ["## Plots", "", "- `scores.png`: alloc/used and fulfilment per policy and resource."]
     for cid, name in plots:

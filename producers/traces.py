@@ -42,9 +42,9 @@ import csv
 import gzip
 import io
 import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -310,8 +310,8 @@ def load_genai2026(folder: str | Path) -> Trace:
             points.setdefault(cid, {}).setdefault(t, {}).setdefault(r, []).append(v)
     containers, dups = _assemble(points, list(GENAI_FILES))
     notes = [
-        "mem is the memory utilisation fraction (0-1) as published, not bytes; "
-        "values are scaled by the publisher (anonymisation)",
+        ("mem is the memory utilisation fraction (0-1) as published, not bytes; "
+         "values are scaled by the publisher (anonymisation)"),
         "timestamps are the publisher's anonymised time units (steps of 57)",
     ]
     for name, n in unattributed.items():
