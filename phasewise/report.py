@@ -86,7 +86,7 @@ def _plot_container(c, members: dict[str, dict[str, str]], families: list[str], 
             ax.step(t, lim, where="post", color=_COLORS.get(fam), lw=1.0, label=label)
         ax.set_ylabel(f"{r}\n[{units.get(r, '')}]", fontsize=8)
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(loc="upper left", fontsize=7, ncol=4)
+        ax.legend(loc="upper left", fontsize=7, ncol=4)  # per panel: members differ by resource
     title = f"container {c.container}"
     if c.phases is None:
         title += "  (phase policy not in this run: no phases shown)"
