@@ -280,29 +280,31 @@ class DecayingHistogram:
 
         ``p`` is a fraction in ``[0, 1]``. An empty histogram returns ``0.0``.
         """
-        eps = self.buckets.epsilon
-        keys = sorted(b for b, v in self._w.items() if v >= eps)
-        if not keys:
-            return 0.0
-        lo, hi = keys[0], keys[-1]
-        threshold = p * self._total
-        partial = 0.0
-        chosen = hi
-        w = self._w
-        for b in sorted(self._w):
-            if b < lo:
-                continue
-            if b >= hi:
-                break
-            partial += w[b]
-            if partial >= threshold:
-                chosen = b
-                break
-        return self.buckets.end(chosen)
+        return self.percentiles((p,))[0]
 
     def percentiles(self, ps: tuple[float, ...]) -> tuple[float, ...]:
-        """Several percentiles at once (one sort)."""
-        return tuple(self.percentile(p) for p in ps)
+        """Several percentiles with one pass over the sorted buckets."""
+        w = self._w
+        eps = self.buckets.epsilon
+        keys = sorted(w)
+        nonempty = [b for b in keys if w[b] >= eps]
+        if not nonempty:
+            return tuple(0.0 for _ in ps)
+        lo, hi = nonempty[0], nonempty[-1]
+        span = [b for b in keys if lo <= b < hi]
+        out = []
+        total = self._total
+        for p in ps:
+            threshold = p * total
+            partial = 0.0
+            chosen = hi
+            for b in span:
+                partial += w[b]
+                if partial >= threshold:
+                    chosen = b
+                    break
+            out.append(self.buckets.end(chosen))
+        return tuple(out)
 
     # ------------------------------------------------------------------ state
 

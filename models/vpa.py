@@ -105,8 +105,7 @@ class PercentileEstimator:
     percentile: float
 
     def __call__(self, s: VpaRecommender) -> float:
-        h = s._cpu if self.resource == "cpu" else s._mem
-        return h.percentile(self.percentile)
+        return s._percentile(self.resource, self.percentile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +241,7 @@ class VpaRecommender:
         "_n_oom",
         "_n_throttled",
         "_oom_peak",
+        "_pc",
         "_window_end",
         "bucket_ratio",
         "confidence_interval_s",
@@ -338,6 +338,7 @@ class VpaRecommender:
         self._n_oom = 0
         self._n_throttled = 0
         self._n_mem = 0
+        self._pc: dict[tuple[str, float], float] | None = None  # percentiles since the last update
 
     # ------------------------------------------------------------------ learning
 
@@ -354,6 +355,7 @@ class VpaRecommender:
         any of the optional keys may be missing or ``None``.
         """
         t = x["t"]
+        self._pc = None
         if not math.isfinite(t):
             raise ValueError(f"sample time must be finite, got {t!r}")
         cpu = x.get("cpu")
@@ -422,12 +424,28 @@ class VpaRecommender:
         """
         if self._window_end is not None and t < self._window_end - self._mem_interval:
             return False
+        self._pc = None
         used = max(self._mem_peak, mem_limit)
         needed = max(used + self.oom_min_bump_bytes, used * self.oom_bump_ratio)
         self._n_oom += 1
         return self._add_memory(t, needed, is_oom=True)
 
     # ------------------------------------------------------------------ prediction
+
+    def _percentile(self, resource: str, p: float) -> float:
+        """Percentile of the CPU histogram or memory peaks, memoised until the next update."""
+        pc = self._pc
+        if pc is None:
+            ps = (self.lower_percentile, self.target_percentile, self.upper_percentile)
+            pc = self._pc = {}
+            for res, h in (("cpu", self._cpu), ("mem", self._mem)):
+                for q, v in zip(ps, h.percentiles(ps)):
+                    pc[(res, q)] = v
+        v = pc.get((resource, p))
+        if v is None:
+            h = self._cpu if resource == "cpu" else self._mem
+            v = pc[(resource, p)] = h.percentile(p)
+        return v
 
     def _estimator_set(self) -> dict[tuple[str, str], Estimator]:
         return _estimators(self.target_percentile, self.lower_percentile, self.upper_percentile,
@@ -449,6 +467,13 @@ class VpaRecommender:
                 out[res] = {b: est[(res, b)](self) for b in BOUNDS}
         return out
 
+    def estimate(self, resource: str, bound: str = "target") -> float | None:
+        """One number of :meth:`predict_one` (``None`` before any sample of *resource*)."""
+        h = self._cpu if resource == "cpu" else self._mem
+        if h.is_empty():
+            return None
+        return self._estimator_set()[(resource, bound)](self)
+
     def confidence(self) -> float:
         """History behind the bounds, in confidence intervals (VPA days when time_scale=1)."""
         return confidence(self, self.confidence_interval_s * self.time_scale)
@@ -456,8 +481,8 @@ class VpaRecommender:
     def explain(self) -> dict[str, Any]:
         """The numbers behind a recommendation: raw percentiles, counts, confidence."""
         ps = (self.lower_percentile, self.target_percentile, self.upper_percentile)
-        cpu = self._cpu.percentiles(ps)
-        mem = self._mem.percentiles(ps)
+        cpu = [self._percentile("cpu", p) for p in ps]
+        mem = [self._percentile("mem", p) for p in ps]
         return {
             "cpu_percentiles": {f"p{round(p * 100):g}": v for p, v in zip(ps, cpu)},
             "mem_peak_percentiles": {f"p{round(p * 100):g}": v for p, v in zip(ps, mem)},

@@ -75,6 +75,11 @@ class Settings:
     #: CFS periods is recorded as limit * (1 + vpa_throttle_bump)
     vpa_throttle_threshold: float = 0.1
     vpa_throttle_bump: float = 0.5
+    #: the worker persists a container's state (a changelogged table write, ~300 us)
+    #: when it decides, else at most once per this many seconds of event time
+    #: (checked at recommendation steps); samples since the last write are lost
+    #: if the worker dies
+    state_write_interval_s: float = 30.0
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> "Settings":

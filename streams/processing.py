@@ -16,8 +16,10 @@
    or, before any decision, the limit the sample reports (an unlimited resource
    always gets one). CPU limits are rounded up to a millicore (as VPA rounds
    CPU), memory limits up to a byte;
-3. the same step marks the container's state dirty, so the caller persists it
-   at most once per interval per container (table writes are expensive).
+3. the same step marks the container's state dirty, so the caller persists it,
+   when it emitted a decision or when ``state_write_interval_s`` of event time
+   passed since the last write (and once after the container appears or is
+   reloaded): table writes are expensive (~300 us each with Faust here).
 
 Decision ids are a hash of host, container, limits and event time: replaying
 the same samples yields the same ids, and actuators apply each id once.
@@ -67,13 +69,14 @@ def recommender_params(settings: Settings) -> dict[str, Any]:
 class ContainerEntry:
     """One container's recommender plus the worker's bookkeeping about it."""
 
-    __slots__ = ("decided_cpu", "decided_mem", "model", "next_ts")
+    __slots__ = ("decided_cpu", "decided_mem", "model", "next_ts", "written_ts")
 
     def __init__(self, model: VpaRecommender) -> None:
         self.model = model
         self.decided_cpu: float | None = None  # last CPU limit this worker decided
         self.decided_mem: float | None = None
         self.next_ts: float | None = None  # event time of the next recommendation
+        self.written_ts: float | None = None  # event time of the last persisted state
 
     def to_state(self) -> dict[str, Any]:
         return {"v": ENTRY_VERSION, "vpa": self.model.to_state(), "dc": self.decided_cpu,
@@ -164,8 +167,8 @@ def _finite(v: float | None) -> float | None:
 
 def _decide(entry: ContainerEntry, host: str, c: ContainerSample, ts: float,
             settings: Settings) -> Decision | None:
-    rec = entry.model.predict_one()
-    cpu_t, mem_t = rec["cpu"]["target"], rec["mem"]["target"]
+    m = entry.model
+    cpu_t, mem_t = m.estimate("cpu"), m.estimate("mem")
     if cpu_t is not None:
         cpu_t = min(math.ceil(cpu_t * 1000.0 - 1e-9) / 1000.0, MAX_CORES)
     if mem_t is not None:
@@ -184,7 +187,7 @@ def _decide(entry: ContainerEntry, host: str, c: ContainerSample, ts: float,
     if mem_out is not None:
         why.append(f"mem {_fmt(ref_mem, 2**-20)} -> {mem_out / 2**20:.0f} MiB")
         entry.decided_mem = mem_out
-    m = entry.model
+    rec = m.predict_one()
     details = m.explain()
     details["cpu"] = {k: _finite(v) for k, v in rec["cpu"].items()}
     details["mem"] = {k: _finite(v) for k, v in rec["mem"].items()}
@@ -211,6 +214,7 @@ def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Se
     ts = msg.ts
     host = msg.host
     interval = settings.recommend_interval_s
+    write_interval = settings.state_write_interval_s
     dirty = state_cache.dirty
     for c in msg.containers:
         key = f"{host}/{c.container}"
@@ -228,8 +232,10 @@ def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Se
         if ts < nx:
             continue
         entry.next_ts = ts + interval
-        dirty.add(key)
         d = _decide(entry, host, c, ts, settings)
         if d is not None:
             out.append(d)
+        if d is not None or entry.written_ts is None or ts - entry.written_ts >= write_interval:
+            dirty.add(key)
+            entry.written_ts = ts
     return out

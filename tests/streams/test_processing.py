@@ -1,0 +1,131 @@
+"""The worker's decision logic without Faust: process_host_samples and its cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from phasewise.models.histogram import ExponentialBuckets
+from phasewise.streams.processing import StateCache, decision_id, process_host_samples
+
+from phasewise.schemas import ContainerSample, Decision, HostSamples, decode, encode
+from phasewise.settings import Settings
+
+CPU = ExponentialBuckets(0.01, 1.05, 1000.0)
+T0 = 1.7e9
+
+
+def settings(**kw) -> Settings:
+    return Settings.from_env({"recommend_interval_s": 5.0, "hysteresis": 0.1, "vpa_time_scale": 0.001, **kw},
+                             env={})
+
+
+def msg(ts: float, *containers: ContainerSample, host: str = "h1") -> HostSamples:
+    return HostSamples(host=host, ts=ts, interval_s=1.0, containers=containers)
+
+
+def c(name: str = "job", cpu: float = 0.5, mem: float = 4e8, cpu_limit: float | None = 2.0,
+      mem_limit: float | None = 4e9, **kw) -> ContainerSample:
+    return ContainerSample(container=name, cpu_cores=cpu, mem_bytes=mem, cpu_limit_cores=cpu_limit,
+                           mem_limit_bytes=mem_limit, **kw)
+
+
+def run(cache: StateCache, s: Settings, seconds: int, **kw) -> list[Decision]:
+    out = []
+    for i in range(seconds):
+        out += process_host_samples(cache, msg(T0 + i, c(**kw)), s)
+    return out
+
+
+def test_the_first_recommendation_comes_one_interval_after_the_first_sample():
+    s = settings()
+    cache = StateCache.from_settings(s)
+    assert run(cache, s, 5) == []  # t = 0..4: not yet
+    (d,) = process_host_samples(cache, msg(T0 + 5, c()), s)
+    assert d.ts == T0 + 5 and d.policy == "vpa" and d.action == "limit" and d.host == "h1"
+    target = CPU.start(CPU.find_bucket(0.5) + 1) * 1.15
+    assert d.cpu_limit_cores == pytest.approx(target, abs=1e-3) and d.cpu_limit_cores >= target  # rounded up
+    assert d.details["cpu_samples"] == 6 and d.details["previous"] == {"cpu": 2.0, "mem": 4e9}
+    assert decode(Decision, encode(d)) == d  # JSON-safe: an infinite bound would not encode
+
+
+def test_no_decision_while_the_target_stays_within_the_hysteresis():
+    s = settings()
+    cache = StateCache.from_settings(s)
+    first = run(cache, s, 30)
+    assert len(first) == 1  # decided at t=5; the same usage keeps the same target
+    # observed limit equal to the target: nothing to decide either
+    cache2 = StateCache.from_settings(s)
+    target = first[0].cpu_limit_cores
+    (only,) = run(cache2, s, 30, cpu_limit=target)
+    assert only.cpu_limit_cores is None and only.mem_limit_bytes == first[0].mem_limit_bytes
+
+
+def test_only_the_resource_that_moved_is_in_the_decision():
+    s = settings()
+    cache = StateCache.from_settings(s)
+    mem_target = run(cache, s, 6)[0].mem_limit_bytes
+    cache2 = StateCache.from_settings(s)
+    (d,) = run(cache2, s, 6, mem_limit=mem_target)
+    assert d.cpu_limit_cores is not None and d.mem_limit_bytes is None
+    assert "cpu 2 ->" in d.reason and "mem" not in d.reason
+
+
+def test_an_unlimited_container_gets_limits():
+    s = settings()
+    (d,) = run(StateCache.from_settings(s), s, 6, cpu_limit=None, mem_limit=None)
+    assert d.cpu_limit_cores and d.mem_limit_bytes and "unlimited" in d.reason
+
+
+def test_a_usage_jump_beyond_the_hysteresis_gives_a_new_decision():
+    s = settings()
+    cache = StateCache.from_settings(s)
+    first = run(cache, s, 10)
+    later = []
+    for i in range(10, 20):
+        later += process_host_samples(cache, msg(T0 + i, c(cpu=1.5)), s)
+    assert len(first) == 1 and later
+    assert later[0].cpu_limit_cores > 1.5 and later[0].details["previous"]["cpu"] == first[0].cpu_limit_cores
+
+
+def test_decision_ids_are_deterministic_so_replays_are_idempotent():
+    s = settings()
+    a = run(StateCache.from_settings(s), s, 12)
+    b = run(StateCache.from_settings(s), s, 12)
+    assert [d.id for d in a] == [d.id for d in b]
+    assert decision_id("h", "c", 1.0, None, 5.0) != decision_id("h", "c", 1.0, None, 6.0)
+
+
+def test_state_is_persisted_on_decisions_and_at_the_write_interval_and_restores_through_the_loader():
+    s = settings(state_write_interval_s=10.0)
+    cache = StateCache.from_settings(s)
+    written: dict[str, bytes] = {}
+    writes: list[tuple[int, str]] = []
+    for i in range(27):
+        process_host_samples(cache, msg(T0 + i, c(), c("other")), s)
+        for k, state in cache.pop_dirty():
+            written[k] = json.dumps(state).encode()
+            writes.append((i, k))
+    # steps every 5 s: t=5 decides (write), t=10 no (5 s < 10), t=15 write, t=20 no, t=25 write
+    assert [i for i, k in writes if k == "h1/job"] == [5, 15, 25]
+    assert {k for _, k in writes} == {"h1/job", "h1/other"}
+    # a restarted worker: empty cache, table as loader; learning continues where it was
+    fresh = StateCache.from_settings(s, loader=lambda k: json.loads(written[k]) if k in written else None)
+    process_host_samples(fresh, msg(T0 + 27, c()), s)
+    assert fresh.loaded == 1 and fresh.get("h1/job").model.samples == 26 + 1  # written at t=25
+    assert fresh.get("h1/job").decided_cpu == cache.get("h1/job").decided_cpu
+
+
+def test_a_corrupt_stored_state_is_discarded_not_fatal():
+    s = settings()
+    cache = StateCache.from_settings(s, loader=lambda k: {"v": 99})
+    assert process_host_samples(cache, msg(T0, c()), s) == []
+    assert cache.load_errors == 1 and cache.get("h1/job").model.samples == 1
+
+
+def test_a_throttled_container_gets_a_higher_limit():
+    s = settings()
+    (d,) = run(StateCache.from_settings(s), s, 6, cpu=0.25, cpu_limit=0.25, nr_periods=10,
+               throttled_periods=10)
+    assert d.cpu_limit_cores > 0.25 * 1.5  # recorded at limit * 1.5, plus the margin
+    assert d.details["throttled_samples"] == 6
