@@ -50,7 +50,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from phasewise.models.histogram import DecayingHistogram, ExponentialBuckets
-from phasewise.models.policy import Limits, Usage
+from phasewise.models.policy import RESOURCES, Limits, Usage
 
 __all__ = [
     "STATE_VERSION",
@@ -577,6 +577,7 @@ class VpaPolicy:
         self.params = params
         self._model = VpaRecommender(**params)
         self._last: Limits = {"cpu": None, "mem": None}
+        self._other: set[str] = set()  # resources seen in usage that VPA does not manage
 
     def limits(self, t: float) -> Limits:
         rec = self._model.predict_one()
@@ -585,9 +586,15 @@ class VpaPolicy:
             if v is not None and not math.isfinite(v):
                 lim[res] = None  # an unbounded bound is "no opinion", not an infinite limit
         self._last = lim
-        return dict(lim)
+        out = dict(lim)
+        for res in self._other:
+            out[res] = None  # seen, no opinion (e.g. GPU): the caller leaves its limit
+        return out
 
     def observe(self, t: float, usage: Usage) -> None:
+        for res in usage:
+            if res not in ("cpu", "mem") and res in RESOURCES and res not in self._other:
+                self._other.add(res)
         x: dict[str, Any] = {"t": t, "cpu": usage.get("cpu"), "mem": usage.get("mem")}
         x["cpu_limit"] = usage.get("cpu_limit", self._last.get("cpu"))
         x["mem_limit"] = usage.get("mem_limit", self._last.get("mem"))

@@ -223,6 +223,14 @@ def test_the_policy_meets_the_limit_policy_contract_and_sees_only_the_past():
     assert p.explain()["cpu_samples"] == 101 and p.explain()["bound"] == "target"
 
 
+def test_the_policy_has_no_opinion_on_resources_vpa_does_not_manage():
+    p = VpaPolicy()
+    p.limits(0.0)
+    p.observe(0.0, {"cpu": 1.0, "mem": 5e8, "gpu": 80.0})
+    lim = p.limits(1.0)
+    assert lim["gpu"] is None and lim["cpu"] is not None
+
+
 def test_the_policy_weighs_samples_by_its_own_limits_and_hides_infinite_bounds():
     p = VpaPolicy(bound="upper")
     p.limits(0.0)
