@@ -20,8 +20,13 @@ for a single container, in river's grammar (``learn_one`` / ``predict_one``):
 - **CPU throttling** (phasewise's own addition, not in VPA): a CFS-throttled
   container hides its true demand, since usage cannot exceed the limit. When
   it was throttled in more than ``throttle_threshold`` of its periods, the
-  sample is recorded as ``max(usage, limit * (1 + throttle_bump))``, so the
-  recommendation climbs geometrically until throttling stops.
+  sample is recorded as ``max(usage, limit * (1 + throttle_bump), usage +
+  throttled_cores)``, where ``throttled_cores`` is the CFS throttled time per
+  second of the interval (summed over CPUs, so it counts the cores that were
+  runnable but held back: a 1-core spinner under a 0.25-core quota shows 0.75).
+  The bump makes the recommendation climb geometrically until throttling
+  stops; the throttled time lets it jump to the demand in one step when the
+  sampler reports it.
 - **Estimators**, composed by wrapping as in VPA's ``logic/estimator.go`` and
   ``logic/recommender.go``: percentile (target 0.9, lower 0.5, upper 0.95)
   → safety margin (+15%) → confidence multiplier (lower bound
@@ -351,7 +356,8 @@ class VpaRecommender:
 
         ``x``: ``t`` (event time, s; required), ``cpu`` (cores), ``mem`` (bytes),
         ``oom`` (OOM kills since the last sample), ``throttled_frac`` (share of
-        CFS periods throttled), ``cpu_limit`` (cores) and ``mem_limit`` (bytes);
+        CFS periods throttled), ``throttled_cores`` (CFS throttled seconds per
+        second), ``cpu_limit`` (cores) and ``mem_limit`` (bytes);
         any of the optional keys may be missing or ``None``.
         """
         t = x["t"]
@@ -362,7 +368,7 @@ class VpaRecommender:
         if cpu is not None:
             if not cpu >= 0 or cpu == math.inf:
                 raise ValueError(f"cpu must be a finite number >= 0, got {cpu!r}")
-            self._add_cpu(t, cpu, x.get("cpu_limit"), x.get("throttled_frac"))
+            self._add_cpu(t, cpu, x.get("cpu_limit"), x.get("throttled_frac"), x.get("throttled_cores"))
         mem = x.get("mem")
         if mem is not None:
             if not mem >= 0 or mem == math.inf:
@@ -371,13 +377,15 @@ class VpaRecommender:
         if x.get("oom"):
             self.record_oom(t, x.get("mem_limit") or 0.0)
 
-    def _add_cpu(self, t: float, cpu: float, limit: float | None, throttled: float | None) -> bool:
+    def _add_cpu(self, t: float, cpu: float, limit: float | None, throttled: float | None,
+                 throttled_cores: float | None = None) -> bool:
         if self._last_cpu_t is not None and t <= self._last_cpu_t:
             return False  # duplicate or out of order (VPA discards these)
         value = cpu
         if limit and throttled is not None and throttled > self.throttle_threshold:
-            bumped = limit * (1.0 + self.throttle_bump)
-            value = max(value, bumped)
+            value = max(value, limit * (1.0 + self.throttle_bump))
+            if throttled_cores:
+                value = max(value, cpu + throttled_cores)
             self._n_throttled += 1
         weight = limit if limit and limit > self.min_sample_weight else self.min_sample_weight
         self._cpu.add(value, weight, t)

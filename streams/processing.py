@@ -7,8 +7,8 @@
    :class:`~phasewise.models.vpa.VpaRecommender` from a :class:`StateCache`
    (memory first; on a miss, the loader, i.e. the worker's changelogged table,
    e.g. after a restart or a rebalance) and learns the sample: CPU cores, memory
-   working set, OOM kills, the share of CFS periods throttled and the limits in
-   force (the VPA weights CPU samples by the request; phasewise by the limit);
+   working set, OOM kills, the share of CFS periods throttled, the throttled
+   time per second of the message's interval and the limits in force (the VPA weights CPU samples by the request; phasewise by the limit);
 2. every ``recommend_interval_s`` of event time per container (the first after
    one interval of history) it asks the recommender for its target and emits a
    ``Decision`` (action ``limit``, policy ``vpa``) for each resource whose
@@ -216,6 +216,7 @@ def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Se
     interval = settings.recommend_interval_s
     write_interval = settings.state_write_interval_s
     dirty = state_cache.dirty
+    per_s = 1.0 / msg.interval_s if msg.interval_s > 0 else 0.0
     for c in msg.containers:
         key = f"{host}/{c.container}"
         entry = state_cache.get(key)
@@ -223,6 +224,7 @@ def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Se
         entry.model.learn_one({
             "t": ts, "cpu": c.cpu_cores, "mem": c.mem_bytes, "oom": c.oom_events,
             "throttled_frac": c.throttled_periods / nr if nr else 0.0,
+            "throttled_cores": c.throttled_s * per_s,
             "cpu_limit": c.cpu_limit_cores, "mem_limit": c.mem_limit_bytes,
         })
         nx = entry.next_ts

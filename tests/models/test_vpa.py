@@ -154,6 +154,10 @@ def test_a_throttled_sample_is_recorded_above_the_limit():
     # true demand unseen: recorded as 0.5 * (1 + 0.5) = 0.75
     assert r.predict_one()["cpu"]["target"] == pytest.approx(cpu_end(0.75) * 1.15)
     assert r.explain()["throttled_samples"] == 1
+    # with the throttled time known, the sample is the demand: usage + held-back cores
+    r2 = VpaRecommender()
+    r2.learn_one({"t": T0, "cpu": 0.25, "cpu_limit": 0.25, "throttled_frac": 1.0, "throttled_cores": 0.75})
+    assert r2.predict_one()["cpu"]["target"] == pytest.approx(cpu_end(1.0) * 1.15)
     calm = VpaRecommender()
     calm.learn_one({"t": T0, "cpu": 0.5, "cpu_limit": 0.5, "throttled_frac": 0.05})
     assert calm.predict_one()["cpu"]["target"] == pytest.approx(cpu_end(0.5) * 1.15)

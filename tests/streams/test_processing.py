@@ -129,3 +129,12 @@ def test_a_throttled_container_gets_a_higher_limit():
                throttled_periods=10)
     assert d.cpu_limit_cores > 0.25 * 1.5  # recorded at limit * 1.5, plus the margin
     assert d.details["throttled_samples"] == 6
+
+
+
+def test_a_throttled_spinner_is_released_to_its_demand_in_one_step():
+    s = settings()
+    # 1 core of demand under a 0.25-core quota: 0.25 used, 0.75 s throttled per second
+    (d,) = run(StateCache.from_settings(s), s, 6, cpu=0.25, cpu_limit=0.25, nr_periods=10,
+               throttled_periods=10, throttled_s=0.75)
+    assert d.cpu_limit_cores == pytest.approx(CPU.start(CPU.find_bucket(1.0) + 1) * 1.15, abs=1e-3)
