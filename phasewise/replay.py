@@ -505,7 +505,7 @@ def format_table(rows: list[dict], savings: list[dict]) -> str:
 
     lines = [f"{'resource':9s} {'policy':8s} {'alloc/used':>10s} {'fulfilment':>10s} {'steps':>7s}  detail"]
     for r in rows:
-        detail = r.get("member", "") or ("oracle: sees U_t" if r["policy"] == ORACLE else "")
+        detail = r.get("member", "") or ("oracle: sees U_t" if r["policy"] == ORACLE else r.get("note", ""))
         lines.append(f"{r['resource']:9s} {r['policy']:8s} {f(r['alloc_over_used']):>10s} "
                      f"{f(r['fulfilment'], True):>10s} {r['steps']:>7d}  {detail}")
     lines.append("")
