@@ -12,9 +12,9 @@ Per resource, scores are summed over containers (see
 usage, time-weighted) and ``fulfilment`` (share of steps with usage within the
 limit). All policies are scored on the same steps: a (container, resource)
 is scored from the first step at which every policy managing that resource
-has a limit. A policy manages a resource when it names it in its limits
-(even as ``None``) in any container of the run; one that never does (VPA has
-no GPU model) is not scored on that resource and its row says so.
+has a limit. A policy manages a resource when it sets a limit for it (not
+``None``) in some container of the run; one that never does (VPA has no GPU
+model) is not scored on that resource and its row says so.
 
 Policy families (``--policies``):
 
@@ -249,7 +249,7 @@ def oracle_decisions(series: ContainerSeries) -> list[tuple[float, Limits]]:
 
 def _limit_arrays(seq: list[tuple[float, Limits]], resources: Iterable[str]) -> dict[str, np.ndarray]:
     """resource -> limit per step (held over ``None``), for the resources the policy
-    manages: those it names in its limits at least once (even as ``None``)."""
+    names in its limits at least once."""
     out = {}
     for r in resources:
         if any(r in lim for _, lim in seq):
@@ -366,13 +366,14 @@ def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6
             if ok.any():
                 pending.append((r, series.t[ok], u[ok],
                                 {name: lim[r][ok] for name, lim in limits.items() if r in lim}))
-                managed.setdefault(r, set()).update(name for name, lim in limits.items() if r in lim)
+                managed.setdefault(r, set()).update(
+                    name for name, lim in limits.items() if r in lim and not np.all(np.isnan(lim[r])))
         if keep:
             plotted.append(ContainerReplay(series.container, series.t, series.usage, limits, phases))
         bar.update(k + 1)
-    # Score once every container is replayed: a policy manages r when it named r in
-    # any container; where it never did in one container, it had no opinion there
-    # (NaN), which holds back that (container, r) for every policy.
+    # Score once every container is replayed: a policy manages r when it set a limit
+    # for r in some container; in a container where it never did, it had no opinion
+    # there (NaN), which holds back that (container, r) for every policy.
     for r, t_r, u_r, lim_r in pending:
         res = resources[r]
         n = len(t_r)

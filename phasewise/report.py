@@ -247,8 +247,8 @@ def write_report(result: ReplayResult, rows: list[dict], savings: list[dict], ou
             "container."),
            f"- The oracle is the exception and is labelled so: {ORACLE_NOTE}.",
            ("- Warm-up: a (container, resource) is scored from the first step at which every policy managing "
-            "that resource has a limit; the same steps are scored for all of them. A policy that never names "
-            "a resource in its limits (VPA has no GPU model) is not scored on it. After its first limit, a "
+            "that resource has a limit; the same steps are scored for all of them. A policy that never sets "
+            "a limit for a resource (VPA has no GPU model) is not scored on it. After its first limit, a "
             "policy's `None` keeps its previous limit (as in the live pipeline). Steps not scored for warm-up: "
             + ", ".join(f"{s['resource']} {s['warmup_steps_not_scored']}" for s in savings) + "."),
            ("- dt is the time to the container's next sample of that resource; the last sample gets the median "

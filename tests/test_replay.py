@@ -132,9 +132,35 @@ def test_the_slowest_policy_sets_the_warm_up_for_all_and_unmanaged_resources_are
     cpu, mem = res.resources["cpu"], res.resources["mem"]
     assert {s.steps for s in cpu.scores.values()} == {204 - 4 * 10}
     assert cpu.warmup_steps == 40
-    # Late never names mem: it does not hold back the others there, and gets no mem score
+    # Late never sets a mem limit: it does not hold back the others there, and gets no mem score
     assert mem.scores["late"].steps == 0
     assert mem.scores["oracle"].steps == mem.scores["window-max-5"].steps == 204 - 4
+
+
+class Silent:
+    """Names every resource it has seen but never sets a limit (a policy without a GPU model)."""
+
+    name = "silent"
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def limits(self, t):
+        return {r: None for r in self.seen}
+
+    def observe(self, t, usage):
+        self.seen.update(usage)
+
+    def explain(self):
+        return {}
+
+
+def test_a_policy_that_never_sets_a_limit_for_a_resource_does_not_hold_back_the_others():
+    trace = load_ai4dl(SAMPLE)
+    res = replay_trace(trace, [_spec("silent", "silent", Silent)] + policy_specs(["oracle"]))
+    for r in ("cpu", "mem"):
+        assert res.resources[r].scores["silent"].steps == 0
+        assert res.resources[r].scores["oracle"].steps == 204
 
 
 def test_savings_are_against_the_cheapest_reactive_baseline_at_matched_fulfilment():
