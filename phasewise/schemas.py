@@ -270,83 +270,131 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _check_number(cls: str, name: str, value: Any, meta: dict, integer: bool) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SchemaError(f"{cls}: field '{name}' must be a number, got {type(value).__name__}")
-    if integer:
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise SchemaError(f"{cls}: field '{name}' must be an integer, got {value!r}")
-            value = int(value)
-    else:
-        value = float(value)
-        if not math.isfinite(value):
-            raise SchemaError(f"{cls}: field '{name}' must be finite, got {value!r}")
+def _number_converter(cls: str, name: str, meta: dict, integer: bool, optional: bool):
     lo, hi = meta.get("minimum"), meta.get("maximum")
-    if lo is not None and value < lo:
-        raise SchemaError(f"{cls}: field '{name}' = {value!r} is below the minimum {lo}")
-    if hi is not None and value > hi:
-        raise SchemaError(f"{cls}: field '{name}' = {value!r} is above the maximum {hi:g}")
-    return value
+    kind = "an integer" if integer else "a number"
+
+    def convert(value: Any) -> Any:
+        if value is None:
+            if optional:
+                return None
+            raise SchemaError(f"{cls}: field '{name}' must not be null")
+        t = type(value)
+        if t is bool or (t is not int and t is not float):
+            raise SchemaError(f"{cls}: field '{name}' must be {kind}, got {t.__name__}")
+        if integer:
+            if t is float:
+                if not value.is_integer():
+                    raise SchemaError(f"{cls}: field '{name}' must be an integer, got {value!r}")
+                value = int(value)
+        else:
+            value = float(value)
+            if value != value or value in (math.inf, -math.inf):
+                raise SchemaError(f"{cls}: field '{name}' must be finite, got {value!r}")
+        if lo is not None and value < lo:
+            raise SchemaError(f"{cls}: field '{name}' = {value!r} is below the minimum {lo}")
+        if hi is not None and value > hi:
+            raise SchemaError(f"{cls}: field '{name}' = {value!r} is above the maximum {hi:g}")
+        return value
+
+    return convert
 
 
-def _convert(cls: str, name: str, tp: Any, value: Any, meta: dict) -> Any:
+def _converter(cls: str, name: str, tp: Any, meta: dict):
+    """A function validating and converting one field's decoded JSON value."""
     tp, optional = _unwrap_optional(tp)
-    if value is None:
-        if optional:
-            return None
-        raise SchemaError(f"{cls}: field '{name}' must not be null")
-    if tp is float:
-        return _check_number(cls, name, value, meta, integer=False)
-    if tp is int:
-        return _check_number(cls, name, value, meta, integer=True)
+    if tp is float or tp is int:
+        return _number_converter(cls, name, meta, tp is int, optional)
+
+    def null_or(check):
+        def convert(value: Any) -> Any:
+            if value is None:
+                if optional:
+                    return None
+                raise SchemaError(f"{cls}: field '{name}' must not be null")
+            return check(value)
+
+        return convert
+
     if tp is str:
-        if not isinstance(value, str):
-            raise SchemaError(f"{cls}: field '{name}' must be a string, got {type(value).__name__}")
-        if meta.get("enum") and value not in meta["enum"]:
-            raise SchemaError(f"{cls}: field '{name}' = {value!r} is not one of {list(meta['enum'])}")
-        return value
+        enum = meta.get("enum")
+
+        def check_str(value: Any) -> str:
+            if type(value) is not str:
+                raise SchemaError(f"{cls}: field '{name}' must be a string, got {type(value).__name__}")
+            if enum and value not in enum:
+                raise SchemaError(f"{cls}: field '{name}' = {value!r} is not one of {list(enum)}")
+            return value
+
+        return null_or(check_str)
     if tp is dict:
-        if not isinstance(value, dict):
-            raise SchemaError(f"{cls}: field '{name}' must be an object")
-        return value
+
+        def check_dict(value: Any) -> dict:
+            if type(value) is not dict:
+                raise SchemaError(f"{cls}: field '{name}' must be an object")
+            return value
+
+        return null_or(check_dict)
     if typing.get_origin(tp) is tuple:
-        (item_tp, _ellipsis) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise SchemaError(f"{cls}: field '{name}' must be an array")
-        out = []
-        for i, item in enumerate(value):
-            if not isinstance(item, dict):
-                raise SchemaError(f"{cls}: {name}[{i}] must be an object")
-            try:
-                out.append(from_dict(item_tp, item))
-            except SchemaError as e:
-                raise SchemaError(f"{cls}: {name}[{i}]: {e}") from None
-        return tuple(out)
+        item_tp = typing.get_args(tp)[0]
+
+        def check_items(value: Any) -> tuple:
+            if type(value) is not list:
+                raise SchemaError(f"{cls}: field '{name}' must be an array")
+            build = _parser(item_tp)
+            out = []
+            for i, item in enumerate(value):
+                try:
+                    out.append(build(item))
+                except SchemaError as e:
+                    raise SchemaError(f"{cls}: {name}[{i}]: {e}") from None
+            return tuple(out)
+
+        return null_or(check_items)
     raise TypeError(f"unsupported field type {tp!r}")  # a bug in this module, not bad input
+
+
+_PARSERS: dict[type, Any] = {}
+
+
+def _parser(cls: type):
+    """Compile (once per class) a function dict -> record that validates every field."""
+    parse = _PARSERS.get(cls)
+    if parse is not None:
+        return parse
+    name = cls.__name__
+    hints = _hints(cls)
+    specs = []
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        specs.append((f.name, required, _converter(name, f.name, hints[f.name], f.metadata)))
+    versioned = "v" in hints
+    version = getattr(cls, "VERSION", None)
+
+    def parse(data: Any) -> Any:
+        if type(data) is not dict:
+            raise SchemaError(f"{name}: expected a JSON object, got {type(data).__name__}")
+        if versioned:
+            v = data.get("v")
+            if v is None:
+                raise SchemaError(f"{name}: missing field 'v' (schema version)")
+            if v != version or type(v) is bool:
+                raise SchemaError(f"{name}: unsupported schema version {v!r} (this build reads v{version})")
+        kwargs = {}
+        for fname, required, convert in specs:
+            if fname in data:
+                kwargs[fname] = convert(data[fname])
+            elif required:
+                raise SchemaError(f"{name}: missing field '{fname}'")
+        return cls(**kwargs)
+
+    _PARSERS[cls] = parse
+    return parse
 
 
 def from_dict(cls: type[R], data: dict) -> R:
     """Build a record from a decoded JSON object, validating every field."""
-    name = cls.__name__
-    if not isinstance(data, dict):
-        raise SchemaError(f"{name}: expected a JSON object, got {type(data).__name__}")
-    hints = _hints(cls)
-    if "v" in hints:
-        v = data.get("v", None)
-        if v is None:
-            raise SchemaError(f"{name}: missing field 'v' (schema version)")
-        if v != cls.VERSION:  # type: ignore[attr-defined]
-            raise SchemaError(
-                f"{name}: unsupported schema version {v!r} (this build reads v{cls.VERSION})"  # type: ignore[attr-defined]
-            )
-    kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in data:
-            kwargs[f.name] = _convert(name, f.name, hints[f.name], data[f.name], f.metadata)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise SchemaError(f"{name}: missing field '{f.name}'")
-    return cls(**kwargs)
+    return _parser(cls)(data)
 
 
 def to_dict(record: Any) -> dict:
