@@ -117,6 +117,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             "PHASEWISE_METRICS_PORT": str(metrics_port),
             "PHASEWISE_WEB_PORT": str(free_port()),
             "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
+            # a VPA day in 86 s, so usage that moves yields decisions within the run
+            "PHASEWISE_VPA_TIME_SCALE": "0.001",
             "PHASEWISE_LOG_LEVEL": "warning",
         }
         worker = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log").start()
