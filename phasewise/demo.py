@@ -607,7 +607,7 @@ class Demo:
     def run(self) -> dict[str, Any]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "jobs").mkdir(exist_ok=True)
-        with self.signals:
+        with self.signals, self._log_to_file():
             try:
                 with contextlib.ExitStack() as stack:
                     self._start(stack)
@@ -622,6 +622,27 @@ class Demo:
                 self.ended = time.monotonic()
                 self._verify_clean()
         return self.summary()
+
+    @contextlib.contextmanager
+    def _log_to_file(self) -> Any:
+        """Log to ``demo.log`` in the run directory; with the live view, *only* there
+        (a line on stderr would tear the screen)."""
+        root = logging.getLogger()
+        handler = logging.FileHandler(self.run_dir / "demo.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        muted = [] if self.cfg.json else [h for h in root.handlers
+                                          if isinstance(h, logging.StreamHandler)
+                                          and not isinstance(h, logging.FileHandler)]
+        for h in muted:
+            root.removeHandler(h)
+        try:
+            yield
+        finally:
+            root.removeHandler(handler)
+            handler.close()
+            for h in muted:
+                root.addHandler(h)
 
     def summary(self) -> dict[str, Any]:
         end = self.ended or time.monotonic()
@@ -892,14 +913,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="host name on the wire (default: this machine's)")
     p.add_argument("--data-dir", help="where the run directory goes (default: settings data_dir)")
     p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"],
-                   help="log level of the demo and its roles (default: info; warning with the live view)")
+                   help="log level of the demo and its roles (default info); with the live view the demo logs only to demo.log in the run directory")
 
 
 def run(args: argparse.Namespace) -> int:
     from phasewise.settings import Settings
 
     base = Settings.from_env({"host": args.host, "data_dir": args.data_dir})
-    level = args.log_level or ("info" if args.json else "warning")
+    level = args.log_level or "info"
     logging.getLogger().setLevel(getattr(logging, level.upper()))
     if args.duration is not None and args.duration <= 0:
         print("phasewise demo: --duration must be > 0", file=sys.stderr)
