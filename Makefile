@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean schemas
+.PHONY: install tools demo test lint bench clean schemas
 
 install: $(STAMP)
 
@@ -19,8 +19,17 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(BIN)/phasewise demo $(ARGS)
 
-test: install
+test: install tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# promtool (Debian's `prometheus` package) for the alert-rule tests; best effort:
+# without root or apt the rule tests are skipped and say why.
+tools:
+	@command -v promtool >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }; } ; } || \
+	  echo "note: promtool not installed; alert-rule tests will be skipped"
+	@pkill -x prometheus 2>/dev/null || true
 
 lint: install
 	$(BIN)/ruff check .
