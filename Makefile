@@ -29,7 +29,6 @@ tools:
 	  { apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }; } ; } || \
 	  echo "note: promtool not installed; alert-rule tests will be skipped"
-	@pkill -x prometheus 2>/dev/null || true
 
 lint: install
 	$(BIN)/ruff check .
