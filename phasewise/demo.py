@@ -411,6 +411,10 @@ class ManagedProcess:
                     os.killpg(sid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(5)
+        # killed processes that are not our children vanish a moment later: wait for that
+        deadline = time.monotonic() + 5
+        while self.leftovers() and time.monotonic() < deadline:
+            time.sleep(0.02)
         if self._log:
             self._log.close()
             self._log = None
