@@ -303,6 +303,10 @@ def view_state(records: Records, *, elapsed_s: float, job_states: dict[str, str]
 
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as text for a terminal."""
+    if s.get("error") and not any(j["samples"] for j in s["jobs"].values()):
+        cleanup = ("nothing left behind" if s["cleanup"]
+                   else "cleanup FAILED: " + "; ".join(s["cleanup_problems"]))
+        return f"phasewise demo failed: {s['error']}\n{cleanup}\nlogs: {s['run_dir']}"
     lines = [
         (f"phasewise demo: {s['duration_s']:.0f} s, {s['decisions_made']} decisions made, "
          f"{s['decisions_applied']} applied ({s['actuations']} actuations)"),

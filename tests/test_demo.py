@@ -133,6 +133,8 @@ def test_the_text_summary_names_every_job_and_the_cleanup(records):
     assert "nothing left behind" in text and "/tmp/run" in text
     bad = demo.format_summary(summarize(records, duration_s=3, cleanup_problems=["pid 12 alive"]))
     assert "cleanup FAILED: pid 12 alive" in bad
+    failed = demo.format_summary(summarize(Records(JOBS), duration_s=0, error="no cgroup v1 or v2 at /x"))
+    assert failed.startswith("phasewise demo failed: no cgroup v1 or v2 at /x") and "charlstm" not in failed
 
 
 def test_view_state_shows_each_jobs_latest_use_limit_and_decision(records):
