@@ -1,0 +1,513 @@
+"""Phase limits for many containers sharing one phase model (the live detector).
+
+AI4DL's phases are shared across containers: one :class:`PhaseModel`
+(normaliser + CRBM + phase clusterer with per-phase usage statistics) serves
+a whole fleet, and a phase's statistics pool every container that was in it.
+:class:`PhaseFleet` is the batched, pure detector a stream worker runs on each
+host message:
+
+- :meth:`PhaseFleet.step` takes the frames of many containers at one event
+  time, makes ONE batched :func:`~phasewise.models.detector.detect` call
+  (one CRBM call, one nearest-centroid call) and returns, per container,
+  the phase, the limits for the next step, where each limit came from, the
+  statistics used, which limits changed since they were last handed out,
+  and ``PhaseChange``-shaped dicts for the containers whose phase changed;
+- the limit rule is :class:`~phasewise.models.phase_policy.PhasePolicy`'s,
+  vectorised: each resource's phase ``quantile`` x (1 + ``margin``), used once
+  the phase holds ``min_phase_samples`` samples of that resource, re-set
+  within a phase only when the quantile moved by more than
+  ``change_threshold`` (relative), never below ``floors``; otherwise (model
+  cold, container's window not full, phase new) the caller's fallback limit
+  (the worker passes the VPA's). ``PhasePolicy`` keeps the rule inline in its
+  ``limits()``, so it is restated here (:func:`phase_limits`) -- keep the two
+  in step;
+- learning: every ``learn_every``-th ready window (a deterministic sample,
+  counted over the fleet's whole history) is picked; unless the fleet is
+  ``frozen`` it trains the shared model in place (:func:`learn`, crediting the
+  frame's usage to the phase that was in force for it). A worker's detectors
+  are frozen and ship the picked windows to one learner instead
+  (:attr:`FleetStep.sample`);
+- per-container state is a few array rows (window, phase, since, limit basis,
+  limits last handed out, when it was last persisted): about two hundred
+  bytes (:meth:`PhaseFleet.state_bytes`), exported and imported as small
+  JSON-able dicts so a worker can keep them in a changelogged table
+  (:meth:`PhaseFleet.pop_dirty`: containers whose phase changed or whose
+  state was not written for ``state_write_interval_s`` of event time).
+
+Pure: no IO, no clock; time comes from the frames' event times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from phasewise.models.detector import PhaseModel, Windows, detect, learn
+
+__all__ = ["FleetStep", "PhaseFleet", "phase_limits", "pick_every_k", "STATE_VERSION"]
+
+#: format of :meth:`PhaseFleet.state_of` dicts
+STATE_VERSION = 1
+
+FallbackLimits = (
+    np.ndarray | Mapping[str, Mapping[str, float | None]] | Callable[[np.ndarray], np.ndarray] | None
+)
+
+
+def pick_every_k(ready: np.ndarray, counter: int, every_k: int) -> tuple[np.ndarray, int]:
+    """Indices of every ``every_k``-th ready row, counting from *counter*; returns (indices, new counter).
+
+    >>> pick_every_k(np.array([True, False, True, True, True]), 1, 2)
+    (array([2, 4]), 5)
+    """
+    idx = np.flatnonzero(ready)
+    k = max(1, int(every_k))
+    pos = counter + np.arange(len(idx))
+    return idx[pos % k == 0], counter + len(idx)
+
+
+def phase_limits(
+    q: np.ndarray,
+    counts: np.ndarray,
+    phase: np.ndarray,
+    slot_ok: np.ndarray,
+    prev_basis: np.ndarray,
+    prev_limit_phase: np.ndarray,
+    prev_from_phase: np.ndarray,
+    fallback: np.ndarray,
+    floors: np.ndarray,
+    *,
+    margin: float,
+    min_phase_samples: int,
+    change_threshold: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """PhasePolicy's limit rule over rows ``(n, n_resources)``; returns (limits, basis, from_phase, limit_phase).
+
+    ``q``/``counts``: the current phase's quantile and sample count per
+    resource (NaN / 0 when unknown); ``slot_ok``: the phase is open in the
+    model; ``prev_*``: the rows' state from the last call; ``fallback``: the
+    reactive limits (NaN = none). Limits are NaN where neither applies.
+
+    >>> lim, basis, src, lp = phase_limits(
+    ...     q=np.array([[1.0, 2.0]]), counts=np.array([[20, 5]]), phase=np.array([3]),
+    ...     slot_ok=np.array([True]), prev_basis=np.full((1, 2), np.nan),
+    ...     prev_limit_phase=np.array([-1]), prev_from_phase=np.zeros((1, 2), bool),
+    ...     fallback=np.array([[4.0, 8.0]]), floors=np.array([0.0, 9.0]),
+    ...     margin=0.1, min_phase_samples=10, change_threshold=0.05)
+    >>> lim.round(3).tolist(), src.tolist(), lp.tolist()
+    ([[1.1, 9.0]], [[True, False]], [3])
+    """
+    usable = slot_ok[:, None] & (counts >= min_phase_samples) & np.isfinite(q)
+    keep = (
+        (phase == prev_limit_phase)[:, None]
+        & prev_from_phase
+        & np.isfinite(prev_basis)
+        & (np.abs(q - prev_basis) <= change_threshold * np.maximum(prev_basis, 1e-12))
+    )
+    basis = np.where(usable, np.where(keep, prev_basis, q), np.nan)
+    limits = np.where(usable, basis * (1.0 + margin), fallback)
+    limits = np.where(np.isfinite(limits), np.maximum(limits, floors), np.nan)
+    limit_phase = np.where(slot_ok, phase, -1)
+    return limits, basis, usable, limit_phase
+
+
+@dataclass
+class FleetStep:
+    """Outcome of :meth:`PhaseFleet.step`, rows in the order of the input containers."""
+
+    containers: Sequence[str]
+    resources: tuple[str, ...]
+    phase: np.ndarray  #: phase in force from now on (-1: not known yet)
+    changed: np.ndarray  #: the phase changed at this step
+    limits: np.ndarray  #: (n, R) limits for the next step, NaN = none
+    from_phase: np.ndarray  #: (n, R) True where the limit came from the phase statistics
+    decide: np.ndarray  #: (n, R) True where the limit differs from the one last handed out
+    quantile: np.ndarray  #: (n, R) the phase quantile (NaN: unknown)
+    counts: np.ndarray  #: (n, R) the phase's sample counts
+    basis: np.ndarray  #: (n, R) the quantile the phase limit is based on (hysteresis)
+    windows: np.ndarray  #: (n, window_len, n_features) raw windows
+    prev_phase: np.ndarray  #: phase that was in force for this frame (credit its usage there)
+    frames: np.ndarray  #: (n, n_features) the frames, as given
+    sample: np.ndarray  #: row indices picked for learning (every k-th ready window)
+    changes: list[dict] = field(default_factory=list)  #: PhaseChange-shaped dicts
+
+    def rows_to_decide(self) -> np.ndarray:
+        """Rows with at least one limit to hand out."""
+        return np.flatnonzero(self.decide.any(axis=1))
+
+    def explain(self, i: int, quantile: float = 0.95) -> dict[str, Any]:
+        """Phase id, per-resource source and statistics behind row *i*'s limits."""
+        tag = f"p{round(quantile * 100)}"
+        stats = {}
+        sources = {}
+        for j, r in enumerate(self.resources):
+            sources[r] = "phase" if self.from_phase[i, j] else "fallback"
+            if self.from_phase[i, j]:
+                stats[r] = {tag: float(self.quantile[i, j]), "count": int(self.counts[i, j]),
+                            "basis": float(self.basis[i, j])}
+        p = int(self.phase[i])
+        return {
+            "phase": p if p >= 0 else None,
+            "source": "phase" if self.from_phase[i].any() else "fallback",
+            "sources": sources,
+            "stats": stats,
+        }
+
+
+class PhaseFleet:
+    """Per-container phase limits for many containers sharing one :class:`PhaseModel`.
+
+    Parameters
+    ----------
+    model
+        The shared snapshot (used in place; pass a clone to keep yours).
+    floors
+        Per-resource safety floors; no limit is ever below them.
+    quantile, margin
+        Phase limit = phase ``quantile`` x (1 + ``margin``).
+    min_phase_samples
+        A phase's statistics of a resource are used once they hold this many samples.
+    change_threshold
+        Within a phase, a limit is re-based only when the quantile moved by more than this fraction.
+    learn_every
+        Every this many ready windows (fleet-wide) one is picked for learning.
+    frozen
+        Never train the model (detectors of a worker; deterministic comparisons).
+    state_write_interval_s
+        A container's state is due for persisting after this much event time (or on a phase change).
+    loader
+        Called with a container id the fleet has not seen; returns a state dict
+        written by :meth:`state_of` (or ``None``), e.g. a worker's table lookup.
+    capacity
+        Initial number of rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> m = PhaseModel(features=("cpu", "mem"), n_hid=6, n_his=2, warmup=32, seed=0)
+    >>> fleet = PhaseFleet(m, floors={"cpu": 0.05}, learn_every=1, min_phase_samples=5)
+    >>> ids = ["a", "b"]
+    >>> for t in range(120):
+    ...     busy = (t // 20) % 2 == 1
+    ...     X = np.array([[1.0 if busy else 0.02, 9e8 if busy else 2e8], [0.5, 5e8]])
+    ...     out = fleet.step(float(t), ids, X, fallback_limits=np.array([[4.0, 8e9], [4.0, 8e9]]))
+    >>> out.resources, bool(out.from_phase.all()), bool((out.limits[:, 0] >= 0.05).all())
+    (('cpu', 'mem'), True, True)
+    >>> fleet.state_bytes() <= 4096
+    True
+    """
+
+    def __init__(
+        self,
+        model: PhaseModel,
+        floors: Mapping[str, float] | None = None,
+        quantile: float = 0.95,
+        margin: float = 0.10,
+        min_phase_samples: int = 10,
+        change_threshold: float = 0.05,
+        learn_every: int = 10,
+        frozen: bool = False,
+        state_write_interval_s: float = 30.0,
+        loader: Callable[[str], Any] | None = None,
+        capacity: int = 64,
+    ) -> None:
+        if not 0.0 < quantile <= 1.0:
+            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0, got {margin}")
+        if learn_every < 1:
+            raise ValueError(f"learn_every must be >= 1, got {learn_every}")
+        self.model = model
+        self.floors = dict(floors or {})
+        self.quantile = float(quantile)
+        self.margin = float(margin)
+        self.min_phase_samples = int(min_phase_samples)
+        self.change_threshold = float(change_threshold)
+        self.learn_every = int(learn_every)
+        self.frozen = bool(frozen)
+        self.state_write_interval_s = float(state_write_interval_s)
+        self.loader = loader
+        self.capacity = int(capacity)
+        self._windows = Windows(model.window_len, model.n_features, capacity=capacity)
+        R = model.n_features
+        cap = len(self._windows.filled)
+        self._basis = np.full((cap, R), np.nan)
+        self._from_phase = np.zeros((cap, R), dtype=bool)
+        self._limit_phase = np.full(cap, -1, dtype=np.int32)
+        self._handed = np.full((cap, R), np.nan)  # limits last handed out
+        self._written = np.full(cap, -np.inf)  # event time of the last persisted state
+        self._floors = np.array([float(self.floors.get(r, 0.0)) for r in model.features])
+        self._q_cache: dict[int, tuple[np.ndarray, np.ndarray, bool]] = {}
+        self._n_ready = 0  # ready windows seen (the sampling counter)
+        self._n_learned = 0  # windows the model learned through this fleet
+        self._dirty: set[str] = set()
+        self.loaded = 0  # containers restored through the loader
+        self.load_errors = 0
+
+    # ------------------------------------------------------------------ model
+    @property
+    def resources(self) -> tuple[str, ...]:
+        return self.model.features
+
+    @property
+    def windows_learned(self) -> int:
+        return self._n_learned
+
+    def set_model(self, model: PhaseModel) -> None:
+        """Swap in a newer snapshot (same features and window length); containers keep their windows."""
+        if model.features != self.model.features or model.window_len != self.model.window_len:
+            raise ValueError(
+                f"snapshot has features {model.features} / window {model.window_len}, this fleet "
+                f"{self.model.features} / {self.model.window_len}"
+            )
+        self.model = model
+        self._q_cache.clear()
+
+    def _phase_q(self, p: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        hit = self._q_cache.get(p)
+        if hit is None:
+            cl = self.model.clusterer
+            slot = int(cl.slots_of(np.array([p]))[0])
+            R = self.model.n_features
+            if slot < 0:
+                hit = (np.full(R, np.nan), np.zeros(R), False)
+            else:
+                hit = (cl.stats.quantiles(slot, (self.quantile,))[0].astype(np.float64),
+                       cl.stats.count(slot).astype(np.float64), True)
+            self._q_cache[p] = hit
+        return hit
+
+    # ------------------------------------------------------------------ rows
+    def _sync(self) -> None:
+        cap = len(self._windows.filled)
+        old = len(self._limit_phase)
+        if cap <= old:
+            return
+        R = self.model.n_features
+        self._basis = np.concatenate([self._basis, np.full((cap - old, R), np.nan)])
+        self._from_phase = np.concatenate([self._from_phase, np.zeros((cap - old, R), bool)])
+        self._limit_phase = np.concatenate([self._limit_phase, np.full(cap - old, -1, np.int32)])
+        self._handed = np.concatenate([self._handed, np.full((cap - old, R), np.nan)])
+        self._written = np.concatenate([self._written, np.full(cap - old, -np.inf)])
+
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        self._basis[rows] = np.nan
+        self._from_phase[rows] = False
+        self._limit_phase[rows] = -1
+        self._handed[rows] = np.nan
+        self._written[rows] = -np.inf
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def __contains__(self, container: str) -> bool:
+        return container in self._windows
+
+    def forget(self, container: str) -> None:
+        """Drop a container's state (e.g. it stopped)."""
+        self._windows.forget(container)
+        self._dirty.discard(container)
+
+    def clear(self) -> None:
+        """Forget every container (after a rebalance the worker's table is the truth)."""
+        self._windows = Windows(self.model.window_len, self.model.n_features, capacity=self.capacity)
+        cap = len(self._windows.filled)
+        self._limit_phase = self._limit_phase[:0]
+        self._basis = self._basis[:0]
+        self._from_phase = self._from_phase[:0]
+        self._handed = self._handed[:0]
+        self._written = self._written[:0]
+        self._sync()
+        assert len(self._limit_phase) == cap
+        self._dirty.clear()
+
+    def state_bytes(self) -> float:
+        """Measured bytes per tracked container: window rows, id index, limit state."""
+        R = self.model.n_features
+        own = R * (self._basis.itemsize + 1 + self._handed.itemsize) + self._limit_phase.itemsize + 8
+        return self._windows.state_bytes() + own
+
+    def state_of(self, container: str) -> dict[str, Any]:
+        """A container's state as a small JSON-able dict (for a changelogged table)."""
+        r = self._windows._index[container]
+        w = self._windows
+
+        def fl(a: np.ndarray) -> list:
+            return [None if not math.isfinite(x) else float(x) for x in a.tolist()]
+
+        return {
+            "v": STATE_VERSION, "f": [fl(row) for row in w.frames[r]], "n": int(w.filled[r]),
+            "p": int(w.phase[r]), "s": float(w.since[r]), "b": fl(self._basis[r]),
+            "src": [bool(x) for x in self._from_phase[r]], "lp": int(self._limit_phase[r]),
+            "h": fl(self._handed[r]),
+        }
+
+    def load_state(self, container: str, state: Mapping[str, Any]) -> None:
+        """Restore a container from :meth:`state_of` output; a foreign state raises ValueError."""
+        R, L = self.model.n_features, self.model.window_len
+        try:
+            if state.get("v") != STATE_VERSION:
+                raise ValueError(f"unsupported phase state version {state.get('v')!r}")
+            frames = np.array([[np.nan if x is None else x for x in row] for row in state["f"]], dtype=np.float32)
+            if frames.shape != (L, R) or len(state["b"]) != R or len(state["h"]) != R or len(state["src"]) != R:
+                raise ValueError(f"phase state shaped for another model (frames {frames.shape}, expected {(L, R)})")
+            basis = np.array([np.nan if x is None else x for x in state["b"]], dtype=np.float64)
+            handed = np.array([np.nan if x is None else x for x in state["h"]], dtype=np.float64)
+            filled, phase, since, lp = int(state["n"]), int(state["p"]), float(state["s"]), int(state["lp"])
+            src = np.array([bool(x) for x in state["src"]])
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"malformed phase state: {type(e).__name__}: {e}") from None
+        r = int(self._windows.rows([container])[0])
+        self._sync()
+        w = self._windows
+        w.frames[r], w.filled[r], w.phase[r], w.since[r] = frames, min(filled, 32767), phase, since
+        self._basis[r], self._handed[r], self._from_phase[r], self._limit_phase[r] = basis, handed, src, lp
+        self._written[r] = -np.inf
+
+    def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
+        """Containers whose state is due for persisting, with their state (each handed out once)."""
+        out = [(c, self.state_of(c)) for c in self._dirty if c in self._windows]
+        self._dirty.clear()
+        return out
+
+    # ------------------------------------------------------------------ hot path
+    def _fallback(self, fb: FallbackLimits, containers: Sequence[str], need: np.ndarray) -> np.ndarray:
+        n, R = len(containers), self.model.n_features
+        out = np.full((n, R), np.nan)
+        if fb is None or not need.any():
+            return out
+        if callable(fb):
+            idx = np.flatnonzero(need)
+            vals = np.asarray(fb(idx), dtype=np.float64)
+            if vals.shape != (len(idx), R):
+                raise ValueError(f"fallback callable returned shape {vals.shape}, expected {(len(idx), R)}")
+            out[idx] = vals
+            return out
+        if isinstance(fb, Mapping):
+            feats = self.model.features
+            for i in np.flatnonzero(need):
+                d = fb.get(containers[i]) or {}
+                for j, r in enumerate(feats):
+                    v = d.get(r)
+                    if v is not None:
+                        out[i, j] = float(v)
+            return out
+        arr = np.asarray(fb, dtype=np.float64)
+        if arr.shape != (n, R):
+            raise ValueError(f"fallback_limits must have shape {(n, R)}, got {arr.shape}")
+        return arr
+
+    def step(
+        self,
+        t: float,
+        containers: Sequence[str],
+        frames: np.ndarray,
+        fallback_limits: FallbackLimits = None,
+        host: str = "",
+    ) -> FleetStep:
+        """One batched detector step at event time *t* for *containers* (one frame each).
+
+        ``frames``: raw usage ``(n, n_features)`` in :attr:`resources` order
+        (NaN = missing). ``fallback_limits``: the reactive limits, as an
+        ``(n, R)`` array (NaN = none), a mapping container -> {resource: limit},
+        or a callable taking the row indices that need a fallback and
+        returning their ``(k, R)`` limits (only called when some row does).
+        """
+        X = np.asarray(frames, dtype=np.float64)
+        n = len(containers)
+        m = self.model
+        if X.shape != (n, m.n_features):
+            raise ValueError(f"frames must have shape ({n}, {m.n_features}), got {X.shape}")
+        X = np.where(np.isfinite(X), np.maximum(X, 0.0), np.nan)
+        w = self._windows
+        rows = w.rows(containers)
+        self._sync()
+        new = w.filled[rows] == 0
+        if new.any():
+            new_rows = rows[new]
+            self._reset_rows(new_rows)
+            if self.loader is not None:
+                for i in np.flatnonzero(new):
+                    c = containers[i]
+                    try:
+                        state = self.loader(c)
+                        if state is not None:
+                            self.load_state(c, state)
+                            self.loaded += 1
+                    except ValueError:  # a foreign or corrupt stored state: start this container fresh
+                        self.load_errors += 1
+        res = detect(m, w, containers, X, t, host=host)
+        phase = res.phase
+        R = m.n_features
+        q = np.full((n, R), np.nan)
+        cnt = np.zeros((n, R))
+        slot_ok = np.zeros(n, dtype=bool)
+        if m.ready:
+            known = phase >= 0
+            if known.any():
+                uniq, inv = np.unique(phase[known], return_inverse=True)
+                table = [self._phase_q(int(p)) for p in uniq]
+                Q = np.stack([x[0] for x in table])
+                C = np.stack([x[1] for x in table])
+                ok = np.array([x[2] for x in table])
+                q[known], cnt[known], slot_ok[known] = Q[inv], C[inv], ok[inv]
+        # rows that may need the fallback: a resource without usable phase statistics
+        usable_guess = slot_ok[:, None] & (cnt >= self.min_phase_samples) & np.isfinite(q)
+        fb = self._fallback(fallback_limits, containers, ~usable_guess.all(axis=1))
+        limits, basis, from_phase, limit_phase = phase_limits(
+            q, cnt, phase, slot_ok, self._basis[rows], self._limit_phase[rows], self._from_phase[rows], fb,
+            self._floors, margin=self.margin, min_phase_samples=self.min_phase_samples,
+            change_threshold=self.change_threshold,
+        )
+        handed = self._handed[rows]
+        decide = np.isfinite(limits) & (
+            ~np.isfinite(handed) | (np.abs(limits - handed) > 1e-9 * np.maximum(np.abs(handed), 1e-12))
+        )
+        self._basis[rows] = basis
+        self._from_phase[rows] = from_phase
+        self._limit_phase[rows] = limit_phase
+        self._handed[rows] = np.where(decide, limits, handed)
+        # persistence: on a phase change or after state_write_interval_s of event time
+        due = res.changed | new | (t - self._written[rows] >= self.state_write_interval_s)
+        if due.any():
+            self._written[rows[due]] = t
+            self._dirty.update(containers[i] for i in np.flatnonzero(due))
+        # learning sample
+        sel, self._n_ready = pick_every_k(res.ready, self._n_ready, self.learn_every)
+        if len(sel) and not self.frozen:
+            self.learn_windows(res.windows[sel], res.prev_phase[sel], X[sel])
+        return FleetStep(
+            containers=containers, resources=m.features, phase=phase, changed=res.changed, limits=limits,
+            from_phase=from_phase, decide=decide, quantile=q, counts=cnt, basis=basis, windows=res.windows,
+            prev_phase=res.prev_phase, frames=X, sample=sel, changes=res.changes,
+        )
+
+    # ------------------------------------------------------------------ learning
+    def learn_windows(self, windows: np.ndarray, stats_phases: np.ndarray | None = None,
+                      usage: np.ndarray | None = None) -> int:
+        """Train the shared model on these windows (no-op when frozen); returns how many it learned."""
+        if self.frozen or not len(windows):
+            return 0
+        learn(self.model, windows, stats_phases=stats_phases, usage=usage)
+        self._q_cache.clear()
+        self._n_learned += len(windows)
+        return len(windows)
+
+    def learn_sample(self, windows: np.ndarray, every_k: int | None = None,
+                     stats_phases: np.ndarray | None = None, usage: np.ndarray | None = None) -> np.ndarray:
+        """Pick every ``every_k``-th of these (ready) windows, continuing the fleet's count, and learn them.
+
+        Returns the picked indices (picked even when frozen, then not learned).
+        """
+        W = np.asarray(windows)
+        sel, self._n_ready = pick_every_k(np.ones(len(W), bool), self._n_ready, every_k or self.learn_every)
+        if len(sel):
+            self.learn_windows(
+                W[sel],
+                None if stats_phases is None else np.asarray(stats_phases)[sel],
+                None if usage is None else np.asarray(usage)[sel],
+            )
+        return sel

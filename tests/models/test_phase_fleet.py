@@ -1,0 +1,181 @@
+"""PhaseFleet: batched phase limits for many containers over one shared model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phasewise.models.detector import PhaseModel, learn
+from phasewise.models.phase_fleet import PhaseFleet, phase_limits, pick_every_k
+
+IDLE = np.array([0.02, 2e8])
+BUSY = np.array([1.0, 9e8])
+
+
+def trained_model() -> PhaseModel:
+    """A ready model with two phases (idle, busy) and no usage statistics yet."""
+    m = PhaseModel(features=("cpu", "mem"), n_hid=6, n_his=2, warmup=32, seed=0)
+    rng = np.random.default_rng(0)
+    idle = IDLE * rng.uniform(0.9, 1.1, (64, 2))
+    busy = BUSY * rng.uniform(0.95, 1.05, (64, 2))
+    W = np.concatenate([idle, busy])[np.arange(128)[:, None] + [0, 0, 0]]
+    for _ in range(5):
+        learn(m, W)
+    assert m.ready
+    return m
+
+
+def phase_of(m: PhaseModel, frame: np.ndarray) -> int:
+    return int(m.predict(np.repeat(frame[None, None, :], m.window_len, axis=1))[0])
+
+
+def with_stats(m: PhaseModel, phase: int, cpu: np.ndarray, mem: np.ndarray) -> None:
+    m.clusterer.update_stats(np.full(len(cpu), phase), np.c_[cpu, mem])
+
+
+FB = np.array([[4.0, 8e9]])
+
+
+def test_a_cold_model_hands_out_the_fallback_limits_with_floors():
+    m = PhaseModel(features=("cpu", "mem"), n_his=2, warmup=1000)
+    fleet = PhaseFleet(m, floors={"cpu": 0.5, "mem": 1e9}, frozen=True)
+    out = fleet.step(0.0, ["c"], IDLE[None], fallback_limits=np.array([[0.1, 2e9]]))
+    assert out.limits.tolist() == [[0.5, 2e9]]  # cpu raised to its floor
+    assert not out.from_phase.any() and out.phase.tolist() == [-1]
+    assert out.decide.all() and out.changes == []
+    again = fleet.step(1.0, ["c"], IDLE[None], fallback_limits=np.array([[0.1, 2e9]]))
+    assert not again.decide.any()  # unchanged limits are not handed out twice
+
+
+def test_limits_come_from_the_pooled_phase_quantile_times_one_plus_margin():
+    m = trained_model()
+    p_idle = phase_of(m, IDLE)
+    rng = np.random.default_rng(1)
+    with_stats(m, p_idle, rng.uniform(0.01, 0.03, 200), rng.uniform(1.5e8, 2.5e8, 200))
+    slot = m.clusterer.slot_of(p_idle)
+    q95 = m.clusterer.stats.quantiles(slot, (0.95,))[0]
+    fleet = PhaseFleet(m, floors={"cpu": 0.025}, margin=0.2, frozen=True)
+    ids = ["a", "b"]
+    for t in range(3):  # windows of n_his + 1 = 3 frames
+        out = fleet.step(float(t), ids, np.stack([IDLE, IDLE]), fallback_limits=np.repeat(FB, 2, axis=0))
+    assert out.phase.tolist() == [p_idle, p_idle] and out.from_phase.all()
+    expected = np.maximum(q95 * 1.2, [0.025, 0.0])
+    np.testing.assert_allclose(out.limits, np.stack([expected, expected]))
+    e = out.explain(0)
+    assert e["phase"] == p_idle and e["source"] == "phase" and e["stats"]["cpu"]["count"] == 200
+
+
+def test_a_phase_change_is_emitted_once_and_a_new_phase_falls_back_until_it_has_samples():
+    m = trained_model()
+    p_idle, p_busy = phase_of(m, IDLE), phase_of(m, BUSY)
+    assert p_idle != p_busy
+    with_stats(m, p_idle, np.full(50, 0.02), np.full(50, 2e8))  # busy phase: no statistics yet
+    fleet = PhaseFleet(m, frozen=True, min_phase_samples=10)
+    changes, steps = [], []
+    for t in range(12):
+        frame = IDLE if t < 6 else BUSY
+        out = fleet.step(float(t), ["job"], frame[None], fallback_limits=FB, host="h1")
+        changes += out.changes
+        steps.append(out)
+    busy_changes = [c for c in changes if c["new_phase"] == p_busy]
+    assert len(busy_changes) == 1
+    c = busy_changes[0]
+    assert c["old_phase"] == p_idle and c["container"] == "job" and c["host"] == "h1" and c["since"] == 2.0
+    assert steps[5].from_phase.all()  # idle: phase statistics
+    assert not steps[-1].from_phase.any() and steps[-1].limits.tolist() == FB.tolist()  # busy: fallback
+    assert steps[-1].explain(0)["source"] == "fallback"
+
+
+def test_within_a_phase_limits_move_only_beyond_the_change_threshold():
+    m = trained_model()
+    p = phase_of(m, IDLE)
+    with_stats(m, p, np.full(100, 0.5), np.full(100, 2e8))
+    fleet = PhaseFleet(m, frozen=True, change_threshold=0.05, margin=0.0)
+    for t in range(3):
+        first = fleet.step(float(t), ["c"], IDLE[None], fallback_limits=FB)
+    base = first.limits[0, 0]
+    with_stats(m, p, np.full(100, 0.51), np.full(100, 2e8))  # quantile moves ~1-2 %
+    fleet.set_model(m)  # a newer snapshot: statistics re-read
+    out = fleet.step(3.0, ["c"], IDLE[None], fallback_limits=FB)
+    assert out.limits[0, 0] == base and not out.decide[0, 0]
+    with_stats(m, p, np.full(800, 0.8), np.full(800, 2e8))  # now far beyond 5 %
+    fleet.set_model(m)
+    out = fleet.step(4.0, ["c"], IDLE[None], fallback_limits=FB)
+    assert out.limits[0, 0] > base * 1.05 and out.decide[0, 0]
+
+
+def test_the_pure_rule_matches_a_hand_computed_case():
+    lim, basis, src, lp = phase_limits(
+        q=np.array([[1.0, 100.0], [np.nan, np.nan]]), counts=np.array([[10, 9], [0, 0]]),
+        phase=np.array([2, -1]), slot_ok=np.array([True, False]),
+        prev_basis=np.array([[0.98, np.nan], [np.nan, np.nan]]), prev_limit_phase=np.array([2, -1]),
+        prev_from_phase=np.array([[True, False], [False, False]]),
+        fallback=np.array([[3.0, 50.0], [np.nan, 7.0]]), floors=np.array([0.0, 60.0]),
+        margin=0.5, min_phase_samples=10, change_threshold=0.05)
+    np.testing.assert_allclose(lim, [[0.98 * 1.5, 60.0], [np.nan, 60.0]])  # hysteresis keeps 0.98; floors
+    assert src.tolist() == [[True, False], [False, False]] and lp.tolist() == [2, -1]
+
+
+def test_a_frozen_fleet_is_deterministic_and_leaves_the_model_untouched():
+    m = trained_model()
+    before = m.to_bytes()
+    rng = np.random.default_rng(3)
+    ids = [f"c{i}" for i in range(50)]
+    frames = [np.where(rng.random((50, 1)) < 0.5, IDLE, BUSY) * rng.uniform(0.9, 1.1, (50, 2)) for _ in range(20)]
+    outs = []
+    for _ in range(2):
+        fleet = PhaseFleet(PhaseModel.from_bytes(before), frozen=True, learn_every=3)
+        outs.append([fleet.step(float(t), ids, X, fallback_limits=np.tile(FB, (50, 1))) for t, X in enumerate(frames)])
+        assert fleet.model.to_bytes() == before and fleet.windows_learned == 0
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a.phase, b.phase)
+        np.testing.assert_array_equal(a.limits, b.limits)
+        np.testing.assert_array_equal(a.sample, b.sample)
+        assert a.changes == b.changes
+
+
+def test_an_unfrozen_fleet_learns_every_kth_ready_window():
+    m = PhaseModel(features=("cpu", "mem"), n_his=2, warmup=10_000)
+    fleet = PhaseFleet(m, learn_every=4)
+    ids = [f"c{i}" for i in range(10)]
+    for t in range(10):  # windows ready from t = 2: 8 steps x 10 containers
+        fleet.step(float(t), ids, np.tile(IDLE, (10, 1)))
+    assert fleet.windows_learned == 80 // 4 and m.crbm.n_seen == 20
+    assert pick_every_k(np.ones(5, bool), 0, 2)[0].tolist() == [0, 2, 4]
+
+
+def test_state_survives_a_round_trip_through_the_loader():
+    m = trained_model()
+    fleet = PhaseFleet(m, frozen=True, state_write_interval_s=100.0)
+    for t in range(4):
+        fleet.step(float(t), ["a"], IDLE[None], fallback_limits=FB)
+    dirty = dict(fleet.pop_dirty())
+    assert "a" in dirty and fleet.pop_dirty() == []  # handed out once
+    store = {"a": fleet.state_of("a")}
+    restored = PhaseFleet(PhaseModel.from_bytes(m.to_bytes()), frozen=True, loader=store.get)
+    out = restored.step(4.0, ["a"], IDLE[None], fallback_limits=FB)
+    ref = fleet.step(4.0, ["a"], IDLE[None], fallback_limits=FB)
+    assert restored.loaded == 1 and out.changes == [] and out.phase.tolist() == ref.phase.tolist()
+    np.testing.assert_array_equal(out.limits, ref.limits)
+    bad = PhaseFleet(PhaseModel.from_bytes(m.to_bytes()), frozen=True, loader=lambda c: {"v": 99})
+    bad.step(0.0, ["x"], IDLE[None])
+    assert bad.load_errors == 1
+
+
+def test_state_per_container_stays_under_4_kib():
+    fleet = PhaseFleet(trained_model(), frozen=True)
+    ids = [f"host-{i // 100}/container-{i:05d}" for i in range(2000)]
+    for t in range(4):
+        fleet.step(float(t), ids, np.tile(IDLE, (2000, 1)))
+    assert len(fleet) == 2000
+    assert fleet.state_bytes() <= 4096
+
+
+def test_bad_shapes_are_refused_with_a_clear_error():
+    fleet = PhaseFleet(trained_model(), frozen=True)
+    with pytest.raises(ValueError, match="frames must have shape"):
+        fleet.step(0.0, ["a"], np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="fallback_limits must have shape"):
+        fleet.step(0.0, ["a"], IDLE[None], fallback_limits=np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="snapshot has features"):
+        fleet.set_model(PhaseModel(features=("cpu",), n_his=2))
