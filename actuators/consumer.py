@@ -209,9 +209,12 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
 
     consumer.subscribe([DECISIONS.name])
     while not stop.is_set():
-        msgs = consumer.consume(batch, poll_s)
-        if not msgs:
+        # block for the first decision only, then take what is already there:
+        # consume(n, timeout) alone would wait the whole timeout for n messages
+        first = consumer.poll(poll_s)
+        if first is None:
             continue
+        msgs = [first, *consumer.consume(batch - 1, 0)]
         offsets: dict[tuple[str, int], int] = {}
         for m in msgs:
             err = m.error()

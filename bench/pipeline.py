@@ -167,7 +167,8 @@ def run_bench(args: argparse.Namespace) -> dict:
 
         # --- latency at 1 Hz with a dry-run actuator for the first host
         host0 = hosts[0][0]
-        act_env = {**env, "PHASEWISE_HOST": host0, "PHASEWISE_DATA_DIR": str(workdir / "actuator")}
+        act_env = {**env, "PHASEWISE_HOST": host0, "PHASEWISE_DATA_DIR": str(workdir / "actuator"),
+                   "PHASEWISE_METRICS_PORT": "0"}
         roles.append(RoleProcess("actuate", ["--backend", "dry-run"], env=act_env,
                                  log_path=workdir / "actuator.log").start())
         consumer = make_consumer(s, f"bench-lat-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "latest"})

@@ -93,6 +93,7 @@ def make_consumer(settings: Settings, group_id: str, **extra: Any) -> Consumer:
         "heartbeat.interval.ms": settings.heartbeat_interval_ms,
         "auto.offset.reset": "earliest",
         "enable.auto.commit": False,
+        "fetch.wait.max.ms": settings.fetch_wait_max_ms,
         **extra,
     }
     return Consumer(conf)

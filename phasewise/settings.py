@@ -28,6 +28,10 @@ class Settings:
     #: after about half of it, so local runs keep it short
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1500
+    #: longest a fetch waits for data; the embedded broker does not answer a
+    #: waiting fetch when data arrives, so this bounds end-to-end latency there
+    #: (on Kafka it only bounds idle round trips)
+    fetch_wait_max_ms: int = 20
     create_topics: bool = True
     topic_partitions: int = 0  # 0 = each topic's documented default
     # --- identity

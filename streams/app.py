@@ -68,8 +68,31 @@ def create_app(settings: Settings, *, samples_partitions: int | None = None,
         web_bind="127.0.0.1",
         stream_recovery_delay=0.0,
     )
+    _bound_fetch_wait(settings.fetch_wait_max_ms)
     if register_agents:
         from phasewise.streams.agents import register
 
         register(app, settings, samples_partitions=samples_partitions, metrics=metrics)
     return app
+
+
+def _bound_fetch_wait(ms: int) -> None:
+    """Bound the Faust consumer's fetch long-poll (Faust hard-codes 1500 ms).
+
+    The embedded broker does not answer a waiting fetch when data arrives, so
+    each hop of the pipeline would otherwise add up to 1.5 s of latency. On
+    Kafka a shorter wait only adds idle round trips. Faust offers no setting,
+    so the consumer is adjusted after Faust builds it and before it starts.
+    """
+    from faust.transport.drivers import aiokafka as drv
+
+    cls = drv.AIOKafkaConsumerThread
+    original = getattr(cls, "_phasewise_original_create", None) or cls._create_worker_consumer
+
+    def create(self, transport):  # type: ignore[no-untyped-def]
+        consumer = original(self, transport)
+        consumer._fetch_max_wait_ms = ms  # read by aiokafka's Fetcher at start()
+        return consumer
+
+    cls._phasewise_original_create = original
+    cls._create_worker_consumer = create
