@@ -38,8 +38,8 @@ FAUST_LEVELS = {"debug": "debug", "info": "info", "warning": "warn", "error": "e
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     p.add_argument("--recommend-interval", dest="recommend_interval_s", type=float,
-                   help="seconds of event time between a container's recommendations "
-                        "(env PHASEWISE_RECOMMEND_INTERVAL_S; default 5)")
+                   help="seconds of event time between a container's recommendations, 0 = after every "
+                        "sample (env PHASEWISE_RECOMMEND_INTERVAL_S; default 5)")
     p.add_argument("--hysteresis", type=float,
                    help="relative change of a limit needed for a decision (env PHASEWISE_HYSTERESIS; default 0.10)")
     p.add_argument("--data-dir", dest="data_dir",
@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check(settings: Settings) -> None:
-    if settings.recommend_interval_s <= 0:
-        raise SettingsError(f"recommend_interval_s must be > 0, got {settings.recommend_interval_s}")
+    if settings.recommend_interval_s < 0:
+        raise SettingsError(f"recommend_interval_s must be >= 0 (0 = on every sample), got {settings.recommend_interval_s}")
     if settings.vpa_time_scale <= 0:
         raise SettingsError(f"vpa_time_scale must be > 0, got {settings.vpa_time_scale}")
     if settings.vpa_min_cpu_cores < 0 or settings.vpa_min_mem_bytes < 0:
