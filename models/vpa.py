@@ -556,6 +556,13 @@ class VpaPolicy:
     limit in force when it was measured: ``usage["cpu_limit"]`` if given,
     else the limit this policy itself returned for that step.
 
+    Besides ``cpu`` and ``mem``, ``usage`` may carry what a live sampler
+    measures and a replayed trace does not: ``oom``, ``throttled_frac``,
+    ``throttled_cores``, ``cpu_limit`` and ``mem_limit`` (see
+    :meth:`VpaRecommender.learn_one`). The live worker
+    (:mod:`phasewise.streams.processing`) drives this same class with them,
+    so replay and the worker run one decision code path.
+
     Parameters
     ----------
     bound
@@ -608,6 +615,7 @@ class VpaPolicy:
         x["mem_limit"] = usage.get("mem_limit", self._last.get("mem"))
         x["oom"] = usage.get("oom", 0)
         x["throttled_frac"] = usage.get("throttled_frac")
+        x["throttled_cores"] = usage.get("throttled_cores")
         self._model.learn_one(x)
 
     def explain(self) -> dict:
@@ -619,3 +627,27 @@ class VpaPolicy:
     @property
     def model(self) -> VpaRecommender:
         return self._model
+
+    def to_state(self) -> dict[str, Any]:
+        """Compact JSON-able learned state: the recommender's and the last limits."""
+        return {"m": self._model.to_state(), "l": dict(self._last), "o": sorted(self._other)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], bound: str = "target", **params: Any) -> VpaPolicy:
+        """A policy built with *bound* and *params* holding the learned *state*.
+
+        Also reads a bare :meth:`VpaRecommender.to_state` (no last limits).
+        """
+        if not isinstance(state, Mapping):
+            raise VpaStateError(f"VPA policy state must be an object, got {type(state).__name__}")
+        p = cls(bound, **params)
+        if "m" not in state:  # a recommender's state alone
+            p._model = VpaRecommender.from_state(state, **params)
+            return p
+        p._model = VpaRecommender.from_state(state["m"], **params)
+        last = state.get("l") or {}
+        if not isinstance(last, Mapping):
+            raise VpaStateError(f"VPA policy state: last limits must be an object, got {last!r:.80}")
+        p._last = {"cpu": last.get("cpu"), "mem": last.get("mem")}
+        p._other = set(state.get("o") or ())
+        return p

@@ -4,22 +4,32 @@
 ``HostSamples`` message (and what benchmarks and tests call directly):
 
 1. each container of the message (key ``host/container``) gets its
-   :class:`~phasewise.models.vpa.VpaRecommender` from a :class:`StateCache`
+   :class:`~phasewise.models.vpa.VpaPolicy` from a :class:`StateCache`
    (memory first; on a miss, the loader, i.e. the worker's changelogged table,
-   e.g. after a restart or a rebalance) and learns the sample: CPU cores, memory
-   working set, OOM kills, the share of CFS periods throttled, the throttled
-   time per second of the message's interval and the limits in force (the VPA weights CPU samples by the request; phasewise by the limit);
+   e.g. after a restart or a rebalance), which observes the sample
+   (``policy.observe(ts, usage)``): CPU cores, memory working set, OOM kills,
+   the share of CFS periods throttled, the throttled time per second of the
+   message's interval and the limits in force when the sample reports them
+   (the VPA weights CPU samples by the request; phasewise by the limit; for
+   an unlimited resource the policy's own last limit stands in, as in replay);
 2. every ``recommend_interval_s`` of event time per container (the first after
-   one interval of history) it asks the recommender for its target and emits a
+   one interval of history; ``0``: after every sample, the first included) it
+   asks the policy for its limits (``policy.limits(ts)``) and emits a
    ``Decision`` (action ``limit``, policy ``vpa``) for each resource whose
-   target moved by more than ``hysteresis`` relative to the last decided limit,
+   limit moved by more than ``hysteresis`` relative to the last decided limit,
    or, before any decision, the limit the sample reports (an unlimited resource
    always gets one). CPU limits are rounded up to a millicore (as VPA rounds
-   CPU), memory limits up to a byte;
+   CPU), memory limits up to a byte; ``details["limits"]`` keeps the policy's
+   unrounded limits;
 3. the same step marks the container's state dirty, so the caller persists it,
    when it emitted a decision or when ``state_write_interval_s`` of event time
    passed since the last write (and once after the container appears or is
    reloaded): table writes are expensive (~300 us each with Faust here).
+
+This is the code path ``phasewise replay`` runs in-process: the same
+``VpaPolicy`` class, asked ``limits`` and shown ``observe`` in the same way
+(replay asks ``limits(t)`` before ``observe(t)``; a decision here at ``ts``
+follows ``observe(ts)``, so it is the limit replay uses from the next step).
 
 Decision ids are a hash of host, container, limits and event time: replaying
 the same samples yields the same ids, and actuators apply each id once.
@@ -35,7 +45,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from phasewise.models.vpa import VpaRecommender, VpaStateError
+from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
 
 from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples
 from phasewise.settings import Settings
@@ -47,6 +57,7 @@ __all__ = [
     "decision_id",
     "process_host_samples",
     "recommender_params",
+    "sample_usage",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,26 +78,34 @@ def recommender_params(settings: Settings) -> dict[str, Any]:
 
 
 class ContainerEntry:
-    """One container's recommender plus the worker's bookkeeping about it."""
+    """One container's :class:`VpaPolicy` plus the worker's bookkeeping about it."""
 
-    __slots__ = ("decided_cpu", "decided_mem", "model", "next_ts", "written_ts")
+    __slots__ = ("decided_cpu", "decided_mem", "next_ts", "policy", "written_ts")
 
-    def __init__(self, model: VpaRecommender) -> None:
-        self.model = model
+    def __init__(self, policy: VpaPolicy) -> None:
+        self.policy = policy
         self.decided_cpu: float | None = None  # last CPU limit this worker decided
         self.decided_mem: float | None = None
         self.next_ts: float | None = None  # event time of the next recommendation
         self.written_ts: float | None = None  # event time of the last persisted state
 
+    @property
+    def model(self) -> VpaRecommender:
+        """The policy's recommender."""
+        return self.policy.model
+
     def to_state(self) -> dict[str, Any]:
-        return {"v": ENTRY_VERSION, "vpa": self.model.to_state(), "dc": self.decided_cpu,
-                "dm": self.decided_mem, "nx": self.next_ts}
+        return {"v": ENTRY_VERSION, "vpa": self.policy.model.to_state(), "pl": self.policy._last,
+                "dc": self.decided_cpu, "dm": self.decided_mem, "nx": self.next_ts}
 
     @classmethod
     def from_state(cls, state: Any, params: dict[str, Any]) -> ContainerEntry:
         if not isinstance(state, dict) or state.get("v") != ENTRY_VERSION:
             raise VpaStateError(f"unsupported container state {str(state)[:80]!r}")
-        e = cls(VpaRecommender.from_state(state["vpa"], **params))
+        # "pl" (the policy's last limits) is absent from states written before the
+        # worker ran VpaPolicy; the policy then starts with no last limits
+        pstate = {"m": state["vpa"], "l": state.get("pl") or {}}
+        e = cls(VpaPolicy.from_state(pstate, **params))
         e.decided_cpu, e.decided_mem, e.next_ts = state.get("dc"), state.get("dm"), state.get("nx")
         return e
 
@@ -126,7 +145,7 @@ class StateCache:
                 self.load_errors += 1
                 log.warning("discarding stored state of %s: %s", key, err)
         if e is None:
-            e = ContainerEntry(VpaRecommender(**self.params))
+            e = ContainerEntry(VpaPolicy(**self.params))
         self._entries[key] = e
         return e
 
@@ -167,8 +186,9 @@ def _finite(v: float | None) -> float | None:
 
 def _decide(entry: ContainerEntry, host: str, c: ContainerSample, ts: float,
             settings: Settings) -> Decision | None:
-    m = entry.model
-    cpu_t, mem_t = m.estimate("cpu"), m.estimate("mem")
+    p = entry.policy
+    lim = p.limits(ts)  # the policy's limits from everything observed up to ts
+    cpu_t, mem_t = lim.get("cpu"), lim.get("mem")
     if cpu_t is not None:
         cpu_t = min(math.ceil(cpu_t * 1000.0 - 1e-9) / 1000.0, MAX_CORES)
     if mem_t is not None:
@@ -187,21 +207,43 @@ def _decide(entry: ContainerEntry, host: str, c: ContainerSample, ts: float,
     if mem_out is not None:
         why.append(f"mem {_fmt(ref_mem, 2**-20)} -> {mem_out / 2**20:.0f} MiB")
         entry.decided_mem = mem_out
+    m = p.model
     rec = m.predict_one()
     details = m.explain()
     details["cpu"] = {k: _finite(v) for k, v in rec["cpu"].items()}
     details["mem"] = {k: _finite(v) for k, v in rec["mem"].items()}
+    details["limits"] = {"cpu": lim.get("cpu"), "mem": lim.get("mem"), "bound": p.bound}
     details["previous"] = {"cpu": ref_cpu, "mem": ref_mem}
     details["observed"] = {"cpu": c.cpu_limit_cores, "mem": c.mem_limit_bytes}
     details["hysteresis"] = h
+    details["worker_id"] = settings.worker_id
     details["confidence"] = _finite(details["confidence"])
-    reason = (f"vpa target (p{m.target_percentile * 100:g} of {m.samples} samples "
+    reason = (f"vpa {p.bound} (p{m.target_percentile * 100:g} of {m.samples} samples "
               f"+{m.safety_margin * 100:g}%): " + "; ".join(why))
     return Decision(
         id=decision_id(host, c.container, cpu_out, mem_out, ts),
         ts=ts, host=host, container=c.container, action="limit", policy=POLICY, reason=reason,
         cpu_limit_cores=cpu_out, mem_limit_bytes=mem_out, details=details,
     )
+
+
+def sample_usage(c: ContainerSample, per_s: float) -> dict[str, float]:
+    """What :meth:`VpaPolicy.observe` is shown for one container sample.
+
+    The limits in force are included only when the sample reports one; for an
+    unlimited resource the policy's own last limit stands in (as in replay).
+    """
+    nr = c.nr_periods
+    usage = {
+        "cpu": c.cpu_cores, "mem": c.mem_bytes, "oom": c.oom_events,
+        "throttled_frac": c.throttled_periods / nr if nr else 0.0,
+        "throttled_cores": c.throttled_s * per_s,
+    }
+    if c.cpu_limit_cores is not None:
+        usage["cpu_limit"] = c.cpu_limit_cores
+    if c.mem_limit_bytes is not None:
+        usage["mem_limit"] = c.mem_limit_bytes
+    return usage
 
 
 def _fmt(v: float | None, scale: float = 1.0) -> str:
@@ -220,18 +262,12 @@ def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Se
     for c in msg.containers:
         key = f"{host}/{c.container}"
         entry = state_cache.get(key)
-        nr = c.nr_periods
-        entry.model.learn_one({
-            "t": ts, "cpu": c.cpu_cores, "mem": c.mem_bytes, "oom": c.oom_events,
-            "throttled_frac": c.throttled_periods / nr if nr else 0.0,
-            "throttled_cores": c.throttled_s * per_s,
-            "cpu_limit": c.cpu_limit_cores, "mem_limit": c.mem_limit_bytes,
-        })
+        entry.policy.observe(ts, sample_usage(c, per_s))
         nx = entry.next_ts
-        if nx is None:
-            entry.next_ts = ts + interval
-            continue
+        if nx is None:  # first sample: the first recommendation one interval later
+            nx = ts + interval
         if ts < nx:
+            entry.next_ts = nx
             continue
         entry.next_ts = ts + interval
         d = _decide(entry, host, c, ts, settings)
