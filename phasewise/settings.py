@@ -84,6 +84,13 @@ class Settings:
     #: (checked at recommendation steps); samples since the last write are lost
     #: if the worker dies
     state_write_interval_s: float = 30.0
+    # --- worker: live phase path, --policy phase (appended)
+    #: the phase learner publishes a model snapshot this often (when it learned something)
+    phase_snapshot_interval_s: float = 30.0
+    #: detectors send every this many ready windows (fleet-wide) to the learner
+    phase_learn_every: int = 10
+    #: windows the CRBM of a cold model learns before phases are assigned
+    phase_warmup: int = 256
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> "Settings":

@@ -12,7 +12,11 @@ For every message on the samples topic (key: host):
   ``host/container``, read on a cache miss, e.g. after a restart or a
   rebalance; written only when a container's recommendation step ran, i.e. at
   most once per ``recommend_interval_s`` per container);
-- send the resulting decisions to the decisions topic, keyed by host.
+- send the resulting decisions to the decisions topic, keyed by host;
+- with ``--policy phase`` the VPA decisions only move the fallback limits:
+  the message then goes through the phase detector
+  (:mod:`phasewise.streams.phase_agents`), whose ``policy="phase"`` decisions
+  and ``PhaseChange`` records are sent instead.
 
 A valid message the logic fails on (a bug) is dead-lettered too, with kind
 ``processing``, so one bad message never stops the stream. Samples learned
@@ -75,6 +79,13 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         metrics.dead_letters.labels(kind=kind).inc()
         log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
 
+    phase = None  # --policy phase: the phase detector runs after the VPA (its fallback)
+    if settings.policy == "phase":
+        from phasewise.streams.phase_agents import register_phase
+
+        phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
+                               dead_letter=dead_letter)
+
     @app.agent(topics.samples, name="phasewise.vpa-samples")
     async def on_samples(stream: faust.StreamT) -> None:
         async for event in stream.events():
@@ -86,12 +97,16 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
             t0 = time.perf_counter()
             try:
                 decisions = process_host_samples(cache, hs, settings)
+                if phase is not None:
+                    decisions = phase.process(hs, decisions)
             except Exception as e:  # a bug on valid input: keep the message, keep going
                 log.exception("processing a valid HostSamples message failed")
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
                 continue
             for key, state in cache.pop_dirty():
                 table[key] = json.dumps(state, separators=(",", ":")).encode()
+            if phase is not None:
+                await phase.flush()
             metrics.process_seconds.inc(time.perf_counter() - t0)
             metrics.messages.inc()
             metrics.container_samples.inc(len(hs.containers))
@@ -105,10 +120,13 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     @app.on_partitions_revoked.connect
     async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:
         cache.clear()  # the table, restored on assignment, is the truth from here
+        if phase is not None:
+            phase.clear()
         metrics.containers.set(0)
 
     @app.on_rebalance_complete.connect
     async def _ready(app: faust.App, **kwargs: Any) -> None:
         metrics.ready.set(1)
 
-    return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics}
+    return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics,
+            "phase": phase}

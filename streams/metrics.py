@@ -13,7 +13,11 @@ Every metric is registered on the registry passed in (tests use a fresh
 - ``phasewise_worker_process_seconds_total``: time spent in the decision logic;
 - ``phasewise_worker_containers``: containers held in memory;
 - ``phasewise_worker_ready``: 1 once the worker has its partitions and has
-  recovered its tables.
+  recovered its tables;
+- ``--policy phase`` only: ``phasewise_worker_phase_changes_total`` (PhaseChange
+  records sent), ``phasewise_worker_model_version`` (snapshot version the
+  detectors use, 0 = none yet), ``phasewise_worker_snapshots_published_total``
+  and ``phasewise_worker_windows_learned_total`` (this worker as the learner).
 """
 
 from __future__ import annotations
@@ -43,6 +47,15 @@ class WorkerMetrics:
                                        "seconds spent in the decision logic", registry=registry)
         self.containers = Gauge("phasewise_worker_containers", "containers held in memory",
                                 registry=registry)
+        self.phase_changes = Counter("phasewise_worker_phase_changes", "PhaseChange records sent",
+                                     registry=registry)
+        self.model_version = Gauge("phasewise_worker_model_version",
+                                   "phase model snapshot version the detectors use (0 = none)", registry=registry)
+        self.snapshots_published = Counter("phasewise_worker_snapshots_published",
+                                           "phase model snapshots published by this worker's learner",
+                                           registry=registry)
+        self.windows_learned = Counter("phasewise_worker_windows_learned",
+                                       "windows the phase learner trained on", registry=registry)
         self.ready = Gauge("phasewise_worker_ready", "1 once partitions are assigned and tables recovered",
                            registry=registry)
 

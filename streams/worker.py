@@ -50,12 +50,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Prometheus port, 0 = none (env PHASEWISE_METRICS_PORT; default 0)")
     p.add_argument("--worker-id", dest="worker_id",
                    help="Faust app id = consumer group (env PHASEWISE_WORKER_ID; default phasewise-worker)")
+    p.add_argument("--policy", choices=["vpa", "phase"],
+                   help="vpa: VPA limits; phase: limits from the shared CRBM phase model with VPA as the "
+                        "fallback (env PHASEWISE_POLICY; default vpa)")
+    p.add_argument("--snapshot-interval", dest="phase_snapshot_interval_s", type=float,
+                   help="--policy phase: seconds between the learner's model snapshots "
+                        "(env PHASEWISE_PHASE_SNAPSHOT_INTERVAL_S; default 30)")
+    p.add_argument("--learn-every", dest="phase_learn_every", type=int,
+                   help="--policy phase: detectors send every k-th ready window to the learner "
+                        "(env PHASEWISE_PHASE_LEARN_EVERY; default 10)")
+    p.add_argument("--phase-warmup", dest="phase_warmup", type=int,
+                   help="--policy phase: windows a cold CRBM learns before phases are assigned "
+                        "(env PHASEWISE_PHASE_WARMUP; default 256)")
     p.add_argument("--vpa-time-scale", dest="vpa_time_scale", type=float,
                    help="multiply VPA's 24 h half-lives and intervals by this (1 = Kubernetes VPA; "
                         "0.001 = a day in 86.4 s) (env PHASEWISE_VPA_TIME_SCALE; default 1)")
 
 
 def check(settings: Settings) -> None:
+    if settings.policy not in ("vpa", "phase"):
+        raise SettingsError(f"policy must be 'vpa' or 'phase', got {settings.policy!r}")
+    if settings.phase_snapshot_interval_s <= 0 or settings.phase_learn_every < 1 or settings.phase_warmup < 0:
+        raise SettingsError("phase_snapshot_interval_s must be > 0, phase_learn_every >= 1, phase_warmup >= 0")
     if settings.recommend_interval_s < 0:
         raise SettingsError(f"recommend_interval_s must be >= 0 (0 = on every sample), got {settings.recommend_interval_s}")
     if settings.vpa_time_scale <= 0:
@@ -98,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
             ensure_topics(settings)
         else:
             wait_for_broker(settings)
+        if settings.policy == "phase":
+            from phasewise.streams.phase_agents import ensure_phase_topics
+
+            ensure_phase_topics(settings)
         partitions = samples_partitions(settings)
     except BrokerUnavailable as e:
         print(f"phasewise worker: {e}", file=sys.stderr)

@@ -1,0 +1,541 @@
+"""The live phase path of ``phasewise worker --policy phase``: detectors, one learner, snapshots.
+
+With ``settings.policy == "phase"`` the samples agent (see
+:mod:`phasewise.streams.agents`) still runs the VPA recommenders (they are the
+fallback), then hands each ``HostSamples`` message to :class:`PhaseHooks`:
+
+- **detector** (every worker, for the hosts of its partitions): one batched
+  :meth:`~phasewise.models.phase_fleet.PhaseFleet.step` over the message's
+  containers with the worker's current snapshot, frozen (detectors never
+  train). Phase changes go to ``phasewise.phases.v1`` as ``PhaseChange``
+  (key: container). Limit decisions carry ``policy="phase"``; their
+  ``details["source"]`` says where the limits came from: ``"phase"`` (the
+  phase's pooled quantile x (1 + margin); details add the phase id and the
+  statistics used), ``"fallback:vpa"`` (model cold, window not full or phase
+  new: the VPA's last decided limit for that resource), or ``"mixed"`` (one
+  resource each way; ``details["sources"]`` per resource). The VPA's own
+  decisions are NOT emitted in this mode: a VPA decision only moves the
+  fallback limit, which the phase decision then hands out when it applies.
+  Per container the detector keeps its window, phase and limit basis in the
+  changelogged table ``phase-state`` (key ``host/container``), written on a
+  phase change or every ``state_write_interval_s`` of event time; a worker
+  that restarts or takes over a partition resumes from it.
+- **learner split**: every ``phase_learn_every``-th ready window (with the
+  usage to credit to the phase that was in force) is sent to the internal
+  1-partition topic ``phasewise.learn-windows.v1``; ONE learner agent (the
+  worker owning that single partition) trains the shared model and, every
+  ``phase_snapshot_interval_s`` when it learned something, publishes a
+  ``ModelSnapshot`` (payload: base64 of ``PhaseModel.to_bytes()``, version =
+  newest known + 1) to the compacted ``phasewise.models.v1``, key = model name.
+  A learner that takes the partition over re-bases on the newest snapshot.
+- **snapshot follower**: each worker reads ``phasewise.models.v1`` to its end
+  at start-up with a plain confluent consumer (assigned, no group: nothing to
+  join, works the same on the embedded broker) and keeps following it on a
+  daemon thread that decodes new snapshots off the event loop; detectors swap
+  to a newer snapshot between messages. With no snapshot, a worker starts
+  from the shipped pretrained model when its features are (cpu, mem), else
+  cold (phase limits then start once the learner's first warm snapshot lands).
+
+Learn-window batches are an internal format (JSON, versioned, below); a
+malformed one is dead-lettered with the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from phasewise.models.detector import PhaseModel, learn
+from phasewise.models.phase_fleet import FleetStep, PhaseFleet
+from phasewise.schemas import (
+    MAX_BYTES, MAX_CORES, Decision, HostSamples, ModelSnapshot, PhaseChange, SchemaError, decode, encode,
+)
+from phasewise.settings import Settings
+from phasewise.topics import MODELS, Topic
+
+__all__ = [
+    "FEATURES", "LEARN_WINDOWS", "POLICY", "TABLE_NAME", "Learner", "PhaseHooks", "SnapshotFollower",
+    "decode_learn_batch", "encode_learn_batch", "ensure_phase_topics", "initial_model", "model_name",
+    "phase_decisions", "register_phase",
+]
+
+log = logging.getLogger(__name__)
+
+POLICY = "phase"
+TABLE_NAME = "phase-state"
+#: frame features of the live detector (GPU columns are not in HostSamples per container yet)
+FEATURES = ("cpu", "mem")
+#: internal: sampled detector windows for the one learner (1 partition = one owner)
+LEARN_WINDOWS = Topic("phasewise.learn-windows.v1", "model name", 1,
+                      doc="internal: sampled detector windows for the phase learner")
+LEARN_BATCH_VERSION = 1
+
+
+def model_name(features: tuple[str, ...] = FEATURES) -> str:
+    """Key of the shared model on the models topic."""
+    return "phase-crbm/" + "+".join(features)
+
+
+def ensure_phase_topics(settings: Settings) -> list[str]:
+    """Create the learn-windows topic with exactly one partition (whatever ``topic_partitions`` says)."""
+    from phasewise.kafka import ensure_topics
+
+    return ensure_topics(dataclasses.replace(settings, topic_partitions=0), [LEARN_WINDOWS])
+
+
+# ---------------------------------------------------------------------- learn batches (internal wire format)
+def encode_learn_batch(name: str, windows: np.ndarray, prev_phase: np.ndarray, usage: np.ndarray) -> bytes:
+    """JSON of a sample of ready windows ``(n, L, F)``, the phases in force and the usage to credit."""
+    W = np.asarray(windows, dtype=np.float64)
+    U = np.asarray(usage, dtype=np.float64)
+    return json.dumps({
+        "v": LEARN_BATCH_VERSION, "model": name, "shape": list(W.shape),
+        "windows": [None if not math.isfinite(x) else x for x in W.reshape(-1).tolist()],
+        "prev_phase": [int(p) for p in np.asarray(prev_phase).tolist()],
+        "usage": [None if not math.isfinite(x) else x for x in U.reshape(-1).tolist()],
+    }, separators=(",", ":")).encode()
+
+
+def decode_learn_batch(raw: bytes, name: str, window_len: int, n_features: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parse a learn batch for model *name*; :class:`SchemaError` says why not."""
+    try:
+        d = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
+        raise SchemaError(f"learn batch: not valid JSON: {e}") from None
+    if type(d) is not dict or d.get("v") != LEARN_BATCH_VERSION:
+        raise SchemaError(f"learn batch: unsupported version {d.get('v') if isinstance(d, dict) else d!r}")
+    if d.get("model") != name:
+        raise SchemaError(f"learn batch: for model {d.get('model')!r}, this learner trains {name!r}")
+    shape = d.get("shape")
+    if not (isinstance(shape, list) and len(shape) == 3 and shape[1:] == [window_len, n_features]
+            and isinstance(shape[0], int) and shape[0] >= 0):
+        raise SchemaError(f"learn batch: shape {shape!r}, expected [n, {window_len}, {n_features}]")
+    n = shape[0]
+    try:
+        W = np.array([np.nan if x is None else x for x in d["windows"]], dtype=np.float64)
+        U = np.array([np.nan if x is None else x for x in d["usage"]], dtype=np.float64)
+        P = np.array(d["prev_phase"], dtype=np.int64)
+    except (KeyError, TypeError, ValueError) as e:
+        raise SchemaError(f"learn batch: bad arrays: {type(e).__name__}: {e}") from None
+    if W.size != n * window_len * n_features or U.size != n * n_features or P.shape != (n,):
+        raise SchemaError(f"learn batch: array sizes do not match shape {shape}")
+    if (W[np.isfinite(W)] < 0).any() or (U[np.isfinite(U)] < 0).any():
+        raise SchemaError("learn batch: negative usage")
+    return W.reshape(n, window_len, n_features), P, U.reshape(n, n_features)
+
+
+# ---------------------------------------------------------------------- models
+def initial_model(settings: Settings) -> tuple[PhaseModel, str]:
+    """The shipped pretrained model when its features match, else a cold one; with where it came from."""
+    try:
+        from phasewise.models.phase_policy import PRETRAINED_AI4DL, load_pretrained
+    except ImportError:  # the policy module is optional for the live path
+        load_pretrained = None  # type: ignore[assignment]
+    if load_pretrained is not None:
+        m = load_pretrained()
+        if m is not None and m.features == FEATURES:
+            return m, f"pretrained {PRETRAINED_AI4DL}"
+    return PhaseModel(features=FEATURES, warmup=settings.phase_warmup), "cold"
+
+
+def snapshot_of(model: PhaseModel, version: int, samples_seen: int) -> ModelSnapshot:
+    return ModelSnapshot(name=model_name(model.features), ts=time.time(), version=version,
+                         payload_b64=base64.b64encode(model.to_bytes()).decode(), samples_seen=samples_seen)
+
+
+def model_of(snap: ModelSnapshot) -> PhaseModel:
+    try:
+        return PhaseModel.from_bytes(base64.b64decode(snap.payload_b64, validate=True))
+    except Exception as e:  # binascii.Error, CheckpointError, ValueError...
+        raise SchemaError(f"ModelSnapshot {snap.name} v{snap.version}: payload is no PhaseModel: {e}") from None
+
+
+class SnapshotFollower:
+    """The newest ``ModelSnapshot`` of one model name, read from the compacted models topic.
+
+    :meth:`load_latest` reads the topic to its end (blocking, at start-up);
+    :meth:`start` keeps following it on a daemon thread. :meth:`latest` is
+    safe to call from the event loop. Malformed records go to *on_bad*
+    (record bytes, reason).
+    """
+
+    def __init__(self, settings: Settings, name: str,
+                 on_bad: Callable[[bytes | None, bytes | None, int, str], None] | None = None) -> None:
+        self.settings = settings
+        self.name = name
+        self.on_bad = on_bad
+        self._lock = threading.Lock()
+        self._latest: tuple[ModelSnapshot, PhaseModel] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+
+    def _make_consumer(self) -> Any:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        from phasewise.kafka import make_consumer
+
+        c = make_consumer(self.settings, f"{self.settings.worker_id}-models-follower", **{"fetch.wait.max.ms": 200})
+        c.assign([TopicPartition(MODELS.name, 0, OFFSET_BEGINNING)])
+        return c
+
+    def _handle(self, msg: Any) -> None:
+        if msg is None or msg.error():
+            return
+        key = msg.key()
+        if key is not None and key.decode(errors="replace") != self.name:
+            return  # another model's snapshots share the topic
+        try:
+            snap = decode(ModelSnapshot, msg.value())
+            if snap.name != self.name:
+                return
+            current = self._latest
+            if current is not None and snap.version <= current[0].version:
+                return
+            model = model_of(snap)
+        except SchemaError as e:
+            log.warning("models topic offset %s: %s", msg.offset(), e)
+            if self.on_bad is not None:
+                self.on_bad(msg.value(), key, msg.offset(), str(e))
+            return
+        with self._lock:
+            self._latest = (snap, model)
+        log.info("model snapshot %s v%d available (%d windows learned)", snap.name, snap.version, snap.samples_seen)
+
+    def load_latest(self, timeout_s: float = 10.0) -> ModelSnapshot | None:
+        """Read the models topic to its current end; returns the newest snapshot of this name."""
+        from confluent_kafka import TopicPartition
+
+        if self._consumer is None:
+            self._consumer = self._make_consumer()
+        c = self._consumer
+        lo, hi = c.get_watermark_offsets(TopicPartition(MODELS.name, 0), timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        pos = lo - 1
+        while pos < hi - 1 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                pos = m.offset()
+                self._handle(m)
+        latest = self._latest
+        return None if latest is None else latest[0]
+
+    def start(self) -> None:
+        if self._consumer is None:
+            self._consumer = self._make_consumer()
+        self._thread = threading.Thread(target=self._run, name="phasewise-models-follower", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        c = self._consumer
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._handle(c.poll(0.5))
+                except Exception:  # keep following; a broken record must not stop snapshot updates
+                    log.exception("models follower: unexpected error")
+        finally:
+            c.close()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        elif self._consumer is not None:
+            self._consumer.close()
+        self._consumer = None
+
+    def latest(self) -> tuple[ModelSnapshot, PhaseModel] | None:
+        with self._lock:
+            return self._latest
+
+
+class Learner:
+    """The one trainer of the shared model (state of the learner agent)."""
+
+    def __init__(self, model: PhaseModel, version: int = 0, samples_seen: int = 0) -> None:
+        self.model = model
+        self.version = version  # version this model descends from / was published as
+        self.samples_seen = samples_seen
+        self.dirty = False
+
+    def rebase(self, snap: ModelSnapshot, model: PhaseModel) -> bool:
+        """Continue from a newer snapshot someone else published (e.g. the previous owner)."""
+        if snap.version <= self.version:
+            return False
+        self.model, self.version, self.samples_seen = model.clone(), snap.version, snap.samples_seen
+        return True
+
+    def learn(self, windows: np.ndarray, prev_phase: np.ndarray, usage: np.ndarray) -> int:
+        if not len(windows):
+            return 0
+        learn(self.model, windows, stats_phases=prev_phase, usage=usage)
+        self.samples_seen += len(windows)
+        self.dirty = True
+        return len(windows)
+
+    def snapshot(self) -> ModelSnapshot | None:
+        """The next snapshot if the model learned since the last one (then marks it published)."""
+        if not self.dirty:
+            return None
+        self.version += 1
+        self.dirty = False
+        return snapshot_of(self.model, self.version, self.samples_seen)
+
+
+# ---------------------------------------------------------------------- decisions
+def decision_id(host: str, container: str, cpu: float | None, mem: float | None, ts: float) -> str:
+    raw = f"{POLICY}|{host}|{container}|{cpu!r}|{mem!r}|{ts!r}".encode()
+    return hashlib.blake2b(raw, digest_size=12).hexdigest()
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become None."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def phase_decisions(out: FleetStep, host: str, names: list[str], ts: float, *, quantile: float,
+                    margin: float) -> list[Decision]:
+    """``Decision`` (policy ``phase``) for each row of *out* with a limit to hand out."""
+    decisions = []
+    res = out.resources
+    ci, mi = res.index("cpu"), res.index("mem")
+    for i in out.rows_to_decide():
+        cpu = float(out.limits[i, ci]) if out.decide[i, ci] else None
+        mem = float(out.limits[i, mi]) if out.decide[i, mi] else None
+        if cpu is not None:
+            cpu = min(math.ceil(cpu * 1000.0 - 1e-9) / 1000.0, MAX_CORES)
+        if mem is not None:
+            mem = float(min(math.ceil(mem), MAX_BYTES))
+        ex = out.explain(int(i), quantile)
+        decided = [r for r, v in (("cpu", cpu), ("mem", mem)) if v is not None]
+        srcs = {r: ("phase" if ex["sources"][r] == "phase" else "fallback:vpa") for r in decided}
+        kinds = set(srcs.values())
+        source = kinds.pop() if len(kinds) == 1 else "mixed"
+        why = []
+        if cpu is not None:
+            why.append(f"cpu -> {cpu:g} cores ({srcs['cpu']})")
+        if mem is not None:
+            why.append(f"mem -> {mem / 2**20:.0f} MiB ({srcs['mem']})")
+        phase = ex["phase"]
+        head = f"phase {phase}" if phase is not None else "phase unknown"
+        details = _clean({**ex, "source": source, "sources": srcs, "quantile": quantile, "margin": margin,
+                          "changed": bool(out.changed[i])})
+        name = names[i]
+        decisions.append(Decision(
+            id=decision_id(host, name, cpu, mem, ts), ts=ts, host=host, container=name, action="limit",
+            policy=POLICY, reason=f"{head}: " + "; ".join(why), cpu_limit_cores=cpu, mem_limit_bytes=mem,
+            details=details,
+        ))
+    return decisions
+
+
+@dataclasses.dataclass
+class PhaseOutput:
+    decisions: list[Decision]
+    changes: list[PhaseChange]
+    learn_batch: bytes | None
+    table_writes: list[tuple[str, bytes]]
+
+
+class PhaseHooks:
+    """The detector side of one worker: fleet step per message, snapshot swaps, what to send.
+
+    Pure apart from reading the follower's latest snapshot; the agent sends
+    what :meth:`process` returns.
+    """
+
+    def __init__(self, settings: Settings, vpa_cache: Any, *, model: PhaseModel, version: int = 0,
+                 loader: Callable[[str], Any] | None = None,
+                 latest: Callable[[], tuple[ModelSnapshot, PhaseModel] | None] | None = None) -> None:
+        self.settings = settings
+        self.vpa_cache = vpa_cache
+        self.latest = latest
+        self.version = version
+        self.name = model_name(model.features)
+        self.loader = loader
+        self.fleet = self._fleet(model)
+
+    def _fleet(self, model: PhaseModel) -> PhaseFleet:
+        s = self.settings
+        return PhaseFleet(model, floors={"cpu": s.vpa_min_cpu_cores, "mem": float(s.vpa_min_mem_bytes)},
+                          learn_every=s.phase_learn_every, frozen=True,
+                          state_write_interval_s=s.state_write_interval_s, loader=self.loader)
+
+    def follow(self) -> bool:
+        """Swap to the follower's newest snapshot if it is newer; True if swapped."""
+        got = self.latest() if self.latest is not None else None
+        if got is None or got[0].version <= self.version:
+            return False
+        snap, model = got
+        try:
+            self.fleet.set_model(model)
+        except ValueError as e:  # another window length: containers restart their windows
+            log.warning("snapshot v%d does not fit the detector state (%s); windows restart", snap.version, e)
+            self.fleet = self._fleet(model)
+        self.version = snap.version
+        log.info("detector now on model snapshot v%d", snap.version)
+        return True
+
+    def clear(self) -> None:
+        self.fleet.clear()
+
+    def process(self, hs: HostSamples, vpa_decisions: list[Decision]) -> PhaseOutput:
+        """Run the detector over *hs*; *vpa_decisions* only moved the fallback limits (not emitted)."""
+        self.follow()
+        host = hs.host
+        cs = hs.containers
+        if not cs:
+            return PhaseOutput([], [], None, [])
+        names = [c.container for c in cs]
+        keys = [f"{host}/{n}" for n in names]
+        X = np.array([(c.cpu_cores, c.mem_bytes) for c in cs], dtype=np.float64)
+        cache = self.vpa_cache
+
+        def fallback(idx: np.ndarray) -> np.ndarray:
+            out = np.full((len(idx), 2), np.nan)
+            for j, i in enumerate(idx):
+                e = cache.get(keys[i])
+                if e.decided_cpu is not None:
+                    out[j, 0] = e.decided_cpu
+                if e.decided_mem is not None:
+                    out[j, 1] = e.decided_mem
+            return out
+
+        out = self.fleet.step(hs.ts, keys, X, fallback_limits=fallback, host=host)
+        decisions = phase_decisions(out, host, names, hs.ts, quantile=self.fleet.quantile, margin=self.fleet.margin)
+        prefix = len(host) + 1
+        changes = [PhaseChange(**_clean({**c, "container": c["container"][prefix:]})) for c in out.changes]
+        batch = None
+        if len(out.sample):
+            sel = out.sample
+            batch = encode_learn_batch(self.name, out.windows[sel], out.prev_phase[sel], out.frames[sel])
+        writes = [(k, json.dumps(st, separators=(",", ":")).encode()) for k, st in self.fleet.pop_dirty()]
+        return PhaseOutput(decisions, changes, batch, writes)
+
+
+# ---------------------------------------------------------------------- Faust wiring
+def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: int, metrics: Any,
+                   dead_letter: Callable[..., Any]) -> Any:
+    """Add the phase table, the learner agent, the snapshot timer and the follower to *app*.
+
+    Returns an object with ``process(hs, vpa_decisions) -> decisions``,
+    ``async flush()`` (sends what the last messages produced) and ``clear()``.
+    """
+    import faust
+
+    from phasewise.kafka import make_producer, publish_dead_letter
+    from phasewise.streams.topics import _topic
+    from phasewise.topics import PHASES
+
+    name = model_name(FEATURES)
+    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
+                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                      help="per-container phase detector state (key: host/container)")
+    phases_t = _topic(app, PHASES)
+    models_t = _topic(app, MODELS)
+    learn_t = _topic(app, LEARN_WINDOWS, 1)
+
+    def load(key: str) -> Any:
+        raw = table.get(key)
+        return json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+
+    dl_producer: list[Any] = []
+
+    def on_bad(value: bytes | None, key: bytes | None, offset: int, reason: str) -> None:
+        if not dl_producer:
+            dl_producer.append(make_producer(settings))
+        publish_dead_letter(dl_producer[0], source_topic=MODELS.name, reason=reason, payload=value, key=key,
+                            partition=0, offset=offset)
+        dl_producer[0].poll(0)
+        metrics.dead_letters.labels(kind="schema").inc()
+
+    follower = SnapshotFollower(settings, name, on_bad=on_bad)
+    snap = follower.load_latest()
+    if snap is not None:
+        got = follower.latest()
+        assert got is not None
+        model, origin, version = got[1].clone(), f"snapshot v{snap.version}", snap.version
+        learner = Learner(got[1].clone(), snap.version, snap.samples_seen)
+    else:
+        model, origin = initial_model(settings)
+        version = 0
+        learner = Learner(model.clone(), 0, 0)
+    log.info("phase detector starts from %s (model %s, warm=%s)", origin, name, model.ready)
+    metrics.model_version.set(version)
+    follower.start()
+    hooks = PhaseHooks(settings, vpa_cache, model=model, version=version, loader=load, latest=follower.latest)
+    pending: list[PhaseOutput] = []
+
+    @app.agent(learn_t, name="phasewise.phase-learner")
+    async def on_learn_windows(stream: Any) -> None:
+        async for event in stream.events():
+            got = follower.latest()
+            if got is not None and learner.rebase(*got):
+                log.info("learner re-based on snapshot v%d", learner.version)
+            try:
+                W, P, U = decode_learn_batch(event.message.value, name, learner.model.window_len,
+                                             learner.model.n_features)
+            except SchemaError as e:
+                await dead_letter(event, str(e), "schema")
+                continue
+            metrics.windows_learned.inc(learner.learn(W, P, U))
+
+    @app.timer(interval=settings.phase_snapshot_interval_s)
+    async def publish_snapshot() -> None:
+        snap = learner.snapshot()
+        if snap is None:
+            return
+        await models_t.send(key=name.encode(), value=encode(snap))
+        metrics.snapshots_published.inc()
+        log.info("published model snapshot %s v%d (%d windows learned, warm=%s)", name, snap.version,
+                 snap.samples_seen, learner.model.ready)
+
+    @app.on_before_shutdown.connect
+    async def _stop_follower(app: Any, **kwargs: Any) -> None:
+        follower.stop()
+
+    class Hooks:
+        def process(self, hs: HostSamples, vpa_decisions: list[Decision]) -> list[Decision]:
+            out = hooks.process(hs, vpa_decisions)
+            metrics.model_version.set(hooks.version)
+            pending.append(out)
+            return out.decisions
+
+        async def flush(self) -> None:
+            while pending:
+                out = pending.pop(0)
+                for key, value in out.table_writes:
+                    table[key] = value
+                for c in out.changes:
+                    await phases_t.send(key=c.container.encode(), value=encode(c))
+                    log.info("phase change %s/%s: %s -> %s", c.host, c.container, c.old_phase, c.new_phase)
+                if out.changes:
+                    metrics.phase_changes.inc(len(out.changes))
+                if out.learn_batch is not None:
+                    await learn_t.send(key=name.encode(), value=out.learn_batch)
+
+        def clear(self) -> None:
+            hooks.clear()
+
+    h = Hooks()
+    h.hooks, h.learner, h.follower, h.table = hooks, learner, follower, table  # type: ignore[attr-defined]
+    return h

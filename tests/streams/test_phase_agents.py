@@ -1,0 +1,230 @@
+"""The live phase path: detector hooks and learner (pure), then a real ``--policy phase`` worker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from phasewise.bench.harness import RoleProcess, scrape
+from phasewise.infra.broker import free_port
+from phasewise.models.detector import PhaseModel, learn
+from phasewise.streams.phase_agents import (
+    Learner, PhaseHooks, decode_learn_batch, encode_learn_batch, model_name, model_of,
+)
+from phasewise.streams.processing import StateCache, process_host_samples
+
+from phasewise.kafka import make_consumer, make_producer
+from phasewise.schemas import (
+    ContainerSample, Decision, HostSamples, ModelSnapshot, PhaseChange, SchemaError, decode, encode,
+)
+from phasewise.settings import Settings
+from phasewise.topics import DECISIONS, MODELS, PHASES, SAMPLES
+
+NAME = model_name()
+
+
+def msg(host: str, ts: float, usage: dict[str, tuple[float, float]]) -> HostSamples:
+    return HostSamples(host=host, ts=ts, interval_s=1.0, containers=tuple(
+        ContainerSample(container=c, cpu_cores=cpu, mem_bytes=mem, cpu_limit_cores=4.0, mem_limit_bytes=8e9,
+                        nr_periods=10) for c, (cpu, mem) in usage.items()))
+
+
+def regime(t: int, period: int = 20) -> tuple[float, float]:
+    return (1.5, 1.5e9) if (t // period) % 2 else (0.05, 2e8)
+
+
+def warm_model() -> PhaseModel:
+    m = PhaseModel(features=("cpu", "mem"), n_his=2, warmup=32, seed=0)
+    W = np.array([[regime(t + k) for k in range(3)] for t in range(160)])
+    for _ in range(4):
+        learn(m, W)
+    assert m.ready
+    return m
+
+
+def test_learn_batches_round_trip_and_malformed_ones_say_why():
+    W = np.arange(24, dtype=float).reshape(4, 3, 2)
+    raw = encode_learn_batch(NAME, W, np.array([0, -1, 2, 2]), W[:, -1])
+    got_W, got_P, got_U = decode_learn_batch(raw, NAME, 3, 2)
+    np.testing.assert_array_equal(got_W, W)
+    assert got_P.tolist() == [0, -1, 2, 2] and got_U.tolist() == W[:, -1].tolist()
+    with pytest.raises(SchemaError, match="not valid JSON"):
+        decode_learn_batch(b"nope", NAME, 3, 2)
+    with pytest.raises(SchemaError, match="shape"):
+        decode_learn_batch(raw, NAME, 4, 2)
+    with pytest.raises(SchemaError, match="this learner trains"):
+        decode_learn_batch(raw, "other", 3, 2)
+
+
+def test_the_learner_publishes_monotonic_versions_only_after_learning_and_rebases_on_newer_ones():
+    m = warm_model()
+    lr = Learner(m.clone(), version=3)
+    assert lr.snapshot() is None
+    W = np.array([[regime(t + k) for k in range(3)] for t in range(10)])
+    lr.learn(W, np.full(10, -1), W[:, -1])
+    s = lr.snapshot()
+    assert s is not None and s.version == 4 and s.samples_seen == 10 and lr.snapshot() is None
+    assert model_of(s).to_bytes() == lr.model.to_bytes()
+    newer = ModelSnapshot(name=NAME, ts=1.0, version=9, payload_b64=s.payload_b64, samples_seen=99)
+    assert lr.rebase(newer, model_of(newer)) and lr.version == 9 and not lr.rebase(s, model_of(s))
+
+
+def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback():
+    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 2}, env={})
+    cache = StateCache.from_settings(s)
+    model = warm_model()
+    hooks = PhaseHooks(s, cache, model=model, version=1)
+    decisions, changes, batches = [], [], 0
+    for t in range(80):
+        hs = msg("h1", 1000.0 + t, {"job": regime(t), "steady": (0.5, 5e8)})
+        out = hooks.process(hs, process_host_samples(cache, hs, s))
+        decisions += out.decisions
+        changes += out.changes
+        batches += out.learn_batch is not None
+        if t == 40:  # the learner's snapshot lands: statistics for the phases appear
+            W = np.array([[regime(k + j) for j in range(3)] for k in range(120)])
+            model.clusterer.update_stats(model.predict(W), W[:, -1])
+            hooks.latest = lambda m=model: (ModelSnapshot(name=NAME, ts=1.0, version=2, payload_b64="",
+                                                          samples_seen=0), m)
+    assert hooks.version == 2
+    job_changes = [c for c in changes if c.container == "job"]
+    assert all(isinstance(c, PhaseChange) and c.host == "h1" for c in job_changes)
+    assert sum(c.old_phase is not None for c in job_changes) >= 3  # a change per regime switch
+    assert all(d.policy == "phase" for d in decisions)
+    fb = [d for d in decisions if d.details["source"] == "fallback:vpa"]
+    ph = [d for d in decisions if d.details["source"] == "phase" and d.container == "job"]
+    assert fb and ph
+    d = ph[-1]
+    assert d.details["phase"] is not None and d.details["stats"]["cpu"]["count"] >= 10
+    assert d.details["stats"]["cpu"]["p95"] * 1.1 <= d.cpu_limit_cores + 1e-3
+    assert batches > 0
+    for d in decisions:  # every decision is a valid record
+        assert decode(Decision, encode(d)) == d
+
+
+# ---------------------------------------------------------------------------------------- a real worker
+class Worker:
+    def __init__(self, settings: Settings, tmp, worker_id: str) -> None:
+        self.metrics_port = free_port()
+        self.tmp = tmp
+        env = {"PHASEWISE_BOOTSTRAP": settings.bootstrap, "PHASEWISE_VPA_TIME_SCALE": "0.001",
+               "PHASEWISE_LOG_LEVEL": "info"}
+        self.args = ["--policy", "phase", "--snapshot-interval", "1", "--learn-every", "1", "--phase-warmup", "32",
+                     "--recommend-interval", "1", "--web-port", "0", "--worker-id", worker_id,
+                     "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
+        self.env = env
+        self.role: RoleProcess | None = None
+
+    def start(self, timeout_s: float = 60.0) -> "Worker":
+        self.role = RoleProcess("worker", self.args, env=self.env,
+                                log_path=self.tmp / f"worker-{uuid.uuid4().hex[:4]}.log").start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.role.alive(), "worker exited:\n" + self.role.log_tail()
+            try:
+                if self.metric("phasewise_worker_ready") == 1.0:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("worker not ready:\n" + self.role.log_tail())
+
+    def metric(self, name: str) -> float:
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics").get(name, 0.0)
+
+    def log(self) -> str:
+        assert self.role is not None
+        return self.role.log_path.read_text(errors="replace")
+
+
+def read_until(settings: Settings, topic: str, partitions: int, pred, timeout_s: float, what: str) -> list:
+    c = make_consumer(settings, f"pwtest-{uuid.uuid4().hex[:6]}")
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    hits: list = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is None or m.error():
+                if hits:
+                    return hits
+                continue
+            v = pred(m)
+            if v is not None:
+                hits.append(v)
+        if hits:
+            return hits
+        raise TimeoutError(f"no {what} within {timeout_s:.0f}s")
+    finally:
+        c.close()
+
+
+def _snapshot(m):
+    try:
+        s = decode(ModelSnapshot, m.value())
+    except SchemaError:
+        return None
+    return s if s.name == NAME else None
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_phase_worker_publishes_snapshots_and_phase_changes_and_a_restart_resumes_from_the_snapshot(
+        settings, tmp_path):
+    w = Worker(settings, tmp_path, f"pwtest-phase-{uuid.uuid4().hex[:6]}").start()
+    host = f"ph-{uuid.uuid4().hex[:6]}"
+    p = make_producer(settings)
+    t0 = time.time() - 3600
+
+    def send(lo: int, hi: int) -> None:
+        for t in range(lo, hi):
+            p.produce(SAMPLES.name, key=host.encode(), value=encode(msg(host, t0 + t, {"job": regime(t)})))
+        p.flush(10)
+
+    try:
+        send(0, 120)  # the learner warms the shared model up on the detectors' windows
+        deadline = time.monotonic() + 40
+        warm = None
+        while warm is None and time.monotonic() < deadline:
+            snaps = read_until(settings, MODELS.name, 1, _snapshot, 5, "model snapshot")
+            warm = next((s for s in reversed(snaps) if model_of(s).ready), None)
+        assert warm is not None, "no warm snapshot:\n" + w.role.log_tail()
+        deadline = time.monotonic() + 20
+        while w.metric("phasewise_worker_model_version") < warm.version and time.monotonic() < deadline:
+            time.sleep(0.2)
+        send(120, 240)  # now the detector knows the phases: the regime switches are phase changes
+
+        def change(m):
+            try:
+                c = decode(PhaseChange, m.value())
+            except SchemaError:
+                return None
+            return c if c.host == host and c.container == "job" else None
+
+        changes = read_until(settings, PHASES.name, PHASES.partitions, change, 30, "phase change")
+        assert any(c.old_phase is not None and c.new_phase != c.old_phase for c in changes), changes
+
+        def decision(m):
+            try:
+                d = decode(Decision, m.value())
+            except SchemaError:
+                return None
+            return d if d.host == host else None
+
+        ds = read_until(settings, DECISIONS.name, DECISIONS.partitions, decision, 20, "decision")
+        assert ds and all(d.policy == "phase" for d in ds)
+        assert {d.details["source"] for d in ds} <= {"phase", "fallback:vpa", "mixed"}
+        assert w.metric("phasewise_worker_snapshots_published_total") >= 1
+        assert w.metric("phasewise_worker_phase_changes_total") >= 2
+        version = w.metric("phasewise_worker_model_version")
+        assert w.role.stop() == 0
+
+        w.start()  # a restart resumes from the newest snapshot on the compacted topic
+        assert w.metric("phasewise_worker_model_version") >= version
+        assert "phase detector starts from snapshot v" in w.log()
+    finally:
+        if w.role is not None:
+            w.role.stop()
