@@ -34,7 +34,11 @@ below): ``savings = 1 - phase_alloc_over_used / best_alloc_over_used``.
 
 :func:`decision_sequence` exposes a policy's per-container decisions
 (``[(t, limits), ...]``) so the in-process path can be compared with the Kafka
-path. ``--through-kafka`` is not supported yet (exit status 2).
+path. With ``--through-kafka`` the policies the stream worker runs (``vpa``)
+go through the real pipeline instead (:mod:`phasewise.replay_kafka`: a broker,
+a ``phasewise worker`` subprocess, the trace as ``HostSamples`` messages, the
+decision sequences rebuilt from the ``Decision`` records) and are scored
+exactly like in-process ones; the other families still run in-process.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ __all__ = [
     "ReplayResult",
     "ResourceResult",
     "ScaledPolicy",
+    "ThroughKafkaUnsupported",
     "add_arguments",
     "decision_sequence",
     "oracle_decisions",
@@ -333,8 +338,14 @@ class _Progress:
 
 
 def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6,
-                 progress: TextIO | None = None) -> ReplayResult:
-    """Replay every container of *trace* through every policy in *specs* and score them."""
+                 progress: TextIO | None = None,
+                 sequences: dict[str, dict[str, list[tuple[float, Limits]]]] | None = None) -> ReplayResult:
+    """Replay every container of *trace* through every policy in *specs* and score them.
+
+    *sequences*: ``{policy name: {container: [(t, limits), ...]}}`` decided
+    elsewhere (through Kafka); those policies are scored from them instead of
+    being run in-process.
+    """
     t0 = time.perf_counter()
     resources = {r: ResourceResult(r, u, {s.name: Score() for s in specs}) for r, u in trace.units.items()}
     # fallback step for series of a single sample: the trace-wide median step
@@ -350,7 +361,9 @@ def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6
         limits: dict[str, dict[str, np.ndarray]] = {}
         phases = None
         for spec in specs:
-            if spec.factory is None:
+            if sequences is not None and spec.name in sequences:
+                seq = sequences[spec.name][series.container]
+            elif spec.factory is None:
                 seq = oracle_decisions(series)
             else:
                 policy = spec.factory()
@@ -492,6 +505,40 @@ def result_rows(result: ReplayResult) -> tuple[list[dict], list[dict]]:
     return rows, savings
 
 
+class ThroughKafkaUnsupported(RuntimeError):
+    """A policy family of the run cannot go through the Kafka pipeline in this build."""
+
+
+def _through_kafka(trace: Trace, specs: list[PolicySpec],
+                   bootstrap: str | None) -> dict[str, dict[str, list[tuple[float, Limits]]]]:
+    """Decision sequences of the worker's policy families in *specs*, through the real pipeline."""
+    from phasewise.replay_kafka import kafka_sequences, worker_policies
+
+    families = [s.family for s in specs]
+    if "phase" in families:
+        if "phase" not in worker_policies():
+            raise ThroughKafkaUnsupported(
+                "--through-kafka cannot run the phase policy: phasewise worker has no `--policy phase` "
+                "in this build (streams/worker.py, streams/phase_agents.py); drop phase from "
+                "--policies or run without --through-kafka")
+        raise ThroughKafkaUnsupported(
+            "--through-kafka cannot run the phase policy yet: the worker has `--policy phase`, but "
+            "phasewise.replay_kafka does not read its decisions yet; drop phase from --policies")
+    kafka = [f for f in families if f == "vpa"]
+    if not kafka:
+        raise ThroughKafkaUnsupported("--through-kafka: none of the policies runs in the stream worker "
+                                      "(it runs vpa); add vpa to --policies")
+    seqs, info = kafka_sequences(trace, kafka, bootstrap=bootstrap)
+    for fam, i in info.items():
+        print(f"through kafka: {fam}: {i['messages']} messages, {i['decisions']} decisions from "
+              f"phasewise worker {i['worker_id']} (host {i['host']}) via {i['bootstrap']} "
+              f"in {i['elapsed_s']} s", file=sys.stderr)
+    others = sorted({f for f in families if f not in kafka})
+    if others:
+        print(f"in-process: {', '.join(others)} (not run by the stream worker)", file=sys.stderr)
+    return {s.name: seqs[s.family] for s in specs if s.family in seqs}
+
+
 def _score_fields(s: Score) -> dict[str, Any]:
     return {"alloc_over_used": _num(s.alloc_over_used), "fulfilment": _num(s.fulfilment), "steps": s.steps}
 
@@ -534,7 +581,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", default="5,10,30,60",
                    help="window sizes (samples) of the window family (default 5,10,30,60)")
     p.add_argument("--through-kafka", action="store_true",
-                   help="replay through the broker and the stream worker (not supported yet)")
+                   help="run the policies the stream worker runs (vpa) through a broker and a real "
+                        "phasewise worker instead of in-process; the others stay in-process")
+    p.add_argument("--bootstrap", help="with --through-kafka: use this broker instead of starting an "
+                   "embedded one (the replay worker reads the whole samples topic and publishes "
+                   "decisions for every host in it: not a broker live actuators listen to)")
     p.add_argument("--json", action="store_true", help="print one JSON object per line instead of a table")
     p.add_argument("--report", metavar="DIR", help="write PNG plots and summary.md into DIR")
     p.add_argument("--plot-containers", type=int, default=6, help="containers plotted in the report (default 6)")
@@ -553,6 +604,8 @@ def replay_command(args: argparse.Namespace) -> str:
         parts += ["--windows", args.windows]
     if args.through_kafka:
         parts.append("--through-kafka")
+        if getattr(args, "bootstrap", None):
+            parts += ["--bootstrap", args.bootstrap]
     if args.json:
         parts.append("--json")
     if args.report:
@@ -564,10 +617,8 @@ def replay_command(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     command = replay_command(args)
-    if args.through_kafka:
-        print("phasewise replay: --through-kafka is not supported yet; the replay runs in-process "
-              "only (drop --through-kafka). The Kafka path will replay the same decision sequences "
-              "through the broker and the stream worker.", file=sys.stderr)
+    if getattr(args, "bootstrap", None) and not args.through_kafka:
+        print("phasewise replay: --bootstrap needs --through-kafka", file=sys.stderr)
         return 2
     try:
         windows = tuple(int(w) for w in args.windows.split(",") if w.strip())
@@ -592,8 +643,21 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, PolicyUnavailable) as e:
         print(f"phasewise replay: {e}", file=sys.stderr)
         return 2
+    sequences = None
+    if args.through_kafka:
+        from phasewise.replay_kafka import KafkaReplayError
+
+        try:
+            sequences = _through_kafka(trace, specs, getattr(args, "bootstrap", None))
+        except ThroughKafkaUnsupported as e:
+            print(f"phasewise replay: {e}", file=sys.stderr)
+            return 2
+        except KafkaReplayError as e:
+            print(f"phasewise replay --through-kafka: {e}", file=sys.stderr)
+            return 1
     show = None if args.quiet or not sys.stderr.isatty() else sys.stderr
-    result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show)
+    result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show,
+                          sequences=sequences)
     rows, savings = result_rows(result)
     if args.json:
         for row in rows + savings:

@@ -278,9 +278,9 @@ def test_the_cli_writes_a_report_with_plots_and_a_summary(tmp_path, capsys):
     assert "| cpu | window |" in summary
 
 
-def test_through_kafka_is_refused_honestly_with_exit_status_2(capsys):
+def test_through_kafka_without_a_policy_the_worker_runs_is_refused_with_exit_status_2(capsys):
     assert main(["replay", str(SAMPLE), "--policies", "window", "--through-kafka"]) == 2
-    assert "not supported yet" in capsys.readouterr().err
+    assert "none of the policies runs in the stream worker" in capsys.readouterr().err
 
 
 def test_bad_input_exits_2_with_the_reason(tmp_path, capsys):

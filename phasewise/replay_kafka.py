@@ -1,0 +1,353 @@
+"""``phasewise replay --through-kafka``: replay a trace through the real pipeline.
+
+In-process replay (:mod:`phasewise.replay`) drives a policy object directly.
+This module drives the **same policy code** through the broker and a real
+``phasewise worker`` subprocess, then rebuilds each container's decision
+sequence ``[(t, limits), ...]`` from the decisions the worker published, so
+both paths can be scored (and compared) the same way:
+
+1. start an embedded broker (or use ``--bootstrap``) and create the topics;
+2. start ``phasewise worker`` configured for replay: recommendation after
+   every sample (``recommend_interval_s=0``), ``hysteresis=0`` (a decision
+   whenever the policy's limits change), VPA time scale 1 and VPA's default
+   floors and throttling parameters (those of :class:`~phasewise.models.vpa.
+   VpaPolicy` in-process), a unique consumer group (``worker_id``) and a
+   unique replay host name; inherited ``PHASEWISE_*`` variables are dropped;
+3. produce the trace as :class:`~phasewise.schemas.HostSamples`, one message
+   per timestamp in event-time order, key = the replay host; the trace's
+   containers are that host's containers; ``cpu`` -> ``cpu_cores``, ``mem`` ->
+   ``mem_bytes`` (a memory *fraction* is multiplied by
+   :data:`~phasewise.replay.NOMINAL_MEM_BYTES`, as in-process replay's
+   :class:`~phasewise.replay.ScaledPolicy` does, and decided limits are
+   divided back); then one end marker: a sample of container
+   :data:`END_CONTAINER` one second after the last timestamp;
+4. read the decisions topic from where it ended before step 3, keeping the
+   decisions for the replay host made by this worker (``details.worker_id``);
+   the end marker's decision (a new container always gets one) comes after
+   every decision about the trace (same key, same partition, in order), so
+   it says the worker has consumed everything;
+5. rebuild: the limit in force at sample ``t_i`` is the one last decided at
+   an event time ``< t_i`` (a decision at ``ts`` follows the sample at
+   ``ts``; in-process, ``limits(t_i)`` is asked after ``observe(t_{i-1})``),
+   ``None`` before the first decision. Limits are the policy's own
+   (``details.limits``); the enforced ``cpu_limit_cores`` / ``mem_limit_bytes``
+   are those rounded up to a millicore / a byte.
+
+Only the resources the worker's policy manages (``cpu``, ``mem``) take part;
+the others in the trace (GPU) are not sent. The message schema requires both
+``cpu_cores`` and ``mem_bytes``: a trace without one of them sends 0 for it
+and ignores the decisions about it; a sample that has one of two present
+resources but not the other cannot be sent and is an error.
+
+Caution with ``--bootstrap``: the replay worker is a new consumer group that
+starts at the beginning of the samples topic, so it also reads other hosts'
+retained samples and publishes decisions for them (hysteresis 0). Point it
+at a broker no live actuator listens to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phasewise.models.policy import Limits
+from phasewise.producers.traces import ContainerSeries, Trace
+
+from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples, decode, encode
+
+__all__ = [
+    "END_CONTAINER",
+    "WORKER_RESOURCES",
+    "KafkaReplayError",
+    "KafkaReplayResult",
+    "mem_scale",
+    "rebuild_sequences",
+    "replay_through_kafka",
+    "trace_messages",
+    "worker_policies",
+]
+
+#: container name of the end marker sample (not a trace container)
+END_CONTAINER = "__phasewise_replay_end__"
+#: resources the worker's VPA policy manages
+WORKER_RESOURCES = ("cpu", "mem")
+
+
+class KafkaReplayError(RuntimeError):
+    """The trace cannot go through the pipeline, or the pipeline failed; ``str(e)`` says why."""
+
+
+def worker_policies() -> list[str]:
+    """Policy families ``phasewise worker`` can run in this build (from its ``--policy`` flag)."""
+    from phasewise.streams import worker
+
+    p = argparse.ArgumentParser(add_help=False)
+    worker.add_arguments(p)
+    for a in p._actions:
+        if "--policy" in a.option_strings:
+            return list(a.choices) if a.choices else ["vpa"]
+    return ["vpa"]
+
+
+def mem_scale(trace: Trace) -> float:
+    """Multiplier from the trace's ``mem`` unit to bytes (in-process replay's :class:`ScaledPolicy`)."""
+    from phasewise.replay import NOMINAL_MEM_BYTES
+
+    return 1.0 if trace.units.get("mem", "bytes").startswith("bytes") else NOMINAL_MEM_BYTES
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def trace_messages(trace: Trace, host: str, scale_mem: float = 1.0) -> list[HostSamples]:
+    """The trace as one :class:`HostSamples` per timestamp, in event-time order, plus the end marker.
+
+    >>> import numpy as np
+    >>> tr = Trace("t", "-", {"cpu": "cores", "mem": "bytes"}, [
+    ...     ContainerSeries("a", np.array([1., 2.]), {"cpu": np.array([.5, .6]), "mem": np.array([1e8, 2e8])}),
+    ...     ContainerSeries("b", np.array([2.]), {"cpu": np.array([1.]), "mem": np.array([3e8])})])
+    >>> [(m.ts, [c.container for c in m.containers]) for m in trace_messages(tr, "h")]
+    [(1.0, ['a']), (2.0, ['a', 'b']), (3.0, ['__phasewise_replay_end__'])]
+    """
+    has = {r: r in trace.units for r in WORKER_RESOURCES}
+    if not any(has.values()):
+        raise KafkaReplayError(f"the trace has neither cpu nor mem ({', '.join(trace.units)}); "
+                               "the worker's policy manages only those")
+    by_t: dict[float, list[ContainerSample]] = {}
+    for s in trace.containers:
+        if s.container == END_CONTAINER:
+            raise KafkaReplayError(f"container name {END_CONTAINER!r} is reserved for the end marker")
+        cpu = s.usage.get("cpu")
+        mem = s.usage.get("mem")
+        for i, t in enumerate(s.t.tolist()):
+            c_v = float(cpu[i]) if cpu is not None else math.nan
+            m_v = float(mem[i]) if mem is not None else math.nan
+            present = [r for r, v in (("cpu", c_v), ("mem", m_v)) if has[r] and not math.isnan(v)]
+            if not present:
+                continue  # nothing the worker's policy manages at this step
+            missing = [r for r in WORKER_RESOURCES if has[r] and r not in present]
+            if missing:
+                raise KafkaReplayError(
+                    f"container {s.container!r} at t={t:g} has {present[0]} but no {missing[0]}: a "
+                    "HostSamples container sample needs both, so this step cannot go through Kafka")
+            if t < 0:
+                raise KafkaReplayError(f"container {s.container!r}: negative event time t={t:g} (Kafka needs >= 0)")
+            c_v = c_v if has["cpu"] else 0.0
+            m_v = m_v * scale_mem if has["mem"] else 0.0
+            if c_v > MAX_CORES or m_v > MAX_BYTES:
+                raise KafkaReplayError(f"container {s.container!r} at t={t:g}: usage beyond the schema's "
+                                       f"bounds (cpu {c_v:g} > {MAX_CORES:g} or mem {m_v:g} > {MAX_BYTES:g})")
+            by_t.setdefault(t, []).append(ContainerSample(container=s.container, cpu_cores=c_v, mem_bytes=m_v))
+    if not by_t:
+        raise KafkaReplayError("the trace has no cpu or mem sample to replay")
+    out: list[HostSamples] = []
+    prev = None
+    for t in sorted(by_t):
+        dt = 0.0 if prev is None else min(t - prev, 86400.0)
+        out.append(HostSamples(host=host, ts=t, interval_s=dt, containers=tuple(by_t[t])))
+        prev = t
+    end = ContainerSample(container=END_CONTAINER, cpu_cores=1.0, mem_bytes=1e9)
+    out.append(HostSamples(host=host, ts=prev + 1.0, interval_s=1.0, containers=(end,)))
+    return out
+
+
+def rebuild_sequences(trace: Trace, decisions: Iterable[Decision],
+                      scale_mem: float = 1.0) -> dict[str, list[tuple[float, Limits]]]:
+    """Per container, ``[(t, limits in force at t), ...]`` from the worker's decisions.
+
+    The limit at sample ``t_i`` is the last decided at an event time before
+    ``t_i`` (``None`` before any); values are the policy's own limits
+    (``details["limits"]``, falling back to the decision's rounded limit),
+    memory divided by *scale_mem*. Keys: the worker's resources present in the trace.
+
+    >>> import numpy as np
+    >>> tr = Trace("t", "-", {"cpu": "cores"}, [ContainerSeries("a", np.array([1., 2., 3.]),
+    ...     {"cpu": np.array([.5, .6, .7])})])
+    >>> d = Decision(id="x", ts=1.0, host="h", container="a", action="limit", policy="vpa", reason="",
+    ...              cpu_limit_cores=0.6, details={"limits": {"cpu": 0.575}})
+    >>> rebuild_sequences(tr, [d])["a"]
+    [(1.0, {'cpu': None}), (2.0, {'cpu': 0.575}), (3.0, {'cpu': 0.575})]
+    """
+    resources = [r for r in WORKER_RESOURCES if r in trace.units]
+    per: dict[str, list[tuple[float, dict[str, float]]]] = {}
+    for d in decisions:
+        raw = (d.details or {}).get("limits") or {}
+        vals: dict[str, float] = {}
+        for r, field_ in (("cpu", d.cpu_limit_cores), ("mem", d.mem_limit_bytes)):
+            if field_ is None:
+                continue  # this decision leaves r unchanged
+            v = raw.get(r)
+            v = float(field_ if v is None else v)
+            vals[r] = v / scale_mem if r == "mem" else v
+        if vals:
+            per.setdefault(d.container, []).append((d.ts, vals))
+    out: dict[str, list[tuple[float, Limits]]] = {}
+    for s in trace.containers:
+        ds = sorted(per.get(s.container, []), key=lambda x: x[0])
+        cur: Limits = {r: None for r in resources}
+        seq: list[tuple[float, Limits]] = []
+        k = 0
+        for t in s.t.tolist():
+            while k < len(ds) and ds[k][0] < t:
+                for r, v in ds[k][1].items():
+                    if r in cur:
+                        cur[r] = v
+                k += 1
+            seq.append((t, dict(cur)))
+        out[s.container] = seq
+    return out
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+@dataclass
+class KafkaReplayResult:
+    """What went through the pipeline and what came back."""
+
+    host: str
+    worker_id: str
+    sequences: dict[str, list[tuple[float, Limits]]]  # container -> [(t, limits)]
+    messages: int
+    decisions: list[Decision] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    bootstrap: str = ""
+
+
+def _worker_env(bootstrap: str, worker_id: str, data_dir: Path, metrics_port: int) -> dict[str, str]:
+    from phasewise.models.vpa import VpaRecommender
+
+    d = VpaRecommender()  # the in-process policy's defaults
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PHASEWISE_")}
+    env.update({
+        "PHASEWISE_BOOTSTRAP": bootstrap,
+        "PHASEWISE_WORKER_ID": worker_id,
+        "PHASEWISE_DATA_DIR": str(data_dir),
+        "PHASEWISE_WEB_PORT": "0",
+        "PHASEWISE_METRICS_PORT": str(metrics_port),
+        "PHASEWISE_POLICY": "vpa",
+        "PHASEWISE_RECOMMEND_INTERVAL_S": "0",
+        "PHASEWISE_HYSTERESIS": "0",
+        "PHASEWISE_VPA_TIME_SCALE": "1",
+        "PHASEWISE_VPA_MIN_CPU_CORES": repr(d.min_cpu_cores),
+        "PHASEWISE_VPA_MIN_MEM_BYTES": str(int(d.min_mem_bytes)),
+        "PHASEWISE_VPA_THROTTLE_THRESHOLD": repr(d.throttle_threshold),
+        "PHASEWISE_VPA_THROTTLE_BUMP": repr(d.throttle_bump),
+        "PHASEWISE_LOG_LEVEL": "warning",
+    })
+    return env
+
+
+def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | None = None,
+                         workdir: str | Path | None = None, timeout_s: float = 300.0) -> KafkaReplayResult:
+    """Send *trace* through a broker and a ``phasewise worker``; rebuild its decision sequences.
+
+    *bootstrap*: an existing broker (default: start an embedded one for the
+    run). *workdir*: where the broker's and the worker's logs go (default: a
+    temporary directory, kept and named in errors).
+    """
+    if family != "vpa":
+        raise KafkaReplayError(f"policy {family!r} cannot run through Kafka: phasewise worker runs "
+                               f"{', '.join(worker_policies())} here")
+    from phasewise.bench.harness import RoleProcess
+    from phasewise.infra.broker import EmbeddedBroker, free_port
+    from phasewise.kafka import BrokerUnavailable, ensure_topics, make_consumer, make_producer
+    from phasewise.settings import Settings
+    from phasewise.topics import DECISIONS, SAMPLES
+
+    t0 = time.perf_counter()
+    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="phasewise-replay-"))
+    work.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:8]
+    host = f"replay-{run_id}"
+    worker_id = f"phasewise-replay-{run_id}"
+    scale = mem_scale(trace)
+    messages = trace_messages(trace, host, scale)
+    broker = None if bootstrap else EmbeddedBroker(log_path=work / "broker.log").start()
+    boot = bootstrap or broker.bootstrap  # type: ignore[union-attr]
+    worker: RoleProcess | None = None
+    consumer = None
+    try:
+        s = Settings.from_env({"bootstrap": boot, "host": host}, env={})
+        try:
+            ensure_topics(s)
+        except BrokerUnavailable as e:
+            raise KafkaReplayError(str(e)) from e
+        # read decisions from where the topic ends now (assigned, no group join)
+        from confluent_kafka import TopicPartition
+
+        consumer = make_consumer(s, f"{worker_id}-reader")
+        md = consumer.list_topics(DECISIONS.name, timeout=10).topics[DECISIONS.name]
+        tps = []
+        for p in md.partitions:
+            _, high = consumer.get_watermark_offsets(TopicPartition(DECISIONS.name, p), timeout=10)
+            tps.append(TopicPartition(DECISIONS.name, p, high))
+        consumer.assign(tps)
+
+        worker = RoleProcess("worker", [], env={}, log_path=work / "worker.log")
+        worker.env = _worker_env(boot, worker_id, work / "worker-data", free_port())
+        worker.start()
+
+        producer = make_producer(s)
+        for m in messages:
+            while True:
+                try:
+                    producer.produce(SAMPLES.name, key=host.encode(), value=encode(m))
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        if producer.flush(60) != 0:
+            raise KafkaReplayError("could not deliver every sample to the broker within 60 s")
+
+        got: list[Decision] = []
+        done = False
+        deadline = time.monotonic() + timeout_s
+        while not done:
+            if time.monotonic() > deadline:
+                raise KafkaReplayError(f"no end-of-replay decision within {timeout_s:.0f} s "
+                                       f"({len(got)} decisions so far); worker log:\n{worker.log_tail()}")
+            if not worker.alive():
+                raise KafkaReplayError(f"phasewise worker exited (status {worker.proc.returncode}):\n"
+                                       f"{worker.log_tail()}")
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            try:
+                d = decode(Decision, msg.value())
+            except Exception:  # noqa: BLE001 - someone else's record on a shared topic
+                continue
+            if d.host != host or (d.details or {}).get("worker_id") != worker_id:
+                continue
+            if d.container == END_CONTAINER:
+                done = True
+            else:
+                got.append(d)
+        seqs = rebuild_sequences(trace, got, scale)
+        return KafkaReplayResult(host, worker_id, seqs, len(messages), got, time.perf_counter() - t0, boot)
+    finally:
+        if consumer is not None:
+            consumer.close()
+        if worker is not None:
+            worker.stop()
+        if broker is not None:
+            broker.stop()
+
+
+def kafka_sequences(trace: Trace, families: Iterable[str], **kw: Any) -> tuple[dict[str, dict], dict[str, Any]]:
+    """``{family: {container: seq}}`` for each worker family of *families*, and run info."""
+    seqs: dict[str, dict] = {}
+    info: dict[str, Any] = {}
+    for fam in families:
+        r = replay_through_kafka(trace, family=fam, **kw)
+        seqs[fam] = r.sequences
+        info[fam] = {"host": r.host, "worker_id": r.worker_id, "messages": r.messages,
+                     "decisions": len(r.decisions), "elapsed_s": round(r.elapsed_s, 1), "bootstrap": r.bootstrap}
+    return seqs, info
