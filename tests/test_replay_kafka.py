@@ -1,0 +1,153 @@
+"""``phasewise replay --through-kafka``: the pipeline's decisions equal in-process replay's."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
+from phasewise.streams.processing import StateCache, process_host_samples
+
+from phasewise.cli import main
+from phasewise.replay import NOMINAL_MEM_BYTES, decision_sequence, policy_specs, replay_trace, result_rows
+from phasewise.replay_kafka import (
+    END_CONTAINER,
+    KafkaReplayError,
+    rebuild_sequences,
+    replay_through_kafka,
+    trace_messages,
+    worker_policies,
+)
+from phasewise.settings import Settings
+
+SAMPLE = Path(__file__).resolve().parents[1] / "phasewise" / "data" / "ai4dl_sample.csv"
+
+
+def small_trace(containers: int = 2, steps: int = 40) -> Trace:
+    full = load_ai4dl(SAMPLE)
+    picked = [c for c in full.containers if len(c) >= steps][:containers]
+    assert len(picked) == containers
+    return Trace(full.format, full.source, dict(full.units),
+                 [ContainerSeries(c.container, c.t[:steps], {r: u[:steps] for r, u in c.usage.items()})
+                  for c in picked])
+
+
+def fraction_trace() -> Trace:
+    """cpu in cores, mem as a utilisation fraction (as GenAI publishes it)."""
+    rng = np.random.default_rng(3)
+    t = np.arange(30, dtype=float) * 57.0
+    return Trace("synthetic", "-", {"cpu": "cores", "mem": "fraction of the pod's memory (utilisation, 0-1)"},
+                 [ContainerSeries("pod-a", t, {"cpu": rng.uniform(0.2, 2.0, 30), "mem": rng.uniform(0.1, 0.6, 30)})])
+
+
+def in_process(trace: Trace) -> dict[str, list]:
+    (spec,) = policy_specs(["vpa"], units=trace.units)
+    return {s.container: decision_sequence(spec.factory(), s) for s in trace.containers}
+
+
+def assert_same_sequences(got: dict[str, list], want: dict[str, list]) -> None:
+    assert got.keys() == want.keys()
+    for c, seq in want.items():
+        other = got[c]
+        assert [t for t, _ in other] == [t for t, _ in seq], c
+        decided = 0
+        for (t, a), (_, b) in zip(other, seq):
+            assert a.keys() == b.keys(), (c, t)
+            for r in a:
+                if b[r] is None:
+                    assert a[r] is None, (c, t, r)
+                else:
+                    decided += 1
+                    assert a[r] == pytest.approx(b[r], rel=1e-9, abs=0), (c, t, r, a[r], b[r])
+        assert decided > len(seq)  # limits for both resources from the second step on
+
+
+def replay_settings() -> Settings:
+    return Settings.from_env({"recommend_interval_s": 0.0, "hysteresis": 0.0, "vpa_time_scale": 1.0,
+                              "worker_id": "replay-test"}, env={})
+
+
+# ---------------------------------------------------------------- without a broker
+
+
+@pytest.mark.parametrize("trace", [small_trace(), fraction_trace()], ids=["ai4dl", "mem-fraction"])
+def test_the_worker_step_decides_what_in_process_replay_decides(trace):
+    """process_host_samples (the worker's step) on the replay messages == VpaPolicy in-process."""
+    host = "replay-h"
+    from phasewise.replay_kafka import mem_scale
+
+    scale = mem_scale(trace)
+    s = replay_settings()
+    cache = StateCache.from_settings(s)
+    decisions = []
+    for m in trace_messages(trace, host, scale):
+        decisions += [d for d in process_host_samples(cache, m, s) if d.container != END_CONTAINER]
+    assert decisions and all(d.details["hysteresis"] == 0.0 for d in decisions)
+    assert_same_sequences(rebuild_sequences(trace, decisions, scale), in_process(trace))
+
+
+def test_messages_follow_event_time_and_scale_a_memory_fraction_to_bytes():
+    tr = fraction_trace()
+    msgs = trace_messages(tr, "h", NOMINAL_MEM_BYTES)
+    assert [m.ts for m in msgs] == sorted(m.ts for m in msgs)
+    assert msgs[0].containers[0].mem_bytes == tr.containers[0].usage["mem"][0] * NOMINAL_MEM_BYTES
+    assert msgs[-1].containers[0].container == END_CONTAINER and msgs[-1].ts == msgs[-2].ts + 1.0
+
+
+def test_a_sample_with_cpu_but_no_memory_cannot_go_through_kafka():
+    tr = small_trace(1, 5)
+    mem = tr.containers[0].usage["mem"].copy()
+    mem[2] = math.nan
+    bad = Trace(tr.format, tr.source, tr.units,
+                [ContainerSeries(tr.containers[0].container, tr.containers[0].t, {"cpu": tr.containers[0].usage["cpu"],
+                                                                                  "mem": mem})])
+    with pytest.raises(KafkaReplayError, match="has cpu but no mem"):
+        trace_messages(bad, "h")
+
+
+def test_phase_through_kafka_names_what_is_missing_when_the_worker_cannot_run_it(capsys):
+    if "phase" in worker_policies():
+        pytest.skip("the worker runs the phase policy in this build")
+    rc = main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--through-kafka", "--json"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--policy phase" in err and "phase" in err
+
+
+# ---------------------------------------------------------------- through the real pipeline
+
+
+def test_the_kafka_pipeline_decides_exactly_what_in_process_replay_decides_and_scores_the_same(broker, tmp_path):
+    trace = small_trace(2, 40)
+    result = replay_through_kafka(trace, bootstrap=broker.bootstrap, workdir=tmp_path, timeout_s=120)
+    assert result.decisions and {d.host for d in result.decisions} == {result.host}
+    assert_same_sequences(result.sequences, in_process(trace))
+    # the enforced limits are the policy's rounded up to a millicore / a byte
+    for d in result.decisions:
+        if d.cpu_limit_cores is not None:
+            raw = d.details["limits"]["cpu"]
+            assert raw <= d.cpu_limit_cores < raw + 0.001 + 1e-9
+    specs = policy_specs(["vpa"], units=trace.units)
+    local = result_rows(replay_trace(trace, specs))
+    kafka = result_rows(replay_trace(trace, specs, sequences={"vpa": result.sequences}))
+    assert kafka == local
+    assert all(r["steps"] > 0 for r in local[0])
+
+
+def test_the_cli_through_kafka_prints_the_scores_of_the_in_process_replay(capsys):
+    args = ["replay", str(SAMPLE), "--format", "ai4dl", "--policies", "vpa", "--json"]
+    assert main(args) == 0
+    local = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main(args + ["--through-kafka"]) == 0  # starts its own embedded broker
+    out = capsys.readouterr()
+    kafka = [json.loads(line) for line in out.out.splitlines()]
+    assert "through kafka: vpa" in out.err
+    rows = [r for r in local if "policy" in r]
+    assert rows and len(kafka) == len(local)
+    for a, b in zip(local, kafka):
+        assert (a.get("alloc_over_used"), a.get("fulfilment"), a.get("steps")) == \
+               (b.get("alloc_over_used"), b.get("fulfilment"), b.get("steps"))
+        assert a == b
