@@ -46,6 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from phasewise.models.detector import PhaseModel, Windows, detect, learn
+from phasewise.models.phases import DEFAULT_QUANTILES
 
 __all__ = ["FleetStep", "PhaseFleet", "phase_limits", "pick_every_k", "STATE_VERSION"]
 
@@ -157,6 +158,38 @@ class FleetStep:
         }
 
 
+class _StatsMemo:
+    """The model as :func:`detect` sees it, with phase statistics computed once per phase.
+
+    ``detect`` summarises the new phase's statistics for every change it
+    reports; with many containers switching at once that is the same few
+    phases over and over. The memo is cleared whenever the model changes.
+    """
+
+    def __init__(self, model: PhaseModel, memo: dict) -> None:
+        self._model = model
+        self.clusterer = _ClustererMemo(model.clusterer, memo)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+class _ClustererMemo:
+    def __init__(self, clusterer: Any, memo: dict) -> None:
+        self._c = clusterer
+        self._memo = memo
+
+    def phase_stats(self, phase_id: int, qs: Sequence[float] = DEFAULT_QUANTILES) -> dict:
+        key = (phase_id, tuple(qs))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._c.phase_stats(phase_id, qs)
+        return {r: dict(v) for r, v in hit.items()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._c, name)
+
+
 class PhaseFleet:
     """Per-container phase limits for many containers sharing one :class:`PhaseModel`.
 
@@ -241,6 +274,7 @@ class PhaseFleet:
         self._written = np.full(cap, -np.inf)  # event time of the last persisted state
         self._floors = np.array([float(self.floors.get(r, 0.0)) for r in model.features])
         self._q_cache: dict[int, tuple[np.ndarray, np.ndarray, bool]] = {}
+        self._stats_memo: dict = {}
         self._n_ready = 0  # ready windows seen (the sampling counter)
         self._n_learned = 0  # windows the model learned through this fleet
         self._dirty: set[str] = set()
@@ -265,6 +299,7 @@ class PhaseFleet:
             )
         self.model = model
         self._q_cache.clear()
+        self._stats_memo.clear()
 
     def _phase_q(self, p: int) -> tuple[np.ndarray, np.ndarray, bool]:
         hit = self._q_cache.get(p)
@@ -439,7 +474,7 @@ class PhaseFleet:
                             self.loaded += 1
                     except ValueError:  # a foreign or corrupt stored state: start this container fresh
                         self.load_errors += 1
-        res = detect(m, w, containers, X, t, host=host)
+        res = detect(_StatsMemo(m, self._stats_memo), w, containers, X, t, host=host)  # type: ignore[arg-type]
         phase = res.phase
         R = m.n_features
         q = np.full((n, R), np.nan)
@@ -493,6 +528,7 @@ class PhaseFleet:
             return 0
         learn(self.model, windows, stats_phases=stats_phases, usage=usage)
         self._q_cache.clear()
+        self._stats_memo.clear()
         self._n_learned += len(windows)
         return len(windows)
 

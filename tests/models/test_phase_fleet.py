@@ -81,6 +81,9 @@ def test_a_phase_change_is_emitted_once_and_a_new_phase_falls_back_until_it_has_
     assert len(busy_changes) == 1
     c = busy_changes[0]
     assert c["old_phase"] == p_idle and c["container"] == "job" and c["host"] == "h1" and c["since"] == 2.0
+    assert c["stats"] == m.clusterer.phase_stats(p_busy)  # memoised per phase, same numbers
+    first = [x for x in changes if x["new_phase"] == p_idle][0]
+    assert first["stats"] == m.clusterer.phase_stats(p_idle) and first["stats"]["cpu"]["count"] == 50
     assert steps[5].from_phase.all()  # idle: phase statistics
     assert not steps[-1].from_phase.any() and steps[-1].limits.tolist() == FB.tolist()  # busy: fallback
     assert steps[-1].explain(0)["source"] == "fallback"

@@ -1,0 +1,229 @@
+"""``phasewise bench phases``: the phase detector with the CRBM in the loop, samples/s and memory.
+
+Two figures, per process:
+
+1. **pure_step_samples_per_s** — in this process, no Kafka: for every host
+   message (``--per-host`` containers) the JSON is decoded
+   (:func:`phasewise.schemas.decode`) and one batched
+   :meth:`~phasewise.models.phase_fleet.PhaseFleet.step` runs (one CRBM call,
+   one nearest-centroid call, the limit rule) with a warm model; container
+   samples per second of wall time.
+2. **samples_per_s** — a real ``phasewise worker --policy phase`` subprocess
+   (Faust, on an embedded broker unless ``--bootstrap``), started after a warm
+   ``ModelSnapshot`` was published so its detectors run the CRBM from the
+   first sample. A backlog of ``--seconds`` ticks of ``--containers``
+   containers is flooded onto the samples topic and the rate is read from the
+   worker's ``phasewise_worker_container_samples_total`` between 10 % and 90 %
+   of the backlog (the VPA fallback, decisions, phase changes, learn batches
+   and table writes are all in that figure).
+
+**bytes_per_container** is the detector's measured per-container state
+(:meth:`PhaseFleet.state_bytes`: window, phase, limit basis, id index) after
+``--containers`` containers; **worker_rss_bytes_per_container** is the
+worker's resident memory growth over the flood divided by the containers
+(VPA histograms included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from phasewise.bench.harness import RoleProcess, host_message, produce_messages, rss_bytes, scrape, wait_until
+from phasewise.models.detector import PhaseModel, learn
+from phasewise.models.phase_fleet import PhaseFleet
+from phasewise.schemas import HostSamples, decode, encode
+
+COUNTER = "phasewise_worker_container_samples_total"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--containers", type=int, default=1000)
+    p.add_argument("--seconds", type=float, default=20.0, help="ticks in the worker's backlog")
+    p.add_argument("--per-host", type=int, default=100, help="containers per host message")
+    p.add_argument("--pure-ticks", type=int, default=30, help="ticks of the in-process step measurement")
+    p.add_argument("--pure-only", action="store_true", help="skip the worker measurement")
+    p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--keep-logs", action="store_true", help="print where role logs are kept")
+
+
+def _hosts(n: int, per_host: int) -> list[tuple[str, list[str]]]:
+    out = []
+    for i in range(math.ceil(n / per_host)):
+        k = min(per_host, n - i * per_host)
+        out.append((f"phb-h{i:03d}", [f"c{i:03d}-{j:04d}" for j in range(k)]))
+    return out
+
+
+def _usage(n: int, t: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per container a square wave between two levels (phases that change now and then)."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.2, 1.0, n)
+    period = rng.integers(8, 20, n)
+    high = ((t // period) % 2).astype(float)
+    return base * (1.0 + 1.5 * high), (base * 4e8) * (1.0 + 0.8 * high)
+
+
+def warm_model(seed: int = 0) -> PhaseModel:
+    """A PhaseModel trained on the benchmark's usage, with statistics for its phases."""
+    m = PhaseModel(features=("cpu", "mem"), seed=seed)
+    L = m.window_len
+    frames = np.stack([np.c_[_usage(200, t, 7)] for t in range(40)], axis=1)  # (200, 40, 2)
+    W = np.concatenate([frames[:, k:k + L] for k in range(40 - L)])
+    for _ in range(3):
+        learn(m, W)
+    m.clusterer.update_stats(m.predict(W), W[:, -1])
+    if not m.ready:
+        raise RuntimeError("benchmark model did not warm up")
+    return m
+
+
+def pure_rate(model: PhaseModel, hosts: list[tuple[str, list[str]]], ticks: int) -> tuple[float, float, int]:
+    """(container samples/s of decode + fleet step, bytes per container, phase changes)."""
+    fleet = PhaseFleet(model, frozen=True)
+    msgs = []
+    for k in range(ticks):
+        for i, (host, cs) in enumerate(hosts):
+            cpu, mem = _usage(len(cs), k, i)
+            msgs.append(host_message(host, 1.7e9 + k, cs, cpu.tolist(), mem.tolist(), cpu_limit=2.0, mem_limit=4e9))
+    n = 0
+    changes = 0
+    t0 = time.perf_counter()
+    for raw in msgs:
+        hs = decode(HostSamples, raw)
+        keys = [f"{hs.host}/{c.container}" for c in hs.containers]
+        X = np.array([(c.cpu_cores, c.mem_bytes) for c in hs.containers])
+        fb = np.array([(c.cpu_limit_cores or np.nan, c.mem_limit_bytes or np.nan) for c in hs.containers])
+        out = fleet.step(hs.ts, keys, X, fallback_limits=fb, host=hs.host)
+        changes += len(out.changes)
+        n += len(keys)
+    dt = time.perf_counter() - t0
+    return n / dt, fleet.state_bytes(), changes
+
+
+def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[str, list[str]]],
+                workdir: Path) -> dict:
+    from phasewise.infra.broker import EmbeddedBroker, free_port
+    from phasewise.kafka import ensure_topics, make_producer
+    from phasewise.settings import Settings
+    from phasewise.streams.phase_agents import model_name, snapshot_of
+    from phasewise.topics import MODELS, SAMPLES
+
+    broker = None if args.bootstrap else EmbeddedBroker(log_path=workdir / "broker.log").start()
+    bootstrap = args.bootstrap or broker.bootstrap
+    worker = None
+    try:
+        s = Settings.from_env({"bootstrap": bootstrap}, env={})
+        ensure_topics(s)
+        producer = make_producer(s, **{"linger.ms": 20})
+        # the detectors start from this warm snapshot (a newer one than any on the topic)
+        snap = snapshot_of(model, int(time.time()), int(model.crbm.n_seen))
+        producer.produce(MODELS.name, key=model_name().encode(), value=encode(snap))
+        producer.flush(10)
+        metrics_port = free_port()
+        env = {
+            "PHASEWISE_BOOTSTRAP": bootstrap,
+            "PHASEWISE_DATA_DIR": str(workdir / "worker"),
+            "PHASEWISE_METRICS_PORT": str(metrics_port),
+            "PHASEWISE_WEB_PORT": str(free_port()),
+            "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
+            "PHASEWISE_VPA_TIME_SCALE": "0.001",
+            "PHASEWISE_LOG_LEVEL": "warning",
+            "PHASEWISE_POLICY": "phase",
+            "PHASEWISE_WORKER_ID": f"phasewise-bench-phases-{snap.version}",
+        }
+        worker = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log").start()
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+        def counter() -> float:
+            return scrape(url).get(COUNTER, 0.0)
+
+        def ready() -> bool:
+            if not worker.alive():
+                raise RuntimeError("worker exited:\n" + worker.log_tail())
+            try:
+                m = scrape(url)
+            except OSError:
+                return False
+            return m.get("phasewise_worker_ready", 0.0) >= 1.0 and m.get("phasewise_worker_model_version", 0) >= snap.version
+
+        wait_until(ready, 120, what="the worker to be ready on the warm snapshot")
+        rss0 = rss_bytes(worker.pid)
+        ticks = max(1, int(args.seconds))
+        t_base = time.time() - ticks - 60
+        start = counter()
+
+        def flood():
+            for k in range(ticks):
+                for i, (host, cs) in enumerate(hosts):
+                    cpu, mem = _usage(len(cs), k, i)
+                    yield host.encode(), host_message(host, t_base + k, cs, cpu.tolist(), mem.tolist(),
+                                                      cpu_limit=2.0, mem_limit=4e9)
+
+        produce_messages(producer, SAMPLES.name, flood())
+        expected = start + sum(len(cs) for _, cs in hosts) * ticks
+        lo, hi = start + 0.1 * (expected - start), start + 0.9 * (expected - start)
+        wait_until(lambda: counter() >= lo, 600, 0.02, "10% of the backlog")
+        c_lo, t_lo = counter(), time.perf_counter()
+        wait_until(lambda: counter() >= hi, 600, 0.02, "90% of the backlog")
+        c_hi, t_hi = counter(), time.perf_counter()
+        wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
+        m = scrape(url)
+        rss1 = rss_bytes(worker.pid)
+        return {
+            "samples_per_s": round((c_hi - c_lo) / (t_hi - t_lo), 1),
+            "worker_rss_bytes_per_container": round(max(0.0, (rss1 - rss0) / args.containers), 1),
+            "worker_phase_changes": int(m.get("phasewise_worker_phase_changes_total", 0)),
+            "worker_decisions": int(m.get("phasewise_worker_decisions_total", 0)),
+            "worker_model_version": int(m.get("phasewise_worker_model_version", 0)),
+        }
+    finally:
+        if worker is not None:
+            worker.stop()
+        if broker:
+            broker.stop()
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="phasewise-bench-phases-"))
+    hosts = _hosts(args.containers, args.per_host)
+    model = warm_model()
+    pure, state_bytes, changes = pure_rate(PhaseModel.from_bytes(model.to_bytes()), hosts, args.pure_ticks)
+    out = {
+        "samples_per_s": None,
+        "bytes_per_container": round(state_bytes, 1),
+        "pure_step_samples_per_s": round(pure, 1),
+        "decode_included": True,
+        "pure_phase_changes": changes,
+        "containers": args.containers,
+        "per_host": args.per_host,
+        "phases_open": len(model.clusterer.phase_ids),
+    }
+    if not args.pure_only:
+        out.update(worker_rate(args, model, hosts, workdir))
+    out["logs"] = str(workdir) if args.keep_logs else None
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    result = run_bench(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:32s} {v}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    sys.exit(run(p.parse_args()))
