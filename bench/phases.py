@@ -35,10 +35,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from phasewise.bench.harness import RoleProcess, host_message, produce_messages, rss_bytes, scrape, wait_until
+from phasewise.bench.harness import (
+    RoleProcess,
+    host_message,
+    produce_messages,
+    rss_bytes,
+    scrape,
+    wait_until,
+)
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.phase_fleet import PhaseFleet
+
 from phasewise.schemas import HostSamples, decode, encode
 
 COUNTER = "phasewise_worker_container_samples_total"
@@ -112,9 +119,10 @@ def pure_rate(model: PhaseModel, hosts: list[tuple[str, list[str]]], ticks: int)
 def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[str, list[str]]],
                 workdir: Path) -> dict:
     from phasewise.infra.broker import EmbeddedBroker, free_port
+    from phasewise.streams.phase_agents import model_name, snapshot_of
+
     from phasewise.kafka import ensure_topics, make_producer
     from phasewise.settings import Settings
-    from phasewise.streams.phase_agents import model_name, snapshot_of
     from phasewise.topics import MODELS, SAMPLES
 
     broker = None if args.bootstrap else EmbeddedBroker(log_path=workdir / "broker.log").start()

@@ -40,15 +40,15 @@ Pure: no IO, no clock; time comes from the frames' event times.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
-
 from phasewise.models.detector import PhaseModel, Windows, detect, learn
 from phasewise.models.phases import DEFAULT_QUANTILES
 
-__all__ = ["FleetStep", "PhaseFleet", "phase_limits", "pick_every_k", "STATE_VERSION"]
+__all__ = ["STATE_VERSION", "FleetStep", "PhaseFleet", "phase_limits", "pick_every_k"]
 
 #: format of :meth:`PhaseFleet.state_of` dicts
 STATE_VERSION = 1

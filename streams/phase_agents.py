@@ -50,14 +50,23 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.phase_fleet import FleetStep, PhaseFleet
+
 from phasewise.schemas import (
-    MAX_BYTES, MAX_CORES, Decision, HostSamples, ModelSnapshot, PhaseChange, SchemaError, decode, encode,
+    MAX_BYTES,
+    MAX_CORES,
+    Decision,
+    HostSamples,
+    ModelSnapshot,
+    PhaseChange,
+    SchemaError,
+    decode,
+    encode,
 )
 from phasewise.settings import Settings
 from phasewise.topics import MODELS, Topic
@@ -156,7 +165,7 @@ def snapshot_of(model: PhaseModel, version: int, samples_seen: int) -> ModelSnap
 def model_of(snap: ModelSnapshot) -> PhaseModel:
     try:
         return PhaseModel.from_bytes(base64.b64decode(snap.payload_b64, validate=True))
-    except Exception as e:  # binascii.Error, CheckpointError, ValueError...
+    except (ValueError, KeyError, TypeError) as e:  # binascii.Error, CheckpointError and other ValueErrors
         raise SchemaError(f"ModelSnapshot {snap.name} v{snap.version}: payload is no PhaseModel: {e}") from None
 
 
@@ -441,9 +450,9 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
     ``async flush()`` (sends what the last messages produced) and ``clear()``.
     """
     import faust
+    from phasewise.streams.topics import _topic
 
     from phasewise.kafka import make_producer, publish_dead_letter
-    from phasewise.streams.topics import _topic
     from phasewise.topics import PHASES
 
     name = model_name(FEATURES)

@@ -6,7 +6,6 @@ import argparse
 import json
 
 import pytest
-
 from phasewise.bench import phases
 
 

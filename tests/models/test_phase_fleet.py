@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.phase_fleet import PhaseFleet, phase_limits, pick_every_k
 
@@ -82,7 +81,7 @@ def test_a_phase_change_is_emitted_once_and_a_new_phase_falls_back_until_it_has_
     c = busy_changes[0]
     assert c["old_phase"] == p_idle and c["container"] == "job" and c["host"] == "h1" and c["since"] == 2.0
     assert c["stats"] == m.clusterer.phase_stats(p_busy)  # memoised per phase, same numbers
-    first = [x for x in changes if x["new_phase"] == p_idle][0]
+    first = next(x for x in changes if x["new_phase"] == p_idle)
     assert first["stats"] == m.clusterer.phase_stats(p_idle) and first["stats"]["cpu"]["count"] == 50
     assert steps[5].from_phase.all()  # idle: phase statistics
     assert not steps[-1].from_phase.any() and steps[-1].limits.tolist() == FB.tolist()  # busy: fallback
@@ -108,7 +107,7 @@ def test_within_a_phase_limits_move_only_beyond_the_change_threshold():
 
 
 def test_the_pure_rule_matches_a_hand_computed_case():
-    lim, basis, src, lp = phase_limits(
+    lim, _basis, src, lp = phase_limits(
         q=np.array([[1.0, 100.0], [np.nan, np.nan]]), counts=np.array([[10, 9], [0, 0]]),
         phase=np.array([2, -1]), slot_ok=np.array([True, False]),
         prev_basis=np.array([[0.98, np.nan], [np.nan, np.nan]]), prev_limit_phase=np.array([2, -1]),

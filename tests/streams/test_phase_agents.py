@@ -12,13 +12,25 @@ from phasewise.bench.harness import RoleProcess, scrape
 from phasewise.infra.broker import free_port
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.streams.phase_agents import (
-    Learner, PhaseHooks, decode_learn_batch, encode_learn_batch, model_name, model_of,
+    Learner,
+    PhaseHooks,
+    decode_learn_batch,
+    encode_learn_batch,
+    model_name,
+    model_of,
 )
 from phasewise.streams.processing import StateCache, process_host_samples
 
 from phasewise.kafka import make_consumer, make_producer
 from phasewise.schemas import (
-    ContainerSample, Decision, HostSamples, ModelSnapshot, PhaseChange, SchemaError, decode, encode,
+    ContainerSample,
+    Decision,
+    HostSamples,
+    ModelSnapshot,
+    PhaseChange,
+    SchemaError,
+    decode,
+    encode,
 )
 from phasewise.settings import Settings
 from phasewise.topics import DECISIONS, MODELS, PHASES, SAMPLES
@@ -118,7 +130,7 @@ class Worker:
         self.env = env
         self.role: RoleProcess | None = None
 
-    def start(self, timeout_s: float = 60.0) -> "Worker":
+    def start(self, timeout_s: float = 60.0) -> Worker:
         self.role = RoleProcess("worker", self.args, env=self.env,
                                 log_path=self.tmp / f"worker-{uuid.uuid4().hex[:4]}.log").start()
         deadline = time.monotonic() + timeout_s
