@@ -515,19 +515,16 @@ def _through_kafka(trace: Trace, specs: list[PolicySpec],
     from phasewise.replay_kafka import kafka_sequences, worker_policies
 
     families = [s.family for s in specs]
-    if "phase" in families:
-        if "phase" not in worker_policies():
-            raise ThroughKafkaUnsupported(
-                "--through-kafka cannot run the phase policy: phasewise worker has no `--policy phase` "
-                "in this build (streams/worker.py, streams/phase_agents.py); drop phase from "
-                "--policies or run without --through-kafka")
+    runs = worker_policies()
+    if "phase" in families and "phase" not in runs:
         raise ThroughKafkaUnsupported(
-            "--through-kafka cannot run the phase policy yet: the worker has `--policy phase`, but "
-            "phasewise.replay_kafka does not read its decisions yet; drop phase from --policies")
-    kafka = [f for f in families if f == "vpa"]
+            "--through-kafka cannot run the phase policy: phasewise worker has no `--policy phase` "
+            "in this build (streams/worker.py, streams/phase_agents.py); drop phase from "
+            "--policies or run without --through-kafka")
+    kafka = [f for f in dict.fromkeys(families) if f in runs]
     if not kafka:
         raise ThroughKafkaUnsupported("--through-kafka: none of the policies runs in the stream worker "
-                                      "(it runs vpa); add vpa to --policies")
+                                      f"(it runs {', '.join(runs)}); add one to --policies")
     seqs, info = kafka_sequences(trace, kafka, bootstrap=bootstrap)
     for fam, i in info.items():
         print(f"through kafka: {fam}: {i['messages']} messages, {i['decisions']} decisions from "

@@ -22,16 +22,35 @@ both paths can be scored (and compared) the same way:
    divided back); then one end marker: a sample of container
    :data:`END_CONTAINER` one second after the last timestamp;
 4. read the decisions topic from where it ended before step 3, keeping the
-   decisions for the replay host made by this worker (``details.worker_id``);
+   decisions of the run's policy for the replay host (vpa: made by this
+   worker, ``details.worker_id``);
    the end marker's decision (a new container always gets one) comes after
-   every decision about the trace (same key, same partition, in order), so
+   every decision about the trace (same key, same partition, in order; the
+   phase worker hands a new container its VPA fallback limit at once), so
    it says the worker has consumed everything;
 5. rebuild: the limit in force at sample ``t_i`` is the one last decided at
    an event time ``< t_i`` (a decision at ``ts`` follows the sample at
    ``ts``; in-process, ``limits(t_i)`` is asked after ``observe(t_{i-1})``),
-   ``None`` before the first decision. Limits are the policy's own
+   ``None`` before the first decision. vpa limits are the policy's own
    (``details.limits``); the enforced ``cpu_limit_cores`` / ``mem_limit_bytes``
-   are those rounded up to a millicore / a byte.
+   are those rounded up to a millicore / a byte. phase limits are the
+   decided (rounded) ones.
+
+**vpa** goes through the very code in-process replay runs (the worker's step,
+:func:`phasewise.streams.processing.process_host_samples`, drives
+:class:`~phasewise.models.vpa.VpaPolicy` with ``limits``/``observe``), so
+both paths decide the same limits at the same times (tests check it to 1e-9).
+
+**phase** (``phasewise worker --policy phase``, :mod:`phasewise.streams.
+phase_agents`) is the live phase design, not in-process replay's
+:class:`~phasewise.models.phase_policy.PhasePolicy`: frozen detectors over a
+shared model that ONE learner trains from every ``phase_learn_every``-th
+window and publishes as snapshots (asynchronously: which snapshot a detector
+uses at a given sample depends on timing), the newest snapshot already on
+the models topic (or the shipped pretrained model) as the start, and VPA
+fallback limits rounded to a millicore / a byte. Its decisions (``policy
+"phase"``, limits as decided) are scored like in-process ones, but are not
+expected to equal in-process phase replay, nor to repeat exactly run to run.
 
 Only the resources the worker's policy manages (``cpu``, ``mem``) take part;
 the others in the trace (GPU) are not sent. The message schema requires both
@@ -254,7 +273,7 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
     run). *workdir*: where the broker's and the worker's logs go (default: a
     temporary directory, kept and named in errors).
     """
-    if family != "vpa":
+    if family not in worker_policies():
         raise KafkaReplayError(f"policy {family!r} cannot run through Kafka: phasewise worker runs "
                                f"{', '.join(worker_policies())} here")
     from phasewise.bench.harness import RoleProcess
@@ -294,6 +313,7 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
 
         worker = RoleProcess("worker", [], env={}, log_path=work / "worker.log")
         worker.env = _worker_env(boot, worker_id, work / "worker-data", free_port())
+        worker.env["PHASEWISE_POLICY"] = family
         worker.start()
 
         producer = make_producer(s)
@@ -324,8 +344,10 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
                 d = decode(Decision, msg.value())
             except Exception:  # noqa: BLE001 - someone else's record on a shared topic
                 continue
-            if d.host != host or (d.details or {}).get("worker_id") != worker_id:
+            if d.host != host or d.policy != family:
                 continue
+            if family == "vpa" and (d.details or {}).get("worker_id") != worker_id:
+                continue  # another worker on this broker decided about our host
             if d.container == END_CONTAINER:
                 done = True
             else:

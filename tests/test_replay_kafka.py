@@ -12,7 +12,7 @@ from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
 from phasewise.streams.processing import StateCache, process_host_samples
 
 from phasewise.cli import main
-from phasewise.replay import NOMINAL_MEM_BYTES, decision_sequence, policy_specs, replay_trace, result_rows
+from phasewise.replay import NOMINAL_MEM_BYTES, PolicySpec, decision_sequence, policy_specs, replay_trace, result_rows
 from phasewise.replay_kafka import (
     END_CONTAINER,
     KafkaReplayError,
@@ -151,3 +151,25 @@ def test_the_cli_through_kafka_prints_the_scores_of_the_in_process_replay(capsys
         assert (a.get("alloc_over_used"), a.get("fulfilment"), a.get("steps")) == \
                (b.get("alloc_over_used"), b.get("fulfilment"), b.get("steps"))
         assert a == b
+
+
+def test_the_phase_worker_replays_a_trace_through_kafka_into_scored_decision_sequences(broker, tmp_path):
+    if "phase" not in worker_policies():
+        pytest.skip("the worker has no --policy phase in this build")
+    trace = small_trace(2, 40)
+    result = replay_through_kafka(trace, family="phase", bootstrap=broker.bootstrap, workdir=tmp_path,
+                                  timeout_s=120)
+    assert result.decisions and {(d.host, d.policy) for d in result.decisions} == {(result.host, "phase")}
+    for s in trace.containers:
+        seq = result.sequences[s.container]
+        assert [t for t, _ in seq] == s.t.tolist()
+        assert seq[0][1] == {"cpu": None, "mem": None}  # nothing decided before the first sample
+        mine = sorted((d for d in result.decisions if d.container == s.container), key=lambda d: d.ts)
+        last = mine[-1]
+        if last.ts < s.t[-1]:  # held from the last decision on
+            held = seq[-1][1]
+            assert last.cpu_limit_cores is None or held["cpu"] == last.cpu_limit_cores
+            assert last.mem_limit_bytes is None or held["mem"] == last.mem_limit_bytes
+    spec = PolicySpec("phase", "phase", None)  # decided through Kafka, not built here
+    rows, _ = result_rows(replay_trace(trace, [spec], sequences={"phase": result.sequences}))
+    assert {r["resource"] for r in rows} == {"cpu", "mem"} and all(r["steps"] > 0 for r in rows)
