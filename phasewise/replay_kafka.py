@@ -78,9 +78,17 @@ from pathlib import Path
 from typing import Any
 
 from phasewise.models.policy import Limits
-from phasewise.producers.traces import ContainerSeries, Trace
-
-from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples, decode, encode
+from phasewise.producers.traces import Trace
+from phasewise.schemas import (
+    MAX_BYTES,
+    MAX_CORES,
+    ContainerSample,
+    Decision,
+    HostSamples,
+    SchemaError,
+    decode,
+    encode,
+)
 
 __all__ = [
     "END_CONTAINER",
@@ -130,6 +138,7 @@ def trace_messages(trace: Trace, host: str, scale_mem: float = 1.0) -> list[Host
     """The trace as one :class:`HostSamples` per timestamp, in event-time order, plus the end marker.
 
     >>> import numpy as np
+    >>> from phasewise.producers.traces import ContainerSeries
     >>> tr = Trace("t", "-", {"cpu": "cores", "mem": "bytes"}, [
     ...     ContainerSeries("a", np.array([1., 2.]), {"cpu": np.array([.5, .6]), "mem": np.array([1e8, 2e8])}),
     ...     ContainerSeries("b", np.array([2.]), {"cpu": np.array([1.]), "mem": np.array([3e8])})])
@@ -188,6 +197,7 @@ def rebuild_sequences(trace: Trace, decisions: Iterable[Decision],
     memory divided by *scale_mem*. Keys: the worker's resources present in the trace.
 
     >>> import numpy as np
+    >>> from phasewise.producers.traces import ContainerSeries
     >>> tr = Trace("t", "-", {"cpu": "cores"}, [ContainerSeries("a", np.array([1., 2., 3.]),
     ...     {"cpu": np.array([.5, .6, .7])})])
     >>> d = Decision(id="x", ts=1.0, host="h", container="a", action="limit", policy="vpa", reason="",
@@ -342,7 +352,7 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
                 continue
             try:
                 d = decode(Decision, msg.value())
-            except Exception:  # noqa: BLE001 - someone else's record on a shared topic
+            except SchemaError:  # someone else's record on a shared topic
                 continue
             if d.host != host or d.policy != family:
                 continue

@@ -12,7 +12,14 @@ from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
 from phasewise.streams.processing import StateCache, process_host_samples
 
 from phasewise.cli import main
-from phasewise.replay import NOMINAL_MEM_BYTES, PolicySpec, decision_sequence, policy_specs, replay_trace, result_rows
+from phasewise.replay import (
+    NOMINAL_MEM_BYTES,
+    PolicySpec,
+    decision_sequence,
+    policy_specs,
+    replay_trace,
+    result_rows,
+)
 from phasewise.replay_kafka import (
     END_CONTAINER,
     KafkaReplayError,
