@@ -915,7 +915,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker: seconds between recommendations per container (demo default 5)")
     p.add_argument("--vpa-time-scale", type=float, default=0.001,
                    help="worker: VPA durations x this (demo default 0.001: a VPA day lasts 86 s)")
-    p.add_argument("--start-cpu", type=float, default=1.0, help="starting CPU limit per job, cores")
+    p.add_argument("--start-cpu", type=float, default=0.5,
+                   help="starting CPU limit per job, cores (below a job's ~1 core of demand, so the loop raises it early)")
     p.add_argument("--start-mem", type=parse_size, default=2**30, help="starting memory limit per job (e.g. 1G)")
     p.add_argument("--max-restarts", type=int, default=3, help="restarts per job that dies")
     p.add_argument("--host", help="host name on the wire (default: this machine's)")

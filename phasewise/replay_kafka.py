@@ -324,6 +324,10 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
         worker = RoleProcess("worker", [], env={}, log_path=work / "worker.log")
         worker.env = _worker_env(boot, worker_id, work / "worker-data", free_port())
         worker.env["PHASEWISE_POLICY"] = family
+        # never act on other hosts' samples when pointed at a live cluster, and follow
+        # the policy's limits step by step (the replay compares every limit)
+        worker.env["PHASEWISE_WORKER_HOSTS"] = host
+        worker.env["PHASEWISE_VPA_UPDATE_MODE"] = "hysteresis"
         worker.start()
 
         producer = make_producer(s)

@@ -55,6 +55,12 @@ class Settings:
     mem_floor_bytes: int = 64 * 2**20
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     log_level: str = "info"
+    #: worker: only these hosts' samples are processed (comma-separated; empty = all)
+    worker_hosts: str = ""
+    #: worker, vpa policy: "bounds" acts like the VPA updater (a limit changes only when the
+    #: one in force lies outside the recommender's [lower, upper] confidence bounds, then to
+    #: the target); "hysteresis" follows the target whenever it moves by more than hysteresis
+    vpa_update_mode: str = "bounds"
     # --- actuator (appended)
     #: ledger of applied decision ids: keep entries this long (must exceed the
     #: decisions topic's retention) and at most this many
@@ -123,11 +129,16 @@ class Settings:
             raise SettingsError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
         if self.backend not in ("cgroup", "dry-run"):
             raise SettingsError(f"backend must be 'cgroup' or 'dry-run', got {self.backend!r}")
+        if self.vpa_update_mode not in ("bounds", "hysteresis"):
+            raise SettingsError(f"vpa_update_mode must be 'bounds' or 'hysteresis', got {self.vpa_update_mode!r}")
         if self.cpu_floor_cores <= 0:
             raise SettingsError("cpu_floor_cores must be > 0")
 
     def describe(self) -> str:
         return "settings: " + " ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+
+    def worker_host_set(self) -> frozenset[str]:
+        return frozenset(h.strip() for h in self.worker_hosts.split(",") if h.strip())
 
     def kafka_common(self) -> dict[str, Any]:
         return {"bootstrap.servers": self.bootstrap}

@@ -86,6 +86,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
                                dead_letter=dead_letter)
 
+    only_hosts = settings.worker_host_set()
+
     @app.agent(topics.samples, name="phasewise.vpa-samples")
     async def on_samples(stream: faust.StreamT) -> None:
         async for event in stream.events():
@@ -94,6 +96,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
                 continue
+            if only_hosts and hs.host not in only_hosts:
+                continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
             t0 = time.perf_counter()
             try:
                 decisions = process_host_samples(cache, hs, settings)

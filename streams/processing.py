@@ -180,6 +180,15 @@ def _moved(new: float | None, ref: float | None, hysteresis: float) -> bool:
     return abs(new - ref) > hysteresis * ref
 
 
+def _outside(ref: float | None, bounds: dict[str, float]) -> bool:
+    """Whether the limit in force lies outside [lower, upper] (unlimited: always)."""
+    if ref is None:
+        return True
+    lo, up = bounds.get("lower"), bounds.get("upper")
+    return (lo is not None and math.isfinite(lo) and ref < lo) or (
+        up is not None and math.isfinite(up) and ref > up)
+
+
 def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
@@ -198,6 +207,15 @@ def _decide(entry: ContainerEntry, host: str, c: ContainerSample, ts: float,
     h = settings.hysteresis
     cpu_out = cpu_t if _moved(cpu_t, ref_cpu, h) else None
     mem_out = mem_t if _moved(mem_t, ref_mem, h) else None
+    rec = None
+    if settings.vpa_update_mode == "bounds" and (cpu_out is not None or mem_out is not None):
+        # the VPA updater acts only on a limit outside the confidence bounds: with little
+        # history the upper bound is far above the target, so nothing is cut early
+        rec = p.model.predict_one()
+        if cpu_out is not None and not _outside(ref_cpu, rec["cpu"]):
+            cpu_out = None
+        if mem_out is not None and not _outside(ref_mem, rec["mem"]):
+            mem_out = None
     if cpu_out is None and mem_out is None:
         return None
     why = []
@@ -208,7 +226,7 @@ def _decide(entry: ContainerEntry, host: str, c: ContainerSample, ts: float,
         why.append(f"mem {_fmt(ref_mem, 2**-20)} -> {mem_out / 2**20:.0f} MiB")
         entry.decided_mem = mem_out
     m = p.model
-    rec = m.predict_one()
+    rec = rec or m.predict_one()
     details = m.explain()
     details["cpu"] = {k: _finite(v) for k, v in rec["cpu"].items()}
     details["mem"] = {k: _finite(v) for k, v in rec["mem"].items()}
@@ -216,6 +234,7 @@ def _decide(entry: ContainerEntry, host: str, c: ContainerSample, ts: float,
     details["previous"] = {"cpu": ref_cpu, "mem": ref_mem}
     details["observed"] = {"cpu": c.cpu_limit_cores, "mem": c.mem_limit_bytes}
     details["hysteresis"] = h
+    details["update_mode"] = settings.vpa_update_mode
     details["worker_id"] = settings.worker_id
     details["confidence"] = _finite(details["confidence"])
     reason = (f"vpa {p.bound} (p{m.target_percentile * 100:g} of {m.samples} samples "

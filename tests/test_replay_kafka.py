@@ -73,7 +73,7 @@ def assert_same_sequences(got: dict[str, list], want: dict[str, list]) -> None:
 
 
 def replay_settings() -> Settings:
-    return Settings.from_env({"recommend_interval_s": 0.0, "hysteresis": 0.0, "vpa_time_scale": 1.0,
+    return Settings.from_env({"recommend_interval_s": 0.0, "hysteresis": 0.0, "vpa_time_scale": 1.0, "vpa_update_mode": "hysteresis",
                               "worker_id": "replay-test"}, env={})
 
 

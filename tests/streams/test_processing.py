@@ -16,8 +16,9 @@ T0 = 1.7e9
 
 
 def settings(**kw) -> Settings:
-    return Settings.from_env({"recommend_interval_s": 5.0, "hysteresis": 0.1, "vpa_time_scale": 0.001, **kw},
-                             env={})
+    """Hysteresis mode: these tests pin the timing and hysteresis mechanics (bounds mode below)."""
+    return Settings.from_env({"recommend_interval_s": 5.0, "hysteresis": 0.1, "vpa_time_scale": 0.001,
+                              "vpa_update_mode": "hysteresis", **kw}, env={})
 
 
 def msg(ts: float, *containers: ContainerSample, host: str = "h1") -> HostSamples:
@@ -138,3 +139,26 @@ def test_a_throttled_spinner_is_released_to_its_demand_in_one_step():
     (d,) = run(StateCache.from_settings(s), s, 6, cpu=0.25, cpu_limit=0.25, nr_periods=10,
                throttled_periods=10, throttled_s=0.75)
     assert d.cpu_limit_cores == pytest.approx(CPU.start(CPU.find_bucket(1.0) + 1) * 1.15, abs=1e-3)
+
+
+def test_in_bounds_mode_little_history_never_cuts_a_limit_but_enough_history_does():
+    s = settings(vpa_update_mode="bounds")
+    cache = StateCache.from_settings(s)
+    early = run(cache, s, 20)  # 20 s at time scale 0.001: the upper bound is still far above 2 cores
+    assert [d for d in early if d.cpu_limit_cores is not None] == []
+    later = [process_host_samples(cache, msg(T0 + i, c()), s) for i in range(20, 300)]
+    cuts = [d for ds in later for d in ds if d.cpu_limit_cores is not None]
+    assert cuts, "a steady 0.5-core container under a 2-core limit is eventually lowered"
+    first = cuts[0]
+    assert first.cpu_limit_cores < 2.0
+    assert first.details["update_mode"] == "bounds"
+    # the limit in force was above the upper bound when the cut was made
+    assert first.details["cpu"]["upper"] < 2.0
+
+
+def test_in_bounds_mode_a_limit_below_the_lower_bound_is_raised_at_once():
+    s = settings(vpa_update_mode="bounds")
+    cache = StateCache.from_settings(s)
+    out = run(cache, s, 6, cpu=0.25, cpu_limit=0.25, throttled_periods=9, nr_periods=10, throttled_s=0.7)
+    raised = [d for d in out if d.cpu_limit_cores is not None]
+    assert raised and raised[0].cpu_limit_cores > 0.25

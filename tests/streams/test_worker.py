@@ -29,6 +29,7 @@ class Worker:
         env = {
             "PHASEWISE_BOOTSTRAP": settings.bootstrap,
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
+            "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",  # these tests check decisions within seconds
             "PHASEWISE_LOG_LEVEL": "info",
         }
         args = ["--recommend-interval", "1", "--web-port", "0", "--worker-id", worker_id,
