@@ -23,8 +23,9 @@
    unrounded limits;
 3. the same step marks the container's state dirty, so the caller persists it,
    when it emitted a decision or when ``state_write_interval_s`` of event time
-   passed since the last write (and once after the container appears or is
-   reloaded): table writes are expensive (~300 us each with Faust here).
+   passed since the last write (a container's first write comes with its
+   first decision or one write interval after it appears): table writes are
+   expensive (each changelog record is its own produce request here).
 
 This is the code path ``phasewise replay`` runs in-process: the same
 ``VpaPolicy`` class, asked ``limits`` and shown ``observe`` in the same way
@@ -292,7 +293,9 @@ def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Se
         d = _decide(entry, host, c, ts, settings)
         if d is not None:
             out.append(d)
-        if d is not None or entry.written_ts is None or ts - entry.written_ts >= write_interval:
+        if entry.written_ts is None:  # new or reloaded: first write at a decision or one interval on
+            entry.written_ts = ts
+        if d is not None or ts - entry.written_ts >= write_interval:
             dirty.add(key)
             entry.written_ts = ts
     return out
