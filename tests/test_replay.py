@@ -293,11 +293,6 @@ def test_bad_input_exits_2_with_the_reason(tmp_path, capsys):
     assert main(["replay", str(SAMPLE), "--windows", "0"]) == 2
 
 
-@pytest.mark.skipif(HAS_PHASE, reason="the phase policy exists")
-def test_asking_for_a_phase_policy_that_is_not_written_yet_says_so(capsys):
-    assert main(["replay", str(SAMPLE), "--policies", "phase"]) == 2
-    assert "policy 'phase' is not available" in capsys.readouterr().err
-
 
 @pytest.mark.skipif(not GENAI.is_dir(), reason="shared GenAI 2026 trace not present (not shipped: no licence)")
 def test_the_genai_trace_replays_gpu_gpu_memory_and_memory(capsys):

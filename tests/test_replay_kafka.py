@@ -115,15 +115,6 @@ def test_a_sample_with_cpu_but_no_memory_cannot_go_through_kafka():
         trace_messages(bad, "h")
 
 
-def test_phase_through_kafka_names_what_is_missing_when_the_worker_cannot_run_it(capsys):
-    if "phase" in worker_policies():
-        pytest.skip("the worker runs the phase policy in this build")
-    rc = main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--through-kafka", "--json"])
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert "--policy phase" in err and "phase" in err
-
-
 # ---------------------------------------------------------------- through the real pipeline
 
 
