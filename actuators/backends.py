@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from phasewise.actuators.commands import Command, Freeze, Outcome, SetLimits, Thaw
-
 from phasewise.cgroupfs import CgroupError, CgroupLayout
 
 __all__ = ["CFS_PERIOD_US", "MIN_QUOTA_US", "Backend", "CgroupBackend", "DryRunBackend"]

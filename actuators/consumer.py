@@ -49,7 +49,6 @@ from phasewise.actuators.commands import Outcome
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import Planned, is_managed_name, plan
-
 from phasewise.schemas import Actuation, Decision, SchemaError, decode, encode
 from phasewise.settings import Settings, SettingsError
 from phasewise.topics import ACTUATIONS, DECISIONS

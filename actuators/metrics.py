@@ -15,8 +15,9 @@ Every metric is registered on the registry passed in, so tests use a fresh
 
 from __future__ import annotations
 
-from phasewise.actuators.commands import STATUSES
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+from phasewise.actuators.commands import STATUSES
 
 __all__ = ["ActuatorMetrics"]
 

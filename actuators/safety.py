@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from phasewise.actuators.commands import Command, Freeze, SetLimits, Thaw
-
 from phasewise.cgroupfs import _NAME as _MANAGED_NAME  # the one definition of a managed name
 from phasewise.schemas import Decision
 from phasewise.settings import Settings

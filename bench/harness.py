@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from phasewise.schemas import ContainerSample, HostSamples, encode
 
@@ -31,7 +31,7 @@ class RoleProcess:
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "RoleProcess":
+    def start(self) -> RoleProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

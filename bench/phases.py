@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from phasewise.bench.harness import (
     RoleProcess,
     host_message,
@@ -45,7 +46,6 @@ from phasewise.bench.harness import (
 )
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.phase_fleet import PhaseFleet
-
 from phasewise.schemas import HostSamples, decode, encode
 
 COUNTER = "phasewise_worker_container_samples_total"
@@ -119,10 +119,9 @@ def pure_rate(model: PhaseModel, hosts: list[tuple[str, list[str]]], ticks: int)
 def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[str, list[str]]],
                 workdir: Path) -> dict:
     from phasewise.infra.broker import EmbeddedBroker, free_port
-    from phasewise.streams.phase_agents import model_name, snapshot_of
-
     from phasewise.kafka import ensure_topics, make_producer
     from phasewise.settings import Settings
+    from phasewise.streams.phase_agents import model_name, snapshot_of
     from phasewise.topics import MODELS, SAMPLES
 
     broker = None if args.bootstrap else EmbeddedBroker(log_path=workdir / "broker.log").start()

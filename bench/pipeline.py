@@ -35,7 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-from phasewise.bench.harness import RoleProcess, host_message, produce_messages, rss_bytes, scrape, wait_until
+from phasewise.bench.harness import (
+    RoleProcess,
+    host_message,
+    produce_messages,
+    rss_bytes,
+    scrape,
+    wait_until,
+)
 from phasewise.infra.broker import EmbeddedBroker, free_port
 from phasewise.kafka import ensure_topics, make_consumer, make_producer
 from phasewise.schemas import Actuation, decode

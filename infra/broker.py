@@ -67,7 +67,7 @@ class EmbeddedBroker:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 20.0) -> "EmbeddedBroker":
+    def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         cmd = [
             tansu_binary(), "broker",
@@ -114,7 +114,7 @@ class EmbeddedBroker:
         assert self._proc is not None
         return self._proc.wait()
 
-    def __enter__(self) -> "EmbeddedBroker":
+    def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -35,7 +35,8 @@ and hidden samples) comes only from ``seed`` through a private
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -307,7 +308,7 @@ class CRBM:
         return pack("CRBM", self.VERSION, meta, arrays)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "CRBM":
+    def from_bytes(cls, data: bytes) -> CRBM:
         """Load a checkpoint written by :meth:`to_bytes`; another version raises ``CheckpointError``."""
         meta, arr = unpack(data, "CRBM", cls.VERSION)
         obj = cls(**meta["params"])
@@ -319,7 +320,7 @@ class CRBM:
         obj._n_updates = int(meta["n_updates"])
         return obj
 
-    def clone(self) -> "CRBM":
+    def clone(self) -> CRBM:
         """An independent copy (same parameters and RNG state)."""
         return self.from_bytes(self.to_bytes())
 

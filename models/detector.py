@@ -27,8 +27,9 @@ set from the phase has to cover.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -175,7 +176,7 @@ class PhaseModel:
         return pack("PhaseModel", self.VERSION, {"params": self._params()}, parts)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "PhaseModel":
+    def from_bytes(cls, data: bytes) -> PhaseModel:
         """Load a snapshot; any version mismatch raises ``CheckpointError``."""
         meta, arr = unpack(data, "PhaseModel", cls.VERSION)
         obj = cls(**meta["params"])
@@ -184,7 +185,7 @@ class PhaseModel:
         obj.clusterer = PhaseClusterer.from_bytes(arr["clusterer"].tobytes())
         return obj
 
-    def clone(self) -> "PhaseModel":
+    def clone(self) -> PhaseModel:
         """An independent copy."""
         return self.from_bytes(self.to_bytes())
 

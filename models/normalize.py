@@ -15,7 +15,7 @@ per container: phases are defined on absolute usage levels.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -152,13 +152,13 @@ class OnlineNormalizer:
         return pack("OnlineNormalizer", self.VERSION, meta, {"n": self._n, "mean": self._mean, "m2": self._m2})
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "OnlineNormalizer":
+    def from_bytes(cls, data: bytes) -> OnlineNormalizer:
         """Load a checkpoint written by :meth:`to_bytes` (same version only)."""
         meta, arr = unpack(data, "OnlineNormalizer", cls.VERSION)
         obj = cls(**meta)
         obj._n, obj._mean, obj._m2 = arr["n"], arr["mean"], arr["m2"]
         return obj
 
-    def clone(self) -> "OnlineNormalizer":
+    def clone(self) -> OnlineNormalizer:
         """An independent copy with the same learned state."""
         return self.from_bytes(self.to_bytes())

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from phasewise.models.detector import PhaseModel, Windows, detect, learn
 from phasewise.models.phases import DEFAULT_QUANTILES
 

@@ -28,8 +28,9 @@ statistics used. Pure: no IO, no clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from importlib import resources as _res
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -27,7 +27,8 @@ quantile. Histograms are vectorised (``np.add.at``), mergeable and serialisable.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -441,7 +442,7 @@ class PhaseClusterer:
         return pack("PhaseClusterer", self.VERSION, meta, arrays)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "PhaseClusterer":
+    def from_bytes(cls, data: bytes) -> PhaseClusterer:
         """Load a checkpoint written by :meth:`to_bytes` (same version only)."""
         meta, arr = unpack(data, "PhaseClusterer", cls.VERSION)
         obj = cls(**meta["params"])
@@ -452,6 +453,6 @@ class PhaseClusterer:
         obj.stats._load(arr, "s_")
         return obj
 
-    def clone(self) -> "PhaseClusterer":
+    def clone(self) -> PhaseClusterer:
         """An independent copy."""
         return self.from_bytes(self.to_bytes())

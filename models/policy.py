@@ -16,7 +16,8 @@ Policies are pure: no IO, no clocks (time comes in as ``t``), no globals.
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
 
 __all__ = ["RESOURCES", "LimitPolicy", "Limits", "Usage"]
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["Settings", "SettingsError"]
 
@@ -99,7 +100,7 @@ class Settings:
     phase_warmup: int = 256
 
     @classmethod
-    def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
         """Defaults < ``PHASEWISE_<NAME>`` environment < explicit overrides (flags).
 
         ``None`` values in *overrides* mean "flag not given".

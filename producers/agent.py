@@ -356,10 +356,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phasewise.producers.sampler import HostSampler
-
     from phasewise.cgroupfs import CgroupError, CgroupLayout
     from phasewise.cli import settings_from_args
+    from phasewise.producers.sampler import HostSampler
 
     settings = settings_from_args(args)
     once = bool(getattr(args, "once", False))

@@ -41,10 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from phasewise.cgroupfs import CgroupError, CgroupLayout
 from phasewise.producers.cgroup_reader import CgroupCounters, read_container
 from phasewise.producers.nvml import GpuReading, NvmlSampler
-
-from phasewise.cgroupfs import CgroupError, CgroupLayout
 from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, HostSamples
 
 __all__ = ["HostSampler", "container_delta"]

@@ -130,7 +130,7 @@ class Trace:
 def _open_text(path: Path) -> io.TextIOBase:
     if path.suffix == ".gz":
         return gzip.open(path, "rt", newline="", encoding="utf-8")
-    return open(path, "r", newline="", encoding="utf-8")
+    return open(path, newline="", encoding="utf-8")
 
 
 def _float(cell: str, path: Path, line: int, column: str) -> float:

@@ -32,12 +32,12 @@ import time
 from typing import Any
 
 import faust
-from phasewise.streams.metrics import WorkerMetrics
-from phasewise.streams.processing import StateCache, process_host_samples
-from phasewise.streams.topics import worker_topics
 
 from phasewise.schemas import DeadLetter, HostSamples, SchemaError, decode, encode, payload_text
 from phasewise.settings import Settings
+from phasewise.streams.metrics import WorkerMetrics
+from phasewise.streams.processing import StateCache, process_host_samples
+from phasewise.streams.topics import worker_topics
 from phasewise.topics import SAMPLES
 
 __all__ = ["TABLE_NAME", "register"]

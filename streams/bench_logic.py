@@ -14,10 +14,9 @@ import json
 import random
 import time
 
-from phasewise.streams.processing import StateCache, process_host_samples
-
 from phasewise.schemas import ContainerSample, HostSamples
 from phasewise.settings import Settings
+from phasewise.streams.processing import StateCache, process_host_samples
 
 
 def messages(containers: int, per_host: int, tick: int, seed: int = 0) -> list[HostSamples]:

@@ -54,9 +54,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.phase_fleet import FleetStep, PhaseFleet
-
 from phasewise.schemas import (
     MAX_BYTES,
     MAX_CORES,
@@ -450,9 +450,9 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
     ``async flush()`` (sends what the last messages produced) and ``clear()``.
     """
     import faust
-    from phasewise.streams.topics import _topic
 
     from phasewise.kafka import make_producer, publish_dead_letter
+    from phasewise.streams.topics import _topic
     from phasewise.topics import PHASES
 
     name = model_name(FEATURES)

@@ -47,7 +47,6 @@ from collections.abc import Callable
 from typing import Any
 
 from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
-
 from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples
 from phasewise.settings import Settings
 

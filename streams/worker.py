@@ -22,10 +22,9 @@ import argparse
 import logging
 import sys
 
-from phasewise.streams.processing import StateCache, process_host_samples
-
 from phasewise.cli import add_common, settings_from_args
 from phasewise.settings import Settings, SettingsError
+from phasewise.streams.processing import StateCache, process_host_samples
 
 __all__ = ["FAUST_LEVELS", "StateCache", "add_arguments", "process_host_samples", "run"]
 
@@ -103,10 +102,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"phasewise worker: {e}", file=sys.stderr)
         return 2
     import faust
-    from phasewise.streams.app import create_app
-    from phasewise.streams.metrics import WorkerMetrics
 
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
+    from phasewise.streams.app import create_app
+    from phasewise.streams.metrics import WorkerMetrics
 
     print(settings.describe(), flush=True)
     try:

@@ -19,7 +19,6 @@ from phasewise.cgroupfs import CgroupLayout
 from phasewise.kafka import make_consumer
 from phasewise.schemas import Actuation, Decision, SchemaError, decode
 from phasewise.topics import ACTUATIONS, DECISIONS
-
 from tests.conftest import requires_root
 
 pytestmark = [requires_root, pytest.mark.broker, pytest.mark.slow]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from phasewise.models.baselines import WindowPolicy
-from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
 
 from phasewise.cli import main
+from phasewise.models.baselines import WindowPolicy
+from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
 from phasewise.replay import (
     PolicySpec,
     ScaledPolicy,

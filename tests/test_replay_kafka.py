@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
-from phasewise.streams.processing import StateCache, process_host_samples
 
 from phasewise.cli import main
+from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
 from phasewise.replay import (
     NOMINAL_MEM_BYTES,
     PolicySpec,
@@ -29,6 +28,7 @@ from phasewise.replay_kafka import (
     worker_policies,
 )
 from phasewise.settings import Settings
+from phasewise.streams.processing import StateCache, process_host_samples
 
 SAMPLE = Path(__file__).resolve().parents[1] / "phasewise" / "data" / "ai4dl_sample.csv"
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from phasewise.actuators.backends import CgroupBackend, DryRunBackend
 from phasewise.actuators.commands import Freeze, SetLimits, Thaw
-
 from phasewise.cgroupfs import CgroupLayout
 
 

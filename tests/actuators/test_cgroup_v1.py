@@ -9,13 +9,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
+
 from phasewise.actuators.backends import CgroupBackend
 from phasewise.actuators.commands import Freeze, SetLimits, Thaw
 from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
-from prometheus_client import CollectorRegistry
-
 from phasewise.cgroupfs import CgroupLayout
 from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings

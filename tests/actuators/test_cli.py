@@ -6,9 +6,9 @@ import time
 import uuid
 
 import pytest
+
 from phasewise.bench.harness import RoleProcess, scrape
 from phasewise.infra.broker import free_port
-
 from phasewise.kafka import make_producer
 from phasewise.schemas import Decision, encode
 from phasewise.topics import DECISIONS

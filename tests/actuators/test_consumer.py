@@ -7,13 +7,13 @@ import time
 import uuid
 
 import pytest
+from prometheus_client import CollectorRegistry
+
 from phasewise.actuators.backends import CgroupBackend, DryRunBackend
 from phasewise.actuators.commands import Outcome, SetLimits
 from phasewise.actuators.consumer import Actuator, group_id, parse_bytes, run_actuator
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
-from prometheus_client import CollectorRegistry
-
 from phasewise.schemas import Actuation, DeadLetter, Decision, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from phasewise.actuators.ledger import Ledger, ledger_path
 
 

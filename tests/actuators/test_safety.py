@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from phasewise.actuators.commands import Freeze, SetLimits, Thaw
 from phasewise.actuators.safety import Cap, Floor, Planned, Rejected, Requested, Unsafe, plan
-
 from phasewise.schemas import Decision
 from phasewise.settings import Settings
 

@@ -6,6 +6,7 @@ import argparse
 import json
 
 import pytest
+
 from phasewise.bench import phases
 
 

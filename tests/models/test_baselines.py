@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from phasewise.models.baselines import WindowPolicy, percentile, window_family
 from phasewise.models.policy import LimitPolicy
 

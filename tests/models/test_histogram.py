@@ -7,6 +7,7 @@ import math
 import random
 
 import pytest
+
 from phasewise.models.histogram import DecayingHistogram, ExponentialBuckets, HistogramStateError
 
 # first=1, ratio=2: bucket starts 0, 1, 3, 7, 15, 31, 63, 127 (the last, open bucket)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.phase_fleet import PhaseFleet, phase_limits, pick_every_k
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from phasewise.models.scoring import Score, common_start, hold_last, score_steps, step_durations
 
 

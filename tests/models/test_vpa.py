@@ -7,6 +7,7 @@ import math
 import random
 
 import pytest
+
 from phasewise.models.histogram import ExponentialBuckets
 from phasewise.models.policy import LimitPolicy
 from phasewise.models.vpa import (
@@ -164,7 +165,8 @@ def test_a_throttled_sample_is_recorded_above_the_limit():
 
 
 def test_estimators_compose_by_wrapping():
-    const = lambda s: 2.0
+    def const(s):
+        return 2.0
     r = VpaRecommender()
     steady(r, 1440, 60.0, cpu=1.0)  # exactly one day of one sample a minute: confidence ~1
     c = r.confidence()

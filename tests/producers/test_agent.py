@@ -13,13 +13,13 @@ import time
 import uuid
 
 import pytest
+from prometheus_client import CollectorRegistry
+
 from phasewise.infra.broker import EmbeddedBroker, free_port
+from phasewise.kafka import ensure_topics, make_consumer
 from phasewise.producers.agent import Agent, Outgoing, Publisher, SampleBuffer
 from phasewise.producers.metrics import ProducerMetrics
 from phasewise.producers.sampler import HostSampler
-from prometheus_client import CollectorRegistry
-
-from phasewise.kafka import ensure_topics, make_consumer
 from phasewise.schemas import HostSamples, decode
 from phasewise.settings import Settings
 from phasewise.topics import SAMPLES

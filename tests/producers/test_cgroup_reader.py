@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from phasewise.producers import cgroup_reader as cr
-from phasewise.producers.cgroup_reader import read_container
 
 from phasewise.cgroupfs import CgroupError
+from phasewise.producers import cgroup_reader as cr
+from phasewise.producers.cgroup_reader import read_container
 
 # --------------------------------------------------------------------------- parsing (strings)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from phasewise.producers.nvml import NvmlSampler, container_from_cgroup_text, container_of_pid
 from phasewise.producers.sampler import HostSampler
 

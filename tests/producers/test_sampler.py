@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from phasewise.producers.sampler import HostSampler
 
 from phasewise.cgroupfs import CgroupError, CgroupLayout
+from phasewise.producers.sampler import HostSampler
 from phasewise.schemas import HostSamples, decode, encode
 from tests.conftest import requires_root
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from phasewise.producers.traces import (
     GENAI_FILES,
     TraceFormatError,

@@ -8,20 +8,11 @@ import uuid
 import numpy as np
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
 from phasewise.bench.harness import RoleProcess, scrape
 from phasewise.infra.broker import free_port
-from phasewise.models.detector import PhaseModel, learn
-from phasewise.streams.phase_agents import (
-    Learner,
-    PhaseHooks,
-    decode_learn_batch,
-    encode_learn_batch,
-    model_name,
-    model_of,
-)
-from phasewise.streams.processing import StateCache, process_host_samples
-
 from phasewise.kafka import make_consumer, make_producer
+from phasewise.models.detector import PhaseModel, learn
 from phasewise.schemas import (
     ContainerSample,
     Decision,
@@ -33,6 +24,15 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
+from phasewise.streams.phase_agents import (
+    Learner,
+    PhaseHooks,
+    decode_learn_batch,
+    encode_learn_batch,
+    model_name,
+    model_of,
+)
+from phasewise.streams.processing import StateCache, process_host_samples
 from phasewise.topics import DECISIONS, MODELS, PHASES, SAMPLES
 
 NAME = model_name()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from phasewise.models.histogram import ExponentialBuckets
-from phasewise.streams.processing import StateCache, decision_id, process_host_samples
 
+from phasewise.models.histogram import ExponentialBuckets
 from phasewise.schemas import ContainerSample, Decision, HostSamples, decode, encode
 from phasewise.settings import Settings
+from phasewise.streams.processing import StateCache, decision_id, process_host_samples
 
 CPU = ExponentialBuckets(0.01, 1.05, 1000.0)
 T0 = 1.7e9

@@ -12,11 +12,19 @@ import uuid
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
 from phasewise.bench.harness import RoleProcess, scrape
 from phasewise.infra.broker import free_port
-
 from phasewise.kafka import ensure_topics, make_consumer, make_producer
-from phasewise.schemas import ContainerSample, DeadLetter, Decision, HostSamples, SchemaError, decode, encode
+from phasewise.schemas import (
+    ContainerSample,
+    DeadLetter,
+    Decision,
+    HostSamples,
+    SchemaError,
+    decode,
+    encode,
+)
 from phasewise.settings import Settings
 from phasewise.topics import DEAD_LETTERS, DECISIONS, SAMPLES
 
