@@ -247,6 +247,60 @@ def decision_sequence(policy: LimitPolicy, series: ContainerSeries,
     return (seq, exps) if explain else seq
 
 
+def fleet_sequences(trace: Trace, learn_every: int = 1) -> dict[str, list[tuple[float, Limits]]]:
+    """The ``phase`` policy with ONE shared model for all containers (the live worker's code).
+
+    :class:`~phasewise.models.phase_fleet.PhaseFleet` steps every container
+    that has a sample at an event time in one batched call, in event-time
+    order, learning inline from every ``learn_every``-th ready window (the
+    live worker ships that sample to its learner instead). Its reactive
+    fallback is the per-container policy's (:class:`ReactiveFallback`: VPA
+    for cpu/mem, a moving-window max otherwise), scaled like VPA when memory
+    is not in bytes. As everywhere in replay, the limits used at ``t`` were
+    handed out by the step before ``t``.
+    """
+    from phasewise.models.detector import FEATURES, PhaseModel
+    from phasewise.models.phase_fleet import PhaseFleet
+    from phasewise.models.phase_policy import ReactiveFallback
+
+    feats = tuple(f for f in FEATURES if f in trace.units)
+    if not feats:
+        raise ValueError(f"the trace has none of the phase features {list(FEATURES)}")
+    scaled = not trace.units.get("mem", "bytes").startswith("bytes")
+    fleet = PhaseFleet(PhaseModel(features=feats), learn_every=learn_every)
+    fallback: dict[str, LimitPolicy] = {}
+    handed: dict[str, Limits] = {}
+    seqs: dict[str, list[tuple[float, Limits]]] = {c.container: [] for c in trace.containers}
+    events = sorted((float(t), k, i) for k, c in enumerate(trace.containers) for i, t in enumerate(c.t.tolist()))
+    j = 0
+    while j < len(events):
+        t = events[j][0]
+        ids: list[str] = []
+        frames: list[list[float]] = []
+        fb: list[list[float]] = []
+        while j < len(events) and events[j][0] == t:
+            _, k, i = events[j]
+            j += 1
+            series = trace.containers[k]
+            c = series.container
+            seqs[c].append((t, dict(handed.get(c, {}))))
+            usage = _usage_at(series, i)
+            pol = fallback.get(c)
+            if pol is None:
+                pol = ReactiveFallback()
+                pol = ScaledPolicy(pol, {"mem": NOMINAL_MEM_BYTES}) if scaled else pol
+                fallback[c] = pol
+            pol.observe(t, usage)
+            lim = pol.limits(t)
+            ids.append(c)
+            frames.append([usage.get(f, math.nan) for f in feats])
+            fb.append([math.nan if lim.get(f) is None else float(lim[f]) for f in feats])
+        st = fleet.step(t, ids, np.array(frames, dtype=np.float64), np.array(fb, dtype=np.float64))
+        for row, c in enumerate(ids):
+            handed[c] = {f: (None if math.isnan(v) else float(v)) for f, v in zip(feats, st.limits[row].tolist())}
+    return seqs
+
+
 def oracle_decisions(series: ContainerSeries) -> list[tuple[float, Limits]]:
     """The oracle's decisions: ``L_t = U_t`` (harness special case; it sees the step's usage)."""
     return [(t, _usage_at(series, i)) for i, t in enumerate(series.t.tolist())]
@@ -583,6 +637,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", help="with --through-kafka: use this broker instead of starting an "
                    "embedded one (the replay worker reads the whole samples topic and publishes "
                    "decisions for every host in it: not a broker live actuators listen to)")
+    p.add_argument("--phase-model", choices=("container", "fleet"), default="container",
+                   help="phase policy: one model per container (default) or one model shared by all "
+                        "containers, as the live worker runs it")
     p.add_argument("--json", action="store_true", help="print one JSON object per line instead of a table")
     p.add_argument("--report", metavar="DIR", help="write PNG plots and summary.md into DIR")
     p.add_argument("--plot-containers", type=int, default=6, help="containers plotted in the report (default 6)")
@@ -652,6 +709,12 @@ def run(args: argparse.Namespace) -> int:
         except KafkaReplayError as e:
             print(f"phasewise replay --through-kafka: {e}", file=sys.stderr)
             return 1
+    if getattr(args, "phase_model", "container") == "fleet" and any(sp.name == "phase" for sp in specs):
+        if sequences is not None and "phase" in sequences:
+            print("phasewise replay: --phase-model fleet runs in-process only (the worker's phase path "
+                  "is already the fleet)", file=sys.stderr)
+            return 2
+        sequences = {**(sequences or {}), "phase": fleet_sequences(trace)}
     show = None if args.quiet or not sys.stderr.isatty() else sys.stderr
     result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show,
                           sequences=sequences)

@@ -320,3 +320,36 @@ def test_a_container_where_one_policy_never_had_an_opinion_is_scored_for_no_poli
     rows, _ = result_rows(res)
     # window limits 1.0 then 2.0 against usage 2.0, 2.0
     assert {r["policy"]: r["fulfilment"] for r in rows} == {"window": 0.5, "oracle": 1.0}
+
+
+def test_the_shared_model_fleet_replays_with_limits_decided_before_each_step():
+    from phasewise.producers.traces import load_trace
+    from phasewise.replay import fleet_sequences
+
+    trace = load_trace(SAMPLE, "ai4dl")
+    seqs = fleet_sequences(trace)
+    assert set(seqs) == {c.container for c in trace.containers}
+    for c in trace.containers:
+        seq = seqs[c.container]
+        assert [t for t, _ in seq] == c.t.tolist()
+        assert seq[0][1] == {}  # nothing observed before the first sample: no limit yet
+        # a limit handed out for step t never depends on the usage at t: change the
+        # trace from t on and the sequence up to t is the same
+    cut = trace.containers[0]
+    k = len(cut.t) // 2
+    changed_usage = {r: u.copy() for r, u in cut.usage.items()}
+    for u in changed_usage.values():
+        u[k:] *= 7.0
+    from phasewise.producers.traces import ContainerSeries, Trace
+
+    other = Trace(trace.format, trace.source, trace.units,
+                  [ContainerSeries(cut.container, cut.t, changed_usage), *trace.containers[1:]])
+    a, b = seqs[cut.container], fleet_sequences(other)[cut.container]
+    assert a[: k + 1] == b[: k + 1]
+
+
+def test_phase_model_fleet_is_a_replay_option(capsys):
+    assert main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--phase-model", "fleet", "--json",
+                 "--quiet"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert any(r.get("policy") == "phase" and r["steps"] > 0 for r in rows)
