@@ -332,8 +332,11 @@ def detect(
     state.since[rows] = since
     state.phase[rows] = np.where(known, phase, prev)
     changes = []
+    summaries: dict[int, dict] = {}  # one summary per distinct new phase in this batch
     for i in np.flatnonzero(changed):
         p = int(phase[i])
+        if p not in summaries:
+            summaries[p] = model.clusterer.phase_stats(p, stats_quantiles)
         changes.append(
             {
                 "container": containers[i],
@@ -342,7 +345,7 @@ def detect(
                 "old_phase": int(prev[i]) if prev[i] >= 0 else None,
                 "new_phase": p,
                 "since": float(old_since[i]) if prev[i] >= 0 else float(ts_arr[i]),
-                "stats": model.clusterer.phase_stats(p, stats_quantiles),
+                "stats": summaries[p],
             }
         )
     return DetectResult(

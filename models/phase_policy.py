@@ -121,6 +121,10 @@ class PhasePolicy:
     learn_every
         The CRBM learns every this many windows (normaliser and clusterer
         learn every window).
+    learn
+        ``False`` freezes the model: phases come from the given snapshot
+        alone and no statistics change (a detector holding a published
+        snapshot does the same).
     model_params
         Extra :class:`PhaseModel` arguments for a fresh model.
 
@@ -158,6 +162,7 @@ class PhasePolicy:
         min_phase_samples: int = 10,
         change_threshold: float = 0.05,
         learn_every: int = 1,
+        learn: bool = True,
         model_params: Mapping[str, Any] | None = None,
     ) -> None:
         if not 0.0 < quantile <= 1.0:
@@ -173,6 +178,7 @@ class PhasePolicy:
         self.min_phase_samples = int(min_phase_samples)
         self.change_threshold = float(change_threshold)
         self.learn_every = max(1, int(learn_every))
+        self.learn = bool(learn)
         self.model_params = dict(model_params or {})
         self.warm_start: str = "none (model built on first observation)"
         self._model: PhaseModel | None = None
@@ -227,6 +233,7 @@ class PhasePolicy:
         prev = int(res.prev_phase[0])
         if res.ready[0]:
             self._n_windows += 1
+        if res.ready[0] and self.learn:
             crbm_turn = self._n_windows % self.learn_every == 0
             win = res.windows[:1]
             if crbm_turn:
