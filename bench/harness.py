@@ -8,6 +8,7 @@ and JSON costs, not just the model maths.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -17,9 +18,12 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from phasewise.schemas import ContainerSample, HostSamples, encode
 
-__all__ = ["RoleProcess", "host_message", "scrape", "rss_bytes", "produce_messages"]
+__all__ = ["RoleProcess", "bench_hosts", "square_wave_usage", "host_message", "scrape", "rss_bytes",
+           "produce_messages"]
 
 
 class RoleProcess:
@@ -64,6 +68,24 @@ class RoleProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+def bench_hosts(n: int, per_host: int, prefix: str) -> list[tuple[str, list[str]]]:
+    """*n* containers split into hosts of *per_host*: ``[(host, [container, ...]), ...]``."""
+    out = []
+    for i in range(math.ceil(n / per_host)):
+        k = min(per_host, n - i * per_host)
+        out.append((f"{prefix}-h{i:03d}", [f"c{i:03d}-{j:04d}" for j in range(k)]))
+    return out
+
+
+def square_wave_usage(n: int, t: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cpu cores, memory bytes) at tick *t*: per container a square wave between two levels."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.2, 1.0, n)
+    period = rng.integers(8, 20, n)
+    high = ((t // period) % 2).astype(float)
+    return base * (1.0 + 1.5 * high), (base * 4e8) * (1.0 + 0.8 * high)
 
 
 def host_message(host: str, ts: float, containers: list[str], cpu: list[float], mem: list[float],

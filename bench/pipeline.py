@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -37,10 +36,12 @@ import numpy as np
 
 from phasewise.bench.harness import (
     RoleProcess,
+    bench_hosts,
     host_message,
     produce_messages,
     rss_bytes,
     scrape,
+    square_wave_usage,
     wait_until,
 )
 from phasewise.infra.broker import EmbeddedBroker, free_port
@@ -64,21 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _hosts(n: int, per_host: int) -> list[tuple[str, list[str]]]:
-    out = []
-    for i in range(math.ceil(n / per_host)):
-        k = min(per_host, n - i * per_host)
-        out.append((f"bench-h{i:03d}", [f"c{i:03d}-{j:04d}" for j in range(k)]))
-    return out
+    return bench_hosts(n, per_host, "bench")
 
 
-def _usage(n: int, t: float, seed: int) -> tuple[list[float], list[float]]:
-    """Usage that moves: per container a square wave between two levels."""
-    rng = np.random.default_rng(seed)
-    base = rng.uniform(0.2, 1.0, n)
-    period = rng.integers(8, 20, n)
-    high = ((t // period) % 2).astype(float)
-    cpu = base * (1.0 + 1.5 * high)
-    mem = (base * 4e8) * (1.0 + 0.8 * high)
+def _usage(n: int, t: float, seed: int):
+    cpu, mem = square_wave_usage(n, t, seed)
     return cpu.tolist(), mem.tolist()
 
 
