@@ -158,7 +158,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         c_lo, t_lo = counter(), time.perf_counter()
         wait_until(lambda: counter() >= hi, 600, 0.02, "90% of the backlog")
         c_hi, t_hi = counter(), time.perf_counter()
-        samples_per_s = (c_hi - c_lo) / (t_hi - t_lo)
+        # a backlog drained within one scrape cannot be timed: say so rather than print 0
+        samples_per_s = (c_hi - c_lo) / (t_hi - t_lo) if c_hi > c_lo and t_hi > t_lo else None
         wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
         rss1 = rss_bytes(worker.pid)
         bytes_per_container = max(0.0, (rss1 - rss0) / args.containers)
@@ -199,7 +200,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
         lat_ms = np.array(latencies) * 1000.0
         return {
-            "samples_per_s": round(samples_per_s, 1),
+            "samples_per_s": None if samples_per_s is None else round(samples_per_s, 1),
             "raw_consume_per_s": round(raw, 1),
             "p50_ms": round(float(np.percentile(lat_ms, 50)), 1) if len(lat_ms) else None,
             "p99_ms": round(float(np.percentile(lat_ms, 99)), 1) if len(lat_ms) else None,
