@@ -22,13 +22,19 @@ demo: install
 test: install tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# promtool (Debian's `prometheus` package) for the alert-rule tests; best effort:
-# without root or apt the rule tests are skipped and say why.
+# Test tools from Debian, best effort (root + apt): promtool (`prometheus`) for the
+# alert-rule tests; dockerd (`docker.io`) and a static busybox (`busybox-static`) for the
+# tests that manage real Docker containers. Without them those tests are skipped and say why.
+APT_TOOLS := promtool:prometheus dockerd:docker.io busybox:busybox-static
 tools:
-	@command -v promtool >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  { apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }; } ; } || \
-	  echo "note: promtool not installed; alert-rule tests will be skipped"
+	@for t in $(APT_TOOLS); do cmd=$${t%%:*}; pkg=$${t#*:}; \
+	  command -v $$cmd >/dev/null 2>&1 && continue; \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$pkg >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && \
+	        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$pkg >/dev/null 2>&1; }; }; } || \
+	  echo "note: $$pkg not installed; the tests that need $$cmd will be skipped"; \
+	done
 
 lint: install
 	$(BIN)/ruff check .
