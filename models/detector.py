@@ -39,7 +39,7 @@ from phasewise.models.crbm import CRBM
 from phasewise.models.normalize import OnlineNormalizer
 from phasewise.models.phases import DEFAULT_QUANTILES, PhaseClusterer
 
-__all__ = ["FEATURES", "PhaseModel", "Windows", "DetectResult", "detect", "learn"]
+__all__ = ["FEATURES", "PhaseModel", "Windows", "DetectResult", "detect", "learn", "relative_usage"]
 
 #: features a frame may carry, in this order, with their units
 FEATURES: dict[str, str] = {
@@ -86,7 +86,8 @@ class PhaseModel:
     True
     """
 
-    VERSION = 1
+    #: 2: the clusterer carries relative statistics; version-1 snapshots are refused with a CheckpointError
+    VERSION = 2
 
     def __init__(
         self,
@@ -365,6 +366,7 @@ def learn(
     *,
     stats_phases: np.ndarray | None = None,
     usage: np.ndarray | None = None,
+    levels: np.ndarray | None = None,
     copy: bool = False,
 ) -> PhaseModel:
     """Learner step: train the snapshot on a sample of raw windows; returns it.
@@ -372,7 +374,11 @@ def learn(
     The normaliser learns the windows' current frames, the CRBM makes one
     CD-k step on the batch, and (after warm-up) the clusterer learns their
     activations. ``stats_phases`` / ``usage`` credit measured usage to the
-    phases in force (``DetectResult.prev_phase`` and the frames). With
+    phases in force (``DetectResult.prev_phase`` and the frames). ``levels``
+    (same shape as ``usage``): each row's container level just before the
+    step (:class:`~phasewise.models.phase_fleet.PhaseFleet` keeps one per
+    container); ``usage / level`` is credited to the relative statistics
+    (:attr:`PhaseClusterer.rel_stats`) where the level is positive. With
     ``copy=True`` the input snapshot is left untouched.
     """
     m = model.clone() if copy else model
@@ -389,5 +395,21 @@ def learn(
         sp = np.asarray(stats_phases).reshape(-1)
         keep = sp >= 0
         if keep.any():
-            m.clusterer.update_stats(sp[keep], np.asarray(usage, dtype=np.float64).reshape(len(sp), -1)[keep])
+            U = np.asarray(usage, dtype=np.float64).reshape(len(sp), -1)
+            m.clusterer.update_stats(sp[keep], U[keep])
+            if levels is not None:
+                Lv = np.asarray(levels, dtype=np.float64).reshape(U.shape)
+                m.clusterer.update_rel_stats(sp[keep], relative_usage(U, Lv)[keep])
     return m
+
+
+def relative_usage(usage: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """``usage / level`` where the level is positive and finite, NaN elsewhere (not credited).
+
+    >>> relative_usage(np.array([[2.0, 1.0, 0.0]]), np.array([[4.0, 0.0, 5.0]])).tolist()
+    [[0.5, nan, 0.0]]
+    """
+    U = np.asarray(usage, dtype=np.float64)
+    Lv = np.asarray(levels, dtype=np.float64)
+    ok = np.isfinite(U) & np.isfinite(Lv) & (Lv > 0)
+    return np.where(ok, U / np.where(ok, Lv, 1.0), np.nan)

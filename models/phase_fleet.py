@@ -27,8 +27,18 @@ host message:
   frame's usage to the phase that was in force for it). A worker's detectors
   are frozen and ship the picked windows to one learner instead
   (:attr:`FleetStep.sample`);
+- ``statistics="relative"`` (what replay scores; the constructor default
+  stays ``"absolute"`` for the live worker until its learner ships levels):
+  each container keeps a **level** per resource, a decaying max of its own
+  usage (``level = max(usage, level x 2**(-1/level_half_life))``, one float
+  per resource), and the phase statistics used are those of usage / level
+  (:attr:`~phasewise.models.phases.PhaseClusterer.rel_stats`), so the limit
+  is ``level x phase ratio quantile x (1 + margin)``: pooled absolute
+  quantiles mixed pods of very different size, pooled ratios do not. The
+  usage credited for learning is divided by the level the container had
+  just before the step (:attr:`FleetStep.levels`, shipped with the sample);
 - per-container state is a few array rows (window, phase, since, limit basis,
-  limits last handed out, when it was last persisted): about two hundred
+  limits last handed out, level, when it was last persisted): about two hundred
   bytes (:meth:`PhaseFleet.state_bytes`), exported and imported as small
   JSON-able dicts so a worker can keep them in a changelogged table
   (:meth:`PhaseFleet.pop_dirty`: containers whose phase changed or whose
@@ -52,7 +62,9 @@ from phasewise.models.phases import DEFAULT_QUANTILES
 __all__ = ["STATE_VERSION", "FleetStep", "PhaseFleet", "phase_limits", "pick_every_k"]
 
 #: format of :meth:`PhaseFleet.state_of` dicts
-STATE_VERSION = 1
+#: 2: adds the container's level ("lv"); version-1 states still load (level rebuilt from the window)
+STATE_VERSION = 2
+STATISTICS = ("absolute", "relative")
 
 FallbackLimits = (
     np.ndarray | Mapping[str, Mapping[str, float | None]] | Callable[[np.ndarray], np.ndarray] | None
@@ -135,6 +147,8 @@ class FleetStep:
     frames: np.ndarray  #: (n, n_features) the frames, as given
     sample: np.ndarray  #: row indices picked for learning (every k-th ready window)
     changes: list[dict] = field(default_factory=list)  #: PhaseChange-shaped dicts
+    levels: np.ndarray | None = None  #: (n, R) each row's level just before this frame (learn: usage / level)
+    statistics: str = "absolute"  #: which phase statistics set the limits (``quantile`` is in usage units)
 
     def rows_to_decide(self) -> np.ndarray:
         """Rows with at least one limit to hand out."""
@@ -217,6 +231,11 @@ class PhaseFleet:
         written by :meth:`state_of` (or ``None``), e.g. a worker's table lookup.
     capacity
         Initial number of rows.
+    statistics
+        ``"absolute"``: limit = phase usage quantile x (1 + margin);
+        ``"relative"``: limit = container level x phase quantile of usage/level x (1 + margin).
+    level_half_life
+        Half-life, in samples, of the decaying max that is a container's level.
 
     Examples
     --------
@@ -247,6 +266,8 @@ class PhaseFleet:
         state_write_interval_s: float = 30.0,
         loader: Callable[[str], Any] | None = None,
         capacity: int = 64,
+        statistics: str = "absolute",
+        level_half_life: float = 30.0,
     ) -> None:
         if not 0.0 < quantile <= 1.0:
             raise ValueError(f"quantile must be in (0, 1], got {quantile}")
@@ -254,6 +275,13 @@ class PhaseFleet:
             raise ValueError(f"margin must be >= 0, got {margin}")
         if learn_every < 1:
             raise ValueError(f"learn_every must be >= 1, got {learn_every}")
+        if statistics not in STATISTICS:
+            raise ValueError(f"statistics must be one of {STATISTICS}, got {statistics!r}")
+        if not level_half_life > 0:
+            raise ValueError(f"level_half_life must be > 0 samples, got {level_half_life}")
+        self.statistics = statistics
+        self.level_half_life = float(level_half_life)
+        self._level_decay = 0.5 ** (1.0 / self.level_half_life)
         self.model = model
         self.floors = dict(floors or {})
         self.quantile = float(quantile)
@@ -273,6 +301,7 @@ class PhaseFleet:
         self._limit_phase = np.full(cap, -1, dtype=np.int32)
         self._handed = np.full((cap, R), np.nan)  # limits last handed out
         self._written = np.full(cap, -np.inf)  # event time of the last persisted state
+        self._level = np.full((cap, R), np.nan)  # decaying max of the container's usage
         self._floors = np.array([float(self.floors.get(r, 0.0)) for r in model.features])
         self._q_cache: dict[int, tuple[np.ndarray, np.ndarray, bool]] = {}
         self._stats_memo: dict = {}
@@ -311,8 +340,9 @@ class PhaseFleet:
             if slot < 0:
                 hit = (np.full(R, np.nan), np.zeros(R), False)
             else:
-                hit = (cl.stats.quantiles(slot, (self.quantile,))[0].astype(np.float64),
-                       cl.stats.count(slot).astype(np.float64), True)
+                st = cl.rel_stats if self.statistics == "relative" else cl.stats
+                hit = (st.quantiles(slot, (self.quantile,))[0].astype(np.float64),
+                       st.count(slot).astype(np.float64), True)
             self._q_cache[p] = hit
         return hit
 
@@ -328,6 +358,7 @@ class PhaseFleet:
         self._limit_phase = np.concatenate([self._limit_phase, np.full(cap - old, -1, np.int32)])
         self._handed = np.concatenate([self._handed, np.full((cap - old, R), np.nan)])
         self._written = np.concatenate([self._written, np.full(cap - old, -np.inf)])
+        self._level = np.concatenate([self._level, np.full((cap - old, R), np.nan)])
 
     def _reset_rows(self, rows: np.ndarray) -> None:
         self._basis[rows] = np.nan
@@ -335,6 +366,7 @@ class PhaseFleet:
         self._limit_phase[rows] = -1
         self._handed[rows] = np.nan
         self._written[rows] = -np.inf
+        self._level[rows] = np.nan
 
     def __len__(self) -> int:
         return len(self._windows)
@@ -356,6 +388,7 @@ class PhaseFleet:
         self._from_phase = self._from_phase[:0]
         self._handed = self._handed[:0]
         self._written = self._written[:0]
+        self._level = self._level[:0]
         self._sync()
         assert len(self._limit_phase) == cap
         self._dirty.clear()
@@ -363,7 +396,8 @@ class PhaseFleet:
     def state_bytes(self) -> float:
         """Measured bytes per tracked container: window rows, id index, limit state."""
         R = self.model.n_features
-        own = R * (self._basis.itemsize + 1 + self._handed.itemsize) + self._limit_phase.itemsize + 8
+        own = (R * (self._basis.itemsize + 1 + self._handed.itemsize + self._level.itemsize)
+               + self._limit_phase.itemsize + 8)
         return self._windows.state_bytes() + own
 
     def state_of(self, container: str) -> dict[str, Any]:
@@ -378,15 +412,16 @@ class PhaseFleet:
             "v": STATE_VERSION, "f": [fl(row) for row in w.frames[r]], "n": int(w.filled[r]),
             "p": int(w.phase[r]), "s": float(w.since[r]), "b": fl(self._basis[r]),
             "src": [bool(x) for x in self._from_phase[r]], "lp": int(self._limit_phase[r]),
-            "h": fl(self._handed[r]),
+            "h": fl(self._handed[r]), "lv": fl(self._level[r]),
         }
 
     def load_state(self, container: str, state: Mapping[str, Any]) -> None:
         """Restore a container from :meth:`state_of` output; a foreign state raises ValueError."""
         R, L = self.model.n_features, self.model.window_len
         try:
-            if state.get("v") != STATE_VERSION:
-                raise ValueError(f"unsupported phase state version {state.get('v')!r}")
+            if state.get("v") not in (1, STATE_VERSION):
+                raise ValueError(f"unsupported phase state version {state.get('v')!r} (this build reads 1 and "
+                                 f"{STATE_VERSION})")
             frames = np.array([[np.nan if x is None else x for x in row] for row in state["f"]], dtype=np.float32)
             if frames.shape != (L, R) or len(state["b"]) != R or len(state["h"]) != R or len(state["src"]) != R:
                 raise ValueError(f"phase state shaped for another model (frames {frames.shape}, expected {(L, R)})")
@@ -394,6 +429,14 @@ class PhaseFleet:
             handed = np.array([np.nan if x is None else x for x in state["h"]], dtype=np.float64)
             filled, phase, since, lp = int(state["n"]), int(state["p"]), float(state["s"]), int(state["lp"])
             src = np.array([bool(x) for x in state["src"]])
+            if state["v"] >= 2:
+                level = np.array([np.nan if x is None else x for x in state["lv"]], dtype=np.float64)
+                if level.shape != (R,):
+                    raise ValueError(f"phase state level has {level.shape} values, expected {R}")
+            else:  # version 1 had no level: the window's max is the best guess
+                with np.errstate(all="ignore"):
+                    level = np.where(np.isfinite(frames).any(0), np.nanmax(np.where(np.isfinite(frames), frames,
+                                                                                     -np.inf), axis=0), np.nan)
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed phase state: {type(e).__name__}: {e}") from None
         r = int(self._windows.rows([container])[0])
@@ -402,6 +445,7 @@ class PhaseFleet:
         w.frames[r], w.filled[r], w.phase[r], w.since[r] = frames, min(filled, 32767), phase, since
         self._basis[r], self._handed[r], self._from_phase[r], self._limit_phase[r] = basis, handed, src, lp
         self._written[r] = -np.inf
+        self._level[r] = level
 
     def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
         """Containers whose state is due for persisting, with their state (each handed out once)."""
@@ -478,6 +522,10 @@ class PhaseFleet:
         res = detect(_StatsMemo(m, self._stats_memo), w, containers, X, t, host=host)  # type: ignore[arg-type]
         phase = res.phase
         R = m.n_features
+        # the level: a decaying max of the container's own usage (missing frames keep the decayed level)
+        level_prev = self._level[rows]
+        level = np.fmax(X, level_prev * self._level_decay)
+        self._level[rows] = level
         q = np.full((n, R), np.nan)
         cnt = np.zeros((n, R))
         slot_ok = np.zeros(n, dtype=bool)
@@ -490,6 +538,8 @@ class PhaseFleet:
                 C = np.stack([x[1] for x in table])
                 ok = np.array([x[2] for x in table])
                 q[known], cnt[known], slot_ok[known] = Q[inv], C[inv], ok[inv]
+                if self.statistics == "relative":
+                    q = q * level  # ratio quantile -> this container's usage units (NaN without a level)
         # rows that may need the fallback: a resource without usable phase statistics
         usable_guess = slot_ok[:, None] & (cnt >= self.min_phase_samples) & np.isfinite(q)
         fb = self._fallback(fallback_limits, containers, ~usable_guess.all(axis=1))
@@ -514,27 +564,33 @@ class PhaseFleet:
         # learning sample
         sel, self._n_ready = pick_every_k(res.ready, self._n_ready, self.learn_every)
         if len(sel) and not self.frozen:
-            self.learn_windows(res.windows[sel], res.prev_phase[sel], X[sel])
+            self.learn_windows(res.windows[sel], res.prev_phase[sel], X[sel], level_prev[sel])
         return FleetStep(
             containers=containers, resources=m.features, phase=phase, changed=res.changed, limits=limits,
             from_phase=from_phase, decide=decide, quantile=q, counts=cnt, basis=basis, windows=res.windows,
-            prev_phase=res.prev_phase, frames=X, sample=sel, changes=res.changes,
+            prev_phase=res.prev_phase, frames=X, sample=sel, changes=res.changes, levels=level_prev,
+            statistics=self.statistics,
         )
 
     # ------------------------------------------------------------------ learning
     def learn_windows(self, windows: np.ndarray, stats_phases: np.ndarray | None = None,
-                      usage: np.ndarray | None = None) -> int:
-        """Train the shared model on these windows (no-op when frozen); returns how many it learned."""
+                      usage: np.ndarray | None = None, levels: np.ndarray | None = None) -> int:
+        """Train the shared model on these windows (no-op when frozen); returns how many it learned.
+
+        ``levels``: the containers' levels just before the credited usage
+        (:attr:`FleetStep.levels`); without them only the absolute statistics learn.
+        """
         if self.frozen or not len(windows):
             return 0
-        learn(self.model, windows, stats_phases=stats_phases, usage=usage)
+        learn(self.model, windows, stats_phases=stats_phases, usage=usage, levels=levels)
         self._q_cache.clear()
         self._stats_memo.clear()
         self._n_learned += len(windows)
         return len(windows)
 
     def learn_sample(self, windows: np.ndarray, every_k: int | None = None,
-                     stats_phases: np.ndarray | None = None, usage: np.ndarray | None = None) -> np.ndarray:
+                     stats_phases: np.ndarray | None = None, usage: np.ndarray | None = None,
+                     levels: np.ndarray | None = None) -> np.ndarray:
         """Pick every ``every_k``-th of these (ready) windows, continuing the fleet's count, and learn them.
 
         Returns the picked indices (picked even when frozen, then not learned).
@@ -546,5 +602,6 @@ class PhaseFleet:
                 W[sel],
                 None if stats_phases is None else np.asarray(stats_phases)[sel],
                 None if usage is None else np.asarray(usage)[sel],
+                None if levels is None else np.asarray(levels)[sel],
             )
         return sel

@@ -246,7 +246,8 @@ class PhaseClusterer:
     (0, 1)
     """
 
-    VERSION = 1
+    #: 2: relative statistics (``rel_stats``) added; version-1 checkpoints are refused
+    VERSION = 2
 
     def __init__(
         self,
@@ -278,6 +279,9 @@ class PhaseClusterer:
         self._next_id = 0
         self._rms2 = 0.0
         self.stats = PhaseStats(self.max_phases, self.resources, self.scales, half_life=stats_half_life)
+        #: usage / level (dimensionless) per phase and resource
+        self.rel_stats = PhaseStats(self.max_phases, self.resources, [1.0] * len(self.resources),
+                                    half_life=stats_half_life)
 
     # ------------------------------------------------------------------ state
     @property
@@ -343,6 +347,7 @@ class PhaseClusterer:
         self._centroids[slot] = h
         self._n[slot] = 0.0
         self.stats.clear(slot)
+        self.rel_stats.clear(slot)
         return slot
 
     def learn_many(self, H: np.ndarray) -> np.ndarray:
@@ -394,6 +399,7 @@ class PhaseClusterer:
                 ) / n
             self._n[keep] = n
             self.stats.merge_into(keep, drop)
+            self.rel_stats.merge_into(keep, drop)
             self._ids[drop] = -1
             self._n[drop] = 0.0
 
@@ -415,6 +421,10 @@ class PhaseClusterer:
     def update_stats(self, phase_ids: np.ndarray, usage: np.ndarray) -> None:
         """Add usage rows ``(n, n_resources)`` to the statistics of the given phase ids."""
         self.stats.update(self.slots_of(np.asarray(phase_ids).reshape(-1)), usage)
+
+    def update_rel_stats(self, phase_ids: np.ndarray, ratios: np.ndarray) -> None:
+        """Add usage/level rows ``(n, n_resources)`` to the relative statistics of the given phase ids."""
+        self.rel_stats.update(self.slots_of(np.asarray(phase_ids).reshape(-1)), ratios)
 
     def phase_stats(self, phase_id: int, qs: Sequence[float] = DEFAULT_QUANTILES) -> dict:
         """Usage statistics of a phase (empty dict if the phase is not open)."""
@@ -438,7 +448,8 @@ class PhaseClusterer:
     def to_bytes(self) -> bytes:
         """Versioned checkpoint: centroids, ids, counts and statistics."""
         meta = {"params": self._params(), "dim": self._dim, "next_id": self._next_id, "rms2": self._rms2}
-        arrays = {"centroids": self._centroids, "n": self._n, "ids": self._ids, **self.stats._arrays("s_")}
+        arrays = {"centroids": self._centroids, "n": self._n, "ids": self._ids, **self.stats._arrays("s_"),
+                  **self.rel_stats._arrays("r_")}
         return pack("PhaseClusterer", self.VERSION, meta, arrays)
 
     @classmethod
@@ -451,6 +462,7 @@ class PhaseClusterer:
         obj._rms2 = float(meta["rms2"])
         obj._centroids, obj._n, obj._ids = arr["centroids"], arr["n"], arr["ids"]
         obj.stats._load(arr, "s_")
+        obj.rel_stats._load(arr, "r_")
         return obj
 
     def clone(self) -> PhaseClusterer:

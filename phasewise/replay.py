@@ -247,7 +247,92 @@ def decision_sequence(policy: LimitPolicy, series: ContainerSeries,
     return (seq, exps) if explain else seq
 
 
-def fleet_sequences(trace: Trace, learn_every: int = 1) -> dict[str, list[tuple[float, Limits]]]:
+@dataclass(frozen=True)
+class FleetOptions:
+    """How :func:`fleet_sequences` builds and runs the shared phase model (the replay's phase knobs)."""
+
+    statistics: str = "relative"  #: "relative" (level x ratio quantile) or "absolute" (pooled usage quantile)
+    quantile: float = 0.95
+    margin: float = 0.10
+    level_half_life: float = 30.0
+    learn_every: int = 1
+    pretrain_folds: int = 0  #: 0: start cold; K >= 2: cross-fitted pretraining (see :func:`fleet_sequences`)
+
+
+def fold_of(containers: Iterable[str], k: int) -> dict[str, int]:
+    """Deterministic fold of each container: rank of md5(id), modulo *k* (k = #containers: leave-one-out).
+
+    >>> fold_of(["a", "b", "c"], 3) == {c: f for f, c in enumerate(sorted("abc", key=_md5))}
+    True
+    """
+    ids = sorted(set(containers), key=_md5)
+    return {c: i % max(1, k) for i, c in enumerate(ids)}
+
+
+def _md5(s: str) -> str:
+    import hashlib
+
+    return hashlib.md5(s.encode()).hexdigest()
+
+
+def split_of(container: str) -> str:
+    """``"tune"`` for ids whose md5's last hex digit is even, ``"holdout"`` otherwise (a fixed split).
+
+    >>> split_of("exec1"), split_of("exec2")
+    ('holdout', 'tune')
+    """
+    return "tune" if int(_md5(container)[-1], 16) % 2 == 0 else "holdout"
+
+
+def _events(trace: Trace) -> list[tuple[float, int, int]]:
+    return sorted((float(t), k, i) for k, c in enumerate(trace.containers) for i, t in enumerate(c.t.tolist()))
+
+
+#: pretraining passes over the training containers go on until the CRBM saw at least this many windows
+PRETRAIN_MIN_WINDOWS = 1024
+
+
+def pretrain_model(trace: Trace, opts: FleetOptions, min_windows: int = PRETRAIN_MIN_WINDOWS):
+    """A shared :class:`PhaseModel` trained on every container of *trace* (the training containers).
+
+    Offline, as AI4DL trained its model: the containers are stepped through a
+    learning :class:`PhaseFleet` in event-time order, in as many passes
+    (epochs) as it takes the CRBM to see ``min_windows`` windows (the fleet's
+    per-container windows and levels restart each pass; the model carries
+    over). Returns the model; it never sees a container it is not given.
+    """
+    from phasewise.models.detector import FEATURES, PhaseModel
+    from phasewise.models.phase_fleet import PhaseFleet
+
+    feats = tuple(f for f in FEATURES if f in trace.units)
+    model = PhaseModel(features=feats)
+    fleet = PhaseFleet(model, learn_every=1, statistics=opts.statistics, level_half_life=opts.level_half_life)
+    events = _events(trace)
+    n_windows = max(1, sum(max(0, len(c) - model.n_his) for c in trace.containers))
+    epochs = max(1, math.ceil(min_windows / n_windows))
+    for _ in range(epochs):
+        fleet.clear()
+        j = 0
+        while j < len(events):
+            t = events[j][0]
+            ids, frames = [], []
+            while j < len(events) and events[j][0] == t:
+                _, k, i = events[j]
+                j += 1
+                usage = _usage_at(trace.containers[k], i)
+                ids.append(trace.containers[k].container)
+                frames.append([usage.get(f, math.nan) for f in feats])
+            fleet.step(t, ids, np.array(frames, dtype=np.float64))
+    return model
+
+
+def _subtrace(trace: Trace, keep: set[str]) -> Trace:
+    return Trace(trace.format, trace.source, trace.units, [c for c in trace.containers if c.container in keep],
+                 list(trace.notes))
+
+
+def fleet_sequences(trace: Trace, learn_every: int = 1,
+                    options: FleetOptions | None = None) -> dict[str, list[tuple[float, Limits]]]:
     """The ``phase`` policy with ONE shared model for all containers (the live worker's code).
 
     :class:`~phasewise.models.phase_fleet.PhaseFleet` steps every container
@@ -258,7 +343,26 @@ def fleet_sequences(trace: Trace, learn_every: int = 1) -> dict[str, list[tuple[
     for cpu/mem, a moving-window max otherwise), scaled like VPA when memory
     is not in bytes. As everywhere in replay, the limits used at ``t`` were
     handed out by the step before ``t``.
+
+    ``options.pretrain_folds = K >= 2``: cross-fitted pretraining. The
+    containers are cut into K folds (:func:`fold_of`); the containers of fold
+    f are replayed by a fleet whose model was pretrained
+    (:func:`pretrain_model`) on the OTHER folds only, so no container is
+    scored by a model that saw it. K = number of containers is leave-one-out.
     """
+    opts = options or FleetOptions(learn_every=learn_every)
+    if opts.pretrain_folds >= 2:
+        folds = fold_of((c.container for c in trace.containers), opts.pretrain_folds)
+        out: dict[str, list[tuple[float, Limits]]] = {}
+        for f in sorted(set(folds.values())):
+            mine = {c for c, g in folds.items() if g == f}
+            model = pretrain_model(_subtrace(trace, set(folds) - mine), opts)
+            out.update(_fleet_run(_subtrace(trace, mine), opts, model))
+        return out
+    return _fleet_run(trace, opts, None)
+
+
+def _fleet_run(trace: Trace, opts: FleetOptions, model: Any) -> dict[str, list[tuple[float, Limits]]]:
     from phasewise.models.detector import FEATURES, PhaseModel
     from phasewise.models.phase_fleet import PhaseFleet
     from phasewise.models.phase_policy import ReactiveFallback
@@ -267,11 +371,13 @@ def fleet_sequences(trace: Trace, learn_every: int = 1) -> dict[str, list[tuple[
     if not feats:
         raise ValueError(f"the trace has none of the phase features {list(FEATURES)}")
     scaled = not trace.units.get("mem", "bytes").startswith("bytes")
-    fleet = PhaseFleet(PhaseModel(features=feats), learn_every=learn_every)
+    fleet = PhaseFleet(model if model is not None else PhaseModel(features=feats), learn_every=opts.learn_every,
+                       quantile=opts.quantile, margin=opts.margin, statistics=opts.statistics,
+                       level_half_life=opts.level_half_life)
     fallback: dict[str, LimitPolicy] = {}
     handed: dict[str, Limits] = {}
     seqs: dict[str, list[tuple[float, Limits]]] = {c.container: [] for c in trace.containers}
-    events = sorted((float(t), k, i) for k, c in enumerate(trace.containers) for i, t in enumerate(c.t.tolist()))
+    events = _events(trace)
     j = 0
     while j < len(events):
         t = events[j][0]
@@ -640,6 +746,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase-model", choices=("container", "fleet"), default="container",
                    help="phase policy: one model per container (default) or one model shared by all "
                         "containers, as the live worker runs it")
+    p.add_argument("--phase-stats", choices=("relative", "absolute"), default="relative",
+                   help="--phase-model fleet: per-phase statistics of usage relative to each container's level "
+                        "(default) or of absolute usage (the pooled design before)")
+    p.add_argument("--phase-quantile", type=float, default=0.95, help="--phase-model fleet: phase quantile "
+                   "(default 0.95)")
+    p.add_argument("--phase-margin", type=float, default=0.10, help="--phase-model fleet: margin over the "
+                   "quantile (default 0.10)")
+    p.add_argument("--level-half-life", type=float, default=30.0, help="--phase-model fleet, relative: "
+                   "half-life in samples of the decaying max that is a container's level (default 30)")
+    p.add_argument("--pretrain-folds", type=int, default=0, metavar="K",
+                   help="--phase-model fleet: cross-fitted pretraining; each of K container folds is scored "
+                        "by a model pretrained on the other folds only (0: start cold; K = number of "
+                        "containers: leave-one-out)")
+    p.add_argument("--split", choices=("all", "tune", "holdout"), default="all",
+                   help="replay only the containers of this fixed split (md5 of the id: even last hex digit = "
+                        "tune, odd = holdout)")
     p.add_argument("--json", action="store_true", help="print one JSON object per line instead of a table")
     p.add_argument("--report", metavar="DIR", help="write PNG plots and summary.md into DIR")
     p.add_argument("--plot-containers", type=int, default=6, help="containers plotted in the report (default 6)")
@@ -660,6 +782,15 @@ def replay_command(args: argparse.Namespace) -> str:
         parts.append("--through-kafka")
         if getattr(args, "bootstrap", None):
             parts += ["--bootstrap", args.bootstrap]
+    if getattr(args, "phase_model", "container") != "container":
+        parts += ["--phase-model", args.phase_model]
+        d = {"phase_stats": "relative", "phase_quantile": 0.95, "phase_margin": 0.10, "level_half_life": 30.0,
+             "pretrain_folds": 0}
+        for k, v in d.items():
+            if getattr(args, k, v) != v:
+                parts += ["--" + k.replace("_", "-"), str(getattr(args, k))]
+    if getattr(args, "split", "all") != "all":
+        parts += ["--split", args.split]
     if args.json:
         parts.append("--json")
     if args.report:
@@ -692,6 +823,23 @@ def run(args: argparse.Namespace) -> int:
     except TraceFormatError as e:
         print(f"phasewise replay: {e}", file=sys.stderr)
         return 2
+    split = getattr(args, "split", "all")
+    if split != "all":
+        trace = _subtrace(trace, {c.container for c in trace.containers if split_of(c.container) == split})
+        if not trace.containers:
+            print(f"phasewise replay: no container of the trace is in the {split} split", file=sys.stderr)
+            return 2
+    opts = FleetOptions(statistics=getattr(args, "phase_stats", "relative"),
+                        quantile=getattr(args, "phase_quantile", 0.95), margin=getattr(args, "phase_margin", 0.10),
+                        level_half_life=getattr(args, "level_half_life", 30.0),
+                        pretrain_folds=getattr(args, "pretrain_folds", 0))
+    if not 0 < opts.quantile <= 1 or opts.margin < 0 or opts.level_half_life <= 0 or opts.pretrain_folds < 0:
+        print("phasewise replay: --phase-quantile must be in (0, 1], --phase-margin >= 0, --level-half-life > 0, "
+              "--pretrain-folds >= 0", file=sys.stderr)
+        return 2
+    if opts.pretrain_folds == 1:
+        print("phasewise replay: --pretrain-folds needs at least 2 folds (0 = no pretraining)", file=sys.stderr)
+        return 2
     try:
         specs = policy_specs(args.policies.split(","), windows=windows, units=trace.units)
     except (ValueError, PolicyUnavailable) as e:
@@ -714,11 +862,18 @@ def run(args: argparse.Namespace) -> int:
             print("phasewise replay: --phase-model fleet runs in-process only (the worker's phase path "
                   "is already the fleet)", file=sys.stderr)
             return 2
-        sequences = {**(sequences or {}), "phase": fleet_sequences(trace)}
+        sequences = {**(sequences or {}), "phase": fleet_sequences(trace, options=opts)}
     show = None if args.quiet or not sys.stderr.isatty() else sys.stderr
     result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show,
                           sequences=sequences)
     rows, savings = result_rows(result)
+    setup: dict[str, Any] = {"phase_model": getattr(args, "phase_model", "container"), "split": split,
+                             "containers": len(trace.containers)}
+    if setup["phase_model"] == "fleet":
+        setup.update({k: getattr(opts, k) for k in ("statistics", "quantile", "margin", "level_half_life",
+                                                    "pretrain_folds")})
+    for srow in savings:
+        srow["setup"] = setup
     if args.json:
         for row in rows + savings:
             print(json.dumps(row, sort_keys=False))

@@ -182,3 +182,97 @@ def test_bad_shapes_are_refused_with_a_clear_error():
         fleet.step(0.0, ["a"], IDLE[None], fallback_limits=np.zeros((2, 2)))
     with pytest.raises(ValueError, match="snapshot has features"):
         fleet.set_model(PhaseModel(features=("cpu",), n_his=2))
+
+
+# ---------------------------------------------------------------- relative statistics
+
+
+def test_relative_limits_are_the_container_level_times_the_pooled_ratio_quantile():
+    m = trained_model()
+    p_idle = phase_of(m, IDLE)
+    # hand-checked ratios: usage / level spread evenly over [0.5, 1.5] -> p95 = 1.45 (2 % buckets)
+    ratios = np.linspace(0.5, 1.5, 1001)
+    m.clusterer.update_rel_stats(np.full(1001, p_idle), np.c_[ratios, ratios])
+    q95 = m.clusterer.rel_stats.quantiles(m.clusterer.slot_of(p_idle), (0.95,))[0]
+    assert q95 == pytest.approx([1.45, 1.45], rel=0.01)
+    fleet = PhaseFleet(m, margin=0.1, frozen=True, statistics="relative", level_half_life=1.0)
+    small, big = IDLE, IDLE * np.array([1.0, 4.0])  # same phase (same cpu), 4x the memory
+    for t in range(3):
+        out = fleet.step(float(t), ["s", "b"], np.stack([small, big]), fallback_limits=np.repeat(FB, 2, axis=0))
+    assert out.from_phase.all() and out.statistics == "relative"
+    # constant usage: the level (a decaying max) is the usage itself
+    np.testing.assert_allclose(out.limits, np.stack([small, big]) * q95 * 1.1, rtol=1e-9)
+    # the absolute design gives both containers the same pooled limit; the relative one scales with each
+    assert out.limits[1, 1] == pytest.approx(4 * out.limits[0, 1])
+
+
+def test_the_level_is_a_decaying_max_and_credited_usage_is_divided_by_the_level_before_the_step():
+    m = PhaseModel(features=("cpu", "mem"), n_his=2, warmup=10_000)
+    fleet = PhaseFleet(m, statistics="relative", level_half_life=2.0, frozen=True)
+    a = fleet.step(0.0, ["c"], np.array([[4.0, 100.0]]))
+    assert np.isnan(a.levels).all()  # nothing seen before the first frame
+    b = fleet.step(1.0, ["c"], np.array([[1.0, 50.0]]))
+    np.testing.assert_allclose(b.levels, [[4.0, 100.0]])
+    c = fleet.step(2.0, ["c"], np.array([[np.nan, 200.0]]))
+    # level after step 1: max(usage, level * 2**-0.5); a missing value keeps the decayed level
+    np.testing.assert_allclose(c.levels, [[4.0 * 2**-0.5, 100.0 * 2**-0.5]])
+    d = fleet.step(3.0, ["c"], np.array([[0.0, 0.0]]))
+    np.testing.assert_allclose(d.levels, [[4.0 * 2**-1.0, 200.0]])
+    # learning credits usage / level-before-step to the relative statistics of the phase in force
+    m2 = trained_model()
+    p = phase_of(m2, IDLE)
+    W = np.repeat(IDLE[None, None, :], m2.window_len, axis=1)
+    learn(m2, np.repeat(W, 2, axis=0), stats_phases=np.array([p, p]), usage=np.array([[1.0, 2.0], [3.0, 3.0]]),
+          levels=np.array([[2.0, 4.0], [0.0, 3.0]]))
+    s = m2.clusterer.slot_of(p)
+    assert m2.clusterer.rel_stats.count(s).tolist() == [1, 2]  # level 0: not credited
+    assert m2.clusterer.rel_stats.maximum(s).tolist() == [0.5, 1.0]
+    assert m2.clusterer.stats.count(s).tolist() == [2, 2]  # absolute statistics as before
+
+
+def test_relative_state_round_trips_and_old_states_load_with_a_level_from_the_window():
+    m = trained_model()
+    fleet = PhaseFleet(m, frozen=True, statistics="relative")
+    for t in range(4):
+        fleet.step(float(t), ["a"], (IDLE * (1 + t))[None], fallback_limits=FB)
+    st = fleet.state_of("a")
+    assert st["v"] == 2 and len(st["lv"]) == 2
+    restored = PhaseFleet(PhaseModel.from_bytes(m.to_bytes()), frozen=True, statistics="relative",
+                          loader={"a": st}.get)
+    out = restored.step(4.0, ["a"], IDLE[None], fallback_limits=FB)
+    ref = fleet.step(4.0, ["a"], IDLE[None], fallback_limits=FB)
+    np.testing.assert_array_equal(out.levels, ref.levels)
+    np.testing.assert_array_equal(out.limits, ref.limits)
+    old = {k: v for k, v in st.items() if k != "lv"} | {"v": 1}
+    legacy = PhaseFleet(PhaseModel.from_bytes(m.to_bytes()), frozen=True, statistics="relative",
+                        loader={"a": old}.get)
+    got = legacy.step(4.0, ["a"], IDLE[None], fallback_limits=FB)
+    assert legacy.loaded == 1
+    np.testing.assert_allclose(got.levels, [IDLE * 4], rtol=1e-6)  # the window's max (float32 frames)
+    with pytest.raises(ValueError, match="statistics must be one of"):
+        PhaseFleet(m, statistics="pooled")
+
+
+def test_relative_statistics_survive_the_model_snapshot_and_old_snapshots_are_refused(monkeypatch):
+    from phasewise.models._checkpoint import CheckpointError
+
+    m = trained_model()
+    p = phase_of(m, IDLE)
+    m.clusterer.update_rel_stats(np.full(50, p), np.c_[np.linspace(0.2, 2, 50), np.linspace(0.2, 2, 50)])
+    m2 = PhaseModel.from_bytes(m.to_bytes())
+    s = m.clusterer.slot_of(p)
+    np.testing.assert_array_equal(m2.clusterer.rel_stats.quantiles(s, (0.5, 0.95)),
+                                  m.clusterer.rel_stats.quantiles(s, (0.5, 0.95)))
+    monkeypatch.setattr(PhaseModel, "VERSION", 1)
+    old = m.to_bytes()
+    monkeypatch.undo()
+    with pytest.raises(CheckpointError, match="version 1; this build reads version 2"):
+        PhaseModel.from_bytes(old)
+
+
+def test_relative_state_still_fits_in_4_kib_per_container():
+    fleet = PhaseFleet(trained_model(), frozen=True, statistics="relative")
+    ids = [f"host-{i // 100}/container-{i:05d}" for i in range(2000)]
+    for t in range(4):
+        fleet.step(float(t), ids, np.tile(IDLE, (2000, 1)))
+    assert fleet.state_bytes() <= 4096
