@@ -37,6 +37,12 @@ host message:
   quantiles mixed pods of very different size, pooled ratios do not. The
   usage credited for learning is divided by the level the container had
   just before the step (:attr:`FleetStep.levels`, shipped with the sample);
+- ``target_fulfilment`` (optional): each container adapts a multiplier of
+  its phase limits online from its own misses (a step whose usage exceeded
+  the phase limit in force): ``x exp(adapt_rate x (miss - (1 - target)))``
+  per step, so in equilibrium it misses ``1 - target`` of its steps; the
+  multiplier applied is rounded to powers of 1.05 (no decision per step for
+  a tiny change) and kept in [1/8, 8]. Causal: it only uses steps already seen;
 - per-container state is a few array rows (window, phase, since, limit basis,
   limits last handed out, level, when it was last persisted): about two hundred
   bytes (:meth:`PhaseFleet.state_bytes`), exported and imported as small
@@ -66,6 +72,9 @@ __all__ = ["STATE_VERSION", "FleetStep", "PhaseFleet", "phase_limits", "pick_eve
 STATE_VERSION = 2
 STATISTICS = ("absolute", "relative")
 
+_LOG_Q = math.log(1.05)  # the adaptive multiplier moves in steps of 5 %
+_MAX_LSCALE = math.log(8.0)
+
 FallbackLimits = (
     np.ndarray | Mapping[str, Mapping[str, float | None]] | Callable[[np.ndarray], np.ndarray] | None
 )
@@ -94,7 +103,7 @@ def phase_limits(
     fallback: np.ndarray,
     floors: np.ndarray,
     *,
-    margin: float,
+    margin: float | np.ndarray,
     min_phase_samples: int,
     change_threshold: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -236,6 +245,11 @@ class PhaseFleet:
         ``"relative"``: limit = container level x phase quantile of usage/level x (1 + margin).
     level_half_life
         Half-life, in samples, of the decaying max that is a container's level.
+    resource_quantiles, resource_margins
+        Per-resource overrides of ``quantile`` / ``margin`` (e.g. ``{"mem": 0.97}``).
+    target_fulfilment, adapt_rate
+        ``None``: off. Else the share of steps each container's phase limits
+        should cover; its multiplier moves by ``adapt_rate`` (log units) per step.
 
     Examples
     --------
@@ -268,6 +282,10 @@ class PhaseFleet:
         capacity: int = 64,
         statistics: str = "absolute",
         level_half_life: float = 30.0,
+        target_fulfilment: float | None = None,
+        adapt_rate: float = 0.05,
+        resource_quantiles: Mapping[str, float] | None = None,
+        resource_margins: Mapping[str, float] | None = None,
     ) -> None:
         if not 0.0 < quantile <= 1.0:
             raise ValueError(f"quantile must be in (0, 1], got {quantile}")
@@ -279,6 +297,23 @@ class PhaseFleet:
             raise ValueError(f"statistics must be one of {STATISTICS}, got {statistics!r}")
         if not level_half_life > 0:
             raise ValueError(f"level_half_life must be > 0 samples, got {level_half_life}")
+        if target_fulfilment is not None and not 0.0 < target_fulfilment < 1.0:
+            raise ValueError(f"target_fulfilment must be in (0, 1) or None, got {target_fulfilment}")
+        if adapt_rate <= 0:
+            raise ValueError(f"adapt_rate must be > 0, got {adapt_rate}")
+        self.resource_quantiles = dict(resource_quantiles or {})
+        self.resource_margins = dict(resource_margins or {})
+        for r, v in self.resource_quantiles.items():
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"resource_quantiles[{r!r}] must be in (0, 1], got {v}")
+        for r, v in self.resource_margins.items():
+            if v < 0:
+                raise ValueError(f"resource_margins[{r!r}] must be >= 0, got {v}")
+        unknown = sorted((set(self.resource_quantiles) | set(self.resource_margins)) - set(model.features))
+        if unknown:
+            raise ValueError(f"per-resource settings for {unknown}, not features of the model {model.features}")
+        self.target_fulfilment = None if target_fulfilment is None else float(target_fulfilment)
+        self.adapt_rate = float(adapt_rate)
         self.statistics = statistics
         self.level_half_life = float(level_half_life)
         self._level_decay = 0.5 ** (1.0 / self.level_half_life)
@@ -302,6 +337,7 @@ class PhaseFleet:
         self._handed = np.full((cap, R), np.nan)  # limits last handed out
         self._written = np.full(cap, -np.inf)  # event time of the last persisted state
         self._level = np.full((cap, R), np.nan)  # decaying max of the container's usage
+        self._lscale = np.zeros((cap, R))  # log of the fulfilment-targeting multiplier
         self._floors = np.array([float(self.floors.get(r, 0.0)) for r in model.features])
         self._q_cache: dict[int, tuple[np.ndarray, np.ndarray, bool]] = {}
         self._stats_memo: dict = {}
@@ -341,10 +377,19 @@ class PhaseFleet:
                 hit = (np.full(R, np.nan), np.zeros(R), False)
             else:
                 st = cl.rel_stats if self.statistics == "relative" else cl.stats
-                hit = (st.quantiles(slot, (self.quantile,))[0].astype(np.float64),
+                qs = self._quantiles()
+                uq = sorted(set(qs.tolist()))
+                Q = st.quantiles(slot, uq)
+                hit = (Q[[uq.index(x) for x in qs.tolist()], np.arange(R)].astype(np.float64),
                        st.count(slot).astype(np.float64), True)
             self._q_cache[p] = hit
         return hit
+
+    def _quantiles(self) -> np.ndarray:
+        return np.array([float(self.resource_quantiles.get(r, self.quantile)) for r in self.model.features])
+
+    def _margins(self) -> np.ndarray:
+        return np.array([float(self.resource_margins.get(r, self.margin)) for r in self.model.features])
 
     # ------------------------------------------------------------------ rows
     def _sync(self) -> None:
@@ -359,6 +404,7 @@ class PhaseFleet:
         self._handed = np.concatenate([self._handed, np.full((cap - old, R), np.nan)])
         self._written = np.concatenate([self._written, np.full(cap - old, -np.inf)])
         self._level = np.concatenate([self._level, np.full((cap - old, R), np.nan)])
+        self._lscale = np.concatenate([self._lscale, np.zeros((cap - old, R))])
 
     def _reset_rows(self, rows: np.ndarray) -> None:
         self._basis[rows] = np.nan
@@ -367,6 +413,7 @@ class PhaseFleet:
         self._handed[rows] = np.nan
         self._written[rows] = -np.inf
         self._level[rows] = np.nan
+        self._lscale[rows] = 0.0
 
     def __len__(self) -> int:
         return len(self._windows)
@@ -389,6 +436,7 @@ class PhaseFleet:
         self._handed = self._handed[:0]
         self._written = self._written[:0]
         self._level = self._level[:0]
+        self._lscale = self._lscale[:0]
         self._sync()
         assert len(self._limit_phase) == cap
         self._dirty.clear()
@@ -396,7 +444,7 @@ class PhaseFleet:
     def state_bytes(self) -> float:
         """Measured bytes per tracked container: window rows, id index, limit state."""
         R = self.model.n_features
-        own = (R * (self._basis.itemsize + 1 + self._handed.itemsize + self._level.itemsize)
+        own = (R * (self._basis.itemsize + 1 + self._handed.itemsize + self._level.itemsize + self._lscale.itemsize)
                + self._limit_phase.itemsize + 8)
         return self._windows.state_bytes() + own
 
@@ -412,7 +460,7 @@ class PhaseFleet:
             "v": STATE_VERSION, "f": [fl(row) for row in w.frames[r]], "n": int(w.filled[r]),
             "p": int(w.phase[r]), "s": float(w.since[r]), "b": fl(self._basis[r]),
             "src": [bool(x) for x in self._from_phase[r]], "lp": int(self._limit_phase[r]),
-            "h": fl(self._handed[r]), "lv": fl(self._level[r]),
+            "h": fl(self._handed[r]), "lv": fl(self._level[r]), "sc": fl(self._lscale[r]),
         }
 
     def load_state(self, container: str, state: Mapping[str, Any]) -> None:
@@ -433,10 +481,14 @@ class PhaseFleet:
                 level = np.array([np.nan if x is None else x for x in state["lv"]], dtype=np.float64)
                 if level.shape != (R,):
                     raise ValueError(f"phase state level has {level.shape} values, expected {R}")
+                lscale = np.array([0.0 if x is None else x for x in state.get("sc") or [0.0] * R], dtype=np.float64)
+                if lscale.shape != (R,):
+                    raise ValueError(f"phase state multiplier has {lscale.shape} values, expected {R}")
             else:  # version 1 had no level: the window's max is the best guess
                 with np.errstate(all="ignore"):
                     level = np.where(np.isfinite(frames).any(0), np.nanmax(np.where(np.isfinite(frames), frames,
                                                                                      -np.inf), axis=0), np.nan)
+                lscale = np.zeros(R)
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed phase state: {type(e).__name__}: {e}") from None
         r = int(self._windows.rows([container])[0])
@@ -446,6 +498,7 @@ class PhaseFleet:
         self._basis[r], self._handed[r], self._from_phase[r], self._limit_phase[r] = basis, handed, src, lp
         self._written[r] = -np.inf
         self._level[r] = level
+        self._lscale[r] = lscale
 
     def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
         """Containers whose state is due for persisting, with their state (each handed out once)."""
@@ -526,6 +579,12 @@ class PhaseFleet:
         level_prev = self._level[rows]
         level = np.fmax(X, level_prev * self._level_decay)
         self._level[rows] = level
+        if self.target_fulfilment is not None:  # adapt to this frame's miss of the phase limit in force
+            in_force = self._handed[rows]
+            seen = self._from_phase[rows] & np.isfinite(X) & np.isfinite(in_force)
+            miss = X > in_force * (1.0 + 1e-9)
+            step_ = self.adapt_rate * (miss.astype(np.float64) - (1.0 - self.target_fulfilment))
+            self._lscale[rows] = np.clip(self._lscale[rows] + np.where(seen, step_, 0.0), -_MAX_LSCALE, _MAX_LSCALE)
         q = np.full((n, R), np.nan)
         cnt = np.zeros((n, R))
         slot_ok = np.zeros(n, dtype=bool)
@@ -545,9 +604,12 @@ class PhaseFleet:
         fb = self._fallback(fallback_limits, containers, ~usable_guess.all(axis=1))
         limits, basis, from_phase, limit_phase = phase_limits(
             q, cnt, phase, slot_ok, self._basis[rows], self._limit_phase[rows], self._from_phase[rows], fb,
-            self._floors, margin=self.margin, min_phase_samples=self.min_phase_samples,
+            self._floors, margin=self._margins(), min_phase_samples=self.min_phase_samples,
             change_threshold=self.change_threshold,
         )
+        if self.target_fulfilment is not None:
+            mult = np.exp(_LOG_Q * np.round(self._lscale[rows] / _LOG_Q))
+            limits = np.where(from_phase, np.maximum(basis * (1.0 + self._margins()) * mult, self._floors), limits)
         handed = self._handed[rows]
         decide = np.isfinite(limits) & (
             ~np.isfinite(handed) | (np.abs(limits - handed) > 1e-9 * np.maximum(np.abs(handed), 1e-12))

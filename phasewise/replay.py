@@ -257,6 +257,9 @@ class FleetOptions:
     level_half_life: float = 30.0
     learn_every: int = 1
     pretrain_folds: int = 0  #: 0: start cold; K >= 2: cross-fitted pretraining (see :func:`fleet_sequences`)
+    target_fulfilment: float | None = None  #: per-container adaptive multiplier aiming at this fulfilment
+    resource_quantiles: tuple[tuple[str, float], ...] = ()  #: per-resource overrides of ``quantile``
+    resource_margins: tuple[tuple[str, float], ...] = ()  #: per-resource overrides of ``margin``
 
 
 def fold_of(containers: Iterable[str], k: int) -> dict[str, int]:
@@ -373,7 +376,8 @@ def _fleet_run(trace: Trace, opts: FleetOptions, model: Any) -> dict[str, list[t
     scaled = not trace.units.get("mem", "bytes").startswith("bytes")
     fleet = PhaseFleet(model if model is not None else PhaseModel(features=feats), learn_every=opts.learn_every,
                        quantile=opts.quantile, margin=opts.margin, statistics=opts.statistics,
-                       level_half_life=opts.level_half_life)
+                       level_half_life=opts.level_half_life, target_fulfilment=opts.target_fulfilment,
+                       resource_quantiles=dict(opts.resource_quantiles), resource_margins=dict(opts.resource_margins))
     fallback: dict[str, LimitPolicy] = {}
     handed: dict[str, Limits] = {}
     seqs: dict[str, list[tuple[float, Limits]]] = {c.container: [] for c in trace.containers}
@@ -755,6 +759,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "quantile (default 0.10)")
     p.add_argument("--level-half-life", type=float, default=30.0, help="--phase-model fleet, relative: "
                    "half-life in samples of the decaying max that is a container's level (default 30)")
+    p.add_argument("--phase-resource-quantiles", default="", metavar="R=Q,...",
+                   help="--phase-model fleet: per-resource quantiles overriding --phase-quantile, e.g. mem=0.97")
+    p.add_argument("--phase-resource-margins", default="", metavar="R=M,...",
+                   help="--phase-model fleet: per-resource margins overriding --phase-margin, e.g. mem=0")
+    p.add_argument("--phase-target-fulfilment", type=float, default=None, metavar="F",
+                   help="--phase-model fleet: each container adapts a multiplier of its phase limits online "
+                        "from its own misses, aiming at this fulfilment (default: off)")
     p.add_argument("--pretrain-folds", type=int, default=0, metavar="K",
                    help="--phase-model fleet: cross-fitted pretraining; each of K container folds is scored "
                         "by a model pretrained on the other folds only (0: start cold; K = number of "
@@ -768,6 +779,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"],
                    help="log level (default info)")
+
+
+def _per_resource(text: str) -> tuple[tuple[str, float], ...]:
+    """``"mem=0.97,gpu=0.9"`` -> ``(("mem", 0.97), ("gpu", 0.9))``.
+
+    >>> _per_resource("mem=0.97, gpu_mem=0.98")
+    (('mem', 0.97), ('gpu_mem', 0.98))
+    """
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, val = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out.append((name.strip(), float(val)))
+        except ValueError:
+            raise ValueError(f"expected RESOURCE=NUMBER, got {part!r}") from None
+    return tuple(out)
 
 
 def replay_command(args: argparse.Namespace) -> str:
@@ -785,6 +816,7 @@ def replay_command(args: argparse.Namespace) -> str:
     if getattr(args, "phase_model", "container") != "container":
         parts += ["--phase-model", args.phase_model]
         d = {"phase_stats": "relative", "phase_quantile": 0.95, "phase_margin": 0.10, "level_half_life": 30.0,
+             "phase_resource_quantiles": "", "phase_resource_margins": "", "phase_target_fulfilment": None,
              "pretrain_folds": 0}
         for k, v in d.items():
             if getattr(args, k, v) != v:
@@ -829,7 +861,15 @@ def run(args: argparse.Namespace) -> int:
         if not trace.containers:
             print(f"phasewise replay: no container of the trace is in the {split} split", file=sys.stderr)
             return 2
+    try:
+        rq = _per_resource(getattr(args, "phase_resource_quantiles", ""))
+        rm = _per_resource(getattr(args, "phase_resource_margins", ""))
+    except ValueError as e:
+        print(f"phasewise replay: {e}", file=sys.stderr)
+        return 2
     opts = FleetOptions(statistics=getattr(args, "phase_stats", "relative"),
+                        resource_quantiles=rq, resource_margins=rm,
+                        target_fulfilment=getattr(args, "phase_target_fulfilment", None),
                         quantile=getattr(args, "phase_quantile", 0.95), margin=getattr(args, "phase_margin", 0.10),
                         level_half_life=getattr(args, "level_half_life", 30.0),
                         pretrain_folds=getattr(args, "pretrain_folds", 0))
@@ -862,7 +902,11 @@ def run(args: argparse.Namespace) -> int:
             print("phasewise replay: --phase-model fleet runs in-process only (the worker's phase path "
                   "is already the fleet)", file=sys.stderr)
             return 2
-        sequences = {**(sequences or {}), "phase": fleet_sequences(trace, options=opts)}
+        try:
+            sequences = {**(sequences or {}), "phase": fleet_sequences(trace, options=opts)}
+        except ValueError as e:
+            print(f"phasewise replay: {e}", file=sys.stderr)
+            return 2
     show = None if args.quiet or not sys.stderr.isatty() else sys.stderr
     result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show,
                           sequences=sequences)
@@ -871,7 +915,9 @@ def run(args: argparse.Namespace) -> int:
                              "containers": len(trace.containers)}
     if setup["phase_model"] == "fleet":
         setup.update({k: getattr(opts, k) for k in ("statistics", "quantile", "margin", "level_half_life",
-                                                    "pretrain_folds")})
+                                                    "target_fulfilment", "pretrain_folds")})
+        setup["resource_quantiles"] = dict(opts.resource_quantiles)
+        setup["resource_margins"] = dict(opts.resource_margins)
     for srow in savings:
         srow["setup"] = setup
     if args.json:

@@ -276,3 +276,40 @@ def test_relative_state_still_fits_in_4_kib_per_container():
     for t in range(4):
         fleet.step(float(t), ids, np.tile(IDLE, (2000, 1)))
     assert fleet.state_bytes() <= 4096
+
+
+def test_the_fulfilment_target_raises_a_missing_containers_phase_limits_in_steps_of_5_percent():
+    m = trained_model()
+    p = phase_of(m, IDLE)
+    m.clusterer.update_rel_stats(np.full(100, p), np.ones((100, 2)))  # ratio quantile 1.0 (up to 1 bucket)
+    fleet = PhaseFleet(m, margin=0.0, frozen=True, statistics="relative", target_fulfilment=0.9, adapt_rate=0.1,
+                       level_half_life=1e9)
+    lims = []
+    for t in range(12):
+        out = fleet.step(float(t), ["c"], IDLE[None] * (1.0 if t < 3 else 1.2 ** min(t - 2, 1)), fallback_limits=FB)
+        lims.append(out.limits[0].copy())
+    # t = 3: usage 20 % above the phase limit in force (a miss): the level follows the usage (x1.2) and
+    # the multiplier goes up (0.1 x 0.9 in log units -> rounded to 1.05**2); without further misses it
+    # decays by 0.1 x 0.1 per step, back to 1.05**1 and then 1
+    ratios = np.array(lims[3:])[:, 0] / lims[2][0]
+    k = np.log(ratios / 1.2) / np.log(1.05)
+    np.testing.assert_allclose(k, np.round(k), atol=1e-6)  # whole powers of 1.05
+    assert np.round(k).tolist() == [2, 2, 1, 1, 1, 1, 1, 0, 0]
+    st = fleet.state_of("c")
+    assert st["sc"][0] == pytest.approx(0.09 - 8 * 0.01)
+    with pytest.raises(ValueError, match="target_fulfilment"):
+        PhaseFleet(m, target_fulfilment=1.0)
+
+
+def test_per_resource_quantiles_and_margins_override_the_common_ones():
+    m = trained_model()
+    p = phase_of(m, IDLE)
+    ratios = np.linspace(0.5, 1.5, 1001)
+    m.clusterer.update_rel_stats(np.full(1001, p), np.c_[ratios, ratios])
+    fleet = PhaseFleet(m, quantile=0.95, margin=0.1, frozen=True, statistics="relative",
+                       resource_quantiles={"mem": 0.5}, resource_margins={"mem": 0.0})
+    for t in range(3):
+        out = fleet.step(float(t), ["c"], IDLE[None], fallback_limits=FB)
+    np.testing.assert_allclose(out.limits[0] / IDLE, [1.45 * 1.1, 1.0], rtol=0.01)
+    with pytest.raises(ValueError, match="not features of the model"):
+        PhaseFleet(m, resource_quantiles={"gpu": 0.9})
