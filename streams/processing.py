@@ -3,18 +3,19 @@
 :func:`process_host_samples` is what the samples agent runs for every
 ``HostSamples`` message (and what benchmarks and tests call directly):
 
-1. each container of the message (key ``host/container``) gets its
-   :class:`~phasewise.models.vpa.VpaPolicy` from a :class:`StateCache`
+1. each container of the message (key ``host/container``) gets its row of
+   the :class:`StateCache`'s :class:`~phasewise.models.vpa_fleet.VpaFleet`
    (memory first; on a miss, the loader, i.e. the worker's changelogged table,
-   e.g. after a restart or a rebalance), which observes the sample
-   (``policy.observe(ts, usage)``): CPU cores, memory working set, OOM kills,
+   e.g. after a restart or a rebalance), which observes the sample (all the
+   message's containers at once, equal to
+   :meth:`~phasewise.models.vpa.VpaPolicy.observe` per container): CPU cores, memory working set, OOM kills,
    the share of CFS periods throttled, the throttled time per second of the
    message's interval and the limits in force when the sample reports them
    (the VPA weights CPU samples by the request; phasewise by the limit; for
    an unlimited resource the policy's own last limit stands in, as in replay);
 2. every ``recommend_interval_s`` of event time per container (the first after
    one interval of history; ``0``: after every sample, the first included) it
-   asks the policy for its limits (``policy.limits(ts)``) and emits a
+   asks for its limits (``VpaPolicy.limits(ts)``, vectorised) and emits a
    ``Decision`` (action ``limit``, policy ``vpa``) for each resource whose
    limit moved by more than ``hysteresis`` relative to the last decided limit,
    or, before any decision, the limit the sample reports (an unlimited resource
@@ -27,13 +28,18 @@
    first decision or one write interval after it appears): table writes are
    expensive (each changelog record is its own produce request here).
 
-This is the code path ``phasewise replay`` runs in-process: the same
-``VpaPolicy`` class, asked ``limits`` and shown ``observe`` in the same way
+This is the code path ``phasewise replay`` runs in-process: the fleet is
+``VpaPolicy`` for many containers, number for number (tests/models/
+test_vpa_fleet.py), asked ``limits`` and shown ``observe`` in the same way
 (replay asks ``limits(t)`` before ``observe(t)``; a decision here at ``ts``
 follows ``observe(ts)``, so it is the limit replay uses from the next step).
 
 Decision ids are a hash of host, container, limits and event time: replaying
 the same samples yields the same ids, and actuators apply each id once.
+
+The table format is the per-container code's (:meth:`ContainerEntry.to_state`:
+``{"v": 1, "vpa": VpaRecommender.to_state(), "pl": last limits, "dc", "dm",
+"nx"}``), so a worker upgraded in place recovers its old changelog.
 
 Nothing here does IO; time comes from the samples' event times.
 """
@@ -43,10 +49,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
+from phasewise.models.vpa_fleet import FleetRecommendation, VpaFleet
 from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples
 from phasewise.settings import Settings
 
@@ -64,6 +73,7 @@ log = logging.getLogger(__name__)
 
 POLICY = "vpa"
 ENTRY_VERSION = 1
+_NAN = math.nan
 
 
 def recommender_params(settings: Settings) -> dict[str, Any]:
@@ -77,52 +87,90 @@ def recommender_params(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _opt(v: Any) -> float | None:
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def _num(v: Any, what: str) -> float:
+    if v is None:
+        return _NAN
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise VpaStateError(f"container state: {what} must be a number or null, got {v!r:.40}")
+    return float(v)
+
+
 class ContainerEntry:
-    """One container's :class:`VpaPolicy` plus the worker's bookkeeping about it."""
+    """One container of a :class:`StateCache`: a view of its row (live, not a copy).
 
-    __slots__ = ("decided_cpu", "decided_mem", "next_ts", "policy", "written_ts")
+    ``decided_cpu`` / ``decided_mem`` (the last limits this worker decided),
+    ``next_ts`` (event time of the next recommendation) and ``written_ts``
+    (of the last persisted state) read and write the cache's arrays;
+    :attr:`model` and :attr:`policy` are exact snapshots of the container's
+    recommender / policy (copies: changing them changes nothing here).
+    """
 
-    def __init__(self, policy: VpaPolicy) -> None:
-        self.policy = policy
-        self.decided_cpu: float | None = None  # last CPU limit this worker decided
-        self.decided_mem: float | None = None
-        self.next_ts: float | None = None  # event time of the next recommendation
-        self.written_ts: float | None = None  # event time of the last persisted state
+    __slots__ = ("_cache", "key", "row")
+
+    def __init__(self, cache: StateCache, key: str, row: int) -> None:
+        self._cache = cache
+        self.key = key
+        self.row = row
+
+    def _get(self, name: str) -> float | None:
+        return _opt(getattr(self._cache, name)[self.row])
+
+    def _set(self, name: str, v: float | None) -> None:
+        getattr(self._cache, name)[self.row] = _NAN if v is None else v
+
+    decided_cpu = property(lambda self: self._get("_decided_cpu"), lambda self, v: self._set("_decided_cpu", v))
+    decided_mem = property(lambda self: self._get("_decided_mem"), lambda self, v: self._set("_decided_mem", v))
+    next_ts = property(lambda self: self._get("_next_ts"), lambda self, v: self._set("_next_ts", v))
+    written_ts = property(lambda self: self._get("_written_ts"), lambda self, v: self._set("_written_ts", v))
 
     @property
     def model(self) -> VpaRecommender:
-        """The policy's recommender."""
-        return self.policy.model
+        """An exact copy of the container's recommender."""
+        return self._cache.fleet.recommender(self.row)
+
+    @property
+    def policy(self) -> VpaPolicy:
+        """An exact copy of the container's :class:`VpaPolicy` (its recommender and last limits)."""
+        fleet = self._cache.fleet
+        p = VpaPolicy(fleet.bound, **fleet.params)
+        p._model = fleet.recommender(self.row)
+        p._last = fleet.last_limits(self.row)
+        return p
 
     def to_state(self) -> dict[str, Any]:
-        return {"v": ENTRY_VERSION, "vpa": self.policy.model.to_state(), "pl": self.policy._last,
+        """The table value: ``{"v", "vpa", "pl", "dc", "dm", "nx"}``."""
+        fleet = self._cache.fleet
+        return {"v": ENTRY_VERSION, "vpa": fleet.recommender_state(self.row), "pl": fleet.last_limits(self.row),
                 "dc": self.decided_cpu, "dm": self.decided_mem, "nx": self.next_ts}
 
-    @classmethod
-    def from_state(cls, state: Any, params: dict[str, Any]) -> ContainerEntry:
-        if not isinstance(state, dict) or state.get("v") != ENTRY_VERSION:
-            raise VpaStateError(f"unsupported container state {str(state)[:80]!r}")
-        # "pl" (the policy's last limits) is absent from states written before the
-        # worker ran VpaPolicy; the policy then starts with no last limits
-        pstate = {"m": state["vpa"], "l": state.get("pl") or {}}
-        e = cls(VpaPolicy.from_state(pstate, **params))
-        e.decided_cpu, e.decided_mem, e.next_ts = state.get("dc"), state.get("dm"), state.get("nx")
-        return e
+    def __repr__(self) -> str:
+        return f"ContainerEntry({self.key!r}, decided_cpu={self.decided_cpu}, decided_mem={self.decided_mem})"
 
 
 class StateCache:
-    """Per-container entries in memory, loaded through *loader* on a miss.
+    """Per-container state in memory (one :class:`VpaFleet` row each), loaded through *loader* on a miss.
 
     *loader* maps a key to a stored state (or ``None``); the worker passes its
     table's ``get``. Keys whose state changed enough to be persisted collect
     in :attr:`dirty`; :meth:`pop_dirty` hands them out once.
     """
 
+    _BOOK = ("_decided_cpu", "_decided_mem", "_next_ts", "_written_ts")
+
     def __init__(self, params: dict[str, Any] | None = None,
                  loader: Callable[[str], Any] | None = None) -> None:
         self.params = dict(params or {})
         self.loader = loader
-        self._entries: dict[str, ContainerEntry] = {}
+        self.fleet = VpaFleet(capacity=256, **self.params)
+        self._index: dict[str, int] = {}
+        self._keys: list[str] = []
+        for name in self._BOOK:
+            setattr(self, name, np.full(self.fleet.capacity, _NAN))
         self.dirty: set[str] = set()
         self.loaded = 0  # entries restored through the loader
         self.load_errors = 0
@@ -131,39 +179,81 @@ class StateCache:
     def from_settings(cls, settings: Settings, loader: Callable[[str], Any] | None = None) -> StateCache:
         return cls(recommender_params(settings), loader)
 
-    def get(self, key: str) -> ContainerEntry:
-        e = self._entries.get(key)
-        if e is not None:
-            return e
+    def _new_row(self, key: str) -> int:
+        fleet = self.fleet
+        row = int(fleet.add_rows(1)[0])
+        cap = fleet.capacity
+        if len(self._decided_cpu) < cap:
+            for name in self._BOOK:
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.full(cap - len(a), _NAN)]))
+        for name in self._BOOK:
+            getattr(self, name)[row] = _NAN
         if self.loader is not None:
             try:
                 state = self.loader(key)
                 if state is not None:
-                    e = ContainerEntry.from_state(state, self.params)
+                    self._load(row, state)
                     self.loaded += 1
             except (ValueError, TypeError) as err:  # VpaStateError, undecodable or foreign values
                 self.load_errors += 1
                 log.warning("discarding stored state of %s: %s", key, err)
-        if e is None:
-            e = ContainerEntry(VpaPolicy(**self.params))
-        self._entries[key] = e
-        return e
+                fleet.reset_rows(np.array([row]))
+                for name in self._BOOK:
+                    getattr(self, name)[row] = _NAN
+        self._index[key] = row
+        self._keys.append(key)
+        return row
+
+    def _load(self, row: int, state: Any) -> None:
+        if not isinstance(state, dict) or state.get("v") != ENTRY_VERSION:
+            raise VpaStateError(f"unsupported container state {str(state)[:80]!r}")
+        if "vpa" not in state:
+            raise VpaStateError("container state has no 'vpa' (recommender state)")
+        book = [_num(state.get(k), k) for k in ("dc", "dm", "nx")]
+        # "pl" (the policy's last limits) is absent from states written before the
+        # worker ran VpaPolicy; the policy then starts with no last limits
+        self.fleet.load_recommender_state(row, state["vpa"], state.get("pl") or {})
+        self._decided_cpu[row], self._decided_mem[row], self._next_ts[row] = book
+
+    def row(self, key: str) -> int:
+        """The fleet row of *key* (created, or loaded through the loader, on a miss)."""
+        r = self._index.get(key)
+        return self._new_row(key) if r is None else r
+
+    def rows(self, keys: Sequence[str]) -> list[int]:
+        """:meth:`row` of every key, in order."""
+        get = self._index.get
+        out = [get(k) for k in keys]
+        if None in out:
+            out = [self.row(k) for k in keys]  # in order: a key twice gets one new row
+        return out
+
+    def get(self, key: str) -> ContainerEntry:
+        return ContainerEntry(self, key, self.row(key))
+
+    def state_of(self, key: str) -> dict[str, Any]:
+        """The table value of *key* (see :meth:`ContainerEntry.to_state`)."""
+        return ContainerEntry(self, key, self._index[key]).to_state()
 
     def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
-        out = [(k, self._entries[k].to_state()) for k in self.dirty if k in self._entries]
+        idx = self._index
+        out = [(k, ContainerEntry(self, k, idx[k]).to_state()) for k in self.dirty if k in idx]
         self.dirty.clear()
         return out
 
     def clear(self) -> None:
         """Forget every entry (after a rebalance the table is the truth)."""
-        self._entries.clear()
+        self._index.clear()
+        self._keys.clear()
+        self.fleet.clear()
         self.dirty.clear()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._index)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._entries
+        return key in self._index
 
 
 def decision_id(host: str, container: str, cpu: float | None, mem: float | None, ts: float) -> str:
@@ -172,78 +262,8 @@ def decision_id(host: str, container: str, cpu: float | None, mem: float | None,
     return hashlib.blake2b(raw, digest_size=12).hexdigest()
 
 
-def _moved(new: float | None, ref: float | None, hysteresis: float) -> bool:
-    if new is None:
-        return False
-    if ref is None or ref <= 0:
-        return True
-    return abs(new - ref) > hysteresis * ref
-
-
-def _outside(ref: float | None, bounds: dict[str, float]) -> bool:
-    """Whether the limit in force lies outside [lower, upper] (unlimited: always)."""
-    if ref is None:
-        return True
-    lo, up = bounds.get("lower"), bounds.get("upper")
-    return (lo is not None and math.isfinite(lo) and ref < lo) or (
-        up is not None and math.isfinite(up) and ref > up)
-
-
 def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
-
-
-def _decide(entry: ContainerEntry, host: str, c: ContainerSample, ts: float,
-            settings: Settings) -> Decision | None:
-    p = entry.policy
-    lim = p.limits(ts)  # the policy's limits from everything observed up to ts
-    cpu_t, mem_t = lim.get("cpu"), lim.get("mem")
-    if cpu_t is not None:
-        cpu_t = min(math.ceil(cpu_t * 1000.0 - 1e-9) / 1000.0, MAX_CORES)
-    if mem_t is not None:
-        mem_t = float(min(math.ceil(mem_t), MAX_BYTES))
-    ref_cpu = entry.decided_cpu if entry.decided_cpu is not None else c.cpu_limit_cores
-    ref_mem = entry.decided_mem if entry.decided_mem is not None else c.mem_limit_bytes
-    h = settings.hysteresis
-    cpu_out = cpu_t if _moved(cpu_t, ref_cpu, h) else None
-    mem_out = mem_t if _moved(mem_t, ref_mem, h) else None
-    rec = None
-    if settings.vpa_update_mode == "bounds" and (cpu_out is not None or mem_out is not None):
-        # the VPA updater acts only on a limit outside the confidence bounds: with little
-        # history the upper bound is far above the target, so nothing is cut early
-        rec = p.model.predict_one()
-        if cpu_out is not None and not _outside(ref_cpu, rec["cpu"]):
-            cpu_out = None
-        if mem_out is not None and not _outside(ref_mem, rec["mem"]):
-            mem_out = None
-    if cpu_out is None and mem_out is None:
-        return None
-    why = []
-    if cpu_out is not None:
-        why.append(f"cpu {_fmt(ref_cpu)} -> {cpu_out:g} cores")
-        entry.decided_cpu = cpu_out
-    if mem_out is not None:
-        why.append(f"mem {_fmt(ref_mem, 2**-20)} -> {mem_out / 2**20:.0f} MiB")
-        entry.decided_mem = mem_out
-    m = p.model
-    rec = rec or m.predict_one()
-    details = m.explain()
-    details["cpu"] = {k: _finite(v) for k, v in rec["cpu"].items()}
-    details["mem"] = {k: _finite(v) for k, v in rec["mem"].items()}
-    details["limits"] = {"cpu": lim.get("cpu"), "mem": lim.get("mem"), "bound": p.bound}
-    details["previous"] = {"cpu": ref_cpu, "mem": ref_mem}
-    details["observed"] = {"cpu": c.cpu_limit_cores, "mem": c.mem_limit_bytes}
-    details["hysteresis"] = h
-    details["update_mode"] = settings.vpa_update_mode
-    details["worker_id"] = settings.worker_id
-    details["confidence"] = _finite(details["confidence"])
-    reason = (f"vpa {p.bound} (p{m.target_percentile * 100:g} of {m.samples} samples "
-              f"+{m.safety_margin * 100:g}%): " + "; ".join(why))
-    return Decision(
-        id=decision_id(host, c.container, cpu_out, mem_out, ts),
-        ts=ts, host=host, container=c.container, action="limit", policy=POLICY, reason=reason,
-        cpu_limit_cores=cpu_out, mem_limit_bytes=mem_out, details=details,
-    )
 
 
 def sample_usage(c: ContainerSample, per_s: float) -> dict[str, float]:
@@ -251,6 +271,7 @@ def sample_usage(c: ContainerSample, per_s: float) -> dict[str, float]:
 
     The limits in force are included only when the sample reports one; for an
     unlimited resource the policy's own last limit stands in (as in replay).
+    The worker passes the same numbers to the fleet as arrays (missing = ``NaN``).
     """
     nr = c.nr_periods
     usage = {
@@ -269,32 +290,130 @@ def _fmt(v: float | None, scale: float = 1.0) -> str:
     return "unlimited" if v is None else f"{v * scale:g}"
 
 
+def _moved(new: np.ndarray, ref: np.ndarray, hysteresis: float) -> np.ndarray:
+    """Element-wise: a new limit, and no usable reference or a move beyond the hysteresis."""
+    with np.errstate(invalid="ignore"):
+        return ~np.isnan(new) & (np.isnan(ref) | (ref <= 0) | (np.abs(new - ref) > hysteresis * ref))
+
+
+def _outside(ref: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """Element-wise: the limit in force lies outside [lower, upper] (unlimited: always)."""
+    with np.errstate(invalid="ignore"):
+        return np.isnan(ref) | (np.isfinite(lower) & (ref < lower)) | (np.isfinite(upper) & (ref > upper))
+
+
 def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Settings) -> list[Decision]:
     """Learn every container sample of *msg*; return the limit decisions due now."""
-    out: list[Decision] = []
-    ts = msg.ts
+    cs = msg.containers
+    if not cs:
+        return []
     host = msg.host
-    interval = settings.recommend_interval_s
-    write_interval = settings.state_write_interval_s
-    dirty = state_cache.dirty
-    per_s = 1.0 / msg.interval_s if msg.interval_s > 0 else 0.0
-    for c in msg.containers:
-        key = f"{host}/{c.container}"
-        entry = state_cache.get(key)
-        entry.policy.observe(ts, sample_usage(c, per_s))
-        nx = entry.next_ts
-        if nx is None:  # first sample: the first recommendation one interval later
-            nx = ts + interval
-        if ts < nx:
-            entry.next_ts = nx
-            continue
-        entry.next_ts = ts + interval
-        d = _decide(entry, host, c, ts, settings)
-        if d is not None:
-            out.append(d)
-        if entry.written_ts is None:  # new or reloaded: first write at a decision or one interval on
-            entry.written_ts = ts
-        if d is not None or ts - entry.written_ts >= write_interval:
-            dirty.add(key)
-            entry.written_ts = ts
+    keys = [f"{host}/{c.container}" for c in cs]
+    rows = state_cache.rows(keys)
+    if len(set(rows)) == len(rows):
+        return _process(state_cache, msg, cs, keys, rows, settings)
+    # a container twice in one message: consecutive runs of distinct containers, in order
+    out: list[Decision] = []
+    start = 0
+    seen: set[int] = set()
+    for i, r in enumerate(rows):
+        if r in seen:
+            out += _process(state_cache, msg, cs[start:i], keys[start:i], rows[start:i], settings)
+            start, seen = i, set()
+        seen.add(r)
+    out += _process(state_cache, msg, cs[start:], keys[start:], rows[start:], settings)
     return out
+
+
+def _process(cache: StateCache, msg: HostSamples, cs: Sequence[ContainerSample], keys: list[str],
+             row_list: list[int], settings: Settings) -> list[Decision]:
+    ts = msg.ts
+    fleet = cache.fleet
+    rows = np.array(row_list, dtype=np.intp)
+    x = np.array([(c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes, c.throttled_periods,
+                   c.nr_periods, c.throttled_s, c.oom_events) for c in cs], dtype=np.float64)
+    nr = x[:, 5]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        throttled_frac = np.where(nr != 0, x[:, 4] / nr, 0.0)
+    per_s = 1.0 / msg.interval_s if msg.interval_s > 0 else 0.0
+    fleet.observe_many(ts, rows, x[:, 0], x[:, 1], cpu_limit=x[:, 2], mem_limit=x[:, 3], oom=x[:, 7],
+                       throttled_frac=throttled_frac, throttled_cores=x[:, 6] * per_s)
+
+    interval = settings.recommend_interval_s
+    nx = cache._next_ts[rows]
+    nx = np.where(np.isnan(nx), ts + interval, nx)  # first sample: the first recommendation one interval later
+    due = ts >= nx
+    cache._next_ts[rows] = np.where(due, ts + interval, nx)
+    if not due.any():
+        return []
+    at = np.flatnonzero(due)  # positions in the message
+    dr = rows[at]
+    rec = fleet.predict_many(dr)
+    lim_cpu, lim_mem = fleet.limits_many(dr, rec)  # the policy's limits from everything observed up to ts
+    cpu_t = np.minimum(np.ceil(lim_cpu * 1000.0 - 1e-9) / 1000.0, MAX_CORES)
+    mem_t = np.minimum(np.ceil(lim_mem), MAX_BYTES)
+    dc, dm = cache._decided_cpu[dr], cache._decided_mem[dr]
+    ref_cpu = np.where(np.isnan(dc), x[at, 2], dc)
+    ref_mem = np.where(np.isnan(dm), x[at, 3], dm)
+    h = settings.hysteresis
+    cpu_out = _moved(cpu_t, ref_cpu, h)
+    mem_out = _moved(mem_t, ref_mem, h)
+    if settings.vpa_update_mode == "bounds":
+        # the VPA updater acts only on a limit outside the confidence bounds: with little
+        # history the upper bound is far above the target, so nothing is cut early
+        for out_mask, res, ref in ((cpu_out, "cpu", ref_cpu), (mem_out, "mem", ref_mem)):
+            idx = np.flatnonzero(out_mask)
+            if idx.size:
+                out_mask[idx] = _outside(ref[idx], rec.estimate(res, "lower", idx), rec.estimate(res, "upper", idx))
+    act = cpu_out | mem_out
+    out: list[Decision] = []
+    if act.any():
+        idx = np.flatnonzero(act)
+        est = {res: {b: rec.estimate(res, b, idx) for b in ("target", "lower", "upper")} for res in ("cpu", "mem")}
+        for n, j in enumerate(idx.tolist()):
+            out.append(_decision(cache, msg, cs[int(at[j])], int(dr[j]), rec, j, est, n,
+                                 float(cpu_t[j]) if cpu_out[j] else None, float(mem_t[j]) if mem_out[j] else None,
+                                 _opt(lim_cpu[j]), _opt(lim_mem[j]), settings))
+    wt = cache._written_ts[dr]
+    wt = np.where(np.isnan(wt), ts, wt)  # new or reloaded: first write at a decision or one interval on
+    write = act | (ts - wt >= settings.state_write_interval_s)
+    cache._written_ts[dr] = np.where(write, ts, wt)
+    if write.any():
+        cache.dirty.update(keys[i] for i in at[write].tolist())
+    return out
+
+
+def _decision(cache: StateCache, msg: HostSamples, c: ContainerSample, row: int, rec: FleetRecommendation,
+              j: int, est: dict[str, dict[str, np.ndarray]], n: int, cpu_out: float | None, mem_out: float | None, lim_cpu: float | None, lim_mem: float | None,
+              settings: Settings) -> Decision:
+    """The Decision of the container at *j* of *rec* (*n* of *est*), and its new decided limits."""
+    fleet = cache.fleet
+    dc, dm = _opt(cache._decided_cpu[row]), _opt(cache._decided_mem[row])
+    ref_cpu = dc if dc is not None else c.cpu_limit_cores
+    ref_mem = dm if dm is not None else c.mem_limit_bytes
+    why = []
+    if cpu_out is not None:
+        why.append(f"cpu {_fmt(ref_cpu)} -> {cpu_out:g} cores")
+        cache._decided_cpu[row] = cpu_out
+    if mem_out is not None:
+        why.append(f"mem {_fmt(ref_mem, 2**-20)} -> {mem_out / 2**20:.0f} MiB")
+        cache._decided_mem[row] = mem_out
+    m = fleet._proto
+    details = fleet.explain(row, rec, j)
+    details["cpu"] = {k: _finite(_opt(v[n])) for k, v in est["cpu"].items()}
+    details["mem"] = {k: _finite(_opt(v[n])) for k, v in est["mem"].items()}
+    details["limits"] = {"cpu": lim_cpu, "mem": lim_mem, "bound": fleet.bound}
+    details["previous"] = {"cpu": ref_cpu, "mem": ref_mem}
+    details["observed"] = {"cpu": c.cpu_limit_cores, "mem": c.mem_limit_bytes}
+    details["hysteresis"] = settings.hysteresis
+    details["update_mode"] = settings.vpa_update_mode
+    details["worker_id"] = settings.worker_id
+    details["confidence"] = _finite(details["confidence"])
+    reason = (f"vpa {fleet.bound} (p{m.target_percentile * 100:g} of {fleet.samples(row)} samples "
+              f"+{m.safety_margin * 100:g}%): " + "; ".join(why))
+    host = msg.host
+    return Decision(
+        id=decision_id(host, c.container, cpu_out, mem_out, msg.ts),
+        ts=msg.ts, host=host, container=c.container, action="limit", policy=POLICY, reason=reason,
+        cpu_limit_cores=cpu_out, mem_limit_bytes=mem_out, details=details,
+    )

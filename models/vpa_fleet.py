@@ -1,0 +1,750 @@
+"""Many containers' VPA recommenders as arrays: the worker's vectorised VPA.
+
+:class:`VpaFleet` holds, for every row (one container), exactly the state of a
+:class:`~phasewise.models.vpa.VpaPolicy` (its :class:`~phasewise.models.vpa.
+VpaRecommender` plus the policy's last limits) as struct-of-arrays numpy
+state, and runs ``observe`` / ``limits`` / ``predict_one`` for many rows at
+once. It is the same recommender, not an approximation: for the same inputs
+every number equals the per-container classes' bit for bit, so the live
+worker (which runs the fleet) and ``phasewise replay`` (which runs
+``VpaPolicy``) decide alike. How the equality is kept:
+
+- each histogram row is dense (one float64 per bucket, ``0.0`` = no bucket);
+  updates are element-wise IEEE operations in the reference's order, so the
+  stored weights and running totals are identical; buckets under ``epsilon``
+  after a subtraction or a reference shift are zeroed as the reference drops
+  them;
+- percentiles walk a sequential cumulative sum from the first non-empty
+  bucket, as the reference's loop does (ties at a threshold resolve alike);
+- bucket indices come from ``numpy.log`` corrected against the exact bucket
+  starts (so a last-ulp difference between numpy's and libm's ``log`` cannot
+  move a value), with values near the top bucket routed through the
+  reference's own ``find_bucket``;
+- powers (the decay factor ``2 ** ((t - ref) / half_life)`` and the
+  confidence multipliers) are evaluated with Python's ``**`` on the distinct
+  arguments, because numpy's vectorised ``power`` may differ in the last ulp.
+
+Memory: two rows of ``num_buckets`` float64 (176 each with VPA's bucketing)
+plus 15 scalars, about 3 KiB per container (:meth:`VpaFleet.bytes_per_row`).
+
+State: :meth:`VpaFleet.recommender_state` writes (and
+:meth:`VpaFleet.load_recommender_state` reads) exactly
+:meth:`VpaRecommender.to_state`'s format, so a table written by the
+per-container code loads here and vice versa. :meth:`VpaFleet.recommender`
+materialises an exact :class:`VpaRecommender` copy of a row.
+
+Missing values are ``NaN`` (the reference's ``None``); an optional per-row
+argument left out (``None``) means missing for every row. Nothing here does
+IO; time arrives as ``t``.
+
+Example
+-------
+>>> import numpy as np
+>>> from phasewise.models.vpa import VpaPolicy
+>>> fleet = VpaFleet(time_scale=0.001)
+>>> rows = fleet.add_rows(2)
+>>> ref = VpaPolicy(time_scale=0.001)
+>>> for t in range(600):
+...     fleet.observe_many(float(t), rows, cpu=np.array([0.5, 1.0]), mem=np.array([3e8, 6e8]))
+...     ref.observe(float(t), {"cpu": 0.5, "mem": 3e8})
+>>> cpu, mem = fleet.limits_many(rows)
+>>> float(cpu[0]) == ref.limits(600.0)["cpu"], round(float(cpu[1]), 3)
+(True, 1.169)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from phasewise.models.histogram import MAX_CHECKPOINT_WEIGHT, MAX_DECAY_EXPONENT, ExponentialBuckets
+from phasewise.models.vpa import BOUNDS, STATE_VERSION, VpaRecommender, VpaStateError
+
+__all__ = ["FleetRecommendation", "VpaFleet"]
+
+_NAN = math.nan
+_COL = {"lower": 0, "target": 1, "upper": 2}
+
+
+def _pow_exact(base: float, x: np.ndarray) -> np.ndarray | float:
+    """``base ** x`` element-wise with Python's (libm's) ``pow`` on the distinct values."""
+    if x.size == 0:
+        return np.empty(0)
+    lo, hi = x.min(), x.max()
+    if lo == hi:
+        return base ** float(lo)
+    u, inv = np.unique(x, return_inverse=True)
+    return np.array([base ** v for v in u.tolist()])[inv]
+
+
+def _sub(t: float | np.ndarray, m: Any) -> float | np.ndarray:
+    """*t* at the selection *m* (a scalar time stays a scalar)."""
+    return t if isinstance(t, float) else t[m]
+
+
+class _Histograms:
+    """Dense rows of :class:`~phasewise.models.histogram.DecayingHistogram` state.
+
+    Besides the reference's state (weights, total, reference time) each row
+    keeps its first / last non-empty bucket (``lo`` / ``hi``; ``nb`` / ``-1``
+    when empty) and its percentiles as of its last change (``pc``, valid
+    where ``fresh``), both pure functions of the weights.
+    """
+
+    __slots__ = ("W", "buckets", "ends", "eps", "fresh", "half_life", "hi", "last", "lo", "nb", "pc", "ref",
+                 "starts", "total")
+
+    def __init__(self, buckets: ExponentialBuckets, half_life: float, capacity: int, nps: int) -> None:
+        self.buckets = buckets
+        self.half_life = half_life
+        self.eps = buckets.epsilon
+        self.nb = buckets.num_buckets
+        self.last = self.nb - 1
+        self.starts = np.array([buckets.start(i) for i in range(self.nb)])
+        self.ends = np.array([buckets.end(i) for i in range(self.nb)])
+        self.W = np.zeros((capacity, self.nb))
+        self.total = np.zeros(capacity)
+        self.ref = np.full(capacity, _NAN)
+        self.lo = np.full(capacity, self.nb, dtype=np.intp)
+        self.hi = np.full(capacity, -1, dtype=np.intp)
+        self.pc = np.zeros((capacity, nps))
+        self.fresh = np.zeros(capacity, dtype=bool)
+
+    def grow(self, capacity: int) -> None:
+        k = capacity - len(self.total)
+        self.W = np.concatenate([self.W, np.zeros((k, self.nb))])
+        self.total = np.concatenate([self.total, np.zeros(k)])
+        self.ref = np.concatenate([self.ref, np.full(k, _NAN)])
+        self.lo = np.concatenate([self.lo, np.full(k, self.nb, dtype=np.intp)])
+        self.hi = np.concatenate([self.hi, np.full(k, -1, dtype=np.intp)])
+        self.pc = np.concatenate([self.pc, np.zeros((k, self.pc.shape[1]))])
+        self.fresh = np.concatenate([self.fresh, np.zeros(k, dtype=bool)])
+
+    def reset(self, rows: np.ndarray) -> None:
+        self.W[rows] = 0.0
+        self.total[rows] = 0.0
+        self.ref[rows] = _NAN
+        self.lo[rows] = self.nb
+        self.hi[rows] = -1
+        self.fresh[rows] = False
+
+    def rescan(self, rows: np.ndarray) -> None:
+        """Recompute ``lo`` / ``hi`` of *rows* from their weights."""
+        ne = self.W[rows] >= self.eps
+        some = ne.any(axis=1)
+        self.lo[rows] = np.where(some, ne.argmax(axis=1), self.nb)
+        self.hi[rows] = np.where(some, self.last - ne[:, ::-1].argmax(axis=1), -1)
+        self.fresh[rows] = False
+
+    # ------------------------------------------------------------ updates
+
+    def find(self, values: np.ndarray) -> np.ndarray:
+        """``ExponentialBuckets.find_bucket`` of every value.
+
+        The bucket whose ``[start, next start)`` holds the value, which is what
+        the reference's log-and-correct computes, except just below the open
+        last bucket, where its clamp may answer the last bucket: those go
+        through the reference's own code.
+        """
+        b = self.starts.searchsorted(values, side="right") - 1
+        top = b == self.last - 1
+        if top.any():
+            b[top] = [self.buckets.find_bucket(v) for v in values[top].tolist()]
+        return b
+
+    def _factor(self, rows: np.ndarray, t: float | np.ndarray) -> np.ndarray | float:
+        """``DecayingHistogram._decay_factor`` of each row (fixes / shifts references)."""
+        hl = self.half_life
+        ref = self.ref[rows]
+        new = np.isnan(ref)
+        if new.any():
+            ref[new] = np.floor(_sub(t, new) / hl + 0.5) * hl
+            self.ref[rows[new]] = ref[new]
+        shift = t > ref + hl * MAX_DECAY_EXPONENT
+        if shift.any():
+            for i in np.flatnonzero(shift).tolist():
+                ref[i] = self._shift(int(rows[i]), float(_sub(t, i)))
+        return _pow_exact(2.0, (t - ref) / hl)
+
+    def _shift(self, row: int, t: float) -> float:
+        hl = self.half_life
+        new_ref = math.floor(t / hl + 0.5) * hl
+        old_ref = float(self.ref[row])
+        factor = math.ldexp(1.0, math.floor((old_ref - new_ref) / hl + 0.5))
+        w = self.W[row]
+        w *= factor
+        w[w < self.eps] = 0.0
+        kept = w[w != 0.0]
+        self.total[row] = math.fsum(kept.tolist()) if kept.size else 0.0
+        self.ref[row] = new_ref
+        self.rescan(np.array([row]))
+        return new_ref
+
+    def add(self, rows: np.ndarray, values: np.ndarray, weights: np.ndarray | float,
+            t: float | np.ndarray) -> None:
+        """``DecayingHistogram.add`` on distinct *rows*."""
+        w = weights * self._factor(rows, t)
+        b = self.find(values)
+        nw = self.W[rows, b] + w
+        self.W[rows, b] = nw
+        self.total[rows] += w
+        self.fresh[rows] = False
+        ok = nw >= self.eps  # weights only grow: the bucket joins the non-empty ones or nothing changes
+        if not ok.all():
+            rows, b = rows[ok], b[ok]
+        self.lo[rows] = np.minimum(self.lo[rows], b)
+        self.hi[rows] = np.maximum(self.hi[rows], b)
+
+    def subtract(self, rows: np.ndarray, values: np.ndarray, weight: float, t: np.ndarray) -> None:
+        """``DecayingHistogram.subtract`` on distinct *rows*."""
+        w = weight * self._factor(rows, t)
+        b = self.find(values)
+        have = self.W[rows, b]
+        w = np.where(w > have - self.eps, have, w)
+        left = have - w
+        self.total[rows] -= w
+        drop = left < self.eps
+        self.W[rows, b] = np.where(drop, 0.0, left)
+        if drop.any():
+            dr = rows[drop]
+            self.total[dr] -= left[drop]
+            self.total[dr[~self.W[dr].any(axis=1)]] = 0.0
+        self.rescan(rows)
+
+    # ------------------------------------------------------------ queries
+
+    def percentiles(self, rows: np.ndarray, ps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(values (len(rows), len(ps)), non-empty mask)``: ``DecayingHistogram.percentiles``.
+
+        The reference walks the buckets from the first non-empty one, adding
+        weights until the sum reaches ``p * total`` (or taking the last
+        non-empty bucket); here a sequential ``cumsum`` (the same additions
+        in the same order) over the rows' bucket span, where the first
+        bucket whose sum reaches the threshold wins, the last one always.
+        """
+        hi = self.hi[rows]
+        nonempty = hi >= 0
+        need = nonempty & ~self.fresh[rows]
+        out = self.pc[rows]
+        if need.any():
+            sel = rows if need.all() else rows[need]
+            lo, h = self.lo[sel], self.hi[sel]
+            c0, c1 = int(lo.min()), int(h.max())
+            cols = np.arange(c0, c1 + 1)
+            before = cols < lo[:, None]
+            cum = np.cumsum(np.where(before, 0.0, self.W[sel, c0:c1 + 1]), axis=1)
+            # outside the span nothing reaches before it, and everything from hi on does
+            cum = np.where(cols >= h[:, None], math.inf, np.where(before, -math.inf, cum))
+            thr = ps[:, None, None] * self.total[sel][:, None]  # (len(ps), rows, 1)
+            chosen = (cum >= thr).argmax(axis=2).T + c0
+            vals = self.ends[chosen]
+            self.pc[sel] = vals
+            self.fresh[sel] = True
+            out[need] = vals
+        out[~nonempty] = 0.0
+        return out, nonempty
+
+    # ------------------------------------------------------------ state
+
+    def to_state(self, row: int) -> dict[str, Any]:
+        """``DecayingHistogram.to_state`` of one row."""
+        w = self.W[row]
+        idx = np.flatnonzero(w >= self.eps)
+        flat: list[int] = []
+        if idx.size:
+            vals = w[idx].tolist()
+            ratio = MAX_CHECKPOINT_WEIGHT / max(vals)
+            prev = 0
+            for b, v in zip(idx.tolist(), vals):
+                n = math.floor(v * ratio + 0.5)
+                if n > 0:
+                    flat += (b - prev, n)
+                    prev = b
+        ref = float(self.ref[row])
+        return {"r": None if math.isnan(ref) else ref, "t": float(f"{float(self.total[row]):.9g}"), "b": flat}
+
+    def load(self, row: int, weights: Mapping[int, float], total: float, ref: float | None) -> None:
+        w = self.W[row]
+        w[:] = 0.0
+        for b, v in weights.items():
+            w[b] = v
+        self.total[row] = total
+        self.ref[row] = _NAN if ref is None else ref
+        self.rescan(np.array([row]))
+
+    def weights(self, row: int) -> dict[int, float]:
+        w = self.W[row]
+        idx = np.flatnonzero(w)
+        return dict(zip(idx.tolist(), w[idx].tolist()))
+
+
+class FleetRecommendation:
+    """What :meth:`VpaFleet.predict_many` computes for a batch of rows.
+
+    ``percentiles[res]`` holds the raw lower / target / upper percentiles
+    (columns in that order, ``0.0`` when empty), ``nonempty[res]`` whether
+    *res* has samples, ``confidence`` the history behind the bounds.
+    :meth:`estimate` composes VPA's estimators on demand (``NaN``: no sample
+    of *res* yet, the reference's ``None``; ``inf``: an unbounded upper bound).
+    """
+
+    __slots__ = ("_fleet", "confidence", "nonempty", "percentiles", "rows")
+
+    def __init__(self, fleet: VpaFleet, rows: np.ndarray, percentiles: dict[str, np.ndarray],
+                 nonempty: dict[str, np.ndarray], confidence: np.ndarray) -> None:
+        self._fleet = fleet
+        self.rows = rows
+        self.percentiles = percentiles
+        self.nonempty = nonempty
+        self.confidence = confidence
+
+    def estimate(self, res: str, bound: str, idx: np.ndarray | None = None) -> np.ndarray:
+        """``VpaRecommender.estimate(res, bound)`` of the rows (or of the rows at positions *idx*)."""
+        p = self._fleet._proto
+        v = self.percentiles[res][:, _COL[bound]]
+        ne = self.nonempty[res]
+        conf = self.confidence
+        if idx is not None:
+            v, ne, conf = v[idx], ne[idx], conf[idx]
+        v = v + v * p.safety_margin
+        if bound != "target":  # ConfidenceMultiplier(0.001, -2.0) / ConfidenceMultiplier(1.0, 1.0)
+            mult, exp = (0.001, -2.0) if bound == "lower" else (1.0, 1.0)
+            f = np.full(v.shape, 0.0 if exp < 0 else math.inf)  # no history
+            pos = conf > 0
+            if pos.any():
+                f[pos] = [(1.0 + mult / c) ** exp for c in conf[pos].tolist()]
+            with np.errstate(invalid="ignore"):
+                v = np.where((v == 0) & np.isinf(f), 0.0, v * f)
+        v = np.maximum(p.min_cpu_cores if res == "cpu" else p.min_mem_bytes, v)
+        v[~ne] = _NAN
+        return v
+
+    @property
+    def estimates(self) -> dict[str, dict[str, np.ndarray]]:
+        """Every estimate: ``{res: {bound: array}}`` (``predict_one``'s layout)."""
+        return {res: {b: self.estimate(res, b) for b in BOUNDS} for res in ("cpu", "mem")}
+
+
+_ROW_FLOATS = ("first_t", "last_t", "last_cpu_t", "last_mem_t", "window_end", "mem_peak", "oom_peak",
+               "last_cpu", "last_mem")
+_ROW_INTS = ("n", "n_oom", "n_throttled", "n_mem")
+_NAN_INIT = {"first_t", "last_t", "last_cpu_t", "last_mem_t", "window_end", "last_cpu", "last_mem"}
+
+
+class VpaFleet:
+    """VPA recommenders and their :class:`VpaPolicy` limits for many containers at once.
+
+    Parameters
+    ----------
+    bound
+        The bound :meth:`limits_many` returns: ``"target"``, ``"lower"`` or ``"upper"``.
+    capacity
+        Rows to allocate up front (the arrays grow by doubling).
+    **params
+        :class:`VpaRecommender` constructor arguments (e.g. ``time_scale``).
+
+    Rows come from :meth:`add_rows` (fresh state); :meth:`observe_many`
+    equals ``VpaPolicy.observe`` on each row, :meth:`limits_many`
+    ``VpaPolicy.limits`` and :meth:`predict_many` ``VpaRecommender.predict_one``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> f = VpaFleet(time_scale=0.001)
+    >>> rows = f.add_rows(3)
+    >>> for t in range(100):
+    ...     f.observe_many(float(t), rows, cpu=np.array([0.2, 1.0, 3.0]), mem=np.full(3, 4e8),
+    ...                    cpu_limit=np.array([1.0, np.nan, 2.0]), throttled_frac=np.array([0.0, 0.0, 0.5]))
+    >>> cpu, mem = f.limits_many(rows)
+    >>> [round(float(v), 3) for v in cpu]          # the throttled one records 2 * 1.5 = 3 cores
+    [0.248, 1.169, 3.481]
+    >>> f.explain(2)["throttled_samples"], f.recommender(0).samples
+    (100, 100)
+    """
+
+    def __init__(self, bound: str = "target", capacity: int = 64, **params: Any) -> None:
+        if bound not in BOUNDS:
+            raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
+        proto = VpaRecommender(**params)  # validates the parameters, holds the defaults
+        if not proto.min_sample_weight >= 0:
+            raise ValueError(f"min_sample_weight must be >= 0, got {proto.min_sample_weight}")
+        self.bound = bound
+        self.capacity = max(1, int(capacity))
+        self.params = dict(params)
+        self._proto = proto
+        self._ps = (proto.lower_percentile, proto.target_percentile, proto.upper_percentile)
+        self._ps_arr = np.array(self._ps)
+        self._mem_interval = proto._mem_interval
+        self._conf_interval = proto.confidence_interval_s * proto.time_scale
+        self._cpu = _Histograms(proto._cpu.buckets, proto._cpu.half_life, self.capacity, 3)
+        self._mem = _Histograms(proto._mem.buckets, proto._mem.half_life, self.capacity, 3)
+        self._rows = 0
+        for name in _ROW_FLOATS:
+            setattr(self, "_" + name, np.full(self.capacity, _NAN if name in _NAN_INIT else 0.0))
+        for name in _ROW_INTS:
+            setattr(self, "_" + name, np.zeros(self.capacity, dtype=np.int64))
+        self._mark = np.full(self.capacity, -1, dtype=np.intp)  # scratch for the distinct-rows check
+
+    # ------------------------------------------------------------------ rows
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def add_rows(self, k: int) -> np.ndarray:
+        """Allocate *k* rows with fresh (empty) state; returns their indices."""
+        start = self._rows
+        end = start + k
+        if end > self.capacity:
+            cap = self.capacity
+            while cap < end:
+                cap *= 2
+            self._grow(cap)
+        self._rows = end
+        rows = np.arange(start, end)
+        self.reset_rows(rows)
+        return rows
+
+    def _grow(self, capacity: int) -> None:
+        n = self.capacity
+        self._cpu.grow(capacity)
+        self._mem.grow(capacity)
+        for name in _ROW_FLOATS:
+            a = getattr(self, "_" + name)
+            setattr(self, "_" + name, np.concatenate([a, np.full(capacity - n, _NAN if name in _NAN_INIT else 0.0)]))
+        for name in _ROW_INTS:
+            a = getattr(self, "_" + name)
+            setattr(self, "_" + name, np.concatenate([a, np.zeros(capacity - n, dtype=np.int64)]))
+        self._mark = np.full(capacity, -1, dtype=np.intp)
+        self.capacity = capacity
+
+    def reset_rows(self, rows: np.ndarray) -> None:
+        """Give *rows* fresh (empty) state."""
+        self._cpu.reset(rows)
+        self._mem.reset(rows)
+        for name in _ROW_FLOATS:
+            getattr(self, "_" + name)[rows] = _NAN if name in _NAN_INIT else 0.0
+        for name in _ROW_INTS:
+            getattr(self, "_" + name)[rows] = 0
+
+    def clear(self) -> None:
+        """Forget every row."""
+        self._rows = 0
+
+    def bytes_per_row(self) -> int:
+        """Memory one row's state takes (histograms, cached percentiles, scalars)."""
+        per_hist = 8 * (self._cpu.nb + 2 + 2 + 3) + 1  # weights; total, ref; lo, hi; percentiles; fresh
+        return 2 * per_hist + 8 * (len(_ROW_FLOATS) + len(_ROW_INTS) + 1)
+
+    # ------------------------------------------------------------------ learning
+
+    def observe_many(
+        self,
+        t: float | np.ndarray,
+        rows: np.ndarray,
+        cpu: np.ndarray,
+        mem: np.ndarray,
+        *,
+        cpu_limit: np.ndarray | None = None,
+        mem_limit: np.ndarray | None = None,
+        oom: np.ndarray | None = None,
+        throttled_frac: np.ndarray | None = None,
+        throttled_cores: np.ndarray | None = None,
+    ) -> None:
+        """``VpaPolicy.observe(t, usage)`` for every row (*rows* must be distinct).
+
+        *t* is one time for all rows or one per row. ``NaN`` marks a missing
+        value. A missing ``cpu_limit`` / ``mem_limit`` is replaced by the
+        row's last limit (as ``VpaPolicy.observe`` does when the usage has no
+        such key); ``oom`` counts OOM kills (any non-zero value records one,
+        as the reference does). Invalid input raises ``ValueError`` before
+        any row learns anything.
+        """
+        rows = np.asarray(rows, dtype=np.intp)
+        k = rows.size
+        if k == 0:
+            return
+        if np.ndim(t) == 0:
+            t = float(t)
+            if not math.isfinite(t):
+                raise ValueError(f"sample time must be finite, got {t!r}")
+        else:
+            t = np.asarray(t, dtype=np.float64)
+            if t.shape != (k,):
+                raise ValueError(f"t must be one time or one per row ({k}), got shape {t.shape}")
+            if not np.isfinite(t).all():
+                raise ValueError(f"sample time must be finite, got {float(t[~np.isfinite(t)][0])!r}")
+        cpu = np.asarray(cpu, dtype=np.float64)
+        mem = np.asarray(mem, dtype=np.float64)
+        for name, v in (("cpu", cpu), ("mem", mem)):
+            if v.shape != (k,):
+                raise ValueError(f"{name} must have one value per row ({k}), got shape {v.shape}")
+            if not (v.min() >= 0 and v.max() < math.inf):  # NaN (missing) lands here too
+                bad = (v < 0) | (v == math.inf)
+                if bad.any():
+                    raise ValueError(f"{name} must be a finite number >= 0, got {float(v[bad][0])!r}")
+        if rows.min() < 0 or rows.max() >= self._rows:
+            raise IndexError(f"rows must be in [0, {self._rows - 1}]")
+        if k > 1:
+            mark = self._mark
+            order = np.arange(k)
+            mark[rows] = order
+            if not (mark[rows] == order).all():
+                raise ValueError("rows must be distinct (one sample per row per call)")
+
+        def opt(v: np.ndarray | None) -> np.ndarray:
+            return np.full(k, _NAN) if v is None else np.asarray(v, dtype=np.float64)
+
+        cpu_limit = opt(cpu_limit)
+        mem_limit = opt(mem_limit)
+        miss = np.isnan(cpu_limit)
+        if miss.any():
+            cpu_limit = np.where(miss, self._last_cpu[rows], cpu_limit)
+        self._add_cpu(rows, t, cpu, cpu_limit, throttled_frac, throttled_cores)
+        has_mem = ~np.isnan(mem)
+        if has_mem.all():
+            self._add_memory(rows, t, mem, is_oom=False)
+        elif has_mem.any():
+            self._add_memory(rows[has_mem], _sub(t, has_mem), mem[has_mem], is_oom=False)
+        if oom is not None:
+            oom = np.asarray(oom, dtype=np.float64)
+            hit = (oom != 0) & ~np.isnan(oom)
+            if hit.any():
+                mem_limit = mem_limit[hit]
+                miss = np.isnan(mem_limit)
+                if miss.any():
+                    mem_limit = np.where(miss, self._last_mem[rows[hit]], mem_limit)
+                self._record_oom(rows[hit], _sub(t, hit), mem_limit)
+
+    def _add_cpu(self, rows: np.ndarray, t: float | np.ndarray, cpu: np.ndarray, limit: np.ndarray,
+                 throttled: np.ndarray | None, throttled_cores: np.ndarray | None) -> None:
+        skip = (t <= self._last_cpu_t[rows]) | np.isnan(cpu)  # duplicate / out of order: discarded
+        if skip.any():
+            ok = ~skip
+            if not ok.any():
+                return
+            rows, t, cpu, limit = rows[ok], _sub(t, ok), cpu[ok], limit[ok]
+            if throttled is not None:
+                throttled = np.asarray(throttled, dtype=np.float64)[ok]
+            if throttled_cores is not None:
+                throttled_cores = np.asarray(throttled_cores, dtype=np.float64)[ok]
+        p = self._proto
+        has_limit = (limit != 0) & (limit == limit)  # the reference's `if limit`: set and non-zero
+        value = cpu
+        if throttled is not None:
+            thr = has_limit & (np.asarray(throttled, dtype=np.float64) > p.throttle_threshold)
+            if thr.any():
+                value = np.where(thr, np.maximum(cpu, limit * (1.0 + p.throttle_bump)), cpu)
+                if throttled_cores is not None:
+                    tc = np.asarray(throttled_cores, dtype=np.float64)
+                    tc_on = thr & (tc != 0) & (tc == tc)
+                    if tc_on.any():
+                        value = np.where(tc_on, np.maximum(value, cpu + tc), value)
+                self._n_throttled[rows[thr]] += 1
+        msw = p.min_sample_weight
+        weight = np.where(has_limit & (limit > msw), limit, msw)
+        self._cpu.add(rows, value, weight, t)
+        self._last_cpu_t[rows] = t
+        self._last_t[rows] = np.fmax(self._last_t[rows], t)  # NaN (no sample yet) loses
+        self._first_t[rows] = np.fmin(self._first_t[rows], t)
+        self._n[rows] += 1
+
+    def _add_memory(self, rows: np.ndarray, t: float | np.ndarray, usage: np.ndarray, is_oom: bool) -> None:
+        if not is_oom:
+            old = t < self._last_mem_t[rows]  # outdated samples are discarded
+            if old.any():
+                ok = ~old
+                rows, t, usage = rows[ok], _sub(t, ok), usage[ok]
+                if rows.size == 0:
+                    return
+        self._last_mem_t[rows] = t
+        we = self._window_end[rows]
+        unset = np.isnan(we)
+        if unset.any():
+            we = np.where(unset, t, we)
+        inside = t < we
+        peak = self._mem_peak[rows]
+        oom_peak = self._oom_peak[rows]
+        prev = np.maximum(peak, oom_peak)
+        replace = inside & (prev != 0) & (usage > prev)
+        move = ~inside
+        moving = move.any()
+        if moving:  # to the interval holding t
+            step = self._mem_interval
+            wm = we[move]
+            we[move] = wm + (np.floor((_sub(t, move) - wm) / step) * step + step)
+            peak[move] = 0.0
+            oom_peak[move] = 0.0
+            self._n_mem[rows[move]] += 1
+        if moving or unset.any():
+            self._window_end[rows] = we
+        replacing = replace.any()
+        if replacing:
+            self._mem.subtract(rows[replace], prev[replace], 1.0, we[replace])
+        if moving or replacing:
+            add = replace | move
+            sel = slice(None) if add.all() else add
+            self._mem.add(rows[sel], usage[sel], 1.0, we[sel])
+            (oom_peak if is_oom else peak)[sel] = usage[sel]
+            self._mem_peak[rows] = peak
+            self._oom_peak[rows] = oom_peak
+
+    def _record_oom(self, rows: np.ndarray, t: float | np.ndarray, mem_limit: np.ndarray) -> None:
+        we = self._window_end[rows]
+        ok = ~(t < we - self._mem_interval)  # older than the previous interval (NaN: never)
+        if not ok.all():
+            rows, t, mem_limit = rows[ok], _sub(t, ok), mem_limit[ok]
+            if rows.size == 0:
+                return
+        p = self._proto
+        limit = np.where(np.isnan(mem_limit), 0.0, mem_limit)
+        used = np.maximum(self._mem_peak[rows], limit)
+        needed = np.maximum(used + p.oom_min_bump_bytes, used * p.oom_bump_ratio)
+        self._n_oom[rows] += 1
+        self._add_memory(rows, t, needed, is_oom=True)
+
+    # ------------------------------------------------------------------ prediction
+
+    def predict_many(self, rows: np.ndarray) -> FleetRecommendation:
+        """Percentiles and confidence of every row: ``VpaRecommender.predict_one`` via
+        :meth:`FleetRecommendation.estimate` / :attr:`FleetRecommendation.estimates`."""
+        rows = np.asarray(rows, dtype=np.intp)
+        n = self._n[rows]
+        ci = self._conf_interval
+        with np.errstate(invalid="ignore"):
+            life = (self._last_t[rows] - self._first_t[rows]) / ci
+        conf = np.where(n > 0, np.minimum(life, n / (ci / 60.0)), 0.0)
+        pc_cpu, ne_cpu = self._cpu.percentiles(rows, self._ps_arr)
+        pc_mem, ne_mem = self._mem.percentiles(rows, self._ps_arr)
+        return FleetRecommendation(self, rows, {"cpu": pc_cpu, "mem": pc_mem}, {"cpu": ne_cpu, "mem": ne_mem},
+                                   conf)
+
+    def limits_many(self, rows: np.ndarray, rec: FleetRecommendation | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """``VpaPolicy.limits`` for every row: ``(cpu, mem)`` arrays, ``NaN`` = no limit.
+
+        Like the policy, it remembers them as the rows' last limits (the CPU
+        weight / OOM base of later samples that report no limit). *rec*:
+        a :meth:`predict_many` result for these *rows* to reuse.
+        """
+        rows = np.asarray(rows, dtype=np.intp)
+        if rec is None:
+            rec = self.predict_many(rows)
+        out = []
+        for res, last in (("cpu", self._last_cpu), ("mem", self._last_mem)):
+            v = rec.estimate(res, self.bound)
+            if self.bound == "upper":
+                v = np.where(np.isinf(v), _NAN, v)  # an unbounded bound is "no opinion"
+            last[rows] = v
+            out.append(v)
+        return out[0], out[1]
+
+    def explain(self, row: int, rec: FleetRecommendation | None = None, i: int = 0) -> dict[str, Any]:
+        """``VpaRecommender.explain()`` of one row (*rec*, *i*: a batch result and the row's place in it)."""
+        if rec is None:
+            rec, i = self.predict_many(np.array([row])), 0
+        n = int(self._n[row])
+        names = [f"p{round(q * 100):g}" for q in self._ps]
+        return {
+            "cpu_percentiles": dict(zip(names, rec.percentiles["cpu"][i].tolist())),
+            "mem_peak_percentiles": dict(zip(names, rec.percentiles["mem"][i].tolist())),
+            "cpu_samples": n,
+            "mem_peaks": int(self._n_mem[row]),
+            "oom_events": int(self._n_oom[row]),
+            "throttled_samples": int(self._n_throttled[row]),
+            "history_s": 0.0 if n == 0 else float(self._last_t[row] - self._first_t[row]),
+            "confidence": float(rec.confidence[i]),
+            "safety_margin": self._proto.safety_margin,
+        }
+
+    def last_limits(self, row: int) -> dict[str, float | None]:
+        """The row's last limits (``VpaPolicy._last``)."""
+        return {"cpu": _opt(self._last_cpu[row]), "mem": _opt(self._last_mem[row])}
+
+    def samples(self, row: int) -> int:
+        """CPU samples the row has learned."""
+        return int(self._n[row])
+
+    # ------------------------------------------------------------------ state
+
+    def recommender_state(self, row: int) -> dict[str, Any]:
+        """Exactly ``VpaRecommender.to_state()`` of the row."""
+        return {
+            "v": STATE_VERSION,
+            "c": self._cpu.to_state(row),
+            "m": self._mem.to_state(row),
+            "f": _opt(self._first_t[row]), "l": _opt(self._last_t[row]), "n": int(self._n[row]),
+            "lc": _opt(self._last_cpu_t[row]), "lm": _opt(self._last_mem_t[row]),
+            "we": _opt(self._window_end[row]),
+            "mp": float(self._mem_peak[row]), "op": float(self._oom_peak[row]),
+            "no": int(self._n_oom[row]), "nt": int(self._n_throttled[row]), "nm": int(self._n_mem[row]),
+        }
+
+    def load_recommender_state(self, row: int, state: Mapping[str, Any],
+                               last: Mapping[str, Any] | None = None) -> None:
+        """Load a ``VpaRecommender.to_state()`` dict (and the policy's last limits) into *row*.
+
+        Raises :class:`~phasewise.models.vpa.VpaStateError` on a malformed
+        state, leaving the row as it was.
+        """
+        rec = VpaRecommender.from_state(state, **self.params)
+        if last is not None and not isinstance(last, Mapping):
+            raise VpaStateError(f"VPA policy state: last limits must be an object, got {last!r:.80}")
+        try:
+            cpu_last = _float_or_nan((last or {}).get("cpu"))
+            mem_last = _float_or_nan((last or {}).get("mem"))
+        except (TypeError, ValueError) as e:
+            raise VpaStateError(f"VPA policy state: bad last limits {last!r:.80}: {e}") from e
+        self.load_recommender(row, rec)
+        self._last_cpu[row] = cpu_last
+        self._last_mem[row] = mem_last
+
+    def load_recommender(self, row: int, r: VpaRecommender) -> None:
+        """Copy *r*'s learned state into *row* exactly (the last limits are left as they are)."""
+        for h, src in ((self._cpu, r._cpu), (self._mem, r._mem)):
+            if src.buckets != h.buckets or src.half_life != h.half_life:
+                raise ValueError("the recommender's histograms do not match this fleet's parameters")
+            h.load(row, src._w, src._total, src._ref)
+        try:
+            self._first_t[row] = _float_or_nan(r._first_t)
+            self._last_t[row] = _float_or_nan(r._last_t)
+            self._last_cpu_t[row] = _float_or_nan(r._last_cpu_t)
+            self._last_mem_t[row] = _float_or_nan(r._last_mem_t)
+            self._window_end[row] = _float_or_nan(r._window_end)
+        except (TypeError, ValueError) as e:
+            raise VpaStateError(f"VPA state has a non-numeric time: {e}") from e
+        self._mem_peak[row] = r._mem_peak
+        self._oom_peak[row] = r._oom_peak
+        self._n[row] = r._n
+        self._n_oom[row] = r._n_oom
+        self._n_throttled[row] = r._n_throttled
+        self._n_mem[row] = r._n_mem
+
+    def recommender(self, row: int) -> VpaRecommender:
+        """An exact :class:`VpaRecommender` copy of the row (a snapshot, detached from the fleet)."""
+        r = VpaRecommender(**self.params)
+        for h, dst in ((self._cpu, r._cpu), (self._mem, r._mem)):
+            dst._w = h.weights(row)
+            dst._total = float(h.total[row])
+            dst._ref = _opt(h.ref[row])
+        r._first_t, r._last_t = _opt(self._first_t[row]), _opt(self._last_t[row])
+        r._last_cpu_t, r._last_mem_t = _opt(self._last_cpu_t[row]), _opt(self._last_mem_t[row])
+        r._window_end = _opt(self._window_end[row])
+        r._mem_peak, r._oom_peak = float(self._mem_peak[row]), float(self._oom_peak[row])
+        r._n, r._n_oom = int(self._n[row]), int(self._n_oom[row])
+        r._n_throttled, r._n_mem = int(self._n_throttled[row]), int(self._n_mem[row])
+        return r
+
+    def __repr__(self) -> str:
+        return f"VpaFleet(rows={self._rows}, bound={self.bound!r}, params={self.params!r})"
+
+
+def _opt(v: float) -> float | None:
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def _float_or_nan(v: Any) -> float:
+    return _NAN if v is None else float(v)

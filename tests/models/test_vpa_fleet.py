@@ -1,0 +1,252 @@
+"""VpaFleet: many VPA recommenders as arrays, equal to VpaPolicy per container bit for bit."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+
+from phasewise.models.histogram import ExponentialBuckets
+from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
+from phasewise.models.vpa_fleet import VpaFleet
+
+CPU = ExponentialBuckets(0.01, 1.05, 1000.0)
+MEM = ExponentialBuckets(1e7, 1.05, 1e12)
+T0 = 1.7e9
+NAN = math.nan
+
+
+def assert_row_equals(fleet: VpaFleet, row: int, policy: VpaPolicy) -> None:
+    """Every learned number of the row equals the policy's (exactly)."""
+    got, want = fleet.recommender(row), policy.model
+    for a, b in ((got._cpu, want._cpu), (got._mem, want._mem)):
+        assert a._w == b._w, row
+        assert a._total == b._total and a._ref == b._ref, row
+    for name in ("_first_t", "_last_t", "_n", "_last_cpu_t", "_last_mem_t", "_window_end", "_mem_peak",
+                 "_oom_peak", "_n_oom", "_n_throttled", "_n_mem"):
+        assert getattr(got, name) == getattr(want, name), (row, name)
+    assert fleet.last_limits(row) == policy._last
+
+
+def assert_predictions_equal(fleet: VpaFleet, rows: list[int], policies: list[VpaPolicy]) -> None:
+    rec = fleet.predict_many(np.array(rows))
+    for i, (row, p) in enumerate(zip(rows, policies)):
+        want = p.model.predict_one()
+        for res in ("cpu", "mem"):
+            for bound, v in want[res].items():
+                g = float(rec.estimates[res][bound][i])
+                if v is None:
+                    assert math.isnan(g), (row, res, bound)
+                else:
+                    assert g == v, (row, res, bound, g, v)
+        got, exp = fleet.explain(row, rec, i), p.model.explain()
+        assert got == exp and list(got) == list(exp)  # same numbers, same key order
+
+
+def random_value(rng: random.Random, buckets: ExponentialBuckets, lo: float, hi: float) -> float:
+    """Mostly log-uniform; sometimes exactly a bucket start (edge ties) or tiny / zero."""
+    u = rng.random()
+    if u < 0.15:
+        return buckets.start(rng.randrange(1, 120))
+    if u < 0.2:
+        return rng.choice((0.0, buckets.first * 0.5))
+    return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+
+
+def random_usage(rng: random.Random) -> dict:
+    """A usage dict as VpaPolicy.observe takes it (keys absent = not reported)."""
+    u: dict = {}
+    u["cpu"] = None if rng.random() < 0.05 else random_value(rng, CPU, 0.01, 8.0)
+    u["mem"] = None if rng.random() < 0.05 else random_value(rng, MEM, 1e7, 3e10)
+    r = rng.random()
+    if r < 0.6:
+        u["cpu_limit"] = rng.choice((0.05, 0.5, 1.0, 2.0, 4.0, 0.0))
+    if rng.random() < 0.6:
+        u["mem_limit"] = rng.choice((2e8, 1e9, 4e9, 0.0))
+    if rng.random() < 0.05:
+        u["oom"] = rng.choice((1, 3))
+    if rng.random() < 0.3:
+        u["throttled_frac"] = rng.choice((0.0, 0.05, 0.5, 1.0))
+        if rng.random() < 0.7:
+            u["throttled_cores"] = rng.choice((0.0, 0.3, 2.5))
+    return u
+
+
+def usage_arrays(usages: list[dict]) -> dict[str, np.ndarray]:
+    def col(name: str) -> np.ndarray:
+        return np.array([NAN if u.get(name) is None else u[name] for u in usages], dtype=float)
+
+    out = {n: col(n) for n in ("cpu", "mem", "cpu_limit", "mem_limit", "throttled_frac", "throttled_cores")}
+    out["oom"] = np.array([u.get("oom", 0) for u in usages], dtype=float)
+    return out
+
+
+def next_time(rng: random.Random, t: float) -> float:
+    r = rng.random()
+    if r < 0.05:
+        return t  # duplicate: the VPA discards its CPU sample
+    if r < 0.1:
+        return t - rng.uniform(0.1, 100.0)  # out of order
+    if r < 0.12:
+        return t + rng.uniform(9000.0, 20000.0)  # > 100 half-lives at time_scale 0.001: reference shift
+    if r < 0.25:
+        return t + rng.uniform(40.0, 200.0)  # across memory aggregation intervals (86.4 s)
+    return t + rng.choice((1.0, 0.5, rng.uniform(0.01, 5.0)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_fleet_reproduces_vpa_policy_exactly_on_random_irregular_sequences(seed):
+    rng = random.Random(seed)
+    params = {"time_scale": 0.001}
+    n = 30
+    fleet = VpaFleet(capacity=4, **params)  # grows while rows are added
+    rows: list[int] = []
+    policies: list[VpaPolicy] = []
+    clocks: list[float] = []
+    decided = 0
+    for step in range(500):
+        if len(rows) < n and rng.random() < 0.3:
+            rows.append(int(fleet.add_rows(1)[0]))
+            policies.append(VpaPolicy(**params))
+            clocks.append(T0 + rng.uniform(0, 100.0))
+        if not rows:
+            continue
+        pick = rng.sample(range(len(rows)), rng.randint(1, len(rows)))
+        ts, usages = [], []
+        for i in pick:
+            clocks[i] = next_time(rng, clocks[i])
+            ts.append(clocks[i])
+            usages.append(random_usage(rng))
+        for i, t, u in zip(pick, ts, usages):
+            policies[i].observe(t, u)
+        a = usage_arrays(usages)
+        fleet.observe_many(np.array(ts), np.array([rows[i] for i in pick]), a["cpu"], a["mem"],
+                           cpu_limit=a["cpu_limit"], mem_limit=a["mem_limit"], oom=a["oom"],
+                           throttled_frac=a["throttled_frac"], throttled_cores=a["throttled_cores"])
+        ask = [i for i in pick if rng.random() < 0.5]
+        if ask:
+            cpu, mem = fleet.limits_many(np.array([rows[i] for i in ask]))
+            for j, i in enumerate(ask):
+                want = policies[i].limits(clocks[i])
+                got = {"cpu": None if math.isnan(cpu[j]) else float(cpu[j]),
+                       "mem": None if math.isnan(mem[j]) else float(mem[j])}
+                assert got == want, (step, i)
+                decided += want["cpu"] is not None
+        if step % 25 == 0:
+            for i, row in enumerate(rows):
+                assert_row_equals(fleet, row, policies[i])
+                assert fleet.recommender_state(row) == policies[i].model.to_state()
+            assert_predictions_equal(fleet, rows, policies)
+        if step % 40 == 39:  # a restart: both sides reload the (lossy) stored state
+            i = rng.randrange(len(rows))
+            state = json.loads(json.dumps(policies[i].to_state()))
+            policies[i] = VpaPolicy.from_state(state, **params)
+            fleet.load_recommender_state(rows[i], state["m"], state["l"])
+    for i, row in enumerate(rows):
+        assert_row_equals(fleet, row, policies[i])
+    assert_predictions_equal(fleet, rows, policies)
+    # the sequences exercised what they are meant to
+    models = [p.model for p in policies]
+    assert decided > 100
+    assert sum(m._n_oom for m in models) > 0 and sum(m._n_throttled for m in models) > 0
+    assert max(m._n_mem for m in models) > 5
+
+
+def test_reference_shifts_and_tied_power_of_two_weights_match():
+    """Memory peaks one interval apart weigh exact powers of two, so percentile thresholds tie."""
+    params = {"time_scale": 0.001}
+    fleet = VpaFleet(**params)
+    rows = fleet.add_rows(3)
+    ref = [VpaPolicy(**params) for _ in range(3)]
+    hl = 86.4
+    t = T0
+    for k in range(400):
+        t += hl if k % 50 else 120 * hl  # every 50th step jumps past 100 half-lives
+        mems = [MEM.start(40 + (k % 3)), MEM.start(40 + (k % 2)), MEM.start(60 - (k % 4))]
+        for p, m in zip(ref, mems):
+            p.observe(t, {"cpu": 1.0, "mem": m})
+        fleet.observe_many(t, rows, np.ones(3), np.array(mems))
+        cpu, mem = fleet.limits_many(rows)
+        for j, p in enumerate(ref):
+            want = p.limits(t)
+            assert (float(cpu[j]), float(mem[j])) == (want["cpu"], want["mem"]), k
+    for j, p in enumerate(ref):
+        assert_row_equals(fleet, int(rows[j]), p)
+
+
+def test_bucket_lookup_matches_the_reference_at_every_bucket_edge_and_near_the_top():
+    fleet = VpaFleet()
+    for h, b in ((fleet._cpu, CPU), (fleet._mem, MEM)):
+        starts = [b.start(i) for i in range(b.num_buckets)]
+        vals = []
+        for s in starts:
+            vals += [s, math.nextafter(s, 0), math.nextafter(s, math.inf)]
+        vals += [b.first * 0.3, 0.0, b.max_value * 3, b.max_value * 0.999, 1e300]
+        got = h.find(np.array(vals))
+        assert got.tolist() == [b.find_bucket(v) for v in vals]
+
+
+def test_state_round_trips_through_the_recommender_format():
+    params = {"time_scale": 0.001}
+    p = VpaPolicy(**params)
+    rng = random.Random(5)
+    t = T0
+    for _ in range(300):
+        t = next_time(rng, t)
+        p.observe(t, random_usage(rng))
+    p.limits(t)
+    state = json.loads(json.dumps(p.to_state()))
+    fleet = VpaFleet(**params)
+    row = int(fleet.add_rows(2)[1])
+    fleet.load_recommender_state(row, state["m"], state["l"])
+    loaded = VpaPolicy.from_state(state, **params)
+    assert_row_equals(fleet, row, loaded)
+    assert fleet.recommender_state(row) == loaded.model.to_state() == state["m"]
+    # an exact copy back and forth
+    again = VpaFleet(**params)
+    r2 = int(again.add_rows(1)[0])
+    again.load_recommender(r2, fleet.recommender(row))
+    assert again.recommender(r2)._cpu._w == loaded.model._cpu._w
+
+
+def test_a_malformed_state_is_refused_and_leaves_the_row_alone():
+    fleet = VpaFleet()
+    (row,) = fleet.add_rows(1).tolist()
+    fleet.observe_many(T0, np.array([row]), np.array([1.0]), np.array([5e8]))
+    before = fleet.recommender_state(row)
+    with pytest.raises(VpaStateError):
+        fleet.load_recommender_state(row, {"v": 99})
+    with pytest.raises(VpaStateError):
+        fleet.load_recommender_state(row, VpaRecommender().to_state(), last=[1.0])
+    assert fleet.recommender_state(row) == before
+
+
+def test_bad_samples_raise_before_anything_is_learned():
+    fleet = VpaFleet()
+    rows = fleet.add_rows(2)
+    with pytest.raises(ValueError, match="cpu must be a finite number"):
+        fleet.observe_many(T0, rows, np.array([1.0, -1.0]), np.array([1e8, 1e8]))
+    with pytest.raises(ValueError, match="sample time must be finite"):
+        fleet.observe_many(np.array([T0, math.inf]), rows, np.ones(2), np.ones(2))
+    with pytest.raises(ValueError, match="distinct"):
+        fleet.observe_many(T0, np.array([0, 0]), np.ones(2), np.ones(2))
+    assert fleet.samples(0) == fleet.samples(1) == 0
+
+
+def test_cleared_rows_are_reused_with_fresh_state():
+    fleet = VpaFleet()
+    rows = fleet.add_rows(2)
+    fleet.observe_many(T0, rows, np.ones(2), np.full(2, 5e8))
+    fleet.limits_many(rows)
+    fleet.clear()
+    assert len(fleet) == 0
+    rows = fleet.add_rows(1)
+    assert fleet.samples(int(rows[0])) == 0 and fleet.recommender_state(0) == VpaRecommender().to_state()
+    assert fleet.last_limits(0) == {"cpu": None, "mem": None}
+
+
+def test_a_row_takes_about_three_kibibytes():
+    assert 2500 < VpaFleet().bytes_per_row() < 3500
