@@ -39,14 +39,19 @@ from phasewise.models.policy import LimitPolicy, Limits, Usage
 
 __all__ = ["PhasePolicy", "ReactiveFallback", "load_pretrained", "PRETRAINED_AI4DL"]
 
-#: file name of the model pretrained on the Apache-2.0 AI4DL sample (cpu, mem)
+#: file name (in ``phasewise/data/``) of the model pretrained on all 4 containers of the Apache-2.0
+#: AI4DL sample (cpu, mem); how it was made: ``phasewise/data/make_pretrained.py`` and PROVENANCE.md
 PRETRAINED_AI4DL = "ai4dl_cpu_mem.pwck"
 
 
 def load_pretrained(name: str = PRETRAINED_AI4DL) -> PhaseModel | None:
-    """The shipped pretrained snapshot *name*, or ``None`` if it is not installed."""
+    """The shipped pretrained snapshot *name* (``phasewise/data/``), or ``None`` if it is not installed.
+
+    A snapshot written by an older build raises ``CheckpointError`` (rebuild it with
+    ``phasewise/data/make_pretrained.py``) rather than being silently ignored.
+    """
     try:
-        data = (_res.files("phasewise.models") / "pretrained" / name).read_bytes()
+        data = (_res.files("phasewise") / "data" / name).read_bytes()
     except (FileNotFoundError, ModuleNotFoundError, OSError):
         return None
     return PhaseModel.from_bytes(data)

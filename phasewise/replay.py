@@ -52,6 +52,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -194,7 +195,8 @@ def policy_specs(families: Iterable[str], windows: tuple[int, ...] = (5, 10, 30,
                 specs.append(PolicySpec("vpa", "vpa",
                                         lambda vpa=vpa: ScaledPolicy(vpa(), {"mem": NOMINAL_MEM_BYTES})))
         elif fam == "phase":
-            phase = _lazy_factory("phasewise.models.phase_policy", "PhasePolicy", "phase")
+            # never the shipped pretrained model: it was trained on the AI4DL sample a replay may score
+            phase = partial(_lazy_factory("phasewise.models.phase_policy", "PhasePolicy", "phase"), pretrained=False)
             if (units or {}).get("mem", "bytes").startswith("bytes"):
                 specs.append(PolicySpec("phase", "phase", phase))
             else:  # same unit treatment as VPA (its reactive fallback is VPA)

@@ -130,3 +130,59 @@ def test_a_frozen_policy_sees_the_same_phases_as_the_batched_detector():
         ph = detect(m, bw, ids, X, float(t)).phase
         batched.append([int(v) if v >= 0 else None for v in ph])
     assert [list(r) for r in zip(*per_policy)] == batched
+
+
+# ---------------------------------------------------------------- the shipped pretrained model
+
+
+def _ai4dl():
+    from phasewise.producers.traces import load_trace
+    from phasewise.replay import sample_path
+
+    return load_trace(sample_path(), "ai4dl")
+
+
+def test_the_shipped_pretrained_model_loads_warm_with_both_kinds_of_phase_statistics():
+    from phasewise.models.phase_policy import load_pretrained
+
+    m = load_pretrained()
+    assert m is not None and m.ready and m.features == ("cpu", "mem")
+    counts = [m.clusterer.rel_stats.count(m.clusterer.slot_of(p)).sum() for p in m.clusterer.phase_ids]
+    assert sum(counts) > 0  # relative statistics shipped, not only absolute ones
+
+
+def test_on_the_ai4dl_sample_the_phase_policy_runs_warm_from_the_pretrained_model_and_stays_causal():
+    from phasewise.replay import decision_sequence
+
+    trace = _ai4dl()
+    c = max(trace.containers, key=len)
+    policy = PhasePolicy()
+    seq, exps = decision_sequence(policy, c, explain=True)
+    assert policy.warm_start.startswith("pretrained ai4dl_cpu_mem.pwck")
+    assert exps[1]["warm"]  # warm from the first observation on (the model is built on it)
+    assert any(e["source"] == "phase" for e in exps)  # phase statistics set limits from the start of the run
+    # causal: change the usage from step k on; every limit up to and including step k is the same
+    k = len(c) // 2
+    from phasewise.producers.traces import ContainerSeries
+
+    changed = ContainerSeries(c.container, c.t, {r: np.where(np.arange(len(u)) >= k, u * 5.0, u)
+                                                  for r, u in c.usage.items()})
+    seq2 = decision_sequence(PhasePolicy(), changed)
+    assert seq2[: k + 1] == seq[: k + 1] and seq2 != seq
+
+
+def test_the_pretrained_shared_fleet_with_relative_statistics_is_causal_on_the_ai4dl_sample():
+    from phasewise.models.phase_policy import load_pretrained
+    from phasewise.producers.traces import ContainerSeries, Trace
+    from phasewise.replay import FleetOptions, _fleet_run
+
+    trace = _ai4dl()
+    seqs = _fleet_run(trace, FleetOptions(), load_pretrained())
+    first = trace.containers[0]
+    assert any(lim for _, lim in seqs[first.container][1:4])  # limits from the first steps on
+    k = len(first) // 2
+    changed = ContainerSeries(first.container, first.t, {r: np.where(np.arange(len(u)) >= k, u * 5.0, u)
+                                                          for r, u in first.usage.items()})
+    other = Trace(trace.format, trace.source, trace.units, [changed, *trace.containers[1:]])
+    seqs2 = _fleet_run(other, FleetOptions(), load_pretrained())
+    assert seqs2[first.container][: k + 1] == seqs[first.container][: k + 1]
