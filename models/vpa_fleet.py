@@ -94,8 +94,8 @@ class _Histograms:
     where ``fresh``), both pure functions of the weights.
     """
 
-    __slots__ = ("W", "buckets", "ends", "eps", "fresh", "half_life", "hi", "last", "lo", "nb", "pc", "ref",
-                 "starts", "total")
+    __slots__ = ("W", "Wf", "buckets", "ends", "eps", "fresh", "half_life", "hi", "last", "lo", "nb", "pc", "ref",
+                 "starts", "starts1", "top_start", "total")
 
     def __init__(self, buckets: ExponentialBuckets, half_life: float, capacity: int, nps: int) -> None:
         self.buckets = buckets
@@ -105,7 +105,10 @@ class _Histograms:
         self.last = self.nb - 1
         self.starts = np.array([buckets.start(i) for i in range(self.nb)])
         self.ends = np.array([buckets.end(i) for i in range(self.nb)])
+        self.starts1 = self.starts[1:].copy()  # bucket of v = how many of these are <= v
+        self.top_start = float(self.starts[self.last - 1])
         self.W = np.zeros((capacity, self.nb))
+        self.Wf = self.W.reshape(-1)  # flat view: W[r, b] is Wf[r * nb + b]
         self.total = np.zeros(capacity)
         self.ref = np.full(capacity, _NAN)
         self.lo = np.full(capacity, self.nb, dtype=np.intp)
@@ -116,6 +119,7 @@ class _Histograms:
     def grow(self, capacity: int) -> None:
         k = capacity - len(self.total)
         self.W = np.concatenate([self.W, np.zeros((k, self.nb))])
+        self.Wf = self.W.reshape(-1)
         self.total = np.concatenate([self.total, np.zeros(k)])
         self.ref = np.concatenate([self.ref, np.full(k, _NAN)])
         self.lo = np.concatenate([self.lo, np.full(k, self.nb, dtype=np.intp)])
@@ -149,25 +153,35 @@ class _Histograms:
         last bucket, where its clamp may answer the last bucket: those go
         through the reference's own code.
         """
-        b = self.starts.searchsorted(values, side="right") - 1
-        top = b == self.last - 1
-        if top.any():
-            b[top] = [self.buckets.find_bucket(v) for v in values[top].tolist()]
+        b = self.starts1.searchsorted(values, side="right")
+        if values.max() >= self.top_start:
+            top = b == self.last - 1
+            if top.any():
+                b[top] = [self.buckets.find_bucket(v) for v in values[top].tolist()]
         return b
 
     def _factor(self, rows: np.ndarray, t: float | np.ndarray) -> np.ndarray | float:
         """``DecayingHistogram._decay_factor`` of each row (fixes / shifts references)."""
         hl = self.half_life
         ref = self.ref[rows]
-        new = np.isnan(ref)
-        if new.any():
+        x = (t - ref) / hl
+        lo, hi = x.min(), x.max()
+        if lo != lo:  # NaN: rows without a reference take the one their sample gives
+            new = np.isnan(ref)
             ref[new] = np.floor(_sub(t, new) / hl + 0.5) * hl
             self.ref[rows[new]] = ref[new]
-        shift = t > ref + hl * MAX_DECAY_EXPONENT
-        if shift.any():
-            for i in np.flatnonzero(shift).tolist():
-                ref[i] = self._shift(int(rows[i]), float(_sub(t, i)))
-        return _pow_exact(2.0, (t - ref) / hl)
+            x = (t - ref) / hl
+            lo, hi = x.min(), x.max()
+        if hi >= MAX_DECAY_EXPONENT - 1:  # maybe past the limit: the reference's own test
+            shift = t > ref + hl * MAX_DECAY_EXPONENT
+            if shift.any():
+                for i in np.flatnonzero(shift).tolist():
+                    ref[i] = self._shift(int(rows[i]), float(_sub(t, i)))
+                x = (t - ref) / hl
+                lo, hi = x.min(), x.max()
+        if lo == hi:
+            return 2.0 ** float(lo)
+        return _pow_exact(2.0, x)
 
     def _shift(self, row: int, t: float) -> float:
         hl = self.half_life
@@ -188,12 +202,13 @@ class _Histograms:
         """``DecayingHistogram.add`` on distinct *rows*."""
         w = weights * self._factor(rows, t)
         b = self.find(values)
-        nw = self.W[rows, b] + w
-        self.W[rows, b] = nw
+        fi = rows * self.nb + b
+        nw = self.Wf[fi] + w
+        self.Wf[fi] = nw
         self.total[rows] += w
         self.fresh[rows] = False
-        ok = nw >= self.eps  # weights only grow: the bucket joins the non-empty ones or nothing changes
-        if not ok.all():
+        if nw.min() < self.eps:  # weights only grow: the bucket joins the non-empty ones or nothing changes
+            ok = nw >= self.eps
             rows, b = rows[ok], b[ok]
         self.lo[rows] = np.minimum(self.lo[rows], b)
         self.hi[rows] = np.maximum(self.hi[rows], b)
@@ -201,13 +216,13 @@ class _Histograms:
     def subtract(self, rows: np.ndarray, values: np.ndarray, weight: float, t: np.ndarray) -> None:
         """``DecayingHistogram.subtract`` on distinct *rows*."""
         w = weight * self._factor(rows, t)
-        b = self.find(values)
-        have = self.W[rows, b]
+        fi = rows * self.nb + self.find(values)
+        have = self.Wf[fi]
         w = np.where(w > have - self.eps, have, w)
         left = have - w
         self.total[rows] -= w
         drop = left < self.eps
-        self.W[rows, b] = np.where(drop, 0.0, left)
+        self.Wf[fi] = np.where(drop, 0.0, left)
         if drop.any():
             dr = rows[drop]
             self.total[dr] -= left[drop]
@@ -452,6 +467,7 @@ class VpaFleet:
         oom: np.ndarray | None = None,
         throttled_frac: np.ndarray | None = None,
         throttled_cores: np.ndarray | None = None,
+        check_rows: bool = True,
     ) -> None:
         """``VpaPolicy.observe(t, usage)`` for every row (*rows* must be distinct).
 
@@ -460,13 +476,14 @@ class VpaFleet:
         row's last limit (as ``VpaPolicy.observe`` does when the usage has no
         such key); ``oom`` counts OOM kills (any non-zero value records one,
         as the reference does). Invalid input raises ``ValueError`` before
-        any row learns anything.
+        any row learns anything; ``check_rows=False`` skips checking that
+        *rows* are allocated and distinct (for callers that guarantee it).
         """
         rows = np.asarray(rows, dtype=np.intp)
         k = rows.size
         if k == 0:
             return
-        if np.ndim(t) == 0:
+        if isinstance(t, (float, int, np.floating, np.integer)):
             t = float(t)
             if not math.isfinite(t):
                 raise ValueError(f"sample time must be finite, got {t!r}")
@@ -478,49 +495,54 @@ class VpaFleet:
                 raise ValueError(f"sample time must be finite, got {float(t[~np.isfinite(t)][0])!r}")
         cpu = np.asarray(cpu, dtype=np.float64)
         mem = np.asarray(mem, dtype=np.float64)
+        nan = {}
         for name, v in (("cpu", cpu), ("mem", mem)):
             if v.shape != (k,):
                 raise ValueError(f"{name} must have one value per row ({k}), got shape {v.shape}")
-            if not (v.min() >= 0 and v.max() < math.inf):  # NaN (missing) lands here too
+            lo = v.min()
+            if not (lo >= 0 and v.max() < math.inf):  # NaN (missing) lands here too
                 bad = (v < 0) | (v == math.inf)
                 if bad.any():
                     raise ValueError(f"{name} must be a finite number >= 0, got {float(v[bad][0])!r}")
-        if rows.min() < 0 or rows.max() >= self._rows:
-            raise IndexError(f"rows must be in [0, {self._rows - 1}]")
-        if k > 1:
-            mark = self._mark
-            order = np.arange(k)
-            mark[rows] = order
-            if not (mark[rows] == order).all():
-                raise ValueError("rows must be distinct (one sample per row per call)")
-
-        def opt(v: np.ndarray | None) -> np.ndarray:
-            return np.full(k, _NAN) if v is None else np.asarray(v, dtype=np.float64)
-
-        cpu_limit = opt(cpu_limit)
-        mem_limit = opt(mem_limit)
-        miss = np.isnan(cpu_limit)
-        if miss.any():
-            cpu_limit = np.where(miss, self._last_cpu[rows], cpu_limit)
-        self._add_cpu(rows, t, cpu, cpu_limit, throttled_frac, throttled_cores)
-        has_mem = ~np.isnan(mem)
-        if has_mem.all():
+            nan[name] = lo != lo
+        if check_rows:
+            if rows.min() < 0 or rows.max() >= self._rows:
+                raise IndexError(f"rows must be in [0, {self._rows - 1}]")
+            if k > 1:
+                mark = self._mark
+                order = np.arange(k)
+                mark[rows] = order
+                if not (mark[rows] == order).all():
+                    raise ValueError("rows must be distinct (one sample per row per call)")
+        if cpu_limit is None:
+            cpu_limit = self._last_cpu[rows]
+        else:
+            cpu_limit = np.asarray(cpu_limit, dtype=np.float64)
+            lo = cpu_limit.min()
+            if lo != lo:  # not reported: the policy's last limit stands in
+                cpu_limit = np.where(np.isnan(cpu_limit), self._last_cpu[rows], cpu_limit)
+        self._add_cpu(rows, t, cpu, nan["cpu"], cpu_limit, throttled_frac, throttled_cores)
+        if not nan["mem"]:
             self._add_memory(rows, t, mem, is_oom=False)
-        elif has_mem.any():
-            self._add_memory(rows[has_mem], _sub(t, has_mem), mem[has_mem], is_oom=False)
+        else:
+            has = ~np.isnan(mem)
+            if has.any():
+                self._add_memory(rows[has], _sub(t, has), mem[has], is_oom=False)
         if oom is not None:
             oom = np.asarray(oom, dtype=np.float64)
-            hit = (oom != 0) & ~np.isnan(oom)
-            if hit.any():
-                mem_limit = mem_limit[hit]
-                miss = np.isnan(mem_limit)
-                if miss.any():
-                    mem_limit = np.where(miss, self._last_mem[rows[hit]], mem_limit)
-                self._record_oom(rows[hit], _sub(t, hit), mem_limit)
+            if oom.any():  # NaN counts here, not below
+                hit = (oom != 0) & (oom == oom)
+                if hit.any():
+                    hr = rows[hit]
+                    ml = self._last_mem[hr] if mem_limit is None else np.asarray(mem_limit, dtype=np.float64)[hit]
+                    ml = np.where(np.isnan(ml), self._last_mem[hr], ml)
+                    self._record_oom(hr, _sub(t, hit), ml)
 
-    def _add_cpu(self, rows: np.ndarray, t: float | np.ndarray, cpu: np.ndarray, limit: np.ndarray,
+    def _add_cpu(self, rows: np.ndarray, t: float | np.ndarray, cpu: np.ndarray, cpu_nan: bool, limit: np.ndarray,
                  throttled: np.ndarray | None, throttled_cores: np.ndarray | None) -> None:
-        skip = (t <= self._last_cpu_t[rows]) | np.isnan(cpu)  # duplicate / out of order: discarded
+        skip = t <= self._last_cpu_t[rows]  # duplicate / out of order: discarded (VPA does)
+        if cpu_nan:
+            skip |= np.isnan(cpu)
         if skip.any():
             ok = ~skip
             if not ok.any():
@@ -531,21 +553,21 @@ class VpaFleet:
             if throttled_cores is not None:
                 throttled_cores = np.asarray(throttled_cores, dtype=np.float64)[ok]
         p = self._proto
-        has_limit = (limit != 0) & (limit == limit)  # the reference's `if limit`: set and non-zero
         value = cpu
         if throttled is not None:
-            thr = has_limit & (np.asarray(throttled, dtype=np.float64) > p.throttle_threshold)
-            if thr.any():
-                value = np.where(thr, np.maximum(cpu, limit * (1.0 + p.throttle_bump)), cpu)
-                if throttled_cores is not None:
-                    tc = np.asarray(throttled_cores, dtype=np.float64)
-                    tc_on = thr & (tc != 0) & (tc == tc)
-                    if tc_on.any():
-                        value = np.where(tc_on, np.maximum(value, cpu + tc), value)
-                self._n_throttled[rows[thr]] += 1
-        msw = p.min_sample_weight
-        weight = np.where(has_limit & (limit > msw), limit, msw)
-        self._cpu.add(rows, value, weight, t)
+            over = np.asarray(throttled, dtype=np.float64) > p.throttle_threshold  # NaN: not reported
+            if over.any():
+                thr = over & (limit != 0) & (limit == limit)  # the reference's `if limit`: set and non-zero
+                if thr.any():
+                    value = np.where(thr, np.maximum(cpu, limit * (1.0 + p.throttle_bump)), cpu)
+                    if throttled_cores is not None:
+                        tc = np.asarray(throttled_cores, dtype=np.float64)
+                        tc_on = thr & (tc != 0) & (tc == tc)
+                        if tc_on.any():
+                            value = np.where(tc_on, np.maximum(value, cpu + tc), value)
+                    self._n_throttled[rows[thr]] += 1
+        msw = p.min_sample_weight  # >= 0, so `limit > msw` also means set and non-zero
+        self._cpu.add(rows, value, np.where(limit > msw, limit, msw), t)
         self._last_cpu_t[rows] = t
         self._last_t[rows] = np.fmax(self._last_t[rows], t)  # NaN (no sample yet) loses
         self._first_t[rows] = np.fmin(self._first_t[rows], t)
@@ -561,35 +583,39 @@ class VpaFleet:
                     return
         self._last_mem_t[rows] = t
         we = self._window_end[rows]
-        unset = np.isnan(we)
-        if unset.any():
-            we = np.where(unset, t, we)
-        inside = t < we
+        inside = t < we  # NaN (no window yet): not inside
         peak = self._mem_peak[rows]
         oom_peak = self._oom_peak[rows]
         prev = np.maximum(peak, oom_peak)
-        replace = inside & (prev != 0) & (usage > prev)
-        move = ~inside
-        moving = move.any()
-        if moving:  # to the interval holding t
+        replace = usage > prev
+        if inside.all():
+            if not replace.any():
+                return  # the common case: not above this interval's peak
+            move = None
+            replace &= prev != 0
+        else:
+            replace &= inside & (prev != 0)
+            move = ~inside
+            unset = np.isnan(we)
+            if unset.any():
+                we = np.where(unset, t, we)
             step = self._mem_interval
             wm = we[move]
-            we[move] = wm + (np.floor((_sub(t, move) - wm) / step) * step + step)
+            we[move] = wm + (np.floor((_sub(t, move) - wm) / step) * step + step)  # the interval holding t
             peak[move] = 0.0
             oom_peak[move] = 0.0
             self._n_mem[rows[move]] += 1
-        if moving or unset.any():
             self._window_end[rows] = we
-        replacing = replace.any()
-        if replacing:
+        if replace.any():
             self._mem.subtract(rows[replace], prev[replace], 1.0, we[replace])
-        if moving or replacing:
-            add = replace | move
-            sel = slice(None) if add.all() else add
-            self._mem.add(rows[sel], usage[sel], 1.0, we[sel])
-            (oom_peak if is_oom else peak)[sel] = usage[sel]
-            self._mem_peak[rows] = peak
-            self._oom_peak[rows] = oom_peak
+        elif move is None:
+            return
+        add = replace if move is None else replace | move
+        sel = slice(None) if add.all() else add
+        self._mem.add(rows[sel], usage[sel], 1.0, we[sel])
+        (oom_peak if is_oom else peak)[sel] = usage[sel]
+        self._mem_peak[rows] = peak
+        self._oom_peak[rows] = oom_peak
 
     def _record_oom(self, rows: np.ndarray, t: float | np.ndarray, mem_limit: np.ndarray) -> None:
         we = self._window_end[rows]
@@ -599,7 +625,7 @@ class VpaFleet:
             if rows.size == 0:
                 return
         p = self._proto
-        limit = np.where(np.isnan(mem_limit), 0.0, mem_limit)
+        limit = np.where(np.isnan(mem_limit), 0.0, mem_limit)  # `mem_limit or 0.0`
         used = np.maximum(self._mem_peak[rows], limit)
         needed = np.maximum(used + p.oom_min_bump_bytes, used * p.oom_bump_ratio)
         self._n_oom[rows] += 1
