@@ -25,7 +25,7 @@ test: install tools
 # Test tools from Debian, best effort (root + apt): promtool (`prometheus`) for the
 # alert-rule tests; dockerd (`docker.io`) and a static busybox (`busybox-static`) for the
 # tests that manage real Docker containers. Without them those tests are skipped and say why.
-APT_TOOLS := promtool:prometheus dockerd:docker.io busybox:busybox-static
+APT_TOOLS := promtool:prometheus dockerd:docker.io busybox:busybox-static debootstrap:debootstrap
 tools:
 	@for t in $(APT_TOOLS); do cmd=$${t%%:*}; pkg=$${t#*:}; \
 	  command -v $$cmd >/dev/null 2>&1 && continue; \

@@ -127,7 +127,12 @@ class Dockerd:
                     d.rmdir()
                 except OSError:
                     pass
-        # vfs layers are plain directories; nothing is mounted once dockerd is gone
+        # vfs layers are plain directories, but dockerd leaves its network namespace
+        # mounted under exec-root
+        for line in Path("/proc/mounts").read_text().splitlines():
+            mnt = line.split()[1]
+            if mnt.startswith(str(self.dir) + "/"):
+                subprocess.run(["umount", "-l", mnt], capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -248,3 +253,83 @@ def test_the_actuator_limits_freezes_and_thaws_a_docker_container(settings, dock
     finally:
         consumer.close()
         actuator.stop()
+
+
+# --------------------------------------------------------------------------- the actuator as a container
+REPO = Path(__file__).resolve().parents[1]
+BASE_IMAGE = "phasewise-test-python:bookworm"
+ACTUATOR_IMAGE = "phasewise-actuator:test"
+MIRROR = os.environ.get("PHASEWISE_TEST_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+
+
+@pytest.fixture(scope="module")
+def actuator_image(dockerd):
+    """``infra/docker/Dockerfile.actuator`` built on a debootstrapped Debian bookworm.
+
+    No registry is reachable here, so the base image is a minimal bookworm with
+    Python and the host's CA bundle (package traffic may go through a TLS proxy);
+    ``pip`` inside the build fetches the actuator's dependencies from the index.
+    """
+    debootstrap = shutil.which("debootstrap")
+    if debootstrap is None:
+        pytest.skip("debootstrap not installed (Debian debootstrap; make tools installs it)")
+    rootfs = dockerd.dir / "bookworm"
+    r = subprocess.run([debootstrap, "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
+                        "bookworm", str(rootfs), MIRROR], capture_output=True, timeout=900)
+    if r.returncode != 0:
+        pytest.skip(f"debootstrap from {MIRROR} failed (no mirror?): {r.stdout.decode()[-500:]}")
+    host_ca = Path("/etc/ssl/certs/ca-certificates.crt")
+    if host_ca.exists():
+        shutil.copy2(host_ca, rootfs / "etc/ssl/certs/ca-certificates.crt")
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    imp = subprocess.run([DOCKER, "-H", f"unix://{dockerd.sock}", "import", "-", BASE_IMAGE], stdin=tar.stdout,
+                         capture_output=True, timeout=600)
+    tar.wait()
+    assert imp.returncode == 0, imp.stderr.decode()
+    shutil.rmtree(rootfs, ignore_errors=True)
+    build = dockerd.docker("build", "--network", "host", "--build-arg", f"BASE={BASE_IMAGE}",
+                           "-f", str(REPO / "infra/docker/Dockerfile.actuator"), "-t", ACTUATOR_IMAGE, str(REPO),
+                           check=False, timeout=900)
+    assert build.returncode == 0, build.stdout.decode()[-3000:] + build.stderr.decode()[-3000:]
+    return ACTUATOR_IMAGE
+
+
+def test_the_actuator_image_builds_and_limits_a_container_from_inside_a_container(
+        settings, dockerd, actuator_image, spinner, tmp_path):
+    name = f"pw-actuator-{uuid.uuid4().hex[:6]}"
+    dockerd.docker(
+        # not --privileged (this sandbox cannot grant every capability): a read-write bind
+        # mount of the host's cgroup tree is all the actuator needs to write limits
+        "run", "-d", "--name", name, "--network", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        "-e", f"PHASEWISE_BOOTSTRAP={settings.bootstrap}", "-e", f"PHASEWISE_HOST={settings.host}",
+        "-e", f"PHASEWISE_CGROUP_PREFIX={dockerd.parent}", "-e", "PHASEWISE_LOG_LEVEL=info",
+        actuator_image)
+    producer = make_producer(settings)
+    consumer = make_consumer(settings, f"docker-img-{uuid.uuid4().hex[:6]}")
+    consumer.subscribe([ACTUATIONS.name])
+    try:
+        d = Decision(id=uuid.uuid4().hex, ts=time.time(), host=settings.host, container=spinner, action="limit",
+                     policy="test", reason="docker image test", cpu_limit_cores=0.3)
+        producer.produce(DECISIONS.name, key=settings.host.encode(), value=encode(d))
+        producer.flush(10)
+        got = None
+        deadline = time.monotonic() + 90
+        while got is None and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is None or m.error():
+                continue
+            try:
+                a = decode(Actuation, m.value())
+            except SchemaError:
+                continue
+            if a.decision_id == d.id:
+                got = a
+        logs = dockerd.docker("logs", name, check=False)
+        assert got is not None, "no actuation from the containerised actuator\n" + (
+            logs.stdout + logs.stderr).decode()[-3000:]
+        assert got.status == "applied", got
+        host_dir = Path("/sys/fs/cgroup/cpu") / dockerd.parent / spinner
+        assert int((host_dir / "cpu.cfs_quota_us").read_text()) == 30_000
+    finally:
+        consumer.close()
+        dockerd.docker("rm", "-f", name, check=False)
