@@ -3,8 +3,8 @@
 Two figures, per process:
 
 1. **pure_step_samples_per_s** — in this process, no Kafka: for every host
-   message (``--per-host`` containers) the JSON is decoded
-   (:func:`phasewise.schemas.decode`) and one batched
+   message (``--per-host`` containers) the JSON is decoded as the worker
+   decodes it (:func:`phasewise.schemas.decode_host_samples`) and one batched
    :meth:`~phasewise.models.phase_fleet.PhaseFleet.step` runs (one CRBM call,
    one nearest-centroid call, the limit rule) with a warm model; container
    samples per second of wall time.
@@ -47,7 +47,7 @@ from phasewise.bench.harness import (
 )
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.phase_fleet import PhaseFleet
-from phasewise.schemas import HostSamples, decode, encode
+from phasewise.schemas import decode_host_samples, encode
 
 COUNTER = "phasewise_worker_container_samples_total"
 
@@ -98,7 +98,7 @@ def pure_rate(model: PhaseModel, hosts: list[tuple[str, list[str]]], ticks: int)
     changes = 0
     t0 = time.perf_counter()
     for raw in msgs:
-        hs = decode(HostSamples, raw)
+        hs = decode_host_samples(raw)
         keys = [f"{hs.host}/{c.container}" for c in hs.containers]
         X = np.array([(c.cpu_cores, c.mem_bytes) for c in hs.containers])
         fb = np.array([(c.cpu_limit_cores or np.nan, c.mem_limit_bytes or np.nan) for c in hs.containers])
@@ -195,6 +195,9 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
 def run_bench(args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="phasewise-bench-phases-"))
     hosts = _hosts(args.containers, args.per_host)
+    from phasewise.streams.worker import single_threaded_torch
+
+    threads = single_threaded_torch()  # as the --policy phase worker runs torch
     model = warm_model()
     pure, state_bytes, changes = pure_rate(PhaseModel.from_bytes(model.to_bytes()), hosts, args.pure_ticks)
     out = {
@@ -202,6 +205,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         "bytes_per_container": round(state_bytes, 1),
         "pure_step_samples_per_s": round(pure, 1),
         "decode_included": True,
+        "torch_threads": threads,
         "pure_phase_changes": changes,
         "containers": args.containers,
         "per_host": args.per_host,

@@ -2,7 +2,8 @@
 
 For every message on the samples topic (key: host):
 
-- parse it with :func:`phasewise.schemas.decode`; a malformed message (not
+- parse it with :func:`phasewise.schemas.decode_host_samples` (the strict
+  ``decode``'s answers, column-wise); a malformed message (not
   JSON, another schema version, missing fields, absurd values) goes to the
   dead-letter topic with the parser's reason, its partition and offset, and
   the agent carries on;
@@ -10,18 +11,22 @@ For every message on the samples topic (key: host):
   its containers in one pass, with each container's recommender held in an
   in-memory cache backed by the changelogged table ``vpa-state`` (key
   ``host/container``, read on a cache miss, e.g. after a restart or a
-  rebalance; written only when a container's recommendation step ran, i.e. at
-  most once per ``recommend_interval_s`` per container);
-- send the resulting decisions to the decisions topic, keyed by host;
+  rebalance); a state the logic marks for persisting (on a decision, or
+  once per ``state_write_interval_s``) is held and written at the next
+  offset commit, latest per container;
+- send the resulting decisions to the decisions topic, keyed by host,
+  through the worker's output producer (:mod:`phasewise.streams.output`:
+  every decision of a message is delivered before its offset is committed);
 - with ``--policy phase`` the VPA decisions only move the fallback limits:
   the message then goes through the phase detector
   (:mod:`phasewise.streams.phase_agents`), whose ``policy="phase"`` decisions
   and ``PhaseChange`` records are sent instead.
 
 A valid message the logic fails on (a bug) is dead-lettered too, with kind
-``processing``, so one bad message never stops the stream. Samples learned
-after a container's last table write (at most one recommend interval) are not
-in the changelog and are lost if the worker dies or its partitions move.
+``processing``, so one bad message never stops the stream. A worker that dies
+re-processes its partitions from the last commit, with the state written at
+that commit: samples the state had learned since its last marked write are
+not in it (at most ``state_write_interval_s`` of them).
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ from typing import Any
 
 import faust
 
-from phasewise.schemas import DeadLetter, HostSamples, SchemaError, decode, encode, payload_text
+from phasewise.schemas import DeadLetter, SchemaError, decode_host_samples, encode, payload_text
 from phasewise.settings import Settings
 from phasewise.streams.metrics import WorkerMetrics
+from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.processing import StateCache, process_host_samples
 from phasewise.streams.topics import worker_topics
-from phasewise.topics import SAMPLES
+from phasewise.topics import DEAD_LETTERS, DECISIONS, SAMPLES
 
 __all__ = ["TABLE_NAME", "register"]
 
@@ -48,8 +54,13 @@ TABLE_NAME = "vpa-state"
 
 
 def register(app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
-             metrics: WorkerMetrics | None = None) -> dict[str, Any]:
-    """Add the state table and the samples agent to *app*; returns the handles."""
+             metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None) -> dict[str, Any]:
+    """Add the state table and the samples agent to *app*; returns the handles.
+
+    *outputs*: where decisions, phase changes, learn windows and dead letters
+    go (default: one confluent-kafka producer from *settings*); its delivery
+    is awaited before every offset commit (:func:`phasewise.streams.output.attach`).
+    """
     if metrics is None:
         from prometheus_client import CollectorRegistry
 
@@ -62,8 +73,14 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                       schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
                       help="per-container VPA recommender state (key: host/container)")
 
+    if outputs is None:
+        outputs = OutputSender(output_producer(settings), metrics)
+    barrier = CommitBarrier(outputs, metrics)
+    attach(app, barrier)
+    writes = barrier.table(table)
+
     def load(key: str) -> Any:
-        raw = table.get(key)
+        raw = writes.get(key)  # a state held for the next commit is newer than the table's
         # written as JSON bytes; Faust hands values recovered from the changelog
         # back already decoded by its default (JSON) codec
         return json.loads(raw) if isinstance(raw, (bytes, str)) else raw
@@ -75,7 +92,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         dl = DeadLetter(ts=time.time(), source_topic=msg.topic, partition=msg.partition,
                         offset=msg.offset, reason=reason, payload=payload_text(msg.value),
                         key=None if msg.key is None else payload_text(msg.key))
-        await topics.dead_letters.send(key=msg.key, value=encode(dl))
+        outputs.send(DEAD_LETTERS.name, msg.key, encode(dl))
         metrics.dead_letters.labels(kind=kind).inc()
         log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
 
@@ -84,7 +101,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         from phasewise.streams.phase_agents import register_phase
 
         phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
-                               dead_letter=dead_letter)
+                               dead_letter=dead_letter, outputs=outputs, barrier=barrier)
 
     only_hosts = settings.worker_host_set()
 
@@ -92,7 +109,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     async def on_samples(stream: faust.StreamT) -> None:
         async for event in stream.events():
             try:
-                hs = decode(HostSamples, event.message.value)
+                hs = decode_host_samples(event.message.value)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
                 continue
@@ -107,19 +124,21 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 log.exception("processing a valid HostSamples message failed")
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
                 continue
+            partition = event.message.partition
             for key, state in cache.pop_dirty():
-                table[key] = json.dumps(state, separators=(",", ":")).encode()
+                writes.put(key, json.dumps(state, separators=(",", ":")).encode(), partition)
             if phase is not None:
-                await phase.flush()
+                phase.flush(partition)
+            if decisions:
+                for d in decisions:
+                    outputs.send(DECISIONS.name, d.host.encode(), encode(d))
+                    log.info("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
+                metrics.decisions.inc(len(decisions))
+            outputs.poll()
             metrics.process_seconds.inc(time.perf_counter() - t0)
             metrics.messages.inc()
             metrics.container_samples.inc(len(hs.containers))
             metrics.containers.set(len(cache))
-            for d in decisions:
-                await topics.decisions.send(key=d.host.encode(), value=encode(d))
-                log.info("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
-            if decisions:
-                metrics.decisions.inc(len(decisions))
 
     @app.on_partitions_revoked.connect
     async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:
@@ -133,4 +152,4 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         metrics.ready.set(1)
 
     return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics,
-            "phase": phase}
+            "phase": phase, "outputs": outputs, "barrier": barrier}

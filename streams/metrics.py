@@ -10,6 +10,12 @@ Every metric is registered on the registry passed in (tests use a fresh
 - ``phasewise_worker_dead_letters_total{kind}``: messages dead-lettered,
   ``kind`` = ``schema`` (malformed input) or ``processing`` (valid input the
   worker failed on);
+- ``phasewise_worker_delivery_errors_total{topic}``: output records (decisions,
+  phase changes, learn windows, dead letters) librdkafka failed to deliver;
+  after one, the worker commits no further offsets and stops (see
+  :mod:`phasewise.streams.output`);
+- ``phasewise_worker_table_writes_total``: container states written to the
+  changelogged tables (latest per container, at each offset commit);
 - ``phasewise_worker_process_seconds_total``: time spent in the decision logic;
 - ``phasewise_worker_containers``: containers held in memory;
 - ``phasewise_worker_ready``: 1 once the worker has its partitions and has
@@ -43,6 +49,11 @@ class WorkerMetrics:
                                     ["kind"], registry=registry)
         for k in DEAD_LETTER_KINDS:
             self.dead_letters.labels(kind=k)
+        self.delivery_errors = Counter("phasewise_worker_delivery_errors",
+                                       "output records not delivered (no offsets are committed after one)",
+                                       ["topic"], registry=registry)
+        self.table_writes = Counter("phasewise_worker_table_writes",
+                                    "container states written to the changelogged tables", registry=registry)
         self.process_seconds = Counter("phasewise_worker_process_seconds",
                                        "seconds spent in the decision logic", registry=registry)
         self.containers = Gauge("phasewise_worker_containers", "containers held in memory",

@@ -17,9 +17,13 @@ fallback), then hands each ``HostSamples`` message to :class:`PhaseHooks`:
   decisions are NOT emitted in this mode: a VPA decision only moves the
   fallback limit, which the phase decision then hands out when it applies.
   Per container the detector keeps its window, phase and limit basis in the
-  changelogged table ``phase-state`` (key ``host/container``), written on a
-  phase change or every ``state_write_interval_s`` of event time; a worker
-  that restarts or takes over a partition resumes from it.
+  changelogged table ``phase-state`` (key ``host/container``), marked for
+  writing on a phase change or every ``state_write_interval_s`` of event time
+  and written at the next offset commit (latest per container); a worker
+  that restarts or takes over a partition resumes from it. Decisions, phase
+  changes and learn windows go through the worker's output producer and are
+  delivered before the offsets of their source messages are committed
+  (:mod:`phasewise.streams.output`).
 - **learner split**: every ``phase_learn_every``-th ready window (with the
   usage to credit to the phase that was in force) is sent to the internal
   1-partition topic ``phasewise.learn-windows.v1``; ONE learner agent (the
@@ -443,11 +447,15 @@ class PhaseHooks:
 
 # ---------------------------------------------------------------------- Faust wiring
 def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: int, metrics: Any,
-                   dead_letter: Callable[..., Any]) -> Any:
+                   dead_letter: Callable[..., Any], outputs: Any, barrier: Any) -> Any:
     """Add the phase table, the learner agent, the snapshot timer and the follower to *app*.
 
+    *outputs*: the worker's :class:`~phasewise.streams.output.OutputSender`;
+    *barrier*: its :class:`~phasewise.streams.output.CommitBarrier` (the phase
+    table's writes are held there until the next commit).
     Returns an object with ``process(hs, vpa_decisions) -> decisions``,
-    ``async flush()`` (sends what the last messages produced) and ``clear()``.
+    ``flush(partition)`` (sends what the last message of source *partition*
+    produced, holds its table writes for the commit) and ``clear()``.
     """
     import faust
 
@@ -456,15 +464,16 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
     from phasewise.topics import PHASES
 
     name = model_name(FEATURES)
+    name_key = name.encode()
     table = app.Table(TABLE_NAME, default=None, partitions=partitions,
                       schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
                       help="per-container phase detector state (key: host/container)")
-    phases_t = _topic(app, PHASES)
     models_t = _topic(app, MODELS)
     learn_t = _topic(app, LEARN_WINDOWS, 1)
+    writes = barrier.table(table)
 
     def load(key: str) -> Any:
-        raw = table.get(key)
+        raw = writes.get(key)  # a state held for the next commit is newer than the table's
         return json.loads(raw) if isinstance(raw, (bytes, str)) else raw
 
     dl_producer: list[Any] = []
@@ -529,18 +538,18 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
             pending.append(out)
             return out.decisions
 
-        async def flush(self) -> None:
+        def flush(self, partition: int) -> None:
             while pending:
                 out = pending.pop(0)
                 for key, value in out.table_writes:
-                    table[key] = value
+                    writes.put(key, value, partition)
                 for c in out.changes:
-                    await phases_t.send(key=c.container.encode(), value=encode(c))
+                    outputs.send(PHASES.name, c.container.encode(), encode(c))
                     log.info("phase change %s/%s: %s -> %s", c.host, c.container, c.old_phase, c.new_phase)
                 if out.changes:
                     metrics.phase_changes.inc(len(out.changes))
                 if out.learn_batch is not None:
-                    await learn_t.send(key=name.encode(), value=out.learn_batch)
+                    outputs.send(LEARN_WINDOWS.name, name_key, out.learn_batch)
 
         def clear(self) -> None:
             hooks.clear()

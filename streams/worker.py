@@ -94,6 +94,24 @@ def samples_partitions(settings: Settings) -> int:
     return len(t.partitions)
 
 
+def single_threaded_torch() -> int:
+    """Run torch ops on the calling thread only (unless ``OMP_NUM_THREADS`` says otherwise).
+
+    The detector's CRBM multiplies ~100-row matrices once per message from one
+    event loop: intra-op threads cannot speed that up, and on a busy host their
+    spin-waits cost more than the maths (measured on 2 shared cores: the batched
+    step fell from ~70k to ~10k samples/s with torch's default 2 threads).
+    Returns the thread count in force.
+    """
+    import os
+
+    import torch
+
+    if not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(1)
+    return torch.get_num_threads()
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
@@ -121,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     except BrokerUnavailable as e:
         print(f"phasewise worker: {e}", file=sys.stderr)
         return 1
+    if settings.policy == "phase":
+        single_threaded_torch()
     metrics = WorkerMetrics()
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
@@ -128,6 +148,10 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(settings, samples_partitions=partitions, metrics=metrics)
     worker = faust.Worker(app, loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
                           quiet=True, redirect_stdouts=False)
+    # Faust's terminal spinner (levels warn and above) sets the root logger to DEBUG so that
+    # every debug record of faust/aiokafka reaches its handler: ~5% of the worker's CPU for
+    # nothing in a log file. No spinner: the root logger stays at the chosen level.
+    worker.spinner = None
     try:
         worker.execute_from_commandline()
     except SystemExit as e:

@@ -1,0 +1,241 @@
+"""What the worker writes, and the order in which it becomes durable.
+
+``phasewise worker`` writes two kinds of records:
+
+- **outputs** (decisions, phase changes, learn windows, dead letters): sent
+  through ONE confluent-kafka producer (:class:`OutputSender`). librdkafka
+  batches them on its own thread; ``produce()`` costs a few microseconds.
+  (Faust's own producer runs with ``producer_max_batch_size=1`` for the
+  changelogs' sake, see :mod:`phasewise.streams.app`, so there every record is
+  its own produce request and an awaited ``send`` waits for the previous one
+  to drain: that made the worker wait on the network, not compute.)
+- **table state** (per-container recommender / detector state): Faust table
+  writes, i.e. changelog records, held per key by :class:`DeferredWrites`
+  and written at the next offset commit, latest value per key.
+
+The guarantee, enforced by :class:`CommitBarrier` through :func:`attach`:
+Faust calls ``app.producer.flush()`` before it commits source offsets
+(periodic commit, rebalance, shutdown). The barrier runs first in that flush:
+
+1. it takes the table writes collected so far;
+2. it waits until librdkafka reported every output sent before the flush
+   began as delivered (outputs sent while it waits belong to the next
+   commit and do not delay this one);
+3. it writes the taken state to the tables; Faust then flushes those
+   changelog records and commits.
+
+So when a source message's offset is committed, its decisions (and other
+outputs) are on their topics and the state it produced is in the
+changelog; and the changelog never holds state whose decisions were not
+delivered (a worker that dies between the two re-processes the message
+from the last commit, and decision ids are deterministic, so an actuator
+applies a repeated decision once). At least once, never lost.
+
+A record librdkafka fails to deliver (after its own retries, within
+``message.timeout.ms``) is counted in
+``phasewise_worker_delivery_errors_total{topic}``, logged with the reason,
+and makes every later flush raise :class:`DeliveryFailed`: this process
+commits no further offsets, Faust stops the worker, and a restart
+re-processes from the last commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["CommitBarrier", "DeferredWrites", "DeliveryFailed", "OutputSender", "attach", "output_producer"]
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryFailed(RuntimeError):
+    """An output record was not delivered; source offsets must not be committed."""
+
+
+class _Epoch:
+    """Records sent between two flushes; librdkafka's delivery callback for each of them."""
+
+    __slots__ = ("outstanding", "sender")
+
+    def __init__(self, sender: OutputSender) -> None:
+        self.outstanding = 0
+        self.sender = sender
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        self.outstanding -= 1
+        if err is not None:
+            self.sender._on_error(err, msg)
+
+
+def output_producer(settings: Any) -> Any:
+    """The confluent-kafka producer for the worker's outputs.
+
+    Keys are hashed with murmur2 as Faust / aiokafka / Java clients do, so a
+    host's decisions land on the partition they always did.
+    """
+    from phasewise.kafka import make_producer
+
+    return make_producer(settings, **{"linger.ms": 2, "partitioner": "murmur2_random",
+                                      "message.timeout.ms": 60000})
+
+
+class OutputSender:
+    """Sends records through one confluent-kafka *producer* and tracks their delivery.
+
+    Call :meth:`send` from the event loop thread only (delivery callbacks run in
+    :meth:`poll` / :meth:`flush` on that thread). *metrics*: an object with a
+    ``delivery_errors`` counter labelled by ``topic`` (optional).
+    """
+
+    def __init__(self, producer: Any, metrics: Any = None, *, poll_interval_s: float = 0.002) -> None:
+        self.producer = producer
+        self.metrics = metrics
+        self.poll_interval_s = poll_interval_s
+        self._epoch = _Epoch(self)
+        self._closed: list[_Epoch] = []  # epochs handed to a flush, not yet fully reported
+        self.sent = 0
+        self.failed = 0
+        self.failure: str | None = None  # first delivery error; sticky
+
+    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Queue one record (blocks briefly, serving deliveries, while librdkafka's queue is full)."""
+        epoch = self._epoch
+        while True:
+            try:
+                self.producer.produce(topic, value, key, on_delivery=epoch)
+                break
+            except BufferError:
+                self.producer.poll(0.01)
+        epoch.outstanding += 1
+        self.sent += 1
+
+    def poll(self) -> None:
+        """Serve delivery reports that arrived (non-blocking)."""
+        self.producer.poll(0)
+
+    @property
+    def in_flight(self) -> int:
+        return self._epoch.outstanding + sum(e.outstanding for e in self._closed)
+
+    def _on_error(self, err: Any, msg: Any) -> None:
+        topic = msg.topic() if msg is not None else "?"
+        reason = f"{topic}: {err}"
+        self.failed += 1
+        if self.failure is None:
+            self.failure = reason
+        if self.metrics is not None:
+            self.metrics.delivery_errors.labels(topic=topic).inc()
+        log.error("output record not delivered (%s); source offsets will not be committed", reason)
+
+    async def flush(self) -> None:
+        """Wait until every record sent before this call was reported delivered.
+
+        Raises :class:`DeliveryFailed` if any record of this process failed.
+        """
+        if self._epoch.outstanding:
+            self._closed.append(self._epoch)
+            self._epoch = _Epoch(self)
+        waiting = list(self._closed)
+        while True:
+            self.producer.poll(0)
+            if all(e.outstanding <= 0 for e in waiting):
+                break
+            await asyncio.sleep(self.poll_interval_s)
+        self._closed = [e for e in self._closed if e.outstanding > 0]
+        if self.failure is not None:
+            raise DeliveryFailed(f"{self.failed} output record(s) not delivered, first: {self.failure}")
+
+    def close(self, timeout_s: float = 10.0) -> int:
+        """Blocking flush for shutdown paths off the event loop; returns records still undelivered."""
+        return self.producer.flush(timeout_s)
+
+
+class DeferredWrites:
+    """Writes to one Faust *table*, held until the next commit (latest value per key).
+
+    :meth:`put` takes the changelog partition, i.e. the partition of the source
+    message being handled (Faust tables are co-partitioned with their source
+    topic; at commit time there is no current event to take it from).
+    :meth:`get` reads the held value first, so a loader sees its own writes.
+    """
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self._pending: dict[str, tuple[int, Any]] = {}
+        self._writing: dict[str, tuple[int, Any]] = {}
+        self.written = 0
+
+    def put(self, key: str, value: Any, partition: int) -> None:
+        self._pending[key] = (partition, value)
+
+    def get(self, key: str) -> Any:
+        v = self._pending.get(key)
+        if v is None:
+            v = self._writing.get(key)
+        return self.table.get(key) if v is None else v[1]
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def take(self) -> dict[str, Any]:
+        self._writing, self._pending = self._pending, {}
+        return self._writing
+
+    def write_taken(self) -> int:
+        """Write what :meth:`take` took: the table's store and its changelog (as ``table[k] = v`` does)."""
+        taken, table = self._writing, self.table
+        data = table.data
+        for k, (partition, v) in taken.items():
+            data[k] = v
+            table.send_changelog(partition, k, v)
+        n = len(taken)
+        self._writing = {}
+        self.written += n
+        return n
+
+
+class CommitBarrier:
+    """Runs before every Faust commit: outputs delivered, then held state written."""
+
+    def __init__(self, sender: OutputSender, metrics: Any = None) -> None:
+        self.sender = sender
+        self.metrics = metrics
+        self.tables: list[DeferredWrites] = []
+        self.commits = 0
+        self._lock: asyncio.Lock | None = None  # one barrier at a time (a commit and a rebalance may overlap)
+
+    def table(self, table: Any) -> DeferredWrites:
+        d = DeferredWrites(table)
+        self.tables.append(d)
+        return d
+
+    async def before_commit(self) -> None:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            for d in self.tables:
+                d.take()
+            await self.sender.flush()
+            n = sum(d.write_taken() for d in self.tables)
+            if self.metrics is not None and n:
+                self.metrics.table_writes.inc(n)
+            self.commits += 1
+
+
+def attach(app: Any, barrier: CommitBarrier) -> Callable[[], Any]:
+    """Make *app*'s producer flush (which Faust awaits before committing offsets) run *barrier* first.
+
+    Returns the original flush.
+    """
+    producer = app.producer
+    original = producer.flush
+
+    async def flush() -> None:
+        await barrier.before_commit()
+        await original()
+
+    producer.flush = flush
+    return original

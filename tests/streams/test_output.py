@@ -1,0 +1,292 @@
+"""The worker's output producer and commit barrier (phasewise.streams.output).
+
+Unit tests drive the ordering with a fake librdkafka producer whose deliveries
+the test releases; the broker test kills a real worker mid-stream and checks
+that every source message whose offset was committed has its decision on the
+decisions topic, and that a restart loses none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from phasewise.bench.harness import RoleProcess, scrape
+from phasewise.infra.broker import free_port
+from phasewise.kafka import make_consumer, make_producer
+from phasewise.schemas import ContainerSample, Decision, HostSamples, SchemaError, decode, encode
+from phasewise.settings import Settings
+from phasewise.streams.metrics import WorkerMetrics
+from phasewise.streams.output import CommitBarrier, DeliveryFailed, OutputSender, attach
+from phasewise.topics import DECISIONS, SAMPLES
+
+
+class FakeMsg:
+    def __init__(self, topic: str, key, value) -> None:
+        self._topic, self.key, self.value = topic, key, value
+
+    def topic(self) -> str:
+        return self._topic
+
+
+class FakeProducer:
+    """librdkafka's contract: produce() queues, delivery callbacks run inside poll()."""
+
+    def __init__(self, queue_max: int = 1000) -> None:
+        self.queued: list[tuple[FakeMsg, object]] = []
+        self.delivered: list[FakeMsg] = []
+        self.releasable = 0  # deliveries poll() may report
+        self.fail_topics: set[str] = set()
+        self.queue_max = queue_max
+
+    def produce(self, topic, value, key, on_delivery):
+        if len(self.queued) >= self.queue_max:
+            raise BufferError("queue full")
+        self.queued.append((FakeMsg(topic, key, value), on_delivery))
+
+    def poll(self, timeout: float) -> int:
+        n = 0
+        while self.queued and self.releasable > 0:
+            msg, cb = self.queued.pop(0)
+            self.releasable -= 1
+            err = "broker says no" if msg.topic() in self.fail_topics else None
+            if err is None:
+                self.delivered.append(msg)
+            cb(err, msg)
+            n += 1
+        return n
+
+    def flush(self, timeout: float) -> int:
+        self.releasable = len(self.queued)
+        self.poll(0)
+        return len(self.queued)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_flush_waits_for_every_record_sent_before_it_and_not_for_later_ones():
+    p = FakeProducer()
+    out = OutputSender(p, poll_interval_s=0.001)
+
+    async def scenario():
+        for i in range(3):
+            out.send("decisions", b"h", b"d%d" % i)
+        flush = asyncio.ensure_future(out.flush())
+        await asyncio.sleep(0.01)
+        assert not flush.done()  # nothing delivered yet
+        out.send("decisions", b"h", b"later")  # sent while the flush waits: the next commit's
+        p.releasable = 2
+        await asyncio.sleep(0.01)
+        assert not flush.done()  # one record of the flushed three is still out
+        p.releasable = 1
+        await asyncio.wait_for(flush, 1.0)
+        assert [m.value for m in p.delivered] == [b"d0", b"d1", b"d2"]
+        assert out.in_flight == 1
+
+    run(scenario())
+
+
+def test_a_failed_delivery_is_counted_and_every_later_flush_refuses():
+    p = FakeProducer()
+    metrics = WorkerMetrics(CollectorRegistry())
+    out = OutputSender(p, metrics, poll_interval_s=0.001)
+    p.fail_topics = {"phases"}
+    out.send("decisions", b"h", b"ok")
+    out.send("phases", b"c", b"lost")
+    p.releasable = 2
+    with pytest.raises(DeliveryFailed, match="phases: broker says no"):
+        run(out.flush())
+    p.fail_topics = set()
+    out.send("decisions", b"h", b"fine")
+    p.releasable = 1
+    with pytest.raises(DeliveryFailed):  # sticky: no offset may be committed past the lost record
+        run(out.flush())
+    assert metrics.registry.get_sample_value("phasewise_worker_delivery_errors_total", {"topic": "phases"}) == 1
+
+
+def test_a_full_queue_serves_deliveries_until_the_record_fits():
+    p = FakeProducer(queue_max=2)
+    out = OutputSender(p)
+    out.send("t", None, b"1")
+    out.send("t", None, b"2")
+    p.releasable = 1
+    out.send("t", None, b"3")  # the queue had no room: send() polled one delivery out
+    assert [m.value for m, _ in p.queued] == [b"2", b"3"] and out.sent == 3
+
+
+class FakeTable:
+    def __init__(self, log: list) -> None:
+        self.data: dict = {}
+        self.log = log
+
+    def get(self, key):
+        return self.data.get(key)
+
+    def send_changelog(self, partition, key, value):
+        self.log.append(("changelog", partition, key, value))
+
+
+def test_the_barrier_writes_held_state_only_after_the_outputs_are_delivered():
+    log: list = []
+    p = FakeProducer()
+    out = OutputSender(p, poll_interval_s=0.001)
+    barrier = CommitBarrier(out)
+    table = FakeTable(log)
+    writes = barrier.table(table)
+
+    async def scenario():
+        writes.put("h/a", b"s1", 3)
+        writes.put("h/a", b"s2", 3)  # latest per key
+        writes.put("h/b", b"t1", 3)
+        out.send("decisions", b"h", b"decision-a")
+        assert writes.get("h/a") == b"s2" and table.get("h/a") is None  # the loader sees its own write
+        commit = asyncio.ensure_future(barrier.before_commit())
+        await asyncio.sleep(0.01)
+        writes.put("h/a", b"s3", 3)  # a later message's state: the next commit's
+        assert log == [] and not commit.done()  # no state before its decision is delivered
+        p.releasable = 1
+        await asyncio.wait_for(commit, 1.0)
+        assert log == [("changelog", 3, "h/a", b"s2"), ("changelog", 3, "h/b", b"t1")]
+        assert table.data == {"h/a": b"s2", "h/b": b"t1"}
+        assert writes.get("h/a") == b"s3" and len(writes) == 1
+
+    run(scenario())
+
+
+def test_attach_runs_the_barrier_before_fausts_own_flush():
+    order: list = []
+
+    class Producer:
+        async def flush(self):
+            order.append("faust flush")
+
+    class App:
+        producer = Producer()
+
+    class Barrier:
+        async def before_commit(self):
+            order.append("barrier")
+
+    app = App()
+    attach(app, Barrier())
+    run(app.producer.flush())
+    assert order == ["barrier", "faust flush"]
+
+
+# ---------------------------------------------------------------------------------------- a real worker
+def _committed(settings: Settings, group: str) -> dict[int, int]:
+    c = make_consumer(settings, group)
+    try:
+        tps = c.committed([TopicPartition(SAMPLES.name, p) for p in range(SAMPLES.partitions)], timeout=10)
+        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+    finally:
+        c.close()
+
+
+def _decided(settings: Settings, host: str) -> set[str]:
+    c = make_consumer(settings, f"pwtest-{uuid.uuid4().hex[:6]}")
+    c.assign([TopicPartition(DECISIONS.name, p, OFFSET_BEGINNING) for p in range(DECISIONS.partitions)])
+    got: set[str] = set()
+    idle = 0
+    try:
+        while idle < 10:
+            m = c.poll(0.2)
+            if m is None or m.error():
+                idle += 1
+                continue
+            idle = 0
+            try:
+                d = decode(Decision, m.value())
+            except SchemaError:
+                continue
+            if d.host == host:
+                got.add(d.container)
+    finally:
+        c.close()
+    return got
+
+
+def _start_worker(settings: Settings, tmp, worker_id: str) -> tuple[RoleProcess, int]:
+    port = free_port()
+    env = {"PHASEWISE_BOOTSTRAP": settings.bootstrap, "PHASEWISE_VPA_TIME_SCALE": "0.001",
+           "PHASEWISE_VPA_UPDATE_MODE": "hysteresis", "PHASEWISE_LOG_LEVEL": "info"}
+    args = ["--recommend-interval", "0", "--web-port", "0", "--worker-id", worker_id,
+            "--data-dir", str(tmp / "data"), "--metrics-port", str(port)]
+    role = RoleProcess("worker", args, env=env, log_path=tmp / f"worker-{uuid.uuid4().hex[:4]}.log").start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert role.alive(), "worker exited:\n" + role.log_tail()
+        try:
+            if scrape(f"http://127.0.0.1:{port}/metrics").get("phasewise_worker_ready") == 1.0:
+                return role, port
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("worker not ready:\n" + role.log_tail())
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_killed_worker_committed_no_offset_whose_decisions_were_not_delivered_and_a_restart_loses_none(
+        settings, tmp_path):
+    """Every message carries a new unlimited container: its first sample always yields a decision."""
+    worker_id = f"pwtest-kill-{uuid.uuid4().hex[:6]}"
+    host = f"kill-{uuid.uuid4().hex[:6]}"
+    role, _ = _start_worker(settings, tmp_path, worker_id)
+    p = make_producer(settings, **{"linger.ms": 0})
+    where: dict[str, tuple[int, int]] = {}  # container -> (partition, offset) of its message
+
+    def on_delivery(err, msg):
+        assert err is None, err
+        where[decode(HostSamples, msg.value()).containers[0].container] = (msg.partition(), msg.offset())
+
+    t0 = time.time() - 600
+    killed_at: dict[int, int] = {}
+    try:
+        i = 0
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            for _ in range(20):
+                c = f"c{i:05d}"
+                hs = HostSamples(host=host, ts=t0 + i, interval_s=1.0, containers=(
+                    ContainerSample(container=c, cpu_cores=0.5, mem_bytes=3e8),))
+                p.produce(SAMPLES.name, key=host.encode(), value=encode(hs), on_delivery=on_delivery)
+                i += 1
+            p.flush(10)
+            committed = _committed(settings, worker_id)
+            mine = {part for part, _ in where.values()}
+            if any(committed.get(part, 0) > min(o for q, o in where.values() if q == part) for part in mine):
+                os.killpg(role.pid, signal.SIGKILL)  # mid-stream: messages after the commit are in flight
+                role.proc.wait()
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the worker committed no offset of ours within 40 s:\n" + role.log_tail())
+        killed_at = _committed(settings, worker_id)
+        covered = {c for c, (part, off) in where.items() if off < killed_at.get(part, 0)}
+        assert covered, "the kill came before any commit"
+        decided = _decided(settings, host)
+        assert covered <= decided, f"committed without their decisions: {sorted(covered - decided)[:10]}"
+    finally:
+        if role.alive():
+            role.stop()
+        role._log.close()
+
+    again, port = _start_worker(settings, tmp_path, worker_id)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(_decided(settings, host)) < len(where):
+            time.sleep(1.0)
+        missing = set(where) - _decided(settings, host)
+        assert not missing, f"{len(missing)} containers never got their decision, e.g. {sorted(missing)[:5]}"
+    finally:
+        again.stop()
