@@ -80,6 +80,38 @@ def _pow_exact(base: float, x: np.ndarray) -> np.ndarray | float:
     return np.array([base ** v for v in u.tolist()])[inv]
 
 
+def _cumsum_rows(a: np.ndarray) -> np.ndarray:
+    """Sequential running sums along each row (``np.cumsum(a, axis=1)``, bit for bit).
+
+    torch's CPU ``cumsum`` adds in the same order in double precision and is
+    several times faster on ~100 x 60 blocks; numpy is the fallback.
+    """
+    global _torch
+    if _torch is None:
+        try:
+            import torch
+
+            _torch = torch
+        except ImportError:  # pragma: no cover - torch is a dependency
+            _torch = False
+    if _torch:
+        return _torch.cumsum(_torch.from_numpy(a), 1).numpy()
+    return np.cumsum(a, axis=1)
+
+
+_torch: Any = None
+
+
+def _pow_exact_fn(fn: Any, x: np.ndarray) -> np.ndarray:
+    """``fn(v)`` (a Python power) for every element, evaluated once per distinct value."""
+    if x.size > 1 and x.min() == x.max():
+        return np.full(x.shape, fn(float(x[0])))
+    if x.size > 8:
+        u, inv = np.unique(x, return_inverse=True)
+        return np.array([fn(v) for v in u.tolist()])[inv]
+    return np.array([fn(v) for v in x.tolist()])
+
+
 def _sub(t: float | np.ndarray, m: Any) -> float | np.ndarray:
     """*t* at the selection *m* (a scalar time stays a scalar)."""
     return t if isinstance(t, float) else t[m]
@@ -95,7 +127,7 @@ class _Histograms:
     """
 
     __slots__ = ("W", "Wf", "buckets", "ends", "eps", "fresh", "half_life", "hi", "last", "lo", "nb", "pc", "ref",
-                 "starts", "starts1", "top_start", "total")
+                 "starts", "starts1", "subeps", "top_start", "total")
 
     def __init__(self, buckets: ExponentialBuckets, half_life: float, capacity: int, nps: int) -> None:
         self.buckets = buckets
@@ -115,6 +147,7 @@ class _Histograms:
         self.hi = np.full(capacity, -1, dtype=np.intp)
         self.pc = np.zeros((capacity, nps))
         self.fresh = np.zeros(capacity, dtype=bool)
+        self.subeps = np.zeros(capacity, dtype=bool)  # holds a weight in (0, eps): only a loaded state does
 
     def grow(self, capacity: int) -> None:
         k = capacity - len(self.total)
@@ -126,6 +159,7 @@ class _Histograms:
         self.hi = np.concatenate([self.hi, np.full(k, -1, dtype=np.intp)])
         self.pc = np.concatenate([self.pc, np.zeros((k, self.pc.shape[1]))])
         self.fresh = np.concatenate([self.fresh, np.zeros(k, dtype=bool)])
+        self.subeps = np.concatenate([self.subeps, np.zeros(k, dtype=bool)])
 
     def reset(self, rows: np.ndarray) -> None:
         self.W[rows] = 0.0
@@ -134,10 +168,13 @@ class _Histograms:
         self.lo[rows] = self.nb
         self.hi[rows] = -1
         self.fresh[rows] = False
+        self.subeps[rows] = False
 
     def rescan(self, rows: np.ndarray) -> None:
-        """Recompute ``lo`` / ``hi`` of *rows* from their weights."""
-        ne = self.W[rows] >= self.eps
+        """Recompute ``lo`` / ``hi`` (and the sub-epsilon flag) of *rows* from their weights."""
+        W = self.W[rows]
+        ne = W >= self.eps
+        self.subeps[rows] = ((W > 0) & ~ne).any(axis=1)
         some = ne.any(axis=1)
         self.lo[rows] = np.where(some, ne.argmax(axis=1), self.nb)
         self.hi[rows] = np.where(some, self.last - ne[:, ::-1].argmax(axis=1), -1)
@@ -198,9 +235,9 @@ class _Histograms:
         return new_ref
 
     def add(self, rows: np.ndarray, values: np.ndarray, weights: np.ndarray | float,
-            t: float | np.ndarray) -> None:
-        """``DecayingHistogram.add`` on distinct *rows*."""
-        w = weights * self._factor(rows, t)
+            t: float | np.ndarray, factored: bool = False) -> None:
+        """``DecayingHistogram.add`` on distinct *rows* (*factored*: *weights* are already decayed)."""
+        w = weights if factored else weights * self._factor(rows, t)
         b = self.find(values)
         fi = rows * self.nb + b
         nw = self.Wf[fi] + w
@@ -209,25 +246,50 @@ class _Histograms:
         self.fresh[rows] = False
         if nw.min() < self.eps:  # weights only grow: the bucket joins the non-empty ones or nothing changes
             ok = nw >= self.eps
+            self.subeps[rows[~ok & (nw > 0)]] = True
             rows, b = rows[ok], b[ok]
         self.lo[rows] = np.minimum(self.lo[rows], b)
         self.hi[rows] = np.maximum(self.hi[rows], b)
 
-    def subtract(self, rows: np.ndarray, values: np.ndarray, weight: float, t: np.ndarray) -> None:
-        """``DecayingHistogram.subtract`` on distinct *rows*."""
+    def replace(self, rows: np.ndarray, old: np.ndarray, new: np.ndarray, weight: float, t: np.ndarray) -> None:
+        """``subtract(old, weight, t)`` then ``add(new, weight, t)`` on distinct *rows*.
+
+        The second decay factor equals the first (a reference shift, if any,
+        happened in the first), so it is computed once.
+        """
         w = weight * self._factor(rows, t)
-        fi = rows * self.nb + self.find(values)
+        self.subtract(rows, old, w, t, factored=True)
+        self.add(rows, new, w, t, factored=True)
+
+    def subtract(self, rows: np.ndarray, values: np.ndarray, weight: float | np.ndarray, t: np.ndarray,
+                 factored: bool = False) -> None:
+        """``DecayingHistogram.subtract`` on distinct *rows* (*factored*: *weight* is already decayed)."""
+        w = weight if factored else weight * self._factor(rows, t)
+        b = self.find(values)
+        fi = rows * self.nb + b
         have = self.Wf[fi]
         w = np.where(w > have - self.eps, have, w)
         left = have - w
         self.total[rows] -= w
         drop = left < self.eps
         self.Wf[fi] = np.where(drop, 0.0, left)
-        if drop.any():
-            dr = rows[drop]
+        self.fresh[rows] = False
+        if drop.any():  # a bucket emptied: the total's remainder goes, and lo / hi may move
+            dr, db = rows[drop], b[drop]
             self.total[dr] -= left[drop]
-            self.total[dr[~self.W[dr].any(axis=1)]] = 0.0
-        self.rescan(rows)
+            lo, hi = self.lo[dr], self.hi[dr]
+            only = (lo == db) & (hi == db)  # its one non-empty bucket went
+            if only.any():
+                gone = dr[only]
+                self.lo[gone] = self.nb
+                self.hi[gone] = -1
+                sub = self.subeps[gone]  # else no weight is left at all: the reference's empty dict
+                if sub.any():
+                    sub[sub] = self.W[gone[sub]].any(axis=1)
+                self.total[gone[~sub]] = 0.0
+            edge = ~only & ((db == lo) | (db == hi))
+            if edge.any():
+                self.rescan(dr[edge])
 
     # ------------------------------------------------------------ queries
 
@@ -240,6 +302,7 @@ class _Histograms:
         in the same order) over the rows' bucket span, where the first
         bucket whose sum reaches the threshold wins, the last one always.
         """
+        ps_positive = ps.min() > 0
         hi = self.hi[rows]
         nonempty = hi >= 0
         need = nonempty & ~self.fresh[rows]
@@ -249,11 +312,18 @@ class _Histograms:
             lo, h = self.lo[sel], self.hi[sel]
             c0, c1 = int(lo.min()), int(h.max())
             cols = np.arange(c0, c1 + 1)
-            before = cols < lo[:, None]
-            cum = np.cumsum(np.where(before, 0.0, self.W[sel, c0:c1 + 1]), axis=1)
-            # outside the span nothing reaches before it, and everything from hi on does
-            cum = np.where(cols >= h[:, None], math.inf, np.where(before, -math.inf, cum))
-            thr = ps[:, None, None] * self.total[sel][:, None]  # (len(ps), rows, 1)
+            W = self.W[sel, c0:c1 + 1]
+            total = self.total[sel]
+            if ps_positive and not self.subeps[sel].any() and total.min() > 0:
+                # nothing before lo (zeros, below any positive threshold)
+                cum = _cumsum_rows(W)
+            else:
+                before = cols < lo[:, None]
+                cum = _cumsum_rows(np.where(before, 0.0, W))
+                cum[before] = -math.inf  # never reaches
+            # from hi on everything reaches: no bucket of the span did, so hi it is
+            cum[cols >= h[:, None]] = math.inf
+            thr = ps[:, None, None] * total[:, None]  # (len(ps), rows, 1)
             chosen = (cum >= thr).argmax(axis=2).T + c0
             vals = self.ends[chosen]
             self.pc[sel] = vals
@@ -316,23 +386,34 @@ class FleetRecommendation:
         self.nonempty = nonempty
         self.confidence = confidence
 
-    def estimate(self, res: str, bound: str, idx: np.ndarray | None = None) -> np.ndarray:
-        """``VpaRecommender.estimate(res, bound)`` of the rows (or of the rows at positions *idx*)."""
+    def factors(self, bound: str, idx: np.ndarray | None = None) -> np.ndarray | None:
+        """The confidence multipliers of *bound* (``None`` for the target), shared by both resources."""
+        if bound == "target":
+            return None
+        conf = self.confidence if idx is None else self.confidence[idx]
+        mult, exp = (0.001, -2.0) if bound == "lower" else (1.0, 1.0)  # VPA's lower / upper multipliers
+        f = np.full(conf.shape, 0.0 if exp < 0 else math.inf)  # no history: 0 or inf
+        pos = conf > 0
+        if pos.any():
+            f[pos] = _pow_exact_fn(lambda c: (1.0 + mult / c) ** exp, conf[pos])
+        return f
+
+    def estimate(self, res: str, bound: str, idx: np.ndarray | None = None,
+                 factors: np.ndarray | None = None) -> np.ndarray:
+        """``VpaRecommender.estimate(res, bound)`` of the rows (or of the rows at positions *idx*).
+
+        *factors*: :meth:`factors` of *bound* for the same rows, to reuse.
+        """
         p = self._fleet._proto
         v = self.percentiles[res][:, _COL[bound]]
         ne = self.nonempty[res]
-        conf = self.confidence
         if idx is not None:
-            v, ne, conf = v[idx], ne[idx], conf[idx]
+            v, ne = v[idx], ne[idx]
         v = v + v * p.safety_margin
-        if bound != "target":  # ConfidenceMultiplier(0.001, -2.0) / ConfidenceMultiplier(1.0, 1.0)
-            mult, exp = (0.001, -2.0) if bound == "lower" else (1.0, 1.0)
-            f = np.full(v.shape, 0.0 if exp < 0 else math.inf)  # no history
-            pos = conf > 0
-            if pos.any():
-                f[pos] = [(1.0 + mult / c) ** exp for c in conf[pos].tolist()]
-            with np.errstate(invalid="ignore"):
-                v = np.where((v == 0) & np.isinf(f), 0.0, v * f)
+        if bound != "target":
+            f = self.factors(bound, idx) if factors is None else factors
+            # upper with no history and nothing measured: 0, not 0 * inf
+            v = np.multiply(v, f, out=np.zeros(v.shape), where=v != 0)
         v = np.maximum(p.min_cpu_cores if res == "cpu" else p.min_mem_bytes, v)
         v[~ne] = _NAN
         return v
@@ -557,12 +638,12 @@ class VpaFleet:
         if throttled is not None:
             over = np.asarray(throttled, dtype=np.float64) > p.throttle_threshold  # NaN: not reported
             if over.any():
-                thr = over & (limit != 0) & (limit == limit)  # the reference's `if limit`: set and non-zero
+                thr = over & (np.abs(limit) > 0)  # the reference's `if limit`: set (not NaN) and non-zero
                 if thr.any():
                     value = np.where(thr, np.maximum(cpu, limit * (1.0 + p.throttle_bump)), cpu)
                     if throttled_cores is not None:
                         tc = np.asarray(throttled_cores, dtype=np.float64)
-                        tc_on = thr & (tc != 0) & (tc == tc)
+                        tc_on = thr & (np.abs(tc) > 0)
                         if tc_on.any():
                             value = np.where(tc_on, np.maximum(value, cpu + tc), value)
                     self._n_throttled[rows[thr]] += 1
@@ -606,14 +687,15 @@ class VpaFleet:
             oom_peak[move] = 0.0
             self._n_mem[rows[move]] += 1
             self._window_end[rows] = we
-        if replace.any():
-            self._mem.subtract(rows[replace], prev[replace], 1.0, we[replace])
-        elif move is None:
+        replacing = replace.any()
+        if replacing:  # a higher peak in the same interval: it replaces the old one
+            self._mem.replace(rows[replace], prev[replace], usage[replace], 1.0, we[replace])
+            (oom_peak if is_oom else peak)[replace] = usage[replace]
+        if move is not None:
+            self._mem.add(rows[move], usage[move], 1.0, we[move])
+            (oom_peak if is_oom else peak)[move] = usage[move]
+        elif not replacing:
             return
-        add = replace if move is None else replace | move
-        sel = slice(None) if add.all() else add
-        self._mem.add(rows[sel], usage[sel], 1.0, we[sel])
-        (oom_peak if is_oom else peak)[sel] = usage[sel]
         self._mem_peak[rows] = peak
         self._oom_peak[rows] = oom_peak
 
@@ -639,8 +721,7 @@ class VpaFleet:
         rows = np.asarray(rows, dtype=np.intp)
         n = self._n[rows]
         ci = self._conf_interval
-        with np.errstate(invalid="ignore"):
-            life = (self._last_t[rows] - self._first_t[rows]) / ci
+        life = (self._last_t[rows] - self._first_t[rows]) / ci  # NaN before any sample: quiet
         conf = np.where(n > 0, np.minimum(life, n / (ci / 60.0)), 0.0)
         pc_cpu, ne_cpu = self._cpu.percentiles(rows, self._ps_arr)
         pc_mem, ne_mem = self._mem.percentiles(rows, self._ps_arr)

@@ -179,31 +179,32 @@ class StateCache:
     def from_settings(cls, settings: Settings, loader: Callable[[str], Any] | None = None) -> StateCache:
         return cls(recommender_params(settings), loader)
 
-    def _new_row(self, key: str) -> int:
+    def _new_rows(self, keys: list[str]) -> None:
+        """Rows for *keys* (distinct, none known yet): fresh, or loaded through the loader."""
         fleet = self.fleet
-        row = int(fleet.add_rows(1)[0])
+        rows = fleet.add_rows(len(keys))
         cap = fleet.capacity
         if len(self._decided_cpu) < cap:
             for name in self._BOOK:
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate([a, np.full(cap - len(a), _NAN)]))
         for name in self._BOOK:
-            getattr(self, name)[row] = _NAN
-        if self.loader is not None:
-            try:
-                state = self.loader(key)
-                if state is not None:
-                    self._load(row, state)
-                    self.loaded += 1
-            except (ValueError, TypeError) as err:  # VpaStateError, undecodable or foreign values
-                self.load_errors += 1
-                log.warning("discarding stored state of %s: %s", key, err)
-                fleet.reset_rows(np.array([row]))
-                for name in self._BOOK:
-                    getattr(self, name)[row] = _NAN
-        self._index[key] = row
-        self._keys.append(key)
-        return row
+            getattr(self, name)[rows] = _NAN
+        for key, row in zip(keys, rows.tolist()):
+            if self.loader is not None:
+                try:
+                    state = self.loader(key)
+                    if state is not None:
+                        self._load(row, state)
+                        self.loaded += 1
+                except (ValueError, TypeError) as err:  # VpaStateError, undecodable or foreign values
+                    self.load_errors += 1
+                    log.warning("discarding stored state of %s: %s", key, err)
+                    fleet.reset_rows(np.array([row]))
+                    for name in self._BOOK:
+                        getattr(self, name)[row] = _NAN
+            self._index[key] = row
+            self._keys.append(key)
 
     def _load(self, row: int, state: Any) -> None:
         if not isinstance(state, dict) or state.get("v") != ENTRY_VERSION:
@@ -219,14 +220,18 @@ class StateCache:
     def row(self, key: str) -> int:
         """The fleet row of *key* (created, or loaded through the loader, on a miss)."""
         r = self._index.get(key)
-        return self._new_row(key) if r is None else r
+        if r is None:
+            self._new_rows([key])
+            r = self._index[key]
+        return r
 
     def rows(self, keys: Sequence[str]) -> list[int]:
         """:meth:`row` of every key, in order."""
         get = self._index.get
         out = [get(k) for k in keys]
-        if None in out:
-            out = [self.row(k) for k in keys]  # in order: a key twice gets one new row
+        if None in out:  # allocate the new ones together, in order (a key twice gets one row)
+            self._new_rows(list(dict.fromkeys(k for k, r in zip(keys, out) if r is None)))
+            out = [get(k) for k in keys]
         return out
 
     def get(self, key: str) -> ContainerEntry:
@@ -292,14 +297,12 @@ def _fmt(v: float | None, scale: float = 1.0) -> str:
 
 def _moved(new: np.ndarray, ref: np.ndarray, hysteresis: float) -> np.ndarray:
     """Element-wise: a new limit, and no usable reference or a move beyond the hysteresis."""
-    with np.errstate(invalid="ignore"):
-        return ~np.isnan(new) & (np.isnan(ref) | (ref <= 0) | (np.abs(new - ref) > hysteresis * ref))
+    return ~np.isnan(new) & (np.isnan(ref) | (ref <= 0) | (np.abs(new - ref) > hysteresis * ref))
 
 
 def _outside(ref: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
     """Element-wise: the limit in force lies outside [lower, upper] (unlimited: always)."""
-    with np.errstate(invalid="ignore"):
-        return np.isnan(ref) | (np.isfinite(lower) & (ref < lower)) | (np.isfinite(upper) & (ref > upper))
+    return np.isnan(ref) | (np.isfinite(lower) & (ref < lower)) | (np.isfinite(upper) & (ref > upper))
 
 
 def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Settings) -> list[Decision]:
@@ -333,8 +336,7 @@ def _process(cache: StateCache, msg: HostSamples, cs: Sequence[ContainerSample],
     x = np.array([(c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes, c.throttled_periods,
                    c.nr_periods, c.throttled_s, c.oom_events) for c in cs], dtype=np.float64)
     nr = x[:, 5]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        throttled_frac = np.where(nr != 0, x[:, 4] / nr, 0.0)
+    throttled_frac = np.divide(x[:, 4], nr, out=np.zeros(len(nr)), where=nr != 0)
     per_s = 1.0 / msg.interval_s if msg.interval_s > 0 else 0.0
     fleet.observe_many(ts, rows, x[:, 0], x[:, 1], cpu_limit=x[:, 2], mem_limit=x[:, 3], oom=x[:, 7],
                        throttled_frac=throttled_frac, throttled_cores=x[:, 6] * per_s)
@@ -346,30 +348,36 @@ def _process(cache: StateCache, msg: HostSamples, cs: Sequence[ContainerSample],
     cache._next_ts[rows] = np.where(due, ts + interval, nx)
     if not due.any():
         return []
-    at = np.flatnonzero(due)  # positions in the message
-    dr = rows[at]
+    if due.all():
+        at, dr, xd = np.arange(len(rows)), rows, x
+    else:
+        at = np.flatnonzero(due)  # positions in the message
+        dr, xd = rows[at], x[at]
     rec = fleet.predict_many(dr)
     lim_cpu, lim_mem = fleet.limits_many(dr, rec)  # the policy's limits from everything observed up to ts
     cpu_t = np.minimum(np.ceil(lim_cpu * 1000.0 - 1e-9) / 1000.0, MAX_CORES)
     mem_t = np.minimum(np.ceil(lim_mem), MAX_BYTES)
     dc, dm = cache._decided_cpu[dr], cache._decided_mem[dr]
-    ref_cpu = np.where(np.isnan(dc), x[at, 2], dc)
-    ref_mem = np.where(np.isnan(dm), x[at, 3], dm)
+    ref_cpu = np.where(np.isnan(dc), xd[:, 2], dc)
+    ref_mem = np.where(np.isnan(dm), xd[:, 3], dm)
     h = settings.hysteresis
     cpu_out = _moved(cpu_t, ref_cpu, h)
     mem_out = _moved(mem_t, ref_mem, h)
-    if settings.vpa_update_mode == "bounds":
+    act = cpu_out | mem_out
+    if settings.vpa_update_mode == "bounds" and act.any():
         # the VPA updater acts only on a limit outside the confidence bounds: with little
         # history the upper bound is far above the target, so nothing is cut early
+        idx = np.flatnonzero(act)
+        fl, fu = rec.factors("lower", idx), rec.factors("upper", idx)
         for out_mask, res, ref in ((cpu_out, "cpu", ref_cpu), (mem_out, "mem", ref_mem)):
-            idx = np.flatnonzero(out_mask)
-            if idx.size:
-                out_mask[idx] = _outside(ref[idx], rec.estimate(res, "lower", idx), rec.estimate(res, "upper", idx))
-    act = cpu_out | mem_out
+            out_mask[idx] &= _outside(ref[idx], rec.estimate(res, "lower", idx, fl),
+                                      rec.estimate(res, "upper", idx, fu))
+        act = cpu_out | mem_out
     out: list[Decision] = []
     if act.any():
         idx = np.flatnonzero(act)
-        est = {res: {b: rec.estimate(res, b, idx) for b in ("target", "lower", "upper")} for res in ("cpu", "mem")}
+        fs = {b: rec.factors(b, idx) for b in ("target", "lower", "upper")}
+        est = {res: {b: rec.estimate(res, b, idx, fs[b]) for b in fs} for res in ("cpu", "mem")}
         for n, j in enumerate(idx.tolist()):
             out.append(_decision(cache, msg, cs[int(at[j])], int(dr[j]), rec, j, est, n,
                                  float(cpu_t[j]) if cpu_out[j] else None, float(mem_t[j]) if mem_out[j] else None,

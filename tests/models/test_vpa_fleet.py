@@ -250,3 +250,81 @@ def test_cleared_rows_are_reused_with_fresh_state():
 
 def test_a_row_takes_about_three_kibibytes():
     assert 2500 < VpaFleet().bytes_per_row() < 3500
+
+
+def test_loaded_sub_epsilon_weights_count_as_the_reference_counts_them():
+    """A checkpoint of light buckets loads below epsilon: in the percentile span they still add up."""
+    params = {"time_scale": 0.001}
+    ref_t = round(T0 / 86.4) * 86.4
+    state = VpaRecommender(**params).to_state()
+    # weights 10000 : 1 : 3 scaled to a total of 0.5: the light ones land below epsilon (1e-4)
+    state["c"] = {"r": ref_t, "t": 0.5, "b": [20, 1, 5, 10000, 3, 3, 40, 1]}
+    state["m"] = {"r": ref_t, "t": 0.002, "b": [30, 10000, 2, 1, 1, 2]}
+    state.update({"f": T0 - 50, "l": T0, "n": 50, "lc": T0, "lm": T0, "we": T0 + 30.0, "mp": MEM.start(31),
+                  "op": 0.0, "nm": 1})
+    rng = random.Random(11)
+    fleet = VpaFleet(**params)
+    rows = fleet.add_rows(4)
+    policies = []
+    for row in rows.tolist():
+        fleet.load_recommender_state(row, state)
+        policies.append(VpaPolicy.from_state({"m": state}, **params))
+    assert fleet._cpu.subeps[rows].all() and fleet._mem.subeps[rows].all()
+    t = T0
+    for step in range(300):
+        t += rng.choice((1.0, 3.0, 50.0, 9000.0))
+        usages = [random_usage(rng) for _ in policies]
+        for p, u in zip(policies, usages):
+            p.observe(t, u)
+        a = usage_arrays(usages)
+        fleet.observe_many(t, rows, a["cpu"], a["mem"], cpu_limit=a["cpu_limit"], mem_limit=a["mem_limit"],
+                           oom=a["oom"], throttled_frac=a["throttled_frac"], throttled_cores=a["throttled_cores"])
+        if step % 3 == 0:
+            cpu, mem = fleet.limits_many(rows)
+            for j, p in enumerate(policies):
+                want = p.limits(t)
+                assert (_none(cpu[j]), _none(mem[j])) == (want["cpu"], want["mem"]), step
+        if step < 5 or step % 50 == 0:
+            for j, p in enumerate(policies):
+                assert_row_equals(fleet, int(rows[j]), p)
+            assert_predictions_equal(fleet, rows.tolist(), policies)
+
+
+def _none(v: float) -> float | None:
+    return None if math.isnan(v) else float(v)
+
+
+def test_a_sub_epsilon_bucket_before_the_first_non_empty_one_does_not_count():
+    """The reference walks from the first bucket >= epsilon: lighter buckets before it are skipped."""
+    r = VpaRecommender()
+    r._cpu._w = {20: 5e-5, 25: 0.5, 30: 0.5}  # p50 threshold 0.500025: reached at 30, not 25
+    r._cpu._total = 1.00005
+    r._cpu._ref = 0.0
+    r._n, r._first_t, r._last_t = 10, 0.0, 600.0
+    other = VpaRecommender()  # batched with a row whose buckets start lower (bucket 20 is in the window)
+    other.learn_one({"t": 0.0, "cpu": CPU.start(10)})
+    fleet = VpaFleet()
+    rows = fleet.add_rows(2)
+    fleet.load_recommender(0, r)
+    fleet.load_recommender(1, other)
+    got = fleet.predict_many(rows)
+    assert got.percentiles["cpu"][0].tolist() == [r._cpu.percentile(q) for q in (0.5, 0.9, 0.95)]
+    assert got.percentiles["cpu"][0, 0] == CPU.end(30)
+    assert got.percentiles["cpu"][1].tolist() == [other._cpu.percentile(q) for q in (0.5, 0.9, 0.95)]
+
+
+def test_first_and_last_non_empty_buckets_follow_every_update():
+    rng = np.random.default_rng(4)
+    fleet = VpaFleet()
+    rows = fleet.add_rows(6)
+    h = fleet._mem
+    for step in range(200):
+        vals = rng.choice([MEM.start(i) for i in (10, 20, 30, 40, 50)], size=6)
+        t = np.full(6, T0 + step * 100.0)
+        if step % 2:
+            h.subtract(rows, vals, 1.0, t)
+        else:
+            h.add(rows, vals, 1.0, t)
+        lo, hi = h.lo[rows].copy(), h.hi[rows].copy()
+        h.rescan(rows)
+        assert lo.tolist() == h.lo[rows].tolist() and hi.tolist() == h.hi[rows].tolist(), step
