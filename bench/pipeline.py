@@ -12,11 +12,17 @@ What it does, in one run against one broker (embedded unless ``--bootstrap``):
    ``--seconds``; the rate is read from the worker's own counter
    ``phasewise_worker_container_samples_total`` (Prometheus endpoint) over the
    steady part of the run: container samples per second through the worker.
-3. **p50_ms / p99_ms** — with the backlog drained, ticks at 1 Hz for
-   ``--latency-seconds`` with usage that moves, a dry-run ``phasewise
-   actuate`` for the first host, and latency = actuation time − the
-   sample's event time (both stamped on this machine's clock) for every
-   actuation of that host.
+3. **p50_ms / p99_ms** — with the backlog drained, starts a dry-run
+   ``phasewise actuate`` for the first host and ticks at 1 Hz with usage
+   that moves, samples sent with the host agent's producer settings. A
+   fresh actuator first reads the decisions topic's backlog (the flood's
+   decisions for every host), so the ticks until its first actuation of a
+   decision made after it started are warm-up (``latency_warmup_s``; that
+   actuation's latency is ``first_actuation_ms``); then ``--latency-seconds``
+   are measured: latency = actuation time − the sample's event time (both
+   stamped on this machine's clock) for every actuation of that host. **worker_p50_ms / worker_p99_ms**: the worker's
+   share, sample event time -> decision produced (the decision record's
+   CreateTime), over every host's decisions in that window.
 4. **bytes_per_container** — the worker's resident memory growth from
    before the first sample to after all containers are tracked, divided by
    the number of containers.
@@ -33,6 +39,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from confluent_kafka import OFFSET_END, TIMESTAMP_CREATE_TIME, TopicPartition
 
 from phasewise.bench.harness import (
     RoleProcess,
@@ -46,9 +53,10 @@ from phasewise.bench.harness import (
 )
 from phasewise.infra.broker import EmbeddedBroker, free_port
 from phasewise.kafka import ensure_topics, make_consumer, make_producer
-from phasewise.schemas import Actuation, decode
+from phasewise.producers.agent import PRODUCER_CONFIG
+from phasewise.schemas import Actuation, Decision, SchemaError, decode
 from phasewise.settings import Settings
-from phasewise.topics import ACTUATIONS, SAMPLES, Topic
+from phasewise.topics import ACTUATIONS, DECISIONS, SAMPLES, Topic
 
 COUNTER = "phasewise_worker_container_samples_total"
 
@@ -172,33 +180,55 @@ def run_bench(args: argparse.Namespace) -> dict:
                                  log_path=workdir / "actuator.log").start())
         consumer = make_consumer(s, f"bench-lat-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "latest"})
         consumer.subscribe([ACTUATIONS.name])
-        lat_start = time.time()
+        # the worker's share: every host's decisions, read as they are produced (no group: no join)
+        dec_consumer = make_consumer(s, f"bench-dec-{uuid.uuid4().hex[:6]}")
+        dec_consumer.assign([TopicPartition(DECISIONS.name, p, OFFSET_END) for p in range(DECISIONS.partitions)])
+        act_start = time.time()
         for _ in range(50):  # join the group before the measured window
             consumer.poll(0.1)
             if consumer.assignment():
                 break
+        # samples as the host agent sends them (its producer settings, not the flood's)
+        agent_producer = make_producer(s, **PRODUCER_CONFIG)
+        tick = [ticks]
+
+        def run_ticks(since: float, until, latencies: list[float], worker_latencies: list[float]) -> None:
+            t_next = time.time()
+            while not until():
+                now = time.time()
+                k = tick[0]
+                for i, (host, cs) in enumerate(hosts):
+                    cpu, mem = _usage(len(cs), k, i)
+                    agent_producer.produce(SAMPLES.name, key=host.encode(),
+                                           value=host_message(host, now, cs, cpu, mem, cpu_limit=2.0, mem_limit=4e9))
+                agent_producer.poll(0)
+                tick[0] += 1
+                t_next += 1.0
+                while time.time() < t_next:
+                    _collect(consumer.poll(min(0.01, max(0.0, t_next - time.time()))), host0, since, latencies)
+                    for m in dec_consumer.consume(1000, 0):
+                        _collect_decision(m, since, worker_latencies)
+
+        # warm-up, not measured: a freshly started actuator first reads the decisions topic's
+        # backlog (the flood's decisions, all hosts); the target is the steady state at 1 Hz
+        warm: list[float] = []
+        run_ticks(act_start, lambda: bool(warm) or time.time() - act_start > 60, warm, [])
+        latency_warmup_s = time.time() - act_start
         latencies: list[float] = []
-        t_next = time.time()
-        k = ticks
-        while time.time() - lat_start < args.latency_seconds:
-            now = time.time()
-            for i, (host, cs) in enumerate(hosts):
-                cpu, mem = _usage(len(cs), k, i)
-                producer.produce(SAMPLES.name, key=host.encode(),
-                                 value=host_message(host, now, cs, cpu, mem, cpu_limit=2.0, mem_limit=4e9))
-            producer.poll(0)
-            k += 1
-            t_next += 1.0
-            while time.time() < t_next:
-                m = consumer.poll(max(0.0, t_next - time.time()))
-                _collect(m, host0, lat_start, latencies)
-        producer.flush(10)
+        worker_latencies: list[float] = []
+        lat_start = time.time()
+        run_ticks(lat_start, lambda: time.time() - lat_start >= args.latency_seconds, latencies, worker_latencies)
+        agent_producer.flush(10)
         end = time.time() + 5
         while time.time() < end:
-            _collect(consumer.poll(0.2), host0, lat_start, latencies)
+            _collect(consumer.poll(0.1), host0, lat_start, latencies)
+            for m in dec_consumer.consume(1000, 0.1):
+                _collect_decision(m, lat_start, worker_latencies)
         consumer.close()
+        dec_consumer.close()
 
         lat_ms = np.array(latencies) * 1000.0
+        w_ms = np.array(worker_latencies) * 1000.0
         return {
             "samples_per_s": None if samples_per_s is None else round(samples_per_s, 1),
             "raw_consume_per_s": round(raw, 1),
@@ -208,6 +238,11 @@ def run_bench(args: argparse.Namespace) -> dict:
             "containers": args.containers,
             "per_host": args.per_host,
             "actuations_measured": int(len(lat_ms)),
+            "worker_p50_ms": round(float(np.percentile(w_ms, 50)), 1) if len(w_ms) else None,
+            "worker_p99_ms": round(float(np.percentile(w_ms, 99)), 1) if len(w_ms) else None,
+            "decisions_measured": int(len(w_ms)),
+            "latency_warmup_s": round(latency_warmup_s, 1),
+            "first_actuation_ms": round(min(warm) * 1000.0, 1) if warm else None,
             "raw_unit": "messages/s",
             "logs": str(workdir) if args.keep_logs else None,
         }
@@ -224,6 +259,19 @@ def _collect(m, host: str, since: float, out: list[float]) -> None:
     a = decode(Actuation, m.value())
     if a.host == host and a.decision_ts is not None and a.decision_ts >= since:
         out.append(a.ts - a.decision_ts)
+
+
+def _collect_decision(m, since: float, out: list[float]) -> None:
+    """Sample event time -> decision produced (the record's CreateTime, stamped by the worker's producer)."""
+    if m is None or m.error():
+        return
+    try:
+        d = decode(Decision, m.value())
+    except SchemaError:
+        return
+    kind, ts_ms = m.timestamp()
+    if d.ts >= since and kind == TIMESTAMP_CREATE_TIME:
+        out.append(ts_ms / 1000.0 - d.ts)
 
 
 def run(args: argparse.Namespace) -> int:
