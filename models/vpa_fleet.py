@@ -14,8 +14,9 @@ worker (which runs the fleet) and ``phasewise replay`` (which runs
   stored weights and running totals are identical; buckets under ``epsilon``
   after a subtraction or a reference shift are zeroed as the reference drops
   them;
-- percentiles walk a sequential cumulative sum from the first non-empty
-  bucket, as the reference's loop does (ties at a threshold resolve alike);
+- percentiles use a sequential cumulative sum from the first non-empty
+  bucket (torch's CPU ``cumsum``: one loop per row in double precision, the
+  reference's additions in its order), so ties at a threshold resolve alike;
 - bucket indices come from ``numpy.log`` corrected against the exact bucket
   starts (so a last-ulp difference between numpy's and libm's ``log`` cannot
   move a value), with values near the top bucket routed through the
@@ -59,6 +60,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
 from phasewise.models.histogram import MAX_CHECKPOINT_WEIGHT, MAX_DECAY_EXPONENT, ExponentialBuckets
 from phasewise.models.vpa import BOUNDS, STATE_VERSION, VpaRecommender, VpaStateError
@@ -66,6 +68,11 @@ from phasewise.models.vpa import BOUNDS, STATE_VERSION, VpaRecommender, VpaState
 __all__ = ["FleetRecommendation", "VpaFleet"]
 
 _NAN = math.nan
+_nz = np.count_nonzero  # `if _nz(mask)`: ~4x cheaper than mask.any() on ~100 elements
+
+
+def _all(mask: np.ndarray) -> bool:
+    return np.count_nonzero(mask) == mask.size
 _COL = {"lower": 0, "target": 1, "upper": 2}
 
 
@@ -80,31 +87,9 @@ def _pow_exact(base: float, x: np.ndarray) -> np.ndarray | float:
     return np.array([base ** v for v in u.tolist()])[inv]
 
 
-def _cumsum_rows(a: np.ndarray) -> np.ndarray:
-    """Sequential running sums along each row (``np.cumsum(a, axis=1)``, bit for bit).
-
-    torch's CPU ``cumsum`` adds in the same order in double precision and is
-    several times faster on ~100 x 60 blocks; numpy is the fallback.
-    """
-    global _torch
-    if _torch is None:
-        try:
-            import torch
-
-            _torch = torch
-        except ImportError:  # pragma: no cover - torch is a dependency
-            _torch = False
-    if _torch:
-        return _torch.cumsum(_torch.from_numpy(a), 1).numpy()
-    return np.cumsum(a, axis=1)
-
-
-_torch: Any = None
-
-
 def _pow_exact_fn(fn: Any, x: np.ndarray) -> np.ndarray:
     """``fn(v)`` (a Python power) for every element, evaluated once per distinct value."""
-    if x.size > 1 and x.min() == x.max():
+    if x.size > 1 and not _nz(x != x[0]):
         return np.full(x.shape, fn(float(x[0])))
     if x.size > 8:
         u, inv = np.unique(x, return_inverse=True)
@@ -191,9 +176,9 @@ class _Histograms:
         through the reference's own code.
         """
         b = self.starts1.searchsorted(values, side="right")
-        if values.max() >= self.top_start:
+        if _nz(values >= self.top_start):
             top = b == self.last - 1
-            if top.any():
+            if _nz(top):
                 b[top] = [self.buckets.find_bucket(v) for v in values[top].tolist()]
         return b
 
@@ -201,23 +186,20 @@ class _Histograms:
         """``DecayingHistogram._decay_factor`` of each row (fixes / shifts references)."""
         hl = self.half_life
         ref = self.ref[rows]
-        x = (t - ref) / hl
-        lo, hi = x.min(), x.max()
-        if lo != lo:  # NaN: rows without a reference take the one their sample gives
-            new = np.isnan(ref)
+        new = np.isnan(ref)
+        if _nz(new):  # rows without a reference take the one their sample gives
             ref[new] = np.floor(_sub(t, new) / hl + 0.5) * hl
             self.ref[rows[new]] = ref[new]
-            x = (t - ref) / hl
-            lo, hi = x.min(), x.max()
-        if hi >= MAX_DECAY_EXPONENT - 1:  # maybe past the limit: the reference's own test
+        x = (t - ref) / hl
+        if _nz(x >= MAX_DECAY_EXPONENT - 1):  # maybe past the limit: the reference's own test
             shift = t > ref + hl * MAX_DECAY_EXPONENT
-            if shift.any():
+            if _nz(shift):
                 for i in np.flatnonzero(shift).tolist():
                     ref[i] = self._shift(int(rows[i]), float(_sub(t, i)))
                 x = (t - ref) / hl
-                lo, hi = x.min(), x.max()
-        if lo == hi:
-            return 2.0 ** float(lo)
+        x0 = x[0]
+        if not _nz(x != x0):
+            return 2.0 ** float(x0)
         return _pow_exact(2.0, x)
 
     def _shift(self, row: int, t: float) -> float:
@@ -244,7 +226,7 @@ class _Histograms:
         self.Wf[fi] = nw
         self.total[rows] += w
         self.fresh[rows] = False
-        if nw.min() < self.eps:  # weights only grow: the bucket joins the non-empty ones or nothing changes
+        if _nz(nw < self.eps):  # weights only grow: the bucket joins the non-empty ones or nothing changes
             ok = nw >= self.eps
             self.subeps[rows[~ok & (nw > 0)]] = True
             rows, b = rows[ok], b[ok]
@@ -274,21 +256,21 @@ class _Histograms:
         drop = left < self.eps
         self.Wf[fi] = np.where(drop, 0.0, left)
         self.fresh[rows] = False
-        if drop.any():  # a bucket emptied: the total's remainder goes, and lo / hi may move
+        if _nz(drop):  # a bucket emptied: the total's remainder goes, and lo / hi may move
             dr, db = rows[drop], b[drop]
             self.total[dr] -= left[drop]
             lo, hi = self.lo[dr], self.hi[dr]
             only = (lo == db) & (hi == db)  # its one non-empty bucket went
-            if only.any():
+            if _nz(only):
                 gone = dr[only]
                 self.lo[gone] = self.nb
                 self.hi[gone] = -1
                 sub = self.subeps[gone]  # else no weight is left at all: the reference's empty dict
-                if sub.any():
+                if _nz(sub):
                     sub[sub] = self.W[gone[sub]].any(axis=1)
                 self.total[gone[~sub]] = 0.0
             edge = ~only & ((db == lo) | (db == hi))
-            if edge.any():
+            if _nz(edge):
                 self.rescan(dr[edge])
 
     # ------------------------------------------------------------ queries
@@ -298,33 +280,32 @@ class _Histograms:
 
         The reference walks the buckets from the first non-empty one, adding
         weights until the sum reaches ``p * total`` (or taking the last
-        non-empty bucket); here a sequential ``cumsum`` (the same additions
-        in the same order) over the rows' bucket span, where the first
-        bucket whose sum reaches the threshold wins, the last one always.
+        non-empty bucket); here torch's ``cumsum`` (one sequential loop per
+        row in double precision: the same additions in the same order) over
+        the rows' bucket window and a batched binary search for the first
+        bucket whose running sum reaches each threshold.
         """
-        ps_positive = ps.min() > 0
+        ps_positive = min(ps.tolist()) > 0
         hi = self.hi[rows]
         nonempty = hi >= 0
         need = nonempty & ~self.fresh[rows]
         out = self.pc[rows]
-        if need.any():
-            sel = rows if need.all() else rows[need]
+        if _nz(need):
+            sel = rows if _all(need) else rows[need]
             lo, h = self.lo[sel], self.hi[sel]
             c0, c1 = int(lo.min()), int(h.max())
-            cols = np.arange(c0, c1 + 1)
             W = self.W[sel, c0:c1 + 1]
             total = self.total[sel]
-            if ps_positive and not self.subeps[sel].any() and total.min() > 0:
-                # nothing before lo (zeros, below any positive threshold)
-                cum = _cumsum_rows(W)
+            if ps_positive and not _nz(self.subeps[sel]) and _all(total > 0):
+                cum = torch.cumsum(torch.from_numpy(W), 1)  # zeros before lo: below any positive threshold
             else:
-                before = cols < lo[:, None]
-                cum = _cumsum_rows(np.where(before, 0.0, W))
-                cum[before] = -math.inf  # never reaches
-            # from hi on everything reaches: no bucket of the span did, so hi it is
-            cum[cols >= h[:, None]] = math.inf
-            thr = ps[:, None, None] * total[:, None]  # (len(ps), rows, 1)
-            chosen = (cum >= thr).argmax(axis=2).T + c0
+                before = np.arange(c0, c1 + 1) < lo[:, None]
+                cum = torch.cumsum(torch.from_numpy(np.where(before, 0.0, W)), 1)
+                cum[torch.from_numpy(before)] = -math.inf  # never reaches
+            # every row's running sum never decreases (weights are >= 0): the first bucket
+            # reaching each threshold by binary search; none before hi reaches: hi
+            thr = torch.from_numpy(total[:, None] * ps)  # p * total, as the reference
+            chosen = np.minimum(torch.searchsorted(cum, thr).numpy() + c0, h[:, None])
             vals = self.ends[chosen]
             self.pc[sel] = vals
             self.fresh[sel] = True
@@ -394,7 +375,7 @@ class FleetRecommendation:
         mult, exp = (0.001, -2.0) if bound == "lower" else (1.0, 1.0)  # VPA's lower / upper multipliers
         f = np.full(conf.shape, 0.0 if exp < 0 else math.inf)  # no history: 0 or inf
         pos = conf > 0
-        if pos.any():
+        if _nz(pos):
             f[pos] = _pow_exact_fn(lambda c: (1.0 + mult / c) ** exp, conf[pos])
         return f
 
@@ -580,12 +561,12 @@ class VpaFleet:
         for name, v in (("cpu", cpu), ("mem", mem)):
             if v.shape != (k,):
                 raise ValueError(f"{name} must have one value per row ({k}), got shape {v.shape}")
-            lo = v.min()
-            if not (lo >= 0 and v.max() < math.inf):  # NaN (missing) lands here too
+            nan[name] = False
+            if _nz(v >= 0) != k or _nz(v == math.inf):  # NaN (missing) lands here too
                 bad = (v < 0) | (v == math.inf)
-                if bad.any():
+                if _nz(bad):
                     raise ValueError(f"{name} must be a finite number >= 0, got {float(v[bad][0])!r}")
-            nan[name] = lo != lo
+                nan[name] = bool(_nz(np.isnan(v)))
         if check_rows:
             if rows.min() < 0 or rows.max() >= self._rows:
                 raise IndexError(f"rows must be in [0, {self._rows - 1}]")
@@ -599,21 +580,21 @@ class VpaFleet:
             cpu_limit = self._last_cpu[rows]
         else:
             cpu_limit = np.asarray(cpu_limit, dtype=np.float64)
-            lo = cpu_limit.min()
-            if lo != lo:  # not reported: the policy's last limit stands in
-                cpu_limit = np.where(np.isnan(cpu_limit), self._last_cpu[rows], cpu_limit)
+            miss = np.isnan(cpu_limit)
+            if _nz(miss):  # not reported: the policy's last limit stands in
+                cpu_limit = np.where(miss, self._last_cpu[rows], cpu_limit)
         self._add_cpu(rows, t, cpu, nan["cpu"], cpu_limit, throttled_frac, throttled_cores)
         if not nan["mem"]:
             self._add_memory(rows, t, mem, is_oom=False)
         else:
             has = ~np.isnan(mem)
-            if has.any():
+            if _nz(has):
                 self._add_memory(rows[has], _sub(t, has), mem[has], is_oom=False)
         if oom is not None:
             oom = np.asarray(oom, dtype=np.float64)
-            if oom.any():  # NaN counts here, not below
+            if _nz(oom):  # NaN counts here, not below
                 hit = (oom != 0) & (oom == oom)
-                if hit.any():
+                if _nz(hit):
                     hr = rows[hit]
                     ml = self._last_mem[hr] if mem_limit is None else np.asarray(mem_limit, dtype=np.float64)[hit]
                     ml = np.where(np.isnan(ml), self._last_mem[hr], ml)
@@ -624,9 +605,9 @@ class VpaFleet:
         skip = t <= self._last_cpu_t[rows]  # duplicate / out of order: discarded (VPA does)
         if cpu_nan:
             skip |= np.isnan(cpu)
-        if skip.any():
+        if _nz(skip):
             ok = ~skip
-            if not ok.any():
+            if not _nz(ok):
                 return
             rows, t, cpu, limit = rows[ok], _sub(t, ok), cpu[ok], limit[ok]
             if throttled is not None:
@@ -637,18 +618,18 @@ class VpaFleet:
         value = cpu
         if throttled is not None:
             over = np.asarray(throttled, dtype=np.float64) > p.throttle_threshold  # NaN: not reported
-            if over.any():
+            if _nz(over):
                 thr = over & (np.abs(limit) > 0)  # the reference's `if limit`: set (not NaN) and non-zero
-                if thr.any():
+                if _nz(thr):
                     value = np.where(thr, np.maximum(cpu, limit * (1.0 + p.throttle_bump)), cpu)
                     if throttled_cores is not None:
                         tc = np.asarray(throttled_cores, dtype=np.float64)
                         tc_on = thr & (np.abs(tc) > 0)
-                        if tc_on.any():
+                        if _nz(tc_on):
                             value = np.where(tc_on, np.maximum(value, cpu + tc), value)
                     self._n_throttled[rows[thr]] += 1
         msw = p.min_sample_weight  # >= 0, so `limit > msw` also means set and non-zero
-        self._cpu.add(rows, value, np.where(limit > msw, limit, msw), t)
+        self._cpu.add(rows, value, np.fmax(limit, msw), t)  # NaN (no limit) -> msw
         self._last_cpu_t[rows] = t
         self._last_t[rows] = np.fmax(self._last_t[rows], t)  # NaN (no sample yet) loses
         self._first_t[rows] = np.fmin(self._first_t[rows], t)
@@ -657,7 +638,7 @@ class VpaFleet:
     def _add_memory(self, rows: np.ndarray, t: float | np.ndarray, usage: np.ndarray, is_oom: bool) -> None:
         if not is_oom:
             old = t < self._last_mem_t[rows]  # outdated samples are discarded
-            if old.any():
+            if _nz(old):
                 ok = ~old
                 rows, t, usage = rows[ok], _sub(t, ok), usage[ok]
                 if rows.size == 0:
@@ -669,8 +650,8 @@ class VpaFleet:
         oom_peak = self._oom_peak[rows]
         prev = np.maximum(peak, oom_peak)
         replace = usage > prev
-        if inside.all():
-            if not replace.any():
+        if _all(inside):
+            if not _nz(replace):
                 return  # the common case: not above this interval's peak
             move = None
             replace &= prev != 0
@@ -678,7 +659,7 @@ class VpaFleet:
             replace &= inside & (prev != 0)
             move = ~inside
             unset = np.isnan(we)
-            if unset.any():
+            if _nz(unset):
                 we = np.where(unset, t, we)
             step = self._mem_interval
             wm = we[move]
@@ -687,7 +668,7 @@ class VpaFleet:
             oom_peak[move] = 0.0
             self._n_mem[rows[move]] += 1
             self._window_end[rows] = we
-        replacing = replace.any()
+        replacing = _nz(replace)
         if replacing:  # a higher peak in the same interval: it replaces the old one
             self._mem.replace(rows[replace], prev[replace], usage[replace], 1.0, we[replace])
             (oom_peak if is_oom else peak)[replace] = usage[replace]
@@ -702,7 +683,7 @@ class VpaFleet:
     def _record_oom(self, rows: np.ndarray, t: float | np.ndarray, mem_limit: np.ndarray) -> None:
         we = self._window_end[rows]
         ok = ~(t < we - self._mem_interval)  # older than the previous interval (NaN: never)
-        if not ok.all():
+        if not _all(ok):
             rows, t, mem_limit = rows[ok], _sub(t, ok), mem_limit[ok]
             if rows.size == 0:
                 return

@@ -74,6 +74,11 @@ log = logging.getLogger(__name__)
 POLICY = "vpa"
 ENTRY_VERSION = 1
 _NAN = math.nan
+_nz = np.count_nonzero  # `if _nz(mask)`: ~4x cheaper than mask.any() on ~100 elements
+
+
+def _all(mask: np.ndarray) -> bool:
+    return np.count_nonzero(mask) == mask.size
 
 
 def recommender_params(settings: Settings) -> dict[str, Any]:
@@ -346,9 +351,9 @@ def _process(cache: StateCache, msg: HostSamples, cs: Sequence[ContainerSample],
     nx = np.where(np.isnan(nx), ts + interval, nx)  # first sample: the first recommendation one interval later
     due = ts >= nx
     cache._next_ts[rows] = np.where(due, ts + interval, nx)
-    if not due.any():
+    if not _nz(due):
         return []
-    if due.all():
+    if _all(due):
         at, dr, xd = np.arange(len(rows)), rows, x
     else:
         at = np.flatnonzero(due)  # positions in the message
@@ -364,7 +369,7 @@ def _process(cache: StateCache, msg: HostSamples, cs: Sequence[ContainerSample],
     cpu_out = _moved(cpu_t, ref_cpu, h)
     mem_out = _moved(mem_t, ref_mem, h)
     act = cpu_out | mem_out
-    if settings.vpa_update_mode == "bounds" and act.any():
+    if settings.vpa_update_mode == "bounds" and _nz(act):
         # the VPA updater acts only on a limit outside the confidence bounds: with little
         # history the upper bound is far above the target, so nothing is cut early
         idx = np.flatnonzero(act)
@@ -374,7 +379,7 @@ def _process(cache: StateCache, msg: HostSamples, cs: Sequence[ContainerSample],
                                       rec.estimate(res, "upper", idx, fu))
         act = cpu_out | mem_out
     out: list[Decision] = []
-    if act.any():
+    if _nz(act):
         idx = np.flatnonzero(act)
         fs = {b: rec.factors(b, idx) for b in ("target", "lower", "upper")}
         est = {res: {b: rec.estimate(res, b, idx, fs[b]) for b in fs} for res in ("cpu", "mem")}
@@ -386,7 +391,7 @@ def _process(cache: StateCache, msg: HostSamples, cs: Sequence[ContainerSample],
     wt = np.where(np.isnan(wt), ts, wt)  # new or reloaded: first write at a decision or one interval on
     write = act | (ts - wt >= settings.state_write_interval_s)
     cache._written_ts[dr] = np.where(write, ts, wt)
-    if write.any():
+    if _nz(write):
         cache.dirty.update(keys[i] for i in at[write].tolist())
     return out
 
