@@ -68,7 +68,10 @@ from phasewise.models.vpa import BOUNDS, STATE_VERSION, VpaRecommender, VpaState
 __all__ = ["FleetRecommendation", "VpaFleet"]
 
 _NAN = math.nan
-_nz = np.count_nonzero  # `if _nz(mask)`: ~4x cheaper than mask.any() on ~100 elements
+try:  # `if _nz(mask)`: the C count, ~10x cheaper than mask.any() on ~100 elements
+    from numpy._core.multiarray import count_nonzero as _nz
+except ImportError:  # pragma: no cover - another numpy layout
+    _nz = np.count_nonzero
 
 
 def _all(mask: np.ndarray) -> bool:
@@ -289,7 +292,6 @@ class _Histograms:
         hi = self.hi[rows]
         nonempty = hi >= 0
         need = nonempty & ~self.fresh[rows]
-        out = self.pc[rows]
         if _nz(need):
             sel = rows if _all(need) else rows[need]
             lo, h = self.lo[sel], self.hi[sel]
@@ -309,8 +311,13 @@ class _Histograms:
             vals = self.ends[chosen]
             self.pc[sel] = vals
             self.fresh[sel] = True
-            out[need] = vals
-        out[~nonempty] = 0.0
+            if sel is rows:
+                return vals, nonempty  # every row non-empty and recomputed
+            out = self.pc[rows]
+        else:
+            out = self.pc[rows]
+        if not _all(nonempty):
+            out[~nonempty] = 0.0
         return out, nonempty
 
     # ------------------------------------------------------------ state

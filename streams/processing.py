@@ -74,7 +74,10 @@ log = logging.getLogger(__name__)
 POLICY = "vpa"
 ENTRY_VERSION = 1
 _NAN = math.nan
-_nz = np.count_nonzero  # `if _nz(mask)`: ~4x cheaper than mask.any() on ~100 elements
+try:  # `if _nz(mask)`: the C count, ~10x cheaper than mask.any() on ~100 elements
+    from numpy._core.multiarray import count_nonzero as _nz
+except ImportError:  # pragma: no cover - another numpy layout
+    _nz = np.count_nonzero
 
 
 def _all(mask: np.ndarray) -> bool:
