@@ -34,6 +34,7 @@ from phasewise.streams.processing import (
     StateCache,
     decision_id,
     process_host_samples,
+    process_many,
     recommender_params,
     sample_usage,
 )
@@ -383,3 +384,29 @@ def test_stored_states_the_fleet_cannot_use_are_discarded_and_counted():
     assert new.load_errors == 4 and new.loaded == 1
     assert new.get("h/e").decided_cpu == 1.0 and new.get("h/a").decided_cpu is None
     assert new.get("h/b").model.samples == 1  # fresh state, then this sample
+
+
+@pytest.mark.parametrize("mode", ["bounds", "hysteresis"])
+def test_batches_of_messages_decide_what_one_message_at_a_time_decides(mode):
+    """process_many == process_host_samples per message, with repeated containers across and within messages."""
+    s = make_settings(recommend_interval_s=2.0, vpa_update_mode=mode, state_write_interval_s=5.0)
+    msgs = random_messages(5, 150) + [m for t in range(12) for m in bench_messages(60, 20, t)]
+    rng = random.Random(2)
+    ref, new = RefCache.from_settings(s), StateCache.from_settings(s)
+    i = n = 0
+    while i < len(msgs):
+        batch = msgs[i:i + rng.choice((1, 2, 5, 17))]
+        i += len(batch)
+        want, dirty = [], set()
+        for m in batch:
+            want.append(reference_process(ref, m, s))
+            dirty |= {k for k, _ in ref.pop_dirty()}
+        got = process_many(new, batch, s)
+        assert got == want
+        n += sum(map(len, got))
+        written = dict(new.pop_dirty())
+        assert written.keys() == dirty
+        assert all(v == ref.get(k).to_state() for k, v in written.items())  # the latest state of each
+    assert n > 50 and len(new) == len(ref)
+    assert process_many(new, [], s) == [] and process_many(new, [HostSamples(host="h", ts=T0, interval_s=1.0,
+                                                                              containers=())], s) == [[]]
