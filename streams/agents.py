@@ -77,7 +77,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         outputs = OutputSender(output_producer(settings), metrics)
     barrier = CommitBarrier(outputs, metrics)
     attach(app, barrier)
-    writes = barrier.table(table)
+    writes = barrier.table(table, lambda: cache.pop_dirty())  # marked states, collected at each commit
+    pmap = barrier.partitions
 
     def load(key: str) -> Any:
         raw = writes.get(key)  # a state held for the next commit is newer than the table's
@@ -115,6 +116,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 continue
             if only_hosts and hs.host not in only_hosts:
                 continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
+            partition = event.message.partition
+            pmap.note(hs.host, partition, hs.containers)  # where its states' changelog records go
             t0 = time.perf_counter()
             try:
                 decisions = process_host_samples(cache, hs, settings)
@@ -124,11 +127,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 log.exception("processing a valid HostSamples message failed")
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
                 continue
-            partition = event.message.partition
-            for key, state in cache.pop_dirty():
-                writes.put(key, json.dumps(state, separators=(",", ":")).encode(), partition)
             if phase is not None:
-                phase.flush(partition)
+                phase.flush()
             if decisions:
                 for d in decisions:
                     outputs.send(DECISIONS.name, d.host.encode(), encode(d))

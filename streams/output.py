@@ -10,14 +10,19 @@
   its own produce request and an awaited ``send`` waits for the previous one
   to drain: that made the worker wait on the network, not compute.)
 - **table state** (per-container recommender / detector state): Faust table
-  writes, i.e. changelog records, held per key by :class:`DeferredWrites`
-  and written at the next offset commit, latest value per key.
+  writes, i.e. changelog records. The decision logic marks a container for
+  persisting (on a decision or phase change, or once per write interval);
+  :class:`DeferredWrites` collects the marked containers' states at the next
+  offset commit and writes each once, latest state (at 50k samples/s a
+  container is marked many times per commit interval; its state is
+  serialised and written once).
 
 The guarantee, enforced by :class:`CommitBarrier` through :func:`attach`:
 Faust calls ``app.producer.flush()`` before it commits source offsets
 (periodic commit, rebalance, shutdown). The barrier runs first in that flush:
 
-1. it takes the table writes collected so far;
+1. it takes the states marked so far (synchronously: no message is handled
+   in between);
 2. it waits until librdkafka reported every output sent before the flush
    began as delivered (outputs sent while it waits belong to the next
    commit and do not delay this one);
@@ -42,11 +47,13 @@ re-processes from the last commit.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CommitBarrier", "DeferredWrites", "DeliveryFailed", "OutputSender", "attach", "output_producer"]
+__all__ = ["CommitBarrier", "DeferredWrites", "DeliveryFailed", "OutputSender", "PartitionMap", "attach",
+           "output_producer", "state_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -153,17 +160,58 @@ class OutputSender:
         return self.producer.flush(timeout_s)
 
 
+class PartitionMap:
+    """The changelog partition of a table key ``host/container``.
+
+    Faust tables are co-partitioned with their source topic: a key's state goes
+    to the changelog partition of the source message it came from, i.e. the
+    partition of its host's messages (samples are keyed by host). The agent
+    notes it for every message; at commit time there is no current event.
+    """
+
+    def __init__(self) -> None:
+        self._host: dict[str, int] = {}
+        self._key: dict[str, int] = {}  # hosts whose name holds a "/": per key
+
+    def note(self, host: str, partition: int, containers: Any = ()) -> None:
+        """*host*'s messages come from *partition*; *containers*: their names (used if host has a "/")."""
+        self._host[host] = partition
+        if "/" in host:
+            for c in containers:
+                self._key[f"{host}/{c.container}"] = partition
+
+    def of(self, key: str) -> int:
+        p = self._key.get(key)
+        if p is None:
+            p = self._host[key[:key.index("/")]]  # the host part ends at the first "/"
+        return p
+
+    def clear(self) -> None:
+        self._host.clear()
+        self._key.clear()
+
+
+def state_bytes(state: Any) -> bytes:
+    """A container state as stored in the tables: compact JSON."""
+    return json.dumps(state, separators=(",", ":")).encode()
+
+
 class DeferredWrites:
     """Writes to one Faust *table*, held until the next commit (latest value per key).
 
-    :meth:`put` takes the changelog partition, i.e. the partition of the source
-    message being handled (Faust tables are co-partitioned with their source
-    topic; at commit time there is no current event to take it from).
-    :meth:`get` reads the held value first, so a loader sees its own writes.
+    *source*: called at each commit, returns ``(key, state)`` for the containers
+    marked for persisting since the last call (``StateCache.pop_dirty``,
+    ``PhaseFleet.pop_dirty``); their states are serialised then, once per
+    container per commit however often it was marked, and written with the
+    partition *partitions* gives. :meth:`put` holds one explicit write.
+    :meth:`get` reads a held value first, so a loader sees its own writes.
     """
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Any, source: Callable[[], Any] | None = None,
+                 partitions: PartitionMap | None = None) -> None:
         self.table = table
+        self.source = source
+        self.partitions = partitions
         self._pending: dict[str, tuple[int, Any]] = {}
         self._writing: dict[str, tuple[int, Any]] = {}
         self.written = 0
@@ -181,6 +229,12 @@ class DeferredWrites:
         return len(self._pending)
 
     def take(self) -> dict[str, Any]:
+        """Collect the source's marked states and hold everything for writing (synchronous)."""
+        if self.source is not None:
+            assert self.partitions is not None, "a source needs a PartitionMap"
+            of = self.partitions.of
+            for k, state in self.source():
+                self._pending[k] = (of(k), state_bytes(state))
         self._writing, self._pending = self._pending, {}
         return self._writing
 
@@ -204,11 +258,13 @@ class CommitBarrier:
         self.sender = sender
         self.metrics = metrics
         self.tables: list[DeferredWrites] = []
+        self.partitions = PartitionMap()
         self.commits = 0
         self._lock: asyncio.Lock | None = None  # one barrier at a time (a commit and a rebalance may overlap)
 
-    def table(self, table: Any) -> DeferredWrites:
-        d = DeferredWrites(table)
+    def table(self, table: Any, source: Callable[[], Any] | None = None) -> DeferredWrites:
+        """Hold *table*'s writes for the commits; *source*: see :class:`DeferredWrites`."""
+        d = DeferredWrites(table, source, self.partitions)
         self.tables.append(d)
         return d
 

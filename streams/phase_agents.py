@@ -366,14 +366,13 @@ class PhaseOutput:
     decisions: list[Decision]
     changes: list[PhaseChange]
     learn_batch: bytes | None
-    table_writes: list[tuple[str, bytes]]
 
 
 class PhaseHooks:
     """The detector side of one worker: fleet step per message, snapshot swaps, what to send.
 
     Pure apart from reading the follower's latest snapshot; the agent sends
-    what :meth:`process` returns.
+    what :meth:`process` returns and persists what :meth:`pop_dirty` hands out.
     """
 
     def __init__(self, settings: Settings, vpa_cache: Any, *, model: PhaseModel, version: int = 0,
@@ -386,6 +385,7 @@ class PhaseHooks:
         self.name = model_name(model.features)
         self.loader = loader
         self.fleet = self._fleet(model)
+        self._carried: list[tuple[str, dict[str, Any]]] = []  # marked states of a replaced fleet
 
     def _fleet(self, model: PhaseModel) -> PhaseFleet:
         s = self.settings
@@ -403,6 +403,7 @@ class PhaseHooks:
             self.fleet.set_model(model)
         except ValueError as e:  # another window length: containers restart their windows
             log.warning("snapshot v%d does not fit the detector state (%s); windows restart", snap.version, e)
+            self._carried += self.fleet.pop_dirty()  # still persisted at the next commit
             self.fleet = self._fleet(model)
         self.version = snap.version
         log.info("detector now on model snapshot v%d", snap.version)
@@ -410,6 +411,16 @@ class PhaseHooks:
 
     def clear(self) -> None:
         self.fleet.clear()
+        self._carried = []
+
+    def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
+        """States marked for persisting since the last call (each container once, latest state)."""
+        out = self.fleet.pop_dirty()
+        if self._carried:
+            seen = {k for k, _ in out}
+            out += [(k, st) for k, st in self._carried if k not in seen]
+            self._carried = []
+        return out
 
     def process(self, hs: HostSamples, vpa_decisions: list[Decision]) -> PhaseOutput:
         """Run the detector over *hs*; *vpa_decisions* only moved the fallback limits (not emitted)."""
@@ -417,7 +428,7 @@ class PhaseHooks:
         host = hs.host
         cs = hs.containers
         if not cs:
-            return PhaseOutput([], [], None, [])
+            return PhaseOutput([], [], None)
         names = [c.container for c in cs]
         keys = [f"{host}/{n}" for n in names]
         X = np.array([(c.cpu_cores, c.mem_bytes) for c in cs], dtype=np.float64)
@@ -441,8 +452,7 @@ class PhaseHooks:
         if len(out.sample):
             sel = out.sample
             batch = encode_learn_batch(self.name, out.windows[sel], out.prev_phase[sel], out.frames[sel])
-        writes = [(k, json.dumps(st, separators=(",", ":")).encode()) for k, st in self.fleet.pop_dirty()]
-        return PhaseOutput(decisions, changes, batch, writes)
+        return PhaseOutput(decisions, changes, batch)
 
 
 # ---------------------------------------------------------------------- Faust wiring
@@ -454,8 +464,8 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
     *barrier*: its :class:`~phasewise.streams.output.CommitBarrier` (the phase
     table's writes are held there until the next commit).
     Returns an object with ``process(hs, vpa_decisions) -> decisions``,
-    ``flush(partition)`` (sends what the last message of source *partition*
-    produced, holds its table writes for the commit) and ``clear()``.
+    ``flush()`` (sends what the last message produced; the phase table's
+    marked states are collected by *barrier* at each commit) and ``clear()``.
     """
     import faust
 
@@ -470,7 +480,8 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
                       help="per-container phase detector state (key: host/container)")
     models_t = _topic(app, MODELS)
     learn_t = _topic(app, LEARN_WINDOWS, 1)
-    writes = barrier.table(table)
+    hooks_ref: list[PhaseHooks] = []
+    writes = barrier.table(table, lambda: hooks_ref[0].pop_dirty())  # marked states, collected at each commit
 
     def load(key: str) -> Any:
         raw = writes.get(key)  # a state held for the next commit is newer than the table's
@@ -501,6 +512,7 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
     metrics.model_version.set(version)
     follower.start()
     hooks = PhaseHooks(settings, vpa_cache, model=model, version=version, loader=load, latest=follower.latest)
+    hooks_ref.append(hooks)
     pending: list[PhaseOutput] = []
 
     @app.agent(learn_t, name="phasewise.phase-learner")
@@ -538,11 +550,9 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
             pending.append(out)
             return out.decisions
 
-        def flush(self, partition: int) -> None:
+        def flush(self) -> None:
             while pending:
                 out = pending.pop(0)
-                for key, value in out.table_writes:
-                    writes.put(key, value, partition)
                 for c in out.changes:
                     outputs.send(PHASES.name, c.container.encode(), encode(c))
                     log.info("phase change %s/%s: %s -> %s", c.host, c.container, c.old_phase, c.new_phase)

@@ -162,6 +162,34 @@ def test_the_barrier_writes_held_state_only_after_the_outputs_are_delivered():
     run(scenario())
 
 
+def test_marked_states_are_collected_once_per_commit_with_their_hosts_partition():
+    log: list = []
+    p = FakeProducer()
+    out = OutputSender(p, poll_interval_s=0.001)
+    barrier = CommitBarrier(out)
+    marked: dict = {}
+    pops: list = []
+
+    def pop_dirty():
+        pops.append(dict(marked))
+        got = list(marked.items())
+        marked.clear()
+        return got
+
+    table = FakeTable(log)
+    barrier.table(table, pop_dirty)
+    barrier.partitions.note("h1", 5)
+    barrier.partitions.note("odd/host", 2, [ContainerSample(container="x/y", cpu_cores=0.1, mem_bytes=1.0)])
+    marked["h1/a"] = {"n": 1}
+    marked["h1/a"] = {"n": 2}  # marked again before the commit: one write, latest state
+    marked["odd/host/x/y"] = {"n": 3}
+    run(barrier.before_commit())
+    assert log == [("changelog", 5, "h1/a", b'{"n":2}'), ("changelog", 2, "odd/host/x/y", b'{"n":3}')]
+    assert pops == [{"h1/a": {"n": 2}, "odd/host/x/y": {"n": 3}}]
+    run(barrier.before_commit())
+    assert len(log) == 2  # nothing marked since
+
+
 def test_attach_runs_the_barrier_before_fausts_own_flush():
     order: list = []
 
