@@ -17,16 +17,23 @@ worker (which runs the fleet) and ``phasewise replay`` (which runs
 - percentiles use a sequential cumulative sum from the first non-empty
   bucket (torch's CPU ``cumsum``: one loop per row in double precision, the
   reference's additions in its order), so ties at a threshold resolve alike;
-- bucket indices come from ``numpy.log`` corrected against the exact bucket
-  starts (so a last-ulp difference between numpy's and libm's ``log`` cannot
-  move a value), with values near the top bucket routed through the
-  reference's own ``find_bucket``;
+- bucket indices come from a binary search of the exact bucket starts, which
+  is what the reference's log-and-correct yields (so no last-ulp difference
+  between numpy's and libm's ``log`` can move a value), except just below the
+  open last bucket, where the reference's clamp may answer the last bucket:
+  those values go through its own ``find_bucket``;
 - powers (the decay factor ``2 ** ((t - ref) / half_life)`` and the
   confidence multipliers) are evaluated with Python's ``**`` on the distinct
   arguments, because numpy's vectorised ``power`` may differ in the last ulp.
 
-Memory: two rows of ``num_buckets`` float64 (176 each with VPA's bucketing)
-plus 15 scalars, about 3 KiB per container (:meth:`VpaFleet.bytes_per_row`).
+Memory: per row two dense histograms of ``num_buckets`` float64 (176 each
+with VPA's bucketing) plus their bookkeeping (total, reference time, first /
+last non-empty bucket, cached percentiles) and 13 scalars: 3,044 bytes
+(:meth:`VpaFleet.bytes_per_row`), about what the per-container objects took.
+
+Speed: every step is a handful of numpy calls over all the rows of a batch,
+so the cost per row falls with the batch size (one ``HostSamples`` message,
+or several through :func:`phasewise.streams.processing.process_many`).
 
 State: :meth:`VpaFleet.recommender_state` writes (and
 :meth:`VpaFleet.load_recommender_state` reads) exactly
@@ -74,8 +81,12 @@ except ImportError:  # pragma: no cover - another numpy layout
     _nz = np.count_nonzero
 
 
+
+
 def _all(mask: np.ndarray) -> bool:
     return np.count_nonzero(mask) == mask.size
+
+
 _COL = {"lower": 0, "target": 1, "upper": 2}
 
 
@@ -519,7 +530,7 @@ class VpaFleet:
 
     def bytes_per_row(self) -> int:
         """Memory one row's state takes (histograms, cached percentiles, scalars)."""
-        per_hist = 8 * (self._cpu.nb + 2 + 2 + 3) + 1  # weights; total, ref; lo, hi; percentiles; fresh
+        per_hist = 8 * (self._cpu.nb + 2 + 2 + 3) + 2  # weights; total, ref; lo, hi; percentiles; 2 flags
         return 2 * per_hist + 8 * (len(_ROW_FLOATS) + len(_ROW_INTS) + 1)
 
     # ------------------------------------------------------------------ learning

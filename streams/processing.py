@@ -8,8 +8,8 @@
    (memory first; on a miss, the loader, i.e. the worker's changelogged table,
    e.g. after a restart or a rebalance), which observes the sample (all the
    message's containers at once, equal to
-   :meth:`~phasewise.models.vpa.VpaPolicy.observe` per container): CPU cores, memory working set, OOM kills,
-   the share of CFS periods throttled, the throttled time per second of the
+   :meth:`~phasewise.models.vpa.VpaPolicy.observe` per container): CPU
+   cores, memory working set, OOM kills, the share of CFS periods throttled, the throttled time per second of the
    message's interval and the limits in force when the sample reports them
    (the VPA weights CPU samples by the request; phasewise by the limit; for
    an unlimited resource the policy's own last limit stands in, as in replay);
@@ -33,6 +33,10 @@ This is the code path ``phasewise replay`` runs in-process: the fleet is
 test_vpa_fleet.py), asked ``limits`` and shown ``observe`` in the same way
 (replay asks ``limits(t)`` before ``observe(t)``; a decision here at ``ts``
 follows ``observe(ts)``, so it is the limit replay uses from the next step).
+
+:func:`process_many` does the same for a batch of messages at once (the
+same decisions; the fixed cost of the vectorised steps is shared, so a batch
+of ~10 messages costs about half as much per sample as one message).
 
 Decision ids are a hash of host, container, limits and event time: replaying
 the same samples yields the same ids, and actuators apply each id once.
