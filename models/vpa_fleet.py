@@ -309,16 +309,24 @@ class _Histograms:
             c0, c1 = int(lo.min()), int(h.max())
             W = self.W[sel, c0:c1 + 1]
             total = self.total[sel]
-            if ps_positive and not _nz(self.subeps[sel]) and _all(total > 0):
-                cum = torch.cumsum(torch.from_numpy(W), 1)  # zeros before lo: below any positive threshold
-            else:
-                before = np.arange(c0, c1 + 1) < lo[:, None]
-                cum = torch.cumsum(torch.from_numpy(np.where(before, 0.0, W)), 1)
-                cum[torch.from_numpy(before)] = -math.inf  # never reaches
-            # every row's running sum never decreases (weights are >= 0): the first bucket
-            # reaching each threshold by binary search; none before hi reaches: hi
-            thr = torch.from_numpy(total[:, None] * ps)  # p * total, as the reference
-            chosen = np.minimum(torch.searchsorted(cum, thr).numpy() + c0, h[:, None])
+            n_threads = torch.get_num_threads()
+            if n_threads > 1:  # ~100 rows: a parallel region costs more than it saves (spin-waits on busy hosts)
+                torch.set_num_threads(1)
+            try:
+                if ps_positive and not _nz(self.subeps[sel]) and _all(total > 0):
+                    cum = torch.cumsum(torch.from_numpy(W), 1)  # zeros before lo: below any positive threshold
+                else:
+                    before = np.arange(c0, c1 + 1) < lo[:, None]
+                    cum = torch.cumsum(torch.from_numpy(np.where(before, 0.0, W)), 1)
+                    cum[torch.from_numpy(before)] = -math.inf  # never reaches
+                # every row's running sum never decreases (weights are >= 0): the first bucket
+                # reaching each threshold by binary search; none before hi reaches: hi
+                thr = torch.from_numpy(total[:, None] * ps)  # p * total, as the reference
+                found = torch.searchsorted(cum, thr).numpy()
+            finally:
+                if n_threads > 1:
+                    torch.set_num_threads(n_threads)
+            chosen = np.minimum(found + c0, h[:, None])
             vals = self.ends[chosen]
             self.pc[sel] = vals
             self.fresh[sel] = True
