@@ -250,6 +250,15 @@ class StateCache:
     def get(self, key: str) -> ContainerEntry:
         return ContainerEntry(self, key, self.row(key))
 
+    def decided_limits(self, keys: Sequence[str]) -> np.ndarray:
+        """``(len(keys), 2)`` array of the decided CPU / memory limits (``NaN``: none yet).
+
+        The vectorised form of ``get(key).decided_cpu`` / ``.decided_mem``
+        (a miss creates or loads the entry, as :meth:`get` does).
+        """
+        rows = np.array(self.rows(keys), dtype=np.intp)
+        return np.stack([self._decided_cpu[rows], self._decided_mem[rows]], axis=1)
+
     def state_of(self, key: str) -> dict[str, Any]:
         """The table value of *key* (see :meth:`ContainerEntry.to_state`)."""
         return ContainerEntry(self, key, self._index[key]).to_state()

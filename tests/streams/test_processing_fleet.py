@@ -367,6 +367,10 @@ def test_entries_expose_the_decided_limits_and_exact_policy_copies():
         assert e.model.to_state() == r.model.to_state() and e.model._cpu._w == r.model._cpu._w
         assert e.policy._last == r.policy._last
         assert key in new
+    keys = list(ref._entries)
+    both = new.decided_limits(keys)
+    assert [(None if math.isnan(a) else a, None if math.isnan(b) else b) for a, b in both.tolist()] == [
+        (ref.get(k).decided_cpu, ref.get(k).decided_mem) for k in keys]
     e.decided_cpu = 1.5
     assert new.get(key).decided_cpu == 1.5
     new.clear()
