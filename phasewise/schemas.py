@@ -399,18 +399,29 @@ def from_dict(cls: type[R], data: dict) -> R:
     return _parser(cls)(data)
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def to_dict(record: Any) -> dict:
+    cls = type(record)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:  # dataclasses.fields() once per class, not per record
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(record))
     out = {}
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
+    for name in names:
+        value = getattr(record, name)
         if isinstance(value, tuple):
             value = [to_dict(x) for x in value]
-        out[f.name] = value
+        out[name] = value
     return out
 
 
+#: what json.dumps(..., separators=(",", ":"), allow_nan=False) builds per call, built once
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def encode(record: Any) -> bytes:
-    return json.dumps(to_dict(record), separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(to_dict(record)).encode()
 
 
 def decode(cls: type[R], raw: bytes | str) -> R:

@@ -16,6 +16,9 @@ Every metric is registered on the registry passed in (tests use a fresh
   :mod:`phasewise.streams.output`);
 - ``phasewise_worker_table_writes_total``: container states written to the
   changelogged tables (latest per container, at each offset commit);
+- ``phasewise_worker_commit_flush_seconds_total``: wall time of the flushes
+  Faust awaits before committing offsets (outputs delivered, container
+  states written to the changelogs);
 - ``phasewise_worker_process_seconds_total``: time spent in the decision logic;
 - ``phasewise_worker_containers``: containers held in memory;
 - ``phasewise_worker_ready``: 1 once the worker has its partitions and has
@@ -54,6 +57,8 @@ class WorkerMetrics:
                                        ["topic"], registry=registry)
         self.table_writes = Counter("phasewise_worker_table_writes",
                                     "container states written to the changelogged tables", registry=registry)
+        self.commit_flush_seconds = Counter("phasewise_worker_commit_flush_seconds",
+                                            "wall time of the flushes before offset commits", registry=registry)
         self.process_seconds = Counter("phasewise_worker_process_seconds",
                                        "seconds spent in the decision logic", registry=registry)
         self.containers = Gauge("phasewise_worker_containers", "containers held in memory",

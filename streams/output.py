@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -288,10 +289,14 @@ def attach(app: Any, barrier: CommitBarrier) -> Callable[[], Any]:
     """
     producer = app.producer
     original = producer.flush
+    metrics = barrier.metrics
 
     async def flush() -> None:
+        t0 = time.perf_counter()
         await barrier.before_commit()
         await original()
+        if metrics is not None:
+            metrics.commit_flush_seconds.inc(time.perf_counter() - t0)
 
     producer.flush = flush
     return original

@@ -314,6 +314,13 @@ def decision_id(host: str, container: str, cpu: float | None, mem: float | None,
 
 def _clean(obj: Any) -> Any:
     """JSON-safe copy: non-finite floats become None."""
+    t = type(obj)  # the common exact types first (called for every decision's and change's details)
+    if t is float:
+        return obj if math.isfinite(obj) else None
+    if t is dict:
+        return {k: _clean(v) for k, v in obj.items()}
+    if t is str or t is int or t is bool or obj is None:
+        return obj
     if isinstance(obj, dict):
         return {k: _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

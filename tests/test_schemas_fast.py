@@ -147,3 +147,20 @@ def test_random_mutations_of_valid_messages_agree_with_the_strict_parser():
         accepted += kind == "ok"
         rejected += kind != "ok"
     assert accepted > 50 and rejected > 500  # both answers were exercised
+
+
+def test_encode_writes_what_json_dumps_of_the_fields_writes():
+    from phasewise.schemas import DeadLetter, Decision, PhaseChange
+
+    records = [
+        decode(HostSamples, json.dumps(message(3))),
+        Decision(id="x", ts=1.0, host="h", container="c", action="limit", policy="phase", reason="r\u00e9",
+                 cpu_limit_cores=1.5, mem_limit_bytes=None, details={"a": [1, 2.5, None], "b": {"c": "d"}}),
+        PhaseChange(container="c", host="h", ts=2.0, old_phase=None, new_phase=3, since=1.0, stats={"p": 0.1}),
+        DeadLetter(ts=3.0, source_topic="t", reason="why", payload="\\xff"),
+    ]
+    for r in records:
+        reference = json.dumps(dataclasses.asdict(r), separators=(",", ":"), allow_nan=False).encode()
+        assert encode(r) == reference
+    with pytest.raises(ValueError):
+        encode(ContainerSample(container="a", cpu_cores=float("nan"), mem_bytes=1))
