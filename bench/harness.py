@@ -23,7 +23,7 @@ import numpy as np
 from phasewise.schemas import ContainerSample, HostSamples, encode
 
 __all__ = ["RoleProcess", "bench_hosts", "square_wave_usage", "host_message", "scrape", "rss_bytes",
-           "produce_messages"]
+           "cpu_seconds", "produce_messages"]
 
 
 class RoleProcess:
@@ -137,6 +137,12 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process *pid*, all its threads (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def dumps(obj: dict) -> str:

@@ -38,6 +38,7 @@ import numpy as np
 from phasewise.bench.harness import (
     RoleProcess,
     bench_hosts,
+    cpu_seconds,
     host_message,
     produce_messages,
     rss_bytes,
@@ -146,6 +147,9 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
         def counter() -> float:
             return scrape(url).get(COUNTER, 0.0)
 
+        def flushed() -> float:
+            return scrape(url).get("phasewise_worker_commit_flush_seconds_total", 0.0)
+
         def ready() -> bool:
             if not worker.alive():
                 raise RuntimeError("worker exited:\n" + worker.log_tail())
@@ -172,14 +176,19 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
         expected = start + sum(len(cs) for _, cs in hosts) * ticks
         lo, hi = start + 0.1 * (expected - start), start + 0.9 * (expected - start)
         wait_until(lambda: counter() >= lo, 600, 0.02, "10% of the backlog")
-        c_lo, t_lo = counter(), time.perf_counter()
+        c_lo, t_lo, cpu_lo, fl_lo = counter(), time.perf_counter(), cpu_seconds(worker.pid), flushed()
         wait_until(lambda: counter() >= hi, 600, 0.02, "90% of the backlog")
-        c_hi, t_hi = counter(), time.perf_counter()
+        c_hi, t_hi, cpu_hi, fl_hi = counter(), time.perf_counter(), cpu_seconds(worker.pid), flushed()
         wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
         m = scrape(url)
         rss1 = rss_bytes(worker.pid)
         return {
             "samples_per_s": round((c_hi - c_lo) / (t_hi - t_lo), 1),
+            # the same window: the worker's CPU (all threads) per sample, and how much of the
+            # window went to flushes before offset commits (outputs, changelog records)
+            "worker_cpu_us_per_sample": round((cpu_hi - cpu_lo) / max(1.0, c_hi - c_lo) * 1e6, 1),
+            "worker_commit_flush_s_in_window": round(fl_hi - fl_lo, 3),
+            "window_s": round(t_hi - t_lo, 3),
             "worker_rss_bytes_per_container": round(max(0.0, (rss1 - rss0) / args.containers), 1),
             "worker_phase_changes": int(m.get("phasewise_worker_phase_changes_total", 0)),
             "worker_decisions": int(m.get("phasewise_worker_decisions_total", 0)),

@@ -11,7 +11,10 @@ What it does, in one run against one broker (embedded unless ``--bootstrap``):
    tick (``--containers`` split into hosts of ``--per-host``) for
    ``--seconds``; the rate is read from the worker's own counter
    ``phasewise_worker_container_samples_total`` (Prometheus endpoint) over the
-   steady part of the run: container samples per second through the worker.
+   steady part of the run: container samples per second through the worker,
+   with the worker's CPU per sample (``worker_cpu_us_per_sample``) and the
+   time its pre-commit flushes took (``worker_commit_flush_s_in_window``)
+   over the same window.
 3. **p50_ms / p99_ms** — with the backlog drained, starts a dry-run
    ``phasewise actuate`` for the first host and ticks at 1 Hz with usage
    that moves, samples sent with the host agent's producer settings. A
@@ -44,6 +47,7 @@ from confluent_kafka import OFFSET_END, TIMESTAMP_CREATE_TIME, TopicPartition
 from phasewise.bench.harness import (
     RoleProcess,
     bench_hosts,
+    cpu_seconds,
     host_message,
     produce_messages,
     rss_bytes,
@@ -134,6 +138,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         def counter() -> float:
             return scrape(url).get(COUNTER, 0.0)
 
+        def flushed() -> float:
+            return scrape(url).get("phasewise_worker_commit_flush_seconds_total", 0.0)
+
         def ready() -> bool:
             if not worker.alive():
                 raise RuntimeError("worker exited:\n" + worker.log_tail())
@@ -163,9 +170,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         lo = start_count + 0.1 * (expected - start_count)
         hi = start_count + 0.9 * (expected - start_count)
         wait_until(lambda: counter() >= lo, 600, 0.02, "10% of the backlog")
-        c_lo, t_lo = counter(), time.perf_counter()
+        c_lo, t_lo, cpu_lo, fl_lo = counter(), time.perf_counter(), cpu_seconds(worker.pid), flushed()
         wait_until(lambda: counter() >= hi, 600, 0.02, "90% of the backlog")
-        c_hi, t_hi = counter(), time.perf_counter()
+        c_hi, t_hi, cpu_hi, fl_hi = counter(), time.perf_counter(), cpu_seconds(worker.pid), flushed()
         # a backlog drained within one scrape cannot be timed: say so rather than print 0
         samples_per_s = (c_hi - c_lo) / (t_hi - t_lo) if c_hi > c_lo and t_hi > t_lo else None
         wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
@@ -231,6 +238,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         w_ms = np.array(worker_latencies) * 1000.0
         return {
             "samples_per_s": None if samples_per_s is None else round(samples_per_s, 1),
+            "worker_cpu_us_per_sample": round((cpu_hi - cpu_lo) / max(1.0, c_hi - c_lo) * 1e6, 1),
+            "worker_commit_flush_s_in_window": round(fl_hi - fl_lo, 3),
             "raw_consume_per_s": round(raw, 1),
             "p50_ms": round(float(np.percentile(lat_ms, 50)), 1) if len(lat_ms) else None,
             "p99_ms": round(float(np.percentile(lat_ms, 99)), 1) if len(lat_ms) else None,
