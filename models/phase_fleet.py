@@ -338,6 +338,7 @@ class PhaseFleet:
         self._written = np.full(cap, -np.inf)  # event time of the last persisted state
         self._level = np.full((cap, R), np.nan)  # decaying max of the container's usage
         self._lscale = np.zeros((cap, R))  # log of the fulfilment-targeting multiplier
+        self._seen = np.full(cap, -np.inf)  # event time of the newest step (for expire)
         self._floors = np.array([float(self.floors.get(r, 0.0)) for r in model.features])
         self._q_cache: dict[int, tuple[np.ndarray, np.ndarray, bool]] = {}
         self._stats_memo: dict = {}
@@ -405,6 +406,7 @@ class PhaseFleet:
         self._written = np.concatenate([self._written, np.full(cap - old, -np.inf)])
         self._level = np.concatenate([self._level, np.full((cap - old, R), np.nan)])
         self._lscale = np.concatenate([self._lscale, np.zeros((cap - old, R))])
+        self._seen = np.concatenate([self._seen, np.full(cap - old, -np.inf)])
 
     def _reset_rows(self, rows: np.ndarray) -> None:
         self._basis[rows] = np.nan
@@ -414,6 +416,7 @@ class PhaseFleet:
         self._written[rows] = -np.inf
         self._level[rows] = np.nan
         self._lscale[rows] = 0.0
+        self._seen[rows] = -np.inf
 
     def __len__(self) -> int:
         return len(self._windows)
@@ -426,6 +429,21 @@ class PhaseFleet:
         self._windows.forget(container)
         self._dirty.discard(container)
 
+    def expire(self, before_ts: float) -> list[str]:
+        """Forget every container whose newest step is older than *before_ts* (event time).
+
+        Returns them, so the caller deletes them from its table too; their rows are reused.
+        """
+        index = self._windows._index
+        if not index:
+            return []
+        names = list(index)
+        rows = np.fromiter(index.values(), dtype=np.intp, count=len(names))
+        gone = [names[i] for i in np.flatnonzero(self._seen[rows] < before_ts).tolist()]
+        for c in gone:
+            self.forget(c)
+        return gone
+
     def clear(self) -> None:
         """Forget every container (after a rebalance the worker's table is the truth)."""
         self._windows = Windows(self.model.window_len, self.model.n_features, capacity=self.capacity)
@@ -437,6 +455,7 @@ class PhaseFleet:
         self._written = self._written[:0]
         self._level = self._level[:0]
         self._lscale = self._lscale[:0]
+        self._seen = self._seen[:0]
         self._sync()
         assert len(self._limit_phase) == cap
         self._dirty.clear()
@@ -572,6 +591,7 @@ class PhaseFleet:
                             self.loaded += 1
                     except ValueError:  # a foreign or corrupt stored state: start this container fresh
                         self.load_errors += 1
+        self._seen[rows] = np.fmax(self._seen[rows], t)
         res = detect(_StatsMemo(m, self._stats_memo), w, containers, X, t, host=host)  # type: ignore[arg-type]
         phase = res.phase
         R = m.n_features

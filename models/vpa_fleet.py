@@ -536,6 +536,10 @@ class VpaFleet:
         """Forget every row."""
         self._rows = 0
 
+    def last_sample_time(self, rows: np.ndarray) -> np.ndarray:
+        """Event time of each row's newest CPU sample (``NaN``: none yet)."""
+        return self._last_t[np.asarray(rows, dtype=np.intp)].copy()
+
     def bytes_per_row(self) -> int:
         """Memory one row's state takes (histograms, cached percentiles, scalars)."""
         per_hist = 8 * (self._cpu.nb + 2 + 2 + 3) + 2  # weights; total, ref; lo, hi; percentiles; 2 flags

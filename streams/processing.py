@@ -182,6 +182,7 @@ class StateCache:
         self.fleet = VpaFleet(capacity=256, **self.params)
         self._index: dict[str, int] = {}
         self._keys: list[str] = []
+        self._free: list[int] = []  # rows of expired containers, reused first
         for name in self._BOOK:
             setattr(self, name, np.full(self.fleet.capacity, _NAN))
         self.dirty: set[str] = set()
@@ -195,7 +196,12 @@ class StateCache:
     def _new_rows(self, keys: list[str]) -> None:
         """Rows for *keys* (distinct, none known yet): fresh, or loaded through the loader."""
         fleet = self.fleet
-        rows = fleet.add_rows(len(keys))
+        reuse = [self._free.pop() for _ in range(min(len(keys), len(self._free)))]
+        rows = np.array(reuse, dtype=np.intp)
+        if reuse:
+            fleet.reset_rows(rows)
+        if len(keys) > len(reuse):
+            rows = np.concatenate([rows, fleet.add_rows(len(keys) - len(reuse))])
         cap = fleet.capacity
         if len(self._decided_cpu) < cap:
             for name in self._BOOK:
@@ -269,10 +275,32 @@ class StateCache:
         self.dirty.clear()
         return out
 
+    def expire(self, before_ts: float) -> list[str]:
+        """Forget every container whose newest sample is older than *before_ts* (event time).
+
+        Returns their keys, so the caller deletes them from its table too. A
+        container that never had a sample learned counts as expired. Their
+        rows are reused for new containers; pending writes of them are dropped.
+        """
+        if not self._index:
+            return []
+        keys = list(self._index)
+        rows = np.fromiter(self._index.values(), dtype=np.intp, count=len(keys))
+        last = self.fleet.last_sample_time(rows)
+        gone = np.flatnonzero(~(last >= before_ts))  # NaN (no sample) expires too
+        out = [keys[i] for i in gone.tolist()]
+        for k in out:
+            self._free.append(self._index.pop(k))
+            self.dirty.discard(k)
+        if out:
+            self._keys = [k for k in self._keys if k in self._index]
+        return out
+
     def clear(self) -> None:
         """Forget every entry (after a rebalance the table is the truth)."""
         self._index.clear()
         self._keys.clear()
+        self._free.clear()
         self.fleet.clear()
         self.dirty.clear()
 

@@ -1,0 +1,69 @@
+"""Containers that stop sending samples are forgotten after a time to live (event time)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from phasewise.models.detector import PhaseModel
+from phasewise.models.phase_fleet import PhaseFleet
+from phasewise.schemas import ContainerSample, HostSamples
+from phasewise.settings import Settings
+from phasewise.streams.processing import StateCache, process_host_samples
+
+
+def msg(ts: float, names: list[str]) -> HostSamples:
+    cs = tuple(ContainerSample(container=n, cpu_cores=0.5 + 0.1 * i, mem_bytes=5e8 + 1e7 * i,
+                               cpu_limit_cores=2.0, mem_limit_bytes=4e9) for i, n in enumerate(names))
+    return HostSamples(host="h", ts=ts, interval_s=1.0, containers=cs)
+
+
+def test_the_vpa_cache_expires_containers_not_seen_since_the_cutoff_and_reuses_their_rows():
+    s = Settings.from_env({"recommend_interval_s": 1, "vpa_time_scale": 0.001}, env={})
+    cache = StateCache.from_settings(s)
+    for t in range(10):
+        process_host_samples(cache, msg(1000.0 + t, ["a", "b", "c"]), s)
+    for t in range(10, 20):  # "b" stopped
+        process_host_samples(cache, msg(1000.0 + t, ["a", "c"]), s)
+    rows_before = cache.fleet._rows
+    assert cache.expire(1015.0) == ["h/b"]
+    assert "h/b" not in cache and "h/a" in cache and len(cache) == 2
+    assert "h/b" not in {k for k, _ in cache.pop_dirty()}
+    # a new container takes the freed row, with fresh state
+    process_host_samples(cache, msg(1020.0, ["a", "c", "d"]), s)
+    assert cache.fleet._rows == rows_before
+    assert cache.get("h/d").model.samples == 1
+    # nothing newer than the cutoff goes
+    assert cache.expire(1015.0) == []
+
+
+def test_an_expired_container_that_comes_back_starts_fresh_unless_its_table_entry_remains():
+    s = Settings.from_env({"recommend_interval_s": 1, "vpa_time_scale": 0.001}, env={})
+    table: dict[str, dict] = {}
+    cache = StateCache.from_settings(s, loader=table.get)
+    for t in range(5):
+        process_host_samples(cache, msg(100.0 + t, ["a"]), s)
+    table.update(cache.pop_dirty() or [("h/a", cache.state_of("h/a"))])
+    assert cache.expire(200.0) == ["h/a"]
+    process_host_samples(cache, msg(201.0, ["a"]), s)
+    assert cache.loaded == 1  # the caller did not delete the table entry: it is reloaded
+    for k in cache.expire(300.0):
+        table.pop(k, None)
+    process_host_samples(cache, msg(301.0, ["a"]), s)
+    assert cache.get("h/a").model.samples == 1 and cache.loaded == 1
+
+
+def test_the_phase_fleet_expires_containers_by_their_newest_step():
+    m = PhaseModel(features=("cpu", "mem"), n_hid=6, n_his=2, warmup=32, seed=0)
+    fleet = PhaseFleet(m, learn_every=1, min_phase_samples=5)
+    fb = np.array([[4.0, 8e9]] * 3)
+    for t in range(30):
+        fleet.step(float(t), ["a", "b", "c"], np.array([[0.5, 5e8], [1.0, 9e8], [0.2, 2e8]]), fallback_limits=fb)
+    for t in range(30, 40):
+        fleet.step(float(t), ["a", "c"], np.array([[0.5, 5e8], [0.2, 2e8]]), fallback_limits=fb[:2])
+    assert fleet.expire(35.0) == ["b"]
+    assert "b" not in fleet and len(fleet) == 2
+    assert fleet.expire(35.0) == []
+    # the freed row serves a new container, which starts with an empty window
+    out = fleet.step(40.0, ["a", "c", "d"], np.array([[0.5, 5e8], [0.2, 2e8], [3.0, 3e9]]), fallback_limits=fb)
+    assert "d" in fleet and not out.from_phase[2].any()
+    assert fleet.expire(40.0) == []  # a container stepped at the cutoff stays
