@@ -98,6 +98,10 @@ class Settings:
     phase_learn_every: int = 10
     #: windows the CRBM of a cold model learns before phases are assigned
     phase_warmup: int = 256
+    # --- worker: forgetting containers (appended)
+    #: a container with no sample for this long (event time) is dropped from the
+    #: worker's memory and tables (VPA garbage-collects after 8 days); 0 = never
+    container_ttl_s: float = 691_200.0
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
