@@ -190,6 +190,30 @@ def test_marked_states_are_collected_once_per_commit_with_their_hosts_partition(
     assert len(log) == 2  # nothing marked since
 
 
+def test_held_states_go_to_fausts_buffer_in_chunks_so_streams_are_never_paused():
+    class Buffer:  # Faust's conductor pauses the streams while the buffer holds > 100 records
+        def __init__(self, log) -> None:
+            self.log, self.sent, self.most = log, 0, 0
+
+        @property
+        def size(self) -> int:
+            return sum(1 for e in self.log if e[0] == "changelog") - self.sent
+
+        async def flush_atmost(self, n: int) -> int:
+            self.most = max(self.most, self.size)
+            self.sent += n
+            return n
+
+    log: list = []
+    barrier = CommitBarrier(OutputSender(FakeProducer()))
+    barrier.buffer = buf = Buffer(log)
+    writes = barrier.table(FakeTable(log))
+    for i in range(230):
+        writes.put(f"h/c{i}", b"s", 0)
+    run(barrier.before_commit())
+    assert len(log) == 230 and buf.most == 50
+
+
 def test_attach_runs_the_barrier_before_fausts_own_flush():
     order: list = []
 
