@@ -173,12 +173,16 @@ class FleetStep:
             if self.from_phase[i, j]:
                 stats[r] = {tag: float(self.quantile[i, j]), "count": int(self.counts[i, j]),
                             "basis": float(self.basis[i, j])}
+            if self.from_phase[i, j] and self.statistics == "relative" and self.levels is not None:
+                # the quantile above is level x the phase's quantile of usage/level
+                stats[r]["level_before"] = float(self.levels[i, j])
         p = int(self.phase[i])
         return {
             "phase": p if p >= 0 else None,
             "source": "phase" if self.from_phase[i].any() else "fallback",
             "sources": sources,
             "stats": stats,
+            "statistics": self.statistics,
         }
 
 

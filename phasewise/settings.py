@@ -98,6 +98,10 @@ class Settings:
     phase_learn_every: int = 10
     #: windows the CRBM of a cold model learns before phases are assigned
     phase_warmup: int = 256
+    #: relative: a phase limit is the container's level (decaying max of its own
+    #: usage) x the phase's quantile of usage/level x (1 + margin); absolute: the
+    #: phase's pooled usage quantile x (1 + margin) (the design before; worse in replay)
+    phase_statistics: str = "relative"
     # --- worker: forgetting containers (appended)
     #: a container with no sample for this long (event time) is dropped from the
     #: worker's memory and tables (VPA garbage-collects after 8 days); 0 = never

@@ -90,7 +90,8 @@ FEATURES = ("cpu", "mem")
 #: internal: sampled detector windows for the one learner (1 partition = one owner)
 LEARN_WINDOWS = Topic("phasewise.learn-windows.v1", "model name", 1,
                       doc="internal: sampled detector windows for the phase learner")
-LEARN_BATCH_VERSION = 1
+#: 2: carries each window's container level (relative phase statistics); 1 is still read
+LEARN_BATCH_VERSION = 2
 
 
 def model_name(features: tuple[str, ...] = FEATURES) -> str:
@@ -106,26 +107,37 @@ def ensure_phase_topics(settings: Settings) -> list[str]:
 
 
 # ---------------------------------------------------------------------- learn batches (internal wire format)
-def encode_learn_batch(name: str, windows: np.ndarray, prev_phase: np.ndarray, usage: np.ndarray) -> bytes:
-    """JSON of a sample of ready windows ``(n, L, F)``, the phases in force and the usage to credit."""
+def _finite_list(a: np.ndarray) -> list[float | None]:
+    return [None if not math.isfinite(x) else x for x in np.asarray(a, dtype=np.float64).reshape(-1).tolist()]
+
+
+def encode_learn_batch(name: str, windows: np.ndarray, prev_phase: np.ndarray, usage: np.ndarray,
+                       levels: np.ndarray | None = None) -> bytes:
+    """JSON of a sample of ready windows ``(n, L, F)``, the phases in force, the usage to credit and
+    (relative statistics) each container's level just before the frame."""
     W = np.asarray(windows, dtype=np.float64)
-    U = np.asarray(usage, dtype=np.float64)
-    return json.dumps({
+    d: dict[str, Any] = {
         "v": LEARN_BATCH_VERSION, "model": name, "shape": list(W.shape),
-        "windows": [None if not math.isfinite(x) else x for x in W.reshape(-1).tolist()],
+        "windows": _finite_list(W),
         "prev_phase": [int(p) for p in np.asarray(prev_phase).tolist()],
-        "usage": [None if not math.isfinite(x) else x for x in U.reshape(-1).tolist()],
-    }, separators=(",", ":")).encode()
+        "usage": _finite_list(usage),
+    }
+    if levels is not None:
+        d["levels"] = _finite_list(levels)
+    return json.dumps(d, separators=(",", ":")).encode()
 
 
 def decode_learn_batch(raw: bytes, name: str, window_len: int, n_features: int
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Parse a learn batch for model *name*; :class:`SchemaError` says why not."""
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Parse a learn batch for model *name*: ``(windows, prev_phase, usage, levels or None)``.
+
+    :class:`SchemaError` says why not. Version 1 batches (no levels) are read too.
+    """
     try:
         d = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
         raise SchemaError(f"learn batch: not valid JSON: {e}") from None
-    if type(d) is not dict or d.get("v") != LEARN_BATCH_VERSION:
+    if type(d) is not dict or d.get("v") not in (1, LEARN_BATCH_VERSION):
         raise SchemaError(f"learn batch: unsupported version {d.get('v') if isinstance(d, dict) else d!r}")
     if d.get("model") != name:
         raise SchemaError(f"learn batch: for model {d.get('model')!r}, this learner trains {name!r}")
@@ -144,7 +156,18 @@ def decode_learn_batch(raw: bytes, name: str, window_len: int, n_features: int
         raise SchemaError(f"learn batch: array sizes do not match shape {shape}")
     if (W[np.isfinite(W)] < 0).any() or (U[np.isfinite(U)] < 0).any():
         raise SchemaError("learn batch: negative usage")
-    return W.reshape(n, window_len, n_features), P, U.reshape(n, n_features)
+    levels = None
+    if d.get("levels") is not None:
+        try:
+            levels = np.array([np.nan if x is None else x for x in d["levels"]], dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise SchemaError(f"learn batch: bad levels: {type(e).__name__}: {e}") from None
+        if levels.size != n * n_features:
+            raise SchemaError(f"learn batch: levels do not match shape {shape}")
+        if (levels[np.isfinite(levels)] < 0).any():
+            raise SchemaError("learn batch: negative level")
+        levels = levels.reshape(n, n_features)
+    return W.reshape(n, window_len, n_features), P, U.reshape(n, n_features), levels
 
 
 # ---------------------------------------------------------------------- models
@@ -289,10 +312,11 @@ class Learner:
         self.model, self.version, self.samples_seen = model.clone(), snap.version, snap.samples_seen
         return True
 
-    def learn(self, windows: np.ndarray, prev_phase: np.ndarray, usage: np.ndarray) -> int:
+    def learn(self, windows: np.ndarray, prev_phase: np.ndarray, usage: np.ndarray,
+              levels: np.ndarray | None = None) -> int:
         if not len(windows):
             return 0
-        learn(self.model, windows, stats_phases=prev_phase, usage=usage)
+        learn(self.model, windows, stats_phases=prev_phase, usage=usage, levels=levels)
         self.samples_seen += len(windows)
         self.dirty = True
         return len(windows)
@@ -397,7 +421,7 @@ class PhaseHooks:
     def _fleet(self, model: PhaseModel) -> PhaseFleet:
         s = self.settings
         return PhaseFleet(model, floors={"cpu": s.vpa_min_cpu_cores, "mem": float(s.vpa_min_mem_bytes)},
-                          learn_every=s.phase_learn_every, frozen=True,
+                          learn_every=s.phase_learn_every, frozen=True, statistics=s.phase_statistics,
                           state_write_interval_s=s.state_write_interval_s, loader=self.loader)
 
     def follow(self) -> bool:
@@ -462,7 +486,8 @@ class PhaseHooks:
         batch = None
         if len(out.sample):
             sel = out.sample
-            batch = encode_learn_batch(self.name, out.windows[sel], out.prev_phase[sel], out.frames[sel])
+            batch = encode_learn_batch(self.name, out.windows[sel], out.prev_phase[sel], out.frames[sel],
+                                       None if out.levels is None else out.levels[sel])
         return PhaseOutput(decisions, changes, batch)
 
 
@@ -533,12 +558,12 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
             if got is not None and learner.rebase(*got):
                 log.info("learner re-based on snapshot v%d", learner.version)
             try:
-                W, P, U = decode_learn_batch(event.message.value, name, learner.model.window_len,
+                W, P, U, LV = decode_learn_batch(event.message.value, name, learner.model.window_len,
                                              learner.model.n_features)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
                 continue
-            metrics.windows_learned.inc(learner.learn(W, P, U))
+            metrics.windows_learned.inc(learner.learn(W, P, U, LV))
 
     @app.timer(interval=settings.phase_snapshot_interval_s)
     async def publish_snapshot() -> None:

@@ -61,6 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase-warmup", dest="phase_warmup", type=int,
                    help="--policy phase: windows a cold CRBM learns before phases are assigned "
                         "(env PHASEWISE_PHASE_WARMUP; default 256)")
+    p.add_argument("--phase-statistics", dest="phase_statistics", choices=["relative", "absolute"],
+                   help="--policy phase: limits from the container's level x the phase's quantile of "
+                        "usage/level (relative) or the phase's pooled usage quantile (absolute) "
+                        "(env PHASEWISE_PHASE_STATISTICS; default relative)")
+    p.add_argument("--container-ttl", dest="container_ttl_s", type=float,
+                   help="seconds of event time without a sample after which a container is forgotten, "
+                        "0 = never (env PHASEWISE_CONTAINER_TTL_S; default 691200 = 8 days)")
     p.add_argument("--vpa-time-scale", dest="vpa_time_scale", type=float,
                    help="multiply VPA's 24 h half-lives and intervals by this (1 = Kubernetes VPA; "
                         "0.001 = a day in 86.4 s) (env PHASEWISE_VPA_TIME_SCALE; default 1)")
@@ -69,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def check(settings: Settings) -> None:
     if settings.policy not in ("vpa", "phase"):
         raise SettingsError(f"policy must be 'vpa' or 'phase', got {settings.policy!r}")
+    if settings.phase_statistics not in ("relative", "absolute"):
+        raise SettingsError(f"phase_statistics must be 'relative' or 'absolute', got {settings.phase_statistics!r}")
+    if settings.container_ttl_s < 0:
+        raise SettingsError(f"container_ttl_s must be >= 0 (0 = never), got {settings.container_ttl_s}")
     if settings.phase_snapshot_interval_s <= 0 or settings.phase_learn_every < 1 or settings.phase_warmup < 0:
         raise SettingsError("phase_snapshot_interval_s must be > 0, phase_learn_every >= 1, phase_warmup >= 0")
     if settings.recommend_interval_s < 0:

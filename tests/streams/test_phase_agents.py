@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -60,9 +61,23 @@ def warm_model() -> PhaseModel:
 def test_learn_batches_round_trip_and_malformed_ones_say_why():
     W = np.arange(24, dtype=float).reshape(4, 3, 2)
     raw = encode_learn_batch(NAME, W, np.array([0, -1, 2, 2]), W[:, -1])
-    got_W, got_P, got_U = decode_learn_batch(raw, NAME, 3, 2)
+    got_W, got_P, got_U, got_L = decode_learn_batch(raw, NAME, 3, 2)
     np.testing.assert_array_equal(got_W, W)
-    assert got_P.tolist() == [0, -1, 2, 2] and got_U.tolist() == W[:, -1].tolist()
+    assert got_P.tolist() == [0, -1, 2, 2] and got_U.tolist() == W[:, -1].tolist() and got_L is None
+    # relative statistics: each window's container level travels with it (NaN: no level yet)
+    L = np.array([[1.0, 2.0], [np.nan, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    *_, got_L = decode_learn_batch(encode_learn_batch(NAME, W, np.zeros(4), W[:, -1], L), NAME, 3, 2)
+    np.testing.assert_array_equal(got_L, L)
+    bad = json.loads(encode_learn_batch(NAME, W, np.zeros(4), W[:, -1], L))
+    bad["levels"] = bad["levels"][:-1]
+    with pytest.raises(SchemaError, match="levels do not match"):
+        decode_learn_batch(json.dumps(bad).encode(), NAME, 3, 2)
+    bad["levels"] = [-1.0] * 8
+    with pytest.raises(SchemaError, match="negative level"):
+        decode_learn_batch(json.dumps(bad).encode(), NAME, 3, 2)
+    v1 = json.loads(raw)
+    v1["v"] = 1  # written by a worker of the previous version: still learned from
+    assert decode_learn_batch(json.dumps(v1).encode(), NAME, 3, 2)[3] is None
     with pytest.raises(SchemaError, match="not valid JSON"):
         decode_learn_batch(b"nope", NAME, 3, 2)
     with pytest.raises(SchemaError, match="shape"):
@@ -99,6 +114,8 @@ def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback()
         if t == 40:  # the learner's snapshot lands: statistics for the phases appear
             W = np.array([[regime(k + j) for j in range(3)] for k in range(120)])
             model.clusterer.update_stats(model.predict(W), W[:, -1])
+            # relative statistics (the worker's default): usage / the container's level
+            model.clusterer.update_rel_stats(model.predict(W), W[:, -1] / W[:, -1].max(axis=0))
             hooks.latest = lambda m=model: (ModelSnapshot(name=NAME, ts=1.0, version=2, payload_b64="",
                                                           samples_seen=0), m)
     assert hooks.version == 2
@@ -112,6 +129,7 @@ def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback()
     d = ph[-1]
     assert d.details["phase"] is not None and d.details["stats"]["cpu"]["count"] >= 10
     assert d.details["stats"]["cpu"]["p95"] * 1.1 <= d.cpu_limit_cores + 1e-3
+    assert d.details["statistics"] == "relative" and d.details["stats"]["cpu"]["level_before"] > 0
     assert batches > 0
     for d in decisions:  # every decision is a valid record
         assert decode(Decision, encode(d)) == d
