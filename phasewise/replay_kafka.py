@@ -12,7 +12,8 @@ both paths can be scored (and compared) the same way:
    whenever the policy's limits change), VPA time scale 1 and VPA's default
    floors and throttling parameters (those of :class:`~phasewise.models.vpa.
    VpaPolicy` in-process), a unique consumer group (``worker_id``) and a
-   unique replay host name; inherited ``PHASEWISE_*`` variables are dropped;
+   unique replay host name, no container expiry (``container_ttl_s=0``: in-process replay
+   never forgets a container); inherited ``PHASEWISE_*`` variables are dropped;
 3. produce the trace as :class:`~phasewise.schemas.HostSamples`, one message
    per timestamp in event-time order, key = the replay host; the trace's
    containers are that host's containers; ``cpu`` -> ``cpu_cores``, ``mem`` ->
@@ -266,6 +267,8 @@ def _worker_env(bootstrap: str, worker_id: str, data_dir: Path, metrics_port: in
         "PHASEWISE_RECOMMEND_INTERVAL_S": "0",
         "PHASEWISE_HYSTERESIS": "0",
         "PHASEWISE_VPA_TIME_SCALE": "1",
+        # in-process replay never forgets a container; a trace's gaps may exceed the TTL
+        "PHASEWISE_CONTAINER_TTL_S": "0",
         "PHASEWISE_VPA_MIN_CPU_CORES": repr(d.min_cpu_cores),
         "PHASEWISE_VPA_MIN_MEM_BYTES": str(int(d.min_mem_bytes)),
         "PHASEWISE_VPA_THROTTLE_THRESHOLD": repr(d.throttle_threshold),

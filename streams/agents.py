@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from typing import Any
 
@@ -51,6 +52,81 @@ __all__ = ["TABLE_NAME", "register"]
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "vpa-state"
+
+
+def _last_sample_ts(raw: Any) -> float | None:
+    """Event time of the newest sample in a stored VPA state (``None``: unreadable or none)."""
+    try:
+        state = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+        last = state["vpa"]["l"]
+        return float(last) if last is not None else None
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+class Expiry:
+    """Forgets containers with no sample for ``ttl`` seconds of event time (0: never).
+
+    Every ``min(ttl / 8, 1 h)`` of event time (the newest seen by this worker)
+    it drops, from memory and from both tables (a changelog tombstone each,
+    written at the next commit): the containers the cache holds whose newest
+    sample is older than ``newest - ttl``, the table entries never loaded since
+    the last rebalance whose stored newest sample is that old, and the phase
+    detector's containers by the same rule. VPA garbage-collects after 8 days.
+    """
+
+    def __init__(self, ttl: float, cache: StateCache, table: Any, writes: Any, pmap: Any, phase: Any,
+                 metrics: WorkerMetrics) -> None:
+        self.ttl = float(ttl)
+        self.every = min(self.ttl / 8.0, 3600.0)
+        self.cache, self.table, self.writes, self.pmap, self.phase, self.metrics = (
+            cache, table, writes, pmap, phase, metrics)
+        self.newest = -math.inf
+        self.next = None
+        self.hosts: set[str] = set()  # hosts whose messages came since the last rebalance
+
+    def reset(self) -> None:
+        """Partitions were revoked: sweep again at the next message, over the new assignment."""
+        self.next = None
+        self.hosts.clear()
+
+    def after(self, host: str, ts: float) -> list[str]:
+        """Called after each message with its host and event time; sweeps when one is due."""
+        if self.ttl <= 0:
+            return []
+        self.hosts.add(host)
+        if ts > self.newest:
+            self.newest = ts
+        if self.next is None:
+            self.next = self.newest  # the first message after start or a rebalance sweeps
+        if self.newest < self.next:
+            return []
+        self.next = self.newest + self.every
+        return self.sweep(self.newest - self.ttl)
+
+    def sweep(self, cutoff: float) -> list[str]:
+        gone = set(self.cache.expire(cutoff))
+        # entries not loaded since the last rebalance, of hosts that sent to this worker since then
+        # (so in its partitions; entries of hosts that went silent before a rebalance are left)
+        hosts = self.hosts
+        for k in list(self.table.data.keys()):
+            if k in gone or k in self.cache or k[:k.find("/")] not in hosts or not self.pmap.knows(k):
+                continue
+            raw = self.writes.get(k)  # a held write or deletion is newer than the table
+            last = None if raw is None else _last_sample_ts(raw)
+            if last is not None and last < cutoff:
+                gone.add(k)
+        gone_phase = set(self.phase.expire(cutoff)) if self.phase is not None else set()
+        for k in gone:
+            self.writes.delete(k)
+        if self.phase is not None:
+            self.phase.delete(k for k in gone | gone_phase if self.pmap.knows(k))
+        for k in gone | gone_phase:
+            self.pmap.forget(k)
+        if gone or gone_phase:
+            self.metrics.containers_expired.inc(len(gone | gone_phase))
+            log.info("forgot %d containers with no sample for %.0f s", len(gone | gone_phase), self.ttl)
+        return sorted(gone | gone_phase)
 
 
 def register(app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
@@ -105,6 +181,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                                dead_letter=dead_letter, outputs=outputs, barrier=barrier)
 
     only_hosts = settings.worker_host_set()
+    expiry = Expiry(settings.container_ttl_s, cache, table, writes, pmap, phase, metrics)
 
     @app.agent(topics.samples, name="phasewise.vpa-samples")
     async def on_samples(stream: faust.StreamT) -> None:
@@ -135,6 +212,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                     log.info("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
                 metrics.decisions.inc(len(decisions))
             outputs.poll()
+            expiry.after(hs.host, hs.ts)
             metrics.process_seconds.inc(time.perf_counter() - t0)
             metrics.messages.inc()
             metrics.container_samples.inc(len(hs.containers))
@@ -142,6 +220,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     @app.on_partitions_revoked.connect
     async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:
+        expiry.reset()
         cache.clear()  # the table, restored on assignment, is the truth from here
         if phase is not None:
             phase.clear()
@@ -152,4 +231,4 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         metrics.ready.set(1)
 
     return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics,
-            "phase": phase, "outputs": outputs, "barrier": barrier}
+            "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry}

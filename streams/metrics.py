@@ -59,6 +59,9 @@ class WorkerMetrics:
                                     "container states written to the changelogged tables", registry=registry)
         self.commit_flush_seconds = Counter("phasewise_worker_commit_flush_seconds",
                                             "wall time of the flushes before offset commits", registry=registry)
+        self.containers_expired = Counter("phasewise_worker_containers_expired",
+                                          "containers forgotten after container_ttl_s without a sample",
+                                          registry=registry)
         self.process_seconds = Counter("phasewise_worker_process_seconds",
                                        "seconds spent in the decision logic", registry=registry)
         self.containers = Gauge("phasewise_worker_containers", "containers held in memory",

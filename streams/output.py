@@ -188,6 +188,14 @@ class PartitionMap:
             p = self._host[key[:key.index("/")]]  # the host part ends at the first "/"
         return p
 
+    def knows(self, key: str) -> bool:
+        """Whether :meth:`of` can place *key* (its host's messages were seen since the last clear)."""
+        return key in self._key or key[:key.find("/")] in self._host
+
+    def forget(self, key: str) -> None:
+        """*key* is gone (expired): drop its per-key entry, if any."""
+        self._key.pop(key, None)
+
     def clear(self) -> None:
         self._host.clear()
         self._key.clear()
@@ -220,6 +228,11 @@ class DeferredWrites:
 
     def put(self, key: str, value: Any, partition: int) -> None:
         self._pending[key] = (partition, value)
+
+    def delete(self, key: str) -> None:
+        """Hold the deletion of *key* (a changelog tombstone at the next commit)."""
+        assert self.partitions is not None, "deleting needs a PartitionMap"
+        self._pending[key] = (self.partitions.of(key), None)
 
     def get(self, key: str) -> Any:
         v = self._pending.get(key)
@@ -259,8 +272,12 @@ class DeferredWrites:
         queued = 0
         deadline = time.monotonic() + budget_s
         for k, (partition, v) in taken.items():
-            data[k] = v
-            table.send_changelog(partition, k, v)
+            if v is None:  # a deletion: drop it here, a tombstone on the changelog (as Faust's del does)
+                data.pop(k, None)
+                table.send_changelog(partition, k, None, value_serializer="raw")
+            else:
+                data[k] = v
+                table.send_changelog(partition, k, v)
             queued += 1
             if buffer is not None and queued >= chunk and time.monotonic() < deadline:
                 await buffer.flush_atmost(queued)

@@ -600,6 +600,16 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
         def clear(self) -> None:
             hooks.clear()
 
+        def expire(self, cutoff: float) -> list[str]:
+            """Forget the detector's containers whose newest sample is older than *cutoff*."""
+            return hooks.fleet.expire(cutoff)
+
+        def delete(self, keys: Any) -> None:
+            """Delete *keys* from the phase table (at the next commit), where it holds them."""
+            for k in keys:
+                if writes.get(k) is not None:
+                    writes.delete(k)
+
     h = Hooks()
     h.hooks, h.learner, h.follower, h.table = hooks, learner, follower, table  # type: ignore[attr-defined]
     return h
