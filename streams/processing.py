@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
-from phasewise.models.vpa_fleet import FleetRecommendation, VpaFleet
+from phasewise.models.vpa_fleet import FleetRecommendation, VpaFleet, _all, _nz
 from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples
 from phasewise.settings import Settings
 
@@ -79,15 +79,6 @@ log = logging.getLogger(__name__)
 POLICY = "vpa"
 ENTRY_VERSION = 1
 _NAN = math.nan
-try:  # `if _nz(mask)`: the C count, ~10x cheaper than mask.any() on ~100 elements
-    from numpy._core.multiarray import count_nonzero as _nz
-except ImportError:  # pragma: no cover - another numpy layout
-    _nz = np.count_nonzero
-
-
-def _all(mask: np.ndarray) -> bool:
-    return np.count_nonzero(mask) == mask.size
-
 
 def recommender_params(settings: Settings) -> dict[str, Any]:
     """Constructor arguments of every container's recommender, from settings."""
