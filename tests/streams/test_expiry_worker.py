@@ -44,10 +44,13 @@ def changelog_records(settings, topic: str, timeout_s: float = 10.0) -> list[tup
 def test_a_container_without_samples_for_the_ttl_is_forgotten_and_tombstoned_in_both_changelogs(
         settings, tmp_path):
     worker_id = f"pwtest-expiry-{uuid.uuid4().hex[:6]}"
-    w = Worker(settings, tmp_path, worker_id)
-    w.env = {**w.env, "PHASEWISE_CONTAINER_TTL_S": "20", "PHASEWISE_STATE_WRITE_INTERVAL_S": "1"}
-    w.start()
     host = f"h-{uuid.uuid4().hex[:6]}"
+    w = Worker(settings, tmp_path, worker_id)
+    # only this host: the samples topic holds other tests' hosts, whose newer event times
+    # would otherwise expire these containers at once
+    w.env = {**w.env, "PHASEWISE_CONTAINER_TTL_S": "20", "PHASEWISE_STATE_WRITE_INTERVAL_S": "1",
+             "PHASEWISE_WORKER_HOSTS": host}
+    w.start()
     p = make_producer(settings)
     t0 = time.time() - 600
     gone, kept = f"{host}/goes", f"{host}/stays"
