@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
-from phasewise.models.vpa_fleet import FleetRecommendation, VpaFleet, _all, _nz
+from phasewise.models.vpa_fleet import FleetRecommendation, VpaFleet, _all, _nz, _opt
 from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples
 from phasewise.settings import Settings
 
@@ -89,11 +89,6 @@ def recommender_params(settings: Settings) -> dict[str, Any]:
         "throttle_threshold": settings.vpa_throttle_threshold,
         "throttle_bump": settings.vpa_throttle_bump,
     }
-
-
-def _opt(v: Any) -> float | None:
-    v = float(v)
-    return None if math.isnan(v) else v
 
 
 def _num(v: Any, what: str) -> float:
@@ -172,7 +167,6 @@ class StateCache:
         self.loader = loader
         self.fleet = VpaFleet(capacity=256, **self.params)
         self._index: dict[str, int] = {}
-        self._keys: list[str] = []
         self._free: list[int] = []  # rows of expired containers, reused first
         for name in self._BOOK:
             setattr(self, name, np.full(self.fleet.capacity, _NAN))
@@ -214,7 +208,6 @@ class StateCache:
                     for name in self._BOOK:
                         getattr(self, name)[row] = _NAN
             self._index[key] = row
-            self._keys.append(key)
 
     def _load(self, row: int, state: Any) -> None:
         if not isinstance(state, dict) or state.get("v") != ENTRY_VERSION:
@@ -283,14 +276,11 @@ class StateCache:
         for k in out:
             self._free.append(self._index.pop(k))
             self.dirty.discard(k)
-        if out:
-            self._keys = [k for k in self._keys if k in self._index]
         return out
 
     def clear(self) -> None:
         """Forget every entry (after a rebalance the table is the truth)."""
         self._index.clear()
-        self._keys.clear()
         self._free.clear()
         self.fleet.clear()
         self.dirty.clear()
