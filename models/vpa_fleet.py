@@ -81,24 +81,11 @@ except ImportError:  # pragma: no cover - another numpy layout
     _nz = np.count_nonzero
 
 
-
-
 def _all(mask: np.ndarray) -> bool:
     return np.count_nonzero(mask) == mask.size
 
 
 _COL = {"lower": 0, "target": 1, "upper": 2}
-
-
-def _pow_exact(base: float, x: np.ndarray) -> np.ndarray | float:
-    """``base ** x`` element-wise with Python's (libm's) ``pow`` on the distinct values."""
-    if x.size == 0:
-        return np.empty(0)
-    lo, hi = x.min(), x.max()
-    if lo == hi:
-        return base ** float(lo)
-    u, inv = np.unique(x, return_inverse=True)
-    return np.array([base ** v for v in u.tolist()])[inv]
 
 
 def _pow_exact_fn(fn: Any, x: np.ndarray) -> np.ndarray:
@@ -214,7 +201,7 @@ class _Histograms:
         x0 = x[0]
         if not _nz(x != x0):
             return 2.0 ** float(x0)
-        return _pow_exact(2.0, x)
+        return _pow_exact_fn(lambda v: 2.0 ** v, x)
 
     def _shift(self, row: int, t: float) -> float:
         hl = self.half_life
