@@ -16,14 +16,20 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from phasewise.schemas import ContainerSample, HostSamples, encode
 
-__all__ = ["RoleProcess", "bench_hosts", "square_wave_usage", "host_message", "scrape", "rss_bytes",
-           "cpu_seconds", "produce_messages"]
+__all__ = ["RoleProcess", "BacklogWindow", "bench_hosts", "square_wave_usage", "host_message", "scrape",
+           "rss_bytes", "cpu_seconds", "produce_messages", "drain_backlog"]
+
+#: the worker's container-sample counter the throughput benchmarks read
+SAMPLES_COUNTER = "phasewise_worker_container_samples_total"
+#: the worker's time in the flushes before offset commits
+FLUSH_COUNTER = "phasewise_worker_commit_flush_seconds_total"
 
 
 class RoleProcess:
@@ -143,6 +149,54 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process *pid*, all its threads (from /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class BacklogWindow:
+    """What a worker did between 10 % and 90 % of a backlog (see :func:`drain_backlog`)."""
+
+    samples: float  #: container samples processed
+    seconds: float  #: wall time
+    cpu_s: float  #: the worker's CPU seconds, all threads
+    flush_s: float  #: the worker's pre-commit flush seconds
+
+    @property
+    def cpu_us_per_sample(self) -> float:
+        return self.cpu_s / max(1.0, self.samples) * 1e6
+
+
+def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], ticks: int, metrics_url: str,
+                  pid: int) -> BacklogWindow:
+    """Flood *ticks* ticks of every host's message onto *topic* and time worker *pid* draining them.
+
+    One message per host per tick (:func:`square_wave_usage` seeded by the
+    host's index, limits 2 cores / 4 GB, event times in the past). The window
+    runs from 10 % to 90 % of the backlog by the worker's
+    ``phasewise_worker_container_samples_total`` (scraped from *metrics_url*);
+    returns once the whole backlog is processed.
+    """
+    def counter(name: str = SAMPLES_COUNTER) -> float:
+        return scrape(metrics_url).get(name, 0.0)
+
+    t_base = time.time() - ticks - 60
+    start = counter()
+
+    def flood():
+        for k in range(ticks):
+            for i, (host, cs) in enumerate(hosts):
+                cpu, mem = square_wave_usage(len(cs), k, i)
+                yield host.encode(), host_message(host, t_base + k, cs, cpu.tolist(), mem.tolist(),
+                                                  cpu_limit=2.0, mem_limit=4e9)
+
+    produce_messages(producer, topic, flood())
+    expected = start + sum(len(cs) for _, cs in hosts) * ticks
+    lo, hi = start + 0.1 * (expected - start), start + 0.9 * (expected - start)
+    wait_until(lambda: counter() >= lo, 600, 0.02, "10% of the backlog")
+    c_lo, t_lo, cpu_lo, fl_lo = counter(), time.perf_counter(), cpu_seconds(pid), counter(FLUSH_COUNTER)
+    wait_until(lambda: counter() >= hi, 600, 0.02, "90% of the backlog")
+    c_hi, t_hi, cpu_hi, fl_hi = counter(), time.perf_counter(), cpu_seconds(pid), counter(FLUSH_COUNTER)
+    wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
+    return BacklogWindow(c_hi - c_lo, t_hi - t_lo, cpu_hi - cpu_lo, fl_hi - fl_lo)
 
 
 def dumps(obj: dict) -> str:

@@ -38,9 +38,8 @@ import numpy as np
 from phasewise.bench.harness import (
     RoleProcess,
     bench_hosts,
-    cpu_seconds,
+    drain_backlog,
     host_message,
-    produce_messages,
     rss_bytes,
     scrape,
     square_wave_usage,
@@ -49,8 +48,6 @@ from phasewise.bench.harness import (
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.phase_fleet import PhaseFleet
 from phasewise.schemas import decode_host_samples, encode
-
-COUNTER = "phasewise_worker_container_samples_total"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,16 +65,11 @@ def _hosts(n: int, per_host: int) -> list[tuple[str, list[str]]]:
     return bench_hosts(n, per_host, "phb")
 
 
-def _usage(n: int, t: float, seed: int):
-    cpu, mem = square_wave_usage(n, t, seed)
-    return cpu, mem
-
-
 def warm_model(seed: int = 0) -> PhaseModel:
     """A PhaseModel trained on the benchmark's usage, with statistics for its phases."""
     m = PhaseModel(features=("cpu", "mem"), seed=seed)
     L = m.window_len
-    frames = np.stack([np.c_[_usage(200, t, 7)] for t in range(40)], axis=1)  # (200, 40, 2)
+    frames = np.stack([np.c_[square_wave_usage(200, t, 7)] for t in range(40)], axis=1)  # (200, 40, 2)
     W = np.concatenate([frames[:, k:k + L] for k in range(40 - L)])
     for _ in range(3):
         learn(m, W)
@@ -93,7 +85,7 @@ def pure_rate(model: PhaseModel, hosts: list[tuple[str, list[str]]], ticks: int)
     msgs = []
     for k in range(ticks):
         for i, (host, cs) in enumerate(hosts):
-            cpu, mem = _usage(len(cs), k, i)
+            cpu, mem = square_wave_usage(len(cs), k, i)
             msgs.append(host_message(host, 1.7e9 + k, cs, cpu.tolist(), mem.tolist(), cpu_limit=2.0, mem_limit=4e9))
     n = 0
     changes = 0
@@ -144,12 +136,6 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
         worker = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log").start()
         url = f"http://127.0.0.1:{metrics_port}/metrics"
 
-        def counter() -> float:
-            return scrape(url).get(COUNTER, 0.0)
-
-        def flushed() -> float:
-            return scrape(url).get("phasewise_worker_commit_flush_seconds_total", 0.0)
-
         def ready() -> bool:
             if not worker.alive():
                 raise RuntimeError("worker exited:\n" + worker.log_tail())
@@ -161,34 +147,16 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
 
         wait_until(ready, 120, what="the worker to be ready on the warm snapshot")
         rss0 = rss_bytes(worker.pid)
-        ticks = max(1, int(args.seconds))
-        t_base = time.time() - ticks - 60
-        start = counter()
-
-        def flood():
-            for k in range(ticks):
-                for i, (host, cs) in enumerate(hosts):
-                    cpu, mem = _usage(len(cs), k, i)
-                    yield host.encode(), host_message(host, t_base + k, cs, cpu.tolist(), mem.tolist(),
-                                                      cpu_limit=2.0, mem_limit=4e9)
-
-        produce_messages(producer, SAMPLES.name, flood())
-        expected = start + sum(len(cs) for _, cs in hosts) * ticks
-        lo, hi = start + 0.1 * (expected - start), start + 0.9 * (expected - start)
-        wait_until(lambda: counter() >= lo, 600, 0.02, "10% of the backlog")
-        c_lo, t_lo, cpu_lo, fl_lo = counter(), time.perf_counter(), cpu_seconds(worker.pid), flushed()
-        wait_until(lambda: counter() >= hi, 600, 0.02, "90% of the backlog")
-        c_hi, t_hi, cpu_hi, fl_hi = counter(), time.perf_counter(), cpu_seconds(worker.pid), flushed()
-        wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
+        w = drain_backlog(producer, SAMPLES.name, hosts, max(1, int(args.seconds)), url, worker.pid)
         m = scrape(url)
         rss1 = rss_bytes(worker.pid)
         return {
-            "samples_per_s": round((c_hi - c_lo) / (t_hi - t_lo), 1),
+            "samples_per_s": round(w.samples / w.seconds, 1),
             # the same window: the worker's CPU (all threads) per sample, and how much of the
             # window went to flushes before offset commits (outputs, changelog records)
-            "worker_cpu_us_per_sample": round((cpu_hi - cpu_lo) / max(1.0, c_hi - c_lo) * 1e6, 1),
-            "worker_commit_flush_s_in_window": round(fl_hi - fl_lo, 3),
-            "window_s": round(t_hi - t_lo, 3),
+            "worker_cpu_us_per_sample": round(w.cpu_us_per_sample, 1),
+            "worker_commit_flush_s_in_window": round(w.flush_s, 3),
+            "window_s": round(w.seconds, 3),
             "worker_rss_bytes_per_container": round(max(0.0, (rss1 - rss0) / args.containers), 1),
             "worker_phase_changes": int(m.get("phasewise_worker_phase_changes_total", 0)),
             "worker_decisions": int(m.get("phasewise_worker_decisions_total", 0)),

@@ -47,7 +47,7 @@ from confluent_kafka import OFFSET_END, TIMESTAMP_CREATE_TIME, TopicPartition
 from phasewise.bench.harness import (
     RoleProcess,
     bench_hosts,
-    cpu_seconds,
+    drain_backlog,
     host_message,
     produce_messages,
     rss_bytes,
@@ -61,8 +61,6 @@ from phasewise.producers.agent import PRODUCER_CONFIG
 from phasewise.schemas import Actuation, Decision, SchemaError, decode
 from phasewise.settings import Settings
 from phasewise.topics import ACTUATIONS, DECISIONS, SAMPLES, Topic
-
-COUNTER = "phasewise_worker_container_samples_total"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -135,12 +133,6 @@ def run_bench(args: argparse.Namespace) -> dict:
         roles.append(worker)
         url = f"http://127.0.0.1:{metrics_port}/metrics"
 
-        def counter() -> float:
-            return scrape(url).get(COUNTER, 0.0)
-
-        def flushed() -> float:
-            return scrape(url).get("phasewise_worker_commit_flush_seconds_total", 0.0)
-
         def ready() -> bool:
             if not worker.alive():
                 raise RuntimeError("worker exited:\n" + worker.log_tail())
@@ -155,27 +147,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         # --- throughput: a backlog the worker drains as fast as it can
         producer = make_producer(s, **{"linger.ms": 20})
         ticks = max(1, int(args.seconds))
-        t_base = time.time() - ticks - 60
-        start_count = counter()
-
-        def flood():
-            for k in range(ticks):
-                for i, (host, cs) in enumerate(hosts):
-                    cpu, mem = _usage(len(cs), k, i)
-                    yield host.encode(), host_message(host, t_base + k, cs, cpu, mem, cpu_limit=2.0, mem_limit=4e9)
-
-        produced = produce_messages(producer, SAMPLES.name, flood())
-        expected = start_count + produced * 0 + sum(len(cs) for _, cs in hosts) * ticks
-        # steady-state rate between 10% and 90% of the backlog
-        lo = start_count + 0.1 * (expected - start_count)
-        hi = start_count + 0.9 * (expected - start_count)
-        wait_until(lambda: counter() >= lo, 600, 0.02, "10% of the backlog")
-        c_lo, t_lo, cpu_lo, fl_lo = counter(), time.perf_counter(), cpu_seconds(worker.pid), flushed()
-        wait_until(lambda: counter() >= hi, 600, 0.02, "90% of the backlog")
-        c_hi, t_hi, cpu_hi, fl_hi = counter(), time.perf_counter(), cpu_seconds(worker.pid), flushed()
+        w = drain_backlog(producer, SAMPLES.name, hosts, ticks, url, worker.pid)
         # a backlog drained within one scrape cannot be timed: say so rather than print 0
-        samples_per_s = (c_hi - c_lo) / (t_hi - t_lo) if c_hi > c_lo and t_hi > t_lo else None
-        wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
+        samples_per_s = w.samples / w.seconds if w.samples > 0 and w.seconds > 0 else None
         rss1 = rss_bytes(worker.pid)
         bytes_per_container = max(0.0, (rss1 - rss0) / args.containers)
 
@@ -238,8 +212,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         w_ms = np.array(worker_latencies) * 1000.0
         return {
             "samples_per_s": None if samples_per_s is None else round(samples_per_s, 1),
-            "worker_cpu_us_per_sample": round((cpu_hi - cpu_lo) / max(1.0, c_hi - c_lo) * 1e6, 1),
-            "worker_commit_flush_s_in_window": round(fl_hi - fl_lo, 3),
+            "worker_cpu_us_per_sample": round(w.cpu_us_per_sample, 1),
+            "worker_commit_flush_s_in_window": round(w.flush_s, 3),
             "raw_consume_per_s": round(raw, 1),
             "p50_ms": round(float(np.percentile(lat_ms, 50)), 1) if len(lat_ms) else None,
             "p99_ms": round(float(np.percentile(lat_ms, 99)), 1) if len(lat_ms) else None,
