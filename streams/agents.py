@@ -156,13 +156,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     writes = barrier.table(table, lambda: cache.pop_dirty())  # marked states, collected at each commit
     pmap = barrier.partitions
 
-    def load(key: str) -> Any:
-        raw = writes.get(key)  # a state held for the next commit is newer than the table's
-        # written as JSON bytes; Faust hands values recovered from the changelog
-        # back already decoded by its default (JSON) codec
-        return json.loads(raw) if isinstance(raw, (bytes, str)) else raw
-
-    cache = StateCache.from_settings(settings, loader=load)
+    # a state held for the next commit is newer than the table's
+    cache = StateCache.from_settings(settings, loader=writes.get_state)
 
     async def dead_letter(event: faust.types.EventT, reason: str, kind: str) -> None:
         msg = event.message

@@ -240,6 +240,15 @@ class DeferredWrites:
             v = self._writing.get(key)
         return self.table.get(key) if v is None else v[1]
 
+    def get_state(self, key: str) -> Any:
+        """:meth:`get`, decoded: the container state, or None (a loader for the state caches).
+
+        Written as JSON bytes (:func:`state_bytes`); Faust hands values recovered
+        from the changelog back already decoded by its default (JSON) codec.
+        """
+        raw = self.get(key)
+        return json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+
     def __len__(self) -> int:
         return len(self._pending)
 

@@ -73,6 +73,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
+from phasewise.streams.processing import StateCache
 from phasewise.topics import MODELS, Topic
 
 __all__ = [
@@ -111,6 +112,11 @@ def _finite_list(a: np.ndarray) -> list[float | None]:
     return [None if not math.isfinite(x) else x for x in np.asarray(a, dtype=np.float64).reshape(-1).tolist()]
 
 
+def _float_array(xs: Any) -> np.ndarray:
+    """Inverse of :func:`_finite_list`: None becomes NaN."""
+    return np.array([np.nan if x is None else x for x in xs], dtype=np.float64)
+
+
 def encode_learn_batch(name: str, windows: np.ndarray, prev_phase: np.ndarray, usage: np.ndarray,
                        levels: np.ndarray | None = None) -> bytes:
     """JSON of a sample of ready windows ``(n, L, F)``, the phases in force, the usage to credit and
@@ -147,8 +153,8 @@ def decode_learn_batch(raw: bytes, name: str, window_len: int, n_features: int
         raise SchemaError(f"learn batch: shape {shape!r}, expected [n, {window_len}, {n_features}]")
     n = shape[0]
     try:
-        W = np.array([np.nan if x is None else x for x in d["windows"]], dtype=np.float64)
-        U = np.array([np.nan if x is None else x for x in d["usage"]], dtype=np.float64)
+        W = _float_array(d["windows"])
+        U = _float_array(d["usage"])
         P = np.array(d["prev_phase"], dtype=np.int64)
     except (KeyError, TypeError, ValueError) as e:
         raise SchemaError(f"learn batch: bad arrays: {type(e).__name__}: {e}") from None
@@ -159,7 +165,7 @@ def decode_learn_batch(raw: bytes, name: str, window_len: int, n_features: int
     levels = None
     if d.get("levels") is not None:
         try:
-            levels = np.array([np.nan if x is None else x for x in d["levels"]], dtype=np.float64)
+            levels = _float_array(d["levels"])
         except (TypeError, ValueError) as e:
             raise SchemaError(f"learn batch: bad levels: {type(e).__name__}: {e}") from None
         if levels.size != n * n_features:
@@ -406,7 +412,7 @@ class PhaseHooks:
     what :meth:`process` returns and persists what :meth:`pop_dirty` hands out.
     """
 
-    def __init__(self, settings: Settings, vpa_cache: Any, *, model: PhaseModel, version: int = 0,
+    def __init__(self, settings: Settings, vpa_cache: StateCache, *, model: PhaseModel, version: int = 0,
                  loader: Callable[[str], Any] | None = None,
                  latest: Callable[[], tuple[ModelSnapshot, PhaseModel] | None] | None = None) -> None:
         self.settings = settings
@@ -463,21 +469,10 @@ class PhaseHooks:
         names = [c.container for c in cs]
         keys = [f"{host}/{n}" for n in names]
         X = np.array([(c.cpu_cores, c.mem_bytes) for c in cs], dtype=np.float64)
-        cache = self.vpa_cache
-
-        decided = getattr(cache, "decided_limits", None)
+        decided = self.vpa_cache.decided_limits
 
         def fallback(idx: np.ndarray) -> np.ndarray:
-            if decided is not None:  # the VPA fleet's decided limits as one array (NaN: none yet)
-                return decided([keys[i] for i in idx])
-            out = np.full((len(idx), 2), np.nan)
-            for j, i in enumerate(idx):
-                e = cache.get(keys[i])
-                if e.decided_cpu is not None:
-                    out[j, 0] = e.decided_cpu
-                if e.decided_mem is not None:
-                    out[j, 1] = e.decided_mem
-            return out
+            return decided([keys[i] for i in idx])  # the VPA's decided limits as one array (NaN: none yet)
 
         out = self.fleet.step(hs.ts, keys, X, fallback_limits=fallback, host=host)
         decisions = phase_decisions(out, host, names, hs.ts, quantile=self.fleet.quantile, margin=self.fleet.margin)
@@ -519,10 +514,6 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
     hooks_ref: list[PhaseHooks] = []
     writes = barrier.table(table, lambda: hooks_ref[0].pop_dirty())  # marked states, collected at each commit
 
-    def load(key: str) -> Any:
-        raw = writes.get(key)  # a state held for the next commit is newer than the table's
-        return json.loads(raw) if isinstance(raw, (bytes, str)) else raw
-
     dl_producer: list[Any] = []
 
     def on_bad(value: bytes | None, key: bytes | None, offset: int, reason: str) -> None:
@@ -547,7 +538,8 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
     log.info("phase detector starts from %s (model %s, warm=%s)", origin, name, model.ready)
     metrics.model_version.set(version)
     follower.start()
-    hooks = PhaseHooks(settings, vpa_cache, model=model, version=version, loader=load, latest=follower.latest)
+    hooks = PhaseHooks(settings, vpa_cache, model=model, version=version, loader=writes.get_state,
+                       latest=follower.latest)
     hooks_ref.append(hooks)
     pending: list[PhaseOutput] = []
 
@@ -570,7 +562,7 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
         snap = learner.snapshot()
         if snap is None:
             return
-        await models_t.send(key=name.encode(), value=encode(snap))
+        await models_t.send(key=name_key, value=encode(snap))
         metrics.snapshots_published.inc()
         log.info("published model snapshot %s v%d (%d windows learned, warm=%s)", name, snap.version,
                  snap.samples_seen, learner.model.ready)
