@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from phasewise.models.detector import FEATURES, PhaseModel, Windows, detect, learn
+from phasewise.models.phase_fleet import phase_limits
 from phasewise.models.policy import LimitPolicy, Limits, Usage
 
 __all__ = ["PhasePolicy", "ReactiveFallback", "load_pretrained", "PRETRAINED_AI4DL"]
@@ -271,36 +272,36 @@ class PhasePolicy:
             q = m.clusterer.stats.quantiles(slot, (self.quantile,))[0]
             counts = m.clusterer.stats.count(slot)
         resources = list(dict.fromkeys([*fb.keys(), *(m.features if m is not None else ())]))
+        feats = m.features if m is not None else ()
+        if feats:  # the fleet's limit rule, on this one container's row
+            R = len(feats)
+            lim, basis, from_phase, _ = phase_limits(
+                (q if q is not None else np.full(R, np.nan))[None],
+                (counts if counts is not None else np.zeros(R))[None],
+                np.array([phase]), np.array([slot >= 0]),
+                np.array([[self._basis.get(r, np.nan) for r in feats]]), np.array([self._limit_phase]),
+                np.array([[self._source.get(r) == "phase" for r in feats]]),
+                np.full((1, R), np.nan),  # the fallback is applied below, for every resource alike
+                np.array([[float(self.floors.get(r, 0.0)) for r in feats]]),
+                margin=self.margin, min_phase_samples=self.min_phase_samples,
+                change_threshold=self.change_threshold,
+            )
         for r in resources:
-            val: float | None = None
-            if q is not None and r in m.features:
-                i = m.features.index(r)
-                if counts[i] >= self.min_phase_samples and math.isfinite(q[i]):
-                    basis = float(q[i])
-                    prev_basis = self._basis.get(r)
-                    if (
-                        phase == self._limit_phase
-                        and prev_basis is not None
-                        and self._source.get(r) == "phase"
-                        and abs(basis - prev_basis) <= self.change_threshold * max(prev_basis, 1e-12)
-                    ):
-                        basis = prev_basis  # hysteresis: statistics moved too little to re-set
-                    self._basis[r] = basis
-                    val = basis * (1.0 + self.margin)
-                    source[r] = "phase"
-                    stats_used[r] = {
-                        f"p{round(self.quantile * 100)}": float(q[i]),
-                        "count": int(counts[i]),
-                        "basis": basis,
-                    }
-            if val is None:
-                v = fb.get(r)
-                val = None if v is None else float(v)
-                source[r] = "fallback"
-                self._basis.pop(r, None)
-            if val is not None:
-                val = max(val, float(self.floors.get(r, 0.0)))
-            out[r] = val
+            i = feats.index(r) if r in feats else -1
+            if i >= 0 and from_phase[0, i]:
+                out[r] = float(lim[0, i])
+                source[r] = "phase"
+                self._basis[r] = float(basis[0, i])
+                stats_used[r] = {
+                    f"p{round(self.quantile * 100)}": float(q[i]),
+                    "count": int(counts[i]),
+                    "basis": float(basis[0, i]),
+                }
+                continue
+            v = fb.get(r)
+            out[r] = None if v is None else max(float(v), float(self.floors.get(r, 0.0)))
+            source[r] = "fallback"
+            self._basis.pop(r, None)
         self._limit_phase = phase if slot >= 0 else -1
         self._limits = out
         self._source = source
