@@ -50,7 +50,7 @@ import math
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -289,8 +289,18 @@ def split_of(container: str) -> str:
     return "tune" if int(_md5(container)[-1], 16) % 2 == 0 else "holdout"
 
 
-def _events(trace: Trace) -> list[tuple[float, int, int]]:
-    return sorted((float(t), k, i) for k, c in enumerate(trace.containers) for i, t in enumerate(c.t.tolist()))
+def _steps(trace: Trace) -> Iterator[tuple[float, list[tuple[ContainerSeries, int]]]]:
+    """Event times in order, each with the ``(series, sample index)`` of every container sampled then."""
+    events = sorted((float(t), k, i) for k, c in enumerate(trace.containers) for i, t in enumerate(c.t.tolist()))
+    j = 0
+    while j < len(events):
+        t = events[j][0]
+        batch = []
+        while j < len(events) and events[j][0] == t:
+            _, k, i = events[j]
+            j += 1
+            batch.append((trace.containers[k], i))
+        yield t, batch
 
 
 #: pretraining passes over the training containers go on until the CRBM saw at least this many windows
@@ -312,21 +322,13 @@ def pretrain_model(trace: Trace, opts: FleetOptions, min_windows: int = PRETRAIN
     feats = tuple(f for f in FEATURES if f in trace.units)
     model = PhaseModel(features=feats)
     fleet = PhaseFleet(model, learn_every=1, statistics=opts.statistics, level_half_life=opts.level_half_life)
-    events = _events(trace)
     n_windows = max(1, sum(max(0, len(c) - model.n_his) for c in trace.containers))
     epochs = max(1, math.ceil(min_windows / n_windows))
     for _ in range(epochs):
         fleet.clear()
-        j = 0
-        while j < len(events):
-            t = events[j][0]
-            ids, frames = [], []
-            while j < len(events) and events[j][0] == t:
-                _, k, i = events[j]
-                j += 1
-                usage = _usage_at(trace.containers[k], i)
-                ids.append(trace.containers[k].container)
-                frames.append([usage.get(f, math.nan) for f in feats])
+        for t, batch in _steps(trace):
+            ids = [series.container for series, _ in batch]
+            frames = [[_usage_at(series, i).get(f, math.nan) for f in feats] for series, i in batch]
             fleet.step(t, ids, np.array(frames, dtype=np.float64))
     return model
 
@@ -383,17 +385,11 @@ def _fleet_run(trace: Trace, opts: FleetOptions, model: Any) -> dict[str, list[t
     fallback: dict[str, LimitPolicy] = {}
     handed: dict[str, Limits] = {}
     seqs: dict[str, list[tuple[float, Limits]]] = {c.container: [] for c in trace.containers}
-    events = _events(trace)
-    j = 0
-    while j < len(events):
-        t = events[j][0]
+    for t, batch in _steps(trace):
         ids: list[str] = []
         frames: list[list[float]] = []
         fb: list[list[float]] = []
-        while j < len(events) and events[j][0] == t:
-            _, k, i = events[j]
-            j += 1
-            series = trace.containers[k]
+        for series, i in batch:
             c = series.container
             seqs[c].append((t, dict(handed.get(c, {}))))
             usage = _usage_at(series, i)
