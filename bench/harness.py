@@ -191,9 +191,9 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
     produce_messages(producer, topic, flood())
     expected = start + sum(len(cs) for _, cs in hosts) * ticks
     lo, hi = start + 0.1 * (expected - start), start + 0.9 * (expected - start)
-    wait_until(lambda: counter() >= lo, 600, 0.02, "10% of the backlog")
+    wait_until(lambda: counter() >= lo, 600, 0.25, "10% of the backlog")
     c_lo, t_lo, cpu_lo, fl_lo = counter(), time.perf_counter(), cpu_seconds(pid), counter(FLUSH_COUNTER)
-    wait_until(lambda: counter() >= hi, 600, 0.02, "90% of the backlog")
+    wait_until(lambda: counter() >= hi, 600, 0.25, "90% of the backlog")
     c_hi, t_hi, cpu_hi, fl_hi = counter(), time.perf_counter(), cpu_seconds(pid), counter(FLUSH_COUNTER)
     wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
     return BacklogWindow(c_hi - c_lo, t_hi - t_lo, cpu_hi - cpu_lo, fl_hi - fl_lo)
