@@ -106,6 +106,11 @@ class Settings:
     #: a container with no sample for this long (event time) is dropped from the
     #: worker's memory and tables (VPA garbage-collects after 8 days); 0 = never
     container_ttl_s: float = 691_200.0
+    # --- worker: live phase path, learner batches (appended)
+    #: detectors hold learn windows until this many are ready and send them as
+    #: one batch (also a partial one at every offset commit); the learner makes
+    #: one CD step per batch (a step costs ~0.7 ms however small its batch)
+    phase_learn_batch: int = 64
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:

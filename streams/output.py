@@ -308,6 +308,9 @@ class CommitBarrier:
         self.commits = 0
         self._lock: asyncio.Lock | None = None  # one barrier at a time (a commit and a rebalance may overlap)
         self.buffer: Any = None  # Faust's producer buffer (set by attach)
+        #: called (synchronously) at the start of every barrier, before the outputs' delivery is awaited:
+        #: last sends that belong to this commit (e.g. held learn windows)
+        self.before: list[Callable[[], None]] = []
 
     def table(self, table: Any, source: Callable[[], Any] | None = None) -> DeferredWrites:
         """Hold *table*'s writes for the commits; *source*: see :class:`DeferredWrites`."""
@@ -319,6 +322,8 @@ class CommitBarrier:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
+            for fn in self.before:
+                fn()
             for d in self.tables:
                 d.take()
             await self.sender.flush()

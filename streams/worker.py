@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learn-every", dest="phase_learn_every", type=int,
                    help="--policy phase: detectors send every k-th ready window to the learner "
                         "(env PHASEWISE_PHASE_LEARN_EVERY; default 10)")
+    p.add_argument("--learn-batch", dest="phase_learn_batch", type=int,
+                   help="--policy phase: learn windows go to the learner in batches of this many, one CD "
+                        "step each (env PHASEWISE_PHASE_LEARN_BATCH; default 64)")
     p.add_argument("--phase-warmup", dest="phase_warmup", type=int,
                    help="--policy phase: windows a cold CRBM learns before phases are assigned "
                         "(env PHASEWISE_PHASE_WARMUP; default 256)")
@@ -82,6 +85,8 @@ def check(settings: Settings) -> None:
         raise SettingsError(f"container_ttl_s must be >= 0 (0 = never), got {settings.container_ttl_s}")
     if settings.phase_snapshot_interval_s <= 0 or settings.phase_learn_every < 1 or settings.phase_warmup < 0:
         raise SettingsError("phase_snapshot_interval_s must be > 0, phase_learn_every >= 1, phase_warmup >= 0")
+    if settings.phase_learn_batch < 1:
+        raise SettingsError(f"phase_learn_batch must be >= 1, got {settings.phase_learn_batch}")
     if settings.recommend_interval_s < 0:
         raise SettingsError(f"recommend_interval_s must be >= 0 (0 = on every sample), got {settings.recommend_interval_s}")
     if settings.vpa_time_scale <= 0:

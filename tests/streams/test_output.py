@@ -162,6 +162,22 @@ def test_the_barrier_writes_held_state_only_after_the_outputs_are_delivered():
     run(scenario())
 
 
+
+def test_what_the_barriers_before_callbacks_send_is_delivered_within_the_same_commit():
+    p = FakeProducer()
+    out = OutputSender(p, poll_interval_s=0.001)
+    barrier = CommitBarrier(out)
+    barrier.before.append(lambda: out.send("learn", b"m", b"held-windows"))
+
+    async def scenario():
+        commit = asyncio.ensure_future(barrier.before_commit())
+        await asyncio.sleep(0.01)
+        assert [m.value for m, _ in p.queued] == [b"held-windows"] and not commit.done()  # sent, awaited
+        p.releasable = 1
+        await asyncio.wait_for(commit, 1.0)
+
+    run(scenario())
+
 def test_marked_states_are_collected_once_per_commit_with_their_hosts_partition():
     log: list = []
     p = FakeProducer()

@@ -135,6 +135,29 @@ def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback()
         assert decode(Decision, encode(d)) == d
 
 
+
+def test_hooks_hold_learn_windows_until_a_batch_is_full_and_hand_out_the_rest_on_request():
+    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 1,
+                           "phase_learn_batch": 7}, env={})
+    cache = StateCache.from_settings(s)
+    hooks = PhaseHooks(s, cache, model=warm_model(), version=1)
+    L, F = hooks.fleet.model.window_len, hooks.fleet.model.n_features
+    sizes, ready = [], 0
+    for t in range(12):  # 3 containers per message: 3 ready windows per message once windows are full
+        hs = msg("h1", 1000.0 + t, {"a": regime(t), "b": (0.5, 5e8), "c": (0.2, 2e8)})
+        out = hooks.process(hs, process_host_samples(cache, hs, s))
+        ready += 3 if t >= L - 1 else 0
+        if out.learn_batch is not None:
+            W, P, U, LV = decode_learn_batch(out.learn_batch, NAME, L, F)
+            sizes.append(len(W))
+            assert P.shape == (len(W),) and U.shape == (len(W), F) and LV is not None and LV.shape == U.shape
+    assert sizes and all(n >= 7 for n in sizes) and all(n < 7 + 3 for n in sizes)  # full batches only
+    rest = hooks.take_learn_batch()
+    assert rest is not None and hooks.take_learn_batch() is None  # the hold is emptied
+    sizes.append(len(decode_learn_batch(rest, NAME, L, F)[0]))
+    assert sum(sizes) == ready  # every sampled window is sent exactly once
+
+
 # ---------------------------------------------------------------------------------------- a real worker
 class Worker:
     def __init__(self, settings: Settings, tmp, worker_id: str) -> None:
