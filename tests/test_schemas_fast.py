@@ -20,6 +20,18 @@ from phasewise.schemas import (
 )
 
 
+@pytest.fixture(autouse=True, params=["orjson", "json"])
+def parser(request, monkeypatch):
+    """Every test runs with the worker's orjson parse and with the stdlib one (orjson not installed)."""
+    import phasewise.schemas as schemas
+
+    if request.param == "json":
+        monkeypatch.setattr(schemas, "_fast_loads", None)
+    else:
+        assert schemas._fast_loads is not None, "orjson is part of the streams extra"
+    return request.param
+
+
 def _typed(record):
     """A record as nested (field, type, value) tuples: 2 and 2.0 differ here."""
     if isinstance(record, tuple):
@@ -111,6 +123,17 @@ def test_every_field_with_every_odd_value_gets_the_strict_answer(field, value):
 def test_malformed_messages_get_the_strict_reason(raw):
     kind, _ = assert_same(raw)
     assert kind != "ok"
+
+
+@pytest.mark.parametrize("raw", [
+    '{"v": 1, "host": "h\\ud800", "ts": 1, "interval_s": 1, "containers": []}',  # a lone surrogate escape
+    '{"v": 1, "host": "h", "ts": 18446744073709551616, "interval_s": 1, "containers": []}',  # 2**64
+    '{"v": 1, "host": "h", "host": "g", "ts": 1, "interval_s": 1, "containers": []}',  # a duplicate key
+    '{"v": 1, "host": "h", "ts": 1e400, "interval_s": 1, "containers": []}',  # overflows to inf
+    b'{"v": 1, "host": "h\xc3", "ts": 1, "interval_s": 1, "containers": []}',  # invalid UTF-8
+])
+def test_json_that_parsers_treat_differently_gets_the_strict_answer(raw):
+    assert_same(raw)
 
 
 def test_a_top_level_error_and_a_container_error_report_what_strict_reports_first():
