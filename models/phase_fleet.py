@@ -558,13 +558,16 @@ class PhaseFleet:
 
     def step(
         self,
-        t: float,
+        t: float | np.ndarray,
         containers: Sequence[str],
         frames: np.ndarray,
         fallback_limits: FallbackLimits = None,
         host: str = "",
     ) -> FleetStep:
         """One batched detector step at event time *t* for *containers* (one frame each).
+
+        *t*: one event time, or one per row (distinct containers of several
+        messages in one step).
 
         ``frames``: raw usage ``(n, n_features)`` in :attr:`resources` order
         (NaN = missing). ``fallback_limits``: the reactive limits, as an
@@ -645,7 +648,7 @@ class PhaseFleet:
         # persistence: on a phase change or after state_write_interval_s of event time
         due = res.changed | new | (t - self._written[rows] >= self.state_write_interval_s)
         if due.any():
-            self._written[rows[due]] = t
+            self._written[rows[due]] = t[due] if isinstance(t, np.ndarray) else t
             self._dirty.update(containers[i] for i in np.flatnonzero(due))
         # learning sample
         sel, self._n_ready = pick_every_k(res.ready, self._n_ready, self.learn_every)

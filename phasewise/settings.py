@@ -111,6 +111,12 @@ class Settings:
     #: one batch (also a partial one at every offset commit); the learner makes
     #: one CD step per batch (a step costs ~0.7 ms however small its batch)
     phase_learn_batch: int = 64
+    # --- worker: message batches (appended)
+    #: the samples agent takes up to this many messages at a time and steps the
+    #: containers of distinct hosts together (vectorised: ~half the cost per sample)
+    worker_batch_max: int = 16
+    #: ... waiting at most this long for them to arrive (adds at most this to latency)
+    worker_batch_wait_ms: float = 5.0
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:

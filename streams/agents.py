@@ -39,11 +39,11 @@ from typing import Any
 
 import faust
 
-from phasewise.schemas import DeadLetter, SchemaError, decode_host_samples, encode, payload_text
+from phasewise.schemas import DeadLetter, Decision, HostSamples, SchemaError, decode_host_samples, encode, payload_text
 from phasewise.settings import Settings
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
-from phasewise.streams.processing import StateCache, process_host_samples
+from phasewise.streams.processing import StateCache, process_host_samples, process_many
 from phasewise.streams.topics import worker_topics
 from phasewise.topics import DEAD_LETTERS, DECISIONS, SAMPLES
 
@@ -129,6 +129,28 @@ class Expiry:
         return sorted(gone | gone_phase)
 
 
+def rounds(items: list[tuple[Any, HostSamples]]) -> list[list[tuple[Any, HostSamples]]]:
+    """Consecutive runs of *items* (``(event, message)``) whose containers are distinct, in order.
+
+    A new run starts when a host repeats (its next tick must see the state the
+    previous one left); a host name holding a "/" gets a run of its own (its
+    ``host/container`` keys could collide with another host's).
+    """
+    out: list[list[tuple[Any, HostSamples]]] = []
+    hosts: set[str] = set()
+    alone = False  # the current run holds a host with a "/"
+    for item in items:
+        host = item[1].host
+        slash = "/" in host
+        if not out or alone or slash or host in hosts:
+            out.append([])
+            hosts = set()
+        out[-1].append(item)
+        hosts.add(host)
+        alone = slash
+    return out
+
+
 def register(app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
              metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None) -> dict[str, Any]:
     """Add the state table and the samples agent to *app*; returns the handles.
@@ -178,39 +200,69 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     only_hosts = settings.worker_host_set()
     expiry = Expiry(settings.container_ttl_s, cache, table, writes, pmap, phase, metrics)
 
+    batch_max = max(1, settings.worker_batch_max)
+    batch_wait_s = max(0.0, settings.worker_batch_wait_ms) / 1000.0
+
+    def process_round(msgs: list[HostSamples]) -> list[Decision]:
+        """The VPA, then (--policy phase) the detector, over messages whose containers are distinct."""
+        if len(msgs) == 1:
+            decisions = process_host_samples(cache, msgs[0], settings)
+            return phase.process_many(msgs) if phase is not None else decisions
+        per_msg = process_many(cache, msgs, settings)
+        if phase is not None:
+            return phase.process_many(msgs)
+        return [d for ds in per_msg for d in ds]
+
+    def emit(decisions: list[Decision]) -> None:
+        if phase is not None:
+            phase.flush()
+        if decisions:
+            for d in decisions:
+                outputs.send(DECISIONS.name, d.host.encode(), encode(d))
+                log.info("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
+            metrics.decisions.inc(len(decisions))
+
     @app.agent(topics.samples, name="phasewise.vpa-samples")
     async def on_samples(stream: faust.StreamT) -> None:
-        async for event in stream.events():
-            try:
-                hs = decode_host_samples(event.message.value)
-            except SchemaError as e:
-                await dead_letter(event, str(e), "schema")
-                continue
-            if only_hosts and hs.host not in only_hosts:
-                continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
-            partition = event.message.partition
-            pmap.note(hs.host, partition, hs.containers)  # where its states' changelog records go
+        # up to batch_max messages at a time (waiting at most batch_wait_s for them): one vectorised
+        # step over many hosts' containers costs about half as much per sample as one per message
+        async for events in stream.take_events(batch_max, within=batch_wait_s):
+            got: list[tuple[faust.types.EventT, HostSamples]] = []
+            for event in events:
+                try:
+                    hs = decode_host_samples(event.message.value)
+                except SchemaError as e:
+                    await dead_letter(event, str(e), "schema")
+                    continue
+                if only_hosts and hs.host not in only_hosts:
+                    continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
+                pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
+                got.append((event, hs))
             t0 = time.perf_counter()
-            try:
-                decisions = process_host_samples(cache, hs, settings)
-                if phase is not None:
-                    decisions = phase.process(hs, decisions)
-            except Exception as e:  # a bug on valid input: keep the message, keep going
-                log.exception("processing a valid HostSamples message failed")
-                await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
-                continue
-            if phase is not None:
-                phase.flush()
-            if decisions:
-                for d in decisions:
-                    outputs.send(DECISIONS.name, d.host.encode(), encode(d))
-                    log.info("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
-                metrics.decisions.inc(len(decisions))
+            for rnd in rounds(got):
+                try:
+                    emit(process_round([hs for _, hs in rnd]))
+                except Exception as e:  # a bug on valid input: keep the messages, keep going
+                    if len(rnd) == 1:
+                        log.exception("processing a valid HostSamples message failed")
+                        await dead_letter(rnd[0][0], f"processing failed: {type(e).__name__}: {e}", "processing")
+                        continue
+                    # find the message(s) that fail; the others are processed on their own (a container
+                    # the failed round had already learned learns that sample again: harmless for VPA)
+                    log.exception("processing %d messages together failed; processing them one by one", len(rnd))
+                    for event, hs in rnd:
+                        try:
+                            emit(process_round([hs]))
+                        except Exception as e1:
+                            log.exception("processing a valid HostSamples message failed")
+                            await dead_letter(event, f"processing failed: {type(e1).__name__}: {e1}",
+                                              "processing")
             outputs.poll()
-            expiry.after(hs.host, hs.ts)
+            for _, hs in got:
+                expiry.after(hs.host, hs.ts)
+                metrics.container_samples.inc(len(hs.containers))
             metrics.process_seconds.inc(time.perf_counter() - t0)
-            metrics.messages.inc()
-            metrics.container_samples.inc(len(hs.containers))
+            metrics.messages.inc(len(got))
             metrics.containers.set(len(cache))
 
     @app.on_partitions_revoked.connect

@@ -85,6 +85,8 @@ def check(settings: Settings) -> None:
         raise SettingsError(f"container_ttl_s must be >= 0 (0 = never), got {settings.container_ttl_s}")
     if settings.phase_snapshot_interval_s <= 0 or settings.phase_learn_every < 1 or settings.phase_warmup < 0:
         raise SettingsError("phase_snapshot_interval_s must be > 0, phase_learn_every >= 1, phase_warmup >= 0")
+    if settings.worker_batch_max < 1 or settings.worker_batch_wait_ms < 0:
+        raise SettingsError("worker_batch_max must be >= 1 and worker_batch_wait_ms >= 0")
     if settings.phase_learn_batch < 1:
         raise SettingsError(f"phase_learn_batch must be >= 1, got {settings.phase_learn_batch}")
     if settings.recommend_interval_s < 0:

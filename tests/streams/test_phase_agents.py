@@ -33,7 +33,7 @@ from phasewise.streams.phase_agents import (
     model_name,
     model_of,
 )
-from phasewise.streams.processing import StateCache, process_host_samples
+from phasewise.streams.processing import StateCache, process_host_samples, process_many
 from phasewise.topics import DECISIONS, MODELS, PHASES, SAMPLES
 
 NAME = model_name()
@@ -156,6 +156,33 @@ def test_hooks_hold_learn_windows_until_a_batch_is_full_and_hand_out_the_rest_on
     assert rest is not None and hooks.take_learn_batch() is None  # the hold is emptied
     sizes.append(len(decode_learn_batch(rest, NAME, L, F)[0]))
     assert sum(sizes) == ready  # every sampled window is sent exactly once
+
+
+
+def test_one_step_over_several_hosts_messages_decides_exactly_as_one_step_per_message():
+    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 3,
+                           "phase_learn_batch": 1}, env={})
+    caches = [StateCache.from_settings(s), StateCache.from_settings(s)]
+    per_msg, batched = (PhaseHooks(s, c, model=warm_model(), version=1) for c in caches)
+    got: list[list] = [[], []]
+    for t in range(60):  # 3 hosts per tick, each with a container changing regime at its own period
+        msgs = [msg(f"h{h}", 1000.0 + t + 0.1 * h, {"job": regime(t + 5 * h, 12 + 4 * h), "idle": (0.1, 1e8)})
+                for h in range(3)]
+        for m in msgs:
+            process_host_samples(caches[0], m, s)
+            out = per_msg.process(m)
+            got[0].append((out.decisions, out.changes, out.learn_batch))
+        process_many(caches[1], msgs, s)
+        out = batched.process_many(msgs)
+        got[1].append((out.decisions, out.changes, out.learn_batch))
+    flat = [[x for step in g for x in step[0]] for g in got]
+    assert flat[0] == flat[1] and len({d.host for d in flat[0]}) == 3  # decisions, in message order
+    changes = [[x for step in g for x in step[1]] for g in got]
+    assert changes[0] == changes[1] and {c.host for c in changes[0]} == {"h0", "h1", "h2"}
+    windows = [np.concatenate([decode_learn_batch(b, NAME, 3, 2)[0] for *_, b in g if b is not None]) for g in got]
+    assert np.array_equal(windows[0], windows[1])  # the same learn sample
+    with pytest.raises(ValueError, match="appears in two"):
+        batched.process_many([msgs[0], msgs[0]])
 
 
 # ---------------------------------------------------------------------------------------- a real worker

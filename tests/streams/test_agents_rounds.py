@@ -1,0 +1,28 @@
+"""How the samples agent groups a batch of messages into steps (``streams.agents.rounds``)."""
+
+from phasewise.schemas import ContainerSample, HostSamples
+from phasewise.streams.agents import rounds
+
+
+def m(host: str) -> tuple[str, HostSamples]:
+    return host, HostSamples(host=host, ts=1.0, interval_s=1.0,
+                             containers=(ContainerSample(container="c", cpu_cores=0.1, mem_bytes=1.0),))
+
+
+def hosts(runs):
+    return [[e for e, _ in run] for run in runs]
+
+
+def test_a_repeated_host_starts_a_new_step_so_its_ticks_are_learned_in_order():
+    got = rounds([m("a"), m("b"), m("a"), m("c"), m("b"), m("b")])
+    assert hosts(got) == [["a", "b"], ["a", "c", "b"], ["b"]]
+
+
+def test_hosts_with_a_slash_are_stepped_alone():
+    # "x/y" + "c" and "x" + "y/c" would both be the key "x/y/c"
+    got = rounds([m("a"), m("x/y"), m("b"), m("c"), m("x"), m("d/e")])
+    assert hosts(got) == [["a"], ["x/y"], ["b", "c", "x"], ["d/e"]]
+
+
+def test_nothing_in_nothing_out():
+    assert rounds([]) == []
