@@ -45,7 +45,7 @@ from phasewise.bench.harness import (
     square_wave_usage,
     wait_until,
 )
-from phasewise.models.detector import PhaseModel, learn
+from phasewise.models.detector import PhaseModel, learn, relative_usage
 from phasewise.models.phase_fleet import PhaseFleet
 from phasewise.schemas import decode_host_samples, encode
 
@@ -66,14 +66,20 @@ def _hosts(n: int, per_host: int) -> list[tuple[str, list[str]]]:
 
 
 def warm_model(seed: int = 0) -> PhaseModel:
-    """A PhaseModel trained on the benchmark's usage, with statistics for its phases."""
+    """A PhaseModel trained on the benchmark's usage, with (absolute and relative) statistics for its phases."""
     m = PhaseModel(features=("cpu", "mem"), seed=seed)
     L = m.window_len
     frames = np.stack([np.c_[square_wave_usage(200, t, 7)] for t in range(40)], axis=1)  # (200, 40, 2)
     W = np.concatenate([frames[:, k:k + L] for k in range(40 - L)])
     for _ in range(3):
         learn(m, W)
-    m.clusterer.update_stats(m.predict(W), W[:, -1])
+    P = m.predict(W)
+    m.clusterer.update_stats(P, W[:, -1])
+    # relative statistics (the worker's default): usage / the container's level just before the frame,
+    # the level taken as the running max of its usage (the fleet keeps a slowly decaying max)
+    level = np.maximum.accumulate(frames, axis=1)
+    m.clusterer.update_rel_stats(P, relative_usage(W[:, -1], np.concatenate([level[:, k + L - 2]
+                                                                             for k in range(40 - L)])))
     if not m.ready:
         raise RuntimeError("benchmark model did not warm up")
     return m
