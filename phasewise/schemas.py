@@ -32,11 +32,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-try:  # the worker's hot path parses with orjson when it is installed (the streams extra): ~2x json.loads
+try:  # the worker's hot path parses and writes JSON with orjson when installed (streams extra)
     from orjson import JSONDecodeError as _FastJSONError
+    from orjson import dumps as _fast_dumps
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - host agent / actuator installs
-    _fast_loads = None
+    _fast_dumps = _fast_loads = None
 
 __all__ = [
     "SchemaError",
@@ -408,7 +409,28 @@ def from_dict(cls: type[R], data: dict) -> R:
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
+_isfinite = math.isfinite
+
+
+def _not_finite(where: str, value: Any) -> ValueError:
+    return ValueError(f"{where}: {value!r} is not a finite number (JSON has none)")
+
+
+def _check_finite(tree: Any, where: str) -> None:
+    """Refuse a non-finite float anywhere in a free-form dict / list (``details``, ``stats``)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        for v in (node.values() if isinstance(node, dict) else node):
+            if isinstance(v, float):
+                if not _isfinite(v):
+                    raise _not_finite(where, v)
+            elif isinstance(v, (dict, list, tuple)):
+                stack.append(v)
+
+
 def to_dict(record: Any) -> dict:
+    """The record's fields as JSON-ready values; a non-finite float anywhere raises ``ValueError``."""
     cls = type(record)
     names = _FIELD_NAMES.get(cls)
     if names is None:  # dataclasses.fields() once per class, not per record
@@ -416,8 +438,14 @@ def to_dict(record: Any) -> dict:
     out = {}
     for name in names:
         value = getattr(record, name)
-        if isinstance(value, tuple):
+        t = type(value)
+        if t is float or (t is not int and t is not str and isinstance(value, float)):
+            if not _isfinite(value):
+                raise _not_finite(f"{cls.__name__}.{name}", value)
+        elif t is tuple:
             value = [to_dict(x) for x in value]
+        elif t is dict or t is list:
+            _check_finite(value, f"{cls.__name__}.{name}")
         out[name] = value
     return out
 
@@ -426,8 +454,24 @@ def to_dict(record: Any) -> dict:
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
+def _orjson_default(obj: Any) -> Any:
+    """What orjson leaves to a callback and ``json.dumps`` writes: float subclasses (e.g. numpy.float64)."""
+    if isinstance(obj, float):
+        return float(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
 def encode(record: Any) -> bytes:
-    return _ENCODER.encode(to_dict(record)).encode()
+    """Compact UTF-8 JSON of a record (orjson when installed, ~4x faster on decisions; else ``json``).
+
+    The two write the same JSON values (number and non-ASCII text spellings
+    may differ: ``1e-05`` / ``1e-5``, ``\\u00e9`` / UTF-8); a non-finite
+    number anywhere is refused with ``ValueError`` by both.
+    """
+    d = to_dict(record)
+    if _fast_dumps is not None:
+        return _fast_dumps(d, default=_orjson_default)
+    return _ENCODER.encode(d).encode()
 
 
 def decode(cls: type[R], raw: bytes | str) -> R:

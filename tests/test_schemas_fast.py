@@ -172,18 +172,53 @@ def test_random_mutations_of_valid_messages_agree_with_the_strict_parser():
     assert accepted > 50 and rejected > 500  # both answers were exercised
 
 
-def test_encode_writes_what_json_dumps_of_the_fields_writes():
+@pytest.fixture(params=["orjson", "json"])
+def writer(request, monkeypatch):
+    """encode() with orjson (the worker) and with the stdlib (orjson not installed)."""
+    import phasewise.schemas as schemas
+
+    if request.param == "json":
+        monkeypatch.setattr(schemas, "_fast_dumps", None)
+    else:
+        assert schemas._fast_dumps is not None, "orjson is part of the streams extra"
+    return request.param
+
+
+def _records():
+    import numpy as np
+
     from phasewise.schemas import DeadLetter, Decision, PhaseChange
 
-    records = [
+    return [
         decode(HostSamples, json.dumps(message(3))),
-        Decision(id="x", ts=1.0, host="h", container="c", action="limit", policy="phase", reason="r\u00e9",
-                 cpu_limit_cores=1.5, mem_limit_bytes=None, details={"a": [1, 2.5, None], "b": {"c": "d"}}),
+        Decision(id="x", ts=1.0, host="h", container="c", action="limit", policy="phase", reason="r\u00e9 \u2192",
+                 cpu_limit_cores=1.5e-05, mem_limit_bytes=None,
+                 details={"a": [1, 2.5, None, np.float64(0.25)], "b": {"c": "d", "e": 1e300}}),
         PhaseChange(container="c", host="h", ts=2.0, old_phase=None, new_phase=3, since=1.0, stats={"p": 0.1}),
         DeadLetter(ts=3.0, source_topic="t", reason="why", payload="\\xff"),
     ]
-    for r in records:
-        reference = json.dumps(dataclasses.asdict(r), separators=(",", ":"), allow_nan=False).encode()
-        assert encode(r) == reference
-    with pytest.raises(ValueError):
-        encode(ContainerSample(container="a", cpu_cores=float("nan"), mem_bytes=1))
+
+
+def test_encode_writes_the_json_values_of_the_fields_as_compact_utf8(writer):
+    for r in _records():
+        raw = encode(r)
+        reference = json.dumps(dataclasses.asdict(r), separators=(",", ":"), allow_nan=False)
+        assert json.loads(raw.decode("utf-8")) == json.loads(reference)
+        assert b" " not in raw.replace(b"r\xc3\xa9 \xe2\x86\x92", b"").replace(b"\\u00e9 \\u2192", b"")
+        assert type(r).__name__ == "HostSamples" or decode(type(r), raw) == r  # the record reads back
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_number_anywhere_is_refused_by_both_writers(writer, bad):
+    import numpy as np
+
+    from phasewise.schemas import Decision
+
+    with pytest.raises(ValueError, match="not a finite number"):
+        encode(ContainerSample(container="a", cpu_cores=bad, mem_bytes=1))
+    base = dict(id="x", ts=1.0, host="h", container="c", action="limit", policy="phase")
+    for details in ({"a": bad}, {"a": {"b": [1.0, bad]}}, {"a": [np.float64(bad)]}):
+        with pytest.raises(ValueError, match="not a finite number"):
+            encode(Decision(**base, details=details))
+    with pytest.raises(ValueError, match="not a finite number"):
+        encode(Decision(**base, cpu_limit_cores=np.float64(bad)))
