@@ -157,7 +157,8 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
         m = scrape(url)
         rss1 = rss_bytes(worker.pid)
         return {
-            "samples_per_s": round(w.samples / w.seconds, 1),
+            # null when the backlog drained between two scrapes (too small to time)
+            "samples_per_s": round(w.samples / w.seconds, 1) if w.samples > 0 and w.seconds > 0 else None,
             # the same window: the worker's CPU (all threads) per sample, and how much of the
             # window went to flushes before offset commits (outputs, changelog records)
             "worker_cpu_us_per_sample": round(w.cpu_us_per_sample, 1),
