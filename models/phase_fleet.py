@@ -164,26 +164,41 @@ class FleetStep:
         return np.flatnonzero(self.decide.any(axis=1))
 
     def explain(self, i: int, quantile: float = 0.95) -> dict[str, Any]:
-        """Phase id, per-resource source and statistics behind row *i*'s limits."""
+        """Phase id, per-resource source and statistics behind row *i*'s limits (non-finite: None)."""
+        return self.explain_rows([i], quantile)[0]
+
+    def explain_rows(self, rows: Sequence[int] | np.ndarray, quantile: float = 0.95) -> list[dict[str, Any]]:
+        """:meth:`explain` of each of *rows* (the arrays are read once for all of them)."""
         tag = f"p{round(quantile * 100)}"
-        stats = {}
-        sources = {}
-        for j, r in enumerate(self.resources):
-            sources[r] = "phase" if self.from_phase[i, j] else "fallback"
-            if self.from_phase[i, j]:
-                stats[r] = {tag: float(self.quantile[i, j]), "count": int(self.counts[i, j]),
-                            "basis": float(self.basis[i, j])}
-            if self.from_phase[i, j] and self.statistics == "relative" and self.levels is not None:
-                # the quantile above is level x the phase's quantile of usage/level
-                stats[r]["level_before"] = float(self.levels[i, j])
-        p = int(self.phase[i])
-        return {
-            "phase": p if p >= 0 else None,
-            "source": "phase" if self.from_phase[i].any() else "fallback",
-            "sources": sources,
-            "stats": stats,
-            "statistics": self.statistics,
-        }
+        idx = np.asarray(rows, dtype=np.int64)
+        res = self.resources
+        fp = self.from_phase[idx].tolist()
+        q, cnt, basis = self.quantile[idx].tolist(), self.counts[idx].tolist(), self.basis[idx].tolist()
+        # relative statistics: the quantile is level x the phase's quantile of usage/level
+        lv = self.levels[idx].tolist() if self.statistics == "relative" and self.levels is not None else None
+        out = []
+        for k, p in enumerate(self.phase[idx].tolist()):
+            f = fp[k]
+            stats = {}
+            for j, r in enumerate(res):
+                if f[j]:
+                    st = {tag: _finite_or_none(q[k][j]), "count": int(cnt[k][j]),
+                          "basis": _finite_or_none(basis[k][j])}
+                    if lv is not None:
+                        st["level_before"] = _finite_or_none(lv[k][j])
+                    stats[r] = st
+            out.append({
+                "phase": p if p >= 0 else None,
+                "source": "phase" if any(f) else "fallback",
+                "sources": {r: ("phase" if f[j] else "fallback") for j, r in enumerate(res)},
+                "stats": stats,
+                "statistics": self.statistics,
+            })
+        return out
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 class _StatsMemo:

@@ -368,30 +368,36 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
                     quantile: float, margin: float) -> list[Decision]:
     """``Decision`` (policy ``phase``) for each row of *out* with a limit to hand out (*hosts*, *names*,
     *ts*: per row)."""
+    rows = out.rows_to_decide()
+    if not len(rows):
+        return []
     decisions = []
     res = out.resources
     ci, mi = res.index("cpu"), res.index("mem")
-    for i in out.rows_to_decide():
-        cpu = float(out.limits[i, ci]) if out.decide[i, ci] else None
-        mem = float(out.limits[i, mi]) if out.decide[i, mi] else None
+    limits, decide, changed = out.limits[rows].tolist(), out.decide[rows].tolist(), out.changed[rows].tolist()
+    margin = _clean(margin)
+    for k, (i, ex) in enumerate(zip(rows.tolist(), out.explain_rows(rows, quantile))):
+        cpu = limits[k][ci] if decide[k][ci] else None
+        mem = limits[k][mi] if decide[k][mi] else None
         if cpu is not None:
             cpu = min(math.ceil(cpu * 1000.0 - 1e-9) / 1000.0, MAX_CORES)
         if mem is not None:
             mem = float(min(math.ceil(mem), MAX_BYTES))
-        ex = out.explain(int(i), quantile)
-        decided = [r for r, v in (("cpu", cpu), ("mem", mem)) if v is not None]
-        srcs = {r: ("phase" if ex["sources"][r] == "phase" else "fallback:vpa") for r in decided}
-        kinds = set(srcs.values())
-        source = kinds.pop() if len(kinds) == 1 else "mixed"
+        srcs = {}
         why = []
         if cpu is not None:
-            why.append(f"cpu -> {cpu:g} cores ({srcs['cpu']})")
+            srcs["cpu"] = src = "phase" if ex["sources"]["cpu"] == "phase" else "fallback:vpa"
+            why.append(f"cpu -> {cpu:g} cores ({src})")
         if mem is not None:
-            why.append(f"mem -> {mem / 2**20:.0f} MiB ({srcs['mem']})")
+            srcs["mem"] = src = "phase" if ex["sources"]["mem"] == "phase" else "fallback:vpa"
+            why.append(f"mem -> {mem / 2**20:.0f} MiB ({src})")
+        kinds = set(srcs.values())
+        source = kinds.pop() if len(kinds) == 1 else "mixed"
         phase = ex["phase"]
         head = f"phase {phase}" if phase is not None else "phase unknown"
-        details = _clean({**ex, "source": source, "sources": srcs, "quantile": quantile, "margin": margin,
-                          "changed": bool(out.changed[i])})
+        # explain_rows gives finite numbers or None; quantile and margin are settings
+        details = {**ex, "source": source, "sources": srcs, "quantile": quantile, "margin": margin,
+                   "changed": changed[k]}
         name, host, t = names[i], hosts[i], ts[i]
         decisions.append(Decision(
             id=decision_id(host, name, cpu, mem, t), ts=t, host=host, container=name, action="limit",
