@@ -61,6 +61,11 @@ from typing import Any
 
 import numpy as np
 
+try:  # learn batches are ~1 KB of numbers per window: orjson writes numpy arrays directly (streams extra)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover
+    _orjson = None
+
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.phase_fleet import FleetStep, PhaseFleet
 from phasewise.schemas import (
@@ -115,23 +120,34 @@ def _finite_list(a: np.ndarray) -> list[float | None]:
 
 
 def _float_array(xs: Any) -> np.ndarray:
-    """Inverse of :func:`_finite_list`: None becomes NaN."""
-    return np.array([np.nan if x is None else x for x in xs], dtype=np.float64)
+    """Inverse of :func:`_finite_list`: None becomes NaN (numpy converts it)."""
+    if not isinstance(xs, list):
+        raise TypeError(f"expected a list, got {type(xs).__name__}")
+    return np.array(xs, dtype=np.float64)
+
+
+def _flat(a: Any, dtype: Any = np.float64) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, dtype=dtype).reshape(-1))
 
 
 def encode_learn_batch(name: str, windows: np.ndarray, prev_phase: np.ndarray, usage: np.ndarray,
                        levels: np.ndarray | None = None) -> bytes:
     """JSON of a sample of ready windows ``(n, L, F)``, the phases in force, the usage to credit and
-    (relative statistics) each container's level just before the frame."""
+    (relative statistics) each container's level just before the frame. Missing (non-finite) numbers
+    are written as null."""
     W = np.asarray(windows, dtype=np.float64)
     d: dict[str, Any] = {
         "v": LEARN_BATCH_VERSION, "model": name, "shape": list(W.shape),
-        "windows": _finite_list(W),
-        "prev_phase": [int(p) for p in np.asarray(prev_phase).tolist()],
-        "usage": _finite_list(usage),
+        "windows": _flat(W), "prev_phase": _flat(prev_phase, np.int64), "usage": _flat(usage),
     }
     if levels is not None:
-        d["levels"] = _finite_list(levels)
+        d["levels"] = _flat(levels)
+    if _orjson is not None:  # numpy arrays written directly, NaN / inf as null
+        return _orjson.dumps(d, option=_orjson.OPT_SERIALIZE_NUMPY)
+    for k in ("windows", "usage", "levels"):
+        if k in d:
+            d[k] = _finite_list(d[k])
+    d["prev_phase"] = d["prev_phase"].tolist()
     return json.dumps(d, separators=(",", ":")).encode()
 
 
@@ -142,8 +158,8 @@ def decode_learn_batch(raw: bytes, name: str, window_len: int, n_features: int
     :class:`SchemaError` says why not. Version 1 batches (no levels) are read too.
     """
     try:
-        d = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
+        d = _orjson.loads(raw) if _orjson is not None else json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:  # orjson's error is a JSONDecodeError
         raise SchemaError(f"learn batch: not valid JSON: {e}") from None
     if type(d) is not dict or d.get("v") not in (1, LEARN_BATCH_VERSION):
         raise SchemaError(f"learn batch: unsupported version {d.get('v') if isinstance(d, dict) else d!r}")

@@ -58,7 +58,22 @@ def warm_model() -> PhaseModel:
     return m
 
 
-def test_learn_batches_round_trip_and_malformed_ones_say_why():
+@pytest.mark.parametrize("writer", ["orjson", "json"])
+@pytest.mark.parametrize("reader", ["orjson", "json"])
+def test_learn_batches_round_trip_and_malformed_ones_say_why(monkeypatch, writer, reader):
+    import phasewise.streams.phase_agents as pa
+
+    assert pa._orjson is not None, "orjson is part of the streams extra"
+    orj = pa._orjson
+
+    def encode_learn_batch(*a, **kw):  # written by a worker with / without orjson
+        monkeypatch.setattr(pa, "_orjson", orj if writer == "orjson" else None)
+        try:
+            return pa.encode_learn_batch(*a, **kw)
+        finally:
+            monkeypatch.setattr(pa, "_orjson", orj if reader == "orjson" else None)
+
+    monkeypatch.setattr(pa, "_orjson", orj if reader == "orjson" else None)
     W = np.arange(24, dtype=float).reshape(4, 3, 2)
     raw = encode_learn_batch(NAME, W, np.array([0, -1, 2, 2]), W[:, -1])
     got_W, got_P, got_U, got_L = decode_learn_batch(raw, NAME, 3, 2)
@@ -84,6 +99,15 @@ def test_learn_batches_round_trip_and_malformed_ones_say_why():
         decode_learn_batch(raw, NAME, 4, 2)
     with pytest.raises(SchemaError, match="this learner trains"):
         decode_learn_batch(raw, "other", 3, 2)
+    W2 = W.copy()
+    W2[1, 0, 0], W2[2, 1, 1] = np.nan, np.inf  # missing frames travel as null, come back as NaN
+    got_W = decode_learn_batch(encode_learn_batch(NAME, W2[:, :, ::-1][:, :, ::-1], np.zeros(4), W2[:, -1]),
+                               NAME, 3, 2)[0]
+    assert np.isnan(got_W[1, 0, 0]) and np.isnan(got_W[2, 1, 1]) and np.isfinite(got_W).sum() == 22
+    bad = json.loads(raw)
+    for field, value in (("windows", "x"), ("usage", [[1.0], 2.0]), ("windows", ["a"] * 24)):
+        with pytest.raises(SchemaError, match="bad arrays|array sizes"):
+            decode_learn_batch(json.dumps({**bad, field: value}).encode(), NAME, 3, 2)
 
 
 def test_the_learner_publishes_monotonic_versions_only_after_learning_and_rebases_on_newer_ones():
