@@ -6,8 +6,8 @@ What it does, in one run against one broker (embedded unless ``--bootstrap``):
    same shape as the benchmark's to a scratch topic, then times one
    confluent-kafka consumer reading them back: the broker's own ceiling,
    in messages/s, for comparison.
-2. **samples_per_s** — starts ``phasewise worker`` (a real Faust worker,
-   subprocess) and floods the samples topic with one message per host per
+2. **samples_per_s** — starts ``phasewise worker --policy`` ``--policy``
+   (a real Faust worker, subprocess; default vpa) and floods the samples topic with one message per host per
    tick (``--containers`` split into hosts of ``--per-host``) for
    ``--seconds``; the rate is read from the worker's own counter
    ``phasewise_worker_container_samples_total`` (Prometheus endpoint) over the
@@ -69,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-host", type=int, default=100, help="containers per host message")
     p.add_argument("--latency-seconds", type=float, default=20.0)
     p.add_argument("--raw-messages", type=int, default=20000)
+    p.add_argument("--policy", choices=["vpa", "phase"], default="vpa",
+                   help="the worker's policy (phase: the CRBM detector with its VPA fallback, starting from the "
+                        "shipped pretrained model)")
     p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
     p.add_argument("--json", action="store_true")
     p.add_argument("--keep-logs", action="store_true", help="print where role logs are kept")
@@ -128,6 +131,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             # a VPA day in 86 s, so usage that moves yields decisions within the run
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
             "PHASEWISE_LOG_LEVEL": "warning",
+            "PHASEWISE_POLICY": args.policy,
         }
         worker = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log").start()
         roles.append(worker)
@@ -220,6 +224,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             "bytes_per_container": round(bytes_per_container, 1),
             "containers": args.containers,
             "per_host": args.per_host,
+            "policy": args.policy,
             "actuations_measured": int(len(lat_ms)),
             "worker_p50_ms": round(float(np.percentile(w_ms, 50)), 1) if len(w_ms) else None,
             "worker_p99_ms": round(float(np.percentile(w_ms, 99)), 1) if len(w_ms) else None,
