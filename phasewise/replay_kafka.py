@@ -52,6 +52,10 @@ the models topic (or the shipped pretrained model) as the start, and VPA
 fallback limits rounded to a millicore / a byte. Its decisions (``policy
 "phase"``, limits as decided) are scored like in-process ones, but are not
 expected to equal in-process phase replay, nor to repeat exactly run to run.
+With ``frozen_model=True`` (API) the learner publishes nothing during the
+run; the detectors then keep their start model and the worker decides
+exactly what its own step (``process_host_samples`` + ``PhaseHooks``)
+decides in-process over the same messages (tested).
 
 Only the resources the worker's policy manages (``cpu``, ``mem``) take part;
 the others in the trace (GPU) are not sent. The message schema requires both
@@ -250,6 +254,8 @@ class KafkaReplayResult:
     decisions: list[Decision] = field(default_factory=list)
     elapsed_s: float = 0.0
     bootstrap: str = ""
+    #: the worker's PHASEWISE_* settings (``Settings.from_env(env=...)`` rebuilds them)
+    settings_env: dict[str, str] = field(default_factory=dict)
 
 
 def _worker_env(bootstrap: str, worker_id: str, data_dir: Path, metrics_port: int) -> dict[str, str]:
@@ -278,13 +284,23 @@ def _worker_env(bootstrap: str, worker_id: str, data_dir: Path, metrics_port: in
     return env
 
 
+#: --policy phase with frozen_model: the learner publishes no snapshot within this many seconds
+FROZEN_SNAPSHOT_INTERVAL_S = 1e7
+
+
 def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | None = None,
-                         workdir: str | Path | None = None, timeout_s: float = 300.0) -> KafkaReplayResult:
+                         workdir: str | Path | None = None, timeout_s: float = 300.0,
+                         frozen_model: bool = False) -> KafkaReplayResult:
     """Send *trace* through a broker and a ``phasewise worker``; rebuild its decision sequences.
 
     *bootstrap*: an existing broker (default: start an embedded one for the
     run). *workdir*: where the broker's and the worker's logs go (default: a
-    temporary directory, kept and named in errors).
+    temporary directory, kept and named in errors). *frozen_model* (phase):
+    the worker's learner publishes no snapshot during the run, so its
+    detectors keep the model they start from (the newest snapshot on the
+    models topic, else the shipped pretrained one) and its decisions are
+    deterministic: the worker's own step run in-process over the same
+    messages decides the same (a test checks it).
     """
     if family not in worker_policies():
         raise KafkaReplayError(f"policy {family!r} cannot run through Kafka: phasewise worker runs "
@@ -331,6 +347,8 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
         # the policy's limits step by step (the replay compares every limit)
         worker.env["PHASEWISE_WORKER_HOSTS"] = host
         worker.env["PHASEWISE_VPA_UPDATE_MODE"] = "hysteresis"
+        if family == "phase" and frozen_model:
+            worker.env["PHASEWISE_PHASE_SNAPSHOT_INTERVAL_S"] = repr(FROZEN_SNAPSHOT_INTERVAL_S)
         worker.start()
 
         producer = make_producer(s)
@@ -370,7 +388,8 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
             else:
                 got.append(d)
         seqs = rebuild_sequences(trace, got, scale)
-        return KafkaReplayResult(host, worker_id, seqs, len(messages), got, time.perf_counter() - t0, boot)
+        return KafkaReplayResult(host, worker_id, seqs, len(messages), got, time.perf_counter() - t0, boot,
+                                 {k: v for k, v in worker.env.items() if k.startswith("PHASEWISE_")})
     finally:
         if consumer is not None:
             consumer.close()

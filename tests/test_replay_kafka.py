@@ -171,3 +171,28 @@ def test_the_phase_worker_replays_a_trace_through_kafka_into_scored_decision_seq
     spec = PolicySpec("phase", "phase", None)  # decided through Kafka, not built here
     rows, _ = result_rows(replay_trace(trace, [spec], sequences={"phase": result.sequences}))
     assert {r["resource"] for r in rows} == {"cpu", "mem"} and all(r["steps"] > 0 for r in rows)
+
+
+def test_a_frozen_phase_worker_through_kafka_decides_exactly_what_its_own_step_decides_in_process(tmp_path):
+    if "phase" not in worker_policies():
+        pytest.skip("the worker has no --policy phase in this build")
+    from phasewise.replay_kafka import mem_scale
+    from phasewise.streams.phase_agents import PhaseHooks, initial_model
+
+    trace = small_trace(2, 40)
+    # its own broker: no snapshot on the models topic, so the worker starts from the shipped model
+    result = replay_through_kafka(trace, family="phase", workdir=tmp_path, timeout_s=180, frozen_model=True)
+    s = Settings.from_env(env=result.settings_env)
+    assert s.policy == "phase" and s.phase_snapshot_interval_s > 1e6
+    cache = StateCache.from_settings(s)
+    model, origin = initial_model(s)
+    assert model.ready, origin
+    hooks = PhaseHooks(s, cache, model=model, version=0)
+    want = []
+    for m in trace_messages(trace, result.host, mem_scale(trace)):
+        process_host_samples(cache, m, s)
+        want += [d for d in hooks.process(m).decisions if d.container != END_CONTAINER]
+    assert result.decisions == want  # every field, the ids and the details included, in order
+    sources = {d.details["source"] for d in want}
+    assert "phase" in sources or "mixed" in sources  # phase statistics decided, not only the VPA fallback
+
