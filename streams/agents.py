@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -151,6 +152,35 @@ def rounds(items: list[tuple[Any, HostSamples]]) -> list[list[tuple[Any, HostSam
     return out
 
 
+def run_rounds(items: list[tuple[Any, HostSamples]], step: Callable[[list[HostSamples]], list[Decision]],
+               emit: Callable[[list[Decision]], None]) -> list[tuple[Any, Exception]]:
+    """Step each of :func:`rounds` of *items* and *emit* its decisions; returns ``(event, error)`` of failures.
+
+    A round whose step raises is stepped again message by message, so only
+    the message(s) that fail are returned (to be dead-lettered) and the
+    others are processed. A container the failed round had already learned
+    learns that sample once more (a repeated histogram sample; harmless).
+    """
+    failed: list[tuple[Any, Exception]] = []
+    for rnd in rounds(items):
+        try:
+            emit(step([hs for _, hs in rnd]))
+            continue
+        except Exception as e:
+            if len(rnd) == 1:
+                log.exception("processing a valid HostSamples message failed")
+                failed.append((rnd[0][0], e))
+                continue
+            log.exception("processing %d messages together failed; processing them one by one", len(rnd))
+        for event, hs in rnd:
+            try:
+                emit(step([hs]))
+            except Exception as e1:
+                log.exception("processing a valid HostSamples message failed")
+                failed.append((event, e1))
+    return failed
+
+
 def register(app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
              metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None) -> dict[str, Any]:
     """Add the state table and the samples agent to *app*; returns the handles.
@@ -239,24 +269,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
                 got.append((event, hs))
             t0 = time.perf_counter()
-            for rnd in rounds(got):
-                try:
-                    emit(process_round([hs for _, hs in rnd]))
-                except Exception as e:  # a bug on valid input: keep the messages, keep going
-                    if len(rnd) == 1:
-                        log.exception("processing a valid HostSamples message failed")
-                        await dead_letter(rnd[0][0], f"processing failed: {type(e).__name__}: {e}", "processing")
-                        continue
-                    # find the message(s) that fail; the others are processed on their own (a container
-                    # the failed round had already learned learns that sample again: harmless for VPA)
-                    log.exception("processing %d messages together failed; processing them one by one", len(rnd))
-                    for event, hs in rnd:
-                        try:
-                            emit(process_round([hs]))
-                        except Exception as e1:
-                            log.exception("processing a valid HostSamples message failed")
-                            await dead_letter(event, f"processing failed: {type(e1).__name__}: {e1}",
-                                              "processing")
+            for event, e in run_rounds(got, process_round, emit):  # a bug on valid input: keep the message
+                await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
             outputs.poll()
             for _, hs in got:
                 expiry.after(hs.host, hs.ts)

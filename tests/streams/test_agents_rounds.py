@@ -1,7 +1,7 @@
 """How the samples agent groups a batch of messages into steps (``streams.agents.rounds``)."""
 
 from phasewise.schemas import ContainerSample, HostSamples
-from phasewise.streams.agents import rounds
+from phasewise.streams.agents import rounds, run_rounds
 
 
 def m(host: str) -> tuple[str, HostSamples]:
@@ -26,3 +26,24 @@ def test_hosts_with_a_slash_are_stepped_alone():
 
 def test_nothing_in_nothing_out():
     assert rounds([]) == []
+
+
+def test_a_failing_round_is_stepped_again_message_by_message_and_only_the_bad_one_is_returned():
+    steps, emitted = [], []
+
+    def step(msgs):
+        steps.append([m.host for m in msgs])
+        if any(m.host == "bad" for m in msgs):
+            raise RuntimeError("boom")
+        return [f"decision:{m.host}" for m in msgs]
+
+    items = [m("a"), m("bad"), m("c"), m("a")]
+    failed = run_rounds(items, step, emitted.extend)
+    assert [(e, str(err)) for e, err in failed] == [("bad", "boom")]
+    assert steps == [["a", "bad", "c"], ["a"], ["bad"], ["c"], ["a"]]
+    assert emitted == ["decision:a", "decision:c", "decision:a"]  # message order kept
+
+
+def test_a_failing_single_message_round_is_returned_once():
+    failed = run_rounds([m("bad")], lambda msgs: (_ for _ in ()).throw(ValueError("no")), lambda ds: None)
+    assert [(e, type(err).__name__) for e, err in failed] == [("bad", "ValueError")]
