@@ -158,6 +158,11 @@ class MinResourceEstimator:
         return max(self.minimum, v)
 
 
+#: VPA's confidence multipliers ``(multiplier, exponent)``: bound * (1 + multiplier / confidence) ** exponent
+LOWER_CONFIDENCE = (0.001, -2.0)
+UPPER_CONFIDENCE = (1.0, 1.0)
+
+
 @lru_cache(maxsize=64)
 def _estimators(
     target_p: float, lower_p: float, upper_p: float, margin: float,
@@ -169,8 +174,8 @@ def _estimators(
         target: Estimator = MarginEstimator(margin, PercentileEstimator(res, target_p))
         lower: Estimator = MarginEstimator(margin, PercentileEstimator(res, lower_p))
         upper: Estimator = MarginEstimator(margin, PercentileEstimator(res, upper_p))
-        upper = ConfidenceMultiplier(1.0, 1.0, conf_interval_s, upper)
-        lower = ConfidenceMultiplier(0.001, -2.0, conf_interval_s, lower)
+        upper = ConfidenceMultiplier(*UPPER_CONFIDENCE, conf_interval_s, upper)
+        lower = ConfidenceMultiplier(*LOWER_CONFIDENCE, conf_interval_s, lower)
         out[(res, "target")] = MinResourceEstimator(floor, target)
         out[(res, "lower")] = MinResourceEstimator(floor, lower)
         out[(res, "upper")] = MinResourceEstimator(floor, upper)

@@ -70,7 +70,14 @@ import numpy as np
 import torch
 
 from phasewise.models.histogram import MAX_CHECKPOINT_WEIGHT, MAX_DECAY_EXPONENT, ExponentialBuckets
-from phasewise.models.vpa import BOUNDS, STATE_VERSION, VpaRecommender, VpaStateError
+from phasewise.models.vpa import (
+    BOUNDS,
+    LOWER_CONFIDENCE,
+    STATE_VERSION,
+    UPPER_CONFIDENCE,
+    VpaRecommender,
+    VpaStateError,
+)
 
 __all__ = ["FleetRecommendation", "VpaFleet"]
 
@@ -385,7 +392,7 @@ class FleetRecommendation:
         if bound == "target":
             return None
         conf = self.confidence if idx is None else self.confidence[idx]
-        mult, exp = (0.001, -2.0) if bound == "lower" else (1.0, 1.0)  # VPA's lower / upper multipliers
+        mult, exp = LOWER_CONFIDENCE if bound == "lower" else UPPER_CONFIDENCE
         f = np.full(conf.shape, 0.0 if exp < 0 else math.inf)  # no history: 0 or inf
         pos = conf > 0
         if _nz(pos):
