@@ -68,8 +68,9 @@ def _last_sample_ts(raw: Any) -> float | None:
 class Expiry:
     """Forgets containers with no sample for ``ttl`` seconds of event time (0: never).
 
-    Every ``min(ttl / 8, 1 h)`` of event time (the newest seen by this worker)
-    it drops, from memory and from both tables (a changelog tombstone each,
+    Every ``min(ttl / 8, 1 h)`` of event time (the newest seen by this worker,
+    never later than its own *clock*: a host whose clock runs ahead cannot
+    expire the others' containers) it drops, from memory and from both tables (a changelog tombstone each,
     written at the next commit): the containers the cache holds whose newest
     sample is older than ``newest - ttl``, the table entries never loaded since
     the last rebalance whose stored newest sample is that old, and the phase
@@ -77,8 +78,9 @@ class Expiry:
     """
 
     def __init__(self, ttl: float, cache: StateCache, table: Any, writes: Any, pmap: Any, phase: Any,
-                 metrics: WorkerMetrics) -> None:
+                 metrics: WorkerMetrics, clock: Callable[[], float] = time.time) -> None:
         self.ttl = float(ttl)
+        self.clock = clock
         self.every = min(self.ttl / 8.0, 3600.0)
         self.cache, self.table, self.writes, self.pmap, self.phase, self.metrics = (
             cache, table, writes, pmap, phase, metrics)
@@ -97,7 +99,7 @@ class Expiry:
             return []
         self.hosts.add(host)
         if ts > self.newest:
-            self.newest = ts
+            self.newest = min(ts, self.clock())  # event time from a clock running ahead counts as now
         if self.next is None:
             self.next = self.newest  # the first message after start or a rebalance sweeps
         if self.newest < self.next:

@@ -67,3 +67,35 @@ def test_the_phase_fleet_expires_containers_by_their_newest_step():
     out = fleet.step(40.0, ["a", "c", "d"], np.array([[0.5, 5e8], [0.2, 2e8], [3.0, 3e9]]), fallback_limits=fb)
     assert "d" in fleet and not out.from_phase[2].any()
     assert fleet.expire(40.0) == []  # a container stepped at the cutoff stays
+
+
+def test_a_host_whose_clock_runs_ahead_does_not_expire_the_other_hosts_containers():
+    import dataclasses
+
+    from prometheus_client import CollectorRegistry
+
+    from phasewise.streams.agents import Expiry
+    from phasewise.streams.metrics import WorkerMetrics
+    from phasewise.streams.output import CommitBarrier, OutputSender
+
+    class Table:  # the Faust table's surface Expiry uses
+        data: dict = {}
+
+    s = Settings.from_env({"recommend_interval_s": 1, "vpa_time_scale": 0.001}, env={})
+    cache = StateCache.from_settings(s)
+    barrier = CommitBarrier(OutputSender(producer=None))
+    writes = barrier.table(Table())
+    now = [1000.0]
+    expiry = Expiry(100.0, cache, Table(), writes, barrier.partitions, None, WorkerMetrics(CollectorRegistry()),
+                    clock=lambda: now[0])
+    for t in range(5):
+        m = msg(995.0 + t, ["a"])
+        process_host_samples(cache, m, s)
+        expiry.after("h", m.ts)
+    ahead = dataclasses.replace(msg(1000.0 + 10 * 86400, ["x"]), host="fast")  # 10 days ahead, TTL 100 s
+    barrier.partitions.note("fast", 0)
+    barrier.partitions.note("h", 0)
+    process_host_samples(cache, ahead, s)
+    assert expiry.after("fast", ahead.ts) == [] and "h/a" in cache  # counted as now, not 10 days on
+    now[0] = 1200.0  # but real time passing does expire a container that stopped
+    assert expiry.after("h", 1200.0) == ["h/a"]
