@@ -1,14 +1,18 @@
 """The samples agent: HostSamples in, VPA limit decisions and dead letters out.
 
-For every message on the samples topic (key: host):
+The agent takes the samples topic up to ``worker_batch_max`` messages at a
+time (waiting at most ``worker_batch_wait_ms`` for them) and splits them into
+rounds of distinct hosts (:func:`rounds`: a host's next tick goes in the next
+round); each round is one vectorised step, which decides exactly what one
+step per message would. For every message on the samples topic (key: host):
 
 - parse it with :func:`phasewise.schemas.decode_host_samples` (the strict
   ``decode``'s answers, column-wise); a malformed message (not
   JSON, another schema version, missing fields, absurd values) goes to the
   dead-letter topic with the parser's reason, its partition and offset, and
   the agent carries on;
-- run :func:`phasewise.streams.processing.process_host_samples` over all of
-  its containers in one pass, with each container's recommender held in an
+- run :func:`phasewise.streams.processing.process_host_samples` (a round of
+  several messages: ``process_many``) over all of its containers in one pass, with each container's recommender held in an
   in-memory cache backed by the changelogged table ``vpa-state`` (key
   ``host/container``, read on a cache miss, e.g. after a restart or a
   rebalance); a state the logic marks for persisting (on a decision, or
@@ -23,7 +27,8 @@ For every message on the samples topic (key: host):
   and ``PhaseChange`` records are sent instead.
 
 A valid message the logic fails on (a bug) is dead-lettered too, with kind
-``processing``, so one bad message never stops the stream. A worker that dies
+``processing``, so one bad message never stops the stream (a round that
+fails is stepped again message by message, :func:`run_rounds`). A worker that dies
 re-processes its partitions from the last commit, with the state written at
 that commit: samples the state had learned since its last marked write are
 not in it (at most ``state_write_interval_s`` of them).

@@ -2,10 +2,11 @@
 
 With ``settings.policy == "phase"`` the samples agent (see
 :mod:`phasewise.streams.agents`) still runs the VPA recommenders (they are the
-fallback), then hands each ``HostSamples`` message to :class:`PhaseHooks`:
+fallback), then hands each round of ``HostSamples`` messages (distinct hosts)
+to :class:`PhaseHooks`:
 
 - **detector** (every worker, for the hosts of its partitions): one batched
-  :meth:`~phasewise.models.phase_fleet.PhaseFleet.step` over the message's
+  :meth:`~phasewise.models.phase_fleet.PhaseFleet.step` over the round's
   containers with the worker's current snapshot, frozen (detectors never
   train). Phase changes go to ``phasewise.phases.v1`` as ``PhaseChange``
   (key: container). Limit decisions carry ``policy="phase"``; their
