@@ -137,6 +137,33 @@ class Expiry:
         return sorted(gone | gone_phase)
 
 
+class Activity:
+    """One INFO line per *every_s* (wall time) summing up what the agent did.
+
+    Each decision and phase change is logged at DEBUG only: at INFO a busy
+    worker would write thousands of lines per second (~15 µs each), and the
+    decisions topic is the record of them.
+    """
+
+    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self.since = clock()
+        self.messages = self.samples = self.decisions = 0
+
+    def tick(self, messages: int, samples: int, containers: int) -> str | None:
+        """Count a batch; returns (and logs) the summary line when one is due."""
+        self.messages += messages
+        self.samples += samples
+        now = self.clock()
+        if now - self.since < self.every_s:
+            return None
+        line = (f"last {now - self.since:.0f} s: {self.messages} messages, {self.samples} container samples, "
+                f"{self.decisions} decisions; {containers} containers tracked")
+        log.info("%s", line)
+        self.since, self.messages, self.samples, self.decisions = now, 0, 0, 0
+        return line
+
+
 def rounds(items: list[tuple[Any, HostSamples]]) -> list[list[tuple[Any, HostSamples]]]:
     """Consecutive runs of *items* (``(event, message)``) whose containers are distinct, in order.
 
@@ -237,6 +264,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     only_hosts = settings.worker_host_set()
     expiry = Expiry(settings.container_ttl_s, cache, table, writes, pmap, phase, metrics)
 
+    activity = Activity()
     batch_max = max(1, settings.worker_batch_max)
     batch_wait_s = max(0.0, settings.worker_batch_wait_ms) / 1000.0
 
@@ -256,8 +284,9 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         if decisions:
             for d in decisions:
                 outputs.send(DECISIONS.name, d.host.encode(), encode(d))
-                log.info("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
+                log.debug("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
             metrics.decisions.inc(len(decisions))
+            activity.decisions += len(decisions)
 
     @app.agent(topics.samples, name="phasewise.vpa-samples")
     async def on_samples(stream: faust.StreamT) -> None:
@@ -285,6 +314,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
             metrics.process_seconds.inc(time.perf_counter() - t0)
             metrics.messages.inc(len(got))
             metrics.containers.set(len(cache))
+            activity.tick(len(got), sum(len(hs.containers) for _, hs in got), len(cache))
 
     @app.on_partitions_revoked.connect
     async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:

@@ -666,7 +666,7 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
                 out = pending.pop(0)
                 for c in out.changes:
                     outputs.send(PHASES.name, c.container.encode(), encode(c))
-                    log.info("phase change %s/%s: %s -> %s", c.host, c.container, c.old_phase, c.new_phase)
+                    log.debug("phase change %s/%s: %s -> %s", c.host, c.container, c.old_phase, c.new_phase)
                 if out.changes:
                     metrics.phase_changes.inc(len(out.changes))
                 if out.learn_batch is not None:

@@ -1,7 +1,7 @@
 """How the samples agent groups a batch of messages into steps (``streams.agents.rounds``)."""
 
 from phasewise.schemas import ContainerSample, HostSamples
-from phasewise.streams.agents import rounds, run_rounds
+from phasewise.streams.agents import Activity, rounds, run_rounds
 
 
 def m(host: str) -> tuple[str, HostSamples]:
@@ -47,3 +47,15 @@ def test_a_failing_round_is_stepped_again_message_by_message_and_only_the_bad_on
 def test_a_failing_single_message_round_is_returned_once():
     failed = run_rounds([m("bad")], lambda msgs: (_ for _ in ()).throw(ValueError("no")), lambda ds: None)
     assert [(e, type(err).__name__) for e, err in failed] == [("bad", "ValueError")]
+
+
+def test_the_activity_summary_comes_once_per_interval_and_counts_since_the_last_one():
+    now = [0.0]
+    a = Activity(60.0, clock=lambda: now[0])
+    assert a.tick(3, 300, 300) is None
+    a.decisions += 7
+    now[0] = 61.0
+    assert a.tick(2, 200, 310) == ("last 61 s: 5 messages, 500 container samples, 7 decisions; "
+                                   "310 containers tracked")
+    now[0] = 90.0
+    assert a.tick(1, 100, 310) is None and (a.messages, a.samples, a.decisions) == (1, 100, 0)
