@@ -135,7 +135,7 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
             "PHASEWISE_WEB_PORT": str(free_port()),
             "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
-            "PHASEWISE_LOG_LEVEL": "warning",
+            "PHASEWISE_LOG_LEVEL": "info",  # the default: the figures hold for a worker as deployed
             "PHASEWISE_POLICY": "phase",
             "PHASEWISE_WORKER_ID": f"phasewise-bench-phases-{snap.version}",
         }

@@ -130,7 +130,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
             # a VPA day in 86 s, so usage that moves yields decisions within the run
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
-            "PHASEWISE_LOG_LEVEL": "warning",
+            "PHASEWISE_LOG_LEVEL": "info",  # the default: the figures hold for a worker as deployed
             "PHASEWISE_POLICY": args.policy,
         }
         worker = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log").start()

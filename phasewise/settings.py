@@ -109,8 +109,9 @@ class Settings:
     # --- worker: live phase path, learner batches (appended)
     #: detectors hold learn windows until this many are ready and send them as
     #: one batch (also a partial one at every offset commit); the learner makes
-    #: one CD step per batch (a step costs ~0.7 ms however small its batch)
-    phase_learn_batch: int = 64
+    #: one CD step per batch (a step costs ~0.7 ms however small its batch),
+    #: steps of 16 windows while the model is cold
+    phase_learn_batch: int = 128
     # --- worker: message batches (appended)
     #: the samples agent takes up to this many messages at a time and steps the
     #: containers of distinct hosts together (vectorised: ~half the cost per sample)

@@ -337,12 +337,25 @@ class Learner:
         self.model, self.version, self.samples_seen = model.clone(), snap.version, snap.samples_seen
         return True
 
+    #: while the CRBM is cold (fewer than its warm-up windows seen) a batch is learned in CD steps of
+    #: this many windows, so that a cold model takes many small steps before phases are assigned
+    #: (steady state: one step per batch, which is what makes large batches cheap)
+    WARMUP_STEP = 16
+
     def learn(self, windows: np.ndarray, prev_phase: np.ndarray, usage: np.ndarray,
               levels: np.ndarray | None = None) -> int:
-        if not len(windows):
+        n = len(windows)
+        if not n:
             return 0
-        learn(self.model, windows, stats_phases=prev_phase, usage=usage, levels=levels)
-        self.samples_seen += len(windows)
+        m = self.model
+        i = 0
+        while i < n:
+            k = n - i if m.crbm.n_seen >= m.warmup else self.WARMUP_STEP
+            sl = slice(i, i + k)
+            learn(m, windows[sl], stats_phases=prev_phase[sl], usage=usage[sl],
+                  levels=None if levels is None else levels[sl])
+            i += k
+        self.samples_seen += n
         self.dirty = True
         return len(windows)
 

@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(env PHASEWISE_PHASE_LEARN_EVERY; default 10)")
     p.add_argument("--learn-batch", dest="phase_learn_batch", type=int,
                    help="--policy phase: learn windows go to the learner in batches of this many, one CD "
-                        "step each (env PHASEWISE_PHASE_LEARN_BATCH; default 64)")
+                        "step each (env PHASEWISE_PHASE_LEARN_BATCH; default 128)")
     p.add_argument("--phase-warmup", dest="phase_warmup", type=int,
                    help="--policy phase: windows a cold CRBM learns before phases are assigned "
                         "(env PHASEWISE_PHASE_WARMUP; default 256)")

@@ -110,6 +110,27 @@ def test_learn_batches_round_trip_and_malformed_ones_say_why(monkeypatch, writer
             decode_learn_batch(json.dumps({**bad, field: value}).encode(), NAME, 3, 2)
 
 
+def test_a_cold_learner_takes_small_steps_until_warm_then_one_step_per_batch(monkeypatch):
+    import phasewise.streams.phase_agents as pa
+
+    steps: list[int] = []
+    real = pa.learn
+
+    def counting(model, windows, **kw):
+        steps.append(len(windows))
+        assert all(len(v) == len(windows) for v in kw.values() if v is not None)  # the slices line up
+        return real(model, windows, **kw)
+
+    monkeypatch.setattr(pa, "learn", counting)
+    lr = Learner(PhaseModel(features=("cpu", "mem"), seed=1, warmup=64))
+    W = np.array([[regime(t + k) for k in range(lr.model.window_len)] for t in range(100)])
+    levels = W[:, -1] * 1.5
+    assert lr.learn(W, np.full(100, -1), W[:, -1], levels) == 100
+    assert steps == [16, 16, 16, 16, 36]  # warm after 64 windows: the rest in one step
+    assert lr.learn(W, np.full(100, -1), W[:, -1]) == 100
+    assert steps[-1] == 100 and lr.samples_seen == 200 and lr.model.crbm.n_seen == 200
+
+
 def test_the_learner_publishes_monotonic_versions_only_after_learning_and_rebases_on_newer_ones():
     m = warm_model()
     lr = Learner(m.clone(), version=3)
@@ -124,7 +145,8 @@ def test_the_learner_publishes_monotonic_versions_only_after_learning_and_rebase
 
 
 def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback():
-    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 2}, env={})
+    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 2,
+                           "phase_learn_batch": 16}, env={})
     cache = StateCache.from_settings(s)
     model = warm_model()
     hooks = PhaseHooks(s, cache, model=model, version=1)
