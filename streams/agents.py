@@ -305,16 +305,22 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
                 got.append((event, hs))
             t0 = time.perf_counter()
-            for event, e in run_rounds(got, process_round, emit):  # a bug on valid input: keep the message
+            failed = run_rounds(got, process_round, emit)
+            for event, e in failed:  # a bug on valid input: keep the message, keep going
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
             outputs.poll()
+            if failed:
+                bad = {id(event) for event, _ in failed}
+                got = [(event, hs) for event, hs in got if id(event) not in bad]
+            samples = 0
             for _, hs in got:
                 expiry.after(hs.host, hs.ts)
-                metrics.container_samples.inc(len(hs.containers))
+                samples += len(hs.containers)
+            metrics.container_samples.inc(samples)
             metrics.process_seconds.inc(time.perf_counter() - t0)
             metrics.messages.inc(len(got))
             metrics.containers.set(len(cache))
-            activity.tick(len(got), sum(len(hs.containers) for _, hs in got), len(cache))
+            activity.tick(len(got), samples, len(cache))
 
     @app.on_partitions_revoked.connect
     async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:
