@@ -12,8 +12,8 @@ step per message would. For every message on the samples topic (key: host):
   dead-letter topic with the parser's reason, its partition and offset, and
   the agent carries on;
 - run :func:`phasewise.streams.processing.process_host_samples` (a round of
-  several messages: ``process_many``) over all of its containers in one pass, with each container's recommender held in an
-  in-memory cache backed by the changelogged table ``vpa-state`` (key
+  several messages: ``process_many``) over all of its containers in one
+  pass, with each container's recommender held in an in-memory cache backed by the changelogged table ``vpa-state`` (key
   ``host/container``, read on a cache miss, e.g. after a restart or a
   rebalance); a state the logic marks for persisting (on a decision, or
   once per ``state_write_interval_s``) is held and written at the next
@@ -28,8 +28,8 @@ step per message would. For every message on the samples topic (key: host):
 
 A valid message the logic fails on (a bug) is dead-lettered too, with kind
 ``processing``, so one bad message never stops the stream (a round that
-fails is stepped again message by message, :func:`run_rounds`). A worker that dies
-re-processes its partitions from the last commit, with the state written at
+fails is stepped again message by message, :func:`run_rounds`). A worker
+that dies re-processes its partitions from the last commit, with the state written at
 that commit: samples the state had learned since its last marked write are
 not in it (at most ``state_write_interval_s`` of them).
 """
@@ -45,7 +45,15 @@ from typing import Any
 
 import faust
 
-from phasewise.schemas import DeadLetter, Decision, HostSamples, SchemaError, decode_host_samples, encode, payload_text
+from phasewise.schemas import (
+    DeadLetter,
+    Decision,
+    HostSamples,
+    SchemaError,
+    decode_host_samples,
+    encode,
+    payload_text,
+)
 from phasewise.settings import Settings
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
@@ -75,8 +83,8 @@ class Expiry:
 
     Every ``min(ttl / 8, 1 h)`` of event time (the newest seen by this worker,
     never later than its own *clock*: a host whose clock runs ahead cannot
-    expire the others' containers) it drops, from memory and from both tables (a changelog tombstone each,
-    written at the next commit): the containers the cache holds whose newest
+    expire the others' containers) it drops, from memory and from both tables
+    (a changelog tombstone each, written at the next commit): the containers the cache holds whose newest
     sample is older than ``newest - ttl``, the table entries never loaded since
     the last rebalance whose stored newest sample is that old, and the phase
     detector's containers by the same rule. VPA garbage-collects after 8 days.

@@ -29,7 +29,6 @@ from phasewise.streams.phase_agents import (
     Learner,
     PhaseHooks,
     decode_learn_batch,
-    encode_learn_batch,
     model_name,
     model_of,
 )
