@@ -13,8 +13,9 @@ step per message would. For every message on the samples topic (key: host):
   the agent carries on;
 - run :func:`phasewise.streams.processing.process_host_samples` (a round of
   several messages: ``process_many``) over all of its containers in one
-  pass, with each container's recommender held in an in-memory cache backed by the changelogged table ``vpa-state`` (key
-  ``host/container``, read on a cache miss, e.g. after a restart or a
+  pass, with each container's recommender held in an in-memory cache
+  backed by the changelogged table ``vpa-state`` (key ``host/container``,
+  read on a cache miss, e.g. after a restart or a
   rebalance); a state the logic marks for persisting (on a decision, or
   once per ``state_write_interval_s``) is held and written at the next
   offset commit, latest per container;
