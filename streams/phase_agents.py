@@ -586,9 +586,10 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
     *outputs*: the worker's :class:`~phasewise.streams.output.OutputSender`;
     *barrier*: its :class:`~phasewise.streams.output.CommitBarrier` (the phase
     table's writes are held there until the next commit).
-    Returns an object with ``process(hs, vpa_decisions) -> decisions``,
-    ``flush()`` (sends what the last message produced; the phase table's
-    marked states are collected by *barrier* at each commit) and ``clear()``.
+    Returns an object with ``process_many(msgs) -> decisions`` (a round of
+    messages with distinct hosts), ``flush()`` (sends what the last round
+    produced; the phase table's marked states are collected by *barrier* at
+    each commit), ``clear()``, ``expire(cutoff)`` and ``delete(keys)``.
     """
     import faust
 
@@ -664,9 +665,6 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
         follower.stop()
 
     class Hooks:
-        def process(self, hs: HostSamples, vpa_decisions: list[Decision]) -> list[Decision]:
-            return self.process_many([hs])
-
         def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]:
             """The detector over messages with distinct containers (one fleet step); their decisions."""
             out = hooks.process_many(msgs)
