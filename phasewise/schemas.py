@@ -439,7 +439,7 @@ def to_dict(record: Any) -> dict:
     for name in names:
         value = getattr(record, name)
         t = type(value)
-        if t is float or (t is not int and t is not str and isinstance(value, float)):
+        if isinstance(value, float):  # numpy.float64 included
             if not _isfinite(value):
                 raise _not_finite(f"{cls.__name__}.{name}", value)
         elif t is tuple:
@@ -462,7 +462,7 @@ def _orjson_default(obj: Any) -> Any:
 
 
 def encode(record: Any) -> bytes:
-    """Compact UTF-8 JSON of a record (orjson when installed, ~4x faster on decisions; else ``json``).
+    """Compact UTF-8 JSON of a record (orjson when installed, ~2x faster on decisions; else ``json``).
 
     The two write the same JSON values (number and non-ASCII text spellings
     may differ: ``1e-05`` / ``1e-5``, ``\\u00e9`` / UTF-8); a non-finite
