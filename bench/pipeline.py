@@ -6,8 +6,9 @@ What it does, in one run against one broker (embedded unless ``--bootstrap``):
    same shape as the benchmark's to a scratch topic, then times one
    confluent-kafka consumer reading them back: the broker's own ceiling,
    in messages/s, for comparison.
-2. **samples_per_s** — starts ``phasewise worker --policy`` ``--policy``
-   (a real Faust worker, subprocess; default vpa) and floods the samples topic with one message per host per
+2. **samples_per_s** — starts ``phasewise worker`` with the bench's
+   ``--policy`` (default vpa; a real Faust worker, subprocess) and floods
+   the samples topic with one message per host per
    tick (``--containers`` split into hosts of ``--per-host``) for
    ``--seconds``; the rate is read from the worker's own counter
    ``phasewise_worker_container_samples_total`` (Prometheus endpoint) over the
