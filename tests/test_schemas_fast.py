@@ -20,16 +20,21 @@ from phasewise.schemas import (
 )
 
 
-@pytest.fixture(autouse=True, params=["orjson", "json"])
-def parser(request, monkeypatch):
-    """Every test runs with the worker's orjson parse and with the stdlib one (orjson not installed)."""
+def _use_orjson(monkeypatch, attr: str, which: str) -> str:
+    """Run with the worker's orjson function *attr* of phasewise.schemas, or without it (orjson not installed)."""
     import phasewise.schemas as schemas
 
-    if request.param == "json":
-        monkeypatch.setattr(schemas, "_fast_loads", None)
+    if which == "json":
+        monkeypatch.setattr(schemas, attr, None)
     else:
-        assert schemas._fast_loads is not None, "orjson is part of the streams extra"
-    return request.param
+        assert getattr(schemas, attr) is not None, "orjson is part of the streams extra"
+    return which
+
+
+@pytest.fixture(autouse=True, params=["orjson", "json"])
+def parser(request, monkeypatch):
+    """Every test runs with the worker's orjson parse and with the stdlib one."""
+    return _use_orjson(monkeypatch, "_fast_loads", request.param)
 
 
 def _typed(record):
@@ -174,14 +179,8 @@ def test_random_mutations_of_valid_messages_agree_with_the_strict_parser():
 
 @pytest.fixture(params=["orjson", "json"])
 def writer(request, monkeypatch):
-    """encode() with orjson (the worker) and with the stdlib (orjson not installed)."""
-    import phasewise.schemas as schemas
-
-    if request.param == "json":
-        monkeypatch.setattr(schemas, "_fast_dumps", None)
-    else:
-        assert schemas._fast_dumps is not None, "orjson is part of the streams extra"
-    return request.param
+    """encode() with orjson (the worker) and with the stdlib."""
+    return _use_orjson(monkeypatch, "_fast_dumps", request.param)
 
 
 def _records():
