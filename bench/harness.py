@@ -23,7 +23,7 @@ import numpy as np
 
 from phasewise.schemas import ContainerSample, HostSamples, encode
 
-__all__ = ["RoleProcess", "BacklogWindow", "bench_hosts", "square_wave_usage", "host_message", "scrape",
+__all__ = ["RoleProcess", "BacklogWindow", "bench_hosts", "square_wave_gpu", "square_wave_usage", "host_message", "scrape",
            "rss_bytes", "cpu_seconds", "produce_messages", "drain_backlog"]
 
 #: the worker's container-sample counter the throughput benchmarks read
@@ -94,14 +94,26 @@ def square_wave_usage(n: int, t: float, seed: int) -> tuple[np.ndarray, np.ndarr
     return base * (1.0 + 1.5 * high), (base * 4e8) * (1.0 + 0.8 * high)
 
 
+def square_wave_gpu(n: int, t: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU util percent, GPU memory bytes) following :func:`square_wave_usage`'s waves (same seed)."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.2, 1.0, n)
+    period = rng.integers(8, 20, n)
+    high = ((t // period) % 2).astype(float)
+    return 5.0 + 90.0 * base * high, (base * 8e9) * (1.0 + 1.0 * high)
+
+
 def host_message(host: str, ts: float, containers: list[str], cpu: list[float], mem: list[float],
-                 cpu_limit: float | None = None, mem_limit: float | None = None) -> bytes:
+                 cpu_limit: float | None = None, mem_limit: float | None = None,
+                 gpu: list[float] | None = None, gpu_mem: list[float] | None = None) -> bytes:
+    n = len(containers)
+    gpu_, gpu_mem_ = gpu or [None] * n, gpu_mem or [None] * n
     return encode(HostSamples(
         host=host, ts=ts, interval_s=1.0,
         containers=tuple(
             ContainerSample(container=c, cpu_cores=u, mem_bytes=m, cpu_limit_cores=cpu_limit,
-                            mem_limit_bytes=mem_limit, nr_periods=10)
-            for c, u, m in zip(containers, cpu, mem)
+                            mem_limit_bytes=mem_limit, nr_periods=10, gpu_util=g, gpu_mem_bytes=gm)
+            for c, u, m, g, gm in zip(containers, cpu, mem, gpu_, gpu_mem_)
         ),
     ))
 
@@ -166,7 +178,7 @@ class BacklogWindow:
 
 
 def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], ticks: int, metrics_url: str,
-                  pid: int) -> BacklogWindow:
+                  pid: int, gpu: bool = False) -> BacklogWindow:
     """Flood *ticks* ticks of every host's message onto *topic* and time worker *pid* draining them.
 
     One message per host per tick (:func:`square_wave_usage` seeded by the
@@ -176,6 +188,7 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
     returns once the whole backlog is processed. The counters are scraped every
     100 ms (each scrape costs the worker ~2 ms of CPU; at 20 ms they took ~10 %
     of it), so a backlog that drains in less than that has no window.
+    *gpu*: the samples also carry GPU use (:func:`square_wave_gpu`).
     """
     def counter(name: str = SAMPLES_COUNTER) -> float:
         return scrape(metrics_url).get(name, 0.0)
@@ -187,8 +200,11 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
         for k in range(ticks):
             for i, (host, cs) in enumerate(hosts):
                 cpu, mem = square_wave_usage(len(cs), k, i)
+                g, gm = square_wave_gpu(len(cs), k, i) if gpu else (None, None)
                 yield host.encode(), host_message(host, t_base + k, cs, cpu.tolist(), mem.tolist(),
-                                                  cpu_limit=2.0, mem_limit=4e9)
+                                                  cpu_limit=2.0, mem_limit=4e9,
+                                                  gpu=None if g is None else g.tolist(),
+                                                  gpu_mem=None if gm is None else gm.tolist())
 
     produce_messages(producer, topic, flood())
     expected = start + sum(len(cs) for _, cs in hosts) * ticks

@@ -42,6 +42,7 @@ from phasewise.bench.harness import (
     host_message,
     rss_bytes,
     scrape,
+    square_wave_gpu,
     square_wave_usage,
     wait_until,
 )
@@ -57,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pure-ticks", type=int, default=30, help="ticks of the in-process step measurement")
     p.add_argument("--pure-only", action="store_true", help="skip the worker measurement")
     p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
+    p.add_argument("--features", default="cpu,mem",
+                   help="the detector's frame features (the worker's phase_features): cpu,mem or with gpu,gpu_mem "
+                        "(the samples then carry GPU use following the same square waves)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--keep-logs", action="store_true", help="print where role logs are kept")
 
@@ -65,11 +69,19 @@ def _hosts(n: int, per_host: int) -> list[tuple[str, list[str]]]:
     return bench_hosts(n, per_host, "phb")
 
 
-def warm_model(seed: int = 0) -> PhaseModel:
+def _usage(n: int, t: float, seed: int, features: tuple[str, ...]) -> np.ndarray:
+    """(n, len(features)) usage at tick *t*: the bench's square waves (GPU columns follow the same waves)."""
+    cols = dict(zip(("cpu", "mem"), square_wave_usage(n, t, seed)))
+    if "gpu" in features or "gpu_mem" in features:
+        cols.update(zip(("gpu", "gpu_mem"), square_wave_gpu(n, t, seed)))
+    return np.stack([cols[f] for f in features], axis=1)
+
+
+def warm_model(seed: int = 0, features: tuple[str, ...] = ("cpu", "mem")) -> PhaseModel:
     """A PhaseModel trained on the benchmark's usage, with (absolute and relative) statistics for its phases."""
-    m = PhaseModel(features=("cpu", "mem"), seed=seed)
+    m = PhaseModel(features=features, seed=seed)
     L = m.window_len
-    frames = np.stack([np.c_[square_wave_usage(200, t, 7)] for t in range(40)], axis=1)  # (200, 40, 2)
+    frames = np.stack([_usage(200, t, 7, m.features) for t in range(40)], axis=1)  # (200, 40, F)
     W = np.concatenate([frames[:, k:k + L] for k in range(40 - L)])
     for _ in range(3):
         learn(m, W)
@@ -87,20 +99,27 @@ def warm_model(seed: int = 0) -> PhaseModel:
 
 def pure_rate(model: PhaseModel, hosts: list[tuple[str, list[str]]], ticks: int) -> tuple[float, float, int]:
     """(container samples/s of decode + fleet step, bytes per container, phase changes)."""
-    fleet = PhaseFleet(model, frozen=True)
+    feats = model.features
+    gpu = feats != ("cpu", "mem")
+    fleet = PhaseFleet(model, frozen=True, limited=("cpu", "mem"))
     msgs = []
     for k in range(ticks):
         for i, (host, cs) in enumerate(hosts):
             cpu, mem = square_wave_usage(len(cs), k, i)
-            msgs.append(host_message(host, 1.7e9 + k, cs, cpu.tolist(), mem.tolist(), cpu_limit=2.0, mem_limit=4e9))
+            g, gm = square_wave_gpu(len(cs), k, i)
+            msgs.append(host_message(host, 1.7e9 + k, cs, cpu.tolist(), mem.tolist(), cpu_limit=2.0, mem_limit=4e9,
+                                     gpu=g.tolist() if gpu else None, gpu_mem=gm.tolist() if gpu else None))
+    fields = [{"cpu": "cpu_cores", "mem": "mem_bytes", "gpu": "gpu_util", "gpu_mem": "gpu_mem_bytes"}[f]
+              for f in feats]
     n = 0
     changes = 0
     t0 = time.perf_counter()
     for raw in msgs:
         hs = decode_host_samples(raw)
         keys = [f"{hs.host}/{c.container}" for c in hs.containers]
-        X = np.array([(c.cpu_cores, c.mem_bytes) for c in hs.containers])
-        fb = np.array([(c.cpu_limit_cores or np.nan, c.mem_limit_bytes or np.nan) for c in hs.containers])
+        X = np.array([[getattr(c, f) for f in fields] for c in hs.containers], dtype=np.float64)
+        fb = np.full((len(keys), len(feats)), np.nan)
+        fb[:, :2] = [(c.cpu_limit_cores or np.nan, c.mem_limit_bytes or np.nan) for c in hs.containers]
         out = fleet.step(hs.ts, keys, X, fallback_limits=fb, host=hs.host)
         changes += len(out.changes)
         n += len(keys)
@@ -125,7 +144,7 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
         producer = make_producer(s, **{"linger.ms": 20})
         # the detectors start from this warm snapshot (a newer one than any on the topic)
         snap = snapshot_of(model, int(time.time()), int(model.crbm.n_seen))
-        producer.produce(MODELS.name, key=model_name().encode(), value=encode(snap))
+        producer.produce(MODELS.name, key=model_name(model.features).encode(), value=encode(snap))
         producer.flush(10)
         metrics_port = free_port()
         env = {
@@ -137,6 +156,7 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
             "PHASEWISE_LOG_LEVEL": "info",  # the default: the figures hold for a worker as deployed
             "PHASEWISE_POLICY": "phase",
+            "PHASEWISE_PHASE_FEATURES": ",".join(model.features),
             "PHASEWISE_WORKER_ID": f"phasewise-bench-phases-{snap.version}",
         }
         worker = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log").start()
@@ -153,7 +173,8 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
 
         wait_until(ready, 120, what="the worker to be ready on the warm snapshot")
         rss0 = rss_bytes(worker.pid)
-        w = drain_backlog(producer, SAMPLES.name, hosts, max(1, int(args.seconds)), url, worker.pid)
+        w = drain_backlog(producer, SAMPLES.name, hosts, max(1, int(args.seconds)), url, worker.pid,
+                          gpu=model.features != ("cpu", "mem"))
         m = scrape(url)
         rss1 = rss_bytes(worker.pid)
         return {
@@ -177,12 +198,15 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
 
 
 def run_bench(args: argparse.Namespace) -> dict:
+    from phasewise.settings import Settings
+
+    features = Settings(phase_features=args.features).phase_feature_tuple()  # SettingsError if invalid
     workdir = Path(tempfile.mkdtemp(prefix="phasewise-bench-phases-"))
     hosts = _hosts(args.containers, args.per_host)
     from phasewise.streams.worker import single_threaded_torch
 
     threads = single_threaded_torch()  # as the --policy phase worker runs torch
-    model = warm_model()
+    model = warm_model(features=features)
     pure, state_bytes, changes = pure_rate(PhaseModel.from_bytes(model.to_bytes()), hosts, args.pure_ticks)
     out = {
         "samples_per_s": None,
@@ -192,6 +216,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         "torch_threads": threads,
         "pure_phase_changes": changes,
         "containers": args.containers,
+        "features": ",".join(features),
         "per_host": args.per_host,
         "phases_open": len(model.clusterer.phase_ids),
     }
@@ -202,7 +227,13 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = run_bench(args)
+    from phasewise.settings import SettingsError
+
+    try:
+        result = run_bench(args)
+    except SettingsError as e:
+        print(f"phasewise bench phases: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result))
     else:

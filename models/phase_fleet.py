@@ -266,6 +266,11 @@ class PhaseFleet:
         Half-life, in samples, of the decaying max that is a container's level.
     resource_quantiles, resource_margins
         Per-resource overrides of ``quantile`` / ``margin`` (e.g. ``{"mem": 0.97}``).
+    limited
+        The resources that get limits (default: every feature). The others
+        are features only (e.g. GPU use on a host where only CPU and memory
+        can be limited): they shape the phases, but get no limit, no decision
+        and no fallback.
     target_fulfilment, adapt_rate
         ``None``: off. Else the share of steps each container's phase limits
         should cover; its multiplier moves by ``adapt_rate`` (log units) per step.
@@ -305,6 +310,7 @@ class PhaseFleet:
         adapt_rate: float = 0.05,
         resource_quantiles: Mapping[str, float] | None = None,
         resource_margins: Mapping[str, float] | None = None,
+        limited: Sequence[str] | None = None,
     ) -> None:
         if not 0.0 < quantile <= 1.0:
             raise ValueError(f"quantile must be in (0, 1], got {quantile}")
@@ -331,6 +337,13 @@ class PhaseFleet:
         unknown = sorted((set(self.resource_quantiles) | set(self.resource_margins)) - set(model.features))
         if unknown:
             raise ValueError(f"per-resource settings for {unknown}, not features of the model {model.features}")
+        if limited is not None:
+            stray = sorted(set(limited) - set(model.features))
+            if stray or not limited:
+                raise ValueError(f"limited must be a non-empty subset of the model's features {model.features}, "
+                                 f"got {list(limited)}")
+        self.limited = tuple(r for r in model.features if limited is None or r in limited)
+        self._unlimited = np.array([r not in self.limited for r in model.features])
         self.target_fulfilment = None if target_fulfilment is None else float(target_fulfilment)
         self.adapt_rate = float(adapt_rate)
         self.statistics = statistics
@@ -652,6 +665,9 @@ class PhaseFleet:
         if self.target_fulfilment is not None:
             mult = np.exp(_LOG_Q * np.round(self._lscale[rows] / _LOG_Q))
             limits = np.where(from_phase, np.maximum(basis * (1.0 + self._margins()) * mult, self._floors), limits)
+        if self._unlimited.any():  # features only: no limit, so nothing to hand out or to explain
+            limits = np.where(self._unlimited, np.nan, limits)
+            from_phase = from_phase & ~self._unlimited
         handed = self._handed[rows]
         decide = np.isfinite(limits) & (
             ~np.isfinite(handed) | (np.abs(limits - handed) > 1e-9 * np.maximum(np.abs(handed), 1e-12))

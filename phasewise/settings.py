@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["Settings", "SettingsError"]
+__all__ = ["LIMITED_FEATURES", "PHASE_FEATURES", "Settings", "SettingsError"]
+
+#: frame features the live phase detector can use, in the CRBM's column order
+#: (:data:`phasewise.models.detector.FEATURES`; a test keeps the two equal)
+PHASE_FEATURES = ("cpu", "mem", "gpu", "gpu_mem")
+#: the resources the phase policy decides limits for (always features)
+LIMITED_FEATURES = ("cpu", "mem")
 
 
 class SettingsError(ValueError):
@@ -118,6 +124,13 @@ class Settings:
     worker_batch_max: int = 16
     #: ... waiting at most this long for them to arrive (adds at most this to latency)
     worker_batch_wait_ms: float = 5.0
+    # --- worker: live phase path, frame features (appended)
+    #: --policy phase: the CRBM's frame features, a comma list of PHASE_FEATURES
+    #: that holds cpu and mem (the limited resources); add gpu,gpu_mem on GPU
+    #: hosts (host agents with NVML report them per container; a container
+    #: without a GPU has them missing). The shipped pretrained model is
+    #: cpu,mem: any other set starts cold and is a different model on the topic
+    phase_features: str = "cpu,mem"
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
@@ -154,6 +167,25 @@ class Settings:
             raise SettingsError(f"vpa_update_mode must be 'bounds' or 'hysteresis', got {self.vpa_update_mode!r}")
         if self.cpu_floor_cores <= 0:
             raise SettingsError("cpu_floor_cores must be > 0")
+
+    def phase_feature_tuple(self) -> tuple[str, ...]:
+        """``phase_features`` parsed, in :data:`PHASE_FEATURES` order; SettingsError if invalid.
+
+        >>> Settings(phase_features="gpu_mem, mem,cpu").phase_feature_tuple()
+        ('cpu', 'mem', 'gpu_mem')
+        """
+        got = [f.strip() for f in self.phase_features.split(",") if f.strip()]
+        unknown = sorted(set(got) - set(PHASE_FEATURES))
+        if unknown:
+            raise SettingsError(f"phase_features: unknown feature(s) {', '.join(unknown)}; "
+                                f"choose from {','.join(PHASE_FEATURES)}")
+        if len(set(got)) != len(got):
+            raise SettingsError(f"phase_features lists a feature twice: {self.phase_features!r}")
+        missing = [f for f in LIMITED_FEATURES if f not in got]
+        if missing:
+            raise SettingsError(f"phase_features must hold {','.join(LIMITED_FEATURES)} (the resources the "
+                                f"phase policy limits); {','.join(missing)} missing in {self.phase_features!r}")
+        return tuple(f for f in PHASE_FEATURES if f in got)
 
     def describe(self) -> str:
         return "settings: " + " ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))

@@ -43,6 +43,12 @@ to :class:`PhaseHooks`:
   from the shipped pretrained model when its features are (cpu, mem), else
   cold (phase limits then start once the learner's first warm snapshot lands).
 
+Frames are the features of ``phase_features`` (default ``cpu,mem``; with
+``gpu,gpu_mem`` a sample's ``gpu_util`` / ``gpu_mem_bytes`` are columns too, a
+missing reading is NaN). Only ``cpu`` and ``mem`` get limits and decisions
+(:data:`LIMITED`); GPU columns shape the phases. The model's features name it
+on the models topic (:func:`model_name`), so each feature set is its own model.
+
 Learn-window batches are an internal format (JSON, versioned, below); a
 malformed one is dead-lettered with the reason.
 """
@@ -80,12 +86,12 @@ from phasewise.schemas import (
     decode,
     encode,
 )
-from phasewise.settings import Settings
+from phasewise.settings import LIMITED_FEATURES, Settings
 from phasewise.streams.processing import StateCache
 from phasewise.topics import MODELS, Topic
 
 __all__ = [
-    "FEATURES", "LEARN_WINDOWS", "POLICY", "TABLE_NAME", "Learner", "PhaseHooks", "SnapshotFollower",
+    "FEATURES", "LEARN_WINDOWS", "LIMITED", "POLICY", "TABLE_NAME", "Learner", "PhaseHooks", "SnapshotFollower",
     "decode_learn_batch", "encode_learn_batch", "ensure_phase_topics", "initial_model", "model_name",
     "phase_decisions", "register_phase",
 ]
@@ -94,8 +100,12 @@ log = logging.getLogger(__name__)
 
 POLICY = "phase"
 TABLE_NAME = "phase-state"
-#: frame features of the live detector (GPU columns are not in HostSamples per container yet)
+#: default frame features of the live detector (``phase_features``; the shipped pretrained model's)
 FEATURES = ("cpu", "mem")
+#: the resources phase decisions limit; other features (gpu, gpu_mem) only shape the phases
+LIMITED = LIMITED_FEATURES
+#: HostSamples' per-container field of each feature (None in a sample = missing)
+_FIELD = {"cpu": "cpu_cores", "mem": "mem_bytes", "gpu": "gpu_util", "gpu_mem": "gpu_mem_bytes"}
 #: internal: sampled detector windows for the one learner (1 partition = one owner)
 LEARN_WINDOWS = Topic("phasewise.learn-windows.v1", "model name", 1,
                       doc="internal: sampled detector windows for the phase learner")
@@ -198,15 +208,16 @@ def decode_learn_batch(raw: bytes, name: str, window_len: int, n_features: int
 # ---------------------------------------------------------------------- models
 def initial_model(settings: Settings) -> tuple[PhaseModel, str]:
     """The shipped pretrained model when its features match, else a cold one; with where it came from."""
+    features = settings.phase_feature_tuple()
     try:
         from phasewise.models.phase_policy import PRETRAINED_AI4DL, load_pretrained
     except ImportError:  # the policy module is optional for the live path
         load_pretrained = None  # type: ignore[assignment]
     if load_pretrained is not None:
         m = load_pretrained()
-        if m is not None and m.features == FEATURES:
+        if m is not None and m.features == features:
             return m, f"pretrained {PRETRAINED_AI4DL}"
-    return PhaseModel(features=FEATURES, warmup=settings.phase_warmup), "cold"
+    return PhaseModel(features=features, warmup=settings.phase_warmup), "cold"
 
 
 def snapshot_of(model: PhaseModel, version: int, samples_seen: int) -> ModelSnapshot:
@@ -460,7 +471,13 @@ class PhaseHooks:
         self.version = version
         self.name = model_name(model.features)
         self.loader = loader
+        feats = model.features
+        if any(r not in feats for r in LIMITED):
+            raise ValueError(f"the phase model's features {feats} must include {LIMITED}")
         self.fleet = self._fleet(model)
+        self._fields = [_FIELD[f] for f in feats]
+        self._cpu_mem_only = feats == LIMITED
+        self._limited_cols = None if self._cpu_mem_only else [feats.index(r) for r in LIMITED]
         self._carried: list[tuple[str, dict[str, Any]]] = []  # marked states of a replaced fleet
         self.learn_batch = max(1, int(settings.phase_learn_batch))
         self._learn_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
@@ -470,7 +487,7 @@ class PhaseHooks:
         s = self.settings
         return PhaseFleet(model, floors={"cpu": s.vpa_min_cpu_cores, "mem": float(s.vpa_min_mem_bytes)},
                           learn_every=s.phase_learn_every, frozen=True, statistics=s.phase_statistics,
-                          state_write_interval_s=s.state_write_interval_s, loader=self.loader)
+                          state_write_interval_s=s.state_write_interval_s, loader=self.loader, limited=LIMITED)
 
     def follow(self) -> bool:
         """Swap to the follower's newest snapshot if it is newer; True if swapped."""
@@ -535,11 +552,22 @@ class PhaseHooks:
             ts += [m.ts] * n
         if len(msgs) > 1 and len(set(keys)) != len(keys):
             raise ValueError("process_many: a container appears in two of the messages; step them in turn")
-        X = np.array([(c.cpu_cores, c.mem_bytes) for m in msgs for c in m.containers], dtype=np.float64)
+        if self._cpu_mem_only:
+            X = np.array([(c.cpu_cores, c.mem_bytes) for m in msgs for c in m.containers], dtype=np.float64)
+        else:  # a missing GPU reading (None) is NaN: the normaliser treats it as missing
+            get = self._fields
+            X = np.array([[math.nan if (v := getattr(c, f)) is None else v for f in get]
+                          for m in msgs for c in m.containers], dtype=np.float64)
         decided = self.vpa_cache.decided_limits
+        cols = self._limited_cols
 
         def fallback(idx: np.ndarray) -> np.ndarray:
-            return decided([keys[i] for i in idx])  # the VPA's decided limits as one array (NaN: none yet)
+            got = decided([keys[i] for i in idx])  # the VPA's decided (cpu, mem) limits (NaN: none yet)
+            if cols is None:
+                return got
+            out = np.full((len(idx), len(self._fields)), np.nan)
+            out[:, cols] = got  # features that are not limited have no fallback
+            return out
 
         one = len(msgs) == 1
         out = self.fleet.step(msgs[0].ts if one else np.array(ts), keys, X, fallback_limits=fallback,
@@ -597,7 +625,7 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
     from phasewise.streams.topics import _topic
     from phasewise.topics import PHASES
 
-    name = model_name(FEATURES)
+    name = model_name(settings.phase_feature_tuple())
     name_key = name.encode()
     table = app.Table(TABLE_NAME, default=None, partitions=partitions,
                       schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),

@@ -68,6 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--policy phase: limits from the container's level x the phase's quantile of "
                         "usage/level (relative) or the phase's pooled usage quantile (absolute) "
                         "(env PHASEWISE_PHASE_STATISTICS; default relative)")
+    p.add_argument("--phase-features", dest="phase_features",
+                   help="--policy phase: the CRBM's frame features, a comma list of cpu,mem,gpu,gpu_mem "
+                        "holding cpu and mem (env PHASEWISE_PHASE_FEATURES; default cpu,mem; add gpu,gpu_mem "
+                        "on GPU hosts)")
     p.add_argument("--container-ttl", dest="container_ttl_s", type=float,
                    help="seconds of event time without a sample after which a container is forgotten, "
                         "0 = never (env PHASEWISE_CONTAINER_TTL_S; default 691200 = 8 days)")
@@ -81,6 +85,7 @@ def check(settings: Settings) -> None:
         raise SettingsError(f"policy must be 'vpa' or 'phase', got {settings.policy!r}")
     if settings.phase_statistics not in ("relative", "absolute"):
         raise SettingsError(f"phase_statistics must be 'relative' or 'absolute', got {settings.phase_statistics!r}")
+    settings.phase_feature_tuple()  # SettingsError when invalid
     if settings.container_ttl_s < 0:
         raise SettingsError(f"container_ttl_s must be >= 0 (0 = never), got {settings.container_ttl_s}")
     if settings.phase_snapshot_interval_s <= 0 or settings.phase_learn_every < 1 or settings.phase_warmup < 0:

@@ -230,6 +230,82 @@ def test_one_step_over_several_hosts_messages_decides_exactly_as_one_step_per_me
         batched.process_many([msgs[0], msgs[0]])
 
 
+GPU4 = ("cpu", "mem", "gpu", "gpu_mem")
+
+
+def gpu_regime(t: int, period: int = 20) -> tuple[float, float, float, float]:
+    """cpu and mem constant; only the GPU tells a busy phase from an idle one."""
+    return (0.5, 5e8, 90.0, 3e10) if (t // period) % 2 else (0.5, 5e8, 3.0, 2e9)
+
+
+def gpu_msg(host: str, ts: float, with_gpu: dict[str, tuple], cpu_only: dict[str, tuple[float, float]]
+            ) -> HostSamples:
+    cs = [ContainerSample(container=c, cpu_cores=u[0], mem_bytes=u[1], gpu_util=u[2], gpu_mem_bytes=u[3],
+                          nr_periods=10) for c, u in with_gpu.items()]
+    cs += [ContainerSample(container=c, cpu_cores=cpu, mem_bytes=mem, nr_periods=10)
+           for c, (cpu, mem) in cpu_only.items()]
+    return HostSamples(host=host, ts=ts, interval_s=1.0, containers=tuple(cs))
+
+
+def test_gpu_features_shape_the_phases_but_only_cpu_and_mem_get_limits():
+    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 1,
+                           "phase_learn_batch": 1000, "phase_features": "gpu_mem,gpu,mem,cpu"}, env={})
+    assert s.phase_feature_tuple() == GPU4
+    model = PhaseModel(features=GPU4, n_his=2, warmup=32, seed=0)
+    W = np.array([[gpu_regime(t + k) for k in range(3)] for t in range(160)])
+    for _ in range(4):
+        learn(model, W)
+    cache = StateCache.from_settings(s)
+    hooks = PhaseHooks(s, cache, model=model, version=1)
+    decisions, changes = [], []
+    for t in range(100):
+        hs = gpu_msg("h1", 1000.0 + t, {"train": gpu_regime(t)}, {"web": (0.3, 4e8)})
+        process_host_samples(cache, hs, s)
+        out = hooks.process_many([hs])
+        decisions += out.decisions
+        changes += out.changes
+        if t == 40:  # a snapshot with phase statistics lands
+            V = np.array([[gpu_regime(k + j) for j in range(3)] for k in range(120)])
+            model.clusterer.update_rel_stats(model.predict(V), V[:, -1] / V[:, -1].max(axis=0))
+            hooks.latest = lambda m=model: (ModelSnapshot(name=model_name(GPU4), ts=1.0, version=2,
+                                                          payload_b64="", samples_seen=0), m)
+    # cpu and mem never move: the train container's phase changes come from its GPU columns
+    train = [c for c in changes if c.container == "train"]
+    assert sum(c.old_phase is not None for c in train) >= 3
+    assert {d.container for d in decisions} == {"train", "web"}  # a GPU-less container is tracked too
+    assert any(d.details["source"] == "fallback:vpa" for d in decisions)  # cold phases: VPA's cpu/mem limits
+    ph = [d for d in decisions if d.details["source"] == "phase"]
+    assert ph
+    for d in decisions:
+        assert set(d.details["sources"]) <= {"cpu", "mem"} and set(d.details["stats"]) <= {"cpu", "mem"}
+        assert d.cpu_limit_cores is not None or d.mem_limit_bytes is not None
+        assert decode(Decision, encode(d)) == d
+    # the learner gets 4-feature windows; the GPU-less container's GPU readings are missing (NaN)
+    Wb, P, U, LV = decode_learn_batch(hooks.take_learn_batch(), model_name(GPU4), hooks.fleet.model.window_len, 4)
+    assert Wb.shape[2] == 4 and np.isnan(U[:, 2]).any() and (U[:, 2] >= 90).any()
+    assert Learner(model.clone(), 2, 0).learn(Wb, P, U, LV) == len(Wb)
+
+
+def test_phase_features_are_checked_and_pick_the_starting_model():
+    from phasewise.models.detector import FEATURES as MODEL_FEATURES
+    from phasewise.settings import PHASE_FEATURES, SettingsError
+    from phasewise.streams.phase_agents import initial_model
+    from phasewise.streams.worker import check
+
+    assert PHASE_FEATURES == tuple(MODEL_FEATURES)
+    for bad, why in (("cpu,gpu", "must hold cpu,mem"), ("cpu,mem,tpu", "unknown feature"),
+                     ("cpu,mem,mem", "twice")):
+        with pytest.raises(SettingsError, match=why):
+            check(Settings.from_env({"phase_features": bad}, env={}))
+    m, origin = initial_model(Settings.from_env({}, env={}))
+    assert m.features == ("cpu", "mem") and origin.startswith("pretrained") and m.ready
+    m, origin = initial_model(Settings.from_env({"phase_features": "cpu,mem,gpu"}, env={}))
+    assert m.features == ("cpu", "mem", "gpu") and origin == "cold" and not m.ready
+    with pytest.raises(ValueError, match="must include"):
+        PhaseHooks(Settings.from_env({}, env={}), StateCache.from_settings(Settings.from_env({}, env={})),
+                   model=PhaseModel(features=("mem", "gpu")))
+
+
 # ---------------------------------------------------------------------------------------- a real worker
 class Worker:
     def __init__(self, settings: Settings, tmp, worker_id: str) -> None:
