@@ -671,8 +671,8 @@ class ThroughKafkaUnsupported(RuntimeError):
     """A policy family of the run cannot go through the Kafka pipeline in this build."""
 
 
-def _through_kafka(trace: Trace, specs: list[PolicySpec],
-                   bootstrap: str | None) -> dict[str, dict[str, list[tuple[float, Limits]]]]:
+def _through_kafka(trace: Trace, specs: list[PolicySpec], bootstrap: str | None,
+                   **kw: Any) -> dict[str, dict[str, list[tuple[float, Limits]]]]:
     """Decision sequences of the worker's policy families in *specs*, through the real pipeline."""
     from phasewise.replay_kafka import kafka_sequences, worker_policies
 
@@ -687,7 +687,7 @@ def _through_kafka(trace: Trace, specs: list[PolicySpec],
     if not kafka:
         raise ThroughKafkaUnsupported("--through-kafka: none of the policies runs in the stream worker "
                                       f"(it runs {', '.join(runs)}); add one to --policies")
-    seqs, info = kafka_sequences(trace, kafka, bootstrap=bootstrap)
+    seqs, info = kafka_sequences(trace, kafka, bootstrap=bootstrap, **kw)
     for fam, i in info.items():
         print(f"through kafka: {fam}: {i['messages']} messages, {i['decisions']} decisions from "
               f"phasewise worker {i['worker_id']} (host {i['host']}) via {i['bootstrap']} "
@@ -745,9 +745,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", help="with --through-kafka: use this broker instead of starting an "
                    "embedded one (the replay worker reads the whole samples topic and publishes "
                    "decisions for every host in it: not a broker live actuators listen to)")
-    p.add_argument("--phase-model", choices=("container", "fleet"), default="container",
-                   help="phase policy: one model per container (default) or one model shared by all "
-                        "containers, as the live worker runs it")
+    p.add_argument("--phase-model", choices=("container", "fleet", "worker"), default="container",
+                   help="phase policy: one model per container (default); one model shared by all "
+                        "containers (fleet: the worker's detector with replay's own fallback and knobs); or "
+                        "the worker's own code in-process (worker: VPA fallback, decisions, learner; what "
+                        "--through-kafka runs through a broker)")
+    p.add_argument("--phase-pretrained", action="store_true",
+                   help="--phase-model worker / --through-kafka: start from the shipped model pretrained on the "
+                        "AI4DL sample (default: cold; a trace must not be scored by a model that saw it)")
+    p.add_argument("--phase-frozen", action="store_true",
+                   help="--phase-model worker / --through-kafka: the learner never updates the detectors' model "
+                        "(needs --phase-pretrained); the two paths then decide identically")
     p.add_argument("--phase-stats", choices=("relative", "absolute"), default="relative",
                    help="--phase-model fleet: per-phase statistics of usage relative to each container's level "
                         "(default) or of absolute usage (the pooled design before)")
@@ -811,7 +819,12 @@ def replay_command(args: argparse.Namespace) -> str:
         parts.append("--through-kafka")
         if getattr(args, "bootstrap", None):
             parts += ["--bootstrap", args.bootstrap]
-    if getattr(args, "phase_model", "container") != "container":
+    for flag in ("phase_pretrained", "phase_frozen"):
+        if getattr(args, flag, False):
+            parts.append("--" + flag.replace("_", "-"))
+    if getattr(args, "phase_model", "container") == "worker":
+        parts += ["--phase-model", "worker"]
+    elif getattr(args, "phase_model", "container") != "container":
         parts += ["--phase-model", args.phase_model]
         d = {"phase_stats": "relative", "phase_quantile": 0.95, "phase_margin": 0.10, "level_half_life": 30.0,
              "phase_resource_quantiles": "", "phase_resource_margins": "", "phase_target_fulfilment": None,
@@ -883,19 +896,46 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, PolicyUnavailable) as e:
         print(f"phasewise replay: {e}", file=sys.stderr)
         return 2
+    phase_model = getattr(args, "phase_model", "container")
+    pretrained, frozen = getattr(args, "phase_pretrained", False), getattr(args, "phase_frozen", False)
+    if (pretrained or frozen) and phase_model != "worker" and not args.through_kafka:
+        print("phasewise replay: --phase-pretrained and --phase-frozen apply to --phase-model worker and "
+              "--through-kafka", file=sys.stderr)
+        return 2
+    if frozen and not pretrained:
+        print("phasewise replay: --phase-frozen needs --phase-pretrained (a frozen cold model never warms: "
+              "the policy would be its VPA fallback throughout)", file=sys.stderr)
+        return 2
     sequences = None
+    worker_info: dict[str, Any] = {}
     if args.through_kafka:
         from phasewise.replay_kafka import KafkaReplayError
 
         try:
-            sequences = _through_kafka(trace, specs, getattr(args, "bootstrap", None))
+            sequences = _through_kafka(trace, specs, getattr(args, "bootstrap", None),
+                                       frozen_model=frozen, pretrained=pretrained)
         except ThroughKafkaUnsupported as e:
             print(f"phasewise replay: {e}", file=sys.stderr)
             return 2
         except KafkaReplayError as e:
             print(f"phasewise replay --through-kafka: {e}", file=sys.stderr)
             return 1
-    if getattr(args, "phase_model", "container") == "fleet" and any(sp.name == "phase" for sp in specs):
+    if phase_model == "worker" and any(sp.name == "phase" for sp in specs) and "phase" not in (sequences or {}):
+        from phasewise.replay_kafka import KafkaReplayError, worker_in_process
+
+        try:
+            got = worker_in_process(trace, family="phase", frozen_model=frozen, pretrained=pretrained)
+        except KafkaReplayError as e:
+            print(f"phasewise replay: --phase-model worker: {e}", file=sys.stderr)
+            return 2
+        sequences = {**(sequences or {}), "phase": got.sequences}
+        worker_info = {"model_origin": got.model_origin, "snapshots": got.snapshots,
+                       "phase_features": got.settings_env.get("PHASEWISE_PHASE_FEATURES"),
+                       "decisions": len(got.decisions)}
+        print(f"phase (worker, in-process): {len(got.decisions)} decisions over {got.messages} messages, "
+              f"features {worker_info['phase_features']}, started {got.model_origin}, "
+              f"{got.snapshots} snapshots, {got.elapsed_s:.1f} s", file=sys.stderr)
+    if phase_model == "fleet" and any(sp.name == "phase" for sp in specs):
         if sequences is not None and "phase" in sequences:
             print("phasewise replay: --phase-model fleet runs in-process only (the worker's phase path "
                   "is already the fleet)", file=sys.stderr)
@@ -909,8 +949,12 @@ def run(args: argparse.Namespace) -> int:
     result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show,
                           sequences=sequences)
     rows, savings = result_rows(result)
-    setup: dict[str, Any] = {"phase_model": getattr(args, "phase_model", "container"), "split": split,
-                             "containers": len(trace.containers)}
+    has_phase = any(sp.name == "phase" for sp in specs)
+    setup: dict[str, Any] = {"phase_model": "worker" if args.through_kafka and has_phase else phase_model,
+                             "split": split, "containers": len(trace.containers)}
+    if setup["phase_model"] == "worker" and has_phase:
+        setup.update({"pretrained": pretrained, "frozen": frozen, "through_kafka": bool(args.through_kafka),
+                      **worker_info})
     if setup["phase_model"] == "fleet":
         setup.update({k: getattr(opts, k) for k in ("statistics", "quantile", "margin", "level_half_life",
                                                     "target_fulfilment", "pretrain_folds")})

@@ -72,12 +72,13 @@ at a broker no live actuator listens to.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,10 @@ __all__ = [
     "mem_scale",
     "rebuild_sequences",
     "replay_through_kafka",
+    "replay_settings_env",
+    "trace_features",
     "trace_messages",
+    "worker_in_process",
     "worker_policies",
 ]
 
@@ -160,6 +164,8 @@ def trace_messages(trace: Trace, host: str, scale_mem: float = 1.0) -> list[Host
             raise KafkaReplayError(f"container name {END_CONTAINER!r} is reserved for the end marker")
         cpu = s.usage.get("cpu")
         mem = s.usage.get("mem")
+        gpu = s.usage.get("gpu")
+        gpu_mem = s.usage.get("gpu_mem")
         for i, t in enumerate(s.t.tolist()):
             c_v = float(cpu[i]) if cpu is not None else math.nan
             m_v = float(mem[i]) if mem is not None else math.nan
@@ -178,7 +184,10 @@ def trace_messages(trace: Trace, host: str, scale_mem: float = 1.0) -> list[Host
             if c_v > MAX_CORES or m_v > MAX_BYTES:
                 raise KafkaReplayError(f"container {s.container!r} at t={t:g}: usage beyond the schema's "
                                        f"bounds (cpu {c_v:g} > {MAX_CORES:g} or mem {m_v:g} > {MAX_BYTES:g})")
-            by_t.setdefault(t, []).append(ContainerSample(container=s.container, cpu_cores=c_v, mem_bytes=m_v))
+            g_v = None if gpu is None or math.isnan(gpu[i]) else float(gpu[i])
+            gm_v = None if gpu_mem is None or math.isnan(gpu_mem[i]) else float(gpu_mem[i])
+            by_t.setdefault(t, []).append(ContainerSample(container=s.container, cpu_cores=c_v, mem_bytes=m_v,
+                                                          gpu_util=g_v, gpu_mem_bytes=gm_v))
     if not by_t:
         raise KafkaReplayError("the trace has no cpu or mem sample to replay")
     out: list[HostSamples] = []
@@ -256,20 +265,35 @@ class KafkaReplayResult:
     bootstrap: str = ""
     #: the worker's PHASEWISE_* settings (``Settings.from_env(env=...)`` rebuilds them)
     settings_env: dict[str, str] = field(default_factory=dict)
+    #: phase, in-process: the model the detectors started from, and the snapshots the learner made
+    model_origin: str = ""
+    snapshots: int = 0
 
 
-def _worker_env(bootstrap: str, worker_id: str, data_dir: Path, metrics_port: int) -> dict[str, str]:
+def trace_features(trace: Trace) -> str:
+    """The worker's ``phase_features`` for *trace*: cpu, mem, and the GPU columns the trace has.
+
+    >>> import numpy as np
+    >>> trace_features(Trace("t", "-", {"mem": "bytes", "gpu": "percent"}, []))
+    'cpu,mem,gpu'
+    """
+    return ",".join(["cpu", "mem"] + [r for r in ("gpu", "gpu_mem") if r in trace.units])
+
+
+def replay_settings_env(family: str, trace: Trace, *, frozen_model: bool = False,
+                        pretrained: bool = False) -> dict[str, str]:
+    """The ``PHASEWISE_*`` settings of a replay worker (through Kafka and in-process alike).
+
+    Besides what the module doc lists: the phase detector's features are
+    :func:`trace_features`; *pretrained*: start from the shipped model (else
+    cold: the shipped model was trained on the AI4DL sample, which a replay
+    may score); *frozen_model*: the learner publishes no snapshot.
+    """
     from phasewise.models.vpa import VpaRecommender
 
     d = VpaRecommender()  # the in-process policy's defaults
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PHASEWISE_")}
-    env.update({
-        "PHASEWISE_BOOTSTRAP": bootstrap,
-        "PHASEWISE_WORKER_ID": worker_id,
-        "PHASEWISE_DATA_DIR": str(data_dir),
-        "PHASEWISE_WEB_PORT": "0",
-        "PHASEWISE_METRICS_PORT": str(metrics_port),
-        "PHASEWISE_POLICY": "vpa",
+    env = {
+        "PHASEWISE_POLICY": family,
         "PHASEWISE_RECOMMEND_INTERVAL_S": "0",
         "PHASEWISE_HYSTERESIS": "0",
         "PHASEWISE_VPA_TIME_SCALE": "1",
@@ -279,6 +303,28 @@ def _worker_env(bootstrap: str, worker_id: str, data_dir: Path, metrics_port: in
         "PHASEWISE_VPA_MIN_MEM_BYTES": str(int(d.min_mem_bytes)),
         "PHASEWISE_VPA_THROTTLE_THRESHOLD": repr(d.throttle_threshold),
         "PHASEWISE_VPA_THROTTLE_BUMP": repr(d.throttle_bump),
+        # follow the policy's limits step by step (the replay compares every limit)
+        "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",
+        "PHASEWISE_PHASE_FEATURES": trace_features(trace),
+        "PHASEWISE_PHASE_PRETRAINED": "true" if pretrained else "false",
+    }
+    if frozen_model:
+        env["PHASEWISE_PHASE_SNAPSHOT_INTERVAL_S"] = repr(FROZEN_SNAPSHOT_INTERVAL_S)
+    return env
+
+
+def _worker_env(bootstrap: str, worker_id: str, data_dir: Path, metrics_port: int, host: str,
+                settings_env: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PHASEWISE_")}
+    env.update(settings_env)
+    env.update({
+        "PHASEWISE_BOOTSTRAP": bootstrap,
+        "PHASEWISE_WORKER_ID": worker_id,
+        "PHASEWISE_DATA_DIR": str(data_dir),
+        "PHASEWISE_WEB_PORT": "0",
+        "PHASEWISE_METRICS_PORT": str(metrics_port),
+        # never act on other hosts' samples when pointed at a live cluster
+        "PHASEWISE_WORKER_HOSTS": host,
         "PHASEWISE_LOG_LEVEL": "warning",
     })
     return env
@@ -290,17 +336,18 @@ FROZEN_SNAPSHOT_INTERVAL_S = 1e7
 
 def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | None = None,
                          workdir: str | Path | None = None, timeout_s: float = 300.0,
-                         frozen_model: bool = False) -> KafkaReplayResult:
+                         frozen_model: bool = False, pretrained: bool = False) -> KafkaReplayResult:
     """Send *trace* through a broker and a ``phasewise worker``; rebuild its decision sequences.
 
     *bootstrap*: an existing broker (default: start an embedded one for the
     run). *workdir*: where the broker's and the worker's logs go (default: a
-    temporary directory, kept and named in errors). *frozen_model* (phase):
-    the worker's learner publishes no snapshot during the run, so its
-    detectors keep the model they start from (the newest snapshot on the
-    models topic, else the shipped pretrained one) and its decisions are
-    deterministic: the worker's own step run in-process over the same
-    messages decides the same (a test checks it).
+    temporary directory, kept and named in errors). *pretrained* (phase):
+    with no snapshot on the models topic the worker starts from the shipped
+    pretrained model (default: cold). *frozen_model* (phase): the worker's
+    learner publishes no snapshot during the run, so its detectors keep the
+    model they start from and its decisions are deterministic:
+    :func:`worker_in_process` over the same trace decides the same (a test
+    checks it).
     """
     if family not in worker_policies():
         raise KafkaReplayError(f"policy {family!r} cannot run through Kafka: phasewise worker runs "
@@ -341,14 +388,9 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
         consumer.assign(tps)
 
         worker = RoleProcess("worker", [], env={}, log_path=work / "worker.log")
-        worker.env = _worker_env(boot, worker_id, work / "worker-data", free_port())
-        worker.env["PHASEWISE_POLICY"] = family
-        # never act on other hosts' samples when pointed at a live cluster, and follow
-        # the policy's limits step by step (the replay compares every limit)
-        worker.env["PHASEWISE_WORKER_HOSTS"] = host
-        worker.env["PHASEWISE_VPA_UPDATE_MODE"] = "hysteresis"
-        if family == "phase" and frozen_model:
-            worker.env["PHASEWISE_PHASE_SNAPSHOT_INTERVAL_S"] = repr(FROZEN_SNAPSHOT_INTERVAL_S)
+        worker.env = _worker_env(boot, worker_id, work / "worker-data", free_port(), host,
+                                 replay_settings_env(family, trace, frozen_model=frozen_model,
+                                                     pretrained=pretrained))
         worker.start()
 
         producer = make_producer(s)
@@ -397,6 +439,97 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
             worker.stop()
         if broker is not None:
             broker.stop()
+
+
+class _InProcessPhase:
+    """The phase side of a worker, in-process: detectors, and the learner on event time.
+
+    The detectors are the worker's :class:`~phasewise.streams.phase_agents.PhaseHooks`.
+    Live, learn batches go to the learner agent through a topic and the
+    learner publishes a snapshot every ``phase_snapshot_interval_s`` of wall
+    time, which detectors pick up whenever it arrives. Here the learner learns
+    each batch at once and snapshots every ``phase_snapshot_interval_s`` of
+    *event* time (after taking the partial batch, as before a commit): the
+    same code, on a deterministic clock.
+    """
+
+    def __init__(self, settings: Any, cache: Any, frozen: bool) -> None:
+        from phasewise.streams.phase_agents import Learner, PhaseHooks, initial_model
+
+        model, self.origin = initial_model(settings)
+        self.interval = float(settings.phase_snapshot_interval_s)
+        self.frozen = frozen
+        self.latest: tuple[Any, Any] | None = None
+        self.hooks = PhaseHooks(settings, cache, model=model.clone(), version=0, latest=lambda: self.latest)
+        self.learner = Learner(model.clone(), 0, 0)
+        self.next_snapshot: float | None = None
+        self.snapshots = 0
+
+    def _learn(self, batch: bytes | None) -> None:
+        from phasewise.streams.phase_agents import decode_learn_batch
+
+        if batch is None or self.frozen:
+            return
+        m = self.learner.model
+        self.learner.learn(*decode_learn_batch(batch, self.hooks.name, m.window_len, m.n_features))
+
+    def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]:
+        from phasewise.streams.phase_agents import model_of
+
+        out = self.hooks.process_many(msgs)
+        self._learn(out.learn_batch)
+        t = max(m.ts for m in msgs)
+        if self.next_snapshot is None:
+            self.next_snapshot = t + self.interval
+        elif t >= self.next_snapshot and not self.frozen:
+            self._learn(self.hooks.take_learn_batch())
+            snap = self.learner.snapshot()
+            if snap is not None:  # what a detector's follower decodes from the models topic
+                self.latest = (snap, model_of(snap))
+                self.snapshots += 1
+            self.next_snapshot = t + self.interval
+        return out.decisions
+
+
+def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "replay", frozen_model: bool = False,
+                      pretrained: bool = False) -> KafkaReplayResult:
+    """What :func:`replay_through_kafka` does, without Kafka: the worker's own step in this process.
+
+    The same messages (:func:`trace_messages`), the same settings
+    (:func:`replay_settings_env`) and the step the samples agent runs
+    (:func:`~phasewise.streams.processing.worker_round`, one message per round
+    as one replay host's messages are), so the decisions are the worker's.
+    ``phase``: see :class:`_InProcessPhase` for the learner's clock; with
+    *frozen_model* nothing is learned and the decisions equal, record for
+    record, those a real worker publishes through Kafka for the same *host*
+    (tested). ``messages`` counts the end marker; its decision is dropped.
+    """
+    if family not in ("vpa", "phase"):
+        raise KafkaReplayError(f"policy {family!r} is not a worker policy (vpa, phase)")
+    from phasewise.settings import Settings
+    from phasewise.streams.processing import StateCache, worker_round
+
+    t0 = time.perf_counter()
+    env = replay_settings_env(family, trace, frozen_model=frozen_model, pretrained=pretrained)
+    settings = Settings.from_env({"bootstrap": "in-process", "host": host}, env=env)
+    cache = StateCache.from_settings(settings)
+    scale = mem_scale(trace)
+    messages = trace_messages(trace, host, scale)
+    phase = _InProcessPhase(settings, cache, frozen_model) if family == "phase" else None
+    got: list[Decision] = []
+    # a live detector logs each snapshot it swaps to (every ~30 s); a replay swaps hundreds of times a second
+    quiet = logging.getLogger("phasewise.streams.phase_agents")
+    level = quiet.level
+    quiet.setLevel(max(logging.WARNING, quiet.getEffectiveLevel()))
+    try:
+        for m in messages:
+            got += worker_round(cache, [m], settings, phase)
+    finally:
+        quiet.setLevel(level)
+    got = [d for d in got if d.container != END_CONTAINER]
+    return KafkaReplayResult(host, "in-process", rebuild_sequences(trace, got, scale), len(messages), got,
+                             time.perf_counter() - t0, "", env, phase.origin if phase else "",
+                             phase.snapshots if phase else 0)
 
 
 def kafka_sequences(trace: Trace, families: Iterable[str], **kw: Any) -> tuple[dict[str, dict], dict[str, Any]]:

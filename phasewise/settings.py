@@ -131,6 +131,11 @@ class Settings:
     #: without a GPU has them missing). The shipped pretrained model is
     #: cpu,mem: any other set starts cold and is a different model on the topic
     phase_features: str = "cpu,mem"
+    #: --policy phase, no snapshot on the models topic yet: start from the shipped
+    #: model pretrained on the AI4DL sample (when phase_features is cpu,mem);
+    #: false = start cold (replay sets it so, unless asked: a trace must not be
+    #: scored by a model that saw it)
+    phase_pretrained: bool = True
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:

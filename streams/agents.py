@@ -58,7 +58,7 @@ from phasewise.schemas import (
 from phasewise.settings import Settings
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
-from phasewise.streams.processing import StateCache, process_host_samples, process_many
+from phasewise.streams.processing import StateCache, worker_round
 from phasewise.streams.topics import worker_topics
 from phasewise.topics import DEAD_LETTERS, DECISIONS, SAMPLES
 
@@ -279,13 +279,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     def process_round(msgs: list[HostSamples]) -> list[Decision]:
         """The VPA, then (--policy phase) the detector, over messages whose containers are distinct."""
-        if len(msgs) == 1:
-            decisions = process_host_samples(cache, msgs[0], settings)
-            return phase.process_many(msgs) if phase is not None else decisions
-        per_msg = process_many(cache, msgs, settings)
-        if phase is not None:
-            return phase.process_many(msgs)
-        return [d for ds in per_msg for d in ds]
+        return worker_round(cache, msgs, settings, phase)
 
     def emit(decisions: list[Decision]) -> None:
         if phase is not None:

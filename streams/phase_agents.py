@@ -207,11 +207,14 @@ def decode_learn_batch(raw: bytes, name: str, window_len: int, n_features: int
 
 # ---------------------------------------------------------------------- models
 def initial_model(settings: Settings) -> tuple[PhaseModel, str]:
-    """The shipped pretrained model when its features match, else a cold one; with where it came from."""
+    """The shipped pretrained model when its features match (and ``phase_pretrained``), else a cold one;
+    with where it came from."""
     features = settings.phase_feature_tuple()
     try:
         from phasewise.models.phase_policy import PRETRAINED_AI4DL, load_pretrained
     except ImportError:  # the policy module is optional for the live path
+        load_pretrained = None  # type: ignore[assignment]
+    if not settings.phase_pretrained:
         load_pretrained = None  # type: ignore[assignment]
     if load_pretrained is not None:
         m = load_pretrained()

@@ -54,7 +54,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -71,6 +71,7 @@ __all__ = [
     "process_host_samples",
     "process_many",
     "recommender_params",
+    "worker_round",
     "sample_usage",
 ]
 
@@ -397,6 +398,31 @@ def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], settings:
     for e, d in got:
         out[mi[e]].append(d)
     return out
+
+
+class RoundPhase(Protocol):
+    """The phase detector as a round sees it: decisions of messages with distinct hosts."""
+
+    def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]: ...
+
+
+def worker_round(cache: StateCache, msgs: Sequence[HostSamples], settings: Settings,
+                 phase: RoundPhase | None = None) -> list[Decision]:
+    """The worker's step over one round of messages (distinct hosts): the decisions to publish.
+
+    The VPA learns every sample first (its decided limits are the phase
+    detector's fallback); with *phase* (``--policy phase``) the detector then
+    steps the round and only its decisions are published. The samples agent
+    runs this; so does in-process replay of the worker
+    (:func:`phasewise.replay_kafka.worker_in_process`).
+    """
+    if len(msgs) == 1:
+        decisions = process_host_samples(cache, msgs[0], settings)
+        return phase.process_many(msgs) if phase is not None else decisions
+    per_msg = process_many(cache, msgs, settings)
+    if phase is not None:
+        return phase.process_many(msgs)
+    return [d for ds in per_msg for d in ds]
 
 
 def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, cs: Sequence[ContainerSample],

@@ -28,7 +28,6 @@ from phasewise.replay_kafka import (
     worker_policies,
 )
 from phasewise.settings import Settings
-from phasewise.streams.processing import StateCache, process_host_samples
 
 SAMPLE = Path(__file__).resolve().parents[1] / "phasewise" / "data" / "ai4dl_sample.csv"
 
@@ -72,28 +71,70 @@ def assert_same_sequences(got: dict[str, list], want: dict[str, list]) -> None:
         assert decided > len(seq)  # limits for both resources from the second step on
 
 
-def replay_settings() -> Settings:
-    return Settings.from_env({"recommend_interval_s": 0.0, "hysteresis": 0.0, "vpa_time_scale": 1.0, "vpa_update_mode": "hysteresis",
-                              "worker_id": "replay-test"}, env={})
-
-
 # ---------------------------------------------------------------- without a broker
 
 
 @pytest.mark.parametrize("trace", [small_trace(), fraction_trace()], ids=["ai4dl", "mem-fraction"])
 def test_the_worker_step_decides_what_in_process_replay_decides(trace):
-    """process_host_samples (the worker's step) on the replay messages == VpaPolicy in-process."""
-    host = "replay-h"
-    from phasewise.replay_kafka import mem_scale
+    """The worker's step (worker_in_process: the replay worker's settings) == VpaPolicy in-process."""
+    from phasewise.replay_kafka import mem_scale, worker_in_process
 
-    scale = mem_scale(trace)
-    s = replay_settings()
-    cache = StateCache.from_settings(s)
-    decisions = []
-    for m in trace_messages(trace, host, scale):
-        decisions += [d for d in process_host_samples(cache, m, s) if d.container != END_CONTAINER]
+    got = worker_in_process(trace, family="vpa", host="replay-h")
+    decisions = got.decisions
     assert decisions and all(d.details["hysteresis"] == 0.0 for d in decisions)
-    assert_same_sequences(rebuild_sequences(trace, decisions, scale), in_process(trace))
+    assert all(d.container != END_CONTAINER for d in decisions)
+    assert_same_sequences(got.sequences, in_process(trace))
+    assert rebuild_sequences(trace, decisions, mem_scale(trace)) == got.sequences
+
+
+def regime_trace(containers: int = 12, steps: int = 360, gpu: bool = True) -> Trace:
+    """Square-wave jobs (period 40-90 s, 10 s steps), with GPU columns following the same waves."""
+    rng = np.random.default_rng(5)
+    t = np.arange(steps, dtype=float) * 10.0
+    out = []
+    for k in range(containers):
+        base, period = rng.uniform(0.3, 1.0), rng.integers(4, 9)
+        high = ((np.arange(steps) // period) % 2).astype(float)
+        usage = {"cpu": base * (1 + 1.5 * high), "mem": base * 4e8 * (1 + 0.8 * high)}
+        if gpu:
+            usage.update({"gpu": 5 + 85 * base * high, "gpu_mem": base * 8e9 * (1 + high)})
+        out.append(ContainerSeries(f"job-{k}", t, usage))
+    units = {"cpu": "cores", "mem": "bytes"}
+    if gpu:
+        units.update({"gpu": "percent", "gpu_mem": "bytes"})
+    return Trace("synthetic", "-", units, out)
+
+
+def test_the_phase_worker_in_process_learns_on_event_time_and_uses_the_traces_gpu_columns():
+    from phasewise.replay_kafka import worker_in_process
+
+    trace = regime_trace()
+    msgs = trace_messages(trace, "h")
+    assert msgs[0].containers[0].gpu_util == trace.containers[0].usage["gpu"][0]
+    got = worker_in_process(trace, family="phase")
+    assert got.settings_env["PHASEWISE_PHASE_FEATURES"] == "cpu,mem,gpu,gpu_mem"
+    assert got.model_origin == "cold" and got.snapshots > 0  # the learner warmed the shared model
+    sources = {d.details["source"] for d in got.decisions}
+    assert "fallback:vpa" in sources and "phase" in sources  # VPA while cold, then phase limits
+    assert worker_in_process(trace, family="phase").decisions == got.decisions  # deterministic
+    frozen = worker_in_process(trace, family="phase", frozen_model=True)
+    assert frozen.snapshots == 0 and {d.details["source"] for d in frozen.decisions} == {"fallback:vpa"}
+    with pytest.raises(KafkaReplayError, match="not a worker policy"):
+        worker_in_process(trace, family="window")
+
+
+def test_replay_runs_the_workers_phase_code_in_process(capsys):
+    rc = main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--phase-model", "worker", "--json", "--quiet"])
+    assert rc == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    phase = [x for x in lines if x.get("policy") == "phase"]
+    assert {x["resource"] for x in phase} == {"cpu", "mem"} and all(x["steps"] > 0 for x in phase)
+    setup = next(x["setup"] for x in lines if "setup" in x)
+    assert setup["phase_model"] == "worker" and setup["pretrained"] is False and setup["model_origin"] == "cold"
+    assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-model", "worker", "--phase-frozen"]) == 2
+    assert "needs --phase-pretrained" in capsys.readouterr().err
+    assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-pretrained"]) == 2
+    assert "apply to --phase-model worker" in capsys.readouterr().err
 
 
 def test_messages_follow_event_time_and_scale_a_memory_fraction_to_bytes():
@@ -176,23 +217,21 @@ def test_the_phase_worker_replays_a_trace_through_kafka_into_scored_decision_seq
 def test_a_frozen_phase_worker_through_kafka_decides_exactly_what_its_own_step_decides_in_process(tmp_path):
     if "phase" not in worker_policies():
         pytest.skip("the worker has no --policy phase in this build")
-    from phasewise.replay_kafka import mem_scale
-    from phasewise.streams.phase_agents import PhaseHooks, initial_model
+    from phasewise.replay_kafka import worker_in_process
 
     trace = small_trace(2, 40)
     # its own broker: no snapshot on the models topic, so the worker starts from the shipped model
-    result = replay_through_kafka(trace, family="phase", workdir=tmp_path, timeout_s=180, frozen_model=True)
+    result = replay_through_kafka(trace, family="phase", workdir=tmp_path, timeout_s=180, frozen_model=True,
+                                  pretrained=True)
     s = Settings.from_env(env=result.settings_env)
-    assert s.policy == "phase" and s.phase_snapshot_interval_s > 1e6
-    cache = StateCache.from_settings(s)
-    model, origin = initial_model(s)
-    assert model.ready, origin
-    hooks = PhaseHooks(s, cache, model=model, version=0)
-    want = []
-    for m in trace_messages(trace, result.host, mem_scale(trace)):
-        process_host_samples(cache, m, s)
-        want += [d for d in hooks.process(m).decisions if d.container != END_CONTAINER]
+    assert s.policy == "phase" and s.phase_snapshot_interval_s > 1e6 and s.phase_pretrained
+    local = worker_in_process(trace, family="phase", host=result.host, frozen_model=True, pretrained=True)
+    assert local.model_origin.startswith("pretrained") and local.snapshots == 0
+    assert {k: v for k, v in local.settings_env.items()} == {k: v for k, v in result.settings_env.items()
+                                                             if k in local.settings_env}
+    want = local.decisions
     assert result.decisions == want  # every field, the ids and the details included, in order
+    assert result.sequences == local.sequences  # and so the scored limits
     sources = {d.details["source"] for d in want}
     assert "phase" in sources or "mixed" in sources  # phase statistics decided, not only the VPA fallback
 
