@@ -501,12 +501,15 @@ class _Progress:
 
 def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6,
                  progress: TextIO | None = None,
-                 sequences: dict[str, dict[str, list[tuple[float, Limits]]]] | None = None) -> ReplayResult:
+                 sequences: dict[str, dict[str, list[tuple[float, Limits]]]] | None = None,
+                 phase_info: dict[str, Any] | None = None) -> ReplayResult:
     """Replay every container of *trace* through every policy in *specs* and score them.
 
     *sequences*: ``{policy name: {container: [(t, limits), ...]}}`` decided
-    elsewhere (through Kafka); those policies are scored from them instead of
-    being run in-process.
+    elsewhere (through Kafka, or by the worker's code); those policies are
+    scored from them instead of being run in-process. *phase_info*: what the
+    report says about how such a phase model started (``class``,
+    ``warm_start``: ``{origin: containers}``).
     """
     t0 = time.perf_counter()
     resources = {r: ResourceResult(r, u, {s.name: Score() for s in specs}) for r, u in trace.units.items()}
@@ -514,7 +517,7 @@ def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6
     diffs = [np.diff(c.t) for c in trace.containers if len(c) > 1]
     global_dt = float(np.median(np.concatenate(diffs))) if diffs else 1.0
     plotted: list[ContainerReplay] = []
-    phase_info: dict[str, Any] = {}
+    phase_info = dict(phase_info or {})
     pending: list[tuple[str, np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []
     managed: dict[str, set[str]] = {}
     bar = _Progress(len(trace.containers), progress)
@@ -757,8 +760,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--phase-model worker / --through-kafka: the learner never updates the detectors' model "
                         "(needs --phase-pretrained); the two paths then decide identically")
     p.add_argument("--phase-stats", choices=("relative", "absolute"), default="relative",
-                   help="--phase-model fleet: per-phase statistics of usage relative to each container's level "
-                        "(default) or of absolute usage (the pooled design before)")
+                   help="--phase-model fleet or worker, --through-kafka: per-phase statistics of usage relative to "
+                        "each container's level (default) or of absolute usage (the pooled design before)")
     p.add_argument("--phase-quantile", type=float, default=0.95, help="--phase-model fleet: phase quantile "
                    "(default 0.95)")
     p.add_argument("--phase-margin", type=float, default=0.10, help="--phase-model fleet: margin over the "
@@ -822,8 +825,11 @@ def replay_command(args: argparse.Namespace) -> str:
     for flag in ("phase_pretrained", "phase_frozen"):
         if getattr(args, flag, False):
             parts.append("--" + flag.replace("_", "-"))
-    if getattr(args, "phase_model", "container") == "worker":
-        parts += ["--phase-model", "worker"]
+    if getattr(args, "phase_model", "container") == "worker" or args.through_kafka:
+        if getattr(args, "phase_model", "container") == "worker":
+            parts += ["--phase-model", "worker"]
+        if getattr(args, "phase_stats", "relative") != "relative":
+            parts += ["--phase-stats", args.phase_stats]
     elif getattr(args, "phase_model", "container") != "container":
         parts += ["--phase-model", args.phase_model]
         d = {"phase_stats": "relative", "phase_quantile": 0.95, "phase_margin": 0.10, "level_half_life": 30.0,
@@ -908,12 +914,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     sequences = None
     worker_info: dict[str, Any] = {}
+    has_phase = any(sp.name == "phase" for sp in specs)
     if args.through_kafka:
         from phasewise.replay_kafka import KafkaReplayError
 
         try:
-            sequences = _through_kafka(trace, specs, getattr(args, "bootstrap", None),
-                                       frozen_model=frozen, pretrained=pretrained)
+            sequences = _through_kafka(trace, specs, getattr(args, "bootstrap", None), frozen_model=frozen,
+                                       pretrained=pretrained, statistics=getattr(args, "phase_stats", "relative"))
         except ThroughKafkaUnsupported as e:
             print(f"phasewise replay: {e}", file=sys.stderr)
             return 2
@@ -924,7 +931,8 @@ def run(args: argparse.Namespace) -> int:
         from phasewise.replay_kafka import KafkaReplayError, worker_in_process
 
         try:
-            got = worker_in_process(trace, family="phase", frozen_model=frozen, pretrained=pretrained)
+            got = worker_in_process(trace, family="phase", frozen_model=frozen, pretrained=pretrained,
+                                    statistics=getattr(args, "phase_stats", "relative"))
         except KafkaReplayError as e:
             print(f"phasewise replay: --phase-model worker: {e}", file=sys.stderr)
             return 2
@@ -946,14 +954,25 @@ def run(args: argparse.Namespace) -> int:
             print(f"phasewise replay: {e}", file=sys.stderr)
             return 2
     show = None if args.quiet or not sys.stderr.isatty() else sys.stderr
+    phase_info = None
+    if has_phase and (phase_model == "worker" or args.through_kafka):
+        from phasewise.replay_kafka import trace_features
+
+        origin = worker_info.get("model_origin") or (
+            ("pretrained ai4dl_cpu_mem.pwck, unless a snapshot was already on the models topic" if pretrained
+             else "cold, unless a snapshot was already on the models topic") if getattr(args, "bootstrap", None)
+            else "pretrained ai4dl_cpu_mem.pwck" if pretrained and trace_features(trace) == "cpu,mem" else "cold")
+        where = "through Kafka" if args.through_kafka else "in-process"
+        phase_info = {"class": f"phasewise worker --policy phase ({where}; one model shared by all containers)",
+                      "warm_start": {origin: len(trace.containers)}}
     result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show,
-                          sequences=sequences)
+                          sequences=sequences, phase_info=phase_info)
     rows, savings = result_rows(result)
-    has_phase = any(sp.name == "phase" for sp in specs)
     setup: dict[str, Any] = {"phase_model": "worker" if args.through_kafka and has_phase else phase_model,
                              "split": split, "containers": len(trace.containers)}
     if setup["phase_model"] == "worker" and has_phase:
         setup.update({"pretrained": pretrained, "frozen": frozen, "through_kafka": bool(args.through_kafka),
+                      "statistics": getattr(args, "phase_stats", "relative"),
                       **worker_info})
     if setup["phase_model"] == "fleet":
         setup.update({k: getattr(opts, k) for k in ("statistics", "quantile", "margin", "level_half_life",
