@@ -123,9 +123,12 @@ def test_the_phase_worker_in_process_learns_on_event_time_and_uses_the_traces_gp
         worker_in_process(trace, family="window")
 
 
-def test_replay_runs_the_workers_phase_code_in_process(capsys):
-    rc = main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--phase-model", "worker", "--json", "--quiet"])
+def test_replay_runs_the_workers_phase_code_in_process(capsys, tmp_path):
+    rc = main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--phase-model", "worker", "--json", "--quiet",
+               "--report", str(tmp_path / "cold")])
     assert rc == 0
+    summary = (tmp_path / "cold" / "summary.md").read_text()
+    assert "phasewise worker --policy phase (in-process" in summary and "4 container(s): cold" in summary
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     phase = [x for x in lines if x.get("policy") == "phase"]
     assert {x["resource"] for x in phase} == {"cpu", "mem"} and all(x["steps"] > 0 for x in phase)
@@ -133,6 +136,10 @@ def test_replay_runs_the_workers_phase_code_in_process(capsys):
     assert setup["phase_model"] == "worker" and setup["pretrained"] is False and setup["model_origin"] == "cold"
     assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-model", "worker", "--phase-frozen"]) == 2
     assert "needs --phase-pretrained" in capsys.readouterr().err
+    assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-model", "worker", "--phase-pretrained",
+                 "--quiet", "--report", str(tmp_path / "warm")]) == 0
+    summary = (tmp_path / "warm" / "summary.md").read_text()
+    assert "pretrained ai4dl_cpu_mem.pwck" in summary and "read its numbers on this trace as in-sample" in summary
     assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-pretrained"]) == 2
     assert "apply to --phase-model worker" in capsys.readouterr().err
 
