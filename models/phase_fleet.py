@@ -264,6 +264,14 @@ class PhaseFleet:
         ``"relative"``: limit = container level x phase quantile of usage/level x (1 + margin).
     level_half_life
         Half-life, in samples, of the decaying max that is a container's level.
+    ratio_cap
+        Relative statistics: the phase's quantile of usage/level is used up to
+        this (``None``: no cap), so a limit is at most level x ratio_cap x
+        (1 + margin). Usage that jumps far above its own level (a start-up
+        ramp from MB to GB) makes ratio quantiles huge, and uncapped they
+        turn into limits many times the container's use. Capping the
+        quantile equals taking the quantile of capped ratios, so it applies
+        to any model and snapshot as they are.
     resource_quantiles, resource_margins
         Per-resource overrides of ``quantile`` / ``margin`` (e.g. ``{"mem": 0.97}``).
     limited
@@ -306,6 +314,7 @@ class PhaseFleet:
         capacity: int = 64,
         statistics: str = "absolute",
         level_half_life: float = 30.0,
+        ratio_cap: float | None = None,
         target_fulfilment: float | None = None,
         adapt_rate: float = 0.05,
         resource_quantiles: Mapping[str, float] | None = None,
@@ -348,6 +357,9 @@ class PhaseFleet:
         self.adapt_rate = float(adapt_rate)
         self.statistics = statistics
         self.level_half_life = float(level_half_life)
+        if ratio_cap is not None and not ratio_cap > 0:
+            raise ValueError(f"ratio_cap must be > 0 or None, got {ratio_cap}")
+        self.ratio_cap = math.inf if ratio_cap is None else float(ratio_cap)
         self._level_decay = 0.5 ** (1.0 / self.level_half_life)
         self.model = model
         self.floors = dict(floors or {})
@@ -653,7 +665,8 @@ class PhaseFleet:
                 ok = np.array([x[2] for x in table])
                 q[known], cnt[known], slot_ok[known] = Q[inv], C[inv], ok[inv]
                 if self.statistics == "relative":
-                    q = q * level  # ratio quantile -> this container's usage units (NaN without a level)
+                    # capped ratio quantile -> this container's usage units (NaN without a level)
+                    q = np.minimum(q, self.ratio_cap) * level
         # rows that may need the fallback: a resource without usable phase statistics
         usable_guess = slot_ok[:, None] & (cnt >= self.min_phase_samples) & np.isfinite(q)
         fb = self._fallback(fallback_limits, containers, ~usable_guess.all(axis=1))

@@ -257,6 +257,7 @@ class FleetOptions:
     quantile: float = 0.95
     margin: float = 0.10
     level_half_life: float = 30.0
+    ratio_cap: float | None = 1.25  #: relative: the phase's usage/level quantile is used up to this (None: no cap)
     learn_every: int = 1
     pretrain_folds: int = 0  #: 0: start cold; K >= 2: cross-fitted pretraining (see :func:`fleet_sequences`)
     target_fulfilment: float | None = None  #: per-container adaptive multiplier aiming at this fulfilment
@@ -381,6 +382,7 @@ def _fleet_run(trace: Trace, opts: FleetOptions, model: Any) -> dict[str, list[t
     fleet = PhaseFleet(model if model is not None else PhaseModel(features=feats), learn_every=opts.learn_every,
                        quantile=opts.quantile, margin=opts.margin, statistics=opts.statistics,
                        level_half_life=opts.level_half_life, target_fulfilment=opts.target_fulfilment,
+                       ratio_cap=opts.ratio_cap,
                        resource_quantiles=dict(opts.resource_quantiles), resource_margins=dict(opts.resource_margins))
     fallback: dict[str, LimitPolicy] = {}
     handed: dict[str, Limits] = {}
@@ -768,6 +770,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "quantile (default 0.10)")
     p.add_argument("--level-half-life", type=float, default=30.0, help="--phase-model fleet, relative: "
                    "half-life in samples of the decaying max that is a container's level (default 30)")
+    p.add_argument("--phase-ratio-cap", type=float, default=1.25, metavar="C",
+                   help="--phase-model fleet, relative: use a phase's quantile of usage/level up to C, so a limit is "
+                        "at most level x C x (1 + margin) (default 1.25, chosen on the tune split; 0 = no cap)")
     p.add_argument("--phase-resource-quantiles", default="", metavar="R=Q,...",
                    help="--phase-model fleet: per-resource quantiles overriding --phase-quantile, e.g. mem=0.97")
     p.add_argument("--phase-resource-margins", default="", metavar="R=M,...",
@@ -833,6 +838,7 @@ def replay_command(args: argparse.Namespace) -> str:
     elif getattr(args, "phase_model", "container") != "container":
         parts += ["--phase-model", args.phase_model]
         d = {"phase_stats": "relative", "phase_quantile": 0.95, "phase_margin": 0.10, "level_half_life": 30.0,
+             "phase_ratio_cap": 1.25,
              "phase_resource_quantiles": "", "phase_resource_margins": "", "phase_target_fulfilment": None,
              "pretrain_folds": 0}
         for k, v in d.items():
@@ -889,10 +895,12 @@ def run(args: argparse.Namespace) -> int:
                         target_fulfilment=getattr(args, "phase_target_fulfilment", None),
                         quantile=getattr(args, "phase_quantile", 0.95), margin=getattr(args, "phase_margin", 0.10),
                         level_half_life=getattr(args, "level_half_life", 30.0),
+                        ratio_cap=(getattr(args, "phase_ratio_cap", 1.25) or None),
                         pretrain_folds=getattr(args, "pretrain_folds", 0))
-    if not 0 < opts.quantile <= 1 or opts.margin < 0 or opts.level_half_life <= 0 or opts.pretrain_folds < 0:
+    if (not 0 < opts.quantile <= 1 or opts.margin < 0 or opts.level_half_life <= 0 or opts.pretrain_folds < 0
+            or getattr(args, "phase_ratio_cap", 1.25) < 0):
         print("phasewise replay: --phase-quantile must be in (0, 1], --phase-margin >= 0, --level-half-life > 0, "
-              "--pretrain-folds >= 0", file=sys.stderr)
+              "--pretrain-folds >= 0, --phase-ratio-cap >= 0", file=sys.stderr)
         return 2
     if opts.pretrain_folds == 1:
         print("phasewise replay: --pretrain-folds needs at least 2 folds (0 = no pretraining)", file=sys.stderr)
@@ -975,7 +983,7 @@ def run(args: argparse.Namespace) -> int:
                       "statistics": getattr(args, "phase_stats", "relative"),
                       **worker_info})
     if setup["phase_model"] == "fleet":
-        setup.update({k: getattr(opts, k) for k in ("statistics", "quantile", "margin", "level_half_life",
+        setup.update({k: getattr(opts, k) for k in ("statistics", "quantile", "margin", "level_half_life", "ratio_cap",
                                                     "target_fulfilment", "pretrain_folds")})
         setup["resource_quantiles"] = dict(opts.resource_quantiles)
         setup["resource_margins"] = dict(opts.resource_margins)

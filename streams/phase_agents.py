@@ -490,7 +490,8 @@ class PhaseHooks:
         s = self.settings
         return PhaseFleet(model, floors={"cpu": s.vpa_min_cpu_cores, "mem": float(s.vpa_min_mem_bytes)},
                           learn_every=s.phase_learn_every, frozen=True, statistics=s.phase_statistics,
-                          state_write_interval_s=s.state_write_interval_s, loader=self.loader, limited=LIMITED)
+                          state_write_interval_s=s.state_write_interval_s, loader=self.loader, limited=LIMITED,
+                          ratio_cap=s.phase_ratio_cap or None)
 
     def follow(self) -> bool:
         """Swap to the follower's newest snapshot if it is newer; True if swapped."""

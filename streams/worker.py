@@ -86,6 +86,8 @@ def check(settings: Settings) -> None:
     if settings.phase_statistics not in ("relative", "absolute"):
         raise SettingsError(f"phase_statistics must be 'relative' or 'absolute', got {settings.phase_statistics!r}")
     settings.phase_feature_tuple()  # SettingsError when invalid
+    if settings.phase_ratio_cap < 0:
+        raise SettingsError(f"phase_ratio_cap must be >= 0 (0 = no cap), got {settings.phase_ratio_cap}")
     if settings.container_ttl_s < 0:
         raise SettingsError(f"container_ttl_s must be >= 0 (0 = never), got {settings.container_ttl_s}")
     if settings.phase_snapshot_interval_s <= 0 or settings.phase_learn_every < 1 or settings.phase_warmup < 0:

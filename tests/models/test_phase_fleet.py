@@ -206,6 +206,27 @@ def test_relative_limits_are_the_container_level_times_the_pooled_ratio_quantile
     assert out.limits[1, 1] == pytest.approx(4 * out.limits[0, 1])
 
 
+def test_a_ratio_cap_bounds_relative_limits_at_level_times_cap_and_leaves_smaller_quantiles_alone():
+    m = trained_model()
+    p_idle = phase_of(m, IDLE)
+    # a start-up ramp's ratios: most frames near 1, a tail of jumps to 50x the level before them
+    ratios = np.r_[np.full(900, 0.9), np.full(100, 50.0)]
+    m.clusterer.update_rel_stats(np.full(1000, p_idle), np.c_[np.full(1000, 0.8), ratios])
+    q95 = m.clusterer.rel_stats.quantiles(m.clusterer.slot_of(p_idle), (0.95,))[0]
+    assert q95[0] == pytest.approx(0.8, rel=0.02) and q95[1] > 40
+    outs = {}
+    for cap in (None, 1.25):
+        fleet = PhaseFleet(PhaseModel.from_bytes(m.to_bytes()), margin=0.1, frozen=True, statistics="relative",
+                           level_half_life=1.0, ratio_cap=cap)
+        for t in range(3):
+            outs[cap] = fleet.step(float(t), ["c"], IDLE[None], fallback_limits=FB)
+    assert outs[None].from_phase.all() and outs[1.25].from_phase.all()
+    np.testing.assert_allclose(outs[None].limits[0], IDLE * q95 * 1.1, rtol=1e-9)  # mem: 40+ x the use
+    np.testing.assert_allclose(outs[1.25].limits[0], IDLE * [q95[0], 1.25] * 1.1, rtol=1e-9)  # cpu untouched
+    with pytest.raises(ValueError, match="ratio_cap"):
+        PhaseFleet(m, ratio_cap=0.0)
+
+
 def test_the_level_is_a_decaying_max_and_credited_usage_is_divided_by_the_level_before_the_step():
     m = PhaseModel(features=("cpu", "mem"), n_his=2, warmup=10_000)
     fleet = PhaseFleet(m, statistics="relative", level_half_life=2.0, frozen=True)
