@@ -257,7 +257,7 @@ class FleetOptions:
     quantile: float = 0.95
     margin: float = 0.10
     level_half_life: float = 30.0
-    ratio_cap: float | None = 1.25  #: relative: the phase's usage/level quantile is used up to this (None: no cap)
+    ratio_cap: float | None = 1.5  #: relative: the phase's usage/level quantile is used up to this (None: no cap)
     learn_every: int = 1
     pretrain_folds: int = 0  #: 0: start cold; K >= 2: cross-fitted pretraining (see :func:`fleet_sequences`)
     target_fulfilment: float | None = None  #: per-container adaptive multiplier aiming at this fulfilment
@@ -770,9 +770,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "quantile (default 0.10)")
     p.add_argument("--level-half-life", type=float, default=30.0, help="--phase-model fleet, relative: "
                    "half-life in samples of the decaying max that is a container's level (default 30)")
-    p.add_argument("--phase-ratio-cap", type=float, default=1.25, metavar="C",
+    p.add_argument("--phase-ratio-cap", type=float, default=1.5, metavar="C",
                    help="--phase-model fleet, relative: use a phase's quantile of usage/level up to C, so a limit is "
-                        "at most level x C x (1 + margin) (default 1.25, chosen on the tune split; 0 = no cap)")
+                        "at most level x C x (1 + margin) (default 1.5, see the README; 0 = no cap)")
     p.add_argument("--phase-resource-quantiles", default="", metavar="R=Q,...",
                    help="--phase-model fleet: per-resource quantiles overriding --phase-quantile, e.g. mem=0.97")
     p.add_argument("--phase-resource-margins", default="", metavar="R=M,...",
@@ -838,7 +838,7 @@ def replay_command(args: argparse.Namespace) -> str:
     elif getattr(args, "phase_model", "container") != "container":
         parts += ["--phase-model", args.phase_model]
         d = {"phase_stats": "relative", "phase_quantile": 0.95, "phase_margin": 0.10, "level_half_life": 30.0,
-             "phase_ratio_cap": 1.25,
+             "phase_ratio_cap": 1.5,
              "phase_resource_quantiles": "", "phase_resource_margins": "", "phase_target_fulfilment": None,
              "pretrain_folds": 0}
         for k, v in d.items():
@@ -895,10 +895,10 @@ def run(args: argparse.Namespace) -> int:
                         target_fulfilment=getattr(args, "phase_target_fulfilment", None),
                         quantile=getattr(args, "phase_quantile", 0.95), margin=getattr(args, "phase_margin", 0.10),
                         level_half_life=getattr(args, "level_half_life", 30.0),
-                        ratio_cap=(getattr(args, "phase_ratio_cap", 1.25) or None),
+                        ratio_cap=(getattr(args, "phase_ratio_cap", 1.5) or None),
                         pretrain_folds=getattr(args, "pretrain_folds", 0))
     if (not 0 < opts.quantile <= 1 or opts.margin < 0 or opts.level_half_life <= 0 or opts.pretrain_folds < 0
-            or getattr(args, "phase_ratio_cap", 1.25) < 0):
+            or getattr(args, "phase_ratio_cap", 1.5) < 0):
         print("phasewise replay: --phase-quantile must be in (0, 1], --phase-margin >= 0, --level-half-life > 0, "
               "--pretrain-folds >= 0, --phase-ratio-cap >= 0", file=sys.stderr)
         return 2

@@ -139,7 +139,7 @@ class Settings:
     #: --policy phase, relative statistics: a phase's quantile of usage/level is
     #: used up to this, so a limit is at most level x cap x (1 + margin); 0 = no
     #: cap (uncapped, start-up ramps made limits several times the use in replay)
-    phase_ratio_cap: float = 1.25
+    phase_ratio_cap: float = 1.5
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:

@@ -303,7 +303,7 @@ def test_phase_features_are_checked_and_pick_the_starting_model():
     assert m.features == ("cpu", "mem", "gpu") and origin == "cold" and not m.ready
     with pytest.raises(SettingsError, match="phase_ratio_cap"):
         check(Settings.from_env({"phase_ratio_cap": -1.0}, env={}))
-    for cap, want in ((1.25, 1.25), (0.0, float("inf"))):  # 0 = no cap
+    for cap, want in ((1.5, 1.5), (0.0, float("inf"))):  # 0 = no cap
         s = Settings.from_env({"phase_ratio_cap": cap}, env={})
         assert PhaseHooks(s, StateCache.from_settings(s), model=warm_model()).fleet.ratio_cap == want
     with pytest.raises(ValueError, match="must include"):
