@@ -48,17 +48,23 @@ phase_agents`) is the live phase design, not in-process replay's
 shared model that ONE learner trains from every ``phase_learn_every``-th
 window and publishes as snapshots (asynchronously: which snapshot a detector
 uses at a given sample depends on timing), the newest snapshot already on
-the models topic (or the shipped pretrained model) as the start, and VPA
-fallback limits rounded to a millicore / a byte. Its decisions (``policy
-"phase"``, limits as decided) are scored like in-process ones, but are not
-expected to equal in-process phase replay, nor to repeat exactly run to run.
-With ``frozen_model=True`` (API) the learner publishes nothing during the
-run; the detectors then keep their start model and the worker decides
-exactly what its own step (``process_host_samples`` + ``PhaseHooks``)
-decides in-process over the same messages (tested).
+the models topic as the start, and VPA fallback limits rounded to a
+millicore / a byte. Its decisions (``policy "phase"``, limits as decided)
+are scored like in-process ones, but are not expected to equal the default
+in-process phase replay (``--phase-model container``), nor, while the
+learner learns, to repeat exactly run to run.
+The worker starts cold unless ``pretrained`` (``--phase-pretrained``: the
+shipped model, which was trained on the AI4DL sample). With
+``frozen_model=True`` (``--phase-frozen``) the learner publishes nothing
+during the run; the detectors then keep their start model and the worker
+decides exactly what :func:`worker_in_process` (its own step in this
+process, ``replay --phase-model worker``) decides over the same messages
+(tested).
 
-Only the resources the worker's policy manages (``cpu``, ``mem``) take part;
-the others in the trace (GPU) are not sent. The message schema requires both
+Only the resources the worker's policy manages (``cpu``, ``mem``) are
+scored; a trace's GPU columns go along as the samples' ``gpu_util`` /
+``gpu_mem_bytes`` (the phase detector's extra frame features,
+:func:`trace_features`). The message schema requires both
 ``cpu_cores`` and ``mem_bytes``: a trace without one of them sends 0 for it
 and ignores the decisions about it; a sample that has one of two present
 resources but not the other cannot be sent and is an error.
