@@ -40,8 +40,9 @@ to :class:`PhaseHooks`:
   join, works the same on the embedded broker) and keeps following it on a
   daemon thread that decodes new snapshots off the event loop; detectors swap
   to a newer snapshot between messages. With no snapshot, a worker starts
-  from the shipped pretrained model when its features are (cpu, mem), else
-  cold (phase limits then start once the learner's first warm snapshot lands).
+  from the shipped pretrained model when its features are (cpu, mem) and
+  ``phase_pretrained`` is on (the default), else cold (phase limits then
+  start once the learner's first warm snapshot lands).
 
 Frames are the features of ``phase_features`` (default ``cpu,mem``; with
 ``gpu,gpu_mem`` a sample's ``gpu_util`` / ``gpu_mem_bytes`` are columns too, a
