@@ -504,14 +504,16 @@ class _Progress:
 def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6,
                  progress: TextIO | None = None,
                  sequences: dict[str, dict[str, list[tuple[float, Limits]]]] | None = None,
-                 phase_info: dict[str, Any] | None = None) -> ReplayResult:
+                 phase_info: dict[str, Any] | None = None,
+                 phase_ids: dict[str, np.ndarray] | None = None) -> ReplayResult:
     """Replay every container of *trace* through every policy in *specs* and score them.
 
     *sequences*: ``{policy name: {container: [(t, limits), ...]}}`` decided
     elsewhere (through Kafka, or by the worker's code); those policies are
     scored from them instead of being run in-process. *phase_info*: what the
     report says about how such a phase model started (``class``,
-    ``warm_start``: ``{origin: containers}``).
+    ``warm_start``: ``{origin: containers}``). *phase_ids*: per container, the
+    phase id at each sample (-1: none) for such a phase model, for the plots.
     """
     t0 = time.perf_counter()
     resources = {r: ResourceResult(r, u, {s.name: Score() for s in specs}) for r, u in trace.units.items()}
@@ -548,6 +550,8 @@ def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6
                                 {name: lim[r][ok] for name, lim in limits.items() if r in lim}))
                 managed.setdefault(r, set()).update(
                     name for name, lim in limits.items() if r in lim and not np.all(np.isnan(lim[r])))
+        if phases is None and phase_ids is not None:
+            phases = phase_ids.get(series.container)
         if keep:
             plotted.append(ContainerReplay(series.container, series.t, series.usage, limits, phases))
         bar.update(k + 1)
@@ -921,6 +925,7 @@ def run(args: argparse.Namespace) -> int:
               "the policy would be its VPA fallback throughout)", file=sys.stderr)
         return 2
     sequences = None
+    phase_ids = None
     worker_info: dict[str, Any] = {}
     has_phase = any(sp.name == "phase" for sp in specs)
     if args.through_kafka:
@@ -945,6 +950,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"phasewise replay: --phase-model worker: {e}", file=sys.stderr)
             return 2
         sequences = {**(sequences or {}), "phase": got.sequences}
+        from phasewise.replay_kafka import phase_series
+
+        phase_ids = phase_series(trace, got.phase_changes)
         worker_info = {"model_origin": got.model_origin, "snapshots": got.snapshots,
                        "phase_features": got.settings_env.get("PHASEWISE_PHASE_FEATURES"),
                        "decisions": len(got.decisions)}
@@ -974,7 +982,7 @@ def run(args: argparse.Namespace) -> int:
         phase_info = {"class": f"phasewise worker --policy phase ({where}; one model shared by all containers)",
                       "warm_start": {origin: len(trace.containers)}}
     result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show,
-                          sequences=sequences, phase_info=phase_info)
+                          sequences=sequences, phase_info=phase_info, phase_ids=phase_ids)
     rows, savings = result_rows(result)
     setup: dict[str, Any] = {"phase_model": "worker" if args.through_kafka and has_phase else phase_model,
                              "split": split, "containers": len(trace.containers)}

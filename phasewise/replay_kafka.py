@@ -89,6 +89,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from phasewise.models.policy import Limits
 from phasewise.producers.traces import Trace
 from phasewise.schemas import (
@@ -97,6 +99,7 @@ from phasewise.schemas import (
     ContainerSample,
     Decision,
     HostSamples,
+    PhaseChange,
     SchemaError,
     decode,
     encode,
@@ -108,6 +111,7 @@ __all__ = [
     "KafkaReplayError",
     "KafkaReplayResult",
     "mem_scale",
+    "phase_series",
     "rebuild_sequences",
     "replay_through_kafka",
     "replay_settings_env",
@@ -274,6 +278,8 @@ class KafkaReplayResult:
     #: phase, in-process: the model the detectors started from, and the snapshots the learner made
     model_origin: str = ""
     snapshots: int = 0
+    #: phase, in-process: the detectors' phase changes (:func:`phase_series` turns them into ids per step)
+    phase_changes: list[PhaseChange] = field(default_factory=list)
 
 
 def trace_features(trace: Trace) -> str:
@@ -473,6 +479,7 @@ class _InProcessPhase:
         self.learner = Learner(model.clone(), 0, 0)
         self.next_snapshot: float | None = None
         self.snapshots = 0
+        self.changes: list[PhaseChange] = []
 
     def _learn(self, batch: bytes | None) -> None:
         from phasewise.streams.phase_agents import decode_learn_batch
@@ -486,6 +493,7 @@ class _InProcessPhase:
         from phasewise.streams.phase_agents import model_of
 
         out = self.hooks.process_many(msgs)
+        self.changes += out.changes
         self._learn(out.learn_batch)
         t = max(m.ts for m in msgs)
         if self.next_snapshot is None:
@@ -539,7 +547,36 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
     got = [d for d in got if d.container != END_CONTAINER]
     return KafkaReplayResult(host, "in-process", rebuild_sequences(trace, got, scale), len(messages), got,
                              time.perf_counter() - t0, "", env, phase.origin if phase else "",
-                             phase.snapshots if phase else 0)
+                             phase.snapshots if phase else 0, phase.changes if phase else [])
+
+
+def phase_series(trace: Trace, changes: Iterable[PhaseChange]) -> dict[str, np.ndarray]:
+    """Per container, the phase id in force at each of its samples (-1 before its first phase).
+
+    A change at event time ``ts`` holds from the sample at ``ts`` on.
+
+    >>> from phasewise.producers.traces import ContainerSeries
+    >>> tr = Trace("t", "-", {"cpu": "cores"}, [ContainerSeries("a", np.array([1., 2., 3., 4.]),
+    ...     {"cpu": np.ones(4)})])
+    >>> ch = [PhaseChange(container="a", host="h", ts=2.0, new_phase=0, since=2.0),
+    ...       PhaseChange(container="a", host="h", ts=4.0, old_phase=0, new_phase=3, since=2.0)]
+    >>> phase_series(tr, ch)["a"].tolist()
+    [-1, 0, 0, 3]
+    """
+    per: dict[str, list[tuple[float, int]]] = {}
+    for c in changes:
+        per.setdefault(c.container, []).append((c.ts, c.new_phase))
+    out: dict[str, np.ndarray] = {}
+    for s in trace.containers:
+        ch = sorted(per.get(s.container, []))
+        ids = np.full(len(s), -1, dtype=np.int64)
+        if ch:
+            ts = np.array([t for t, _ in ch])
+            ph = np.array([p for _, p in ch], dtype=np.int64)
+            k = np.searchsorted(ts, s.t, side="right") - 1  # the last change at or before each sample
+            ids = np.where(k >= 0, ph[np.maximum(k, 0)], -1)
+        out[s.container] = ids
+    return out
 
 
 def kafka_sequences(trace: Trace, families: Iterable[str], **kw: Any) -> tuple[dict[str, dict], dict[str, Any]]:

@@ -117,6 +117,15 @@ def test_the_phase_worker_in_process_learns_on_event_time_and_uses_the_traces_gp
     sources = {d.details["source"] for d in got.decisions}
     assert "fallback:vpa" in sources and "phase" in sources  # VPA while cold, then phase limits
     assert worker_in_process(trace, family="phase").decisions == got.decisions  # deterministic
+    # the detectors' phase changes give the report its phase ids along time
+    from phasewise.replay_kafka import phase_series
+
+    ids = phase_series(trace, got.phase_changes)
+    assert all(len(ids[c.container]) == len(c) for c in trace.containers)
+    assert len(set(ids["job-0"].tolist()) - {-1}) >= 2 and ids["job-0"][0] == -1  # none before the first
+    res = replay_trace(trace, [PolicySpec("phase", "phase", None)], plot_containers=2,
+                       sequences={"phase": got.sequences}, phase_ids=ids)
+    assert res.plotted[0].phases is ids["job-0"]
     frozen = worker_in_process(trace, family="phase", frozen_model=True)
     assert frozen.snapshots == 0 and {d.details["source"] for d in frozen.decisions} == {"fallback:vpa"}
     with pytest.raises(KafkaReplayError, match="not a worker policy"):
