@@ -707,6 +707,23 @@ def _through_kafka(trace: Trace, specs: list[PolicySpec], bootstrap: str | None,
     return {s.name: seqs[s.family] for s in specs if s.family in seqs}
 
 
+def worker_origin(trace: Trace, *, pretrained: bool, statistics: str = "relative",
+                  bootstrap: str | None = None) -> str:
+    """What a replay's phase worker starts from (for the report), by the worker's own rule.
+
+    :func:`~phasewise.streams.phase_agents.initial_model` under the replay
+    worker's settings; with *bootstrap* (a broker that may already hold
+    snapshots) the worker would start from the newest one instead.
+    """
+    from phasewise.replay_kafka import replay_settings_env
+    from phasewise.settings import Settings
+    from phasewise.streams.phase_agents import initial_model
+
+    env = replay_settings_env("phase", trace, pretrained=pretrained, statistics=statistics)
+    origin = initial_model(Settings.from_env({"bootstrap": "-"}, env=env))[1]
+    return origin + (", unless a snapshot was already on the models topic" if bootstrap else "")
+
+
 def _score_fields(s: Score) -> dict[str, Any]:
     return {"alloc_over_used": _num(s.alloc_over_used), "fulfilment": _num(s.fulfilment), "steps": s.steps}
 
@@ -972,12 +989,9 @@ def run(args: argparse.Namespace) -> int:
     show = None if args.quiet or not sys.stderr.isatty() else sys.stderr
     phase_info = None
     if has_phase and (phase_model == "worker" or args.through_kafka):
-        from phasewise.replay_kafka import trace_features
-
-        origin = worker_info.get("model_origin") or (
-            ("pretrained ai4dl_cpu_mem.pwck, unless a snapshot was already on the models topic" if pretrained
-             else "cold, unless a snapshot was already on the models topic") if getattr(args, "bootstrap", None)
-            else "pretrained ai4dl_cpu_mem.pwck" if pretrained and trace_features(trace) == "cpu,mem" else "cold")
+        origin = worker_info.get("model_origin") or worker_origin(
+            trace, pretrained=pretrained, statistics=getattr(args, "phase_stats", "relative"),
+            bootstrap=getattr(args, "bootstrap", None))
         where = "through Kafka" if args.through_kafka else "in-process"
         phase_info = {"class": f"phasewise worker --policy phase ({where}; one model shared by all containers)",
                       "warm_start": {origin: len(trace.containers)}}

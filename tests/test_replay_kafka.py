@@ -132,6 +132,16 @@ def test_the_phase_worker_in_process_learns_on_event_time_and_uses_the_traces_gp
         worker_in_process(trace, family="window")
 
 
+def test_the_report_says_what_a_through_kafka_phase_worker_starts_from():
+    from phasewise.replay import worker_origin
+
+    ai4dl, gpu = small_trace(), regime_trace()
+    assert worker_origin(ai4dl, pretrained=False) == "cold"
+    assert worker_origin(ai4dl, pretrained=True).startswith("pretrained ai4dl_cpu_mem")
+    assert worker_origin(gpu, pretrained=True) == "cold"  # the shipped model has no GPU features
+    assert worker_origin(ai4dl, pretrained=False, bootstrap="k:9092").endswith("already on the models topic")
+
+
 def test_replay_runs_the_workers_phase_code_in_process(capsys, tmp_path):
     rc = main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--phase-model", "worker", "--json", "--quiet",
                "--report", str(tmp_path / "cold")])
