@@ -52,13 +52,25 @@ from phasewise.schemas import decode_host_samples, encode
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--containers", type=int, default=1000)
-    p.add_argument("--seconds", type=float, default=20.0, help="ticks in the worker's backlog")
-    p.add_argument("--per-host", type=int, default=100, help="containers per host message")
-    p.add_argument("--pure-ticks", type=int, default=30, help="ticks of the in-process step measurement")
+    from phasewise.settings import (
+        SPECS,
+        above,
+        arg_type,
+        at_least,
+        parse_float,
+        parse_int,
+        parse_str,
+    )
+
+    count = arg_type(parse_int, at_least(1))
+    p.add_argument("--containers", type=count, default=1000)
+    p.add_argument("--seconds", type=arg_type(parse_float, above(0)), default=20.0,
+                   help="ticks in the worker's backlog")
+    p.add_argument("--per-host", type=count, default=100, help="containers per host message")
+    p.add_argument("--pure-ticks", type=count, default=30, help="ticks of the in-process step measurement")
     p.add_argument("--pure-only", action="store_true", help="skip the worker measurement")
     p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
-    p.add_argument("--features", default="cpu,mem",
+    p.add_argument("--features", default="cpu,mem", type=arg_type(parse_str, SPECS["phase_features"].validate),
                    help="the detector's frame features (the worker's phase_features): cpu,mem or with gpu,gpu_mem "
                         "(the samples then carry GPU use following the same square waves)")
     p.add_argument("--json", action="store_true")
@@ -200,7 +212,7 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
 def run_bench(args: argparse.Namespace) -> dict:
     from phasewise.settings import Settings
 
-    features = Settings(phase_features=args.features).phase_feature_tuple()  # SettingsError if invalid
+    features = Settings(phase_features=args.features).phase_feature_tuple()
     workdir = Path(tempfile.mkdtemp(prefix="phasewise-bench-phases-"))
     hosts = _hosts(args.containers, args.per_host)
     from phasewise.streams.worker import single_threaded_torch
@@ -227,13 +239,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phasewise.settings import SettingsError
-
-    try:
-        result = run_bench(args)
-    except SettingsError as e:
-        print(f"phasewise bench phases: {e}", file=sys.stderr)
-        return 2
+    result = run_bench(args)
     if args.json:
         print(json.dumps(result))
     else:

@@ -60,17 +60,18 @@ from phasewise.infra.broker import EmbeddedBroker, free_port
 from phasewise.kafka import ensure_topics, make_consumer, make_producer
 from phasewise.producers.agent import PRODUCER_CONFIG
 from phasewise.schemas import Actuation, Decision, SchemaError, decode
-from phasewise.settings import Settings
+from phasewise.settings import POLICIES, Settings, above, arg_type, at_least, parse_float, parse_int
 from phasewise.topics import ACTUATIONS, DECISIONS, SAMPLES, Topic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--containers", type=int, default=1000)
-    p.add_argument("--seconds", type=float, default=20.0, help="length of the throughput flood")
-    p.add_argument("--per-host", type=int, default=100, help="containers per host message")
-    p.add_argument("--latency-seconds", type=float, default=20.0)
-    p.add_argument("--raw-messages", type=int, default=20000)
-    p.add_argument("--policy", choices=["vpa", "phase"], default="vpa",
+    count, seconds = arg_type(parse_int, at_least(1)), arg_type(parse_float, above(0))
+    p.add_argument("--containers", type=count, default=1000)
+    p.add_argument("--seconds", type=seconds, default=20.0, help="length of the throughput flood")
+    p.add_argument("--per-host", type=count, default=100, help="containers per host message")
+    p.add_argument("--latency-seconds", type=seconds, default=20.0)
+    p.add_argument("--raw-messages", type=count, default=20000)
+    p.add_argument("--policy", choices=POLICIES, default="vpa",
                    help="the worker's policy (phase: the CRBM detector with its VPA fallback, starting from the "
                         "shipped pretrained model)")
     p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")

@@ -902,27 +902,36 @@ def parse_size(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--duration", type=float, metavar="SECONDS",
+    from phasewise.cli import add_setting
+    from phasewise.settings import SPECS, above, arg_type, at_least, parse_float, parse_int
+
+    def like(name: str) -> object:  # a demo flag that becomes the roles' setting *name*
+        return arg_type(SPECS[name].parse, SPECS[name].validate, name=SPECS[name].kind)
+
+    p.add_argument("--duration", type=arg_type(parse_float, above(0)), metavar="SECONDS",
                    help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--json", action="store_true",
                    help="no live view; print the summary as one JSON object on stdout")
-    p.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount (v1 hierarchies or v2)")
-    p.add_argument("--cgroup-prefix", default="phasewise-demo", help="parent cgroup of the jobs")
-    p.add_argument("--interval", type=float, default=1.0, help="sampling interval, seconds")
+    p.add_argument("--cgroup-root", default="/sys/fs/cgroup", type=like("cgroup_root"),
+                   help="cgroup mount (v1 hierarchies or v2)")
+    p.add_argument("--cgroup-prefix", default="phasewise-demo", type=like("cgroup_prefix"),
+                   help="parent cgroup of the jobs")
+    p.add_argument("--interval", type=like("interval_s"), default=1.0, help="sampling interval, seconds")
     p.add_argument("--jobs", nargs="+", choices=JOBS, default=list(DEFAULT_JOBS), metavar="JOB",
                    help=f"training jobs to run (default: {' '.join(DEFAULT_JOBS)})")
-    p.add_argument("--recommend-interval", type=float, default=5.0,
+    p.add_argument("--recommend-interval", type=like("recommend_interval_s"), default=5.0,
                    help="worker: seconds between recommendations per container (demo default 5)")
-    p.add_argument("--vpa-time-scale", type=float, default=0.001,
+    p.add_argument("--vpa-time-scale", type=like("vpa_time_scale"), default=0.001,
                    help="worker: VPA durations x this (demo default 0.001: a VPA day lasts 86 s)")
-    p.add_argument("--start-cpu", type=float, default=0.5,
+    p.add_argument("--start-cpu", type=arg_type(parse_float, above(0)), default=0.5,
                    help="starting CPU limit per job, cores (below a job's ~1 core of demand, so the loop raises it early)")
     p.add_argument("--start-mem", type=parse_size, default=2**30, help="starting memory limit per job (e.g. 1G)")
-    p.add_argument("--max-restarts", type=int, default=3, help="restarts per job that dies")
-    p.add_argument("--host", help="host name on the wire (default: this machine's)")
-    p.add_argument("--data-dir", help="where the run directory goes (default: settings data_dir)")
-    p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"],
-                   help="log level of the demo and its roles (default info); with the live view the demo logs only to demo.log in the run directory")
+    p.add_argument("--max-restarts", type=arg_type(parse_int, at_least(0)), default=3,
+                   help="restarts per job that dies")
+    add_setting(p, "host", help="host name on the wire")
+    add_setting(p, "data_dir", help="where the run directory goes")
+    add_setting(p, "log_level", help="log level of the demo and its roles; with the live view the demo logs only "
+                                     "to demo.log in the run directory")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -61,6 +61,17 @@ import numpy as np
 from phasewise.models.policy import LimitPolicy, Limits
 from phasewise.models.scoring import Score, common_start, hold_last, score_steps
 from phasewise.producers.traces import FORMATS, ContainerSeries, Trace, TraceFormatError, load_trace
+from phasewise.settings import (
+    PHASE_STATISTICS,
+    SPECS,
+    above,
+    arg_type,
+    at_least,
+    in_range,
+    parse_float,
+    parse_int,
+    parse_str,
+)
 
 __all__ = [
     "FAMILIES",
@@ -757,13 +768,15 @@ def format_table(rows: list[dict], savings: list[dict]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from phasewise.cli import add_setting
+
     p.add_argument("path", nargs="?", help="trace file (ai4dl) or folder (genai2026); "
                    "default: the AI4DL sample shipped with phasewise")
     p.add_argument("--format", choices=sorted(FORMATS), default="ai4dl",
                    help="trace layout: " + "; ".join(f"{k} = {v}" for k, v in FORMATS.items()))
     p.add_argument("--policies", default="vpa,window,phase,oracle",
                    help="comma-separated policy families among vpa, window, phase, oracle (default: all)")
-    p.add_argument("--windows", default="5,10,30,60",
+    p.add_argument("--windows", default="5,10,30,60", type=arg_type(parse_str, _check_windows),
                    help="window sizes (samples) of the window family (default 5,10,30,60)")
     p.add_argument("--through-kafka", action="store_true",
                    help="run the policies the stream worker runs (vpa) through a broker and a real "
@@ -782,26 +795,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase-frozen", action="store_true",
                    help="--phase-model worker / --through-kafka: the learner never updates the detectors' model "
                         "(needs --phase-pretrained); the two paths then decide identically")
-    p.add_argument("--phase-stats", choices=("relative", "absolute"), default="relative",
+    p.add_argument("--phase-stats", choices=PHASE_STATISTICS, default="relative",
                    help="--phase-model fleet or worker, --through-kafka: per-phase statistics of usage relative to "
                         "each container's level (default) or of absolute usage (the pooled design before)")
-    p.add_argument("--phase-quantile", type=float, default=0.95, help="--phase-model fleet: phase quantile "
+    p.add_argument("--phase-quantile", type=arg_type(parse_float, in_range(0, 1, lo_open=True)), default=0.95, help="--phase-model fleet: phase quantile "
                    "(default 0.95)")
-    p.add_argument("--phase-margin", type=float, default=0.10, help="--phase-model fleet: margin over the "
+    p.add_argument("--phase-margin", type=arg_type(parse_float, at_least(0)), default=0.10, help="--phase-model fleet: margin over the "
                    "quantile (default 0.10)")
-    p.add_argument("--level-half-life", type=float, default=30.0, help="--phase-model fleet, relative: "
+    p.add_argument("--level-half-life", type=arg_type(parse_float, above(0)), default=30.0, help="--phase-model fleet, relative: "
                    "half-life in samples of the decaying max that is a container's level (default 30)")
-    p.add_argument("--phase-ratio-cap", type=float, default=1.5, metavar="C",
+    p.add_argument("--phase-ratio-cap", type=arg_type(parse_float, SPECS["phase_ratio_cap"].validate), default=1.5,
+                   metavar="C",
                    help="--phase-model fleet, relative: use a phase's quantile of usage/level up to C, so a limit is "
                         "at most level x C x (1 + margin) (default 1.5, see the README; 0 = no cap)")
-    p.add_argument("--phase-resource-quantiles", default="", metavar="R=Q,...",
+    p.add_argument("--phase-resource-quantiles", default="", metavar="R=Q,...", type=arg_type(parse_str, _per_resource),
                    help="--phase-model fleet: per-resource quantiles overriding --phase-quantile, e.g. mem=0.97")
-    p.add_argument("--phase-resource-margins", default="", metavar="R=M,...",
+    p.add_argument("--phase-resource-margins", default="", metavar="R=M,...", type=arg_type(parse_str, _per_resource),
                    help="--phase-model fleet: per-resource margins overriding --phase-margin, e.g. mem=0")
-    p.add_argument("--phase-target-fulfilment", type=float, default=None, metavar="F",
+    p.add_argument("--phase-target-fulfilment", type=arg_type(parse_float, in_range(0, 1, lo_open=True)), default=None,
+                   metavar="F",
                    help="--phase-model fleet: each container adapts a multiplier of its phase limits online "
                         "from its own misses, aiming at this fulfilment (default: off)")
-    p.add_argument("--pretrain-folds", type=int, default=0, metavar="K",
+    p.add_argument("--pretrain-folds", type=arg_type(parse_int, _check_folds), default=0, metavar="K",
                    help="--phase-model fleet: cross-fitted pretraining; each of K container folds is scored "
                         "by a model pretrained on the other folds only (0: start cold; K = number of "
                         "containers: leave-one-out)")
@@ -810,10 +825,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tune, odd = holdout)")
     p.add_argument("--json", action="store_true", help="print one JSON object per line instead of a table")
     p.add_argument("--report", metavar="DIR", help="write PNG plots and summary.md into DIR")
-    p.add_argument("--plot-containers", type=int, default=6, help="containers plotted in the report (default 6)")
+    p.add_argument("--plot-containers", type=arg_type(parse_int, at_least(0)), default=6, help="containers plotted in the report (default 6)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"],
-                   help="log level (default info)")
+    add_setting(p, "log_level")
+
+
+def _check_windows(text: str) -> None:
+    """Window sizes: a comma list of positive integers."""
+    try:
+        windows = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        windows = []
+    if not windows or min(windows) < 1:
+        raise ValueError(f"must be positive integers, e.g. 5,10,30,60; got {text!r}")
+
+
+def _check_folds(k: int) -> None:
+    if k < 0 or k == 1:
+        raise ValueError(f"must be 0 (no pretraining) or at least 2 folds, got {k}")
 
 
 def _per_resource(text: str) -> tuple[tuple[str, float], ...]:
@@ -830,9 +859,9 @@ def _per_resource(text: str) -> tuple[tuple[str, float], ...]:
         try:
             if not sep:
                 raise ValueError
-            out.append((name.strip(), float(val)))
+            out.append((name.strip(), parse_float(val)))
         except ValueError:
-            raise ValueError(f"expected RESOURCE=NUMBER, got {part!r}") from None
+            raise ValueError(f"expected RESOURCE=NUMBER (a finite number), got {part!r}") from None
     return tuple(out)
 
 
@@ -879,19 +908,19 @@ def replay_command(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     command = replay_command(args)
     if getattr(args, "bootstrap", None) and not args.through_kafka:
-        print("phasewise replay: --bootstrap needs --through-kafka", file=sys.stderr)
+        print("phasewise replay: error: --bootstrap: needs --through-kafka", file=sys.stderr)
         return 2
     try:
         windows = tuple(int(w) for w in args.windows.split(",") if w.strip())
         if not windows or min(windows) < 1:
             raise ValueError
     except ValueError:
-        print(f"phasewise replay: --windows must be positive integers, got {args.windows!r}", file=sys.stderr)
+        print(f"phasewise replay: error: --windows: must be positive integers, got {args.windows!r}", file=sys.stderr)
         return 2
     path = args.path
     if path is None:
         if args.format != "ai4dl":
-            print("phasewise replay: PATH is required for --format genai2026", file=sys.stderr)
+            print("phasewise replay: error: PATH: required for --format genai2026", file=sys.stderr)
             return 2
         path = str(sample_path())
     try:
@@ -903,13 +932,14 @@ def run(args: argparse.Namespace) -> int:
     if split != "all":
         trace = _subtrace(trace, {c.container for c in trace.containers if split_of(c.container) == split})
         if not trace.containers:
-            print(f"phasewise replay: no container of the trace is in the {split} split", file=sys.stderr)
+            print(f"phasewise replay: error: --split: no container of the trace is in the {split} split",
+                  file=sys.stderr)
             return 2
     try:
         rq = _per_resource(getattr(args, "phase_resource_quantiles", ""))
         rm = _per_resource(getattr(args, "phase_resource_margins", ""))
     except ValueError as e:
-        print(f"phasewise replay: {e}", file=sys.stderr)
+        print(f"phasewise replay: error: --phase-resource-quantiles/margins: {e}", file=sys.stderr)
         return 2
     opts = FleetOptions(statistics=getattr(args, "phase_stats", "relative"),
                         resource_quantiles=rq, resource_margins=rm,
@@ -918,27 +948,19 @@ def run(args: argparse.Namespace) -> int:
                         level_half_life=getattr(args, "level_half_life", 30.0),
                         ratio_cap=(getattr(args, "phase_ratio_cap", 1.5) or None),
                         pretrain_folds=getattr(args, "pretrain_folds", 0))
-    if (not 0 < opts.quantile <= 1 or opts.margin < 0 or opts.level_half_life <= 0 or opts.pretrain_folds < 0
-            or getattr(args, "phase_ratio_cap", 1.5) < 0):
-        print("phasewise replay: --phase-quantile must be in (0, 1], --phase-margin >= 0, --level-half-life > 0, "
-              "--pretrain-folds >= 0, --phase-ratio-cap >= 0", file=sys.stderr)
-        return 2
-    if opts.pretrain_folds == 1:
-        print("phasewise replay: --pretrain-folds needs at least 2 folds (0 = no pretraining)", file=sys.stderr)
-        return 2
     try:
         specs = policy_specs(args.policies.split(","), windows=windows, units=trace.units)
     except (ValueError, PolicyUnavailable) as e:
-        print(f"phasewise replay: {e}", file=sys.stderr)
+        print(f"phasewise replay: error: --policies: {e}", file=sys.stderr)
         return 2
     phase_model = getattr(args, "phase_model", "container")
     pretrained, frozen = getattr(args, "phase_pretrained", False), getattr(args, "phase_frozen", False)
     if (pretrained or frozen) and phase_model != "worker" and not args.through_kafka:
-        print("phasewise replay: --phase-pretrained and --phase-frozen apply to --phase-model worker and "
+        print("phasewise replay: error: --phase-pretrained/--phase-frozen: apply to --phase-model worker and "
               "--through-kafka", file=sys.stderr)
         return 2
     if frozen and not pretrained:
-        print("phasewise replay: --phase-frozen needs --phase-pretrained (a frozen cold model never warms: "
+        print("phasewise replay: error: --phase-frozen: needs --phase-pretrained (a frozen cold model never warms: "
               "the policy would be its VPA fallback throughout)", file=sys.stderr)
         return 2
     sequences = None
@@ -952,7 +974,7 @@ def run(args: argparse.Namespace) -> int:
             sequences = _through_kafka(trace, specs, getattr(args, "bootstrap", None), frozen_model=frozen,
                                        pretrained=pretrained, statistics=getattr(args, "phase_stats", "relative"))
         except ThroughKafkaUnsupported as e:
-            print(f"phasewise replay: {e}", file=sys.stderr)
+            print(f"phasewise replay: error: --through-kafka: {e}", file=sys.stderr)
             return 2
         except KafkaReplayError as e:
             print(f"phasewise replay --through-kafka: {e}", file=sys.stderr)
@@ -978,7 +1000,7 @@ def run(args: argparse.Namespace) -> int:
               f"{got.snapshots} snapshots, {got.elapsed_s:.1f} s", file=sys.stderr)
     if phase_model == "fleet" and any(sp.name == "phase" for sp in specs):
         if sequences is not None and "phase" in sequences:
-            print("phasewise replay: --phase-model fleet runs in-process only (the worker's phase path "
+            print("phasewise replay: error: --phase-model: fleet runs in-process only (the worker's phase path "
                   "is already the fleet)", file=sys.stderr)
             return 2
         try:

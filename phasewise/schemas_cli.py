@@ -24,9 +24,13 @@ def run(args: argparse.Namespace) -> int:
     files = render()
     if args.write:
         d = Path(args.write)
-        d.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            (d / name).write_text(text)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                (d / name).write_text(text)
+        except OSError as e:
+            print(f"phasewise schemas: error: --write: {e.strerror or e}: {e.filename or d}", file=sys.stderr)
+            return 2
         print(f"wrote {len(files)} schemas to {d}")
         return 0
     d = Path(args.check)

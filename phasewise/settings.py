@@ -3,18 +3,47 @@
 The environment is read only here, at the edge (:meth:`Settings.from_env`);
 everything else receives a :class:`Settings`. Flags override the environment,
 which overrides the defaults. Every process prints its settings at start-up.
+
+Each field declares, next to itself (:func:`setting`), how a text becomes its
+value (``parse``), which values it takes (``check``, ``choices``), its flag and
+its help. The environment (:meth:`Settings.from_env`), the flags
+(:func:`arg_type`, ``choices``) and direct construction all go through that one
+declaration, so ``64Mi`` or ``nan`` is taken or refused the same way wherever it
+comes from. A refused value raises :class:`SettingsError`, which names the
+setting as the user gave it (``PHASEWISE_INTERVAL_S``, ``--interval``) and why.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
+import math
+import numbers
 import os
+import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["LIMITED_FEATURES", "PHASE_FEATURES", "Settings", "SettingsError"]
+__all__ = [
+    "BACKENDS",
+    "LIMITED_FEATURES",
+    "LOG_LEVELS",
+    "PHASE_FEATURES",
+    "PHASE_STATISTICS",
+    "POLICIES",
+    "SPECS",
+    "VPA_UPDATE_MODES",
+    "Settings",
+    "SettingsError",
+    "Spec",
+    "arg_type",
+    "parse_size",
+    "setting",
+    "unknown_env",
+]
 
 #: frame features the live phase detector can use, in the CRBM's column order
 #: (:data:`phasewise.models.detector.FEATURES`; a test keeps the two equal)
@@ -22,179 +51,479 @@ PHASE_FEATURES = ("cpu", "mem", "gpu", "gpu_mem")
 #: the resources the phase policy decides limits for (always features)
 LIMITED_FEATURES = ("cpu", "mem")
 
+# the one definition of each fixed set of values (argparse ``choices`` and the environment)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+POLICIES = ("vpa", "phase")
+BACKENDS = ("cgroup", "dry-run")
+VPA_UPDATE_MODES = ("bounds", "hysteresis")
+PHASE_STATISTICS = ("relative", "absolute")
+
+ENV_PREFIX = "PHASEWISE_"
+
 
 class SettingsError(ValueError):
-    pass
+    """A refused setting: ``str(e)`` is ``"<setting>: <why>"``, one line.
+
+    ``SettingsError("why")`` (no setting) is a message on its own.
+    """
+
+    def __init__(self, setting: str, why: str | None = None) -> None:
+        if why is None:
+            setting, why = "", setting
+        self.setting = setting
+        self.why = why
+        super().__init__(f"{setting}: {why}" if setting else why)
+
+
+# --------------------------------------------------------------------------- parsers: text -> value
+# Each raises ValueError(why) on a text it cannot read.
+
+
+def parse_int(text: str) -> int:
+    """An integer (``1_000`` too).
+
+    >>> parse_int(" 42 ")
+    42
+    """
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+
+
+def parse_float(text: str) -> float:
+    """A finite number: ``nan`` and ``inf`` are refused (no setting means them)."""
+    try:
+        v = float(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{text!r} is not a finite number")
+    return v
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true/false, yes/no, on/off, 1/0)")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?)?B?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes, with an optional decimal (``G``) or binary (``Gi``) unit, Kubernetes style.
+
+    >>> parse_size("67108864"), parse_size("64Mi"), parse_size("1.5G"), parse_size("2KiB")
+    (67108864, 67108864, 1500000000, 2048)
+    """
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (e.g. 67108864, 64Mi, 1G)")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def parse_str(text: str) -> str:
+    return text
+
+
+def format_size(n: int) -> str:
+    """Bytes in the largest binary unit that divides them.
+
+    >>> format_size(64 * 2**20), format_size(1000)
+    ('64Mi', '1000')
+    """
+    for unit, k in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n and n % k == 0:
+            return f"{n // k}{unit}"
+    return str(n)
+
+
+# --------------------------------------------------------------------------- checks: value -> None
+# Each raises ValueError(why) on a value the setting does not take.
+
+
+def above(lo: float) -> Callable[[Any], None]:
+    def check(v: Any) -> None:
+        if not v > lo:
+            raise ValueError(f"must be > {lo}, got {v!r}")
+    return check
+
+
+def at_least(lo: float) -> Callable[[Any], None]:
+    def check(v: Any) -> None:
+        if not v >= lo:
+            raise ValueError(f"must be >= {lo}, got {v!r}")
+    return check
+
+
+def in_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Callable[[Any], None]:
+    def check(v: Any) -> None:
+        if not ((lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)):
+            raise ValueError(f"must be in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}")
+    return check
+
+
+#: a TCP port, 0 = off
+port = in_range(0, 65535)
+
+
+def non_empty(v: str) -> None:
+    if not v.strip():
+        raise ValueError("must not be empty")
+
+
+def one_of(choices: tuple[str, ...]) -> Callable[[Any], None]:
+    def check(v: Any) -> None:
+        if v not in choices:
+            raise ValueError(f"invalid choice: {v!r} (choose from {', '.join(map(repr, choices))})")
+    return check
+
+
+def feature_tuple(text: str) -> tuple[str, ...]:
+    """A comma list of :data:`PHASE_FEATURES` holding :data:`LIMITED_FEATURES`, in that order.
+
+    >>> feature_tuple("gpu_mem, mem,cpu")
+    ('cpu', 'mem', 'gpu_mem')
+    """
+    got = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = sorted(set(got) - set(PHASE_FEATURES))
+    if unknown:
+        raise ValueError(f"unknown feature(s) {', '.join(unknown)}; choose from {','.join(PHASE_FEATURES)}")
+    if len(set(got)) != len(got):
+        raise ValueError(f"lists a feature twice: {text!r}")
+    missing = [f for f in LIMITED_FEATURES if f not in got]
+    if missing:
+        raise ValueError(f"must hold {','.join(LIMITED_FEATURES)} (the resources the phase policy limits); "
+                         f"{','.join(missing)} missing in {text!r}")
+    return tuple(f for f in PHASE_FEATURES if f in got)
+
+
+def relative_cgroup_path(v: str) -> None:
+    """A managed prefix is a relative path inside the cgroup tree (never ``..``)."""
+    if not v or v.startswith("/") or ".." in v.split("/"):
+        raise ValueError(f"must be a relative path inside the cgroup tree without '..', got {v!r}")
+
+
+def _check_features(v: str) -> None:
+    feature_tuple(v)
+
+
+# --------------------------------------------------------------------------- field declarations
+
+
+#: field type -> (parser of its text, check that a value is of that type)
+def _is_int(v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError(f"must be an integer, got {v!r}")
+
+
+def _is_number(v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"must be a number, got {v!r}")
+    if not math.isfinite(v):
+        raise ValueError(f"must be a finite number, got {v!r}")
+
+
+def _is_bool(v: Any) -> None:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {v!r}")
+
+
+def _is_str(v: Any) -> None:
+    if not isinstance(v, str):
+        raise ValueError(f"must be a string, got {v!r}")
+
+
+_KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], None]]] = {
+    "int": (parse_int, _is_int),
+    "float": (parse_float, _is_number),
+    "bool": (parse_bool, _is_bool),
+    "str": (parse_str, _is_str),
+}
+
+_META = "phasewise"
+
+
+def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None,
+            parse: Callable[[str], Any] | None = None, check: Callable[[Any], None] | None = None,
+            choices: tuple[str, ...] | None = None, flag: str | None = None, help: str = "") -> Any:
+    """A :class:`Settings` field with how it is read and checked.
+
+    *parse*: text (environment, flag) -> value, raising ValueError(why); default
+    by the field's type (``int``, ``float`` finite, ``bool``, ``str``).
+    *check*: value -> None, raising ValueError(why). *choices*: the only values
+    taken (argparse ``choices`` too). *flag*: the command-line flag, where a
+    role has one. *help*: one line for ``--help``.
+    """
+    meta = {_META: {"parse": parse, "check": check, "choices": choices, "flag": flag, "help": help}}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """How one setting is read from text and checked (from its field's declaration)."""
+
+    name: str
+    kind: str
+    parse: Callable[[str], Any]
+    type_check: Callable[[Any], None]
+    check: Callable[[Any], None] | None
+    choices: tuple[str, ...] | None
+    flag: str | None
+    help: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def validate(self, value: Any) -> None:
+        """ValueError(why) unless *value* is one this setting takes."""
+        self.type_check(value)
+        if self.choices is not None:
+            one_of(self.choices)(value)
+        if self.check is not None:
+            self.check(value)
+
+    def read(self, text: str) -> Any:
+        """Parse *text* and validate the value; ValueError(why) otherwise."""
+        value = self.parse(text)
+        self.validate(value)
+        return value
+
+
+def _spec(f: dataclasses.Field) -> Spec:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    default_parse, type_check = _KINDS.get(kind, (parse_str, lambda v: None))
+    meta = f.metadata.get(_META, {})
+    return Spec(name=f.name, kind=kind, parse=meta.get("parse") or default_parse, type_check=type_check,
+                check=meta.get("check"), choices=meta.get("choices"), flag=meta.get("flag"),
+                help=meta.get("help", ""))
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     # --- Kafka
-    bootstrap: str = "127.0.0.1:9092"
+    bootstrap: str = setting("127.0.0.1:9092", check=non_empty, flag="--bootstrap",
+                             help="Kafka bootstrap address(es), comma-separated")
     #: consumer session timeout; the embedded broker completes a group join
     #: after about half of it, so local runs keep it short
-    session_timeout_ms: int = 6000
-    heartbeat_interval_ms: int = 1500
+    session_timeout_ms: int = setting(6000, check=above(0), help="consumer group session timeout, ms")
+    heartbeat_interval_ms: int = setting(1500, check=above(0), help="consumer group heartbeat, ms")
     #: longest a fetch waits for data; the embedded broker does not answer a
     #: waiting fetch when data arrives, so this bounds end-to-end latency there
     #: (on Kafka it only bounds idle round trips)
-    fetch_wait_max_ms: int = 20
-    create_topics: bool = True
-    topic_partitions: int = 0  # 0 = each topic's documented default
+    fetch_wait_max_ms: int = setting(20, check=at_least(0), help="longest a fetch waits for data, ms")
+    create_topics: bool = setting(True, help="create missing topics at start-up")
+    topic_partitions: int = setting(0, check=at_least(0), flag="--partitions",
+                                    help="every topic's partition count (0 = each topic's documented default)")
     # --- identity
-    host: str = dataclasses.field(default_factory=socket.gethostname)
+    host: str = setting(factory=socket.gethostname, check=non_empty, flag="--host", help="this host's name")
     # --- producer (host agent)
-    interval_s: float = 1.0
-    cgroup_root: str = "/sys/fs/cgroup"
-    cgroup_prefix: str = "phasewise"
-    buffer_max_messages: int = 10_000
+    interval_s: float = setting(1.0, check=above(0), flag="--interval", help="seconds between samples")
+    cgroup_root: str = setting("/sys/fs/cgroup", check=non_empty, flag="--cgroup-root",
+                               help="cgroup mount: a v2 mount or a directory of v1 hierarchies")
+    cgroup_prefix: str = setting("phasewise", check=relative_cgroup_path, flag="--cgroup-prefix",
+                                 help="managed containers are the cgroups directly under <root>/[<controller>/]<prefix>/")
+    buffer_max_messages: int = setting(10_000, check=at_least(1),
+                                       help="messages kept while the broker is away (the oldest dropped beyond)")
     # --- worker
-    worker_id: str = "phasewise-worker"
-    data_dir: str = "/tmp/phasewise"
-    web_port: int = 6066
-    policy: str = "vpa"
-    recommend_interval_s: float = 5.0
-    hysteresis: float = 0.10
+    worker_id: str = setting("phasewise-worker", check=non_empty, flag="--worker-id",
+                             help="Faust app id = consumer group of all workers")
+    data_dir: str = setting("/tmp/phasewise", check=non_empty, flag="--data-dir",
+                            help="worker state, actuator ledger, demo run directories")
+    web_port: int = setting(6066, check=port, flag="--web-port", help="Faust web port, 0 = no web server")
+    policy: str = setting("vpa", choices=POLICIES, flag="--policy",
+                          help="vpa: VPA limits; phase: limits from the shared CRBM phase model with VPA as "
+                               "the fallback")
+    recommend_interval_s: float = setting(5.0, check=at_least(0), flag="--recommend-interval",
+                                          help="seconds of event time between a container's recommendations, "
+                                               "0 = after every sample")
+    hysteresis: float = setting(0.10, check=in_range(0, 1, hi_open=True), flag="--hysteresis",
+                                help="relative change of a limit needed for a decision")
     # --- actuator
-    backend: str = "cgroup"
-    cpu_floor_cores: float = 0.05
-    mem_margin_bytes: int = 64 * 2**20
-    mem_floor_bytes: int = 64 * 2**20
-    metrics_port: int = 0  # 0 = no Prometheus endpoint
-    log_level: str = "info"
+    backend: str = setting("cgroup", choices=BACKENDS, flag="--backend",
+                           help="cgroup: write cgroup files; dry-run: log and report only")
+    cpu_floor_cores: float = setting(0.05, check=above(0), flag="--cpu-floor",
+                                     help="never set a CPU limit below this many cores")
+    mem_margin_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0), flag="--mem-margin",
+                                    help="memory limit >= current usage + this, e.g. 64Mi")
+    mem_floor_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0), flag="--mem-floor",
+                                   help="never set a memory limit below this, e.g. 64Mi")
+    metrics_port: int = setting(0, check=port, flag="--metrics-port", help="Prometheus port, 0 = none")
+    log_level: str = setting("info", choices=LOG_LEVELS, flag="--log-level", help="log level")
     #: worker: only these hosts' samples are processed (comma-separated; empty = all)
-    worker_hosts: str = ""
+    worker_hosts: str = setting("", help="process only these hosts' samples (comma-separated; empty = all)")
     #: worker, vpa policy: "bounds" acts like the VPA updater (a limit changes only when the
     #: one in force lies outside the recommender's [lower, upper] confidence bounds, then to
     #: the target); "hysteresis" follows the target whenever it moves by more than hysteresis
-    vpa_update_mode: str = "bounds"
+    vpa_update_mode: str = setting("bounds", choices=VPA_UPDATE_MODES,
+                                   help="when a VPA limit changes: outside the confidence bounds, or past "
+                                        "the hysteresis")
     # --- actuator (appended)
     #: ledger of applied decision ids: keep entries this long (must exceed the
     #: decisions topic's retention) and at most this many
-    ledger_max_age_days: float = 30.0
-    ledger_max_rows: int = 100_000
+    ledger_max_age_days: float = setting(30.0, check=above(0), help="days applied decision ids are kept")
+    ledger_max_rows: int = setting(100_000, check=at_least(1), help="applied decision ids kept at most")
     #: temporary backend errors: retries after the first attempt, first backoff (doubles)
-    apply_retries: int = 3
-    apply_retry_backoff_s: float = 0.2
+    apply_retries: int = setting(3, check=at_least(0), help="retries after a temporary backend error")
+    apply_retry_backoff_s: float = setting(0.2, check=at_least(0), help="first retry delay, s (doubles)")
     # --- producer (host agent), appended
     #: seconds the host agent spends flushing buffered samples at shutdown
-    flush_timeout_s: float = 5.0
+    flush_timeout_s: float = setting(5.0, check=at_least(0), flag="--flush-timeout",
+                                     help="seconds to flush buffered samples at shutdown")
     #: where the host agent reads /proc/<pid>/cgroup to attribute GPU processes
-    proc_root: str = "/proc"
+    proc_root: str = setting("/proc", check=non_empty, help="proc mount, to map GPU processes to containers")
     # --- worker: VPA recommender (appended)
     #: multiplies every VPA duration (24 h half-lives, memory interval, confidence
     #: interval): 1 = Kubernetes VPA; 0.001 = a VPA "day" lasts 86.4 s (demo, tests)
-    vpa_time_scale: float = 1.0
+    vpa_time_scale: float = setting(1.0, check=above(0), flag="--vpa-time-scale",
+                                    help="multiply VPA's 24 h half-lives and intervals by this (1 = Kubernetes "
+                                         "VPA; 0.001 = a day in 86.4 s)")
     #: floors of every recommendation (VPA: 25 millicores, 250 MiB)
-    vpa_min_cpu_cores: float = 0.025
-    vpa_min_mem_bytes: int = 250 * 2**20
+    vpa_min_cpu_cores: float = setting(0.025, check=at_least(0), help="VPA's minimum CPU recommendation, cores")
+    vpa_min_mem_bytes: int = setting(250 * 2**20, parse=parse_size, check=at_least(0),
+                                     help="VPA's minimum memory recommendation, e.g. 250Mi")
     #: phasewise's throttling bump: a sample throttled in more than this share of
     #: CFS periods is recorded as limit * (1 + vpa_throttle_bump)
-    vpa_throttle_threshold: float = 0.1
-    vpa_throttle_bump: float = 0.5
+    vpa_throttle_threshold: float = setting(0.1, check=in_range(0, 1),
+                                            help="share of throttled CFS periods above which a CPU sample is "
+                                                 "censored")
+    vpa_throttle_bump: float = setting(0.5, check=at_least(0), help="a censored CPU sample counts as "
+                                                                     "limit x (1 + bump)")
     #: the worker persists a container's state (a changelogged table write, ~300 us)
     #: when it decides, else at most once per this many seconds of event time
     #: (checked at recommendation steps); samples since the last write are lost
     #: if the worker dies
-    state_write_interval_s: float = 30.0
+    state_write_interval_s: float = setting(30.0, check=at_least(0),
+                                            help="seconds of event time between a container's table writes")
     # --- worker: live phase path, --policy phase (appended)
     #: the phase learner publishes a model snapshot this often (when it learned something)
-    phase_snapshot_interval_s: float = 30.0
+    phase_snapshot_interval_s: float = setting(30.0, check=above(0), flag="--snapshot-interval",
+                                               help="--policy phase: seconds between the learner's model "
+                                                    "snapshots")
     #: detectors send every this many ready windows (fleet-wide) to the learner
-    phase_learn_every: int = 10
+    phase_learn_every: int = setting(10, check=at_least(1), flag="--learn-every",
+                                     help="--policy phase: detectors send every k-th ready window to the learner")
     #: windows the CRBM of a cold model learns before phases are assigned
-    phase_warmup: int = 256
+    phase_warmup: int = setting(256, check=at_least(0), flag="--phase-warmup",
+                                help="--policy phase: windows a cold CRBM learns before phases are assigned")
     #: relative: a phase limit is the container's level (decaying max of its own
     #: usage) x the phase's quantile of usage/level x (1 + margin); absolute: the
     #: phase's pooled usage quantile x (1 + margin) (the design before; worse in replay)
-    phase_statistics: str = "relative"
+    phase_statistics: str = setting("relative", choices=PHASE_STATISTICS, flag="--phase-statistics",
+                                    help="--policy phase: limits from the container's level x the phase's "
+                                         "quantile of usage/level (relative) or the phase's pooled usage "
+                                         "quantile (absolute)")
     # --- worker: forgetting containers (appended)
     #: a container with no sample for this long (event time) is dropped from the
     #: worker's memory and tables (VPA garbage-collects after 8 days); 0 = never
-    container_ttl_s: float = 691_200.0
+    container_ttl_s: float = setting(691_200.0, check=at_least(0), flag="--container-ttl",
+                                     help="seconds of event time without a sample after which a container is "
+                                          "forgotten, 0 = never")
     # --- worker: live phase path, learner batches (appended)
     #: detectors hold learn windows until this many are ready and send them as
     #: one batch (also a partial one at every offset commit); the learner makes
     #: one CD step per batch (a step costs ~0.7 ms however small its batch),
     #: steps of 16 windows while the model is cold
-    phase_learn_batch: int = 128
+    phase_learn_batch: int = setting(128, check=at_least(1), flag="--learn-batch",
+                                     help="--policy phase: learn windows go to the learner in batches of this "
+                                          "many, one CD step each")
     # --- worker: message batches (appended)
     #: the samples agent takes up to this many messages at a time and steps the
     #: containers of distinct hosts together (vectorised: ~half the cost per sample)
-    worker_batch_max: int = 16
+    worker_batch_max: int = setting(16, check=at_least(1), help="messages the samples agent steps together")
     #: ... waiting at most this long for them to arrive (adds at most this to latency)
-    worker_batch_wait_ms: float = 5.0
+    worker_batch_wait_ms: float = setting(5.0, check=at_least(0), help="longest wait for such a batch, ms")
     # --- worker: live phase path, frame features (appended)
     #: --policy phase: the CRBM's frame features, a comma list of PHASE_FEATURES
     #: that holds cpu and mem (the limited resources); add gpu,gpu_mem on GPU
     #: hosts (host agents with NVML report them per container; a container
     #: without a GPU has them missing). The shipped pretrained model is
     #: cpu,mem: any other set starts cold and is a different model on the topic
-    phase_features: str = "cpu,mem"
+    phase_features: str = setting("cpu,mem", check=_check_features, flag="--phase-features",
+                                  help="--policy phase: the CRBM's frame features, a comma list of "
+                                       "cpu,mem,gpu,gpu_mem holding cpu and mem (add gpu,gpu_mem on GPU hosts)")
     #: --policy phase, no snapshot on the models topic yet: start from the shipped
     #: model pretrained on the AI4DL sample (when phase_features is cpu,mem);
     #: false = start cold (replay sets it so, unless asked: a trace must not be
     #: scored by a model that saw it)
-    phase_pretrained: bool = True
+    phase_pretrained: bool = setting(True, help="--policy phase: start from the shipped pretrained model")
     #: --policy phase, relative statistics: a phase's quantile of usage/level is
     #: used up to this, so a limit is at most level x cap x (1 + margin); 0 = no
     #: cap (uncapped, start-up ramps made limits several times the use in replay)
-    phase_ratio_cap: float = 1.5
+    phase_ratio_cap: float = setting(1.5, check=at_least(0),
+                                     help="--policy phase: cap on a phase's quantile of usage/level (0 = no cap)")
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
         """Defaults < ``PHASEWISE_<NAME>`` environment < explicit overrides (flags).
 
-        ``None`` values in *overrides* mean "flag not given".
+        ``None`` values in *overrides* mean "flag not given". The environment
+        takes the same forms as the flags (``64Mi``, ``true``, the same
+        choices). A refused value raises :class:`SettingsError` naming where it
+        came from: the environment variable, or the setting for an override.
         """
         env = os.environ if env is None else env
+        given = {k: v for k, v in (overrides or {}).items() if v is not None}
+        unknown = sorted(set(given) - SPECS.keys())
+        if unknown:
+            raise SettingsError(unknown[0], "unknown setting")
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = env.get(f"PHASEWISE_{f.name.upper()}")
-            if raw is not None:
-                values[f.name] = _parse(f.name, f.type, raw)
-        for k, v in (overrides or {}).items():
-            if v is None:
+        source: dict[str, str] = {}
+        for name, spec in SPECS.items():
+            if name in given:
+                values[name] = given[name]
                 continue
-            if k not in {f.name for f in fields(cls)}:
-                raise SettingsError(f"unknown setting {k!r}")
-            values[k] = v
-        s = cls(**values)
-        s.validate()
-        return s
+            raw = env.get(spec.env)
+            if raw is None:
+                continue
+            try:
+                values[name] = spec.parse(raw)
+            except ValueError as e:
+                raise SettingsError(spec.env, str(e)) from None
+            source[name] = spec.env
+        try:
+            return cls(**values)
+        except SettingsError as e:
+            raise SettingsError(source.get(e.setting, e.setting), e.why) from None
 
     def validate(self) -> None:
-        if not self.bootstrap:
-            raise SettingsError("bootstrap address is empty (set --bootstrap or PHASEWISE_BOOTSTRAP)")
-        if self.interval_s <= 0:
-            raise SettingsError(f"interval_s must be > 0, got {self.interval_s}")
-        if not 0 <= self.hysteresis < 1:
-            raise SettingsError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
-        if self.backend not in ("cgroup", "dry-run"):
-            raise SettingsError(f"backend must be 'cgroup' or 'dry-run', got {self.backend!r}")
-        if self.vpa_update_mode not in ("bounds", "hysteresis"):
-            raise SettingsError(f"vpa_update_mode must be 'bounds' or 'hysteresis', got {self.vpa_update_mode!r}")
-        if self.cpu_floor_cores <= 0:
-            raise SettingsError("cpu_floor_cores must be > 0")
+        """Every field against its declaration, then the few rules between fields."""
+        for name, spec in SPECS.items():
+            try:
+                spec.validate(getattr(self, name))
+            except ValueError as e:
+                raise SettingsError(name, str(e)) from None
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise SettingsError("heartbeat_interval_ms", f"must be below session_timeout_ms "
+                                f"({self.session_timeout_ms}), got {self.heartbeat_interval_ms}")
+
+    @classmethod
+    def spec(cls, name: str) -> Spec:
+        return SPECS[name]
 
     def phase_feature_tuple(self) -> tuple[str, ...]:
-        """``phase_features`` parsed, in :data:`PHASE_FEATURES` order; SettingsError if invalid.
+        """``phase_features`` parsed, in :data:`PHASE_FEATURES` order.
 
         >>> Settings(phase_features="gpu_mem, mem,cpu").phase_feature_tuple()
         ('cpu', 'mem', 'gpu_mem')
         """
-        got = [f.strip() for f in self.phase_features.split(",") if f.strip()]
-        unknown = sorted(set(got) - set(PHASE_FEATURES))
-        if unknown:
-            raise SettingsError(f"phase_features: unknown feature(s) {', '.join(unknown)}; "
-                                f"choose from {','.join(PHASE_FEATURES)}")
-        if len(set(got)) != len(got):
-            raise SettingsError(f"phase_features lists a feature twice: {self.phase_features!r}")
-        missing = [f for f in LIMITED_FEATURES if f not in got]
-        if missing:
-            raise SettingsError(f"phase_features must hold {','.join(LIMITED_FEATURES)} (the resources the "
-                                f"phase policy limits); {','.join(missing)} missing in {self.phase_features!r}")
-        return tuple(f for f in PHASE_FEATURES if f in got)
+        return feature_tuple(self.phase_features)
 
     def describe(self) -> str:
         return "settings: " + " ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
@@ -206,24 +535,56 @@ class Settings:
         return {"bootstrap.servers": self.bootstrap}
 
 
-def _parse(name: str, tp: Any, raw: str) -> Any:
-    tp = str(tp)
-    try:
-        if tp == "bool":
-            low = raw.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if tp == "int":
-            return int(raw)
-        if tp == "float":
-            return float(raw)
-        return raw
-    except ValueError:
-        raise SettingsError(f"PHASEWISE_{name.upper()}={raw!r} is not a valid {tp}") from None
+#: every setting's declaration, by name, in field order
+SPECS: dict[str, Spec] = {f.name: _spec(f) for f in fields(Settings)}
 
 
-def fields_of(cls: type) -> set[str]:
-    return {f.name for f in fields(cls)}
+def default_text(name: str) -> str:
+    """A setting's default as a user would write it (``64Mi``, ``hostname``)."""
+    f = next(f for f in fields(Settings) if f.name == name)
+    if f.default is dataclasses.MISSING:
+        return {"host": "hostname"}.get(name, "computed")
+    if SPECS[name].parse is parse_size:
+        return format_size(f.default)
+    if isinstance(f.default, bool):
+        return str(f.default).lower()
+    return str(f.default) if f.default != "" else "(empty)"
+
+
+def unknown_env(env: Mapping[str, str]) -> list[str]:
+    """One line per ``PHASEWISE_*`` variable that is no setting, naming the closest one.
+
+    >>> for line in unknown_env({"PHASEWISE_BOOTSTRP": "x", "PHASEWISE_HOST": "h", "PHASEWISE_ZZZ": ""}):
+    ...     print(line)
+    PHASEWISE_BOOTSTRP is not a setting and is ignored (did you mean PHASEWISE_BOOTSTRAP?)
+    PHASEWISE_ZZZ is not a setting and is ignored
+    """
+    out = []
+    for k in sorted(env):
+        if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in SPECS:
+            close = difflib.get_close_matches(k[len(ENV_PREFIX):].lower(), SPECS, n=1, cutoff=0.6)
+            out.append(f"{k} is not a setting and is ignored"
+                       + (f" (did you mean {SPECS[close[0]].env}?)" if close else ""))
+    return out
+
+
+def arg_type(parse: Callable[[str], Any], check: Callable[[Any], None] | None = None,
+             name: str | None = None) -> Callable[[str], Any]:
+    """An argparse ``type=``: *parse* then *check*, a ValueError's reason as the flag's error.
+
+    >>> arg_type(parse_float, above(0))("-1")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be > 0, got -1.0
+    """
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+            if check is not None:
+                check(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+
+    convert.__name__ = name or getattr(parse, "__name__", "value")
+    return convert

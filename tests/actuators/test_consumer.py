@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from phasewise.actuators.backends import CgroupBackend, DryRunBackend
 from phasewise.actuators.commands import Outcome, SetLimits
-from phasewise.actuators.consumer import Actuator, group_id, parse_bytes, run_actuator
+from phasewise.actuators.consumer import Actuator, group_id, run_actuator
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.schemas import Actuation, DeadLetter, Decision, decode, encode
@@ -153,12 +153,14 @@ def test_permanent_backend_errors_are_not_retried(recorder):
     assert count(metrics, "failed") == 1
 
 
-def test_sizes_on_the_command_line_accept_binary_and_decimal_units():
-    assert parse_bytes("67108864") == 64 * MiB
-    assert parse_bytes("64Mi") == 64 * MiB
-    assert parse_bytes("1G") == 10**9
-    with pytest.raises(Exception, match="not a size"):
-        parse_bytes("lots")
+def test_sizes_accept_binary_and_decimal_units():
+    from phasewise.settings import parse_size
+
+    assert parse_size("67108864") == 64 * MiB
+    assert parse_size("64Mi") == 64 * MiB
+    assert parse_size("1G") == 10**9
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("lots")
 
 
 # --------------------------------------------------------------------------- the loop, real broker

@@ -290,19 +290,18 @@ def test_phase_features_are_checked_and_pick_the_starting_model():
     from phasewise.models.detector import FEATURES as MODEL_FEATURES
     from phasewise.settings import PHASE_FEATURES, SettingsError
     from phasewise.streams.phase_agents import initial_model
-    from phasewise.streams.worker import check
 
     assert PHASE_FEATURES == tuple(MODEL_FEATURES)
     for bad, why in (("cpu,gpu", "must hold cpu,mem"), ("cpu,mem,tpu", "unknown feature"),
                      ("cpu,mem,mem", "twice")):
         with pytest.raises(SettingsError, match=why):
-            check(Settings.from_env({"phase_features": bad}, env={}))
+            Settings.from_env({"phase_features": bad}, env={})
     m, origin = initial_model(Settings.from_env({}, env={}))
     assert m.features == ("cpu", "mem") and origin.startswith("pretrained") and m.ready
     m, origin = initial_model(Settings.from_env({"phase_features": "cpu,mem,gpu"}, env={}))
     assert m.features == ("cpu", "mem", "gpu") and origin == "cold" and not m.ready
     with pytest.raises(SettingsError, match="phase_ratio_cap"):
-        check(Settings.from_env({"phase_ratio_cap": -1.0}, env={}))
+        Settings.from_env({"phase_ratio_cap": -1.0}, env={})
     for cap, want in ((1.5, 1.5), (0.0, float("inf"))):  # 0 = no cap
         s = Settings.from_env({"phase_ratio_cap": cap}, env={})
         assert PhaseHooks(s, StateCache.from_settings(s), model=warm_model()).fleet.ratio_cap == want
