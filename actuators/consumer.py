@@ -28,7 +28,8 @@ and ignores other hosts' decisions, which is correct for any producer and
 costs little: decisions are a few per container per minute.
 
 Stops cleanly on SIGTERM / SIGINT (finishes the batch in hand, flushes,
-commits, leaves the group).
+commits, leaves the group), also while it waits for an unreachable broker,
+which it reports in one line every few seconds.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ import argparse
 import logging
 import math
 import os
-import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import Planned, is_managed_name, plan
 from phasewise.schemas import Actuation, Decision, SchemaError, decode, encode
-from phasewise.settings import Settings, SettingsError
+from phasewise.settings import Settings
 from phasewise.topics import ACTUATIONS, DECISIONS
 
 __all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve"]
@@ -250,13 +251,24 @@ def make_backend(settings: Settings) -> Backend:
     return DryRunBackend(usage=reader)
 
 
+#: seconds a stopping actuator waits for its last messages' delivery
+FINAL_FLUSH_S = 3.0
+
+
 def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                  metrics: ActuatorMetrics | None = None, ledger: Ledger | None = None,
                  host_cores: float | None = None) -> None:
-    """Build the Kafka clients and ledger, then :func:`serve` until *stop* is set."""
-    from phasewise.kafka import ensure_topics, make_consumer, make_producer
+    """Build the Kafka clients and ledger, then :func:`serve` until *stop* is set.
+
+    With ``create_topics``, first waits for the broker (saying so every few
+    seconds) or for *stop*. At the end, actuations not yet delivered get
+    :data:`FINAL_FLUSH_S` and are counted in the log if still undelivered.
+    """
+    from phasewise.kafka import ensure_topics, make_consumer, make_producer, wait_for_broker
 
     if settings.create_topics:
+        if not wait_for_broker(settings, None, stop=stop):
+            return
         ensure_topics(settings)
     own_ledger = ledger is None
     if ledger is None:
@@ -269,7 +281,11 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
         serve(actuator, consumer, producer, stop)
     finally:
         consumer.close()
-        producer.flush(10)
+        left = producer.flush(FINAL_FLUSH_S)
+        if left:
+            # their decisions' offsets were not committed: they come again and the ledger answers "duplicate"
+            log.error("stopping with %d actuation/dead-letter message(s) undelivered after %g s", left,
+                      FINAL_FLUSH_S)
         if own_ledger:
             ledger.close()
 
@@ -282,60 +298,24 @@ def _delivery_report(err: Any, msg: Any) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?)?B?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """``"67108864"``, ``"64Mi"``, ``"1.5G"`` -> bytes."""
-    m = _SIZE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 67108864, 64Mi, 1G)")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from phasewise.cli import add_common
+    from phasewise.cli import add_common, add_setting
 
     add_common(p)
-    p.add_argument("--backend", choices=["cgroup", "dry-run"],
-                   help="cgroup: write cgroup files; dry-run: log and report only (env PHASEWISE_BACKEND)")
-    p.add_argument("--cgroup-root", dest="cgroup_root",
-                   help="cgroup mount root (env PHASEWISE_CGROUP_ROOT; default /sys/fs/cgroup)")
-    p.add_argument("--cgroup-prefix", dest="cgroup_prefix",
-                   help="managed containers live under <root>/[<controller>/]<prefix>/ (env PHASEWISE_CGROUP_PREFIX)")
-    p.add_argument("--cpu-floor", dest="cpu_floor_cores", type=float,
-                   help="never set a CPU limit below this many cores (env PHASEWISE_CPU_FLOOR_CORES; default 0.05)")
-    p.add_argument("--mem-margin", dest="mem_margin_bytes", type=parse_bytes,
-                   help="memory limit >= current usage + this, e.g. 64Mi (env PHASEWISE_MEM_MARGIN_BYTES)")
-    p.add_argument("--mem-floor", dest="mem_floor_bytes", type=parse_bytes,
-                   help="never set a memory limit below this, e.g. 64Mi (env PHASEWISE_MEM_FLOOR_BYTES)")
-    p.add_argument("--metrics-port", dest="metrics_port", type=int,
-                   help="serve Prometheus metrics on this port; 0 = off (env PHASEWISE_METRICS_PORT)")
-    p.add_argument("--data-dir", dest="data_dir",
-                   help="where the ledger of applied decisions lives (env PHASEWISE_DATA_DIR)")
-
-
-def check_settings(s: Settings) -> None:
-    if s.mem_margin_bytes < 0 or s.mem_floor_bytes < 0:
-        raise SettingsError("mem_margin_bytes and mem_floor_bytes must be >= 0")
-    if s.apply_retries < 0 or s.apply_retry_backoff_s < 0:
-        raise SettingsError("apply_retries and apply_retry_backoff_s must be >= 0")
-    if s.ledger_max_age_days <= 0 or s.ledger_max_rows < 1:
-        raise SettingsError("ledger_max_age_days must be > 0 and ledger_max_rows >= 1")
+    for name in ("backend", "cgroup_root", "cgroup_prefix", "cpu_floor_cores", "mem_margin_bytes",
+                 "mem_floor_bytes", "metrics_port", "data_dir"):
+        add_setting(p, name, help={"data_dir": "where the ledger of applied decisions lives"}.get(name))
 
 
 def run(args: argparse.Namespace) -> int:
     from phasewise.cgroupfs import CgroupError
-    from phasewise.cli import settings_from_args
+    from phasewise.cli import settings_from_args, stop_on_signals
 
+    settings = settings_from_args(args)
     try:
-        settings = settings_from_args(args)
-        check_settings(settings)
         backend = make_backend(settings)
-    except (SettingsError, CgroupError) as e:
-        print(f"phasewise actuate: {e}", flush=True)
+    except CgroupError as e:
+        print(f"phasewise actuate: error: cgroup_root: {e}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)
     print(f"actuator: backend={backend.name} group={group_id(settings.host)} "
@@ -349,13 +329,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("metrics on :%d/metrics", settings.metrics_port)
 
     stop = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("%s: stopping after the current batch", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    run_actuator(settings, backend, stop, metrics=metrics)
+    with stop_on_signals(stop) as received:
+        run_actuator(settings, backend, stop, metrics=metrics)
+    if received:
+        log.info("%s: stopped", signal.Signals(received[0]).name)
     log.info("actuator stopped")
     return 0

@@ -7,8 +7,12 @@ bootstrap address; nothing assumes the embedded broker.
 from __future__ import annotations
 
 import logging
+import math
+import re
+import socket
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -20,7 +24,12 @@ from phasewise.topics import DEAD_LETTERS, TOPICS, Topic
 
 __all__ = [
     "BrokerUnavailable",
+    "FoldRepeats",
+    "KafkaLog",
     "ensure_topics",
+    "kafka_log",
+    "listening",
+    "make_admin",
     "make_producer",
     "make_consumer",
     "publish_dead_letter",
@@ -29,29 +38,227 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: seconds between two lines about the same thing (an unreachable broker, a repeated client log line)
+REPEAT_EVERY_S = 5.0
+
 
 class BrokerUnavailable(RuntimeError):
     """Temporary: the cluster did not answer in time; retry later."""
 
 
-def wait_for_broker(settings: Settings, timeout_s: float = 30.0) -> None:
-    admin = AdminClient(settings.kafka_common())
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+class _Folder:
+    """Admits a key at most once per *every_s*; counts what it folded in between (thread-safe)."""
+
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[Any, list[float]] = {}  # key -> [last admitted at, folded since]
+
+    def admit(self, key: Any) -> tuple[bool, int]:
+        """(whether to say it now, how many like it were folded since it was last said)."""
+        now = self.clock()
+        with self._lock:
+            entry = self._seen.get(key)
+            if entry is not None and now - entry[0] < self.every_s:
+                entry[1] += 1
+                return False, 0
+            folded = int(entry[1]) if entry is not None else 0
+            self._seen[key] = [now, 0]
+            if len(self._seen) > 1000:  # shapes seen once long ago
+                self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.every_s}
+            return True, folded
+
+
+def _shape(text: str) -> str:
+    """A log line with its numbers blanked: lines that differ only in ids, ports, times fold."""
+    return re.sub(r"\d+", "#", text)
+
+
+class FoldRepeats(logging.Filter):
+    """A log filter: a line of the same shape from the same logger at most once per *every_s*.
+
+    For the Kafka clients' own loggers (aiokafka, Faust), which log every failed
+    reconnect; the first line of a shape passes, then one per *every_s* with how
+    many were folded. Records of loggers named in *keep* always pass.
+    """
+
+    def __init__(self, every_s: float = REPEAT_EVERY_S, keep: tuple[str, ...] = ("phasewise",),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.keep = keep
+        self._folder = _Folder(every_s, clock)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith(self.keep) or record.levelno >= logging.CRITICAL:
+            return True
+        say, folded = self._folder.admit((record.name, record.levelno, _shape(str(record.msg))))
+        if say and folded and isinstance(record.msg, str):
+            # appended to the format, not the formatted text: the arguments stay as they are
+            record.msg = f"{record.msg} ({folded} more like this in the last {self._folder.every_s:g} s)"
+        return say
+
+
+#: librdkafka error codes that mean "no broker can be reached"
+_UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+
+
+def _reason(text: str) -> str:
+    """What went wrong, without librdkafka's thread, broker and timing details.
+
+    >>> _reason("h:9092/bootstrap: Connect to ipv4#h:9092 failed: Connection refused (after 0ms in state CONNECT)")
+    'Connection refused'
+    >>> _reason("[thrd:h:9092/1]: h:9092/1: Disconnected: connection closed by peer: receive 0 after POLLIN")
+    'Disconnected: connection closed by peer: receive 0 after POLLIN'
+    """
+    text = re.sub(r"^\[thrd:[^\]]*\]: ", "", text.strip())
+    text = re.sub(r"^\S+/\S+: ", "", text)
+    text = re.sub(r" \(after \d+ms.*$", "", text)
+    m = re.search(r" failed: (.*)$", text)
+    return m.group(1) if m else text
+
+
+def listening(bootstrap: str, timeout_s: float = 1.0) -> bool:
+    """Does any bootstrap address accept a TCP connection? (A quiet probe: no Kafka client, no log.)"""
+    for addr in bootstrap.split(","):
+        host, _, port = addr.strip().rpartition(":")
         try:
-            admin.list_topics(timeout=2)
+            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+class KafkaLog:
+    """librdkafka's log and errors (every client's ``logger`` and ``error_cb``) through Python logging.
+
+    An unreachable broker, however many connection attempts and clients report
+    it, is one warning line per :data:`REPEAT_EVERY_S` (``no Kafka broker
+    answers at ...``); other lines are folded by shape the same way. Clients
+    hand these over when polled, so nothing is logged from librdkafka's threads.
+    One per process and bootstrap address (:func:`kafka_log`).
+    """
+
+    def __init__(self, bootstrap: str, *, every_s: float = REPEAT_EVERY_S,
+                 logger: logging.Logger | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.bootstrap = bootstrap
+        self.logger = logger or logging.getLogger("phasewise.kafka.client")
+        self.clock = clock
+        self.every_s = every_s
+        self.down_since: float | None = None
+        self.reason: str | None = None
+        self._said_down_at = -math.inf
+        self._failed_at = -math.inf
+        self._lock = threading.Lock()
+        self._folder = _Folder(every_s, clock)
+
+    # librdkafka ``logger``: confluent-kafka calls log(level, "%s [%s] %s", facility, client, message)
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        facility, message = (str(args[0]), str(args[-1])) if len(args) >= 3 else ("", fmt % args)
+        if facility == "FAIL" or "brokers are down" in message or "Connect to" in message:
+            self.unreachable(message)
             return
+        self._folded(level, f"librdkafka {facility}: {message}")
+
+    # ``error_cb``
+    def error(self, err: KafkaError) -> None:
+        if err.code() in _UNREACHABLE:
+            self.unreachable(err.str())
+            return
+        self._folded(logging.ERROR if err.fatal() else logging.WARNING, f"kafka: {err.str()}")
+
+    def unreachable(self, reason: str) -> None:
+        """Note a failed contact; say so at once, then every *every_s* while it lasts."""
+        now = self.clock()
+        with self._lock:
+            # librdkafka retries at least every 10 s (reconnect.backoff.max.ms): a longer silence
+            # means the broker answered in between, so this is a new outage
+            if self.down_since is None or now - self._failed_at > max(15.0, 3 * self.every_s):
+                self.down_since, self.reason, self._said_down_at = now, None, -math.inf
+            self._failed_at = now
+            if self.reason is None or "brokers are down" not in reason:
+                self.reason = _reason(reason)
+            if now - self._said_down_at < self.every_s:
+                return
+            self._said_down_at = now
+            since = now - self.down_since
+        self.logger.warning("no Kafka broker answers at %s (%s)%s; retrying", self.bootstrap, self.reason,
+                            f" for {since:.0f} s" if since >= 1 else "")
+
+    def reachable(self) -> None:
+        """A call succeeded: end the outage (said once, if it was said)."""
+        with self._lock:
+            since, said = self.down_since, self._said_down_at > -math.inf
+            self.down_since, self.reason, self._said_down_at = None, None, -math.inf
+        if since is not None and said:
+            self.logger.info("Kafka broker at %s answers (after %.0f s)", self.bootstrap, self.clock() - since)
+
+    def _folded(self, level: int, text: str) -> None:
+        say, folded = self._folder.admit((level, _shape(text)))
+        if say:
+            self.logger.log(level, "%s%s", text, f" ({folded} more like this)" if folded else "")
+
+
+_logs: dict[str, KafkaLog] = {}
+_logs_lock = threading.Lock()
+
+
+def kafka_log(bootstrap: str) -> KafkaLog:
+    """The process's :class:`KafkaLog` for *bootstrap* (shared by all its clients)."""
+    with _logs_lock:
+        if bootstrap not in _logs:
+            _logs[bootstrap] = KafkaLog(bootstrap)
+        return _logs[bootstrap]
+
+
+def _client_conf(settings: Settings) -> dict[str, Any]:
+    klog = kafka_log(settings.bootstrap)
+    return {**settings.kafka_common(), "logger": klog, "error_cb": klog.error}
+
+
+def make_admin(settings: Settings, **extra: Any) -> AdminClient:
+    return AdminClient({**_client_conf(settings), **extra})
+
+
+def wait_for_broker(settings: Settings, timeout_s: float | None = 30.0, *, stop: threading.Event | None = None,
+                    admin: AdminClient | None = None) -> bool:
+    """Block until the cluster answers: True; or *stop* is set: False (within ~0.7 s).
+
+    While it waits, :class:`KafkaLog` says so every few seconds. *timeout_s*:
+    give up with :class:`BrokerUnavailable` after this long; None = wait until
+    *stop*.
+    """
+    admin = make_admin(settings) if admin is None else admin
+    klog = kafka_log(settings.bootstrap)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    last: Exception | None = None
+    while True:
+        left = 0.5 if deadline is None else deadline - time.monotonic()
+        try:
+            admin.list_topics(timeout=max(0.05, min(0.5, left)))
+            admin.poll(0)
+            klog.reachable()
+            return True
         except KafkaException as e:
             last = e
+        admin.poll(0)  # hands librdkafka's log lines and errors to klog
+        if stop is not None and stop.is_set():
+            return False
+        if deadline is not None and time.monotonic() >= deadline:
+            why = klog.reason or (last.args[0].str() if last and last.args else str(last))
+            raise BrokerUnavailable(f"no Kafka broker answered at {settings.bootstrap} within {timeout_s:g} s "
+                                    f"({why})")
+        if stop is not None:
+            stop.wait(0.2)
+        else:
             time.sleep(0.2)
-    raise BrokerUnavailable(f"no Kafka broker answered at {settings.bootstrap} within {timeout_s:.0f}s: {last}")
 
 
 def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS, timeout_s: float = 30.0) -> list[str]:
     """Create missing topics; existing ones are left as they are. Returns those created."""
-    admin = AdminClient(settings.kafka_common())
-    wait_for_broker(settings, timeout_s)
+    admin = make_admin(settings)
+    wait_for_broker(settings, timeout_s, admin=admin)
     existing = set(admin.list_topics(timeout=10).topics)
     new = []
     for t in topics:
@@ -77,7 +284,7 @@ def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS, timeout_
 
 def make_producer(settings: Settings, **extra: Any) -> Producer:
     conf = {
-        **settings.kafka_common(),
+        **_client_conf(settings),
         "linger.ms": 5,
         "enable.idempotence": False,
         "acks": "all",
@@ -88,7 +295,7 @@ def make_producer(settings: Settings, **extra: Any) -> Producer:
 
 def make_consumer(settings: Settings, group_id: str, **extra: Any) -> Consumer:
     conf = {
-        **settings.kafka_common(),
+        **_client_conf(settings),
         "group.id": group_id,
         "session.timeout.ms": settings.session_timeout_ms,
         "heartbeat.interval.ms": settings.heartbeat_interval_ms,

@@ -14,10 +14,12 @@ OLDEST message is dropped and counted in ``phasewise_producer_dropped_total``).
 Messages are handed to librdkafka in order; any that fail (broker down past
 ``message.timeout.ms``) go back to the front of the buffer in their original
 order and are retried, so when the broker returns the backlog arrives in
-order. A vanished container or an unreachable broker never stops the agent.
+order. A vanished container or an unreachable broker never stops the agent;
+an unreachable broker is reported in one line every few seconds.
 
 SIGTERM / SIGINT: stop sampling, flush what is buffered for up to
-``flush_timeout_s`` seconds, report what could not be sent, exit 0.
+``flush_timeout_s`` seconds (not at all when nothing listens at the bootstrap
+address), report what could not be sent, exit 0.
 
 ``--once`` prints one HostSamples (JSON) to stdout after one interval and
 exits without touching Kafka: a quick check of what this host would publish.
@@ -30,8 +32,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import signal
-import socket
 import sys
 import threading
 import time
@@ -57,9 +57,6 @@ PRODUCER_CONFIG = {
     "reconnect.backoff.max.ms": 1_000,
     "max.in.flight.requests.per.connection": 1,
     "linger.ms": 5,
-    # librdkafka logs every failed reconnect at error level; the agent reports
-    # outages itself (error_cb once per kind of error, then delivery failures)
-    "log_level": 2,
 }
 
 
@@ -142,14 +139,6 @@ class Publisher:
         # unproven until the first delivery: one probe batch at a time, the rest waits in the buffer
         self._healthy = False
         self._outage_since: float | None = None
-        self._errors_seen: set[str] = set()
-
-    def on_kafka_error(self, err: Any) -> None:
-        """librdkafka ``error_cb``: log each kind of error once until a delivery succeeds."""
-        name = err.name() if hasattr(err, "name") else str(err)
-        if name not in self._errors_seen:
-            self._errors_seen.add(name)
-            log.warning("kafka: %s; samples are buffered until the broker answers", err)
 
     @property
     def pending(self) -> int:
@@ -190,7 +179,6 @@ class Publisher:
                              time.monotonic() - self._outage_since, self.pending)
                     self._outage_since = None
                 self._healthy = True
-                self._errors_seen.clear()
             if self._inflight == 0 and self._failed:
                 dropped = self.buffer.requeue(self._failed)
                 self._failed = []
@@ -243,8 +231,9 @@ class Agent:
         if producer is None:
             from phasewise.kafka import make_producer
 
-            producer = make_producer(settings, logger=logging.getLogger("phasewise.producers.librdkafka"),
-                                     error_cb=self.publisher.on_kafka_error, **PRODUCER_CONFIG)
+            # librdkafka's log and errors go to phasewise.kafka.KafkaLog: an unreachable
+            # broker is one line every few seconds
+            producer = make_producer(settings, **PRODUCER_CONFIG)
         self.publisher.producer = producer
         self.monotonic = monotonic
         self.ticks = 0
@@ -302,26 +291,14 @@ class Agent:
         return left
 
 
-def _reachable(bootstrap: str, timeout_s: float = 1.0) -> bool:
-    """Does any bootstrap address accept a TCP connection? (A quiet probe: no Kafka client logs.)"""
-    for addr in bootstrap.split(","):
-        host, _, port = addr.strip().rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
-                return True
-        except (OSError, ValueError):
-            continue
-    return False
-
-
 def _ensure_topics_until_ok(settings: Settings, stop: threading.Event) -> None:
     """Create the samples topic, retrying in the background while the broker is away."""
-    from phasewise.kafka import ensure_topics
+    from phasewise.kafka import ensure_topics, listening
 
     warned = False
     while not stop.is_set():
         try:
-            if not _reachable(settings.bootstrap):
+            if not listening(settings.bootstrap):
                 raise ConnectionError(f"nothing listens at {settings.bootstrap}")
             ensure_topics(settings, [SAMPLES], timeout_s=5.0)
             return
@@ -336,28 +313,18 @@ def _ensure_topics_until_ok(settings: Settings, stop: threading.Event) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from phasewise.cli import add_common
+    from phasewise.cli import add_common, add_setting
 
     add_common(p)
-    p.add_argument("--interval", dest="interval_s", type=float,
-                   help="seconds between samples (env PHASEWISE_INTERVAL_S; default 1)")
-    p.add_argument("--cgroup-root", dest="cgroup_root",
-                   help="cgroup mount: a v2 mount or a directory of v1 hierarchies "
-                        "(env PHASEWISE_CGROUP_ROOT; default /sys/fs/cgroup)")
-    p.add_argument("--cgroup-prefix", dest="cgroup_prefix",
-                   help="managed prefix: containers are the cgroups directly under it "
-                        "(env PHASEWISE_CGROUP_PREFIX; default phasewise)")
-    p.add_argument("--metrics-port", dest="metrics_port", type=int,
-                   help="serve Prometheus /metrics on this port; 0 = off (env PHASEWISE_METRICS_PORT)")
-    p.add_argument("--flush-timeout", dest="flush_timeout_s", type=float,
-                   help="seconds to flush buffered samples at shutdown (env PHASEWISE_FLUSH_TIMEOUT_S; default 5)")
+    for name in ("interval_s", "cgroup_root", "cgroup_prefix", "metrics_port", "flush_timeout_s"):
+        add_setting(p, name)
     p.add_argument("--once", action="store_true",
                    help="print one HostSamples JSON (after one interval) to stdout and exit; no Kafka")
 
 
 def run(args: argparse.Namespace) -> int:
     from phasewise.cgroupfs import CgroupError, CgroupLayout
-    from phasewise.cli import settings_from_args
+    from phasewise.cli import settings_from_args, stop_on_signals
     from phasewise.producers.sampler import HostSampler
 
     settings = settings_from_args(args)
@@ -366,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         layout = CgroupLayout(settings.cgroup_root, settings.cgroup_prefix)
     except CgroupError as e:
-        print(f"phasewise produce: {e}", file=sys.stderr)
+        print(f"phasewise produce: error: cgroup_root: {e}", file=sys.stderr)
         return 2
     sampler = HostSampler(layout, proc_root=settings.proc_root, host=settings.host)
     log.info("sampling cgroup v%d containers under %s, prefix %r, every %g s",
@@ -384,20 +351,18 @@ def run(args: argparse.Namespace) -> int:
         agent.metrics.serve(settings.metrics_port)
         log.info("metrics on :%d/metrics", settings.metrics_port)
     stop = threading.Event()
-    received: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:  # only flags: logging here could deadlock
-        received.append(signum)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_signal)
-    if settings.create_topics:
-        threading.Thread(target=_ensure_topics_until_ok, args=(settings, stop), name="ensure-topics",
-                         daemon=True).start()
-    agent.run(stop)
+    with stop_on_signals(stop) as received:
+        if settings.create_topics:
+            threading.Thread(target=_ensure_topics_until_ok, args=(settings, stop), name="ensure-topics",
+                             daemon=True).start()
+        agent.run(stop)
     if received:
         log.info("signal %d: stopping", received[0])
-    agent.close(settings.flush_timeout_s)
+    flush_s = settings.flush_timeout_s
+    from phasewise.kafka import listening
+
+    if agent.publisher.pending and not listening(settings.bootstrap):
+        log.warning("nothing listens at %s: not waiting for it to flush", settings.bootstrap)
+        flush_s = 0.0
+    agent.close(flush_s)
     return 0
