@@ -26,12 +26,24 @@ import logging
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from phasewise.cli import add_common, add_setting, settings_from_args, stop_on_signals
 from phasewise.settings import Settings
-from phasewise.streams.processing import StateCache, process_host_samples
+
+if TYPE_CHECKING:
+    from phasewise.streams.processing import StateCache, process_host_samples
 
 __all__ = ["FAUST_LEVELS", "StateCache", "add_arguments", "process_host_samples", "run"]
+
+
+def __getattr__(name: str) -> object:
+    """The decision logic, re-exported on first use: flags and settings are checked before torch loads."""
+    if name in ("StateCache", "process_host_samples"):
+        from phasewise.streams import processing
+
+        return getattr(processing, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +112,7 @@ def freeze_heap_when_ready(app: object) -> None:
 
 #: seconds a stopping worker may take when its broker is unreachable (Faust's own
 #: shutdown then waits on the Kafka client indefinitely); with a broker, STOP_GRACE_S
-STOP_UNREACHABLE_S = 4.0
+STOP_UNREACHABLE_S = 3.0
 STOP_GRACE_S = 60.0
 
 
