@@ -30,8 +30,11 @@ def test_the_pure_measurement_reports_rate_and_state_per_container(capsys, featu
 
 
 def test_bad_features_are_refused_with_the_reason(capsys):
-    assert phases.run(args(pure_only=True, features="cpu,tpu")) == 2
-    assert "unknown feature(s) tpu" in capsys.readouterr().err
+    from phasewise.cli import main
+
+    assert main(["bench", "phases", "--pure-only", "--features", "cpu,tpu"]) == 2
+    assert capsys.readouterr().err == ("phasewise bench phases: error: --features: unknown feature(s) tpu; "
+                                       "choose from cpu,mem,gpu,gpu_mem\n")
 
 
 @pytest.mark.broker
