@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from phasewise.settings import relative_cgroup_path
+
 __all__ = ["CgroupLayout", "CgroupError", "detect_version", "V1_CONTROLLERS"]
 
 #: v1 controllers phasewise uses; each may be mounted alone or co-mounted
@@ -59,8 +61,10 @@ class CgroupLayout:
             object.__setattr__(self, "version", detect_version(self.root))
         if self.version not in (1, 2):
             raise CgroupError(f"cgroup version must be 1 or 2, got {self.version}")
-        if not self.prefix or ".." in self.prefix.split("/") or self.prefix.startswith("/"):
-            raise CgroupError(f"invalid managed prefix {self.prefix!r}")
+        try:
+            relative_cgroup_path(self.prefix)  # the rule of the cgroup_prefix setting
+        except ValueError as e:
+            raise CgroupError(f"invalid managed prefix: {e}") from None
 
     # ------------------------------------------------------------------ paths
 
