@@ -140,6 +140,18 @@ class Settings:
     #: used up to this, so a limit is at most level x cap x (1 + margin); 0 = no
     #: cap (uncapped, start-up ramps made limits several times the use in replay)
     phase_ratio_cap: float = 1.5
+    # --- worker: safety rules every live decision passes, whatever the policy (models/guard.py)
+    #: on: every decision of the worker passes the rules below; off only to replay what a bare
+    #: policy decides (replay turns it off unless --safety)
+    safety_rules: bool = True
+    #: no limit is lowered (nor first set on an unlimited container) before this much history
+    safety_min_history_s: float = 900.0
+    #: at most one decrease per resource per this long; no memory decrease this long after an OOM kill
+    safety_cooldown_s: float = 300.0
+    #: one decision lowers a limit by at most this fraction of the limit in force
+    safety_max_decrease: float = 0.25
+    #: memory limits never go below the container's peak working set over this long + mem_margin_bytes
+    safety_peak_window_s: float = 3600.0
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
