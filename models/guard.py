@@ -31,7 +31,8 @@ The peak is a sliding-window maximum kept in ``PEAK_BUCKETS`` buckets of
 
 Pure and vectorised over rows the caller allocates (the worker's per-container
 rows); time is the samples' event time. :meth:`LimitGuard.bound` reads the
-state, :meth:`LimitGuard.commit` records what was actually handed out.
+state (and counts, in :attr:`LimitGuard.totals`, what each rule touched),
+:meth:`LimitGuard.commit` records what was actually handed out.
 
 >>> g = LimitGuard(GuardConfig(min_history_s=60, cooldown_s=30, max_decrease=0.5,
 ...                            peak_window_s=600, mem_margin_bytes=0))
@@ -189,6 +190,8 @@ class LimitGuard:
         self._peaks = np.empty((0, self.PEAK_BUCKETS))
         self._last = np.empty((0, 2))  # the limits this guard last let out (NaN: none)
         self._last_dec = np.empty((0, 2))  # event time of the last decrease per resource
+        #: (row, resource) cells each rule of :data:`RULES` changed or held back, over every :meth:`bound`
+        self.totals = np.zeros(len(RULES), dtype=np.int64)
         self._grow(max(1, capacity))
 
     # ------------------------------------------------------------------ rows
@@ -358,6 +361,9 @@ class LimitGuard:
         with np.errstate(invalid="ignore"):  # inf - inf where unlimited stays unlimited: not "same"
             same = np.isfinite(L) & (np.abs(out - L) <= 1e-12 * np.abs(L))
         emit = np.isfinite(out) & ~same
+        if rules.any():
+            for i, bit in enumerate(_BIT.values()):
+                self.totals[i] += np.count_nonzero(rules & bit)
         return GuardOutcome(limits=np.where(emit, out, np.nan), emit=emit, rules=rules, in_force=L,
                             mem_floor=mem_floor, peak=peak)
 

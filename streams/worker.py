@@ -24,7 +24,7 @@ import sys
 
 from phasewise.cli import add_common, settings_from_args
 from phasewise.settings import Settings, SettingsError
-from phasewise.streams.processing import StateCache, process_host_samples
+from phasewise.streams.processing import StateCache, guard_config, process_host_samples
 
 __all__ = ["FAUST_LEVELS", "StateCache", "add_arguments", "process_host_samples", "run"]
 
@@ -102,6 +102,10 @@ def check(settings: Settings) -> None:
         raise SettingsError(f"vpa_time_scale must be > 0, got {settings.vpa_time_scale}")
     if settings.vpa_min_cpu_cores < 0 or settings.vpa_min_mem_bytes < 0:
         raise SettingsError("vpa_min_cpu_cores and vpa_min_mem_bytes must be >= 0")
+    try:
+        guard_config(settings)
+    except ValueError as e:
+        raise SettingsError(f"safety rules: {e}") from None
     if not 0 <= settings.web_port < 65536 or not 0 <= settings.metrics_port < 65536:
         raise SettingsError("web_port and metrics_port must be in [0, 65535]")
 
