@@ -96,6 +96,7 @@ class GuardConfig:
     #: share of throttled CFS periods above which a sample counts as throttled
     throttle_threshold: float = 0.1
     #: no CPU decrease when a sample this recent (seconds) was throttled; 0 = only the current one
+    #: (the worker uses its cooldown: a throttled container's CPU samples are censored)
     throttle_window_s: float = 5.0
     #: VPA's OOM bump (``OOMBumpUpRatio``, ``OOMMinBumpUp``)
     oom_bump_ratio: float = 1.2

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -56,7 +57,15 @@ from typing import Any, Self
 
 from phasewise.cgroupfs import CgroupError, CgroupLayout
 from phasewise.jobs import DEFAULT_JOBS, JOBS, parse_progress
-from phasewise.schemas import Actuation, Decision, HostSamples, PhaseChange, SchemaError, decode
+from phasewise.schemas import (
+    Actuation,
+    Decision,
+    HostSamples,
+    PhaseChange,
+    SchemaError,
+    decode,
+    encode,
+)
 from phasewise.view import JobRow, LiveView, ViewState, fmt_bytes
 
 __all__ = [
@@ -149,6 +158,20 @@ class Records:
             self.progress.setdefault(j, JobProgress())
             self.crbm_phase.setdefault(j, None)
             self.cgroups.setdefault(j, [])
+
+    def write_jsonl(self, path: Path) -> None:
+        """Everything collected, one JSON object a line with its ``type`` (``decision``, ``actuation``:
+        the topic records; ``sample``, ``cgroup``: per job), for a look after the run."""
+        with open(path, "w") as f:
+            for d in self.decisions:
+                f.write(json.dumps({"type": "decision", **json.loads(encode(d))}) + "\n")
+            for a in self.actuations:
+                f.write(json.dumps({"type": "actuation", **json.loads(encode(a))}) + "\n")
+            for job in self.jobs:
+                for p in self.samples.get(job, []):
+                    f.write(json.dumps({"type": "sample", "job": job, **dataclasses.asdict(p)}) + "\n")
+                for c in self.cgroups.get(job, []):
+                    f.write(json.dumps({"type": "cgroup", "job": job, **dataclasses.asdict(c)}) + "\n")
 
     def add_phase_change(self, c: PhaseChange) -> bool:
         if c.container in self.crbm_phase:
@@ -730,6 +753,7 @@ class Demo:
             finally:
                 self.ended = time.monotonic()
                 self._verify_clean()
+                self._step("write records.jsonl", self.records.write_jsonl, self.run_dir / "records.jsonl")
         return self.summary()
 
     @contextlib.contextmanager

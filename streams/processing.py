@@ -102,7 +102,8 @@ def guard_config(settings: Settings) -> GuardConfig | None:
         min_history_s=settings.safety_min_history_s, cooldown_s=settings.safety_cooldown_s,
         max_decrease=settings.safety_max_decrease, peak_window_s=settings.safety_peak_window_s,
         mem_margin_bytes=float(settings.mem_margin_bytes), throttle_threshold=settings.vpa_throttle_threshold,
-        throttle_window_s=settings.recommend_interval_s,
+        # a throttled container's CPU samples are censored: no CPU cut until a cooldown of them is not
+        throttle_window_s=settings.safety_cooldown_s,
     )
 
 

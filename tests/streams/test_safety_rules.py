@@ -103,7 +103,7 @@ def test_no_limit_is_lowered_before_the_minimum_history(loop):
 
 
 def test_cpu_is_never_lowered_while_the_container_was_throttled(loop):
-    window = loop.s.recommend_interval_s
+    window = loop.s.safety_cooldown_s  # the rules wait a cooldown of unthrottled samples
     thr_at = [t for t, _, _, thr in loop.samples if thr > loop.s.vpa_throttle_threshold]
     cuts = [d for d, cpu0, _ in loop.decisions if d.cpu_limit_cores is not None and d.cpu_limit_cores < cpu0]
     assert cuts, "the loop should lower CPU at some point"
