@@ -120,7 +120,7 @@ def render(state: ViewState, width: int = 120) -> str:
         + (f"  |  {roles}" if roles else ""), width))
     lines.append("")
     cols = (f"{'job':<12} {'stage':<10} {'crbm':>4}  {'cpu':>5} {'limit':>6} {'use%':>4}  {'memory':>7} "
-            f"{'limit':>7} {'use%':>4}  {'step':>6} {'loss':>7}  {'dec':>3} {'app':>3}  {'limit from':<22} "
+            f"{'limit':>7} {'use%':>4}  {'step':>6} {'loss':>7}  {'dec':>3} {'app':>3}  {'limit from':<26} "
             f"last decision")
     lines.append(_clip(cols, width))
     lines.append("-" * min(width, len(cols) + 20))
@@ -133,7 +133,7 @@ def render(state: ViewState, width: int = 120) -> str:
         row = (f"{_clip(j.name, 12):<12} {_clip(stage, 10):<10} {crbm:>4}  {fmt_cores(j.cpu_cores):>5} "
                f"{fmt_cores(j.cpu_limit):>6} {_pct(j.cpu_cores, j.cpu_limit):>4}  {fmt_bytes(j.mem_bytes):>7} "
                f"{fmt_bytes(j.mem_limit):>7} {_pct(j.mem_bytes, j.mem_limit):>4}  {step:>6} {loss:>7}  "
-               f"{j.decisions:>3} {j.applied:>3}  {_clip(source, 22):<22} ")
+               f"{j.decisions:>3} {j.applied:>3}  {_clip(source, 26):<26} ")
         decision = j.last_decision or "(none yet)"
         if j.last_status:
             decision += f" [{j.last_status}]"
