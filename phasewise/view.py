@@ -11,8 +11,8 @@ mean): the job's own training stage and the CRBM phase the worker assigned
 it, CPU used / limit (cores) and use as a share of the limit, the same for
 memory, step and loss, how many decisions and applied actuations it had,
 where its last limits came from (phase N, the VPA fallback or the VPA, and
-the safety rules that bounded them), and its last decision with the
-actuator's outcome and the policy's reason.
+the safety rules that bounded them); under each row its last decision with
+the actuator's outcome and the policy's reason.
 """
 
 from __future__ import annotations
@@ -120,8 +120,7 @@ def render(state: ViewState, width: int = 120) -> str:
         + (f"  |  {roles}" if roles else ""), width))
     lines.append("")
     cols = (f"{'job':<12} {'stage':<10} {'crbm':>4}  {'cpu':>5} {'limit':>6} {'use%':>4}  {'memory':>7} "
-            f"{'limit':>7} {'use%':>4}  {'step':>6} {'loss':>7}  {'dec':>3} {'app':>3}  {'limit from':<26} "
-            f"last decision")
+            f"{'limit':>7} {'use%':>4}  {'step':>6} {'loss':>7}  {'dec':>3} {'app':>3}  limit from")
     lines.append(_clip(cols, width))
     lines.append("-" * min(width, len(cols) + 20))
     for j in state.jobs:
@@ -133,18 +132,17 @@ def render(state: ViewState, width: int = 120) -> str:
         row = (f"{_clip(j.name, 12):<12} {_clip(stage, 10):<10} {crbm:>4}  {fmt_cores(j.cpu_cores):>5} "
                f"{fmt_cores(j.cpu_limit):>6} {_pct(j.cpu_cores, j.cpu_limit):>4}  {fmt_bytes(j.mem_bytes):>7} "
                f"{fmt_bytes(j.mem_limit):>7} {_pct(j.mem_bytes, j.mem_limit):>4}  {step:>6} {loss:>7}  "
-               f"{j.decisions:>3} {j.applied:>3}  {_clip(source, 26):<26} ")
+               f"{j.decisions:>3} {j.applied:>3}  {source}")
+        lines.append(_clip(row, width))
         decision = j.last_decision or "(none yet)"
         if j.last_status:
             decision += f" [{j.last_status}]"
-        lines.append(_clip(row + decision, width))
-        extra = []
+        extra = [f"last: {decision}"]
         if j.last_reason:
             extra.append(f"why: {j.last_reason}")
         if j.restarts or j.oom_kills:
             extra.append(f"restarts {j.restarts}, OOM kills {j.oom_kills}")
-        if extra:
-            lines.append(_clip(" " * 13 + "  ".join(extra), width))
+        lines.append(_clip(" " * 13 + "  ".join(extra), width))
     lines.append("")
     for line in LEGEND:
         lines.append(_clip(line, width))

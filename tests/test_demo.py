@@ -156,12 +156,14 @@ def test_render_draws_a_row_per_job_with_use_limits_and_the_reason(records):
     lines = text.splitlines()
     assert lines[0].startswith("phasewise demo  elapsed 0:01:15 / 0:02:00")
     assert "decisions 3  applied 2" in lines[1] and "worker: up" in lines[1]
-    row = next(ln for ln in lines if ln.startswith("charlstm"))
-    for part in ("0.60", "0.80", "75%", "305.2M", "512.0M", "60%", "train", "50", "2.500", "limit cpu 0.80", "[applied]"):
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("charlstm"))
+    row, under = lines[at], lines[at + 1]
+    for part in ("0.60", "0.80", "75%", "305.2M", "512.0M", "60%", "train", "50", "2.500", "vpa"):
         assert part in row, (part, row)
+    assert "last: limit cpu 0.80" in under and "[applied]" in under
     assert any("why: cpu p90 1.04 x 1.15" in ln for ln in lines)
-    row = next(ln for ln in lines if ln.startswith("forecaster"))
-    assert "(none yet)" in row and " - " in row
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("forecaster"))
+    assert " - " in lines[at] and "(none yet)" in lines[at + 1]
     assert "\x1b" not in text
 
 
