@@ -11,8 +11,10 @@
    :meth:`~phasewise.models.vpa.VpaPolicy.observe` per container): CPU
    cores, memory working set, OOM kills, the share of CFS periods throttled, the throttled time per second of the
    message's interval and the limits in force when the sample reports them
-   (the VPA weights CPU samples by the request; phasewise by the limit; for
-   an unlimited resource the policy's own last limit stands in, as in replay);
+   (what a throttled CPU sample is raised above, and the base of an OOM's
+   bumped peak, where the VPA takes the request; every CPU sample weighs the
+   same, as in the VPA; for an unlimited resource the policy's own last limit
+   stands in, as in replay);
 2. every ``recommend_interval_s`` of event time per container (the first after
    one interval of history; ``0``: after every sample, the first included) it
    asks for its limits (``VpaPolicy.limits(ts)``, vectorised) and emits a
