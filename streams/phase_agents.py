@@ -561,7 +561,13 @@ class PhaseHooks:
             ts += [m.ts] * n
         if len(msgs) > 1 and len(set(keys)) != len(keys):
             raise ValueError("process_many: a container appears in two of the messages; step them in turn")
-        if self._cpu_mem_only:
+        observed = None  # the limits the samples report (None -> NaN: unlimited), for the safety rules
+        guarded = self.vpa_cache.guard is not None
+        if self._cpu_mem_only and guarded:  # one pass over the samples for both
+            A = np.array([(c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes)
+                          for m in msgs for c in m.containers], dtype=np.float64)
+            X, observed = A[:, :2], A[:, 2:]
+        elif self._cpu_mem_only:
             X = np.array([(c.cpu_cores, c.mem_bytes) for m in msgs for c in m.containers], dtype=np.float64)
         else:  # a missing GPU reading (None) is NaN: the normaliser treats it as missing
             get = self._fields
@@ -581,7 +587,12 @@ class PhaseHooks:
         one = len(msgs) == 1
         out = self.fleet.step(msgs[0].ts if one else np.array(ts), keys, X, fallback_limits=fallback,
                               host=msgs[0].host)
-        safety = self._guard(out, msgs, keys, ts) if self.vpa_cache.guard is not None else None
+        safety = None
+        if guarded:
+            if observed is None:
+                observed = np.array([(c.cpu_limit_cores, c.mem_limit_bytes) for m in msgs for c in m.containers],
+                                    dtype=np.float64)
+            safety = self._guard(out, observed, keys, ts)
         decisions = phase_decisions(out, hosts, names, ts, quantile=self.fleet.quantile, margin=self.fleet.margin,
                                     safety=safety)
         changes = []
@@ -600,17 +611,15 @@ class PhaseHooks:
                 batch = self.take_learn_batch()
         return PhaseOutput(decisions, changes, batch)
 
-    def _guard(self, out: FleetStep, msgs: Sequence[HostSamples], keys: list[str], ts: list[float]) -> GuardOutcome:
+    def _guard(self, out: FleetStep, observed: np.ndarray, keys: list[str], ts: list[float]) -> GuardOutcome:
         """The safety rules over the step's proposed limits (the VPA learned the samples, so the
-        rules saw them): *out*'s ``decide`` / ``limits`` become what may be handed out, the fleet
+        rules saw them), with *observed* ``(n, 2)`` the limits the samples report: *out*'s ``decide`` / ``limits`` become what may be handed out, the fleet
         records it, and the VPA entries of containers with a decision are marked for persisting."""
         cache = self.vpa_cache
         guard = cache.guard
         cols = [out.resources.index(r) for r in LIMITED]
         rows = np.array(cache.rows(keys), dtype=np.intp)
         proposed = np.where(out.decide[:, cols], out.limits[:, cols], np.nan)
-        observed = np.array([(c.cpu_limit_cores, c.mem_limit_bytes) for m in msgs for c in m.containers],
-                            dtype=np.float64)  # None -> NaN: unlimited
         # in force: what the sample reports (the truth, also after someone else changed it), else what
         # the rules last let out (replay's samples report no limits)
         in_force = np.where(np.isnan(observed), guard.last_limits(rows), observed)
