@@ -9,7 +9,8 @@ For every message on the decisions topic the actuator:
 3. claims the decision id in the ledger; an id already there is reported as
    ``duplicate`` and not applied again;
 4. plans a command under the safety rules (managed, existing container;
-   CPU floor and host cap; memory never under usage + margin);
+   CPU floor and host cap; memory never under usage, or the recent peak
+   working set, + margin);
 5. applies it through the backend (``cgroup`` or ``dry-run``), retrying
    temporary errors a few times with doubling backoff;
 6. records the outcome in the ledger and publishes an
@@ -49,7 +50,7 @@ from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend
 from phasewise.actuators.commands import Outcome
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.actuators.safety import Planned, is_managed_name, plan
+from phasewise.actuators.safety import PeakTracker, Planned, declared_peak, is_managed_name, plan
 from phasewise.schemas import Actuation, Decision, SchemaError, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import ACTUATIONS, DECISIONS
@@ -96,6 +97,8 @@ class Actuator:
         self.host_cores = float(host_cores if host_cores is not None else (os.cpu_count() or 1))
         self.clock = clock
         self.sleep = sleep
+        #: the working sets this actuator read, for the memory floor's recent peak
+        self.peaks = PeakTracker(settings.safety_peak_window_s)
 
     # ------------------------------------------------------------------ one message
 
@@ -138,10 +141,16 @@ class Actuator:
 
     def _decide_and_apply(self, d: Decision) -> Outcome:
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
-        usage = None
+        usage = peak = None
         if exists and d.action == "limit" and d.mem_limit_bytes is not None:
             usage = self.backend.memory_usage(d.container)
-        p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings)
+            now = self.clock()
+            if usage is not None and math.isfinite(usage) and usage >= 0:
+                self.peaks.add(d.container, now, usage)
+            own = self.peaks.peak(d.container, now)
+            peak = max((v for v in (own, declared_peak(d)) if v is not None), default=None)
+        p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
+                 peak_mem_bytes=peak)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         out = self._apply_with_retries(p)

@@ -16,14 +16,18 @@ The rules, in order:
    non-negative number;
 4. CPU is clamped into ``[settings.cpu_floor_cores, host cores]``;
 5. memory is never set below ``settings.mem_floor_bytes`` nor below the
-   container's current usage plus ``settings.mem_margin_bytes``; when the
-   usage is unknown, a memory limit cannot be checked and is dropped (the
-   rest of the decision still applies, reported as ``clamped``).
+   container's current usage, or its recent peak working set when higher,
+   plus ``settings.mem_margin_bytes`` (the worker's safety rules keep the same
+   floor; the actuator checks it again with the peak the decision declares and
+   the working sets it read itself over ``safety_peak_window_s``,
+   :class:`PeakTracker`); when the usage is unknown, a memory limit cannot be
+   checked and is dropped (the rest of the decision still applies, reported as
+   ``clamped``).
 
 Limits are bounded by composing small rules by wrapping
 (``Floor(Cap(Requested(...), ...), ...)``), the way VPA composes estimators.
 
->>> from phasewise.schemas import Decision
+>>> from phasewise.schemas import MAX_BYTES, Decision
 >>> from phasewise.settings import Settings
 >>> s = Settings(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=0, mem_floor_bytes=0)
 >>> d = Decision(id="d1", ts=1.0, host="h1", container="job-a", action="limit",
@@ -40,25 +44,28 @@ Limits are bounded by composing small rules by wrapping
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from phasewise.actuators.commands import Command, Freeze, SetLimits, Thaw
 from phasewise.cgroupfs import _NAME as _MANAGED_NAME  # the one definition of a managed name
-from phasewise.schemas import Decision
+from phasewise.schemas import MAX_BYTES, Decision
 from phasewise.settings import Settings
 
 __all__ = [
     "Bounded",
     "Cap",
     "Floor",
+    "PeakTracker",
     "Planned",
     "Rejected",
     "Requested",
     "Rule",
     "Unsafe",
     "cpu_rule",
+    "declared_peak",
     "is_managed_name",
     "mem_rule",
     "plan",
@@ -193,14 +200,58 @@ def cpu_rule(settings: Settings, host_cores: float) -> Rule:
     )
 
 
-def mem_rule(settings: Settings, usage_mem_bytes: float) -> Rule:
-    """Memory never below the static floor nor below current usage + margin."""
-    need = usage_mem_bytes + settings.mem_margin_bytes
-    return Floor(
-        Floor(Requested("memory", fmt_bytes), settings.mem_floor_bytes, "the memory floor"),
-        need,
-        f"current usage {fmt_bytes(usage_mem_bytes)} + margin {fmt_bytes(settings.mem_margin_bytes)}",
-    )
+def mem_rule(settings: Settings, usage_mem_bytes: float, peak_mem_bytes: float | None = None) -> Rule:
+    """Memory never below the static floor nor below current usage (or the recent peak, when higher) + margin."""
+    margin = fmt_bytes(settings.mem_margin_bytes)
+    if peak_mem_bytes is not None and peak_mem_bytes > usage_mem_bytes:
+        need, why = peak_mem_bytes + settings.mem_margin_bytes, f"the recent peak {fmt_bytes(peak_mem_bytes)} + margin {margin}"
+    else:
+        need, why = usage_mem_bytes + settings.mem_margin_bytes, f"current usage {fmt_bytes(usage_mem_bytes)} + margin {margin}"
+    return Floor(Floor(Requested("memory", fmt_bytes), settings.mem_floor_bytes, "the memory floor"), need, why)
+
+
+class PeakTracker:
+    """The highest memory working set read per container over the last *window_s* seconds.
+
+    >>> p = PeakTracker(window_s=60)
+    >>> p.add("job", 0.0, 5e8); p.add("job", 30.0, 2e8)
+    >>> p.peak("job", 59.0), p.peak("job", 61.0), p.peak("other", 61.0)
+    (500000000.0, 200000000.0, None)
+    """
+
+    def __init__(self, window_s: float, max_containers: int = 100_000) -> None:
+        self.window_s = float(window_s)
+        self.max_containers = max_containers
+        self._seen: dict[str, deque[tuple[float, float]]] = {}
+
+    def add(self, container: str, t: float, working_set: float) -> None:
+        pts = self._seen.get(container)
+        if pts is None:
+            if len(self._seen) >= self.max_containers:  # bounded: forget the container seen least recently
+                oldest = min(self._seen, key=lambda c: self._seen[c][-1][0])
+                del self._seen[oldest]
+            pts = self._seen[container] = deque()
+        # keep a decreasing staircase: a reading hides the older, smaller ones (max over a window)
+        while pts and pts[-1][1] <= working_set:
+            pts.pop()
+        pts.append((t, float(working_set)))
+
+    def peak(self, container: str, t: float) -> float | None:
+        pts = self._seen.get(container)
+        if not pts:
+            return None
+        while pts and pts[0][0] < t - self.window_s:
+            pts.popleft()
+        return pts[0][1] if pts else None
+
+
+def declared_peak(decision: Decision) -> float | None:
+    """The recent peak working set a decision declares (``details.safety.peak_mem_bytes``), if a sane number."""
+    safety = decision.details.get("safety") if isinstance(decision.details, dict) else None
+    v = safety.get("peak_mem_bytes") if isinstance(safety, dict) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        return None
+    return float(min(v, MAX_BYTES))
 
 
 # --------------------------------------------------------------------------- the plan
@@ -218,11 +269,13 @@ def plan(
     usage_mem_bytes: float | None,
     host_cores: float,
     settings: Settings,
+    peak_mem_bytes: float | None = None,
 ) -> Planned | Rejected:
     """The command for *decision* under the safety rules, or why it is refused.
 
     *exists*: whether the container exists under the managed prefix now;
     *usage_mem_bytes*: its memory working set (``None`` = unknown);
+    *peak_mem_bytes*: its recent peak working set (``None`` = unknown);
     *host_cores*: CPUs of this host, the highest CPU limit worth setting.
     """
     c = decision.container
@@ -259,7 +312,7 @@ def plan(
                     return Rejected(why)
                 notes.append(why)
             else:
-                b = mem_rule(settings, usage_mem_bytes)(mem)
+                b = mem_rule(settings, usage_mem_bytes, peak_mem_bytes)(mem)
                 mem_out, notes = math.ceil(b.value), notes + list(b.notes)
     except Unsafe as e:
         return Rejected(str(e))

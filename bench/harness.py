@@ -228,3 +228,20 @@ def wait_until(pred, timeout_s: float, interval_s: float = 0.1, what: str = "con
             return
         time.sleep(interval_s)
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def safety_env(on: bool, time_scale: float) -> dict[str, str]:
+    """The worker's safety-rule settings for a bench: on, with every window scaled like the VPA's
+    durations (the benches run the VPA at *time_scale*, so decisions come within seconds and the
+    rules bound them as often as live), or off (``--safety off``: what the rules cost)."""
+    import dataclasses
+
+    from phasewise.settings import Settings
+
+    if not on:
+        return {"PHASEWISE_SAFETY_RULES": "false"}
+    defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
+    out = {"PHASEWISE_SAFETY_RULES": "true"}
+    for k in ("safety_min_history_s", "safety_cooldown_s", "safety_peak_window_s"):
+        out[f"PHASEWISE_{k.upper()}"] = repr(defaults[k] * time_scale)
+    return out

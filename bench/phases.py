@@ -41,6 +41,7 @@ from phasewise.bench.harness import (
     drain_backlog,
     host_message,
     rss_bytes,
+    safety_env,
     scrape,
     square_wave_gpu,
     square_wave_usage,
@@ -69,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-host", type=count, default=100, help="containers per host message")
     p.add_argument("--pure-ticks", type=count, default=30, help="ticks of the in-process step measurement")
     p.add_argument("--pure-only", action="store_true", help="skip the worker measurement")
+    p.add_argument("--safety", choices=["on", "off"], default="on",
+                   help="the worker's safety rules (default on, windows scaled like the VPA's time scale; "
+                        "off: to measure what they cost)")
     p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
     p.add_argument("--features", default="cpu,mem", type=arg_type(parse_str, SPECS["phase_features"].validate),
                    help="the detector's frame features (the worker's phase_features): cpu,mem or with gpu,gpu_mem "
@@ -167,6 +171,7 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
             "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
             "PHASEWISE_LOG_LEVEL": "info",  # the default: the figures hold for a worker as deployed
+            **safety_env(getattr(args, "safety", "on") == "on", 0.001),
             "PHASEWISE_POLICY": "phase",
             "PHASEWISE_PHASE_FEATURES": ",".join(model.features),
             "PHASEWISE_WORKER_ID": f"phasewise-bench-phases-{snap.version}",
@@ -229,6 +234,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         "pure_phase_changes": changes,
         "containers": args.containers,
         "features": ",".join(features),
+        "safety": getattr(args, "safety", "on"),
         "per_host": args.per_host,
         "phases_open": len(model.clusterer.phase_ids),
     }

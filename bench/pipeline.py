@@ -52,6 +52,7 @@ from phasewise.bench.harness import (
     host_message,
     produce_messages,
     rss_bytes,
+    safety_env,
     scrape,
     square_wave_usage,
     wait_until,
@@ -74,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=POLICIES, default="vpa",
                    help="the worker's policy (phase: the CRBM detector with its VPA fallback, starting from the "
                         "shipped pretrained model)")
+    p.add_argument("--safety", choices=["on", "off"], default="on",
+                   help="the worker's safety rules (default on, windows scaled like the VPA's time scale; "
+                        "off: to measure what they cost)")
     p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
     p.add_argument("--json", action="store_true")
     p.add_argument("--keep-logs", action="store_true", help="print where role logs are kept")
@@ -133,6 +137,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             # a VPA day in 86 s, so usage that moves yields decisions within the run
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
             "PHASEWISE_LOG_LEVEL": "info",  # the default: the figures hold for a worker as deployed
+            **safety_env(getattr(args, "safety", "on") == "on", 0.001),
             "PHASEWISE_POLICY": args.policy,
         }
         worker = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log").start()
@@ -227,6 +232,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             "containers": args.containers,
             "per_host": args.per_host,
             "policy": args.policy,
+            "safety": getattr(args, "safety", "on"),
             "actuations_measured": int(len(lat_ms)),
             "worker_p50_ms": round(float(np.percentile(w_ms, 50)), 1) if len(w_ms) else None,
             "worker_p99_ms": round(float(np.percentile(w_ms, 99)), 1) if len(w_ms) else None,

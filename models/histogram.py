@@ -9,6 +9,9 @@ sizes grow geometrically and whose samples lose half their weight every
   ``n >= 1`` starts at ``first * (ratio**n - 1) / (ratio - 1)``; the last
   bucket starts at or above ``max_value`` and is open-ended. Values below
   ``first`` land in bucket 0, values above the range in the last bucket.
+  The recommender's CPU and memory histograms use these.
+- :class:`LinearBuckets` — VPA's other bucketing scheme: buckets of one
+  fixed size from 0, the last one starting at or above ``max_value``.
 - :class:`DecayingHistogram` — ``add(value, weight, t)`` stores
   ``weight * 2**((t - reference) / half_life)``; the reference timestamp is
   an integer multiple of the half-life and is shifted forward (rescaling every
@@ -55,7 +58,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["MAX_CHECKPOINT_WEIGHT", "DecayingHistogram", "ExponentialBuckets", "HistogramStateError"]
+__all__ = ["MAX_CHECKPOINT_WEIGHT", "Buckets", "DecayingHistogram", "ExponentialBuckets", "HistogramStateError",
+           "LinearBuckets"]
 
 #: heaviest bucket's weight in a serialised histogram (VPA's MaxCheckpointWeight)
 MAX_CHECKPOINT_WEIGHT = 10_000
@@ -143,13 +147,70 @@ class ExponentialBuckets:
                 f"max_value={self.max_value:g}, epsilon={self.epsilon:g})")
 
 
+class LinearBuckets:
+    """Buckets of one size: VPA's ``linearHistogramOptions``.
+
+    Bucket ``n`` covers ``[n * size, (n + 1) * size)``; there are
+    ``ceil(max_value / size) + 1`` of them, the last one open-ended. Values
+    below 0 land in bucket 0, values above the range in the last bucket.
+
+    >>> b = LinearBuckets(size=0.3, max_value=5.0)
+    >>> b.num_buckets, b.find_bucket(1.3), b.find_bucket(100.0), b.start(2)
+    (18, 4, 17, 0.6)
+    """
+
+    __slots__ = ("epsilon", "max_value", "num_buckets", "size")
+
+    def __init__(self, size: float, max_value: float, epsilon: float = 1e-4) -> None:
+        if not (size > 0 and max_value > 0 and epsilon > 0):
+            raise ValueError("size, max_value and epsilon must be > 0")
+        self.size = float(size)
+        self.max_value = float(max_value)
+        self.epsilon = float(epsilon)
+        self.num_buckets = math.ceil(self.max_value / self.size) + 1
+
+    def start(self, bucket: int) -> float:
+        """Lower bound of *bucket* (its values are ``>= start``)."""
+        if not 0 <= bucket < self.num_buckets:
+            raise IndexError(f"bucket {bucket} out of range [0, {self.num_buckets - 1}]")
+        return bucket * self.size
+
+    def end(self, bucket: int) -> float:
+        """Upper bound of *bucket*; the last bucket is open, so its start."""
+        return self.start(min(bucket + 1, self.num_buckets - 1))
+
+    def find_bucket(self, value: float) -> int:
+        """Index of the bucket holding *value* (clamped to the first / last one)."""
+        q = value / self.size
+        if not q >= 1:  # also catches NaN
+            return 0
+        if q >= self.num_buckets:
+            return self.num_buckets - 1
+        return int(q)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LinearBuckets) and (
+            self.size, self.max_value, self.epsilon) == (other.size, other.max_value, other.epsilon)
+
+    def __hash__(self) -> int:
+        return hash((self.size, self.max_value, self.epsilon))
+
+    def __repr__(self) -> str:
+        return f"LinearBuckets(size={self.size:g}, max_value={self.max_value:g}, epsilon={self.epsilon:g})"
+
+
+#: a bucketing scheme a :class:`DecayingHistogram` can use
+Buckets = ExponentialBuckets | LinearBuckets
+
+
 class DecayingHistogram:
     """A histogram whose samples lose half their weight every ``half_life`` seconds.
 
     Parameters
     ----------
     buckets
-        The bucketing scheme (shared, immutable).
+        The bucketing scheme (shared, immutable): :class:`ExponentialBuckets`
+        or :class:`LinearBuckets`.
     half_life
         Seconds after which a sample counts half as much as a fresh one.
 
@@ -166,7 +227,7 @@ class DecayingHistogram:
 
     __slots__ = ("_ref", "_total", "_w", "buckets", "half_life")
 
-    def __init__(self, buckets: ExponentialBuckets, half_life: float) -> None:
+    def __init__(self, buckets: Buckets, half_life: float) -> None:
         if not half_life > 0:
             raise ValueError(f"half_life must be > 0, got {half_life}")
         self.buckets = buckets

@@ -158,6 +158,7 @@ class FleetStep:
     changes: list[dict] = field(default_factory=list)  #: PhaseChange-shaped dicts
     levels: np.ndarray | None = None  #: (n, R) each row's level just before this frame (learn: usage / level)
     statistics: str = "absolute"  #: which phase statistics set the limits (``quantile`` is in usage units)
+    rows: np.ndarray | None = None  #: the fleet's rows of the containers (for :meth:`PhaseFleet.hand_out`)
 
     def rows_to_decide(self) -> np.ndarray:
         """Rows with at least one limit to hand out."""
@@ -702,8 +703,20 @@ class PhaseFleet:
             containers=containers, resources=m.features, phase=phase, changed=res.changed, limits=limits,
             from_phase=from_phase, decide=decide, quantile=q, counts=cnt, basis=basis, windows=res.windows,
             prev_phase=res.prev_phase, frames=X, sample=sel, changes=res.changes, levels=level_prev,
-            statistics=self.statistics,
+            statistics=self.statistics, rows=rows,
         )
+
+    def hand_out(self, step: FleetStep, limits: np.ndarray, mask: np.ndarray) -> None:
+        """Record, where *mask* ``(n, R)``, what was really handed out for *step*'s rows instead of the
+        step's limits: *limits* (NaN: nothing, so the next step proposes its limit again).
+
+        The worker's safety rules may bound or hold back a proposed limit; the fleet then compares
+        its next limits with what is in force, not with what it proposed."""
+        rows = step.rows
+        if rows is None:
+            raise ValueError("hand_out needs the FleetStep of this fleet's last step")
+        if mask.any():
+            self._handed[rows] = np.where(mask, limits, self._handed[rows])
 
     # ------------------------------------------------------------------ learning
     def learn_windows(self, windows: np.ndarray, stats_phases: np.ndarray | None = None,

@@ -2,13 +2,16 @@
 
 :class:`VpaRecommender` reproduces the Kubernetes Vertical Pod Autoscaler's
 recommender (kubernetes/autoscaler ``vertical-pod-autoscaler/pkg/recommender``)
-for a single container, in river's grammar (``learn_one`` / ``predict_one``):
+for a single container, in river's grammar (``learn_one`` / ``predict_one``).
+It matches upstream at commit ``55c37cd5eb550756c5ccc5a89e9068d77797e575``
+(2026-08-22; the last change to the recommender's model, its OOM rule,
+is ``18445abe``), whose tests ``tests/models/test_vpa_upstream.py`` ports:
 
 - **CPU**: every sample goes into a decaying histogram (first bucket 0.01
-  cores, buckets 5% wider each, up to 1000 cores; half-life 24 h) with weight
-  ``max(cpu request, 0.1)``. phasewise manages limits, not requests, so the
-  weight is the container's current CPU limit (0.1 when unlimited). Samples not
-  newer than the last one are discarded, as VPA does (replays are harmless).
+  cores, buckets 5% wider each, up to 1000 cores; half-life 24 h) with the
+  same weight, 0.1 (VPA's ``minSampleWeight``; the request or limit in force
+  plays no part). Samples not newer than the last one are discarded, as VPA
+  does (replays are harmless).
 - **Memory**: one peak per aggregation interval (24 h): the first sample of an
   interval is added at the interval's end time; a later, larger sample in the
   same interval replaces it (subtract the old peak, add the new), as VPA's
@@ -17,6 +20,9 @@ for a single container, in river's grammar (``learn_one`` / ``predict_one``):
 - **OOM**: an OOM kill adds an artificial peak of
   ``max(used + 100 MiB, used * 1.2)`` where ``used = max(memory limit, current
   peak)`` (VPA's ``RecordOOM``, with the limit standing in for the request).
+  An OOM more than one aggregation interval older than the last memory
+  sample is discarded; a fresh one just before an interval boundary is
+  recorded in the interval the last sample opened (its peak replaced).
 - **CPU throttling** (phasewise's own addition, not in VPA): a CFS-throttled
   container hides its true demand, since usage cannot exceed the limit. When
   it was throttled in more than ``throttle_threshold`` of its periods, the
@@ -70,7 +76,8 @@ __all__ = [
     "confidence",
 ]
 
-STATE_VERSION = 1
+#: 2: CPU samples weigh ``min_sample_weight`` each (1: the limit in force; loaded by :func:`_cpu_state_from_v1`)
+STATE_VERSION = 2
 DAY_S = 86_400.0
 MIB = 2**20
 BOUNDS = ("target", "lower", "upper")
@@ -203,10 +210,9 @@ class VpaRecommender:
         Floors of every estimate (VPA: 25 millicores, 250 MiB).
     cpu_first_bucket, mem_first_bucket, bucket_ratio, cpu_max, mem_max, epsilon
         Histogram bucketing (VPA: 0.01 cores / 1e7 bytes, 1.05, 1000 cores /
-        1e12 bytes, 1e-4). Current upstream uses a 0.001-core first CPU bucket;
-        phasewise keeps 0.01 (VPA's long-standing value) by default.
+        1e12 bytes, 1e-4).
     min_sample_weight
-        Weight floor of a CPU sample (VPA: 0.1).
+        Weight of every CPU sample (VPA's ``minSampleWeight``: 0.1; > 0).
     cpu_half_life_s, mem_half_life_s
         Decay half-lives in seconds (VPA: 24 h), before ``time_scale``.
     mem_aggregation_interval_s
@@ -311,6 +317,8 @@ class VpaRecommender:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         if safety_margin < 0 or throttle_bump < 0 or min_cpu_cores < 0 or min_mem_bytes < 0:
             raise ValueError("safety_margin, throttle_bump and the floors must be >= 0")
+        if not 0 < min_sample_weight < math.inf:
+            raise ValueError(f"min_sample_weight must be a finite number > 0, got {min_sample_weight}")
         self.target_percentile = target_percentile
         self.lower_percentile = lower_percentile
         self.upper_percentile = upper_percentile
@@ -362,7 +370,8 @@ class VpaRecommender:
         ``x``: ``t`` (event time, s; required), ``cpu`` (cores), ``mem`` (bytes),
         ``oom`` (OOM kills since the last sample), ``throttled_frac`` (share of
         CFS periods throttled), ``throttled_cores`` (CFS throttled seconds per
-        second), ``cpu_limit`` (cores) and ``mem_limit`` (bytes);
+        second), ``cpu_limit`` (cores; what a throttled sample is raised to
+        exceed) and ``mem_limit`` (bytes; the base of an OOM's bumped peak);
         any of the optional keys may be missing or ``None``.
         """
         t = x["t"]
@@ -392,8 +401,7 @@ class VpaRecommender:
             if throttled_cores:
                 value = max(value, cpu + throttled_cores)
             self._n_throttled += 1
-        weight = limit if limit and limit > self.min_sample_weight else self.min_sample_weight
-        self._cpu.add(value, weight, t)
+        self._cpu.add(value, self.min_sample_weight, t)
         self._last_cpu_t = t
         if self._last_t is None or t > self._last_t:
             self._last_t = t
@@ -432,10 +440,10 @@ class VpaRecommender:
     def record_oom(self, t: float, mem_limit: float = 0.0) -> bool:
         """An OOM kill at *t*: add the bumped-up peak VPA's ``RecordOOM`` adds.
 
-        Returns ``False`` when the event is older than the previous memory
-        aggregation interval (VPA discards those).
+        Returns ``False`` when the event is more than one memory aggregation
+        interval older than the last memory sample (VPA discards those).
         """
-        if self._window_end is not None and t < self._window_end - self._mem_interval:
+        if self._last_mem_t is not None and t < self._last_mem_t - self._mem_interval:
             return False
         self._pc = None
         used = max(self._mem_peak, mem_limit)
@@ -528,25 +536,55 @@ class VpaRecommender:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], **params: Any) -> VpaRecommender:
-        """A recommender built with *params* holding the learned *state*."""
+        """A recommender built with *params* holding the learned *state*.
+
+        Reads this version's states and version 1's, whose CPU samples were
+        weighted by the limit in force: see :func:`_cpu_state_from_v1`.
+        """
         if not isinstance(state, Mapping):
             raise VpaStateError(f"VPA state must be an object, got {type(state).__name__}")
-        if state.get("v") != STATE_VERSION:
-            raise VpaStateError(f"unsupported VPA state version {state.get('v')!r} (this build reads v{STATE_VERSION})")
+        version = state.get("v")
+        if version not in (1, STATE_VERSION):
+            raise VpaStateError(f"unsupported VPA state version {version!r} (this build reads v1 and v{STATE_VERSION})")
         r = cls(**params)
         try:
-            r._cpu.load_state(state["c"])
+            cpu = state["c"] if version == STATE_VERSION else _cpu_state_from_v1(state, r)
+            r._cpu.load_state(cpu)
             r._mem.load_state(state["m"])
             r._first_t, r._last_t, r._n = state["f"], state["l"], int(state["n"])
             r._last_cpu_t, r._last_mem_t, r._window_end = state["lc"], state["lm"], state["we"]
             r._mem_peak, r._oom_peak = float(state["mp"]), float(state["op"])
             r._n_oom, r._n_throttled, r._n_mem = int(state["no"]), int(state["nt"]), int(state["nm"])
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise VpaStateError(f"VPA state is malformed: {e}") from e
         return r
 
     def __repr__(self) -> str:
         return f"VpaRecommender(samples={self._n}, time_scale={self.time_scale:g})"
+
+
+def _cpu_state_from_v1(state: Mapping[str, Any], r: VpaRecommender) -> dict[str, Any]:
+    """A version-1 CPU histogram state, rescaled to weigh what version 2 gives its samples.
+
+    Version 1 weighted each CPU sample by the CPU limit in force (at least
+    ``min_sample_weight``), so its history would outweigh new samples by the
+    ratio of the old limits to ``min_sample_weight`` until it decays. The
+    limits are not stored; the bucket proportions are kept and the total
+    weight is set to what the same number of samples (``n``), spread evenly
+    between the first and the last one, weigh at ``min_sample_weight`` each
+    (decayed to the histogram's reference time): exact for evenly spaced
+    samples, and old history counts about as much as new history again.
+    """
+    c = state["c"]
+    ref, n, first, last = c["r"], int(state["n"]), state["f"], state["l"]
+    if ref is None or n <= 0 or first is None or last is None:
+        return c
+    hl = r._cpu.half_life
+    x = (last - first) / max(n - 1, 1) / hl * math.log(2.0)  # ln of the decay ratio between neighbours
+    # sum over k < n of 2 ** ((last - ref) / hl) * exp(-k * x), the newest sample first
+    spread = n if x <= 0 else math.expm1(-n * x) / math.expm1(-x)
+    total = r.min_sample_weight * 2.0 ** ((last - ref) / hl) * spread
+    return {**c, "t": float(f"{total:.9g}")}
 
 
 # --------------------------------------------------------------------------- policy
@@ -557,9 +595,10 @@ class VpaPolicy:
 
     ``limits(t)`` returns the chosen ``bound`` (``"target"`` by default) of the
     recommendation learned from everything observed before *t*; ``observe``
-    feeds the usage measured at *t*. The CPU weight of a sample is the CPU
-    limit in force when it was measured: ``usage["cpu_limit"]`` if given,
-    else the limit this policy itself returned for that step.
+    feeds the usage measured at *t*. The limits in force when it was
+    measured (what a throttled CPU sample is raised above, and the base of an
+    OOM's bumped peak) are ``usage["cpu_limit"]`` / ``usage["mem_limit"]``
+    if given, else the limits this policy itself returned for that step.
 
     Besides ``cpu`` and ``mem``, ``usage`` may carry what a live sampler
     measures and a replayed trace does not: ``oom``, ``throttled_frac``,

@@ -466,8 +466,6 @@ class VpaFleet:
         if bound not in BOUNDS:
             raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
         proto = VpaRecommender(**params)  # validates the parameters, holds the defaults
-        if not proto.min_sample_weight >= 0:
-            raise ValueError(f"min_sample_weight must be >= 0, got {proto.min_sample_weight}")
         self.bound = bound
         self.capacity = max(1, int(capacity))
         self.params = dict(params)
@@ -652,8 +650,7 @@ class VpaFleet:
                         if _nz(tc_on):
                             value = np.where(tc_on, np.maximum(value, cpu + tc), value)
                     self._n_throttled[rows[thr]] += 1
-        msw = p.min_sample_weight  # >= 0, so `limit > msw` also means set and non-zero
-        self._cpu.add(rows, value, np.fmax(limit, msw), t)  # NaN (no limit) -> msw
+        self._cpu.add(rows, value, p.min_sample_weight, t)
         self._last_cpu_t[rows] = t
         self._last_t[rows] = np.fmax(self._last_t[rows], t)  # NaN (no sample yet) loses
         self._first_t[rows] = np.fmin(self._first_t[rows], t)
@@ -705,8 +702,7 @@ class VpaFleet:
         self._oom_peak[rows] = oom_peak
 
     def _record_oom(self, rows: np.ndarray, t: float | np.ndarray, mem_limit: np.ndarray) -> None:
-        we = self._window_end[rows]
-        ok = ~(t < we - self._mem_interval)  # older than the previous interval (NaN: never)
+        ok = ~(t < self._last_mem_t[rows] - self._mem_interval)  # an interval before the last memory sample (NaN: never)
         if not _all(ok):
             rows, t, mem_limit = rows[ok], _sub(t, ok), mem_limit[ok]
             if rows.size == 0:
@@ -737,8 +733,9 @@ class VpaFleet:
                     ) -> tuple[np.ndarray, np.ndarray]:
         """``VpaPolicy.limits`` for every row: ``(cpu, mem)`` arrays, ``NaN`` = no limit.
 
-        Like the policy, it remembers them as the rows' last limits (the CPU
-        weight / OOM base of later samples that report no limit). *rec*:
+        Like the policy, it remembers them as the rows' last limits (what
+        later samples that report no limit count as the limit in force: the
+        throttling bump's and the OOM peak's base). *rec*:
         a :meth:`predict_many` result for these *rows* to reuse.
         """
         rows = np.asarray(rows, dtype=np.intp)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -56,7 +57,15 @@ from typing import Any, Self
 
 from phasewise.cgroupfs import CgroupError, CgroupLayout
 from phasewise.jobs import DEFAULT_JOBS, JOBS, parse_progress
-from phasewise.schemas import Actuation, Decision, HostSamples, SchemaError, decode
+from phasewise.schemas import (
+    Actuation,
+    Decision,
+    HostSamples,
+    PhaseChange,
+    SchemaError,
+    decode,
+    encode,
+)
 from phasewise.view import JobRow, LiveView, ViewState, fmt_bytes
 
 __all__ = [
@@ -95,6 +104,17 @@ class SamplePoint:
     oom_events: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class CgroupPoint:
+    """The demo's own reading of a job's cgroup (wall time): the kernel's counters, not the pipeline's."""
+
+    ts: float
+    throttled_share: float  #: throttled CFS periods / periods since the previous reading
+    cpu_limit: float | None
+    mem_limit: float | None
+    oom_kills: int  #: cumulative since the cgroup was created (a restarted job keeps its cgroup)
+
+
 @dataclass
 class JobProgress:
     """What a job's own progress lines said."""
@@ -128,11 +148,36 @@ class Records:
     actuations: list[Actuation] = field(default_factory=list)
     progress: dict[str, JobProgress] = field(default_factory=dict)
     host_messages: int = 0
+    #: the CRBM phase the worker's detector put each job in (``phasewise.phases.v1``; None: none yet)
+    crbm_phase: dict[str, int | None] = field(default_factory=dict)
+    cgroups: dict[str, list[CgroupPoint]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for j in self.jobs:
             self.samples.setdefault(j, [])
             self.progress.setdefault(j, JobProgress())
+            self.crbm_phase.setdefault(j, None)
+            self.cgroups.setdefault(j, [])
+
+    def write_jsonl(self, path: Path) -> None:
+        """Everything collected, one JSON object a line with its ``type`` (``decision``, ``actuation``:
+        the topic records; ``sample``, ``cgroup``: per job), for a look after the run."""
+        with open(path, "w") as f:
+            for d in self.decisions:
+                f.write(json.dumps({"type": "decision", **json.loads(encode(d))}) + "\n")
+            for a in self.actuations:
+                f.write(json.dumps({"type": "actuation", **json.loads(encode(a))}) + "\n")
+            for job in self.jobs:
+                for p in self.samples.get(job, []):
+                    f.write(json.dumps({"type": "sample", "job": job, **dataclasses.asdict(p)}) + "\n")
+                for c in self.cgroups.get(job, []):
+                    f.write(json.dumps({"type": "cgroup", "job": job, **dataclasses.asdict(c)}) + "\n")
+
+    def add_phase_change(self, c: PhaseChange) -> bool:
+        if c.container in self.crbm_phase:
+            self.crbm_phase[c.container] = c.new_phase
+            return True
+        return False
 
     def add_samples(self, msg: HostSamples) -> int:
         """Keep the samples of our jobs; returns how many were kept."""
@@ -173,6 +218,26 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
+def throttled_cuts(records: Records, job: str, *, window_s: float, threshold: float) -> list[Decision]:
+    """The job's decisions that lowered its CPU limit while it was throttled (pure).
+
+    Lowered: below the limit in force at the decision, as the demo last read it from the cgroup;
+    throttled: a reading in the *window_s* before the decision had more than *threshold* of its CFS
+    periods throttled. The demo's readings are the kernel's counters, independent of the worker.
+    """
+    pts = records.cgroups.get(job, [])
+    out = []
+    for d in records.decisions:
+        if d.container != job or d.cpu_limit_cores is None:
+            continue
+        before = [p for p in pts if p.ts <= d.ts]
+        if not before or before[-1].cpu_limit is not None and d.cpu_limit_cores >= before[-1].cpu_limit - 1e-9:
+            continue
+        if any(d.ts - window_s <= p.ts <= d.ts and p.throttled_share > threshold for p in before):
+            out.append(d)
+    return out
+
+
 def summarize(
     records: Records,
     *,
@@ -181,6 +246,9 @@ def summarize(
     cleanup_problems: Sequence[str] = (),
     run_dir: str = "",
     error: str | None = None,
+    policy: str = "",
+    throttle_window_s: float = 5.0,
+    throttle_threshold: float = 0.1,
 ) -> dict[str, Any]:
     """The demo's summary from what it collected (pure).
 
@@ -193,7 +261,11 @@ def summarize(
     ``cpu_alloc_ratio`` / ``mem_alloc_ratio`` are the mean limit over the
     mean use across the samples that had a limit (allocation vs use: 1.0 is a
     perfect fit, 3.0 means three times more was reserved than used).
-    ``cleanup`` is true when *cleanup_problems* is empty.
+    ``cleanup`` is true when *cleanup_problems* is empty. ``oom_kills`` counts the
+    kernel's OOM kills in each job's cgroup (its own counter, read by the demo;
+    the samples' count when the demo could not read it), ``throttled_cuts`` the
+    decisions that lowered a job's CPU while it was throttled
+    (:func:`throttled_cuts`), ``restarts`` the jobs restarted after they died.
     """
     final_limits = final_limits or {}
     decided = {d.id for d in records.decisions}
@@ -222,14 +294,22 @@ def summarize(
                                              _mean(p.mem_bytes for p in mem_lim_pts)), 3),
             "decisions": len(job_decisions),
             "decisions_applied": len(job_decisions & applied),
-            "oom_kills": sum(p.oom_events for p in pts),
+            "oom_kills": (records.cgroups[name][-1].oom_kills if records.cgroups.get(name)
+                          else sum(p.oom_events for p in pts)),
+            "throttled_cuts": len(throttled_cuts(records, name, window_s=throttle_window_s,
+                                                 threshold=throttle_threshold)),
+            "crbm_phase": records.crbm_phase.get(name),
             "steps": prog.step,
             "first_loss": prog.first_loss,
             "last_loss": prog.last_loss,
             "restarts": prog.restarts,
         }
     return {
+        "policy": policy,
         "duration_s": round(duration_s, 1),
+        "oom_kills": sum(j["oom_kills"] for j in jobs.values()),
+        "throttled_cuts": sum(j["throttled_cuts"] for j in jobs.values()),
+        "restarts": sum(j["restarts"] for j in jobs.values()),
         "decisions_made": len(decided),
         "decisions_applied": len(decided & applied) if decided else len(applied),
         "actuations": len(records.actuations),
@@ -250,6 +330,33 @@ def _decision_text(d: Decision) -> str:
         parts.append(f"mem {fmt_bytes(d.mem_limit_bytes)}")
     what = " ".join(parts) if parts else d.action
     return f"{d.action} {what} ({d.policy})" if parts else f"{what} ({d.policy})"
+
+
+def limit_source(d: Decision) -> str:
+    """Where a decision's limits came from, for the view: ``phase 3``, ``vpa fallback``, ``vpa``, ``mixed``.
+
+    >>> limit_source(Decision(id="x", ts=0.0, host="h", container="c", action="limit", policy="phase",
+    ...                       cpu_limit_cores=1.0, details={"source": "phase", "phase": 3}))
+    'phase 3'
+    """
+    det = d.details if isinstance(d.details, dict) else {}
+    if d.policy != "phase":
+        return d.policy
+    src = det.get("source")
+    if src == "phase":
+        return f"phase {det.get('phase')}"
+    if src == "fallback:vpa":
+        return "vpa fallback"
+    return str(src or "phase")
+
+
+def bounded_rules(d: Decision) -> str:
+    """The safety rules that bounded a decision, for the view: ``cpu:step mem:peak,oom`` (empty: none)."""
+    safety = d.details.get("safety") if isinstance(d.details, dict) else None
+    by = safety.get("bounded_by") if isinstance(safety, dict) else None
+    if not isinstance(by, dict):
+        return ""
+    return " ".join(f"{r}:{','.join(map(str, rules))}" for r, rules in by.items() if isinstance(rules, list))
 
 
 def view_state(records: Records, *, elapsed_s: float, job_states: dict[str, str] | None = None,
@@ -288,7 +395,11 @@ def view_state(records: Records, *, elapsed_s: float, job_states: dict[str, str]
             last_status=status.get(d.id, "pending") if d else "",
             state=job_states.get(name, "running"),
             restarts=prog.restarts,
-            oom_kills=sum(x.oom_events for x in pts),
+            oom_kills=(records.cgroups[name][-1].oom_kills if records.cgroups.get(name)
+                       else sum(x.oom_events for x in pts)),
+            crbm_phase=records.crbm_phase.get(name),
+            source=limit_source(d) if d else "",
+            bounded=bounded_rules(d) if d else "",
         ))
     decided = {d.id for d in records.decisions}
     return ViewState(
@@ -308,8 +419,9 @@ def format_summary(s: dict[str, Any]) -> str:
                    else "cleanup FAILED: " + "; ".join(s["cleanup_problems"]))
         return f"phasewise demo failed: {s['error']}\n{cleanup}\nlogs: {s['run_dir']}"
     lines = [
-        (f"phasewise demo: {s['duration_s']:.0f} s, {s['decisions_made']} decisions made, "
-         f"{s['decisions_applied']} applied ({s['actuations']} actuations)"),
+        (f"phasewise demo ({s['policy']} policy): {s['duration_s']:.0f} s, {s['decisions_made']} decisions made, "
+         f"{s['decisions_applied']} applied ({s['actuations']} actuations); OOM kills {s['oom_kills']}, "
+         f"CPU cuts while throttled {s['throttled_cuts']}, restarts {s['restarts']}"),
         "",
         (f"{'job':<12} {'cpu used':>9} {'cpu limit':>10} {'alloc/use':>9}  {'mem used':>9} {'mem limit':>10} "
          f"{'alloc/use':>9}  {'dec':>3} {'app':>3}  {'steps':>6} {'loss':>15}"),
@@ -329,6 +441,8 @@ def format_summary(s: dict[str, Any]) -> str:
             + (f"  restarts {j['restarts']}, OOM kills {j['oom_kills']}" if j["restarts"] or j["oom_kills"] else "")
         )
     lines.append("")
+    lines.append("used: mean over the run; limit: at the end (none = unlimited); alloc/use: mean limit / mean use "
+                 "(1.0 = no slack); dec/app: decisions made / applied")
     if s["cleanup"]:
         lines.append("cleanup: all processes stopped, cgroups removed, broker stopped; nothing left behind")
     else:
@@ -566,6 +680,15 @@ class Config:
     data_dir: str
     max_restarts: int
     log_level: str
+    policy: str = "phase"
+    #: the worker's vpa_throttle_threshold (the demo's roles read the same environment)
+    throttle_threshold: float = 0.1
+
+
+#: the worker's safety rules, scaled to a demo of minutes (live defaults: 900 s of history, one
+#: decrease per 300 s, peaks over 3600 s): the rules are the same, only their windows are shorter
+DEMO_SAFETY = {"safety_min_history_s": 30.0, "safety_cooldown_s": 15.0, "safety_max_decrease": 0.3,
+               "safety_peak_window_s": 180.0}
 
 
 class _Signals:
@@ -608,6 +731,7 @@ class Demo:
         self.started = time.monotonic()
         self.ended: float | None = None
         self.error: str | None = None
+        self._cg_prev: dict[str, tuple[int, int]] = {}
         self.signals = _Signals()
 
     # ---------------------------------------------------------------- lifecycle
@@ -629,6 +753,7 @@ class Demo:
             finally:
                 self.ended = time.monotonic()
                 self._verify_clean()
+                self._step("write records.jsonl", self.records.write_jsonl, self.run_dir / "records.jsonl")
         return self.summary()
 
     @contextlib.contextmanager
@@ -655,7 +780,32 @@ class Demo:
     def summary(self) -> dict[str, Any]:
         end = self.ended or time.monotonic()
         return summarize(self.records, duration_s=end - self.started, final_limits=self.final_limits,
-                         cleanup_problems=self.problems, run_dir=str(self.run_dir), error=self.error)
+                         cleanup_problems=self.problems, run_dir=str(self.run_dir), error=self.error,
+                         policy=self.cfg.policy, throttle_window_s=self.cfg.recommend_interval_s,
+                         throttle_threshold=self.cfg.throttle_threshold)
+
+    def _read_cgroups(self) -> None:
+        """The demo's own reading of each job's cgroup counters (throttling, limits, OOM kills)."""
+        from phasewise.producers.cgroup_reader import read_container
+
+        if self.layout is None:
+            return
+        now = time.time()
+        for name in self.cfg.jobs:
+            try:
+                c = read_container(self.layout, name)
+            except (OSError, CgroupError):
+                c = None
+            if c is None:
+                continue
+            prev = self._cg_prev.get(name)
+            share = 0.0
+            if prev is not None and c.nr_periods > prev[0]:
+                share = (c.nr_throttled - prev[1]) / (c.nr_periods - prev[0])
+            self._cg_prev[name] = (c.nr_periods, c.nr_throttled)
+            self.records.cgroups[name].append(CgroupPoint(now, share, c.cpu_limit_cores,
+                                                          None if c.mem_limit_bytes is None else float(c.mem_limit_bytes),
+                                                          c.oom_kills))
 
     def _stop_requested(self) -> None:
         if self.signals.requested:
@@ -665,7 +815,7 @@ class Demo:
         from phasewise.infra.broker import EmbeddedBroker, free_port
         from phasewise.kafka import ensure_topics, make_consumer
         from phasewise.settings import Settings
-        from phasewise.topics import ACTUATIONS, DECISIONS, SAMPLES
+        from phasewise.topics import ACTUATIONS, DECISIONS, PHASES, SAMPLES
 
         cfg = self.cfg
         layout = check_cgroups(cfg.cgroup_root, cfg.cgroup_prefix)
@@ -707,9 +857,10 @@ class Demo:
 
         consumer = make_consumer(settings, f"phasewise-demo-{uuid.uuid4().hex[:8]}")
         stack.callback(self._step, "close the consumer", consumer.close)
-        consumer.subscribe([SAMPLES.name, DECISIONS.name, ACTUATIONS.name])
+        consumer.subscribe([SAMPLES.name, DECISIONS.name, ACTUATIONS.name, PHASES.name])
         self.consumer = consumer
-        self.topics = {SAMPLES.name: HostSamples, DECISIONS.name: Decision, ACTUATIONS.name: Actuation}
+        self.topics = {SAMPLES.name: HostSamples, DECISIONS.name: Decision, ACTUATIONS.name: Actuation,
+                       PHASES.name: PhaseChange}
         self._stop_requested()
 
         stack.callback(self._stop_jobs)
@@ -732,6 +883,8 @@ class Demo:
             "PHASEWISE_BACKEND": "cgroup",
             "PHASEWISE_METRICS_PORT": "0",
             "PHASEWISE_LOG_LEVEL": cfg.log_level,
+            "PHASEWISE_POLICY": cfg.policy,
+            **{f"PHASEWISE_{k.upper()}": repr(v) for k, v in DEMO_SAFETY.items()},
         }
 
     def _start_job(self, name: str, env: dict[str, str]) -> None:
@@ -765,6 +918,7 @@ class Demo:
                 if now < next_tick:
                     continue
                 next_tick = now + cfg.interval_s
+                self._read_cgroups()
                 for role, p in self.roles.items():
                     if not p.alive():
                         raise DemoError(f"phasewise {role} exited with {p.returncode()}; "
@@ -817,6 +971,8 @@ class Demo:
             return
         if cls is HostSamples:
             self.records.add_samples(rec)
+        elif cls is PhaseChange:
+            self.records.add_phase_change(rec)
         elif cls is Decision:
             self.records.add_decision(rec)
         else:
@@ -853,6 +1009,7 @@ class Demo:
         layout = self.layout
         if layout is None:
             return
+        self._read_cgroups()  # the last reading of the kernel's counters, before the cgroups go
         for name in self.cfg.jobs:
             if not layout.exists(name):
                 continue
@@ -903,7 +1060,15 @@ def parse_size(text: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.cli import add_setting
-    from phasewise.settings import SPECS, above, arg_type, at_least, parse_float, parse_int
+    from phasewise.settings import (
+        POLICIES,
+        SPECS,
+        above,
+        arg_type,
+        at_least,
+        parse_float,
+        parse_int,
+    )
 
     def like(name: str) -> object:  # a demo flag that becomes the roles' setting *name*
         return arg_type(SPECS[name].parse, SPECS[name].validate, name=SPECS[name].kind)
@@ -919,6 +1084,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=like("interval_s"), default=1.0, help="sampling interval, seconds")
     p.add_argument("--jobs", nargs="+", choices=JOBS, default=list(DEFAULT_JOBS), metavar="JOB",
                    help=f"training jobs to run (default: {' '.join(DEFAULT_JOBS)})")
+    p.add_argument("--policy", choices=POLICIES, default="phase",
+                   help="the worker's limit policy: phase (CRBM phases, VPA as the fallback; default) or vpa")
     p.add_argument("--recommend-interval", type=like("recommend_interval_s"), default=5.0,
                    help="worker: seconds between recommendations per container (demo default 5)")
     p.add_argument("--vpa-time-scale", type=like("vpa_time_scale"), default=0.001,
@@ -947,7 +1114,8 @@ def run(args: argparse.Namespace) -> int:
                  cgroup_root=args.cgroup_root, cgroup_prefix=args.cgroup_prefix, interval_s=args.interval,
                  recommend_interval_s=args.recommend_interval, vpa_time_scale=args.vpa_time_scale,
                  start_cpu=args.start_cpu, start_mem=args.start_mem, host=base.host, data_dir=base.data_dir,
-                 max_restarts=args.max_restarts, log_level=args.log_level or "info")
+                 max_restarts=args.max_restarts, log_level=args.log_level or "info", policy=args.policy,
+                 throttle_threshold=base.vpa_throttle_threshold)
     if os.geteuid() != 0:
         print(f"phasewise demo: {NEED_ROOT}", file=sys.stderr)
         return 2

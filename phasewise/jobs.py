@@ -477,6 +477,7 @@ def train(
         return stop.requested or (seconds > 0 and time.monotonic() - t_train >= seconds)
 
     first: float | None = None
+    value: float | None = None  # the last step's loss in this run (None: no step yet, e.g. stopped after a resume)
     recent: list[float] = []
     step = 0
     reported = False
@@ -520,8 +521,11 @@ def train(
                     old.unlink(missing_ok=True)
                 emit("checkpoint", step=step, mb=rss_mb(), bytes=size)
                 next_ckpt = time.monotonic() + checkpoint_every_s
-    last = sum(recent) / len(recent) if recent else value if step else math.nan
-    emit("done", step=step, loss=last if step else math.nan, mb=rss_mb())
+    if recent:
+        last = sum(recent) / len(recent)
+    else:
+        last = value if value is not None else math.nan
+    emit("done", step=step, loss=last, mb=rss_mb())
     return {"steps": float(step), "first_loss": first if first is not None else math.nan, "last_loss": last,
             "eval_loss": eval_loss}
 

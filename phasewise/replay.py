@@ -795,6 +795,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase-frozen", action="store_true",
                    help="--phase-model worker / --through-kafka: the learner never updates the detectors' model "
                         "(needs --phase-pretrained); the two paths then decide identically")
+    p.add_argument("--safety", action="store_true",
+                   help="--phase-model worker / --through-kafka: the worker's live safety rules bound its decisions "
+                        "(safety_rules with the live defaults); default off: the bare policy's decisions are scored")
     p.add_argument("--phase-stats", choices=PHASE_STATISTICS, default="relative",
                    help="--phase-model fleet or worker, --through-kafka: per-phase statistics of usage relative to "
                         "each container's level (default) or of absolute usage (the pooled design before)")
@@ -955,9 +958,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     phase_model = getattr(args, "phase_model", "container")
     pretrained, frozen = getattr(args, "phase_pretrained", False), getattr(args, "phase_frozen", False)
-    if (pretrained or frozen) and phase_model != "worker" and not args.through_kafka:
-        print("phasewise replay: error: --phase-pretrained/--phase-frozen: apply to --phase-model worker and "
-              "--through-kafka", file=sys.stderr)
+    safety = bool(getattr(args, "safety", False))
+    if (pretrained or frozen or safety) and phase_model != "worker" and not args.through_kafka:
+        print("phasewise replay: error: --phase-pretrained/--phase-frozen/--safety: apply to --phase-model worker "
+              "and --through-kafka", file=sys.stderr)
         return 2
     if frozen and not pretrained:
         print("phasewise replay: error: --phase-frozen: needs --phase-pretrained (a frozen cold model never warms: "
@@ -972,7 +976,8 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             sequences = _through_kafka(trace, specs, getattr(args, "bootstrap", None), frozen_model=frozen,
-                                       pretrained=pretrained, statistics=getattr(args, "phase_stats", "relative"))
+                                       pretrained=pretrained, statistics=getattr(args, "phase_stats", "relative"),
+                                       safety=safety)
         except ThroughKafkaUnsupported as e:
             print(f"phasewise replay: error: --through-kafka: {e}", file=sys.stderr)
             return 2
@@ -984,7 +989,7 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             got = worker_in_process(trace, family="phase", frozen_model=frozen, pretrained=pretrained,
-                                    statistics=getattr(args, "phase_stats", "relative"))
+                                    statistics=getattr(args, "phase_stats", "relative"), safety=safety)
         except KafkaReplayError as e:
             print(f"phasewise replay: --phase-model worker: {e}", file=sys.stderr)
             return 2
@@ -1024,6 +1029,7 @@ def run(args: argparse.Namespace) -> int:
                              "split": split, "containers": len(trace.containers)}
     if setup["phase_model"] == "worker" and has_phase:
         setup.update({"pretrained": pretrained, "frozen": frozen, "through_kafka": bool(args.through_kafka),
+                      "safety_rules": safety,
                       "statistics": getattr(args, "phase_stats", "relative"),
                       **worker_info})
     if setup["phase_model"] == "fleet":

@@ -293,14 +293,17 @@ def trace_features(trace: Trace) -> str:
 
 
 def replay_settings_env(family: str, trace: Trace, *, frozen_model: bool = False,
-                        pretrained: bool = False, statistics: str = "relative") -> dict[str, str]:
+                        pretrained: bool = False, statistics: str = "relative",
+                        safety: bool = False) -> dict[str, str]:
     """The ``PHASEWISE_*`` settings of a replay worker (through Kafka and in-process alike).
 
     Besides what the module doc lists: the phase detector's features are
     :func:`trace_features`; *pretrained*: start from the shipped model (else
     cold: the shipped model was trained on the AI4DL sample, which a replay
     may score); *frozen_model*: the learner publishes no snapshot;
-    *statistics*: ``phase_statistics`` (relative, the worker's default, or absolute).
+    *statistics*: ``phase_statistics`` (relative, the worker's default, or absolute);
+    *safety*: the live safety rules bound the decisions (``safety_rules``; off by
+    default, so replay scores what the bare policy decides).
     """
     from phasewise.models.vpa import VpaRecommender
 
@@ -321,6 +324,7 @@ def replay_settings_env(family: str, trace: Trace, *, frozen_model: bool = False
         "PHASEWISE_PHASE_FEATURES": trace_features(trace),
         "PHASEWISE_PHASE_PRETRAINED": "true" if pretrained else "false",
         "PHASEWISE_PHASE_STATISTICS": statistics,
+        "PHASEWISE_SAFETY_RULES": "true" if safety else "false",
     }
     if frozen_model:
         env["PHASEWISE_PHASE_SNAPSHOT_INTERVAL_S"] = repr(FROZEN_SNAPSHOT_INTERVAL_S)
@@ -351,7 +355,7 @@ FROZEN_SNAPSHOT_INTERVAL_S = 1e7
 def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | None = None,
                          workdir: str | Path | None = None, timeout_s: float = 300.0,
                          frozen_model: bool = False, pretrained: bool = False,
-                         statistics: str = "relative") -> KafkaReplayResult:
+                         statistics: str = "relative", safety: bool = False) -> KafkaReplayResult:
     """Send *trace* through a broker and a ``phasewise worker``; rebuild its decision sequences.
 
     *bootstrap*: an existing broker (default: start an embedded one for the
@@ -405,7 +409,8 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
         worker = RoleProcess("worker", [], env={}, log_path=work / "worker.log")
         worker.env = _worker_env(boot, worker_id, work / "worker-data", free_port(), host,
                                  replay_settings_env(family, trace, frozen_model=frozen_model,
-                                                     pretrained=pretrained, statistics=statistics))
+                                                     pretrained=pretrained, statistics=statistics,
+                                                     safety=safety))
         worker.start()
 
         producer = make_producer(s)
@@ -509,7 +514,8 @@ class _InProcessPhase:
 
 
 def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "replay", frozen_model: bool = False,
-                      pretrained: bool = False, statistics: str = "relative") -> KafkaReplayResult:
+                      pretrained: bool = False, statistics: str = "relative",
+                      safety: bool = False) -> KafkaReplayResult:
     """What :func:`replay_through_kafka` does, without Kafka: the worker's own step in this process.
 
     The same messages (:func:`trace_messages`), the same settings
@@ -528,7 +534,7 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
 
     t0 = time.perf_counter()
     env = replay_settings_env(family, trace, frozen_model=frozen_model, pretrained=pretrained,
-                              statistics=statistics)
+                              statistics=statistics, safety=safety)
     settings = Settings.from_env({"bootstrap": "in-process", "host": host}, env=env)
     cache = StateCache.from_settings(settings)
     scale = mem_scale(trace)

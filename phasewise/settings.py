@@ -465,6 +465,23 @@ class Settings:
     #: cap (uncapped, start-up ramps made limits several times the use in replay)
     phase_ratio_cap: float = setting(1.5, check=at_least(0),
                                      help="--policy phase: cap on a phase's quantile of usage/level (0 = no cap)")
+    # --- worker: safety rules every live decision passes, whatever the policy (models/guard.py)
+    #: on: every decision of the worker passes the rules below; off only to replay what a bare
+    #: policy decides (replay turns it off unless --safety)
+    safety_rules: bool = setting(True, help="every decision of the worker passes the safety rules")
+    #: no limit is lowered (nor first set on an unlimited container) before this much history
+    safety_min_history_s: float = setting(900.0, check=at_least(0),
+                                          help="no limit is lowered before this many seconds of history")
+    #: at most one decrease per resource per this long; no memory decrease this long after an OOM kill
+    safety_cooldown_s: float = setting(300.0, check=at_least(0),
+                                       help="seconds between two decreases of a resource (and after an OOM kill)")
+    #: one decision lowers a limit by at most this fraction of the limit in force
+    safety_max_decrease: float = setting(0.25, check=in_range(0, 1, lo_open=True),
+                                         help="largest fraction of a limit one decision takes away")
+    #: memory limits never go below the container's peak working set over this long + mem_margin_bytes
+    safety_peak_window_s: float = setting(3600.0, check=above(0),
+                                          help="memory limits stay above the peak working set of this many "
+                                               "seconds + mem_margin_bytes")
 
     def __post_init__(self) -> None:
         self.validate()

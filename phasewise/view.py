@@ -6,9 +6,13 @@ codes (no curses): it switches to the terminal's alternate screen, redraws in
 place, and restores the screen on exit so the summary lands in the scrollback.
 When stdout is not a terminal it prints a plain frame every few seconds.
 
-Columns: CPU used / limit (cores), memory used / limit, the job's training
-phase, step and loss, how many decisions and applied actuations it had, and
-its last decision with the policy's reason.
+Columns (each has a header; :data:`LEGEND` under the table says what they
+mean): the job's own training stage and the CRBM phase the worker assigned
+it, CPU used / limit (cores) and use as a share of the limit, the same for
+memory, step and loss, how many decisions and applied actuations it had,
+where its last limits came from (phase N, the VPA fallback or the VPA, and
+the safety rules that bounded them); under each row its last decision with
+the actuator's outcome and the policy's reason.
 """
 
 from __future__ import annotations
@@ -18,7 +22,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Self, TextIO
 
-__all__ = ["JobRow", "LiveView", "ViewState", "fmt_bytes", "fmt_cores", "render"]
+__all__ = ["LEGEND", "JobRow", "LiveView", "ViewState", "fmt_bytes", "fmt_cores", "render"]
+
+#: the lines under the table, so nothing on the screen needs the code to be read
+LEGEND = (
+    "stage: the job's own progress (load, train, eval, checkpoint); crbm: the phase id the worker's CRBM "
+    "detector assigned (- until it knows one)",
+    "use%: use / limit; limit from: what set the last decision - phase N (that phase's statistics), vpa fallback "
+    "(the phase policy while its model is cold or the phase new), vpa (--policy vpa); +rules: safety rules "
+    "that bounded it",
+    "[applied] the actuator set the limits; [clamped] it set them after its own floors changed one (the "
+    "reason says which); [rejected] it refused; alloc/use (summary) = mean limit / mean use",
+)
 
 
 @dataclass
@@ -41,6 +56,9 @@ class JobRow:
     state: str = "starting"
     restarts: int = 0
     oom_kills: int = 0
+    crbm_phase: int | None = None  #: the CRBM phase id the worker's detector assigned (None: none yet)
+    source: str = ""  #: where the last decision's limits came from: "phase 3", "vpa fallback", "vpa"
+    bounded: str = ""  #: the safety rules that bounded the last decision, e.g. "cpu:step mem:peak"
 
 
 @dataclass
@@ -101,30 +119,33 @@ def render(state: ViewState, width: int = 120) -> str:
         f"samples {state.samples_total}  decisions {state.decisions_total}  applied {state.applied_total}"
         + (f"  |  {roles}" if roles else ""), width))
     lines.append("")
-    cols = (f"{'job':<12} {'cpu':>5} {'limit':>6} {'':>4}  {'memory':>7} {'limit':>7} {'':>4}  "
-            f"{'phase':<10} {'step':>6} {'loss':>7}  {'dec':>3} {'app':>3}  last decision")
+    cols = (f"{'job':<12} {'stage':<10} {'crbm':>4}  {'cpu':>5} {'limit':>6} {'use%':>4}  {'memory':>7} "
+            f"{'limit':>7} {'use%':>4}  {'step':>6} {'loss':>7}  {'dec':>3} {'app':>3}  limit from")
     lines.append(_clip(cols, width))
     lines.append("-" * min(width, len(cols) + 20))
     for j in state.jobs:
         loss = "-" if j.loss is None else f"{j.loss:.3f}"
         step = "-" if j.step is None else str(j.step)
-        phase = j.phase if j.state == "running" else j.state
-        row = (f"{_clip(j.name, 12):<12} {fmt_cores(j.cpu_cores):>5} {fmt_cores(j.cpu_limit):>6} "
-               f"{_pct(j.cpu_cores, j.cpu_limit):>4}  {fmt_bytes(j.mem_bytes):>7} {fmt_bytes(j.mem_limit):>7} "
-               f"{_pct(j.mem_bytes, j.mem_limit):>4}  {_clip(phase, 10):<10} {step:>6} {loss:>7}  "
-               f"{j.decisions:>3} {j.applied:>3}  ")
+        stage = j.phase if j.state == "running" else j.state
+        crbm = "-" if j.crbm_phase is None else str(j.crbm_phase)
+        source = (j.source or "-") + (f" +{j.bounded}" if j.bounded else "")
+        row = (f"{_clip(j.name, 12):<12} {_clip(stage, 10):<10} {crbm:>4}  {fmt_cores(j.cpu_cores):>5} "
+               f"{fmt_cores(j.cpu_limit):>6} {_pct(j.cpu_cores, j.cpu_limit):>4}  {fmt_bytes(j.mem_bytes):>7} "
+               f"{fmt_bytes(j.mem_limit):>7} {_pct(j.mem_bytes, j.mem_limit):>4}  {step:>6} {loss:>7}  "
+               f"{j.decisions:>3} {j.applied:>3}  {source}")
+        lines.append(_clip(row, width))
         decision = j.last_decision or "(none yet)"
         if j.last_status:
             decision += f" [{j.last_status}]"
-        lines.append(_clip(row + decision, width))
-        extra = []
+        extra = [f"last: {decision}"]
         if j.last_reason:
             extra.append(f"why: {j.last_reason}")
         if j.restarts or j.oom_kills:
             extra.append(f"restarts {j.restarts}, OOM kills {j.oom_kills}")
-        if extra:
-            lines.append(_clip(" " * 13 + "  ".join(extra), width))
+        lines.append(_clip(" " * 13 + "  ".join(extra), width))
     lines.append("")
+    for line in LEGEND:
+        lines.append(_clip(line, width))
     for note in state.notes:
         lines.append(_clip(note, width))
     if state.run_dir:

@@ -46,6 +46,7 @@ from typing import Any
 
 import faust
 
+from phasewise.models.guard import RULES
 from phasewise.schemas import (
     DeadLetter,
     Decision,
@@ -274,6 +275,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     expiry = Expiry(settings.container_ttl_s, cache, table, writes, pmap, phase, metrics)
 
     activity = Activity()
+    guard = cache.guard
+    guard_seen = [0] * len(RULES)  # the rules' counts already added to the metric
     batch_max = max(1, settings.worker_batch_max)
     batch_wait_s = max(0.0, settings.worker_batch_wait_ms) / 1000.0
 
@@ -319,6 +322,11 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
             for _, hs in got:
                 expiry.after(hs.host, hs.ts)
                 samples += len(hs.containers)
+            if guard is not None and (totals := guard.totals.tolist()) != guard_seen:
+                for rule, now, before in zip(RULES, totals, guard_seen):
+                    if now != before:
+                        metrics.safety_bounded.labels(rule=rule).inc(now - before)
+                guard_seen[:] = totals
             metrics.container_samples.inc(samples)
             metrics.process_seconds.inc(time.perf_counter() - t0)
             metrics.messages.inc(len(got))

@@ -21,6 +21,9 @@ Every metric is registered on the registry passed in (tests use a fresh
   states written to the changelogs);
 - ``phasewise_worker_process_seconds_total``: time spent in the decision logic;
 - ``phasewise_worker_containers``: containers held in memory;
+- ``phasewise_worker_safety_bounded_total{rule}``: proposed limits (per container
+  and resource, at each decision step) a safety rule changed or held back
+  (``rule``: history, throttled, oom, cooldown, step, peak);
 - ``phasewise_worker_ready``: 1 once the worker has its partitions and has
   recovered its tables;
 - ``--policy phase`` only: ``phasewise_worker_phase_changes_total`` (PhaseChange
@@ -75,6 +78,13 @@ class WorkerMetrics:
                                            registry=registry)
         self.windows_learned = Counter("phasewise_worker_windows_learned",
                                        "windows the phase learner trained on", registry=registry)
+        from phasewise.models.guard import RULES
+
+        self.safety_bounded = Counter("phasewise_worker_safety_bounded",
+                                      "proposed limits a safety rule changed or held back", ["rule"],
+                                      registry=registry)
+        for r in RULES:
+            self.safety_bounded.labels(rule=r)
         self.ready = Gauge("phasewise_worker_ready", "1 once partitions are assigned and tables recovered",
                            registry=registry)
 

@@ -75,6 +75,7 @@ except ImportError:  # pragma: no cover
     _orjson = None
 
 from phasewise.models.detector import PhaseModel, learn
+from phasewise.models.guard import GuardOutcome, bounded_text
 from phasewise.models.phase_fleet import FleetStep, PhaseFleet
 from phasewise.schemas import (
     MAX_BYTES,
@@ -88,7 +89,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import LIMITED_FEATURES, Settings
-from phasewise.streams.processing import StateCache
+from phasewise.streams.processing import StateCache, round_limits
 from phasewise.topics import MODELS, Topic
 
 __all__ = [
@@ -410,9 +411,9 @@ def _clean(obj: Any) -> Any:
 
 
 def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], ts: Sequence[float], *,
-                    quantile: float, margin: float) -> list[Decision]:
+                    quantile: float, margin: float, safety: GuardOutcome | None = None) -> list[Decision]:
     """``Decision`` (policy ``phase``) for each row of *out* with a limit to hand out (*hosts*, *names*,
-    *ts*: per row)."""
+    *ts*: per row); *safety*: the safety rules' outcome over the same rows (``details["safety"]``)."""
     rows = out.rows_to_decide()
     if not len(rows):
         return []
@@ -443,11 +444,14 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
         # explain_rows gives finite numbers or None; quantile and margin are settings
         details = {**ex, "source": source, "sources": srcs, "quantile": quantile, "margin": margin,
                    "changed": changed[k]}
+        reason = f"{head}: " + "; ".join(why)
+        if safety is not None:
+            details["safety"] = sx = safety.explain(i)
+            reason += bounded_text(sx)
         name, host, t = names[i], hosts[i], ts[i]
         decisions.append(Decision(
             id=decision_id(host, name, cpu, mem, t), ts=t, host=host, container=name, action="limit",
-            policy=POLICY, reason=f"{head}: " + "; ".join(why), cpu_limit_cores=cpu, mem_limit_bytes=mem,
-            details=details,
+            policy=POLICY, reason=reason, cpu_limit_cores=cpu, mem_limit_bytes=mem, details=details,
         ))
     return decisions
 
@@ -557,7 +561,13 @@ class PhaseHooks:
             ts += [m.ts] * n
         if len(msgs) > 1 and len(set(keys)) != len(keys):
             raise ValueError("process_many: a container appears in two of the messages; step them in turn")
-        if self._cpu_mem_only:
+        observed = None  # the limits the samples report (None -> NaN: unlimited), for the safety rules
+        guarded = self.vpa_cache.guard is not None
+        if self._cpu_mem_only and guarded:  # one pass over the samples for both
+            A = np.array([(c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes)
+                          for m in msgs for c in m.containers], dtype=np.float64)
+            X, observed = A[:, :2], A[:, 2:]
+        elif self._cpu_mem_only:
             X = np.array([(c.cpu_cores, c.mem_bytes) for m in msgs for c in m.containers], dtype=np.float64)
         else:  # a missing GPU reading (None) is NaN: the normaliser treats it as missing
             get = self._fields
@@ -577,7 +587,14 @@ class PhaseHooks:
         one = len(msgs) == 1
         out = self.fleet.step(msgs[0].ts if one else np.array(ts), keys, X, fallback_limits=fallback,
                               host=msgs[0].host)
-        decisions = phase_decisions(out, hosts, names, ts, quantile=self.fleet.quantile, margin=self.fleet.margin)
+        safety = None
+        if guarded:
+            if observed is None:
+                observed = np.array([(c.cpu_limit_cores, c.mem_limit_bytes) for m in msgs for c in m.containers],
+                                    dtype=np.float64)
+            safety = self._guard(out, observed, keys, ts)
+        decisions = phase_decisions(out, hosts, names, ts, quantile=self.fleet.quantile, margin=self.fleet.margin,
+                                    safety=safety)
         changes = []
         if out.changes:
             row = {k: i for i, k in enumerate(keys)}
@@ -593,6 +610,39 @@ class PhaseHooks:
             if self._learn_n >= self.learn_batch:
                 batch = self.take_learn_batch()
         return PhaseOutput(decisions, changes, batch)
+
+    def _guard(self, out: FleetStep, observed: np.ndarray, keys: list[str], ts: list[float]) -> GuardOutcome:
+        """The safety rules over the step's proposed limits (the VPA learned the samples, so the
+        rules saw them), with *observed* ``(n, 2)`` the limits the samples report: *out*'s ``decide`` / ``limits`` become what may be handed out, the fleet
+        records it, and the VPA entries of containers with a decision are marked for persisting."""
+        cache = self.vpa_cache
+        guard = cache.guard
+        cols = [out.resources.index(r) for r in LIMITED]
+        rows = np.array(cache.rows(keys), dtype=np.intp)
+        proposed = np.where(out.decide[:, cols], out.limits[:, cols], np.nan)
+        # in force: what the sample reports (the truth, also after someone else changed it), else what
+        # the rules last let out (replay's samples report no limits)
+        in_force = np.where(np.isnan(observed), guard.last_limits(rows), observed)
+        t = np.array(ts, dtype=np.float64)
+        g = guard.bound(rows, t, proposed, in_force)
+        cpu, mem = round_limits(g.limits[:, 0], g.limits[:, 1])
+        given = np.stack([cpu, mem], 1)
+        emit = g.emit & ~(given == in_force)
+        given = np.where(emit, given, np.nan)
+        guard.commit(rows, t, g, given)
+        # what the fleet compares its next limits with: the limit handed out, or nothing where a
+        # proposal was held back (it is proposed again at the next step)
+        R = len(out.resources)
+        touched = np.zeros((len(keys), R), dtype=bool)
+        touched[:, cols] = out.decide[:, cols] | emit
+        handed = np.full((len(keys), R), np.nan)
+        handed[:, cols] = given
+        self.fleet.hand_out(out, handed, touched)
+        out.decide[:, cols] = emit
+        out.limits[:, cols] = np.where(emit, given, out.limits[:, cols])
+        if emit.any():
+            cache.dirty.update(keys[i] for i in np.flatnonzero(emit.any(axis=1)).tolist())
+        return g
 
     def take_learn_batch(self) -> bytes | None:
         """The learn windows held so far as one learn batch (None if none); the hold is emptied.

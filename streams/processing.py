@@ -11,8 +11,10 @@
    :meth:`~phasewise.models.vpa.VpaPolicy.observe` per container): CPU
    cores, memory working set, OOM kills, the share of CFS periods throttled, the throttled time per second of the
    message's interval and the limits in force when the sample reports them
-   (the VPA weights CPU samples by the request; phasewise by the limit; for
-   an unlimited resource the policy's own last limit stands in, as in replay);
+   (what a throttled CPU sample is raised above, and the base of an OOM's
+   bumped peak, where the VPA takes the request; every CPU sample weighs the
+   same, as in the VPA; for an unlimited resource the policy's own last limit
+   stands in, as in replay);
 2. every ``recommend_interval_s`` of event time per container (the first after
    one interval of history; ``0``: after every sample, the first included) it
    asks for its limits (``VpaPolicy.limits(ts)``, vectorised) and emits a
@@ -58,6 +60,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from phasewise.models.guard import GuardConfig, LimitGuard, bounded_text
 from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
 from phasewise.models.vpa_fleet import FleetRecommendation, VpaFleet, _all, _nz, _opt
 from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples
@@ -71,6 +74,7 @@ __all__ = [
     "process_host_samples",
     "process_many",
     "recommender_params",
+    "round_limits",
     "worker_round",
     "sample_usage",
 ]
@@ -90,6 +94,19 @@ def recommender_params(settings: Settings) -> dict[str, Any]:
         "throttle_threshold": settings.vpa_throttle_threshold,
         "throttle_bump": settings.vpa_throttle_bump,
     }
+
+
+def guard_config(settings: Settings) -> GuardConfig | None:
+    """The safety rules' parameters from settings (``None``: ``safety_rules`` off)."""
+    if not settings.safety_rules:
+        return None
+    return GuardConfig(
+        min_history_s=settings.safety_min_history_s, cooldown_s=settings.safety_cooldown_s,
+        max_decrease=settings.safety_max_decrease, peak_window_s=settings.safety_peak_window_s,
+        mem_margin_bytes=float(settings.mem_margin_bytes), throttle_threshold=settings.vpa_throttle_threshold,
+        # a throttled container's CPU samples are censored: no CPU cut until a cooldown of them is not
+        throttle_window_s=settings.safety_cooldown_s,
+    )
 
 
 def _num(v: Any, what: str) -> float:
@@ -143,10 +160,14 @@ class ContainerEntry:
         return p
 
     def to_state(self) -> dict[str, Any]:
-        """The table value: ``{"v", "vpa", "pl", "dc", "dm", "nx"}``."""
+        """The table value: ``{"v", "vpa", "pl", "dc", "dm", "nx"}`` and, with the safety rules on, ``"g"``
+        (:meth:`~phasewise.models.guard.LimitGuard.state_of`)."""
         fleet = self._cache.fleet
-        return {"v": ENTRY_VERSION, "vpa": fleet.recommender_state(self.row), "pl": fleet.last_limits(self.row),
-                "dc": self.decided_cpu, "dm": self.decided_mem, "nx": self.next_ts}
+        out = {"v": ENTRY_VERSION, "vpa": fleet.recommender_state(self.row), "pl": fleet.last_limits(self.row),
+               "dc": self.decided_cpu, "dm": self.decided_mem, "nx": self.next_ts}
+        if self._cache.guard is not None:
+            out["g"] = self._cache.guard.state_of(self.row)
+        return out
 
     def __repr__(self) -> str:
         return f"ContainerEntry({self.key!r}, decided_cpu={self.decided_cpu}, decided_mem={self.decided_mem})"
@@ -163,10 +184,12 @@ class StateCache:
     _BOOK = ("_decided_cpu", "_decided_mem", "_next_ts", "_written_ts")
 
     def __init__(self, params: dict[str, Any] | None = None,
-                 loader: Callable[[str], Any] | None = None) -> None:
+                 loader: Callable[[str], Any] | None = None, guard: GuardConfig | None = None) -> None:
         self.params = dict(params or {})
         self.loader = loader
         self.fleet = VpaFleet(capacity=256, **self.params)
+        #: the safety rules' per-container state, in the fleet's rows (None: rules off)
+        self.guard = None if guard is None else LimitGuard(guard, self.fleet.capacity)
         self._index: dict[str, int] = {}
         self._free: list[int] = []  # rows of expired containers, reused first
         for name in self._BOOK:
@@ -177,7 +200,7 @@ class StateCache:
 
     @classmethod
     def from_settings(cls, settings: Settings, loader: Callable[[str], Any] | None = None) -> StateCache:
-        return cls(recommender_params(settings), loader)
+        return cls(recommender_params(settings), loader, guard_config(settings))
 
     def _new_rows(self, keys: list[str]) -> None:
         """Rows for *keys* (distinct, none known yet): fresh, or loaded through the loader."""
@@ -195,6 +218,10 @@ class StateCache:
                 setattr(self, name, np.concatenate([a, np.full(cap - len(a), _NAN)]))
         for name in self._BOOK:
             getattr(self, name)[rows] = _NAN
+        guard = self.guard
+        if guard is not None:
+            guard.ensure(cap)
+            guard.reset(rows)
         for key, row in zip(keys, rows.tolist()):
             if self.loader is not None:
                 try:
@@ -208,6 +235,8 @@ class StateCache:
                     fleet.reset_rows(np.array([row]))
                     for name in self._BOOK:
                         getattr(self, name)[row] = _NAN
+                    if guard is not None:
+                        guard.reset(np.array([row]))
             self._index[key] = row
 
     def _load(self, row: int, state: Any) -> None:
@@ -220,6 +249,10 @@ class StateCache:
         # worker ran VpaPolicy; the policy then starts with no last limits
         self.fleet.load_recommender_state(row, state["vpa"], state.get("pl") or {})
         self._decided_cpu[row], self._decided_mem[row], self._next_ts[row] = book
+        # "g" (the safety rules' state) is absent from states written with the rules off or before
+        # them: the rules then start afresh (no history yet, so nothing is lowered for a while)
+        if self.guard is not None and state.get("g") is not None:
+            self.guard.load(row, state["g"])
 
     def row(self, key: str) -> int:
         """The fleet row of *key* (created, or loaded through the loader, on a miss)."""
@@ -446,11 +479,20 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
     throttled_frac = np.divide(x[:, 4], nr, out=np.zeros(len(nr)), where=nr != 0)
     fleet.observe_many(ts, rows, x[:, 0], x[:, 1], cpu_limit=x[:, 2], mem_limit=x[:, 3], oom=x[:, 7],
                        throttled_frac=throttled_frac, throttled_cores=x[:, 6] * per_s, check_rows=False)
+    # the safety rules see every sample; they bound the VPA's decisions unless the phase policy
+    # runs (its detector then bounds its own decisions with the same rules)
+    guard = cache.guard
+    if guard is not None:
+        guard.observe(rows, ts, mem=x[:, 1], throttled_frac=throttled_frac, oom=x[:, 7], mem_limit=x[:, 3])
+        if settings.policy == "phase":
+            guard = None
 
     interval = settings.recommend_interval_s
     nx = cache._next_ts[rows]
     nx = np.where(np.isnan(nx), ts + interval, nx)  # first sample: the first recommendation one interval later
     due = ts >= nx
+    if guard is not None:
+        due |= guard.pending(rows)  # an OOM kill is answered at once
     cache._next_ts[rows] = np.where(due, ts + interval, nx)
     if not _nz(due):
         return []
@@ -462,8 +504,7 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
         tsd = ts if mi is None else ts[at]
     rec = fleet.predict_many(dr)
     lim_cpu, lim_mem = fleet.limits_many(dr, rec)  # the policy's limits from everything observed up to ts
-    cpu_t = np.minimum(np.ceil(lim_cpu * 1000.0 - 1e-9) / 1000.0, MAX_CORES)
-    mem_t = np.minimum(np.ceil(lim_mem), MAX_BYTES)
+    cpu_t, mem_t = round_limits(lim_cpu, lim_mem)
     dc, dm = cache._decided_cpu[dr], cache._decided_mem[dr]
     ref_cpu = np.where(np.isnan(dc), xd[:, 2], dc)
     ref_mem = np.where(np.isnan(dm), xd[:, 3], dm)
@@ -480,6 +521,20 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
             out_mask[idx] &= _outside(ref[idx], rec.estimate(res, "lower", idx, fl),
                                       rec.estimate(res, "upper", idx, fu))
         act = cpu_out | mem_out
+    g = None
+    if guard is not None:  # every due container: the rules may also raise memory unasked (OOM, peak)
+        # in force: what the sample reports (the truth, also after someone else changed it), else what
+        # this worker decided (replay's samples report no limits)
+        in_force = np.stack([np.where(np.isnan(xd[:, 2]), ref_cpu, xd[:, 2]),
+                             np.where(np.isnan(xd[:, 3]), ref_mem, xd[:, 3])], 1)
+        g = guard.bound(dr, tsd, np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1),
+                        in_force)
+        cpu_g, mem_g = round_limits(g.limits[:, 0], g.limits[:, 1])
+        cpu_out = g.emit[:, 0] & ~(cpu_g == in_force[:, 0])
+        mem_out = g.emit[:, 1] & ~(mem_g == in_force[:, 1])
+        cpu_t, mem_t = np.where(cpu_out, cpu_g, cpu_t), np.where(mem_out, mem_g, mem_t)
+        guard.commit(dr, tsd, g, np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1))
+        act = cpu_out | mem_out
     out: list[tuple[int, Decision]] = []
     if _nz(act):
         idx = np.flatnonzero(act)
@@ -490,7 +545,8 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
             out.append((i, _decision(cache, msgs[0] if mi is None else msgs[mi[i]], cs[i], int(dr[j]), rec, j, est,
                                      n, float(cpu_t[j]) if cpu_out[j] else None,
                                      float(mem_t[j]) if mem_out[j] else None,
-                                     _opt(lim_cpu[j]), _opt(lim_mem[j]), settings)))
+                                     _opt(lim_cpu[j]), _opt(lim_mem[j]), settings,
+                                     None if g is None else g.explain(j))))
     wt = cache._written_ts[dr]
     wt = np.where(np.isnan(wt), tsd, wt)  # new or reloaded: first write at a decision or one interval on
     write = act | (tsd - wt >= settings.state_write_interval_s)
@@ -500,9 +556,15 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
     return out
 
 
+def round_limits(cpu: np.ndarray, mem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Limits as handed out: CPU rounded up to a millicore (as VPA rounds CPU), memory up to a byte."""
+    return np.minimum(np.ceil(cpu * 1000.0 - 1e-9) / 1000.0, MAX_CORES), np.minimum(np.ceil(mem), MAX_BYTES)
+
+
 def _decision(cache: StateCache, msg: HostSamples, c: ContainerSample, row: int, rec: FleetRecommendation,
-              j: int, est: dict[str, dict[str, np.ndarray]], n: int, cpu_out: float | None, mem_out: float | None, lim_cpu: float | None, lim_mem: float | None,
-              settings: Settings) -> Decision:
+              j: int, est: dict[str, dict[str, np.ndarray]], n: int, cpu_out: float | None, mem_out: float | None,
+              lim_cpu: float | None, lim_mem: float | None, settings: Settings,
+              safety: dict[str, Any] | None = None) -> Decision:
     """The Decision of the container at *j* of *rec* (*n* of *est*), and its new decided limits."""
     fleet = cache.fleet
     dc, dm = _opt(cache._decided_cpu[row]), _opt(cache._decided_mem[row])
@@ -528,6 +590,9 @@ def _decision(cache: StateCache, msg: HostSamples, c: ContainerSample, row: int,
     details["confidence"] = _finite(details["confidence"])
     reason = (f"vpa {fleet.bound} (p{m.target_percentile * 100:g} of {fleet.samples(row)} samples "
               f"+{m.safety_margin * 100:g}%): " + "; ".join(why))
+    if safety is not None:
+        details["safety"] = safety
+        reason += bounded_text(safety)
     host = msg.host
     return Decision(
         id=decision_id(host, c.container, cpu_out, mem_out, msg.ts),

@@ -28,8 +28,8 @@ from phasewise.demo import (
     summarize,
     view_state,
 )
-from phasewise.schemas import Actuation, ContainerSample, Decision, HostSamples
-from phasewise.view import LiveView, ViewState, render
+from phasewise.schemas import Actuation, ContainerSample, Decision, HostSamples, PhaseChange
+from phasewise.view import LEGEND, LiveView, ViewState, render
 from tests.conftest import requires_root
 
 JOBS = ("charlstm", "transformer", "forecaster")
@@ -156,12 +156,14 @@ def test_render_draws_a_row_per_job_with_use_limits_and_the_reason(records):
     lines = text.splitlines()
     assert lines[0].startswith("phasewise demo  elapsed 0:01:15 / 0:02:00")
     assert "decisions 3  applied 2" in lines[1] and "worker: up" in lines[1]
-    row = next(ln for ln in lines if ln.startswith("charlstm"))
-    for part in ("0.60", "0.80", "75%", "305.2M", "512.0M", "60%", "train", "50", "2.500", "limit cpu 0.80", "[applied]"):
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("charlstm"))
+    row, under = lines[at], lines[at + 1]
+    for part in ("0.60", "0.80", "75%", "305.2M", "512.0M", "60%", "train", "50", "2.500", "vpa"):
         assert part in row, (part, row)
+    assert "last: limit cpu 0.80" in under and "[applied]" in under
     assert any("why: cpu p90 1.04 x 1.15" in ln for ln in lines)
-    row = next(ln for ln in lines if ln.startswith("forecaster"))
-    assert "(none yet)" in row and " - " in row
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("forecaster"))
+    assert " - " in lines[at] and "(none yet)" in lines[at + 1]
     assert "\x1b" not in text
 
 
@@ -283,16 +285,60 @@ def _roles_missing() -> list[str]:
     return [m for m in mods if importlib.util.find_spec(m) is None]
 
 
+def test_throttled_cuts_are_cpu_decreases_right_after_the_kernel_showed_throttling():
+    r = Records(("job",))
+    for t, share, lim in ((100.0, 0.0, 1.0), (101.0, 0.5, 1.0), (102.0, 0.0, 1.0), (110.0, 0.0, 1.0)):
+        r.cgroups["job"].append(demo.CgroupPoint(t, share, lim, None, 0))
+
+    def d(i: int, ts: float, cpu: float) -> Decision:
+        return Decision(id=f"t{i}", ts=ts, host="h1", container="job", action="limit", policy="phase",
+                        cpu_limit_cores=cpu)
+
+    r.add_decision(d(1, 103.0, 0.8))  # lowered 2 s after a throttled reading: counted
+    r.add_decision(d(2, 104.0, 1.5))  # raised: not a cut
+    r.add_decision(d(3, 110.5, 0.8))  # lowered, but no throttled reading in the 5 s before
+    cuts = demo.throttled_cuts(r, "job", window_s=5.0, threshold=0.1)
+    assert [c.id for c in cuts] == ["t1"]
+    s = summarize(r, duration_s=10, policy="phase", throttle_window_s=5.0, throttle_threshold=0.1)
+    assert s["throttled_cuts"] == 1 and s["jobs"]["job"]["throttled_cuts"] == 1 and s["policy"] == "phase"
+
+
+def test_oom_kills_come_from_the_cgroups_own_counter(records):
+    records.cgroups["charlstm"].append(demo.CgroupPoint(5.0, 0.0, 1.0, None, 2))
+    s = summarize(records, duration_s=10)
+    assert s["jobs"]["charlstm"]["oom_kills"] == 2 and s["oom_kills"] == 2 and s["restarts"] == 0
+
+
+def test_the_view_names_the_crbm_phase_where_limits_came_from_and_the_rules_that_bounded_them(records):
+    records.add_phase_change(PhaseChange(ts=4.0, host="h1", container="charlstm", old_phase=1, new_phase=3,
+                                          since=1.0))
+    records.add_decision(Decision(id="p9", ts=5.0, host="h1", container="charlstm", action="limit", policy="phase",
+                                  cpu_limit_cores=0.7, details={"source": "phase", "phase": 3, "safety": {
+                                      "bounded_by": {"cpu": ["step"], "mem": ["peak"]}}}))
+    state = view_state(records, elapsed_s=5)
+    row = next(j for j in state.jobs if j.name == "charlstm")
+    assert row.crbm_phase == 3 and row.source == "phase 3" and row.bounded == "cpu:step mem:peak"
+    text = render(state, width=200)
+    header = next(line for line in text.splitlines() if line.startswith("job"))
+    for col in ("stage", "crbm", "cpu", "limit", "use%", "memory", "step", "loss", "dec", "app", "limit from"):
+        assert col in header
+    line = next(line for line in text.splitlines() if line.startswith("charlstm"))
+    assert "phase 3 +cpu:step mem:peak" in line
+    assert all(legend[:40] in text for legend in LEGEND)
+    assert "[clamped]" in text and "alloc/use" in text
+
+
 @requires_root
 @pytest.mark.slow
 @pytest.mark.broker
-def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path):
+@pytest.mark.parametrize("policy", ["phase", "vpa"])
+def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path, policy):
     missing = _roles_missing()
     if missing:
         pytest.skip(f"roles not in this checkout yet: {', '.join(missing)}")
     prefix = f"pwtest-demo-{uuid.uuid4().hex[:8]}"
     r = subprocess.run(
-        [sys.executable, "-m", "phasewise.cli", "demo", "--duration", "45", "--json",
+        [sys.executable, "-m", "phasewise.cli", "demo", "--duration", "45", "--json", "--policy", policy,
          "--cgroup-prefix", prefix, "--data-dir", str(tmp_path)],
         check=False, capture_output=True, text=True, timeout=240,
     )
@@ -301,6 +347,9 @@ def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path)
     assert {"decisions_made", "decisions_applied", "jobs", "cleanup"} <= set(s)
     assert s["error"] is None, s["error"]
     assert s["decisions_made"] > 0, r.stderr[-4000:]
+    assert s["policy"] == policy
+    # the safety rules' targets: no job killed for memory, no CPU cut while the kernel throttled it
+    assert s["oom_kills"] == 0 and s["throttled_cuts"] == 0 and s["restarts"] == 0, s
     assert set(s["jobs"]) == set(JOBS)
     for name, j in s["jobs"].items():
         assert {"cpu_used", "cpu_limit_final", "mem_used", "mem_limit_final"} <= set(j)

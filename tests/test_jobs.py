@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import signal
 import subprocess
 import sys
@@ -139,3 +140,18 @@ def test_a_restarted_job_resumes_from_its_newest_checkpoint(tmp_path):
     fresh = [d for d in map(parse_progress, first.getvalue().splitlines()) if d and d["phase"] == "train"]
     assert train[0]["loss"] < fresh[0]["loss"] * 0.5
     assert stats["steps"] > resume["step"]
+
+
+def test_a_restarted_job_stopped_before_its_first_step_ends_cleanly(tmp_path):
+    """A job resumed from a checkpoint and stopped (Ctrl-C) before it trained a step of its own."""
+    jobs.train("forecaster", seconds=2, report_every_s=0.5, eval_every_s=100, checkpoint_every_s=0.5,
+               checkpoint_dir=tmp_path, out=io.StringIO())
+    stop = jobs.Stop()
+    stop.requested = True
+    out = io.StringIO()
+    stats = jobs.train("forecaster", seconds=0, checkpoint_dir=tmp_path, out=out, stop=stop)
+    lines = [d for d in map(parse_progress, out.getvalue().splitlines()) if d]
+    resume = next(d for d in lines if d["phase"] == "resume")
+    done = lines[-1]
+    assert done["phase"] == "done" and done["step"] == resume["step"] == stats["steps"]
+    assert math.isnan(stats["last_loss"])

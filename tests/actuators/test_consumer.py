@@ -62,6 +62,19 @@ def test_the_same_decision_twice_is_applied_once_and_then_reported_duplicate(rec
     assert count(metrics, "applied") == 1 and count(metrics, "duplicate") == 1
 
 
+def test_memory_stays_above_the_peak_the_decision_declares_and_the_peaks_the_actuator_read(recorder):
+    usage = {"job-a": 300 * MiB}
+    backend = DryRunBackend(usage=usage.get)
+    a, _ = make(recorder, backend, settings=mk_settings(mem_margin_bytes=64 * MiB, mem_floor_bytes=0))
+    declared = a.handle(decision_bytes(mem_limit_bytes=200 * MiB, cpu_limit_cores=None,
+                                       details={"safety": {"peak_mem_bytes": 800 * MiB}}), None, 0, 0)
+    assert declared.status == "clamped" and declared.mem_limit_bytes == 864 * MiB
+    assert "recent peak 800.0 MiB" in declared.message
+    usage["job-a"] = 100 * MiB  # the working set fell; the actuator remembers the 300 MiB it read
+    own = a.handle(decision_bytes(mem_limit_bytes=150 * MiB, cpu_limit_cores=None), None, 0, 1)
+    assert own.status == "clamped" and own.mem_limit_bytes == 364 * MiB
+
+
 def test_a_restarted_actuator_does_not_apply_a_redelivered_decision(recorder, tmp_path):
     path = ledger_path(tmp_path, "h1")
     raw = decision_bytes()

@@ -117,3 +117,50 @@ def test_rules_compose_by_wrapping_and_report_every_change():
     assert rule(9.0).value == 8.0 and "lowered to the cap" in rule(9.0).notes[0]
     with pytest.raises(Unsafe):
         rule(math.inf)
+
+
+def test_memory_is_never_set_below_the_recent_peak_plus_margin():
+    from phasewise.actuators.safety import plan
+
+    s = Settings(host="h1", mem_margin_bytes=64 * 2**20, mem_floor_bytes=0)
+    d = Decision(id="d", ts=1.0, host="h1", container="job", action="limit", policy="phase",
+                 mem_limit_bytes=300 * 2**20)
+    p = plan(d, exists=True, usage_mem_bytes=200 * 2**20, host_cores=4, settings=s, peak_mem_bytes=700 * 2**20)
+    assert p.command.mem_bytes == 764 * 2**20 and p.status == "clamped"
+    assert "the recent peak 700.0 MiB + margin 64.0 MiB" in p.message
+    p = plan(d, exists=True, usage_mem_bytes=200 * 2**20, host_cores=4, settings=s, peak_mem_bytes=100 * 2**20)
+    assert p.command.mem_bytes == 300 * 2**20 and p.status == "applied"  # above usage + margin already
+
+
+def test_the_peak_tracker_keeps_the_window_maximum_per_container():
+    import random
+
+    from phasewise.actuators.safety import PeakTracker
+
+    rng = random.Random(4)
+    p = PeakTracker(window_s=50.0)
+    seen = []
+    t = 0.0
+    for _ in range(500):
+        t += rng.uniform(0, 5)
+        v = rng.uniform(0, 1e9)
+        seen.append((t, v))
+        p.add("c", t, v)
+        assert p.peak("c", t) == max(x for s_, x in seen if s_ >= t - 50.0)
+    small = PeakTracker(window_s=10.0, max_containers=2)
+    for i, c in enumerate(("a", "b", "c")):
+        small.add(c, float(i), 1.0)
+    assert small.peak("a", 3.0) is None and small.peak("c", 3.0) == 1.0
+
+
+def test_a_declared_peak_must_be_a_sane_number():
+    from phasewise.actuators.safety import declared_peak
+
+    def dec(safety):
+        return Decision(id="d", ts=1.0, host="h1", container="job", action="limit", policy="vpa",
+                        mem_limit_bytes=1.0, details={"safety": safety} if safety is not None else {})
+
+    assert declared_peak(dec({"peak_mem_bytes": 5e8})) == 5e8
+    for bad in (None, {"peak_mem_bytes": None}, {"peak_mem_bytes": "5e8"}, {"peak_mem_bytes": -1},
+                {"peak_mem_bytes": True}, "x"):
+        assert declared_peak(dec(bad)) is None

@@ -87,16 +87,33 @@ def test_no_samples_means_no_opinion():
                    "mem": {"target": None, "lower": None, "upper": None}}
 
 
-def test_cpu_samples_weigh_as_much_as_the_limit_in_force():
+def test_every_cpu_sample_weighs_0_1_whatever_the_limit_in_force():
     r = VpaRecommender()
-    r.learn_one({"t": T0, "cpu": 0.5, "cpu_limit": 4.0})  # weight 4
-    r.learn_one({"t": T0 + 1, "cpu": 2.0})  # unlimited: weight 0.1
-    # p90 threshold = 0.9 * 4.1 = 3.69 <= 4: the heavy sample's bucket
-    assert r.predict_one()["cpu"]["target"] == pytest.approx(cpu_end(0.5) * 1.15)
-    r2 = VpaRecommender()
-    r2.learn_one({"t": T0, "cpu": 0.5, "cpu_limit": 0.1})
-    r2.learn_one({"t": T0 + 1, "cpu": 2.0, "cpu_limit": 0.1})
-    assert r2.predict_one()["cpu"]["target"] == pytest.approx(cpu_end(2.0) * 1.15)
+    r.learn_one({"t": T0, "cpu": 0.5, "cpu_limit": 4.0})
+    r.learn_one({"t": T0, "cpu": 0.6})  # a duplicate time: discarded
+    r.learn_one({"t": T0 + 1, "cpu": 2.0})  # unlimited
+    r.learn_one({"t": T0 + 2, "cpu": 3.0, "cpu_limit": 0.05})
+    hl = 86400.0
+    ref = math.floor(T0 / hl + 0.5) * hl
+    want = {CPU.find_bucket(v): 0.1 * 2.0 ** ((t - ref) / hl) for v, t in ((0.5, T0), (2.0, T0 + 1), (3.0, T0 + 2))}
+    assert r._cpu.weights() == want
+    # p90 threshold = 0.9 * the total lies past the first two of three equal weights: 3.0's bucket
+    assert r.predict_one()["cpu"]["target"] == pytest.approx(cpu_end(3.0) * 1.15)
+
+
+def test_the_policys_own_limits_do_not_feed_back_into_its_cpu_percentiles():
+    def run(first_limit: float | None) -> list[float | None]:
+        p = VpaPolicy(time_scale=0.001)
+        out = []
+        for i in range(300):
+            out.append(p.limits(float(i)))
+            usage = {"cpu": 0.2 if i % 10 else 3.0, "mem": 5e8}
+            if i == 0 and first_limit is not None:
+                usage["cpu_limit"] = first_limit
+            p.observe(float(i), usage)
+        return [o["cpu"] for o in out]
+
+    assert run(None) == run(64.0)  # a 64-core limit once weighed 640 samples
 
 
 def test_duplicate_and_out_of_order_cpu_samples_are_discarded():
@@ -141,7 +158,7 @@ def test_an_oom_kill_bumps_memory_by_20_percent_or_100_mib():
     assert small.explain()["oom_events"] == 1
 
 
-def test_an_oom_older_than_the_previous_window_is_discarded():
+def test_an_oom_more_than_an_interval_before_the_last_memory_sample_is_discarded():
     r = VpaRecommender()
     r.learn_one({"t": T0, "mem": 1e9})
     r.learn_one({"t": T0 + 3 * 86400, "mem": 1e9})  # window now ends at T0 + 4 days
@@ -212,7 +229,30 @@ def test_a_state_of_another_version_is_rejected():
     with pytest.raises(VpaStateError, match="version"):
         VpaRecommender.from_state({**state, "v": 99})
     with pytest.raises(VpaStateError, match="malformed"):
+        VpaRecommender.from_state({"v": state["v"], "c": state["c"]})
+    with pytest.raises(VpaStateError, match="malformed"):
         VpaRecommender.from_state({"v": 1, "c": state["c"]})
+
+
+def test_a_version_1_state_loads_with_its_cpu_history_weighed_as_version_2_weighs_it():
+    """v1 weighted CPU samples by the limit in force: its total is rescaled, its bucket proportions kept."""
+    def fed(n: int, step: float) -> VpaRecommender:
+        r = VpaRecommender(time_scale=0.001)
+        for i in range(n):
+            r.learn_one({"t": T0 + step * i, "cpu": 0.5 + (i % 5) * 0.3, "mem": 5e8})
+        return r
+
+    for n, step in ((1, 1.0), (400, 1.0), (400, 30.0)):  # 30 s steps: 139 half-lives, a reference shift
+        r = fed(n, step)
+        state = json.loads(json.dumps(r.to_state()))
+        # the same samples under a constant 4-core limit, as version 1 stored them
+        v1 = {**state, "v": 1, "c": {**state["c"], "t": state["c"]["t"] * 40.0}}
+        back = VpaRecommender.from_state(v1, time_scale=0.001)
+        v2 = VpaRecommender.from_state(state, time_scale=0.001)
+        assert back._cpu.total_weight == pytest.approx(v2._cpu.total_weight, rel=1e-6)
+        for res in ("cpu", "mem"):
+            assert back.predict_one()[res] == pytest.approx(v2.predict_one()[res], rel=1e-12)
+        assert back.to_state()["v"] == 2
 
 
 def test_the_policy_meets_the_limit_policy_contract_and_sees_only_the_past():
@@ -237,7 +277,7 @@ def test_the_policy_has_no_opinion_on_resources_vpa_does_not_manage():
     assert lim["gpu"] is None and lim["cpu"] is not None
 
 
-def test_the_policy_weighs_samples_by_its_own_limits_and_hides_infinite_bounds():
+def test_the_policy_hides_infinite_bounds():
     p = VpaPolicy(bound="upper")
     p.limits(0.0)
     p.observe(0.0, {"cpu": 1.0})

@@ -328,3 +328,47 @@ def test_first_and_last_non_empty_buckets_follow_every_update():
         lo, hi = h.lo[rows].copy(), h.hi[rows].copy()
         h.rescan(rows)
         assert lo.tolist() == h.lo[rows].tolist() and hi.tolist() == h.hi[rows].tolist(), step
+
+
+def test_a_fresh_oom_just_before_an_interval_boundary_is_recorded_as_the_reference_records_it():
+    """kubernetes/autoscaler#8548: staleness is measured from the last memory sample, not the window end."""
+    fleet = VpaFleet()
+    rows = fleet.add_rows(3)
+    ref = [VpaPolicy() for _ in range(3)]
+    day = 86400.0
+    # row 0: the upstream case (samples at T0 and T0 + 1 day, OOM 1 s before the second);
+    # row 1: an OOM more than a day before its last memory sample (discarded);
+    # row 2: no memory sample yet (always recorded)
+    steps = [(T0, [1e8, 1e8, NAN], [0, 0, 0]),
+             (T0 + day, [2e9, 2e9, NAN], [0, 0, 0]),
+             (T0 + day - 1, [NAN, NAN, NAN], [1, 0, 1]),
+             (T0 - 1, [NAN, NAN, NAN], [0, 1, 0])]
+    for t, mem, oom in steps:
+        fleet.observe_many(t, rows, np.full(3, NAN), np.array(mem), mem_limit=np.full(3, 1e9),
+                           oom=np.array(oom, dtype=float))
+        for j, p in enumerate(ref):
+            u = {"mem_limit": 1e9, "oom": oom[j]}
+            if not math.isnan(mem[j]):
+                u["mem"] = mem[j]
+            p.observe(t, u)
+    for j, p in enumerate(ref):
+        assert_row_equals(fleet, int(rows[j]), p)
+    r0, r1, r2 = (fleet.recommender(int(r)) for r in rows)
+    assert r0._n_oom == 1 and r0._oom_peak == 2e9 * 1.2 and r0._window_end == T0 + 2 * day
+    assert r1._n_oom == 0 and r1._oom_peak == 0.0
+    assert r2._n_oom == 1
+
+
+def test_a_version_1_state_loads_into_the_fleet_as_into_the_recommender():
+    params = {"time_scale": 0.001}
+    p = VpaPolicy(**params)
+    for i in range(500):
+        p.observe(T0 + i, {"cpu": 0.5 + (i % 7) * 0.1, "mem": 5e8})
+    state = json.loads(json.dumps(p.model.to_state()))
+    v1 = {**state, "v": 1, "c": {**state["c"], "t": state["c"]["t"] * 40.0}}
+    fleet = VpaFleet(**params)
+    row = int(fleet.add_rows(1)[0])
+    fleet.load_recommender_state(row, v1)
+    want = VpaRecommender.from_state(v1, **params)
+    assert fleet.recommender_state(row) == want.to_state()
+    assert fleet.recommender_state(row)["v"] == 2

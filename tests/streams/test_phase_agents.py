@@ -144,7 +144,8 @@ def test_the_learner_publishes_monotonic_versions_only_after_learning_and_rebase
 
 
 def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback():
-    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 2,
+    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
+                           "phase_learn_every": 2,
                            "phase_learn_batch": 16}, env={})
     cache = StateCache.from_settings(s)
     model = warm_model()
@@ -182,7 +183,8 @@ def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback()
 
 
 def test_hooks_hold_learn_windows_until_a_batch_is_full_and_hand_out_the_rest_on_request():
-    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 1,
+    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
+                           "phase_learn_every": 1,
                            "phase_learn_batch": 7}, env={})
     cache = StateCache.from_settings(s)
     hooks = PhaseHooks(s, cache, model=warm_model(), version=1)
@@ -205,7 +207,8 @@ def test_hooks_hold_learn_windows_until_a_batch_is_full_and_hand_out_the_rest_on
 
 
 def test_one_step_over_several_hosts_messages_decides_exactly_as_one_step_per_message():
-    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 3,
+    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
+                           "phase_learn_every": 3,
                            "phase_learn_batch": 1}, env={})
     caches = [StateCache.from_settings(s), StateCache.from_settings(s)]
     per_msg, batched = (PhaseHooks(s, c, model=warm_model(), version=1) for c in caches)
@@ -248,7 +251,8 @@ def gpu_msg(host: str, ts: float, with_gpu: dict[str, tuple], cpu_only: dict[str
 
 
 def test_gpu_features_shape_the_phases_but_only_cpu_and_mem_get_limits():
-    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "phase_learn_every": 1,
+    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
+                           "phase_learn_every": 1,
                            "phase_learn_batch": 1000, "phase_features": "gpu_mem,gpu,mem,cpu"}, env={})
     assert s.phase_feature_tuple() == GPU4
     model = PhaseModel(features=GPU4, n_his=2, warmup=32, seed=0)
@@ -315,8 +319,9 @@ class Worker:
     def __init__(self, settings: Settings, tmp, worker_id: str) -> None:
         self.metrics_port = free_port()
         self.tmp = tmp
+        # the phase pipeline's own decisions: tests/streams/test_safety_rules.py runs one with the rules on
         env = {"PHASEWISE_BOOTSTRAP": settings.bootstrap, "PHASEWISE_VPA_TIME_SCALE": "0.001",
-               "PHASEWISE_LOG_LEVEL": "info"}
+               "PHASEWISE_LOG_LEVEL": "info", "PHASEWISE_SAFETY_RULES": "false"}
         self.args = ["--policy", "phase", "--snapshot-interval", "1", "--learn-every", "1", "--phase-warmup", "32",
                      "--recommend-interval", "1", "--web-port", "0", "--worker-id", worker_id,
                      "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]

@@ -16,9 +16,10 @@ T0 = 1.7e9
 
 
 def settings(**kw) -> Settings:
-    """Hysteresis mode: these tests pin the timing and hysteresis mechanics (bounds mode below)."""
+    """Hysteresis mode: these tests pin the timing and hysteresis mechanics (bounds mode below) of the
+    VPA's own decisions, so the safety rules are off (tests/streams/test_safety_rules.py has them on)."""
     return Settings.from_env({"recommend_interval_s": 5.0, "hysteresis": 0.1, "vpa_time_scale": 0.001,
-                              "vpa_update_mode": "hysteresis", **kw}, env={})
+                              "vpa_update_mode": "hysteresis", "safety_rules": False, **kw}, env={})
 
 
 def msg(ts: float, *containers: ContainerSample, host: str = "h1") -> HostSamples:

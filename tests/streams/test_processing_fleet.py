@@ -244,7 +244,8 @@ def reference_process(state_cache: RefCache, msg: HostSamples, settings: Setting
 
 
 def make_settings(**kw: Any) -> Settings:
-    return Settings.from_env({"vpa_time_scale": 0.001, **kw}, env={})
+    # the VPA's own decisions against VpaPolicy: safety rules off (tests/streams/test_safety_rules.py)
+    return Settings.from_env({"vpa_time_scale": 0.001, "safety_rules": False, **kw}, env={})
 
 
 def run_both(msgs: list[HostSamples], s: Settings, ref: RefCache, new: StateCache,

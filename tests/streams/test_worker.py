@@ -38,6 +38,8 @@ class Worker:
             "PHASEWISE_BOOTSTRAP": settings.bootstrap,
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
             "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",  # these tests check decisions within seconds
+            # the VPA's own decisions: tests/streams/test_safety_rules.py runs a worker with the rules on
+            "PHASEWISE_SAFETY_RULES": "false",
             "PHASEWISE_LOG_LEVEL": "info",
         }
         args = ["--recommend-interval", "1", "--web-port", "0", "--worker-id", worker_id,
