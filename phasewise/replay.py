@@ -27,10 +27,22 @@ Policy families (``--policies``):
 - ``phase``: :class:`phasewise.models.phase_policy.PhasePolicy` (phase limits);
 - ``oracle``: harness special case, ``L_t = U_t``.
 
-Savings of the phase policy are computed at matched fulfilment against the best
-reactive baseline (vpa or any window member) reaching at least the phase
-policy's fulfilment (or, flagged ``matched_fulfilment: false``, the closest
-below): ``savings = 1 - phase_alloc_over_used / best_alloc_over_used``.
+The phase policy is compared per resource with the **reactive frontier**
+``R(f)`` (:mod:`phasewise.models.frontier`): the least ``alloc_over_used``
+that any reactive member (vpa, each window member) or a linear mix of two
+reaches at fulfilment ``f`` >= the phase policy's (at the highest reactive
+fulfilment, said so, when the phase policy's is above every member's). The
+savings row leads with ``slack_cut_vs_frontier = 1 - (phase - 1) / (R - 1)``
+(the share of the slack, allocation - use, removed) and
+``alloc_cut_vs_frontier = 1 - phase / R``; next to them, against the
+cheapest single baseline reaching at least the phase policy's fulfilment
+(or, flagged ``matched_fulfilment: false``, the closest below):
+``savings_vs_best_reactive = 1 - phase_alloc_over_used / best_alloc_over_used``.
+
+``--json`` prints one JSON object per line, each with ``"type"``: one
+``setup`` line, a ``score`` line per policy family and resource, a
+``savings`` line per resource (schema: ``infra/schemas/ReplayOutput.v1.json``,
+:mod:`phasewise.replay_schema`).
 
 :func:`decision_sequence` exposes a policy's per-container decisions
 (``[(t, limits), ...]``) so the in-process path can be compared with the Kafka

@@ -358,17 +358,23 @@ _OFFSETS = [((7, 0), "left", "center"), ((-7, 0), "right", "center"), ((0, 8), "
             ((10, -18), "left", "top")]
 
 
-def _place_labels(fig, ax, labels: list[tuple[str, float, float, float]], markers: list[tuple[float, float, float]]
-                  ) -> None:
+def _place_labels(fig, ax, labels: list[tuple[str, float, float, float]], markers: list) -> None:
     """Annotate each (text, x, y, marker radius in points) where it overlaps no label placed
-    before, no marker (x, y, radius) and stays inside the axes (the first offset when none does)."""
+    before, no marker (x, y, radius) nor region ``("axes", (x0, y0, x1, y1))`` and stays inside the axes
+    (the first offset when none does)."""
     from matplotlib.transforms import Bbox
 
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
     px = fig.dpi / 72.0
     taken = []
-    for mx, my, rad in markers:
+    for m in markers:
+        if m[0] == "axes":  # a region in axes fraction (an inset)
+            x0, y0, x1, y1 = m[1]
+            (ax0, ay0), (ax1, ay1) = ax.transAxes.transform([(x0, y0), (x1, y1)])
+            taken.append(Bbox.from_extents(ax0, ay0, ax1, ay1))
+            continue
+        mx, my, rad = m
         cx, cy = ax.transData.transform((mx, my))
         taken.append(Bbox.from_extents(cx - rad * px, cy - rad * px, cx + rad * px, cy + rad * px))
     for text, x, y, rad in labels:
@@ -393,8 +399,92 @@ def _place_labels(fig, ax, labels: list[tuple[str, float, float, float]], marker
         taken.append(best[1])
 
 
+def _draw(ax, pts: dict[str, tuple[float, float]], phase: tuple[float, float] | None,
+          at: tuple[float, float] | None, lims: tuple[float, float, float, float]):
+    """Draw one trade-off panel (or its zoomed inset) within *lims*; return (labels, markers, below)."""
+    x_lo, x_hi, y_lo, y_hi = lims
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+    xr, yr = x_hi - x_lo, y_hi - y_lo
+    verts = frontier(pts)
+    if verts:  # the frontier, and right of it what reactive baselines (and mixes of two) reach
+        ys = np.concatenate([[min(y_lo, verts[0].fulfilment)], [v.fulfilment for v in verts]])
+        xs = np.concatenate([[verts[0].alloc], [v.alloc for v in verts]])
+        ax.fill_betweenx(ys, xs, max(x_hi, xs.max()), color="#bbbbbb", alpha=0.25, lw=0, zorder=0)
+        ax.plot(xs, ys, color="#555555", lw=1.6, zorder=2)
+    ax.axhline(TARGET, color="tab:red", ls="--", lw=0.9, zorder=1)
+    labels: list[tuple[str, float, float, float]] = []
+    markers: list[tuple[float, float, float]] = []
+    below: list[str] = []
+    groups = _groups(pts, xr, yr)
+    phase_with: list[str] = []
+
+    def inside(a: float, f: float) -> bool:
+        return x_lo <= a <= x_hi and y_lo <= f <= y_hi
+
+    if phase is not None:
+        pa, pf = phase
+        # under the reactive markers: a member at the same point (its fallback) stays visible on it
+        ax.plot([pa], [pf], ls="none", marker="*", ms=20, color=_COLORS["phase"], mec="black", mew=0.6, zorder=3)
+        markers.append((pa, pf, 10.0))
+        for names, a, f in groups:
+            if abs(a - pa) <= 0.006 * xr and abs(f - pf) <= 0.006 * yr:
+                phase_with = names
+    for names, a, f in groups:
+        fam = "vpa" if "vpa" in names else "window"
+        if f < y_lo:
+            if x_lo <= a <= x_hi:
+                ax.plot([a], [y_lo], ls="none", marker="v", ms=7, color=_COLORS[fam], mec="black", mew=0.5,
+                        zorder=4, clip_on=False)
+            below += [f"{short_member(nm)} ({a:.3f}, {f:.1%})" for nm in names]
+            continue
+        ax.plot([a], [f], ls="none", marker="s" if fam == "vpa" else "o", ms=7, color=_COLORS[fam],
+                mec="black", mew=0.5, zorder=4)
+        if inside(a, f):
+            markers.append((a, f, 4.0))
+            if names is not phase_with:
+                labels.append((group_label(names), a, f, 4.0))
+    ax.plot([1.0], [1.0], ls="none", marker="D", ms=7, color=_COLORS[ORACLE], zorder=4)
+    if inside(1.0, 1.0):
+        markers.append((1.0, 1.0, 4.0))
+        labels.append(("oracle", 1.0, 1.0, 4.0))
+    if phase is not None:
+        labels.insert(0, ("phase policy" + (f" = {group_label(phase_with)}" if phase_with else ""), pa, pf, 10.0))
+        if at is not None:
+            R, fR = at
+            ax.plot([R], [fR], ls="none", marker="x", ms=11, mew=2, color="#333333", zorder=5)
+            markers.append((R, fR, 5.0))
+            if abs(R - pa) > 1e-9 or abs(fR - pf) > 1e-9:
+                ax.annotate("", (R, fR), (pa, pf), zorder=5,
+                            arrowprops={"arrowstyle": "->", "color": "#555555", "lw": 0.9, "shrinkA": 8, "shrinkB": 5})
+    ax.grid(alpha=0.3)
+    return labels, markers, below
+
+
+def _crowd(pts: dict[str, tuple[float, float]], phase: tuple[float, float] | None,
+           at: tuple[float, float] | None, lims: tuple[float, float, float, float]
+           ) -> tuple[float, float, float, float] | None:
+    """Limits of a zoomed view around the phase policy when points crowd it, else None."""
+    if phase is None:
+        return None
+    x_lo, x_hi, y_lo, y_hi = lims
+    xr, yr = x_hi - x_lo, y_hi - y_lo
+    pa, pf = phase
+    near = [(a, f) for a, f in [*pts.values(), *([at] if at else [])]
+            if abs(a - pa) <= 0.15 * xr and abs(f - pf) <= 0.06 * yr]
+    if len(near) < 2 or all(abs(a - pa) <= 0.004 * xr and abs(f - pf) <= 0.004 * yr for a, f in near):
+        return None  # nothing crowds it, or all of it sits on one point
+    xs = [pa, *(a for a, _ in near)]
+    ys = [pf, *(f for _, f in near)]
+    dx = max(max(xs) - min(xs), 1e-3)
+    dy = max(max(ys) - min(ys), 2e-4)
+    return min(xs) - 0.25 * dx, max(xs) + 0.45 * dx, min(ys) - 0.3 * dy, max(ys) + 0.3 * dy
+
+
 def _plot_tradeoff(result: ReplayResult, rows: list[dict], savings: list[dict], path: Path,
                    setup: dict | None) -> None:
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -407,94 +497,74 @@ def _plot_tradeoff(result: ReplayResult, rows: list[dict], savings: list[dict], 
                  (_row(rows, r, "phase") or {}).get("steps")]
     if not resources:
         resources = list(result.resources)
-    n = len(resources)
-    fig, axes = plt.subplots(1, n, figsize=(6.6 * n, 6.6), squeeze=False, layout="constrained", dpi=90)
-    pending = []
-    for ax, r in zip(axes[0], resources):
+    panels = []
+    for r in resources:
         pts = _reactive_points(rows, r)
-        phase = _row(rows, r, "phase")
+        row = _row(rows, r, "phase")
         srow = next((s for s in savings if s["resource"] == r), {})
-        has_phase = phase is not None and phase["steps"] > 0 and phase["alloc_over_used"] is not None
-        fs = [f for _, f in pts.values()] + ([phase["fulfilment"]] if has_phase else [])
-        if not fs:
+        phase = ((row["alloc_over_used"], row["fulfilment"])
+                 if row is not None and row["steps"] > 0 and row["alloc_over_used"] is not None else None)
+        fs = [f for _, f in pts.values()] + ([phase[1]] if phase else [])
+        at = None
+        if srow.get("frontier_alloc_at_phase_fulfilment") is not None:
+            at = (srow["frontier_alloc_at_phase_fulfilment"], srow["frontier_fulfilment"])
+        lims = zoom = None
+        if fs:
+            ref = min(phase[1], TARGET) if phase else TARGET
+            y_lo = min(max(min(fs), ref - 0.12), TARGET - 0.01)  # members far below sit on the bottom edge
+            pad = max(0.004, 0.06 * (1.0 - y_lo))
+            shown = [a for a, f in pts.values() if f >= y_lo - pad] + [1.0] + ([phase[0]] if phase else [])
+            xpad = 0.08 * (max(shown) - min(shown) or 1.0)
+            # room for the labels right of the points
+            lims = (min(shown) - xpad, max(shown) + 2.5 * xpad, y_lo - pad, 1.0 + pad)
+            zoom = _crowd(pts, phase, at, lims)
+        panels.append((r, pts, srow, phase, at, lims, zoom))
+    n = len(panels)
+    zoomed = any(p[-1] is not None for p in panels)
+    fig, axes = plt.subplots(2 if zoomed else 1, n, figsize=(6.6 * n, 10.2 if zoomed else 6.8), squeeze=False,
+                             layout="constrained", dpi=90, gridspec_kw={"height_ratios": [1.8, 1]} if zoomed else None)
+    pending = []
+    for k, (r, pts, srow, phase, at, lims, zoom) in enumerate(panels):
+        ax = axes[0, k]
+        if zoomed:
+            axes[1, k].set_axis_off()
+        if lims is None:
             ax.text(0.5, 0.5, f"{r}: nothing scored", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
             continue
-        ref = min(phase["fulfilment"], TARGET) if has_phase else TARGET
-        y_lo = min(max(min(fs), ref - 0.12), TARGET - 0.01)  # members far below sit on the bottom edge
-        pad = max(0.004, 0.06 * (1.0 - y_lo))
-        y_lo -= pad
-        y_hi = 1.0 + pad
-        shown = [a for a, f in pts.values() if f >= y_lo] + [1.0] + ([phase["alloc_over_used"]] if has_phase else [])
-        x_lo, x_hi = min(shown), max(shown)
-        xpad = 0.08 * (x_hi - x_lo or 1.0)
-        x_lo, x_hi = x_lo - xpad, x_hi + 2.5 * xpad  # room for the labels right of the points
-        ax.set_xlim(x_lo, x_hi)
-        ax.set_ylim(y_lo, y_hi)
-        verts = frontier(pts)
-        if verts:  # the frontier, and right of it what reactive baselines (and mixes of two) reach
-            ys = np.concatenate([[y_lo], [v.fulfilment for v in verts]])
-            xs = np.concatenate([[verts[0].alloc], [v.alloc for v in verts]])
-            ax.fill_betweenx(ys, xs, x_hi, color="#bbbbbb", alpha=0.25, lw=0, zorder=0)
-            ax.plot(xs, ys, color="#555555", lw=1.6, zorder=2)
-        ax.axhline(TARGET, color="tab:red", ls="--", lw=0.9, zorder=1)
-        labels: list[tuple[str, float, float, float]] = []
-        markers: list[tuple[float, float, float]] = []
-        below: list[str] = []
-        groups = _groups(pts, x_hi - x_lo, y_hi - y_lo)
-        phase_with: list[str] = []
-        if has_phase:
-            pa, pf = phase["alloc_over_used"], phase["fulfilment"]
-            # under the reactive markers: a member at the same point (its fallback) stays visible on it
-            ax.plot([pa], [pf], ls="none", marker="*", ms=20, color=_COLORS["phase"], mec="black", mew=0.6,
-                    zorder=3)
-            markers.append((pa, pf, 10.0))
-            for names, a, f in groups:
-                if abs(a - pa) <= 0.006 * (x_hi - x_lo) and abs(f - pf) <= 0.006 * (y_hi - y_lo):
-                    phase_with = names
-        for names, a, f in groups:
-            fam = "vpa" if "vpa" in names else "window"
-            if f < y_lo:
-                ax.plot([a], [y_lo], ls="none", marker="v", ms=7, color=_COLORS["window"], mec="black", mew=0.5,
-                        zorder=4, clip_on=False)
-                below += [f"{short_member(nm)} ({a:.3f}, {f:.1%})" for nm in names]
-                continue
-            ax.plot([a], [f], ls="none", marker="s" if fam == "vpa" else "o", ms=7, color=_COLORS[fam],
-                    mec="black", mew=0.5, zorder=4)
-            markers.append((a, f, 4.0))
-            if names is not phase_with:
-                labels.append((group_label(names), a, f, 4.0))
-        ax.plot([1.0], [1.0], ls="none", marker="D", ms=7, color=_COLORS[ORACLE], zorder=4)
-        markers.append((1.0, 1.0, 4.0))
-        labels.append(("oracle", 1.0, 1.0, 4.0))
-        title = f"{r} [{result.trace.units.get(r, '')}], {max((x['steps'] for x in rows if x['resource'] == r), default=0):,} scored steps"
-        if has_phase:
-            labels.insert(0, ("phase policy" + (f" = {group_label(phase_with)}" if phase_with else ""), pa, pf, 10.0))
-            R, fR = srow.get("frontier_alloc_at_phase_fulfilment"), srow.get("frontier_fulfilment")
-            if R is not None:
-                ax.plot([R], [fR], ls="none", marker="X", ms=9, color="#555555", zorder=5)
-                markers.append((R, fR, 5.0))
-                if abs(R - pa) > 1e-9 or abs(fR - pf) > 1e-9:
-                    ax.annotate("", (R, fR), (pa, pf), zorder=5,
-                                arrowprops={"arrowstyle": "->", "color": "#555555", "lw": 0.9, "shrinkA": 8,
-                                            "shrinkB": 5})
-                sc = srow.get("slack_cut_vs_frontier")
-                mix = mix_text({short_member(k): v for k, v in srow["frontier_mix"].items()})
-                title += (f"\nphase {pa:.3f} at {pf:.1%}; frontier {R:.3f} at {fR:.1%} ({mix})"
-                          + (" [phase above every reactive fulfilment]"
-                             if srow.get("phase_fulfilment_above_every_reactive") else "")
-                          + "\n" + (f"slack cut vs frontier {sc:+.1%}" if sc is not None else "no slack to cut")
-                          + f", allocation cut {srow['alloc_cut_vs_frontier']:+.1%}")
+        labels, markers, below = _draw(ax, pts, phase, at, lims)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=1 if (lims[3] - lims[2]) < 0.1 else 0))
+        if zoom is not None:  # the crowd around the phase policy, magnified in the panel below
+            z = axes[1, k]
+            z.set_axis_on()
+            z_labels, z_markers, _ = _draw(z, pts, phase, at, zoom)
+            z.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=2))
+            z.tick_params(labelsize=8)
+            z.set_title(f"{r}: zoomed around the phase policy (the grey box above)", fontsize=9)
+            z.set_xlabel("allocated / used", fontsize=8)
+            z.set_ylabel("fulfilment", fontsize=8)
+            ax.indicate_inset((zoom[0], zoom[2], zoom[1] - zoom[0], zoom[3] - zoom[2]), edgecolor="#777777",
+                              alpha=0.9)
+            labels = [lb for lb in labels if lb[0] == "oracle" or not (zoom[0] <= lb[1] <= zoom[1]
+                                                                         and zoom[2] <= lb[2] <= zoom[3])]
+            pending.append((z, z_labels, z_markers))
+        title = [f"{r} [{result.trace.units.get(r, '')}], "
+                 f"{max((x['steps'] for x in rows if x['resource'] == r), default=0):,} scored steps"]
+        if phase and at:
+            sc = srow.get("slack_cut_vs_frontier")
+            mix = mix_text({short_member(k): v for k, v in srow["frontier_mix"].items()})
+            title += textwrap.wrap(f"phase {phase[0]:.3f} at {phase[1]:.1%}; frontier {at[0]:.3f} at {at[1]:.1%} "
+                                   f"({mix})", 88)
+            if srow.get("phase_fulfilment_above_every_reactive"):
+                title.append("(the phase policy's fulfilment is above every reactive one: compared at the highest)")
+            title.append((f"slack cut vs frontier {sc:+.1%}" if sc is not None else "no slack to cut")
+                         + f", allocation cut {srow['alloc_cut_vs_frontier']:+.1%}")
         xlabel = "allocated / used  (time-weighted; 1 = the oracle)"
         if below:
-            import textwrap
-
-            xlabel += "\n" + "\n".join(textwrap.wrap("▼ below the axis: " + ", ".join(below), 80))
-        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=1 if (y_hi - y_lo) < 0.1 else 0))
+            xlabel += "\n" + "\n".join(textwrap.wrap("▼ below the axis: " + ", ".join(below), 62))
         ax.set_xlabel(xlabel)
         ax.set_ylabel("fulfilment  [% of steps with use ≤ limit]")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
+        ax.set_title("\n".join(title), fontsize=9)
         pending.append((ax, labels, markers))
     keys = [Line2D([], [], ls="none", marker="*", ms=14, color=_COLORS["phase"], mec="black", label="phase policy"),
             Line2D([], [], ls="none", marker="s", ms=7, color=_COLORS["vpa"], mec="black", label="vpa"),
@@ -502,7 +572,8 @@ def _plot_tradeoff(result: ReplayResult, rows: list[dict], savings: list[dict], 
                    label="window members (max or p95×1.15 over W samples)"),
             Line2D([], [], ls="none", marker="D", ms=7, color=_COLORS[ORACLE], label="oracle (sees the step it limits)"),
             Line2D([], [], color="#555555", lw=1.6, label="reactive frontier R(f)"),
-            Line2D([], [], ls="none", marker="X", ms=9, color="#555555", label="frontier at the phase policy's fulfilment"),
+            Line2D([], [], ls="none", marker="x", ms=11, mew=2, color="#333333",
+                   label="frontier at the phase policy's fulfilment"),
             Patch(facecolor="#bbbbbb", alpha=0.25, label="reached by reactive baselines or a mix of two"),
             Line2D([], [], color="tab:red", ls="--", lw=0.9, label=f"{TARGET:.0%} fulfilment")]
     fig.legend(handles=keys, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
