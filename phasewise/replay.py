@@ -397,7 +397,7 @@ def fleet_sequences(trace: Trace, learn_every: int = 1, options: FleetOptions | 
 
 
 def _fleet_run(trace: Trace, opts: FleetOptions, model: Any,
-               detail: FleetDetail) -> dict[str, list[tuple[float, Limits]]]:
+               detail: FleetDetail | None = None) -> dict[str, list[tuple[float, Limits]]]:
     from phasewise.models.detector import FEATURES, PhaseModel
     from phasewise.models.phase_fleet import PhaseFleet
     from phasewise.models.phase_policy import ReactiveFallback
@@ -443,6 +443,7 @@ def _fleet_run(trace: Trace, opts: FleetOptions, model: Any,
             handed[c] = {f: (None if math.isnan(v) else float(v)) for f, v in zip(feats, lim_row)}
             handed_src[c] = {**handed_src.get(c, {}),
                              **{f: not p for f, v, p in zip(feats, lim_row, fp_row) if not math.isnan(v)}}
+    detail = detail if detail is not None else FleetDetail()
     for c, per_step in srcs.items():
         detail.fallback[c] = {f: np.array([d.get(f, False) for d in per_step], dtype=bool) for f in feats}
         detail.phases[c] = np.array(phases[c], dtype=np.int64)
