@@ -168,6 +168,12 @@ def _clip_top(usage: np.ndarray, limits: list[np.ndarray]) -> tuple[float, bool]
 
     Everything is shown unless a few limit values reach far above the rest:
     then the axis ends above usage and the bulk of the limits.
+
+    >>> _clip_top(np.ones(10), [np.full(100, 1.2)])               # all shown
+    (1.296, False)
+    >>> top, cut = _clip_top(np.ones(10), [np.append(np.full(99, 1.2), 9.0)])  # one spike: cut, marked
+    >>> round(top, 3), cut
+    (1.38, True)
     """
     u = usage[np.isfinite(usage)]
     vals = np.concatenate([v[np.isfinite(v)] for v in limits]) if limits else np.array([])
@@ -242,8 +248,9 @@ def _plot_container(result: ReplayResult, c, members: dict[str, dict[str, str]],
                                alpha=0.55, lw=0, hatch=_HATCHES[(k // len(_BANDS)) % len(_HATCHES)],
                                edgecolor="white", zorder=0)
         handles: list[Any] = []
-        h = ax.step(t[ok], u[ok] / div, where="post", color=_COLORS["usage"], lw=1.3, zorder=5,
-                    label="usage (measured)")[0]
+        # each line holds its last value to the end of its last step, like the fallback band
+        h = ax.step(np.append(t[ok], t_end[ok][-1:]), np.append(u[ok], u[ok][-1:]) / div, where="post",
+                    color=_COLORS["usage"], lw=1.3, zorder=5, label="usage (measured)")[0]
         handles.append(h)
         for fam, (name, lim) in lims.items():
             label = "vpa" if fam == "vpa" else (f"window ({short_member(name)})" if fam == "window" else fam)
@@ -261,13 +268,14 @@ def _plot_container(result: ReplayResult, c, members: dict[str, dict[str, str]],
                 handles.append(Line2D([], [], color=_COLORS["phase"], lw=7, alpha=0.3,
                                       label="phase policy on its fallback" + (" (= VPA)" if r in ("cpu", "mem")
                                                                               else " (reactive)")))
-                h = ax.step(t, own, where="post", color=_COLORS["phase"], lw=1.6, zorder=4,
-                            label="phase policy: its phase's limit")[0]
+                h = ax.step(np.append(t, t_end[-1]), np.append(own, own[-1]), where="post", color=_COLORS["phase"],
+                            lw=1.6, zorder=4, label="phase policy: its phase's limit")[0]
                 if np.isfinite(own).any():
                     handles.append(h)
             else:
                 lw = 1.6 if fam == "phase" else 1.1
-                handles.append(ax.step(t, y, where="post", color=_COLORS.get(fam), lw=lw, zorder=3,
+                handles.append(ax.step(np.append(t, t_end[-1]), np.append(y, y[-1]), where="post",
+                                       color=_COLORS.get(fam), lw=lw, zorder=3,
                                        label=label if fam != "phase" else "phase policy")[0])
             if clipped and np.nanmax(lim) > top:
                 over = np.flatnonzero(np.isfinite(lim) & (lim > top))
