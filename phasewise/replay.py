@@ -27,10 +27,22 @@ Policy families (``--policies``):
 - ``phase``: :class:`phasewise.models.phase_policy.PhasePolicy` (phase limits);
 - ``oracle``: harness special case, ``L_t = U_t``.
 
-Savings of the phase policy are computed at matched fulfilment against the best
-reactive baseline (vpa or any window member) reaching at least the phase
-policy's fulfilment (or, flagged ``matched_fulfilment: false``, the closest
-below): ``savings = 1 - phase_alloc_over_used / best_alloc_over_used``.
+The phase policy is compared per resource with the **reactive frontier**
+``R(f)`` (:mod:`phasewise.models.frontier`): the least ``alloc_over_used``
+that any reactive member (vpa, each window member) or a linear mix of two
+reaches at fulfilment ``f`` >= the phase policy's (at the highest reactive
+fulfilment, said so, when the phase policy's is above every member's). The
+savings row leads with ``slack_cut_vs_frontier = 1 - (phase - 1) / (R - 1)``
+(the share of the slack, allocation - use, removed) and
+``alloc_cut_vs_frontier = 1 - phase / R``; next to them, against the
+cheapest single baseline reaching at least the phase policy's fulfilment
+(or, flagged ``matched_fulfilment: false``, the closest below):
+``savings_vs_best_reactive = 1 - phase_alloc_over_used / best_alloc_over_used``.
+
+``--json`` prints one JSON object per line, each with ``"type"``: one
+``setup`` line, a ``score`` line per policy family and resource, a
+``savings`` line per resource (schema: ``infra/schemas/ReplayOutput.v1.json``,
+:mod:`phasewise.replay_schema`).
 
 :func:`decision_sequence` exposes a policy's per-container decisions
 (``[(t, limits), ...]``) so the in-process path can be compared with the Kafka
@@ -46,6 +58,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import math
 import shlex
 import sys
@@ -350,8 +363,18 @@ def _subtrace(trace: Trace, keep: set[str]) -> Trace:
                  list(trace.notes))
 
 
-def fleet_sequences(trace: Trace, learn_every: int = 1,
-                    options: FleetOptions | None = None) -> dict[str, list[tuple[float, Limits]]]:
+@dataclass
+class FleetDetail:
+    """What :func:`fleet_sequences` can also tell, per container, for the report's plots."""
+
+    #: resource -> True at the samples where the limit in force came from the fallback
+    fallback: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: the phase id the detector gave each sample (-1: none yet)
+    phases: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def fleet_sequences(trace: Trace, learn_every: int = 1, options: FleetOptions | None = None,
+                    detail: FleetDetail | None = None) -> dict[str, list[tuple[float, Limits]]]:
     """The ``phase`` policy with ONE shared model for all containers (the live worker's code).
 
     :class:`~phasewise.models.phase_fleet.PhaseFleet` steps every container
@@ -368,20 +391,24 @@ def fleet_sequences(trace: Trace, learn_every: int = 1,
     f are replayed by a fleet whose model was pretrained
     (:func:`pretrain_model`) on the OTHER folds only, so no container is
     scored by a model that saw it. K = number of containers is leave-one-out.
+
+    *detail*, when given, is filled for every container (see :class:`FleetDetail`).
     """
     opts = options or FleetOptions(learn_every=learn_every)
+    fb_out = detail if detail is not None else FleetDetail()
     if opts.pretrain_folds >= 2:
         folds = fold_of((c.container for c in trace.containers), opts.pretrain_folds)
         out: dict[str, list[tuple[float, Limits]]] = {}
         for f in sorted(set(folds.values())):
             mine = {c for c, g in folds.items() if g == f}
             model = pretrain_model(_subtrace(trace, set(folds) - mine), opts)
-            out.update(_fleet_run(_subtrace(trace, mine), opts, model))
+            out.update(_fleet_run(_subtrace(trace, mine), opts, model, fb_out))
         return out
-    return _fleet_run(trace, opts, None)
+    return _fleet_run(trace, opts, None, fb_out)
 
 
-def _fleet_run(trace: Trace, opts: FleetOptions, model: Any) -> dict[str, list[tuple[float, Limits]]]:
+def _fleet_run(trace: Trace, opts: FleetOptions, model: Any,
+               detail: FleetDetail | None = None) -> dict[str, list[tuple[float, Limits]]]:
     from phasewise.models.detector import FEATURES, PhaseModel
     from phasewise.models.phase_fleet import PhaseFleet
     from phasewise.models.phase_policy import ReactiveFallback
@@ -397,7 +424,10 @@ def _fleet_run(trace: Trace, opts: FleetOptions, model: Any) -> dict[str, list[t
                        resource_quantiles=dict(opts.resource_quantiles), resource_margins=dict(opts.resource_margins))
     fallback: dict[str, LimitPolicy] = {}
     handed: dict[str, Limits] = {}
+    handed_src: dict[str, dict[str, bool]] = {}  # resource -> the limit in force came from the fallback
     seqs: dict[str, list[tuple[float, Limits]]] = {c.container: [] for c in trace.containers}
+    srcs: dict[str, list[dict[str, bool]]] = {c.container: [] for c in trace.containers}
+    phases: dict[str, list[int]] = {c.container: [] for c in trace.containers}
     for t, batch in _steps(trace):
         ids: list[str] = []
         frames: list[list[float]] = []
@@ -405,6 +435,7 @@ def _fleet_run(trace: Trace, opts: FleetOptions, model: Any) -> dict[str, list[t
         for series, i in batch:
             c = series.container
             seqs[c].append((t, dict(handed.get(c, {}))))
+            srcs[c].append(handed_src.get(c, {}))
             usage = _usage_at(series, i)
             pol = fallback.get(c)
             if pol is None:
@@ -417,8 +448,16 @@ def _fleet_run(trace: Trace, opts: FleetOptions, model: Any) -> dict[str, list[t
             frames.append([usage.get(f, math.nan) for f in feats])
             fb.append([math.nan if lim.get(f) is None else float(lim[f]) for f in feats])
         st = fleet.step(t, ids, np.array(frames, dtype=np.float64), np.array(fb, dtype=np.float64))
-        for row, c in enumerate(ids):
-            handed[c] = {f: (None if math.isnan(v) else float(v)) for f, v in zip(feats, st.limits[row].tolist())}
+        for row, (c, ph) in enumerate(zip(ids, st.phase.tolist())):
+            phases[c].append(int(ph))
+            lim_row, fp_row = st.limits[row].tolist(), st.from_phase[row].tolist()
+            handed[c] = {f: (None if math.isnan(v) else float(v)) for f, v in zip(feats, lim_row)}
+            handed_src[c] = {**handed_src.get(c, {}),
+                             **{f: not p for f, v, p in zip(feats, lim_row, fp_row) if not math.isnan(v)}}
+    detail = detail if detail is not None else FleetDetail()
+    for c, per_step in srcs.items():
+        detail.fallback[c] = {f: np.array([d.get(f, False) for d in per_step], dtype=bool) for f in feats}
+        detail.phases[c] = np.array(phases[c], dtype=np.int64)
     return seqs
 
 
@@ -434,6 +473,26 @@ def _limit_arrays(seq: list[tuple[float, Limits]], resources: Iterable[str]) -> 
     for r in resources:
         if any(r in lim for _, lim in seq):
             out[r] = hold_last([lim.get(r) for _, lim in seq])
+    return out
+
+
+def _fallback_steps(exps: list[dict], resources: Iterable[str]) -> dict[str, np.ndarray]:
+    """Per resource, whether the phase policy's limit in force at each step came from its
+    fallback (its ``explain()["sources"]``; a step whose source is not given keeps the last).
+
+    >>> _fallback_steps([{"sources": {"cpu": "fallback"}}, {}, {"sources": {"cpu": "phase"}}], ["cpu"])
+    {'cpu': array([ True,  True, False])}
+    """
+    out = {}
+    for r in resources:
+        cur = False
+        vals = []
+        for e in exps:
+            src = (e.get("sources") or {}).get(r) if isinstance(e, dict) else None
+            if src is not None:
+                cur = src != "phase"
+            vals.append(cur)
+        out[r] = np.array(vals, dtype=bool)
     return out
 
 
@@ -471,6 +530,8 @@ class ContainerReplay:
     usage: dict[str, np.ndarray]
     limits: dict[str, dict[str, np.ndarray]]  # policy -> resource -> limit per step (NaN: none)
     phases: np.ndarray | None  # phase id per step (-1: none), None when no phase policy ran
+    #: resource -> True at the steps where the phase policy's limit came from its fallback (None: not known)
+    fallback: dict[str, np.ndarray] | None = None
 
 
 @dataclass
@@ -516,7 +577,8 @@ def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6
                  progress: TextIO | None = None,
                  sequences: dict[str, dict[str, list[tuple[float, Limits]]]] | None = None,
                  phase_info: dict[str, Any] | None = None,
-                 phase_ids: dict[str, np.ndarray] | None = None) -> ReplayResult:
+                 phase_ids: dict[str, np.ndarray] | None = None,
+                 phase_fallback: dict[str, dict[str, np.ndarray]] | None = None) -> ReplayResult:
     """Replay every container of *trace* through every policy in *specs* and score them.
 
     *sequences*: ``{policy name: {container: [(t, limits), ...]}}`` decided
@@ -524,7 +586,9 @@ def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6
     scored from them instead of being run in-process. *phase_info*: what the
     report says about how such a phase model started (``class``,
     ``warm_start``: ``{origin: containers}``). *phase_ids*: per container, the
-    phase id at each sample (-1: none) for such a phase model, for the plots.
+    phase id at each sample (-1: none) for such a phase model, for the plots;
+    *phase_fallback*: per container and resource, whether its limit in force
+    at each sample came from its fallback (for the plots).
     """
     t0 = time.perf_counter()
     resources = {r: ResourceResult(r, u, {s.name: Score() for s in specs}) for r, u in trace.units.items()}
@@ -540,6 +604,7 @@ def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6
         keep = k < plot_containers
         limits: dict[str, dict[str, np.ndarray]] = {}
         phases = None
+        fallback = None
         for spec in specs:
             if sequences is not None and spec.name in sequences:
                 seq = sequences[spec.name][series.container]
@@ -550,6 +615,7 @@ def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6
                 if spec.family == "phase":
                     seq, exps = decision_sequence(policy, series, explain=True)
                     phases = _phase_ids(exps)
+                    fallback = _fallback_steps(exps, series.usage)
                     _describe_phase(policy, phase_info)
                 else:
                     seq = decision_sequence(policy, series)
@@ -563,8 +629,10 @@ def replay_trace(trace: Trace, specs: list[PolicySpec], plot_containers: int = 6
                     name for name, lim in limits.items() if r in lim and not np.all(np.isnan(lim[r])))
         if phases is None and phase_ids is not None:
             phases = phase_ids.get(series.container)
+        if fallback is None and phase_fallback is not None:
+            fallback = phase_fallback.get(series.container)
         if keep:
-            plotted.append(ContainerReplay(series.container, series.t, series.usage, limits, phases))
+            plotted.append(ContainerReplay(series.container, series.t, series.usage, limits, phases, fallback))
         bar.update(k + 1)
     # Score once every container is replayed: a policy manages r when it set a limit
     # for r in some container; in a container where it never did, it had no opinion
@@ -621,6 +689,33 @@ def _num(v: float | None, nd: int = 6) -> float | None:
     return None if v is None else round(float(v), nd)
 
 
+def _frontier_fields(sc: dict[str, Score], reactive: list[str]) -> dict[str, Any]:
+    """The phase policy against the reactive frontier of *reactive* (see :mod:`phasewise.models.frontier`)."""
+    from phasewise.models.frontier import alloc_cut, frontier, frontier_at, slack_cut
+
+    pts = {n: (sc[n].alloc_over_used, sc[n].fulfilment) for n in reactive if sc[n].steps > 0}
+    p = sc["phase"]
+    at = frontier_at(pts, p.fulfilment)
+    if at is None:  # pragma: no cover - the caller checked that some reactive member has a score
+        return {}
+    out: dict[str, Any] = {
+        "slack_cut_vs_frontier": _num(slack_cut(p.alloc_over_used, at.alloc)),
+        "alloc_cut_vs_frontier": _num(alloc_cut(p.alloc_over_used, at.alloc)),
+        "frontier_alloc_at_phase_fulfilment": _num(at.alloc),
+        "frontier_fulfilment": _num(at.fulfilment),
+        "frontier_mix": {n: _num(w) for n, w in at.mix},
+        "phase_fulfilment_above_every_reactive": at.above_every_member,
+        "frontier": [{"member": v.name, "alloc_over_used": _num(v.alloc), "fulfilment": _num(v.fulfilment)}
+                     for v in frontier(pts)],
+    }
+    if at.above_every_member:
+        out["frontier_note"] = (f"the phase policy's fulfilment ({p.fulfilment:.2%}) is above every reactive "
+                                f"baseline's; compared at the highest, {at.fulfilment:.2%}")
+    if at.alloc <= 1.0:
+        out["slack_note"] = "the frontier allocates at most the use there: no slack to cut"
+    return out
+
+
 def result_rows(result: ReplayResult) -> tuple[list[dict], list[dict]]:
     """(one row per (policy family, resource), one savings row per resource)."""
     rows: list[dict] = []
@@ -635,7 +730,7 @@ def result_rows(result: ReplayResult) -> tuple[list[dict], list[dict]]:
         else:
             target, target_from = DEFAULT_TARGET_FULFILMENT * steps, f"{DEFAULT_TARGET_FULFILMENT:.0%}"
         for fam in fams:
-            base = {"policy": fam, "resource": r}
+            base = {"type": "score", "policy": fam, "resource": r}
             if fam == "window":
                 picked = _pick(sc, result.members("window"), target)
                 name = picked[0] if picked else result.members("window")[0]
@@ -652,7 +747,8 @@ def result_rows(result: ReplayResult) -> tuple[list[dict], list[dict]]:
             row["unit"] = res.unit
             row["containers"] = res.containers
             rows.append(row)
-        srow: dict[str, Any] = {"resource": r, "savings_vs_best_reactive": None}
+        srow: dict[str, Any] = {"type": "savings", "resource": r, "slack_cut_vs_frontier": None,
+                                "alloc_cut_vs_frontier": None, "savings_vs_best_reactive": None}
         reactive = [n for f in REACTIVE if f in fams for n in result.members(f)]
         if "phase" not in fams:
             srow["reason"] = "phase policy not in this run"
@@ -665,6 +761,7 @@ def result_rows(result: ReplayResult) -> tuple[list[dict], list[dict]]:
             if picked is None:
                 srow["reason"] = "no reactive baseline has a score"
             else:
+                srow.update(_frontier_fields(sc, reactive))
                 best, matched = picked
                 b = sc[best]
                 p = sc["phase"]
@@ -739,6 +836,17 @@ def _score_fields(s: Score) -> dict[str, Any]:
     return {"alloc_over_used": _num(s.alloc_over_used), "fulfilment": _num(s.fulfilment), "steps": s.steps}
 
 
+def mix_text(mix: dict[str, float]) -> str:
+    """``{"a": 0.25, "b": 0.75}`` -> ``"0.25 a + 0.75 b"``; one member: its name.
+
+    >>> mix_text({"window-max-30": 0.25, "window-max-60": 0.75}), mix_text({"vpa": 1.0})
+    ('0.25 window-max-30 + 0.75 window-max-60', 'vpa')
+    """
+    if len(mix) == 1:
+        return next(iter(mix))
+    return " + ".join(f"{w:.2f} {n}" for n, w in mix.items())
+
+
 def format_table(rows: list[dict], savings: list[dict]) -> str:
     """Readable table of the rows and savings."""
 
@@ -754,13 +862,20 @@ def format_table(rows: list[dict], savings: list[dict]) -> str:
                      f"{f(r['fulfilment'], True):>10s} {r['steps']:>7d}  {detail}")
     lines.append("")
     for s in savings:
-        if s["savings_vs_best_reactive"] is None:
-            lines.append(f"{s['resource']:9s} savings vs best reactive: - ({s.get('reason', 'undefined')})")
-        else:
-            flag = "" if s["matched_fulfilment"] else "  [UNMATCHED: closest baseline below phase fulfilment]"
-            lines.append(f"{s['resource']:9s} savings vs best reactive ({s['best_reactive']}, "
-                         f"fulfilment {f(s['best_reactive_fulfilment'], True)} vs phase "
-                         f"{f(s['phase_fulfilment'], True)}): {f(s['savings_vs_best_reactive'], True)}{flag}")
+        r = s["resource"]
+        if s.get("frontier_alloc_at_phase_fulfilment") is None:
+            lines.append(f"{r:9s} vs reactive frontier: - ({s.get('reason', 'undefined')})")
+            continue
+        above = (f"  [phase fulfilment {f(s['phase_fulfilment'], True)} is above every reactive baseline's: "
+                 "compared at the highest]" if s["phase_fulfilment_above_every_reactive"] else "")
+        lines.append(f"{r:9s} vs reactive frontier at {f(s['frontier_fulfilment'], True)}: slack cut "
+                     f"{f(s['slack_cut_vs_frontier'], True)}, allocation cut {f(s['alloc_cut_vs_frontier'], True)} "
+                     f"(alloc/used: phase {f(s['phase_alloc_over_used'])}, frontier "
+                     f"{f(s['frontier_alloc_at_phase_fulfilment'])} = {mix_text(s['frontier_mix'])}){above}")
+        flag = "" if s["matched_fulfilment"] else "  [UNMATCHED: closest baseline below phase fulfilment]"
+        lines.append(f"{'':9s} vs cheapest single baseline at >= phase fulfilment ({s['best_reactive']}, "
+                     f"{f(s['best_reactive_fulfilment'], True)}): allocation cut "
+                     f"{f(s['savings_vs_best_reactive'], True)}{flag}")
     return "\n".join(lines)
 
 
@@ -969,6 +1084,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     sequences = None
     phase_ids = None
+    phase_fallback: dict[str, dict[str, np.ndarray]] | None = None
     worker_info: dict[str, Any] = {}
     has_phase = any(sp.name == "phase" for sp in specs)
     if args.through_kafka:
@@ -994,9 +1110,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"phasewise replay: --phase-model worker: {e}", file=sys.stderr)
             return 2
         sequences = {**(sequences or {}), "phase": got.sequences}
-        from phasewise.replay_kafka import phase_series
+        from phasewise.replay_kafka import fallback_series, phase_series
 
         phase_ids = phase_series(trace, got.phase_changes)
+        phase_fallback = fallback_series(trace, got.decisions)
         worker_info = {"model_origin": got.model_origin, "snapshots": got.snapshots,
                        "phase_features": got.settings_env.get("PHASEWISE_PHASE_FEATURES"),
                        "decisions": len(got.decisions)}
@@ -1009,7 +1126,9 @@ def run(args: argparse.Namespace) -> int:
                   "is already the fleet)", file=sys.stderr)
             return 2
         try:
-            sequences = {**(sequences or {}), "phase": fleet_sequences(trace, options=opts)}
+            detail = FleetDetail()
+            sequences = {**(sequences or {}), "phase": fleet_sequences(trace, options=opts, detail=detail)}
+            phase_fallback, phase_ids = detail.fallback, detail.phases
         except ValueError as e:
             print(f"phasewise replay: {e}", file=sys.stderr)
             return 2
@@ -1022,14 +1141,24 @@ def run(args: argparse.Namespace) -> int:
         where = "through Kafka" if args.through_kafka else "in-process"
         phase_info = {"class": f"phasewise worker --policy phase ({where}; one model shared by all containers)",
                       "warm_start": {origin: len(trace.containers)}}
+    elif has_phase and phase_model == "fleet":
+        k = opts.pretrain_folds
+        origin = (f"pretrained on the other {k - 1} of {k} container folds (cross-fitted)" if k >= 2 else "cold")
+        phase_info = {"class": "one model shared by all containers (replay --phase-model fleet)",
+                      "warm_start": {origin: len(trace.containers)}}
     result = replay_trace(trace, specs, plot_containers=max(0, args.plot_containers), progress=show,
-                          sequences=sequences, phase_info=phase_info, phase_ids=phase_ids)
+                          sequences=sequences, phase_info=phase_info, phase_ids=phase_ids,
+                          phase_fallback=phase_fallback)
     rows, savings = result_rows(result)
-    setup: dict[str, Any] = {"phase_model": "worker" if args.through_kafka and has_phase else phase_model,
-                             "split": split, "containers": len(trace.containers)}
+    setup: dict[str, Any] = {"type": "setup", "command": command, **trace_fields(trace),
+                             "policies": [sp.name for sp in specs],
+                             "phase_model": ("worker" if args.through_kafka and has_phase else phase_model)
+                             if has_phase else None,
+                             "phase_start": result.phase_info.get("warm_start") if has_phase else None,
+                             "split": split, "windows": list(windows), "through_kafka": bool(args.through_kafka),
+                             "elapsed_s": round(result.elapsed_s, 3)}
     if setup["phase_model"] == "worker" and has_phase:
-        setup.update({"pretrained": pretrained, "frozen": frozen, "through_kafka": bool(args.through_kafka),
-                      "safety_rules": safety,
+        setup.update({"pretrained": pretrained, "frozen": frozen, "safety_rules": safety,
                       "statistics": getattr(args, "phase_stats", "relative"),
                       **worker_info})
     if setup["phase_model"] == "fleet":
@@ -1037,20 +1166,34 @@ def run(args: argparse.Namespace) -> int:
                                                     "target_fulfilment", "pretrain_folds")})
         setup["resource_quantiles"] = dict(opts.resource_quantiles)
         setup["resource_margins"] = dict(opts.resource_margins)
-    for srow in savings:
-        srow["setup"] = setup
+    unscored = [r for r, res in result.resources.items() if res.valid_steps == 0]
     if args.json:
-        for row in rows + savings:
-            print(json.dumps(row, sort_keys=False))
+        for n in trace.notes:  # stdout holds only JSON; a person running it still sees what loading did
+            print(f"phasewise replay: note: {n}", file=sys.stderr)
+        for row in [setup, *rows, *savings]:
+            print(json.dumps(row, sort_keys=False, allow_nan=False))
     else:
         print(f"trace: {trace.format} {trace.source}: {len(trace.containers)} containers, "
               f"{trace.n_samples()} samples; replayed in {result.elapsed_s:.1f} s")
         for n in trace.notes:
             print(f"note: {n}")
         print(format_table(rows, savings))
+    for r in unscored:
+        print(f"phasewise replay: warning: {r}: no value in the trace, so no step is scored for it "
+              "(see the notes)", file=sys.stderr)
     if args.report:
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font cache lines are not the report
         from phasewise.report import write_report
 
-        written = write_report(result, rows, savings, Path(args.report), command=command)
+        written = write_report(result, rows, savings, Path(args.report), command=command, setup=setup)
         print(f"report: {len(written)} files in {args.report}", file=sys.stderr)
     return 0
+
+
+def trace_fields(trace: Trace) -> dict[str, Any]:
+    """What the setup line says about the trace: where from, its size, units and what loading changed."""
+    return {"trace": {"format": trace.format, "source": trace.source, "containers": len(trace.containers),
+                      "samples": trace.n_samples(), "units": dict(trace.units), "time_unit": trace.time_unit,
+                      "notes": list(trace.notes),
+                      "negative_clipped": dict(trace.counts.get("negative_clipped", {})),
+                      "non_finite_missing": dict(trace.counts.get("non_finite_missing", {}))}}

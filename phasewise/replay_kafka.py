@@ -112,6 +112,7 @@ __all__ = [
     "KafkaReplayResult",
     "mem_scale",
     "phase_series",
+    "fallback_series",
     "rebuild_sequences",
     "replay_through_kafka",
     "replay_settings_env",
@@ -582,6 +583,45 @@ def phase_series(trace: Trace, changes: Iterable[PhaseChange]) -> dict[str, np.n
             k = np.searchsorted(ts, s.t, side="right") - 1  # the last change at or before each sample
             ids = np.where(k >= 0, ph[np.maximum(k, 0)], -1)
         out[s.container] = ids
+    return out
+
+
+def fallback_series(trace: Trace, decisions: Iterable[Decision]) -> dict[str, dict[str, np.ndarray]]:
+    """Per container and resource, whether the phase worker's limit in force at each sample
+    came from its fallback (``details["sources"]`` of the decision that set it; the limit
+    decided at ``ts`` holds from the next sample on, as in :func:`rebuild_sequences`).
+
+    >>> from phasewise.producers.traces import ContainerSeries
+    >>> tr = Trace("t", "-", {"cpu": "cores"}, [ContainerSeries("a", np.array([1., 2., 3.]),
+    ...     {"cpu": np.ones(3)})])
+    >>> d = [Decision(id="x", ts=1.0, host="h", container="a", action="limit", policy="phase",
+    ...               cpu_limit_cores=1.0, details={"sources": {"cpu": "fallback:vpa"}}),
+    ...      Decision(id="y", ts=2.0, host="h", container="a", action="limit", policy="phase",
+    ...               cpu_limit_cores=1.5, details={"sources": {"cpu": "phase"}})]
+    >>> fallback_series(tr, d)["a"]["cpu"].tolist()
+    [False, True, False]
+    """
+    resources = [r for r in WORKER_RESOURCES if r in trace.units]
+    per: dict[str, list[tuple[float, dict[str, bool]]]] = {}
+    for d in decisions:
+        srcs = (d.details or {}).get("sources") or {}
+        vals = {r: str(srcs.get(r, "")).startswith("fallback")
+                for r, field_ in (("cpu", d.cpu_limit_cores), ("mem", d.mem_limit_bytes)) if field_ is not None}
+        if vals:
+            per.setdefault(d.container, []).append((d.ts, vals))
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for s in trace.containers:
+        ds = sorted(per.get(s.container, []), key=lambda x: x[0])
+        cur = {r: False for r in resources}
+        rows: dict[str, list[bool]] = {r: [] for r in resources}
+        k = 0
+        for t in s.t.tolist():
+            while k < len(ds) and ds[k][0] < t:
+                cur.update({r: v for r, v in ds[k][1].items() if r in cur})
+                k += 1
+            for r in resources:
+                rows[r].append(cur[r])
+        out[s.container] = {r: np.array(v, dtype=bool) for r, v in rows.items()}
     return out
 
 

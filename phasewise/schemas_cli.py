@@ -1,4 +1,4 @@
-"""``phasewise schemas``: generate or check the topics' JSON Schemas."""
+"""``phasewise schemas``: generate or check the topics' JSON Schemas (and ``phasewise replay --json``'s)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import json
 import sys
 from pathlib import Path
 
+from phasewise.replay_schema import SCHEMA_NAME, replay_output_schema
 from phasewise.schemas import json_schemas
 
 
 def render() -> dict[str, str]:
-    return {name: json.dumps(s, indent=2, sort_keys=True) + "\n" for name, s in json_schemas().items()}
+    schemas = {**json_schemas(), SCHEMA_NAME: replay_output_schema()}
+    return {name: json.dumps(s, indent=2, sort_keys=True) + "\n" for name, s in schemas.items()}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

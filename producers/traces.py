@@ -29,8 +29,11 @@ only at the steps where it has a value). Empty or ``NaN`` cells are missing
 values, never zeros. Rows repeating a (container, timestamp) are averaged,
 and genai2026 rows with an empty ``container_ip`` (the published memory file
 has some) are skipped; negative usage (the published memory file has one
-value of -1.2e-5, an artefact of the publisher's scaling) is clipped to 0.
-All of these are counted in :attr:`Trace.notes`.
+value of -1.2e-5, an artefact of the publisher's scaling) is clipped to 0;
+``NaN`` and infinite usage values (``nan``, ``inf``, ``-Infinity``, ...) are
+treated as missing. All of these are counted in :attr:`Trace.notes`, the
+negative and non-finite values also per file and column in
+:attr:`Trace.counts`.
 
 Loaders are pure file readers (no network); bad files raise
 :class:`TraceFormatError` naming the file and what is wrong.
@@ -76,7 +79,7 @@ AI4DL_COLUMNS: dict[str, str] = {"cpu": "cpu.usage.cores", "mem": "mem.working.s
 AI4DL_KEYS = ("timestamp", "service", "pod.id")
 GENAI_COLUMNS = ("value", "timestamp_anon", "container_ip")
 
-_MISSING = {"", "na", "nan", "null", "none"}
+_MISSING = {"", "na", "null", "none"}
 
 
 class TraceFormatError(ValueError):
@@ -115,6 +118,10 @@ class Trace:
     units: dict[str, str]
     containers: list[ContainerSeries]
     notes: list[str] = field(default_factory=list)
+    #: what loading changed, counted: ``{"negative_clipped": {"file column": n}, "non_finite_missing": {...}}``
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the timestamps' unit
+    time_unit: str = "seconds"
 
     @property
     def resources(self) -> list[str]:
@@ -134,16 +141,23 @@ def _open_text(path: Path) -> io.TextIOBase:
 
 
 def _float(cell: str, path: Path, line: int, column: str) -> float:
+    """The cell's number; ``NaN`` for an empty/NA cell; NaN and infinities as written (see :class:`_Cleaning`)."""
     s = cell.strip()
     if s.lower() in _MISSING:
         return math.nan
     try:
-        v = float(s)
+        return float(s)
     except ValueError:
         raise TraceFormatError(f"{path}: line {line}: column {column!r} is not a number: {cell!r}") from None
-    if math.isinf(v):
+
+
+def _time(cell: str, path: Path, line: int, column: str) -> float:
+    t = _float(cell, path, line, column)
+    if math.isnan(t):
+        raise TraceFormatError(f"{path}: line {line}: empty {column}")
+    if math.isinf(t):
         raise TraceFormatError(f"{path}: line {line}: column {column!r} is infinite: {cell!r}")
-    return v
+    return t
 
 
 def _rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -188,23 +202,66 @@ def _rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[str, 
         raise TraceFormatError(f"{path}: not a readable CSV file ({e})") from e
 
 
-class _Negatives:
-    """Clips negative usage to 0 and remembers how many and how low, per file."""
+class _Cleaning:
+    """Usage values as replay takes them, counted per source (file and column).
+
+    Negative values are clipped to 0 (with the lowest seen); NaN and
+    infinite values written in the file become missing values.
+
+    >>> c = _Cleaning()
+    >>> [c.cell(v, Path("f.csv"), 2, "value", "f.csv value") for v in ("1.5", "-0.25", "NaN", "inf", "")]
+    [1.5, 0.0, nan, nan, nan]
+    >>> c.notes()
+    ['f.csv value: 1 negative value(s) clipped to 0 (lowest -0.25)', 'f.csv value: 2 NaN/infinite value(s) treated as missing (1 NaN, 1 infinite)']
+    >>> c.counts()
+    {'negative_clipped': {'f.csv value': 1}, 'non_finite_missing': {'f.csv value': 2}}
+    """
 
     def __init__(self) -> None:
-        self.count: dict[str, int] = {}
+        self.negative: dict[str, int] = {}
         self.lowest: dict[str, float] = {}
+        self.nan: dict[str, int] = {}
+        self.inf: dict[str, int] = {}
 
-    def clip(self, v: float, name: str) -> float:
+    def value(self, v: float, name: str) -> float:
+        if math.isnan(v):
+            return v  # an empty/NA cell (counted by the caller's missing-value rules) or a written NaN
+        if math.isinf(v):
+            self.inf[name] = self.inf.get(name, 0) + 1
+            return math.nan
         if v < 0:
-            self.count[name] = self.count.get(name, 0) + 1
+            self.negative[name] = self.negative.get(name, 0) + 1
             self.lowest[name] = min(self.lowest.get(name, 0.0), v)
             return 0.0
         return v
 
+    def written_nan(self, name: str) -> float:
+        self.nan[name] = self.nan.get(name, 0) + 1
+        return math.nan
+
+    def cell(self, cell: str, path: Path, line: int, column: str, name: str) -> float:
+        """Parse a usage cell: empty/NA -> missing (not counted), NaN/inf -> missing (counted), < 0 -> 0."""
+        v = _float(cell, path, line, column)
+        if math.isnan(v) and cell.strip().lower() not in _MISSING:
+            return self.written_nan(name)
+        return self.value(v, name)
+
     def notes(self) -> list[str]:
-        return [f"{name}: {n} negative value(s) clipped to 0 (lowest {self.lowest[name]:.3g})"
-                for name, n in self.count.items()]
+        out = [f"{name}: {n} negative value(s) clipped to 0 (lowest {self.lowest[name]:.3g})"
+               for name, n in self.negative.items()]
+        for name in dict.fromkeys([*self.nan, *self.inf]):
+            a, b = self.nan.get(name, 0), self.inf.get(name, 0)
+            out.append(f"{name}: {a + b} NaN/infinite value(s) treated as missing ({a} NaN, {b} infinite)")
+        return out
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        if self.negative:
+            out["negative_clipped"] = dict(self.negative)
+        bad = {n: self.nan.get(n, 0) + self.inf.get(n, 0) for n in dict.fromkeys([*self.nan, *self.inf])}
+        if bad:
+            out["non_finite_missing"] = bad
+        return out
 
 
 def _assemble(
@@ -254,24 +311,23 @@ def load_ai4dl(path: str | Path) -> Trace:
     if path.is_dir():
         raise TraceFormatError(f"{path}: is a folder; --format ai4dl reads one CSV file")
     resources = list(AI4DL_COLUMNS)
-    neg = _Negatives()
+    clean = _Cleaning()
     points: dict[str, dict[float, dict[str, list[float]]]] = {}
     for line, row in _rows(path, [*AI4DL_KEYS, *AI4DL_COLUMNS.values()]):
-        t = _float(row["timestamp"], path, line, "timestamp")
-        if math.isnan(t):
-            raise TraceFormatError(f"{path}: line {line}: empty timestamp")
+        t = _time(row["timestamp"], path, line, "timestamp")
         pod = row["pod.id"].strip()
         if not pod:
             raise TraceFormatError(f"{path}: line {line}: empty pod.id")
         cid = f"{row['service'].strip()}/{pod}"
         slot = points.setdefault(cid, {}).setdefault(t, {})
         for r, col in AI4DL_COLUMNS.items():
-            v = neg.clip(_float(row[col], path, line, col), path.name)
+            v = clean.cell(row[col], path, line, col, f"{path.name} {col}")
             slot.setdefault(r, []).append(v)
     containers, dups = _assemble(points, resources)
     notes = [f"{dups} duplicate (container, timestamp) values averaged"] if dups else []
-    notes += neg.notes()
-    return Trace("ai4dl", str(path), {"cpu": "cores", "mem": "bytes (working set)"}, containers, notes)
+    notes += clean.notes()
+    return Trace("ai4dl", str(path), {"cpu": "cores", "mem": "bytes (working set)"}, containers, notes,
+                 clean.counts())
 
 
 def _genai_file(folder: Path, stem: str) -> Path:
@@ -296,17 +352,15 @@ def load_genai2026(folder: str | Path) -> Trace:
     files = {r: _genai_file(folder, stem) for r, stem in GENAI_FILES.items()}
     points: dict[str, dict[float, dict[str, list[float]]]] = {}
     unattributed: dict[str, int] = {}
-    neg = _Negatives()
+    clean = _Cleaning()
     for r, path in files.items():
         for line, row in _rows(path, GENAI_COLUMNS):
-            t = _float(row["timestamp_anon"], path, line, "timestamp_anon")
-            if math.isnan(t):
-                raise TraceFormatError(f"{path}: line {line}: empty timestamp_anon")
+            t = _time(row["timestamp_anon"], path, line, "timestamp_anon")
             cid = row["container_ip"].strip()
             if not cid:  # cannot be attributed to a pod: skipped and counted
                 unattributed[path.name] = unattributed.get(path.name, 0) + 1
                 continue
-            v = neg.clip(_float(row["value"], path, line, "value"), path.name)
+            v = clean.cell(row["value"], path, line, "value", path.name)
             points.setdefault(cid, {}).setdefault(t, {}).setdefault(r, []).append(v)
     containers, dups = _assemble(points, list(GENAI_FILES))
     notes = [
@@ -318,13 +372,14 @@ def load_genai2026(folder: str | Path) -> Trace:
         notes.append(f"{name}: {n} rows with an empty container_ip skipped (no pod to attribute them to)")
     if dups:
         notes.append(f"{dups} duplicate (container, timestamp) values averaged")
-    notes += neg.notes()
+    notes += clean.notes()
     units = {
         "gpu": "percent of one GPU (duty cycle)",
         "gpu_mem": "bytes (GPU memory used)",
         "mem": "fraction of the pod's memory (utilisation, 0-1)",
     }
-    return Trace("genai2026", str(folder), units, containers, notes)
+    return Trace("genai2026", str(folder), units, containers, notes, clean.counts(),
+                 time_unit="anonymised seconds (one sample every 57: about a minute)")
 
 
 _LOADERS: dict[str, Callable[[str | Path], Trace]] = {"ai4dl": load_ai4dl, "genai2026": load_genai2026}
@@ -339,4 +394,7 @@ def load_trace(path: str | Path, format: str) -> Trace:
     trace = loader(path)
     if not trace.containers:
         raise TraceFormatError(f"{path}: no container has any usage value")
+    for r in trace.units:
+        if not any(r in c.usage for c in trace.containers):
+            trace.notes.append(f"{r}: no value in any container: nothing to score for {r}")
     return trace

@@ -37,3 +37,23 @@ def is_root() -> bool:
 
 
 requires_root = pytest.mark.skipif(not is_root(), reason="needs root to create cgroups")
+
+
+@pytest.fixture
+def assert_replay_output():
+    """A check that each line of ``phasewise replay --json`` validates against the checked-in
+    ``infra/schemas/ReplayOutput.v1.json``."""
+    import json
+    from pathlib import Path
+
+    jsonschema = pytest.importorskip("jsonschema")
+    path = Path(__file__).resolve().parents[1] / "infra" / "schemas" / "ReplayOutput.v1.json"
+    validator = jsonschema.Draft202012Validator(json.loads(path.read_text()))
+
+    def check(lines: list[dict]) -> None:
+        assert lines
+        for line in lines:
+            errors = [e.message for e in validator.iter_errors(line)]
+            assert not errors, (line.get("type"), errors[:3])
+
+    return check

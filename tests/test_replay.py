@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,59 @@ def test_an_unreachable_phase_fulfilment_is_flagged_and_the_closest_baseline_use
     assert mem["savings_vs_best_reactive"] < 0  # a huge constant limit costs more
 
 
+def _scored(points: dict[str, tuple[float, int]], steps: int = 200):
+    """A ReplayResult on one resource whose policies scored (alloc_over_used, steps fulfilled) of *steps*."""
+    from phasewise.models.scoring import Score
+    from phasewise.replay import ReplayResult, ResourceResult
+
+    fam = {"vpa": "vpa", "phase": "phase", "oracle": "oracle"}
+    specs = [PolicySpec(n, fam.get(n, "window"), None) for n in points]
+    scores = {n: Score(alloc=a * 100.0, used=100.0, fulfilled=k, steps=steps) for n, (a, k) in points.items()}
+    tr = Trace("ai4dl", "hand", {"cpu": "cores"}, [])
+    return ReplayResult(tr, specs, {"cpu": ResourceResult("cpu", "cores", scores)}, [], 0.0)
+
+
+def test_savings_against_a_frontier_of_two_members_match_a_hand_computation(assert_replay_output):
+    # vpa (1.5, 96 %), window (1.2, 90 %); the phase policy at (1.3, 94 %):
+    # R(94 %) = 1.2 + 0.3 * (4 / 6) = 1.4; slack 0.3 vs 0.4 -> 25 % cut; allocation 1 - 1.3/1.4
+    _, (row,) = result_rows(_scored({"vpa": (1.5, 192), "window-max-5": (1.2, 180), "phase": (1.3, 188)}))
+    assert row["type"] == "savings"
+    assert row["frontier_alloc_at_phase_fulfilment"] == pytest.approx(1.4)
+    assert row["slack_cut_vs_frontier"] == pytest.approx(0.25)
+    assert row["alloc_cut_vs_frontier"] == pytest.approx(1 - 1.3 / 1.4, abs=1e-6)
+    assert row["frontier_mix"] == pytest.approx({"window-max-5": 1 / 3, "vpa": 2 / 3}, abs=1e-6)
+    assert row["phase_fulfilment_above_every_reactive"] is False and row["frontier_fulfilment"] == 0.94
+    # the single-baseline rule still compares with vpa, the only member at >= 94 %
+    assert row["best_reactive"] == "vpa" and row["savings_vs_best_reactive"] == pytest.approx(1 - 1.3 / 1.5, abs=1e-6)
+    assert_replay_output([row])
+
+
+def test_savings_against_a_frontier_of_three_members_match_a_hand_computation(assert_replay_output):
+    # a (1.1, 80 %), b (1.3, 95 %), vpa (1.8, 99 %), a dominated d (1.6, 90 %); phase (1.5, 97 %):
+    # R(97 %) = half way from b to vpa = 1.55; slack cut 1 - 0.5/0.55; single rule: vpa, 1 - 1.5/1.8
+    pts = {"vpa": (1.8, 198), "window-a": (1.1, 160), "window-b": (1.3, 190), "window-d": (1.6, 180),
+           "phase": (1.5, 194)}
+    _, (row,) = result_rows(_scored(pts))
+    assert [v["member"] for v in row["frontier"]] == ["window-a", "window-b", "vpa"]
+    assert row["frontier_alloc_at_phase_fulfilment"] == pytest.approx(1.55)
+    assert row["slack_cut_vs_frontier"] == pytest.approx(1 - 0.5 / 0.55, abs=1e-6)
+    assert row["alloc_cut_vs_frontier"] == pytest.approx(1 - 1.5 / 1.55, abs=1e-6)
+    assert row["savings_vs_best_reactive"] == pytest.approx(1 - 1.5 / 1.8, abs=1e-6)
+    assert_replay_output([row])
+
+
+def test_a_phase_fulfilment_above_every_reactive_member_is_compared_at_the_highest_and_said(
+        assert_replay_output):
+    pts = {"vpa": (1.8, 198), "window-a": (1.1, 160), "window-b": (1.3, 190), "phase": (2.0, 200)}
+    _, (row,) = result_rows(_scored(pts))
+    assert row["phase_fulfilment_above_every_reactive"] is True
+    assert row["frontier_fulfilment"] == 0.99 and row["frontier_alloc_at_phase_fulfilment"] == 1.8
+    assert row["slack_cut_vs_frontier"] == pytest.approx(1 - 1.0 / 0.8)  # 25 % more slack than vpa's
+    assert "above every reactive baseline" in row["frontier_note"]
+    assert row["matched_fulfilment"] is False
+    assert_replay_output([row])
+
+
 def test_phase_ids_come_from_the_phase_policys_explain():
     trace = load_ai4dl(SAMPLE)
     res = replay_trace(trace, [_spec("phase", "phase", Generous)], plot_containers=2)
@@ -236,20 +290,37 @@ def test_the_progress_bar_counts_containers_and_is_silent_without_a_stream():
 # ---------------------------------------------------------------- CLI
 
 
+def test_the_output_schema_refuses_untyped_lines_and_unknown_fields():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((REPO / "infra" / "schemas" / "ReplayOutput.v1.json").read_text())
+    v = jsonschema.Draft202012Validator(schema)
+    row = {"type": "score", "policy": "vpa", "resource": "cpu", "alloc_over_used": 1.5, "fulfilment": 0.97,
+           "steps": 10, "unit": "cores", "containers": 1}
+    assert v.is_valid(row)
+    assert not v.is_valid({k: x for k, x in row.items() if k != "type"})
+    assert not v.is_valid({**row, "type": "savings"})
+    assert not v.is_valid({**row, "surprise": 1})
+    assert not v.is_valid({**row, "fulfilment": 1.5})
+
+
 def _policies() -> str:
     return ",".join(p for p, ok in (("vpa", HAS_VPA), ("window", True), ("phase", HAS_PHASE), ("oracle", True)) if ok)
 
 
-def test_the_cli_prints_one_json_line_per_policy_and_resource_then_savings(capsys):
+def test_the_cli_prints_a_setup_line_then_one_score_line_per_policy_and_resource_then_savings(
+        capsys, assert_replay_output):
     rc = main(["replay", str(SAMPLE), "--format", "ai4dl", "--policies", _policies(), "--json"])
     out = capsys.readouterr().out
     assert rc == 0
     lines = [json.loads(ln) for ln in out.splitlines()]
+    assert_replay_output(lines)
     fams = _policies().split(",")
-    rows = [x for x in lines if "policy" in x]
-    savings = [x for x in lines if "savings_vs_best_reactive" in x]
-    assert len(rows) == len(fams) * 2 and len(savings) == 2
-    assert lines[: len(rows)] == rows  # rows first, then one savings line per resource
+    assert [x["type"] for x in lines] == ["setup"] + ["score"] * len(fams) * 2 + ["savings"] * 2
+    rows = [x for x in lines if x["type"] == "score"]
+    savings = [x for x in lines if x["type"] == "savings"]
+    setup = lines[0]
+    assert setup["trace"]["containers"] == 4 and setup["trace"]["samples"] == 204
+    assert setup["trace"]["non_finite_missing"] == {} and setup["command"].startswith("phasewise replay")
     for x in rows:
         assert set(x) >= {"policy", "resource", "alloc_over_used", "fulfilment", "steps"}
         assert x["resource"] in ("cpu", "mem") and x["policy"] in fams
@@ -266,16 +337,54 @@ def test_the_cli_writes_a_report_with_plots_and_a_summary(tmp_path, capsys):
     rc = main(["replay", str(SAMPLE), "--policies", _policies(), "--report", str(out), "--quiet"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "alloc/used" in text and "oracle" in text
-    pngs = sorted(out.glob("*.png"))
-    assert len(pngs) == 5  # 4 containers + scores
-    for p in pngs:
-        data = p.read_bytes()
+    assert "alloc/used" in text and "oracle" in text and "vs reactive frontier at" in text
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == ["container-1-service1_exec1.png", "container-2-service1_exec2.png",
+                    "container-3-service1_exec3.png", "container-4-service1_exec4.png", "tradeoff.png"]
+    for name in pngs:
+        data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     summary = (out / "summary.md").read_text()
     assert f"phasewise replay {SAMPLE} --format ai4dl --policies {_policies()} --report {out}" in summary
     assert "No policy sees the future" in summary and "Apache-2.0" in summary
     assert "| cpu | window |" in summary
+    # the measure first, then the trade-off plot, then a verdict per resource, then the rest
+    head = summary.split("## Data")[0]
+    assert head.index("**Measure.**") < head.index("(tradeoff.png)")
+    if HAS_PHASE:
+        for r in ("cpu", "mem"):
+            assert re.search(rf"- `{r}`: the phase policy \*\*(beats|matches|does not beat)\*\* the reactive "
+                             rf"frontier: at [0-9.]+% fulfilment", head), head
+
+
+def test_nan_usage_is_counted_in_the_setup_line_and_an_unscored_resource_is_warned_about(
+        tmp_path, capsys, assert_replay_output):
+    f = tmp_path / "nan.csv"
+    rows = [f"{10 * i},s,p,{'NaN' if i % 2 else 'inf'},{100 + i}" for i in range(30)]
+    f.write_text("timestamp,service,pod.id,cpu.usage.cores,mem.working.set\n" + "\n".join(rows) + "\n")
+    assert main(["replay", str(f), "--policies", "window,oracle", "--json"]) == 0
+    out = capsys.readouterr()
+    lines = [json.loads(ln) for ln in out.out.splitlines()]
+    assert_replay_output(lines)
+    setup = lines[0]
+    assert setup["trace"]["non_finite_missing"] == {"nan.csv cpu.usage.cores": 30}
+    assert any("30 NaN/infinite value(s) treated as missing (15 NaN, 15 infinite)" in n
+               for n in setup["trace"]["notes"])
+    assert "cpu: no value in the trace, so no step is scored for it" in out.err
+    assert "note: nan.csv cpu.usage.cores: 30 NaN/infinite" in out.err
+    cpu = [x for x in lines if x["type"] == "score" and x["resource"] == "cpu"]
+    assert cpu and all(x["steps"] == 0 for x in cpu)
+
+
+def test_json_with_a_report_writes_only_json_to_stdout(tmp_path, capsys, assert_replay_output):
+    import logging
+
+    logging.getLogger().setLevel(logging.DEBUG)  # whatever matplotlib logs must not reach stdout
+    assert main(["replay", str(SAMPLE), "--policies", _policies(), "--json", "--quiet",
+                 "--report", str(tmp_path / "r"), "--log-level", "debug"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(ln.startswith("{") for ln in lines)
+    assert_replay_output([json.loads(ln) for ln in lines])
 
 
 def test_through_kafka_without_a_policy_the_worker_runs_is_refused_with_exit_status_2(capsys):
@@ -346,6 +455,25 @@ def test_the_shared_model_fleet_replays_with_limits_decided_before_each_step():
                   [ContainerSeries(cut.container, cut.t, changed_usage), *trace.containers[1:]])
     a, b = seqs[cut.container], fleet_sequences(other)[cut.container]
     assert a[: k + 1] == b[: k + 1]
+
+
+def test_the_fleet_tells_per_sample_its_phase_and_whether_its_limit_came_from_the_fallback():
+    from phasewise.replay import FleetDetail, fleet_sequences
+
+    trace = load_ai4dl(SAMPLE)
+    detail = FleetDetail()
+    seqs = fleet_sequences(trace, detail=detail)
+    for c in trace.containers:
+        n = len(c)
+        assert detail.phases[c.container].shape == (n,) and detail.phases[c.container].min() >= -1
+        for r in ("cpu", "mem"):
+            fb = detail.fallback[c.container][r]
+            assert fb.dtype == bool and fb.shape == (n,)
+            assert not fb[0]  # no limit in force before the first sample: from nothing
+            # a limit from the fallback is in force only where a limit is in force at all
+            has = np.array([lim.get(r) is not None for _, lim in seqs[c.container]])
+            assert not (fb & ~np.maximum.accumulate(has)).any()
+    assert any(detail.fallback[c.container]["cpu"].any() for c in trace.containers)
 
 
 def test_phase_model_fleet_is_a_replay_option(capsys):

@@ -142,17 +142,21 @@ def test_the_report_says_what_a_through_kafka_phase_worker_starts_from():
     assert worker_origin(ai4dl, pretrained=False, bootstrap="k:9092").endswith("already on the models topic")
 
 
-def test_replay_runs_the_workers_phase_code_in_process(capsys, tmp_path):
+def test_replay_runs_the_workers_phase_code_in_process(capsys, tmp_path, assert_replay_output):
     rc = main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--phase-model", "worker", "--json", "--quiet",
                "--report", str(tmp_path / "cold")])
     assert rc == 0
     summary = (tmp_path / "cold" / "summary.md").read_text()
     assert "phasewise worker --policy phase (in-process" in summary and "4 container(s): cold" in summary
-    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]  # nothing but JSON on stdout
     phase = [x for x in lines if x.get("policy") == "phase"]
     assert {x["resource"] for x in phase} == {"cpu", "mem"} and all(x["steps"] > 0 for x in phase)
-    setup = next(x["setup"] for x in lines if "setup" in x)
+    assert_replay_output(lines)
+    setup = lines[0]
+    assert setup["type"] == "setup" and setup["phase_start"] == {"cold": 4}
     assert setup["phase_model"] == "worker" and setup["pretrained"] is False and setup["model_origin"] == "cold"
+    plotted = sorted((tmp_path / "cold").glob("container-*.png"))
+    assert len(plotted) == 4 and (tmp_path / "cold" / "tradeoff.png").is_file()
     assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-model", "worker", "--phase-frozen"]) == 2
     assert "needs --phase-pretrained" in capsys.readouterr().err
     assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-model", "worker", "--phase-pretrained",
@@ -210,7 +214,9 @@ def test_the_cli_through_kafka_prints_the_scores_of_the_in_process_replay(capsys
     out = capsys.readouterr()
     kafka = [json.loads(line) for line in out.out.splitlines()]
     assert "through kafka: vpa" in out.err
-    rows = [r for r in local if "policy" in r]
+    assert kafka[0]["type"] == "setup" and kafka[0]["through_kafka"] is True and local[0]["through_kafka"] is False
+    local, kafka = local[1:], kafka[1:]  # the setup lines differ in the command and the time taken
+    rows = [r for r in local if r["type"] == "score"]
     assert rows and len(kafka) == len(local)
     for a, b in zip(local, kafka):
         assert (a.get("alloc_over_used"), a.get("fulfilment"), a.get("steps")) == \

@@ -177,3 +177,49 @@ def test_the_real_genai_trace_loads_with_its_three_resources():
     mem = np.concatenate([c.usage["mem"][c.valid("mem")] for c in by_res["mem"]])
     assert 0.0 <= mem.min() and mem.max() <= 1.0 + 1e-9
     assert not any(math.isnan(v) for v in gpu)
+
+
+def test_nan_and_infinite_values_are_missing_and_counted_like_negatives(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("timestamp,service,pod.id,cpu.usage.cores,mem.working.set\n"
+                 "10,s,p,NaN,100\n"
+                 "20,s,p,nan,-5\n"
+                 "30,s,p,inf,300\n"
+                 "40,s,p,-Infinity,\n"
+                 "50,s,p,0.5,NA\n")
+    tr = load_trace(f, "ai4dl")
+    c = tr.containers[0]
+    np.testing.assert_array_equal(c.usage["cpu"], [np.nan, np.nan, np.nan, np.nan, 0.5])
+    np.testing.assert_array_equal(c.usage["mem"], [100.0, 0.0, 300.0, np.nan, np.nan])
+    notes = " | ".join(tr.notes)
+    assert "t.csv cpu.usage.cores: 4 NaN/infinite value(s) treated as missing (2 NaN, 2 infinite)" in notes
+    assert "t.csv mem.working.set: 1 negative value(s) clipped to 0 (lowest -5)" in notes
+    # empty and NA cells are plain missing values: not counted as bad values
+    assert tr.counts == {"negative_clipped": {"t.csv mem.working.set": 1},
+                         "non_finite_missing": {"t.csv cpu.usage.cores": 4}}
+
+
+def test_a_resource_with_no_finite_value_is_named_in_the_notes(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("timestamp,service,pod.id,cpu.usage.cores,mem.working.set\n10,s,p,nan,100\n20,s,p,NaN,200\n")
+    tr = load_trace(f, "ai4dl")
+    assert "cpu" not in tr.containers[0].usage
+    assert "cpu: no value in any container: nothing to score for cpu" in tr.notes
+    assert tr.counts["non_finite_missing"] == {"t.csv cpu.usage.cores": 2}
+
+
+def test_genai_non_finite_values_are_counted_per_file(tmp_path):
+    d = _genai_folder(tmp_path)
+    _write(d / f"{GENAI_FILES['gpu_mem']}.csv",
+           "timestamp_anon,value,container_ip\n0.0,1000.0,a\n57.0,inf,a\n114.0,3000.0,a\n")
+    tr = load_genai2026(d)
+    np.testing.assert_array_equal(tr.containers[0].usage["gpu_mem"], [1000.0, np.nan, 3000.0])
+    assert tr.counts["non_finite_missing"] == {"pod_gpu_memory_used_bytes_anon.csv": 1}
+    assert tr.counts["negative_clipped"] == {"pod_memory_util_anon.csv": 1}
+
+
+def test_an_infinite_timestamp_is_refused(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("timestamp,service,pod.id,cpu.usage.cores,mem.working.set\ninf,s,p,1,2\n")
+    with pytest.raises(TraceFormatError, match="line 2: column 'timestamp' is infinite"):
+        load_ai4dl(f)
