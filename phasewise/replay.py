@@ -995,7 +995,7 @@ def replay_command(args: argparse.Namespace) -> str:
         parts.append("--through-kafka")
         if getattr(args, "bootstrap", None):
             parts += ["--bootstrap", args.bootstrap]
-    for flag in ("phase_pretrained", "phase_frozen"):
+    for flag in ("phase_pretrained", "phase_frozen", "safety"):
         if getattr(args, flag, False):
             parts.append("--" + flag.replace("_", "-"))
     if getattr(args, "phase_model", "container") == "worker" or args.through_kafka:
