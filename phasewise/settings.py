@@ -140,6 +140,12 @@ class Settings:
     #: used up to this, so a limit is at most level x cap x (1 + margin); 0 = no
     #: cap (uncapped, start-up ramps made limits several times the use in replay)
     phase_ratio_cap: float = 1.5
+    # --- every consumer: dead letters (appended)
+    #: a dead letter (key and value) takes at most this many bytes: a payload
+    #: that would not fit is cut and the dead letter says so (``truncated``). It
+    #: must fit the broker's message size limit (Kafka's default: 1 MB; the
+    #: producers' librdkafka default: 1,000,000 bytes)
+    dead_letter_max_bytes: int = 900_000
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
@@ -176,6 +182,9 @@ class Settings:
             raise SettingsError(f"vpa_update_mode must be 'bounds' or 'hysteresis', got {self.vpa_update_mode!r}")
         if self.cpu_floor_cores <= 0:
             raise SettingsError("cpu_floor_cores must be > 0")
+        if not 16_384 <= self.dead_letter_max_bytes <= 1_000_000:
+            raise SettingsError(f"dead_letter_max_bytes must be in [16384, 1000000] (the producers' message "
+                                f"size limit), got {self.dead_letter_max_bytes}")
 
     def phase_feature_tuple(self) -> tuple[str, ...]:
         """``phase_features`` parsed, in :data:`PHASE_FEATURES` order; SettingsError if invalid.
