@@ -2,9 +2,12 @@
 
 For every message on the decisions topic the actuator:
 
-1. decodes it as a :class:`~phasewise.schemas.Decision`; a malformed message
-   goes to the dead-letter topic with the reason (topic, partition and offset
-   are logged) and the actuator carries on;
+1. decodes it as a :class:`~phasewise.schemas.Decision`; a message it cannot
+   decode (a null value, any bytes, any size, nesting or numbers too large to
+   parse, wrong types or values) goes to the dead-letter topic with the
+   reason, partition and offset (a payload too large for
+   ``dead_letter_max_bytes`` cut and marked ``truncated``) and the actuator
+   carries on;
 2. skips decisions for other hosts (see "Why every partition" below);
 3. claims the decision id in the ledger; an id already there is reported as
    ``duplicate`` and not applied again;
@@ -17,7 +20,8 @@ For every message on the decisions topic the actuator:
    decision-to-actuation latency can be measured);
 7. commits the offsets only after the actuations were delivered. Kafka
    delivery is at least once; with the ledger each decision id is applied at
-   most once.
+   most once. An error that is no message's (ledger, backend, Kafka) stops
+   the actuator with exit status 1 after committing the messages it handled.
 
 Why every partition: decisions are keyed by host, so one host's decisions
 stay in order in one partition, but which partition depends on the producing
