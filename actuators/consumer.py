@@ -2,9 +2,12 @@
 
 For every message on the decisions topic the actuator:
 
-1. decodes it as a :class:`~phasewise.schemas.Decision`; a malformed message
-   goes to the dead-letter topic with the reason (topic, partition and offset
-   are logged) and the actuator carries on;
+1. decodes it as a :class:`~phasewise.schemas.Decision`; a message it cannot
+   decode (a null value, any bytes, any size, nesting or numbers too large to
+   parse, wrong types or values) goes to the dead-letter topic with the
+   reason, partition and offset (a payload too large for
+   ``dead_letter_max_bytes`` cut and marked ``truncated``) and the actuator
+   carries on;
 2. skips decisions for other hosts (see "Why every partition" below);
 3. claims the decision id in the ledger; an id already there is reported as
    ``duplicate`` and not applied again;
@@ -18,7 +21,8 @@ For every message on the decisions topic the actuator:
    decision-to-actuation latency can be measured);
 7. commits the offsets only after the actuations were delivered. Kafka
    delivery is at least once; with the ledger each decision id is applied at
-   most once.
+   most once. An error that is no message's (ledger, backend, Kafka) stops
+   the actuator with exit status 1 after committing the messages it handled.
 
 Why every partition: decisions are keyed by host, so one host's decisions
 stay in order in one partition, but which partition depends on the producing
@@ -51,7 +55,7 @@ from phasewise.actuators.commands import Outcome
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import PeakTracker, Planned, declared_peak, is_managed_name, plan
-from phasewise.schemas import Actuation, Decision, SchemaError, decode, encode
+from phasewise.schemas import Actuation, Decision, SchemaError, brief, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import ACTUATIONS, DECISIONS
 
@@ -110,13 +114,18 @@ class Actuator:
         )
 
         try:
-            if decision_bytes is None:
-                raise SchemaError("Decision: empty message (tombstone)")
             d = decode(Decision, decision_bytes)
+            reason = None
         except SchemaError as e:
-            log.warning("malformed decision at %s[%s]@%s: %s", topic, partition, offset, e)
-            publish_dead_letter(self.producer, source_topic=topic, reason=str(e), payload=decision_bytes,
-                                key=key, partition=partition, offset=offset)
+            reason = str(e)
+        except Exception as e:  # noqa: BLE001 - decode raises SchemaError only; a record never stops the actuator
+            log.exception("decoding a decision failed")
+            reason = f"could not decode: {type(e).__name__}: {e}"
+        if reason is not None:
+            log.warning("malformed decision at %s[%s]@%s: %s", topic, partition, offset, brief(reason, 300))
+            publish_dead_letter(self.producer, source_topic=topic, reason=reason, payload=decision_bytes,
+                                key=key, partition=partition, offset=offset,
+                                max_bytes=self.settings.dead_letter_max_bytes)
             self.metrics.dead_letters.inc()
             return None
         if d.host != self.settings.host:
@@ -213,8 +222,13 @@ class Actuator:
 
 def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Event, *,
           batch: int = 100, poll_s: float = 0.5) -> None:
-    """Consume decisions until *stop* is set: handle, flush, then commit."""
-    from confluent_kafka import KafkaException, TopicPartition
+    """Consume decisions until *stop* is set: handle, flush, then commit.
+
+    Every message is handled (a malformed one is dead-lettered); only an error
+    that is not about a message (ledger, backend, Kafka) ends the loop, after
+    the offsets of the messages handled so far were committed.
+    """
+    from confluent_kafka import KafkaException
 
     consumer.subscribe([DECISIONS.name])
     while not stop.is_set():
@@ -224,27 +238,40 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
         if first is None:
             continue
         msgs = [first, *consumer.consume(batch - 1, 0)]
-        offsets: dict[tuple[str, int], int] = {}
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.fatal():
-                    raise KafkaException(err)
-                log.warning("consumer error on %s[%s]: %s", m.topic(), m.partition(), err)
-                continue
-            actuator.handle(m.value(), m.key(), m.partition(), m.offset(), topic=m.topic())
-            offsets[(m.topic(), m.partition())] = m.offset() + 1
-        left = producer.flush(30)
-        if left:
-            # not committing: the batch is redelivered and the ledger reports it as duplicates
-            log.error("%d actuation/dead-letter messages undelivered after 30 s; offsets not committed", left)
-            continue
-        if offsets:
-            try:
-                consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                asynchronous=False)
-            except KafkaException as e:
-                log.warning("offset commit failed (the ledger covers redelivery): %s", e)
+        offsets: dict[tuple[str, int], int] = {}  # past the messages handled (applied, reported or dead-lettered)
+        try:
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.fatal():
+                        raise KafkaException(err)
+                    log.warning("consumer error on %s[%s]: %s", m.topic(), m.partition(), err)
+                    continue
+                actuator.handle(m.value(), m.key(), m.partition(), m.offset(), topic=m.topic())
+                offsets[(m.topic(), m.partition())] = m.offset() + 1
+        except BaseException:
+            # not a record (those are dead-lettered): the ledger, the backend or Kafka failed. The
+            # messages handled so far are committed, the rest is redelivered to the next actuator.
+            _commit_handled(consumer, producer, offsets)
+            raise
+        _commit_handled(consumer, producer, offsets)
+
+
+def _commit_handled(consumer: Any, producer: Any, offsets: dict[tuple[str, int], int]) -> None:
+    """Commit *offsets* once every actuation and dead letter produced so far is delivered."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    left = producer.flush(30)
+    if left:
+        # not committing: the batch is redelivered and the ledger reports it as duplicates
+        log.error("%d actuation/dead-letter messages undelivered after 30 s; offsets not committed", left)
+        return
+    if offsets:
+        try:
+            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                            asynchronous=False)
+        except KafkaException as e:
+            log.warning("offset commit failed (the ledger covers redelivery): %s", e)
 
 
 def make_backend(settings: Settings) -> Backend:
@@ -338,8 +365,12 @@ def run(args: argparse.Namespace) -> int:
         log.info("metrics on :%d/metrics", settings.metrics_port)
 
     stop = threading.Event()
-    with stop_on_signals(stop) as received:
-        run_actuator(settings, backend, stop, metrics=metrics)
+    try:
+        with stop_on_signals(stop) as received:
+            run_actuator(settings, backend, stop, metrics=metrics)
+    except Exception:
+        log.critical("actuator failed; exiting with status 1 (unhandled messages are redelivered)", exc_info=True)
+        return 1
     if received:
         log.info("%s: stopped", signal.Signals(received[0]).name)
     log.info("actuator stopped")

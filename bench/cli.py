@@ -8,6 +8,7 @@ import importlib
 BENCHES = {
     "pipeline": ("phasewise.bench.pipeline", "closed loop: samples/s through the worker, latency, memory"),
     "phases": ("phasewise.bench.phases", "phase detector with the CRBM in the loop: samples/s, memory"),
+    "fuzz": ("phasewise.bench.fuzz", "hostile messages at a real consumer: dead letters, crashes, valid lost"),
 }
 
 

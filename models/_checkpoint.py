@@ -32,6 +32,8 @@ import numpy as np
 __all__ = ["CheckpointError", "pack", "unpack"]
 
 MAGIC = b"PWCK"
+#: the most array bytes a checkpoint may hold (phasewise's models take kilobytes)
+MAX_BODY_BYTES = 2**30
 
 
 class CheckpointError(ValueError):
@@ -65,26 +67,48 @@ def unpack(data: bytes, kind: str, version: int) -> tuple[dict[str, Any], dict[s
     if len(data) < 8 or data[:4] != MAGIC:
         raise CheckpointError(f"not a phasewise checkpoint (expected a {kind} checkpoint)")
     (hlen,) = struct.unpack("<I", data[4:8])
+    if 8 + hlen > len(data):
+        raise CheckpointError(f"{kind} checkpoint is truncated (header)")
     try:
         header = json.loads(data[8 : 8 + hlen])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{kind} checkpoint header is corrupt: {e}") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, an int of too many digits
+        raise CheckpointError(f"{kind} checkpoint header is corrupt: {type(e).__name__}") from None
+    if type(header) is not dict:
+        raise CheckpointError(f"{kind} checkpoint header is corrupt: not an object")
     if header.get("kind") != kind:
-        raise CheckpointError(f"checkpoint holds a {header.get('kind')!r}, not a {kind!r}")
+        raise CheckpointError(f"checkpoint holds a {str(header.get('kind'))[:40]!r}, not a {kind!r}")
     if header.get("version") != version:
         raise CheckpointError(
-            f"{kind} checkpoint has version {header.get('version')}; this build reads version {version}"
+            f"{kind} checkpoint has version {str(header.get('version'))[:40]}; this build reads version {version}"
         )
-    try:
-        body = zlib.decompress(data[8 + hlen :])
+    index = header.get("arrays")
+    if type(index) is not dict or type(header.get("meta")) is not dict or not all(
+        type(sp) is dict and type(sp.get("offset")) is int and type(sp.get("nbytes")) is int
+        and sp["offset"] >= 0 and sp["nbytes"] >= 0 for sp in index.values()
+    ):
+        raise CheckpointError(f"{kind} checkpoint header is corrupt: bad array index")
+    size = max((sp["offset"] + sp["nbytes"] for sp in index.values()), default=0)
+    if size > MAX_BODY_BYTES:
+        raise CheckpointError(f"{kind} checkpoint index names {size} bytes, more than {MAX_BODY_BYTES}")
+    try:  # at most the bytes the index names: a small body cannot inflate to gigabytes
+        inflate = zlib.decompressobj()
+        body = inflate.decompress(data[8 + hlen :], size + 1)
     except zlib.error as e:
         raise CheckpointError(f"{kind} checkpoint body is corrupt: {e}") from None
+    if len(body) > size or inflate.unconsumed_tail:
+        raise CheckpointError(f"{kind} checkpoint body is larger than its index says")
+    if not inflate.eof or inflate.unused_data:
+        raise CheckpointError(f"{kind} checkpoint body is truncated or has trailing bytes")
     arrays: dict[str, np.ndarray] = {}
-    for name, spec in header["arrays"].items():
+    for name, spec in index.items():
         start, n = spec["offset"], spec["nbytes"]
         if start + n > len(body):
             raise CheckpointError(f"{kind} checkpoint is truncated (array {name!r})")
-        arrays[name] = (
-            np.frombuffer(body[start : start + n], dtype=np.dtype(spec["dtype"])).reshape(spec["shape"]).copy()
-        )
+        try:
+            dtype = np.dtype(spec["dtype"])
+            if dtype.hasobject:
+                raise TypeError("object arrays are not data")
+            arrays[name] = np.frombuffer(body[start : start + n], dtype=dtype).reshape(spec["shape"]).copy()
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{kind} checkpoint array {name!r} is corrupt: {type(e).__name__}: {e}") from None
     return header["meta"], arrays

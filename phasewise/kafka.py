@@ -6,6 +6,7 @@ bootstrap address; nothing assumes the embedded broker.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -24,8 +25,10 @@ from phasewise.topics import DEAD_LETTERS, TOPICS, Topic
 
 __all__ = [
     "BrokerUnavailable",
+    "DEAD_LETTER_MAX_BYTES",
     "FoldRepeats",
     "KafkaLog",
+    "dead_letter",
     "ensure_topics",
     "kafka_log",
     "listening",
@@ -307,6 +310,87 @@ def make_consumer(settings: Settings, group_id: str, **extra: Any) -> Consumer:
     return Consumer(conf)
 
 
+#: a dead letter's reason is cut to this many characters, its key to this many bytes
+REASON_MAX_CHARS = 2000
+KEY_MAX_BYTES = 1024
+
+
+#: ``Settings().dead_letter_max_bytes``
+DEAD_LETTER_MAX_BYTES: int = next(f.default for f in dataclasses.fields(Settings)
+                                  if f.name == "dead_letter_max_bytes")
+
+
+def _head(raw: bytes, n: int) -> bytes:
+    """The first *n* bytes of *raw*, not ending inside a UTF-8 character where *raw* is UTF-8 there."""
+    if n >= len(raw):
+        return raw
+    cut = n
+    for _ in range(3):  # a UTF-8 character has at most 3 continuation bytes
+        if cut > 0 and (raw[cut] & 0xC0) == 0x80:
+            cut -= 1
+        else:
+            return raw[:cut]
+    return raw[:n]  # not UTF-8 here: cut where asked
+
+
+def dead_letter(
+    *,
+    source_topic: str,
+    reason: str,
+    payload: bytes | None,
+    key: bytes | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+    max_bytes: int = DEAD_LETTER_MAX_BYTES,
+    ts: float | None = None,
+) -> tuple[bytes | None, bytes, DeadLetter]:
+    """``(record key, record value, the DeadLetter)`` of a record that could not be processed.
+
+    Key and value together take at most *max_bytes* (``dead_letter_max_bytes``):
+    a payload whose text form would not fit is cut to its first bytes (the text
+    of invalid UTF-8 is up to 5x the bytes once escaped in JSON), so is a key
+    longer than :data:`KEY_MAX_BYTES`, and the dead letter says so
+    (``truncated``; ``payload_bytes`` is the original size). The reason is cut
+    to :data:`REASON_MAX_CHARS`.
+
+    >>> k, v, dl = dead_letter(source_topic="t", reason="bad", payload=bytes(range(256)) * 400,
+    ...                        max_bytes=20_000, ts=0.0)
+    >>> len(v) <= 20_000, dl.truncated, dl.payload_bytes, k
+    (True, True, 102400, None)
+    """
+    if len(reason) > REASON_MAX_CHARS:
+        reason = reason[:REASON_MAX_CHARS - 30] + f"... ({len(reason)} characters)"
+    truncated = False
+    if key is not None and len(key) > KEY_MAX_BYTES:
+        key, truncated = _head(key, KEY_MAX_BYTES), True
+    dl = DeadLetter(
+        ts=time.time() if ts is None else ts,
+        source_topic=source_topic,
+        partition=partition,
+        offset=offset,
+        reason=reason,
+        payload=payload_text(payload),
+        key=None if key is None else payload_text(key),
+        payload_bytes=None if payload is None else len(payload),
+        truncated=truncated,
+    )
+    budget = max_bytes - (0 if key is None else len(key))
+    value = encode(dl)
+    if len(value) <= budget or payload is None:
+        return key, value, dl
+    # cut the payload: the bytes kept shrink in proportion to the overshoot until the value fits
+    empty = len(encode(dataclasses.replace(dl, payload="", truncated=True)))
+    n = len(payload)
+    while True:
+        room = budget - empty
+        per_byte = max(1.0, (len(value) - empty) / max(1, n))
+        n = min(n - 1, int(room / per_byte)) if n > 0 else 0
+        dl = dataclasses.replace(dl, payload=payload_text(_head(payload, max(0, n))), truncated=True)
+        value = encode(dl)
+        if len(value) <= budget or n <= 0:
+            return key, value, dl
+
+
 def publish_dead_letter(
     producer: Producer,
     *,
@@ -316,16 +400,17 @@ def publish_dead_letter(
     key: bytes | None = None,
     partition: int | None = None,
     offset: int | None = None,
+    max_bytes: int = DEAD_LETTER_MAX_BYTES,
 ) -> DeadLetter:
-    dl = DeadLetter(
-        ts=time.time(),
-        source_topic=source_topic,
-        partition=partition,
-        offset=offset,
-        reason=reason,
-        payload=payload_text(payload),
-        key=None if key is None else payload_text(key),
-    )
-    producer.produce(DEAD_LETTERS.name, key=key, value=encode(dl))
-    log.warning("dead-lettered %s[%s]@%s: %s", source_topic, partition, offset, reason)
+    """Queue the :func:`dead_letter` of a record on the dead-letter topic (key: the record's key)."""
+    key, value, dl = dead_letter(source_topic=source_topic, reason=reason, payload=payload, key=key,
+                                 partition=partition, offset=offset, max_bytes=max_bytes)
+    while True:
+        try:
+            producer.produce(DEAD_LETTERS.name, key=key, value=value)
+            break
+        except BufferError:  # librdkafka's queue is full: serve deliveries, then queue
+            producer.poll(0.05)
+    log.warning("dead-lettered %s[%s]@%s%s: %s", source_topic, partition, offset,
+                " (payload truncated)" if dl.truncated else "", reason)
     return dl

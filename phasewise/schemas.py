@@ -6,7 +6,12 @@ version) and ``ts`` (event time, Unix seconds). Wire format is JSON (UTF-8).
 
 Parsing is strict: :func:`decode` turns bytes into a record or raises
 :class:`SchemaError` whose message says exactly what is wrong, so a consumer
-can dead-letter the message with that reason instead of crashing.
+can dead-letter the message with that reason instead of crashing. Whatever a
+record holds (a null value, bytes that are not UTF-8 or not JSON, nesting
+deeper than the parser's recursion limit, a number of thousands of digits,
+more than :data:`MAX_MESSAGE_BYTES`), the answer is a record or a
+``SchemaError``, never another exception. Integer fields hold 64-bit
+integers; a reason quotes at most the first few dozen characters of a value.
 
 JSON Schemas for subscribers are generated from these classes
 (:func:`json_schemas`) into ``infra/schemas/`` and a test keeps them current.
@@ -51,6 +56,8 @@ __all__ = [
     "ModelSnapshot",
     "DeadLetter",
     "RECORDS",
+    "MAX_MESSAGE_BYTES",
+    "brief",
     "encode",
     "decode",
     "decode_host_samples",
@@ -64,10 +71,35 @@ __all__ = [
 MAX_CORES = 4096.0
 MAX_BYTES = float(2**46)
 MAX_PCT = 100.0
+#: the largest message :func:`decode` parses (a cap on the memory one record can
+#: take; Kafka's default message size limit is 1 MB)
+MAX_MESSAGE_BYTES = 16 * 2**20
+#: integer fields are 64-bit (what Kafka's other clients read)
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
 class SchemaError(ValueError):
     """A message does not match its record's schema; ``str(e)`` is the reason."""
+
+
+def brief(value: Any, limit: int = 60) -> str:
+    """A value as a reason quotes it: ``repr`` up to *limit* characters, an array or object by its kind.
+
+    >>> brief("x" * 100, limit=20), brief(10**80, limit=20), brief(1.5)
+    ("'xxxxxxx... (102 characters)", '10000000... (81 characters)', '1.5')
+    >>> brief([[1]]), brief({"a": 1})
+    ('an array', 'an object')
+    """
+    t = type(value)
+    if t is list or t is tuple:
+        return "an array"
+    if t is dict:
+        return "an object"
+    try:
+        r = repr(value)
+    except (ValueError, RecursionError):  # e.g. an int beyond the interpreter's digit limit
+        return f"a {t.__name__}"
+    return r if len(r) <= limit else f"{r[:limit - 12]}... ({len(r)} characters)"
 
 
 def _f(
@@ -237,8 +269,13 @@ class DeadLetter:
     partition: int | None = _f(default=None)
     offset: int | None = _f(default=None)
     reason: str = _f()
-    payload: str = _f(doc="the original bytes, UTF-8 with backslash escapes for invalid bytes")
+    payload: str = _f(doc="the original bytes, UTF-8 with backslash escapes for invalid bytes "
+                          "(only their start when truncated)")
     key: str | None = _f(default=None)
+    payload_bytes: int | None = _f(default=None, minimum=0,
+                                   doc="size of the original value in bytes; null: the record had no value")
+    truncated: bool = _f(default=False, doc="payload (or key) holds only the start of the original, cut so "
+                                            "that the dead letter fits the broker's message size limit")
     v: int = _f(default=1)
 
 
@@ -296,14 +333,19 @@ def _number_converter(cls: str, name: str, meta: dict, integer: bool, optional: 
                 if not value.is_integer():
                     raise SchemaError(f"{cls}: field '{name}' must be an integer, got {value!r}")
                 value = int(value)
+            if value < _INT_MIN or value > _INT_MAX:
+                raise SchemaError(f"{cls}: field '{name}' = {brief(value)} is not a 64-bit integer")
         else:
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an integer of hundreds of digits
+                raise SchemaError(f"{cls}: field '{name}' = {brief(value)} is too large for a number") from None
             if value != value or value in (math.inf, -math.inf):
                 raise SchemaError(f"{cls}: field '{name}' must be finite, got {value!r}")
         if lo is not None and value < lo:
-            raise SchemaError(f"{cls}: field '{name}' = {value!r} is below the minimum {lo}")
+            raise SchemaError(f"{cls}: field '{name}' = {brief(value)} is below the minimum {lo}")
         if hi is not None and value > hi:
-            raise SchemaError(f"{cls}: field '{name}' = {value!r} is above the maximum {hi:g}")
+            raise SchemaError(f"{cls}: field '{name}' = {brief(value)} is above the maximum {hi:g}")
         return value
 
     return convert
@@ -332,10 +374,18 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
             if type(value) is not str:
                 raise SchemaError(f"{cls}: field '{name}' must be a string, got {type(value).__name__}")
             if enum and value not in enum:
-                raise SchemaError(f"{cls}: field '{name}' = {value!r} is not one of {list(enum)}")
+                raise SchemaError(f"{cls}: field '{name}' = {brief(value)} is not one of {list(enum)}")
             return value
 
         return null_or(check_str)
+    if tp is bool:
+
+        def check_bool(value: Any) -> bool:
+            if type(value) is not bool:
+                raise SchemaError(f"{cls}: field '{name}' must be true or false, got {type(value).__name__}")
+            return value
+
+        return null_or(check_bool)
     if tp is dict:
 
         def check_dict(value: Any) -> dict:
@@ -388,7 +438,7 @@ def _parser(cls: type):
             if v is None:
                 raise SchemaError(f"{name}: missing field 'v' (schema version)")
             if v != version or type(v) is bool:
-                raise SchemaError(f"{name}: unsupported schema version {v!r} (this build reads v{version})")
+                raise SchemaError(f"{name}: unsupported schema version {brief(v)} (this build reads v{version})")
         kwargs = {}
         for fname, required, convert in specs:
             if fname in data:
@@ -474,12 +524,47 @@ def encode(record: Any) -> bytes:
     return _ENCODER.encode(d).encode()
 
 
+def _unparsable(name: str, raw: Any, e: BaseException) -> SchemaError:
+    """The reason *raw* could not be parsed as JSON (``json.loads`` raised *e*)."""
+    if raw is None:
+        return SchemaError(f"{name}: the record has no value (null, e.g. a tombstone); expected a JSON object")
+    if isinstance(e, RecursionError):
+        return SchemaError(f"{name}: not valid JSON: arrays or objects nested too deeply to parse")
+    if isinstance(e, MemoryError):
+        return SchemaError(f"{name}: not valid JSON: out of memory parsing {len(raw)} bytes")
+    if isinstance(e, TypeError):
+        return SchemaError(f"{name}: expected bytes, got {type(raw).__name__}")
+    if isinstance(e, (UnicodeDecodeError, json.JSONDecodeError)):
+        return SchemaError(f"{name}: not valid JSON: {e}")
+    # ValueError: an integer literal longer than the interpreter converts (sys.get_int_max_str_digits())
+    return SchemaError(f"{name}: not valid JSON: {str(e).split(';')[0]}")
+
+
+def _too_large(name: str, raw: bytes | str) -> SchemaError:
+    return SchemaError(f"{name}: message of {len(raw)} bytes is larger than the limit of "
+                       f"{MAX_MESSAGE_BYTES} bytes (MAX_MESSAGE_BYTES)")
+
+
 def decode(cls: type[R], raw: bytes | str) -> R:
-    """Parse and validate one message; :class:`SchemaError` says why not."""
+    """Parse and validate one message; :class:`SchemaError` says why not (and nothing else is raised).
+
+    >>> decode(Decision, None)
+    Traceback (most recent call last):
+    ...
+    phasewise.schemas.SchemaError: Decision: the record has no value (null, e.g. a tombstone); expected a JSON object
+    >>> decode(Decision, b"[" * 100_000)
+    Traceback (most recent call last):
+    ...
+    phasewise.schemas.SchemaError: Decision: not valid JSON: arrays or objects nested too deeply to parse
+    """
     try:
+        if len(raw) > MAX_MESSAGE_BYTES:
+            raise _too_large(cls.__name__, raw)
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SchemaError(f"{cls.__name__}: not valid JSON: {e}") from None
+    except SchemaError:
+        raise
+    except (ValueError, TypeError, RecursionError, MemoryError) as e:
+        raise _unparsable(cls.__name__, raw, e) from None
     return from_dict(cls, data)
 
 
@@ -498,6 +583,9 @@ class _Column:
         self.kind = {float: "float", int: "int", str: "str"}[tp]
         self.name = f.name
         self.lo, self.hi = f.metadata.get("minimum"), f.metadata.get("maximum")
+        if self.kind == "int":  # the strict parser's 64-bit range
+            self.lo = _INT_MIN if self.lo is None else self.lo
+            self.hi = _INT_MAX if self.hi is None else self.hi
         self.slot = cls.__dict__[f.name]  # the slot's member descriptor
 
     def check(self, col: tuple) -> tuple | None:
@@ -591,16 +679,19 @@ def decode_host_samples(raw: bytes | str) -> HostSamples:
     little that ``json.loads`` takes (``NaN``/``Infinity`` literals, integers
     beyond 64 bits, lone surrogate escapes): those go through the strict
     parser too, so the answer never depends on which parser is installed.
+    Like :func:`decode`, it raises nothing but :class:`SchemaError`.
     """
+    if type(raw) is not bytes or len(raw) > MAX_MESSAGE_BYTES:
+        return decode(HostSamples, raw)  # null, text, too large: the strict parser decides
     if _fast_loads is not None:
         try:
             data = _fast_loads(raw)
-        except _FastJSONError:
+        except (_FastJSONError, TypeError, MemoryError):
             return decode(HostSamples, raw)  # the strict parser decides, and words the error
     else:
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, TypeError, RecursionError, MemoryError):
             return decode(HostSamples, raw)  # the strict parser words the error
     if type(data) is dict and "containers" in data:
         cs = _fast_containers(data["containers"])
@@ -629,6 +720,8 @@ def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
         s: dict = {"type": "number"}
     elif tp is int:
         s = {"type": "integer"}
+    elif tp is bool:
+        s = {"type": "boolean"}
     elif tp is str:
         s = {"type": "string"}
         if meta.get("enum"):

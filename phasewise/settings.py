@@ -482,6 +482,12 @@ class Settings:
     safety_peak_window_s: float = setting(3600.0, check=above(0),
                                           help="memory limits stay above the peak working set of this many "
                                                "seconds + mem_margin_bytes")
+    # --- every consumer: dead letters
+    #: a dead letter (key and value) takes at most this many bytes: a payload that would not fit is
+    #: cut and the dead letter says so (``truncated``). It must fit the broker's message size limit
+    #: (Kafka's default: 1 MB; the producers' librdkafka default: 1,000,000 bytes)
+    dead_letter_max_bytes: int = setting(900_000, parse=parse_size, check=in_range(16_384, 1_000_000),
+                                         help="largest dead letter, bytes (fits the broker's message size)")
 
     def __post_init__(self) -> None:
         self.validate()

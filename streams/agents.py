@@ -7,10 +7,13 @@ round); each round is one vectorised step, which decides exactly what one
 step per message would. For every message on the samples topic (key: host):
 
 - parse it with :func:`phasewise.schemas.decode_host_samples` (the strict
-  ``decode``'s answers, column-wise); a malformed message (not
-  JSON, another schema version, missing fields, absurd values) goes to the
-  dead-letter topic with the parser's reason, its partition and offset, and
-  the agent carries on;
+  ``decode``'s answers, column-wise); a message it cannot decode (a null
+  value, bytes that are not JSON, nesting or numbers too large to parse,
+  another schema version, missing fields, wrong types, absurd values) goes to
+  the dead-letter topic with the parser's reason, its partition and offset
+  (:func:`phasewise.kafka.dead_letter`: a payload too large for
+  ``dead_letter_max_bytes`` is cut and marked ``truncated``), and the agent
+  carries on;
 - run :func:`phasewise.streams.processing.process_host_samples` (a round of
   several messages: ``process_many``) over all of its containers in one
   pass, with each container's recommender held in an in-memory cache
@@ -29,7 +32,9 @@ step per message would. For every message on the samples topic (key: host):
 
 A valid message the logic fails on (a bug) is dead-lettered too, with kind
 ``processing``, so one bad message never stops the stream (a round that
-fails is stepped again message by message, :func:`run_rounds`). A worker
+fails is stepped again message by message, :func:`run_rounds`). An agent
+that dies on anything else stops the worker with exit status 1 and commits
+nothing after it (:func:`fail_worker_on_agent_error`). A worker
 that dies re-processes its partitions from the last commit, with the state written at
 that commit: samples the state had learned since its last marked write are
 not in it (at most ``state_write_interval_s`` of them).
@@ -46,15 +51,14 @@ from typing import Any
 
 import faust
 
+from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.guard import RULES
 from phasewise.schemas import (
-    DeadLetter,
     Decision,
     HostSamples,
     SchemaError,
     decode_host_samples,
     encode,
-    payload_text,
 )
 from phasewise.settings import Settings
 from phasewise.streams.metrics import WorkerMetrics
@@ -225,6 +229,32 @@ def run_rounds(items: list[tuple[Any, HostSamples]], step: Callable[[list[HostSa
     return failed
 
 
+def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: WorkerMetrics) -> Callable[..., Any]:
+    """``on_error`` of every agent of the worker (the app's ``_on_agent_error``): a dead agent stops the
+    worker, and nothing is committed.
+
+    An agent dies only on something that is not a record (a record it cannot
+    decode or process becomes a dead letter). Faust's own handler commits the
+    offsets acked so far and restarts the agent; the events of the batch the
+    agent held are acked when its stream is closed, processed or not; and the
+    worker goes on reporting ready. So, before anything else can run:
+    the commit barrier refuses every later commit (the batch and everything
+    after it are read again by the next worker), ``phasewise_worker_ready``
+    drops to 0, and the agent's supervisor (``mode.CrashingSupervisor``, see
+    :func:`phasewise.streams.app.create_app`) crashes the app, so the process
+    exits with status 1.
+    """
+
+    async def on_agent_error(agent: Any, exc: BaseException) -> None:
+        reason = f"agent {getattr(agent, 'name', agent)} died: {type(exc).__name__}: {exc}"
+        barrier.fail(reason)
+        metrics.ready.set(0)
+        log.critical("%s; no further offsets are committed and the worker stops (exit status 1)", reason,
+                     exc_info=exc)
+
+    return on_agent_error
+
+
 def register(app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
              metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None) -> dict[str, Any]:
     """Add the state table and the samples agent to *app*; returns the handles.
@@ -257,12 +287,16 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     async def dead_letter(event: faust.types.EventT, reason: str, kind: str) -> None:
         msg = event.message
-        dl = DeadLetter(ts=time.time(), source_topic=msg.topic, partition=msg.partition,
-                        offset=msg.offset, reason=reason, payload=payload_text(msg.value),
-                        key=None if msg.key is None else payload_text(msg.key))
-        outputs.send(DEAD_LETTERS.name, msg.key, encode(dl))
+        key, value, dl = make_dead_letter(source_topic=msg.topic, reason=reason, payload=msg.value, key=msg.key,
+                                          partition=msg.partition, offset=msg.offset,
+                                          max_bytes=settings.dead_letter_max_bytes)
+        outputs.send(DEAD_LETTERS.name, key, value)
         metrics.dead_letters.labels(kind=kind).inc()
-        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
+        log.warning("dead-lettered %s[%s]@%s%s: %s", msg.topic, msg.partition, msg.offset,
+                    " (payload truncated)" if dl.truncated else "", dl.reason)
+
+    # Faust hands every agent the app's _on_agent_error, which commits the offsets acked so far
+    app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
 
     phase = None  # --policy phase: the phase detector runs after the VPA (its fallback)
     if settings.policy == "phase":
@@ -306,6 +340,10 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 except SchemaError as e:
                     await dead_letter(event, str(e), "schema")
                     continue
+                except Exception as e:  # noqa: BLE001 - decode raises SchemaError only; a record never stops the agent
+                    log.exception("decoding a samples record failed")
+                    await dead_letter(event, f"could not decode: {type(e).__name__}: {e}", "schema")
+                    continue
                 if only_hosts and hs.host not in only_hosts:
                     continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
                 pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
@@ -343,7 +381,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     @app.on_rebalance_complete.connect
     async def _ready(app: faust.App, **kwargs: Any) -> None:
-        metrics.ready.set(1)
+        metrics.ready.set(0 if barrier.failure is not None else 1)
 
     return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics,
             "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry}

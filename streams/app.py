@@ -16,7 +16,11 @@ phasewise need:
   broker); decisions carry idempotency keys instead;
 - web server only when ``settings.web_port`` is non-zero;
 - ``version=APP_VERSION``: bump it when a table's value format changes, so a
-  new worker starts from fresh changelogs instead of misreading old ones.
+  new worker starts from fresh changelogs instead of misreading old ones;
+- ``agent_supervisor=mode.CrashingSupervisor``: an agent that dies stops the
+  worker (exit status 1) instead of being restarted or left dead while the
+  worker looks healthy (see
+  :func:`phasewise.streams.agents.fail_worker_on_agent_error`).
 
 The samples agent and the state table are registered by
 :func:`phasewise.streams.agents.register`.
@@ -27,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 import faust
+from mode import CrashingSupervisor
 
 from phasewise.settings import Settings
 
@@ -67,6 +72,7 @@ def create_app(settings: Settings, *, samples_partitions: int | None = None,
         web_port=settings.web_port or 6066,
         web_bind="127.0.0.1",
         stream_recovery_delay=0.0,
+        agent_supervisor=CrashingSupervisor,
     )
     _bound_fetch_wait(settings.fetch_wait_max_ms)
     if register_agents:

@@ -28,8 +28,13 @@ Every metric is registered on the registry passed in (tests use a fresh
   recovered its tables;
 - ``--policy phase`` only: ``phasewise_worker_phase_changes_total`` (PhaseChange
   records sent), ``phasewise_worker_model_version`` (snapshot version the
-  detectors use, 0 = none yet), ``phasewise_worker_snapshots_published_total``
+  detectors use, 0 = none yet), ``phasewise_worker_model_snapshot_latest``
+  (newest valid snapshot read from the models topic; the detectors move to it
+  at their next message), ``phasewise_worker_snapshots_published_total``
   and ``phasewise_worker_windows_learned_total`` (this worker as the learner).
+
+``phasewise_worker_ready`` drops to 0 when an agent dies; the worker then
+stops with exit status 1 (see :func:`phasewise.streams.agents.fail_worker_on_agent_error`).
 """
 
 from __future__ import annotations
@@ -73,6 +78,9 @@ class WorkerMetrics:
                                      registry=registry)
         self.model_version = Gauge("phasewise_worker_model_version",
                                    "phase model snapshot version the detectors use (0 = none)", registry=registry)
+        self.snapshot_latest = Gauge("phasewise_worker_model_snapshot_latest",
+                                     "newest valid phase model snapshot version read from the models topic "
+                                     "(0 = none)", registry=registry)
         self.snapshots_published = Counter("phasewise_worker_snapshots_published",
                                            "phase model snapshots published by this worker's learner",
                                            registry=registry)
@@ -85,8 +93,8 @@ class WorkerMetrics:
                                       registry=registry)
         for r in RULES:
             self.safety_bounded.labels(rule=r)
-        self.ready = Gauge("phasewise_worker_ready", "1 once partitions are assigned and tables recovered",
-                           registry=registry)
+        self.ready = Gauge("phasewise_worker_ready", "1 once partitions are assigned and tables recovered, "
+                           "0 again when an agent died", registry=registry)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

@@ -42,7 +42,9 @@ A record librdkafka fails to deliver (after its own retries, within
 ``phasewise_worker_delivery_errors_total{topic}``, logged with the reason,
 and makes every later flush raise :class:`DeliveryFailed`: this process
 commits no further offsets, Faust stops the worker, and a restart
-re-processes from the last commit.
+re-processes from the last commit. An agent that dies does the same through
+:meth:`CommitBarrier.fail` (:class:`WorkerFailed`): Faust acks the events an
+agent held when it died, processed or not, and none of them may be committed.
 """
 
 from __future__ import annotations
@@ -54,14 +56,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CommitBarrier", "DeferredWrites", "DeliveryFailed", "OutputSender", "PartitionMap", "attach",
-           "output_producer", "state_bytes"]
+__all__ = ["CommitBarrier", "DeferredWrites", "DeliveryFailed", "OutputSender", "PartitionMap", "WorkerFailed",
+           "attach", "output_producer", "state_bytes"]
 
 log = logging.getLogger(__name__)
 
 
 class DeliveryFailed(RuntimeError):
     """An output record was not delivered; source offsets must not be committed."""
+
+
+class WorkerFailed(RuntimeError):
+    """An agent died (:meth:`CommitBarrier.fail`); source offsets must not be committed."""
 
 
 class _Epoch:
@@ -311,6 +317,12 @@ class CommitBarrier:
         #: called (synchronously) at the start of every barrier, before the outputs' delivery is awaited:
         #: last sends that belong to this commit (e.g. held learn windows)
         self.before: list[Callable[[], None]] = []
+        self.failure: str | None = None  # set by fail(); sticky
+
+    def fail(self, reason: str) -> None:
+        """Refuse every later commit (an agent died: the events it held may be acked unprocessed)."""
+        if self.failure is None:
+            self.failure = reason
 
     def table(self, table: Any, source: Callable[[], Any] | None = None) -> DeferredWrites:
         """Hold *table*'s writes for the commits; *source*: see :class:`DeferredWrites`."""
@@ -319,9 +331,13 @@ class CommitBarrier:
         return d
 
     async def before_commit(self) -> None:
+        if self.failure is not None:
+            raise WorkerFailed(f"no offsets are committed after a failure: {self.failure}")
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
+            if self.failure is not None:  # failed while this barrier waited for the previous one
+                raise WorkerFailed(f"no offsets are committed after a failure: {self.failure}")
             for fn in self.before:
                 fn()
             for d in self.tables:

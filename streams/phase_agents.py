@@ -50,8 +50,11 @@ missing reading is NaN). Only ``cpu`` and ``mem`` get limits and decisions
 (:data:`LIMITED`); GPU columns shape the phases. The model's features name it
 on the models topic (:func:`model_name`), so each feature set is its own model.
 
-Learn-window batches are an internal format (JSON, versioned, below); a
-malformed one is dead-lettered with the reason.
+Learn-window batches are an internal format (JSON, versioned, below); one
+the learner cannot decode (:func:`decode_learn_batch`) or learn from is
+dead-lettered with the reason, and so is a record of this worker's model on
+the models topic that is no usable snapshot (:class:`SnapshotFollower`; each
+worker follows the topic, so each dead-letters it).
 """
 
 from __future__ import annotations
@@ -80,11 +83,14 @@ from phasewise.models.phase_fleet import FleetStep, PhaseFleet
 from phasewise.schemas import (
     MAX_BYTES,
     MAX_CORES,
+    MAX_MESSAGE_BYTES,
+    MAX_PCT,
     Decision,
     HostSamples,
     ModelSnapshot,
     PhaseChange,
     SchemaError,
+    brief,
     decode,
     encode,
 )
@@ -132,11 +138,26 @@ def _finite_list(a: np.ndarray) -> list[float | None]:
     return [None if not math.isfinite(x) else x for x in np.asarray(a, dtype=np.float64).reshape(-1).tolist()]
 
 
+_NUMBER_OR_NULL = frozenset((float, int, type(None)))
+
+
 def _float_array(xs: Any) -> np.ndarray:
-    """Inverse of :func:`_finite_list`: None becomes NaN (numpy converts it)."""
-    if not isinstance(xs, list):
+    """Inverse of :func:`_finite_list`: None becomes NaN (numpy converts it); anything but numbers and
+    nulls (booleans, strings numpy would read as numbers, arrays) raises TypeError."""
+    if type(xs) is not list:
         raise TypeError(f"expected a list, got {type(xs).__name__}")
+    if not _NUMBER_OR_NULL.issuperset(map(type, xs)):
+        raise TypeError("expected numbers or nulls")
     return np.array(xs, dtype=np.float64)
+
+
+def _int_array(xs: Any) -> np.ndarray:
+    """A list of integers as int64 (TypeError for anything else, OverflowError beyond 64 bits)."""
+    if type(xs) is not list:
+        raise TypeError(f"expected a list, got {type(xs).__name__}")
+    if not {int}.issuperset(map(type, xs)):
+        raise TypeError("expected integers")
+    return np.array(xs, dtype=np.int64)
 
 
 def _flat(a: Any, dtype: Any = np.float64) -> np.ndarray:
@@ -164,47 +185,93 @@ def encode_learn_batch(name: str, windows: np.ndarray, prev_phase: np.ndarray, u
     return json.dumps(d, separators=(",", ":")).encode()
 
 
-def decode_learn_batch(raw: bytes, name: str, window_len: int, n_features: int
+#: the largest value of each frame feature a learn batch may carry (the HostSamples field's maximum)
+_FEATURE_MAX = {"cpu": MAX_CORES, "mem": MAX_BYTES, "gpu": MAX_PCT * 64, "gpu_mem": MAX_BYTES}
+
+
+def _out_of_range(A: np.ndarray, hi: np.ndarray, what: str) -> str | None:
+    """Why the rows of *A* (last axis: features) are not *what* (usage, level): a value below 0 or
+    above the feature's maximum *hi* (NaN is a missing value: the normaliser skips it)."""
+    with np.errstate(invalid="ignore"):
+        if (A < 0).any():
+            return f"negative {what}"
+        if (A > hi).any():
+            return f"{what} above the feature's maximum"
+    return None
+
+
+def decode_learn_batch(raw: bytes | None, name: str, window_len: int, n_features: int,
+                       features: Sequence[str] | None = None
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Parse a learn batch for model *name*: ``(windows, prev_phase, usage, levels or None)``.
 
-    :class:`SchemaError` says why not. Version 1 batches (no levels) are read too.
+    :class:`SchemaError` says why not, whatever *raw* holds (nothing else is
+    raised). Version 1 batches (no levels) are read too. Every number of the
+    windows, usage and levels is missing (null) or within [0, the feature's
+    maximum] (*features*: the model's; without them the columns after cpu and
+    mem are checked against the largest maximum); phases in force are
+    integers >= -1.
     """
+    if raw is None:
+        raise SchemaError("learn batch: the record has no value (null, e.g. a tombstone)")
     try:
-        d = _orjson.loads(raw) if _orjson is not None else json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:  # orjson's error is a JSONDecodeError
-        raise SchemaError(f"learn batch: not valid JSON: {e}") from None
-    if type(d) is not dict or d.get("v") not in (1, LEARN_BATCH_VERSION):
-        raise SchemaError(f"learn batch: unsupported version {d.get('v') if isinstance(d, dict) else d!r}")
+        if len(raw) > MAX_MESSAGE_BYTES:
+            raise SchemaError(f"learn batch: message of {len(raw)} bytes is larger than the limit of "
+                              f"{MAX_MESSAGE_BYTES} bytes (MAX_MESSAGE_BYTES)")
+        try:
+            d = _orjson.loads(raw) if _orjson is not None else json.loads(raw)
+        except (ValueError, TypeError, MemoryError):  # orjson's error is a JSONDecodeError (a ValueError)
+            if _orjson is None:
+                raise
+            d = json.loads(raw)  # what orjson refuses json decides (NaN: a missing value), and words the error
+    except SchemaError:
+        raise
+    except RecursionError:
+        raise SchemaError("learn batch: not valid JSON: arrays or objects nested too deeply to parse") from None
+    except (ValueError, TypeError, MemoryError) as e:
+        raise SchemaError(f"learn batch: not valid JSON: {str(e).split(';')[0]}") from None
+    if type(d) is not dict or d.get("v") not in (1, LEARN_BATCH_VERSION) or type(d.get("v")) is not int:
+        raise SchemaError(f"learn batch: unsupported version {brief(d.get('v') if type(d) is dict else d)}")
     if d.get("model") != name:
-        raise SchemaError(f"learn batch: for model {d.get('model')!r}, this learner trains {name!r}")
+        raise SchemaError(f"learn batch: for model {brief(d.get('model'))}, this learner trains {name!r}")
     shape = d.get("shape")
-    if not (isinstance(shape, list) and len(shape) == 3 and shape[1:] == [window_len, n_features]
-            and isinstance(shape[0], int) and shape[0] >= 0):
-        raise SchemaError(f"learn batch: shape {shape!r}, expected [n, {window_len}, {n_features}]")
+    if not (type(shape) is list and len(shape) == 3 and shape[1:] == [window_len, n_features]
+            and type(shape[0]) is int and 0 <= shape[0] <= MAX_MESSAGE_BYTES):
+        shown = "[" + ", ".join(map(brief, shape)) + "]" if type(shape) is list and len(shape) <= 3 else brief(shape)
+        raise SchemaError(f"learn batch: shape {shown}, expected [n, {window_len}, {n_features}]")
     n = shape[0]
     try:
         W = _float_array(d["windows"])
         U = _float_array(d["usage"])
-        P = np.array(d["prev_phase"], dtype=np.int64)
-    except (KeyError, TypeError, ValueError) as e:
-        raise SchemaError(f"learn batch: bad arrays: {type(e).__name__}: {e}") from None
+        P = _int_array(d["prev_phase"])
+    except KeyError as e:
+        raise SchemaError(f"learn batch: missing array {e}") from None
+    except (TypeError, ValueError, OverflowError) as e:
+        raise SchemaError(f"learn batch: bad arrays: {type(e).__name__}: {brief(str(e), 200)}") from None
     if W.size != n * window_len * n_features or U.size != n * n_features or P.shape != (n,):
         raise SchemaError(f"learn batch: array sizes do not match shape {shape}")
-    if (W[np.isfinite(W)] < 0).any() or (U[np.isfinite(U)] < 0).any():
-        raise SchemaError("learn batch: negative usage")
+    hi = np.array([_FEATURE_MAX[f] for f in features] if features is not None
+                  else [MAX_CORES, MAX_BYTES] + [max(_FEATURE_MAX.values())] * (n_features - 2))
+    W, U = W.reshape(n, window_len, n_features), U.reshape(n, n_features)
+    for where, A in (("windows", W), ("usage", U)):
+        why = _out_of_range(A, hi, "usage")
+        if why is not None:
+            raise SchemaError(f"learn batch: {why} ({where})")
+    if (P < -1).any():
+        raise SchemaError("learn batch: a phase in force below -1")
     levels = None
     if d.get("levels") is not None:
         try:
             levels = _float_array(d["levels"])
-        except (TypeError, ValueError) as e:
-            raise SchemaError(f"learn batch: bad levels: {type(e).__name__}: {e}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise SchemaError(f"learn batch: bad levels: {type(e).__name__}: {brief(str(e), 200)}") from None
         if levels.size != n * n_features:
             raise SchemaError(f"learn batch: levels do not match shape {shape}")
-        if (levels[np.isfinite(levels)] < 0).any():
-            raise SchemaError("learn batch: negative level")
         levels = levels.reshape(n, n_features)
-    return W.reshape(n, window_len, n_features), P, U.reshape(n, n_features), levels
+        why = _out_of_range(levels, hi, "level")
+        if why is not None:
+            raise SchemaError(f"learn batch: {why}")
+    return W, P, U, levels
 
 
 # ---------------------------------------------------------------------- models
@@ -231,10 +298,15 @@ def snapshot_of(model: PhaseModel, version: int, samples_seen: int) -> ModelSnap
 
 
 def model_of(snap: ModelSnapshot) -> PhaseModel:
+    """The model a snapshot carries; :class:`SchemaError` (only) when its payload is no usable PhaseModel."""
     try:
-        return PhaseModel.from_bytes(base64.b64decode(snap.payload_b64, validate=True))
-    except (ValueError, KeyError, TypeError) as e:  # binascii.Error, CheckpointError and other ValueErrors
-        raise SchemaError(f"ModelSnapshot {snap.name} v{snap.version}: payload is no PhaseModel: {e}") from None
+        model = PhaseModel.from_bytes(base64.b64decode(snap.payload_b64, validate=True))
+        if not set(LIMITED) <= set(model.features):
+            raise ValueError(f"features {list(model.features)} lack {list(LIMITED)}")
+        return model
+    except Exception as e:  # noqa: BLE001 - whatever the payload holds, it is a reason, not a crash
+        why = f"{type(e).__name__}: {brief(str(e), 300)}"
+        raise SchemaError(f"ModelSnapshot {brief(snap.name)} v{snap.version}: payload is no PhaseModel: {why}") from None
 
 
 class SnapshotFollower:
@@ -242,15 +314,20 @@ class SnapshotFollower:
 
     :meth:`load_latest` reads the topic to its end (blocking, at start-up);
     :meth:`start` keeps following it on a daemon thread. :meth:`latest` is
-    safe to call from the event loop. Malformed records go to *on_bad*
-    (record bytes, reason).
+    safe to call from the event loop. A record of this model (its key, or no
+    key and its name) that cannot be decoded or loaded as a model (null value,
+    malformed JSON, a payload that is no PhaseModel checkpoint) goes to
+    *on_bad* (value, key, offset, reason), whatever its version; each newer
+    valid snapshot to *on_loaded*.
     """
 
     def __init__(self, settings: Settings, name: str,
-                 on_bad: Callable[[bytes | None, bytes | None, int, str], None] | None = None) -> None:
+                 on_bad: Callable[[bytes | None, bytes | None, int, str], None] | None = None,
+                 on_loaded: Callable[[ModelSnapshot], None] | None = None) -> None:
         self.settings = settings
         self.name = name
         self.on_bad = on_bad
+        self.on_loaded = on_loaded
         self._lock = threading.Lock()
         self._latest: tuple[ModelSnapshot, PhaseModel] | None = None
         self._stop = threading.Event()
@@ -275,18 +352,26 @@ class SnapshotFollower:
         try:
             snap = decode(ModelSnapshot, msg.value())
             if snap.name != self.name:
-                return
-            current = self._latest
-            if current is not None and snap.version <= current[0].version:
-                return
-            model = model_of(snap)
-        except SchemaError as e:
-            log.warning("models topic offset %s: %s", msg.offset(), e)
+                if key is None:
+                    return  # another model's snapshot, without a key
+                raise SchemaError(f"ModelSnapshot: name {brief(snap.name)} under the key of {self.name!r}")
+            model = model_of(snap)  # every snapshot of this name is checked, old ones too
+            if model_name(model.features) != self.name:
+                raise SchemaError(f"ModelSnapshot {self.name} v{snap.version}: the payload is a model of "
+                                  f"{model_name(model.features)!r}")
+        except Exception as e:  # noqa: BLE001 - decode and model_of raise SchemaError only; a record never stops this
+            reason = str(e) if isinstance(e, SchemaError) else f"could not decode: {type(e).__name__}: {e}"
+            log.warning("models topic offset %s: %s", msg.offset(), reason)
             if self.on_bad is not None:
-                self.on_bad(msg.value(), key, msg.offset(), str(e))
+                self.on_bad(msg.value(), key, msg.offset(), reason)
+            return
+        current = self._latest
+        if current is not None and snap.version <= current[0].version:
             return
         with self._lock:
             self._latest = (snap, model)
+        if self.on_loaded is not None:
+            self.on_loaded(snap)
         log.info("model snapshot %s v%d available (%d windows learned)", snap.name, snap.version, snap.samples_seen)
 
     def load_latest(self, timeout_s: float = 10.0) -> ModelSnapshot | None:
@@ -696,11 +781,14 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
         if not dl_producer:
             dl_producer.append(make_producer(settings))
         publish_dead_letter(dl_producer[0], source_topic=MODELS.name, reason=reason, payload=value, key=key,
-                            partition=0, offset=offset)
+                            partition=0, offset=offset, max_bytes=settings.dead_letter_max_bytes)
         dl_producer[0].poll(0)
         metrics.dead_letters.labels(kind="schema").inc()
 
-    follower = SnapshotFollower(settings, name, on_bad=on_bad)
+    def on_loaded(snap: ModelSnapshot) -> None:
+        metrics.snapshot_latest.set(snap.version)
+
+    follower = SnapshotFollower(settings, name, on_bad=on_bad, on_loaded=on_loaded)
     snap = follower.load_latest()
     if snap is not None:
         got = follower.latest()
@@ -725,13 +813,21 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: Any, partitions: 
             got = follower.latest()
             if got is not None and learner.rebase(*got):
                 log.info("learner re-based on snapshot v%d", learner.version)
+            m = learner.model
             try:
-                W, P, U, LV = decode_learn_batch(event.message.value, name, learner.model.window_len,
-                                             learner.model.n_features)
+                W, P, U, LV = decode_learn_batch(event.message.value, name, m.window_len, m.n_features, m.features)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
                 continue
-            metrics.windows_learned.inc(learner.learn(W, P, U, LV))
+            except Exception as e:  # noqa: BLE001 - decode raises SchemaError only; a record never stops the agent
+                log.exception("decoding a learn batch failed")
+                await dead_letter(event, f"could not decode: {type(e).__name__}: {e}", "schema")
+                continue
+            try:
+                metrics.windows_learned.inc(learner.learn(W, P, U, LV))
+            except Exception as e:  # noqa: BLE001 - a bug on valid input: keep the message, keep going
+                log.exception("learning a valid learn batch failed")
+                await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
 
     @app.timer(interval=settings.phase_snapshot_interval_s)
     async def publish_snapshot() -> None:

@@ -3,8 +3,9 @@
 Reads ``HostSamples`` from the samples topic, keeps a VPA recommender per
 container (state in a changelogged table, so a restarted worker recovers it),
 and writes a ``Decision`` to the decisions topic whenever a container's
-recommended limit moves by more than the hysteresis. Malformed samples go to
-the dead-letter topic with the reason. Start several workers with the same
+recommended limit moves by more than the hysteresis. A record it cannot
+decode or process (whatever its size, nesting or bytes) goes to the
+dead-letter topic with the reason. Start several workers with the same
 ``worker_id`` to split the hosts between them.
 
 Start-up: print the settings, wait for the broker (saying so in one line
@@ -13,7 +14,9 @@ missing topics, start a Faust worker in this process (log levels map to
 Faust's crit|error|warn|info|debug; the Kafka client's repeated lines are
 folded). SIGTERM and SIGINT stop it cleanly (Faust's worker installs those
 handlers; it also installs SIGUSR1 to log a stack dump). Exit status 0 after
-a clean stop.
+a clean stop; 1 when an agent died (on anything but a record, which is
+dead-lettered) or an output could not be delivered: nothing is committed
+after that, and a restarted worker takes over from the last commit.
 
 The decision logic itself is :func:`process_host_samples` (re-exported from
 :mod:`phasewise.streams.processing`), pure and usable without Faust.

@@ -113,6 +113,27 @@ def test_a_failed_delivery_is_counted_and_every_later_flush_refuses():
     assert metrics.registry.get_sample_value("phasewise_worker_delivery_errors_total", {"topic": "phases"}) == 1
 
 
+def test_after_an_agent_died_no_commit_passes_the_barrier_and_ready_stays_0():
+    from phasewise.streams.agents import fail_worker_on_agent_error
+    from phasewise.streams.output import WorkerFailed
+
+    p = FakeProducer()
+    metrics = WorkerMetrics(CollectorRegistry())
+    barrier = CommitBarrier(OutputSender(p, metrics, poll_interval_s=0.001), metrics)
+    run(barrier.before_commit())  # nothing held: passes
+    metrics.ready.set(1)
+
+    class Agent:
+        name = "phasewise.vpa-samples"
+
+    run(fail_worker_on_agent_error(barrier, metrics)(Agent(), RuntimeError("boom")))
+    assert metrics.registry.get_sample_value("phasewise_worker_ready") == 0
+    for _ in range(2):  # sticky
+        with pytest.raises(WorkerFailed, match="agent phasewise.vpa-samples died: RuntimeError: boom"):
+            run(barrier.before_commit())
+    assert barrier.commits == 1
+
+
 def test_a_full_queue_serves_deliveries_until_the_record_fits():
     p = FakeProducer(queue_max=2)
     out = OutputSender(p)
