@@ -48,5 +48,5 @@ def test_the_actuate_role_applies_reports_metrics_and_stops_on_sigterm(settings,
     assert rc == 0, log
     assert "settings: " in log and "cpu_floor_cores=0.2" in log and f"mem_margin_bytes={32 * 2**20}" in log
     assert "raised to the CPU floor (0.2 cores)" in log
-    assert "SIGTERM: stopping" in log and "actuator stopped" in log
+    assert "SIGTERM: stopped" in log and "actuator stopped" in log
     assert (tmp_path / f"actuator-{settings.host}.sqlite").exists()
