@@ -503,7 +503,10 @@ def _through_kafka(args: argparse.Namespace, model: Any, host: str) -> dict[str,
         else:
             policy = args.policy if args.topic == "samples" else "phase"
             env.update({"PHASEWISE_POLICY": policy, "PHASEWISE_WEB_PORT": "0", "PHASEWISE_RECOMMEND_INTERVAL_S": "0",
-                        "PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_WORKER_ID": f"phasewise-fuzz-{uuid.uuid4().hex[:6]}"})
+                        "PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_WORKER_ID": f"phasewise-fuzz-{uuid.uuid4().hex[:6]}",
+                        # a valid sample counts as handled when it gets a decision: the safety rules would
+                        # hold some back on purpose (their own tests are tests/streams/test_safety_rules.py)
+                        "PHASEWISE_SAFETY_RULES": "false"})
             role = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log")
             if policy == "phase":
                 from phasewise.streams.phase_agents import LEARN_WINDOWS, ensure_phase_topics

@@ -177,7 +177,7 @@ def test_a_real_worker_bounds_its_decisions_by_the_rules_and_counts_them(broker,
     from phasewise.bench.harness import RoleProcess, scrape
     from phasewise.infra.broker import free_port
     from phasewise.kafka import ensure_topics, make_consumer, make_producer
-    from phasewise.schemas import decode, encode
+    from phasewise.schemas import SchemaError, decode, encode
     from phasewise.topics import DECISIONS, SAMPLES
 
     s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
@@ -215,7 +215,10 @@ def test_a_real_worker_bounds_its_decisions_by_the_rules_and_counts_them(broker,
         while time.monotonic() < deadline and not any(d.cpu_limit_cores for d in got):
             m = consumer.poll(0.5)
             if m is not None and not m.error():
-                d = decode(Decision, m.value())
+                try:
+                    d = decode(Decision, m.value())
+                except SchemaError:  # other tests' hostile records share the topic
+                    continue
                 if d.host == host:
                     got.append(d)
         cuts = [d for d in got if d.cpu_limit_cores is not None]
