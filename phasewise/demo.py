@@ -46,7 +46,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -57,6 +56,7 @@ from typing import Any, Self
 
 from phasewise.cgroupfs import CgroupError, CgroupLayout
 from phasewise.jobs import DEFAULT_JOBS, JOBS, parse_progress
+from phasewise.procs import ManagedProcess, RoleProcess
 from phasewise.schemas import (
     Actuation,
     Decision,
@@ -456,98 +456,6 @@ def format_summary(s: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- processes
 
 
-def _session_pids(sid: int, proc_root: str = "/proc") -> list[int]:
-    """Pids of live (non-zombie) processes in session *sid*."""
-    out = []
-    for d in os.listdir(proc_root):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"{proc_root}/{d}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # fields after the ")" closing the command name: state ppid pgrp session ...
-        rest = stat[stat.rfind(")") + 2:].split()
-        if len(rest) >= 4 and rest[0] != "Z" and int(rest[3]) == sid:
-            out.append(int(d))
-    return out
-
-
-class ManagedProcess:
-    """A subprocess in its own session with its output in a log file.
-
-    ``stop`` signals the whole process group (SIGTERM, then SIGKILL after
-    *timeout_s*) and reaps it; :meth:`leftovers` lists any process of its
-    session still alive.
-    """
-
-    def __init__(self, name: str, cmd: list[str], *, env: dict[str, str], log_path: Path,
-                 cwd: str | None = None) -> None:
-        self.name, self.cmd, self.env, self.log_path, self.cwd = name, cmd, env, log_path, cwd
-        self.proc: subprocess.Popen | None = None
-        self._log: Any = None
-        self.sids: list[int] = []
-
-    def start(self) -> ManagedProcess:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while the process runs
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd)
-        self.sids.append(self.proc.pid)  # a new session's id is its leader's pid
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def terminate(self) -> None:
-        """SIGTERM the process group without waiting."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        p = self.proc
-        if p is None:
-            return None
-        self.terminate()
-        try:
-            p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0fs of SIGTERM; killing it", self.name, timeout_s)
-        # kill whatever is left of the group (also children of a leader that exited)
-        for sid in self.sids:
-            if _session_pids(sid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(sid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(5)
-        # killed processes that are not our children vanish a moment later: wait for that
-        deadline = time.monotonic() + 5
-        while self.leftovers() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if self._log:
-            self._log.close()
-            self._log = None
-        return p.returncode
-
-    def leftovers(self) -> list[int]:
-        return [pid for sid in self.sids for pid in _session_pids(sid)]
-
-    def log_tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-
 class JobProcess(ManagedProcess):
     """A training job started inside its cgroup; its progress read from its log."""
 
@@ -558,7 +466,7 @@ class JobProcess(ManagedProcess):
         cmd = ["/bin/sh", "-c", ATTACH_SH, "sh", *map(str, procs), "--",
                sys.executable, "-W", "ignore", "-m", "phasewise.jobs", name, "--threads", str(threads),
                "--checkpoint-dir", str(checkpoint_dir)]
-        super().__init__(name, cmd, env=env, log_path=log_path)
+        super().__init__(name, cmd, env=env, log_path=log_path, append=True)
         self.layout = layout
         self._offset = 0
 
@@ -569,7 +477,7 @@ class JobProcess(ManagedProcess):
             rc = self.returncode()
             if rc is not None:
                 raise DemoError(f"job {self.name} exited with {rc} before joining its cgroup "
-                                f"(97 = could not write cgroup.procs):\n{self.log_tail()}")
+                                f"(97 = could not write cgroup.procs):\n{self.log_tail(20)}")
             if time.monotonic() > deadline:
                 raise DemoError(f"job {self.name} (pid {self.pid}) did not appear in its cgroup")
             time.sleep(0.01)
@@ -838,7 +746,7 @@ class Demo:
             layout.create(name)
             set_limits(layout, name, cfg.start_cpu, cfg.start_mem)
 
-        env = {**os.environ, **self._role_env(settings, free_port())}
+        env = self._role_env(settings, free_port())
         stack.callback(self._stop_roles)
         roles = {
             "worker": [],
@@ -847,9 +755,8 @@ class Demo:
         }
         for role, extra in roles.items():
             log_path = self.run_dir / f"{role}.log"
-            renv = {**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role)}
-            p = ManagedProcess(role, [sys.executable, "-W", "ignore", "-m", "phasewise.cli", role, *extra],
-                               env=renv, log_path=log_path)
+            p = RoleProcess(role, extra, env={**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role)},
+                            log_path=log_path, python_flags=("-W", "ignore"))
             self.roles[role] = p
             self.all_procs.append(p)
             p.start()
@@ -922,7 +829,7 @@ class Demo:
                 for role, p in self.roles.items():
                     if not p.alive():
                         raise DemoError(f"phasewise {role} exited with {p.returncode()}; "
-                                        f"last lines of {p.log_path}:\n{p.log_tail()}")
+                                        f"last lines of {p.log_path}:\n{p.log_tail(20)}")
                 for name, j in self.jobs.items():
                     for line in j.read_progress():
                         self.records.progress[name].update(line)

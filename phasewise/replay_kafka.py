@@ -372,9 +372,9 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
     if family not in worker_policies():
         raise KafkaReplayError(f"policy {family!r} cannot run through Kafka: phasewise worker runs "
                                f"{', '.join(worker_policies())} here")
-    from phasewise.bench.harness import RoleProcess
     from phasewise.infra.broker import EmbeddedBroker, free_port
     from phasewise.kafka import BrokerUnavailable, ensure_topics, make_consumer, make_producer
+    from phasewise.procs import RoleProcess
     from phasewise.settings import Settings
     from phasewise.topics import DECISIONS, SAMPLES
 

@@ -20,7 +20,6 @@ from phasewise.cgroupfs import CgroupLayout
 from phasewise.demo import (
     DemoError,
     JobProcess,
-    ManagedProcess,
     Records,
     clear_stale,
     parse_size,
@@ -235,20 +234,6 @@ def test_stale_empty_cgroups_are_removed_but_busy_ones_stop_the_demo(tmp_path):
     (layout.root / "demo" / "busy" / "cgroup.procs").write_text("4242\n")
     with pytest.raises(DemoError, match="still has processes 4242"):
         clear_stale(layout)
-
-
-def test_managed_process_stop_ends_its_whole_process_group(tmp_path):
-    # a leader that ignores SIGTERM and a child that would outlive it
-    script = ("import signal, subprocess, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\ntime.sleep(600)\n")
-    p = ManagedProcess("stubborn", [sys.executable, "-c", script], env=dict(os.environ),
-                       log_path=tmp_path / "p.log").start()
-    deadline = time.monotonic() + 10
-    while len(p.leftovers()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(p.leftovers()) == 2
-    p.stop(timeout_s=0.5)
-    assert not p.alive() and p.leftovers() == []
 
 
 @requires_root
