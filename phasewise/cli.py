@@ -34,7 +34,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "worker": ("phasewise.streams.worker", "run the Faust stream processor (samples -> decisions)"),
     "produce": ("phasewise.producers.agent", "run the host agent: sample containers, publish to Kafka"),
     "actuate": ("phasewise.actuators.consumer", "run the actuator: apply this host's decisions"),
-    "replay": ("phasewise.replay", "replay a real trace through the policies and score them"),
+    "replay": ("phasewise.replay.cli", "replay a real trace through the policies and score them"),
     "bench": ("phasewise.bench.cli", "throughput / latency / memory benchmarks"),
     "schemas": ("phasewise.schemas_cli", "write or check the JSON Schemas of every topic"),
     "topics": ("phasewise.topics_cli", "create the topics on a cluster (idempotent) and list them"),
