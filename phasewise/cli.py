@@ -29,7 +29,7 @@ from phasewise import __version__
 
 #: subcommand -> (module, one-line help)
 ROLES: dict[str, tuple[str, str]] = {
-    "demo": ("phasewise.demo", "local demo: broker, worker, producer, actuator and 3 real training jobs"),
+    "demo": ("phasewise.demo.run", "local demo: broker, worker, producer, actuator and 3 real training jobs"),
     "broker": ("phasewise.infra.broker_cli", "run the embedded Kafka-compatible broker (Tansu) on loopback"),
     "worker": ("phasewise.streams.worker", "run the Faust stream processor (samples -> decisions)"),
     "produce": ("phasewise.producers.agent", "run the host agent: sample containers, publish to Kafka"),
