@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from phasewise.demo.view import JobRow, ViewState, fmt_bytes
+from phasewise.demo.view import JobRow, ViewState
 from phasewise.schemas import Actuation, Decision, HostSamples, PhaseChange, encode
+from phasewise.units import fmt_bytes
 
 __all__ = [
     "CgroupPoint",
