@@ -41,7 +41,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -578,18 +577,6 @@ class Demo:
 # --------------------------------------------------------------------------- CLI
 
 
-def parse_size(text: str) -> int:
-    """``"1G"``, ``"512MiB"``, ``"1073741824"`` -> bytes.
-
-    >>> parse_size("1G"), parse_size("512MiB"), parse_size("1000")
-    (1073741824, 536870912, 1000)
-    """
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1G, 512M, 1073741824)")
-    return int(float(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2)])
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.cli import add_setting
     from phasewise.settings import (
@@ -600,6 +587,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         at_least,
         parse_float,
         parse_int,
+        parse_size,
     )
 
     def like(name: str) -> object:  # a demo flag that becomes the roles' setting *name*
@@ -624,7 +612,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker: VPA durations x this (demo default 0.001: a VPA day lasts 86 s)")
     p.add_argument("--start-cpu", type=arg_type(parse_float, above(0)), default=0.5,
                    help="starting CPU limit per job, cores (below a job's ~1 core of demand, so the loop raises it early)")
-    p.add_argument("--start-mem", type=parse_size, default=2**30, help="starting memory limit per job (e.g. 1G)")
+    p.add_argument("--start-mem", type=arg_type(parse_size, above(0), name="size"), default=2**30,  # 1 GiB
+                   help="starting memory limit per job (a size: bytes, 512Mi, 1Gi; 1G = 10**9; default 1Gi)")
     p.add_argument("--max-restarts", type=arg_type(parse_int, at_least(0)), default=3,
                    help="restarts per job that dies")
     add_setting(p, "host", help="host name on the wire")

@@ -18,7 +18,7 @@ import pytest
 from phasewise.cgroupfs import CgroupLayout
 from phasewise.demo import run as demo
 from phasewise.demo import summary
-from phasewise.demo.run import DemoError, JobProcess, clear_stale, parse_size, set_limits
+from phasewise.demo.run import DemoError, JobProcess, clear_stale, set_limits
 from phasewise.demo.summary import Records, summarize, view_state
 from phasewise.demo.view import LEGEND, LiveView, ViewState, render
 from phasewise.schemas import Actuation, ContainerSample, Decision, HostSamples, PhaseChange
@@ -182,10 +182,19 @@ def test_live_view_redraws_in_place_on_a_terminal_and_plainly_otherwise():
     assert "\x1b" not in plain.getvalue() and "phasewise demo" in plain.getvalue()
 
 
-def test_sizes_read_with_binary_units():
-    assert parse_size("1G") == GiB and parse_size("256MiB") == 256 * 2**20 and parse_size("42") == 42
-    with pytest.raises(Exception, match="not a size"):
-        parse_size("lots")
+def test_start_mem_reads_sizes_as_every_setting_does_and_defaults_to_one_gib(capsys):
+    import argparse
+
+    from phasewise.cli import main
+
+    p = argparse.ArgumentParser()
+    demo.add_arguments(p)
+    size = lambda text: p.parse_args(["--start-mem", text]).start_mem  # noqa: E731
+    assert p.parse_args([]).start_mem == GiB
+    assert size("1Gi") == GiB and size("256MiB") == 256 * 2**20 and size("42") == 42 and size("1G") == 10**9
+    assert main(["demo", "--start-mem", "lots"]) == 2
+    assert capsys.readouterr().err == ("phasewise demo: error: --start-mem: 'lots' is not a size "
+                                       "(e.g. 67108864, 64Mi, 1G)\n")
 
 
 def test_the_demo_refuses_to_run_without_root_with_a_clear_message(monkeypatch):
