@@ -12,6 +12,7 @@ library) import, known by its top-level name. The checks:
   ``phasewise.demo``, ``phasewise.bench``) and no role (``phasewise.streams``,
   ``phasewise.producers``, ``phasewise.actuators``); the CLI names the apps and the roles in
   ``phasewise.cli.ROLES`` and imports one only when its command runs;
+- no role imports an app;
 - ``phasewise.models`` (the pure decision logic) imports no Kafka, Faust, Prometheus,
   psutil, NVML, subprocess, socket or sqlite, no project IO module (``phasewise.kafka``,
   ``cgroupfs``, ``cli``, ``settings``, ``procs``), no role and no app.
@@ -217,6 +218,11 @@ def test_no_import_cycle():
 def test_the_kit_imports_no_app_and_no_role():
     bad = kit_violations(GRAPH[1])
     assert not bad, _report("imports of an app or a role by the kit", bad)
+
+
+def test_the_roles_import_no_app():
+    bad = [e for e in GRAPH[1] if e.project and _in(e.module, ROLES) and _in(e.target, APPS)]
+    assert not bad, _report("imports of an app by a role", bad)
 
 
 def test_models_import_no_io():
