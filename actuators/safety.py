@@ -47,12 +47,14 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from phasewise.actuators.commands import Command, Freeze, SetLimits, Thaw
 from phasewise.cgroupfs import _NAME as _MANAGED_NAME  # the one definition of a managed name
 from phasewise.schemas import MAX_BYTES, Decision
 from phasewise.settings import Settings
+from phasewise.units import fmt_bytes, fmt_cores
 
 __all__ = [
     "Bounded",
@@ -118,14 +120,9 @@ class Rule(Protocol):
 
 
 Fmt = Callable[[float], str]
-
-
-def fmt_cores(x: float) -> str:
-    return f"{x:g} cores"
-
-
-def fmt_bytes(x: float) -> str:
-    return f"{x / 2**20:.1f} MiB"
+#: how the rules' messages write cores and bytes ("1.5 cores", "64.0 MiB")
+cores_text: Fmt = partial(fmt_cores, words=True)
+bytes_text: Fmt = partial(fmt_bytes, words=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +130,7 @@ class Requested:
     """The innermost rule: the requested value itself, if it is a finite number >= 0."""
 
     what: str
-    fmt: Fmt = fmt_cores
+    fmt: Fmt = cores_text
 
     def __call__(self, requested: float) -> Bounded:
         if not isinstance(requested, (int, float)) or isinstance(requested, bool):
@@ -194,7 +191,7 @@ def _what_of(rule: Rule) -> str:
 def cpu_rule(settings: Settings, host_cores: float) -> Rule:
     """CPU cores clamped into ``[cpu_floor_cores, host_cores]`` (the floor wins a conflict)."""
     return Floor(
-        Cap(Requested("cpu", fmt_cores), host_cores, "the host's cores"),
+        Cap(Requested("cpu", cores_text), host_cores, "the host's cores"),
         settings.cpu_floor_cores,
         "the CPU floor",
     )
@@ -202,12 +199,12 @@ def cpu_rule(settings: Settings, host_cores: float) -> Rule:
 
 def mem_rule(settings: Settings, usage_mem_bytes: float, peak_mem_bytes: float | None = None) -> Rule:
     """Memory never below the static floor nor below current usage (or the recent peak, when higher) + margin."""
-    margin = fmt_bytes(settings.mem_margin_bytes)
+    margin = bytes_text(settings.mem_margin_bytes)
     if peak_mem_bytes is not None and peak_mem_bytes > usage_mem_bytes:
-        need, why = peak_mem_bytes + settings.mem_margin_bytes, f"the recent peak {fmt_bytes(peak_mem_bytes)} + margin {margin}"
+        need, why = peak_mem_bytes + settings.mem_margin_bytes, f"the recent peak {bytes_text(peak_mem_bytes)} + margin {margin}"
     else:
-        need, why = usage_mem_bytes + settings.mem_margin_bytes, f"current usage {fmt_bytes(usage_mem_bytes)} + margin {margin}"
-    return Floor(Floor(Requested("memory", fmt_bytes), settings.mem_floor_bytes, "the memory floor"), need, why)
+        need, why = usage_mem_bytes + settings.mem_margin_bytes, f"current usage {bytes_text(usage_mem_bytes)} + margin {margin}"
+    return Floor(Floor(Requested("memory", bytes_text), settings.mem_floor_bytes, "the memory floor"), need, why)
 
 
 class PeakTracker:

@@ -477,9 +477,10 @@ def run_fuzz(args: argparse.Namespace) -> dict[str, Any]:
 def _through_kafka(args: argparse.Namespace, model: Any, host: str) -> dict[str, Any]:
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-    from phasewise.bench.harness import RoleProcess, scrape, wait_until
+    from phasewise.bench.harness import scrape, wait_until
     from phasewise.infra.broker import EmbeddedBroker, free_port
     from phasewise.kafka import ensure_topics, make_consumer, make_producer
+    from phasewise.procs import RoleProcess
     from phasewise.schemas import Actuation, DeadLetter
     from phasewise.settings import Settings
     from phasewise.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, MODELS, SAMPLES

@@ -1,4 +1,4 @@
-"""Pieces the benchmarks share: role subprocesses, message floods, scrapes.
+"""Pieces the benchmarks share: message floods, scrapes (role subprocesses: :mod:`phasewise.procs`).
 
 Benchmarks run the real roles as the operator would (``phasewise worker``
 etc. as subprocesses against a broker), so the figures include Kafka, Faust
@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterable
@@ -23,57 +20,13 @@ import numpy as np
 
 from phasewise.schemas import ContainerSample, HostSamples, encode
 
-__all__ = ["RoleProcess", "BacklogWindow", "bench_hosts", "square_wave_gpu", "square_wave_usage", "host_message", "scrape",
+__all__ = ["BacklogWindow", "bench_hosts", "square_wave_gpu", "square_wave_usage", "host_message", "scrape",
            "rss_bytes", "cpu_seconds", "produce_messages", "drain_backlog"]
 
 #: the worker's container-sample counter the throughput benchmarks read
 SAMPLES_COUNTER = "phasewise_worker_container_samples_total"
 #: the worker's time in the flushes before offset commits
 FLUSH_COUNTER = "phasewise_worker_commit_flush_seconds_total"
-
-
-class RoleProcess:
-    """``phasewise <role> ...`` in a subprocess with its log in *log_path*."""
-
-    def __init__(self, role: str, args: Iterable[str], *, env: dict[str, str], log_path: Path) -> None:
-        self.cmd = [sys.executable, "-m", "phasewise.cli", role, *args]
-        self.env = {**os.environ, **env}
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> RoleProcess:
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        p = self.proc
-        if p is None:
-            return None
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        self._log.close()
-        return p.returncode
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
 
 
 def bench_hosts(n: int, per_host: int, prefix: str) -> list[tuple[str, list[str]]]:

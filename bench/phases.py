@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 
 from phasewise.bench.harness import (
-    RoleProcess,
     bench_hosts,
     drain_backlog,
     host_message,
@@ -49,6 +48,7 @@ from phasewise.bench.harness import (
 )
 from phasewise.models.detector import PhaseModel, learn, relative_usage
 from phasewise.models.phase_fleet import PhaseFleet
+from phasewise.procs import RoleProcess
 from phasewise.schemas import decode_host_samples, encode
 
 

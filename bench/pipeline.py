@@ -46,7 +46,6 @@ import numpy as np
 from confluent_kafka import OFFSET_END, TIMESTAMP_CREATE_TIME, TopicPartition
 
 from phasewise.bench.harness import (
-    RoleProcess,
     bench_hosts,
     drain_backlog,
     host_message,
@@ -59,6 +58,7 @@ from phasewise.bench.harness import (
 )
 from phasewise.infra.broker import EmbeddedBroker, free_port
 from phasewise.kafka import ensure_topics, make_consumer, make_producer
+from phasewise.procs import RoleProcess
 from phasewise.producers.agent import PRODUCER_CONFIG
 from phasewise.schemas import Actuation, Decision, SchemaError, decode
 from phasewise.settings import POLICIES, Settings, above, arg_type, at_least, parse_float, parse_int

@@ -29,12 +29,12 @@ from phasewise import __version__
 
 #: subcommand -> (module, one-line help)
 ROLES: dict[str, tuple[str, str]] = {
-    "demo": ("phasewise.demo", "local demo: broker, worker, producer, actuator and 3 real training jobs"),
+    "demo": ("phasewise.demo.run", "local demo: broker, worker, producer, actuator and 3 real training jobs"),
     "broker": ("phasewise.infra.broker_cli", "run the embedded Kafka-compatible broker (Tansu) on loopback"),
     "worker": ("phasewise.streams.worker", "run the Faust stream processor (samples -> decisions)"),
     "produce": ("phasewise.producers.agent", "run the host agent: sample containers, publish to Kafka"),
     "actuate": ("phasewise.actuators.consumer", "run the actuator: apply this host's decisions"),
-    "replay": ("phasewise.replay", "replay a real trace through the policies and score them"),
+    "replay": ("phasewise.replay.cli", "replay a real trace through the policies and score them"),
     "bench": ("phasewise.bench.cli", "throughput / latency / memory benchmarks"),
     "schemas": ("phasewise.schemas_cli", "write or check the JSON Schemas of every topic"),
     "topics": ("phasewise.topics_cli", "create the topics on a cluster (idempotent) and list them"),

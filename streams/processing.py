@@ -447,7 +447,7 @@ def worker_round(cache: StateCache, msgs: Sequence[HostSamples], settings: Setti
     detector's fallback); with *phase* (``--policy phase``) the detector then
     steps the round and only its decisions are published. The samples agent
     runs this; so does in-process replay of the worker
-    (:func:`phasewise.replay_kafka.worker_in_process`).
+    (:func:`phasewise.replay.kafka.worker_in_process`).
     """
     if len(msgs) == 1:
         decisions = process_host_samples(cache, msgs[0], settings)

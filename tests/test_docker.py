@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.bench.harness import RoleProcess
 from phasewise.kafka import make_consumer, make_producer
+from phasewise.procs import RoleProcess
 from phasewise.schemas import Actuation, Decision, HostSamples, SchemaError, decode, encode
 from phasewise.topics import ACTUATIONS, DECISIONS
 from tests.conftest import requires_root

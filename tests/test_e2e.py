@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.bench.harness import RoleProcess
 from phasewise.cgroupfs import CgroupLayout
 from phasewise.kafka import make_consumer
+from phasewise.procs import RoleProcess
 from phasewise.schemas import Actuation, Decision, SchemaError, decode
 from phasewise.topics import ACTUATIONS, DECISIONS
 from tests.conftest import requires_root

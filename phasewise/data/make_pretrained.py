@@ -4,7 +4,7 @@
 
 Trains a shared :class:`~phasewise.models.detector.PhaseModel` (cpu, mem) on
 ALL FOUR containers of ``ai4dl_sample.csv`` (the Apache-2.0 AI4DL IBM DLaaS
-sample) with :func:`phasewise.replay.pretrain_model`: the containers are
+sample) with :func:`phasewise.replay.driving.pretrain_model`: the containers are
 stepped through a learning ``PhaseFleet`` in event-time order, in as many
 passes as the CRBM needs to see 1024 windows; both the absolute and the
 relative (usage / container level, decaying-max level with a 30-sample
@@ -22,8 +22,8 @@ import hashlib
 import sys
 from pathlib import Path
 
-from phasewise.producers.traces import load_trace
-from phasewise.replay import FleetOptions, pretrain_model
+from phasewise.replay.driving import FleetOptions, pretrain_model
+from phasewise.replay.traces import load_trace
 
 HERE = Path(__file__).resolve().parent
 

@@ -7,9 +7,10 @@ import uuid
 
 import pytest
 
-from phasewise.bench.harness import RoleProcess, scrape
+from phasewise.bench.harness import scrape
 from phasewise.infra.broker import free_port
 from phasewise.kafka import make_producer
+from phasewise.procs import RoleProcess
 from phasewise.schemas import Decision, encode
 from phasewise.topics import DECISIONS
 

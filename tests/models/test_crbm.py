@@ -11,8 +11,7 @@ import torch
 from phasewise.models._checkpoint import CheckpointError
 from phasewise.models.crbm import CRBM
 from phasewise.models.normalize import OnlineNormalizer
-from phasewise.producers.traces import load_ai4dl
-from phasewise.replay import sample_path
+from phasewise.replay.traces import load_ai4dl, sample_path
 
 # a tiny model: n_vis=2, n_hid=1, n_his=1 with fixed weights
 W = np.array([[0.5, -0.3]])

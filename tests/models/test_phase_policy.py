@@ -136,8 +136,7 @@ def test_a_frozen_policy_sees_the_same_phases_as_the_batched_detector():
 
 
 def _ai4dl():
-    from phasewise.producers.traces import load_trace
-    from phasewise.replay import sample_path
+    from phasewise.replay.traces import load_trace, sample_path
 
     return load_trace(sample_path(), "ai4dl")
 
@@ -152,7 +151,7 @@ def test_the_shipped_pretrained_model_loads_warm_with_both_kinds_of_phase_statis
 
 
 def test_on_the_ai4dl_sample_the_phase_policy_runs_warm_from_the_pretrained_model_and_stays_causal():
-    from phasewise.replay import decision_sequence
+    from phasewise.replay.driving import decision_sequence
 
     trace = _ai4dl()
     c = max(trace.containers, key=len)
@@ -163,7 +162,7 @@ def test_on_the_ai4dl_sample_the_phase_policy_runs_warm_from_the_pretrained_mode
     assert any(e["source"] == "phase" for e in exps)  # phase statistics set limits from the start of the run
     # causal: change the usage from step k on; every limit up to and including step k is the same
     k = len(c) // 2
-    from phasewise.producers.traces import ContainerSeries
+    from phasewise.replay.traces import ContainerSeries
 
     changed = ContainerSeries(c.container, c.t, {r: np.where(np.arange(len(u)) >= k, u * 5.0, u)
                                                   for r, u in c.usage.items()})
@@ -173,8 +172,8 @@ def test_on_the_ai4dl_sample_the_phase_policy_runs_warm_from_the_pretrained_mode
 
 def test_the_pretrained_shared_fleet_with_relative_statistics_is_causal_on_the_ai4dl_sample():
     from phasewise.models.phase_policy import load_pretrained
-    from phasewise.producers.traces import ContainerSeries, Trace
-    from phasewise.replay import FleetOptions, _fleet_run
+    from phasewise.replay.driving import FleetOptions, _fleet_run
+    from phasewise.replay.traces import ContainerSeries, Trace
 
     trace = _ai4dl()
     seqs = _fleet_run(trace, FleetOptions(), load_pretrained())

@@ -18,9 +18,10 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from phasewise.bench.harness import RoleProcess, scrape
+from phasewise.bench.harness import scrape
 from phasewise.infra.broker import free_port
 from phasewise.kafka import make_consumer, make_producer
+from phasewise.procs import RoleProcess
 from phasewise.schemas import ContainerSample, Decision, HostSamples, SchemaError, decode, encode
 from phasewise.settings import Settings
 from phasewise.streams.metrics import WorkerMetrics

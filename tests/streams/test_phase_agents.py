@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.bench.harness import RoleProcess, scrape
+from phasewise.bench.harness import scrape
 from phasewise.infra.broker import free_port
 from phasewise.kafka import make_consumer, make_producer
 from phasewise.models.detector import PhaseModel, learn
+from phasewise.procs import RoleProcess
 from phasewise.schemas import (
     ContainerSample,
     Decision,

@@ -174,9 +174,10 @@ def test_a_real_worker_bounds_its_decisions_by_the_rules_and_counts_them(broker,
     import time
     import uuid
 
-    from phasewise.bench.harness import RoleProcess, scrape
+    from phasewise.bench.harness import scrape
     from phasewise.infra.broker import free_port
     from phasewise.kafka import ensure_topics, make_consumer, make_producer
+    from phasewise.procs import RoleProcess
     from phasewise.schemas import SchemaError, decode, encode
     from phasewise.topics import DECISIONS, SAMPLES
 

@@ -13,9 +13,10 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.bench.harness import RoleProcess, scrape
+from phasewise.bench.harness import scrape
 from phasewise.infra.broker import free_port
 from phasewise.kafka import ensure_topics, make_consumer, make_producer
+from phasewise.procs import RoleProcess
 from phasewise.schemas import (
     ContainerSample,
     DeadLetter,

@@ -1,6 +1,6 @@
 """Three small but real PyTorch training jobs for the demo, on the CPU.
 
-Run one as ``python -m phasewise.jobs NAME --seconds N [--threads 1]``:
+Run one as ``python -m phasewise.demo.jobs NAME --seconds N [--threads 1]``:
 
 ``charlstm``
     A character-level LSTM language model trained on the source text of the
@@ -65,7 +65,7 @@ __all__ = ["DEFAULT_JOBS", "JOBS", "JobError", "ai4dl_path", "main", "parse_prog
 DEFAULT_JOBS = ("charlstm", "transformer", "forecaster")
 JOBS = ("charlstm", "transformer", "forecaster", "convlm")
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
 
 class JobError(RuntimeError):
@@ -553,7 +553,7 @@ def load_checkpoint(model: object, opt: object, ckpt_dir: Path, name: str) -> in
             opt.load_state_dict(state["optimizer"])  # type: ignore[attr-defined]
             return int(state["step"])
         except (OSError, RuntimeError, KeyError, ValueError) as e:  # torn or foreign file: try an older one
-            print(f"phasewise.jobs {name}: cannot resume from {path}: {e}", file=sys.stderr)
+            print(f"phasewise.demo.jobs {name}: cannot resume from {path}: {e}", file=sys.stderr)
     return None
 
 
@@ -577,7 +577,7 @@ def save_checkpoint(model: object, opt: object, step: int, path: Path) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m phasewise.jobs", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m phasewise.demo.jobs", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=JOBS)
     p.add_argument("--seconds", type=float, default=0.0, help="training time after loading (0 = until SIGTERM)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: about one core)")
@@ -604,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
               report_every_s=args.report_every, checkpoint_dir=args.checkpoint_dir, scale=args.scale,
               stop=stop)
     except JobError as e:
-        print(f"phasewise.jobs {args.name}: {e}", file=sys.stderr)
+        print(f"phasewise.demo.jobs {args.name}: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -1,6 +1,6 @@
 """``phasewise replay --through-kafka``: replay a trace through the real pipeline.
 
-In-process replay (:mod:`phasewise.replay`) drives a policy object directly.
+In-process replay (:mod:`phasewise.replay.driving`) drives a policy object directly.
 This module drives the **same policy code** through the broker and a real
 ``phasewise worker`` subprocess, then rebuilds each container's decision
 sequence ``[(t, limits), ...]`` from the decisions the worker published, so
@@ -18,8 +18,8 @@ both paths can be scored (and compared) the same way:
    per timestamp in event-time order, key = the replay host; the trace's
    containers are that host's containers; ``cpu`` -> ``cpu_cores``, ``mem`` ->
    ``mem_bytes`` (a memory *fraction* is multiplied by
-   :data:`~phasewise.replay.NOMINAL_MEM_BYTES`, as in-process replay's
-   :class:`~phasewise.replay.ScaledPolicy` does, and decided limits are
+   :data:`~phasewise.replay.policies.NOMINAL_MEM_BYTES`, as in-process replay's
+   :class:`~phasewise.replay.policies.ScaledPolicy` does, and decided limits are
    divided back); then one end marker: a sample of container
    :data:`END_CONTAINER` one second after the last timestamp;
 4. read the decisions topic from where it ended before step 3, keeping the
@@ -81,6 +81,7 @@ import argparse
 import logging
 import math
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -92,7 +93,8 @@ from typing import Any
 import numpy as np
 
 from phasewise.models.policy import Limits
-from phasewise.producers.traces import Trace
+from phasewise.replay.policies import NOMINAL_MEM_BYTES, PolicySpec
+from phasewise.replay.traces import Trace
 from phasewise.schemas import (
     MAX_BYTES,
     MAX_CORES,
@@ -110,6 +112,7 @@ __all__ = [
     "WORKER_RESOURCES",
     "KafkaReplayError",
     "KafkaReplayResult",
+    "ThroughKafkaUnsupported",
     "mem_scale",
     "phase_series",
     "fallback_series",
@@ -117,8 +120,10 @@ __all__ = [
     "replay_through_kafka",
     "replay_settings_env",
     "trace_features",
+    "through_kafka",
     "trace_messages",
     "worker_in_process",
+    "worker_origin",
     "worker_policies",
 ]
 
@@ -146,8 +151,6 @@ def worker_policies() -> list[str]:
 
 def mem_scale(trace: Trace) -> float:
     """Multiplier from the trace's ``mem`` unit to bytes (in-process replay's :class:`ScaledPolicy`)."""
-    from phasewise.replay import NOMINAL_MEM_BYTES
-
     return 1.0 if trace.units.get("mem", "bytes").startswith("bytes") else NOMINAL_MEM_BYTES
 
 
@@ -158,7 +161,7 @@ def trace_messages(trace: Trace, host: str, scale_mem: float = 1.0) -> list[Host
     """The trace as one :class:`HostSamples` per timestamp, in event-time order, plus the end marker.
 
     >>> import numpy as np
-    >>> from phasewise.producers.traces import ContainerSeries
+    >>> from phasewise.replay.traces import ContainerSeries
     >>> tr = Trace("t", "-", {"cpu": "cores", "mem": "bytes"}, [
     ...     ContainerSeries("a", np.array([1., 2.]), {"cpu": np.array([.5, .6]), "mem": np.array([1e8, 2e8])}),
     ...     ContainerSeries("b", np.array([2.]), {"cpu": np.array([1.]), "mem": np.array([3e8])})])
@@ -222,7 +225,7 @@ def rebuild_sequences(trace: Trace, decisions: Iterable[Decision],
     memory divided by *scale_mem*. Keys: the worker's resources present in the trace.
 
     >>> import numpy as np
-    >>> from phasewise.producers.traces import ContainerSeries
+    >>> from phasewise.replay.traces import ContainerSeries
     >>> tr = Trace("t", "-", {"cpu": "cores"}, [ContainerSeries("a", np.array([1., 2., 3.]),
     ...     {"cpu": np.array([.5, .6, .7])})])
     >>> d = Decision(id="x", ts=1.0, host="h", container="a", action="limit", policy="vpa", reason="",
@@ -372,9 +375,9 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
     if family not in worker_policies():
         raise KafkaReplayError(f"policy {family!r} cannot run through Kafka: phasewise worker runs "
                                f"{', '.join(worker_policies())} here")
-    from phasewise.bench.harness import RoleProcess
     from phasewise.infra.broker import EmbeddedBroker, free_port
     from phasewise.kafka import BrokerUnavailable, ensure_topics, make_consumer, make_producer
+    from phasewise.procs import RoleProcess
     from phasewise.settings import Settings
     from phasewise.topics import DECISIONS, SAMPLES
 
@@ -562,7 +565,7 @@ def phase_series(trace: Trace, changes: Iterable[PhaseChange]) -> dict[str, np.n
 
     A change at event time ``ts`` holds from the sample at ``ts`` on.
 
-    >>> from phasewise.producers.traces import ContainerSeries
+    >>> from phasewise.replay.traces import ContainerSeries
     >>> tr = Trace("t", "-", {"cpu": "cores"}, [ContainerSeries("a", np.array([1., 2., 3., 4.]),
     ...     {"cpu": np.ones(4)})])
     >>> ch = [PhaseChange(container="a", host="h", ts=2.0, new_phase=0, since=2.0),
@@ -591,7 +594,7 @@ def fallback_series(trace: Trace, decisions: Iterable[Decision]) -> dict[str, di
     came from its fallback (``details["sources"]`` of the decision that set it; the limit
     decided at ``ts`` holds from the next sample on, as in :func:`rebuild_sequences`).
 
-    >>> from phasewise.producers.traces import ContainerSeries
+    >>> from phasewise.replay.traces import ContainerSeries
     >>> tr = Trace("t", "-", {"cpu": "cores"}, [ContainerSeries("a", np.array([1., 2., 3.]),
     ...     {"cpu": np.ones(3)})])
     >>> d = [Decision(id="x", ts=1.0, host="h", container="a", action="limit", policy="phase",
@@ -635,3 +638,48 @@ def kafka_sequences(trace: Trace, families: Iterable[str], **kw: Any) -> tuple[d
         info[fam] = {"host": r.host, "worker_id": r.worker_id, "messages": r.messages,
                      "decisions": len(r.decisions), "elapsed_s": round(r.elapsed_s, 1), "bootstrap": r.bootstrap}
     return seqs, info
+
+
+class ThroughKafkaUnsupported(RuntimeError):
+    """A policy family of the run cannot go through the Kafka pipeline in this build."""
+
+
+def through_kafka(trace: Trace, specs: list[PolicySpec], bootstrap: str | None,
+                  **kw: Any) -> dict[str, dict[str, list[tuple[float, Limits]]]]:
+    """Decision sequences of the worker's policy families in *specs*, through the real pipeline."""
+    families = [s.family for s in specs]
+    runs = worker_policies()
+    if "phase" in families and "phase" not in runs:
+        raise ThroughKafkaUnsupported(
+            "--through-kafka cannot run the phase policy: phasewise worker has no `--policy phase` "
+            "in this build (streams/worker.py, streams/phase_agents.py); drop phase from "
+            "--policies or run without --through-kafka")
+    kafka = [f for f in dict.fromkeys(families) if f in runs]
+    if not kafka:
+        raise ThroughKafkaUnsupported("--through-kafka: none of the policies runs in the stream worker "
+                                      f"(it runs {', '.join(runs)}); add one to --policies")
+    seqs, info = kafka_sequences(trace, kafka, bootstrap=bootstrap, **kw)
+    for fam, i in info.items():
+        print(f"through kafka: {fam}: {i['messages']} messages, {i['decisions']} decisions from "
+              f"phasewise worker {i['worker_id']} (host {i['host']}) via {i['bootstrap']} "
+              f"in {i['elapsed_s']} s", file=sys.stderr)
+    others = sorted({f for f in families if f not in kafka})
+    if others:
+        print(f"in-process: {', '.join(others)} (not run by the stream worker)", file=sys.stderr)
+    return {s.name: seqs[s.family] for s in specs if s.family in seqs}
+
+
+def worker_origin(trace: Trace, *, pretrained: bool, statistics: str = "relative",
+                  bootstrap: str | None = None) -> str:
+    """What a replay's phase worker starts from (for the report), by the worker's own rule.
+
+    :func:`~phasewise.streams.phase_agents.initial_model` under the replay
+    worker's settings; with *bootstrap* (a broker that may already hold
+    snapshots) the worker would start from the newest one instead.
+    """
+    from phasewise.settings import Settings
+    from phasewise.streams.phase_agents import initial_model
+
+    env = replay_settings_env("phase", trace, pretrained=pretrained, statistics=statistics)
+    origin = initial_model(Settings.from_env({"bootstrap": "-"}, env=env))[1]
+    return origin + (", unless a snapshot was already on the models topic" if bootstrap else "")

@@ -1,4 +1,4 @@
-"""Load real usage traces into per-container time series for replay.
+"""Load real usage traces into per-container time series for replay; the AI4DL sample phasewise ships.
 
 Two public trace layouts are understood:
 
@@ -60,6 +60,8 @@ __all__ = [
     "load_ai4dl",
     "load_genai2026",
     "load_trace",
+    "sample_path",
+    "subtrace",
 ]
 
 #: format name -> one-line description
@@ -398,3 +400,14 @@ def load_trace(path: str | Path, format: str) -> Trace:
         if not any(r in c.usage for c in trace.containers):
             trace.notes.append(f"{r}: no value in any container: nothing to score for {r}")
     return trace
+
+
+def sample_path() -> Path:
+    """The AI4DL sample shipped with phasewise (Apache-2.0; see data/PROVENANCE.md)."""
+    return Path(__file__).resolve().parents[1] / "data" / "ai4dl_sample.csv"
+
+
+def subtrace(trace: Trace, keep: set[str]) -> Trace:
+    """*trace* with only the containers named in *keep*."""
+    return Trace(trace.format, trace.source, trace.units, [c for c in trace.containers if c.container in keep],
+                 list(trace.notes))

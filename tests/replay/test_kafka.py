@@ -10,16 +10,8 @@ import numpy as np
 import pytest
 
 from phasewise.cli import main
-from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
-from phasewise.replay import (
-    NOMINAL_MEM_BYTES,
-    PolicySpec,
-    decision_sequence,
-    policy_specs,
-    replay_trace,
-    result_rows,
-)
-from phasewise.replay_kafka import (
+from phasewise.replay.driving import decision_sequence, replay_trace
+from phasewise.replay.kafka import (
     END_CONTAINER,
     KafkaReplayError,
     rebuild_sequences,
@@ -27,9 +19,12 @@ from phasewise.replay_kafka import (
     trace_messages,
     worker_policies,
 )
+from phasewise.replay.policies import NOMINAL_MEM_BYTES, PolicySpec, policy_specs
+from phasewise.replay.results import result_rows
+from phasewise.replay.traces import ContainerSeries, Trace, load_ai4dl
 from phasewise.settings import Settings
 
-SAMPLE = Path(__file__).resolve().parents[1] / "phasewise" / "data" / "ai4dl_sample.csv"
+SAMPLE = Path(__file__).resolve().parents[2] / "phasewise" / "data" / "ai4dl_sample.csv"
 
 
 def small_trace(containers: int = 2, steps: int = 40) -> Trace:
@@ -77,7 +72,7 @@ def assert_same_sequences(got: dict[str, list], want: dict[str, list]) -> None:
 @pytest.mark.parametrize("trace", [small_trace(), fraction_trace()], ids=["ai4dl", "mem-fraction"])
 def test_the_worker_step_decides_what_in_process_replay_decides(trace):
     """The worker's step (worker_in_process: the replay worker's settings) == VpaPolicy in-process."""
-    from phasewise.replay_kafka import mem_scale, worker_in_process
+    from phasewise.replay.kafka import mem_scale, worker_in_process
 
     got = worker_in_process(trace, family="vpa", host="replay-h")
     decisions = got.decisions
@@ -106,7 +101,7 @@ def regime_trace(containers: int = 12, steps: int = 360, gpu: bool = True) -> Tr
 
 
 def test_the_phase_worker_in_process_learns_on_event_time_and_uses_the_traces_gpu_columns():
-    from phasewise.replay_kafka import worker_in_process
+    from phasewise.replay.kafka import worker_in_process
 
     trace = regime_trace()
     msgs = trace_messages(trace, "h")
@@ -118,7 +113,7 @@ def test_the_phase_worker_in_process_learns_on_event_time_and_uses_the_traces_gp
     assert "fallback:vpa" in sources and "phase" in sources  # VPA while cold, then phase limits
     assert worker_in_process(trace, family="phase").decisions == got.decisions  # deterministic
     # the detectors' phase changes give the report its phase ids along time
-    from phasewise.replay_kafka import phase_series
+    from phasewise.replay.kafka import phase_series
 
     ids = phase_series(trace, got.phase_changes)
     assert all(len(ids[c.container]) == len(c) for c in trace.containers)
@@ -133,7 +128,7 @@ def test_the_phase_worker_in_process_learns_on_event_time_and_uses_the_traces_gp
 
 
 def test_the_report_says_what_a_through_kafka_phase_worker_starts_from():
-    from phasewise.replay import worker_origin
+    from phasewise.replay.kafka import worker_origin
 
     ai4dl, gpu = small_trace(), regime_trace()
     assert worker_origin(ai4dl, pretrained=False) == "cold"
@@ -249,7 +244,7 @@ def test_the_phase_worker_replays_a_trace_through_kafka_into_scored_decision_seq
 def test_a_frozen_phase_worker_through_kafka_decides_exactly_what_its_own_step_decides_in_process(tmp_path):
     if "phase" not in worker_policies():
         pytest.skip("the worker has no --policy phase in this build")
-    from phasewise.replay_kafka import worker_in_process
+    from phasewise.replay.kafka import worker_in_process
 
     trace = small_trace(2, 40)
     # its own broker: no snapshot on the models topic, so the worker starts from the shipped model

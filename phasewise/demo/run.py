@@ -12,14 +12,14 @@ What it starts, in order (everything is stopped and removed again on exit):
    ``phasewise worker`` (VPA recommender, demo-tuned: a short VPA time scale
    and recommendation interval so decisions come within a minute) and
    ``phasewise actuate --backend cgroup`` (applies them);
-4. the training jobs (:mod:`phasewise.jobs`: a character LSTM and a small
+4. the training jobs (:mod:`phasewise.demo.jobs`: a character LSTM and a small
    Transformer on the standard library's source, an MLP forecaster on the
    AI4DL trace), each one thread. A job's process writes its own pid into its
    cgroup's ``cgroup.procs`` (a ``/bin/sh`` wrapper) *before* it ``exec``\\ s
    Python, so none of its CPU or memory use escapes the cgroup.
 
 The demo then reads the samples, decisions and actuations topics with its own
-consumer group and shows a live view (:mod:`phasewise.view`) until Ctrl-C,
+consumer group and shows a live view (:mod:`phasewise.demo.view`) until Ctrl-C,
 SIGTERM or ``--duration``. A job that dies (e.g. killed by the kernel for
 exceeding a lowered memory limit) is restarted, up to ``--max-restarts`` times,
 and counted. On exit it always stops the jobs, then the roles (SIGTERM to each
@@ -31,32 +31,30 @@ on stdout; logs go to stderr and the run directory
 (``<data_dir>/demo-<timestamp>/``), which is kept for inspection.
 
 Needs root (it creates cgroups). The summary is computed by the pure
-:func:`summarize` from the collected records.
+:func:`phasewise.demo.summary.summarize` from the collected records.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import logging
-import math
 import os
-import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 from phasewise.cgroupfs import CgroupError, CgroupLayout
-from phasewise.jobs import DEFAULT_JOBS, JOBS, parse_progress
+from phasewise.demo.jobs import DEFAULT_JOBS, JOBS, parse_progress
+from phasewise.demo.summary import CgroupPoint, Records, format_summary, summarize, view_state
+from phasewise.demo.view import LiveView, ViewState
+from phasewise.procs import ManagedProcess, RoleProcess
 from phasewise.schemas import (
     Actuation,
     Decision,
@@ -64,25 +62,13 @@ from phasewise.schemas import (
     PhaseChange,
     SchemaError,
     decode,
-    encode,
 )
-from phasewise.view import JobRow, LiveView, ViewState, fmt_bytes
 
-__all__ = [
-    "DemoError",
-    "JobProgress",
-    "Records",
-    "SamplePoint",
-    "add_arguments",
-    "run",
-    "summarize",
-    "view_state",
-]
+__all__ = ["Demo", "DemoError", "add_arguments", "run"]
 
 log = logging.getLogger(__name__)
 
 NEED_ROOT = "the demo needs root to create cgroups; run `sudo make demo`"
-APPLIED = ("applied", "clamped")
 #: the wrapper that puts itself into the job's cgroup(s), then becomes the job
 ATTACH_SH = 'pid=$$; while [ "$1" != "--" ]; do echo "$pid" > "$1" || exit 97; shift; done; shift; exec "$@"'
 
@@ -91,461 +77,7 @@ class DemoError(RuntimeError):
     """The demo cannot start or a part of it failed; ``str(e)`` says what to do."""
 
 
-# --------------------------------------------------------------------------- records (pure)
-
-
-@dataclass(frozen=True, slots=True)
-class SamplePoint:
-    ts: float
-    cpu_cores: float
-    mem_bytes: float
-    cpu_limit: float | None
-    mem_limit: float | None
-    oom_events: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupPoint:
-    """The demo's own reading of a job's cgroup (wall time): the kernel's counters, not the pipeline's."""
-
-    ts: float
-    throttled_share: float  #: throttled CFS periods / periods since the previous reading
-    cpu_limit: float | None
-    mem_limit: float | None
-    oom_kills: int  #: cumulative since the cgroup was created (a restarted job keeps its cgroup)
-
-
-@dataclass
-class JobProgress:
-    """What a job's own progress lines said."""
-
-    phase: str = ""
-    step: int | None = None
-    first_loss: float | None = None
-    last_loss: float | None = None
-    restarts: int = 0
-    exits: list[int] = field(default_factory=list)
-
-    def update(self, line: dict) -> None:
-        self.phase = str(line.get("phase", self.phase))
-        if "step" in line:
-            self.step = int(line["step"])
-        if line.get("phase") == "train" and "loss" in line:
-            loss = float(line["loss"])
-            if math.isfinite(loss):
-                if self.first_loss is None:
-                    self.first_loss = loss
-                self.last_loss = loss
-
-
-@dataclass
-class Records:
-    """Everything the demo saw, per job: the input of :func:`summarize` and :func:`view_state`."""
-
-    jobs: tuple[str, ...]
-    samples: dict[str, list[SamplePoint]] = field(default_factory=dict)
-    decisions: list[Decision] = field(default_factory=list)
-    actuations: list[Actuation] = field(default_factory=list)
-    progress: dict[str, JobProgress] = field(default_factory=dict)
-    host_messages: int = 0
-    #: the CRBM phase the worker's detector put each job in (``phasewise.phases.v1``; None: none yet)
-    crbm_phase: dict[str, int | None] = field(default_factory=dict)
-    cgroups: dict[str, list[CgroupPoint]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for j in self.jobs:
-            self.samples.setdefault(j, [])
-            self.progress.setdefault(j, JobProgress())
-            self.crbm_phase.setdefault(j, None)
-            self.cgroups.setdefault(j, [])
-
-    def write_jsonl(self, path: Path) -> None:
-        """Everything collected, one JSON object a line with its ``type`` (``decision``, ``actuation``:
-        the topic records; ``sample``, ``cgroup``: per job), for a look after the run."""
-        with open(path, "w") as f:
-            for d in self.decisions:
-                f.write(json.dumps({"type": "decision", **json.loads(encode(d))}) + "\n")
-            for a in self.actuations:
-                f.write(json.dumps({"type": "actuation", **json.loads(encode(a))}) + "\n")
-            for job in self.jobs:
-                for p in self.samples.get(job, []):
-                    f.write(json.dumps({"type": "sample", "job": job, **dataclasses.asdict(p)}) + "\n")
-                for c in self.cgroups.get(job, []):
-                    f.write(json.dumps({"type": "cgroup", "job": job, **dataclasses.asdict(c)}) + "\n")
-
-    def add_phase_change(self, c: PhaseChange) -> bool:
-        if c.container in self.crbm_phase:
-            self.crbm_phase[c.container] = c.new_phase
-            return True
-        return False
-
-    def add_samples(self, msg: HostSamples) -> int:
-        """Keep the samples of our jobs; returns how many were kept."""
-        self.host_messages += 1
-        n = 0
-        for c in msg.containers:
-            if c.container in self.samples:
-                self.samples[c.container].append(SamplePoint(
-                    msg.ts, c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes, c.oom_events))
-                n += 1
-        return n
-
-    def add_decision(self, d: Decision) -> bool:
-        if d.container in self.samples:
-            self.decisions.append(d)
-            return True
-        return False
-
-    def add_actuation(self, a: Actuation) -> bool:
-        if a.container in self.samples:
-            self.actuations.append(a)
-            return True
-        return False
-
-
-def _mean(xs: Iterable[float]) -> float | None:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b <= 0:
-        return None
-    return a / b
-
-
-def _round(x: float | None, nd: int = 4) -> float | None:
-    return None if x is None else round(x, nd)
-
-
-def throttled_cuts(records: Records, job: str, *, window_s: float, threshold: float) -> list[Decision]:
-    """The job's decisions that lowered its CPU limit while it was throttled (pure).
-
-    Lowered: below the limit in force at the decision, as the demo last read it from the cgroup;
-    throttled: a reading in the *window_s* before the decision had more than *threshold* of its CFS
-    periods throttled. The demo's readings are the kernel's counters, independent of the worker.
-    """
-    pts = records.cgroups.get(job, [])
-    out = []
-    for d in records.decisions:
-        if d.container != job or d.cpu_limit_cores is None:
-            continue
-        before = [p for p in pts if p.ts <= d.ts]
-        if not before or before[-1].cpu_limit is not None and d.cpu_limit_cores >= before[-1].cpu_limit - 1e-9:
-            continue
-        if any(d.ts - window_s <= p.ts <= d.ts and p.throttled_share > threshold for p in before):
-            out.append(d)
-    return out
-
-
-def summarize(
-    records: Records,
-    *,
-    duration_s: float,
-    final_limits: dict[str, tuple[float | None, float | None]] | None = None,
-    cleanup_problems: Sequence[str] = (),
-    run_dir: str = "",
-    error: str | None = None,
-    policy: str = "",
-    throttle_window_s: float = 5.0,
-    throttle_threshold: float = 0.1,
-) -> dict[str, Any]:
-    """The demo's summary from what it collected (pure).
-
-    ``decisions_made`` counts distinct decision ids seen for the demo's jobs;
-    ``decisions_applied`` counts distinct decision ids with an ``applied`` or
-    ``clamped`` actuation. Per job: ``cpu_used`` is the mean of the sampled
-    CPU use (cores) over the run, ``mem_used`` the mean working set (bytes);
-    ``*_limit_final`` come from *final_limits* (read from the cgroup at the
-    end) or else the last sample (``None`` = unlimited);
-    ``cpu_alloc_ratio`` / ``mem_alloc_ratio`` are the mean limit over the
-    mean use across the samples that had a limit (allocation vs use: 1.0 is a
-    perfect fit, 3.0 means three times more was reserved than used).
-    ``cleanup`` is true when *cleanup_problems* is empty. ``oom_kills`` counts the
-    kernel's OOM kills in each job's cgroup (its own counter, read by the demo;
-    the samples' count when the demo could not read it), ``throttled_cuts`` the
-    decisions that lowered a job's CPU while it was throttled
-    (:func:`throttled_cuts`), ``restarts`` the jobs restarted after they died.
-    """
-    final_limits = final_limits or {}
-    decided = {d.id for d in records.decisions}
-    applied = {a.decision_id for a in records.actuations if a.status in APPLIED}
-    jobs: dict[str, Any] = {}
-    for name in records.jobs:
-        pts = records.samples.get(name, [])
-        cpu_lim_pts = [p for p in pts if p.cpu_limit is not None]
-        mem_lim_pts = [p for p in pts if p.mem_limit is not None]
-        last = pts[-1] if pts else None
-        cpu_final, mem_final = final_limits.get(
-            name, (last.cpu_limit if last else None, last.mem_limit if last else None))
-        prog = records.progress.get(name, JobProgress())
-        job_decisions = {d.id for d in records.decisions if d.container == name}
-        jobs[name] = {
-            "samples": len(pts),
-            "cpu_used": _round(_mean(p.cpu_cores for p in pts)),
-            "cpu_used_max": _round(max((p.cpu_cores for p in pts), default=None)),
-            "cpu_limit_final": _round(cpu_final),
-            "cpu_alloc_ratio": _round(_ratio(_mean(p.cpu_limit for p in cpu_lim_pts),  # type: ignore[misc]
-                                             _mean(p.cpu_cores for p in cpu_lim_pts)), 3),
-            "mem_used": _round(_mean(p.mem_bytes for p in pts), 0),
-            "mem_used_max": _round(max((p.mem_bytes for p in pts), default=None), 0),
-            "mem_limit_final": _round(mem_final, 0),
-            "mem_alloc_ratio": _round(_ratio(_mean(p.mem_limit for p in mem_lim_pts),  # type: ignore[misc]
-                                             _mean(p.mem_bytes for p in mem_lim_pts)), 3),
-            "decisions": len(job_decisions),
-            "decisions_applied": len(job_decisions & applied),
-            "oom_kills": (records.cgroups[name][-1].oom_kills if records.cgroups.get(name)
-                          else sum(p.oom_events for p in pts)),
-            "throttled_cuts": len(throttled_cuts(records, name, window_s=throttle_window_s,
-                                                 threshold=throttle_threshold)),
-            "crbm_phase": records.crbm_phase.get(name),
-            "steps": prog.step,
-            "first_loss": prog.first_loss,
-            "last_loss": prog.last_loss,
-            "restarts": prog.restarts,
-        }
-    return {
-        "policy": policy,
-        "duration_s": round(duration_s, 1),
-        "oom_kills": sum(j["oom_kills"] for j in jobs.values()),
-        "throttled_cuts": sum(j["throttled_cuts"] for j in jobs.values()),
-        "restarts": sum(j["restarts"] for j in jobs.values()),
-        "decisions_made": len(decided),
-        "decisions_applied": len(decided & applied) if decided else len(applied),
-        "actuations": len(records.actuations),
-        "host_messages": records.host_messages,
-        "jobs": jobs,
-        "cleanup": not cleanup_problems,
-        "cleanup_problems": list(cleanup_problems),
-        "run_dir": run_dir,
-        "error": error,
-    }
-
-
-def _decision_text(d: Decision) -> str:
-    parts = []
-    if d.cpu_limit_cores is not None:
-        parts.append(f"cpu {d.cpu_limit_cores:.2f}")
-    if d.mem_limit_bytes is not None:
-        parts.append(f"mem {fmt_bytes(d.mem_limit_bytes)}")
-    what = " ".join(parts) if parts else d.action
-    return f"{d.action} {what} ({d.policy})" if parts else f"{what} ({d.policy})"
-
-
-def limit_source(d: Decision) -> str:
-    """Where a decision's limits came from, for the view: ``phase 3``, ``vpa fallback``, ``vpa``, ``mixed``.
-
-    >>> limit_source(Decision(id="x", ts=0.0, host="h", container="c", action="limit", policy="phase",
-    ...                       cpu_limit_cores=1.0, details={"source": "phase", "phase": 3}))
-    'phase 3'
-    """
-    det = d.details if isinstance(d.details, dict) else {}
-    if d.policy != "phase":
-        return d.policy
-    src = det.get("source")
-    if src == "phase":
-        return f"phase {det.get('phase')}"
-    if src == "fallback:vpa":
-        return "vpa fallback"
-    return str(src or "phase")
-
-
-def bounded_rules(d: Decision) -> str:
-    """The safety rules that bounded a decision, for the view: ``cpu:step mem:peak,oom`` (empty: none)."""
-    safety = d.details.get("safety") if isinstance(d.details, dict) else None
-    by = safety.get("bounded_by") if isinstance(safety, dict) else None
-    if not isinstance(by, dict):
-        return ""
-    return " ".join(f"{r}:{','.join(map(str, rules))}" for r, rules in by.items() if isinstance(rules, list))
-
-
-def view_state(records: Records, *, elapsed_s: float, job_states: dict[str, str] | None = None,
-               **kw: Any) -> ViewState:
-    """The live view's input from the records (pure)."""
-    job_states = job_states or {}
-    last_dec: dict[str, Decision] = {}
-    for d in records.decisions:
-        last_dec[d.container] = d
-    status: dict[str, str] = {}
-    applied: dict[str, set[str]] = {j: set() for j in records.jobs}
-    for a in records.actuations:
-        if a.status != "duplicate" or a.decision_id not in status:  # a re-delivery keeps the first outcome
-            status[a.decision_id] = a.status
-        if a.status in APPLIED:
-            applied[a.container].add(a.decision_id)
-    rows = []
-    for name in records.jobs:
-        pts = records.samples.get(name, [])
-        p = pts[-1] if pts else None
-        prog = records.progress.get(name, JobProgress())
-        d = last_dec.get(name)
-        rows.append(JobRow(
-            name=name,
-            cpu_cores=p.cpu_cores if p else None,
-            cpu_limit=p.cpu_limit if p else None,
-            mem_bytes=p.mem_bytes if p else None,
-            mem_limit=p.mem_limit if p else None,
-            phase=prog.phase,
-            step=prog.step,
-            loss=prog.last_loss,
-            decisions=len({x.id for x in records.decisions if x.container == name}),
-            applied=len(applied[name]),
-            last_decision=_decision_text(d) if d else "",
-            last_reason=d.reason if d else "",
-            last_status=status.get(d.id, "pending") if d else "",
-            state=job_states.get(name, "running"),
-            restarts=prog.restarts,
-            oom_kills=(records.cgroups[name][-1].oom_kills if records.cgroups.get(name)
-                       else sum(x.oom_events for x in pts)),
-            crbm_phase=records.crbm_phase.get(name),
-            source=limit_source(d) if d else "",
-            bounded=bounded_rules(d) if d else "",
-        ))
-    decided = {d.id for d in records.decisions}
-    return ViewState(
-        elapsed_s=elapsed_s,
-        jobs=rows,
-        decisions_total=len(decided),
-        applied_total=len({a.decision_id for a in records.actuations if a.status in APPLIED}),
-        samples_total=sum(len(v) for v in records.samples.values()),
-        **kw,
-    )
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    """The summary as text for a terminal."""
-    if s.get("error") and not any(j["samples"] for j in s["jobs"].values()):
-        cleanup = ("nothing left behind" if s["cleanup"]
-                   else "cleanup FAILED: " + "; ".join(s["cleanup_problems"]))
-        return f"phasewise demo failed: {s['error']}\n{cleanup}\nlogs: {s['run_dir']}"
-    lines = [
-        (f"phasewise demo ({s['policy']} policy): {s['duration_s']:.0f} s, {s['decisions_made']} decisions made, "
-         f"{s['decisions_applied']} applied ({s['actuations']} actuations); OOM kills {s['oom_kills']}, "
-         f"CPU cuts while throttled {s['throttled_cuts']}, restarts {s['restarts']}"),
-        "",
-        (f"{'job':<12} {'cpu used':>9} {'cpu limit':>10} {'alloc/use':>9}  {'mem used':>9} {'mem limit':>10} "
-         f"{'alloc/use':>9}  {'dec':>3} {'app':>3}  {'steps':>6} {'loss':>15}"),
-    ]
-    for name, j in s["jobs"].items():
-        def num(x: float | None, f: str = ".2f") -> str:
-            return "-" if x is None else format(x, f)
-
-        loss = (f"{num(j['first_loss'], '.3f')} -> {num(j['last_loss'], '.3f')}"
-                if j["first_loss"] is not None else "-")
-        lines.append(
-            f"{name:<12} {num(j['cpu_used']):>9} {num(j['cpu_limit_final']) if j['cpu_limit_final'] else 'none':>10} "
-            f"{num(j['cpu_alloc_ratio']):>9}  {fmt_bytes(j['mem_used']):>9} "
-            f"{fmt_bytes(j['mem_limit_final']) if j['mem_limit_final'] else 'none':>10} "
-            f"{num(j['mem_alloc_ratio']):>9}  {j['decisions']:>3} {j['decisions_applied']:>3}  "
-            f"{j['steps'] if j['steps'] is not None else '-':>6} {loss:>15}"
-            + (f"  restarts {j['restarts']}, OOM kills {j['oom_kills']}" if j["restarts"] or j["oom_kills"] else "")
-        )
-    lines.append("")
-    lines.append("used: mean over the run; limit: at the end (none = unlimited); alloc/use: mean limit / mean use "
-                 "(1.0 = no slack); dec/app: decisions made / applied")
-    if s["cleanup"]:
-        lines.append("cleanup: all processes stopped, cgroups removed, broker stopped; nothing left behind")
-    else:
-        lines.append("cleanup FAILED: " + "; ".join(s["cleanup_problems"]))
-    if s.get("error"):
-        lines.append(f"error: {s['error']}")
-    lines.append(f"logs: {s['run_dir']}")
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- processes
-
-
-def _session_pids(sid: int, proc_root: str = "/proc") -> list[int]:
-    """Pids of live (non-zombie) processes in session *sid*."""
-    out = []
-    for d in os.listdir(proc_root):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"{proc_root}/{d}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # fields after the ")" closing the command name: state ppid pgrp session ...
-        rest = stat[stat.rfind(")") + 2:].split()
-        if len(rest) >= 4 and rest[0] != "Z" and int(rest[3]) == sid:
-            out.append(int(d))
-    return out
-
-
-class ManagedProcess:
-    """A subprocess in its own session with its output in a log file.
-
-    ``stop`` signals the whole process group (SIGTERM, then SIGKILL after
-    *timeout_s*) and reaps it; :meth:`leftovers` lists any process of its
-    session still alive.
-    """
-
-    def __init__(self, name: str, cmd: list[str], *, env: dict[str, str], log_path: Path,
-                 cwd: str | None = None) -> None:
-        self.name, self.cmd, self.env, self.log_path, self.cwd = name, cmd, env, log_path, cwd
-        self.proc: subprocess.Popen | None = None
-        self._log: Any = None
-        self.sids: list[int] = []
-
-    def start(self) -> ManagedProcess:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while the process runs
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd)
-        self.sids.append(self.proc.pid)  # a new session's id is its leader's pid
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def terminate(self) -> None:
-        """SIGTERM the process group without waiting."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        p = self.proc
-        if p is None:
-            return None
-        self.terminate()
-        try:
-            p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0fs of SIGTERM; killing it", self.name, timeout_s)
-        # kill whatever is left of the group (also children of a leader that exited)
-        for sid in self.sids:
-            if _session_pids(sid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(sid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(5)
-        # killed processes that are not our children vanish a moment later: wait for that
-        deadline = time.monotonic() + 5
-        while self.leftovers() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if self._log:
-            self._log.close()
-            self._log = None
-        return p.returncode
-
-    def leftovers(self) -> list[int]:
-        return [pid for sid in self.sids for pid in _session_pids(sid)]
-
-    def log_tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
 
 
 class JobProcess(ManagedProcess):
@@ -556,9 +88,9 @@ class JobProcess(ManagedProcess):
         procs = ([layout.path(name) / "cgroup.procs"] if layout.version == 2
                  else [layout.path(name, c) / "cgroup.procs" for c in layout.controllers()])
         cmd = ["/bin/sh", "-c", ATTACH_SH, "sh", *map(str, procs), "--",
-               sys.executable, "-W", "ignore", "-m", "phasewise.jobs", name, "--threads", str(threads),
+               sys.executable, "-W", "ignore", "-m", "phasewise.demo.jobs", name, "--threads", str(threads),
                "--checkpoint-dir", str(checkpoint_dir)]
-        super().__init__(name, cmd, env=env, log_path=log_path)
+        super().__init__(name, cmd, env=env, log_path=log_path, append=True)
         self.layout = layout
         self._offset = 0
 
@@ -569,7 +101,7 @@ class JobProcess(ManagedProcess):
             rc = self.returncode()
             if rc is not None:
                 raise DemoError(f"job {self.name} exited with {rc} before joining its cgroup "
-                                f"(97 = could not write cgroup.procs):\n{self.log_tail()}")
+                                f"(97 = could not write cgroup.procs):\n{self.log_tail(20)}")
             if time.monotonic() > deadline:
                 raise DemoError(f"job {self.name} (pid {self.pid}) did not appear in its cgroup")
             time.sleep(0.01)
@@ -838,7 +370,7 @@ class Demo:
             layout.create(name)
             set_limits(layout, name, cfg.start_cpu, cfg.start_mem)
 
-        env = {**os.environ, **self._role_env(settings, free_port())}
+        env = self._role_env(settings, free_port())
         stack.callback(self._stop_roles)
         roles = {
             "worker": [],
@@ -847,9 +379,8 @@ class Demo:
         }
         for role, extra in roles.items():
             log_path = self.run_dir / f"{role}.log"
-            renv = {**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role)}
-            p = ManagedProcess(role, [sys.executable, "-W", "ignore", "-m", "phasewise.cli", role, *extra],
-                               env=renv, log_path=log_path)
+            p = RoleProcess(role, extra, env={**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role)},
+                            log_path=log_path, python_flags=("-W", "ignore"))
             self.roles[role] = p
             self.all_procs.append(p)
             p.start()
@@ -922,7 +453,7 @@ class Demo:
                 for role, p in self.roles.items():
                     if not p.alive():
                         raise DemoError(f"phasewise {role} exited with {p.returncode()}; "
-                                        f"last lines of {p.log_path}:\n{p.log_tail()}")
+                                        f"last lines of {p.log_path}:\n{p.log_tail(20)}")
                 for name, j in self.jobs.items():
                     for line in j.read_progress():
                         self.records.progress[name].update(line)
@@ -1046,18 +577,6 @@ class Demo:
 # --------------------------------------------------------------------------- CLI
 
 
-def parse_size(text: str) -> int:
-    """``"1G"``, ``"512MiB"``, ``"1073741824"`` -> bytes.
-
-    >>> parse_size("1G"), parse_size("512MiB"), parse_size("1000")
-    (1073741824, 536870912, 1000)
-    """
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1G, 512M, 1073741824)")
-    return int(float(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2)])
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.cli import add_setting
     from phasewise.settings import (
@@ -1068,6 +587,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         at_least,
         parse_float,
         parse_int,
+        parse_size,
     )
 
     def like(name: str) -> object:  # a demo flag that becomes the roles' setting *name*
@@ -1092,7 +612,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker: VPA durations x this (demo default 0.001: a VPA day lasts 86 s)")
     p.add_argument("--start-cpu", type=arg_type(parse_float, above(0)), default=0.5,
                    help="starting CPU limit per job, cores (below a job's ~1 core of demand, so the loop raises it early)")
-    p.add_argument("--start-mem", type=parse_size, default=2**30, help="starting memory limit per job (e.g. 1G)")
+    p.add_argument("--start-mem", type=arg_type(parse_size, above(0), name="size"), default=2**30,  # 1 GiB
+                   help="starting memory limit per job (a size: bytes, 512Mi, 1Gi; 1G = 10**9; default 1Gi)")
     p.add_argument("--max-restarts", type=arg_type(parse_int, at_least(0)), default=3,
                    help="restarts per job that dies")
     add_setting(p, "host", help="host name on the wire")

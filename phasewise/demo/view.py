@@ -22,7 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Self, TextIO
 
-__all__ = ["LEGEND", "JobRow", "LiveView", "ViewState", "fmt_bytes", "fmt_cores", "render"]
+from phasewise.units import fmt_bytes, fmt_cores
+
+__all__ = ["LEGEND", "JobRow", "LiveView", "ViewState", "render"]
 
 #: the lines under the table, so nothing on the screen needs the code to be read
 LEGEND = (
@@ -74,21 +76,6 @@ class ViewState:
     roles: dict[str, str] = field(default_factory=dict)
     duration_s: float | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def fmt_cores(x: float | None) -> str:
-    """``1.25`` -> ``'1.25'``; unknown -> ``'-'``; unlimited limits are ``None`` too."""
-    return "-" if x is None else f"{x:.2f}"
-
-
-def fmt_bytes(x: float | None) -> str:
-    """Bytes in binary units: ``fmt_bytes(3 * 2**20)`` -> ``'3.0M'``."""
-    if x is None:
-        return "-"
-    for unit, size in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if abs(x) >= size:
-            return f"{x / size:.1f}{unit}"
-    return f"{x:.0f}B"
 
 
 def _pct(used: float | None, limit: float | None) -> str:

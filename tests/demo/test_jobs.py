@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from phasewise import jobs
-from phasewise.jobs import parse_progress
+from phasewise.demo import jobs
+from phasewise.demo.jobs import parse_progress
 
 RUN_S = 12.0
 
 
 def run_job(name: str, tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-W", "ignore", "-m", "phasewise.jobs", name, "--seconds", str(RUN_S),
+        [sys.executable, "-W", "ignore", "-m", "phasewise.demo.jobs", name, "--seconds", str(RUN_S),
          "--threads", "1", "--scale", "0.2", "--report-every", "0.3", "--eval-every", "4",
          "--checkpoint-every", "5", "--checkpoint-dir", str(tmp_path / name)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -109,7 +109,7 @@ def test_an_unknown_job_is_a_clear_error():
 
 
 def test_sigterm_ends_a_job_cleanly(tmp_path):
-    p = subprocess.Popen([sys.executable, "-W", "ignore", "-m", "phasewise.jobs", "forecaster",
+    p = subprocess.Popen([sys.executable, "-W", "ignore", "-m", "phasewise.demo.jobs", "forecaster",
                           "--report-every", "0.2"], stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
     deadline = time.monotonic() + 60
@@ -155,3 +155,7 @@ def test_a_restarted_job_stopped_before_its_first_step_ends_cleanly(tmp_path):
     done = lines[-1]
     assert done["phase"] == "done" and done["step"] == resume["step"] == stats["steps"]
     assert math.isnan(stats["last_loss"])
+
+
+def test_the_jobs_find_the_trace_phasewise_ships():
+    assert jobs.ai4dl_path() == Path(__file__).resolve().parents[2] / "phasewise" / "data" / "ai4dl_sample.csv"

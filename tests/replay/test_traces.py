@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phasewise.producers.traces import (
+from phasewise.replay.traces import (
     GENAI_FILES,
     TraceFormatError,
     load_ai4dl,

@@ -13,19 +13,12 @@ import pytest
 
 from phasewise.cli import main
 from phasewise.models.baselines import WindowPolicy
-from phasewise.producers.traces import ContainerSeries, Trace, load_ai4dl
-from phasewise.replay import (
-    PolicySpec,
-    ScaledPolicy,
-    _Progress,
-    decision_sequence,
-    oracle_decisions,
-    policy_specs,
-    replay_trace,
-    result_rows,
-)
+from phasewise.replay.driving import _Progress, decision_sequence, oracle_decisions, replay_trace
+from phasewise.replay.policies import PolicySpec, ScaledPolicy, policy_specs
+from phasewise.replay.results import result_rows
+from phasewise.replay.traces import ContainerSeries, Trace, load_ai4dl
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "phasewise" / "data" / "ai4dl_sample.csv"
 GENAI = REPO.parent / "shared" / "data" / "alibaba-genai2026-pods"
 HAS_VPA = importlib.util.find_spec("phasewise.models.vpa") is not None
@@ -201,7 +194,7 @@ def test_an_unreachable_phase_fulfilment_is_flagged_and_the_closest_baseline_use
 def _scored(points: dict[str, tuple[float, int]], steps: int = 200):
     """A ReplayResult on one resource whose policies scored (alloc_over_used, steps fulfilled) of *steps*."""
     from phasewise.models.scoring import Score
-    from phasewise.replay import ReplayResult, ResourceResult
+    from phasewise.replay.results import ReplayResult, ResourceResult
 
     fam = {"vpa": "vpa", "phase": "phase", "oracle": "oracle"}
     specs = [PolicySpec(n, fam.get(n, "window"), None) for n in points]
@@ -432,8 +425,8 @@ def test_a_container_where_one_policy_never_had_an_opinion_is_scored_for_no_poli
 
 
 def test_the_shared_model_fleet_replays_with_limits_decided_before_each_step():
-    from phasewise.producers.traces import load_trace
-    from phasewise.replay import fleet_sequences
+    from phasewise.replay.driving import fleet_sequences
+    from phasewise.replay.traces import load_trace
 
     trace = load_trace(SAMPLE, "ai4dl")
     seqs = fleet_sequences(trace)
@@ -449,7 +442,7 @@ def test_the_shared_model_fleet_replays_with_limits_decided_before_each_step():
     changed_usage = {r: u.copy() for r, u in cut.usage.items()}
     for u in changed_usage.values():
         u[k:] *= 7.0
-    from phasewise.producers.traces import ContainerSeries, Trace
+    from phasewise.replay.traces import ContainerSeries, Trace
 
     other = Trace(trace.format, trace.source, trace.units,
                   [ContainerSeries(cut.container, cut.t, changed_usage), *trace.containers[1:]])
@@ -458,7 +451,7 @@ def test_the_shared_model_fleet_replays_with_limits_decided_before_each_step():
 
 
 def test_the_fleet_tells_per_sample_its_phase_and_whether_its_limit_came_from_the_fallback():
-    from phasewise.replay import FleetDetail, fleet_sequences
+    from phasewise.replay.driving import FleetDetail, fleet_sequences
 
     trace = load_ai4dl(SAMPLE)
     detail = FleetDetail()

@@ -15,21 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from phasewise import demo
 from phasewise.cgroupfs import CgroupLayout
-from phasewise.demo import (
-    DemoError,
-    JobProcess,
-    ManagedProcess,
-    Records,
-    clear_stale,
-    parse_size,
-    set_limits,
-    summarize,
-    view_state,
-)
+from phasewise.demo import run as demo
+from phasewise.demo import summary
+from phasewise.demo.run import DemoError, JobProcess, clear_stale, set_limits
+from phasewise.demo.summary import Records, summarize, view_state
+from phasewise.demo.view import LEGEND, LiveView, ViewState, render
 from phasewise.schemas import Actuation, ContainerSample, Decision, HostSamples, PhaseChange
-from phasewise.view import LEGEND, LiveView, ViewState, render
 from tests.conftest import requires_root
 
 JOBS = ("charlstm", "transformer", "forecaster")
@@ -127,13 +119,13 @@ def test_summary_is_plain_json(records):
 
 
 def test_the_text_summary_names_every_job_and_the_cleanup(records):
-    text = demo.format_summary(summarize(records, duration_s=3, run_dir="/tmp/run"))
+    text = summary.format_summary(summarize(records, duration_s=3, run_dir="/tmp/run"))
     assert "3 decisions made, 2 applied" in text
     assert all(j in text for j in JOBS)
     assert "nothing left behind" in text and "/tmp/run" in text
-    bad = demo.format_summary(summarize(records, duration_s=3, cleanup_problems=["pid 12 alive"]))
+    bad = summary.format_summary(summarize(records, duration_s=3, cleanup_problems=["pid 12 alive"]))
     assert "cleanup FAILED: pid 12 alive" in bad
-    failed = demo.format_summary(summarize(Records(JOBS), duration_s=0, error="no cgroup v1 or v2 at /x"))
+    failed = summary.format_summary(summarize(Records(JOBS), duration_s=0, error="no cgroup v1 or v2 at /x"))
     assert failed.startswith("phasewise demo failed: no cgroup v1 or v2 at /x") and "charlstm" not in failed
 
 
@@ -190,10 +182,19 @@ def test_live_view_redraws_in_place_on_a_terminal_and_plainly_otherwise():
     assert "\x1b" not in plain.getvalue() and "phasewise demo" in plain.getvalue()
 
 
-def test_sizes_read_with_binary_units():
-    assert parse_size("1G") == GiB and parse_size("256MiB") == 256 * 2**20 and parse_size("42") == 42
-    with pytest.raises(Exception, match="not a size"):
-        parse_size("lots")
+def test_start_mem_reads_sizes_as_every_setting_does_and_defaults_to_one_gib(capsys):
+    import argparse
+
+    from phasewise.cli import main
+
+    p = argparse.ArgumentParser()
+    demo.add_arguments(p)
+    size = lambda text: p.parse_args(["--start-mem", text]).start_mem  # noqa: E731
+    assert p.parse_args([]).start_mem == GiB
+    assert size("1Gi") == GiB and size("256MiB") == 256 * 2**20 and size("42") == 42 and size("1G") == 10**9
+    assert main(["demo", "--start-mem", "lots"]) == 2
+    assert capsys.readouterr().err == ("phasewise demo: error: --start-mem: 'lots' is not a size "
+                                       "(e.g. 67108864, 64Mi, 1G)\n")
 
 
 def test_the_demo_refuses_to_run_without_root_with_a_clear_message(monkeypatch):
@@ -237,20 +238,6 @@ def test_stale_empty_cgroups_are_removed_but_busy_ones_stop_the_demo(tmp_path):
         clear_stale(layout)
 
 
-def test_managed_process_stop_ends_its_whole_process_group(tmp_path):
-    # a leader that ignores SIGTERM and a child that would outlive it
-    script = ("import signal, subprocess, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\ntime.sleep(600)\n")
-    p = ManagedProcess("stubborn", [sys.executable, "-c", script], env=dict(os.environ),
-                       log_path=tmp_path / "p.log").start()
-    deadline = time.monotonic() + 10
-    while len(p.leftovers()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(p.leftovers()) == 2
-    p.stop(timeout_s=0.5)
-    assert not p.alive() and p.leftovers() == []
-
-
 @requires_root
 def test_a_job_runs_inside_its_cgroup_from_its_first_instruction(tmp_path):
     layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}")
@@ -288,7 +275,7 @@ def _roles_missing() -> list[str]:
 def test_throttled_cuts_are_cpu_decreases_right_after_the_kernel_showed_throttling():
     r = Records(("job",))
     for t, share, lim in ((100.0, 0.0, 1.0), (101.0, 0.5, 1.0), (102.0, 0.0, 1.0), (110.0, 0.0, 1.0)):
-        r.cgroups["job"].append(demo.CgroupPoint(t, share, lim, None, 0))
+        r.cgroups["job"].append(summary.CgroupPoint(t, share, lim, None, 0))
 
     def d(i: int, ts: float, cpu: float) -> Decision:
         return Decision(id=f"t{i}", ts=ts, host="h1", container="job", action="limit", policy="phase",
@@ -297,14 +284,14 @@ def test_throttled_cuts_are_cpu_decreases_right_after_the_kernel_showed_throttli
     r.add_decision(d(1, 103.0, 0.8))  # lowered 2 s after a throttled reading: counted
     r.add_decision(d(2, 104.0, 1.5))  # raised: not a cut
     r.add_decision(d(3, 110.5, 0.8))  # lowered, but no throttled reading in the 5 s before
-    cuts = demo.throttled_cuts(r, "job", window_s=5.0, threshold=0.1)
+    cuts = summary.throttled_cuts(r, "job", window_s=5.0, threshold=0.1)
     assert [c.id for c in cuts] == ["t1"]
     s = summarize(r, duration_s=10, policy="phase", throttle_window_s=5.0, throttle_threshold=0.1)
     assert s["throttled_cuts"] == 1 and s["jobs"]["job"]["throttled_cuts"] == 1 and s["policy"] == "phase"
 
 
 def test_oom_kills_come_from_the_cgroups_own_counter(records):
-    records.cgroups["charlstm"].append(demo.CgroupPoint(5.0, 0.0, 1.0, None, 2))
+    records.cgroups["charlstm"].append(summary.CgroupPoint(5.0, 0.0, 1.0, None, 2))
     s = summarize(records, duration_s=10)
     assert s["jobs"]["charlstm"]["oom_kills"] == 2 and s["oom_kills"] == 2 and s["restarts"] == 0
 

@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 
 from phasewise.models.frontier import frontier
-from phasewise.replay import ORACLE, ORACLE_NOTE, ReplayResult, format_table, mix_text, sample_path
+from phasewise.replay.policies import ORACLE, ORACLE_NOTE
+from phasewise.replay.results import ReplayResult, format_table, mix_text
+from phasewise.replay.traces import sample_path
 
 __all__ = ["write_report"]
 
