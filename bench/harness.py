@@ -183,10 +183,11 @@ def wait_until(pred, timeout_s: float, interval_s: float = 0.1, what: str = "con
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-def safety_env(on: bool, time_scale: float) -> dict[str, str]:
-    """The worker's safety-rule settings for a bench: on, with every window scaled like the VPA's
-    durations (the benches run the VPA at *time_scale*, so decisions come within seconds and the
-    rules bound them as often as live), or off (``--safety off``: what the rules cost)."""
+def safety_env(on: bool, scale: float = 1 / 30) -> dict[str, str]:
+    """The worker's safety-rule settings for a bench: on, with the rules' windows scaled by *scale* to the
+    bench's minutes of backlog (the live 900 s of history, 300 s cooldown and 3600 s peak window become
+    30 s, 10 s and 120 s: longer than the square waves' periods, so the rules work as live, on a run the
+    length of a bench), or off (``--safety off``: what they cost)."""
     import dataclasses
 
     from phasewise.settings import Settings
@@ -196,5 +197,5 @@ def safety_env(on: bool, time_scale: float) -> dict[str, str]:
     defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
     out = {"PHASEWISE_SAFETY_RULES": "true"}
     for k in ("safety_min_history_s", "safety_cooldown_s", "safety_peak_window_s"):
-        out[f"PHASEWISE_{k.upper()}"] = repr(defaults[k] * time_scale)
+        out[f"PHASEWISE_{k.upper()}"] = repr(defaults[k] * scale)
     return out

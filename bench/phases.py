@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pure-ticks", type=count, default=30, help="ticks of the in-process step measurement")
     p.add_argument("--pure-only", action="store_true", help="skip the worker measurement")
     p.add_argument("--safety", choices=["on", "off"], default="on",
-                   help="the worker's safety rules (default on, windows scaled like the VPA's time scale; "
+                   help="the worker's safety rules (default on, their windows scaled to the bench's minutes; "
                         "off: to measure what they cost)")
     p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
     p.add_argument("--features", default="cpu,mem", type=arg_type(parse_str, SPECS["phase_features"].validate),
@@ -171,7 +171,7 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
             "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
             "PHASEWISE_LOG_LEVEL": "info",  # the default: the figures hold for a worker as deployed
-            **safety_env(getattr(args, "safety", "on") == "on", 0.001),
+            **safety_env(getattr(args, "safety", "on") == "on"),
             "PHASEWISE_POLICY": "phase",
             "PHASEWISE_PHASE_FEATURES": ",".join(model.features),
             "PHASEWISE_WORKER_ID": f"phasewise-bench-phases-{snap.version}",

@@ -705,9 +705,10 @@ class PhaseHooks:
         cols = [out.resources.index(r) for r in LIMITED]
         rows = np.array(cache.rows(keys), dtype=np.intp)
         proposed = np.where(out.decide[:, cols], out.limits[:, cols], np.nan)
-        # in force: what the sample reports (the truth, also after someone else changed it), else what
-        # the rules last let out (replay's samples report no limits)
-        in_force = np.where(np.isnan(observed), guard.last_limits(rows), observed)
+        # in force: the limit the rules last let out, else the one the sample reports (an actuator that
+        # lags, clamps or refuses causes no repeated decisions)
+        last = guard.last_limits(rows)
+        in_force = np.where(np.isnan(last), observed, last)
         t = np.array(ts, dtype=np.float64)
         g = guard.bound(rows, t, proposed, in_force)
         cpu, mem = round_limits(g.limits[:, 0], g.limits[:, 1])

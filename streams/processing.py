@@ -523,10 +523,9 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
         act = cpu_out | mem_out
     g = None
     if guard is not None:  # every due container: the rules may also raise memory unasked (OOM, peak)
-        # in force: what the sample reports (the truth, also after someone else changed it), else what
-        # this worker decided (replay's samples report no limits)
-        in_force = np.stack([np.where(np.isnan(xd[:, 2]), ref_cpu, xd[:, 2]),
-                             np.where(np.isnan(xd[:, 3]), ref_mem, xd[:, 3])], 1)
+        # in force: the limit this worker last decided, else the one the sample reports (as the VPA
+        # rule compares with): an actuator that lags, clamps or refuses causes no repeated decisions
+        in_force = np.stack([ref_cpu, ref_mem], 1)
         g = guard.bound(dr, tsd, np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1),
                         in_force)
         cpu_g, mem_g = round_limits(g.limits[:, 0], g.limits[:, 1])
