@@ -677,6 +677,15 @@ class VpaPolicy:
         return {"m": self._model.to_state(), "l": dict(self._last), "o": sorted(self._other)}
 
     @classmethod
+    def restore(cls, model: VpaRecommender, last: Limits, bound: str = "target", **params: Any) -> VpaPolicy:
+        """A policy built with *bound* and *params* that holds *model* (not copied) and *last*, the
+        limits it last returned (what a :class:`~phasewise.models.vpa_fleet.VpaFleet` row holds)."""
+        p = cls(bound, **params)
+        p._model = model
+        p._last = {"cpu": last.get("cpu"), "mem": last.get("mem")}
+        return p
+
+    @classmethod
     def from_state(cls, state: Mapping[str, Any], bound: str = "target", **params: Any) -> VpaPolicy:
         """A policy built with *bound* and *params* holding the learned *state*.
 

@@ -60,9 +60,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from phasewise.models.arrays import all_true, count_true, nan_to_none
 from phasewise.models.guard import GuardConfig, LimitGuard, bounded_text
 from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
-from phasewise.models.vpa_fleet import FleetRecommendation, VpaFleet, _all, _nz, _opt
+from phasewise.models.vpa_fleet import FleetRecommendation, VpaFleet
 from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples
 from phasewise.settings import Settings
 
@@ -135,7 +136,7 @@ class ContainerEntry:
         self.row = row
 
     def _get(self, name: str) -> float | None:
-        return _opt(getattr(self._cache, name)[self.row])
+        return nan_to_none(getattr(self._cache, name)[self.row])
 
     def _set(self, name: str, v: float | None) -> None:
         getattr(self._cache, name)[self.row] = _NAN if v is None else v
@@ -153,11 +154,7 @@ class ContainerEntry:
     @property
     def policy(self) -> VpaPolicy:
         """An exact copy of the container's :class:`VpaPolicy` (its recommender and last limits)."""
-        fleet = self._cache.fleet
-        p = VpaPolicy(fleet.bound, **fleet.params)
-        p._model = fleet.recommender(self.row)
-        p._last = fleet.last_limits(self.row)
-        return p
+        return self._cache.fleet.policy(self.row)
 
     def to_state(self) -> dict[str, Any]:
         """The table value: ``{"v", "vpa", "pl", "dc", "dm", "nx"}`` and, with the safety rules on, ``"g"``
@@ -494,9 +491,9 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
     if guard is not None:
         due |= guard.pending(rows)  # an OOM kill is answered at once
     cache._next_ts[rows] = np.where(due, ts + interval, nx)
-    if not _nz(due):
+    if not count_true(due):
         return []
-    if _all(due):
+    if all_true(due):
         at, dr, xd, tsd = np.arange(len(rows)), rows, x, ts
     else:
         at = np.flatnonzero(due)  # positions in the wave
@@ -512,7 +509,7 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
     cpu_out = _moved(cpu_t, ref_cpu, h)
     mem_out = _moved(mem_t, ref_mem, h)
     act = cpu_out | mem_out
-    if settings.vpa_update_mode == "bounds" and _nz(act):
+    if settings.vpa_update_mode == "bounds" and count_true(act):
         # the VPA updater acts only on a limit outside the confidence bounds: with little
         # history the upper bound is far above the target, so nothing is cut early
         idx = np.flatnonzero(act)
@@ -536,7 +533,7 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
         guard.commit(dr, tsd, g, np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1))
         act = cpu_out | mem_out
     out: list[tuple[int, Decision]] = []
-    if _nz(act):
+    if count_true(act):
         idx = np.flatnonzero(act)
         fs = {b: rec.factors(b, idx) for b in ("target", "lower", "upper")}
         est = {res: {b: rec.estimate(res, b, idx, fs[b]) for b in fs} for res in ("cpu", "mem")}
@@ -545,13 +542,13 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
             out.append((i, _decision(cache, msgs[0] if mi is None else msgs[mi[i]], cs[i], int(dr[j]), rec, j, est,
                                      n, float(cpu_t[j]) if cpu_out[j] else None,
                                      float(mem_t[j]) if mem_out[j] else None,
-                                     _opt(lim_cpu[j]), _opt(lim_mem[j]), settings,
+                                     nan_to_none(lim_cpu[j]), nan_to_none(lim_mem[j]), settings,
                                      None if g is None else g.explain(j))))
     wt = cache._written_ts[dr]
     wt = np.where(np.isnan(wt), tsd, wt)  # new or reloaded: first write at a decision or one interval on
     write = act | (tsd - wt >= settings.state_write_interval_s)
     cache._written_ts[dr] = np.where(write, tsd, wt)
-    if _nz(write):
+    if count_true(write):
         cache.dirty.update(keys[i] for i in at[write].tolist())
     return out
 
@@ -567,7 +564,7 @@ def _decision(cache: StateCache, msg: HostSamples, c: ContainerSample, row: int,
               safety: dict[str, Any] | None = None) -> Decision:
     """The Decision of the container at *j* of *rec* (*n* of *est*), and its new decided limits."""
     fleet = cache.fleet
-    dc, dm = _opt(cache._decided_cpu[row]), _opt(cache._decided_mem[row])
+    dc, dm = nan_to_none(cache._decided_cpu[row]), nan_to_none(cache._decided_mem[row])
     ref_cpu = dc if dc is not None else c.cpu_limit_cores
     ref_mem = dm if dm is not None else c.mem_limit_bytes
     why = []
@@ -577,10 +574,9 @@ def _decision(cache: StateCache, msg: HostSamples, c: ContainerSample, row: int,
     if mem_out is not None:
         why.append(f"mem {_fmt(ref_mem, 2**-20)} -> {mem_out / 2**20:.0f} MiB")
         cache._decided_mem[row] = mem_out
-    m = fleet._proto
     details = fleet.explain(row, rec, j)
-    details["cpu"] = {k: _finite(_opt(v[n])) for k, v in est["cpu"].items()}
-    details["mem"] = {k: _finite(_opt(v[n])) for k, v in est["mem"].items()}
+    details["cpu"] = {k: _finite(nan_to_none(v[n])) for k, v in est["cpu"].items()}
+    details["mem"] = {k: _finite(nan_to_none(v[n])) for k, v in est["mem"].items()}
     details["limits"] = {"cpu": lim_cpu, "mem": lim_mem, "bound": fleet.bound}
     details["previous"] = {"cpu": ref_cpu, "mem": ref_mem}
     details["observed"] = {"cpu": c.cpu_limit_cores, "mem": c.mem_limit_bytes}
@@ -588,8 +584,8 @@ def _decision(cache: StateCache, msg: HostSamples, c: ContainerSample, row: int,
     details["update_mode"] = settings.vpa_update_mode
     details["worker_id"] = settings.worker_id
     details["confidence"] = _finite(details["confidence"])
-    reason = (f"vpa {fleet.bound} (p{m.target_percentile * 100:g} of {fleet.samples(row)} samples "
-              f"+{m.safety_margin * 100:g}%): " + "; ".join(why))
+    reason = (f"vpa {fleet.bound} (p{fleet.target_percentile * 100:g} of {fleet.samples(row)} samples "
+              f"+{fleet.safety_margin * 100:g}%): " + "; ".join(why))
     if safety is not None:
         details["safety"] = safety
         reason += bounded_text(safety)
