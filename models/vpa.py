@@ -604,7 +604,7 @@ class VpaPolicy:
     measures and a replayed trace does not: ``oom``, ``throttled_frac``,
     ``throttled_cores``, ``cpu_limit`` and ``mem_limit`` (see
     :meth:`VpaRecommender.learn_one`). The live worker
-    (:mod:`phasewise.streams.processing`) drives this same class with them,
+    (:mod:`phasewise.models.vpa_updater`) drives this same class with them,
     so replay and the worker run one decision code path.
 
     Parameters

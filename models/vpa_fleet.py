@@ -33,7 +33,7 @@ last non-empty bucket, cached percentiles) and 13 scalars: 3,044 bytes
 
 Speed: every step is a handful of numpy calls over all the rows of a batch,
 so the cost per row falls with the batch size (one ``HostSamples`` message,
-or several through :func:`phasewise.streams.processing.process_many`).
+or several through :func:`phasewise.models.vpa_updater.process_many`).
 
 State: :meth:`VpaFleet.recommender_state` writes (and
 :meth:`VpaFleet.load_recommender_state` reads) exactly

@@ -38,7 +38,7 @@ both paths can be scored (and compared) the same way:
    decided (rounded) ones.
 
 **vpa** goes through the very code in-process replay runs (the worker's step,
-:func:`phasewise.streams.processing.process_host_samples`, drives
+:func:`phasewise.models.vpa_updater.process_host_samples`, drives
 :class:`~phasewise.models.vpa.VpaPolicy` with ``limits``/``observe``), so
 both paths decide the same limits at the same times (tests check it to 1e-9).
 
@@ -521,7 +521,7 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
 
     The same messages (:func:`trace_messages`), the same settings
     (:func:`replay_settings_env`) and the step the samples agent runs
-    (:func:`~phasewise.streams.processing.worker_round`, one message per round
+    (:func:`~phasewise.models.vpa_updater.worker_round`, one message per round
     as one replay host's messages are), so the decisions are the worker's.
     ``phase``: see :class:`_InProcessPhase` for the learner's clock; with
     *frozen_model* nothing is learned and the decisions equal, record for
@@ -530,14 +530,15 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
     """
     if family not in ("vpa", "phase"):
         raise KafkaReplayError(f"policy {family!r} is not a worker policy (vpa, phase)")
+    from phasewise.models.vpa_updater import worker_round
     from phasewise.settings import Settings
-    from phasewise.streams.processing import StateCache, worker_round
+    from phasewise.streams.config import state_cache, updater_config
 
     t0 = time.perf_counter()
     env = replay_settings_env(family, trace, frozen_model=frozen_model, pretrained=pretrained,
                               statistics=statistics, safety=safety)
     settings = Settings.from_env({"bootstrap": "in-process", "host": host}, env=env)
-    cache = StateCache.from_settings(settings)
+    cache, updater = state_cache(settings), updater_config(settings)
     scale = mem_scale(trace)
     messages = trace_messages(trace, host, scale)
     phase = _InProcessPhase(settings, cache, frozen_model) if family == "phase" else None
@@ -548,7 +549,7 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
     quiet.setLevel(max(logging.WARNING, quiet.getEffectiveLevel()))
     try:
         for m in messages:
-            got += worker_round(cache, [m], settings, phase)
+            got += worker_round(cache, [m], updater, phase)
     finally:
         quiet.setLevel(level)
     got = [d for d in got if d.container != END_CONTAINER]

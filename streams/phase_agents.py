@@ -77,9 +77,11 @@ try:  # learn batches are ~1 KB of numbers per window: orjson writes numpy array
 except ImportError:  # pragma: no cover
     _orjson = None
 
+from phasewise.models.decisions import round_limits
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.guard import GuardOutcome, bounded_text
 from phasewise.models.phase_fleet import FleetStep, PhaseFleet
+from phasewise.models.vpa_updater import StateCache
 from phasewise.schemas import (
     MAX_BYTES,
     MAX_CORES,
@@ -95,7 +97,6 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import LIMITED_FEATURES, Settings
-from phasewise.streams.processing import StateCache, round_limits
 from phasewise.topics import MODELS, Topic
 
 __all__ = [

@@ -14,6 +14,7 @@ from phasewise.bench.harness import RoleProcess, scrape
 from phasewise.infra.broker import free_port
 from phasewise.kafka import make_consumer, make_producer
 from phasewise.models.detector import PhaseModel, learn
+from phasewise.models.vpa_updater import process_host_samples, process_many
 from phasewise.schemas import (
     ContainerSample,
     Decision,
@@ -25,6 +26,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
+from phasewise.streams.config import state_cache, updater_config
 from phasewise.streams.phase_agents import (
     Learner,
     PhaseHooks,
@@ -32,7 +34,6 @@ from phasewise.streams.phase_agents import (
     model_name,
     model_of,
 )
-from phasewise.streams.processing import StateCache, process_host_samples, process_many
 from phasewise.topics import DECISIONS, MODELS, PHASES, SAMPLES
 
 NAME = model_name()
@@ -147,13 +148,13 @@ def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback()
     s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
                            "phase_learn_every": 2,
                            "phase_learn_batch": 16}, env={})
-    cache = StateCache.from_settings(s)
+    cache = state_cache(s)
     model = warm_model()
     hooks = PhaseHooks(s, cache, model=model, version=1)
     decisions, changes, batches = [], [], 0
     for t in range(80):
         hs = msg("h1", 1000.0 + t, {"job": regime(t), "steady": (0.5, 5e8)})
-        out = hooks.process(hs, process_host_samples(cache, hs, s))
+        out = hooks.process(hs, process_host_samples(cache, hs, updater_config(s)))
         decisions += out.decisions
         changes += out.changes
         batches += out.learn_batch is not None
@@ -186,13 +187,13 @@ def test_hooks_hold_learn_windows_until_a_batch_is_full_and_hand_out_the_rest_on
     s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
                            "phase_learn_every": 1,
                            "phase_learn_batch": 7}, env={})
-    cache = StateCache.from_settings(s)
+    cache = state_cache(s)
     hooks = PhaseHooks(s, cache, model=warm_model(), version=1)
     L, F = hooks.fleet.model.window_len, hooks.fleet.model.n_features
     sizes, ready = [], 0
     for t in range(12):  # 3 containers per message: 3 ready windows per message once windows are full
         hs = msg("h1", 1000.0 + t, {"a": regime(t), "b": (0.5, 5e8), "c": (0.2, 2e8)})
-        out = hooks.process(hs, process_host_samples(cache, hs, s))
+        out = hooks.process(hs, process_host_samples(cache, hs, updater_config(s)))
         ready += 3 if t >= L - 1 else 0
         if out.learn_batch is not None:
             W, P, U, LV = decode_learn_batch(out.learn_batch, NAME, L, F)
@@ -210,17 +211,17 @@ def test_one_step_over_several_hosts_messages_decides_exactly_as_one_step_per_me
     s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
                            "phase_learn_every": 3,
                            "phase_learn_batch": 1}, env={})
-    caches = [StateCache.from_settings(s), StateCache.from_settings(s)]
+    caches = [state_cache(s), state_cache(s)]
     per_msg, batched = (PhaseHooks(s, c, model=warm_model(), version=1) for c in caches)
     got: list[list] = [[], []]
     for t in range(60):  # 3 hosts per tick, each with a container changing regime at its own period
         msgs = [msg(f"h{h}", 1000.0 + t + 0.1 * h, {"job": regime(t + 5 * h, 12 + 4 * h), "idle": (0.1, 1e8)})
                 for h in range(3)]
         for m in msgs:
-            process_host_samples(caches[0], m, s)
+            process_host_samples(caches[0], m, updater_config(s))
             out = per_msg.process(m)
             got[0].append((out.decisions, out.changes, out.learn_batch))
-        process_many(caches[1], msgs, s)
+        process_many(caches[1], msgs, updater_config(s))
         out = batched.process_many(msgs)
         got[1].append((out.decisions, out.changes, out.learn_batch))
     flat = [[x for step in g for x in step[0]] for g in got]
@@ -259,12 +260,12 @@ def test_gpu_features_shape_the_phases_but_only_cpu_and_mem_get_limits():
     W = np.array([[gpu_regime(t + k) for k in range(3)] for t in range(160)])
     for _ in range(4):
         learn(model, W)
-    cache = StateCache.from_settings(s)
+    cache = state_cache(s)
     hooks = PhaseHooks(s, cache, model=model, version=1)
     decisions, changes = [], []
     for t in range(100):
         hs = gpu_msg("h1", 1000.0 + t, {"train": gpu_regime(t)}, {"web": (0.3, 4e8)})
-        process_host_samples(cache, hs, s)
+        process_host_samples(cache, hs, updater_config(s))
         out = hooks.process_many([hs])
         decisions += out.decisions
         changes += out.changes
@@ -308,9 +309,9 @@ def test_phase_features_are_checked_and_pick_the_starting_model():
         Settings.from_env({"phase_ratio_cap": -1.0}, env={})
     for cap, want in ((1.5, 1.5), (0.0, float("inf"))):  # 0 = no cap
         s = Settings.from_env({"phase_ratio_cap": cap}, env={})
-        assert PhaseHooks(s, StateCache.from_settings(s), model=warm_model()).fleet.ratio_cap == want
+        assert PhaseHooks(s, state_cache(s), model=warm_model()).fleet.ratio_cap == want
     with pytest.raises(ValueError, match="must include"):
-        PhaseHooks(Settings.from_env({}, env={}), StateCache.from_settings(Settings.from_env({}, env={})),
+        PhaseHooks(Settings.from_env({}, env={}), state_cache(Settings.from_env({}, env={})),
                    model=PhaseModel(features=("mem", "gpu")))
 
 

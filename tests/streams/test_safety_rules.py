@@ -14,10 +14,11 @@ import pytest
 
 from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.guard import LimitGuard
+from phasewise.models.vpa_updater import process_host_samples
 from phasewise.schemas import ContainerSample, Decision, HostSamples
 from phasewise.settings import Settings
+from phasewise.streams.config import state_cache, updater_config
 from phasewise.streams.phase_agents import PhaseHooks
-from phasewise.streams.processing import StateCache, process_host_samples
 
 MIB = 2**20
 RULES = {"safety_min_history_s": 60.0, "safety_cooldown_s": 30.0, "safety_max_decrease": 0.25,
@@ -52,7 +53,7 @@ class Loop:
 
     def __init__(self, policy: str, **kw) -> None:
         self.s = settings(policy, **kw)
-        self.cache = StateCache.from_settings(self.s)
+        self.cache = state_cache(self.s)
         self.hooks = PhaseHooks(self.s, self.cache, model=warm_model(), version=1) if policy == "phase" else None
         self.cpu_limit, self.mem_limit = 2.0, float(2**31)
         self.samples: list[tuple[float, float, float, float]] = []  # ts, cpu use, mem use, throttled share
@@ -77,7 +78,7 @@ class Loop:
                                 mem_limit_bytes=self.mem_limit, nr_periods=10, throttled_periods=int(10 * thr),
                                 throttled_s=0.1 * thr, oom_events=oom)
             hs = HostSamples(host="h1", ts=t, interval_s=1.0, containers=(c,))
-            got = process_host_samples(self.cache, hs, self.s)
+            got = process_host_samples(self.cache, hs, updater_config(self.s))
             if self.hooks is not None:
                 got = self.hooks.process_many([hs]).decisions
             for d in got:
