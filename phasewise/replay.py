@@ -819,13 +819,13 @@ def worker_origin(trace: Trace, *, pretrained: bool, statistics: str = "relative
                   bootstrap: str | None = None) -> str:
     """What a replay's phase worker starts from (for the report), by the worker's own rule.
 
-    :func:`~phasewise.streams.phase_agents.initial_model` under the replay
+    :func:`~phasewise.streams.config.initial_model` under the replay
     worker's settings; with *bootstrap* (a broker that may already hold
     snapshots) the worker would start from the newest one instead.
     """
     from phasewise.replay_kafka import replay_settings_env
     from phasewise.settings import Settings
-    from phasewise.streams.phase_agents import initial_model
+    from phasewise.streams.config import initial_model
 
     env = replay_settings_env("phase", trace, pretrained=pretrained, statistics=statistics)
     origin = initial_model(Settings.from_env({"bootstrap": "-"}, env=env))[1]

@@ -465,7 +465,7 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
 class _InProcessPhase:
     """The phase side of a worker, in-process: detectors, and the learner on event time.
 
-    The detectors are the worker's :class:`~phasewise.streams.phase_agents.PhaseHooks`.
+    The detectors are the worker's :class:`~phasewise.models.phase_updater.PhaseHooks`.
     Live, learn batches go to the learner agent through a topic and the
     learner publishes a snapshot every ``phase_snapshot_interval_s`` of wall
     time, which detectors pick up whenever it arrives. Here the learner learns
@@ -475,20 +475,23 @@ class _InProcessPhase:
     """
 
     def __init__(self, settings: Any, cache: Any, frozen: bool) -> None:
-        from phasewise.streams.phase_agents import Learner, PhaseHooks, initial_model
+        from phasewise.models.phase_learner import Learner
+        from phasewise.models.phase_updater import PhaseHooks
+        from phasewise.streams.config import detector_config, initial_model
 
         model, self.origin = initial_model(settings)
         self.interval = float(settings.phase_snapshot_interval_s)
         self.frozen = frozen
         self.latest: tuple[Any, Any] | None = None
-        self.hooks = PhaseHooks(settings, cache, model=model.clone(), version=0, latest=lambda: self.latest)
+        self.hooks = PhaseHooks(detector_config(settings), cache, model=model.clone(), version=0,
+                                latest=lambda: self.latest)
         self.learner = Learner(model.clone(), 0, 0)
         self.next_snapshot: float | None = None
         self.snapshots = 0
         self.changes: list[PhaseChange] = []
 
     def _learn(self, batch: bytes | None) -> None:
-        from phasewise.streams.phase_agents import decode_learn_batch
+        from phasewise.learn_batches import decode_learn_batch
 
         if batch is None or self.frozen:
             return
@@ -496,7 +499,7 @@ class _InProcessPhase:
         self.learner.learn(*decode_learn_batch(batch, self.hooks.name, m.window_len, m.n_features))
 
     def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]:
-        from phasewise.streams.phase_agents import model_of
+        from phasewise.models.snapshots import model_of
 
         out = self.hooks.process_many(msgs)
         self.changes += out.changes
@@ -506,7 +509,7 @@ class _InProcessPhase:
             self.next_snapshot = t + self.interval
         elif t >= self.next_snapshot and not self.frozen:
             self._learn(self.hooks.take_learn_batch())
-            snap = self.learner.snapshot()
+            snap = self.learner.snapshot(time.time())
             if snap is not None:  # what a detector's follower decodes from the models topic
                 self.latest = (snap, model_of(snap))
                 self.snapshots += 1
@@ -544,7 +547,7 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
     phase = _InProcessPhase(settings, cache, frozen_model) if family == "phase" else None
     got: list[Decision] = []
     # a live detector logs each snapshot it swaps to (every ~30 s); a replay swaps hundreds of times a second
-    quiet = logging.getLogger("phasewise.streams.phase_agents")
+    quiet = logging.getLogger("phasewise.models.phase_updater")
     level = quiet.level
     quiet.setLevel(max(logging.WARNING, quiet.getEffectiveLevel()))
     try:
