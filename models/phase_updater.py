@@ -235,8 +235,9 @@ class PhaseHooks:
 
     def _guard(self, out: FleetStep, observed: np.ndarray, keys: list[str], ts: list[float]) -> GuardOutcome:
         """The safety rules over the step's proposed limits (the VPA learned the samples, so the
-        rules saw them), with *observed* ``(n, 2)`` the limits the samples report: *out*'s ``decide`` / ``limits`` become what may be handed out, the fleet
-        records it, and the VPA entries of containers with a decision are marked for persisting."""
+        rules saw them), with *observed* ``(n, 2)`` the limits the samples report: *out*'s
+        ``decide`` / ``limits`` become what may be handed out, the fleet records it, and the VPA
+        entries of containers with a decision are marked for persisting."""
         cache = self.vpa_cache
         guard = cache.guard
         cols = [out.resources.index(r) for r in LIMITED]

@@ -49,4 +49,5 @@ def model_of(snap: ModelSnapshot) -> PhaseModel:
         return model
     except Exception as e:  # noqa: BLE001 - whatever the payload holds, it is a reason, not a crash
         why = f"{type(e).__name__}: {brief(str(e), 300)}"
-        raise SchemaError(f"ModelSnapshot {brief(snap.name)} v{snap.version}: payload is no PhaseModel: {why}") from None
+        raise SchemaError(f"ModelSnapshot {brief(snap.name)} v{snap.version}: payload is no PhaseModel: "
+                          f"{why}") from None

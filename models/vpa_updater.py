@@ -10,8 +10,9 @@ the updater's rule in an :class:`UpdaterConfig`:
    e.g. after a restart or a rebalance), which observes the sample (all the
    message's containers at once, equal to
    :meth:`~phasewise.models.vpa.VpaPolicy.observe` per container): CPU
-   cores, memory working set, OOM kills, the share of CFS periods throttled, the throttled time per second of the
-   message's interval and the limits in force when the sample reports them
+   cores, memory working set, OOM kills, the share of CFS periods throttled,
+   the throttled time per second of the message's interval and the limits in
+   force when the sample reports them
    (what a throttled CPU sample is raised above, and the base of an OOM's
    bumped peak, where the VPA takes the request; every CPU sample weighs the
    same, as in the VPA; for an unlimited resource the policy's own last limit

@@ -41,8 +41,9 @@ wires it, the learner and the follower to Faust):
 - **snapshot follower** (:class:`~phasewise.streams.follower.SnapshotFollower`):
   each worker reads ``phasewise.models.v1`` to its end at start-up with a
   plain confluent consumer (assigned, no group: nothing to join, works the
-  same on the embedded broker) and keeps following it on a daemon thread that decodes new snapshots off the event loop; detectors swap
-  to a newer snapshot between messages. With no snapshot, a worker starts
+  same on the embedded broker) and keeps following it on a daemon thread that
+  decodes new snapshots off the event loop; detectors swap to a newer snapshot
+  between messages. With no snapshot, a worker starts
   from the shipped pretrained model when its features are (cpu, mem) and
   ``phase_pretrained`` is on (the default), else cold (phase limits then
   start once the learner's first warm snapshot lands).
@@ -173,15 +174,15 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
     import faust
 
     from phasewise.kafka import make_producer, publish_dead_letter
-    from phasewise.streams.topics import _topic
+    from phasewise.streams.topics import raw_topic
 
     name = model_name(settings.phase_feature_tuple())
     name_key = name.encode()
     table = app.Table(TABLE_NAME, default=None, partitions=partitions,
                       schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
                       help="per-container phase detector state (key: host/container)")
-    models_t = _topic(app, MODELS)
-    learn_t = _topic(app, LEARN_WINDOWS, 1)
+    models_t = raw_topic(app, MODELS)
+    learn_t = raw_topic(app, LEARN_WINDOWS, 1)
     hooks_ref: list[PhaseHooks] = []
     writes = barrier.table(table, lambda: hooks_ref[0].pop_dirty())  # marked states, collected at each commit
 
