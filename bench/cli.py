@@ -9,6 +9,7 @@ BENCHES = {
     "pipeline": ("phasewise.bench.pipeline", "closed loop: samples/s through the worker, latency, memory"),
     "phases": ("phasewise.bench.phases", "phase detector with the CRBM in the loop: samples/s, memory"),
     "fuzz": ("phasewise.bench.fuzz", "hostile messages at a real consumer: dead letters, crashes, valid lost"),
+    "logic": ("phasewise.bench.logic", "the VPA decision logic alone, no Kafka: us per container sample"),
 }
 
 

@@ -132,7 +132,7 @@ class Fuzzer:
         self.t0 = time.time() - 3600.0
         self.model = model
         if topic in ("learn-windows", "models"):
-            from phasewise.streams.phase_agents import model_name
+            from phasewise.models.snapshots import model_name
 
             if model is None:
                 raise ValueError(f"--topic {topic} needs the worker's phase model")
@@ -155,16 +155,16 @@ class Fuzzer:
                          action="limit", policy="fuzz", reason="valid", cpu_limit_cores=r.uniform(0.1, 2.0))
             return self.host.encode(), encode(d), d.id
         if self.topic == "learn-windows":
-            from phasewise.streams.phase_agents import encode_learn_batch
+            from phasewise.learn_batches import encode_learn_batch
 
             n = r.randint(1, 8)
             W, U, LV = self._usage((n, self.model.window_len)), self._usage((n,)), self._usage((n,))
             P = np.array([r.randint(-1, 3) for _ in range(n)])
             return self.name.encode(), encode_learn_batch(self.name, W, P, U, LV), str(n)
-        from phasewise.streams.phase_agents import snapshot_of
+        from phasewise.models.snapshots import snapshot_of
 
         self.version += 1
-        snap = dataclasses.replace(snapshot_of(self.model, self.version, i), ts=self.t0 + i)
+        snap = snapshot_of(self.model, self.version, i, self.t0 + i)
         return self.name.encode(), encode(snap), str(self.version)
 
     def _usage(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -416,7 +416,8 @@ def decoder(topic: str, model: Any = None) -> Callable[[bytes | None], Any]:
         return decode_host_samples
     if topic == "decisions":
         return lambda raw: decode(Decision, raw)
-    from phasewise.streams.phase_agents import decode_learn_batch, model_name, model_of
+    from phasewise.learn_batches import decode_learn_batch
+    from phasewise.models.snapshots import model_name, model_of
 
     name = model_name(model.features)
     if topic == "learn-windows":
@@ -460,7 +461,7 @@ def check_decoders(fz: Fuzzer, n: int, model: Any = None) -> dict[str, Any]:
 # ---------------------------------------------------------------------- through Kafka, against the real role
 def _model() -> Any:
     from phasewise.settings import Settings
-    from phasewise.streams.phase_agents import initial_model
+    from phasewise.streams.config import initial_model
 
     return initial_model(Settings())[0]
 
@@ -510,7 +511,8 @@ def _through_kafka(args: argparse.Namespace, model: Any, host: str) -> dict[str,
                         "PHASEWISE_SAFETY_RULES": "false"})
             role = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log")
             if policy == "phase":
-                from phasewise.streams.phase_agents import LEARN_WINDOWS, ensure_phase_topics
+                from phasewise.streams.phase_agents import ensure_phase_topics
+                from phasewise.topics import LEARN_WINDOWS
 
                 ensure_phase_topics(s)
             source = {"samples": SAMPLES.name, "models": MODELS.name}.get(args.topic) or LEARN_WINDOWS.name

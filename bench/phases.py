@@ -147,8 +147,8 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
                 workdir: Path) -> dict:
     from phasewise.infra.broker import EmbeddedBroker, free_port
     from phasewise.kafka import ensure_topics, make_producer
+    from phasewise.models.snapshots import model_name, snapshot_of
     from phasewise.settings import Settings
-    from phasewise.streams.phase_agents import model_name, snapshot_of
     from phasewise.topics import MODELS, SAMPLES
 
     broker = None if args.bootstrap else EmbeddedBroker(log_path=workdir / "broker.log").start()
@@ -159,7 +159,7 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
         ensure_topics(s)
         producer = make_producer(s, **{"linger.ms": 20})
         # the detectors start from this warm snapshot (a newer one than any on the topic)
-        snap = snapshot_of(model, int(time.time()), int(model.crbm.n_seen))
+        snap = snapshot_of(model, int(time.time()), int(model.crbm.n_seen), time.time())
         producer.produce(MODELS.name, key=model_name(model.features).encode(), value=encode(snap))
         producer.flush(10)
         metrics_port = free_port()

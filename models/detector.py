@@ -39,7 +39,7 @@ from phasewise.models.crbm import CRBM
 from phasewise.models.normalize import OnlineNormalizer
 from phasewise.models.phases import DEFAULT_QUANTILES, PhaseClusterer
 
-__all__ = ["FEATURES", "PhaseModel", "Windows", "DetectResult", "detect", "learn", "relative_usage"]
+__all__ = ["FEATURES", "LIMITED", "PhaseModel", "Windows", "DetectResult", "detect", "learn", "relative_usage"]
 
 #: features a frame may carry, in this order, with their units
 FEATURES: dict[str, str] = {
@@ -48,6 +48,9 @@ FEATURES: dict[str, str] = {
     "gpu": "percent",
     "gpu_mem": "bytes",
 }
+#: the features phase decisions set limits for; the others only shape the phases
+#: (:data:`phasewise.settings.LIMITED_FEATURES`, which the settings check; a test keeps the two equal)
+LIMITED = ("cpu", "mem")
 _LOG = {"cpu": True, "mem": True, "gpu": False, "gpu_mem": True}
 
 

@@ -18,20 +18,19 @@ host message:
   within a phase only when the quantile moved by more than
   ``change_threshold`` (relative), never below ``floors``; otherwise (model
   cold, container's window not full, phase new) the caller's fallback limit
-  (the worker passes the VPA's). ``PhasePolicy`` keeps the rule inline in its
-  ``limits()``, so it is restated here (:func:`phase_limits`) -- keep the two
-  in step;
+  (the worker passes the VPA's). The rule is written once, in
+  :func:`phase_limits`, which ``PhasePolicy.limits()`` calls too;
 - learning: every ``learn_every``-th ready window (a deterministic sample,
   counted over the fleet's whole history) is picked; unless the fleet is
   ``frozen`` it trains the shared model in place (:func:`learn`, crediting the
   frame's usage to the phase that was in force for it). A worker's detectors
   are frozen and ship the picked windows to one learner instead
   (:attr:`FleetStep.sample`);
-- ``statistics="relative"`` (what replay scores; the constructor default
-  stays ``"absolute"`` for the live worker until its learner ships levels):
-  each container keeps a **level** per resource, a decaying max of its own
-  usage (``level = max(usage, level x 2**(-1/level_half_life))``, one float
-  per resource), and the phase statistics used are those of usage / level
+- ``statistics="relative"`` (what replay scores and the live worker runs by
+  default, its ``phase_statistics`` setting; the constructor's default is
+  ``"absolute"``): each container keeps a **level** per resource, a decaying
+  max of its own usage (``level = max(usage, level x 2**(-1/level_half_life))``,
+  one float per resource), and the phase statistics used are those of usage / level
   (:attr:`~phasewise.models.phases.PhaseClusterer.rel_stats`), so the limit
   is ``level x phase ratio quantile x (1 + margin)``: pooled absolute
   quantiles mixed pods of very different size, pooled ratios do not. The

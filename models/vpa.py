@@ -604,7 +604,7 @@ class VpaPolicy:
     measures and a replayed trace does not: ``oom``, ``throttled_frac``,
     ``throttled_cores``, ``cpu_limit`` and ``mem_limit`` (see
     :meth:`VpaRecommender.learn_one`). The live worker
-    (:mod:`phasewise.streams.processing`) drives this same class with them,
+    (:mod:`phasewise.models.vpa_updater`) drives this same class with them,
     so replay and the worker run one decision code path.
 
     Parameters
@@ -675,6 +675,15 @@ class VpaPolicy:
     def to_state(self) -> dict[str, Any]:
         """Compact JSON-able learned state: the recommender's and the last limits."""
         return {"m": self._model.to_state(), "l": dict(self._last), "o": sorted(self._other)}
+
+    @classmethod
+    def restore(cls, model: VpaRecommender, last: Limits, bound: str = "target", **params: Any) -> VpaPolicy:
+        """A policy built with *bound* and *params* that holds *model* (not copied) and *last*, the
+        limits it last returned (what a :class:`~phasewise.models.vpa_fleet.VpaFleet` row holds)."""
+        p = cls(bound, **params)
+        p._model = model
+        p._last = {"cpu": last.get("cpu"), "mem": last.get("mem")}
+        return p
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], bound: str = "target", **params: Any) -> VpaPolicy:

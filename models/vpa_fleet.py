@@ -33,7 +33,7 @@ last non-empty bucket, cached percentiles) and 13 scalars: 3,044 bytes
 
 Speed: every step is a handful of numpy calls over all the rows of a batch,
 so the cost per row falls with the batch size (one ``HostSamples`` message,
-or several through :func:`phasewise.streams.processing.process_many`).
+or several through :func:`phasewise.models.vpa_updater.process_many`).
 
 State: :meth:`VpaFleet.recommender_state` writes (and
 :meth:`VpaFleet.load_recommender_state` reads) exactly
@@ -69,12 +69,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from phasewise.models.arrays import all_true, count_true, nan_to_none
 from phasewise.models.histogram import MAX_CHECKPOINT_WEIGHT, MAX_DECAY_EXPONENT, ExponentialBuckets
 from phasewise.models.vpa import (
     BOUNDS,
     LOWER_CONFIDENCE,
     STATE_VERSION,
     UPPER_CONFIDENCE,
+    VpaPolicy,
     VpaRecommender,
     VpaStateError,
 )
@@ -82,22 +84,12 @@ from phasewise.models.vpa import (
 __all__ = ["FleetRecommendation", "VpaFleet"]
 
 _NAN = math.nan
-try:  # `if _nz(mask)`: the C count, ~10x cheaper than mask.any() on ~100 elements
-    from numpy._core.multiarray import count_nonzero as _nz
-except ImportError:  # pragma: no cover - another numpy layout
-    _nz = np.count_nonzero
-
-
-def _all(mask: np.ndarray) -> bool:
-    return np.count_nonzero(mask) == mask.size
-
-
 _COL = {"lower": 0, "target": 1, "upper": 2}
 
 
 def _pow_exact_fn(fn: Any, x: np.ndarray) -> np.ndarray:
     """``fn(v)`` (a Python power) for every element, evaluated once per distinct value."""
-    if x.size > 1 and not _nz(x != x[0]):
+    if x.size > 1 and not count_true(x != x[0]):
         return np.full(x.shape, fn(float(x[0])))
     if x.size > 8:
         u, inv = np.unique(x, return_inverse=True)
@@ -184,9 +176,9 @@ class _Histograms:
         through the reference's own code.
         """
         b = self.starts1.searchsorted(values, side="right")
-        if _nz(values >= self.top_start):
+        if count_true(values >= self.top_start):
             top = b == self.last - 1
-            if _nz(top):
+            if count_true(top):
                 b[top] = [self.buckets.find_bucket(v) for v in values[top].tolist()]
         return b
 
@@ -195,18 +187,18 @@ class _Histograms:
         hl = self.half_life
         ref = self.ref[rows]
         new = np.isnan(ref)
-        if _nz(new):  # rows without a reference take the one their sample gives
+        if count_true(new):  # rows without a reference take the one their sample gives
             ref[new] = np.floor(_sub(t, new) / hl + 0.5) * hl
             self.ref[rows[new]] = ref[new]
         x = (t - ref) / hl
-        if _nz(x >= MAX_DECAY_EXPONENT - 1):  # maybe past the limit: the reference's own test
+        if count_true(x >= MAX_DECAY_EXPONENT - 1):  # maybe past the limit: the reference's own test
             shift = t > ref + hl * MAX_DECAY_EXPONENT
-            if _nz(shift):
+            if count_true(shift):
                 for i in np.flatnonzero(shift).tolist():
                     ref[i] = self._shift(int(rows[i]), float(_sub(t, i)))
                 x = (t - ref) / hl
         x0 = x[0]
-        if not _nz(x != x0):
+        if not count_true(x != x0):
             return 2.0 ** float(x0)
         return _pow_exact_fn(lambda v: 2.0 ** v, x)
 
@@ -234,7 +226,7 @@ class _Histograms:
         self.Wf[fi] = nw
         self.total[rows] += w
         self.fresh[rows] = False
-        if _nz(nw < self.eps):  # weights only grow: the bucket joins the non-empty ones or nothing changes
+        if count_true(nw < self.eps):  # weights only grow: the bucket joins the non-empty ones or nothing changes
             ok = nw >= self.eps
             self.subeps[rows[~ok & (nw > 0)]] = True
             rows, b = rows[ok], b[ok]
@@ -264,21 +256,21 @@ class _Histograms:
         drop = left < self.eps
         self.Wf[fi] = np.where(drop, 0.0, left)
         self.fresh[rows] = False
-        if _nz(drop):  # a bucket emptied: the total's remainder goes, and lo / hi may move
+        if count_true(drop):  # a bucket emptied: the total's remainder goes, and lo / hi may move
             dr, db = rows[drop], b[drop]
             self.total[dr] -= left[drop]
             lo, hi = self.lo[dr], self.hi[dr]
             only = (lo == db) & (hi == db)  # its one non-empty bucket went
-            if _nz(only):
+            if count_true(only):
                 gone = dr[only]
                 self.lo[gone] = self.nb
                 self.hi[gone] = -1
                 sub = self.subeps[gone]  # else no weight is left at all: the reference's empty dict
-                if _nz(sub):
+                if count_true(sub):
                     sub[sub] = self.W[gone[sub]].any(axis=1)
                 self.total[gone[~sub]] = 0.0
             edge = ~only & ((db == lo) | (db == hi))
-            if _nz(edge):
+            if count_true(edge):
                 self.rescan(dr[edge])
 
     # ------------------------------------------------------------ queries
@@ -297,8 +289,8 @@ class _Histograms:
         hi = self.hi[rows]
         nonempty = hi >= 0
         need = nonempty & ~self.fresh[rows]
-        if _nz(need):
-            sel = rows if _all(need) else rows[need]
+        if count_true(need):
+            sel = rows if all_true(need) else rows[need]
             lo, h = self.lo[sel], self.hi[sel]
             c0, c1 = int(lo.min()), int(h.max())
             W = self.W[sel, c0:c1 + 1]
@@ -307,7 +299,7 @@ class _Histograms:
             if n_threads > 1:  # ~100 rows: a parallel region costs more than it saves (spin-waits on busy hosts)
                 torch.set_num_threads(1)
             try:
-                if ps_positive and not _nz(self.subeps[sel]) and _all(total > 0):
+                if ps_positive and not count_true(self.subeps[sel]) and all_true(total > 0):
                     cum = torch.cumsum(torch.from_numpy(W), 1)  # zeros before lo: below any positive threshold
                 else:
                     before = np.arange(c0, c1 + 1) < lo[:, None]
@@ -329,7 +321,7 @@ class _Histograms:
             out = self.pc[rows]
         else:
             out = self.pc[rows]
-        if not _all(nonempty):
+        if not all_true(nonempty):
             out[~nonempty] = 0.0
         return out, nonempty
 
@@ -395,7 +387,7 @@ class FleetRecommendation:
         mult, exp = LOWER_CONFIDENCE if bound == "lower" else UPPER_CONFIDENCE
         f = np.full(conf.shape, 0.0 if exp < 0 else math.inf)  # no history: 0 or inf
         pos = conf > 0
-        if _nz(pos):
+        if count_true(pos):
             f[pos] = _pow_exact_fn(lambda c: (1.0 + mult / c) ** exp, conf[pos])
         return f
 
@@ -584,11 +576,11 @@ class VpaFleet:
             if v.shape != (k,):
                 raise ValueError(f"{name} must have one value per row ({k}), got shape {v.shape}")
             nan[name] = False
-            if _nz(v >= 0) != k or _nz(v == math.inf):  # NaN (missing) lands here too
+            if count_true(v >= 0) != k or count_true(v == math.inf):  # NaN (missing) lands here too
                 bad = (v < 0) | (v == math.inf)
-                if _nz(bad):
+                if count_true(bad):
                     raise ValueError(f"{name} must be a finite number >= 0, got {float(v[bad][0])!r}")
-                nan[name] = bool(_nz(np.isnan(v)))
+                nan[name] = bool(count_true(np.isnan(v)))
         if check_rows:
             if rows.min() < 0 or rows.max() >= self._rows:
                 raise IndexError(f"rows must be in [0, {self._rows - 1}]")
@@ -603,20 +595,20 @@ class VpaFleet:
         else:
             cpu_limit = np.asarray(cpu_limit, dtype=np.float64)
             miss = np.isnan(cpu_limit)
-            if _nz(miss):  # not reported: the policy's last limit stands in
+            if count_true(miss):  # not reported: the policy's last limit stands in
                 cpu_limit = np.where(miss, self._last_cpu[rows], cpu_limit)
         self._add_cpu(rows, t, cpu, nan["cpu"], cpu_limit, throttled_frac, throttled_cores)
         if not nan["mem"]:
             self._add_memory(rows, t, mem, is_oom=False)
         else:
             has = ~np.isnan(mem)
-            if _nz(has):
+            if count_true(has):
                 self._add_memory(rows[has], _sub(t, has), mem[has], is_oom=False)
         if oom is not None:
             oom = np.asarray(oom, dtype=np.float64)
-            if _nz(oom):  # NaN counts here, not below
+            if count_true(oom):  # NaN counts here, not below
                 hit = (oom != 0) & (oom == oom)
-                if _nz(hit):
+                if count_true(hit):
                     hr = rows[hit]
                     ml = self._last_mem[hr] if mem_limit is None else np.asarray(mem_limit, dtype=np.float64)[hit]
                     ml = np.where(np.isnan(ml), self._last_mem[hr], ml)
@@ -627,9 +619,9 @@ class VpaFleet:
         skip = t <= self._last_cpu_t[rows]  # duplicate / out of order: discarded (VPA does)
         if cpu_nan:
             skip |= np.isnan(cpu)
-        if _nz(skip):
+        if count_true(skip):
             ok = ~skip
-            if not _nz(ok):
+            if not count_true(ok):
                 return
             rows, t, cpu, limit = rows[ok], _sub(t, ok), cpu[ok], limit[ok]
             if throttled is not None:
@@ -640,14 +632,14 @@ class VpaFleet:
         value = cpu
         if throttled is not None:
             over = np.asarray(throttled, dtype=np.float64) > p.throttle_threshold  # NaN: not reported
-            if _nz(over):
+            if count_true(over):
                 thr = over & (np.abs(limit) > 0)  # the reference's `if limit`: set (not NaN) and non-zero
-                if _nz(thr):
+                if count_true(thr):
                     value = np.where(thr, np.maximum(cpu, limit * (1.0 + p.throttle_bump)), cpu)
                     if throttled_cores is not None:
                         tc = np.asarray(throttled_cores, dtype=np.float64)
                         tc_on = thr & (np.abs(tc) > 0)
-                        if _nz(tc_on):
+                        if count_true(tc_on):
                             value = np.where(tc_on, np.maximum(value, cpu + tc), value)
                     self._n_throttled[rows[thr]] += 1
         self._cpu.add(rows, value, p.min_sample_weight, t)
@@ -659,7 +651,7 @@ class VpaFleet:
     def _add_memory(self, rows: np.ndarray, t: float | np.ndarray, usage: np.ndarray, is_oom: bool) -> None:
         if not is_oom:
             old = t < self._last_mem_t[rows]  # outdated samples are discarded
-            if _nz(old):
+            if count_true(old):
                 ok = ~old
                 rows, t, usage = rows[ok], _sub(t, ok), usage[ok]
                 if rows.size == 0:
@@ -671,8 +663,8 @@ class VpaFleet:
         oom_peak = self._oom_peak[rows]
         prev = np.maximum(peak, oom_peak)
         replace = usage > prev
-        if _all(inside):
-            if not _nz(replace):
+        if all_true(inside):
+            if not count_true(replace):
                 return  # the common case: not above this interval's peak
             move = None
             replace &= prev != 0
@@ -680,7 +672,7 @@ class VpaFleet:
             replace &= inside & (prev != 0)
             move = ~inside
             unset = np.isnan(we)
-            if _nz(unset):
+            if count_true(unset):
                 we = np.where(unset, t, we)
             step = self._mem_interval
             wm = we[move]
@@ -689,7 +681,7 @@ class VpaFleet:
             oom_peak[move] = 0.0
             self._n_mem[rows[move]] += 1
             self._window_end[rows] = we
-        replacing = _nz(replace)
+        replacing = count_true(replace)
         if replacing:  # a higher peak in the same interval: it replaces the old one
             self._mem.replace(rows[replace], prev[replace], usage[replace], 1.0, we[replace])
             (oom_peak if is_oom else peak)[replace] = usage[replace]
@@ -703,7 +695,7 @@ class VpaFleet:
 
     def _record_oom(self, rows: np.ndarray, t: float | np.ndarray, mem_limit: np.ndarray) -> None:
         ok = ~(t < self._last_mem_t[rows] - self._mem_interval)  # an interval before the last memory sample (NaN: never)
-        if not _all(ok):
+        if not all_true(ok):
             rows, t, mem_limit = rows[ok], _sub(t, ok), mem_limit[ok]
             if rows.size == 0:
                 return
@@ -770,11 +762,21 @@ class VpaFleet:
 
     def last_limits(self, row: int) -> dict[str, float | None]:
         """The row's last limits (``VpaPolicy._last``)."""
-        return {"cpu": _opt(self._last_cpu[row]), "mem": _opt(self._last_mem[row])}
+        return {"cpu": nan_to_none(self._last_cpu[row]), "mem": nan_to_none(self._last_mem[row])}
 
     def samples(self, row: int) -> int:
         """CPU samples the row has learned."""
         return int(self._n[row])
+
+    @property
+    def target_percentile(self) -> float:
+        """The percentile of the usage histograms every row's target is (``VpaRecommender``'s)."""
+        return self._proto.target_percentile
+
+    @property
+    def safety_margin(self) -> float:
+        """The fraction every row's estimates add on top of the percentiles (``VpaRecommender``'s)."""
+        return self._proto.safety_margin
 
     # ------------------------------------------------------------------ state
 
@@ -784,9 +786,9 @@ class VpaFleet:
             "v": STATE_VERSION,
             "c": self._cpu.to_state(row),
             "m": self._mem.to_state(row),
-            "f": _opt(self._first_t[row]), "l": _opt(self._last_t[row]), "n": int(self._n[row]),
-            "lc": _opt(self._last_cpu_t[row]), "lm": _opt(self._last_mem_t[row]),
-            "we": _opt(self._window_end[row]),
+            "f": nan_to_none(self._first_t[row]), "l": nan_to_none(self._last_t[row]), "n": int(self._n[row]),
+            "lc": nan_to_none(self._last_cpu_t[row]), "lm": nan_to_none(self._last_mem_t[row]),
+            "we": nan_to_none(self._window_end[row]),
             "mp": float(self._mem_peak[row]), "op": float(self._oom_peak[row]),
             "no": int(self._n_oom[row]), "nt": int(self._n_throttled[row]), "nm": int(self._n_mem[row]),
         }
@@ -837,22 +839,21 @@ class VpaFleet:
         for h, dst in ((self._cpu, r._cpu), (self._mem, r._mem)):
             dst._w = h.weights(row)
             dst._total = float(h.total[row])
-            dst._ref = _opt(h.ref[row])
-        r._first_t, r._last_t = _opt(self._first_t[row]), _opt(self._last_t[row])
-        r._last_cpu_t, r._last_mem_t = _opt(self._last_cpu_t[row]), _opt(self._last_mem_t[row])
-        r._window_end = _opt(self._window_end[row])
+            dst._ref = nan_to_none(h.ref[row])
+        r._first_t, r._last_t = nan_to_none(self._first_t[row]), nan_to_none(self._last_t[row])
+        r._last_cpu_t, r._last_mem_t = nan_to_none(self._last_cpu_t[row]), nan_to_none(self._last_mem_t[row])
+        r._window_end = nan_to_none(self._window_end[row])
         r._mem_peak, r._oom_peak = float(self._mem_peak[row]), float(self._oom_peak[row])
         r._n, r._n_oom = int(self._n[row]), int(self._n_oom[row])
         r._n_throttled, r._n_mem = int(self._n_throttled[row]), int(self._n_mem[row])
         return r
 
+    def policy(self, row: int) -> VpaPolicy:
+        """An exact :class:`VpaPolicy` copy of the row: its recommender and last limits (detached)."""
+        return VpaPolicy.restore(self.recommender(row), self.last_limits(row), self.bound, **self.params)
+
     def __repr__(self) -> str:
         return f"VpaFleet(rows={self._rows}, bound={self.bound!r}, params={self.params!r})"
-
-
-def _opt(v: float) -> float | None:
-    v = float(v)
-    return None if math.isnan(v) else v
 
 
 def _float_or_nan(v: Any) -> float:

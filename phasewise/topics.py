@@ -30,6 +30,10 @@ DECISIONS = Topic("phasewise.decisions.v1", "host", 8, doc="Decision, in order p
 ACTUATIONS = Topic("phasewise.actuations.v1", "host", 8, doc="Actuation results, audit")
 MODELS = Topic("phasewise.models.v1", "model name", 1, compacted=True, doc="ModelSnapshot")
 DEAD_LETTERS = Topic("phasewise.deadletters.v1", "source key", 4, doc="DeadLetter")
+#: internal (not in :data:`TOPICS`; ``phasewise worker --policy phase`` creates it with exactly one
+#: partition, one owner): sampled detector windows for the phase learner (:mod:`phasewise.learn_batches`)
+LEARN_WINDOWS = Topic("phasewise.learn-windows.v1", "model name", 1,
+                      doc="internal: sampled detector windows for the phase learner")
 
 TOPICS: tuple[Topic, ...] = (
     SAMPLES,

@@ -14,7 +14,7 @@ step per message would. For every message on the samples topic (key: host):
   (:func:`phasewise.kafka.dead_letter`: a payload too large for
   ``dead_letter_max_bytes`` is cut and marked ``truncated``), and the agent
   carries on;
-- run :func:`phasewise.streams.processing.process_host_samples` (a round of
+- run :func:`phasewise.models.vpa_updater.process_host_samples` (a round of
   several messages: ``process_many``) over all of its containers in one
   pass, with each container's recommender held in an in-memory cache
   backed by the changelogged table ``vpa-state`` (key ``host/container``,
@@ -53,6 +53,7 @@ import faust
 
 from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.guard import RULES
+from phasewise.models.vpa_updater import StateCache, worker_round
 from phasewise.schemas import (
     Decision,
     HostSamples,
@@ -61,9 +62,9 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
+from phasewise.streams.config import state_cache, updater_config
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
-from phasewise.streams.processing import StateCache, worker_round
 from phasewise.streams.topics import worker_topics
 from phasewise.topics import DEAD_LETTERS, DECISIONS, SAMPLES
 
@@ -283,7 +284,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     pmap = barrier.partitions
 
     # a state held for the next commit is newer than the table's
-    cache = StateCache.from_settings(settings, loader=writes.get_state)
+    cache = state_cache(settings, loader=writes.get_state)
 
     async def dead_letter(event: faust.types.EventT, reason: str, kind: str) -> None:
         msg = event.message
@@ -314,9 +315,11 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     batch_max = max(1, settings.worker_batch_max)
     batch_wait_s = max(0.0, settings.worker_batch_wait_ms) / 1000.0
 
+    updater = updater_config(settings)
+
     def process_round(msgs: list[HostSamples]) -> list[Decision]:
         """The VPA, then (--policy phase) the detector, over messages whose containers are distinct."""
-        return worker_round(cache, msgs, settings, phase)
+        return worker_round(cache, msgs, updater, phase)
 
     def emit(decisions: list[Decision]) -> None:
         if phase is not None:

@@ -37,7 +37,7 @@ from phasewise.settings import Settings
 
 __all__ = ["APP_VERSION", "create_app"]
 
-#: format of the worker's tables (see phasewise.streams.processing.ContainerEntry)
+#: format of the worker's tables (see phasewise.models.vpa_updater.ContainerEntry)
 APP_VERSION = 1
 
 

@@ -15,7 +15,7 @@ import faust
 
 from phasewise import topics as T
 
-__all__ = ["WorkerTopics", "worker_topics"]
+__all__ = ["WorkerTopics", "raw_topic", "worker_topics"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class WorkerTopics:
     dead_letters: faust.TopicT
 
 
-def _topic(app: faust.App, t: T.Topic, partitions: int | None = None) -> faust.TopicT:
+def raw_topic(app: faust.App, t: T.Topic, partitions: int | None = None) -> faust.TopicT:
+    """The Faust handle on *t* (keys and values as raw bytes; *partitions*: its real count)."""
     return app.topic(t.name, key_serializer="raw", value_serializer="raw",
                      partitions=partitions or t.partitions, internal=False)
 
@@ -33,7 +34,7 @@ def _topic(app: faust.App, t: T.Topic, partitions: int | None = None) -> faust.T
 def worker_topics(app: faust.App, samples_partitions: int | None = None) -> WorkerTopics:
     """The worker's topics; *samples_partitions* = the samples topic's real count."""
     return WorkerTopics(
-        samples=_topic(app, T.SAMPLES, samples_partitions),
-        decisions=_topic(app, T.DECISIONS),
-        dead_letters=_topic(app, T.DEAD_LETTERS),
+        samples=raw_topic(app, T.SAMPLES, samples_partitions),
+        decisions=raw_topic(app, T.DECISIONS),
+        dead_letters=raw_topic(app, T.DEAD_LETTERS),
     )

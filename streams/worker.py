@@ -18,8 +18,10 @@ a clean stop; 1 when an agent died (on anything but a record, which is
 dead-lettered) or an output could not be delivered: nothing is committed
 after that, and a restarted worker takes over from the last commit.
 
-The decision logic itself is :func:`process_host_samples` (re-exported from
-:mod:`phasewise.streams.processing`), pure and usable without Faust.
+The decision logic itself is pure and usable without Faust:
+:func:`phasewise.models.vpa_updater.process_host_samples` and
+:class:`phasewise.models.phase_updater.PhaseHooks`. Flags and settings are
+checked before torch loads.
 """
 
 from __future__ import annotations
@@ -29,24 +31,11 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING
 
 from phasewise.cli import add_common, add_setting, settings_from_args, stop_on_signals
 from phasewise.settings import Settings
 
-if TYPE_CHECKING:
-    from phasewise.streams.processing import StateCache, process_host_samples
-
-__all__ = ["FAUST_LEVELS", "StateCache", "add_arguments", "process_host_samples", "run"]
-
-
-def __getattr__(name: str) -> object:
-    """The decision logic, re-exported on first use: flags and settings are checked before torch loads."""
-    if name in ("StateCache", "process_host_samples"):
-        from phasewise.streams import processing
-
-        return getattr(processing, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["FAUST_LEVELS", "add_arguments", "run"]
 
 log = logging.getLogger(__name__)
 

@@ -232,7 +232,7 @@ def test_a_worker_dead_letters_every_poison_kind_and_decides_every_valid_record(
              "dead letter for every poison sample", role)
         check_dead_letters(dead_letters(letters_r.values, SAMPLES.name), poisoned, SAMPLE_POISON)
         if policy == "phase":
-            from phasewise.streams.phase_agents import LEARN_WINDOWS
+            from phasewise.topics import LEARN_WINDOWS
 
             # every valid learn batch learned (the detectors send none: their windows are not full)
             wait(lambda: scrape(url).get("phasewise_worker_windows_learned_total", 0) >= learned, 60,
@@ -264,13 +264,13 @@ def test_a_worker_dead_letters_every_poison_kind_and_decides_every_valid_record(
 @functools.cache
 def shipped_model():
     """The model a --policy phase worker starts from with no snapshot (its learner's too)."""
-    from phasewise.streams.phase_agents import initial_model
+    from phasewise.streams.config import initial_model
 
     return initial_model(Settings())[0]
 
 
 def _learn_batch(name: str, n: int, seed: int) -> bytes:
-    from phasewise.streams.phase_agents import encode_learn_batch
+    from phasewise.learn_batches import encode_learn_batch
 
     L = shipped_model().window_len
     rng = np.random.default_rng(seed)
@@ -279,14 +279,14 @@ def _learn_batch(name: str, n: int, seed: int) -> bytes:
 
 
 def _snapshot(version: int) -> bytes:
-    from phasewise.streams.phase_agents import snapshot_of
+    from phasewise.models.snapshots import snapshot_of
 
-    return encode(snapshot_of(shipped_model(), version, 1))
+    return encode(snapshot_of(shipped_model(), version, 1, time.time()))
 
 
 @functools.cache
 def learn_poison() -> dict:
-    from phasewise.streams.phase_agents import model_name
+    from phasewise.models.snapshots import model_name
 
     valid = json.loads(_learn_batch(model_name(shipped_model().features), 2, 0))
     return poison(valid, "v", {"windows": "many", "prev_phase": [True, "x"]}, "bad arrays")
@@ -294,9 +294,9 @@ def learn_poison() -> dict:
 
 @functools.cache
 def model_poison() -> dict:
-    from phasewise.streams.phase_agents import snapshot_of
+    from phasewise.models.snapshots import snapshot_of
 
-    snap = to_dict(snapshot_of(shipped_model(), 1, 1))
+    snap = to_dict(snapshot_of(shipped_model(), 1, 1, time.time()))
     kinds = poison(snap, "version", {"version": "two", "payload_b64": 5})
     return {**kinds, "not-a-model": (encode(ModelSnapshot(name=snap["name"], ts=T0, version=2**40,
                                                            payload_b64="UFdDSwAAAAA=")), "payload is no PhaseModel")}
@@ -304,7 +304,8 @@ def model_poison() -> dict:
 
 def _phase_inputs(s: Settings):
     """Valid learn batches and snapshots with every poison kind between them; what the worker must learn."""
-    from phasewise.streams.phase_agents import LEARN_WINDOWS, model_name
+    from phasewise.models.snapshots import model_name
+    from phasewise.topics import LEARN_WINDOWS
 
     name = model_name(shipped_model().features)
     learn, models = Sent(make_producer(s), LEARN_WINDOWS.name), Sent(make_producer(s), MODELS.name)

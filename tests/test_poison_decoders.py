@@ -170,7 +170,7 @@ def test_a_checkpoint_that_inflates_is_truncated_or_is_garbage_is_refused():
 
 
 def test_learn_batches_refuse_what_is_no_usage():
-    from phasewise.streams.phase_agents import decode_learn_batch, encode_learn_batch
+    from phasewise.learn_batches import decode_learn_batch, encode_learn_batch
 
     W = np.full((2, 3, 2), 1.0)
     good = json.loads(encode_learn_batch("m", W, np.array([-1, 0]), W[:, -1], W[:, -1]))
@@ -210,15 +210,16 @@ class _Msg:
 
 def test_the_snapshot_follower_dead_letters_every_bad_record_of_its_model_whatever_its_version():
     from phasewise.models.detector import PhaseModel
-    from phasewise.streams.phase_agents import SnapshotFollower, model_name, snapshot_of
+    from phasewise.models.snapshots import model_name, snapshot_of
+    from phasewise.streams.follower import SnapshotFollower
 
     model = PhaseModel(features=("cpu", "mem"), n_hid=4, n_his=1, warmup=8)
     name = model_name(model.features)
     bad, loaded = [], []
     f = SnapshotFollower(Settings(), name, on_bad=lambda v, k, o, why: bad.append((o, why)),
                          on_loaded=lambda s: loaded.append(s.version))
-    snap = snapshot_of(model, 5, 1)
-    other = snapshot_of(PhaseModel(features=("cpu", "mem", "gpu"), n_hid=4, n_his=1), 9, 1)
+    snap = snapshot_of(model, 5, 1, 1.7e9)
+    other = snapshot_of(PhaseModel(features=("cpu", "mem", "gpu"), n_hid=4, n_his=1), 9, 1, 1.7e9)
     key = name.encode()
     records = [
         (encode(snap), key), (None, key), (b"[" * 100_000, key), (random.Random(5).randbytes(600_000), key),
@@ -227,8 +228,8 @@ def test_the_snapshot_follower_dead_letters_every_bad_record_of_its_model_whatev
         (encode(ModelSnapshot(**{**to_dict(snap), "version": 7, "payload_b64": base64.b64encode(
             b"PWCK" + (2**31).to_bytes(4, "little")).decode()})), key),
         (encode(other), other.name.encode()),  # another model's: not this follower's business
-        (encode(snapshot_of(model, 4, 1)), key),  # older than the newest: ignored
-        (encode(snapshot_of(model, 6, 2)), key),
+        (encode(snapshot_of(model, 4, 1, 1.7e9)), key),  # older than the newest: ignored
+        (encode(snapshot_of(model, 6, 2, 1.7e9)), key),
     ]
     for i, (value, k) in enumerate(records):
         f._handle(_Msg(value, k, i))

@@ -38,7 +38,7 @@ both paths can be scored (and compared) the same way:
    decided (rounded) ones.
 
 **vpa** goes through the very code in-process replay runs (the worker's step,
-:func:`phasewise.streams.processing.process_host_samples`, drives
+:func:`phasewise.models.vpa_updater.process_host_samples`, drives
 :class:`~phasewise.models.vpa.VpaPolicy` with ``limits``/``observe``), so
 both paths decide the same limits at the same times (tests check it to 1e-9).
 
@@ -468,7 +468,7 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
 class _InProcessPhase:
     """The phase side of a worker, in-process: detectors, and the learner on event time.
 
-    The detectors are the worker's :class:`~phasewise.streams.phase_agents.PhaseHooks`.
+    The detectors are the worker's :class:`~phasewise.models.phase_updater.PhaseHooks`.
     Live, learn batches go to the learner agent through a topic and the
     learner publishes a snapshot every ``phase_snapshot_interval_s`` of wall
     time, which detectors pick up whenever it arrives. Here the learner learns
@@ -478,20 +478,23 @@ class _InProcessPhase:
     """
 
     def __init__(self, settings: Any, cache: Any, frozen: bool) -> None:
-        from phasewise.streams.phase_agents import Learner, PhaseHooks, initial_model
+        from phasewise.models.phase_learner import Learner
+        from phasewise.models.phase_updater import PhaseHooks
+        from phasewise.streams.config import detector_config, initial_model
 
         model, self.origin = initial_model(settings)
         self.interval = float(settings.phase_snapshot_interval_s)
         self.frozen = frozen
         self.latest: tuple[Any, Any] | None = None
-        self.hooks = PhaseHooks(settings, cache, model=model.clone(), version=0, latest=lambda: self.latest)
+        self.hooks = PhaseHooks(detector_config(settings), cache, model=model.clone(), version=0,
+                                latest=lambda: self.latest)
         self.learner = Learner(model.clone(), 0, 0)
         self.next_snapshot: float | None = None
         self.snapshots = 0
         self.changes: list[PhaseChange] = []
 
     def _learn(self, batch: bytes | None) -> None:
-        from phasewise.streams.phase_agents import decode_learn_batch
+        from phasewise.learn_batches import decode_learn_batch
 
         if batch is None or self.frozen:
             return
@@ -499,7 +502,7 @@ class _InProcessPhase:
         self.learner.learn(*decode_learn_batch(batch, self.hooks.name, m.window_len, m.n_features))
 
     def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]:
-        from phasewise.streams.phase_agents import model_of
+        from phasewise.models.snapshots import model_of
 
         out = self.hooks.process_many(msgs)
         self.changes += out.changes
@@ -509,7 +512,7 @@ class _InProcessPhase:
             self.next_snapshot = t + self.interval
         elif t >= self.next_snapshot and not self.frozen:
             self._learn(self.hooks.take_learn_batch())
-            snap = self.learner.snapshot()
+            snap = self.learner.snapshot(time.time())
             if snap is not None:  # what a detector's follower decodes from the models topic
                 self.latest = (snap, model_of(snap))
                 self.snapshots += 1
@@ -524,7 +527,7 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
 
     The same messages (:func:`trace_messages`), the same settings
     (:func:`replay_settings_env`) and the step the samples agent runs
-    (:func:`~phasewise.streams.processing.worker_round`, one message per round
+    (:func:`~phasewise.models.vpa_updater.worker_round`, one message per round
     as one replay host's messages are), so the decisions are the worker's.
     ``phase``: see :class:`_InProcessPhase` for the learner's clock; with
     *frozen_model* nothing is learned and the decisions equal, record for
@@ -533,25 +536,26 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
     """
     if family not in ("vpa", "phase"):
         raise KafkaReplayError(f"policy {family!r} is not a worker policy (vpa, phase)")
+    from phasewise.models.vpa_updater import worker_round
     from phasewise.settings import Settings
-    from phasewise.streams.processing import StateCache, worker_round
+    from phasewise.streams.config import state_cache, updater_config
 
     t0 = time.perf_counter()
     env = replay_settings_env(family, trace, frozen_model=frozen_model, pretrained=pretrained,
                               statistics=statistics, safety=safety)
     settings = Settings.from_env({"bootstrap": "in-process", "host": host}, env=env)
-    cache = StateCache.from_settings(settings)
+    cache, updater = state_cache(settings), updater_config(settings)
     scale = mem_scale(trace)
     messages = trace_messages(trace, host, scale)
     phase = _InProcessPhase(settings, cache, frozen_model) if family == "phase" else None
     got: list[Decision] = []
     # a live detector logs each snapshot it swaps to (every ~30 s); a replay swaps hundreds of times a second
-    quiet = logging.getLogger("phasewise.streams.phase_agents")
+    quiet = logging.getLogger("phasewise.models.phase_updater")
     level = quiet.level
     quiet.setLevel(max(logging.WARNING, quiet.getEffectiveLevel()))
     try:
         for m in messages:
-            got += worker_round(cache, [m], settings, phase)
+            got += worker_round(cache, [m], updater, phase)
     finally:
         quiet.setLevel(level)
     got = [d for d in got if d.container != END_CONTAINER]
@@ -673,12 +677,12 @@ def worker_origin(trace: Trace, *, pretrained: bool, statistics: str = "relative
                   bootstrap: str | None = None) -> str:
     """What a replay's phase worker starts from (for the report), by the worker's own rule.
 
-    :func:`~phasewise.streams.phase_agents.initial_model` under the replay
+    :func:`~phasewise.streams.config.initial_model` under the replay
     worker's settings; with *bootstrap* (a broker that may already hold
     snapshots) the worker would start from the newest one instead.
     """
     from phasewise.settings import Settings
-    from phasewise.streams.phase_agents import initial_model
+    from phasewise.streams.config import initial_model
 
     env = replay_settings_env("phase", trace, pretrained=pretrained, statistics=statistics)
     origin = initial_model(Settings.from_env({"bootstrap": "-"}, env=env))[1]

@@ -6,9 +6,10 @@ import numpy as np
 
 from phasewise.models.detector import PhaseModel
 from phasewise.models.phase_fleet import PhaseFleet
+from phasewise.models.vpa_updater import process_host_samples
 from phasewise.schemas import ContainerSample, HostSamples
 from phasewise.settings import Settings
-from phasewise.streams.processing import StateCache, process_host_samples
+from phasewise.streams.config import state_cache, updater_config
 
 
 def msg(ts: float, names: list[str]) -> HostSamples:
@@ -19,17 +20,17 @@ def msg(ts: float, names: list[str]) -> HostSamples:
 
 def test_the_vpa_cache_expires_containers_not_seen_since_the_cutoff_and_reuses_their_rows():
     s = Settings.from_env({"recommend_interval_s": 1, "vpa_time_scale": 0.001}, env={})
-    cache = StateCache.from_settings(s)
+    cache = state_cache(s)
     for t in range(10):
-        process_host_samples(cache, msg(1000.0 + t, ["a", "b", "c"]), s)
+        process_host_samples(cache, msg(1000.0 + t, ["a", "b", "c"]), updater_config(s))
     for t in range(10, 20):  # "b" stopped
-        process_host_samples(cache, msg(1000.0 + t, ["a", "c"]), s)
+        process_host_samples(cache, msg(1000.0 + t, ["a", "c"]), updater_config(s))
     rows_before = cache.fleet._rows
     assert cache.expire(1015.0) == ["h/b"]
     assert "h/b" not in cache and "h/a" in cache and len(cache) == 2
     assert "h/b" not in {k for k, _ in cache.pop_dirty()}
     # a new container takes the freed row, with fresh state
-    process_host_samples(cache, msg(1020.0, ["a", "c", "d"]), s)
+    process_host_samples(cache, msg(1020.0, ["a", "c", "d"]), updater_config(s))
     assert cache.fleet._rows == rows_before
     assert cache.get("h/d").model.samples == 1
     # nothing newer than the cutoff goes
@@ -39,16 +40,16 @@ def test_the_vpa_cache_expires_containers_not_seen_since_the_cutoff_and_reuses_t
 def test_an_expired_container_that_comes_back_starts_fresh_unless_its_table_entry_remains():
     s = Settings.from_env({"recommend_interval_s": 1, "vpa_time_scale": 0.001}, env={})
     table: dict[str, dict] = {}
-    cache = StateCache.from_settings(s, loader=table.get)
+    cache = state_cache(s, loader=table.get)
     for t in range(5):
-        process_host_samples(cache, msg(100.0 + t, ["a"]), s)
+        process_host_samples(cache, msg(100.0 + t, ["a"]), updater_config(s))
     table.update(cache.pop_dirty() or [("h/a", cache.state_of("h/a"))])
     assert cache.expire(200.0) == ["h/a"]
-    process_host_samples(cache, msg(201.0, ["a"]), s)
+    process_host_samples(cache, msg(201.0, ["a"]), updater_config(s))
     assert cache.loaded == 1  # the caller did not delete the table entry: it is reloaded
     for k in cache.expire(300.0):
         table.pop(k, None)
-    process_host_samples(cache, msg(301.0, ["a"]), s)
+    process_host_samples(cache, msg(301.0, ["a"]), updater_config(s))
     assert cache.get("h/a").model.samples == 1 and cache.loaded == 1
 
 
@@ -82,7 +83,7 @@ def test_a_host_whose_clock_runs_ahead_does_not_expire_the_other_hosts_container
         data: dict = {}
 
     s = Settings.from_env({"recommend_interval_s": 1, "vpa_time_scale": 0.001}, env={})
-    cache = StateCache.from_settings(s)
+    cache = state_cache(s)
     barrier = CommitBarrier(OutputSender(producer=None))
     writes = barrier.table(Table())
     now = [1000.0]
@@ -90,12 +91,12 @@ def test_a_host_whose_clock_runs_ahead_does_not_expire_the_other_hosts_container
                     clock=lambda: now[0])
     for t in range(5):
         m = msg(995.0 + t, ["a"])
-        process_host_samples(cache, m, s)
+        process_host_samples(cache, m, updater_config(s))
         expiry.after("h", m.ts)
     ahead = dataclasses.replace(msg(1000.0 + 10 * 86400, ["x"]), host="fast")  # 10 days ahead, TTL 100 s
     barrier.partitions.note("fast", 0)
     barrier.partitions.note("h", 0)
-    process_host_samples(cache, ahead, s)
+    process_host_samples(cache, ahead, updater_config(s))
     assert expiry.after("fast", ahead.ts) == [] and "h/a" in cache  # counted as now, not 10 days on
     now[0] = 1200.0  # but real time passing does expire a container that stopped
     assert expiry.after("h", 1200.0) == ["h/a"]

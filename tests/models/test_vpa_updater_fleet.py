@@ -17,7 +17,17 @@ from typing import Any
 
 import pytest
 
+from phasewise.bench.logic import messages as bench_messages
+from phasewise.models.decisions import decision_id
 from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
+from phasewise.models.vpa_updater import (
+    ENTRY_VERSION,
+    POLICY,
+    StateCache,
+    process_host_samples,
+    process_many,
+    sample_usage,
+)
 from phasewise.schemas import (
     MAX_BYTES,
     MAX_CORES,
@@ -27,17 +37,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
-from phasewise.streams.bench_logic import messages as bench_messages
-from phasewise.streams.processing import (
-    ENTRY_VERSION,
-    POLICY,
-    StateCache,
-    decision_id,
-    process_host_samples,
-    process_many,
-    recommender_params,
-    sample_usage,
-)
+from phasewise.streams.config import recommender_params, state_cache, updater_config
 
 T0 = 1.7e9
 
@@ -199,7 +199,7 @@ def _decide(entry: RefEntry, host: str, c: ContainerSample, ts: float,
     reason = (f"vpa {p.bound} (p{m.target_percentile * 100:g} of {m.samples} samples "
               f"+{m.safety_margin * 100:g}%): " + "; ".join(why))
     return Decision(
-        id=decision_id(host, c.container, cpu_out, mem_out, ts),
+        id=decision_id(POLICY, host, c.container, cpu_out, mem_out, ts),
         ts=ts, host=host, container=c.container, action="limit", policy=POLICY, reason=reason,
         cpu_limit_cores=cpu_out, mem_limit_bytes=mem_out, details=details,
     )
@@ -244,7 +244,7 @@ def reference_process(state_cache: RefCache, msg: HostSamples, settings: Setting
 
 
 def make_settings(**kw: Any) -> Settings:
-    # the VPA's own decisions against VpaPolicy: safety rules off (tests/streams/test_safety_rules.py)
+    # the VPA's own decisions against VpaPolicy: safety rules off (tests/models/test_safety_rules.py)
     return Settings.from_env({"vpa_time_scale": 0.001, "safety_rules": False, **kw}, env={})
 
 
@@ -254,7 +254,7 @@ def run_both(msgs: list[HostSamples], s: Settings, ref: RefCache, new: StateCach
     n = 0
     for m in msgs:
         want = reference_process(ref, m, s)
-        got = process_host_samples(new, m, s)
+        got = process_host_samples(new, m, updater_config(s))
         assert got == want, (m.host, m.ts)
         # same JSON, key order included (compared decoded: the reference's floor is an int 262144000
         # or a float depending on which VpaRecommender filled models/vpa.py's lru_cache first)
@@ -276,7 +276,7 @@ def run_both(msgs: list[HostSamples], s: Settings, ref: RefCache, new: StateCach
 def test_bench_messages_get_the_decisions_and_writes_of_the_per_container_code(interval, mode):
     s = make_settings(recommend_interval_s=interval, vpa_update_mode=mode, state_write_interval_s=7.0)
     msgs = [m for t in range(40) for m in bench_messages(120, 50, t)]
-    n = run_both(msgs, s, RefCache.from_settings(s), StateCache.from_settings(s))
+    n = run_both(msgs, s, RefCache.from_settings(s), state_cache(s))
     assert n > 20
 
 
@@ -324,12 +324,12 @@ def test_irregular_random_messages_and_a_restart_from_the_tables_decide_alike(se
     s = make_settings(recommend_interval_s=2.0, vpa_update_mode=mode, state_write_interval_s=5.0)
     msgs = random_messages(seed, 240)
     tables: tuple[dict, dict] = ({}, {})
-    ref, new = RefCache.from_settings(s), StateCache.from_settings(s)
+    ref, new = RefCache.from_settings(s), state_cache(s)
     n = run_both(msgs[:500], s, ref, new, tables)
     assert tables[0] == tables[1] and tables[0]
     # a restart: each side reloads its own table (identical) and carries on
     ref = RefCache.from_settings(s, loader=lambda k: json.loads(tables[0][k]) if k in tables[0] else None)
-    new = StateCache.from_settings(s, loader=lambda k: json.loads(tables[1][k]) if k in tables[1] else None)
+    new = state_cache(s, loader=lambda k: json.loads(tables[1][k]) if k in tables[1] else None)
     n += run_both(msgs[500:], s, ref, new, tables)
     assert new.loaded == ref.loaded > 0
     assert n > 30
@@ -345,7 +345,7 @@ def test_a_table_written_by_the_per_container_code_loads_into_the_fleet_and_back
         old_table.update((k, json.dumps(v)) for k, v in ref.pop_dirty())
     # an upgraded worker recovers the old changelog...
     ref2 = RefCache.from_settings(s, loader=lambda k: json.loads(old_table[k]) if k in old_table else None)
-    new = StateCache.from_settings(s, loader=lambda k: json.loads(old_table[k]) if k in old_table else None)
+    new = state_cache(s, loader=lambda k: json.loads(old_table[k]) if k in old_table else None)
     run_both(msgs[250:350], s, ref2, new)
     assert new.loaded > 0
     # ...and what the fleet writes, the per-container code reads (a rollback)
@@ -359,7 +359,7 @@ def test_a_table_written_by_the_per_container_code_loads_into_the_fleet_and_back
 def test_entries_expose_the_decided_limits_and_exact_policy_copies():
     s = make_settings(recommend_interval_s=1.0, vpa_update_mode="hysteresis")
     msgs = random_messages(3, 60)
-    ref, new = RefCache.from_settings(s), StateCache.from_settings(s)
+    ref, new = RefCache.from_settings(s), state_cache(s)
     run_both(msgs, s, ref, new)
     for key in ref._entries:
         r, e = ref.get(key), new.get(key)
@@ -383,9 +383,9 @@ def test_stored_states_the_fleet_cannot_use_are_discarded_and_counted():
     good = {"v": ENTRY_VERSION, "vpa": VpaRecommender().to_state(), "dc": 1.0}
     stored = {"h/a": {"v": 99}, "h/b": {"v": ENTRY_VERSION}, "h/c": {**good, "dc": "x"},
               "h/d": {**good, "pl": [1]}, "h/e": good}
-    new = StateCache.from_settings(s, loader=stored.get)
+    new = state_cache(s, loader=stored.get)
     cs = tuple(ContainerSample(container=n, cpu_cores=0.5, mem_bytes=4e8) for n in "abcde")
-    process_host_samples(new, HostSamples(host="h", ts=T0, interval_s=1.0, containers=cs), s)
+    process_host_samples(new, HostSamples(host="h", ts=T0, interval_s=1.0, containers=cs), updater_config(s))
     assert new.load_errors == 4 and new.loaded == 1
     assert new.get("h/e").decided_cpu == 1.0 and new.get("h/a").decided_cpu is None
     assert new.get("h/b").model.samples == 1  # fresh state, then this sample
@@ -397,7 +397,7 @@ def test_batches_of_messages_decide_what_one_message_at_a_time_decides(mode):
     s = make_settings(recommend_interval_s=2.0, vpa_update_mode=mode, state_write_interval_s=5.0)
     msgs = random_messages(5, 150) + [m for t in range(12) for m in bench_messages(60, 20, t)]
     rng = random.Random(2)
-    ref, new = RefCache.from_settings(s), StateCache.from_settings(s)
+    ref, new = RefCache.from_settings(s), state_cache(s)
     i = n = 0
     while i < len(msgs):
         batch = msgs[i:i + rng.choice((1, 2, 5, 17))]
@@ -406,12 +406,12 @@ def test_batches_of_messages_decide_what_one_message_at_a_time_decides(mode):
         for m in batch:
             want.append(reference_process(ref, m, s))
             dirty |= {k for k, _ in ref.pop_dirty()}
-        got = process_many(new, batch, s)
+        got = process_many(new, batch, updater_config(s))
         assert got == want
         n += sum(map(len, got))
         written = dict(new.pop_dirty())
         assert written.keys() == dirty
         assert all(v == ref.get(k).to_state() for k, v in written.items())  # the latest state of each
     assert n > 50 and len(new) == len(ref)
-    assert process_many(new, [], s) == [] and process_many(new, [HostSamples(host="h", ts=T0, interval_s=1.0,
-                                                                              containers=())], s) == [[]]
+    assert process_many(new, [], updater_config(s)) == [] and process_many(new, [HostSamples(
+        host="h", ts=T0, interval_s=1.0, containers=())], updater_config(s)) == [[]]

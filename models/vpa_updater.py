@@ -1,7 +1,8 @@
-"""The worker's decision logic without Faust: samples in, VPA limit decisions out.
+"""The VPA updater: samples in, VPA limit decisions out (the worker's step, pure).
 
 :func:`process_host_samples` is what the samples agent runs for every
-``HostSamples`` message (and what benchmarks and tests call directly):
+``HostSamples`` message (and what benchmarks and tests call directly), with
+the updater's rule in an :class:`UpdaterConfig`:
 
 1. each container of the message (key ``host/container``) gets its row of
    the :class:`StateCache`'s :class:`~phasewise.models.vpa_fleet.VpaFleet`
@@ -9,8 +10,9 @@
    e.g. after a restart or a rebalance), which observes the sample (all the
    message's containers at once, equal to
    :meth:`~phasewise.models.vpa.VpaPolicy.observe` per container): CPU
-   cores, memory working set, OOM kills, the share of CFS periods throttled, the throttled time per second of the
-   message's interval and the limits in force when the sample reports them
+   cores, memory working set, OOM kills, the share of CFS periods throttled,
+   the throttled time per second of the message's interval and the limits in
+   force when the sample reports them
    (what a throttled CPU sample is raised above, and the base of an OOM's
    bumped peak, where the VPA takes the request; every CPU sample weighs the
    same, as in the VPA; for an unlimited resource the policy's own last limit
@@ -21,9 +23,13 @@
    ``Decision`` (action ``limit``, policy ``vpa``) for each resource whose
    limit moved by more than ``hysteresis`` relative to the last decided limit,
    or, before any decision, the limit the sample reports (an unlimited resource
-   always gets one). CPU limits are rounded up to a millicore (as VPA rounds
-   CPU), memory limits up to a byte; ``details["limits"]`` keeps the policy's
-   unrounded limits;
+   always gets one): :func:`moved`. In ``bounds`` update mode it acts only on
+   a limit outside the recommender's confidence bounds (:func:`outside`), as
+   the VPA updater does. With the safety rules on (the cache's
+   :class:`~phasewise.models.guard.LimitGuard`) they bound what is handed out.
+   Limits are rounded and decisions built by :mod:`phasewise.models.decisions`
+   (CPU up to a millicore, memory up to a byte); ``details["limits"]`` keeps
+   the policy's unrounded limits;
 3. the same step marks the container's state dirty, so the caller persists it,
    when it emitted a decision or when ``state_write_interval_s`` of event time
    passed since the last write (a container's first write comes with its
@@ -40,73 +46,87 @@ follows ``observe(ts)``, so it is the limit replay uses from the next step).
 same decisions; the fixed cost of the vectorised steps is shared, so a batch
 of ~10 messages costs about half as much per sample as one message).
 
-Decision ids are a hash of host, container, limits and event time: replaying
-the same samples yields the same ids, and actuators apply each id once.
+Decision ids are a hash of policy, host, container, limits and event time
+(:func:`~phasewise.models.decisions.decision_id`): replaying the same samples
+yields the same ids, and actuators apply each id once.
 
 The table format is the per-container code's (:meth:`ContainerEntry.to_state`:
 ``{"v": 1, "vpa": VpaRecommender.to_state(), "pl": last limits, "dc", "dm",
 "nx"}``), so a worker upgraded in place recovers its old changelog.
 
-Nothing here does IO; time comes from the samples' event times.
+Nothing here does IO; time comes from the samples' event times. The worker
+builds the configuration from its settings (:mod:`phasewise.streams.config`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from phasewise.models.guard import GuardConfig, LimitGuard, bounded_text
+from phasewise.models.arrays import all_true, count_true, nan_to_none
+from phasewise.models.decisions import VPA_POLICY, VpaEvidence, round_limits, vpa_decision
+from phasewise.models.guard import GuardConfig, LimitGuard
 from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
-from phasewise.models.vpa_fleet import FleetRecommendation, VpaFleet, _all, _nz, _opt
-from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision, HostSamples
-from phasewise.settings import Settings
+from phasewise.models.vpa_fleet import VpaFleet
+from phasewise.schemas import ContainerSample, Decision, HostSamples
 
 __all__ = [
+    "ENTRY_VERSION",
     "POLICY",
+    "UPDATE_MODES",
     "ContainerEntry",
+    "RoundPhase",
     "StateCache",
-    "decision_id",
+    "UpdaterConfig",
+    "moved",
+    "outside",
     "process_host_samples",
     "process_many",
-    "recommender_params",
-    "round_limits",
-    "worker_round",
     "sample_usage",
+    "worker_round",
 ]
 
 log = logging.getLogger(__name__)
 
-POLICY = "vpa"
+POLICY = VPA_POLICY
+#: format of the table values (:meth:`ContainerEntry.to_state`)
 ENTRY_VERSION = 1
+#: ``hysteresis``: act on every move beyond the hysteresis; ``bounds``: only on a limit in force
+#: outside the confidence bounds (the VPA updater's rule)
+UPDATE_MODES = ("bounds", "hysteresis")
 _NAN = math.nan
 
-def recommender_params(settings: Settings) -> dict[str, Any]:
-    """Constructor arguments of every container's recommender, from settings."""
-    return {
-        "time_scale": settings.vpa_time_scale,
-        "min_cpu_cores": settings.vpa_min_cpu_cores,
-        "min_mem_bytes": float(settings.vpa_min_mem_bytes),
-        "throttle_threshold": settings.vpa_throttle_threshold,
-        "throttle_bump": settings.vpa_throttle_bump,
-    }
+@dataclass(frozen=True)
+class UpdaterConfig:
+    """The VPA updater's rule (the worker builds it from its settings)."""
 
+    #: event-time seconds between a container's recommendations (0: after every sample)
+    recommend_interval_s: float
+    #: a limit is re-decided when the policy's moved by more than this fraction of the last decided one
+    hysteresis: float
+    #: one of :data:`UPDATE_MODES`
+    update_mode: str
+    #: a container's state is marked for writing at least this often (event-time seconds)
+    state_write_interval_s: float
+    #: recorded in every decision's details
+    worker_id: str
+    #: whether the VPA's decisions are the ones handed out (``--policy vpa``: the safety rules bound
+    #: them) or only move the phase detector's fallback limits (``--policy phase``: the rules then
+    #: bound the phase decisions instead)
+    emits_decisions: bool = True
 
-def guard_config(settings: Settings) -> GuardConfig | None:
-    """The safety rules' parameters from settings (``None``: ``safety_rules`` off)."""
-    if not settings.safety_rules:
-        return None
-    return GuardConfig(
-        min_history_s=settings.safety_min_history_s, cooldown_s=settings.safety_cooldown_s,
-        max_decrease=settings.safety_max_decrease, peak_window_s=settings.safety_peak_window_s,
-        mem_margin_bytes=float(settings.mem_margin_bytes), throttle_threshold=settings.vpa_throttle_threshold,
-        # a throttled container's CPU samples are censored: no CPU cut until a cooldown of them is not
-        throttle_window_s=settings.safety_cooldown_s,
-    )
+    def __post_init__(self) -> None:
+        if self.update_mode not in UPDATE_MODES:
+            raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {self.update_mode!r}")
+        for name in ("recommend_interval_s", "hysteresis", "state_write_interval_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
 
 
 def _num(v: Any, what: str) -> float:
@@ -135,7 +155,7 @@ class ContainerEntry:
         self.row = row
 
     def _get(self, name: str) -> float | None:
-        return _opt(getattr(self._cache, name)[self.row])
+        return nan_to_none(getattr(self._cache, name)[self.row])
 
     def _set(self, name: str, v: float | None) -> None:
         getattr(self._cache, name)[self.row] = _NAN if v is None else v
@@ -153,11 +173,7 @@ class ContainerEntry:
     @property
     def policy(self) -> VpaPolicy:
         """An exact copy of the container's :class:`VpaPolicy` (its recommender and last limits)."""
-        fleet = self._cache.fleet
-        p = VpaPolicy(fleet.bound, **fleet.params)
-        p._model = fleet.recommender(self.row)
-        p._last = fleet.last_limits(self.row)
-        return p
+        return self._cache.fleet.policy(self.row)
 
     def to_state(self) -> dict[str, Any]:
         """The table value: ``{"v", "vpa", "pl", "dc", "dm", "nx"}`` and, with the safety rules on, ``"g"``
@@ -197,10 +213,6 @@ class StateCache:
         self.dirty: set[str] = set()
         self.loaded = 0  # entries restored through the loader
         self.load_errors = 0
-
-    @classmethod
-    def from_settings(cls, settings: Settings, loader: Callable[[str], Any] | None = None) -> StateCache:
-        return cls(recommender_params(settings), loader, guard_config(settings))
 
     def _new_rows(self, keys: list[str]) -> None:
         """Rows for *keys* (distinct, none known yet): fresh, or loaded through the loader."""
@@ -326,16 +338,6 @@ class StateCache:
         return key in self._index
 
 
-def decision_id(host: str, container: str, cpu: float | None, mem: float | None, ts: float) -> str:
-    """Deterministic idempotency key of a limit decision."""
-    raw = f"{POLICY}|{host}|{container}|{cpu!r}|{mem!r}|{ts!r}".encode()
-    return hashlib.blake2b(raw, digest_size=12).hexdigest()
-
-
-def _finite(v: float | None) -> float | None:
-    return v if v is not None and math.isfinite(v) else None
-
-
 def sample_usage(c: ContainerSample, per_s: float) -> dict[str, float]:
     """What :meth:`VpaPolicy.observe` is shown for one container sample.
 
@@ -356,21 +358,33 @@ def sample_usage(c: ContainerSample, per_s: float) -> dict[str, float]:
     return usage
 
 
-def _fmt(v: float | None, scale: float = 1.0) -> str:
-    return "unlimited" if v is None else f"{v * scale:g}"
+def moved(new: np.ndarray, ref: np.ndarray, hysteresis: float) -> np.ndarray:
+    """Element-wise: is *new* a limit to hand out, given *ref*, the limit it would replace?
 
+    Yes when *new* is a limit (not ``NaN``) and there is no usable reference
+    (``NaN``: unlimited or unknown; ``<= 0``) or *new* differs from it by more
+    than *hysteresis* x *ref*.
 
-def _moved(new: np.ndarray, ref: np.ndarray, hysteresis: float) -> np.ndarray:
-    """Element-wise: a new limit, and no usable reference or a move beyond the hysteresis."""
+    >>> moved(np.array([1.0, 1.2, 1.0, np.nan]), np.array([1.05, 1.0, np.nan, 1.0]), 0.1).tolist()
+    [False, True, True, False]
+    """
     return ~np.isnan(new) & (np.isnan(ref) | (ref <= 0) | (np.abs(new - ref) > hysteresis * ref))
 
 
-def _outside(ref: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """Element-wise: the limit in force lies outside [lower, upper] (unlimited: always)."""
+def outside(ref: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """Element-wise: does the limit in force *ref* lie outside the bounds [*lower*, *upper*]?
+
+    The VPA updater's test in ``bounds`` mode: an unlimited resource (``NaN``)
+    always does; an infinite bound does not bound.
+
+    >>> outside(np.array([0.5, 2.0, 5.0, np.nan]), np.array([1.0, 1.0, 1.0, 1.0]),
+    ...         np.array([3.0, 3.0, np.inf, 3.0])).tolist()
+    [True, False, False, True]
+    """
     return np.isnan(ref) | (np.isfinite(lower) & (ref < lower)) | (np.isfinite(upper) & (ref > upper))
 
 
-def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Settings) -> list[Decision]:
+def process_host_samples(state_cache: StateCache, msg: HostSamples, config: UpdaterConfig) -> list[Decision]:
     """Learn every container sample of *msg*; return the limit decisions due now."""
     cs = msg.containers
     if not cs:
@@ -379,11 +393,12 @@ def process_host_samples(state_cache: StateCache, msg: HostSamples, settings: Se
     keys = [f"{host}/{c.container}" for c in cs]
     rows = state_cache.rows(keys)
     if len(set(rows)) == len(rows):
-        return [d for _, d in _process(state_cache, [msg], None, cs, keys, rows, settings)]
-    return process_many(state_cache, [msg], settings)[0]
+        return [d for _, d in _wave(state_cache, [msg], None, cs, keys, rows, config)]
+    return process_many(state_cache, [msg], config)[0]
 
 
-def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], settings: Settings) -> list[list[Decision]]:
+def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], config: UpdaterConfig
+                 ) -> list[list[Decision]]:
     """:func:`process_host_samples` of each message in turn, computed together.
 
     Returns each message's decisions (the same as one call per message, in
@@ -425,8 +440,8 @@ def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], settings:
             w_mi, w_cs = [mi[e] for e in wave], [cs[e] for e in wave]
             w_keys, w_rows = [keys[e] for e in wave], [rows[e] for e in wave]
         one = len(msgs) == 1
-        got += [(wave[j], d) for j, d in _process(state_cache, msgs, None if one else w_mi, w_cs, w_keys, w_rows,
-                                                  settings)]
+        got += [(wave[j], d) for j, d in _wave(state_cache, msgs, None if one else w_mi, w_cs, w_keys, w_rows,
+                                               config)]
     got.sort(key=lambda ed: ed[0])  # message order, container order within a message
     for e, d in got:
         out[mi[e]].append(d)
@@ -439,27 +454,26 @@ class RoundPhase(Protocol):
     def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]: ...
 
 
-def worker_round(cache: StateCache, msgs: Sequence[HostSamples], settings: Settings,
+def worker_round(cache: StateCache, msgs: Sequence[HostSamples], config: UpdaterConfig,
                  phase: RoundPhase | None = None) -> list[Decision]:
     """The worker's step over one round of messages (distinct hosts): the decisions to publish.
 
     The VPA learns every sample first (its decided limits are the phase
     detector's fallback); with *phase* (``--policy phase``) the detector then
     steps the round and only its decisions are published. The samples agent
-    runs this; so does in-process replay of the worker
-    (:func:`phasewise.replay.kafka.worker_in_process`).
+    runs this; so does replay's in-process run of the worker.
     """
     if len(msgs) == 1:
-        decisions = process_host_samples(cache, msgs[0], settings)
+        decisions = process_host_samples(cache, msgs[0], config)
         return phase.process_many(msgs) if phase is not None else decisions
-    per_msg = process_many(cache, msgs, settings)
+    per_msg = process_many(cache, msgs, config)
     if phase is not None:
         return phase.process_many(msgs)
     return [d for ds in per_msg for d in ds]
 
 
-def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, cs: Sequence[ContainerSample],
-             keys: list[str], row_list: list[int], settings: Settings) -> list[tuple[int, Decision]]:
+def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, cs: Sequence[ContainerSample],
+          keys: list[str], row_list: list[int], config: UpdaterConfig) -> list[tuple[int, Decision]]:
     """One wave: distinct containers, each from ``msgs[mi[i]]`` (all from ``msgs[0]`` when *mi* is None).
 
     Returns ``(position in the wave, decision)`` pairs.
@@ -484,19 +498,19 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
     guard = cache.guard
     if guard is not None:
         guard.observe(rows, ts, mem=x[:, 1], throttled_frac=throttled_frac, oom=x[:, 7], mem_limit=x[:, 3])
-        if settings.policy == "phase":
+        if not config.emits_decisions:
             guard = None
 
-    interval = settings.recommend_interval_s
+    interval = config.recommend_interval_s
     nx = cache._next_ts[rows]
     nx = np.where(np.isnan(nx), ts + interval, nx)  # first sample: the first recommendation one interval later
     due = ts >= nx
     if guard is not None:
         due |= guard.pending(rows)  # an OOM kill is answered at once
     cache._next_ts[rows] = np.where(due, ts + interval, nx)
-    if not _nz(due):
+    if not count_true(due):
         return []
-    if _all(due):
+    if all_true(due):
         at, dr, xd, tsd = np.arange(len(rows)), rows, x, ts
     else:
         at = np.flatnonzero(due)  # positions in the wave
@@ -508,18 +522,18 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
     dc, dm = cache._decided_cpu[dr], cache._decided_mem[dr]
     ref_cpu = np.where(np.isnan(dc), xd[:, 2], dc)
     ref_mem = np.where(np.isnan(dm), xd[:, 3], dm)
-    h = settings.hysteresis
-    cpu_out = _moved(cpu_t, ref_cpu, h)
-    mem_out = _moved(mem_t, ref_mem, h)
+    h = config.hysteresis
+    cpu_out = moved(cpu_t, ref_cpu, h)
+    mem_out = moved(mem_t, ref_mem, h)
     act = cpu_out | mem_out
-    if settings.vpa_update_mode == "bounds" and _nz(act):
+    if config.update_mode == "bounds" and count_true(act):
         # the VPA updater acts only on a limit outside the confidence bounds: with little
         # history the upper bound is far above the target, so nothing is cut early
         idx = np.flatnonzero(act)
         fl, fu = rec.factors("lower", idx), rec.factors("upper", idx)
         for out_mask, res, ref in ((cpu_out, "cpu", ref_cpu), (mem_out, "mem", ref_mem)):
-            out_mask[idx] &= _outside(ref[idx], rec.estimate(res, "lower", idx, fl),
-                                      rec.estimate(res, "upper", idx, fu))
+            out_mask[idx] &= outside(ref[idx], rec.estimate(res, "lower", idx, fl),
+                                     rec.estimate(res, "upper", idx, fu))
         act = cpu_out | mem_out
     g = None
     if guard is not None:  # every due container: the rules may also raise memory unasked (OOM, peak)
@@ -535,66 +549,35 @@ def _process(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | Non
         guard.commit(dr, tsd, g, np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1))
         act = cpu_out | mem_out
     out: list[tuple[int, Decision]] = []
-    if _nz(act):
+    if count_true(act):
         idx = np.flatnonzero(act)
         fs = {b: rec.factors(b, idx) for b in ("target", "lower", "upper")}
         est = {res: {b: rec.estimate(res, b, idx, fs[b]) for b in fs} for res in ("cpu", "mem")}
+        bound, pct, margin = fleet.bound, fleet.target_percentile, fleet.safety_margin
         for n, j in enumerate(idx.tolist()):
-            i = int(at[j])
-            out.append((i, _decision(cache, msgs[0] if mi is None else msgs[mi[i]], cs[i], int(dr[j]), rec, j, est,
-                                     n, float(cpu_t[j]) if cpu_out[j] else None,
-                                     float(mem_t[j]) if mem_out[j] else None,
-                                     _opt(lim_cpu[j]), _opt(lim_mem[j]), settings,
-                                     None if g is None else g.explain(j))))
+            i, row = int(at[j]), int(dr[j])
+            c, msg = cs[i], msgs[0] if mi is None else msgs[mi[i]]
+            cpu = float(cpu_t[j]) if cpu_out[j] else None
+            mem = float(mem_t[j]) if mem_out[j] else None
+            # moved from: the last decided limit, else what the sample reports
+            dc, dm = nan_to_none(cache._decided_cpu[row]), nan_to_none(cache._decided_mem[row])
+            previous = (dc if dc is not None else c.cpu_limit_cores, dm if dm is not None else c.mem_limit_bytes)
+            if cpu is not None:
+                cache._decided_cpu[row] = cpu
+            if mem is not None:
+                cache._decided_mem[row] = mem
+            evidence = VpaEvidence(
+                stats=fleet.explain(row, rec, j),
+                estimates={res: {b: nan_to_none(v[n]) for b, v in est[res].items()} for res in ("cpu", "mem")},
+                limits={"cpu": nan_to_none(lim_cpu[j]), "mem": nan_to_none(lim_mem[j])}, bound=bound,
+                target_percentile=pct, safety_margin=margin, samples=fleet.samples(row),
+                hysteresis=config.hysteresis, update_mode=config.update_mode, worker_id=config.worker_id)
+            out.append((i, vpa_decision(msg.host, msg.ts, c, previous, (cpu, mem), evidence,
+                                        None if g is None else g.explain(j))))
     wt = cache._written_ts[dr]
     wt = np.where(np.isnan(wt), tsd, wt)  # new or reloaded: first write at a decision or one interval on
-    write = act | (tsd - wt >= settings.state_write_interval_s)
+    write = act | (tsd - wt >= config.state_write_interval_s)
     cache._written_ts[dr] = np.where(write, tsd, wt)
-    if _nz(write):
+    if count_true(write):
         cache.dirty.update(keys[i] for i in at[write].tolist())
     return out
-
-
-def round_limits(cpu: np.ndarray, mem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Limits as handed out: CPU rounded up to a millicore (as VPA rounds CPU), memory up to a byte."""
-    return np.minimum(np.ceil(cpu * 1000.0 - 1e-9) / 1000.0, MAX_CORES), np.minimum(np.ceil(mem), MAX_BYTES)
-
-
-def _decision(cache: StateCache, msg: HostSamples, c: ContainerSample, row: int, rec: FleetRecommendation,
-              j: int, est: dict[str, dict[str, np.ndarray]], n: int, cpu_out: float | None, mem_out: float | None,
-              lim_cpu: float | None, lim_mem: float | None, settings: Settings,
-              safety: dict[str, Any] | None = None) -> Decision:
-    """The Decision of the container at *j* of *rec* (*n* of *est*), and its new decided limits."""
-    fleet = cache.fleet
-    dc, dm = _opt(cache._decided_cpu[row]), _opt(cache._decided_mem[row])
-    ref_cpu = dc if dc is not None else c.cpu_limit_cores
-    ref_mem = dm if dm is not None else c.mem_limit_bytes
-    why = []
-    if cpu_out is not None:
-        why.append(f"cpu {_fmt(ref_cpu)} -> {cpu_out:g} cores")
-        cache._decided_cpu[row] = cpu_out
-    if mem_out is not None:
-        why.append(f"mem {_fmt(ref_mem, 2**-20)} -> {mem_out / 2**20:.0f} MiB")
-        cache._decided_mem[row] = mem_out
-    m = fleet._proto
-    details = fleet.explain(row, rec, j)
-    details["cpu"] = {k: _finite(_opt(v[n])) for k, v in est["cpu"].items()}
-    details["mem"] = {k: _finite(_opt(v[n])) for k, v in est["mem"].items()}
-    details["limits"] = {"cpu": lim_cpu, "mem": lim_mem, "bound": fleet.bound}
-    details["previous"] = {"cpu": ref_cpu, "mem": ref_mem}
-    details["observed"] = {"cpu": c.cpu_limit_cores, "mem": c.mem_limit_bytes}
-    details["hysteresis"] = settings.hysteresis
-    details["update_mode"] = settings.vpa_update_mode
-    details["worker_id"] = settings.worker_id
-    details["confidence"] = _finite(details["confidence"])
-    reason = (f"vpa {fleet.bound} (p{m.target_percentile * 100:g} of {fleet.samples(row)} samples "
-              f"+{m.safety_margin * 100:g}%): " + "; ".join(why))
-    if safety is not None:
-        details["safety"] = safety
-        reason += bounded_text(safety)
-    host = msg.host
-    return Decision(
-        id=decision_id(host, c.container, cpu_out, mem_out, msg.ts),
-        ts=msg.ts, host=host, container=c.container, action="limit", policy=POLICY, reason=reason,
-        cpu_limit_cores=cpu_out, mem_limit_bytes=mem_out, details=details,
-    )

@@ -1,10 +1,11 @@
-"""Cost of the worker's decision logic alone, without Kafka or Faust.
+"""Cost of the worker's VPA decision logic alone, without Kafka or Faust.
 
-``python -m phasewise.streams.bench_logic [--containers N] [--per-host K] [--ticks T]
-[--recommend-interval S]``
-feeds ``process_host_samples`` T ticks of N containers (K per host message,
-usage that moves so decisions happen) and prints microseconds per container
-sample, with and without serialising the dirty state as the agent does.
+``phasewise bench logic [--containers N] [--per-host K] [--ticks T] [--recommend-interval S]``
+(or ``python -m phasewise.bench.logic``) feeds
+:func:`~phasewise.models.vpa_updater.process_host_samples` T ticks of N
+containers (K per host message, usage that moves so decisions happen) and
+prints microseconds per container sample, with and without serialising the
+dirty state as the agent does.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import json
 import random
 import time
 
+from phasewise.models.vpa_updater import process_host_samples
 from phasewise.schemas import ContainerSample, HostSamples
 from phasewise.settings import Settings
-from phasewise.streams.processing import StateCache, process_host_samples
+from phasewise.streams.config import state_cache, updater_config
 
 
 def messages(containers: int, per_host: int, tick: int, seed: int = 0) -> list[HostSamples]:
@@ -33,24 +35,25 @@ def messages(containers: int, per_host: int, tick: int, seed: int = 0) -> list[H
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--containers", type=int, default=1000)
     p.add_argument("--per-host", type=int, default=100)
     p.add_argument("--ticks", type=int, default=60)
     p.add_argument("--recommend-interval", type=float, default=5.0,
                    help="seconds (= ticks) between a container's recommendations")
-    a = p.parse_args(argv)
+
+
+def run(a: argparse.Namespace) -> int:
     s = Settings.from_env({"recommend_interval_s": a.recommend_interval, "vpa_time_scale": 0.001}, env={})
     ticks = [messages(a.containers, a.per_host, t) for t in range(a.ticks)]
-    cache = StateCache.from_settings(s)
+    cache, config = state_cache(s), updater_config(s)
     decisions = 0
     logic = persist = 0.0
     state_bytes = 0
     for msgs in ticks:
         for m in msgs:
             t0 = time.perf_counter()
-            decisions += len(process_host_samples(cache, m, s))
+            decisions += len(process_host_samples(cache, m, config))
             t1 = time.perf_counter()
             for _k, st in cache.pop_dirty():
                 state_bytes = len(json.dumps(st, separators=(",", ":")).encode())
@@ -65,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         "state_bytes_per_container": state_bytes,
     }))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""Small numpy helpers the vectorised models share (on the worker's hot path, per message).
+
+>>> import numpy as np
+>>> m = np.array([True, False, True])
+>>> int(count_true(m)), bool(all_true(m)), bool(all_true(m[[0, 2]]))
+(2, False, True)
+>>> nan_to_none(np.float64("nan")), nan_to_none(np.float64(2.5))
+(None, 2.5)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["all_true", "count_true", "nan_to_none"]
+
+try:  # `if count_true(mask)`: the C count, ~10x cheaper than mask.any() on ~100 elements
+    from numpy._core.multiarray import count_nonzero as count_true
+except ImportError:  # pragma: no cover - another numpy layout
+    count_true = np.count_nonzero
+
+
+def all_true(mask: np.ndarray) -> bool:
+    """Whether every element of *mask* is true (an empty mask: True)."""
+    return np.count_nonzero(mask) == mask.size
+
+
+def nan_to_none(v: float) -> float | None:
+    """*v* as a Python float, ``None`` for NaN (an array's "missing" as a record's)."""
+    v = float(v)
+    return None if math.isnan(v) else v

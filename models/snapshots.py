@@ -1,0 +1,53 @@
+"""Model snapshots: the shared phase model as a ``ModelSnapshot`` record, and back.
+
+The one learner publishes the model it trains on the compacted models topic
+(key: :func:`model_name`, one model per feature set); every worker's
+detectors follow it. The payload is base64 of
+:meth:`~phasewise.models.detector.PhaseModel.to_bytes`. :func:`model_of`
+refuses, with a :class:`~phasewise.schemas.SchemaError` saying why, a payload
+that is no usable model, whatever it holds.
+
+Pure: no IO, no clock (the publication time is an argument).
+
+>>> from phasewise.models.detector import PhaseModel
+>>> m = PhaseModel(features=("cpu", "mem"), n_hid=4, n_his=1)
+>>> snap = snapshot_of(m, 3, 10, ts=1.7e9)
+>>> snap.name, snap.version, model_of(snap).to_bytes() == m.to_bytes()
+('phase-crbm/cpu+mem', 3, True)
+"""
+
+from __future__ import annotations
+
+import base64
+
+from phasewise.models.detector import LIMITED, PhaseModel
+from phasewise.schemas import ModelSnapshot, SchemaError, brief
+
+__all__ = ["FEATURES", "model_name", "model_of", "snapshot_of"]
+
+#: default frame features of the live detector (``phase_features``; the shipped pretrained model's)
+FEATURES = ("cpu", "mem")
+
+
+def model_name(features: tuple[str, ...] = FEATURES) -> str:
+    """Key of the shared model on the models topic."""
+    return "phase-crbm/" + "+".join(features)
+
+
+def snapshot_of(model: PhaseModel, version: int, samples_seen: int, ts: float) -> ModelSnapshot:
+    """The snapshot of *model* as published at *ts* (wall time), its *version* and the windows it learned."""
+    return ModelSnapshot(name=model_name(model.features), ts=ts, version=version,
+                         payload_b64=base64.b64encode(model.to_bytes()).decode(), samples_seen=samples_seen)
+
+
+def model_of(snap: ModelSnapshot) -> PhaseModel:
+    """The model a snapshot carries; :class:`SchemaError` (only) when its payload is no usable PhaseModel."""
+    try:
+        model = PhaseModel.from_bytes(base64.b64decode(snap.payload_b64, validate=True))
+        if not set(LIMITED) <= set(model.features):
+            raise ValueError(f"features {list(model.features)} lack {list(LIMITED)}")
+        return model
+    except Exception as e:  # noqa: BLE001 - whatever the payload holds, it is a reason, not a crash
+        why = f"{type(e).__name__}: {brief(str(e), 300)}"
+        raise SchemaError(f"ModelSnapshot {brief(snap.name)} v{snap.version}: payload is no PhaseModel: "
+                          f"{why}") from None

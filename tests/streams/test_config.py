@@ -1,0 +1,41 @@
+"""The worker's settings as the models' configurations: features, starting model, detector parameters."""
+
+from __future__ import annotations
+
+import pytest
+
+from phasewise.models.detector import PhaseModel
+from phasewise.models.phase_updater import PhaseHooks
+from phasewise.settings import Settings
+from phasewise.streams.config import detector_config, initial_model, state_cache
+from tests.models.test_phase_updater import warm_model
+
+
+def test_phase_features_are_checked_and_pick_the_starting_model():
+    from phasewise.models.detector import FEATURES as MODEL_FEATURES
+    from phasewise.settings import PHASE_FEATURES, SettingsError
+
+    assert PHASE_FEATURES == tuple(MODEL_FEATURES)
+    for bad, why in (("cpu,gpu", "must hold cpu,mem"), ("cpu,mem,tpu", "unknown feature"),
+                     ("cpu,mem,mem", "twice")):
+        with pytest.raises(SettingsError, match=why):
+            Settings.from_env({"phase_features": bad}, env={})
+    m, origin = initial_model(Settings.from_env({}, env={}))
+    assert m.features == ("cpu", "mem") and origin.startswith("pretrained") and m.ready
+    m, origin = initial_model(Settings.from_env({"phase_features": "cpu,mem,gpu"}, env={}))
+    assert m.features == ("cpu", "mem", "gpu") and origin == "cold" and not m.ready
+    with pytest.raises(SettingsError, match="phase_ratio_cap"):
+        Settings.from_env({"phase_ratio_cap": -1.0}, env={})
+    for cap, want in ((1.5, 1.5), (0.0, float("inf"))):  # 0 = no cap
+        s = Settings.from_env({"phase_ratio_cap": cap}, env={})
+        assert PhaseHooks(detector_config(s), state_cache(s), model=warm_model()).fleet.ratio_cap == want
+    with pytest.raises(ValueError, match="must include"):
+        PhaseHooks(detector_config(Settings.from_env({}, env={})), state_cache(Settings.from_env({}, env={})),
+                   model=PhaseModel(features=("mem", "gpu")))
+
+
+def test_the_models_and_the_settings_agree_on_the_limited_features():
+    from phasewise.models.detector import LIMITED
+    from phasewise.settings import LIMITED_FEATURES
+
+    assert LIMITED == LIMITED_FEATURES
