@@ -28,13 +28,10 @@ __all__ = ["LEGEND", "JobRow", "LiveView", "ViewState", "render"]
 
 #: the lines under the table, so nothing on the screen needs the code to be read
 LEGEND = (
-    "stage: the job's own progress (load, train, eval, checkpoint); crbm: the phase id the worker's CRBM "
-    "detector assigned (- until it knows one)",
-    "use%: use / limit; limit from: what set the last decision - phase N (that phase's statistics), vpa fallback "
-    "(the phase policy while its model is cold or the phase new), vpa (--policy vpa); +rules: safety rules "
-    "that bounded it",
-    "[applied] the actuator set the limits; [clamped] it set them after its own floors changed one (the "
-    "reason says which); [rejected] it refused; alloc/use (summary) = mean limit / mean use",
+    "stage: the job's own progress (load, train, eval, checkpoint); crbm: the phase the worker's CRBM put it in",
+    "use%: use / limit; limit from: what set the last decision: phase N (that phase's statistics), vpa fallback",
+    "  (the phase policy while its model is cold or the phase new) or vpa; +cpu:step etc.: safety rules that bounded it",
+    "[applied]: the actuator set the limits; [clamped]: set after its own floors changed one; [rejected]: refused",
 )
 
 

@@ -312,7 +312,8 @@ def test_the_view_names_the_crbm_phase_where_limits_came_from_and_the_rules_that
     line = next(line for line in text.splitlines() if line.startswith("charlstm"))
     assert "phase 3 +cpu:step mem:peak" in line
     assert all(legend[:40] in text for legend in LEGEND)
-    assert "[clamped]" in text and "alloc/use" in text
+    assert "[clamped]" in text
+    assert "alloc/use: mean limit / mean use" in summary.format_summary(summarize(records, duration_s=5))
 
 
 @requires_root
