@@ -215,9 +215,9 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
 
 
 def run_bench(args: argparse.Namespace) -> dict:
-    from phasewise.settings import Settings
+    from phasewise.settings import PhaseSettings
 
-    features = Settings(phase_features=args.features).phase_feature_tuple()
+    features = PhaseSettings(features=args.features).feature_tuple()
     workdir = Path(tempfile.mkdtemp(prefix="phasewise-bench-phases-"))
     hosts = _hosts(args.containers, args.per_host)
     from phasewise.streams.worker import single_threaded_torch

@@ -403,7 +403,7 @@ class Demo:
     def _role_env(self, settings: Any, web_port: int) -> dict[str, str]:
         cfg = self.cfg
         return {
-            "PHASEWISE_BOOTSTRAP": settings.bootstrap,
+            "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap,
             "PHASEWISE_HOST": cfg.host,
             "PHASEWISE_CGROUP_ROOT": cfg.cgroup_root,
             "PHASEWISE_CGROUP_PREFIX": cfg.cgroup_prefix,
@@ -636,7 +636,7 @@ def run(args: argparse.Namespace) -> int:
                  recommend_interval_s=args.recommend_interval, vpa_time_scale=args.vpa_time_scale,
                  start_cpu=args.start_cpu, start_mem=args.start_mem, host=base.host, data_dir=base.data_dir,
                  max_restarts=args.max_restarts, log_level=args.log_level or "info", policy=args.policy,
-                 throttle_threshold=base.vpa_throttle_threshold)
+                 throttle_threshold=base.vpa.throttle_threshold)
     if os.geteuid() != 0:
         print(f"phasewise demo: {NEED_ROOT}", file=sys.stderr)
         return 2

@@ -483,7 +483,7 @@ class _InProcessPhase:
         from phasewise.streams.config import detector_config, initial_model
 
         model, self.origin = initial_model(settings)
-        self.interval = float(settings.phase_snapshot_interval_s)
+        self.interval = float(settings.phase.snapshot_interval_s)
         self.frozen = frozen
         self.latest: tuple[Any, Any] | None = None
         self.hooks = PhaseHooks(detector_config(settings), cache, model=model.clone(), version=0,
