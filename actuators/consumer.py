@@ -102,7 +102,7 @@ class Actuator:
         self.clock = clock
         self.sleep = sleep
         #: the working sets this actuator read, for the memory floor's recent peak
-        self.peaks = PeakTracker(settings.safety_peak_window_s)
+        self.peaks = PeakTracker(settings.safety.peak_window_s)
 
     # ------------------------------------------------------------------ one message
 
@@ -125,7 +125,7 @@ class Actuator:
             log.warning("malformed decision at %s[%s]@%s: %s", topic, partition, offset, brief(reason, 300))
             publish_dead_letter(self.producer, source_topic=topic, reason=reason, payload=decision_bytes,
                                 key=key, partition=partition, offset=offset,
-                                max_bytes=self.settings.dead_letter_max_bytes)
+                                max_bytes=self.settings.kafka.dead_letter_max_bytes)
             self.metrics.dead_letters.inc()
             return None
         if d.host != self.settings.host:
@@ -171,7 +171,7 @@ class Actuator:
     def _apply_with_retries(self, p: Planned) -> Outcome:
         s = self.settings
         t0 = time.perf_counter()
-        attempts = max(0, s.apply_retries) + 1
+        attempts = max(0, s.actuator.apply_retries) + 1
         for attempt in range(attempts):
             try:
                 out = self.backend.apply(p.command)
@@ -184,7 +184,7 @@ class Actuator:
                 out = Outcome.failed(f"{out.message} (temporary error; gave up after {attempts} attempts)",
                                      temporary=True, cpu_cores=out.cpu_cores, mem_bytes=out.mem_bytes)
                 break
-            delay = s.apply_retry_backoff_s * 2**attempt
+            delay = s.actuator.apply_retry_backoff_s * 2**attempt
             log.warning("temporary error applying %r (attempt %d/%d), retrying in %.2fs: %s",
                         p.command, attempt + 1, attempts, delay, out.message)
             self.metrics.retries.inc()
@@ -278,10 +278,11 @@ def make_backend(settings: Settings) -> Backend:
     """The backend the settings name; dry-run reads real memory usage when the cgroup tree is there."""
     from phasewise.cgroupfs import CgroupError, CgroupLayout
 
-    if settings.backend == "cgroup":
-        return CgroupBackend(CgroupLayout(settings.cgroup_root, settings.cgroup_prefix))
+    if settings.actuator.backend == "cgroup":
+        return CgroupBackend(CgroupLayout(settings.cgroup.root, settings.cgroup.prefix))
     try:
-        reader = CgroupBackend(CgroupLayout(settings.cgroup_root, settings.cgroup_prefix)).memory_usage
+        layout = CgroupLayout(settings.cgroup.root, settings.cgroup.prefix)
+        reader = CgroupBackend(layout).memory_usage
     except CgroupError:
         reader = None
     return DryRunBackend(usage=reader)
@@ -302,14 +303,15 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
     """
     from phasewise.kafka import ensure_topics, make_consumer, make_producer, wait_for_broker
 
-    if settings.create_topics:
+    if settings.kafka.create_topics:
         if not wait_for_broker(settings, None, stop=stop):
             return
         ensure_topics(settings)
     own_ledger = ledger is None
     if ledger is None:
         ledger = Ledger(ledger_path(settings.data_dir, settings.host),
-                        max_age_s=settings.ledger_max_age_days * 86400, max_rows=settings.ledger_max_rows)
+                        max_age_s=settings.actuator.ledger_max_age_days * 86400,
+                        max_rows=settings.actuator.ledger_max_rows)
     producer = make_producer(settings, on_delivery=_delivery_report)
     consumer = make_consumer(settings, group_id(settings.host))
     actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores)

@@ -14,10 +14,10 @@ The rules, in order:
    ``thaw``); ``terminate`` and ``place`` belong to other components;
 3. a ``limit`` decision must carry at least one limit, each a finite,
    non-negative number;
-4. CPU is clamped into ``[settings.cpu_floor_cores, host cores]``;
-5. memory is never set below ``settings.mem_floor_bytes`` nor below the
+4. CPU is clamped into ``[settings.actuator.cpu_floor_cores, host cores]``;
+5. memory is never set below ``settings.actuator.mem_floor_bytes`` nor below the
    container's current usage, or its recent peak working set when higher,
-   plus ``settings.mem_margin_bytes`` (the worker's safety rules keep the same
+   plus ``settings.actuator.mem_margin_bytes`` (the worker's safety rules keep the same
    floor; the actuator checks it again with the peak the decision declares and
    the working sets it read itself over ``safety_peak_window_s``,
    :class:`PeakTracker`); when the usage is unknown, a memory limit cannot be
@@ -29,7 +29,7 @@ Limits are bounded by composing small rules by wrapping
 
 >>> from phasewise.schemas import MAX_BYTES, Decision
 >>> from phasewise.settings import Settings
->>> s = Settings(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=0, mem_floor_bytes=0)
+>>> s = Settings().replace(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=0, mem_floor_bytes=0)
 >>> d = Decision(id="d1", ts=1.0, host="h1", container="job-a", action="limit",
 ...              policy="vpa", cpu_limit_cores=0.01)
 >>> p = plan(d, exists=True, usage_mem_bytes=None, host_cores=8, settings=s)
@@ -192,19 +192,23 @@ def cpu_rule(settings: Settings, host_cores: float) -> Rule:
     """CPU cores clamped into ``[cpu_floor_cores, host_cores]`` (the floor wins a conflict)."""
     return Floor(
         Cap(Requested("cpu", cores_text), host_cores, "the host's cores"),
-        settings.cpu_floor_cores,
+        settings.actuator.cpu_floor_cores,
         "the CPU floor",
     )
 
 
 def mem_rule(settings: Settings, usage_mem_bytes: float, peak_mem_bytes: float | None = None) -> Rule:
     """Memory never below the static floor nor below current usage (or the recent peak, when higher) + margin."""
-    margin = bytes_text(settings.mem_margin_bytes)
+    a = settings.actuator
+    margin = bytes_text(a.mem_margin_bytes)
     if peak_mem_bytes is not None and peak_mem_bytes > usage_mem_bytes:
-        need, why = peak_mem_bytes + settings.mem_margin_bytes, f"the recent peak {bytes_text(peak_mem_bytes)} + margin {margin}"
+        need = peak_mem_bytes + a.mem_margin_bytes
+        why = f"the recent peak {bytes_text(peak_mem_bytes)} + margin {margin}"
     else:
-        need, why = usage_mem_bytes + settings.mem_margin_bytes, f"current usage {bytes_text(usage_mem_bytes)} + margin {margin}"
-    return Floor(Floor(Requested("memory", bytes_text), settings.mem_floor_bytes, "the memory floor"), need, why)
+        need = usage_mem_bytes + a.mem_margin_bytes
+        why = f"current usage {bytes_text(usage_mem_bytes)} + margin {margin}"
+    floor = Floor(Requested("memory", bytes_text), a.mem_floor_bytes, "the memory floor")
+    return Floor(floor, need, why)
 
 
 class PeakTracker:

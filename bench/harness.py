@@ -188,14 +188,11 @@ def safety_env(on: bool, scale: float = 1 / 30) -> dict[str, str]:
     bench's minutes of backlog (the live 900 s of history, 300 s cooldown and 3600 s peak window become
     30 s, 10 s and 120 s: longer than the square waves' periods, so the rules work as live, on a run the
     length of a bench), or off (``--safety off``: what they cost)."""
-    import dataclasses
-
-    from phasewise.settings import Settings
+    from phasewise.settings import SPECS
 
     if not on:
         return {"PHASEWISE_SAFETY_RULES": "false"}
-    defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
     out = {"PHASEWISE_SAFETY_RULES": "true"}
     for k in ("safety_min_history_s", "safety_cooldown_s", "safety_peak_window_s"):
-        out[f"PHASEWISE_{k.upper()}"] = repr(defaults[k] * scale)
+        out[SPECS[k].env] = repr(SPECS[k].default * scale)
     return out

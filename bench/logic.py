@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--containers", type=int, default=1000)
     p.add_argument("--per-host", type=int, default=100)
     p.add_argument("--ticks", type=int, default=60)
-    p.add_argument("--recommend-interval", type=float, default=5.0,
+    p.add_argument("--recommend-interval", type=float,
+                   default=Settings.default("recommend_interval_s"),
                    help="seconds (= ticks) between a container's recommendations")
 
 

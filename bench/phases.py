@@ -74,7 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the worker's safety rules (default on, their windows scaled to the bench's minutes; "
                         "off: to measure what they cost)")
     p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
-    p.add_argument("--features", default="cpu,mem", type=arg_type(parse_str, SPECS["phase_features"].validate),
+    features = SPECS["phase_features"]
+    p.add_argument("--features", default=features.default,
+                   type=arg_type(parse_str, features.validate),
                    help="the detector's frame features (the worker's phase_features): cpu,mem or with gpu,gpu_mem "
                         "(the samples then carry GPU use following the same square waves)")
     p.add_argument("--json", action="store_true")
@@ -215,9 +217,9 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
 
 
 def run_bench(args: argparse.Namespace) -> dict:
-    from phasewise.settings import Settings
+    from phasewise.settings import PhaseSettings
 
-    features = Settings(phase_features=args.features).phase_feature_tuple()
+    features = PhaseSettings(features=args.features).feature_tuple()
     workdir = Path(tempfile.mkdtemp(prefix="phasewise-bench-phases-"))
     hosts = _hosts(args.containers, args.per_host)
     from phasewise.streams.worker import single_threaded_torch

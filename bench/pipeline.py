@@ -72,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-host", type=count, default=100, help="containers per host message")
     p.add_argument("--latency-seconds", type=seconds, default=20.0)
     p.add_argument("--raw-messages", type=count, default=20000)
-    p.add_argument("--policy", choices=POLICIES, default="vpa",
+    p.add_argument("--policy", choices=POLICIES, default=Settings.default("policy"),
                    help="the worker's policy (phase: the CRBM detector with its VPA fallback, starting from the "
                         "shipped pretrained model)")
     p.add_argument("--safety", choices=["on", "off"], default="on",

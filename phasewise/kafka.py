@@ -216,8 +216,8 @@ def kafka_log(bootstrap: str) -> KafkaLog:
 
 
 def _client_conf(settings: Settings) -> dict[str, Any]:
-    klog = kafka_log(settings.bootstrap)
-    return {**settings.kafka_common(), "logger": klog, "error_cb": klog.error}
+    klog = kafka_log(settings.kafka.bootstrap)
+    return {**settings.kafka.common(), "logger": klog, "error_cb": klog.error}
 
 
 def make_admin(settings: Settings, **extra: Any) -> AdminClient:
@@ -233,7 +233,7 @@ def wait_for_broker(settings: Settings, timeout_s: float | None = 30.0, *, stop:
     *stop*.
     """
     admin = make_admin(settings) if admin is None else admin
-    klog = kafka_log(settings.bootstrap)
+    klog = kafka_log(settings.kafka.bootstrap)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last: Exception | None = None
     while True:
@@ -250,8 +250,8 @@ def wait_for_broker(settings: Settings, timeout_s: float | None = 30.0, *, stop:
             return False
         if deadline is not None and time.monotonic() >= deadline:
             why = klog.reason or (last.args[0].str() if last and last.args else str(last))
-            raise BrokerUnavailable(f"no Kafka broker answered at {settings.bootstrap} within {timeout_s:g} s "
-                                    f"({why})")
+            raise BrokerUnavailable(f"no Kafka broker answered at {settings.kafka.bootstrap} "
+                                    f"within {timeout_s:g} s ({why})")
         if stop is not None:
             stop.wait(0.2)
         else:
@@ -267,7 +267,7 @@ def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS, timeout_
     for t in topics:
         if t.name in existing:
             continue
-        n = settings.topic_partitions or t.partitions
+        n = settings.kafka.topic_partitions or t.partitions
         config = {"cleanup.policy": "compact"} if t.compacted else {}
         new.append(NewTopic(t.name, num_partitions=n, replication_factor=-1, config=config))
     created = []
@@ -300,11 +300,11 @@ def make_consumer(settings: Settings, group_id: str, **extra: Any) -> Consumer:
     conf = {
         **_client_conf(settings),
         "group.id": group_id,
-        "session.timeout.ms": settings.session_timeout_ms,
-        "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+        "session.timeout.ms": settings.kafka.session_timeout_ms,
+        "heartbeat.interval.ms": settings.kafka.heartbeat_interval_ms,
         "auto.offset.reset": "earliest",
         "enable.auto.commit": False,
-        "fetch.wait.max.ms": settings.fetch_wait_max_ms,
+        "fetch.wait.max.ms": settings.kafka.fetch_wait_max_ms,
         **extra,
     }
     return Consumer(conf)
@@ -315,9 +315,8 @@ REASON_MAX_CHARS = 2000
 KEY_MAX_BYTES = 1024
 
 
-#: ``Settings().dead_letter_max_bytes``
-DEAD_LETTER_MAX_BYTES: int = next(f.default for f in dataclasses.fields(Settings)
-                                  if f.name == "dead_letter_max_bytes")
+#: the ``dead_letter_max_bytes`` setting's default
+DEAD_LETTER_MAX_BYTES: int = Settings.default("dead_letter_max_bytes")
 
 
 def _head(raw: bytes, n: int) -> bytes:

@@ -4,13 +4,33 @@ The environment is read only here, at the edge (:meth:`Settings.from_env`);
 everything else receives a :class:`Settings`. Flags override the environment,
 which overrides the defaults. Every process prints its settings at start-up.
 
-Each field declares, next to itself (:func:`setting`), how a text becomes its
-value (``parse``), which values it takes (``check``, ``choices``), its flag and
-its help. The environment (:meth:`Settings.from_env`), the flags
+The settings come in frozen groups, one per role or concern
+(:class:`KafkaSettings`, :class:`CgroupSettings`, :class:`ProducerSettings`,
+:class:`WorkerSettings`, :class:`VpaSettings`, :class:`PhaseSettings`,
+:class:`SafetySettings`, :class:`ActuatorSettings`), held by :class:`Settings`
+next to the few every role reads (host, log level, data directory, metrics
+port). Code reads a setting through its group (``settings.vpa.time_scale``);
+users name it flat (``vpa_time_scale``, ``PHASEWISE_VPA_TIME_SCALE``): a group's
+``PREFIX`` + the field's name, or the name the field declares. Each group
+checks itself when made: every field, then the rules between its fields.
+
+Each field declares, next to itself (:func:`setting`), its default, how a text
+becomes its value (``parse``), which values it takes (``check``, ``choices``),
+its flag and its help. The environment (:meth:`Settings.from_env`), the flags
 (:func:`arg_type`, ``choices``) and direct construction all go through that one
 declaration, so ``64Mi`` or ``nan`` is taken or refused the same way wherever it
-comes from. A refused value raises :class:`SettingsError`, which names the
-setting as the user gave it (``PHASEWISE_INTERVAL_S``, ``--interval``) and why.
+comes from, and code that needs a default reads it (:meth:`Settings.default`).
+A refused value raises :class:`SettingsError`, which names the setting as the
+user gave it (``PHASEWISE_INTERVAL_S``, ``--interval``) and why.
+
+Not pydantic-settings: keeping today's flat variable names for nested groups
+would take a custom source or an alias per field (its nested form is
+``PHASEWISE_VPA__TIME_SCALE``); its parsing differs from ours (``nan``, ``inf``
+and ``t``/``y`` are taken as numbers and booleans unless each field says
+otherwise; sizes such as ``64Mi`` need a validator anyway); its errors are
+multi-line and would be rewritten into the one-line form; the flags stay
+argparse; and every role, the host agent included, would install pydantic and
+its compiled core for what is here a few dozen lines of layering.
 """
 
 from __future__ import annotations
@@ -25,10 +45,11 @@ import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "BACKENDS",
+    "GROUPS",
     "LIMITED_FEATURES",
     "LOG_LEVELS",
     "PHASE_FEATURES",
@@ -36,9 +57,17 @@ __all__ = [
     "POLICIES",
     "SPECS",
     "VPA_UPDATE_MODES",
+    "ActuatorSettings",
+    "CgroupSettings",
+    "KafkaSettings",
+    "PhaseSettings",
+    "ProducerSettings",
+    "SafetySettings",
     "Settings",
     "SettingsError",
     "Spec",
+    "VpaSettings",
+    "WorkerSettings",
     "arg_type",
     "parse_size",
     "setting",
@@ -166,10 +195,13 @@ def at_least(lo: float) -> Callable[[Any], None]:
     return check
 
 
-def in_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Callable[[Any], None]:
+def in_range(lo: float, hi: float, *, lo_open: bool = False,
+             hi_open: bool = False) -> Callable[[Any], None]:
+    interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
     def check(v: Any) -> None:
         if not ((lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)):
-            raise ValueError(f"must be in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}")
+            raise ValueError(f"must be in {interval}, got {v!r}")
     return check
 
 
@@ -198,13 +230,14 @@ def feature_tuple(text: str) -> tuple[str, ...]:
     got = [f.strip() for f in text.split(",") if f.strip()]
     unknown = sorted(set(got) - set(PHASE_FEATURES))
     if unknown:
-        raise ValueError(f"unknown feature(s) {', '.join(unknown)}; choose from {','.join(PHASE_FEATURES)}")
+        raise ValueError(f"unknown feature(s) {', '.join(unknown)}; "
+                         f"choose from {','.join(PHASE_FEATURES)}")
     if len(set(got)) != len(got):
         raise ValueError(f"lists a feature twice: {text!r}")
     missing = [f for f in LIMITED_FEATURES if f not in got]
     if missing:
-        raise ValueError(f"must hold {','.join(LIMITED_FEATURES)} (the resources the phase policy limits); "
-                         f"{','.join(missing)} missing in {text!r}")
+        raise ValueError(f"must hold {','.join(LIMITED_FEATURES)} (the resources the phase policy "
+                         f"limits); {','.join(missing)} missing in {text!r}")
     return tuple(f for f in PHASE_FEATURES if f in got)
 
 
@@ -252,23 +285,32 @@ _KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], None]]] = {
 }
 
 _META = "phasewise"
+_GROUP = "phasewise-group"
 
 
 def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None,
             parse: Callable[[str], Any] | None = None, check: Callable[[Any], None] | None = None,
-            choices: tuple[str, ...] | None = None, flag: str | None = None, help: str = "") -> Any:
-    """A :class:`Settings` field with how it is read and checked.
+            choices: tuple[str, ...] | None = None, flag: str | None = None, help: str = "",
+            name: str | None = None) -> Any:
+    """A settings field with how it is read and checked.
 
     *parse*: text (environment, flag) -> value, raising ValueError(why); default
     by the field's type (``int``, ``float`` finite, ``bool``, ``str``).
     *check*: value -> None, raising ValueError(why). *choices*: the only values
     taken (argparse ``choices`` too). *flag*: the command-line flag, where a
-    role has one. *help*: one line for ``--help``.
+    role has one. *help*: one line for ``--help``. *name*: the setting's name
+    (``PHASEWISE_<NAME>``) where it is not the group's prefix + the field's name.
     """
-    meta = {_META: {"parse": parse, "check": check, "choices": choices, "flag": flag, "help": help}}
+    meta = {_META: {"parse": parse, "check": check, "choices": choices, "flag": flag, "help": help,
+                    "name": name}}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def group(cls: type) -> Any:
+    """A :class:`Settings` field holding one group of settings (its defaults unless given)."""
+    return dataclasses.field(default_factory=cls, metadata={_GROUP: True})
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,10 +325,19 @@ class Spec:
     choices: tuple[str, ...] | None
     flag: str | None
     help: str
+    #: the field: ``Settings.<group>.<field>``, or ``Settings.<field>`` where *group* is None
+    field: str
+    #: the default (``dataclasses.MISSING`` where *factory* computes it)
+    default: Any
+    factory: Callable[[], Any] | None = None
+    group: str | None = None
 
     @property
     def env(self) -> str:
         return ENV_PREFIX + self.name.upper()
+
+    def default_value(self) -> Any:
+        return self.factory() if self.factory is not None else self.default
 
     def validate(self, value: Any) -> None:
         """ValueError(why) unless *value* is one this setting takes."""
@@ -303,203 +354,370 @@ class Spec:
         return value
 
 
-def _spec(f: dataclasses.Field) -> Spec:
+def _spec(f: dataclasses.Field, prefix: str) -> Spec:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     default_parse, type_check = _KINDS.get(kind, (parse_str, lambda v: None))
     meta = f.metadata.get(_META, {})
-    return Spec(name=f.name, kind=kind, parse=meta.get("parse") or default_parse, type_check=type_check,
+    factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
+    return Spec(name=meta.get("name") or prefix + f.name, kind=kind,
+                parse=meta.get("parse") or default_parse, type_check=type_check,
                 check=meta.get("check"), choices=meta.get("choices"), flag=meta.get("flag"),
-                help=meta.get("help", ""))
+                help=meta.get("help", ""), field=f.name, default=f.default, factory=factory)
+
+
+_OWN_SPECS: dict[type, tuple[Spec, ...]] = {}
+
+
+def _own_specs(cls: type) -> tuple[Spec, ...]:
+    """The settings a group (or :class:`Settings`) declares itself, in field order."""
+    specs = _OWN_SPECS.get(cls)
+    if specs is None:
+        prefix = getattr(cls, "PREFIX", "")
+        specs = tuple(_spec(f, prefix) for f in fields(cls) if _GROUP not in f.metadata)
+        _OWN_SPECS[cls] = specs
+    return specs
+
+
+class _Group:
+    """A frozen group of settings that validates itself when made.
+
+    Each field against its declaration, then the rules between the group's
+    fields (:meth:`_rules`); a refused value raises :class:`SettingsError`
+    naming the setting (``vpa_time_scale``). ``PREFIX`` + a field's name is its
+    setting's name unless the field declares ``name=``.
+    """
+
+    __slots__ = ()
+    PREFIX: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for spec in _own_specs(type(self)):
+            try:
+                spec.validate(getattr(self, spec.field))
+            except ValueError as e:
+                raise SettingsError(spec.name, str(e)) from None
+        self._rules()
+
+    def _rules(self) -> None:
+        """SettingsError if the group's fields break a rule between them."""
+
+
+# --------------------------------------------------------------------------- the groups
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
-    # --- Kafka
+class KafkaSettings(_Group):
+    """Every Kafka client: the brokers, the consumer group's timing, topics, dead letters."""
+
     bootstrap: str = setting("127.0.0.1:9092", check=non_empty, flag="--bootstrap",
                              help="Kafka bootstrap address(es), comma-separated")
     #: consumer session timeout; the embedded broker completes a group join
     #: after about half of it, so local runs keep it short
-    session_timeout_ms: int = setting(6000, check=above(0), help="consumer group session timeout, ms")
+    session_timeout_ms: int = setting(6000, check=above(0),
+                                      help="consumer group session timeout, ms")
     heartbeat_interval_ms: int = setting(1500, check=above(0), help="consumer group heartbeat, ms")
     #: longest a fetch waits for data; the embedded broker does not answer a
     #: waiting fetch when data arrives, so this bounds end-to-end latency there
     #: (on Kafka it only bounds idle round trips)
-    fetch_wait_max_ms: int = setting(20, check=at_least(0), help="longest a fetch waits for data, ms")
+    fetch_wait_max_ms: int = setting(20, check=at_least(0),
+                                     help="longest a fetch waits for data, ms")
     create_topics: bool = setting(True, help="create missing topics at start-up")
     topic_partitions: int = setting(0, check=at_least(0), flag="--partitions",
-                                    help="every topic's partition count (0 = each topic's documented default)")
-    # --- identity
-    host: str = setting(factory=socket.gethostname, check=non_empty, flag="--host", help="this host's name")
-    # --- producer (host agent)
-    interval_s: float = setting(1.0, check=above(0), flag="--interval", help="seconds between samples")
-    cgroup_root: str = setting("/sys/fs/cgroup", check=non_empty, flag="--cgroup-root",
-                               help="cgroup mount: a v2 mount or a directory of v1 hierarchies")
-    cgroup_prefix: str = setting("phasewise", check=relative_cgroup_path, flag="--cgroup-prefix",
-                                 help="managed containers are the cgroups directly under <root>/[<controller>/]<prefix>/")
+                                    help="every topic's partition count "
+                                         "(0 = each topic's documented default)")
+    #: a dead letter (key and value) takes at most this many bytes: a payload that would not fit is
+    #: cut and the dead letter says so (``truncated``). It must fit the broker's message size limit
+    #: (Kafka's default: 1 MB; the producers' librdkafka default: 1,000,000 bytes)
+    dead_letter_max_bytes: int = setting(900_000, parse=parse_size,
+                                         check=in_range(16_384, 1_000_000),
+                                         help="largest dead letter, bytes "
+                                              "(fits the broker's message size)")
+
+    def _rules(self) -> None:
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise SettingsError("heartbeat_interval_ms", f"must be below session_timeout_ms "
+                                f"({self.session_timeout_ms}), got {self.heartbeat_interval_ms}")
+
+    def common(self) -> dict[str, Any]:
+        """The configuration every Kafka client of phasewise starts from."""
+        return {"bootstrap.servers": self.bootstrap}
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupSettings(_Group):
+    """Where the managed containers' cgroups are (the host agent and the actuator)."""
+
+    PREFIX: ClassVar[str] = "cgroup_"
+
+    root: str = setting("/sys/fs/cgroup", check=non_empty, flag="--cgroup-root",
+                        help="cgroup mount: a v2 mount or a directory of v1 hierarchies")
+    prefix: str = setting("phasewise", check=relative_cgroup_path, flag="--cgroup-prefix",
+                          help="managed containers are the cgroups directly under "
+                               "<root>/[<controller>/]<prefix>/")
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSettings(_Group):
+    """The host agent (``phasewise produce``)."""
+
+    interval_s: float = setting(1.0, check=above(0), flag="--interval",
+                                help="seconds between samples")
     buffer_max_messages: int = setting(10_000, check=at_least(1),
-                                       help="messages kept while the broker is away (the oldest dropped beyond)")
-    # --- worker
-    worker_id: str = setting("phasewise-worker", check=non_empty, flag="--worker-id",
-                             help="Faust app id = consumer group of all workers")
-    data_dir: str = setting("/tmp/phasewise", check=non_empty, flag="--data-dir",
-                            help="worker state, actuator ledger, demo run directories")
-    web_port: int = setting(6066, check=port, flag="--web-port", help="Faust web port, 0 = no web server")
-    policy: str = setting("vpa", choices=POLICIES, flag="--policy",
-                          help="vpa: VPA limits; phase: limits from the shared CRBM phase model with VPA as "
-                               "the fallback")
-    recommend_interval_s: float = setting(5.0, check=at_least(0), flag="--recommend-interval",
-                                          help="seconds of event time between a container's recommendations, "
-                                               "0 = after every sample")
-    hysteresis: float = setting(0.10, check=in_range(0, 1, hi_open=True), flag="--hysteresis",
-                                help="relative change of a limit needed for a decision")
-    # --- actuator
-    backend: str = setting("cgroup", choices=BACKENDS, flag="--backend",
-                           help="cgroup: write cgroup files; dry-run: log and report only")
-    cpu_floor_cores: float = setting(0.05, check=above(0), flag="--cpu-floor",
-                                     help="never set a CPU limit below this many cores")
-    mem_margin_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0), flag="--mem-margin",
-                                    help="memory limit >= current usage + this, e.g. 64Mi")
-    mem_floor_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0), flag="--mem-floor",
-                                   help="never set a memory limit below this, e.g. 64Mi")
-    metrics_port: int = setting(0, check=port, flag="--metrics-port", help="Prometheus port, 0 = none")
-    log_level: str = setting("info", choices=LOG_LEVELS, flag="--log-level", help="log level")
-    #: worker: only these hosts' samples are processed (comma-separated; empty = all)
-    worker_hosts: str = setting("", help="process only these hosts' samples (comma-separated; empty = all)")
-    #: worker, vpa policy: "bounds" acts like the VPA updater (a limit changes only when the
-    #: one in force lies outside the recommender's [lower, upper] confidence bounds, then to
-    #: the target); "hysteresis" follows the target whenever it moves by more than hysteresis
-    vpa_update_mode: str = setting("bounds", choices=VPA_UPDATE_MODES,
-                                   help="when a VPA limit changes: outside the confidence bounds, or past "
-                                        "the hysteresis")
-    # --- actuator (appended)
-    #: ledger of applied decision ids: keep entries this long (must exceed the
-    #: decisions topic's retention) and at most this many
-    ledger_max_age_days: float = setting(30.0, check=above(0), help="days applied decision ids are kept")
-    ledger_max_rows: int = setting(100_000, check=at_least(1), help="applied decision ids kept at most")
-    #: temporary backend errors: retries after the first attempt, first backoff (doubles)
-    apply_retries: int = setting(3, check=at_least(0), help="retries after a temporary backend error")
-    apply_retry_backoff_s: float = setting(0.2, check=at_least(0), help="first retry delay, s (doubles)")
-    # --- producer (host agent), appended
+                                       help="messages kept while the broker is away "
+                                            "(the oldest dropped beyond)")
     #: seconds the host agent spends flushing buffered samples at shutdown
     flush_timeout_s: float = setting(5.0, check=at_least(0), flag="--flush-timeout",
                                      help="seconds to flush buffered samples at shutdown")
     #: where the host agent reads /proc/<pid>/cgroup to attribute GPU processes
-    proc_root: str = setting("/proc", check=non_empty, help="proc mount, to map GPU processes to containers")
-    # --- worker: VPA recommender (appended)
-    #: multiplies every VPA duration (24 h half-lives, memory interval, confidence
-    #: interval): 1 = Kubernetes VPA; 0.001 = a VPA "day" lasts 86.4 s (demo, tests)
-    vpa_time_scale: float = setting(1.0, check=above(0), flag="--vpa-time-scale",
-                                    help="multiply VPA's 24 h half-lives and intervals by this (1 = Kubernetes "
-                                         "VPA; 0.001 = a day in 86.4 s)")
-    #: floors of every recommendation (VPA: 25 millicores, 250 MiB)
-    vpa_min_cpu_cores: float = setting(0.025, check=at_least(0), help="VPA's minimum CPU recommendation, cores")
-    vpa_min_mem_bytes: int = setting(250 * 2**20, parse=parse_size, check=at_least(0),
-                                     help="VPA's minimum memory recommendation, e.g. 250Mi")
-    #: phasewise's throttling bump: a sample throttled in more than this share of
-    #: CFS periods is recorded as limit * (1 + vpa_throttle_bump)
-    vpa_throttle_threshold: float = setting(0.1, check=in_range(0, 1),
-                                            help="share of throttled CFS periods above which a CPU sample is "
-                                                 "censored")
-    vpa_throttle_bump: float = setting(0.5, check=at_least(0), help="a censored CPU sample counts as "
-                                                                     "limit x (1 + bump)")
+    proc_root: str = setting("/proc", check=non_empty,
+                             help="proc mount, to map GPU processes to containers")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings(_Group):
+    """The stream worker (``phasewise worker``), whatever its policy."""
+
+    id: str = setting("phasewise-worker", check=non_empty, flag="--worker-id", name="worker_id",
+                      help="Faust app id = consumer group of all workers")
+    web_port: int = setting(6066, check=port, flag="--web-port",
+                            help="Faust web port, 0 = no web server")
+    policy: str = setting("vpa", choices=POLICIES, flag="--policy",
+                          help="vpa: VPA limits; phase: limits from the shared CRBM phase model "
+                               "with VPA as the fallback")
+    recommend_interval_s: float = setting(5.0, check=at_least(0), flag="--recommend-interval",
+                                          help="seconds of event time between a container's "
+                                               "recommendations, 0 = after every sample")
+    hysteresis: float = setting(0.10, check=in_range(0, 1, hi_open=True), flag="--hysteresis",
+                                help="relative change of a limit needed for a decision")
+    #: only these hosts' samples are processed (comma-separated; empty = all)
+    hosts: str = setting("", name="worker_hosts",
+                         help="process only these hosts' samples (comma-separated; empty = all)")
     #: the worker persists a container's state (a changelogged table write, ~300 us)
     #: when it decides, else at most once per this many seconds of event time
     #: (checked at recommendation steps); samples since the last write are lost
     #: if the worker dies
     state_write_interval_s: float = setting(30.0, check=at_least(0),
-                                            help="seconds of event time between a container's table writes")
-    # --- worker: live phase path, --policy phase (appended)
-    #: the phase learner publishes a model snapshot this often (when it learned something)
-    phase_snapshot_interval_s: float = setting(30.0, check=above(0), flag="--snapshot-interval",
-                                               help="--policy phase: seconds between the learner's model "
-                                                    "snapshots")
-    #: detectors send every this many ready windows (fleet-wide) to the learner
-    phase_learn_every: int = setting(10, check=at_least(1), flag="--learn-every",
-                                     help="--policy phase: detectors send every k-th ready window to the learner")
-    #: windows the CRBM of a cold model learns before phases are assigned
-    phase_warmup: int = setting(256, check=at_least(0), flag="--phase-warmup",
-                                help="--policy phase: windows a cold CRBM learns before phases are assigned")
-    #: relative: a phase limit is the container's level (decaying max of its own
-    #: usage) x the phase's quantile of usage/level x (1 + margin); absolute: the
-    #: phase's pooled usage quantile x (1 + margin) (the design before; worse in replay)
-    phase_statistics: str = setting("relative", choices=PHASE_STATISTICS, flag="--phase-statistics",
-                                    help="--policy phase: limits from the container's level x the phase's "
-                                         "quantile of usage/level (relative) or the phase's pooled usage "
-                                         "quantile (absolute)")
-    # --- worker: forgetting containers (appended)
+                                            help="seconds of event time between a container's "
+                                                 "table writes")
     #: a container with no sample for this long (event time) is dropped from the
     #: worker's memory and tables (VPA garbage-collects after 8 days); 0 = never
     container_ttl_s: float = setting(691_200.0, check=at_least(0), flag="--container-ttl",
-                                     help="seconds of event time without a sample after which a container is "
-                                          "forgotten, 0 = never")
-    # --- worker: live phase path, learner batches (appended)
+                                     help="seconds of event time without a sample after which a "
+                                          "container is forgotten, 0 = never")
+    #: the samples agent takes up to this many messages at a time and steps the
+    #: containers of distinct hosts together (vectorised: ~half the cost per sample)
+    batch_max: int = setting(16, check=at_least(1), name="worker_batch_max",
+                             help="messages the samples agent steps together")
+    #: ... waiting at most this long for them to arrive (adds at most this to latency)
+    batch_wait_ms: float = setting(5.0, check=at_least(0), name="worker_batch_wait_ms",
+                                   help="longest wait for such a batch, ms")
+
+    def host_set(self) -> frozenset[str]:
+        """``worker_hosts`` as a set (empty: every host)."""
+        return frozenset(h.strip() for h in self.hosts.split(",") if h.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class VpaSettings(_Group):
+    """The worker's VPA recommender and updater (``--policy vpa``; the phase policy's fallback)."""
+
+    PREFIX: ClassVar[str] = "vpa_"
+
+    #: multiplies every VPA duration (24 h half-lives, memory interval, confidence
+    #: interval): 1 = Kubernetes VPA; 0.001 = a VPA "day" lasts 86.4 s (demo, tests)
+    time_scale: float = setting(1.0, check=above(0), flag="--vpa-time-scale",
+                                help="multiply VPA's 24 h half-lives and intervals by this "
+                                     "(1 = Kubernetes VPA; 0.001 = a day in 86.4 s)")
+    #: floors of every recommendation (VPA: 25 millicores, 250 MiB)
+    min_cpu_cores: float = setting(0.025, check=at_least(0),
+                                   help="VPA's minimum CPU recommendation, cores")
+    min_mem_bytes: int = setting(250 * 2**20, parse=parse_size, check=at_least(0),
+                                 help="VPA's minimum memory recommendation, e.g. 250Mi")
+    #: phasewise's throttling bump: a sample throttled in more than this share of
+    #: CFS periods is recorded as limit * (1 + vpa_throttle_bump)
+    throttle_threshold: float = setting(0.1, check=in_range(0, 1),
+                                        help="share of throttled CFS periods above which a CPU "
+                                             "sample is censored")
+    throttle_bump: float = setting(0.5, check=at_least(0), help="a censored CPU sample counts as "
+                                                                 "limit x (1 + bump)")
+    #: "bounds" acts like the VPA updater (a limit changes only when the one in
+    #: force lies outside the recommender's [lower, upper] confidence bounds, then
+    #: to the target); "hysteresis" follows the target whenever it moves by more
+    #: than hysteresis
+    update_mode: str = setting("bounds", choices=VPA_UPDATE_MODES,
+                               help="when a VPA limit changes: outside the confidence bounds, "
+                                    "or past the hysteresis")
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSettings(_Group):
+    """The worker's live phase path (``--policy phase``): detectors, learner, limits."""
+
+    PREFIX: ClassVar[str] = "phase_"
+
+    #: the phase learner publishes a model snapshot this often (when it learned something)
+    snapshot_interval_s: float = setting(30.0, check=above(0), flag="--snapshot-interval",
+                                         help="--policy phase: seconds between the learner's model "
+                                              "snapshots")
+    #: detectors send every this many ready windows (fleet-wide) to the learner
+    learn_every: int = setting(10, check=at_least(1), flag="--learn-every",
+                               help="--policy phase: detectors send every k-th ready window to "
+                                    "the learner")
+    #: windows the CRBM of a cold model learns before phases are assigned
+    warmup: int = setting(256, check=at_least(0), flag="--phase-warmup",
+                          help="--policy phase: windows a cold CRBM learns before phases are "
+                               "assigned")
+    #: relative: a phase limit is the container's level (decaying max of its own
+    #: usage) x the phase's quantile of usage/level x (1 + margin); absolute: the
+    #: phase's pooled usage quantile x (1 + margin) (the design before; worse in replay)
+    statistics: str = setting("relative", choices=PHASE_STATISTICS, flag="--phase-statistics",
+                              help="--policy phase: limits from the container's level x the "
+                                   "phase's quantile of usage/level (relative) or the phase's "
+                                   "pooled usage quantile (absolute)")
     #: detectors hold learn windows until this many are ready and send them as
     #: one batch (also a partial one at every offset commit); the learner makes
     #: one CD step per batch (a step costs ~0.7 ms however small its batch),
     #: steps of 16 windows while the model is cold
-    phase_learn_batch: int = setting(128, check=at_least(1), flag="--learn-batch",
-                                     help="--policy phase: learn windows go to the learner in batches of this "
-                                          "many, one CD step each")
-    # --- worker: message batches (appended)
-    #: the samples agent takes up to this many messages at a time and steps the
-    #: containers of distinct hosts together (vectorised: ~half the cost per sample)
-    worker_batch_max: int = setting(16, check=at_least(1), help="messages the samples agent steps together")
-    #: ... waiting at most this long for them to arrive (adds at most this to latency)
-    worker_batch_wait_ms: float = setting(5.0, check=at_least(0), help="longest wait for such a batch, ms")
-    # --- worker: live phase path, frame features (appended)
-    #: --policy phase: the CRBM's frame features, a comma list of PHASE_FEATURES
-    #: that holds cpu and mem (the limited resources); add gpu,gpu_mem on GPU
-    #: hosts (host agents with NVML report them per container; a container
-    #: without a GPU has them missing). The shipped pretrained model is
-    #: cpu,mem: any other set starts cold and is a different model on the topic
-    phase_features: str = setting("cpu,mem", check=_check_features, flag="--phase-features",
-                                  help="--policy phase: the CRBM's frame features, a comma list of "
-                                       "cpu,mem,gpu,gpu_mem holding cpu and mem (add gpu,gpu_mem on GPU hosts)")
-    #: --policy phase, no snapshot on the models topic yet: start from the shipped
-    #: model pretrained on the AI4DL sample (when phase_features is cpu,mem);
-    #: false = start cold (replay sets it so, unless asked: a trace must not be
-    #: scored by a model that saw it)
-    phase_pretrained: bool = setting(True, help="--policy phase: start from the shipped pretrained model")
-    #: --policy phase, relative statistics: a phase's quantile of usage/level is
-    #: used up to this, so a limit is at most level x cap x (1 + margin); 0 = no
-    #: cap (uncapped, start-up ramps made limits several times the use in replay)
-    phase_ratio_cap: float = setting(1.5, check=at_least(0),
-                                     help="--policy phase: cap on a phase's quantile of usage/level (0 = no cap)")
-    # --- worker: safety rules every live decision passes, whatever the policy (models/guard.py)
+    learn_batch: int = setting(128, check=at_least(1), flag="--learn-batch",
+                               help="--policy phase: learn windows go to the learner in batches "
+                                    "of this many, one CD step each")
+    #: the CRBM's frame features, a comma list of PHASE_FEATURES that holds cpu
+    #: and mem (the limited resources); add gpu,gpu_mem on GPU hosts (host
+    #: agents with NVML report them per container; a container without a GPU
+    #: has them missing). The shipped pretrained model is cpu,mem: any other
+    #: set starts cold and is a different model on the topic
+    features: str = setting("cpu,mem", check=_check_features, flag="--phase-features",
+                            help="--policy phase: the CRBM's frame features, a comma list of "
+                                 "cpu,mem,gpu,gpu_mem holding cpu and mem (add gpu,gpu_mem on "
+                                 "GPU hosts)")
+    #: no snapshot on the models topic yet: start from the shipped model
+    #: pretrained on the AI4DL sample (when features is cpu,mem); false = start
+    #: cold (replay sets it so, unless asked: a trace must not be scored by a
+    #: model that saw it)
+    pretrained: bool = setting(True, help="--policy phase: start from the shipped pretrained model")
+    #: relative statistics: a phase's quantile of usage/level is used up to this,
+    #: so a limit is at most level x cap x (1 + margin); 0 = no cap (uncapped,
+    #: start-up ramps made limits several times the use in replay)
+    ratio_cap: float = setting(1.5, check=at_least(0),
+                               help="--policy phase: cap on a phase's quantile of usage/level "
+                                    "(0 = no cap)")
+
+    def feature_tuple(self) -> tuple[str, ...]:
+        """``phase_features`` parsed, in :data:`PHASE_FEATURES` order.
+
+        >>> PhaseSettings(features="gpu_mem, mem,cpu").feature_tuple()
+        ('cpu', 'mem', 'gpu_mem')
+        """
+        return feature_tuple(self.features)
+
+
+@dataclass(frozen=True, slots=True)
+class SafetySettings(_Group):
+    """The safety rules every live decision of the worker passes, whatever the policy.
+
+    :mod:`phasewise.models.guard` applies them.
+    """
+
+    PREFIX: ClassVar[str] = "safety_"
+
     #: on: every decision of the worker passes the rules below; off only to replay what a bare
     #: policy decides (replay turns it off unless --safety)
-    safety_rules: bool = setting(True, help="every decision of the worker passes the safety rules")
+    rules: bool = setting(True, help="every decision of the worker passes the safety rules")
     #: no limit is lowered (nor first set on an unlimited container) before this much history
-    safety_min_history_s: float = setting(900.0, check=at_least(0),
-                                          help="no limit is lowered before this many seconds of history")
-    #: at most one decrease per resource per this long; no memory decrease this long after an OOM kill
-    safety_cooldown_s: float = setting(300.0, check=at_least(0),
-                                       help="seconds between two decreases of a resource (and after an OOM kill)")
+    min_history_s: float = setting(900.0, check=at_least(0),
+                                   help="no limit is lowered before this many seconds of history")
+    #: at most one decrease per resource per this long; no memory decrease this long after
+    #: an OOM kill
+    cooldown_s: float = setting(300.0, check=at_least(0),
+                                help="seconds between two decreases of a resource "
+                                     "(and after an OOM kill)")
     #: one decision lowers a limit by at most this fraction of the limit in force
-    safety_max_decrease: float = setting(0.25, check=in_range(0, 1, lo_open=True),
-                                         help="largest fraction of a limit one decision takes away")
-    #: memory limits never go below the container's peak working set over this long + mem_margin_bytes
-    safety_peak_window_s: float = setting(3600.0, check=above(0),
-                                          help="memory limits stay above the peak working set of this many "
-                                               "seconds + mem_margin_bytes")
-    # --- every consumer: dead letters
-    #: a dead letter (key and value) takes at most this many bytes: a payload that would not fit is
-    #: cut and the dead letter says so (``truncated``). It must fit the broker's message size limit
-    #: (Kafka's default: 1 MB; the producers' librdkafka default: 1,000,000 bytes)
-    dead_letter_max_bytes: int = setting(900_000, parse=parse_size, check=in_range(16_384, 1_000_000),
-                                         help="largest dead letter, bytes (fits the broker's message size)")
+    max_decrease: float = setting(0.25, check=in_range(0, 1, lo_open=True),
+                                  help="largest fraction of a limit one decision takes away")
+    #: memory limits never go below the container's peak working set over this long
+    #: + the actuator's mem_margin_bytes
+    peak_window_s: float = setting(3600.0, check=above(0),
+                                   help="memory limits stay above the peak working set of this "
+                                        "many seconds + mem_margin_bytes")
 
-    def __post_init__(self) -> None:
-        self.validate()
+
+@dataclass(frozen=True, slots=True)
+class ActuatorSettings(_Group):
+    """The actuator (``phasewise actuate``): its backend, its clamps, its retries and its ledger.
+
+    ``mem_margin_bytes`` is the actuator's clamp (a memory limit stays above the
+    current usage + it); the worker's safety rules read the same margin for
+    their peak floor, so the worker never decides a limit the actuator would
+    raise again.
+    """
+
+    backend: str = setting("cgroup", choices=BACKENDS, flag="--backend",
+                           help="cgroup: write cgroup files; dry-run: log and report only")
+    cpu_floor_cores: float = setting(0.05, check=above(0), flag="--cpu-floor",
+                                     help="never set a CPU limit below this many cores")
+    mem_margin_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0),
+                                    flag="--mem-margin",
+                                    help="memory limit >= current usage + this, e.g. 64Mi")
+    mem_floor_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0),
+                                   flag="--mem-floor",
+                                   help="never set a memory limit below this, e.g. 64Mi")
+    #: temporary backend errors: retries after the first attempt, first backoff (doubles)
+    apply_retries: int = setting(3, check=at_least(0),
+                                 help="retries after a temporary backend error")
+    apply_retry_backoff_s: float = setting(0.2, check=at_least(0),
+                                           help="first retry delay, s (doubles)")
+    #: ledger of applied decision ids: keep entries this long (must exceed the
+    #: decisions topic's retention) and at most this many
+    ledger_max_age_days: float = setting(30.0, check=above(0),
+                                         help="days applied decision ids are kept")
+    ledger_max_rows: int = setting(100_000, check=at_least(1),
+                                   help="applied decision ids kept at most")
+
+
+# --------------------------------------------------------------------------- a process's settings
+
+
+@dataclass(frozen=True, slots=True)
+class Settings(_Group):
+    """Every setting of a process: the few every role reads, and one group per role or concern.
+
+    A setting is read through its group (``settings.vpa.time_scale``); its flat
+    name (``vpa_time_scale``, ``PHASEWISE_VPA_TIME_SCALE``) is how the
+    environment, the flags, :meth:`from_env`, :meth:`replace` and
+    :meth:`describe` name it.
+    """
+
+    host: str = setting(factory=socket.gethostname, check=non_empty, flag="--host",
+                        help="this host's name")
+    log_level: str = setting("info", choices=LOG_LEVELS, flag="--log-level", help="log level")
+    data_dir: str = setting("/tmp/phasewise", check=non_empty, flag="--data-dir",
+                            help="worker state, actuator ledger, demo run directories")
+    metrics_port: int = setting(0, check=port, flag="--metrics-port",
+                                help="Prometheus port, 0 = none")
+    kafka: KafkaSettings = group(KafkaSettings)
+    cgroup: CgroupSettings = group(CgroupSettings)
+    producer: ProducerSettings = group(ProducerSettings)
+    worker: WorkerSettings = group(WorkerSettings)
+    vpa: VpaSettings = group(VpaSettings)
+    phase: PhaseSettings = group(PhaseSettings)
+    safety: SafetySettings = group(SafetySettings)
+    actuator: ActuatorSettings = group(ActuatorSettings)
+
+    def _rules(self) -> None:
+        for name, cls in GROUPS.items():
+            if type(getattr(self, name)) is not cls:
+                raise SettingsError(name, f"must be a {cls.__name__}, got {getattr(self, name)!r}")
 
     @classmethod
-    def from_env(cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    def from_env(cls, overrides: Mapping[str, Any] | None = None,
+                 env: Mapping[str, str] | None = None) -> Settings:
         """Defaults < ``PHASEWISE_<NAME>`` environment < explicit overrides (flags).
 
-        ``None`` values in *overrides* mean "flag not given". The environment
-        takes the same forms as the flags (``64Mi``, ``true``, the same
-        choices). A refused value raises :class:`SettingsError` naming where it
-        came from: the environment variable, or the setting for an override.
+        *overrides* are keyed by setting name (``vpa_time_scale``); ``None``
+        values mean "flag not given". The environment takes the same forms as
+        the flags (``64Mi``, ``true``, the same choices). A refused value
+        raises :class:`SettingsError` naming where it came from: the
+        environment variable, or the setting for an override.
         """
         env = os.environ if env is None else env
         given = {k: v for k, v in (overrides or {}).items() if v is not None}
@@ -521,63 +739,100 @@ class Settings:
                 raise SettingsError(spec.env, str(e)) from None
             source[name] = spec.env
         try:
-            return cls(**values)
+            return cls._build(values)
         except SettingsError as e:
             raise SettingsError(source.get(e.setting, e.setting), e.why) from None
 
-    def validate(self) -> None:
-        """Every field against its declaration, then the few rules between fields."""
-        for name, spec in SPECS.items():
-            try:
-                spec.validate(getattr(self, name))
-            except ValueError as e:
-                raise SettingsError(name, str(e)) from None
-        if self.heartbeat_interval_ms >= self.session_timeout_ms:
-            raise SettingsError("heartbeat_interval_ms", f"must be below session_timeout_ms "
-                                f"({self.session_timeout_ms}), got {self.heartbeat_interval_ms}")
+    @classmethod
+    def _build(cls, values: Mapping[str, Any], base: Settings | None = None) -> Settings:
+        """*base* (else the defaults) with the settings in *values* (by name) changed."""
+        unknown = sorted(set(values) - SPECS.keys())
+        if unknown:
+            raise SettingsError(unknown[0], "unknown setting")
+        top: dict[str, Any] = {}
+        by_group: dict[str, dict[str, Any]] = {}
+        for name, value in values.items():
+            spec = SPECS[name]
+            if spec.group is None:
+                top[spec.field] = value
+            else:
+                by_group.setdefault(spec.group, {})[spec.field] = value
+        if base is None:
+            return cls(**top, **{g: GROUPS[g](**kw) for g, kw in by_group.items()})
+        return dataclasses.replace(base, **top, **{g: dataclasses.replace(getattr(base, g), **kw)
+                                                   for g, kw in by_group.items()})
+
+    def replace(self, **changes: Any) -> Settings:
+        """These settings with some changed, by setting name: ``s.replace(vpa_time_scale=0.001)``.
+
+        >>> Settings(host="h").replace(topic_partitions=3, host="g").kafka.topic_partitions
+        3
+        """
+        return self._build(changes, base=self)
 
     @classmethod
     def spec(cls, name: str) -> Spec:
         return SPECS[name]
 
-    def phase_feature_tuple(self) -> tuple[str, ...]:
-        """``phase_features`` parsed, in :data:`PHASE_FEATURES` order.
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """Setting *name*'s default (the one definition of it).
 
-        >>> Settings(phase_features="gpu_mem, mem,cpu").phase_feature_tuple()
-        ('cpu', 'mem', 'gpu_mem')
+        >>> Settings.default("vpa_time_scale"), Settings.default("phase_features")
+        (1.0, 'cpu,mem')
         """
-        return feature_tuple(self.phase_features)
+        return SPECS[name].default_value()
+
+    def get(self, name: str) -> Any:
+        """Setting *name*'s value, by its flat name (for code that handles settings by name)."""
+        spec = SPECS[name]
+        return getattr(self if spec.group is None else getattr(self, spec.group), spec.field)
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting's value by name, in :data:`SPECS` order."""
+        return {name: self.get(name) for name in SPECS}
 
     def describe(self) -> str:
-        return "settings: " + " ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
-
-    def worker_host_set(self) -> frozenset[str]:
-        return frozenset(h.strip() for h in self.worker_hosts.split(",") if h.strip())
-
-    def kafka_common(self) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap}
+        return "settings: " + " ".join(f"{k}={v!r}" for k, v in self.flat().items())
 
 
-#: every setting's declaration, by name, in field order
-SPECS: dict[str, Spec] = {f.name: _spec(f) for f in fields(Settings)}
+#: group attribute of :class:`Settings` -> its class, in field order
+GROUPS: dict[str, type[_Group]] = {f.name: f.default_factory for f in fields(Settings)
+                                   if _GROUP in f.metadata}
+
+
+def _all_specs() -> dict[str, Spec]:
+    out: dict[str, Spec] = {}
+    specs = [*_own_specs(Settings), *(dataclasses.replace(s, group=g) for g, cls in GROUPS.items()
+                                      for s in _own_specs(cls))]
+    for s in specs:
+        if s.name in out:
+            raise TypeError(f"two settings named {s.name!r}")
+        out[s.name] = s
+    return out
+
+
+#: every setting's declaration, by name: the role-independent ones, then each group's
+SPECS: dict[str, Spec] = _all_specs()
 
 
 def default_text(name: str) -> str:
     """A setting's default as a user would write it (``64Mi``, ``hostname``)."""
-    f = next(f for f in fields(Settings) if f.name == name)
-    if f.default is dataclasses.MISSING:
+    spec = SPECS[name]
+    if spec.default is dataclasses.MISSING:
         return {"host": "hostname"}.get(name, "computed")
-    if SPECS[name].parse is parse_size:
-        return format_size(f.default)
-    if isinstance(f.default, bool):
-        return str(f.default).lower()
-    return str(f.default) if f.default != "" else "(empty)"
+    if spec.parse is parse_size:
+        return format_size(spec.default)
+    if isinstance(spec.default, bool):
+        return str(spec.default).lower()
+    return str(spec.default) if spec.default != "" else "(empty)"
 
 
 def unknown_env(env: Mapping[str, str]) -> list[str]:
     """One line per ``PHASEWISE_*`` variable that is no setting, naming the closest one.
 
-    >>> for line in unknown_env({"PHASEWISE_BOOTSTRP": "x", "PHASEWISE_HOST": "h", "PHASEWISE_ZZZ": ""}):
+    >>> env = {"PHASEWISE_BOOTSTRP": "x", "PHASEWISE_HOST": "h", "PHASEWISE_ZZZ": ""}
+    >>> for line in unknown_env(env):
     ...     print(line)
     PHASEWISE_BOOTSTRP is not a setting and is ignored (did you mean PHASEWISE_BOOTSTRAP?)
     PHASEWISE_ZZZ is not a setting and is ignored

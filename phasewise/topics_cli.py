@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for t in TOPICS:
         mark = "created" if t.name in created else "exists "
-        print(f"{mark} {t.name:28s} key={t.key:11s} partitions={s.topic_partitions or t.partitions}"
+        print(f"{mark} {t.name:28s} key={t.key:11s} "
+              f"partitions={s.kafka.topic_partitions or t.partitions}"
               f"{' compacted' if t.compacted else ''}  {t.doc}")
     return 0

@@ -226,7 +226,8 @@ class Agent:
         self.settings = settings
         self.sampler = sampler
         self.metrics = metrics if metrics is not None else ProducerMetrics()
-        self.publisher = Publisher(None, SAMPLES, SampleBuffer(settings.buffer_max_messages),
+        self.publisher = Publisher(None, SAMPLES,
+                                   SampleBuffer(settings.producer.buffer_max_messages),
                                    metrics=self.metrics)
         if producer is None:
             from phasewise.kafka import make_producer
@@ -259,7 +260,7 @@ class Agent:
 
     def run(self, stop: threading.Event, max_ticks: int | None = None) -> None:
         """Tick every ``interval_s`` until *stop* is set (or *max_ticks* published)."""
-        interval = self.settings.interval_s
+        interval = self.settings.producer.interval_s
         self.baseline()
         start = self.monotonic()
         k = 0
@@ -298,8 +299,8 @@ def _ensure_topics_until_ok(settings: Settings, stop: threading.Event) -> None:
     warned = False
     while not stop.is_set():
         try:
-            if not listening(settings.bootstrap):
-                raise ConnectionError(f"nothing listens at {settings.bootstrap}")
+            if not listening(settings.kafka.bootstrap):
+                raise ConnectionError(f"nothing listens at {settings.kafka.bootstrap}")
             ensure_topics(settings, [SAMPLES], timeout_s=5.0)
             return
         except Exception as e:  # noqa: BLE001 - retried until the broker answers
@@ -331,17 +332,17 @@ def run(args: argparse.Namespace) -> int:
     once = bool(getattr(args, "once", False))
     print(settings.describe(), file=sys.stderr if once else sys.stdout, flush=True)
     try:
-        layout = CgroupLayout(settings.cgroup_root, settings.cgroup_prefix)
+        layout = CgroupLayout(settings.cgroup.root, settings.cgroup.prefix)
     except CgroupError as e:
         print(f"phasewise produce: error: cgroup_root: {e}", file=sys.stderr)
         return 2
-    sampler = HostSampler(layout, proc_root=settings.proc_root, host=settings.host)
+    sampler = HostSampler(layout, proc_root=settings.producer.proc_root, host=settings.host)
     log.info("sampling cgroup v%d containers under %s, prefix %r, every %g s",
-             layout.version, layout.root, layout.prefix, settings.interval_s)
+             layout.version, layout.root, layout.prefix, settings.producer.interval_s)
 
     if once:
         sampler.sample()
-        time.sleep(settings.interval_s)
+        time.sleep(settings.producer.interval_s)
         print(encode(sampler.sample()).decode(), flush=True)
         sampler.close()
         return 0
@@ -352,17 +353,17 @@ def run(args: argparse.Namespace) -> int:
         log.info("metrics on :%d/metrics", settings.metrics_port)
     stop = threading.Event()
     with stop_on_signals(stop) as received:
-        if settings.create_topics:
+        if settings.kafka.create_topics:
             threading.Thread(target=_ensure_topics_until_ok, args=(settings, stop), name="ensure-topics",
                              daemon=True).start()
         agent.run(stop)
     if received:
         log.info("signal %d: stopping", received[0])
-    flush_s = settings.flush_timeout_s
+    flush_s = settings.producer.flush_timeout_s
     from phasewise.kafka import listening
 
-    if agent.publisher.pending and not listening(settings.bootstrap):
-        log.warning("nothing listens at %s: not waiting for it to flush", settings.bootstrap)
+    if agent.publisher.pending and not listening(settings.kafka.bootstrap):
+        log.warning("nothing listens at %s: not waiting for it to flush", settings.kafka.bootstrap)
         flush_s = 0.0
     agent.close(flush_s)
     return 0

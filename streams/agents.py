@@ -269,7 +269,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
         metrics = WorkerMetrics(CollectorRegistry())
     topics = worker_topics(app, samples_partitions)
-    partitions = samples_partitions or settings.topic_partitions or SAMPLES.partitions
+    partitions = samples_partitions or settings.kafka.topic_partitions or SAMPLES.partitions
     # values are the compact JSON of ContainerEntry.to_state(), kept as bytes:
     # a few hundred bytes per container in memory and on the changelog
     table = app.Table(TABLE_NAME, default=None, partitions=partitions,
@@ -290,7 +290,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         msg = event.message
         key, value, dl = make_dead_letter(source_topic=msg.topic, reason=reason, payload=msg.value, key=msg.key,
                                           partition=msg.partition, offset=msg.offset,
-                                          max_bytes=settings.dead_letter_max_bytes)
+                                          max_bytes=settings.kafka.dead_letter_max_bytes)
         outputs.send(DEAD_LETTERS.name, key, value)
         metrics.dead_letters.labels(kind=kind).inc()
         log.warning("dead-lettered %s[%s]@%s%s: %s", msg.topic, msg.partition, msg.offset,
@@ -300,20 +300,20 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
 
     phase = None  # --policy phase: the phase detector runs after the VPA (its fallback)
-    if settings.policy == "phase":
+    if settings.worker.policy == "phase":
         from phasewise.streams.phase_agents import register_phase
 
         phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
                                dead_letter=dead_letter, outputs=outputs, barrier=barrier)
 
-    only_hosts = settings.worker_host_set()
-    expiry = Expiry(settings.container_ttl_s, cache, table, writes, pmap, phase, metrics)
+    only_hosts = settings.worker.host_set()
+    expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
 
     activity = Activity()
     guard = cache.guard
     guard_seen = [0] * len(RULES)  # the rules' counts already added to the metric
-    batch_max = max(1, settings.worker_batch_max)
-    batch_wait_s = max(0.0, settings.worker_batch_wait_ms) / 1000.0
+    batch_max = max(1, settings.worker.batch_max)
+    batch_wait_s = max(0.0, settings.worker.batch_wait_ms) / 1000.0
 
     updater = updater_config(settings)
 

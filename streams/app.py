@@ -4,7 +4,7 @@
 :class:`~phasewise.settings.Settings`, with what the embedded broker and
 phasewise need:
 
-- broker from ``settings.bootstrap`` (comma-separated list allowed);
+- broker from ``settings.kafka.bootstrap`` (comma-separated list allowed);
   consumer session timeout and heartbeat from settings (the embedded broker
   completes a group join after about half the session timeout);
 - ``producer_max_batch_size=1``: the embedded broker reports a partition's
@@ -14,7 +14,7 @@ phasewise need:
   changelog topics when a worker starts or takes over partitions;
 - no ``exactly_once`` (aiokafka's idempotent producer fails on the embedded
   broker); decisions carry idempotency keys instead;
-- web server only when ``settings.web_port`` is non-zero;
+- web server only when ``settings.worker.web_port`` is non-zero;
 - ``version=APP_VERSION``: bump it when a table's value format changes, so a
   new worker starts from fresh changelogs instead of misreading old ones;
 - ``agent_supervisor=mode.CrashingSupervisor``: an agent that dies stops the
@@ -55,26 +55,26 @@ def create_app(settings: Settings, *, samples_partitions: int | None = None,
     one on a private registry).
     """
     app = faust.App(
-        settings.worker_id,
-        broker=broker_urls(settings.bootstrap),
+        settings.worker.id,
+        broker=broker_urls(settings.kafka.bootstrap),
         store="memory://",
         version=APP_VERSION,
         autodiscover=False,
         datadir=settings.data_dir,
-        broker_session_timeout=settings.session_timeout_ms / 1000.0,
-        broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000.0,
+        broker_session_timeout=settings.kafka.session_timeout_ms / 1000.0,
+        broker_heartbeat_interval=settings.kafka.heartbeat_interval_ms / 1000.0,
         producer_max_batch_size=1,
         producer_linger=0.0,
         consumer_auto_offset_reset="earliest",
         topic_allow_declare=True,
-        topic_partitions=samples_partitions or settings.topic_partitions or None,
-        web_enabled=bool(settings.web_port),
-        web_port=settings.web_port or 6066,
+        topic_partitions=samples_partitions or settings.kafka.topic_partitions or None,
+        web_enabled=bool(settings.worker.web_port),
+        web_port=settings.worker.web_port or 6066,
         web_bind="127.0.0.1",
         stream_recovery_delay=0.0,
         agent_supervisor=CrashingSupervisor,
     )
-    _bound_fetch_wait(settings.fetch_wait_max_ms)
+    _bound_fetch_wait(settings.kafka.fetch_wait_max_ms)
     if register_agents:
         from phasewise.streams.agents import register
 

@@ -26,33 +26,37 @@ __all__ = ["detector_config", "guard_config", "initial_model", "recommender_para
 def recommender_params(settings: Settings) -> dict[str, Any]:
     """Constructor arguments of every container's recommender, from settings."""
     return {
-        "time_scale": settings.vpa_time_scale,
-        "min_cpu_cores": settings.vpa_min_cpu_cores,
-        "min_mem_bytes": float(settings.vpa_min_mem_bytes),
-        "throttle_threshold": settings.vpa_throttle_threshold,
-        "throttle_bump": settings.vpa_throttle_bump,
+        "time_scale": settings.vpa.time_scale,
+        "min_cpu_cores": settings.vpa.min_cpu_cores,
+        "min_mem_bytes": float(settings.vpa.min_mem_bytes),
+        "throttle_threshold": settings.vpa.throttle_threshold,
+        "throttle_bump": settings.vpa.throttle_bump,
     }
 
 
 def guard_config(settings: Settings) -> GuardConfig | None:
     """The safety rules' parameters from settings (``None``: ``safety_rules`` off)."""
-    if not settings.safety_rules:
+    if not settings.safety.rules:
         return None
+    safety = settings.safety
     return GuardConfig(
-        min_history_s=settings.safety_min_history_s, cooldown_s=settings.safety_cooldown_s,
-        max_decrease=settings.safety_max_decrease, peak_window_s=settings.safety_peak_window_s,
-        mem_margin_bytes=float(settings.mem_margin_bytes), throttle_threshold=settings.vpa_throttle_threshold,
+        min_history_s=safety.min_history_s, cooldown_s=safety.cooldown_s,
+        max_decrease=safety.max_decrease, peak_window_s=safety.peak_window_s,
+        # the actuator's margin: the rules' peak floor is the floor the actuator keeps
+        mem_margin_bytes=float(settings.actuator.mem_margin_bytes),
+        throttle_threshold=settings.vpa.throttle_threshold,
         # a throttled container's CPU samples are censored: no CPU cut until a cooldown of them is not
-        throttle_window_s=settings.safety_cooldown_s,
+        throttle_window_s=safety.cooldown_s,
     )
 
 
 def updater_config(settings: Settings) -> UpdaterConfig:
     """The VPA updater's rule from settings (its decisions are emitted under ``--policy vpa``)."""
+    worker = settings.worker
     return UpdaterConfig(
-        recommend_interval_s=settings.recommend_interval_s, hysteresis=settings.hysteresis,
-        update_mode=settings.vpa_update_mode, state_write_interval_s=settings.state_write_interval_s,
-        worker_id=settings.worker_id, emits_decisions=settings.policy != "phase",
+        recommend_interval_s=worker.recommend_interval_s, hysteresis=worker.hysteresis,
+        update_mode=settings.vpa.update_mode, state_write_interval_s=worker.state_write_interval_s,
+        worker_id=worker.id, emits_decisions=worker.policy != "phase",
     )
 
 
@@ -63,26 +67,27 @@ def state_cache(settings: Settings, loader: Callable[[str], Any] | None = None) 
 
 def detector_config(settings: Settings) -> DetectorConfig:
     """The phase detectors' parameters from settings (``phase_ratio_cap`` 0: no cap)."""
+    phase = settings.phase
     return DetectorConfig(
-        min_cpu_cores=settings.vpa_min_cpu_cores, min_mem_bytes=float(settings.vpa_min_mem_bytes),
-        learn_every=settings.phase_learn_every, learn_batch=settings.phase_learn_batch,
-        statistics=settings.phase_statistics, state_write_interval_s=settings.state_write_interval_s,
-        ratio_cap=settings.phase_ratio_cap or None,
+        min_cpu_cores=settings.vpa.min_cpu_cores, min_mem_bytes=float(settings.vpa.min_mem_bytes),
+        learn_every=phase.learn_every, learn_batch=phase.learn_batch, statistics=phase.statistics,
+        state_write_interval_s=settings.worker.state_write_interval_s,
+        ratio_cap=phase.ratio_cap or None,
     )
 
 
 def initial_model(settings: Settings) -> tuple[PhaseModel, str]:
     """The shipped pretrained model when its features match (and ``phase_pretrained``), else a cold one;
     with where it came from."""
-    features = settings.phase_feature_tuple()
+    features = settings.phase.feature_tuple()
     try:
         from phasewise.models.phase_policy import PRETRAINED_AI4DL, load_pretrained
     except ImportError:  # the policy module is optional for the live path
         load_pretrained = None  # type: ignore[assignment]
-    if not settings.phase_pretrained:
+    if not settings.phase.pretrained:
         load_pretrained = None  # type: ignore[assignment]
     if load_pretrained is not None:
         m = load_pretrained()
         if m is not None and m.features == features:
             return m, f"pretrained {PRETRAINED_AI4DL}"
-    return PhaseModel(features=features, warmup=settings.phase_warmup), "cold"
+    return PhaseModel(features=features, warmup=settings.phase.warmup), "cold"

@@ -59,7 +59,8 @@ class SnapshotFollower:
 
         from phasewise.kafka import make_consumer
 
-        c = make_consumer(self.settings, f"{self.settings.worker_id}-models-follower", **{"fetch.wait.max.ms": 200})
+        c = make_consumer(self.settings, f"{self.settings.worker.id}-models-follower",
+                          **{"fetch.wait.max.ms": 200})
         c.assign([TopicPartition(MODELS.name, 0, OFFSET_BEGINNING)])
         return c
 

@@ -1,6 +1,6 @@
 """The live phase path of ``phasewise worker --policy phase``: detectors, one learner, snapshots.
 
-With ``settings.policy == "phase"`` the samples agent (see
+With ``settings.worker.policy == "phase"`` the samples agent (see
 :mod:`phasewise.streams.agents`) still runs the VPA recommenders (they are the
 fallback), then hands each round of ``HostSamples`` messages (distinct hosts)
 to :class:`~phasewise.models.phase_updater.PhaseHooks` (pure; this module
@@ -69,7 +69,6 @@ handle the samples agent drives.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -98,7 +97,7 @@ def ensure_phase_topics(settings: Settings) -> list[str]:
     """Create the learn-windows topic with exactly one partition (whatever ``topic_partitions`` says)."""
     from phasewise.kafka import ensure_topics
 
-    return ensure_topics(dataclasses.replace(settings, topic_partitions=0), [LEARN_WINDOWS])
+    return ensure_topics(settings.replace(topic_partitions=0), [LEARN_WINDOWS])
 
 
 class PhaseAgents:
@@ -176,7 +175,7 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
     from phasewise.kafka import make_producer, publish_dead_letter
     from phasewise.streams.topics import raw_topic
 
-    name = model_name(settings.phase_feature_tuple())
+    name = model_name(settings.phase.feature_tuple())
     name_key = name.encode()
     table = app.Table(TABLE_NAME, default=None, partitions=partitions,
                       schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
@@ -191,8 +190,9 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
     def on_bad(value: bytes | None, key: bytes | None, offset: int, reason: str) -> None:
         if not dl_producer:
             dl_producer.append(make_producer(settings))
-        publish_dead_letter(dl_producer[0], source_topic=MODELS.name, reason=reason, payload=value, key=key,
-                            partition=0, offset=offset, max_bytes=settings.dead_letter_max_bytes)
+        publish_dead_letter(dl_producer[0], source_topic=MODELS.name, reason=reason, payload=value,
+                            key=key, partition=0, offset=offset,
+                            max_bytes=settings.kafka.dead_letter_max_bytes)
         dl_producer[0].poll(0)
         metrics.dead_letters.labels(kind="schema").inc()
 
@@ -239,7 +239,7 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
                 log.exception("learning a valid learn batch failed")
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
 
-    @app.timer(interval=settings.phase_snapshot_interval_s)
+    @app.timer(interval=settings.phase.snapshot_interval_s)
     async def publish_snapshot() -> None:
         snap = learner.snapshot(time.time())
         if snap is None:

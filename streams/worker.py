@@ -59,7 +59,7 @@ def samples_partitions(settings: Settings) -> int:
     md = make_admin(settings).list_topics(SAMPLES.name, timeout=10)
     t = md.topics.get(SAMPLES.name)
     if t is None or t.error is not None or not t.partitions:
-        return settings.topic_partitions or SAMPLES.partitions
+        return settings.kafka.topic_partitions or SAMPLES.partitions
     return len(t.partitions)
 
 
@@ -161,9 +161,9 @@ def run(args: argparse.Namespace) -> int:
             if not wait_for_broker(settings, None, stop=stop):
                 log.info("signal %d: stopping before the broker answered", received[0])
                 return 0
-            if settings.create_topics:
+            if settings.kafka.create_topics:
                 ensure_topics(settings)
-            if settings.policy == "phase":
+            if settings.worker.policy == "phase":
                 from phasewise.streams.phase_agents import ensure_phase_topics
 
                 ensure_phase_topics(settings)
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         if stop.is_set():
             log.info("signal %d: stopping", received[0])
             return 0
-    if settings.policy == "phase":
+    if settings.worker.policy == "phase":
         single_threaded_torch()
     metrics = WorkerMetrics()
     if settings.metrics_port:
@@ -182,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("metrics on :%d/metrics", settings.metrics_port)
     app = create_app(settings, samples_partitions=partitions, metrics=metrics)
     freeze_heap_when_ready(app)
-    worker = make_worker(app, settings.bootstrap, loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
+    worker = make_worker(app, settings.kafka.bootstrap,
+                         loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
                          quiet=True, redirect_stdouts=False)
     # Faust's terminal spinner (levels warn and above) sets the root logger to DEBUG so that
     # every debug record of faust/aiokafka reaches its handler: ~5% of the worker's CPU for

@@ -20,7 +20,7 @@ import pytest
 
 from phasewise.cli import add_setting
 from phasewise.infra.broker import free_port
-from phasewise.settings import SPECS, Settings, SettingsError, arg_type
+from phasewise.settings import SPECS, Settings, SettingsError, WorkerSettings, arg_type
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = str(ROOT / "infra" / "schemas")
@@ -117,7 +117,8 @@ def test_the_environment_takes_the_units_and_forms_of_the_flags():
     r = cli(["schemas", "--check", SCHEMAS], env)  # every role reads and checks the whole environment
     assert r.returncode == 0 and r.stderr == "", r.stderr
     s = Settings.from_env(env=env)
-    assert (s.mem_margin_bytes, s.mem_floor_bytes, s.create_topics) == (64 * 2**20, 10**9, False)
+    assert (s.actuator.mem_margin_bytes, s.actuator.mem_floor_bytes,
+            s.kafka.create_topics) == (64 * 2**20, 10**9, False)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, s in SPECS.items() if s.kind != "bool"))
@@ -125,7 +126,7 @@ def test_a_setting_reads_a_text_the_same_from_the_environment_and_its_flag(name)
     spec = SPECS[name]
     flag = argparse.ArgumentParser()
     add_setting(flag, name)
-    default = getattr(Settings(), name)
+    default = Settings().get(name)
     if spec.kind == "int":
         texts = [str(default), "abc", "-1", "1.5"]
         if spec.parse.__name__ == "parse_size":
@@ -143,7 +144,7 @@ def test_a_setting_reads_a_text_the_same_from_the_environment_and_its_flag(name)
                 flag.parse_args([spec.flag or "--" + name.replace("_", "-"), text])
             continue
         ns = flag.parse_args([spec.flag or "--" + name.replace("_", "-"), text])
-        assert getattr(ns, name) == getattr(from_env, name), text
+        assert getattr(ns, name) == from_env.get(name), text
 
 
 def test_the_choices_are_defined_once_for_argparse_and_the_environment():
@@ -154,14 +155,14 @@ def test_the_choices_are_defined_once_for_argparse_and_the_environment():
         action = add_setting(p, name)
         assert tuple(action.choices) == spec.choices
         for c in spec.choices:
-            assert getattr(Settings.from_env(env={spec.env: c}), name) == c
+            assert Settings.from_env(env={spec.env: c}).get(name) == c
         with pytest.raises(SettingsError, match="invalid choice"):
             Settings.from_env(env={spec.env: "no-such-choice"})
 
 
 def test_direct_construction_is_checked_too():
     with pytest.raises(SettingsError, match=r"^hysteresis: must be a finite number, got nan$"):
-        Settings(hysteresis=float("nan"))
+        WorkerSettings(hysteresis=float("nan"))
     with pytest.raises(SettingsError, match="interval_s: must be > 0"):
         Settings.from_env({"interval_s": 0}, env={})
     assert arg_type(SPECS["interval_s"].parse, SPECS["interval_s"].validate)("2") == 2.0

@@ -186,7 +186,7 @@ def test_the_host_agent_reports_a_docker_container_by_its_id(settings, dockerd, 
 
 
 def test_the_actuator_limits_freezes_and_thaws_a_docker_container(settings, dockerd, spinner, tmp_path):
-    env = {"PHASEWISE_BOOTSTRAP": settings.bootstrap, "PHASEWISE_HOST": settings.host,
+    env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_HOST": settings.host,
            "PHASEWISE_CGROUP_ROOT": "/sys/fs/cgroup", "PHASEWISE_CGROUP_PREFIX": dockerd.parent,
            "PHASEWISE_DATA_DIR": str(tmp_path / "actuator"), "PHASEWISE_LOG_LEVEL": "info"}
     actuator = RoleProcess("actuate", ["--backend", "cgroup"], env=env, log_path=tmp_path / "actuator.log")
@@ -301,7 +301,8 @@ def test_the_actuator_image_builds_and_limits_a_container_from_inside_a_containe
         # not --privileged (this sandbox cannot grant every capability): a read-write bind
         # mount of the host's cgroup tree is all the actuator needs to write limits
         "run", "-d", "--name", name, "--network", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-        "-e", f"PHASEWISE_BOOTSTRAP={settings.bootstrap}", "-e", f"PHASEWISE_HOST={settings.host}",
+        "-e", f"PHASEWISE_BOOTSTRAP={settings.kafka.bootstrap}",
+        "-e", f"PHASEWISE_HOST={settings.host}",
         "-e", f"PHASEWISE_CGROUP_PREFIX={dockerd.parent}", "-e", "PHASEWISE_LOG_LEVEL=info",
         actuator_image)
     producer = make_producer(settings)

@@ -68,7 +68,7 @@ def test_the_loop_changes_a_real_cgroup_limit_and_its_throttling(settings, burne
     assert before_rate > 0.5, "a 1-core burner under a 0.25-core quota must be throttled"
 
     env = {
-        "PHASEWISE_BOOTSTRAP": settings.bootstrap,
+        "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap,
         "PHASEWISE_HOST": settings.host,
         "PHASEWISE_CGROUP_ROOT": "/sys/fs/cgroup",
         "PHASEWISE_CGROUP_PREFIX": layout.prefix,

@@ -159,7 +159,7 @@ def check_dead_letters(letters: dict, sent: dict[tuple[int, int], str], kinds: d
 
 def start_worker(settings: Settings, tmp_path, policy: str, worker_id: str, *, fault: str | None = None):
     port = free_port()
-    env = {"PHASEWISE_BOOTSTRAP": settings.bootstrap, "PHASEWISE_VPA_TIME_SCALE": "0.001",
+    env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_VPA_TIME_SCALE": "0.001",
            "PHASEWISE_LOG_LEVEL": "info", "PHASEWISE_PHASE_SNAPSHOT_INTERVAL_S": "3600",
            "PHASEWISE_SAFETY_RULES": "false"}  # every valid sample decided: nothing lost is what is counted
     args = ["--policy", policy, "--recommend-interval", "0", "--web-port", "0", "--worker-id", worker_id,

@@ -137,7 +137,8 @@ def test_a_dead_letter_is_cut_to_fit_and_says_so(payload, max_bytes):
 
 
 def test_the_dead_letter_limit_is_a_setting_within_what_producers_send():
-    assert Settings.from_env(env={"PHASEWISE_DEAD_LETTER_MAX_BYTES": "100000"}).dead_letter_max_bytes == 100_000
+    s = Settings.from_env(env={"PHASEWISE_DEAD_LETTER_MAX_BYTES": "100000"})
+    assert s.kafka.dead_letter_max_bytes == 100_000
     with pytest.raises(SettingsError, match="DEAD_LETTER_MAX_BYTES: must be in \\[16384, 1000000\\]"):
         Settings.from_env(env={"PHASEWISE_DEAD_LETTER_MAX_BYTES": "2000000"})
 

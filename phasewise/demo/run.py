@@ -212,9 +212,9 @@ class Config:
     data_dir: str
     max_restarts: int
     log_level: str
-    policy: str = "phase"
+    policy: str
     #: the worker's vpa_throttle_threshold (the demo's roles read the same environment)
-    throttle_threshold: float = 0.1
+    throttle_threshold: float
 
 
 #: the worker's safety rules, scaled to a demo of minutes (live defaults: 900 s of history, one
@@ -403,7 +403,7 @@ class Demo:
     def _role_env(self, settings: Any, web_port: int) -> dict[str, str]:
         cfg = self.cfg
         return {
-            "PHASEWISE_BOOTSTRAP": settings.bootstrap,
+            "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap,
             "PHASEWISE_HOST": cfg.host,
             "PHASEWISE_CGROUP_ROOT": cfg.cgroup_root,
             "PHASEWISE_CGROUP_PREFIX": cfg.cgroup_prefix,
@@ -593,21 +593,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     def like(name: str) -> object:  # a demo flag that becomes the roles' setting *name*
         return arg_type(SPECS[name].parse, SPECS[name].validate, name=SPECS[name].kind)
 
+    def default(name: str) -> object:  # ... and where the demo keeps the roles' default
+        return SPECS[name].default
+
     p.add_argument("--duration", type=arg_type(parse_float, above(0)), metavar="SECONDS",
                    help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--json", action="store_true",
                    help="no live view; print the summary as one JSON object on stdout")
-    p.add_argument("--cgroup-root", default="/sys/fs/cgroup", type=like("cgroup_root"),
+    p.add_argument("--cgroup-root", default=default("cgroup_root"), type=like("cgroup_root"),
                    help="cgroup mount (v1 hierarchies or v2)")
     p.add_argument("--cgroup-prefix", default="phasewise-demo", type=like("cgroup_prefix"),
                    help="parent cgroup of the jobs")
-    p.add_argument("--interval", type=like("interval_s"), default=1.0, help="sampling interval, seconds")
+    p.add_argument("--interval", type=like("interval_s"), default=default("interval_s"),
+                   help="sampling interval, seconds")
     p.add_argument("--jobs", nargs="+", choices=JOBS, default=list(DEFAULT_JOBS), metavar="JOB",
                    help=f"training jobs to run (default: {' '.join(DEFAULT_JOBS)})")
     p.add_argument("--policy", choices=POLICIES, default="phase",
                    help="the worker's limit policy: phase (CRBM phases, VPA as the fallback; default) or vpa")
-    p.add_argument("--recommend-interval", type=like("recommend_interval_s"), default=5.0,
-                   help="worker: seconds between recommendations per container (demo default 5)")
+    p.add_argument("--recommend-interval", type=like("recommend_interval_s"),
+                   default=default("recommend_interval_s"),
+                   help="worker: seconds between recommendations per container "
+                        "(default %(default)s)")
     p.add_argument("--vpa-time-scale", type=like("vpa_time_scale"), default=0.001,
                    help="worker: VPA durations x this (demo default 0.001: a VPA day lasts 86 s)")
     p.add_argument("--start-cpu", type=arg_type(parse_float, above(0)), default=0.5,
@@ -636,7 +642,7 @@ def run(args: argparse.Namespace) -> int:
                  recommend_interval_s=args.recommend_interval, vpa_time_scale=args.vpa_time_scale,
                  start_cpu=args.start_cpu, start_mem=args.start_mem, host=base.host, data_dir=base.data_dir,
                  max_restarts=args.max_restarts, log_level=args.log_level or "info", policy=args.policy,
-                 throttle_threshold=base.vpa_throttle_threshold)
+                 throttle_threshold=base.vpa.throttle_threshold)
     if os.geteuid() != 0:
         print(f"phasewise demo: {NEED_ROOT}", file=sys.stderr)
         return 2

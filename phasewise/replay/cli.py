@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import shlex
@@ -47,6 +48,7 @@ from phasewise.replay.traces import (
 from phasewise.settings import (
     PHASE_STATISTICS,
     SPECS,
+    Settings,
     above,
     arg_type,
     at_least,
@@ -67,6 +69,8 @@ __all__ = [
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.cli import add_setting
 
+    fleet = FleetOptions()  # the fleet's knobs: replay's own, and the worker's phase settings
+
     p.add_argument("path", nargs="?", help="trace file (ai4dl) or folder (genai2026); "
                    "default: the AI4DL sample shipped with phasewise")
     p.add_argument("--format", choices=sorted(FORMATS), default="ai4dl",
@@ -74,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default="vpa,window,phase,oracle",
                    help="comma-separated policy families among vpa, window, phase, oracle (default: all)")
     p.add_argument("--windows", default="5,10,30,60", type=arg_type(parse_str, _check_windows),
-                   help="window sizes (samples) of the window family (default 5,10,30,60)")
+                   help="window sizes (samples) of the window family (default %(default)s)")
     p.add_argument("--through-kafka", action="store_true",
                    help="run the policies the stream worker runs (vpa) through a broker and a real "
                         "phasewise worker instead of in-process; the others stay in-process")
@@ -95,19 +99,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--safety", action="store_true",
                    help="--phase-model worker / --through-kafka: the worker's live safety rules bound its decisions "
                         "(safety_rules with the live defaults); default off: the bare policy's decisions are scored")
-    p.add_argument("--phase-stats", choices=PHASE_STATISTICS, default="relative",
+    p.add_argument("--phase-stats", choices=PHASE_STATISTICS,
+                   default=Settings.default("phase_statistics"),
                    help="--phase-model fleet or worker, --through-kafka: per-phase statistics of usage relative to "
                         "each container's level (default) or of absolute usage (the pooled design before)")
-    p.add_argument("--phase-quantile", type=arg_type(parse_float, in_range(0, 1, lo_open=True)), default=0.95, help="--phase-model fleet: phase quantile "
-                   "(default 0.95)")
-    p.add_argument("--phase-margin", type=arg_type(parse_float, at_least(0)), default=0.10, help="--phase-model fleet: margin over the "
-                   "quantile (default 0.10)")
-    p.add_argument("--level-half-life", type=arg_type(parse_float, above(0)), default=30.0, help="--phase-model fleet, relative: "
-                   "half-life in samples of the decaying max that is a container's level (default 30)")
-    p.add_argument("--phase-ratio-cap", type=arg_type(parse_float, SPECS["phase_ratio_cap"].validate), default=1.5,
-                   metavar="C",
-                   help="--phase-model fleet, relative: use a phase's quantile of usage/level up to C, so a limit is "
-                        "at most level x C x (1 + margin) (default 1.5, see the README; 0 = no cap)")
+    p.add_argument("--phase-quantile", type=arg_type(parse_float, in_range(0, 1, lo_open=True)),
+                   default=fleet.quantile,
+                   help="--phase-model fleet: phase quantile (default %(default)s)")
+    p.add_argument("--phase-margin", type=arg_type(parse_float, at_least(0)), default=fleet.margin,
+                   help="--phase-model fleet: margin over the quantile (default %(default)s)")
+    p.add_argument("--level-half-life", type=arg_type(parse_float, above(0)),
+                   default=fleet.level_half_life,
+                   help="--phase-model fleet, relative: half-life in samples of the decaying max "
+                        "that is a container's level (default %(default)s)")
+    cap = SPECS["phase_ratio_cap"]  # the worker's phase_ratio_cap: its check and default
+    p.add_argument("--phase-ratio-cap", type=arg_type(parse_float, cap.validate),
+                   default=cap.default, metavar="C",
+                   help="--phase-model fleet, relative: use a phase's quantile of usage/level up "
+                        "to C, so a limit is at most level x C x (1 + margin) (default "
+                        "%(default)s, see the README; 0 = no cap)")
     p.add_argument("--phase-resource-quantiles", default="", metavar="R=Q,...", type=arg_type(parse_str, _per_resource),
                    help="--phase-model fleet: per-resource quantiles overriding --phase-quantile, e.g. mem=0.97")
     p.add_argument("--phase-resource-margins", default="", metavar="R=M,...", type=arg_type(parse_str, _per_resource),
@@ -116,7 +126,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="F",
                    help="--phase-model fleet: each container adapts a multiplier of its phase limits online "
                         "from its own misses, aiming at this fulfilment (default: off)")
-    p.add_argument("--pretrain-folds", type=arg_type(parse_int, _check_folds), default=0, metavar="K",
+    p.add_argument("--pretrain-folds", type=arg_type(parse_int, _check_folds),
+                   default=fleet.pretrain_folds, metavar="K",
                    help="--phase-model fleet: cross-fitted pretraining; each of K container folds is scored "
                         "by a model pretrained on the other folds only (0: start cold; K = number of "
                         "containers: leave-one-out)")
@@ -125,7 +136,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tune, odd = holdout)")
     p.add_argument("--json", action="store_true", help="print one JSON object per line instead of a table")
     p.add_argument("--report", metavar="DIR", help="write PNG plots and summary.md into DIR")
-    p.add_argument("--plot-containers", type=arg_type(parse_int, at_least(0)), default=6, help="containers plotted in the report (default 6)")
+    p.add_argument("--plot-containers", type=arg_type(parse_int, at_least(0)), default=6,
+                   help="containers plotted in the report (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_setting(p, "log_level")
 
@@ -165,49 +177,65 @@ def _per_resource(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    """Every flag's value when it is not given (the parser's defaults)."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return vars(p.parse_args([]))
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """Every flag's value: *args*' own, else the parser's default."""
+    return {**_defaults(), **vars(args)}
+
+
 def replay_command(args: argparse.Namespace) -> str:
-    """The command line that reproduces this run (written into the report)."""
+    """The command line that reproduces this run (written into the report).
+
+    It names the flags that are not at their defaults.
+    """
+    o, d = _options(args), _defaults()
     parts = ["phasewise", "replay"]
-    if args.path is not None:
-        parts.append(args.path)
-    parts += ["--format", args.format, "--policies", args.policies]
-    if args.windows != "5,10,30,60":
-        parts += ["--windows", args.windows]
-    if args.through_kafka:
+    if o["path"] is not None:
+        parts.append(o["path"])
+    parts += ["--format", o["format"], "--policies", o["policies"]]
+    if o["windows"] != d["windows"]:
+        parts += ["--windows", o["windows"]]
+    if o["through_kafka"]:
         parts.append("--through-kafka")
-        if getattr(args, "bootstrap", None):
-            parts += ["--bootstrap", args.bootstrap]
+        if o["bootstrap"]:
+            parts += ["--bootstrap", o["bootstrap"]]
     for flag in ("phase_pretrained", "phase_frozen", "safety"):
-        if getattr(args, flag, False):
+        if o[flag]:
             parts.append("--" + flag.replace("_", "-"))
-    if getattr(args, "phase_model", "container") == "worker" or args.through_kafka:
-        if getattr(args, "phase_model", "container") == "worker":
+    if o["phase_model"] == "worker" or o["through_kafka"]:
+        if o["phase_model"] == "worker":
             parts += ["--phase-model", "worker"]
-        if getattr(args, "phase_stats", "relative") != "relative":
-            parts += ["--phase-stats", args.phase_stats]
-    elif getattr(args, "phase_model", "container") != "container":
-        parts += ["--phase-model", args.phase_model]
-        d = {"phase_stats": "relative", "phase_quantile": 0.95, "phase_margin": 0.10, "level_half_life": 30.0,
-             "phase_ratio_cap": 1.5,
-             "phase_resource_quantiles": "", "phase_resource_margins": "", "phase_target_fulfilment": None,
-             "pretrain_folds": 0}
-        for k, v in d.items():
-            if getattr(args, k, v) != v:
-                parts += ["--" + k.replace("_", "-"), str(getattr(args, k))]
-    if getattr(args, "split", "all") != "all":
-        parts += ["--split", args.split]
-    if args.json:
+        if o["phase_stats"] != d["phase_stats"]:
+            parts += ["--phase-stats", o["phase_stats"]]
+    elif o["phase_model"] != d["phase_model"]:
+        parts += ["--phase-model", o["phase_model"]]
+        for k in ("phase_stats", "phase_quantile", "phase_margin", "level_half_life",
+                  "phase_ratio_cap", "phase_resource_quantiles", "phase_resource_margins",
+                  "phase_target_fulfilment", "pretrain_folds"):
+            if o[k] != d[k]:
+                parts += ["--" + k.replace("_", "-"), str(o[k])]
+    if o["split"] != d["split"]:
+        parts += ["--split", o["split"]]
+    if o["json"]:
         parts.append("--json")
-    if args.report:
-        parts += ["--report", args.report]
-    if args.plot_containers != 6:
-        parts += ["--plot-containers", str(args.plot_containers)]
+    if o["report"]:
+        parts += ["--report", o["report"]]
+    if o["plot_containers"] != d["plot_containers"]:
+        parts += ["--plot-containers", str(o["plot_containers"])]
     return " ".join(shlex.quote(p) for p in parts)
 
 
 def run(args: argparse.Namespace) -> int:
     command = replay_command(args)
-    if getattr(args, "bootstrap", None) and not args.through_kafka:
+    o = _options(args)
+    if o["bootstrap"] and not args.through_kafka:
         print("phasewise replay: error: --bootstrap: needs --through-kafka", file=sys.stderr)
         return 2
     try:
@@ -228,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     except TraceFormatError as e:
         print(f"phasewise replay: {e}", file=sys.stderr)
         return 2
-    split = getattr(args, "split", "all")
+    split = o["split"]
     if split != "all":
         trace = subtrace(trace, {c.container for c in trace.containers if split_of(c.container) == split})
         if not trace.containers:
@@ -236,26 +264,25 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     try:
-        rq = _per_resource(getattr(args, "phase_resource_quantiles", ""))
-        rm = _per_resource(getattr(args, "phase_resource_margins", ""))
+        rq = _per_resource(o["phase_resource_quantiles"])
+        rm = _per_resource(o["phase_resource_margins"])
     except ValueError as e:
         print(f"phasewise replay: error: --phase-resource-quantiles/margins: {e}", file=sys.stderr)
         return 2
-    opts = FleetOptions(statistics=getattr(args, "phase_stats", "relative"),
-                        resource_quantiles=rq, resource_margins=rm,
-                        target_fulfilment=getattr(args, "phase_target_fulfilment", None),
-                        quantile=getattr(args, "phase_quantile", 0.95), margin=getattr(args, "phase_margin", 0.10),
-                        level_half_life=getattr(args, "level_half_life", 30.0),
-                        ratio_cap=(getattr(args, "phase_ratio_cap", 1.5) or None),
-                        pretrain_folds=getattr(args, "pretrain_folds", 0))
+    opts = FleetOptions(statistics=o["phase_stats"], resource_quantiles=rq, resource_margins=rm,
+                        target_fulfilment=o["phase_target_fulfilment"],
+                        quantile=o["phase_quantile"], margin=o["phase_margin"],
+                        level_half_life=o["level_half_life"],
+                        ratio_cap=o["phase_ratio_cap"] or None,  # 0: no cap
+                        pretrain_folds=o["pretrain_folds"])
     try:
         specs = policy_specs(args.policies.split(","), windows=windows, units=trace.units)
     except (ValueError, PolicyUnavailable) as e:
         print(f"phasewise replay: error: --policies: {e}", file=sys.stderr)
         return 2
-    phase_model = getattr(args, "phase_model", "container")
-    pretrained, frozen = getattr(args, "phase_pretrained", False), getattr(args, "phase_frozen", False)
-    safety = bool(getattr(args, "safety", False))
+    phase_model = o["phase_model"]
+    pretrained, frozen = o["phase_pretrained"], o["phase_frozen"]
+    safety = bool(o["safety"])
     if (pretrained or frozen or safety) and phase_model != "worker" and not args.through_kafka:
         print("phasewise replay: error: --phase-pretrained/--phase-frozen/--safety: apply to --phase-model worker "
               "and --through-kafka", file=sys.stderr)
@@ -271,8 +298,8 @@ def run(args: argparse.Namespace) -> int:
     has_phase = any(sp.name == "phase" for sp in specs)
     if args.through_kafka:
         try:
-            sequences = through_kafka(trace, specs, getattr(args, "bootstrap", None), frozen_model=frozen,
-                                      pretrained=pretrained, statistics=getattr(args, "phase_stats", "relative"),
+            sequences = through_kafka(trace, specs, o["bootstrap"], frozen_model=frozen,
+                                      pretrained=pretrained, statistics=o["phase_stats"],
                                       safety=safety)
         except ThroughKafkaUnsupported as e:
             print(f"phasewise replay: error: --through-kafka: {e}", file=sys.stderr)
@@ -283,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     if phase_model == "worker" and any(sp.name == "phase" for sp in specs) and "phase" not in (sequences or {}):
         try:
             got = worker_in_process(trace, family="phase", frozen_model=frozen, pretrained=pretrained,
-                                    statistics=getattr(args, "phase_stats", "relative"), safety=safety)
+                                    statistics=o["phase_stats"], safety=safety)
         except KafkaReplayError as e:
             print(f"phasewise replay: --phase-model worker: {e}", file=sys.stderr)
             return 2
@@ -312,8 +339,7 @@ def run(args: argparse.Namespace) -> int:
     phase_info = None
     if has_phase and (phase_model == "worker" or args.through_kafka):
         origin = worker_info.get("model_origin") or worker_origin(
-            trace, pretrained=pretrained, statistics=getattr(args, "phase_stats", "relative"),
-            bootstrap=getattr(args, "bootstrap", None))
+            trace, pretrained=pretrained, statistics=o["phase_stats"], bootstrap=o["bootstrap"])
         where = "through Kafka" if args.through_kafka else "in-process"
         phase_info = {"class": f"phasewise worker --policy phase ({where}; one model shared by all containers)",
                       "warm_start": {origin: len(trace.containers)}}
@@ -335,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
                              "elapsed_s": round(result.elapsed_s, 3)}
     if setup["phase_model"] == "worker" and has_phase:
         setup.update({"pretrained": pretrained, "frozen": frozen, "safety_rules": safety,
-                      "statistics": getattr(args, "phase_stats", "relative"),
+                      "statistics": o["phase_stats"],
                       **worker_info})
     if setup["phase_model"] == "fleet":
         setup.update({k: getattr(opts, k) for k in ("statistics", "quantile", "margin", "level_half_life", "ratio_cap",

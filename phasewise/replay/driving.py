@@ -34,6 +34,7 @@ from phasewise.models.scoring import Score, common_start, hold_last, score_steps
 from phasewise.replay.policies import NOMINAL_MEM_BYTES, PolicySpec, ScaledPolicy
 from phasewise.replay.results import ContainerReplay, ReplayResult, ResourceResult
 from phasewise.replay.traces import ContainerSeries, Trace, subtrace
+from phasewise.settings import Settings
 
 __all__ = [
     "decision_sequence",
@@ -85,13 +86,19 @@ def decision_sequence(policy: LimitPolicy, series: ContainerSeries,
 
 @dataclass(frozen=True)
 class FleetOptions:
-    """How :func:`fleet_sequences` builds and runs the shared phase model (the replay's phase knobs)."""
+    """How :func:`fleet_sequences` builds and runs the shared phase model (replay's phase knobs).
 
-    statistics: str = "relative"  #: "relative" (level x ratio quantile) or "absolute" (pooled usage quantile)
+    ``statistics`` and ``ratio_cap`` default to the worker's (``phase_statistics``,
+    ``phase_ratio_cap``); the others are replay's own.
+    """
+
+    #: "relative" (level x ratio quantile) or "absolute" (pooled usage quantile)
+    statistics: str = Settings.default("phase_statistics")
     quantile: float = 0.95
     margin: float = 0.10
     level_half_life: float = 30.0
-    ratio_cap: float | None = 1.5  #: relative: the phase's usage/level quantile is used up to this (None: no cap)
+    #: relative: the phase's usage/level quantile is used up to this (None: no cap)
+    ratio_cap: float | None = Settings.default("phase_ratio_cap") or None
     learn_every: int = 1
     pretrain_folds: int = 0  #: 0: start cold; K >= 2: cross-fitted pretraining (see :func:`fleet_sequences`)
     target_fulfilment: float | None = None  #: per-container adaptive multiplier aiming at this fulfilment

@@ -106,6 +106,7 @@ from phasewise.schemas import (
     decode,
     encode,
 )
+from phasewise.settings import Settings
 
 __all__ = [
     "END_CONTAINER",
@@ -131,6 +132,8 @@ __all__ = [
 END_CONTAINER = "__phasewise_replay_end__"
 #: resources the worker's VPA policy manages
 WORKER_RESOURCES = ("cpu", "mem")
+#: the phase statistics a replay worker runs unless asked (the worker's ``phase_statistics``)
+STATISTICS: str = Settings.default("phase_statistics")
 
 
 class KafkaReplayError(RuntimeError):
@@ -297,7 +300,7 @@ def trace_features(trace: Trace) -> str:
 
 
 def replay_settings_env(family: str, trace: Trace, *, frozen_model: bool = False,
-                        pretrained: bool = False, statistics: str = "relative",
+                        pretrained: bool = False, statistics: str = STATISTICS,
                         safety: bool = False) -> dict[str, str]:
     """The ``PHASEWISE_*`` settings of a replay worker (through Kafka and in-process alike).
 
@@ -309,20 +312,14 @@ def replay_settings_env(family: str, trace: Trace, *, frozen_model: bool = False
     *safety*: the live safety rules bound the decisions (``safety_rules``; off by
     default, so replay scores what the bare policy decides).
     """
-    from phasewise.models.vpa import VpaRecommender
-
-    d = VpaRecommender()  # the in-process policy's defaults
     env = {
         "PHASEWISE_POLICY": family,
         "PHASEWISE_RECOMMEND_INTERVAL_S": "0",
         "PHASEWISE_HYSTERESIS": "0",
-        "PHASEWISE_VPA_TIME_SCALE": "1",
         # in-process replay never forgets a container; a trace's gaps may exceed the TTL
         "PHASEWISE_CONTAINER_TTL_S": "0",
-        "PHASEWISE_VPA_MIN_CPU_CORES": repr(d.min_cpu_cores),
-        "PHASEWISE_VPA_MIN_MEM_BYTES": str(int(d.min_mem_bytes)),
-        "PHASEWISE_VPA_THROTTLE_THRESHOLD": repr(d.throttle_threshold),
-        "PHASEWISE_VPA_THROTTLE_BUMP": repr(d.throttle_bump),
+        # the VPA settings keep their defaults: those of the in-process VpaPolicy (a test keeps
+        # the two equal), time scale 1 included
         # follow the policy's limits step by step (the replay compares every limit)
         "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",
         "PHASEWISE_PHASE_FEATURES": trace_features(trace),
@@ -359,7 +356,7 @@ FROZEN_SNAPSHOT_INTERVAL_S = 1e7
 def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | None = None,
                          workdir: str | Path | None = None, timeout_s: float = 300.0,
                          frozen_model: bool = False, pretrained: bool = False,
-                         statistics: str = "relative", safety: bool = False) -> KafkaReplayResult:
+                         statistics: str = STATISTICS, safety: bool = False) -> KafkaReplayResult:
     """Send *trace* through a broker and a ``phasewise worker``; rebuild its decision sequences.
 
     *bootstrap*: an existing broker (default: start an embedded one for the
@@ -378,7 +375,6 @@ def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | 
     from phasewise.infra.broker import EmbeddedBroker, free_port
     from phasewise.kafka import BrokerUnavailable, ensure_topics, make_consumer, make_producer
     from phasewise.procs import RoleProcess
-    from phasewise.settings import Settings
     from phasewise.topics import DECISIONS, SAMPLES
 
     t0 = time.perf_counter()
@@ -483,7 +479,7 @@ class _InProcessPhase:
         from phasewise.streams.config import detector_config, initial_model
 
         model, self.origin = initial_model(settings)
-        self.interval = float(settings.phase_snapshot_interval_s)
+        self.interval = float(settings.phase.snapshot_interval_s)
         self.frozen = frozen
         self.latest: tuple[Any, Any] | None = None
         self.hooks = PhaseHooks(detector_config(settings), cache, model=model.clone(), version=0,
@@ -521,7 +517,7 @@ class _InProcessPhase:
 
 
 def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "replay", frozen_model: bool = False,
-                      pretrained: bool = False, statistics: str = "relative",
+                      pretrained: bool = False, statistics: str = STATISTICS,
                       safety: bool = False) -> KafkaReplayResult:
     """What :func:`replay_through_kafka` does, without Kafka: the worker's own step in this process.
 
@@ -537,7 +533,6 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
     if family not in ("vpa", "phase"):
         raise KafkaReplayError(f"policy {family!r} is not a worker policy (vpa, phase)")
     from phasewise.models.vpa_updater import worker_round
-    from phasewise.settings import Settings
     from phasewise.streams.config import state_cache, updater_config
 
     t0 = time.perf_counter()
@@ -673,7 +668,7 @@ def through_kafka(trace: Trace, specs: list[PolicySpec], bootstrap: str | None,
     return {s.name: seqs[s.family] for s in specs if s.family in seqs}
 
 
-def worker_origin(trace: Trace, *, pretrained: bool, statistics: str = "relative",
+def worker_origin(trace: Trace, *, pretrained: bool, statistics: str = STATISTICS,
                   bootstrap: str | None = None) -> str:
     """What a replay's phase worker starts from (for the report), by the worker's own rule.
 
@@ -681,7 +676,6 @@ def worker_origin(trace: Trace, *, pretrained: bool, statistics: str = "relative
     worker's settings; with *bootstrap* (a broker that may already hold
     snapshots) the worker would start from the newest one instead.
     """
-    from phasewise.settings import Settings
     from phasewise.streams.config import initial_model
 
     env = replay_settings_env("phase", trace, pretrained=pretrained, statistics=statistics)

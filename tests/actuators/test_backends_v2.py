@@ -105,9 +105,11 @@ def test_the_dry_run_backend_reads_real_usage_when_the_cgroup_tree_is_there(v2, 
     from phasewise.settings import Settings
 
     _, d = v2
-    dry = make_backend(Settings(backend="dry-run", cgroup_root=str(d.parent.parent), cgroup_prefix="pw"))
+    root = str(d.parent.parent)
+    dry = make_backend(Settings().replace(backend="dry-run", cgroup_root=root, cgroup_prefix="pw"))
     assert dry.name == "dry-run" and dry.memory_usage("job-a") == 209715200 - 52428800
-    nowhere = make_backend(Settings(backend="dry-run", cgroup_root=str(tmp_path / "none")))
+    nowhere = make_backend(Settings().replace(backend="dry-run",
+                                              cgroup_root=str(tmp_path / "none")))
     assert nowhere.memory_usage("job-a") is None
-    real = make_backend(Settings(backend="cgroup", cgroup_root=str(d.parent.parent), cgroup_prefix="pw"))
+    real = make_backend(Settings().replace(backend="cgroup", cgroup_root=root, cgroup_prefix="pw"))
     assert real.name == "cgroup-v2"

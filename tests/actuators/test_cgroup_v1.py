@@ -87,8 +87,9 @@ def managed():
 
 
 def settings(**kw) -> Settings:
-    return Settings(**{"host": "h1", "cpu_floor_cores": 0.05, "mem_margin_bytes": 64 * MiB,
-                       "mem_floor_bytes": 16 * MiB, "apply_retries": 0, **kw})
+    return Settings().replace(**{"host": "h1", "cpu_floor_cores": 0.05,
+                                 "mem_margin_bytes": 64 * MiB, "mem_floor_bytes": 16 * MiB,
+                                 "apply_retries": 0, **kw})
 
 
 def decision(container: str, **kw) -> bytes:

@@ -22,7 +22,7 @@ def test_the_actuate_role_applies_reports_metrics_and_stops_on_sigterm(settings,
     role = RoleProcess(
         "actuate",
         ["--backend", "dry-run", "--metrics-port", str(port), "--cpu-floor", "0.2", "--mem-margin", "32Mi"],
-        env={"PHASEWISE_BOOTSTRAP": settings.bootstrap, "PHASEWISE_HOST": settings.host,
+        env={"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_HOST": settings.host,
              "PHASEWISE_DATA_DIR": str(tmp_path)},
         log_path=tmp_path / "actuator.log",
     ).start()

@@ -24,7 +24,8 @@ NOW = time.time()  # the actuators' clock in handle() tests (the ledger prunes a
 
 
 def mk_settings(**kw) -> Settings:
-    return Settings(**{"host": "h1", "apply_retries": 2, "apply_retry_backoff_s": 0.1, **kw})
+    return Settings().replace(**{"host": "h1", "apply_retries": 2, "apply_retry_backoff_s": 0.1,
+                                 **kw})
 
 
 def decision_bytes(host: str = "h1", **kw) -> bytes:

@@ -12,7 +12,8 @@ from phasewise.schemas import Decision
 from phasewise.settings import Settings
 
 MiB = 2**20
-S = Settings(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=64 * MiB, mem_floor_bytes=32 * MiB)
+S = Settings().replace(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=64 * MiB,
+                       mem_floor_bytes=32 * MiB)
 
 
 def decision(**kw) -> Decision:
@@ -122,7 +123,7 @@ def test_rules_compose_by_wrapping_and_report_every_change():
 def test_memory_is_never_set_below_the_recent_peak_plus_margin():
     from phasewise.actuators.safety import plan
 
-    s = Settings(host="h1", mem_margin_bytes=64 * 2**20, mem_floor_bytes=0)
+    s = Settings().replace(host="h1", mem_margin_bytes=64 * 2**20, mem_floor_bytes=0)
     d = Decision(id="d", ts=1.0, host="h1", container="job", action="limit", policy="phase",
                  mem_limit_bytes=300 * 2**20)
     p = plan(d, exists=True, usage_mem_bytes=200 * 2**20, host_cores=4, settings=s, peak_mem_bytes=700 * 2**20)

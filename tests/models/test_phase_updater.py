@@ -156,7 +156,7 @@ def test_gpu_features_shape_the_phases_but_only_cpu_and_mem_get_limits():
     s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
                            "phase_learn_every": 1,
                            "phase_learn_batch": 1000, "phase_features": "gpu_mem,gpu,mem,cpu"}, env={})
-    assert s.phase_feature_tuple() == GPU4
+    assert s.phase.feature_tuple() == GPU4
     model = PhaseModel(features=GPU4, n_his=2, warmup=32, seed=0)
     W = np.array([[gpu_regime(t + k) for k in range(3)] for t in range(160)])
     for _ in range(4):

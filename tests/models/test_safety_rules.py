@@ -104,8 +104,8 @@ def test_no_limit_is_lowered_before_the_minimum_history(loop):
 
 
 def test_cpu_is_never_lowered_while_the_container_was_throttled(loop):
-    window = loop.s.safety_cooldown_s  # the rules wait a cooldown of unthrottled samples
-    thr_at = [t for t, _, _, thr in loop.samples if thr > loop.s.vpa_throttle_threshold]
+    window = loop.s.safety.cooldown_s  # the rules wait a cooldown of unthrottled samples
+    thr_at = [t for t, _, _, thr in loop.samples if thr > loop.s.vpa.throttle_threshold]
     cuts = [d for d, cpu0, _ in loop.decisions if d.cpu_limit_cores is not None and d.cpu_limit_cores < cpu0]
     assert cuts, "the loop should lower CPU at some point"
     for d in cuts:
@@ -146,7 +146,7 @@ def test_every_decision_says_which_rules_bounded_it(loop):
 
 
 def test_the_rules_keep_the_loop_free_of_oom_kills_that_the_bare_policy_causes(loop):
-    policy = loop.s.policy
+    policy = loop.s.worker.policy
     bare = Loop(policy, safety_rules=False).run(1500)
     assert loop.ooms == 0
     if policy == "phase":  # the VPA keeps its own memory above these spikes; the phase policy does not

@@ -163,11 +163,11 @@ def _decide(entry: RefEntry, host: str, c: ContainerSample, ts: float,
         mem_t = float(min(math.ceil(mem_t), MAX_BYTES))
     ref_cpu = entry.decided_cpu if entry.decided_cpu is not None else c.cpu_limit_cores
     ref_mem = entry.decided_mem if entry.decided_mem is not None else c.mem_limit_bytes
-    h = settings.hysteresis
+    h = settings.worker.hysteresis
     cpu_out = cpu_t if _moved(cpu_t, ref_cpu, h) else None
     mem_out = mem_t if _moved(mem_t, ref_mem, h) else None
     rec = None
-    if settings.vpa_update_mode == "bounds" and (cpu_out is not None or mem_out is not None):
+    if settings.vpa.update_mode == "bounds" and (cpu_out is not None or mem_out is not None):
         # the VPA updater acts only on a limit outside the confidence bounds: with little
         # history the upper bound is far above the target, so nothing is cut early
         rec = p.model.predict_one()
@@ -193,8 +193,8 @@ def _decide(entry: RefEntry, host: str, c: ContainerSample, ts: float,
     details["previous"] = {"cpu": ref_cpu, "mem": ref_mem}
     details["observed"] = {"cpu": c.cpu_limit_cores, "mem": c.mem_limit_bytes}
     details["hysteresis"] = h
-    details["update_mode"] = settings.vpa_update_mode
-    details["worker_id"] = settings.worker_id
+    details["update_mode"] = settings.vpa.update_mode
+    details["worker_id"] = settings.worker.id
     details["confidence"] = _finite(details["confidence"])
     reason = (f"vpa {p.bound} (p{m.target_percentile * 100:g} of {m.samples} samples "
               f"+{m.safety_margin * 100:g}%): " + "; ".join(why))
@@ -214,8 +214,8 @@ def reference_process(state_cache: RefCache, msg: HostSamples, settings: Setting
     out: list[Decision] = []
     ts = msg.ts
     host = msg.host
-    interval = settings.recommend_interval_s
-    write_interval = settings.state_write_interval_s
+    interval = settings.worker.recommend_interval_s
+    write_interval = settings.worker.state_write_interval_s
     dirty = state_cache.dirty
     per_s = 1.0 / msg.interval_s if msg.interval_s > 0 else 0.0
     for c in msg.containers:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -136,7 +135,7 @@ def run_agent(agent: Agent) -> tuple[threading.Thread, threading.Event]:
 def test_the_agent_publishes_one_message_per_tick_keyed_by_host(settings, v2tree):
     v2tree.set("job-a", cpu_s=1.0, mem=2**20)
     v2tree.set("job-b", cpu_s=2.0, mem=2**21)
-    s = dataclasses.replace(settings, interval_s=0.2)
+    s = settings.replace(interval_s=0.2)
     agent = Agent(s, HostSampler(v2tree.layout, host=s.host, gpu=False), metrics=ProducerMetrics(CollectorRegistry()))
     stop = threading.Event()
     agent.run(stop, max_ticks=3)

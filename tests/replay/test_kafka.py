@@ -251,7 +251,7 @@ def test_a_frozen_phase_worker_through_kafka_decides_exactly_what_its_own_step_d
     result = replay_through_kafka(trace, family="phase", workdir=tmp_path, timeout_s=180, frozen_model=True,
                                   pretrained=True)
     s = Settings.from_env(env=result.settings_env)
-    assert s.policy == "phase" and s.phase_snapshot_interval_s > 1e6 and s.phase_pretrained
+    assert s.worker.policy == "phase" and s.phase.snapshot_interval_s > 1e6 and s.phase.pretrained
     local = worker_in_process(trace, family="phase", host=result.host, frozen_model=True, pretrained=True)
     assert local.model_origin.startswith("pretrained") and local.snapshots == 0
     assert {k: v for k, v in local.settings_env.items()} == {k: v for k, v in result.settings_env.items()

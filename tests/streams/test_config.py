@@ -7,7 +7,7 @@ import pytest
 from phasewise.models.detector import PhaseModel
 from phasewise.models.phase_updater import PhaseHooks
 from phasewise.settings import Settings
-from phasewise.streams.config import detector_config, initial_model, state_cache
+from phasewise.streams.config import detector_config, initial_model, recommender_params, state_cache
 from tests.models.test_phase_updater import warm_model
 
 
@@ -39,3 +39,15 @@ def test_the_models_and_the_settings_agree_on_the_limited_features():
     from phasewise.settings import LIMITED_FEATURES
 
     assert LIMITED == LIMITED_FEATURES
+
+
+def test_the_worker_vpa_defaults_are_the_in_process_vpa_defaults():
+    """Replay runs the worker with the VPA settings' defaults and scores it against the in-process
+    ``VpaPolicy()``: the two must hold the same parameters (the settings' own are written once)."""
+    from phasewise.models.vpa import VpaRecommender
+
+    params = recommender_params(Settings())
+    model = VpaRecommender()
+    assert params == {k: getattr(model, k) for k in params}
+    assert set(params) == {"time_scale", "min_cpu_cores", "min_mem_bytes", "throttle_threshold",
+                           "throttle_bump"}

@@ -315,7 +315,7 @@ def _decided(settings: Settings, host: str) -> set[str]:
 
 def _start_worker(settings: Settings, tmp, worker_id: str) -> tuple[RoleProcess, int]:
     port = free_port()
-    env = {"PHASEWISE_BOOTSTRAP": settings.bootstrap, "PHASEWISE_VPA_TIME_SCALE": "0.001",
+    env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_VPA_TIME_SCALE": "0.001",
            "PHASEWISE_VPA_UPDATE_MODE": "hysteresis", "PHASEWISE_LOG_LEVEL": "info",
            "PHASEWISE_SAFETY_RULES": "false"}  # every container decided at once: delivery is under test
     args = ["--recommend-interval", "0", "--web-port", "0", "--worker-id", worker_id,

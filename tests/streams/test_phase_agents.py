@@ -34,7 +34,7 @@ class Worker:
         self.metrics_port = free_port()
         self.tmp = tmp
         # the phase pipeline's own decisions: tests/streams/test_safety_rules.py runs one with the rules on
-        env = {"PHASEWISE_BOOTSTRAP": settings.bootstrap, "PHASEWISE_VPA_TIME_SCALE": "0.001",
+        env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_VPA_TIME_SCALE": "0.001",
                "PHASEWISE_LOG_LEVEL": "info", "PHASEWISE_SAFETY_RULES": "false"}
         self.args = ["--policy", "phase", "--snapshot-interval", "1", "--learn-every", "1", "--phase-warmup", "32",
                      "--recommend-interval", "1", "--web-port", "0", "--worker-id", worker_id,

@@ -36,7 +36,7 @@ class Worker:
     def __init__(self, settings: Settings, tmp, worker_id: str) -> None:
         self.metrics_port = free_port()
         env = {
-            "PHASEWISE_BOOTSTRAP": settings.bootstrap,
+            "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap,
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
             "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",  # these tests check decisions within seconds
             # the VPA's own decisions: tests/streams/test_safety_rules.py runs a worker with the rules on
