@@ -208,8 +208,9 @@ class Fuzzer:
         if self.topic == "learn-windows":
             _, raw, _ = self.valid(0)
             return json.loads(raw), None
-        return to_dict(ModelSnapshot(name=self.name, ts=self.t0, version=self.version + 1,
-                                     payload_b64=base64.b64encode(self.payload).decode(), samples_seen=1)), ModelSnapshot
+        snap = ModelSnapshot(name=self.name, ts=self.t0, version=self.version + 1,
+                             payload_b64=base64.b64encode(self.payload).decode(), samples_seen=1)
+        return to_dict(snap), ModelSnapshot
 
     def make(self, kind: str) -> bytes | None:
         r = self.rng
@@ -505,7 +506,8 @@ def _through_kafka(args: argparse.Namespace, model: Any, host: str) -> dict[str,
         else:
             policy = args.policy if args.topic == "samples" else "phase"
             env.update({"PHASEWISE_POLICY": policy, "PHASEWISE_WEB_PORT": "0", "PHASEWISE_RECOMMEND_INTERVAL_S": "0",
-                        "PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_WORKER_ID": f"phasewise-fuzz-{uuid.uuid4().hex[:6]}",
+                        "PHASEWISE_VPA_TIME_SCALE": "0.001",
+                        "PHASEWISE_WORKER_ID": f"phasewise-fuzz-{uuid.uuid4().hex[:6]}",
                         # a valid sample counts as handled when it gets a decision: the safety rules would
                         # hold some back on purpose (their own tests are tests/streams/test_safety_rules.py)
                         "PHASEWISE_SAFETY_RULES": "false"})

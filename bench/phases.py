@@ -188,7 +188,8 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
                 m = scrape(url)
             except OSError:
                 return False
-            return m.get("phasewise_worker_ready", 0.0) >= 1.0 and m.get("phasewise_worker_model_version", 0) >= snap.version
+            return (m.get("phasewise_worker_ready", 0.0) >= 1.0
+                    and m.get("phasewise_worker_model_version", 0) >= snap.version)
 
         wait_until(ready, 120, what="the worker to be ready on the warm snapshot")
         rss0 = rss_bytes(worker.pid)

@@ -694,7 +694,8 @@ class VpaFleet:
         self._oom_peak[rows] = oom_peak
 
     def _record_oom(self, rows: np.ndarray, t: float | np.ndarray, mem_limit: np.ndarray) -> None:
-        ok = ~(t < self._last_mem_t[rows] - self._mem_interval)  # an interval before the last memory sample (NaN: never)
+        # kept unless an interval before the last memory sample (NaN: never a memory sample)
+        ok = ~(t < self._last_mem_t[rows] - self._mem_interval)
         if not all_true(ok):
             rows, t, mem_limit = rows[ok], _sub(t, ok), mem_limit[ok]
             if rows.size == 0:

@@ -61,7 +61,8 @@ BAD = [
     (["replay", "--policies", "window"], {"PHASEWISE_POLICY": "oracle"}, "PHASEWISE_POLICY: invalid choice"),
     (["bench", "phases", "--pure-only"], {"PHASEWISE_PHASE_STATISTICS": "median"},
      "PHASEWISE_PHASE_STATISTICS: invalid choice"),
-    (["demo", "--duration", "1"], {"PHASEWISE_VPA_UPDATE_MODE": "sometimes"}, "PHASEWISE_VPA_UPDATE_MODE: invalid choice"),
+    (["demo", "--duration", "1"], {"PHASEWISE_VPA_UPDATE_MODE": "sometimes"},
+     "PHASEWISE_VPA_UPDATE_MODE: invalid choice"),
     (["broker", "--no-topics"], {"PHASEWISE_BACKEND": "cgroups"}, "PHASEWISE_BACKEND: invalid choice: 'cgroups'"),
     # flags
     (["topics", "--partitions", "x"], {}, "--partitions: 'x' is not an integer"),

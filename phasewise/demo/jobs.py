@@ -370,8 +370,8 @@ def _convlm(seed: int, scale: float) -> Task:
             self.emb = nn.Embedding(256, 64)
             layers: list[nn.Module] = []
             for dil in (1, 2, 4, 8, 16):
-                layers += [nn.ConstantPad1d((2 * dil, 0), 0.0), nn.Conv1d(64 if dil == 1 else 128, 128, 3, dilation=dil),
-                           nn.GELU()]
+                layers += [nn.ConstantPad1d((2 * dil, 0), 0.0),
+                           nn.Conv1d(64 if dil == 1 else 128, 128, 3, dilation=dil), nn.GELU()]
             self.net = nn.Sequential(*layers)
             self.out = nn.Conv1d(128, 256, 1)
 

@@ -335,9 +335,8 @@ class Demo:
             if prev is not None and c.nr_periods > prev[0]:
                 share = (c.nr_throttled - prev[1]) / (c.nr_periods - prev[0])
             self._cg_prev[name] = (c.nr_periods, c.nr_throttled)
-            self.records.cgroups[name].append(CgroupPoint(now, share, c.cpu_limit_cores,
-                                                          None if c.mem_limit_bytes is None else float(c.mem_limit_bytes),
-                                                          c.oom_kills))
+            mem_limit = None if c.mem_limit_bytes is None else float(c.mem_limit_bytes)
+            self.records.cgroups[name].append(CgroupPoint(now, share, c.cpu_limit_cores, mem_limit, c.oom_kills))
 
     def _stop_requested(self) -> None:
         if self.signals.requested:
@@ -617,7 +616,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vpa-time-scale", type=like("vpa_time_scale"), default=0.001,
                    help="worker: VPA durations x this (demo default 0.001: a VPA day lasts 86 s)")
     p.add_argument("--start-cpu", type=arg_type(parse_float, above(0)), default=0.5,
-                   help="starting CPU limit per job, cores (below a job's ~1 core of demand, so the loop raises it early)")
+                   help="starting CPU limit per job, cores (below a job's ~1 core of demand, so the loop "
+                        "raises it early)")
     p.add_argument("--start-mem", type=arg_type(parse_size, above(0), name="size"), default=2**30,  # 1 GiB
                    help="starting memory limit per job (a size: bytes, 512Mi, 1Gi; 1G = 10**9; default 1Gi)")
     p.add_argument("--max-restarts", type=arg_type(parse_int, at_least(0)), default=3,

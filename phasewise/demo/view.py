@@ -30,7 +30,7 @@ __all__ = ["LEGEND", "JobRow", "LiveView", "ViewState", "render"]
 LEGEND = (
     "stage: the job's own progress (load, train, eval, checkpoint); crbm: the phase the worker's CRBM put it in",
     "use%: use / limit; limit from: what set the last decision: phase N (that phase's statistics), vpa fallback",
-    "  (the phase policy while its model is cold or the phase new) or vpa; +cpu:step etc.: safety rules that bounded it",
+    "  (the phase policy while its model is cold or the phase new) or vpa; +cpu:step: the safety rules that bounded it",
     "[applied]: the actuator set the limits; [clamped]: set after its own floors changed one; [rejected]: refused",
 )
 

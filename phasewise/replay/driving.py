@@ -58,8 +58,11 @@ def _usage_at(series: ContainerSeries, i: int) -> dict[str, float]:
     return out
 
 
+Sequence = list[tuple[float, Limits]]
+
+
 def decision_sequence(policy: LimitPolicy, series: ContainerSeries,
-                      explain: bool = False) -> list[tuple[float, Limits]] | tuple[list[tuple[float, Limits]], list[dict]]:
+                      explain: bool = False) -> Sequence | tuple[Sequence, list[dict]]:
     """Drive *policy* through one container: ``[(t, limits asked at t), ...]``.
 
     At each sample ``t`` the limits are asked first, then the usage measured at

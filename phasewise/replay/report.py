@@ -580,7 +580,8 @@ def _plot_tradeoff(result: ReplayResult, rows: list[dict], savings: list[dict], 
             Line2D([], [], ls="none", marker="s", ms=7, color=_COLORS["vpa"], mec="black", label="vpa"),
             Line2D([], [], ls="none", marker="o", ms=7, color=_COLORS["window"], mec="black",
                    label="window members (max or p95×1.15 over W samples)"),
-            Line2D([], [], ls="none", marker="D", ms=7, color=_COLORS[ORACLE], label="oracle (sees the step it limits)"),
+            Line2D([], [], ls="none", marker="D", ms=7, color=_COLORS[ORACLE],
+                   label="oracle (sees the step it limits)"),
             Line2D([], [], color="#555555", lw=1.6, label="reactive frontier R(f)"),
             Line2D([], [], ls="none", marker="x", ms=11, mew=2, color="#333333",
                    label="frontier at the phase policy's fulfilment"),
@@ -650,7 +651,8 @@ def _phase_statement(result: ReplayResult) -> str:
     elif any(s.startswith("pretrained on the other") for s in starts):
         text += " Each container was scored by a model pretrained only on the other folds' containers."
     else:
-        text += " No container started from a pretrained checkpoint: the model learned online from the replayed stream only."
+        text += (" No container started from a pretrained checkpoint: the model learned online from the "
+                 "replayed stream only.")
     if "harness_unit_scales" in info:
         text += (f" Memory was shown to it (and to VPA) as bytes of a nominal pod: usage x "
                  f"{info['harness_unit_scales']}.")
@@ -672,8 +674,9 @@ def verdict(s: dict) -> str:
     >>> verdict({"resource": "mem", "slack_cut_vs_frontier": 0.5, "alloc_cut_vs_frontier": 0.05,
     ...          "phase_alloc_over_used": 1.1, "phase_fulfilment": 0.98, "frontier_fulfilment": 0.98,
     ...          "frontier_alloc_at_phase_fulfilment": 1.2, "frontier_mix": {"vpa": 1.0},
-    ...          "phase_fulfilment_above_every_reactive": False})
-    '`mem`: the phase policy **beats** the reactive frontier: at 98.0% fulfilment it allocates 1.100× use, the frontier 1.200× (vpa): slack cut +50.0%, allocation cut +5.0%.'
+    ...          "phase_fulfilment_above_every_reactive": False}).split(": ", 2)
+    ['`mem`', 'the phase policy **beats** the reactive frontier', 'at 98.0% fulfilment it allocates 1.100× use, \
+the frontier 1.200× (vpa): slack cut +50.0%, allocation cut +5.0%.']
     """
     r = s["resource"]
     if s.get("frontier_alloc_at_phase_fulfilment") is None:

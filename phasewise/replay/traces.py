@@ -213,8 +213,10 @@ class _Cleaning:
     >>> c = _Cleaning()
     >>> [c.cell(v, Path("f.csv"), 2, "value", "f.csv value") for v in ("1.5", "-0.25", "NaN", "inf", "")]
     [1.5, 0.0, nan, nan, nan]
-    >>> c.notes()
-    ['f.csv value: 1 negative value(s) clipped to 0 (lowest -0.25)', 'f.csv value: 2 NaN/infinite value(s) treated as missing (1 NaN, 1 infinite)']
+    >>> for note in c.notes():
+    ...     print(note)
+    f.csv value: 1 negative value(s) clipped to 0 (lowest -0.25)
+    f.csv value: 2 NaN/infinite value(s) treated as missing (1 NaN, 1 infinite)
     >>> c.counts()
     {'negative_clipped': {'f.csv value': 1}, 'non_finite_missing': {'f.csv value': 2}}
     """

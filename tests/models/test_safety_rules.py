@@ -54,7 +54,8 @@ class Loop:
     def __init__(self, policy: str, **kw) -> None:
         self.s = settings(policy, **kw)
         self.cache = state_cache(self.s)
-        self.hooks = PhaseHooks(detector_config(self.s), self.cache, model=warm_model(), version=1) if policy == "phase" else None
+        self.hooks = (PhaseHooks(detector_config(self.s), self.cache, model=warm_model(), version=1)
+                      if policy == "phase" else None)
         self.cpu_limit, self.mem_limit = 2.0, float(2**31)
         self.samples: list[tuple[float, float, float, float]] = []  # ts, cpu use, mem use, throttled share
         self.decisions: list[tuple[Decision, float, float]] = []  # decision, cpu and mem in force before

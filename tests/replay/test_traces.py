@@ -79,7 +79,8 @@ def test_a_missing_column_is_named_in_the_error(tmp_path):
 @pytest.mark.parametrize("content,message", [
     ("", "empty file"),
     ("timestamp,service,pod.id,cpu.usage.cores,mem.working.set\n", "no data rows"),
-    ("timestamp,service,pod.id,cpu.usage.cores,mem.working.set\n1,s,p,lots,3\n", "line 2: column 'cpu.usage.cores' is not a number"),
+    ("timestamp,service,pod.id,cpu.usage.cores,mem.working.set\n1,s,p,lots,3\n",
+     "line 2: column 'cpu.usage.cores' is not a number"),
     ("timestamp,service,pod.id,cpu.usage.cores,mem.working.set\n1,s,p,1\n", "line 2: 4 fields, header has 5"),
     ("timestamp,service,pod.id,cpu.usage.cores,mem.working.set\n1,s,,1,2\n", "empty pod.id"),
 ])
