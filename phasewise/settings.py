@@ -602,6 +602,15 @@ class PhaseSettings(_Group):
                                help="--policy phase: cap on a phase's quantile of usage/level "
                                     "(0 = no cap)")
 
+    @staticmethod
+    def cap(ratio_cap: float) -> float | None:
+        """A ``phase_ratio_cap`` value as the models take it: 0 means no cap (``None``).
+
+        >>> PhaseSettings.cap(1.5), PhaseSettings.cap(0)
+        (1.5, None)
+        """
+        return ratio_cap or None
+
     def feature_tuple(self) -> tuple[str, ...]:
         """``phase_features`` parsed, in :data:`PHASE_FEATURES` order.
 

@@ -17,7 +17,7 @@ from phasewise.models.detector import PhaseModel
 from phasewise.models.guard import GuardConfig
 from phasewise.models.phase_updater import DetectorConfig
 from phasewise.models.vpa_updater import StateCache, UpdaterConfig
-from phasewise.settings import Settings
+from phasewise.settings import PhaseSettings, Settings
 
 __all__ = ["detector_config", "guard_config", "initial_model", "recommender_params", "state_cache",
            "updater_config"]
@@ -72,7 +72,7 @@ def detector_config(settings: Settings) -> DetectorConfig:
         min_cpu_cores=settings.vpa.min_cpu_cores, min_mem_bytes=float(settings.vpa.min_mem_bytes),
         learn_every=phase.learn_every, learn_batch=phase.learn_batch, statistics=phase.statistics,
         state_write_interval_s=settings.worker.state_write_interval_s,
-        ratio_cap=phase.ratio_cap or None,
+        ratio_cap=PhaseSettings.cap(phase.ratio_cap),
     )
 
 

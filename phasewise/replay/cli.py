@@ -48,6 +48,7 @@ from phasewise.replay.traces import (
 from phasewise.settings import (
     PHASE_STATISTICS,
     SPECS,
+    PhaseSettings,
     Settings,
     above,
     arg_type,
@@ -273,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
                         target_fulfilment=o["phase_target_fulfilment"],
                         quantile=o["phase_quantile"], margin=o["phase_margin"],
                         level_half_life=o["level_half_life"],
-                        ratio_cap=o["phase_ratio_cap"] or None,  # 0: no cap
+                        ratio_cap=PhaseSettings.cap(o["phase_ratio_cap"]),
                         pretrain_folds=o["pretrain_folds"])
     try:
         specs = policy_specs(args.policies.split(","), windows=windows, units=trace.units)

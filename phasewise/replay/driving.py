@@ -34,7 +34,7 @@ from phasewise.models.scoring import Score, common_start, hold_last, score_steps
 from phasewise.replay.policies import NOMINAL_MEM_BYTES, PolicySpec, ScaledPolicy
 from phasewise.replay.results import ContainerReplay, ReplayResult, ResourceResult
 from phasewise.replay.traces import ContainerSeries, Trace, subtrace
-from phasewise.settings import Settings
+from phasewise.settings import PhaseSettings, Settings
 
 __all__ = [
     "decision_sequence",
@@ -101,7 +101,7 @@ class FleetOptions:
     margin: float = 0.10
     level_half_life: float = 30.0
     #: relative: the phase's usage/level quantile is used up to this (None: no cap)
-    ratio_cap: float | None = Settings.default("phase_ratio_cap") or None
+    ratio_cap: float | None = PhaseSettings.cap(Settings.default("phase_ratio_cap"))
     learn_every: int = 1
     pretrain_folds: int = 0  #: 0: start cold; K >= 2: cross-fitted pretraining (see :func:`fleet_sequences`)
     target_fulfilment: float | None = None  #: per-container adaptive multiplier aiming at this fulfilment
