@@ -118,7 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=cap.default, metavar="C",
                    help="--phase-model fleet, relative: use a phase's quantile of usage/level up "
                         "to C, so a limit is at most level x C x (1 + margin) (default "
-                        "%(default)s, see the README; 0 = no cap)")
+                        "%(default)s, see docs/results.md; 0 = no cap)")
     p.add_argument("--phase-resource-quantiles", default="", metavar="R=Q,...", type=arg_type(parse_str, _per_resource),
                    help="--phase-model fleet: per-resource quantiles overriding --phase-quantile, e.g. mem=0.97")
     p.add_argument("--phase-resource-margins", default="", metavar="R=M,...", type=arg_type(parse_str, _per_resource),
