@@ -270,3 +270,20 @@ def test_a_cycle_a_kit_import_of_an_app_and_io_in_models_are_found(tmp_path):
         ("phasewise.models.pure", "subprocess", 5), ("phasewise.models.pure", "phasewise.settings", 6)]
     assert [(e.target, e.line) for e in edges if e.module == "phasewise.replay.b"] == [
         ("json", 1), ("phasewise.replay.a", 2)]
+
+
+def test_every_package_on_disk_is_in_the_distribution():
+    """A wheel holds only the packages pyproject names: a new package left out works editable and breaks installs."""
+    import tomllib
+
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {name: REPO / path for name, path in tool["package-dir"].items()}
+    on_disk = set()
+    for top, root in dirs.items():
+        for init in root.rglob("__init__.py"):
+            rel = init.parent.relative_to(root)
+            if any(part.startswith((".", "__")) or part in ("tests", "build") for part in rel.parts):
+                continue
+            on_disk.add(".".join((*top.split("."), *rel.parts)))
+    missing = sorted(on_disk - set(tool["packages"]))
+    assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
