@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(BIN)/phasewise demo $(ARGS)
 
+# The suite mostly waits (broker group joins, real jobs, image builds), so it runs in
+# parallel processes, a test file per process at a time (files share module fixtures).
+TEST_WORKERS ?= 4
 test: install tools
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Test tools from Debian, best effort (root + apt): promtool (`prometheus`) for the
 # alert-rule tests; dockerd (`docker.io`) and a static busybox (`busybox-static`) for the
