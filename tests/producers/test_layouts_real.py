@@ -93,7 +93,6 @@ class RealTree:
 
     def add(self, rel: str, *, pause: bool = False) -> int:
         for root in self.roots:
-            d = root / rel
             parts = Path(rel).parts
             for i in range(1, len(parts) + 1):
                 p = root.joinpath(*parts[:i])
