@@ -43,6 +43,7 @@ mem_min_bytes=None, mem_max_bytes=None, priority=None, workload_class=None, erro
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 import re
@@ -50,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phasewise.schemas import MAX_BYTES, MAX_CORES, MODES, WorkloadPolicy
+from phasewise.schemas import MAX_BYTES, MAX_CORES, MODES, HostSamples, WorkloadPolicy
 
 __all__ = [
     "ANNOTATION_PREFIX",
@@ -66,6 +67,7 @@ __all__ = [
     "parse_policy_file",
     "parse_settings",
     "resolve",
+    "without_off",
 ]
 
 ANNOTATION_PREFIX = "phasewise.io/"
@@ -309,3 +311,21 @@ def resolve(own: Settings | None, layout: str, default_mode: str = "auto") -> Wo
                           cpu_min_cores=own.cpu_min_cores, cpu_max_cores=own.cpu_max_cores,
                           mem_min_bytes=own.mem_min_bytes, mem_max_bytes=own.mem_max_bytes,
                           priority=own.priority, workload_class=own.workload_class)
+
+
+def without_off(samples: HostSamples) -> HostSamples:
+    """*samples* without the containers whose workload mode is ``off`` (the worker decides nothing for them).
+
+    Samples that carry no resolved policy (an older host agent) are kept.
+
+    >>> from phasewise.schemas import ContainerSample
+    >>> cs = [ContainerSample(container=c, cpu_cores=1.0, mem_bytes=1.0, workload=WorkloadPolicy(mode=m))
+    ...       for c, m in (("a", "off"), ("b", "recommend"), ("c", "apply"))]
+    >>> hs = HostSamples(host="h", ts=1.0, interval_s=1.0, containers=tuple(cs))
+    >>> [c.container for c in without_off(hs).containers]
+    ['b', 'c']
+    """
+    keep = tuple(c for c in samples.containers if c.workload is None or c.workload.mode != "off")
+    if len(keep) == len(samples.containers):
+        return samples
+    return dataclasses.replace(samples, containers=keep)
