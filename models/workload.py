@@ -106,7 +106,7 @@ def _quantity(text: Any) -> float:
         m = _QTY.match(text.strip())
         if m is None:
             raise ValueError(f"{text!r} is not a quantity (e.g. 500m, 2, 512Mi, 1.5G)")
-        v = float(m.group(1)) * (10.0 ** int(m.group(2)[1:]) if m.group(2) else _SUFFIX[m.group(3)])
+        v = float(m.group(1) + m.group(2)) if m.group(2) else float(m.group(1)) * _SUFFIX[m.group(3)]
     if not math.isfinite(v) or v < 0:
         raise ValueError(f"{text!r} is not a finite quantity >= 0")
     return v
