@@ -52,9 +52,9 @@ def test_container_paths_are_classified(rel, want):
     f"kubepods.slice/kubepods-burstable.slice/kubepods-besteffort-pod{UID_}.slice/crio-{ID}.scope",  # mixed QoS
     f"kubepods.slice/kubepods-pod{UID_}.slice/crio-conmon-{ID}.scope",  # CRI-O's monitor
     f"kubepods.slice/kubepods-pod{UID_}.slice/rkt-{ID}.scope",
-    f"system.slice/containerd.service",
+    "system.slice/containerd.service",
     f"system.slice/docker-{ID}.mount",
-    f"docker/buildkit",
+    "docker/buildkit",
     f"user.slice/docker-{ID}.scope",
 ])
 def test_other_cgroups_are_not_containers(rel):

@@ -84,7 +84,7 @@ def test_each_v2_layout_is_sampled_with_identity_and_written_through_discovery(v
     sampler = HostSampler(layout, gpu=False, workloads=w, monotonic=lambda: t[0], host="h")
     sampler.sample()
     tree = TREES[name]
-    for cid, rel in tree.items():
+    for rel in tree.values():
         base = root / rel if name == "flat" else root / "k8s" / rel
         (base / "cpu.stat").write_text("usage_usec 500000\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n")
     t[0] = 1.0
