@@ -258,6 +258,15 @@ class Agent:
         self.metrics.sample_seconds.observe(time.perf_counter() - t0)
         self.metrics.samples.inc()
         self.metrics.containers.set(len(msg.containers))
+        modes = {"off": 0, "recommend": 0, "apply": 0}
+        refused = 0
+        for c in msg.containers:
+            if c.workload is not None:
+                modes[c.workload.mode] += 1
+                refused += c.workload.error is not None
+        for mode, n in modes.items():
+            self.metrics.workloads.labels(mode=mode).set(n)
+        self.metrics.workloads_refused.set(refused)
         self.publisher.submit(self._key, encode(msg))
         self.ticks += 1
 

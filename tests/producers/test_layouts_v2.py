@@ -120,3 +120,37 @@ def test_a_container_that_vanishes_is_dropped_and_its_id_no_longer_resolves(tmp_
     (root / rel).rmdir()
     assert layout.containers() == [] and not layout.exists(C3)
     assert CgroupBackend(layout).apply(SetLimits(C3, cpu_cores=1.0)).status == "failed"
+
+
+def test_the_agent_exports_how_many_workloads_are_in_each_mode_and_refused():
+    from prometheus_client import CollectorRegistry
+
+    from phasewise.producers.agent import Agent
+    from phasewise.producers.metrics import ProducerMetrics
+    from phasewise.schemas import ContainerSample, HostSamples, WorkloadPolicy
+    from phasewise.settings import Settings
+
+    modes = [("a", "apply", None), ("b", "recommend", None), ("c", "off", None), ("d", "off", "bad"),
+             ("e", "apply", None)]
+    msg = HostSamples(host="h", ts=1.0, interval_s=1.0, containers=tuple(
+        ContainerSample(container=c, cpu_cores=0.0, mem_bytes=0.0, workload=WorkloadPolicy(mode=m, error=e))
+        for c, m, e in modes))
+
+    class Sampler:
+        def sample(self):
+            return msg
+
+    class Producer:
+        def produce(self, *a, **kw):
+            pass
+
+        def poll(self, timeout=0):
+            return 0
+
+    agent = Agent(Settings().replace(host="h"), Sampler(), producer=Producer(),
+                  metrics=ProducerMetrics(CollectorRegistry()))
+    agent.tick()
+    reg = agent.metrics.registry
+    got = {m: reg.get_sample_value("phasewise_producer_workloads", {"mode": m}) for m in ("off", "recommend", "apply")}
+    assert got == {"off": 2, "recommend": 1, "apply": 2}
+    assert reg.get_sample_value("phasewise_producer_workloads_refused") == 1
