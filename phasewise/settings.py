@@ -717,6 +717,9 @@ class WorkloadSettings(_Group):
     pods_token_file: str = setting("", help="bearer token sent with an https pod-list request "
                                             "(e.g. the service account's token file); empty = none")
     pods_refresh_s: float = setting(10.0, check=above(0), help="seconds between reads of the pod list")
+    docker_dir: str = setting("/var/lib/docker/containers",
+                              help="Docker's per-container records (<id>/config.v2.json: name, labels); "
+                                   "empty = do not read")
 
 
 # --------------------------------------------------------------------------- a process's settings

@@ -8,6 +8,10 @@
   same JSON), read every ``refresh_s`` and again when an unknown container
   appears: pod namespace and name, the container's name, the pod's
   annotations (``phasewise.io/...``);
+* Docker's own record of a container (``<docker_dir>/<id>/config.v2.json``):
+  its name, and the ``io.kubernetes.*`` labels where the kubelet runs pods
+  on Docker (pod, namespace, container name; a ``podsandbox`` is no
+  workload);
 * a policy file (JSON, or YAML when PyYAML is installed) of rules matched by
   glob on the container's name, for hosts without Kubernetes.
 
@@ -42,8 +46,8 @@ from phasewise.models.workload import (
 )
 from phasewise.schemas import ContainerIdentity, WorkloadPolicy
 
-__all__ = ["Pod", "PodList", "Workloads", "layout_from_settings", "load_policy_file", "parse_pod_list", "read_pods",
-           "workloads_from_settings"]
+__all__ = ["DockerInfo", "Pod", "PodList", "Workloads", "layout_from_settings", "load_policy_file",
+           "parse_docker_config", "parse_pod_list", "read_docker", "read_pods", "workloads_from_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +115,32 @@ def parse_pod_list(data: Any) -> PodList:
     return PodList(pods, by_container)
 
 
+@dataclass(frozen=True, slots=True)
+class DockerInfo:
+    name: str | None
+    labels: dict
+
+
+def parse_docker_config(data: Any) -> DockerInfo:
+    """Docker's ``config.v2.json`` of a container → its name (without the leading ``/``) and labels."""
+    if not isinstance(data, dict):
+        raise ValueError("not a Docker container config: expected an object")
+    name = data.get("Name")
+    cfg = data.get("Config") if isinstance(data.get("Config"), dict) else {}
+    labels = cfg.get("Labels") if isinstance(cfg.get("Labels"), dict) else {}
+    return DockerInfo(name.lstrip("/") or None if isinstance(name, str) else None,
+                      {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)})
+
+
+def read_docker(docker_dir: str, container_id: str) -> DockerInfo | None:
+    """What Docker records of *container_id* under *docker_dir*; ``None`` if it has no readable record."""
+    try:
+        raw = (Path(docker_dir) / container_id / "config.v2.json").read_bytes()
+        return parse_docker_config(json.loads(raw))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def read_pods(source: str, *, token_file: str = "", timeout_s: float = 5.0) -> PodList:
     """Read and parse the pod list at *source*: an ``http(s)://`` URL (the kubelet's ``/pods``) or a file."""
     if source.startswith(("http://", "https://")):
@@ -168,8 +198,10 @@ class Workloads:
 
     def __init__(self, layout: CgroupLayout, *, pods: Callable[[], PodList] | None = None,
                  rules: tuple[Rule, ...] = (), default_mode: str = "auto", refresh_s: float = 10.0,
-                 proc_root: str = "/proc", monotonic: Callable[[], float] = time.monotonic) -> None:
+                 proc_root: str = "/proc", docker_dir: str = "",
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.layout = layout
+        self.docker_dir = docker_dir
         self.rules = rules
         self.default_mode = default_mode
         self.refresh_s = refresh_s
@@ -240,6 +272,19 @@ class Workloads:
         """The container's identity and policy; ``None`` for a pod's sandbox (not a workload)."""
         ident = self.layout.identity(container)
         pod = None
+        docker = None
+        if self.docker_dir and ident.runtime in ("docker", None) and ident.layout != "flat":
+            docker = read_docker(self.docker_dir, container)
+            if docker is not None:
+                if docker.labels.get("io.kubernetes.docker.type") == "podsandbox":
+                    return None
+                lab = docker.labels
+                ident = ContainerIdentity(
+                    layout=ident.layout, container_id=ident.container_id,
+                    pod_uid=ident.pod_uid or lab.get("io.kubernetes.pod.uid"),
+                    pod_namespace=lab.get("io.kubernetes.pod.namespace"), pod_name=lab.get("io.kubernetes.pod.name"),
+                    container_name=lab.get("io.kubernetes.container.name") or docker.name, runtime="docker",
+                    qos=ident.qos)
         if ident.layout.startswith("kubepods"):
             pod, listed = self._pod_of(ident.pod_uid, container)
             if self.is_pause(container) or (pod is not None and not listed and pod.containers):
@@ -247,7 +292,7 @@ class Workloads:
         name = ident.container_name
         own = None
         if pod is not None:
-            cname, runtime = pod.containers.get(container, (None, None))
+            cname, runtime = pod.containers.get(container, (ident.container_name, None))
             name = cname
             ident = ContainerIdentity(layout=ident.layout, container_id=ident.container_id, pod_uid=pod.uid,
                                       pod_namespace=pod.namespace, pod_name=pod.name, container_name=cname,
@@ -296,4 +341,4 @@ def workloads_from_settings(settings: Any, layout: CgroupLayout) -> Workloads:
             return read_pods(src, token_file=token)
 
     return Workloads(layout, pods=pods, rules=rules, default_mode=w.default_mode, refresh_s=w.pods_refresh_s,
-                     proc_root=settings.producer.proc_root)
+                     proc_root=settings.producer.proc_root, docker_dir=w.docker_dir)

@@ -191,3 +191,45 @@ def test_the_policy_file_is_read_and_a_bad_one_is_one_line(tmp_path):
         load_policy_file(str(broken))
     with pytest.raises(WorkloadError, match="No such file"):
         load_policy_file(str(tmp_path / "missing.json"))
+
+
+# --------------------------------------------------------------------------- Docker's records
+
+
+def _docker_record(d: Path, cid: str, name: str, labels: dict) -> None:
+    (d / cid).mkdir(parents=True)
+    (d / cid / "config.v2.json").write_text(json.dumps({
+        "ID": cid, "Created": "2026-11-20T09:12:03.118765432Z", "Path": "python", "Args": ["serve.py"],
+        "Name": "/" + name, "Driver": "overlay2",
+        "Config": {"Hostname": cid[:12], "Image": "registry.example/web:1.0", "Labels": labels},
+        "State": {"Running": True, "Pid": 4242}}))
+
+
+def test_docker_names_and_kubernetes_labels_identify_containers_and_sandboxes(tmp_path):
+    root = tmp_path / "cgroup"
+    (root / "system.slice" / f"docker-{ID}.scope").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    sandbox = "5a" * 32
+    pod = f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice"
+    (root / pod / f"docker-{sandbox}.scope").mkdir(parents=True)
+    app = "6b" * 32
+    (root / pod / f"docker-{app}.scope").mkdir(parents=True)
+    docker = tmp_path / "containers"
+    _docker_record(docker, ID, "web-frontend", {"com.example.team": "ml"})
+    k8s = {"io.kubernetes.pod.name": "train-9", "io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.uid": UID}
+    _docker_record(docker, sandbox, "k8s_POD_train-9_ml_x_0", {**k8s, "io.kubernetes.docker.type": "podsandbox"})
+    _docker_record(docker, app, "k8s_trainer_train-9_ml_x_0",
+                   {**k8s, "io.kubernetes.docker.type": "container", "io.kubernetes.container.name": "trainer"})
+    rules = (tmp_path / "p.json")
+    rules.write_text(json.dumps({"workloads": [{"match": "web-*", "mode": "recommend"}]}))
+    layout = CgroupLayout(root, layout="auto")
+    w = Workloads(layout, rules=load_policy_file(str(rules)), docker_dir=str(docker), proc_root=str(tmp_path))
+    assert sorted(layout.containers()) == sorted([ID, sandbox, app])
+    ident, policy = w.describe(ID)
+    assert (ident.layout, ident.container_name, ident.runtime) == ("docker-systemd", "web-frontend", "docker")
+    assert (policy.mode, policy.source) == ("recommend", "policy-file")  # matched by its Docker name
+    assert w.describe(sandbox) is None
+    ident, policy = w.describe(app)
+    assert (ident.pod_namespace, ident.pod_name, ident.container_name, ident.qos) == ("ml", "train-9", "trainer",
+                                                                                      "burstable")
+    assert policy.mode == "off"  # a runtime's container without settings: the auto default
