@@ -712,10 +712,13 @@ class WorkloadSettings(_Group):
                                help="rules matched by container name glob (JSON; YAML with PyYAML); "
                                     "empty = none")
     pods: str = setting("", flag="--kubelet-pods",
-                        help="the kubelet's pod list: an http(s) URL (e.g. http://127.0.0.1:10255/pods) "
-                             "or a file; empty = not on Kubernetes")
+                        help="this node's pods: an http(s) URL answering a PodList (the kubelet's /pods, or "
+                             "the API server's /api/v1/pods?fieldSelector=spec.nodeName=NODE) or a file; "
+                             "empty = not on Kubernetes")
     pods_token_file: str = setting("", help="bearer token sent with an https pod-list request "
                                             "(e.g. the service account's token file); empty = none")
+    pods_ca_file: str = setting("", help="CA certificate of the https pod-list server (e.g. the service "
+                                         "account's ca.crt); empty = the system's CAs")
     pods_refresh_s: float = setting(10.0, check=above(0), help="seconds between reads of the pod list")
     docker_dir: str = setting("/var/lib/docker/containers",
                               help="Docker's per-container records (<id>/config.v2.json: name, labels); "

@@ -4,9 +4,10 @@
 :class:`~phasewise.cgroupfs.CgroupLayout` discovers:
 
 * the cgroup path itself (layout, container id, pod UID, QoS class, runtime);
-* the kubelet's pod list (``GET /pods`` on the kubelet, or a file holding the
-  same JSON), read every ``refresh_s`` and again when an unknown container
-  appears: pod namespace and name, the container's name, the pod's
+* the pods of this node (the kubelet's ``GET /pods``, the API server's
+  ``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>``, or a file holding
+  the same PodList JSON), read every ``refresh_s`` and again when an unknown
+  container appears: pod namespace and name, the container's name, the pod's
   annotations (``phasewise.io/...``);
 * Docker's own record of a container (``<docker_dir>/<id>/config.v2.json``):
   its name, and the ``io.kubernetes.*`` labels where the kubelet runs pods
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 import urllib.request
 from collections.abc import Callable
@@ -141,13 +143,20 @@ def read_docker(docker_dir: str, container_id: str) -> DockerInfo | None:
         return None
 
 
-def read_pods(source: str, *, token_file: str = "", timeout_s: float = 5.0) -> PodList:
-    """Read and parse the pod list at *source*: an ``http(s)://`` URL (the kubelet's ``/pods``) or a file."""
+def read_pods(source: str, *, token_file: str = "", ca_file: str = "", timeout_s: float = 5.0) -> PodList:
+    """Read and parse the pod list at *source*: an ``http(s)://`` URL or a file.
+
+    The URL is the kubelet's ``/pods`` (read-only port) or the API server's
+    ``/api/v1/pods?fieldSelector=spec.nodeName=<node>``: both answer a v1
+    PodList. *token_file*: a bearer token sent with it (a service account's);
+    *ca_file*: the CA that signed the server's certificate (else the system's).
+    """
     if source.startswith(("http://", "https://")):
         req = urllib.request.Request(source, headers={"Accept": "application/json"})
         if token_file:
             req.add_header("Authorization", f"Bearer {Path(token_file).read_text().strip()}")
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - an operator-given URL
+        ctx = ssl.create_default_context(cafile=ca_file) if ca_file and source.startswith("https://") else None
+        with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:  # noqa: S310 - operator's URL
             raw = resp.read(64 * 2**20 + 1)
     else:
         raw = Path(source).read_bytes()
@@ -335,10 +344,10 @@ def workloads_from_settings(settings: Any, layout: CgroupLayout) -> Workloads:
     rules = load_policy_file(w.policy_file) if w.policy_file else ()
     pods = None
     if w.pods:
-        src, token = w.pods, w.pods_token_file
+        src, token, ca = w.pods, w.pods_token_file, w.pods_ca_file
 
         def pods() -> PodList:
-            return read_pods(src, token_file=token)
+            return read_pods(src, token_file=token, ca_file=ca)
 
     return Workloads(layout, pods=pods, rules=rules, default_mode=w.default_mode, refresh_s=w.pods_refresh_s,
                      proc_root=settings.producer.proc_root, docker_dir=w.docker_dir)

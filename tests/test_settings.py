@@ -56,6 +56,7 @@ WHERE = {
     "workload_default_mode": "workload.default_mode", "workload_policy_file": "workload.policy_file",
     "workload_pods": "workload.pods", "workload_pods_token_file": "workload.pods_token_file",
     "workload_pods_refresh_s": "workload.pods_refresh_s", "workload_docker_dir": "workload.docker_dir",
+    "workload_pods_ca_file": "workload.pods_ca_file",
 }
 
 

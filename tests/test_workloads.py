@@ -233,3 +233,57 @@ def test_docker_names_and_kubernetes_labels_identify_containers_and_sandboxes(tm
     assert (ident.pod_namespace, ident.pod_name, ident.container_name, ident.qos) == ("ml", "train-9", "trainer",
                                                                                       "burstable")
     assert policy.mode == "off"  # a runtime's container without settings: the auto default
+
+
+@pytest.fixture
+def api_server(tmp_path):
+    """An https server on 127.0.0.1 with a certificate signed by a CA of the test's own (openssl)."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+        "-subj", "/CN=test-ca")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=127.0.0.1")
+    (tmp_path / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "srv.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "srv.crt",
+        "-days", "1", "-extfile", "ext")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ApiServer)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "srv.crt", tmp_path / "srv.key")
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    _ApiServer.seen = []
+    yield f"https://127.0.0.1:{srv.server_address[1]}", str(tmp_path / "ca.crt")
+    srv.shutdown()
+    srv.server_close()
+
+
+class _ApiServer(_Kubelet):
+    def do_GET(self):  # noqa: N802
+        type(self).seen.append((self.path, self.headers.get("Authorization")))
+        if self.path != "/api/v1/pods?fieldSelector=spec.nodeName=gpu-node-1":
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+
+def test_the_pods_of_this_node_are_read_from_the_api_server_over_tls(api_server, tmp_path):
+    url, ca = api_server
+    tok = tmp_path / "sa-token"
+    tok.write_text("eyJhbGciOi.test\n")
+    pods = read_pods(url + "/api/v1/pods?fieldSelector=spec.nodeName=gpu-node-1", token_file=str(tok), ca_file=ca)
+    assert len(pods.pods) == 4
+    assert _ApiServer.seen[-1][1] == "Bearer eyJhbGciOi.test"
+    with pytest.raises(OSError):  # without the CA the certificate is not trusted
+        read_pods(url + "/api/v1/pods?fieldSelector=spec.nodeName=gpu-node-1")
