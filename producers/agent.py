@@ -349,7 +349,6 @@ def run(args: argparse.Namespace) -> int:
     if as_json and not once:
         print("phasewise produce: error: --json goes with --once", file=sys.stderr)
         return 2
-    print(settings.describe(), file=sys.stderr if once else sys.stdout, flush=True)
     from phasewise.models.workload import WorkloadError
     from phasewise.workloads import layout_from_settings, workloads_from_settings
 
@@ -363,6 +362,7 @@ def run(args: argparse.Namespace) -> int:
     except WorkloadError as e:
         print(f"phasewise produce: error: workload_policy_file: {e}", file=sys.stderr)
         return 2
+    print(settings.describe(), file=sys.stderr if once else sys.stdout, flush=True)
     sampler = HostSampler(layout, proc_root=settings.producer.proc_root, host=settings.host, workloads=workloads)
     log.info("sampling cgroup v%d containers under %s (layout %s, prefix %r%s) every %g s",
              layout.version, layout.root, layout.layout, layout.prefix,
