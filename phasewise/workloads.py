@@ -224,6 +224,9 @@ class Workloads:
         self.refused: dict[str, str] = {}
         self.refused_total = 0
         self._logged: set[tuple[str, str]] = set()
+        #: per container id: (monotonic time read, value) of what is read from files, kept refresh_s
+        self._docker: dict[str, tuple[float, DockerInfo | None]] = {}
+        self._pause: dict[str, bool] = {}  # settled answers only (a cgroup with processes)
 
     # ------------------------------------------------------------------ pods
 
@@ -262,20 +265,43 @@ class Workloads:
 
     def is_pause(self, container: str) -> bool:
         """Whether every process of the container is a ``pause`` (a pod's sandbox)."""
+        known = self._pause.get(container)
+        if known is not None:
+            return known
+        answer = self._read_pause(container)
+        if answer is not None:
+            if len(self._pause) > 100_000:
+                self._pause.clear()
+            self._pause[container] = answer
+        return bool(answer)
+
+    def _read_pause(self, container: str) -> bool | None:
+        """``is_pause`` read from the files; ``None`` while the cgroup has no process (not settled)."""
         try:
             procs = (self.layout.path(container, "memory" if self.layout.version == 1 else "cpu")
                      / "cgroup.procs").read_text().split()
         except (OSError, CgroupError):
             return False
         if not procs:
-            return False
+            return None
         for pid in procs[:16]:
             try:
                 if (self.proc_root / pid / "comm").read_text().strip() != "pause":
                     return False
             except OSError:
-                return False
+                return None
         return True
+
+    def _docker_of(self, container: str) -> DockerInfo | None:
+        now = self.monotonic()
+        hit = self._docker.get(container)
+        if hit is not None and now - hit[0] < self.refresh_s:
+            return hit[1]
+        if len(self._docker) > 100_000:
+            self._docker.clear()
+        info = read_docker(self.docker_dir, container)
+        self._docker[container] = (now, info)
+        return info
 
     def describe(self, container: str) -> tuple[ContainerIdentity, WorkloadPolicy] | None:
         """The container's identity and policy; ``None`` for a pod's sandbox (not a workload)."""
@@ -283,7 +309,7 @@ class Workloads:
         pod = None
         docker = None
         if self.docker_dir and ident.runtime in ("docker", None) and ident.layout != "flat":
-            docker = read_docker(self.docker_dir, container)
+            docker = self._docker_of(container)
             if docker is not None:
                 if docker.labels.get("io.kubernetes.docker.type") == "podsandbox":
                     return None
