@@ -20,6 +20,8 @@ priority     integer, higher is more important       ``10``
 class        a word (``training``, ``inference``)    ``training``
 ============ ======================================= ===============================
 
+Pod annotations apply to every container of the pod;
+``<container>.phasewise.io/<key>`` sets one container's own value.
 ``off`` ignores the workload, ``recommend`` decides and publishes but never
 writes, ``apply`` decides and writes. A workload whose settings hold any bad
 value (an unknown ``phasewise.io/`` key, a misspelt mode, ``cpu-min`` above
@@ -155,10 +157,13 @@ class Settings:
     error: str | None = None
 
 
-def parse_settings(values: Mapping[str, Any] | None, *, prefix: str = ANNOTATION_PREFIX,
-                   source: str = "annotation") -> Settings | None:
-    """A workload's settings from annotations (keys ``phasewise.io/<key>``); ``None`` if it has none.
+def parse_settings(values: Mapping[str, Any] | None, *, container: str | None = None,
+                   prefix: str = ANNOTATION_PREFIX, source: str = "annotation") -> Settings | None:
+    """A workload's settings from annotations; ``None`` if it has none.
 
+    Pod-wide keys are ``phasewise.io/<key>``; ``<container>.phasewise.io/<key>``
+    sets *container*'s own value and wins over the pod-wide one (a sidecar
+    opted out of its pod's mode, a tighter ``cpu-max`` for one container).
     Other annotations are ignored; an unknown key under *prefix* is an error
     (a misspelt key must not pass silently). A bad value gives
     ``Settings(error=...)``, never an exception.
@@ -167,23 +172,34 @@ def parse_settings(values: Mapping[str, Any] | None, *, prefix: str = ANNOTATION
     True
     >>> print(parse_settings({"phasewise.io/cpu_max": "2"}).error)
     phasewise.io/cpu_max: unknown key (known: mode, policy, cpu-min, cpu-max, memory-min, memory-max, priority, class)
+    >>> a = {"phasewise.io/mode": "apply", "logger.phasewise.io/mode": "off"}
+    >>> parse_settings(a, container="logger").mode, parse_settings(a, container="trainer").mode
+    ('off', 'apply')
     """
     if values is None:
         return None
-    mine = {k[len(prefix):]: v for k, v in values.items() if isinstance(k, str) and k.startswith(prefix)}
+    mine: dict[str, tuple[Any, str]] = {}
+    own = f"{container}.{prefix}" if container else None
+    for k, v in values.items():
+        if isinstance(k, str) and k.startswith(prefix):
+            mine.setdefault(k[len(prefix):], (v, k))
+    if own is not None:
+        for k, v in values.items():
+            if isinstance(k, str) and k.startswith(own):
+                mine[k[len(own):]] = (v, k)  # the container's own value wins
     if not mine:
         return None
     try:
-        return _parse(mine, prefix, source)
+        return _parse(mine, source)
     except WorkloadError as e:
         return Settings(source=source, error=str(e))
 
 
-def _parse(mine: Mapping[str, Any], prefix: str, source: str) -> Settings:
+def _parse(mine: Mapping[str, tuple[Any, str]], source: str) -> Settings:
+    """*mine*: key -> (value, the name it was given as)."""
     out: dict[str, Any] = {}
     for key in sorted(mine):
-        value = mine[key]
-        where = f"{prefix}{key}"
+        value, where = mine[key]
         if key not in KEYS:
             raise WorkloadError(f"{where}: unknown key (known: {', '.join(KEYS)})")
         try:
@@ -209,8 +225,8 @@ def _parse(mine: Mapping[str, Any], prefix: str, source: str) -> Settings:
             raise WorkloadError(f"{where}: {e}") from None
     for lo, hi, what in (("cpu_min_cores", "cpu_max_cores", "cpu"), ("mem_min_bytes", "mem_max_bytes", "memory")):
         if lo in out and hi in out and out[lo] > out[hi]:
-            raise WorkloadError(f"{prefix}{what}-min ({mine[what + '-min']}) is above {prefix}{what}-max "
-                                f"({mine[what + '-max']})")
+            (lo_v, lo_k), (hi_v, hi_k) = mine[what + "-min"], mine[what + "-max"]
+            raise WorkloadError(f"{lo_k} ({lo_v}) is above {hi_k} ({hi_v})")
     return Settings(source=source, **out)
 
 
@@ -269,7 +285,7 @@ def parse_policy_file(data: Any) -> tuple[Rule, ...]:
         if not rest:
             raise WorkloadError(f"{where}: no settings besides 'match'")
         try:
-            s = _parse(rest, "", "policy-file")
+            s = _parse({k: (v, k) for k, v in rest.items()}, "policy-file")
         except WorkloadError as e:
             raise WorkloadError(f"{where} ({match}): {e}") from None
         rules.append(Rule(match, s))

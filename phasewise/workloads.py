@@ -332,7 +332,7 @@ class Workloads:
             ident = ContainerIdentity(layout=ident.layout, container_id=ident.container_id, pod_uid=pod.uid,
                                       pod_namespace=pod.namespace, pod_name=pod.name, container_name=cname,
                                       runtime=runtime or ident.runtime, qos=ident.qos or pod.qos)
-            own = parse_settings(pod.annotations)
+            own = parse_settings(pod.annotations, container=cname)
         elif ident.layout == "flat":
             name = container
         if own is None and self.rules:

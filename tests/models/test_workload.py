@@ -151,3 +151,24 @@ def test_a_bad_policy_file_is_refused_as_a_whole_naming_the_rule(doc, says):
 def test_policy_file_numbers_may_be_plain_numbers():
     (r,) = parse_policy_file({"workloads": [{"match": "a", "cpu-min": 0.5, "memory-max": 2**30, "priority": 3}]})
     assert (r.settings.cpu_min_cores, r.settings.mem_max_bytes, r.settings.priority) == (0.5, 2**30, 3)
+
+
+def test_a_containers_own_annotation_wins_over_the_pods():
+    a = {P + "mode": "apply", P + "cpu-max": "4", "logger." + P + "mode": "off", "trainer." + P + "cpu-max": "2"}
+    assert parse_settings(a, container="logger").mode == "off"
+    t = parse_settings(a, container="trainer")
+    assert (t.mode, t.cpu_max_cores) == ("apply", 2.0)
+    assert parse_settings(a, container="other").cpu_max_cores == 4.0
+    assert parse_settings(a).cpu_max_cores == 4.0  # container unknown: the pod's
+    only_own = parse_settings({"web." + P + "mode": "recommend"}, container="web")
+    assert only_own.mode == "recommend"
+    assert parse_settings({"web." + P + "mode": "recommend"}, container="db") is None
+
+
+def test_a_bad_container_annotation_names_its_key_and_refuses_only_that_container():
+    a = {P + "mode": "apply", "logger." + P + "mode": "of", "logger." + P + "cpu-min": "2", P + "cpu-max": "1"}
+    assert parse_settings(a, container="trainer").error is None
+    assert parse_settings(a, container="logger").error.startswith("logger.phasewise.io/mode: 'of' is not one of")
+    del a["logger." + P + "mode"]
+    assert parse_settings(a, container="logger").error == (
+        "logger.phasewise.io/cpu-min (2) is above phasewise.io/cpu-max (1)")

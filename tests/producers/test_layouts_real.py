@@ -164,7 +164,7 @@ def test_produce_once_json_lists_every_container_with_its_identity(tree, tmp_pat
                                         "pod_namespace": None, "pod_name": None, "container_name": None,
                                         "runtime": None, "qos": None}
     modes = {c: got[c]["workload"]["mode"] for c in got}
-    assert modes == {C["1"]: "apply", C["2"]: "apply", C["3"]: "recommend", C["4"]: "off", C["5"]: "off",
+    assert modes == {C["1"]: "apply", C["2"]: "recommend", C["3"]: "recommend", C["4"]: "off", C["5"]: "off",
                      docker: "apply" if docker == D1 else "recommend", "job-a": "apply"}
     w1 = got[C["1"]]["workload"]
     assert (w1["cpu_max_cores"], w1["mem_min_bytes"], w1["priority"], w1["workload_class"]) == (
