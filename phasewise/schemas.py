@@ -634,7 +634,7 @@ _NoneType = type(None)
 class _Column:
     """How the fast path checks one ContainerSample field, from the same metadata as the strict parser."""
 
-    __slots__ = ("name", "kind", "optional", "lo", "hi", "slot", "record")
+    __slots__ = ("name", "kind", "optional", "lo", "hi", "slot", "record", "enum")
 
     def __init__(self, cls: type, f: dataclasses.Field) -> None:
         tp, self.optional = _unwrap_optional(_hints(cls)[f.name])
@@ -642,6 +642,7 @@ class _Column:
         self.record = tp if self.kind == "record" else None
         self.name = f.name
         self.lo, self.hi = f.metadata.get("minimum"), f.metadata.get("maximum")
+        self.enum = frozenset(f.metadata["enum"]) if f.metadata.get("enum") else None
         if self.kind == "int":  # the strict parser's 64-bit range
             self.lo = _INT_MIN if self.lo is None else self.lo
             self.hi = _INT_MAX if self.hi is None else self.hi
@@ -657,16 +658,20 @@ class _Column:
             vals = col
         if not types:
             return col
-        if self.kind == "record":  # nested records (identity): each parsed strictly, any error -> strict path
+        if self.kind == "record":  # nested records (identity, workload): checked column-wise in turn
             if types != {dict}:
                 return None
-            parse = _parser(self.record)
-            try:
-                return tuple(x if x is None else parse(x) for x in col)
-            except SchemaError:
+            recs = _fast_rows(self.record, vals)
+            if recs is None:
                 return None
+            if len(recs) == len(col):
+                return recs
+            it = iter(recs)
+            return tuple(None if x is None else next(it) for x in col)
         if self.kind == "str":
-            return col if types == {str} else None
+            if types != {str}:
+                return None
+            return None if self.enum is not None and not set(vals) <= self.enum else col
         if self.kind == "int":
             if types != {int}:
                 return None  # integral floats, bools, others: the strict parser decides
@@ -687,38 +692,38 @@ class _Column:
         return col
 
 
-_CS_COLUMNS: tuple[_Column, ...] | None = None
-_CS_BUILD: Any = None
+_TABLES: dict[type, tuple[tuple[_Column, ...], Any, Any]] = {}
 
 
-def _cs_columns() -> tuple[_Column, ...]:
-    global _CS_COLUMNS, _CS_BUILD
-    if _CS_COLUMNS is None:
-        cols = tuple(_Column(ContainerSample, f) for f in dataclasses.fields(ContainerSample))
+def _table(cls: type) -> tuple[tuple[_Column, ...], Any, Any]:
+    """(columns, row getter, builder) of the fast path for record *cls*, made once."""
+    t = _TABLES.get(cls)
+    if t is None:
+        cols = tuple(_Column(cls, f) for f in dataclasses.fields(cls))
         # rows of checked values -> records, bypassing __init__ (one slot store per field,
         # unrolled: the values were validated and converted exactly as __init__'s caller would)
         args = ", ".join(f"a{i}" for i in range(len(cols)))
         body = "; ".join(f"s{i}(o, a{i})" for i in range(len(cols)))
-        src = (f"def build(rows):\n    out = []\n    for {args} in rows:\n"
+        src = (f"def build(rows):\n    out = []\n    for {args}{',' if len(cols) == 1 else ''} in rows:\n"
                f"        o = new(cls); {body}; out.append(o)\n    return tuple(out)\n")
-        ns: dict[str, Any] = {"new": object.__new__, "cls": ContainerSample,
+        ns: dict[str, Any] = {"new": object.__new__, "cls": cls,
                               **{f"s{i}": c.slot.__set__ for i, c in enumerate(cols)}}
-        exec(compile(src, "<phasewise.schemas fast ContainerSample>", "exec"), ns)
-        _CS_COLUMNS, _CS_BUILD = cols, ns["build"]
-    return _CS_COLUMNS
+        exec(compile(src, f"<phasewise.schemas fast {cls.__name__}>", "exec"), ns)
+        names = [c.name for c in cols]
+        getter = operator.itemgetter(*names) if len(names) > 1 else (lambda d, n=names[0]: (d[n],))
+        t = _TABLES[cls] = (cols, getter, ns["build"])
+    return t
 
 
-def _fast_containers(items: Any) -> tuple[ContainerSample, ...] | None:
-    """``containers`` of a HostSamples message, column-wise; None = let the strict parser decide."""
-    if type(items) is not list:
-        return None
-    if not items:
-        return ()
-    if set(map(type, items)) != {dict}:
-        return None
-    cols = _cs_columns()
+def _cs_columns() -> tuple[_Column, ...]:
+    return _table(ContainerSample)[0]
+
+
+def _fast_rows(cls: type, items: list) -> tuple | None:
+    """Records *cls* of a list of dicts, column-wise; None = let the strict parser decide."""
+    cols, getter, build = _table(cls)
     try:
-        rows = list(map(operator.itemgetter(*[c.name for c in cols]), items))
+        rows = list(map(getter, items))
     except KeyError:  # a field left to its default: the strict parser fills it in
         return None
     checked = []
@@ -730,7 +735,18 @@ def _fast_containers(items: Any) -> tuple[ContainerSample, ...] | None:
             checked.append(col)
     except (OverflowError, ValueError, TypeError):  # e.g. an int too large for a float: strict says what
         return None
-    return _CS_BUILD(zip(*checked))
+    return build(zip(*checked))
+
+
+def _fast_containers(items: Any) -> tuple[ContainerSample, ...] | None:
+    """``containers`` of a HostSamples message, column-wise; None = let the strict parser decide."""
+    if type(items) is not list:
+        return None
+    if not items:
+        return ()
+    if set(map(type, items)) != {dict}:
+        return None
+    return _fast_rows(ContainerSample, items)
 
 
 def decode_host_samples(raw: bytes | str) -> HostSamples:

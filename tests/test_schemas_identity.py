@@ -72,3 +72,46 @@ def test_json_schema_refers_to_the_nested_records():
     assert ident["anyOf"][0] == {"$ref": "#/$defs/ContainerIdentity"}
     assert s["$defs"]["ContainerIdentity"]["required"] == ["layout"]
     assert "apply" in s["$defs"]["WorkloadPolicy"]["properties"]["mode"]["enum"]
+
+
+def _outcome(fn, raw):
+    try:
+        return "ok", fn(raw)
+    except SchemaError as e:
+        return "SchemaError", str(e)
+
+
+def test_random_mutations_of_identity_and_policy_get_the_strict_answer():
+    import random
+
+    from phasewise.schemas import _fast_containers
+
+    rng = random.Random(13)
+    fields = {"identity": ["layout", "container_id", "pod_uid", "pod_namespace", "pod_name", "container_name",
+                           "runtime", "qos"],
+              "workload": ["mode", "source", "policy", "cpu_min_cores", "cpu_max_cores", "mem_min_bytes",
+                           "mem_max_bytes", "priority", "workload_class", "error"]}
+    values = [None, "", "x", "flat", "kubepods-cgroupfs", "docker", "cri-o", "burstable", "off", "apply",
+              "annotation", 0, 1, -1, 1.5, 2.0, 1e300, True, [], {}, 5000.0, 2**40]
+    ok = refused = fast = 0
+    for _ in range(600):
+        d = _msg()
+        d["containers"] = [json.loads(json.dumps(d["containers"][0])) for _ in range(rng.randint(1, 4))]
+        for _ in range(rng.randint(1, 3)):
+            c = rng.choice(d["containers"])
+            which = rng.choice(["identity", "workload"])
+            r = rng.random()
+            if r < 0.1:
+                c[which] = rng.choice([None, "x", [], {}, 1])
+            elif isinstance(c.get(which), dict):
+                if r < 0.2:
+                    c[which].pop(rng.choice(fields[which]), None)
+                else:
+                    c[which][rng.choice(fields[which])] = rng.choice(values)
+        raw = json.dumps(d).encode()
+        strict = _outcome(lambda r: decode(HostSamples, r), raw)
+        assert _outcome(decode_host_samples, raw) == strict, raw
+        ok += strict[0] == "ok"
+        refused += strict[0] != "ok"
+        fast += strict[0] == "ok" and _fast_containers(json.loads(raw)["containers"]) is not None
+    assert ok > 50 and refused > 200 and fast > 20  # every answer, and the fast path itself, exercised
