@@ -47,6 +47,10 @@ except ImportError:  # pragma: no cover - host agent / actuator installs
 __all__ = [
     "SchemaError",
     "ContainerSample",
+    "ContainerIdentity",
+    "WorkloadPolicy",
+    "LAYOUTS",
+    "MODES",
     "GpuSample",
     "HostSamples",
     "JobEvent",
@@ -120,6 +124,43 @@ def _f(
 
 # --------------------------------------------------------------------------- records
 
+#: where a container's cgroup was found (:mod:`phasewise.layouts`)
+LAYOUTS = ("flat", "docker-cgroupfs", "docker-systemd", "kubepods-cgroupfs", "kubepods-systemd")
+#: what phasewise may do to a workload: nothing, decide and publish only, or decide and write
+MODES = ("off", "recommend", "apply")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerIdentity:
+    """Who a container is: where its cgroup was found and, where known, its pod and name."""
+
+    layout: str = _f(enum=LAYOUTS, doc="the cgroup layout it was found in")
+    container_id: str | None = _f(default=None, doc="the runtime's container id (flat: the cgroup name)")
+    pod_uid: str | None = _f(default=None, doc="Kubernetes pod UID")
+    pod_namespace: str | None = _f(default=None)
+    pod_name: str | None = _f(default=None)
+    container_name: str | None = _f(default=None, doc="the container's name in its pod (or Docker's name)")
+    runtime: str | None = _f(default=None, enum=("containerd", "cri-o", "docker"))
+    qos: str | None = _f(default=None, enum=("guaranteed", "burstable", "besteffort"),
+                         doc="Kubernetes QoS class of the pod")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadPolicy:
+    """The per-workload policy the host agent resolved for a container (annotations, policy file, default)."""
+
+    mode: str = _f(enum=MODES, doc="off: ignored; recommend: decided, never written; apply: decided and written")
+    source: str = _f(default="default", enum=("annotation", "policy-file", "default"),
+                     doc="where the mode came from")
+    policy: str | None = _f(default=None, doc="limit policy asked for (vpa, phase); null = the worker's")
+    cpu_min_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
+    cpu_max_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
+    mem_min_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+    mem_max_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+    priority: int | None = _f(default=None, doc="higher is more important")
+    workload_class: str | None = _f(default=None, doc="training | inference | interactive, or the operator's own")
+    error: str | None = _f(default=None, doc="why the workload's policy was refused (mode is then off)")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ContainerSample:
@@ -145,6 +186,8 @@ class ContainerSample:
     gpu_mem_bytes: float | None = _f(
         default=None, minimum=0, maximum=MAX_BYTES, doc="GPU memory used by its processes, bytes"
     )
+    identity: ContainerIdentity | None = _f(default=None, doc="who the container is; null = unknown")
+    workload: WorkloadPolicy | None = _f(default=None, doc="its per-workload policy; null = not resolved")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,6 +325,8 @@ class DeadLetter:
 RECORDS: tuple[type, ...] = (
     HostSamples,
     ContainerSample,
+    ContainerIdentity,
+    WorkloadPolicy,
     GpuSample,
     JobEvent,
     Decision,
@@ -394,6 +439,15 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
             return value
 
         return null_or(check_dict)
+    if dataclasses.is_dataclass(tp):
+
+        def check_record(value: Any) -> Any:
+            try:
+                return _parser(tp)(value)
+            except SchemaError as e:
+                raise SchemaError(f"{cls}: {name}: {e}") from None
+
+        return null_or(check_record)
     if typing.get_origin(tp) is tuple:
         item_tp = typing.get_args(tp)[0]
 
@@ -457,6 +511,8 @@ def from_dict(cls: type[R], data: dict) -> R:
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+#: records held by another record's field (not in a tuple)
+_NESTED = frozenset({ContainerIdentity, WorkloadPolicy})
 
 
 _isfinite = math.isfinite
@@ -496,6 +552,8 @@ def to_dict(record: Any) -> dict:
             value = [to_dict(x) for x in value]
         elif t is dict or t is list:
             _check_finite(value, f"{cls.__name__}.{name}")
+        elif t in _NESTED:
+            value = to_dict(value)
         out[name] = value
     return out
 
@@ -576,13 +634,15 @@ _NoneType = type(None)
 class _Column:
     """How the fast path checks one ContainerSample field, from the same metadata as the strict parser."""
 
-    __slots__ = ("name", "kind", "optional", "lo", "hi", "slot")
+    __slots__ = ("name", "kind", "optional", "lo", "hi", "slot", "record", "enum")
 
     def __init__(self, cls: type, f: dataclasses.Field) -> None:
         tp, self.optional = _unwrap_optional(_hints(cls)[f.name])
-        self.kind = {float: "float", int: "int", str: "str"}[tp]
+        self.kind = "record" if dataclasses.is_dataclass(tp) else {float: "float", int: "int", str: "str"}[tp]
+        self.record = tp if self.kind == "record" else None
         self.name = f.name
         self.lo, self.hi = f.metadata.get("minimum"), f.metadata.get("maximum")
+        self.enum = frozenset(f.metadata["enum"]) if f.metadata.get("enum") else None
         if self.kind == "int":  # the strict parser's 64-bit range
             self.lo = _INT_MIN if self.lo is None else self.lo
             self.hi = _INT_MAX if self.hi is None else self.hi
@@ -598,8 +658,20 @@ class _Column:
             vals = col
         if not types:
             return col
+        if self.kind == "record":  # nested records (identity, workload): checked column-wise in turn
+            if types != {dict}:
+                return None
+            recs = _fast_rows(self.record, vals)
+            if recs is None:
+                return None
+            if len(recs) == len(col):
+                return recs
+            it = iter(recs)
+            return tuple(None if x is None else next(it) for x in col)
         if self.kind == "str":
-            return col if types == {str} else None
+            if types != {str}:
+                return None
+            return None if self.enum is not None and not set(vals) <= self.enum else col
         if self.kind == "int":
             if types != {int}:
                 return None  # integral floats, bools, others: the strict parser decides
@@ -620,38 +692,38 @@ class _Column:
         return col
 
 
-_CS_COLUMNS: tuple[_Column, ...] | None = None
-_CS_BUILD: Any = None
+_TABLES: dict[type, tuple[tuple[_Column, ...], Any, Any]] = {}
 
 
-def _cs_columns() -> tuple[_Column, ...]:
-    global _CS_COLUMNS, _CS_BUILD
-    if _CS_COLUMNS is None:
-        cols = tuple(_Column(ContainerSample, f) for f in dataclasses.fields(ContainerSample))
+def _table(cls: type) -> tuple[tuple[_Column, ...], Any, Any]:
+    """(columns, row getter, builder) of the fast path for record *cls*, made once."""
+    t = _TABLES.get(cls)
+    if t is None:
+        cols = tuple(_Column(cls, f) for f in dataclasses.fields(cls))
         # rows of checked values -> records, bypassing __init__ (one slot store per field,
         # unrolled: the values were validated and converted exactly as __init__'s caller would)
         args = ", ".join(f"a{i}" for i in range(len(cols)))
         body = "; ".join(f"s{i}(o, a{i})" for i in range(len(cols)))
-        src = (f"def build(rows):\n    out = []\n    for {args} in rows:\n"
+        src = (f"def build(rows):\n    out = []\n    for {args}{',' if len(cols) == 1 else ''} in rows:\n"
                f"        o = new(cls); {body}; out.append(o)\n    return tuple(out)\n")
-        ns: dict[str, Any] = {"new": object.__new__, "cls": ContainerSample,
+        ns: dict[str, Any] = {"new": object.__new__, "cls": cls,
                               **{f"s{i}": c.slot.__set__ for i, c in enumerate(cols)}}
-        exec(compile(src, "<phasewise.schemas fast ContainerSample>", "exec"), ns)
-        _CS_COLUMNS, _CS_BUILD = cols, ns["build"]
-    return _CS_COLUMNS
+        exec(compile(src, f"<phasewise.schemas fast {cls.__name__}>", "exec"), ns)
+        names = [c.name for c in cols]
+        getter = operator.itemgetter(*names) if len(names) > 1 else (lambda d, n=names[0]: (d[n],))
+        t = _TABLES[cls] = (cols, getter, ns["build"])
+    return t
 
 
-def _fast_containers(items: Any) -> tuple[ContainerSample, ...] | None:
-    """``containers`` of a HostSamples message, column-wise; None = let the strict parser decide."""
-    if type(items) is not list:
-        return None
-    if not items:
-        return ()
-    if set(map(type, items)) != {dict}:
-        return None
-    cols = _cs_columns()
+def _cs_columns() -> tuple[_Column, ...]:
+    return _table(ContainerSample)[0]
+
+
+def _fast_rows(cls: type, items: list) -> tuple | None:
+    """Records *cls* of a list of dicts, column-wise; None = let the strict parser decide."""
+    cols, getter, build = _table(cls)
     try:
-        rows = list(map(operator.itemgetter(*[c.name for c in cols]), items))
+        rows = list(map(getter, items))
     except KeyError:  # a field left to its default: the strict parser fills it in
         return None
     checked = []
@@ -663,7 +735,18 @@ def _fast_containers(items: Any) -> tuple[ContainerSample, ...] | None:
             checked.append(col)
     except (OverflowError, ValueError, TypeError):  # e.g. an int too large for a float: strict says what
         return None
-    return _CS_BUILD(zip(*checked))
+    return build(zip(*checked))
+
+
+def _fast_containers(items: Any) -> tuple[ContainerSample, ...] | None:
+    """``containers`` of a HostSamples message, column-wise; None = let the strict parser decide."""
+    if type(items) is not list:
+        return None
+    if not items:
+        return ()
+    if set(map(type, items)) != {dict}:
+        return None
+    return _fast_rows(ContainerSample, items)
 
 
 def decode_host_samples(raw: bytes | str) -> HostSamples:
@@ -732,6 +815,9 @@ def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
         item = typing.get_args(tp)[0]
         defs[item.__name__] = _schema_body(item, defs)
         s = {"type": "array", "items": {"$ref": f"#/$defs/{item.__name__}"}}
+    elif dataclasses.is_dataclass(tp):
+        defs[tp.__name__] = _schema_body(tp, defs)
+        s = {"$ref": f"#/$defs/{tp.__name__}"}
     else:
         raise TypeError(tp)
     if meta.get("minimum") is not None:
@@ -741,7 +827,11 @@ def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
     if meta.get("doc"):
         s["description"] = meta["doc"]
     if optional:
-        s["type"] = [s["type"], "null"] if "type" in s else s
+        if "type" in s:
+            s["type"] = [s["type"], "null"]
+        else:  # a nested record
+            ref = {"$ref": s.pop("$ref")}
+            s = {"anyOf": [ref, {"type": "null"}], **s}
     return s
 
 
