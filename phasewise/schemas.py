@@ -54,6 +54,8 @@ __all__ = [
     "JobSpec",
     "JobRequests",
     "JobTargets",
+    "Interval",
+    "UtilisationPrediction",
     "Decision",
     "Actuation",
     "PhaseChange",
@@ -245,6 +247,34 @@ class JobEvent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Interval:
+    """A predicted quantity: its mean and an interval [lo, hi] at the prediction's coverage."""
+
+    mean: float = _f(minimum=0)
+    lo: float = _f(minimum=0)
+    hi: float = _f(minimum=0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UtilisationPrediction:
+    """What a submitted job will use, predicted from its computation graph before it runs (key: job)."""
+
+    VERSION: ClassVar[int] = 1
+    job: str = _f()
+    ts: float = _f(minimum=0)
+    model_version: int = _f(minimum=0, doc="jobs the model had learned from when it predicted")
+    device: str | None = _f(default=None, doc="GPU model the prediction is for; null = any")
+    gpu_util: Interval = _f(doc="mean GPU utilisation over the steady phase, percent of one GPU (0-100)")
+    gpu_mem_bytes: Interval = _f(doc="GPU memory, bytes")
+    cpu_cores: Interval = _f(doc="mean CPU cores over the steady phase")
+    mem_bytes: Interval = _f(doc="host memory (working set), bytes")
+    coverage: float = _f(minimum=0, maximum=1, doc="nominal probability that [lo, hi] holds the observed value")
+    first_sight: bool = _f(default=True, doc="no job of this model had been observed")
+    features: dict = _f(default={}, doc="the graph features the prediction used")
+    v: int = _f(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     """What a policy wants done to one container (key: host)."""
 
@@ -336,6 +366,8 @@ RECORDS: tuple[type, ...] = (
     JobSpec,
     JobRequests,
     JobTargets,
+    Interval,
+    UtilisationPrediction,
     Decision,
     Actuation,
     PhaseChange,
