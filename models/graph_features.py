@@ -35,8 +35,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from phasewise.models.horus_catalog import (DATASETS, MODELS, DatasetShape, canonical_dataset,
-                                            canonical_model)
+from phasewise.models.horus_catalog import DATASETS, MODELS, DatasetShape, canonical_dataset, canonical_model
 
 __all__ = ["GraphFeatures", "FeatureError", "features", "catalog_features", "inputs_for", "MAX_STEP_BYTES"]
 
