@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from phasewise.models.horus_catalog import DATASETS, MODELS, DatasetShape, canonical_dataset, canonical_model
+from phasewise.models.horus_catalog import DATASETS, MODELS, DatasetShape, canonical_dataset, canonical_model, parse_mlp
 
 __all__ = ["GraphFeatures", "FeatureError", "features", "catalog_features", "inputs_for", "MAX_STEP_BYTES"]
 
@@ -210,5 +210,8 @@ def _catalog_features(key: str, ds: str, batch: int, amp: bool) -> GraphFeatures
     from phasewise.models import horus_zoo
 
     shape = DATASETS[ds]
+    mlp = parse_mlp(key)
+    if mlp is not None and shape.kind == "state":  # the vectors are as wide as the MLP's input
+        shape = dataclasses.replace(shape, state_dim=mlp.widths[0])
     return features(lambda: horus_zoo.build(key, shape), name=key, shape=shape, batch=batch, amp=amp,
-                    input_kind=horus_zoo.INPUT_KIND[key], optimizer=horus_zoo.OPTIMIZER[key])
+                    input_kind=horus_zoo.input_kind(key), optimizer=horus_zoo.optimizer(key))

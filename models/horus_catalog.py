@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["MODELS", "DATASETS", "DatasetShape", "normalise", "canonical_model", "canonical_dataset",
-           "dataset_shape", "is_entry_point", "default_dataset"]
+           "dataset_shape", "is_entry_point", "default_dataset", "MlpSpec", "parse_mlp"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,7 @@ DATASETS: dict[str, DatasetShape] = {
         DatasetShape("shapenet", "points", points=2048, classes=16),
         DatasetShape("lunarlander", "state", state_dim=8, action_dim=4),
         DatasetShape("bipedalwalker", "state", state_dim=24, action_dim=4),
+        DatasetShape("vectors", "state"),  # random feature vectors; their width is the model's input width
     )
 }
 
@@ -89,6 +90,52 @@ _MODEL_ALIASES = {
 }
 
 _DROP = re.compile(r"[-_\s]+")
+#: the MLP family: ``mlp-IN x H1 x ... x OUT`` then optional ``-ACTIVATION``, ``-bn``, ``-dropout``
+_MLP = re.compile(r"^mlp[-_ ]?(\d{1,6}(?:x\d{1,6}){1,64})((?:[-_ +][a-z]+)*)$", re.IGNORECASE)
+#: activations an MLP name may use (torch.nn class names, matched case-insensitively)
+MLP_ACTIVATIONS = ("ReLU", "Tanh", "Sigmoid", "Softplus", "PReLU", "Mish", "SiLU", "Identity", "ELU", "SELU",
+                   "LeakyReLU", "GELU")
+
+
+@dataclass(frozen=True, slots=True)
+class MlpSpec:
+    """A plain MLP: layer widths (input first), activation, batch norm and dropout after each hidden layer."""
+
+    widths: tuple[int, ...]
+    activation: str = "ReLU"
+    batchnorm: bool = False
+    dropout: bool = False
+
+    @property
+    def name(self) -> str:
+        extra = "".join(f"-{x}" for x, on in (("bn", self.batchnorm), ("dropout", self.dropout)) if on)
+        return f"mlp-{'x'.join(map(str, self.widths))}-{self.activation.lower()}{extra}"
+
+
+def parse_mlp(name: str) -> MlpSpec | None:
+    """The MLP an ``mlp-...`` name describes, or None.
+
+    >>> parse_mlp("MLP-784x256x10-GELU-bn").name
+    'mlp-784x256x10-gelu-bn'
+    """
+    m = _MLP.match(name.strip())
+    if m is None:
+        return None
+    widths = tuple(int(w) for w in m.group(1).lower().split("x"))
+    if min(widths) < 1:
+        return None
+    act, bn, drop = "ReLU", False, False
+    acts = {a.lower(): a for a in MLP_ACTIVATIONS}
+    for tok in re.split(r"[-_ +]", m.group(2).lower())[1:]:
+        if tok == "bn":
+            bn = True
+        elif tok == "dropout":
+            drop = True
+        elif tok in acts:
+            act = acts[tok]
+        else:
+            return None
+    return MlpSpec(widths, act, bn, drop)
 
 
 def normalise(name: str) -> str:
@@ -108,8 +155,9 @@ def is_entry_point(name: str) -> bool:
 
 
 def canonical_model(name: str) -> str | None:
-    """The catalog model *name* means, or None."""
-    return _MODEL_KEYS.get(normalise(name))
+    """The catalog model *name* means (an MLP's canonical ``mlp-...`` name), or None."""
+    mlp = parse_mlp(name) if name[:3].lower() == "mlp" else None
+    return mlp.name if mlp is not None else _MODEL_KEYS.get(normalise(name))
 
 
 def canonical_dataset(name: str) -> str | None:
@@ -127,4 +175,4 @@ def dataset_shape(name: str) -> DatasetShape:
 
 def default_dataset(model: str) -> str | None:
     key = canonical_model(model)
-    return None if key is None else MODELS[key]
+    return None if key is None else MODELS.get(key, "vectors")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from phasewise.models.horus_catalog import DatasetShape
+from phasewise.models.horus_catalog import DatasetShape, MlpSpec, parse_mlp
 
 __all__ = ["build", "BUILDERS", "INPUT_KIND", "OPTIMIZER"]
 
@@ -442,6 +442,32 @@ OPTIMIZER: dict[str, str] = {
 }
 
 
+def mlp(spec: MlpSpec) -> nn.Module:
+    """A plain MLP: Linear, [BatchNorm1d], activation, [Dropout] per hidden layer, then Linear."""
+    layers: list[nn.Module] = []
+    w = spec.widths
+    for i, (a, b) in enumerate(zip(w, w[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(w) - 2:
+            if spec.batchnorm:
+                layers.append(nn.BatchNorm1d(b))
+            layers.append(getattr(nn, spec.activation)())
+            if spec.dropout:
+                layers.append(nn.Dropout(0.2))
+    return nn.Sequential(*layers)
+
+
 def build(name: str, shape: DatasetShape) -> nn.Module:
     """The catalog model *name* (canonical) sized for dataset *shape*."""
+    spec = parse_mlp(name)
+    if spec is not None:
+        return mlp(spec)
     return BUILDERS[name](shape)
+
+
+def input_kind(name: str) -> str:
+    return "state" if parse_mlp(name) is not None else INPUT_KIND[name]
+
+
+def optimizer(name: str) -> str:
+    return "adam" if parse_mlp(name) is not None else OPTIMIZER[name]
