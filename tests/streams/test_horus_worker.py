@@ -18,8 +18,17 @@ from phasewise.bench.harness import scrape
 from phasewise.infra.broker import free_port
 from phasewise.kafka import ensure_topics, make_consumer, make_producer
 from phasewise.procs import RoleProcess
-from phasewise.schemas import (ContainerSample, DeadLetter, HostSamples, JobEvent, JobSpec, SchemaError,
-                               UtilisationPrediction, decode, encode)
+from phasewise.schemas import (
+    ContainerSample,
+    DeadLetter,
+    HostSamples,
+    JobEvent,
+    JobSpec,
+    SchemaError,
+    UtilisationPrediction,
+    decode,
+    encode,
+)
 from phasewise.settings import Settings
 from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PREDICTIONS, SAMPLES
 
