@@ -102,7 +102,7 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
     records = [job(a, "submitted", 1.0, spec=spec), *poison,
                job(bad_ds, "submitted", 1.0, spec=JobSpec(model="resnet18", dataset="mnist", batch_size=8)),
                job(b, "submitted", 1.0, spec=spec, priority=3)]
-    for i, v in enumerate(records):  # one partition, so the valid ones sit between the bad ones
+    for v in records:  # one partition, so the valid ones sit between the bad ones
         p.produce(JOB_EVENTS.name, key=f"k-{tag}".encode(), value=v, partition=0)
     p.flush(20)
 
