@@ -152,7 +152,7 @@ class HorusState:
         if spec is None:
             raise FeatureError("a submitted event needs a spec")
         f = spec_features(spec)
-        device = device_of(spec.node_selector)
+        device = device_of(spec.node_selector) or ("cpu" if spec.requests.gpus == 0 else None)
         p = self.model.predict_one(f, device)
         key = model_key(spec.model)
         feats = f.to_dict()

@@ -137,3 +137,15 @@ def test_a_job_that_finishes_early_is_observed_at_finish_if_it_has_enough_sample
     o = j.finished("c", 3.0)
     assert o is not None and o.observed == {"cpu_cores": 2.0, "mem_bytes": 2e9} and o.device == "t4"
     assert math.isfinite(o.ts)
+
+
+def test_on_real_cpu_jobs_measured_here_learning_beats_the_prior():
+    """18 real training jobs of catalog models on this machine (tests/horus/data), each predicted, then learned."""
+    from phasewise.horus.predict import evaluate, read_csv
+
+    rows = read_csv(str(Path(__file__).resolve().parents[1] / "horus" / "data" / "measured_cpu_jobs.csv"))
+    learned = evaluate(rows, columns=("cpu_cores", "mem"))
+    prior = evaluate(rows, model=_Frozen(), columns=("cpu_cores", "mem"))
+    assert learned["scored"] == 18 and not learned["errors"]
+    assert learned["rmsle"]["cpu_cores"] < 0.6 * prior["rmsle"]["cpu_cores"]
+    assert learned["rmsle"]["mem"] < prior["rmsle"]["mem"] < 0.5
