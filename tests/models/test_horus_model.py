@@ -149,3 +149,15 @@ def test_on_real_cpu_jobs_measured_here_learning_beats_the_prior():
     assert learned["scored"] == 18 and not learned["errors"]
     assert learned["rmsle"]["cpu_cores"] < 0.6 * prior["rmsle"]["cpu_cores"]
     assert learned["rmsle"]["mem"] < prior["rmsle"]["mem"] < 0.5
+
+
+def test_the_first_phase_change_after_start_ends_the_loading_phase_early():
+    j = HorusJoin(JoinConfig(warmup_s=100, min_samples=2, observe_s=1))
+    j.submitted("p", 0.0, {"model": "m"}, "m", None, {})
+    j.started("p", "h1", "c1", 10.0)
+    j.phase_change("h1", "other", 12.0)  # another container's phase: nothing
+    assert j.samples(_hs(13, cpu=5.0)) == []
+    j.phase_change("h1", "c1", 14.0)
+    j.phase_change("h1", "c1", 16.0)  # only the first counts
+    out = j.samples(_hs(13.5, cpu=5.0)) + j.samples(_hs(14, cpu=1.0)) + j.samples(_hs(15, cpu=3.0))
+    assert len(out) == 1 and out[0].observed["cpu_cores"] == 2.0
