@@ -153,8 +153,12 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
               encode(PhaseChange(container="ca", host=host, ts=t0 + 0.5, new_phase=1, since=t0))):
         p.produce(PHASES.name, key=pkey, value=v, partition=0)
     p.flush(10)
+    skey = f"s-{tag}"
+    p.produce(SAMPLES.name, key=skey.encode(), value=bytes(range(256)) * 2400)  # 600 kB of binary: a sample?
+    p.flush(10)
     assert len(read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, lambda m: _dl_key(m) == pkey.decode(),
                         2)) == 2
+    assert len(read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, lambda m: _dl_key(m) == skey, 1)) == 1
     time.sleep(1.0)
     for i, cpu in ((1, 1.0), (2, 1.0)):
         p.produce(SAMPLES.name, key=host.encode(), value=sample(t0 + i, cpu))
