@@ -57,6 +57,8 @@ WHERE = {
     "workload_pods": "workload.pods", "workload_pods_token_file": "workload.pods_token_file",
     "workload_pods_refresh_s": "workload.pods_refresh_s", "workload_docker_dir": "workload.docker_dir",
     "workload_pods_ca_file": "workload.pods_ca_file",
+    "horus_coverage": "horus.coverage", "horus_warmup_s": "horus.warmup_s", "horus_observe_s": "horus.observe_s",
+    "horus_min_samples": "horus.min_samples", "horus_worker_id": "horus.worker_id",
 }
 
 
