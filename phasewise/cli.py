@@ -35,6 +35,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "produce": ("phasewise.producers.agent", "run the host agent: sample containers, publish to Kafka"),
     "actuate": ("phasewise.actuators.consumer", "run the actuator: apply this host's decisions"),
     "replay": ("phasewise.replay.cli", "replay a real trace through the policies and score them"),
+    "simulate": ("phasewise.simulate.cli", "replay a pod list against a node list through the placement policies"),
     "bench": ("phasewise.bench.cli", "throughput / latency / memory benchmarks"),
     "schemas": ("phasewise.schemas_cli", "write or check the JSON Schemas of every topic"),
     "topics": ("phasewise.topics_cli", "create the topics on a cluster (idempotent) and list them"),
@@ -167,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _extra_for(role: str | None) -> str:
     return {"worker": "streams", "replay": "streams,report", "produce": "producer",
-            "actuate": "actuator", "broker": "broker", "bench": "all", "demo": "all"}.get(role or "", "all")
+            "actuate": "actuator", "broker": "broker", "bench": "all", "demo": "all",
+            "simulate": "streams,report"}.get(role or "", "all")
 
 
 if __name__ == "__main__":
