@@ -683,6 +683,23 @@ class ActuatorSettings(_Group):
                                    help="applied decision ids kept at most")
 
 
+@dataclass(frozen=True, slots=True)
+class HorusSettings(_Group):
+    """``phasewise horus``: utilisation predicted from job graphs, learned from the jobs it watches."""
+
+    PREFIX: ClassVar[str] = "horus_"
+
+    coverage: float = setting(0.8, check=in_range(0, 1, lo_open=True, hi_open=True), flag="--coverage",
+                              help="nominal probability that a prediction's [lo, hi] holds the observed value")
+    warmup_s: float = setting(20.0, check=at_least(0), flag="--job-warmup",
+                              help="seconds after a job starts left out of its observation (its loading phase)")
+    observe_s: float = setting(60.0, check=at_least(0), flag="--observe",
+                               help="steady seconds of a job's samples after which it is learned")
+    min_samples: int = setting(5, check=at_least(1), help="steady samples a job needs to be learned")
+    worker_id: str = setting("phasewise-horus", check=non_empty, flag="--horus-id",
+                             help="Faust app id (consumer group and table names) of the horus worker")
+
+
 # --------------------------------------------------------------------------- a process's settings
 
 
@@ -711,6 +728,7 @@ class Settings(_Group):
     phase: PhaseSettings = group(PhaseSettings)
     safety: SafetySettings = group(SafetySettings)
     actuator: ActuatorSettings = group(ActuatorSettings)
+    horus: HorusSettings = group(HorusSettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():

@@ -1,0 +1,292 @@
+"""The Horus agents: job events and samples in, utilisation predictions and learned jobs out.
+
+- **job events** (``phasewise.job-events.v1``): a ``submitted`` job's graph
+  features are extracted (:mod:`phasewise.streams.horus_jobs`), the model
+  predicts its four targets and a :class:`~phasewise.schemas.UtilisationPrediction`
+  goes to ``phasewise.predictions.v1`` (key: job); ``started`` says where it
+  runs; ``finished`` observes and forgets it.
+- **samples** (``phasewise.samples.v1``): the samples of a started job's
+  container, after its warm-up, are averaged (:class:`~phasewise.models.horus_join.HorusJoin`);
+  a job with enough steady samples is learned once, and the error of its
+  prediction (absolute log error per target) goes to
+  ``phasewise_horus_prediction_log_error{target}``.
+
+A record that cannot be decoded, a ``submitted`` event without a spec, or a
+spec whose graph cannot be built (unknown model or entry point, a model that
+fails to build or to run a batch, an absurd batch size, an unknown dataset)
+is a dead letter with the reason; the agent carries on.
+
+State: one changelogged table (``horus-state``): ``job/<id>`` holds each
+job's join state, ``obs/<n>`` each learned observation (the model is
+rebuilt from them, in order, when the worker starts or takes its partitions
+back). Writes and predictions go through the commit barrier
+(:mod:`phasewise.streams.output`): a source offset is committed only after
+its predictions were delivered and its state written. One horus worker runs
+per cluster (it needs every job and every host).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import zlib
+from typing import Any
+
+import faust
+
+from phasewise.kafka import dead_letter as make_dead_letter
+from phasewise.models.graph_features import FeatureError
+from phasewise.models.horus_join import HorusJoin, JoinConfig, Observation
+from phasewise.models.horus_model import TARGETS, HorusConfig, HorusModel
+from phasewise.schemas import (
+    Interval,
+    JobEvent,
+    SchemaError,
+    UtilisationPrediction,
+    decode,
+    decode_host_samples,
+    encode,
+)
+from phasewise.settings import Settings
+from phasewise.streams.horus_jobs import model_key, spec_features
+from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
+from phasewise.streams.topics import raw_topic
+from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PREDICTIONS, SAMPLES
+
+__all__ = ["TABLE_NAME", "HorusMetrics", "HorusState", "register_horus", "device_of"]
+
+log = logging.getLogger(__name__)
+
+TABLE_NAME = "horus-state"
+#: node_selector keys that name a GPU model
+DEVICE_KEYS = ("gpu", "gpu_model", "nvidia.com/gpu.product", "accelerator")
+
+
+class HorusMetrics:
+    """The horus worker's metrics (the names the commit barrier and output sender use, and its own)."""
+
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
+
+        self.registry = registry = registry or CollectorRegistry()
+        self.predictions = Counter("phasewise_horus_predictions", "predictions published", registry=registry)
+        self.learned = Counter("phasewise_horus_jobs_learned", "jobs observed and learned", registry=registry)
+        self.error = Summary("phasewise_horus_prediction_log_error",
+                             "|log1p(predicted) - log1p(observed)| of learned jobs' predictions at submission",
+                             ["target"], registry=registry)
+        self.dead_letters = Counter("phasewise_horus_dead_letters", "records dead-lettered", ["kind"],
+                                    registry=registry)
+        self.delivery_errors = Counter("phasewise_horus_delivery_errors", "output records not delivered",
+                                       ["topic"], registry=registry)
+        self.table_writes = Counter("phasewise_horus_table_writes", "state table writes", registry=registry)
+        self.commit_flush_seconds = Counter("phasewise_horus_commit_flush_seconds", "seconds in commit flushes",
+                                            registry=registry)
+        self.jobs = Gauge("phasewise_horus_jobs", "jobs held by the join", registry=registry)
+        self.model_jobs = Gauge("phasewise_horus_model_jobs", "jobs the model learned from", registry=registry)
+        self.ready = Gauge("phasewise_horus_ready", "1 once partitions are assigned and state restored",
+                           registry=registry)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=addr, registry=self.registry)
+
+
+def device_of(node_selector: dict) -> str | None:
+    for k in DEVICE_KEYS:
+        v = node_selector.get(k)
+        if isinstance(v, str) and v:
+            return v
+    return None
+
+
+def _value(raw: Any) -> Any:
+    """A table value as written (JSON bytes) or as Faust restored it (decoded JSON)."""
+    return json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+
+
+class HorusState:
+    """The model and the join, and their table records; pure of Faust (the agents hold one)."""
+
+    def __init__(self, settings: Settings, partitions: int) -> None:
+        h = settings.horus
+        self.model_config = HorusConfig(coverage=h.coverage)
+        self.join_config = JoinConfig(warmup_s=h.warmup_s, min_samples=h.min_samples, observe_s=h.observe_s)
+        self.partitions = partitions
+        self.model = HorusModel(self.model_config)
+        self.join = HorusJoin(self.join_config)
+        self.writes: dict[str, tuple[int, bytes | None]] = {}  # key -> (partition, value) for the next commit
+        self.seq = 0
+
+    def partition(self, key: str) -> int:
+        return zlib.crc32(key.encode()) % self.partitions
+
+    def put(self, key: str, value: Any) -> None:
+        self.writes[key] = (self.partition(key), None if value is None else json.dumps(
+            value, separators=(",", ":")).encode())
+
+    def restore(self, items: Any) -> None:
+        """Rebuild from the table's ``(key, value)`` items: observations replayed in order, jobs loaded."""
+        self.model = HorusModel(self.model_config)
+        self.join = HorusJoin(self.join_config)
+        obs, jobs = [], []
+        for k, raw in items:
+            if raw is None:
+                continue
+            if k.startswith("obs/"):
+                obs.append((int(k[4:]), _value(raw)))
+            elif k.startswith("job/"):
+                jobs.append((k[4:], _value(raw)))
+        for _, o in sorted(obs):
+            self.model.learn_one(o["f"], o["o"], o.get("d"))
+        self.seq = max((n for n, _ in obs), default=-1) + 1
+        for job, s in jobs:
+            self.join.load(job, s)
+        log.info("restored %d learned jobs and %d tracked jobs", len(obs), len(jobs))
+
+    def predict(self, event: JobEvent) -> UtilisationPrediction:
+        """Features and prediction of a ``submitted`` event; the job joins; FeatureError when unbuildable."""
+        spec = event.spec
+        if spec is None:
+            raise FeatureError("a submitted event needs a spec")
+        f = spec_features(spec)
+        device = device_of(spec.node_selector)
+        p = self.model.predict_one(f, device)
+        key = model_key(spec.model)
+        feats = f.to_dict()
+        self.join.submitted(event.job, event.ts, feats, key, device, {t: p[t].mean for t in TARGETS})
+        return UtilisationPrediction(
+            job=event.job, ts=event.ts, model_version=self.model.jobs, device=device,
+            **{t: Interval(mean=p[t].mean, lo=p[t].lo, hi=p[t].hi) for t in TARGETS},
+            coverage=self.model_config.coverage, first_sight=not self.model.seen(key), features=feats)
+
+    def learn(self, o: Observation) -> dict[str, float]:
+        """Learn one observation; its prediction's absolute log error per target."""
+        self.model.learn_one(o.features, o.observed, o.device)
+        self.put(f"obs/{self.seq:012d}", {"f": o.features, "o": o.observed, "d": o.device, "job": o.job})
+        old = self.seq - self.model_config.max_observations
+        if old >= 0:
+            self.put(f"obs/{old:012d}", None)
+        self.seq += 1
+        return {t: abs(math.log1p(o.predicted[t]) - math.log1p(v)) for t, v in o.observed.items()
+                if t in o.predicted}
+
+    def flush_join(self) -> None:
+        for job, s in self.join.pop_dirty():
+            self.put(f"job/{job}", s)
+
+
+def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics | None = None,
+                   outputs: OutputSender | None = None) -> dict[str, Any]:
+    """Add the state table and the two agents to *app*; returns the handles."""
+    from phasewise.streams.agents import fail_worker_on_agent_error
+
+    metrics = metrics or HorusMetrics()
+    partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
+    jobs_topic = raw_topic(app, JOB_EVENTS, partitions)
+    samples_topic = raw_topic(app, SAMPLES, settings.kafka.topic_partitions or SAMPLES.partitions)
+    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
+                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                      help="horus: job join states and learned observations")
+    if outputs is None:
+        outputs = OutputSender(output_producer(settings), metrics)
+    barrier = CommitBarrier(outputs, metrics)
+    attach(app, barrier)
+    state = HorusState(settings, partitions)
+    writes = barrier.table(table)
+
+    def hold() -> None:  # runs at each commit, before the outputs' delivery is awaited
+        state.flush_join()
+        for k, (p, v) in state.writes.items():
+            writes.put(k, v, p)
+        state.writes.clear()
+
+    barrier.before.append(hold)
+    restored = [False]
+
+    def ensure_restored() -> None:
+        if not restored[0]:
+            state.restore(list(table.data.items()))
+            restored[0] = True
+            metrics.model_jobs.set(state.model.jobs)
+            metrics.jobs.set(len(state.join))
+
+    async def dead_letter(event: Any, reason: str, kind: str) -> None:
+        msg = event.message
+        key, value, dl = make_dead_letter(source_topic=msg.topic, reason=reason, payload=msg.value, key=msg.key,
+                                          partition=msg.partition, offset=msg.offset,
+                                          max_bytes=settings.kafka.dead_letter_max_bytes)
+        outputs.send(DEAD_LETTERS.name, key, value)
+        metrics.dead_letters.labels(kind=kind).inc()
+        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, dl.reason)
+
+    app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
+
+    def learned(observations: list[Observation]) -> None:
+        for o in observations:
+            for target, err in state.learn(o).items():
+                metrics.error.labels(target=target).observe(err)
+            metrics.learned.inc()
+            log.info("learned job %s (%s): %s", o.job, o.model,
+                     ", ".join(f"{t}={v:.4g}" for t, v in sorted(o.observed.items())))
+        metrics.model_jobs.set(state.model.jobs)
+
+    @app.agent(jobs_topic, name="phasewise.horus-jobs")
+    async def on_jobs(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            ensure_restored()
+            try:
+                ev = decode(JobEvent, event.message.value)
+            except SchemaError as e:
+                await dead_letter(event, str(e), "schema")
+                continue
+            try:
+                if ev.kind == "submitted":
+                    pred = state.predict(ev)
+                    outputs.send(PREDICTIONS.name, ev.job.encode(), encode(pred))
+                    metrics.predictions.inc()
+                elif ev.kind == "started":
+                    if ev.host is None or ev.container is None:
+                        raise FeatureError("a started event needs host and container")
+                    state.join.started(ev.job, ev.host, ev.container, ev.ts)
+                elif ev.kind == "finished":
+                    obs = state.join.finished(ev.job, ev.ts)
+                    learned([obs] if obs is not None else [])
+            except FeatureError as e:
+                await dead_letter(event, f"JobEvent {ev.kind} {ev.job}: {e}", "job")
+                continue
+            except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
+                log.exception("processing a job event failed")
+                await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+                continue
+            metrics.jobs.set(len(state.join))
+            outputs.poll()
+
+    @app.agent(samples_topic, name="phasewise.horus-samples")
+    async def on_samples(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            ensure_restored()
+            try:
+                hs = decode_host_samples(event.message.value)
+            except SchemaError as e:
+                await dead_letter(event, str(e), "schema")
+                continue
+            try:
+                learned(state.join.samples(hs))
+            except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
+                log.exception("joining samples failed")
+                await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+            outputs.poll()
+
+    @app.on_partitions_revoked.connect
+    async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:
+        restored[0] = False  # the table, restored on assignment, is the truth from here
+
+    @app.on_rebalance_complete.connect
+    async def _ready(app: faust.App, **kwargs: Any) -> None:
+        metrics.ready.set(0 if barrier.failure is not None else 1)
+
+    return {"jobs": on_jobs, "samples": on_samples, "table": table, "state": state, "metrics": metrics,
+            "outputs": outputs, "barrier": barrier, "started": time.time()}

@@ -1,0 +1,161 @@
+"""``phasewise horus`` for real: a Faust worker subprocess on the session broker.
+
+Job events and samples go in with confluent-kafka; predictions and dead letters
+are read back from their topics; the join of a job with its container's
+samples is interrupted by a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from phasewise.bench.harness import scrape
+from phasewise.infra.broker import free_port
+from phasewise.kafka import ensure_topics, make_consumer, make_producer
+from phasewise.procs import RoleProcess
+from phasewise.schemas import (
+    ContainerSample,
+    DeadLetter,
+    HostSamples,
+    JobEvent,
+    JobSpec,
+    SchemaError,
+    UtilisationPrediction,
+    decode,
+    encode,
+)
+from phasewise.settings import Settings
+from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PREDICTIONS, SAMPLES
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+
+class Horus:
+    def __init__(self, settings: Settings, tmp, horus_id: str) -> None:
+        self.metrics_port = free_port()
+        env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_LOG_LEVEL": "info",
+               "PHASEWISE_HORUS_WARMUP_S": "0", "PHASEWISE_HORUS_OBSERVE_S": "2",
+               "PHASEWISE_HORUS_MIN_SAMPLES": "3"}
+        args = ["--horus-id", horus_id, "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
+        self.role = RoleProcess("horus", args, env=env, log_path=tmp / f"horus-{uuid.uuid4().hex[:4]}.log")
+
+    def start(self, timeout_s: float = 90.0) -> Horus:
+        self.role.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.role.alive(), "horus exited:\n" + self.role.log_tail()
+            if self.metric("phasewise_horus_ready") == 1.0:
+                return self
+            time.sleep(0.2)
+        raise TimeoutError("horus not ready:\n" + self.role.log_tail())
+
+    def metric(self, name: str) -> float:
+        try:
+            return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics").get(name, 0.0)
+        except OSError:
+            return 0.0
+
+    def wait_metric(self, name: str, at_least: float, timeout_s: float = 60.0) -> float:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (v := self.metric(name)) >= at_least:
+                return v
+            time.sleep(0.2)
+        raise TimeoutError(f"{name} < {at_least}:\n" + self.role.log_tail(60))
+
+
+def read_all(settings: Settings, topic: str, partitions: int, pred, n: int, timeout_s: float = 60.0) -> list:
+    c = make_consumer(settings, f"pwtest-{uuid.uuid4().hex[:6]}")
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    hits: list = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and len(hits) < n:
+            m = c.poll(0.2)
+            if m is not None and not m.error() and pred(m):
+                hits.append(m)
+    finally:
+        c.close()
+    return hits
+
+
+def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    tag = uuid.uuid4().hex[:6]
+    horus_id = f"pwtest-horus-{tag}"
+    h = Horus(s, tmp_path, horus_id).start()
+    p = make_producer(s)
+
+    def job(name: str, kind: str, ts: float, **kw) -> bytes:
+        return encode(JobEvent(job=name, ts=ts, kind=kind, **kw))
+
+    spec = JobSpec(model="mlp-32x64x4", dataset="vectors", batch_size=16)
+    a, b, bad_ds = f"a-{tag}", f"b-{tag}", f"c-{tag}"
+    poison = [None, b"[" * 100_000, bytes(range(256)) * 2400,
+              json.dumps({"v": 1, "job": "x", "ts": "yesterday", "kind": "submitted"}).encode()]
+    records = [job(a, "submitted", 1.0, spec=spec), *poison,
+               job(bad_ds, "submitted", 1.0, spec=JobSpec(model="resnet18", dataset="mnist", batch_size=8)),
+               job(b, "submitted", 1.0, spec=spec, priority=3)]
+    for v in records:  # one partition, so the valid ones sit between the bad ones
+        p.produce(JOB_EVENTS.name, key=f"k-{tag}".encode(), value=v, partition=0)
+    p.flush(20)
+
+    preds = read_all(s, PREDICTIONS.name, PREDICTIONS.partitions, lambda m: m.key() in (a.encode(), b.encode()), 2)
+    got = {decode(UtilisationPrediction, m.value()).job: decode(UtilisationPrediction, m.value()) for m in preds}
+    assert set(got) == {a, b}, h.role.log_tail(60)
+    pa = got[a]
+    assert pa.first_sight and pa.features["linear"] == 2 and pa.coverage == 0.8
+    assert pa.cpu_cores.lo <= pa.cpu_cores.mean <= pa.cpu_cores.hi
+
+    def ours(m) -> bool:
+        try:
+            return decode(DeadLetter, m.value()).key == f"k-{tag}"
+        except SchemaError:
+            return False
+
+    dls = [decode(DeadLetter, m.value()) for m in read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, ours, 5)]
+    reasons = sorted(d.reason for d in dls)
+    assert len(dls) == 5, reasons
+    assert any("no value" in r for r in reasons) and any("nested too deeply" in r for r in reasons)
+    assert any("not valid JSON" in r for r in reasons) and any("'ts' must be a number" in r for r in reasons)
+    assert any("unknown dataset 'mnist'" in r for r in reasons)
+
+    # a's container runs on host H; two steady samples, a restart, then the third completes the observation
+    host = f"hz-{tag}"
+    t0 = time.time() - 60
+
+    def sample(ts: float, cpu: float) -> bytes:
+        return encode(HostSamples(host=host, ts=ts, interval_s=1.0, containers=(
+            ContainerSample(container="ca", cpu_cores=cpu, mem_bytes=5e8),
+            ContainerSample(container="other", cpu_cores=9.0, mem_bytes=1e9))))
+
+    p.produce(JOB_EVENTS.name, key=a.encode(), value=job(a, "started", t0, host=host, container="ca"), partition=0)
+    p.flush(10)
+    time.sleep(1.0)  # the started event before the samples (different topics)
+    for i, cpu in ((1, 1.0), (2, 1.0)):
+        p.produce(SAMPLES.name, key=host.encode(), value=sample(t0 + i, cpu))
+    p.flush(10)
+    deadline = time.monotonic() + 30
+    while "restored" not in h.role.log_tail(200) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(4.0)  # a commit interval: the join state is written with the offsets
+    assert h.metric("phasewise_horus_jobs_learned_total") == 0
+    assert h.role.stop(timeout_s=30) == 0, h.role.log_tail()
+
+    h2 = Horus(s, tmp_path, horus_id).start()
+    try:
+        p.produce(SAMPLES.name, key=host.encode(), value=sample(t0 + 3, 4.0))
+        p.flush(10)
+        h2.wait_metric("phasewise_horus_jobs_learned_total", 1)
+        log = h2.role.log_tail(200)
+        assert f"learned job {a}" in log and "cpu_cores=2 " in log.replace(",", " "), log
+        assert h2.metric("phasewise_horus_model_jobs") == 1
+        assert h2.metric('phasewise_horus_prediction_log_error_count{target="cpu_cores"}') == 1
+    finally:
+        h2.role.stop()
