@@ -256,6 +256,17 @@ class Cluster:
         self._book(a, +1)
         self.allocs[job.job] = a
 
+    def restore(self, job: Job, node: str, gpus: tuple[int, ...]) -> None:
+        """Book again what was decided before a restart, without the feasibility check (the node's
+        observed use may already include the job); GPU indices beyond the node's are dropped."""
+        if job.job in self.allocs:
+            return
+        i = self.index[node]
+        gpus = tuple(g for g in gpus if 0 <= g < int(self.ngpu[i]))
+        a = _Alloc(i, gpus, job.cpu_milli, job.mem_bytes, job.milli, job.gpu_mem_bytes, _job_util(job), job.workload)
+        self._book(a, +1)
+        self.allocs[job.job] = a
+
     def release(self, job: str) -> str | None:
         """Free what *job* had booked; its node's name (None when it had nothing)."""
         a = self.allocs.pop(job, None)
