@@ -99,6 +99,9 @@ class Actuator:
         self.producer = producer
         self.metrics = ActuatorMetrics() if metrics is None else metrics
         self.host_cores = float(host_cores if host_cores is not None else (os.cpu_count() or 1))
+        #: the CPU ids place decisions may bind jobs to (this process's affinity)
+        self.host_cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset(
+            range(os.cpu_count() or 1))
         self.clock = clock
         self.sleep = sleep
         #: the working sets this actuator read, for the memory floor's recent peak
@@ -159,7 +162,7 @@ class Actuator:
             own = self.peaks.peak(d.container, now)
             peak = max((v for v in (own, declared_peak(d)) if v is not None), default=None)
         p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
-                 peak_mem_bytes=peak)
+                 peak_mem_bytes=peak, host_cpus=self.host_cpus)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         out = self._apply_with_retries(p)
@@ -279,7 +282,8 @@ def make_backend(settings: Settings) -> Backend:
     from phasewise.cgroupfs import CgroupError, CgroupLayout
 
     if settings.actuator.backend == "cgroup":
-        return CgroupBackend(CgroupLayout(settings.cgroup.root, settings.cgroup.prefix))
+        return CgroupBackend(CgroupLayout(settings.cgroup.root, settings.cgroup.prefix),
+                             job_log_dir=os.path.join(settings.data_dir, "jobs"))
     try:
         layout = CgroupLayout(settings.cgroup.root, settings.cgroup.prefix)
         reader = CgroupBackend(layout).memory_usage
