@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import TextIO
@@ -36,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="never put inference and training pods on one node")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--report", metavar="DIR", help="write plots (allocation, fragmentation) and summary.md here")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="policies simulated in parallel processes (default: one per policy, at most the CPUs)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -53,13 +56,49 @@ class Progress:
         pct = int(100 * done / self.total)
         if self.tty:
             fill = pct * 30 // 100
-            self.stream.write(f"\r{self.label:<10} [{'#' * fill}{'.' * (30 - fill)}] {done}/{self.total} pods")
+            self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (30 - fill)}] {done}/{self.total} pods")
             if done >= self.total:
                 self.stream.write("\n")
         elif pct // 25 > self._shown:
             self._shown = pct // 25
             self.stream.write(f"{self.label}: {done}/{self.total} pods ({pct}%)\n")
         self.stream.flush()
+
+
+_done = None  # in a pool worker: the shared count of pods simulated
+
+
+def _init(counter) -> None:
+    global _done
+    _done = counter
+
+
+def _one(task):
+    name, pods, nodes, mode, config = task
+    last = [0]
+
+    def bump(n: int) -> None:
+        with _done.get_lock():
+            _done.value += n - last[0]
+        last[0] = n
+    return simulate(pods, nodes, name, mode, config, progress=bump)
+
+
+def _parallel(names, pods, nodes, mode, config, jobs, stream):
+    """The policies in *jobs* processes (fork); one bar over all of them. Results in *names* order."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("q", 0)
+    bar = Progress(",".join(names), len(pods) * len(names), stream)
+    with ctx.Pool(jobs, initializer=_init, initargs=(counter,)) as pool:
+        pending = pool.map_async(_one, [(n, pods, nodes, mode, config) for n in names])
+        while not pending.ready():
+            pending.wait(0.2)
+            bar(min(counter.value, bar.total))
+        results = pending.get()
+    bar(bar.total)
+    return results
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,10 +122,15 @@ def run(args: argparse.Namespace) -> int:
         pods = speed_up(pods, args.speed_up)
     config = PlacementConfig(isolate_inference=args.isolate_inference)
     t0 = time.perf_counter()
-    results = []
-    for name in names:
-        bar = Progress(name, len(pods), None if args.quiet else sys.stderr)
-        results.append(simulate(pods, nodes, name, args.mode, config, progress=bar))
+    jobs = args.jobs if args.jobs > 0 else min(len(names), os.cpu_count() or 1)
+    stream = None if args.quiet else sys.stderr
+    if jobs <= 1 or len(names) == 1:
+        results = []
+        for name in names:
+            results.append(simulate(pods, nodes, name, args.mode, config,
+                                    progress=Progress(name, len(pods), stream)))
+    else:
+        results = _parallel(names, pods, nodes, args.mode, config, jobs, stream)
     wall = time.perf_counter() - t0
     if args.report:
         from phasewise.simulate.report import write_report

@@ -63,7 +63,7 @@ def test_speed_up_keeps_durations(small):
 
 
 def test_cli_json_and_report(small, tmp_path, capsys):
-    rc = main(["simulate", str(small[0]), "--format", "openb", "--nodes", str(small[1]),
+    rc = main(["simulate", str(small[0]), "--format", "openb", "--nodes", str(small[1]), "--jobs", "1",
                "--policies", "horus,first-fit,best-fit,fgd", "--json", "--report", str(tmp_path / "rep")])
     out, err = capsys.readouterr()
     assert rc == 0
@@ -76,6 +76,10 @@ def test_cli_json_and_report(small, tmp_path, capsys):
     for f in ("allocation.png", "fragmentation.png", "summary.md"):
         assert (tmp_path / "rep" / f).stat().st_size > 0
     assert "| fgd |" in (tmp_path / "rep" / "summary.md").read_text()
+    # in parallel processes: the same results, one bar over all policies
+    assert main(["simulate", str(small[0]), "--nodes", str(small[1]), "--jobs", "2", "--json"]) == 0
+    out2, err2 = capsys.readouterr()
+    assert json.loads(out2) == doc and "20/20 pods" in err2
 
 
 @pytest.mark.parametrize("pods,nodes,why", [
