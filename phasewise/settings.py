@@ -723,7 +723,7 @@ class PlacementSettings(_Group):
     policy: str = setting("horus", choices=("horus", "first-fit", "best-fit", "fgd"), flag="--placement",
                           help="placement policy (docs/placement.md)")
     isolate_inference: bool = setting(False, help="never put inference and training jobs on one node")
-    prediction_wait_s: float = setting(2.0, check=at_least(0), flag="--prediction-wait",
+    prediction_wait_s: float = setting(10.0, check=at_least(0), flag="--prediction-wait",
                                        help="seconds a submitted job waits for its utilisation prediction "
                                             "before it is placed on its requests alone")
     local_nodes: str = setting("", check=local_nodes_spec, flag="--local-nodes",
