@@ -529,22 +529,31 @@ def _frag(w: WorkloadTypes, cpu_free: np.ndarray, mem_free: np.ndarray, gfree: n
 
 
 class Fgd:
-    """FGD against a target workload; without one, against the jobs it has been asked to place."""
+    """FGD against a target workload; without one, against the jobs it has been asked to place.
+
+    Online, the distribution is recomputed at every job for the first
+    *refresh_every* jobs, then every *refresh_every* jobs (each recomputation
+    empties the per-node cache, so a fixed distribution between refreshes
+    keeps decisions cheap).
+    """
 
     name = "fgd"
 
-    def __init__(self, workload: WorkloadTypes | None = None):
+    def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64):
         self._fixed = workload
         self._seen: list[Job] = []
         self._w = workload
+        self._refresh = max(1, refresh_every)
         self._cache: dict[tuple, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def _workload(self, job: Job) -> WorkloadTypes:
         if self._fixed is not None:
             return self._fixed
         self._seen.append(job)  # online popularity: the jobs asked about so far
-        self._w = workload_types(self._seen)
-        self._cache.clear()
+        n = len(self._seen)
+        if self._w is None or n <= self._refresh or n % self._refresh == 0:
+            self._w = workload_types(self._seen)
+            self._cache.clear()
         return self._w
 
     def _deltas(self, job: Job, c: Cluster, rows: np.ndarray, w: WorkloadTypes) -> tuple[np.ndarray, np.ndarray]:

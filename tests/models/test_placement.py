@@ -181,3 +181,17 @@ def test_release_and_observations():
     assert make_policy("horus").place(Job("k", 1000, GIB), c).node is None
     with pytest.raises(ValueError, match="unknown placement policy"):
         make_policy("nope")
+
+
+def test_fgd_online_workload_refreshes_and_stays_deterministic():
+    nodes, jobs = _nodes(8, seed=5), _jobs(150, seed=6)
+    runs = []
+    for _ in range(2):
+        c, pol = Cluster(nodes), Fgd(refresh_every=16)
+        runs.append([(p.node, p.gpus) for p in place_many(jobs, c, pol)])
+        _check_not_overcommitted(c)
+        # after 150 jobs the distribution in force is the one of the first 144 (the last refresh)
+        assert pol._w.weight.sum() == pytest.approx(1.0)
+        assert sum(1 for _ in pol._seen) == 150
+        assert len(workload_types(pol._seen[:144]).weight) == len(pol._w.weight)
+    assert runs[0] == runs[1]
