@@ -2,9 +2,11 @@
 
 A job is known from its ``submitted`` event (features, prediction), placed by
 its ``started`` event (host, container); from then on the samples of that
-container on that host are its usage. The first ``warmup_s`` seconds after
-start are its loading phase (imports, data loading, compilation) and are left
-out; the samples after it are averaged. The job is observed, once, when
+container on that host are its usage. Its loading phase (imports, data
+loading, compilation) is left out: it ends at the container's first phase
+change after start (the CRBM detector's ``PhaseChange``, when the worker
+runs ``--policy phase``) or ``warmup_s`` seconds after start, whichever comes
+first; the samples after it are averaged. The job is observed, once, when
 ``observe_s`` seconds of steady samples are in (at least ``min_samples``),
 or when it finishes with at least ``min_samples`` steady samples; an
 observation carries the mean CPU cores, host memory, GPU utilisation and GPU
@@ -104,9 +106,19 @@ class HorusJoin:
                                    "first": None, "last": None, "done": False}
         if s.get("h") is not None:
             self._where.pop((s["h"], s["c"]), None)
-        s.update(h=host, c=container, t0=ts)
+        s.update(h=host, c=container, t0=ts, sf=None)
         self._where[(host, container)] = job
         self._dirty.add(job)
+
+    def phase_change(self, host: str, container: str, ts: float) -> None:
+        """The container entered a new phase at *ts*: the first one after its job started ends the loading."""
+        job = self._where.get((host, container))
+        if job is None:
+            return
+        s = self._jobs[job]
+        if s.get("t0") is not None and ts > s["t0"] and s.get("sf") is None:
+            s["sf"] = ts
+            self._dirty.add(job)
 
     def finished(self, job: str, ts: float) -> Observation | None:
         """The job ended: its observation if it has enough steady samples and was not observed yet; forgets it."""
@@ -137,7 +149,8 @@ class HorusJoin:
             if job is None:
                 continue
             s = self._jobs[job]
-            if s["done"] or s["f"] is None or hs.ts < s["t0"] + cfg.warmup_s:
+            steady_from = s["t0"] + cfg.warmup_s if s.get("sf") is None else min(s["sf"], s["t0"] + cfg.warmup_s)
+            if s["done"] or s["f"] is None or hs.ts < steady_from:
                 continue
             if s["last"] is not None and hs.ts <= s["last"]:
                 continue  # a sample seen before (a re-read after a restart) or out of order

@@ -72,7 +72,8 @@ class HorusConfig:
     gpu_util_prior: float = 50.0  #: percent
     cpu_cores_prior: float = 1.0
     gpu_runtime_bytes: float = 500.0 * _MIB  #: CUDA context and allocator slack on top of the step
-    host_runtime_bytes: float = 700.0 * _MIB  #: a torch process's own resident memory
+    host_runtime_bytes: float = 700.0 * _MIB  #: a torch process's own resident memory beside a GPU
+    cpu_runtime_bytes: float = 300.0 * _MIB  #: a bare torch process's resident memory (device "cpu")
 
     def __post_init__(self) -> None:
         if not 0 < self.coverage < 1:
@@ -110,15 +111,21 @@ def feature_vector(f: GraphFeatures | Mapping[str, Any], device: str | None = No
     return x
 
 
-def prior(target: str, f: Mapping[str, Any], cfg: HorusConfig) -> float:
-    """What the model says of *target* before it has observed any job (natural units)."""
+def prior(target: str, f: Mapping[str, Any], cfg: HorusConfig, device: str | None = None) -> float:
+    """What the model says of *target* before it has observed any job (natural units).
+
+    Host memory of a job training on the CPU (*device* ``"cpu"``) holds what
+    its step holds (weights, gradients, optimizer state, activations); beside a
+    GPU it holds the runtime, the weights once more and a couple of batches.
+    """
     if target == "gpu_util":
         return cfg.gpu_util_prior
     if target == "cpu_cores":
         return cfg.cpu_cores_prior
     if target == "gpu_mem_bytes":
         return f["train_mem_bytes"] + cfg.gpu_runtime_bytes
-    # host memory: the runtime, the model's weights once more, one batch's inputs in float32 twice
+    if device is not None and device.lower() == "cpu":
+        return cfg.cpu_runtime_bytes + f["train_mem_bytes"]
     return cfg.host_runtime_bytes + f["param_bytes"] + 8 * f["input_elements"] * f["batch_size"]
 
 
@@ -175,8 +182,8 @@ class HorusModel:
         k = min(len(s) - 1, math.ceil(self.config.coverage * (len(s) + 1)) - 1)
         return s[k]
 
-    def _log_mean(self, target: str, g: Mapping[str, Any], x: dict[str, float]) -> float:
-        return _l(prior(target, g, self.config)) + self._targets[target].residual(x)
+    def _log_mean(self, target: str, g: Mapping[str, Any], x: dict[str, float], device: str | None) -> float:
+        return _l(prior(target, g, self.config, device)) + self._targets[target].residual(x)
 
     def predict_one(self, f: GraphFeatures | Mapping[str, Any], device: str | None = None) -> dict[str, Estimate]:
         """``{target: Estimate(mean, lo, hi)}`` in natural units (percent, bytes, cores)."""
@@ -184,7 +191,7 @@ class HorusModel:
         x = feature_vector(g, device)
         out = {}
         for t in TARGETS:
-            m = self._log_mean(t, g, x)
+            m = self._log_mean(t, g, x, device)
             s = self._spread(t)
             hi = math.expm1(m + s)
             if t == "gpu_util":
@@ -211,8 +218,8 @@ class HorusModel:
         for t, y in obs.items():
             ly = _l(y)
             tgt = self._targets[t]
-            tgt.errors.append(abs(ly - self._log_mean(t, g, x)))
-            tgt.learn(x, ly - _l(prior(t, g, self.config)))
+            tgt.errors.append(abs(ly - self._log_mean(t, g, x, device)))
+            tgt.learn(x, ly - _l(prior(t, g, self.config, device)))
         self._seen.add(str(g.get("model")))
         self._jobs += 1
 

@@ -5,8 +5,10 @@
   predicts its four targets and a :class:`~phasewise.schemas.UtilisationPrediction`
   goes to ``phasewise.predictions.v1`` (key: job); ``started`` says where it
   runs; ``finished`` observes and forgets it.
+- **phases** (``phasewise.phases.v1``): a container's first phase change
+  after its job started ends the job's loading phase (else ``horus_warmup_s`` does).
 - **samples** (``phasewise.samples.v1``): the samples of a started job's
-  container, after its warm-up, are averaged (:class:`~phasewise.models.horus_join.HorusJoin`);
+  container, after its loading phase, are averaged (:class:`~phasewise.models.horus_join.HorusJoin`);
   a job with enough steady samples is learned once, and the error of its
   prediction (absolute log error per target) goes to
   ``phasewise_horus_prediction_log_error{target}``.
@@ -30,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 import zlib
 from typing import Any
 
@@ -43,6 +44,7 @@ from phasewise.models.horus_model import TARGETS, HorusConfig, HorusModel
 from phasewise.schemas import (
     Interval,
     JobEvent,
+    PhaseChange,
     SchemaError,
     UtilisationPrediction,
     decode,
@@ -53,7 +55,7 @@ from phasewise.settings import Settings
 from phasewise.streams.horus_jobs import model_key, spec_features
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
-from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PREDICTIONS, SAMPLES
+from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
 
 __all__ = ["TABLE_NAME", "HorusMetrics", "HorusState", "register_horus", "device_of"]
 
@@ -152,7 +154,7 @@ class HorusState:
         if spec is None:
             raise FeatureError("a submitted event needs a spec")
         f = spec_features(spec)
-        device = device_of(spec.node_selector)
+        device = device_of(spec.node_selector) or ("cpu" if spec.requests.gpus == 0 else None)
         p = self.model.predict_one(f, device)
         key = model_key(spec.model)
         feats = f.to_dict()
@@ -187,6 +189,7 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
     partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
     jobs_topic = raw_topic(app, JOB_EVENTS, partitions)
     samples_topic = raw_topic(app, SAMPLES, settings.kafka.topic_partitions or SAMPLES.partitions)
+    phases_topic = raw_topic(app, PHASES, settings.kafka.topic_partitions or PHASES.partitions)
     table = app.Table(TABLE_NAME, default=None, partitions=partitions,
                       schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
                       help="horus: job join states and learned observations")
@@ -264,6 +267,18 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
             metrics.jobs.set(len(state.join))
             outputs.poll()
 
+    @app.agent(phases_topic, name="phasewise.horus-phases")
+    async def on_phases(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            ensure_restored()
+            try:
+                pc = decode(PhaseChange, event.message.value)
+            except SchemaError as e:
+                await dead_letter(event, str(e), "schema")
+                continue
+            state.join.phase_change(pc.host, pc.container, pc.ts)
+            outputs.poll()
+
     @app.agent(samples_topic, name="phasewise.horus-samples")
     async def on_samples(stream: faust.StreamT) -> None:
         async for event in stream.events():
@@ -288,5 +303,5 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
     async def _ready(app: faust.App, **kwargs: Any) -> None:
         metrics.ready.set(0 if barrier.failure is not None else 1)
 
-    return {"jobs": on_jobs, "samples": on_samples, "table": table, "state": state, "metrics": metrics,
-            "outputs": outputs, "barrier": barrier, "started": time.time()}
+    return {"jobs": on_jobs, "phases": on_phases, "samples": on_samples, "table": table, "state": state,
+            "metrics": metrics, "outputs": outputs, "barrier": barrier}

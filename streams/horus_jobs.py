@@ -14,7 +14,7 @@ import importlib
 from typing import Any
 
 from phasewise.models.graph_features import FeatureError, GraphFeatures, catalog_features, features
-from phasewise.models.horus_catalog import DATASETS, canonical_dataset, canonical_model, is_entry_point
+from phasewise.models.horus_catalog import DATASETS, MODELS, canonical_dataset, canonical_model, is_entry_point
 from phasewise.schemas import JobSpec
 
 __all__ = ["spec_features", "model_key", "resolve_entry_point"]
@@ -46,6 +46,9 @@ def spec_features(spec: JobSpec) -> GraphFeatures:
     """The graph features of one training step of the job *spec* describes (cached per model/data/batch/amp)."""
     if canonical_model(spec.model) is not None:
         return catalog_features(spec.model, spec.dataset, spec.batch_size, spec.amp)
+    if not is_entry_point(spec.model):
+        raise FeatureError(f"unknown model {spec.model!r}: neither a catalog name ({', '.join(MODELS)}, "
+                           f"mlp-...) nor module:function")
     ds = canonical_dataset(spec.dataset)
     if ds is None:
         raise FeatureError(f"unknown dataset {spec.dataset!r} (known: {', '.join(DATASETS)})")

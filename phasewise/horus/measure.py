@@ -29,10 +29,12 @@ net = build(key, shape).to(device)
 opt = (torch.optim.Adam(net.parameters(), 1e-4) if optimizer(key) == "adam"
        else torch.optim.SGD(net.parameters(), 0.01, momentum=0.9))
 kind = input_kind(key)
+bounds = {"tokens": (shape.vocab,), "seq2seq": (shape.vocab, shape.tgt_vocab),
+          "ratings": (shape.users, shape.items)}.get(kind, ())
 def batch_of():
     xs = inputs_for(kind, shape, batch, device)
-    return tuple(torch.randint(0, max(2, min(shape.users or shape.vocab or 2, shape.items or 10**9)), x.shape,
-                               device=device) if not x.is_floating_point() else torch.randn_like(x) for x in xs)
+    return tuple(torch.randn(x.shape, device=device) if x.is_floating_point()
+                 else torch.randint(0, bounds[i], x.shape, device=device) for i, x in enumerate(xs))
 print("ready", flush=True)
 parent = os.getppid()
 while os.getppid() == parent:  # ends when the measuring process is gone
@@ -79,4 +81,5 @@ def measure(model: str, dataset: str, batch: int, *, seconds: float = 12.0, warm
         p.kill()
         p.wait()
     return {"model": model, "dataset": dataset, "batchsize": batch, "amp": "false", "gpu_util": "", "gmem": "",
-            "cpu_cores": round(cores, 3), "mem": round(sum(rss) / len(rss) / 2**20, 1), "threads": threads}
+            "cpu_cores": round(cores, 3), "mem": round(sum(rss) / len(rss) / 2**20, 1), "threads": threads,
+            "device": device}

@@ -137,3 +137,27 @@ def test_a_job_that_finishes_early_is_observed_at_finish_if_it_has_enough_sample
     o = j.finished("c", 3.0)
     assert o is not None and o.observed == {"cpu_cores": 2.0, "mem_bytes": 2e9} and o.device == "t4"
     assert math.isfinite(o.ts)
+
+
+def test_on_real_cpu_jobs_measured_here_learning_beats_the_prior():
+    """18 real training jobs of catalog models on this machine (tests/horus/data), each predicted, then learned."""
+    from phasewise.horus.predict import evaluate, read_csv
+
+    rows = read_csv(str(Path(__file__).resolve().parents[1] / "horus" / "data" / "measured_cpu_jobs.csv"))
+    learned = evaluate(rows, columns=("cpu_cores", "mem"))
+    prior = evaluate(rows, model=_Frozen(), columns=("cpu_cores", "mem"))
+    assert learned["scored"] == 18 and not learned["errors"]
+    assert learned["rmsle"]["cpu_cores"] < 0.6 * prior["rmsle"]["cpu_cores"]
+    assert learned["rmsle"]["mem"] < prior["rmsle"]["mem"] < 0.5
+
+
+def test_the_first_phase_change_after_start_ends_the_loading_phase_early():
+    j = HorusJoin(JoinConfig(warmup_s=100, min_samples=2, observe_s=1))
+    j.submitted("p", 0.0, {"model": "m"}, "m", None, {})
+    j.started("p", "h1", "c1", 10.0)
+    j.phase_change("h1", "other", 12.0)  # another container's phase: nothing
+    assert j.samples(_hs(13, cpu=5.0)) == []
+    j.phase_change("h1", "c1", 14.0)
+    j.phase_change("h1", "c1", 16.0)  # only the first counts
+    out = j.samples(_hs(13.5, cpu=5.0)) + j.samples(_hs(14, cpu=1.0)) + j.samples(_hs(15, cpu=3.0))
+    assert len(out) == 1 and out[0].observed["cpu_cores"] == 2.0

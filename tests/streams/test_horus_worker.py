@@ -24,13 +24,14 @@ from phasewise.schemas import (
     HostSamples,
     JobEvent,
     JobSpec,
+    PhaseChange,
     SchemaError,
     UtilisationPrediction,
     decode,
     encode,
 )
 from phasewise.settings import Settings
-from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PREDICTIONS, SAMPLES
+from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -39,7 +40,7 @@ class Horus:
     def __init__(self, settings: Settings, tmp, horus_id: str) -> None:
         self.metrics_port = free_port()
         env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_LOG_LEVEL": "info",
-               "PHASEWISE_HORUS_WARMUP_S": "0", "PHASEWISE_HORUS_OBSERVE_S": "2",
+               "PHASEWISE_HORUS_WARMUP_S": "1000", "PHASEWISE_HORUS_OBSERVE_S": "2",
                "PHASEWISE_HORUS_MIN_SAMPLES": "3"}
         args = ["--horus-id", horus_id, "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
         self.role = RoleProcess("horus", args, env=env, log_path=tmp / f"horus-{uuid.uuid4().hex[:4]}.log")
@@ -82,6 +83,13 @@ def read_all(settings: Settings, topic: str, partitions: int, pred, n: int, time
     finally:
         c.close()
     return hits
+
+
+def _dl_key(m) -> str | None:
+    try:
+        return decode(DeadLetter, m.value()).key
+    except SchemaError:
+        return None
 
 
 def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
@@ -137,7 +145,21 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
 
     p.produce(JOB_EVENTS.name, key=a.encode(), value=job(a, "started", t0, host=host, container="ca"), partition=0)
     p.flush(10)
-    time.sleep(1.0)  # the started event before the samples (different topics)
+    time.sleep(1.0)  # the started event before the phase change and the samples (different topics)
+    # the detector says the container left its loading phase at t0 + 0.5 (the warm-up is 1000 s);
+    # a null and a record of wrong types on the phases topic around it are dead letters
+    pkey = f"ca-{tag}".encode()
+    for v in (None, json.dumps({"v": 1, "container": 5}).encode(),
+              encode(PhaseChange(container="ca", host=host, ts=t0 + 0.5, new_phase=1, since=t0))):
+        p.produce(PHASES.name, key=pkey, value=v, partition=0)
+    p.flush(10)
+    skey = f"s-{tag}"
+    p.produce(SAMPLES.name, key=skey.encode(), value=bytes(range(256)) * 2400)  # 600 kB of binary: a sample?
+    p.flush(10)
+    assert len(read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, lambda m: _dl_key(m) == pkey.decode(),
+                        2)) == 2
+    assert len(read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, lambda m: _dl_key(m) == skey, 1)) == 1
+    time.sleep(1.0)
     for i, cpu in ((1, 1.0), (2, 1.0)):
         p.produce(SAMPLES.name, key=host.encode(), value=sample(t0 + i, cpu))
     p.flush(10)

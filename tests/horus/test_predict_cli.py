@@ -1,0 +1,42 @@
+"""``phasewise predict eval``: the output's shape, per-row errors, one-line errors for a bad CSV."""
+
+from __future__ import annotations
+
+import json
+
+from phasewise.cli import main
+
+CSV = """model,dataset,batchsize,amp,gpu_util,gmem,notes
+ResNet-18,CIFAR-10,32,False,45.0,1800,first
+CycleGAN,monet2photo,1,False,60,3000,not in the catalog
+mlp-64x128x10,vectors,64,false,20,1200,
+MLP-64x128x10,Vectors,128,false,25,,
+"""
+
+
+def test_eval_prints_the_scores_and_per_row_errors(tmp_path, capsys):
+    f = tmp_path / "observed.csv"
+    f.write_text(CSV)
+    assert main(["predict", "eval", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"rows", "rmsle", "rmsle_after_20", "rmsle_first_sight"}
+    assert out["rows"] == 4 and out["scored"] == 3
+    assert set(out["rmsle"]) == {"gpu_util", "gmem"} and out["rmsle_after_20"]["gpu_util"] is None
+    assert out["errors"] == [{"row": 2, "model": "CycleGAN", "error": out["errors"][0]["error"]}]
+    assert "unknown model 'CycleGAN'" in out["errors"][0]["error"]
+    # rows 1 and 3 are first sight (two models; row 2 was never learned); row 4 is the MLP again
+    first = tmp_path / "first.csv"
+    first.write_text("\n".join(CSV.splitlines()[i] for i in (0, 1, 3)) + "\n")
+    assert main(["predict", "eval", str(first), "--json"]) == 0
+    only = json.loads(capsys.readouterr().out)
+    assert out["rmsle_first_sight"] == only["rmsle"] and out["rmsle"] != only["rmsle"]
+
+
+def test_a_csv_without_the_columns_is_one_line_and_exit_2(tmp_path, capsys):
+    f = tmp_path / "observed.csv"
+    f.write_text("model,dataset,bs\nresnet18,cifar10,32\n")
+    assert main(["predict", "eval", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing column(s) batchsize, amp, gpu_util, gmem" in err
+    assert main(["predict", "eval", str(tmp_path / "nope.csv")]) == 2
+    assert "No such file or directory" in capsys.readouterr().err
