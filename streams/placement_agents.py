@@ -60,6 +60,7 @@ __all__ = ["PlacementMetrics", "PlacementState", "parse_local_nodes", "register_
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "place-state"
+MAX_PREDICTIONS = 100_000  # predictions held at most (those of jobs not submitted here go first)
 DEFAULT_CPU_MILLI = 1000  # a job that requests no CPU and has no prediction yet is booked one core
 
 
@@ -212,11 +213,18 @@ class PlacementState:
         if ev.job in self.placed:
             return  # already placed (a redelivered event)
         self.events[ev.job] = ev
-        self.deadline[ev.job] = now + self.wait_s
+        # its prediction may have come first (another topic): then no wait
+        self.deadline[ev.job] = 0.0 if ev.job in self.predictions else now + self.wait_s
         self.put(ev.job, self._record(ev.job))
 
     def prediction(self, p: UtilisationPrediction) -> None:
+        self.predictions.pop(p.job, None)
         self.predictions[p.job] = p
+        while len(self.predictions) > MAX_PREDICTIONS:  # predictions of jobs never submitted here: oldest go
+            old = next(j for j in self.predictions if j not in self.events or j == p.job)
+            if old == p.job:
+                break
+            del self.predictions[old]
         if p.job in self.deadline:
             self.deadline[p.job] = 0.0  # decide at the next round
         if p.job in self.events:

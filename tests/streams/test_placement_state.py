@@ -102,3 +102,12 @@ def test_restart_books_placed_jobs_again():
     assert s2.decide(now=0.0, ts=2.0) == [] and list(s2.waiting) == ["b"]  # a's GPU stays booked
     with pytest.raises(ValueError, match="needs a spec"):
         s2.submitted(JobEvent(job="c", ts=1.0, kind="submitted"), now=0.0)
+
+
+def test_a_prediction_before_its_job_means_no_wait():
+    s = _state(place_prediction_wait_s=60.0)
+    s.samples(_sample("h1"))
+    s.prediction(_pred("a", 30.0))
+    s.submitted(_job("a"), now=0.0)
+    [(d, _)] = s.decide(now=0.0, ts=1.0)
+    assert "predicted GPU util 30%" in d.reason
