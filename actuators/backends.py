@@ -18,6 +18,14 @@ cgroup v2 (one unified tree)::
     <prefix>/<c>/memory.max
     <prefix>/<c>/cgroup.freeze             1 | 0
 
+A ``StartJob`` (a placed job) creates the job's managed container in every
+controller, binds it to its CPUs (v1: ``cpuset/<prefix>/<c>/cpuset.cpus``,
+the prefix's own ``cpuset.cpus``/``cpuset.mems`` filled from its parent;
+v2: ``<prefix>/<c>/cpuset.cpus`` with ``+cpuset`` enabled on the way) and
+starts the command in it: the child moves itself into the cgroups before it
+runs the command, so no instruction of the job runs outside its cpuset. GPUs
+are passed as ``CUDA_VISIBLE_DEVICES``; output goes to ``<log dir>/<c>.log``.
+
 Errors never escape ``apply``: they come back as a ``failed`` outcome marked
 ``temporary`` when a retry may help (EAGAIN, EINTR, ENOMEM, a busy freezer)
 and permanent otherwise (missing container, permission, invalid value). A v1
@@ -31,12 +39,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from phasewise.actuators.commands import Command, Freeze, Outcome, SetLimits, Thaw
+from phasewise.actuators.commands import Command, Freeze, Outcome, SetLimits, StartJob, Thaw
 from phasewise.cgroupfs import CgroupError, CgroupLayout
 
 __all__ = ["CFS_PERIOD_US", "MIN_QUOTA_US", "Backend", "CgroupBackend", "DryRunBackend"]
@@ -83,10 +92,13 @@ def quota_us(cores: float, period_us: int = CFS_PERIOD_US) -> int:
 class CgroupBackend:
     """Writes limits straight into the managed containers' cgroup files."""
 
-    def __init__(self, layout: CgroupLayout, *, freeze_timeout_s: float = 2.0) -> None:
+    def __init__(self, layout: CgroupLayout, *, freeze_timeout_s: float = 2.0,
+                 job_log_dir: str | os.PathLike | None = None) -> None:
         self.layout = layout
         self.freeze_timeout_s = freeze_timeout_s
         self.name = f"cgroup-v{layout.version}"
+        self.job_log_dir = Path(job_log_dir) if job_log_dir is not None else None
+        self.processes: dict[str, subprocess.Popen] = {}  # jobs started here (reaped as they end)
 
     # ------------------------------------------------------------------ protocol
 
@@ -124,6 +136,8 @@ class CgroupBackend:
                 return self._freeze(command.container, True)
             if isinstance(command, Thaw):
                 return self._freeze(command.container, False)
+            if isinstance(command, StartJob):
+                return self._start(command)
         except CgroupError as e:
             return Outcome.failed(str(e), temporary=e.temporary)
         except OSError as e:
@@ -185,6 +199,55 @@ class CgroupBackend:
 
     # ------------------------------------------------------------------ freezer
 
+    def _start(self, cmd: StartJob) -> Outcome:
+        for name, p in list(self.processes.items()):  # reap the jobs that ended
+            if p.poll() is not None:
+                del self.processes[name]
+        c = cmd.container
+        if self.exists(c):
+            return Outcome.failed(f"container {c!r} already exists: not started again")
+        self.layout.create(c)
+        if self.layout.version == 1:
+            cs = _cpuset_dirs_v1(self.layout, c)
+            _write(cs / "cpuset.cpus", cmd.cpus, "cpuset.cpus")
+            procs = [self.layout.path(c, ctl) / "cgroup.procs" for ctl in self.layout.controllers()]
+            procs.append(cs / "cgroup.procs")
+        else:
+            cs = _cpuset_dir_v2(self.layout, c)
+            _write(cs / "cpuset.cpus", cmd.cpus, "cpuset.cpus")
+            procs = [cs / "cgroup.procs"]
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cmd.gpus)
+        out: int | object = subprocess.DEVNULL
+        if self.job_log_dir is not None:
+            self.job_log_dir.mkdir(parents=True, exist_ok=True)
+            out = os.open(self.job_log_dir / f"{c}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        paths = [str(p) for p in procs]
+
+        def enter() -> None:  # in the child, before exec: join the job's cgroups
+            pid = str(os.getpid()).encode()
+            for path in paths:
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, pid)
+                finally:
+                    os.close(fd)
+
+        try:
+            proc = subprocess.Popen(list(cmd.argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+                                    start_new_session=True, preexec_fn=enter)  # noqa: PLW1509
+        except (OSError, subprocess.SubprocessError) as e:
+            self.layout.remove(c)
+            if self.layout.version == 1:
+                cs.rmdir()
+            return Outcome.failed(f"cannot start {cmd.argv[0]!r} for {c!r}: {e}")
+        finally:
+            if isinstance(out, int):
+                os.close(out)
+        self.processes[c] = proc
+        return Outcome.applied(f"started pid {proc.pid} in cpuset {cmd.cpus}"
+                               + (f" with GPUs {list(cmd.gpus)}" if cmd.gpus else ""))
+
     def _freeze(self, container: str, frozen: bool) -> Outcome:
         want = "FROZEN" if frozen else "THAWED"
         try:
@@ -217,6 +280,31 @@ class CgroupBackend:
             return Outcome.failed(f"cannot read freezer state of {container!r}: {e}",
                                   temporary=e.errno in _TEMPORARY_ERRNOS)
         return Outcome.applied("frozen" if frozen else "thawed")
+
+
+def _cpuset_dirs_v1(layout: CgroupLayout, container: str) -> Path:
+    """``cpuset/<prefix>/<c>``, each level's cpus and mems filled from its parent (v1 needs them set)."""
+    root = layout.controller_root("cpuset")
+    parent = root
+    for part in [*layout.prefix.split("/"), layout.check_name(container)]:
+        d = parent / part
+        d.mkdir(exist_ok=True)
+        for f in ("cpuset.cpus", "cpuset.mems"):
+            if not _read(d / f).strip():
+                _write(d / f, _read(parent / f).strip(), f)
+        parent = d
+    return parent
+
+
+def _cpuset_dir_v2(layout: CgroupLayout, container: str) -> Path:
+    parent = layout.root
+    for part in [*layout.prefix.split("/"), layout.check_name(container)]:
+        sub = parent / "cgroup.subtree_control"
+        if "cpuset" not in _read(sub).split():
+            _write(sub, "+cpuset", "cgroup.subtree_control")
+        parent = parent / part
+        parent.mkdir(exist_ok=True)
+    return parent
 
 
 def _read(path: Path) -> str:
@@ -287,4 +375,7 @@ class DryRunBackend:
         if isinstance(command, SetLimits):
             return Outcome.applied("dry run: nothing written", cpu_cores=command.cpu_cores,
                                    mem_bytes=command.mem_bytes)
+        if isinstance(command, StartJob):
+            return Outcome.applied(f"dry run: would start {list(command.argv)} in cpuset {command.cpus}"
+                                   + (f" with GPUs {list(command.gpus)}" if command.gpus else ""))
         return Outcome.applied(f"dry run: would {type(command).__name__.lower()}")

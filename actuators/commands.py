@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["STATUSES", "Command", "Freeze", "Outcome", "SetLimits", "Thaw"]
+__all__ = ["STATUSES", "Command", "Freeze", "Outcome", "SetLimits", "StartJob", "Thaw"]
 
 #: the statuses of :class:`phasewise.schemas.Actuation`
 STATUSES = ("applied", "clamped", "duplicate", "rejected", "failed")
@@ -43,7 +43,17 @@ class Thaw:
     container: str
 
 
-Command = SetLimits | Freeze | Thaw
+@dataclass(frozen=True, slots=True)
+class StartJob:
+    """Start a placed job's command in a new managed container bound to *cpus* (a cpuset list)."""
+
+    container: str
+    cpus: str
+    argv: tuple[str, ...]
+    gpus: tuple[int, ...] = ()
+
+
+Command = SetLimits | Freeze | Thaw | StartJob
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,6 +117,9 @@ class Actuator:
         self.producer = producer
         self.metrics = ActuatorMetrics() if metrics is None else metrics
         self.host_cores = float(host_cores if host_cores is not None else (os.cpu_count() or 1))
+        #: the CPU ids place decisions may bind jobs to (this process's affinity)
+        self.host_cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset(
+            range(os.cpu_count() or 1))
         self.clock = clock
         self.sleep = sleep
         #: the working sets this actuator read, for the memory floor's recent peak
@@ -194,7 +197,7 @@ class Actuator:
             own = self.peaks.peak(d.container, now)
             peak = max((v for v in (own, declared_peak(d)) if v is not None), default=None)
         p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
-                 peak_mem_bytes=peak, workload=workload)
+                 peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         out = self._apply_with_retries(p)
@@ -315,7 +318,7 @@ def make_backend(settings: Settings) -> Backend:
     from phasewise.workloads import layout_from_settings
 
     if settings.actuator.backend == "cgroup":
-        return CgroupBackend(layout_from_settings(settings))
+        return CgroupBackend(layout_from_settings(settings), job_log_dir=os.path.join(settings.data_dir, "jobs"))
     try:
         layout = layout_from_settings(settings)
         reader = CgroupBackend(layout).memory_usage

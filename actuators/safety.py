@@ -11,7 +11,9 @@ The rules, in order:
    to the managed cgroup prefix, so it cannot point anywhere else) and the
    container must exist now;
 2. the action must be one this actuator performs (``limit``, ``freeze``,
-   ``thaw``); ``terminate`` and ``place`` belong to other components;
+   ``thaw``, ``place``); ``terminate`` belongs to other components; a
+   ``place`` decision (:func:`plan_place`) names a container that does not
+   exist yet, a cpuset within this host's CPUs and a command to start;
 3. a ``limit`` decision must carry at least one limit, each a finite,
    non-negative number;
 4. CPU is clamped into the workload's own ``[cpu-min, cpu-max]`` (when it
@@ -51,13 +53,14 @@ Limits are bounded by composing small rules by wrapping
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from phasewise.actuators.commands import Command, Freeze, SetLimits, Thaw
+from phasewise.actuators.commands import Command, Freeze, SetLimits, StartJob, Thaw
 from phasewise.cgroupfs import _NAME as _MANAGED_NAME  # the one definition of a managed name
 from phasewise.schemas import MAX_BYTES, Decision, WorkloadPolicy
 from phasewise.settings import Settings
@@ -78,12 +81,14 @@ __all__ = [
     "is_managed_name",
     "mem_rule",
     "not_applied_reason",
+    "parse_cpuset",
     "plan",
+    "plan_place",
     "workload_cpu_rule",
     "workload_mem_rule",
 ]
 
-SUPPORTED_ACTIONS = ("limit", "freeze", "thaw")
+SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "place")
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +324,7 @@ def plan(
     settings: Settings,
     peak_mem_bytes: float | None = None,
     workload: WorkloadPolicy | None = None,
+    host_cpus: frozenset[int] | None = None,
 ) -> Planned | Rejected:
     """The command for *decision* under the safety rules, or why it is refused.
 
@@ -327,11 +333,14 @@ def plan(
     *peak_mem_bytes*: its recent peak working set (``None`` = unknown);
     *host_cores*: CPUs of this host, the highest CPU limit worth setting;
     *workload*: the container's per-workload policy, whose min/max bound the limits.
+    *host_cpus*: the CPU ids this host may bind jobs to (``place`` decisions).
     """
     c = decision.container
     if not is_managed_name(c):
         return Rejected(f"container id {c!r} is not a managed container name "
                         "(a single cgroup name under the managed prefix)")
+    if decision.action == "place":
+        return plan_place(decision, exists=exists, host_cpus=host_cpus)
     if not exists:
         return Rejected(f"container {c!r} does not exist under the managed prefix")
     if decision.action == "freeze":
@@ -367,3 +376,52 @@ def plan(
     except Unsafe as e:
         return Rejected(str(e))
     return Planned(SetLimits(c, cpu_cores=cpu_out, mem_bytes=mem_out), tuple(notes))
+
+
+_CPULIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+def parse_cpuset(text: str) -> frozenset[int]:
+    """The CPU ids of a cpuset list (``0-3,6``); ValueError when it is not one.
+
+    >>> sorted(parse_cpuset("0-2,5"))
+    [0, 1, 2, 5]
+    """
+    if not isinstance(text, str) or not _CPULIST.match(text):
+        raise ValueError(f"{text!r} is not a cpuset list (e.g. 0-3,6)")
+    out: set[int] = set()
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        lo, hi = int(a), int(b or a)
+        if hi < lo or hi - lo > 4096:
+            raise ValueError(f"{text!r}: range {part} is empty or absurd")
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
+
+
+def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | None) -> Planned | Rejected:
+    """A ``place`` decision as a :class:`StartJob`, or why not.
+
+    The job's container must not exist yet (it is created for it), the
+    decision's ``details.cpuset`` must be a cpuset list within *host_cpus*,
+    ``details.command`` a non-empty list of strings and ``details.device`` a
+    list of GPU indices (ints >= 0).
+    """
+    c, d = decision.container, decision.details or {}
+    if exists:
+        return Rejected(f"container {c!r} already exists: a placed job is started once")
+    cpus, argv, dev = d.get("cpuset"), d.get("command"), d.get("device", [])
+    if not host_cpus:
+        return Rejected("this host's CPUs are unknown; cannot bind a job to a cpuset")
+    try:
+        want = parse_cpuset(cpus)
+    except ValueError as e:
+        return Rejected(f"place decision for {c!r}: details.cpuset {e}")
+    if not want <= host_cpus:
+        return Rejected(f"place decision for {c!r}: cpuset {cpus} is not within this host's CPUs "
+                        f"{sorted(host_cpus)}")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) and a and "\0" not in a for a in argv)):
+        return Rejected(f"place decision for {c!r}: details.command must be a non-empty list of strings")
+    if not (isinstance(dev, list) and all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in dev)):
+        return Rejected(f"place decision for {c!r}: details.device must be a list of GPU indices")
+    return Planned(StartJob(c, cpus, tuple(argv), tuple(dev)))

@@ -35,11 +35,14 @@ ROLES: dict[str, tuple[str, str]] = {
     "produce": ("phasewise.producers.agent", "run the host agent: sample containers, publish to Kafka"),
     "actuate": ("phasewise.actuators.consumer", "run the actuator: apply this host's decisions"),
     "replay": ("phasewise.replay.cli", "replay a real trace through the policies and score them"),
+    "simulate": ("phasewise.simulate.cli", "replay a pod list against a node list through the placement policies"),
     "bench": ("phasewise.bench.cli", "throughput / latency / memory benchmarks"),
     "schemas": ("phasewise.schemas_cli", "write or check the JSON Schemas of every topic"),
     "topics": ("phasewise.topics_cli", "create the topics on a cluster (idempotent) and list them"),
     "submit": ("phasewise.horus.submit", "publish a job (JOB.json|yaml) on the job-events topic"),
     "horus": ("phasewise.streams.horus_worker", "run the Horus worker (jobs + samples -> utilisation predictions)"),
+    "place": ("phasewise.streams.placement_worker", "run the placement worker (jobs + predictions + samples -> "
+                                                    "place decisions)"),
     "predict": ("phasewise.horus.predict", "score the utilisation model on profiled jobs; read shared profiles"),
 }
 
@@ -170,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _extra_for(role: str | None) -> str:
     return {"worker": "streams", "replay": "streams,report", "produce": "producer",
-            "horus": "streams", "predict": "streams", "actuate": "actuator", "broker": "broker", "bench": "all",
-            "demo": "all"}.get(role or "", "all")
+            "horus": "streams", "predict": "streams", "place": "streams", "actuate": "actuator", "broker": "broker",
+            "bench": "all", "demo": "all", "simulate": "streams,report"}.get(role or "", "all")
 
 
 if __name__ == "__main__":

@@ -219,6 +219,20 @@ def non_empty(v: str) -> None:
         raise ValueError("must not be empty")
 
 
+_LOCAL_NODE = re.compile(r"^[A-Za-z0-9_.-]+=\d+(-\d+)?(,\d+(-\d+)?)*(@\d+(,\d+)*)?$")
+
+
+def local_nodes_spec(v: str) -> None:
+    """``NAME=CPUS[@GPUS]`` separated by ``;`` (CPUS a cpuset list such as ``0-3,6``), or empty."""
+    parts = [x.strip() for x in v.split(";") if x.strip()]
+    for x in parts:
+        if not _LOCAL_NODE.match(x):
+            raise ValueError(f"{x!r} is not NAME=CPUS[@GPUS] (e.g. s0=0-1@0)")
+    names = [x.split("=")[0] for x in parts]
+    if len(set(names)) != len(names):
+        raise ValueError("node names repeat")
+
+
 def one_of(choices: tuple[str, ...]) -> Callable[[Any], None]:
     def check(v: Any) -> None:
         if v not in choices:
@@ -742,6 +756,25 @@ class HorusSettings(_Group):
                              help="Faust app id (consumer group and table names) of the horus worker")
 
 
+@dataclass(frozen=True, slots=True)
+class PlacementSettings(_Group):
+    """``phasewise place``: the placement worker (jobs, predictions and samples in, place decisions out)."""
+
+    PREFIX: ClassVar[str] = "place_"
+
+    policy: str = setting("horus", choices=("horus", "first-fit", "best-fit", "fgd"), flag="--placement",
+                          help="placement policy (docs/placement.md)")
+    isolate_inference: bool = setting(False, help="never put inference and training jobs on one node")
+    prediction_wait_s: float = setting(10.0, check=at_least(0), flag="--prediction-wait",
+                                       help="seconds a submitted job waits for its utilisation prediction "
+                                            "before it is placed on its requests alone")
+    local_nodes: str = setting("", check=local_nodes_spec, flag="--local-nodes",
+                               help="local mode: nodes are cpuset slices of this host, NAME=CPUS[@GPUS] "
+                                    "separated by ';' (e.g. 's0=0-1@0;s1=2-3'); empty: nodes are the sampled hosts")
+    worker_id: str = setting("phasewise-place", check=non_empty, flag="--place-id",
+                             help="Faust app id (consumer group and table names) of the placement worker")
+
+
 # --------------------------------------------------------------------------- a process's settings
 
 
@@ -772,6 +805,7 @@ class Settings(_Group):
     actuator: ActuatorSettings = group(ActuatorSettings)
     workload: WorkloadSettings = group(WorkloadSettings)
     horus: HorusSettings = group(HorusSettings)
+    place: PlacementSettings = group(PlacementSettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():

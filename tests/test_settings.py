@@ -59,6 +59,9 @@ WHERE = {
     "workload_pods_ca_file": "workload.pods_ca_file",
     "horus_coverage": "horus.coverage", "horus_warmup_s": "horus.warmup_s", "horus_observe_s": "horus.observe_s",
     "horus_min_samples": "horus.min_samples", "horus_worker_id": "horus.worker_id",
+    "place_policy": "place.policy", "place_isolate_inference": "place.isolate_inference",
+    "place_prediction_wait_s": "place.prediction_wait_s", "place_local_nodes": "place.local_nodes",
+    "place_worker_id": "place.worker_id",
 }
 
 
@@ -78,7 +81,7 @@ def other_value(name: str):
         return next(c for c in spec.choices if c != default)
     if spec.kind == "str":
         candidates = {"phase_features": ["cpu,mem,gpu"],
-                      "cgroup_prefix": ["other/prefix"]}.get(name, ["other"])
+                      "cgroup_prefix": ["other/prefix"], "place_local_nodes": ["s0=0-1@0;s1=2"]}.get(name, ["other"])
     elif spec.kind == "int":
         candidates = [default + 1, default - 1]
     else:

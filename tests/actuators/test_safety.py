@@ -71,7 +71,7 @@ REJECTIONS = [
     ("a container that does not exist", {}, dict(exists=False), "does not exist"),
     ("a limit decision with no limits", {}, {}, "no limits"),
     ("a terminate action", dict(action="terminate"), {}, "not performed by this actuator"),
-    ("a place action", dict(action="place"), {}, "not performed by this actuator"),
+    ("a place action for a container that exists", dict(action="place"), {}, "already exists"),
     ("only a memory limit with unknown usage", dict(mem_limit_bytes=500 * MiB), dict(usage=None), "unknown"),
     ("a NaN usage with only a memory limit", dict(mem_limit_bytes=500 * MiB), dict(usage=math.nan), "unknown"),
     ("a cpu limit on a host of unknown size", dict(cpu_limit_cores=1.0), dict(host_cores=math.nan), "core count"),

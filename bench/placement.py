@@ -1,0 +1,111 @@
+"""Decision time of the placement policies at cluster scale (no Kafka).
+
+``phasewise bench placement [--nodes 1500] [--jobs 500] [--fill 0.5] [--policies ...] [--json]``
+builds a cluster of N nodes in openb's mix (8 x G2, 2 x T4, CPU-only, 4 x V100,
+8 x G3, 2 x P100 nodes; 16 GiB GPUs), fills it to about ``--fill`` of its GPUs
+with jobs of openb-like requests, then times each policy's decision and booking
+for ``--jobs`` more jobs (wall clock, and CPU time of this process, which a
+loaded machine does not inflate). Between two jobs a few nodes get new observations
+(GPU utilisation and memory, as samples arriving), which invalidates what a
+policy cached about them. Prints milliseconds per job (mean, p50, p99, max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import numpy as np
+
+from phasewise.models.placement import POLICIES, Cluster, Gpu, Job, Node, make_policy, workload_types
+
+GIB = 1 << 30
+_MIX = [(8, "G2", 0.36), (2, "T4", 0.34), (0, "", 0.2), (4, "V100M16", 0.04), (8, "G3", 0.03), (2, "P100", 0.03)]
+_SHARES = [1.0, 1.0, 1.0, 0.81, 0.47, 0.32, 0.65, 0.23, 0.5, 0.1, 2.0, 4.0, 8.0, 0.0, 0.0]
+
+
+def cluster_nodes(n: int, seed: int = 0) -> list[Node]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        g, model, _ = rng.choices(_MIX, weights=[m[2] for m in _MIX])[0]
+        out.append(Node(f"node-{i:04d}", 96000 if g == 8 else 64000 if g else 32000, (512 if g == 8 else 256) * GIB,
+                        gpus=(Gpu(model, 16 * GIB),) * g))
+    return out
+
+
+def jobs(n: int, seed: int = 1, prefix: str = "job") -> list[Job]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        share = rng.choice(_SHARES)
+        out.append(Job(f"{prefix}-{i}", rng.choice([2000, 4000, 8000, 12000]), rng.choice([8, 16, 32]) * GIB,
+                       gpus=share, gpu_mem_bytes=int(min(share, 1) * 12 * GIB) if share else 0,
+                       priority=rng.randint(0, 2), util=rng.uniform(20, 95) if share else None))
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=1500)
+    p.add_argument("--jobs", type=int, default=500, help="jobs timed per policy")
+    p.add_argument("--fill", type=float, default=0.5, help="share of GPUs booked before timing (default 0.5)")
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--observe", type=int, default=10, help="nodes with new observations between two jobs")
+    p.add_argument("--json", action="store_true")
+
+
+def bench_policy(name: str, nodes: list[Node], n_jobs: int, fill: float, observe: int) -> dict:
+    c = Cluster(nodes)
+    background = jobs(20 * len(nodes), seed=2, prefix="bg")
+    timed = jobs(n_jobs, seed=3)
+    pol = make_policy(name, workload_types(background + timed))
+    filler = make_policy("first-fit")
+    cap = c.gpu_capacity_milli()
+    for j in background:
+        if c.gpu_allocated_milli() >= fill * cap:
+            break
+        p = filler.place(j, c)
+        if p.node:
+            c.allocate(j, p)
+    rng = random.Random(4)
+    times, cpu, placed = [], [], 0
+    for j in timed:
+        for k in rng.sample(range(len(nodes)), min(observe, len(nodes))):
+            n = nodes[k]
+            c.upsert(Node(n.name, n.cpu_milli, n.mem_bytes, tuple(
+                Gpu(g.model, g.mem_bytes, util=rng.uniform(0, 100), mem_used_bytes=rng.randint(0, 4) * GIB)
+                for g in n.gpus)))
+        t0, c0 = time.perf_counter(), time.process_time()
+        p = pol.place(j, c)
+        if p.node:
+            c.allocate(j, p)
+            placed += 1
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    ms = np.array(times) * 1e3
+    cms = np.array(cpu) * 1e3
+    return {"policy": name, "nodes": len(nodes), "jobs": n_jobs, "placed": placed,
+            "gpu_alloc_ratio_before": round(fill, 3),
+            "ms_per_job": {"mean": round(float(ms.mean()), 3), "p50": round(float(np.percentile(ms, 50)), 3),
+                           "p99": round(float(np.percentile(ms, 99)), 3), "max": round(float(ms.max()), 3)},
+            "cpu_ms_per_job": {"mean": round(float(cms.mean()), 3), "p99": round(float(np.percentile(cms, 99)), 3)}}
+
+
+def run(a: argparse.Namespace) -> int:
+    names = [n.strip() for n in a.policies.split(",") if n.strip()]
+    bad = [n for n in names if n not in POLICIES]
+    if bad or a.nodes < 1 or a.jobs < 1 or not 0 <= a.fill < 1:
+        print(f"bench placement: error: bad options ({', '.join(bad) or 'nodes/jobs >= 1, 0 <= fill < 1'})")
+        return 2
+    nodes = cluster_nodes(a.nodes)
+    out = {"results": [bench_policy(n, nodes, a.jobs, a.fill, a.observe) for n in names], "target_ms": 10}
+    if a.json:
+        print(json.dumps(out))
+    else:
+        for r in out["results"]:
+            m = r["ms_per_job"]
+            print(f"{r['policy']:>10}: {m['mean']:.2f} ms/job mean, p50 {m['p50']:.2f}, p99 {m['p99']:.2f}, "
+                  f"max {m['max']:.2f} at {r['nodes']} nodes ({r['placed']}/{r['jobs']} placed)")
+    return 0

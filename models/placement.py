@@ -1,0 +1,638 @@
+"""Placement: which node (and which GPUs on it) a job goes to. Pure, deterministic.
+
+One interface, four policies. A :class:`Cluster` holds the nodes' capacities,
+what placements have allocated on them and what was last observed on them
+(numpy arrays, one row per node, one column per GPU slot); a policy's
+:meth:`~PlacementPolicy.place` reads it and returns a :class:`Placement` (the
+node, the GPU indices, the cost, the runner-up nodes' costs and a reason), and
+:meth:`Cluster.allocate` books it. Same cluster and job in, same decision out:
+ties go to the lower node index, then the lower GPU index.
+
+Hard rules, the same for every policy (:meth:`Cluster.feasible`):
+
+* CPU and memory: allocated (or observed, whichever is more) + request <= capacity.
+* GPU compute in milli-GPUs (1000 = one whole GPU): a fractional job (gpus < 1)
+  takes ``round(gpus * 1000)`` milli of one GPU whose allocated milli + request
+  <= 1000; a job of k >= 1 GPUs takes k GPUs with nothing allocated on them.
+* GPU memory: allocated (or observed used, whichever is more) + the job's GPU
+  memory (per GPU) <= the device's memory. A device of unknown memory (0)
+  takes only jobs that ask for no GPU memory.
+* A ``node_selector`` {key: value} keeps nodes whose label matches (``a|b`` =
+  either); every node is labelled ``gpu_model`` with its GPUs' model.
+* With ``isolate_inference``, inference jobs never share a node with training
+  jobs (both ways).
+
+Priority: :func:`place_many` decides higher ``priority`` first (ties in
+submission order), so a scarce slot goes to the more important job.
+
+Policies (:data:`POLICIES`):
+
+``first-fit``
+    the lowest-index feasible node; on it the lowest-index feasible GPUs.
+``best-fit``
+    the node left with the least free resources, the mean over CPU, memory and
+    GPU of (free after / capacity); on it the feasible GPUs with least free milli.
+``fgd``
+    Fragmentation Gradient Descent (Weng et al., ATC'23). The fragmentation of
+    node n for a task m, F_n(m), is the sum of the node's unallocated GPU
+    milli that m cannot use: all of it when m cannot run on n at all (CPU,
+    memory or GPUs short) or m asks for no GPU; otherwise the unallocated milli
+    of each GPU whose free milli is below min(m's GPU demand, 1000). Against a
+    target workload M of task types with popularity p_m, F_n(M) = sum_m p_m
+    F_n(m). FGD places a job on the node and GPUs where F_n(M) grows least
+    (the hypothetical node after placement minus the node now).
+``horus``
+    Horus (Yeung et al., TPDS 2022): per GPU g, cost = 1.3 * (memory used_g +
+    job memory) / device memory + |util_g + job util - 100| / 100, times 1.6
+    when util_g + job util > 100, + running jobs on g; lowest wins. A k-GPU job
+    costs the sum over the k cheapest feasible GPUs of a node. Memory used and
+    util are the more of what was observed and what placements booked; the
+    job's util is its predicted mean GPU utilisation (``Job.util``), else its
+    requested share (gpus * 100); its memory is its predicted GPU memory, else
+    its request. Where a device's memory is unknown (0) the memory term uses
+    milli-GPU shares instead. A CPU-only job has no GPU term: the same formula
+    is applied to the host, CPU share as utilisation and host memory as memory.
+
+>>> nodes = [Node("a", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),) * 2),
+...          Node("b", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),))]
+>>> c = Cluster(nodes)
+>>> job = Job("j1", cpu_milli=1000, mem_bytes=1 << 30, gpus=0.5, gpu_mem_bytes=4 << 30)
+>>> p = FirstFit().place(job, c)
+>>> (p.node, p.gpus)
+('a', (0,))
+>>> c.allocate(job, p)
+>>> Horus().place(Job("j2", 1000, 1 << 30, gpus=0.5, gpu_mem_bytes=4 << 30), c).gpus
+(1,)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "BestFit", "Cluster", "Fgd", "FirstFit", "Gpu", "Horus", "Job", "Node", "Placement",
+    "PlacementConfig", "PlacementPolicy", "POLICIES", "WORKLOADS", "make_policy", "place_many",
+    "workload_types",
+]
+
+WORKLOADS = ("training", "inference", "interactive")
+MILLI = 1000
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    model: str = ""
+    mem_bytes: int = 0  # device memory; 0 = unknown
+    util: float = 0.0  # observed recent SM utilisation, percent
+    mem_used_bytes: int = 0  # observed
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cpu_milli: int
+    mem_bytes: int
+    gpus: tuple[Gpu, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    cpu_used_milli: int = 0  # observed (all processes on the node)
+    mem_used_bytes: int = 0  # observed
+
+
+@dataclass(frozen=True)
+class Job:
+    job: str
+    cpu_milli: int
+    mem_bytes: int
+    gpus: float = 0.0  # < 1: a share of one GPU; >= 1: whole GPUs (integer)
+    gpu_mem_bytes: int = 0  # per GPU
+    workload: str = "training"
+    priority: int = 0
+    node_selector: tuple[tuple[str, str], ...] = ()
+    util: float | None = None  # predicted mean GPU utilisation per GPU, percent
+    pred_gpu_mem_bytes: int | None = None  # predicted GPU memory per GPU
+
+    @property
+    def milli(self) -> int:
+        """Milli-GPUs per GPU taken (1000 for whole GPUs, 0 for none)."""
+        if self.gpus <= 0:
+            return 0
+        return MILLI if self.gpus >= 1 else max(1, round(self.gpus * MILLI))
+
+    @property
+    def count(self) -> int:
+        """GPUs taken: 0, 1 (also for a share) or k."""
+        return 0 if self.gpus <= 0 else max(1, int(self.gpus))
+
+
+@dataclass(frozen=True)
+class Placement:
+    job: str
+    node: str | None  # None: no node can take it now
+    gpus: tuple[int, ...] = ()
+    policy: str = ""
+    cost: float | None = None
+    reason: str = ""
+    scores: Mapping[str, float] = field(default_factory=dict)  # best few nodes -> cost
+
+    def details(self) -> dict:
+        return {"device": list(self.gpus), "policy": self.policy, "cost": self.cost,
+                "scores": dict(self.scores)}
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    isolate_inference: bool = False
+    top_k: int = 3  # runner-up nodes reported with each decision
+    horus_mem_weight: float = 1.3
+    horus_over_factor: float = 1.6
+
+
+@dataclass
+class _Alloc:
+    node: int
+    gpus: tuple[int, ...]
+    cpu: int
+    mem: int
+    milli: int
+    gmem: int
+    util: float
+    workload: str
+
+
+class Cluster:
+    """Nodes' capacity, allocation and observation, as arrays (row = node, column = GPU slot)."""
+
+    def __init__(self, nodes: Sequence[Node], config: PlacementConfig | None = None):
+        self.config = config or PlacementConfig()
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.labels: list[dict[str, str]] = []
+        g = max([len(n.gpus) for n in nodes] + [1])
+        self._g = g
+        z = lambda *s: np.zeros(s, np.int64)  # noqa: E731
+        self.cpu_cap, self.mem_cap, self.cpu_alloc, self.mem_alloc = z(0), z(0), z(0), z(0)
+        self.cpu_used, self.mem_used = z(0), z(0)
+        self.ngpu = z(0)
+        self.valid = np.zeros((0, g), bool)
+        self.milli_alloc, self.gmem_cap, self.gmem_alloc, self.gmem_used, self.gjobs = (z(0, g) for _ in range(5))
+        self.gutil_obs = np.zeros((0, g))
+        self.gutil_alloc = np.zeros((0, g))
+        self.n_training, self.n_inference, self.njobs = z(0), z(0), z(0)
+        self.version = z(0)
+        self.allocs: dict[str, _Alloc] = {}
+        self._selector_masks: dict[tuple, np.ndarray] = {}
+        self.upsert_many(nodes)
+
+    # -- state ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def _grow(self, rows: int, g: int) -> None:
+        def pad(a: np.ndarray) -> np.ndarray:
+            if a.ndim == 1:
+                return np.concatenate([a, np.zeros(rows, a.dtype)])
+            out = np.zeros((a.shape[0] + rows, g), a.dtype)
+            out[: a.shape[0], : a.shape[1]] = a
+            return out
+        for name in ("cpu_cap", "mem_cap", "cpu_alloc", "mem_alloc", "cpu_used", "mem_used", "ngpu", "valid",
+                     "milli_alloc", "gmem_cap", "gmem_alloc", "gmem_used", "gjobs", "gutil_obs", "gutil_alloc",
+                     "n_training", "n_inference", "njobs", "version"):
+            setattr(self, name, pad(getattr(self, name)))
+        self._g = g
+
+    def upsert_many(self, nodes: Iterable[Node]) -> None:
+        nodes = list(nodes)
+        new = [n for n in nodes if n.name not in self.index]
+        g = max([len(n.gpus) for n in nodes] + [self._g])
+        if new or g > self._g:
+            self._grow(len(new), g)
+            for n in new:
+                self.index[n.name] = len(self.names)
+                self.names.append(n.name)
+                self.labels.append({})
+        for n in nodes:
+            self._set(self.index[n.name], n)
+        self._selector_masks.clear()
+
+    def upsert(self, node: Node) -> None:
+        """Add a node or replace what is known of it (capacity, observations, labels); bookings stay."""
+        self.upsert_many([node])
+
+    def _set(self, i: int, n: Node) -> None:
+        if len(n.gpus) < int(self.ngpu[i]) and self.gjobs[i, len(n.gpus):].any():
+            raise ValueError(f"node {n.name}: GPUs with jobs booked on them disappeared")
+        self.cpu_cap[i], self.mem_cap[i] = n.cpu_milli, n.mem_bytes
+        self.cpu_used[i], self.mem_used[i] = n.cpu_used_milli, n.mem_used_bytes
+        self.ngpu[i] = len(n.gpus)
+        self.valid[i] = False
+        self.valid[i, : len(n.gpus)] = True
+        for j, gpu in enumerate(n.gpus):
+            self.gmem_cap[i, j] = gpu.mem_bytes
+            self.gmem_used[i, j] = gpu.mem_used_bytes
+            self.gutil_obs[i, j] = gpu.util
+        labels = dict(n.labels)
+        models = sorted({gpu.model for gpu in n.gpus if gpu.model})
+        if models:
+            labels.setdefault("gpu_model", "|".join(models))
+        self.labels[i] = labels
+        self.version[i] += 1
+
+    def allocate(self, job: Job, p: Placement) -> None:
+        """Book *p* (a placement of *job* on this cluster)."""
+        if p.node is None:
+            raise ValueError(f"job {job.job}: nothing to allocate (unplaced)")
+        if job.job in self.allocs:
+            raise ValueError(f"job {job.job}: already placed")
+        i = self.index[p.node]
+        gpus = tuple(p.gpus)
+        if len(gpus) != job.count or not self.feasible(job)[i] or not self._gpus_ok(job, i, gpus):
+            raise ValueError(f"job {job.job}: placement on {p.node} {list(gpus)} would over-commit")
+        a = _Alloc(i, gpus, job.cpu_milli, job.mem_bytes, job.milli, job.gpu_mem_bytes, _job_util(job), job.workload)
+        self._book(a, +1)
+        self.allocs[job.job] = a
+
+    def restore(self, job: Job, node: str, gpus: tuple[int, ...]) -> None:
+        """Book again what was decided before a restart, without the feasibility check (the node's
+        observed use may already include the job); GPU indices beyond the node's are dropped."""
+        if job.job in self.allocs:
+            return
+        i = self.index[node]
+        gpus = tuple(g for g in gpus if 0 <= g < int(self.ngpu[i]))
+        a = _Alloc(i, gpus, job.cpu_milli, job.mem_bytes, job.milli, job.gpu_mem_bytes, _job_util(job), job.workload)
+        self._book(a, +1)
+        self.allocs[job.job] = a
+
+    def release(self, job: str) -> str | None:
+        """Free what *job* had booked; its node's name (None when it had nothing)."""
+        a = self.allocs.pop(job, None)
+        if a is None:
+            return None
+        self._book(a, -1)
+        return self.names[a.node]
+
+    def _book(self, a: _Alloc, s: int) -> None:
+        i = a.node
+        self.cpu_alloc[i] += s * a.cpu
+        self.mem_alloc[i] += s * a.mem
+        for j in a.gpus:
+            self.milli_alloc[i, j] += s * a.milli
+            self.gmem_alloc[i, j] += s * a.gmem
+            self.gjobs[i, j] += s
+            self.gutil_alloc[i, j] = max(0.0, self.gutil_alloc[i, j] + s * a.util)
+        self.njobs[i] += s
+        if a.workload == "training":
+            self.n_training[i] += s
+        elif a.workload == "inference":
+            self.n_inference[i] += s
+        self.version[i] += 1
+
+    def _gpus_ok(self, job: Job, i: int, gpus: tuple[int, ...]) -> bool:
+        ok = self._gpu_ok(job)[i]
+        return len(set(gpus)) == len(gpus) and all(0 <= j < self._g and ok[j] for j in gpus)
+
+    # -- feasibility ---------------------------------------------------------------------
+    def cpu_free(self, rows=slice(None)) -> np.ndarray:
+        return self.cpu_cap[rows] - np.maximum(self.cpu_alloc[rows], self.cpu_used[rows])
+
+    def mem_free(self, rows=slice(None)) -> np.ndarray:
+        return self.mem_cap[rows] - np.maximum(self.mem_alloc[rows], self.mem_used[rows])
+
+    def gmem_free(self, rows=slice(None)) -> np.ndarray:
+        return self.gmem_cap[rows] - np.maximum(self.gmem_alloc[rows], self.gmem_used[rows])
+
+    def _gpu_ok(self, job: Job, rows=slice(None)) -> np.ndarray:
+        """(nodes, GPU slots): the GPUs that can take one of the job's GPUs."""
+        valid = self.valid[rows]
+        if job.count == 0:
+            return np.zeros_like(valid)
+        mem_ok = (self.gmem_free(rows) >= job.gpu_mem_bytes) if job.gpu_mem_bytes > 0 else True
+        if job.gpus >= 1:
+            return valid & (self.milli_alloc[rows] == 0) & mem_ok
+        return valid & (self.milli_alloc[rows] + job.milli <= MILLI) & mem_ok
+
+    def _selector(self, sel: tuple[tuple[str, str], ...]) -> np.ndarray:
+        key = tuple(sorted(sel))
+        m = self._selector_masks.get(key)
+        if m is None:
+            def match(labels: dict[str, str]) -> bool:
+                for k, v in key:
+                    have = set(labels.get(k, "").split("|"))
+                    if not have & set(str(v).split("|")):
+                        return False
+                return True
+            m = np.array([match(lab) for lab in self.labels], bool)
+            self._selector_masks[key] = m
+        return m
+
+    def feasible(self, job: Job, rows=slice(None)) -> np.ndarray:
+        """Nodes (bool per node) that can take *job* now without over-committing anything."""
+        ok = (self.cpu_free(rows) >= job.cpu_milli) & (self.mem_free(rows) >= job.mem_bytes)
+        if job.count:
+            ok &= self._gpu_ok(job, rows).sum(axis=1) >= job.count
+        if job.node_selector:
+            ok &= self._selector(job.node_selector)[rows]
+        if self.config.isolate_inference:
+            if job.workload == "inference":
+                ok &= self.n_training[rows] == 0
+            elif job.workload == "training":
+                ok &= self.n_inference[rows] == 0
+        return ok
+
+    # -- measures ------------------------------------------------------------------------
+    def gpu_capacity_milli(self) -> int:
+        return int(self.ngpu.sum()) * MILLI
+
+    def gpu_allocated_milli(self) -> int:
+        return int(self.milli_alloc.sum())
+
+    def fragmentation(self, workload: WorkloadTypes) -> float:
+        """FGD's cluster fragmentation F(M) in milli-GPUs (sum over nodes of F_n(M))."""
+        return float(_frag(workload, self.cpu_free(), self.mem_free(), self._gfree()).sum())
+
+    def _gfree(self, rows=slice(None)) -> np.ndarray:
+        return np.where(self.valid[rows], MILLI - self.milli_alloc[rows], 0)
+
+
+def _job_util(job: Job) -> float:
+    if job.count == 0:
+        return 0.0
+    return float(job.util) if job.util is not None else job.milli / 10.0
+
+
+# -- the interface and the policies ------------------------------------------------------------
+
+@runtime_checkable
+class PlacementPolicy(Protocol):
+    name: str
+
+    def place(self, job: Job, cluster: Cluster) -> Placement:
+        """Where *job* goes now (``node=None`` when nowhere); reads *cluster*, changes nothing."""
+        ...
+
+
+def _unplaced(job: Job, policy: str, cluster: Cluster) -> Placement:
+    return Placement(job.job, None, (), policy, None, _why_not(job, cluster))
+
+
+def _why_not(job: Job, c: Cluster) -> str:
+    if len(c) == 0:
+        return "no nodes known"
+    checks = [("CPU", c.cpu_free() >= job.cpu_milli), ("memory", c.mem_free() >= job.mem_bytes)]
+    if job.count:
+        checks.append((f"{job.count} GPU(s) of {job.milli} milli"
+                       + (f" and {job.gpu_mem_bytes} B GPU memory" if job.gpu_mem_bytes else ""),
+                       c._gpu_ok(job).sum(axis=1) >= job.count))
+    if job.node_selector:
+        checks.append((f"selector {dict(job.node_selector)}", c._selector(job.node_selector)))
+    short = [name for name, ok in checks if not ok.any()]
+    if short:
+        return "no node has enough " + ", ".join(short)
+    return "no node has all of " + ", ".join(name for name, _ in checks) + (
+        " (inference isolated from training)" if c.config.isolate_inference else "")
+
+
+def _decide(job: Job, c: Cluster, policy: str, cost: np.ndarray, gpu_pick, what: str) -> Placement:
+    """Lowest cost wins (ties: lower index); *cost* is +inf where infeasible."""
+    finite = np.isfinite(cost)
+    if not finite.any():
+        return _unplaced(job, policy, c)
+    k = max(1, c.config.top_k)
+    best = int(np.argmin(cost))  # the first minimum: the lower index on ties
+    top = np.argpartition(cost, k - 1)[:k] if len(cost) > k else np.arange(len(cost))
+    order = top[np.lexsort((top, cost[top]))]
+    scores = {c.names[int(i)]: round(float(cost[i]), 6) for i in order[:k] if finite[i]}
+    gpus = tuple(int(j) for j in gpu_pick(best)) if job.count else ()
+    reason = f"{policy}: {what} {float(cost[best]):.4g} on {c.names[best]}" + (
+        f" GPU {list(gpus)}" if gpus else "") + f" among {int(finite.sum())} feasible nodes"
+    return Placement(job.job, c.names[best], gpus, policy, float(cost[best]), reason, scores)
+
+
+class FirstFit:
+    name = "first-fit"
+
+    def place(self, job: Job, cluster: Cluster) -> Placement:
+        ok = cluster.feasible(job)
+        cost = np.where(ok, np.arange(len(ok), dtype=float), _INF)
+        gok = cluster._gpu_ok(job) if job.count else None
+        return _decide(job, cluster, self.name, cost, lambda i: np.flatnonzero(gok[i])[: job.count], "node index")
+
+
+class BestFit:
+    name = "best-fit"
+
+    def place(self, job: Job, cluster: Cluster) -> Placement:
+        c = cluster
+        ok = c.feasible(job)
+        cpu_left = (c.cpu_free() - job.cpu_milli) / np.maximum(c.cpu_cap, 1)
+        mem_left = (c.mem_free() - job.mem_bytes) / np.maximum(c.mem_cap, 1)
+        gfree = c._gfree().sum(axis=1) - job.milli * job.count
+        gpu_left = np.where(c.ngpu > 0, gfree / np.maximum(c.ngpu * MILLI, 1), 0.0)
+        cost = np.where(ok, (cpu_left + mem_left + gpu_left) / 3.0, _INF)
+        gok = c._gpu_ok(job) if job.count else None
+
+        def pick(i: int) -> np.ndarray:
+            free = np.where(gok[i], MILLI - c.milli_alloc[i], MILLI + 1)
+            return np.lexsort((np.arange(len(free)), free))[: job.count]
+        return _decide(job, c, self.name, cost, pick, "free share left")
+
+
+class Horus:
+    name = "horus"
+
+    def _gpu_costs(self, job: Job, c: Cluster, rows: np.ndarray) -> np.ndarray:
+        cfg = c.config
+        gcap = c.gmem_cap[rows]
+        known = gcap > 0
+        cap = np.maximum(gcap, 1)
+        milli = c.milli_alloc[rows]
+        jmem = job.pred_gpu_mem_bytes if job.pred_gpu_mem_bytes is not None else job.gpu_mem_bytes
+        mem_now = np.where(known, np.maximum(c.gmem_alloc[rows], c.gmem_used[rows]) / cap, milli / MILLI)
+        mem_job = np.where(known, jmem / cap, job.milli / MILLI)
+        s = np.maximum(c.gutil_obs[rows], c.gutil_alloc[rows]) + _job_util(job)
+        util = np.abs(s - 100.0) / 100.0 * np.where(s > 100.0, cfg.horus_over_factor, 1.0)
+        return cfg.horus_mem_weight * (mem_now + mem_job) + util + c.gjobs[rows]
+
+    def place(self, job: Job, cluster: Cluster) -> Placement:
+        c = cluster
+        ok = c.feasible(job)
+        cfg = c.config
+        if job.count == 0:
+            mem = (np.maximum(c.mem_alloc, c.mem_used) + job.mem_bytes) / np.maximum(c.mem_cap, 1)
+            s = (np.maximum(c.cpu_alloc, c.cpu_used) + job.cpu_milli) / np.maximum(c.cpu_cap, 1) * 100.0
+            util = np.abs(s - 100.0) / 100.0 * np.where(s > 100.0, cfg.horus_over_factor, 1.0)
+            cost = np.where(ok, cfg.horus_mem_weight * mem + util + c.njobs, _INF)
+            return _decide(job, c, self.name, cost, None, "host cost")
+        rows = np.flatnonzero(ok)
+        cost = np.full(len(c), _INF)
+        order = np.zeros((0, 1), np.int64)
+        if len(rows):
+            gcost = np.where(c._gpu_ok(job, rows), self._gpu_costs(job, c, rows), _INF)
+            if job.count == 1:
+                order = np.argmin(gcost, axis=1)[:, None]  # first minimum: lower GPU index on ties
+            else:
+                order = np.argsort(gcost, axis=1, kind="stable")[:, : job.count]
+            cost[rows] = np.take_along_axis(gcost, order, axis=1).sum(axis=1)
+        return _decide(job, c, self.name, cost, lambda i: np.sort(order[np.searchsorted(rows, i)]), "cost")
+
+
+# -- FGD ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkloadTypes:
+    """A target workload: task types (CPU milli, memory bytes, GPUs, milli per GPU) and popularity."""
+
+    cpu: np.ndarray
+    mem: np.ndarray
+    count: np.ndarray  # GPUs per task (0: CPU-only)
+    milli: np.ndarray  # milli per GPU
+    weight: np.ndarray  # popularity, sums to 1
+
+    def __post_init__(self) -> None:
+        thr, idx = np.unique(np.minimum(self.milli, MILLI), return_inverse=True)
+        object.__setattr__(self, "thr", thr)  # distinct min(GPU demand, 1000)
+        object.__setattr__(self, "thr_idx", idx.reshape(-1))
+
+
+def workload_types(jobs: Iterable[Job]) -> WorkloadTypes:
+    """The distribution of task types among *jobs* (popularity = share of jobs)."""
+    counts: dict[tuple[int, int, int, int], int] = {}
+    for j in jobs:
+        k = (int(j.cpu_milli), int(j.mem_bytes), j.count, j.milli)
+        counts[k] = counts.get(k, 0) + 1
+    keys = sorted(counts)
+    total = sum(counts.values()) or 1
+    a = np.array(keys, np.int64).reshape(-1, 4)
+    return WorkloadTypes(a[:, 0], a[:, 1], a[:, 2], a[:, 3], np.array([counts[k] / total for k in keys]))
+
+
+def _frag(w: WorkloadTypes, cpu_free: np.ndarray, mem_free: np.ndarray, gfree: np.ndarray) -> np.ndarray:
+    """F_n(M) for each row (node state): cpu_free (C,), mem_free (C,), gfree (C, G) milli."""
+    total = gfree.sum(axis=1).astype(float)
+    if len(w.weight) == 0:
+        return np.zeros(len(total))
+    thr_values, thr_idx = w.thr, w.thr_idx
+    below = gfree[:, :, None] < thr_values[None, None, :]  # (C, G, U)
+    frag_u = (gfree[:, :, None] * below).sum(axis=1)  # (C, U)
+    max_free = gfree.max(axis=1) if gfree.shape[1] else np.zeros(len(total))
+    whole = (gfree == MILLI).sum(axis=1)
+    gpu_ok = np.where(w.count[None, :] >= 1,
+                      np.where(w.milli[None, :] >= MILLI, whole[:, None] >= w.count[None, :],
+                               max_free[:, None] >= w.milli[None, :]), False)
+    fits = (cpu_free[:, None] >= w.cpu[None, :]) & (mem_free[:, None] >= w.mem[None, :]) & gpu_ok
+    f = np.where(fits, frag_u[:, thr_idx], total[:, None])  # (C, T)
+    return f @ w.weight
+
+
+class Fgd:
+    """FGD against a target workload; without one, against the jobs it has been asked to place.
+
+    Online, the distribution is recomputed at every job for the first
+    *refresh_every* jobs, then every *refresh_every* jobs (each recomputation
+    empties the per-node cache, so a fixed distribution between refreshes
+    keeps decisions cheap).
+    """
+
+    name = "fgd"
+
+    def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64):
+        self._fixed = workload
+        self._seen: list[Job] = []
+        self._w = workload
+        self._refresh = max(1, refresh_every)
+        self._cache: dict[tuple, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def _workload(self, job: Job) -> WorkloadTypes:
+        if self._fixed is not None:
+            return self._fixed
+        self._seen.append(job)  # online popularity: the jobs asked about so far
+        n = len(self._seen)
+        if self._w is None or n <= self._refresh or n % self._refresh == 0:
+            self._w = workload_types(self._seen)
+            self._cache.clear()
+        return self._w
+
+    def _deltas(self, job: Job, c: Cluster, rows: np.ndarray, w: WorkloadTypes) -> tuple[np.ndarray, np.ndarray]:
+        """(best delta, best first GPU) for each node in *rows* (inf where infeasible)."""
+        delta = np.full(len(rows), _INF)
+        first = np.zeros(len(rows), np.int64)
+        ok = c.feasible(job, rows)
+        r = rows[ok]
+        if len(r) == 0:
+            return delta, first
+        cpu, mem, gfree = c.cpu_free(r), c.mem_free(r), c._gfree(r)
+        before = _frag(w, cpu, mem, gfree)
+        cpu2, mem2 = cpu - job.cpu_milli, mem - job.mem_bytes
+        if job.count == 0:
+            d, f = _frag(w, cpu2, mem2, gfree) - before, np.zeros(len(r), np.int64)
+        elif job.gpus >= 1:  # any k fully free GPUs leave the same multiset of free milli
+            gok = c._gpu_ok(job, r)
+            take = np.cumsum(gok, axis=1) <= job.count
+            after = np.where(gok & take, 0, gfree)
+            d, f = _frag(w, cpu2, mem2, after) - before, np.argmax(gok, axis=1)
+        else:  # a share: one hypothetical node per feasible GPU
+            gok = c._gpu_ok(job, r)
+            cand_n, cand_g = np.nonzero(gok)
+            after = gfree[cand_n].copy()
+            after[np.arange(len(cand_n)), cand_g] -= job.milli
+            dd = _frag(w, cpu2[cand_n], mem2[cand_n], after) - before[cand_n]
+            # per node: the smallest delta, ties to the lower GPU index (cand_* are row-major sorted)
+            order = np.lexsort((cand_g, dd, cand_n))
+            cn, first_of = np.unique(cand_n[order], return_index=True)
+            d = np.full(len(r), _INF)
+            f = np.zeros(len(r), np.int64)
+            d[cn] = dd[order][first_of]
+            f[cn] = cand_g[order][first_of]
+        delta[ok], first[ok] = d, f
+        return delta, first
+
+    def place(self, job: Job, cluster: Cluster) -> Placement:
+        c = cluster
+        w = self._workload(job)
+        key = (job.cpu_milli, job.mem_bytes, job.gpus, job.gpu_mem_bytes, job.workload, job.node_selector,
+               len(c), c.config.isolate_inference)
+        hit = self._cache.get(key)
+        if hit is None or hit[0] is not c or len(hit[1]) != len(c):
+            stamp = np.full(len(c), -1, np.int64)
+            delta = np.full(len(c), _INF)
+            first = np.zeros(len(c), np.int64)
+        else:
+            _, stamp, delta, first = hit
+        stale = np.flatnonzero(stamp != c.version)
+        if len(stale):
+            delta[stale], first[stale] = self._deltas(job, c, stale, w)
+            stamp[stale] = c.version[stale]
+        self._cache[key] = (c, stamp, delta, first)
+        if len(self._cache) > 4096:
+            self._cache.pop(next(iter(self._cache)))
+
+        def pick(i: int) -> np.ndarray:
+            if job.gpus < 1:
+                return np.array([first[i]])
+            return np.flatnonzero(c._gpu_ok(job, np.array([i]))[0])[: job.count]
+        return _decide(job, c, self.name, delta.copy(), pick, "fragmentation change (milli-GPU)")
+
+
+POLICIES = {"horus": Horus, "first-fit": FirstFit, "best-fit": BestFit, "fgd": Fgd}
+
+
+def make_policy(name: str, workload: WorkloadTypes | None = None) -> PlacementPolicy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown placement policy {name!r} (one of {', '.join(POLICIES)})")
+    return Fgd(workload) if name == "fgd" else POLICIES[name]()
+
+
+def place_many(jobs: Sequence[Job], cluster: Cluster, policy: PlacementPolicy) -> list[Placement]:
+    """Decide and book *jobs*, higher priority first (ties in the given order); placements in input order."""
+    order = sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, i))
+    out: dict[int, Placement] = {}
+    for i in order:
+        p = policy.place(jobs[i], cluster)
+        if p.node is not None:
+            cluster.allocate(jobs[i], p)
+        out[i] = p
+    return [out[i] for i in range(len(jobs))]

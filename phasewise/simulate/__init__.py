@@ -1,0 +1,1 @@
+"""``phasewise simulate``: replay a pod list against a node list through the placement policies."""

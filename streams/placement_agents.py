@@ -1,0 +1,414 @@
+"""The placement agents: samples, job events and predictions in, ``place`` decisions out.
+
+- **samples** (``phasewise.samples.v1``): each host's capacity and what is in
+  use on it (host CPU and memory, per GPU utilisation and memory) become a
+  node of the :class:`~phasewise.models.placement.Cluster`. In local mode
+  (``--local-nodes``) the nodes are cpuset slices of this host instead: each
+  slice has its CPUs, an equal share of the host's memory and the GPUs named
+  for it, whose readings come from this host's samples.
+- **job events** (``phasewise.job-events.v1``): a ``submitted`` job waits for
+  its prediction (at most ``place_prediction_wait_s``), then is placed by the
+  policy; ``finished`` frees what it had booked and retries waiting jobs.
+- **predictions** (``phasewise.predictions.v1``): a job's predicted GPU
+  utilisation and memory feed the Horus cost; its predicted CPU and memory
+  stand in for requests the spec left out.
+
+Waiting jobs are decided in priority order (higher first, then submission).
+A job no node can take stays waiting and is tried again when something frees
+or a sample changes a node. A decision is a :class:`~phasewise.schemas.Decision`
+with action ``place``, ``container`` = the job, ``host`` = the node (local
+mode: this host, the slice in ``details.node``), the reason from the policy,
+and ``details`` = device (GPU indices), cpuset, node, policy, cost, scores,
+command, workload, priority and what the decision used (requests, prediction).
+
+A record that cannot be decoded is a dead letter; so is a ``submitted`` event
+without a spec. State (``place-state`` table, changelogged, written at
+commits): ``job/<id>`` = the job and, once placed, where; on a restart,
+placed jobs are booked again and waiting ones wait again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import zlib
+from dataclasses import asdict
+from typing import Any
+
+import faust
+
+from phasewise.kafka import dead_letter as make_dead_letter
+from phasewise.models.placement import Cluster, Gpu, Job, Node, Placement, PlacementConfig, make_policy
+from phasewise.schemas import (
+    Decision,
+    HostSamples,
+    JobEvent,
+    SchemaError,
+    UtilisationPrediction,
+    decode,
+    decode_host_samples,
+    encode,
+)
+from phasewise.settings import Settings
+from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
+from phasewise.streams.topics import raw_topic
+from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
+
+__all__ = ["PlacementMetrics", "PlacementState", "parse_local_nodes", "register_placement"]
+
+log = logging.getLogger(__name__)
+
+TABLE_NAME = "place-state"
+MAX_PREDICTIONS = 100_000  # predictions held at most (those of jobs not submitted here go first)
+DEFAULT_CPU_MILLI = 1000  # a job that requests no CPU and has no prediction yet is booked one core
+
+
+def parse_local_nodes(text: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """``s0=0-1@0;s1=2-3`` -> [(name, cpuset, gpu indices)] (the setting's check ran already).
+
+    >>> parse_local_nodes("s0=0-1@0;s1=2,4")
+    [('s0', '0-1', (0,)), ('s1', '2,4', ())]
+    """
+    out = []
+    for part in (x.strip() for x in text.split(";")):
+        if not part:
+            continue
+        name, rest = part.split("=", 1)
+        cpus, _, gpus = rest.partition("@")
+        out.append((name, cpus, tuple(int(g) for g in gpus.split(",")) if gpus else ()))
+    return out
+
+
+def cpu_count(cpuset: str) -> int:
+    """CPUs in a cpuset list.
+
+    >>> cpu_count("0-3,6")
+    5
+    """
+    n = 0
+    for r in cpuset.split(","):
+        a, _, b = r.partition("-")
+        n += (int(b) - int(a) + 1) if b else 1
+    return n
+
+
+class PlacementMetrics:
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
+
+        self.registry = registry = registry or CollectorRegistry()
+        self.decisions = Counter("phasewise_place_decisions", "place decisions published", registry=registry)
+        self.decide_seconds = Summary("phasewise_place_decide_seconds", "policy time per decision",
+                                      registry=registry)
+        self.waiting = Gauge("phasewise_place_waiting_jobs", "jobs no node can take yet", registry=registry)
+        self.nodes = Gauge("phasewise_place_nodes", "nodes known", registry=registry)
+        self.dead_letters = Counter("phasewise_place_dead_letters", "records dead-lettered", ["kind"],
+                                    registry=registry)
+        self.delivery_errors = Counter("phasewise_place_delivery_errors", "output records not delivered",
+                                       ["topic"], registry=registry)
+        self.table_writes = Counter("phasewise_place_table_writes", "state table writes", registry=registry)
+        self.commit_flush_seconds = Counter("phasewise_place_commit_flush_seconds", "seconds in commit flushes",
+                                            registry=registry)
+        self.ready = Gauge("phasewise_place_ready", "1 once partitions are assigned and state restored",
+                           registry=registry)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=addr, registry=self.registry)
+
+
+class PlacementState:
+    """Nodes, waiting and placed jobs, predictions; pure of Faust (the agents hold one).
+
+    Time comes in as arguments (``now``: a monotonic clock for the prediction
+    wait, ``ts``: event time for the decisions).
+    """
+
+    def __init__(self, settings: Settings, partitions: int = 1) -> None:
+        p = settings.place
+        self.host = settings.host
+        self.policy_name = p.policy
+        self.config = PlacementConfig(isolate_inference=p.isolate_inference)
+        self.wait_s = p.prediction_wait_s
+        self.local = parse_local_nodes(p.local_nodes)
+        self.partitions = partitions
+        self.reset()
+
+    def reset(self) -> None:
+        self.cluster = Cluster([], self.config)
+        self.policy = make_policy(self.policy_name)
+        self.events: dict[str, JobEvent] = {}  # submitted, not finished
+        self.predictions: dict[str, UtilisationPrediction] = {}
+        self.deadline: dict[str, float] = {}  # job -> monotonic time it is decided without a prediction
+        self.waiting: dict[str, float] = {}  # job -> submission ts (decided, no node yet)
+        self.placed: dict[str, dict] = {}  # job -> {"node", "gpus"}
+        self.pending_bookings: dict[str, dict] = {}  # restored placements whose node is not known yet
+        self.writes: dict[str, tuple[int, bytes | None]] = {}
+        self.seq = 0
+
+    # -- table ---------------------------------------------------------------------------
+    def put(self, job: str, value: Any) -> None:
+        key = f"job/{job}"
+        self.writes[key] = (zlib.crc32(key.encode()) % self.partitions,
+                            None if value is None else json.dumps(value, separators=(",", ":")).encode())
+
+    def _record(self, job: str) -> dict:
+        return {"event": json.loads(encode(self.events[job])), "placed": self.placed.get(job),
+                "prediction": json.loads(encode(self.predictions[job])) if job in self.predictions else None}
+
+    def restore(self, items: Any) -> None:
+        self.reset()
+        for k, raw in items:
+            if raw is None or not k.startswith("job/"):
+                continue
+            v = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+            ev = decode(JobEvent, json.dumps(v["event"]))
+            self.events[ev.job] = ev
+            if v.get("prediction"):
+                self.predictions[ev.job] = decode(UtilisationPrediction, json.dumps(v["prediction"]))
+            if v.get("placed"):
+                self.placed[ev.job] = v["placed"]
+                self.pending_bookings[ev.job] = v["placed"]
+            else:
+                self.waiting[ev.job] = ev.ts
+        log.info("restored %d placed and %d waiting jobs", len(self.placed), len(self.waiting))
+
+    # -- inputs --------------------------------------------------------------------------
+    def nodes_from(self, hs: HostSamples) -> list[Node]:
+        """The nodes a host's sample describes (none when it lacks host capacity)."""
+        if hs.host_cpu_count is None or hs.host_mem_total_bytes is None:
+            return []
+        gpus = {g.index: g for g in hs.gpus}
+        if not self.local:
+            return [Node(hs.host, int(hs.host_cpu_count * 1000), int(hs.host_mem_total_bytes),
+                         tuple(Gpu("", int(g.mem_total_bytes), float(g.util), int(g.mem_used_bytes))
+                               for _, g in sorted(gpus.items())),
+                         cpu_used_milli=int((hs.host_cpu_cores or 0) * 1000),
+                         mem_used_bytes=int(hs.host_mem_bytes or 0))]
+        if hs.host != self.host:
+            return []
+        share = int(hs.host_mem_total_bytes // max(len(self.local), 1))
+        return [Node(name, cpu_count(cpus) * 1000, share,
+                     tuple(Gpu("", int(gpus[i].mem_total_bytes), float(gpus[i].util), int(gpus[i].mem_used_bytes))
+                           for i in idx if i in gpus),
+                     labels=(("cpuset", cpus),)) for name, cpus, idx in self.local]
+
+    def samples(self, hs: HostSamples) -> bool:
+        """Update the nodes; True when the cluster changed."""
+        nodes = self.nodes_from(hs)
+        if not nodes:
+            return False
+        self.cluster.upsert_many(nodes)
+        for job, b in list(self.pending_bookings.items()):
+            if b["node"] in self.cluster.index:
+                self.cluster.restore(self._job(job), b["node"], tuple(b["gpus"]))
+                del self.pending_bookings[job]
+        return True
+
+    def submitted(self, ev: JobEvent, now: float) -> None:
+        if ev.spec is None:
+            raise ValueError("a submitted event needs a spec")
+        if ev.job in self.placed:
+            return  # already placed (a redelivered event)
+        self.events[ev.job] = ev
+        # its prediction may have come first (another topic): then no wait
+        self.deadline[ev.job] = 0.0 if ev.job in self.predictions else now + self.wait_s
+        self.put(ev.job, self._record(ev.job))
+
+    def prediction(self, p: UtilisationPrediction) -> None:
+        self.predictions.pop(p.job, None)
+        self.predictions[p.job] = p
+        while len(self.predictions) > MAX_PREDICTIONS:  # predictions of jobs never submitted here: oldest go
+            old = next(j for j in self.predictions if j not in self.events or j == p.job)
+            if old == p.job:
+                break
+            del self.predictions[old]
+        if p.job in self.deadline:
+            self.deadline[p.job] = 0.0  # decide at the next round
+        if p.job in self.events:
+            self.put(p.job, self._record(p.job))
+
+    def finished(self, job: str) -> None:
+        self.cluster.release(job)
+        for d in (self.events, self.predictions, self.deadline, self.waiting, self.placed, self.pending_bookings):
+            d.pop(job, None)
+        self.put(job, None)
+
+    # -- decisions -----------------------------------------------------------------------
+    def _job(self, job: str) -> Job:
+        ev = self.events[job]
+        spec = ev.spec
+        r = spec.requests
+        pred = self.predictions.get(job)
+        cpu = r.cpu_cores if r.cpu_cores is not None else (pred.cpu_cores.hi if pred else None)
+        mem = r.mem_bytes if r.mem_bytes is not None else (pred.mem_bytes.hi if pred else 0)
+        gmem = r.gpu_mem_bytes if r.gpu_mem_bytes is not None else (pred.gpu_mem_bytes.hi if pred else 0)
+        gpus = r.gpus if r.gpus < 1 else float(int(r.gpus))
+        return Job(job, int(cpu * 1000) if cpu is not None else DEFAULT_CPU_MILLI, int(mem),
+                   gpus=gpus, gpu_mem_bytes=int(gmem) if gpus > 0 else 0, workload=ev.workload,
+                   priority=ev.priority,
+                   node_selector=tuple(sorted((str(k), str(v)) for k, v in spec.node_selector.items())),
+                   util=min(100.0, pred.gpu_util.mean) if pred and gpus > 0 else None,
+                   pred_gpu_mem_bytes=int(pred.gpu_mem_bytes.mean) if pred and gpus > 0 else None)
+
+    def due(self, now: float) -> list[str]:
+        """Jobs to decide now, higher priority first, then submission time, then id."""
+        ready = [j for j, t in self.deadline.items() if t <= now] + list(self.waiting)
+        return sorted(set(ready), key=lambda j: (-self.events[j].priority, self.events[j].ts, j))
+
+    def decide(self, now: float, ts: float) -> list[tuple[Decision, Placement]]:
+        out = []
+        for job in self.due(now):
+            self.deadline.pop(job, None)
+            j = self._job(job)
+            p = self.policy.place(j, self.cluster)
+            if p.node is None:
+                if job not in self.waiting:
+                    log.info("job %s waits: %s", job, p.reason)
+                self.waiting[job] = self.events[job].ts
+                continue
+            self.cluster.allocate(j, p)
+            self.waiting.pop(job, None)
+            self.placed[job] = {"node": p.node, "gpus": list(p.gpus)}
+            self.put(job, self._record(job))
+            out.append((self._decision(j, p, ts), p))
+        return out
+
+    def _decision(self, j: Job, p: Placement, ts: float) -> Decision:
+        ev = self.events[j.job]
+        pred = self.predictions.get(j.job)
+        cpuset = self.cluster.labels[self.cluster.index[p.node]].get("cpuset") if self.local else None
+        used = {"requests": asdict(ev.spec.requests),
+                "prediction": None if pred is None else {
+                    "model_version": pred.model_version, "gpu_util": pred.gpu_util.mean,
+                    "gpu_mem_bytes": pred.gpu_mem_bytes.mean, "cpu_cores_hi": pred.cpu_cores.hi,
+                    "mem_bytes_hi": pred.mem_bytes.hi}}
+        why = p.reason + (f"; predicted GPU util {pred.gpu_util.mean:.0f}% (model v{pred.model_version})"
+                          if pred else "; no prediction: requests only")
+        self.seq += 1
+        details = {**p.details(), "node": p.node, "cpuset": cpuset, "command": list(ev.spec.command),
+                   "workload": j.workload, "priority": j.priority, "cpu_milli": j.cpu_milli,
+                   "mem_bytes": j.mem_bytes, "gpus": j.gpus, "used": used}
+        return Decision(id=f"place-{j.job}-{zlib.crc32(json.dumps([p.node, list(p.gpus)]).encode()):08x}",
+                        ts=ts, host=self.host if self.local else p.node, container=j.job, action="place",
+                        policy=p.policy, reason=why, details=details)
+
+
+def register_placement(app: faust.App, settings: Settings, *, metrics: PlacementMetrics | None = None,
+                       outputs: OutputSender | None = None) -> dict[str, Any]:
+    """Add the state table, the three agents and the decision timer to *app*; returns the handles."""
+    from phasewise.streams.agents import fail_worker_on_agent_error
+
+    metrics = metrics or PlacementMetrics()
+    partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
+    jobs_topic = raw_topic(app, JOB_EVENTS, partitions)
+    preds_topic = raw_topic(app, PREDICTIONS, settings.kafka.topic_partitions or PREDICTIONS.partitions)
+    samples_topic = raw_topic(app, SAMPLES, settings.kafka.topic_partitions or SAMPLES.partitions)
+    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
+                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                      help="place: submitted and placed jobs")
+    if outputs is None:
+        outputs = OutputSender(output_producer(settings), metrics)
+    barrier = CommitBarrier(outputs, metrics)
+    attach(app, barrier)
+    state = PlacementState(settings, partitions)
+    writes = barrier.table(table)
+
+    def hold() -> None:
+        for k, (p, v) in state.writes.items():
+            writes.put(k, v, p)
+        state.writes.clear()
+
+    barrier.before.append(hold)
+    restored = [False]
+
+    def ensure_restored() -> None:
+        if not restored[0]:
+            state.restore(list(table.data.items()))
+            restored[0] = True
+
+    async def dead_letter(event: Any, reason: str, kind: str) -> None:
+        msg = event.message
+        key, value, dl = make_dead_letter(source_topic=msg.topic, reason=reason, payload=msg.value, key=msg.key,
+                                          partition=msg.partition, offset=msg.offset,
+                                          max_bytes=settings.kafka.dead_letter_max_bytes)
+        outputs.send(DEAD_LETTERS.name, key, value)
+        metrics.dead_letters.labels(kind=kind).inc()
+        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, dl.reason)
+
+    app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
+
+    def decide() -> None:
+        t0 = time.perf_counter()
+        made = state.decide(time.monotonic(), time.time())
+        for d, _p in made:
+            outputs.send(DECISIONS.name, d.host.encode(), encode(d))
+            metrics.decisions.inc()
+            log.info("placed %s on %s %s: %s", d.container, d.details["node"], d.details["device"], d.reason)
+        if made:
+            metrics.decide_seconds.observe((time.perf_counter() - t0) / len(made))
+        metrics.waiting.set(len(state.waiting))
+        metrics.nodes.set(len(state.cluster))
+        outputs.poll()
+
+    @app.agent(jobs_topic, name="phasewise.place-jobs")
+    async def on_jobs(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            ensure_restored()
+            try:
+                ev = decode(JobEvent, event.message.value)
+                if ev.kind == "submitted":
+                    state.submitted(ev, time.monotonic())
+                elif ev.kind == "finished":
+                    state.finished(ev.job)
+            except (SchemaError, ValueError) as e:
+                await dead_letter(event, str(e), "schema")
+                continue
+            decide()
+
+    @app.agent(preds_topic, name="phasewise.place-predictions")
+    async def on_predictions(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            ensure_restored()
+            try:
+                state.prediction(decode(UtilisationPrediction, event.message.value))
+            except SchemaError as e:
+                await dead_letter(event, str(e), "schema")
+                continue
+            decide()
+
+    @app.agent(samples_topic, name="phasewise.place-samples")
+    async def on_samples(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            ensure_restored()
+            try:
+                hs = decode_host_samples(event.message.value)
+            except SchemaError as e:
+                await dead_letter(event, str(e), "schema")
+                continue
+            try:
+                changed = state.samples(hs)
+            except ValueError as e:
+                await dead_letter(event, f"node update refused: {e}", "processing")
+                continue
+            if changed and state.waiting:
+                decide()
+
+    @app.timer(0.25)
+    async def _tick() -> None:
+        if restored[0] and state.deadline:
+            decide()
+
+    @app.on_partitions_revoked.connect
+    async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:
+        restored[0] = False
+
+    @app.on_rebalance_complete.connect
+    async def _ready(app: faust.App, **kwargs: Any) -> None:
+        ensure_restored()
+        metrics.ready.set(0 if barrier.failure is not None else 1)
+
+    return {"jobs": on_jobs, "predictions": on_predictions, "samples": on_samples, "table": table,
+            "state": state, "metrics": metrics, "outputs": outputs, "barrier": barrier}

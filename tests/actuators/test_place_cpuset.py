@@ -1,0 +1,116 @@
+"""Placement actuation for real: a placed job starts in a cpuset cgroup (v1) bound to its CPUs (needs root)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from phasewise.actuators.backends import CgroupBackend, DryRunBackend
+from phasewise.actuators.commands import StartJob
+from phasewise.actuators.consumer import Actuator
+from phasewise.actuators.ledger import Ledger
+from phasewise.actuators.metrics import ActuatorMetrics
+from phasewise.actuators.safety import Rejected, plan
+from phasewise.cgroupfs import CgroupLayout
+from phasewise.schemas import Decision, encode
+from phasewise.settings import Settings
+from tests.conftest import requires_root
+
+REPORT = "import json, os, sys; json.dump({{'cpus': sorted(os.sched_getaffinity(0)), 'cg': open('/proc/self/cgroup')" \
+         ".read(), 'gpus': os.environ.get('CUDA_VISIBLE_DEVICES')}}, open({path!r}, 'w'))"
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    def produce(self, topic, value=None, key=None, **kw):
+        self.sent.append((topic, value))
+
+    def poll(self, timeout=0):
+        return 0
+
+
+def _decision(job: str, cpuset: str, argv: list[str], device=(0,), host="h1") -> Decision:
+    return Decision(id=f"place-{job}", ts=time.time(), host=host, container=job, action="place", policy="horus",
+                    reason="test", details={"cpuset": cpuset, "command": argv, "device": list(device),
+                                            "node": "s1"})
+
+
+def test_plan_place_rules():
+    s = Settings().replace(host="h1")
+    ok = plan(_decision("j", "0", ["true"]), exists=False, usage_mem_bytes=None, host_cores=2, settings=s,
+              host_cpus=frozenset({0, 1}))
+    assert ok.command == StartJob("j", "0", ("true",), (0,))
+    bad = [(_decision("j", "0-7", ["true"]), "not within this host's CPUs"),
+           (_decision("j", "x", ["true"]), "not a cpuset list"),
+           (_decision("j", "0", []), "non-empty list of strings"),
+           (_decision("j", "0", ["true"], device=(-1,)), "GPU indices"),
+           (_decision("../j", "0", ["true"]), "not a managed container name")]
+    for d, why in bad:
+        r = plan(d, exists=False, usage_mem_bytes=None, host_cores=2, settings=s, host_cpus=frozenset({0, 1}))
+        assert isinstance(r, Rejected) and why in r.reason, (d.details, r)
+    r = plan(_decision("j", "0", ["true"]), exists=True, usage_mem_bytes=None, host_cores=2, settings=s,
+             host_cpus=frozenset({0, 1}))
+    assert isinstance(r, Rejected) and "already exists" in r.reason
+
+
+def test_dry_run_starts_nothing(tmp_path):
+    out = DryRunBackend().apply(StartJob("j", "0", ("touch", str(tmp_path / "x")), (1,)))
+    assert out.status == "applied" and "would start" in out.message and "GPUs [1]" in out.message
+    assert not (tmp_path / "x").exists()
+
+
+@requires_root
+@pytest.mark.skipif(not Path("/sys/fs/cgroup/cpuset/cpuset.cpus").exists(), reason="no cgroup v1 cpuset hierarchy")
+def test_placed_job_runs_in_its_cpuset(tmp_path):
+    layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}", version=1)
+    backend = CgroupBackend(layout, job_log_dir=tmp_path / "logs")
+    s = Settings().replace(host="h1", data_dir=str(tmp_path))
+    act = Actuator(s, backend, Ledger(tmp_path / "ledger.sqlite"), _Sink(),
+                   metrics=ActuatorMetrics(CollectorRegistry()))
+    job, cpu = f"job-{uuid.uuid4().hex[:6]}", CPUS[-1]
+    report = tmp_path / "report.json"
+    argv = [sys.executable, "-c", REPORT.format(path=str(report))]
+    try:
+        a = act.handle(encode(_decision(job, str(cpu), argv, device=(0, 1))), b"h1", 0, 1)
+        assert a.status == "applied" and f"cpuset {cpu}" in a.message, a.message
+        backend.processes[job].wait(30)
+        got = json.loads(report.read_text())
+        assert got["cpus"] == [cpu] and got["gpus"] == "0,1"
+        cg = dict(line.split(":", 2)[1:] for line in got["cg"].splitlines())
+        assert cg["cpuset"] == f"/{layout.prefix}/{job}" and cg["memory"] == f"/{layout.prefix}/{job}"
+        assert (layout.controller_root("cpuset") / layout.prefix / job / "cpuset.cpus").read_text().strip() == str(cpu)
+        # the same decision again is a duplicate; another decision for the same job is refused
+        assert act.handle(encode(_decision(job, str(cpu), argv)), b"h1", 0, 2).status == "duplicate"
+        again = dataclasses.replace(_decision(job, str(cpu), argv), id=f"place-{job}-again")
+        assert act.handle(encode(again), b"h1", 0, 3).status == "rejected"
+        # a command that cannot start fails and leaves no cgroup behind
+        bad = act.handle(encode(_decision(f"{job}-b", str(cpu), ["/nonexistent/cmd"])), b"h1", 0, 4)
+        assert bad.status == "failed" and not layout.exists(f"{job}-b")
+        assert not (layout.controller_root("cpuset") / layout.prefix / f"{job}-b").exists()
+    finally:
+        for p in backend.processes.values():
+            p.kill()
+            p.wait()
+        for c in layout.containers():
+            layout.remove(c)
+        cs = layout.controller_root("cpuset") / layout.prefix
+        for d in sorted(cs.glob("*"), reverse=True):
+            if d.is_dir():
+                d.rmdir()
+        cs.rmdir()
+        for c in layout.controllers():
+            try:
+                layout.base(c).rmdir()
+            except OSError:
+                pass

@@ -1,0 +1,22 @@
+"""phasewise bench placement: it times every policy and books without over-committing."""
+
+from __future__ import annotations
+
+import json
+
+from phasewise.cli import main
+
+
+def test_bench_placement_json(capsys):
+    assert main(["bench", "placement", "--nodes", "60", "--jobs", "30", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in out["results"]] == ["horus", "first-fit", "best-fit", "fgd"]
+    for r in out["results"]:
+        assert r["nodes"] == 60 and 0 < r["placed"] <= 30
+        m = r["ms_per_job"]
+        assert 0 < m["p50"] <= m["p99"] <= m["max"]
+
+
+def test_bench_placement_bad_options(capsys):
+    assert main(["bench", "placement", "--policies", "nope"]) == 2
+    assert "nope" in capsys.readouterr().out

@@ -1,0 +1,197 @@
+"""Placement policies: never over-commit, priorities, isolation, determinism, FGD and Horus by hand."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from phasewise.models.placement import (
+    MILLI,
+    POLICIES,
+    Cluster,
+    Fgd,
+    Gpu,
+    Horus,
+    Job,
+    Node,
+    PlacementConfig,
+    _frag,
+    make_policy,
+    place_many,
+    workload_types,
+)
+
+GIB = 1 << 30
+
+
+def _nodes(n=6, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        g = rng.choice([0, 1, 2, 4, 8])
+        out.append(Node(f"n{i}", rng.choice([8000, 32000]), rng.choice([32, 128]) * GIB,
+                        gpus=(Gpu(rng.choice(["T4", "V100"]), 16 * GIB),) * g))
+    return out
+
+
+def _jobs(n=120, seed=1):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        gpus = rng.choice([0, 0.1, 0.25, 0.5, 0.7, 1, 2, 4])
+        out.append(Job(f"j{i}", rng.choice([500, 2000, 6000]), rng.choice([1, 4, 16]) * GIB, gpus=gpus,
+                       gpu_mem_bytes=rng.choice([0, 2, 6]) * GIB if gpus else 0, priority=rng.randint(0, 3),
+                       workload=rng.choice(["training", "inference"]), util=rng.choice([None, 30.0, 90.0])))
+    return out
+
+
+def _check_not_overcommitted(c: Cluster) -> None:
+    assert (c.cpu_alloc <= c.cpu_cap).all() and (c.mem_alloc <= c.mem_cap).all()
+    assert (c.milli_alloc <= MILLI).all() and (c.milli_alloc[~c.valid] == 0).all()
+    assert (c.gmem_alloc <= c.gmem_cap).all()
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_never_overcommits_and_is_deterministic(name):
+    nodes, jobs = _nodes(), _jobs()
+    runs = []
+    for _ in range(2):
+        c = Cluster(nodes)
+        ps = place_many(jobs, c, make_policy(name))
+        _check_not_overcommitted(c)
+        runs.append([(p.node, p.gpus, p.cost) for p in ps])
+        placed = [p for p in ps if p.node]
+        assert placed and len(placed) < len(jobs)  # the cluster fills: both outcomes are exercised
+        for j, p in zip(jobs, ps):
+            if p.node:
+                assert len(p.gpus) == j.count and p.reason.startswith(name)
+            else:
+                assert p.reason.startswith("no node")
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_higher_priority_gets_the_scarce_gpu(name):
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),))])
+    low, high = Job("low", 1000, GIB, gpus=1, priority=0), Job("high", 1000, GIB, gpus=1, priority=5)
+    ps = place_many([low, high], c, make_policy(name))
+    assert ps[0].node is None and ps[1].node == "a"
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_inference_isolated_from_training_when_configured(name):
+    nodes = [Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),) * 2),
+             Node("b", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),) * 2)]
+    jobs = [Job("t", 1000, GIB, gpus=0.5), Job("i", 1000, GIB, gpus=0.2, workload="inference"),
+            Job("t2", 1000, GIB, gpus=0.2), Job("i2", 1000, GIB, gpus=0.2, workload="inference")]
+    c = Cluster(nodes, PlacementConfig(isolate_inference=True))
+    ps = {p.job: p.node for p in place_many(jobs, c, make_policy(name))}
+    assert ps["t"] == ps["t2"] and ps["i"] == ps["i2"] and ps["t"] != ps["i"]
+    c2 = Cluster(nodes[:1], PlacementConfig(isolate_inference=True))
+    ps2 = place_many(jobs[:2], c2, make_policy(name))
+    assert ps2[1].node is None and "isolated" in ps2[1].reason
+
+
+def test_gpu_memory_never_overcommitted_even_with_room_in_milli():
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB, mem_used_bytes=10 * GIB),))])
+    p = Horus().place(Job("j", 100, GIB, gpus=0.1, gpu_mem_bytes=8 * GIB), c)
+    assert p.node is None and "GPU memory" in p.reason
+    with pytest.raises(ValueError, match="over-commit"):
+        from phasewise.models.placement import Placement
+        c.allocate(Job("j", 100, GIB, gpus=0.1, gpu_mem_bytes=8 * GIB), Placement("j", "a", (0,)))
+
+
+def test_node_selector_alternatives():
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4"),)), Node("b", 8000, 8 * GIB, gpus=(Gpu("V100M32"),))])
+    job = Job("j", 100, GIB, gpus=0.5, node_selector=(("gpu_model", "V100M16|V100M32"),))
+    assert {make_policy(n).place(job, c).node for n in POLICIES} == {"b"}
+
+
+def test_horus_cost_by_hand():
+    # one node, two 16 GiB GPUs: GPU 0 runs a job booked at 60 % util and 8 GiB; GPU 1 is idle
+    c = Cluster([Node("a", 8000, 32 * GIB, gpus=(Gpu("T4", 16 * GIB),) * 2)])
+    c.allocate(Job("old", 100, GIB, gpus=0.6, gpu_mem_bytes=8 * GIB, util=60.0),
+               Horus().place(Job("old", 100, GIB, gpus=0.6, gpu_mem_bytes=8 * GIB, util=60.0), c))
+    assert c.allocs["old"].gpus == (0,)
+    job = Job("new", 100, GIB, gpus=0.3, gpu_mem_bytes=4 * GIB, util=50.0)
+    g0 = 1.3 * (8 / 16 + 4 / 16) + abs(60 + 50 - 100) / 100 * 1.6 + 1  # over 100: x1.6, one job running
+    g1 = 1.3 * (0 + 4 / 16) + abs(0 + 50 - 100) / 100 + 0
+    p = Horus().place(job, c)
+    assert p.gpus == (1,) and p.cost == pytest.approx(min(g0, g1)) and g1 < g0
+    costs = Horus()._gpu_costs(job, c, np.array([0]))[0]
+    assert costs == pytest.approx([g0, g1])
+
+
+def test_fgd_fragmentation_by_hand():
+    # target workload: half 0.5-GPU tasks, half 1-GPU tasks (1 core, 1 GiB each)
+    w = workload_types([Job("a", 1000, GIB, gpus=0.5), Job("b", 1000, GIB, gpus=1.0)])
+    gfree = np.array([[300, 1000, 600]])  # free milli per GPU
+    # 0.5 task: only GPU 0 (300 < 500) is a fragment -> 300; 1-GPU task: GPUs 0 and 2 -> 900
+    assert _frag(w, np.array([4000]), np.array([8 * GIB]), gfree)[0] == pytest.approx(0.5 * 300 + 0.5 * 900)
+    # no CPU left: every task fails, all free GPU is fragment
+    assert _frag(w, np.array([500]), np.array([8 * GIB]), gfree)[0] == pytest.approx(1900)
+    # a CPU-only task type sees all free GPUs as fragments
+    w2 = workload_types([Job("c", 1000, GIB)])
+    assert _frag(w2, np.array([4000]), np.array([8 * GIB]), gfree)[0] == pytest.approx(1900)
+
+
+def test_fgd_places_where_fragmentation_grows_least():
+    # mostly 0.5-GPU workload; node a's GPU has 600 free, node b's is empty. A 0.5 job on a leaves 100,
+    # a fragment for the 0.5 tasks; on b it leaves 500, still usable. FGD prefers b; best-fit prefers a.
+    nodes = [Node("a", 8000, 8 * GIB, gpus=(Gpu("T4"),)), Node("b", 8000, 8 * GIB, gpus=(Gpu("T4"),))]
+    c = Cluster(nodes)
+    c.allocate(Job("x", 100, GIB, gpus=0.4), make_policy("first-fit").place(Job("x", 100, GIB, gpus=0.4), c))
+    w = workload_types([Job("t", 100, GIB, gpus=0.5)] * 9 + [Job("u", 100, GIB, gpus=0.1)])
+    job = Job("j", 100, GIB, gpus=0.5)
+    before = _frag(w, c.cpu_free(), c.mem_free(), c._gfree())
+    assert before.tolist() == pytest.approx([0, 0])  # 600 free >= 500: not a fragment yet
+    p = Fgd(w).place(job, c)
+    # on a: 100 left, fragment for the 0.5 tasks (0.9*100); on b: 500 left, no fragment
+    assert p.node == "b" and p.cost == pytest.approx(0.0)
+    assert p.scores["a"] == pytest.approx(0.9 * 100)
+    assert make_policy("best-fit").place(job, c).node == "a"
+
+
+def test_fgd_cache_follows_changes():
+    nodes = _nodes(8, seed=3)
+    jobs = _jobs(80, seed=4)
+    w = workload_types(jobs)
+    c1, c2 = Cluster(nodes), Cluster(nodes)
+    cached = Fgd(w)
+    for j in jobs:  # a fresh policy each time (no cache) decides the same as the cached one
+        p1, p2 = cached.place(j, c1), Fgd(w).place(j, c2)
+        assert (p1.node, p1.gpus, p1.cost) == (p2.node, p2.gpus, p2.cost)
+        if p1.node:
+            c1.allocate(j, p1), c2.allocate(j, p2)
+    c1.release(jobs[0].job), c2.release(jobs[0].job)
+    p1, p2 = cached.place(jobs[0], c1), Fgd(w).place(jobs[0], c2)
+    assert (p1.node, p1.gpus) == (p2.node, p2.gpus)
+
+
+def test_release_and_observations():
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),))])
+    j = Job("j", 4000, GIB, gpus=1)
+    c.allocate(j, make_policy("first-fit").place(j, c))
+    assert make_policy("first-fit").place(Job("k", 100, GIB, gpus=0.1), c).node is None
+    assert c.release("j") == "a" and c.release("j") is None
+    # observed use counts even without bookings: 7.5 of 8 cores busy
+    c.upsert(Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),), cpu_used_milli=7500))
+    assert make_policy("horus").place(Job("k", 1000, GIB), c).node is None
+    with pytest.raises(ValueError, match="unknown placement policy"):
+        make_policy("nope")
+
+
+def test_fgd_online_workload_refreshes_and_stays_deterministic():
+    nodes, jobs = _nodes(8, seed=5), _jobs(150, seed=6)
+    runs = []
+    for _ in range(2):
+        c, pol = Cluster(nodes), Fgd(refresh_every=16)
+        runs.append([(p.node, p.gpus) for p in place_many(jobs, c, pol)])
+        _check_not_overcommitted(c)
+        # after 150 jobs the distribution in force is the one of the first 144 (the last refresh)
+        assert pol._w.weight.sum() == pytest.approx(1.0)
+        assert sum(1 for _ in pol._seen) == 150
+        assert len(workload_types(pol._seen[:144]).weight) == len(pol._w.weight)
+    assert runs[0] == runs[1]

@@ -1,0 +1,113 @@
+"""The placement agents' state without Kafka: nodes from samples, the prediction wait, priorities, restart."""
+
+from __future__ import annotations
+
+import pytest
+
+from phasewise.schemas import (
+    GpuSample,
+    HostSamples,
+    Interval,
+    JobEvent,
+    JobRequests,
+    JobSpec,
+    UtilisationPrediction,
+)
+from phasewise.settings import Settings
+from phasewise.streams.placement_agents import PlacementState
+
+GIB = 1 << 30
+
+
+def _sample(host: str, cpus: int = 8, gpus: int = 2, util: float = 0.0, cpu_used: float = 0.5) -> HostSamples:
+    return HostSamples(host=host, ts=100.0, interval_s=1.0, host_cpu_count=cpus, host_cpu_cores=cpu_used,
+                       host_mem_bytes=2 * GIB, host_mem_total_bytes=32 * GIB,
+                       gpus=tuple(GpuSample(index=i, uuid=f"GPU-{host}-{i}", util=util, mem_used_bytes=GIB,
+                                            mem_total_bytes=16 * GIB) for i in range(gpus)))
+
+
+def _job(name: str, gpus: float = 0.5, priority: int = 0, cpu: float | None = 2.0, ts: float = 1.0) -> JobEvent:
+    spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32, command=("python", "-c", "pass"),
+                   requests=JobRequests(cpu_cores=cpu, mem_bytes=2 * GIB, gpus=gpus, gpu_mem_bytes=4 * GIB))
+    return JobEvent(job=name, ts=ts, kind="submitted", priority=priority, spec=spec)
+
+
+def _pred(job: str, util: float) -> UtilisationPrediction:
+    iv = lambda m: Interval(mean=m, lo=m * 0.8, hi=m * 1.2)  # noqa: E731
+    return UtilisationPrediction(job=job, ts=1.0, model_version=7, gpu_util=iv(util), gpu_mem_bytes=iv(3 * GIB),
+                                 cpu_cores=iv(1.5), mem_bytes=iv(GIB), coverage=0.8)
+
+
+def _state(**kw) -> PlacementState:
+    return PlacementState(Settings.from_env({"host": "here", **kw}, env={}))
+
+
+def test_waits_for_the_prediction_then_places_with_it():
+    s = _state(place_prediction_wait_s=5.0)
+    s.samples(_sample("h1")), s.samples(_sample("h2", util=100.0))
+    s.submitted(_job("a"), now=0.0)
+    assert s.decide(now=1.0, ts=10.0) == []  # still waiting for its prediction
+    s.prediction(_pred("a", 40.0))
+    [(d, p)] = s.decide(now=1.0, ts=10.0)
+    # the util term: |0 + 40 - 100| / 100 = 0.6 on h1; |100 + 40 - 100| / 100 * 1.6 = 0.64 on h2
+    assert d.action == "place" and d.container == "a" and d.host == "h1"
+    assert d.details["scores"]["h2"] - d.details["scores"]["h1"] == pytest.approx(0.04)
+    assert d.details["used"]["prediction"]["gpu_util"] == 40.0 and "predicted GPU util 40%" in d.reason
+    assert d.details["device"] == list(p.gpus) and d.details["command"] == ["python", "-c", "pass"]
+    assert d.policy == "horus" and set(d.details["scores"]) == {"h1", "h2"}
+
+
+def test_without_a_prediction_after_the_wait_requests_only():
+    s = _state(place_prediction_wait_s=2.0)
+    s.samples(_sample("h1"))
+    s.submitted(_job("a", cpu=None), now=0.0)
+    [(d, _)] = s.decide(now=2.5, ts=10.0)
+    assert "no prediction" in d.reason and d.details["cpu_milli"] == 1000  # default core booked
+
+
+def test_priority_first_and_waiting_then_freed():
+    s = _state(place_prediction_wait_s=0.0)
+    s.samples(_sample("h1", gpus=1))
+    s.submitted(_job("low", gpus=1, priority=0, ts=1.0), now=0.0)
+    s.submitted(_job("high", gpus=1, priority=9, ts=2.0), now=0.0)
+    [(d, _)] = s.decide(now=0.0, ts=10.0)
+    assert d.container == "high" and list(s.waiting) == ["low"]
+    s.finished("high")
+    [(d2, _)] = s.decide(now=0.0, ts=11.0)
+    assert d2.container == "low" and not s.waiting
+
+
+def test_local_mode_slices_and_cpusets():
+    s = _state(place_prediction_wait_s=0.0, place_local_nodes="s0=0-1@0;s1=2-3@1", place_policy="first-fit")
+    assert not s.samples(_sample("elsewhere"))  # another host's sample does not describe the slices
+    s.samples(_sample("here", cpus=4))
+    s.submitted(_job("a", gpus=1, cpu=1.0), now=0.0)
+    s.submitted(_job("b", gpus=1, cpu=1.0), now=0.0)
+    made = s.decide(now=0.0, ts=10.0)
+    got = {d.container: (d.host, d.details["node"], d.details["cpuset"], d.details["device"]) for d, _ in made}
+    assert got == {"a": ("here", "s0", "0-1", [0]), "b": ("here", "s1", "2-3", [0])}
+
+
+def test_restart_books_placed_jobs_again():
+    s = _state(place_prediction_wait_s=0.0)
+    s.samples(_sample("h1", gpus=1))
+    s.submitted(_job("a", gpus=1), now=0.0)
+    s.decide(now=0.0, ts=1.0)
+    table = {k: v for k, (_, v) in s.writes.items()}
+    s2 = _state(place_prediction_wait_s=0.0)
+    s2.restore(table.items())
+    assert s2.placed == {"a": {"node": "h1", "gpus": [0]}}
+    s2.samples(_sample("h1", gpus=1))
+    s2.submitted(_job("b", gpus=1), now=0.0)
+    assert s2.decide(now=0.0, ts=2.0) == [] and list(s2.waiting) == ["b"]  # a's GPU stays booked
+    with pytest.raises(ValueError, match="needs a spec"):
+        s2.submitted(JobEvent(job="c", ts=1.0, kind="submitted"), now=0.0)
+
+
+def test_a_prediction_before_its_job_means_no_wait():
+    s = _state(place_prediction_wait_s=60.0)
+    s.samples(_sample("h1"))
+    s.prediction(_pred("a", 30.0))
+    s.submitted(_job("a"), now=0.0)
+    [(d, _)] = s.decide(now=0.0, ts=1.0)
+    assert "predicted GPU util 30%" in d.reason

@@ -1,0 +1,101 @@
+"""``phasewise place`` for real: a Faust worker subprocess on the session broker, hostile records between valid ones."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from phasewise.kafka import ensure_topics, make_producer
+from phasewise.schemas import (
+    DeadLetter,
+    Decision,
+    GpuSample,
+    HostSamples,
+    Interval,
+    JobEvent,
+    JobRequests,
+    JobSpec,
+    SchemaError,
+    UtilisationPrediction,
+    decode,
+    encode,
+)
+from phasewise.settings import Settings
+from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
+from tests.streams.test_horus_worker import read_all
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+GIB = 1 << 30
+
+
+def test_place_decisions_between_hostile_records(broker, tmp_path):
+    from phasewise.bench.harness import scrape
+    from phasewise.infra.broker import free_port
+    from phasewise.procs import RoleProcess
+
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    tag = uuid.uuid4().hex[:6]
+    port = free_port()
+    env = {"PHASEWISE_BOOTSTRAP": s.kafka.bootstrap, "PHASEWISE_PLACE_PREDICTION_WAIT_S": "1"}
+    role = RoleProcess("place", ["--place-id", f"pwtest-place-{tag}", "--data-dir", str(tmp_path / "d"),
+                                 "--metrics-port", str(port)], env=env, log_path=tmp_path / "place.log")
+    role.start()
+    deadline = time.monotonic() + 90
+    while True:
+        assert role.alive() and time.monotonic() < deadline, "place not ready:\n" + role.log_tail()
+        try:
+            if scrape(f"http://127.0.0.1:{port}/metrics").get("phasewise_place_ready", 0) == 1.0:
+                break
+        except OSError:
+            pass
+        time.sleep(0.3)
+    assert role.alive(), role.log_tail()
+    try:
+        p = make_producer(s)
+        key = f"k-{tag}".encode()
+        poison = [None, b"[" * 100_000, bytes(range(256)) * 2400]
+        wrong = {JOB_EVENTS.name: {"v": 1, "job": "x", "ts": "yesterday", "kind": "submitted"},
+                 PREDICTIONS.name: {"v": 1, "job": "x", "ts": 1.0, "model_version": "seven"},
+                 SAMPLES.name: {"v": 1, "host": 5, "ts": 1.0, "interval_s": 1.0}}
+        host = f"node-{tag}"
+        sample = encode(HostSamples(host=host, ts=time.time(), interval_s=1.0, host_cpu_count=16, host_cpu_cores=1.0,
+                                    host_mem_bytes=4 * GIB, host_mem_total_bytes=64 * GIB,
+                                    gpus=(GpuSample(index=0, uuid="GPU-0", util=10.0, mem_used_bytes=GIB,
+                                                    mem_total_bytes=16 * GIB),)))
+        spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32,
+                       requests=JobRequests(cpu_cores=2.0, mem_bytes=4 * GIB, gpus=0.5, gpu_mem_bytes=4 * GIB))
+        a, b = f"a-{tag}", f"b-{tag}"
+        iv = Interval(mean=30.0, lo=20.0, hi=40.0)
+        pred = encode(UtilisationPrediction(job=a, ts=1.0, model_version=3, gpu_util=iv, gpu_mem_bytes=iv,
+                                            cpu_cores=iv, mem_bytes=iv, coverage=0.8))
+        valid = {SAMPLES.name: sample, JOB_EVENTS.name: encode(JobEvent(job=a, ts=1.0, kind="submitted", spec=spec)),
+                 PREDICTIONS.name: pred}
+        for topic in (SAMPLES.name, JOB_EVENTS.name, PREDICTIONS.name):
+            for v in [*poison, json.dumps(wrong[topic]).encode(), valid[topic]]:
+                p.produce(topic, key=key, value=v, partition=0)
+            p.flush(10)
+        p.produce(JOB_EVENTS.name, key=key, value=encode(JobEvent(job=b, ts=2.0, kind="submitted", spec=spec,
+                                                                  priority=2)), partition=0)
+        p.flush(10)
+        got = read_all(s, DECISIONS.name, DECISIONS.partitions, lambda m: m.key() == host.encode(), 2)
+        ds = {d.container: d for d in (decode(Decision, m.value()) for m in got)}
+        assert set(ds) == {a, b}, role.log_tail(80)
+        assert all(d.action == "place" and d.host == host and len(d.details["device"]) == 1 for d in ds.values())
+        assert "model v3" in ds[a].reason and "no prediction" in ds[b].reason
+
+        def ours(m) -> bool:
+            try:
+                return decode(DeadLetter, m.value()).key == f"k-{tag}"
+            except SchemaError:
+                return False
+
+        dls = [decode(DeadLetter, m.value()) for m in read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions,
+                                                                 ours, 12)]
+        assert len(dls) == 12 and {d.source_topic for d in dls} == {SAMPLES.name, JOB_EVENTS.name, PREDICTIONS.name}
+        assert role.alive()
+    finally:
+        assert role.stop(timeout_s=30) == 0, role.log_tail()
