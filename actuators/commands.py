@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["STATUSES", "Command", "Freeze", "Outcome", "SetLimits", "Thaw"]
+__all__ = ["STATUSES", "Bind", "Command", "Evict", "Freeze", "Outcome", "Scale", "SetLimits", "Thaw"]
 
 #: the statuses of :class:`phasewise.schemas.Actuation`
 STATUSES = ("applied", "clamped", "duplicate", "rejected", "failed")
@@ -43,7 +43,41 @@ class Thaw:
     container: str
 
 
-Command = SetLimits | Freeze | Thaw
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Evict the pod holding the container (preemption), honouring its disruption budget."""
+
+    container: str
+    grace_period_s: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Bind a pending pod to a node (placement)."""
+
+    pod: str
+    node: str
+    namespace: str = "default"
+
+    @property
+    def container(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """Set the replica count of a Deployment (inference replicas)."""
+
+    deployment: str
+    replicas: int
+    namespace: str = "default"
+
+    @property
+    def container(self) -> str:
+        return f"{self.namespace}/{self.deployment}"
+
+
+Command = SetLimits | Freeze | Thaw | Evict | Bind | Scale
 
 
 @dataclass(frozen=True, slots=True)

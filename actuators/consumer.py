@@ -14,7 +14,7 @@ For every message on the decisions topic the actuator:
 4. plans a command under the safety rules (managed, existing container;
    CPU floor and host cap; memory never under usage, or the recent peak
    working set, + margin);
-5. applies it through the backend (``cgroup`` or ``dry-run``), retrying
+5. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
    temporary errors a few times with doubling backoff;
 6. records the outcome in the ledger and publishes an
    :class:`~phasewise.schemas.Actuation` (key: host, with ``decision_ts`` so
@@ -280,6 +280,12 @@ def make_backend(settings: Settings) -> Backend:
 
     if settings.actuator.backend == "cgroup":
         return CgroupBackend(CgroupLayout(settings.cgroup.root, settings.cgroup.prefix))
+    if settings.actuator.backend == "kubernetes":
+        from phasewise.actuators.kubernetes import KubeApi, KubernetesBackend, PodDirectory
+
+        url = settings.actuator.kube_api
+        api = KubeApi(url) if url else KubeApi.in_cluster()  # ValueError: not in a cluster, bad URL
+        return KubernetesBackend(api, PodDirectory(api, settings.host))
     try:
         layout = CgroupLayout(settings.cgroup.root, settings.cgroup.prefix)
         reader = CgroupBackend(layout).memory_usage
@@ -340,7 +346,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.cli import add_common, add_setting
 
     add_common(p)
-    for name in ("backend", "cgroup_root", "cgroup_prefix", "cpu_floor_cores", "mem_margin_bytes",
+    for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cpu_floor_cores", "mem_margin_bytes",
                  "mem_floor_bytes", "metrics_port", "data_dir"):
         add_setting(p, name, help={"data_dir": "where the ledger of applied decisions lives"}.get(name))
 
@@ -354,6 +360,9 @@ def run(args: argparse.Namespace) -> int:
         backend = make_backend(settings)
     except CgroupError as e:
         print(f"phasewise actuate: error: cgroup_root: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # the kubernetes backend's configuration
+        print(f"phasewise actuate: error: kube_api: {e}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)
     print(f"actuator: backend={backend.name} group={group_id(settings.host)} "

@@ -83,7 +83,7 @@ LIMITED_FEATURES = ("cpu", "mem")
 # the one definition of each fixed set of values (argparse ``choices`` and the environment)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 POLICIES = ("vpa", "phase")
-BACKENDS = ("cgroup", "dry-run")
+BACKENDS = ("cgroup", "dry-run", "kubernetes")
 VPA_UPDATE_MODES = ("bounds", "hysteresis")
 PHASE_STATISTICS = ("relative", "absolute")
 
@@ -661,7 +661,10 @@ class ActuatorSettings(_Group):
     """
 
     backend: str = setting("cgroup", choices=BACKENDS, flag="--backend",
-                           help="cgroup: write cgroup files; dry-run: log and report only")
+                           help="cgroup: write cgroup files; dry-run: log and report only; "
+                                "kubernetes: the pod resize API (docs/kubernetes.md)")
+    kube_api: str = setting("", flag="--kube-api",
+                            help="Kubernetes API server URL; empty: in-cluster (service account token + CA)")
     cpu_floor_cores: float = setting(0.05, check=above(0), flag="--cpu-floor",
                                      help="never set a CPU limit below this many cores")
     mem_margin_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0),

@@ -46,7 +46,7 @@ WHERE = {
     "safety_rules": "safety.rules", "safety_min_history_s": "safety.min_history_s",
     "safety_cooldown_s": "safety.cooldown_s", "safety_max_decrease": "safety.max_decrease",
     "safety_peak_window_s": "safety.peak_window_s",
-    "backend": "actuator.backend", "cpu_floor_cores": "actuator.cpu_floor_cores",
+    "backend": "actuator.backend", "kube_api": "actuator.kube_api", "cpu_floor_cores": "actuator.cpu_floor_cores",
     "mem_margin_bytes": "actuator.mem_margin_bytes",
     "mem_floor_bytes": "actuator.mem_floor_bytes", "apply_retries": "actuator.apply_retries",
     "apply_retry_backoff_s": "actuator.apply_retry_backoff_s",
