@@ -28,7 +28,8 @@ The recording step is cheap and vectorised (one call per worker round:
 :meth:`observe`; decisions: :meth:`decide`); scoring happens when somebody
 asks (:meth:`card`, :meth:`totals`), off the worker's hot path. Memory: the
 ring holds ``8 + 8 * 2 * (1 + len(POLICIES))`` bytes per sample slot, 72 B,
-so ``capacity`` 360 is 26 kB per container.
+so ``capacity`` 300 is 21.6 kB per container. A window longer than the ring
+covers is scored on the samples the ring holds (the view says how many).
 
 Pure: no IO, no clock; time comes from the samples.
 
@@ -51,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from phasewise.models.scoring import Score, common_start, score_steps
+from phasewise.models.scoring import Score, common_start, hold_last, score_rows, score_steps
 
 __all__ = ["POLICIES", "RESOURCES", "Scorecard", "ScorecardConfig", "decision_limits"]
 
@@ -85,8 +86,8 @@ def decision_limits(cpu: float | None, mem: float | None, details: Mapping[str, 
 class ScorecardConfig:
     """Windows scored (seconds of event time), samples kept per container, the gap rule."""
 
-    windows_s: tuple[float, ...] = (600.0, 3600.0)
-    capacity: int = 360
+    windows_s: tuple[float, ...] = (60.0, 300.0)
+    capacity: int = 300
     max_gap_factor: float = 5.0
 
     def __post_init__(self) -> None:
@@ -141,7 +142,8 @@ class Scorecard:
     def observe(self, keys: Sequence[str], ts: np.ndarray, used: np.ndarray, in_force: np.ndarray) -> None:
         """Record one sample of each of *keys* (distinct): event times *ts* ``(n,)``, usage
         ``(n, 2)`` (cpu cores, memory bytes) and the limits the samples report ``(n, 2)``
-        (``NaN``: unlimited). A sample not newer than its container's last is ignored."""
+        (``NaN``: unlimited). A sample not newer than its container's last, or without a
+        usage, is ignored."""
         if not len(keys):
             return
         get = self._index.get
@@ -150,7 +152,7 @@ class Scorecard:
             rows = [self._row(k) if r is None else r for k, r in zip(keys, rows)]
         rows_a = np.asarray(rows, dtype=np.intp)
         ts = np.broadcast_to(np.asarray(ts, dtype=np.float64), (len(rows_a),))
-        newer = ts > self._last[rows_a]
+        newer = (ts > self._last[rows_a]) & ~np.isnan(used).any(axis=1)
         if not newer.all():
             rows_a, ts, used, in_force = rows_a[newer], ts[newer], used[newer], in_force[newer]
         p = self._pos[rows_a]
@@ -235,28 +237,54 @@ class Scorecard:
         return out
 
     def _score(self, t: np.ndarray, u: np.ndarray, lim: np.ndarray) -> dict[str, Score]:
-        ok = ~np.isnan(u)
-        if ok.sum() < 2:
+        if len(t) < 2:
             return {}
-        t, u, lim = t[ok], u[ok], lim[ok]
         names = [p for i, p in enumerate(POLICIES) if not np.all(np.isnan(lim[:, i]))]
         if not names:
             return {}
-        cols = {p: lim[:, _P[p]] for p in names}
+        cols = {p: hold_last(lim[:, _P[p]]) for p in names}
         start = common_start(cols.values())
         g = self.config.max_gap_factor
         return {p: score_steps(t, u, c, start=start, max_gap_factor=g) for p, c in cols.items()}
 
-    def totals(self) -> dict[float, dict[str, dict[str, Score]]]:
-        """:meth:`scores` summed over every container (the parts add up, as in replay)."""
+    def totals(self, chunk: int = 256) -> dict[float, dict[str, dict[str, Score]]]:
+        """:meth:`scores` summed over every container (the parts add up, as in replay), vectorised:
+        *chunk* containers at a time through :func:`~phasewise.models.scoring.score_rows`."""
         out: dict[float, dict[str, dict[str, Score]]] = {
             w: {r: {} for r in RESOURCES} for w in self.config.windows_s}
-        for k in list(self._index):
-            for w, per_r in self.scores(k).items():
-                for r, per_p in per_r.items():
+        rows_all = np.fromiter(self._index.values(), dtype=np.intp, count=len(self._index))
+        cap, g = self.config.capacity, self.config.max_gap_factor
+        j = np.arange(cap)
+        for c0 in range(0, len(rows_all), chunk):
+            rows = rows_all[c0:c0 + chunk]
+            cnt, pos = self._count[rows], self._pos[rows]
+            rr = rows[:, None]
+            chrono = (pos[:, None] - cnt[:, None] + j[None, :]) % cap  # slot j -> ring index (valid: j < cnt)
+            tc = np.where(j[None, :] < cnt[:, None], self._t[rr, chrono], np.nan)
+            newest = tc[np.arange(len(rows)), np.maximum(cnt - 1, 0)]
+            for w in self.config.windows_s:
+                with np.errstate(invalid="ignore"):
+                    m = np.count_nonzero(tc >= (newest - w)[:, None], axis=1)  # a window is a suffix
+                ring = (pos[:, None] - m[:, None] + j[None, :]) % cap  # the window's samples, left-aligned
+                valid = j[None, :] < m[:, None]
+                t = np.where(valid, self._t[rr, ring], np.nan)
+                for ri, r in enumerate(RESOURCES):
+                    u = self._used[rr, ring, ri]
+                    lim = np.where(valid[:, :, None], self._lim[rr, ring, :, ri], np.nan)  # (rows, cap, P)
+                    has = ~np.isnan(lim)
+                    part = has.any(axis=1) & (m >= 2)[:, None]  # policies compared, per row
+                    start = np.where(part, has.argmax(axis=1), 0).max(axis=1)  # common_start
+                    idx = np.where(has, j[None, :, None], -1)
+                    np.maximum.accumulate(idx, axis=1, out=idx)  # hold_last
+                    held = np.where(idx >= 0, np.take_along_axis(lim, np.maximum(idx, 0), axis=1), np.nan)
                     acc = out[w][r]
-                    for p, s in per_p.items():
-                        acc[p] = acc.get(p, Score()) + s
+                    for pi, p in enumerate(POLICIES):
+                        sel = part[:, pi]
+                        if not sel.any():
+                            continue
+                        a, us, f, k = score_rows(t[sel], u[sel], held[sel, :, pi], m[sel], start[sel], g)
+                        acc[p] = acc.get(p, Score()) + Score(float(a.sum()), float(us.sum()), int(f.sum()),
+                                                             int(k.sum()))
         return out
 
     def card(self, key: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Score", "common_start", "hold_last", "score_steps", "step_durations"]
+__all__ = ["Score", "common_start", "hold_last", "score_rows", "score_steps", "step_durations"]
 
 
 @dataclass(frozen=True)
@@ -162,3 +162,50 @@ def score_steps(t: np.ndarray, used: np.ndarray, limit: np.ndarray,
         raise ValueError("limit has missing values at scored steps (apply hold_last/common_start)")
     return Score(alloc=float(np.dot(lim, dt)), used=float(np.dot(u, dt)),
                  fulfilled=int(np.count_nonzero(u <= lim)), steps=len(u))
+
+
+def score_rows(t: np.ndarray, used: np.ndarray, limit: np.ndarray, n: np.ndarray, start: np.ndarray,
+               max_gap_factor: float = 5.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`score_steps` of many series at once: ``(alloc, used, fulfilled, steps)``, one entry per row.
+
+    Row ``i`` is the series ``t[i, :n[i]]`` (strictly increasing), ``used[i, :n[i]]``
+    and ``limit[i, :n[i]]`` (after :func:`hold_last`), scored from ``start[i]``
+    on; slots from ``n[i]`` on are ignored. A row of fewer than two samples has
+    no step duration and scores nothing (:func:`score_steps` would need
+    ``median_dt``). The same numbers as :func:`score_steps` row by row (tested).
+
+    >>> t = np.array([[0., 10., 20., np.nan], [0., 5., 10., 15.]])
+    >>> u = np.array([[1., 2., 1., np.nan], [1., 1., 1., 1.]])
+    >>> lim = np.array([[2., 1., 1., np.nan], [1., 1., 1., 1.]])
+    >>> a, us, f, k = score_rows(t, u, lim, n=np.array([3, 4]), start=np.array([0, 1]))
+    >>> a.tolist(), us.tolist(), f.tolist(), k.tolist()
+    ([40.0, 15.0], [40.0, 15.0], [2, 3], [3, 3])
+    """
+    t = np.asarray(t, dtype=np.float64)
+    N, K = t.shape
+    n = np.asarray(n, dtype=np.intp)
+    start = np.asarray(start, dtype=np.intp)
+    alloc = np.zeros(N)
+    use = np.zeros(N)
+    fulfilled = np.zeros(N, dtype=np.int64)
+    steps = np.zeros(N, dtype=np.int64)
+    ok = (n >= 2) & (start < n)
+    if K < 2 or not ok.any():
+        return alloc, use, fulfilled, steps
+    rows = np.flatnonzero(ok)
+    t, u, lim, n_r, s_r = t[rows], np.asarray(used, np.float64)[rows], np.asarray(limit, np.float64)[rows], \
+        n[rows], start[rows]
+    j = np.arange(K)
+    d = np.diff(t, axis=1)
+    d = np.where(j[None, :-1] + 1 < n_r[:, None], d, np.nan)
+    med = np.nanmedian(d, axis=1)
+    dt = np.concatenate([d, np.full((len(rows), 1), np.nan)], axis=1)
+    last = j[None, :] == (n_r - 1)[:, None]
+    dt = np.where(last, med[:, None], dt)
+    dt = np.where(dt > max_gap_factor * med[:, None], med[:, None], dt)
+    scored = (j[None, :] >= s_r[:, None]) & (j[None, :] < n_r[:, None])
+    alloc[rows] = np.where(scored, lim * dt, 0.0).sum(axis=1)
+    use[rows] = np.where(scored, u * dt, 0.0).sum(axis=1)
+    fulfilled[rows] = np.count_nonzero(scored & (u <= lim), axis=1)
+    steps[rows] = np.count_nonzero(scored, axis=1)
+    return alloc, use, fulfilled, steps

@@ -241,6 +241,17 @@ def feature_tuple(text: str) -> tuple[str, ...]:
     return tuple(f for f in PHASE_FEATURES if f in got)
 
 
+def _windows(text: str) -> tuple[float, ...]:
+    """Comma-separated positive seconds, e.g. ``600,3600``."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise ValueError("give at least one window, e.g. 600,3600")
+    out = tuple(parse_float(p) for p in parts)
+    if any(w <= 0 for w in out):
+        raise ValueError(f"windows must be positive seconds, got {text!r}")
+    return out
+
+
 def relative_cgroup_path(v: str) -> None:
     """A managed prefix is a relative path inside the cgroup tree (never ``..``)."""
     if not v or v.startswith("/") or ".." in v.split("/"):
@@ -511,6 +522,19 @@ class WorkerSettings(_Group):
     #: ... waiting at most this long for them to arrive (adds at most this to latency)
     batch_wait_ms: float = setting(5.0, check=at_least(0), name="worker_batch_wait_ms",
                                    help="longest wait for such a batch, ms")
+
+    #: the live scorecard (docs/kubernetes.md): samples kept per container (0 = no scorecard)
+    #: and the sliding windows of event time it scores
+    scorecard_samples: int = setting(300, check=at_least(0), flag="--scorecard-samples",
+                                     help="samples kept per container for the live scorecard (72 bytes each), "
+                                          "0 = none")
+    scorecard_windows: str = setting("60,300", check=lambda v: _windows(v) and None,
+                                     flag="--scorecard-windows",
+                                     help="the scorecard's sliding windows, seconds of event time, comma-separated")
+
+    def scorecard_windows_s(self) -> tuple[float, ...]:
+        """``scorecard_windows`` as seconds."""
+        return _windows(self.scorecard_windows)
 
     def host_set(self) -> frozenset[str]:
         """``worker_hosts`` as a set (empty: every host)."""

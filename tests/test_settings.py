@@ -30,7 +30,8 @@ WHERE = {
     "cgroup_root": "cgroup.root", "cgroup_prefix": "cgroup.prefix",
     "interval_s": "producer.interval_s", "buffer_max_messages": "producer.buffer_max_messages",
     "flush_timeout_s": "producer.flush_timeout_s", "proc_root": "producer.proc_root",
-    "worker_id": "worker.id", "web_port": "worker.web_port", "policy": "worker.policy",
+    "worker_id": "worker.id", "web_port": "worker.web_port", "scorecard_samples": "worker.scorecard_samples",
+    "scorecard_windows": "worker.scorecard_windows", "policy": "worker.policy",
     "recommend_interval_s": "worker.recommend_interval_s", "hysteresis": "worker.hysteresis",
     "worker_hosts": "worker.hosts", "state_write_interval_s": "worker.state_write_interval_s",
     "container_ttl_s": "worker.container_ttl_s", "worker_batch_max": "worker.batch_max",
@@ -71,7 +72,7 @@ def other_value(name: str):
         return next(c for c in spec.choices if c != default)
     if spec.kind == "str":
         candidates = {"phase_features": ["cpu,mem,gpu"],
-                      "cgroup_prefix": ["other/prefix"]}.get(name, ["other"])
+                      "cgroup_prefix": ["other/prefix"], "scorecard_windows": ["60,300"]}.get(name, ["other"])
     elif spec.kind == "int":
         candidates = [default + 1, default - 1]
     else:

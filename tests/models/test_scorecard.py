@@ -123,3 +123,33 @@ def test_agrees_with_replay_on_the_same_samples():
     # per container too, with a window of the last 10 minutes scored on its own samples
     one = sc.scores("h/c1")[INF]["cpu"]["vpa"]
     assert 0 < one.steps < totals["cpu"]["vpa"].steps
+
+
+def test_vectorised_totals_equal_the_sum_of_per_container_scores():
+    """totals() (score_rows, many containers at once) == the sum of scores() (score_steps, one by one)."""
+    rng = np.random.default_rng(3)
+    sc = Scorecard(ScorecardConfig(windows_s=(30.0, 200.0, INF), capacity=50))
+    for k in range(40):
+        n = int(rng.integers(1, 90))  # some rings wrap, some hold one sample
+        t = np.cumsum(rng.choice([1.0, 2.0, 3.0, 40.0], size=n))
+        lim = np.where(rng.random(n) < 0.2, np.nan, 2.0) if k % 3 else None  # unlimited now and then
+        dec = [(int(i), "vpa", {"cpu": float(rng.uniform(0.5, 3)), "mem": 1.2e9})
+               for i in rng.choice(n, size=min(n, 3), replace=False)] if k % 4 else []
+        if k % 5 == 0 and n > 2:
+            dec.append((n // 2, "phase", {"cpu": 1.0}))
+        feed(sc, f"h/c{k}", t, rng.uniform(0.1, 3.0, n), limit=lim, decisions=dec)
+    want = {w: {r: {} for r in ("cpu", "mem")} for w in sc.config.windows_s}
+    for key in sc.keys():
+        for w, per_r in sc.scores(key).items():
+            for r, per_p in per_r.items():
+                for p, s in per_p.items():
+                    want[w][r][p] = want[w][r].get(p, Score()) + s
+    got = sc.totals(chunk=7)
+    for w in want:
+        for r in want[w]:
+            assert set(got[w][r]) == set(want[w][r]), (w, r)
+            for p, s in want[w][r].items():
+                g = got[w][r][p]
+                assert (g.steps, g.fulfilled) == (s.steps, s.fulfilled), (w, r, p)
+                assert g.alloc == pytest.approx(s.alloc, rel=1e-12) and g.used == pytest.approx(s.used, rel=1e-12)
+    assert any(got[w]["cpu"].get("phase") for w in got)
