@@ -72,7 +72,7 @@ def other_value(name: str):
         return next(c for c in spec.choices if c != default)
     if spec.kind == "str":
         candidates = {"phase_features": ["cpu,mem,gpu"],
-                      "cgroup_prefix": ["other/prefix"], "scorecard_windows": ["60,300"]}.get(name, ["other"])
+                      "cgroup_prefix": ["other/prefix"], "scorecard_windows": ["30,120"]}.get(name, ["other"])
     elif spec.kind == "int":
         candidates = [default + 1, default - 1]
     else:
