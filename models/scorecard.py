@@ -171,14 +171,14 @@ class Scorecard:
         ts: list[float] = []
         vals: list[tuple] = []
         for m in msgs:
-            host, t = m.host, m.ts
-            for c in m.containers:
-                keys.append(f"{host}/{c.container}")
-                ts.append(t)
-                vals.append((c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes))
+            cs = m.containers
+            h = m.host + "/"
+            keys += [h + c.container for c in cs]
+            vals += [(c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes) for c in cs]
+            ts += [m.ts] * len(cs)
         if keys:
             x = np.array(vals, dtype=np.float64)  # None (unlimited) -> NaN
-            self.observe(keys, np.array(ts), x[:, :2], x[:, 2:])
+            self.observe(keys, ts[0] if len(msgs) == 1 else np.array(ts), x[:, :2], x[:, 2:])
 
     def decide(self, key: str, policy: str, limits: Mapping[str, float]) -> None:
         """A decision of *policy* for *key*: its limits hold from the container's next sample on."""
@@ -250,42 +250,66 @@ class Scorecard:
     def totals(self, chunk: int = 256) -> dict[float, dict[str, dict[str, Score]]]:
         """:meth:`scores` summed over every container (the parts add up, as in replay), vectorised:
         *chunk* containers at a time through :func:`~phasewise.models.scoring.score_rows`."""
+        return self.totals_of(self.chunks(chunk))
+
+    def chunks(self, chunk: int = 256) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """:meth:`chrono` copies of every container, *chunk* at a time (what :meth:`totals_of` scores)."""
+        rows_all = np.fromiter(self._index.values(), dtype=np.intp, count=len(self._index))
+        return [self.chrono(rows_all[c0:c0 + chunk]) for c0 in range(0, len(rows_all), chunk)]
+
+    def totals_of(self, chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+                  ) -> dict[float, dict[str, dict[str, Score]]]:
+        """:meth:`totals` of copies taken by :meth:`chunks` (scored without touching the rings)."""
         out: dict[float, dict[str, dict[str, Score]]] = {
             w: {r: {} for r in RESOURCES} for w in self.config.windows_s}
-        rows_all = np.fromiter(self._index.values(), dtype=np.intp, count=len(self._index))
-        cap, g = self.config.capacity, self.config.max_gap_factor
-        j = np.arange(cap)
-        for c0 in range(0, len(rows_all), chunk):
-            rows = rows_all[c0:c0 + chunk]
-            cnt, pos = self._count[rows], self._pos[rows]
-            rr = rows[:, None]
-            chrono = (pos[:, None] - cnt[:, None] + j[None, :]) % cap  # slot j -> ring index (valid: j < cnt)
-            tc = np.where(j[None, :] < cnt[:, None], self._t[rr, chrono], np.nan)
-            newest = tc[np.arange(len(rows)), np.maximum(cnt - 1, 0)]
-            for w in self.config.windows_s:
-                with np.errstate(invalid="ignore"):
-                    m = np.count_nonzero(tc >= (newest - w)[:, None], axis=1)  # a window is a suffix
-                ring = (pos[:, None] - m[:, None] + j[None, :]) % cap  # the window's samples, left-aligned
-                valid = j[None, :] < m[:, None]
-                t = np.where(valid, self._t[rr, ring], np.nan)
-                for ri, r in enumerate(RESOURCES):
-                    u = self._used[rr, ring, ri]
-                    lim = np.where(valid[:, :, None], self._lim[rr, ring, :, ri], np.nan)  # (rows, cap, P)
-                    has = ~np.isnan(lim)
-                    part = has.any(axis=1) & (m >= 2)[:, None]  # policies compared, per row
-                    start = np.where(part, has.argmax(axis=1), 0).max(axis=1)  # common_start
-                    idx = np.where(has, j[None, :, None], -1)
-                    np.maximum.accumulate(idx, axis=1, out=idx)  # hold_last
-                    held = np.where(idx >= 0, np.take_along_axis(lim, np.maximum(idx, 0), axis=1), np.nan)
-                    acc = out[w][r]
-                    for pi, p in enumerate(POLICIES):
-                        sel = part[:, pi]
-                        if not sel.any():
-                            continue
-                        a, us, f, k = score_rows(t[sel], u[sel], held[sel, :, pi], m[sel], start[sel], g)
-                        acc[p] = acc.get(p, Score()) + Score(float(a.sum()), float(us.sum()), int(f.sum()),
-                                                             int(k.sum()))
+        for c in chunks:
+            self._add_totals(out, *c)
         return out
+
+    def chrono(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Copies of *rows*' rings in time order, left-aligned: ``t (N, cap)``, ``used (N, cap, 2)``,
+        ``limits (N, cap, P, 2)`` and the sample count ``(N,)`` (slots from it on are ``NaN``)."""
+        cap = self.config.capacity
+        j = np.arange(cap)
+        cnt, pos = self._count[rows], self._pos[rows]
+        ring = (pos[:, None] - cnt[:, None] + j[None, :]) % cap
+        rr = rows[:, None]
+        valid = j[None, :] < cnt[:, None]
+        t = np.where(valid, self._t[rr, ring], np.nan)
+        return t, self._used[rr, ring], np.where(valid[:, :, None, None], self._lim[rr, ring], np.nan), cnt.copy()
+
+    def _add_totals(self, out: dict, t: np.ndarray, used: np.ndarray, lim_all: np.ndarray, cnt: np.ndarray) -> None:
+        cap, g = t.shape[1], self.config.max_gap_factor
+        j = np.arange(cap)
+        newest = t[np.arange(len(t)), np.maximum(cnt - 1, 0)]
+        L = _P["limit"]
+        for w in self.config.windows_s:
+            with np.errstate(invalid="ignore"):
+                m = np.count_nonzero(t >= (newest - w)[:, None], axis=1)  # a window is a suffix
+            lo = cnt - m
+            inw = (j[None, :] >= lo[:, None])[:, :, None]
+            for ri, r in enumerate(RESOURCES):
+                lim = np.where(inw, lim_all[:, :, :, ri], np.nan)  # (N, cap, P)
+                has = ~np.isnan(lim)
+                part = has.any(axis=1) & (m >= 2)[:, None]  # the policies compared, per row
+                start = np.where(part, has.argmax(axis=1), 0).max(axis=1)  # common_start
+                # hold_last: a decided limit holds until the next (never NaN again); the limit in force may
+                # read unlimited between limits
+                idx = np.where(has[:, :, L], j[None, :], -1)
+                np.maximum.accumulate(idx, axis=1, out=idx)
+                lim[:, :, L] = np.where(idx >= 0, np.take_along_axis(lim[:, :, L], np.maximum(idx, 0), axis=1),
+                                        np.nan)
+                rows = part.any(axis=1)
+                if not rows.any():
+                    continue
+                a, us, f, k = score_rows(t[rows], used[rows, :, ri], lim[rows], cnt[rows], start[rows], g,
+                                         lo=lo[rows])
+                acc = out[w][r]
+                any_p = part[rows].any(axis=0)
+                for pi, p in enumerate(POLICIES):
+                    if any_p[pi]:
+                        acc[p] = acc.get(p, Score()) + Score(float(a[:, pi].sum()), float(us[:, pi].sum()),
+                                                             int(f[:, pi].sum()), int(k[:, pi].sum()))
 
     def card(self, key: str) -> dict[str, Any]:
         """What ``phasewise explain`` shows of one container: the limits now and the scorecard."""

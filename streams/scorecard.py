@@ -19,7 +19,8 @@ only when asked:
   it, the phase, and the scorecard.
 
 The lock keeps a scrape or a view (another thread) from reading a ring the
-agent is writing; the agent holds it for one vectorised record per round.
+agent is writing; the agent holds it for one vectorised record per round, a
+scrape while it copies the rings (the scoring runs on the copies).
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ class LiveScorecard:
         }
         now = self.clock()
         if self._totals is None or now - self._totals[0] >= self.every_s:
-            with self.lock:
-                self._totals = (now, self.model.totals())
+            with self.lock:  # copy the rings (a memcpy), score outside the lock
+                chunks = self.model.chunks()
+            self._totals = (now, self.model.totals_of(chunks))
         totals = self._totals[1]
         for w, per_r in totals.items():
             for r in RESOURCES:
