@@ -11,15 +11,20 @@ For every message on the decisions topic the actuator:
 2. skips decisions for other hosts (see "Why every partition" below);
 3. claims the decision id in the ledger; an id already there is reported as
    ``duplicate`` and not applied again;
-4. plans a command under the safety rules (managed, existing container;
-   CPU floor and host cap; memory never under usage, or the recent peak
-   working set, + margin);
-5. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
+4. resolves the container's per-workload policy on this host
+   (:class:`~phasewise.workloads.Workloads`: annotations, policy file, default
+   mode) and refuses (``rejected``, with the reason) any decision for a
+   container not opted in as ``apply``: ``recommend`` containers are decided
+   and published but never written, ``off`` ones are not managed;
+5. plans a command under the safety rules (managed, existing container;
+   CPU floor and host cap; the workload's own min/max; memory never under
+   usage, or the recent peak working set, + margin);
+6. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
    temporary errors a few times with doubling backoff;
-6. records the outcome in the ledger and publishes an
+7. records the outcome in the ledger and publishes an
    :class:`~phasewise.schemas.Actuation` (key: host, with ``decision_ts`` so
    decision-to-actuation latency can be measured);
-7. commits the offsets only after the actuations were delivered. Kafka
+8. commits the offsets only after the actuations were delivered. Kafka
    delivery is at least once; with the ledger each decision id is applied at
    most once. An error that is no message's (ledger, backend, Kafka) stops
    the actuator with exit status 1 after committing the messages it handled.
@@ -54,8 +59,17 @@ from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend
 from phasewise.actuators.commands import Outcome
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.actuators.safety import PeakTracker, Planned, declared_peak, is_managed_name, plan
-from phasewise.schemas import Actuation, Decision, SchemaError, brief, decode, encode
+from phasewise.actuators.safety import (
+    SUPPORTED_ACTIONS,
+    PeakTracker,
+    Planned,
+    declared_peak,
+    is_managed_name,
+    not_applied_reason,
+    plan,
+)
+from phasewise.models.workload import resolve
+from phasewise.schemas import Actuation, Decision, SchemaError, WorkloadPolicy, brief, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import ACTUATIONS, DECISIONS
 
@@ -92,8 +106,12 @@ class Actuator:
         host_cores: float | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Any] = time.sleep,
+        workloads: Any = None,
     ) -> None:
         self.settings = settings
+        #: this host's :class:`~phasewise.workloads.Workloads`; None: every container takes the
+        #: default mode of the flat layout (``workload_default_mode``)
+        self.workloads = workloads
         self.backend = backend
         self.ledger = ledger
         self.producer = producer
@@ -148,8 +166,25 @@ class Actuator:
         self.ledger.finish(d.id, outcome.status, outcome.message)
         return self._publish(d, outcome)
 
+    def _workload(self, container: str) -> WorkloadPolicy | str:
+        """The container's resolved policy, or why it is no workload at all."""
+        if self.workloads is None:
+            return resolve(None, "flat", self.settings.workload.default_mode)
+        who = self.workloads.describe(container)
+        if who is None:
+            return f"container {container!r} is a pod's sandbox (pause) container, not a workload"
+        return who[1]
+
     def _decide_and_apply(self, d: Decision) -> Outcome:
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
+        workload = None
+        if exists and d.action in SUPPORTED_ACTIONS:
+            w = self._workload(d.container)
+            if isinstance(w, str):
+                return Outcome("rejected", w)
+            if w.mode != "apply":
+                return Outcome("rejected", not_applied_reason(d.container, w))
+            workload = w
         usage = peak = None
         if exists and d.action == "limit" and d.mem_limit_bytes is not None:
             usage = self.backend.memory_usage(d.container)
@@ -159,7 +194,7 @@ class Actuator:
             own = self.peaks.peak(d.container, now)
             peak = max((v for v in (own, declared_peak(d)) if v is not None), default=None)
         p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
-                 peak_mem_bytes=peak)
+                 peak_mem_bytes=peak, workload=workload)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         out = self._apply_with_retries(p)
@@ -276,10 +311,11 @@ def _commit_handled(consumer: Any, producer: Any, offsets: dict[tuple[str, int],
 
 def make_backend(settings: Settings) -> Backend:
     """The backend the settings name; dry-run reads real memory usage when the cgroup tree is there."""
-    from phasewise.cgroupfs import CgroupError, CgroupLayout
+    from phasewise.cgroupfs import CgroupError
+    from phasewise.workloads import layout_from_settings
 
     if settings.actuator.backend == "cgroup":
-        return CgroupBackend(CgroupLayout(settings.cgroup.root, settings.cgroup.prefix))
+        return CgroupBackend(layout_from_settings(settings))
     if settings.actuator.backend == "kubernetes":
         from phasewise.actuators.kubernetes import KubeApi, KubernetesBackend, PodDirectory
 
@@ -287,7 +323,7 @@ def make_backend(settings: Settings) -> Backend:
         api = KubeApi(url) if url else KubeApi.in_cluster()  # ValueError: not in a cluster, bad URL
         return KubernetesBackend(api, PodDirectory(api, settings.host))
     try:
-        layout = CgroupLayout(settings.cgroup.root, settings.cgroup.prefix)
+        layout = layout_from_settings(settings)
         reader = CgroupBackend(layout).memory_usage
     except CgroupError:
         reader = None
@@ -300,7 +336,7 @@ FINAL_FLUSH_S = 3.0
 
 def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                  metrics: ActuatorMetrics | None = None, ledger: Ledger | None = None,
-                 host_cores: float | None = None) -> None:
+                 host_cores: float | None = None, workloads: Any = None) -> None:
     """Build the Kafka clients and ledger, then :func:`serve` until *stop* is set.
 
     With ``create_topics``, first waits for the broker (saying so every few
@@ -320,7 +356,8 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                         max_rows=settings.actuator.ledger_max_rows)
     producer = make_producer(settings, on_delivery=_delivery_report)
     consumer = make_consumer(settings, group_id(settings.host))
-    actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores)
+    actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores,
+                        workloads=workloads)
     try:
         serve(actuator, consumer, producer, stop)
     finally:
@@ -346,14 +383,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.cli import add_common, add_setting
 
     add_common(p)
-    for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cpu_floor_cores", "mem_margin_bytes",
-                 "mem_floor_bytes", "metrics_port", "data_dir"):
+    for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent",
+                 "cpu_floor_cores", "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "data_dir",
+                 "workload_default_mode", "workload_policy_file", "workload_pods"):
         add_setting(p, name, help={"data_dir": "where the ledger of applied decisions lives"}.get(name))
 
 
 def run(args: argparse.Namespace) -> int:
     from phasewise.cgroupfs import CgroupError
     from phasewise.cli import settings_from_args, stop_on_signals
+    from phasewise.models.workload import WorkloadError
+    from phasewise.workloads import layout_from_settings, workloads_from_settings
 
     settings = settings_from_args(args)
     try:
@@ -363,6 +403,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except ValueError as e:  # the kubernetes backend's configuration
         print(f"phasewise actuate: error: kube_api: {e}", file=sys.stderr)
+        return 2
+    try:
+        workloads = workloads_from_settings(settings, layout_from_settings(settings))
+    except CgroupError:
+        workloads = None  # dry run without a cgroup tree: the default mode decides
+    except WorkloadError as e:
+        print(f"phasewise actuate: error: workload_policy_file: {e}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)
     print(f"actuator: backend={backend.name} group={group_id(settings.host)} "
@@ -378,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     try:
         with stop_on_signals(stop) as received:
-            run_actuator(settings, backend, stop, metrics=metrics)
+            run_actuator(settings, backend, stop, metrics=metrics, workloads=workloads)
     except Exception:
         log.critical("actuator failed; exiting with status 1 (unhandled messages are redelivered)", exc_info=True)
         return 1

@@ -14,20 +14,27 @@ The rules, in order:
    ``thaw``); ``terminate`` and ``place`` belong to other components;
 3. a ``limit`` decision must carry at least one limit, each a finite,
    non-negative number;
-4. CPU is clamped into ``[settings.actuator.cpu_floor_cores, host cores]``;
-5. memory is never set below ``settings.actuator.mem_floor_bytes`` nor below the
+4. CPU is clamped into the workload's own ``[cpu-min, cpu-max]`` (when it
+   has them), then into ``[settings.actuator.cpu_floor_cores, host cores]``;
+5. memory is clamped into the workload's own ``[memory-min, memory-max]``,
+   but never set below ``settings.actuator.mem_floor_bytes`` nor below the
    container's current usage, or its recent peak working set when higher,
    plus ``settings.actuator.mem_margin_bytes`` (the worker's safety rules keep the same
    floor; the actuator checks it again with the peak the decision declares and
    the working sets it read itself over ``safety_peak_window_s``,
    :class:`PeakTracker`); when the usage is unknown, a memory limit cannot be
    checked and is dropped (the rest of the decision still applies, reported as
-   ``clamped``).
+   ``clamped``). A workload's ``memory-max`` under its usage + margin gives
+   way: a limit below what the container holds would be refused by the
+   kernel or kill it.
+
+The per-workload mode (``apply`` only is written) is checked before the plan
+(:func:`not_applied_reason` words the refusal).
 
 Limits are bounded by composing small rules by wrapping
 (``Floor(Cap(Requested(...), ...), ...)``), the way VPA composes estimators.
 
->>> from phasewise.schemas import MAX_BYTES, Decision
+>>> from phasewise.schemas import MAX_BYTES, Decision, WorkloadPolicy
 >>> from phasewise.settings import Settings
 >>> s = Settings().replace(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=0, mem_floor_bytes=0)
 >>> d = Decision(id="d1", ts=1.0, host="h1", container="job-a", action="limit",
@@ -52,7 +59,7 @@ from typing import Protocol
 
 from phasewise.actuators.commands import Command, Freeze, SetLimits, Thaw
 from phasewise.cgroupfs import _NAME as _MANAGED_NAME  # the one definition of a managed name
-from phasewise.schemas import MAX_BYTES, Decision
+from phasewise.schemas import MAX_BYTES, Decision, WorkloadPolicy
 from phasewise.settings import Settings
 from phasewise.units import fmt_bytes, fmt_cores
 
@@ -70,7 +77,10 @@ __all__ = [
     "declared_peak",
     "is_managed_name",
     "mem_rule",
+    "not_applied_reason",
     "plan",
+    "workload_cpu_rule",
+    "workload_mem_rule",
 ]
 
 SUPPORTED_ACTIONS = ("limit", "freeze", "thaw")
@@ -188,16 +198,17 @@ def _what_of(rule: Rule) -> str:
     return _innermost(rule).what
 
 
-def cpu_rule(settings: Settings, host_cores: float) -> Rule:
-    """CPU cores clamped into ``[cpu_floor_cores, host_cores]`` (the floor wins a conflict)."""
+def cpu_rule(settings: Settings, host_cores: float, workload: WorkloadPolicy | None = None) -> Rule:
+    """CPU cores clamped into the workload's bounds, then ``[cpu_floor_cores, host_cores]`` (the floor wins)."""
     return Floor(
-        Cap(Requested("cpu", cores_text), host_cores, "the host's cores"),
+        Cap(workload_cpu_rule(Requested("cpu", cores_text), workload), host_cores, "the host's cores"),
         settings.actuator.cpu_floor_cores,
         "the CPU floor",
     )
 
 
-def mem_rule(settings: Settings, usage_mem_bytes: float, peak_mem_bytes: float | None = None) -> Rule:
+def mem_rule(settings: Settings, usage_mem_bytes: float, peak_mem_bytes: float | None = None,
+             workload: WorkloadPolicy | None = None) -> Rule:
     """Memory never below the static floor nor below current usage (or the recent peak, when higher) + margin."""
     a = settings.actuator
     margin = bytes_text(a.mem_margin_bytes)
@@ -207,8 +218,44 @@ def mem_rule(settings: Settings, usage_mem_bytes: float, peak_mem_bytes: float |
     else:
         need = usage_mem_bytes + a.mem_margin_bytes
         why = f"current usage {bytes_text(usage_mem_bytes)} + margin {margin}"
-    floor = Floor(Requested("memory", bytes_text), a.mem_floor_bytes, "the memory floor")
+    floor = Floor(workload_mem_rule(Requested("memory", bytes_text), workload), a.mem_floor_bytes,
+                  "the memory floor")
     return Floor(floor, need, why)
+
+
+def workload_cpu_rule(inner: Rule, workload: WorkloadPolicy | None) -> Rule:
+    """*inner* bounded by the workload's own ``cpu-max`` and ``cpu-min`` (the host's rules wrap this)."""
+    if workload is None:
+        return inner
+    if workload.cpu_max_cores is not None:
+        inner = Cap(inner, workload.cpu_max_cores, "the workload's cpu-max")
+    if workload.cpu_min_cores is not None:
+        inner = Floor(inner, workload.cpu_min_cores, "the workload's cpu-min")
+    return inner
+
+
+def workload_mem_rule(inner: Rule, workload: WorkloadPolicy | None) -> Rule:
+    """*inner* bounded by the workload's own ``memory-min`` and ``memory-max``."""
+    if workload is None:
+        return inner
+    if workload.mem_min_bytes is not None:
+        inner = Floor(inner, workload.mem_min_bytes, "the workload's memory-min")
+    if workload.mem_max_bytes is not None:
+        inner = Cap(inner, workload.mem_max_bytes, "the workload's memory-max")
+    return inner
+
+
+def not_applied_reason(container: str, workload: WorkloadPolicy) -> str:
+    """Why a decision for a container whose mode is not ``apply`` is refused.
+
+    >>> not_applied_reason("c1", WorkloadPolicy(mode="recommend", source="annotation"))
+    "container 'c1' is in recommend mode (from annotation): decisions are published, never written"
+    """
+    if workload.mode == "recommend":
+        return (f"container {container!r} is in recommend mode (from {workload.source}): "
+                "decisions are published, never written")
+    why = f"; its settings were refused: {workload.error}" if workload.error else ""
+    return f"container {container!r} is not opted in (mode {workload.mode}, from {workload.source}){why}"
 
 
 class PeakTracker:
@@ -271,13 +318,15 @@ def plan(
     host_cores: float,
     settings: Settings,
     peak_mem_bytes: float | None = None,
+    workload: WorkloadPolicy | None = None,
 ) -> Planned | Rejected:
     """The command for *decision* under the safety rules, or why it is refused.
 
     *exists*: whether the container exists under the managed prefix now;
     *usage_mem_bytes*: its memory working set (``None`` = unknown);
     *peak_mem_bytes*: its recent peak working set (``None`` = unknown);
-    *host_cores*: CPUs of this host, the highest CPU limit worth setting.
+    *host_cores*: CPUs of this host, the highest CPU limit worth setting;
+    *workload*: the container's per-workload policy, whose min/max bound the limits.
     """
     c = decision.container
     if not is_managed_name(c):
@@ -304,7 +353,7 @@ def plan(
         if cpu is not None:
             if not (isinstance(host_cores, (int, float)) and math.isfinite(host_cores) and host_cores > 0):
                 return Rejected(f"the host's core count {host_cores!r} is unknown; cannot bound a CPU limit")
-            b = cpu_rule(settings, host_cores)(cpu)
+            b = cpu_rule(settings, host_cores, workload)(cpu)
             cpu_out, notes = b.value, notes + list(b.notes)
         if mem is not None:
             if usage_mem_bytes is None or not math.isfinite(usage_mem_bytes) or usage_mem_bytes < 0:
@@ -313,7 +362,7 @@ def plan(
                     return Rejected(why)
                 notes.append(why)
             else:
-                b = mem_rule(settings, usage_mem_bytes, peak_mem_bytes)(mem)
+                b = mem_rule(settings, usage_mem_bytes, peak_mem_bytes, workload)(mem)
                 mem_out, notes = math.ceil(b.value), notes + list(b.notes)
     except Unsafe as e:
         return Rejected(str(e))

@@ -1,14 +1,19 @@
-"""Where managed containers' cgroup files live, for cgroup v1 and v2.
+"""Where containers' cgroup files live, for cgroup v1 and v2, in every layout.
 
-A *managed container* is a cgroup directly under ``<root>/<prefix>/`` (v2) or
-``<root>/<controller>/<prefix>/`` (v1). Its id on the wire is its name
-relative to the prefix (``job-a``). The root is a parameter so tests and
-unusual hosts (the cgroup2 tree at ``/sys/fs/cgroup/unified`` on a hybrid
-host, a container runtime's own parent such as ``kubepods``) point elsewhere.
+In the ``flat`` layout a container is a cgroup directly under
+``<root>/<prefix>/`` (v2) or ``<root>/<controller>/<prefix>/`` (v1), and its
+id on the wire is its name relative to the prefix (``job-a``). The runtime
+layouts (:mod:`phasewise.layouts`: Docker's cgroupfs and systemd drivers,
+Kubernetes pods under either driver) are found under ``<parent>`` inside each
+hierarchy, and a container's id on the wire is the runtime's container id;
+``auto`` finds containers of every layout present. The root is a parameter
+so tests and unusual hosts (the cgroup2 tree at ``/sys/fs/cgroup/unified`` on
+a hybrid host) point elsewhere.
 
 Only the layout lives here; the sampler reads and the actuator writes through
-it. Nothing outside the managed prefix is ever returned, so an actuator
-cannot be talked into touching another cgroup.
+it, resolving a container id to its cgroup with the same discovery. Nothing
+but a discovered container (or a name under the flat prefix) is ever
+returned, so an actuator cannot be talked into touching another cgroup.
 """
 
 from __future__ import annotations
@@ -17,12 +22,19 @@ import errno
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from phasewise.layouts import LAYOUTS, Match, classify, top_dirs
+from phasewise.schemas import ContainerIdentity
 from phasewise.settings import relative_cgroup_path
 
-__all__ = ["CgroupLayout", "CgroupError", "detect_version", "V1_CONTROLLERS"]
+__all__ = ["CgroupLayout", "CgroupError", "Found", "LAYOUT_CHOICES", "detect_version", "V1_CONTROLLERS"]
+
+#: the ``cgroup_layout`` setting's values: one layout, or ``auto`` (every layout present)
+LAYOUT_CHOICES = ("auto", *LAYOUTS)
+#: how deep below a runtime layout's top directory its containers are (kubepods.slice/qos/pod/scope)
+_MAX_DEPTH = 3
 
 #: v1 controllers phasewise uses; each may be mounted alone or co-mounted
 #: ("cpu,cpuacct"), which :meth:`CgroupLayout.controller_root` resolves.
@@ -49,11 +61,29 @@ def detect_version(root: str | os.PathLike) -> int:
     raise CgroupError(f"{r} is neither a cgroup v2 mount nor a directory of v1 hierarchies")
 
 
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A discovered container: its cgroup relative to each hierarchy's root, and what its path says."""
+
+    rel: str
+    match: Match
+
+    def identity(self) -> ContainerIdentity:
+        m = self.match
+        return ContainerIdentity(layout=m.layout, container_id=m.container_id, pod_uid=m.pod_uid, qos=m.qos,
+                                 runtime=m.runtime)
+
+
 @dataclass(frozen=True)
 class CgroupLayout:
     root: Path
     prefix: str = "phasewise"
     version: int = 0  # 0 = detect
+    #: ``flat`` (containers directly under the prefix), one runtime layout, or ``auto`` (all of them)
+    layout: str = "flat"
+    #: where the runtimes' trees start in each hierarchy (kubelet --cgroup-root); "" = the root
+    parent: str = ""
+    _index: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
@@ -65,6 +95,18 @@ class CgroupLayout:
             relative_cgroup_path(self.prefix)  # the rule of the cgroup_prefix setting
         except ValueError as e:
             raise CgroupError(f"invalid managed prefix: {e}") from None
+        if self.layout not in LAYOUT_CHOICES:
+            raise CgroupError(f"cgroup layout must be one of {', '.join(LAYOUT_CHOICES)}, got {self.layout!r}")
+        if self.parent:
+            try:
+                relative_cgroup_path(self.parent)
+            except ValueError as e:
+                raise CgroupError(f"invalid cgroup parent: {e}") from None
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        """The layouts searched (``auto``: every one)."""
+        return LAYOUTS if self.layout == "auto" else (self.layout,)
 
     # ------------------------------------------------------------------ paths
 
@@ -89,8 +131,41 @@ class CgroupLayout:
         return container
 
     def path(self, container: str, controller: str = "cpu") -> Path:
-        """Directory of *container* for *controller* (v2 ignores the controller)."""
-        return self.base(controller) / self.check_name(container)
+        """Directory of *container* for *controller* (v2 ignores the controller).
+
+        Flat: the name under the prefix (whether or not it exists). Runtime
+        layouts: the discovered container's cgroup (discovering again when
+        the id is not known yet); an id not found raises :class:`CgroupError`.
+        """
+        name = self.check_name(container)
+        if self.layout == "flat":
+            return self.base(controller) / name
+        found = self.find(name)
+        if found is not None:
+            return self.controller_root(controller) / found.rel
+        if "flat" in self.layouts:
+            return self.base(controller) / name
+        raise CgroupError(f"container {name!r} not found in the {self.layout} layout under {self.root}")
+
+    def find(self, container: str) -> Found | None:
+        """The discovered container *container* (discovering again if unknown or gone)."""
+        found = self._index.get(container)
+        if found is not None and self._is_dir(found.rel):
+            return found
+        return self.discover().get(container)
+
+    def identity(self, container: str) -> ContainerIdentity:
+        """What the container's cgroup path says of it (flat: its name)."""
+        found = self._index.get(container)
+        if found is not None:
+            return found.identity()
+        return ContainerIdentity(layout="flat", container_id=container)
+
+    def _is_dir(self, rel: str) -> bool:
+        try:
+            return (self.controller_root("memory" if self.version == 1 else "cpu") / rel).is_dir()
+        except CgroupError:
+            return False
 
     def controllers(self) -> tuple[str, ...]:
         if self.version == 2:
@@ -108,6 +183,11 @@ class CgroupLayout:
 
     def containers(self) -> list[str]:
         """Managed containers present now (sorted)."""
+        if self.layout == "flat":
+            return sorted(self._flat_names())
+        return sorted(self.discover())
+
+    def _flat_names(self) -> set[str]:
         names: set[str] = set()
         ctrls = ("cpuacct", "memory") if self.version == 1 else ("unified",)
         for c in ctrls:
@@ -119,13 +199,53 @@ class CgroupLayout:
                 for d in base.iterdir():
                     if d.is_dir() and _NAME.match(d.name):
                         names.add(d.name)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 continue
-        return sorted(names)
+        return names
+
+    def discover(self) -> dict[str, Found]:
+        """Every container of the searched layouts present now, by id (and remember where each is)."""
+        out: dict[str, Found] = {}
+        if "flat" in self.layouts:
+            for name in self._flat_names():
+                out[name] = Found(f"{self.prefix}/{name}", Match("flat", name, name))
+        ctrls = ("cpuacct", "memory") if self.version == 1 else ("unified",)
+        tops = top_dirs(self.layouts)
+        for c in ctrls:
+            try:
+                base = self.controller_root(c) / self.parent if self.parent else self.controller_root(c)
+            except CgroupError:
+                continue
+            for layout, top in tops.items():
+                self._walk(base, top, 0, (layout,), out)
+        self._index.clear()
+        self._index.update(out)
+        return out
+
+    def _walk(self, base: Path, rel: str, depth: int, layouts: tuple[str, ...], out: dict[str, Found]) -> None:
+        try:
+            entries = [e.name for e in os.scandir(base / rel) if e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            return
+        for name in entries:
+            sub = f"{rel}/{name}"
+            m = classify(sub, layouts)
+            if m is not None:
+                if m.rel == sub and m.container_id not in out:
+                    full = f"{self.parent}/{sub}" if self.parent else sub
+                    out[m.container_id] = Found(full, m)
+            elif depth + 1 < _MAX_DEPTH:
+                self._walk(base, sub, depth + 1, layouts, out)
 
     def exists(self, container: str) -> bool:
-        c = "memory" if self.version == 1 else "cpu"
-        return self.path(container, c).is_dir()
+        if self.layout == "flat":
+            c = "memory" if self.version == 1 else "cpu"
+            return self.path(container, c).is_dir()
+        if not _NAME.match(container):
+            return False
+        if self.find(container) is not None:
+            return True
+        return "flat" in self.layouts and (self.base("memory" if self.version == 1 else "cpu") / container).is_dir()
 
     # ------------------------------------------------------------------ lifecycle (demo, tests)
 

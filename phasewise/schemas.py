@@ -47,6 +47,10 @@ except ImportError:  # pragma: no cover - host agent / actuator installs
 __all__ = [
     "SchemaError",
     "ContainerSample",
+    "ContainerIdentity",
+    "WorkloadPolicy",
+    "LAYOUTS",
+    "MODES",
     "GpuSample",
     "HostSamples",
     "JobEvent",
@@ -120,6 +124,43 @@ def _f(
 
 # --------------------------------------------------------------------------- records
 
+#: where a container's cgroup was found (:mod:`phasewise.layouts`)
+LAYOUTS = ("flat", "docker-cgroupfs", "docker-systemd", "kubepods-cgroupfs", "kubepods-systemd")
+#: what phasewise may do to a workload: nothing, decide and publish only, or decide and write
+MODES = ("off", "recommend", "apply")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerIdentity:
+    """Who a container is: where its cgroup was found and, where known, its pod and name."""
+
+    layout: str = _f(enum=LAYOUTS, doc="the cgroup layout it was found in")
+    container_id: str | None = _f(default=None, doc="the runtime's container id (flat: the cgroup name)")
+    pod_uid: str | None = _f(default=None, doc="Kubernetes pod UID")
+    pod_namespace: str | None = _f(default=None)
+    pod_name: str | None = _f(default=None)
+    container_name: str | None = _f(default=None, doc="the container's name in its pod (or Docker's name)")
+    runtime: str | None = _f(default=None, enum=("containerd", "cri-o", "docker"))
+    qos: str | None = _f(default=None, enum=("guaranteed", "burstable", "besteffort"),
+                         doc="Kubernetes QoS class of the pod")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadPolicy:
+    """The per-workload policy the host agent resolved for a container (annotations, policy file, default)."""
+
+    mode: str = _f(enum=MODES, doc="off: ignored; recommend: decided, never written; apply: decided and written")
+    source: str = _f(default="default", enum=("annotation", "policy-file", "default"),
+                     doc="where the mode came from")
+    policy: str | None = _f(default=None, doc="limit policy asked for (vpa, phase); null = the worker's")
+    cpu_min_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
+    cpu_max_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
+    mem_min_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+    mem_max_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+    priority: int | None = _f(default=None, doc="higher is more important")
+    workload_class: str | None = _f(default=None, doc="training | inference | interactive, or the operator's own")
+    error: str | None = _f(default=None, doc="why the workload's policy was refused (mode is then off)")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ContainerSample:
@@ -145,6 +186,8 @@ class ContainerSample:
     gpu_mem_bytes: float | None = _f(
         default=None, minimum=0, maximum=MAX_BYTES, doc="GPU memory used by its processes, bytes"
     )
+    identity: ContainerIdentity | None = _f(default=None, doc="who the container is; null = unknown")
+    workload: WorkloadPolicy | None = _f(default=None, doc="its per-workload policy; null = not resolved")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,6 +325,8 @@ class DeadLetter:
 RECORDS: tuple[type, ...] = (
     HostSamples,
     ContainerSample,
+    ContainerIdentity,
+    WorkloadPolicy,
     GpuSample,
     JobEvent,
     Decision,
@@ -394,6 +439,15 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
             return value
 
         return null_or(check_dict)
+    if dataclasses.is_dataclass(tp):
+
+        def check_record(value: Any) -> Any:
+            try:
+                return _parser(tp)(value)
+            except SchemaError as e:
+                raise SchemaError(f"{cls}: {name}: {e}") from None
+
+        return null_or(check_record)
     if typing.get_origin(tp) is tuple:
         item_tp = typing.get_args(tp)[0]
 
@@ -457,6 +511,8 @@ def from_dict(cls: type[R], data: dict) -> R:
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+#: records held by another record's field (not in a tuple)
+_NESTED = frozenset({ContainerIdentity, WorkloadPolicy})
 
 
 _isfinite = math.isfinite
@@ -496,6 +552,8 @@ def to_dict(record: Any) -> dict:
             value = [to_dict(x) for x in value]
         elif t is dict or t is list:
             _check_finite(value, f"{cls.__name__}.{name}")
+        elif t in _NESTED:
+            value = to_dict(value)
         out[name] = value
     return out
 
@@ -576,11 +634,12 @@ _NoneType = type(None)
 class _Column:
     """How the fast path checks one ContainerSample field, from the same metadata as the strict parser."""
 
-    __slots__ = ("name", "kind", "optional", "lo", "hi", "slot")
+    __slots__ = ("name", "kind", "optional", "lo", "hi", "slot", "record")
 
     def __init__(self, cls: type, f: dataclasses.Field) -> None:
         tp, self.optional = _unwrap_optional(_hints(cls)[f.name])
-        self.kind = {float: "float", int: "int", str: "str"}[tp]
+        self.kind = "record" if dataclasses.is_dataclass(tp) else {float: "float", int: "int", str: "str"}[tp]
+        self.record = tp if self.kind == "record" else None
         self.name = f.name
         self.lo, self.hi = f.metadata.get("minimum"), f.metadata.get("maximum")
         if self.kind == "int":  # the strict parser's 64-bit range
@@ -598,6 +657,14 @@ class _Column:
             vals = col
         if not types:
             return col
+        if self.kind == "record":  # nested records (identity): each parsed strictly, any error -> strict path
+            if types != {dict}:
+                return None
+            parse = _parser(self.record)
+            try:
+                return tuple(x if x is None else parse(x) for x in col)
+            except SchemaError:
+                return None
         if self.kind == "str":
             return col if types == {str} else None
         if self.kind == "int":
@@ -732,6 +799,9 @@ def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
         item = typing.get_args(tp)[0]
         defs[item.__name__] = _schema_body(item, defs)
         s = {"type": "array", "items": {"$ref": f"#/$defs/{item.__name__}"}}
+    elif dataclasses.is_dataclass(tp):
+        defs[tp.__name__] = _schema_body(tp, defs)
+        s = {"$ref": f"#/$defs/{tp.__name__}"}
     else:
         raise TypeError(tp)
     if meta.get("minimum") is not None:
@@ -741,7 +811,11 @@ def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
     if meta.get("doc"):
         s["description"] = meta["doc"]
     if optional:
-        s["type"] = [s["type"], "null"] if "type" in s else s
+        if "type" in s:
+            s["type"] = [s["type"], "null"]
+        else:  # a nested record
+            ref = {"$ref": s.pop("$ref")}
+            s = {"anyOf": [ref, {"type": "null"}], **s}
     return s
 
 

@@ -68,6 +68,7 @@ __all__ = [
     "Spec",
     "VpaSettings",
     "WorkerSettings",
+    "WorkloadSettings",
     "arg_type",
     "parse_size",
     "setting",
@@ -86,6 +87,10 @@ POLICIES = ("vpa", "phase")
 BACKENDS = ("cgroup", "dry-run", "kubernetes")
 VPA_UPDATE_MODES = ("bounds", "hysteresis")
 PHASE_STATISTICS = ("relative", "absolute")
+#: the host-level default mode of a workload without settings of its own (:mod:`phasewise.models.workload`)
+WORKLOAD_DEFAULT_MODES = ("auto", "off", "recommend", "apply")
+#: the cgroup layouts (:mod:`phasewise.layouts`) and ``auto``
+CGROUP_LAYOUTS = ("auto", "flat", "docker-cgroupfs", "docker-systemd", "kubepods-cgroupfs", "kubepods-systemd")
 
 ENV_PREFIX = "PHASEWISE_"
 
@@ -256,6 +261,11 @@ def relative_cgroup_path(v: str) -> None:
     """A managed prefix is a relative path inside the cgroup tree (never ``..``)."""
     if not v or v.startswith("/") or ".." in v.split("/"):
         raise ValueError(f"must be a relative path inside the cgroup tree without '..', got {v!r}")
+
+
+def _relative_or_empty(v: str) -> None:
+    if v:
+        relative_cgroup_path(v)
 
 
 def _check_features(v: str) -> None:
@@ -465,6 +475,12 @@ class CgroupSettings(_Group):
     prefix: str = setting("phasewise", check=relative_cgroup_path, flag="--cgroup-prefix",
                           help="managed containers are the cgroups directly under "
                                "<root>/[<controller>/]<prefix>/")
+    layout: str = setting("auto", choices=CGROUP_LAYOUTS, flag="--cgroup-layout",
+                          help="where containers are: flat (under the prefix), docker-cgroupfs, docker-systemd, "
+                               "kubepods-cgroupfs, kubepods-systemd, or auto (every layout present)")
+    parent: str = setting("", check=_relative_or_empty, flag="--cgroup-parent",
+                          help="where the runtimes' cgroup trees start in each hierarchy (the kubelet's "
+                               "--cgroup-root, Docker's --cgroup-parent); empty = the hierarchy's root")
 
 
 @dataclass(frozen=True, slots=True)
@@ -710,6 +726,32 @@ class ActuatorSettings(_Group):
                                    help="applied decision ids kept at most")
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadSettings(_Group):
+    """Per-workload policy on this host (the host agent and the actuator): default mode, pods, policy file."""
+
+    PREFIX: ClassVar[str] = "workload_"
+
+    default_mode: str = setting("auto", choices=WORKLOAD_DEFAULT_MODES, flag="--default-mode",
+                                help="mode of a workload without settings of its own: auto = apply in the flat "
+                                     "prefix, off for Docker and Kubernetes containers (opt-in)")
+    policy_file: str = setting("", flag="--policy-file",
+                               help="rules matched by container name glob (JSON; YAML with PyYAML); "
+                                    "empty = none")
+    pods: str = setting("", flag="--kubelet-pods",
+                        help="this node's pods: an http(s) URL answering a PodList (the kubelet's /pods, or "
+                             "the API server's /api/v1/pods?fieldSelector=spec.nodeName=NODE) or a file; "
+                             "empty = not on Kubernetes")
+    pods_token_file: str = setting("", help="bearer token sent with an https pod-list request "
+                                            "(e.g. the service account's token file); empty = none")
+    pods_ca_file: str = setting("", help="CA certificate of the https pod-list server (e.g. the service "
+                                         "account's ca.crt); empty = the system's CAs")
+    pods_refresh_s: float = setting(10.0, check=above(0), help="seconds between reads of the pod list")
+    docker_dir: str = setting("/var/lib/docker/containers",
+                              help="Docker's per-container records (<id>/config.v2.json: name, labels); "
+                                   "empty = do not read")
+
+
 # --------------------------------------------------------------------------- a process's settings
 
 
@@ -738,6 +780,7 @@ class Settings(_Group):
     phase: PhaseSettings = group(PhaseSettings)
     safety: SafetySettings = group(SafetySettings)
     actuator: ActuatorSettings = group(ActuatorSettings)
+    workload: WorkloadSettings = group(WorkloadSettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():

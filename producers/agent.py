@@ -23,6 +23,9 @@ address), report what could not be sent, exit 0.
 
 ``--once`` prints one HostSamples (JSON) to stdout after one interval and
 exits without touching Kafka: a quick check of what this host would publish.
+``--once --json`` prints only ``{"containers": [...]}``: every container of
+that round with its identity (layout, container id, pod) and its resolved
+per-workload policy; everything else goes to stderr.
 
 Metrics (``--metrics-port``): see :mod:`phasewise.producers.metrics`.
 """
@@ -255,6 +258,15 @@ class Agent:
         self.metrics.sample_seconds.observe(time.perf_counter() - t0)
         self.metrics.samples.inc()
         self.metrics.containers.set(len(msg.containers))
+        modes = {"off": 0, "recommend": 0, "apply": 0}
+        refused = 0
+        for c in msg.containers:
+            if c.workload is not None:
+                modes[c.workload.mode] += 1
+                refused += c.workload.error is not None
+        for mode, n in modes.items():
+            self.metrics.workloads.labels(mode=mode).set(n)
+        self.metrics.workloads_refused.set(refused)
         self.publisher.submit(self._key, encode(msg))
         self.ticks += 1
 
@@ -317,33 +329,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.cli import add_common, add_setting
 
     add_common(p)
-    for name in ("interval_s", "cgroup_root", "cgroup_prefix", "metrics_port", "flush_timeout_s"):
+    for name in ("interval_s", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent", "metrics_port",
+                 "flush_timeout_s", "workload_default_mode", "workload_policy_file", "workload_pods"):
         add_setting(p, name)
     p.add_argument("--once", action="store_true",
                    help="print one HostSamples JSON (after one interval) to stdout and exit; no Kafka")
+    p.add_argument("--json", action="store_true",
+                   help="with --once: print only {\"containers\": [...]} (each with its identity and policy)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from phasewise.cgroupfs import CgroupError, CgroupLayout
+    from phasewise.cgroupfs import CgroupError
     from phasewise.cli import settings_from_args, stop_on_signals
     from phasewise.producers.sampler import HostSampler
 
     settings = settings_from_args(args)
     once = bool(getattr(args, "once", False))
-    print(settings.describe(), file=sys.stderr if once else sys.stdout, flush=True)
+    as_json = bool(getattr(args, "json", False))
+    if as_json and not once:
+        print("phasewise produce: error: --json goes with --once", file=sys.stderr)
+        return 2
+    from phasewise.models.workload import WorkloadError
+    from phasewise.workloads import layout_from_settings, workloads_from_settings
+
     try:
-        layout = CgroupLayout(settings.cgroup.root, settings.cgroup.prefix)
+        layout = layout_from_settings(settings)
     except CgroupError as e:
         print(f"phasewise produce: error: cgroup_root: {e}", file=sys.stderr)
         return 2
-    sampler = HostSampler(layout, proc_root=settings.producer.proc_root, host=settings.host)
-    log.info("sampling cgroup v%d containers under %s, prefix %r, every %g s",
-             layout.version, layout.root, layout.prefix, settings.producer.interval_s)
+    try:
+        workloads = workloads_from_settings(settings, layout)
+    except WorkloadError as e:
+        print(f"phasewise produce: error: workload_policy_file: {e}", file=sys.stderr)
+        return 2
+    print(settings.describe(), file=sys.stderr if once else sys.stdout, flush=True)
+    sampler = HostSampler(layout, proc_root=settings.producer.proc_root, host=settings.host, workloads=workloads)
+    log.info("sampling cgroup v%d containers under %s (layout %s, prefix %r%s) every %g s",
+             layout.version, layout.root, layout.layout, layout.prefix,
+             f", parent {layout.parent!r}" if layout.parent else "", settings.producer.interval_s)
 
     if once:
         sampler.sample()
         time.sleep(settings.producer.interval_s)
-        print(encode(sampler.sample()).decode(), flush=True)
+        msg = sampler.sample()
+        if as_json:
+            import json
+
+            from phasewise.schemas import to_dict
+
+            print(json.dumps({"containers": [to_dict(c) for c in msg.containers]}), flush=True)
+        else:
+            print(encode(msg).decode(), flush=True)
         sampler.close()
         return 0
 

@@ -9,6 +9,9 @@ All metrics register on the registry passed in (a fresh
 - ``phasewise_producer_dropped_total``   oldest messages dropped because the buffer was full
 - ``phasewise_producer_containers``      containers in the last message
 - ``phasewise_producer_sample_seconds``  time to read all cgroups/NVML for one tick
+- ``phasewise_producer_workloads{mode}``  containers in the last message by resolved mode (off, recommend, apply)
+- ``phasewise_producer_workloads_refused`` containers in the last message whose per-workload settings were
+  refused (bad annotation values: mode off, logged once)
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ class ProducerMetrics:
         self.buffered = Gauge("phasewise_producer_buffered", "messages waiting for the broker", registry=r)
         self.dropped = Counter("phasewise_producer_dropped_total", "messages dropped: buffer full", registry=r)
         self.containers = Gauge("phasewise_producer_containers", "containers in the last message", registry=r)
+        self.workloads = Gauge("phasewise_producer_workloads", "containers in the last message by resolved mode",
+                               ["mode"], registry=r)
+        self.workloads_refused = Gauge("phasewise_producer_workloads_refused",
+                                       "containers in the last message whose per-workload settings were refused",
+                                       registry=r)
         self.sample_seconds = Histogram(
             "phasewise_producer_sample_seconds", "time to sample all containers for one tick",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r,

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phasewise.layouts import classify_proc_cgroup
 from phasewise.schemas import GpuSample
 
 __all__ = ["GpuReading", "NvmlSampler", "container_from_cgroup_text", "container_of_pid", "load_pynvml"]
@@ -125,10 +126,17 @@ class NvmlSampler:
         Managed cgroup prefix, to map processes to containers.
     proc_root
         Where ``<pid>/cgroup`` files are read (``/proc``; a fixture tree in tests).
+    layouts, parent
+        The cgroup layouts containers are found in (:mod:`phasewise.layouts`) and
+        where the runtimes' trees start; a process in a runtime's container is
+        attributed to the container's id.
     """
 
-    def __init__(self, nvml: Any = None, *, prefix: str = "phasewise", proc_root: str | os.PathLike = "/proc") -> None:
+    def __init__(self, nvml: Any = None, *, prefix: str = "phasewise", proc_root: str | os.PathLike = "/proc",
+                 layouts: tuple[str, ...] = ("flat",), parent: str = "") -> None:
         self.prefix = prefix
+        self.layouts = tuple(layouts)
+        self.parent = parent
         self.proc_root = Path(proc_root)
         self.reason: str | None = None  # why NVML is unavailable, once known
         self._nvml = nvml
@@ -219,6 +227,19 @@ class NvmlSampler:
             self._attribute(u, procs, util_pct, mem)
         return GpuReading(gpus=tuple(gpus), containers={c: (util_pct[c], mem[c]) for c in util_pct})
 
+    def _container_of(self, pid: int) -> str | None:
+        if self.layouts == ("flat",):
+            return container_of_pid(pid, self.prefix, self.proc_root)
+        try:
+            text = (self.proc_root / str(int(pid)) / "cgroup").read_text()
+        except (OSError, ValueError):
+            return None
+        if "flat" in self.layouts:
+            c = container_from_cgroup_text(text, self.prefix)
+            if c is not None:
+                return c
+        return classify_proc_cgroup(text, self.parent, self.prefix, [x for x in self.layouts if x != "flat"])
+
     def _attribute(self, util: float, procs: list[Any], util_pct: dict[str, float], mem: dict[str, float]) -> None:
         if not procs:
             return
@@ -227,7 +248,7 @@ class NvmlSampler:
         total = float(sum(known))
         by_memory = total > 0
         for p, m in zip(procs, used):
-            c = container_of_pid(p.pid, self.prefix, self.proc_root)
+            c = self._container_of(p.pid)
             if c is None:
                 continue
             share = (float(m or 0) / total) if by_memory else 1.0 / len(procs)

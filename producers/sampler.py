@@ -26,6 +26,11 @@ Honest-data rules:
 * A container that cannot be read (error other than vanishing) is skipped
   with one warning per container, never crashing the agent.
 
+Each sample carries the container's ``identity`` (layout, container id and,
+with a :class:`~phasewise.workloads.Workloads`, its pod and name) and its
+resolved per-workload policy (``workload``). A pod's sandbox (pause)
+container is not sampled.
+
 Host-wide fields: ``host_cpu_cores`` (busy CPU seconds per second from
 ``psutil.cpu_times``, absent on the first call), ``host_cpu_count``,
 ``host_mem_bytes`` (total − available) and ``host_mem_total_bytes``.
@@ -33,6 +38,7 @@ Host-wide fields: ``host_cpu_cores`` (busy CPU seconds per second from
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -132,6 +138,9 @@ class HostSampler:
         ``False`` disables NVML entirely (no GPU fields, no log line).
     psutil
         psutil-compatible module for host CPU/memory; ``None`` imports psutil.
+    workloads
+        Identity and policy of each container (:class:`~phasewise.workloads.Workloads`);
+        ``None``: the identity the cgroup path gives, no policy.
     """
 
     def __init__(
@@ -145,8 +154,10 @@ class HostSampler:
         monotonic: Callable[[], float] = time.monotonic,
         gpu: bool = True,
         psutil: Any = None,
+        workloads: Any = None,
     ) -> None:
         self.layout = layout
+        self.workloads = workloads
         self.host = host or socket.gethostname()
         self.clock = clock
         self.monotonic = monotonic
@@ -155,7 +166,8 @@ class HostSampler:
         elif isinstance(nvml, NvmlSampler):
             self.gpu = nvml
         else:
-            self.gpu = NvmlSampler(nvml, prefix=layout.prefix, proc_root=proc_root)
+            self.gpu = NvmlSampler(nvml, prefix=layout.prefix, proc_root=proc_root,
+                                   layouts=layout.layouts, parent=layout.parent)
         self._psutil = psutil
         self._seen: dict[str, _Seen] = {}
         self._last_tick: float | None = None
@@ -206,6 +218,16 @@ class HostSampler:
         out: list[ContainerSample] = []
         seen: dict[str, _Seen] = {}
         for name in names:
+            if self.workloads is not None:
+                try:
+                    who = self.workloads.describe(name)
+                except Exception as e:  # noqa: BLE001 - one container's identity must not stop the tick
+                    self._warn_once(f"who:{name}", "container %s: identity unavailable: %s", name, e)
+                    who = (self.layout.identity(name), None)
+                if who is None:
+                    continue  # a pod's sandbox (pause) container: not a workload
+            else:
+                who = (self.layout.identity(name), None)
             try:
                 cur = read_container(self.layout, name)
             except (OSError, CgroupError) as e:
@@ -223,7 +245,7 @@ class HostSampler:
             if s is None:
                 log.info("container %s: counters went backwards (recreated); new baseline", name)
                 continue
-            out.append(s)
+            out.append(dataclasses.replace(s, identity=who[0], workload=who[1]))
         self._seen = seen  # containers that vanished are forgotten
         interval = 0.0 if self._last_tick is None else max(0.0, tick - self._last_tick)
         self._last_tick = tick

@@ -54,6 +54,7 @@ import faust
 from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.guard import RULES
 from phasewise.models.vpa_updater import StateCache, worker_round
+from phasewise.models.workload import without_off
 from phasewise.schemas import (
     Decision,
     HostSamples,
@@ -351,6 +352,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                     continue
                 if only_hosts and hs.host not in only_hosts:
                     continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
+                hs = without_off(hs)  # workloads in mode off: nothing is decided for them
                 pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
                 got.append((event, hs))
             t0 = time.perf_counter()

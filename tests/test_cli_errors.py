@@ -55,6 +55,13 @@ BAD = [
     (["worker"], {"PHASEWISE_HEARTBEAT_INTERVAL_MS": "9000"},
      "PHASEWISE_HEARTBEAT_INTERVAL_MS: must be below session_timeout_ms (6000), got 9000"),
     (["produce"], {"PHASEWISE_CGROUP_PREFIX": "../etc"}, "PHASEWISE_CGROUP_PREFIX: must be a relative path"),
+    (["produce"], {"PHASEWISE_CGROUP_LAYOUT": "k8s"}, "PHASEWISE_CGROUP_LAYOUT: invalid choice: 'k8s'"),
+    (["actuate"], {"PHASEWISE_WORKLOAD_DEFAULT_MODE": "on"}, "PHASEWISE_WORKLOAD_DEFAULT_MODE: invalid choice: 'on'"),
+    (["produce", "--once"], {"PHASEWISE_WORKLOAD_POLICY_FILE": "/nonexistent/policy.json"},
+     "workload_policy_file: policy file /nonexistent/policy.json: No such file or directory"),
+    (["produce", "--json"], {}, "--json goes with --once"),
+    (["actuate"], {"PHASEWISE_WORKLOAD_POLICY_FILE": "/nonexistent/policy.json"},
+     "workload_policy_file: policy file /nonexistent/policy.json: No such file or directory"),
     (["topics"], {"PHASEWISE_BOOTSTRAP": ""}, "PHASEWISE_BOOTSTRAP: must not be empty"),
     # every role checks every setting with a fixed set of values, also those it does not use
     (["schemas", "--check", SCHEMAS], {"PHASEWISE_LOG_LEVEL": "loud"}, "PHASEWISE_LOG_LEVEL: invalid choice: 'loud'"),

@@ -28,6 +28,7 @@ WHERE = {
     "topic_partitions": "kafka.topic_partitions",
     "dead_letter_max_bytes": "kafka.dead_letter_max_bytes",
     "cgroup_root": "cgroup.root", "cgroup_prefix": "cgroup.prefix",
+    "cgroup_layout": "cgroup.layout", "cgroup_parent": "cgroup.parent",
     "interval_s": "producer.interval_s", "buffer_max_messages": "producer.buffer_max_messages",
     "flush_timeout_s": "producer.flush_timeout_s", "proc_root": "producer.proc_root",
     "worker_id": "worker.id", "web_port": "worker.web_port", "scorecard_samples": "worker.scorecard_samples",
@@ -53,6 +54,10 @@ WHERE = {
     "apply_retry_backoff_s": "actuator.apply_retry_backoff_s",
     "ledger_max_age_days": "actuator.ledger_max_age_days",
     "ledger_max_rows": "actuator.ledger_max_rows",
+    "workload_default_mode": "workload.default_mode", "workload_policy_file": "workload.policy_file",
+    "workload_pods": "workload.pods", "workload_pods_token_file": "workload.pods_token_file",
+    "workload_pods_refresh_s": "workload.pods_refresh_s", "workload_docker_dir": "workload.docker_dir",
+    "workload_pods_ca_file": "workload.pods_ca_file",
 }
 
 

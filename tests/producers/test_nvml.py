@@ -178,3 +178,22 @@ def test_host_sampler_without_nvml_omits_gpu_fields(v2tree, proc):
     msg = s.sample()
     assert msg.gpus == ()
     assert [(c.gpu_util, c.gpu_mem_bytes) for c in msg.containers] == [(None, None)]
+
+
+def test_gpu_processes_in_pod_and_docker_containers_are_attributed_to_the_container_id(tmp_path):
+    pod, dock = "a1" * 32, "b2" * 32
+    uid = "0d5a4c52_1f37_4a8e_b8a5_7c7f1f3a9d01"
+    proc = fake_proc(tmp_path / "proc", {
+        11: f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
+            f"cri-containerd-{pod}.scope\n",
+        12: f"12:memory:/docker/{dock}\n4:cpu,cpuacct:/docker/{dock}\n",
+        13: "0::/phasewise/job-a\n",
+        14: "0::/system.slice/containerd.service\n",  # the runtime itself: not a container
+    })
+    nv = FakeNvml([{"uuid": "GPU-0", "util": 100, "used": 8 * GiB, "total": 16 * GiB,
+                    "procs": [(11, 4 * GiB), (12, 2 * GiB), (13, 1 * GiB), (14, 1 * GiB)]}])
+    r = NvmlSampler(nv, proc_root=proc, layouts=("flat", "docker-cgroupfs", "kubepods-systemd")).sample()
+    assert set(r.containers) == {pod, dock, "job-a"}
+    assert r.containers[pod] == (pytest.approx(50.0), 4 * GiB)
+    flat_only = NvmlSampler(FakeNvml(nv.gpus), proc_root=proc).sample()  # the flat layout alone, as before
+    assert set(flat_only.containers) == {"job-a"}
