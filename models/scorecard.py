@@ -166,12 +166,13 @@ class Scorecard:
         self._last[rows_a] = ts
 
     def observe_round(self, msgs: Sequence[Any]) -> None:
-        """:meth:`observe` every container sample of a worker round of ``HostSamples`` (distinct hosts)."""
+        """:meth:`observe` every container sample of a worker round of ``HostSamples`` (distinct hosts),
+        except those whose per-workload mode is ``off`` (not managed)."""
         keys: list[str] = []
         ts: list[float] = []
         vals: list[tuple] = []
         for m in msgs:
-            cs = m.containers
+            cs = [c for c in m.containers if c.workload is None or c.workload.mode != "off"]
             h = m.host + "/"
             keys += [h + c.container for c in cs]
             vals += [(c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes) for c in cs]

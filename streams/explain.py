@@ -58,6 +58,18 @@ def _n(v: Any, unit: str = "") -> str:
 def format_card(card: dict[str, Any]) -> str:
     """The text ``explain`` prints for one container."""
     out = [f"container {card['container']}  (worker policy: {card.get('policy')})"]
+    who = card.get("identity") or {}
+    if who.get("pod_name"):
+        out.append(f"pod {who.get('pod_namespace')}/{who['pod_name']} container {who.get('container_name')} "
+                   f"(qos {who.get('qos')}, {who.get('runtime')}, layout {who.get('layout')})")
+    elif who:
+        out.append(f"layout {who.get('layout')}, container id {who.get('container_id')}")
+    wl = card.get("workload")
+    if wl:
+        bounds = {k: v for k, v in wl.items() if k.endswith(("_min_cores", "_max_cores", "_min_bytes", "_max_bytes"))}
+        out.append(f"mode {wl.get('mode')} (from {wl.get('source')})"
+                   + (": decided and published, never written" if wl.get("mode") == "recommend" else "")
+                   + (f"; bounds {bounds}" if bounds else ""))
     now = card.get("now") or {}
     out.append(f"now (event time {now.get('t')}):")
     out.append(f"  {'resource':<9}{'used':>10}{'limit':>10}{'vpa':>10}{'phase':>10}")

@@ -52,12 +52,15 @@ class LiveScorecard:
         #: scrapes within *every_s* of the last scoring get the same totals (scrapes may come every 100 ms)
         self.every_s, self.clock = every_s, clock
         self._totals: tuple[float, dict] | None = None
+        self._last_msg: dict[str, HostSamples] = {}
 
     # ------------------------------------------------------------------ fed by worker_round
 
     def observe_round(self, msgs: Sequence[HostSamples]) -> None:
         with self.lock:
             self.model.observe_round(msgs)
+            for m in msgs:  # who each container is and its mode, looked up when explained
+                self._last_msg[m.host] = m
 
     def decide_many(self, decisions: Sequence[Decision]) -> None:
         if decisions:
@@ -71,6 +74,7 @@ class LiveScorecard:
     def clear(self) -> None:
         with self.lock:
             self.model.clear()
+            self._last_msg.clear()
 
     # ------------------------------------------------------------------ metrics
 
@@ -134,9 +138,19 @@ class LiveScorecard:
                 return None
             card = self.model.card(key)
             out: dict[str, Any] = {"container": key, "policy": self.policy, **card}
+            out.update(self._who(key))
             out["vpa"] = self._vpa(key)
             out["phase"] = self._phase(key)
         return out
+
+    def _who(self, key: str) -> dict[str, Any]:
+        """The container's identity and per-workload policy, from its host's last message."""
+        host, _, name = key.partition("/")
+        m = self._last_msg.get(host)
+        c = next((c for c in m.containers if c.container == name), None) if m is not None else None
+        if c is None:
+            return {"identity": None, "workload": None}
+        return {"identity": _plain(c.identity), "workload": _plain(c.workload)}
 
     def _vpa(self, key: str) -> dict[str, Any] | None:
         cache = self.vpa_cache
@@ -171,6 +185,15 @@ class LiveScorecard:
             return 409, {"error": f"{container!r} is on several hosts; name one of: {', '.join(keys)}"}
         got = self.explain(keys[0])
         return (200, got) if got is not None else (404, {"error": f"container {container!r} just left"})
+
+
+def _plain(rec: Any) -> dict[str, Any] | None:
+    """A record as a dict without its ``None`` fields (``None`` for no record)."""
+    if rec is None:
+        return None
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(rec).items() if v is not None}
 
 
 def _clean(obj: Any) -> Any:

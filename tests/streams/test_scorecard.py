@@ -149,3 +149,25 @@ def test_scrapes_within_every_s_reuse_the_last_scoring():
     assert steps() == 2  # the cached scoring
     now[0] = 10.0
     assert steps() == 3
+
+
+def test_explain_shows_identity_and_mode_and_off_is_not_scored(capsys):
+    from phasewise.schemas import ContainerIdentity, WorkloadPolicy
+
+    cid = "3f1c2a9e8b7d6c5f4e3d2c1b0a99887766554433221100ffeeddccbbaa998877"
+    who = ContainerIdentity(layout="kubepods-systemd", container_id=cid, pod_namespace="ml", pod_name="trainer-0",
+                            container_name="worker", runtime="containerd", qos="burstable")
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), capacity=10))
+    for i in range(3):
+        sc.observe_round([HostSamples(host="n1", ts=10.0 + i, interval_s=1.0, containers=(
+            ContainerSample(container=cid, cpu_cores=1.0, mem_bytes=1e9, cpu_limit_cores=2.0, identity=who,
+                            workload=WorkloadPolicy(mode="recommend", source="annotation", cpu_max_cores=4.0)),
+            ContainerSample(container="ignored", cpu_cores=1.0, mem_bytes=1e9,
+                            workload=WorkloadPolicy(mode="off")),
+        ))])
+    assert sc.containers() == [f"n1/{cid}"]  # the off one is not managed, so not scored
+    status, card = sc.view(cid)
+    assert status == 200 and card["identity"]["pod_name"] == "trainer-0" and card["workload"]["mode"] == "recommend"
+    text = explain.format_card(card)
+    assert "pod ml/trainer-0 container worker (qos burstable, containerd, layout kubepods-systemd)" in text
+    assert "mode recommend (from annotation): decided and published, never written" in text
