@@ -207,10 +207,13 @@ def score_rows(t: np.ndarray, used: np.ndarray, limit: np.ndarray, n: np.ndarray
         j = np.arange(K)
         scored = (j[None, :] >= np.maximum(start[rows], lo_r)[:, None]) & (j[None, :] < n_r[:, None])
         sc = scored[:, :, None] & ~np.isnan(lim_r)
-        alloc[rows] = np.where(sc, lim_r * dt[:, :, None], 0.0).sum(axis=1)
-        use[rows] = np.where(sc, (u * dt)[:, :, None], 0.0).sum(axis=1)
-        fulfilled[rows] = np.count_nonzero(sc & (u[:, :, None] <= lim_r), axis=1)
-        steps[rows] = np.count_nonzero(sc, axis=1)
+        dt0 = np.where(scored, dt, 0.0)  # NaN outside each series
+        scf = sc.astype(np.float64)
+        alloc[rows] = np.einsum("nkp,nk->np", np.where(sc, lim_r, 0.0), dt0)
+        use[rows] = np.einsum("nkp,nk->np", scf, np.where(scored, u, 0.0) * dt0)
+        with np.errstate(invalid="ignore"):
+            fulfilled[rows] = np.einsum("nkp->np", (sc & (u[:, :, None] <= lim_r)).astype(np.int64))
+        steps[rows] = np.einsum("nkp->np", sc.astype(np.int64))
     if flat:
         return alloc[:, 0], use[:, 0], fulfilled[:, 0], steps[:, 0]
     return alloc, use, fulfilled, steps
