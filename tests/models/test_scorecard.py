@@ -153,3 +153,41 @@ def test_vectorised_totals_equal_the_sum_of_per_container_scores():
                 assert (g.steps, g.fulfilled) == (s.steps, s.fulfilled), (w, r, p)
                 assert g.alloc == pytest.approx(s.alloc, rel=1e-12) and g.used == pytest.approx(s.used, rel=1e-12)
     assert any(got[w]["cpu"].get("phase") for w in got)
+
+
+def test_phase_and_vpa_together_agree_with_replay():
+    """--policy phase: the scorecard holds the phase policy's decisions and the VPA's unpublished ones;
+    replay scoring both sequences on the same samples gives the same scores."""
+    from phasewise.replay.driving import replay_trace
+    from phasewise.replay.kafka import rebuild_sequences, worker_in_process
+    from phasewise.replay.policies import PolicySpec
+    from phasewise.replay.traces import ContainerSeries, Trace
+
+    rng = np.random.default_rng(11)
+    series = []
+    for k in range(2):
+        n = 200
+        t = 5.0 * np.arange(n) + 1.0
+        cpu = np.clip(np.where((t // 150) % 2 == 0, 0.5, 2.0) + rng.normal(0, 0.05, n), 0.05, None)
+        mem = np.clip(np.where((t // 150) % 2 == 0, 1e9, 3e9) + rng.normal(0, 2e7, n), 1e8, None)
+        series.append(ContainerSeries(f"c{k}", t, {"cpu": cpu, "mem": mem}))
+    trace = Trace("synthetic", "-", {"cpu": "cores", "mem": "bytes"}, series)
+
+    class Tee(Scorecard):  # the decisions the scorecard is shown, kept for replay
+        def decide_many(self, decisions):
+            self.seen += [d for d in decisions if d.policy == "vpa"]
+            super().decide_many(decisions)
+
+    sc = Tee(ScorecardConfig(windows_s=(INF,), capacity=400))
+    sc.seen = []
+    kr = worker_in_process(trace, family="phase", host="h", frozen_model=True, scorecard=sc)
+    assert any(d.policy == "phase" for d in kr.decisions) and sc.seen
+    seqs = {"phase": kr.sequences, "vpa": rebuild_sequences(trace, sc.seen)}
+    result = replay_trace(trace, [PolicySpec("vpa", "vpa", None), PolicySpec("phase", "phase", None)],
+                          sequences=seqs)
+    totals = sc.totals()[INF]
+    for r in ("cpu", "mem"):
+        for p in ("vpa", "phase"):
+            want, got = result.resources[r].scores[p], totals[r][p]
+            assert want.steps > 100 and (got.steps, got.fulfilled) == (want.steps, want.fulfilled), (r, p)
+            assert got.alloc == pytest.approx(want.alloc, rel=1e-12), (r, p)
