@@ -309,3 +309,28 @@ def test_actuate_outside_a_cluster_is_a_one_line_error(tmp_path):
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == ["phasewise actuate: error: kube_api: not in a cluster: "
                                              "KUBERNETES_SERVICE_HOST is not set"]
+
+
+def test_the_actuator_resizes_through_the_backend(serve, recorder):
+    """A decision for a pod's container id: managed name, memory floor from metrics.k8s.io, resize."""
+    import time
+    import uuid
+
+    from prometheus_client import CollectorRegistry
+
+    from phasewise.actuators.consumer import Actuator
+    from phasewise.actuators.ledger import Ledger
+    from phasewise.actuators.metrics import ActuatorMetrics
+    from phasewise.schemas import Decision, encode
+    from phasewise.settings import Settings
+
+    r = serve(LIST, ("GET", METRICS, 200, "podmetrics.json"), ("GET", POD, 200, "pod-guaranteed.json"),
+              ("GET", METRICS, 200, "podmetrics.json"), ("PATCH", POD + "/resize", 200, "resize-200.json"))
+    a = Actuator(Settings().replace(host="gpu-node-3"), backend(r), Ledger(":memory:"), recorder,
+                 metrics=ActuatorMetrics(CollectorRegistry()), host_cores=16.0, clock=time.time)
+    d = Decision(id=uuid.uuid4().hex, ts=1000.0, host="gpu-node-3", container=CID, action="limit", policy="vpa",
+                 reason="test", cpu_limit_cores=1.5, mem_limit_bytes=3 * 2**30)
+    act = a.handle(encode(d), b"gpu-node-3", 0, 0)
+    assert act.status == "applied", act.message
+    assert act.backend == "kubernetes" and act.cpu_limit_cores == 1.5 and act.mem_limit_bytes == 3 * 2**30
+    assert r.seen[-1]["method"] == "PATCH" and not r.script
