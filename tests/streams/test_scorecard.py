@@ -129,7 +129,8 @@ def test_explain_command_over_two_workers(sc, capsys):
 
 def test_scrapes_within_every_s_reuse_the_last_scoring():
     now = [0.0]
-    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), capacity=10), every_s=10.0, clock=lambda: now[0])
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), capacity=10), every_s=10.0, share=1e-9,
+                       clock=lambda: now[0])
     reg = CollectorRegistry()
     reg.register(sc)
 
@@ -148,6 +149,8 @@ def test_scrapes_within_every_s_reuse_the_last_scoring():
     now[0] = 9.9
     assert steps() == 2  # the cached scoring
     now[0] = 10.0
+    assert steps() == 2  # the last scoring took > 1e-8 s: at most share 1e-9 of the time, so not yet
+    sc.share = 1.0
     assert steps() == 3
 
 
