@@ -321,7 +321,10 @@ def make_backend(settings: Settings) -> Backend:
 
         url = settings.actuator.kube_api
         api = KubeApi(url) if url else KubeApi.in_cluster()  # ValueError: not in a cluster, bad URL
-        return KubernetesBackend(api, PodDirectory(api, settings.host))
+        # the node's cgroup tree (CgroupError without one): a container is acted on only where it is
+        # discovered there, so the per-workload mode is resolved from its real identity
+        layout = layout_from_settings(settings)
+        return KubernetesBackend(api, PodDirectory(api, settings.host), present=layout.exists)
     try:
         layout = layout_from_settings(settings)
         reader = CgroupBackend(layout).memory_usage

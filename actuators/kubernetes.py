@@ -451,12 +451,18 @@ class KubernetesBackend:
 
     name = "kubernetes"
 
-    def __init__(self, api: KubeApi, resolve: Callable[[str], PodContainer | None]) -> None:
-        self.api, self.resolve = api, resolve
+    def __init__(self, api: KubeApi, resolve: Callable[[str], PodContainer | None], *,
+                 present: Callable[[str], bool] | None = None) -> None:
+        """*present*: whether the container is on this node (the cgroup layout's ``exists``, which also
+        discovers it, so the actuator's per-workload check sees its real identity); ``None``: any pod
+        container the API server lists on this node."""
+        self.api, self.resolve, self.present = api, resolve, present
 
     # ------------------------------------------------------------------ protocol
 
     def exists(self, container: str) -> bool:
+        if self.present is not None and not self.present(container):
+            return False
         try:
             return self.resolve(container) is not None
         except ApiError as e:

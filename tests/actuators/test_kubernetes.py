@@ -27,6 +27,7 @@ from phasewise.actuators.kubernetes import (
     plan_resize,
     resize_state,
 )
+from tests.conftest import requires_root
 
 FIX = Path(__file__).parent / "fixtures" / "kubernetes"
 CID = "3f1c2a9e8b7d6c5f4e3d2c1b0a99887766554433221100ffeeddccbbaa998877"
@@ -107,8 +108,11 @@ def backend(r: Replay, token: str = "tok-1") -> KubernetesBackend:
 LIST = ("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-3", 200, "pods-on-node.json")
 
 
-def test_is_a_backend():
+def test_is_a_backend_and_acts_only_on_containers_present_on_the_node():
     assert isinstance(KubernetesBackend(KubeApi("http://127.0.0.1:1"), lambda c: None), Backend)
+    listed = KubernetesBackend(KubeApi("http://127.0.0.1:1"), lambda c: PodContainer("ml", "p", "c"),
+                               present=lambda c: c == "here")
+    assert listed.exists("here") and not listed.exists("elsewhere")
 
 
 def test_resize_guaranteed_keeps_requests_equal_limits(serve):
@@ -334,3 +338,70 @@ def test_the_actuator_resizes_through_the_backend(serve, recorder):
     assert act.status == "applied", act.message
     assert act.backend == "kubernetes" and act.cpu_limit_cores == 1.5 and act.mem_limit_bytes == 3 * 2**30
     assert r.seen[-1]["method"] == "PATCH" and not r.script
+
+
+@requires_root
+def test_recommend_is_never_resized_apply_is_unannotated_ignored(serve, tmp_path):
+    """On a real cgroup tree (the kubepods systemd layout) with the kubelet's pod list: only the pod
+    annotated apply gets a resize request; recommend and unannotated pods get no request at all."""
+    import copy
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    from phasewise.actuators.consumer import Actuator
+    from phasewise.actuators.ledger import Ledger
+    from phasewise.actuators.metrics import ActuatorMetrics
+    from phasewise.cgroupfs import CgroupLayout
+    from phasewise.schemas import Decision, encode
+    from phasewise.settings import Settings
+    from phasewise.workloads import Workloads, read_pods
+    from tests.actuators.conftest import Recorder
+    from tests.producers.test_layouts_real import PODS, C, RealTree, tree_paths
+
+    pods = json.loads(PODS.read_text())
+    train = next(p for p in pods["items"] if p["metadata"]["name"] == "train-0")
+    pod = {"kind": "Pod", "apiVersion": "v1", **copy.deepcopy(train)}
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"cpu": "2", "memory": "2Gi"}
+    (tmp_path / "pod.json").write_text(json.dumps(pod))
+    resized = copy.deepcopy(pod)
+    resized["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "500m", "memory": "536870912"},
+                                                     "limits": {"cpu": "1", "memory": "536870912"}}
+    (tmp_path / "resized.json").write_text(json.dumps(resized))
+    metrics = fx("podmetrics.json")
+    metrics["metadata"].update(name="train-0", namespace="ml")
+    metrics["containers"] = [{"name": "trainer", "usage": {"cpu": "412m", "memory": "300Mi"}},
+                             {"name": "logger", "usage": {"cpu": "3m", "memory": "20Mi"}}]
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    pod_path = "/api/v1/namespaces/ml/pods/train-0"
+    metrics_path = "/apis/metrics.k8s.io/v1beta1/namespaces/ml/pods/train-0"
+    r = serve(("GET", LIST[1], 200, str(PODS)), ("GET", metrics_path, 200, str(tmp_path / "metrics.json")),
+              ("GET", pod_path, 200, str(tmp_path / "pod.json")),
+              ("GET", metrics_path, 200, str(tmp_path / "metrics.json")),
+              ("PATCH", pod_path + "/resize", 200, str(tmp_path / "resized.json")))
+    tree = RealTree(tmp_path)
+    try:
+        for rel in tree_paths("systemd").values():
+            tree.add(f"{tree.parent}/{rel}")
+        tree.add(f"{tree.prefix}/job-a")
+        layout = CgroupLayout("/sys/fs/cgroup", tree.prefix, layout="auto", parent=tree.parent)
+        workloads = Workloads(layout, pods=lambda: read_pods(str(PODS)))
+        rec = Recorder()
+        api = KubeApi(r.url)
+        kube = KubernetesBackend(api, PodDirectory(api, "gpu-node-3"), present=layout.exists)
+        act = Actuator(Settings().replace(host="gpu-node-3", mem_margin_bytes=0), kube, Ledger(":memory:"),
+                       rec, metrics=ActuatorMetrics(CollectorRegistry()), host_cores=8, clock=time.time,
+                       workloads=workloads)
+        for i, cid in enumerate((C["1"], C["3"], C["4"])):
+            d = Decision(id=f"k{i}", ts=1.0, host="gpu-node-3", container=cid, action="limit", policy="vpa",
+                         reason="test", cpu_limit_cores=1.0, mem_limit_bytes=512 * 2**20)
+            act.handle(encode(d), None, 0, i)
+    finally:
+        tree.close()
+    by = {a.container: a for a in rec.actuations()}
+    assert by[C["1"]].status == "applied" and by[C["1"]].backend == "kubernetes", by[C["1"]].message
+    assert r.seen[-1]["body"] == {"spec": {"containers": [{"name": "trainer", "resources": {
+        "requests": {"memory": "536870912"}, "limits": {"cpu": "1000m", "memory": "536870912"}}}]}}
+    assert by[C["3"]].status == "rejected" and "recommend mode (from annotation)" in by[C["3"]].message
+    assert by[C["4"]].status == "rejected" and "not opted in (mode off" in by[C["4"]].message
+    assert [s["method"] for s in r.seen] == ["GET", "GET", "GET", "GET", "PATCH"] and not r.script
