@@ -8,6 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -174,3 +175,29 @@ def test_explain_shows_identity_and_mode_and_off_is_not_scored(capsys):
     text = explain.format_card(card)
     assert "pod ml/trainer-0 container worker (qos burstable, containerd, layout kubepods-systemd)" in text
     assert "mode recommend (from annotation): decided and published, never written" in text
+
+
+def test_explain_shows_the_phase_with_the_phase_policy():
+    """--policy phase: the view carries the detector's phase, its source per resource and the VPA's numbers."""
+    from phasewise.replay.kafka import _InProcessPhase, replay_settings_env, trace_messages
+    from phasewise.replay.traces import ContainerSeries, Trace
+
+    t = 5.0 * np.arange(120) + 1.0
+    trace = Trace("synthetic", "-", {"cpu": "cores", "mem": "bytes"}, [ContainerSeries(
+        "c0", t, {"cpu": np.where((t // 150) % 2 == 0, 0.5, 2.0), "mem": np.where((t // 150) % 2 == 0, 1e9, 3e9)})])
+    settings = Settings.from_env({"bootstrap": "in-process", "host": "h"},
+                                 env=replay_settings_env("phase", trace, frozen_model=True))
+    cache, cfg = state_cache(settings), updater_config(settings)
+    phase = _InProcessPhase(settings, cache, True)
+    sc = LiveScorecard(ScorecardConfig(windows_s=(300.0,), capacity=200), vpa_cache=cache, phase=phase,
+                       policy="phase")
+    for m in trace_messages(trace, "h"):
+        worker_round(cache, [m], cfg, phase, sc)
+    status, card = sc.view("h/c0")
+    assert status == 200 and card["policy"] == "phase"
+    ph = card["phase"]
+    assert isinstance(ph["phase"], int) and set(ph["from_phase"]) >= {"cpu", "mem"}
+    assert card["now"]["cpu"]["phase"] is not None and card["vpa"]["numbers"]["cpu_samples"] == 120
+    rows = {(r["resource"], r["policy"]): r for r in card["scorecard"]}
+    assert rows[("cpu", "phase")]["steps"] > 0 and rows[("cpu", "vpa")]["steps"] == rows[("cpu", "phase")]["steps"]
+    assert "phase: " in explain.format_card(card)
