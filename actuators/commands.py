@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["STATUSES", "Command", "Freeze", "Outcome", "SetLimits", "StartJob", "Thaw"]
+__all__ = ["STATUSES", "Bind", "Command", "Evict", "Freeze", "Outcome", "Scale", "SetLimits", "StartJob", "Thaw"]
 
 #: the statuses of :class:`phasewise.schemas.Actuation`
 STATUSES = ("applied", "clamped", "duplicate", "rejected", "failed")
@@ -53,7 +53,41 @@ class StartJob:
     gpus: tuple[int, ...] = ()
 
 
-Command = SetLimits | Freeze | Thaw | StartJob
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Evict the pod holding the container (preemption), honouring its disruption budget."""
+
+    container: str
+    grace_period_s: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Bind a pending pod to a node (placement)."""
+
+    pod: str
+    node: str
+    namespace: str = "default"
+
+    @property
+    def container(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """Set the replica count of a Deployment (inference replicas)."""
+
+    deployment: str
+    replicas: int
+    namespace: str = "default"
+
+    @property
+    def container(self) -> str:
+        return f"{self.namespace}/{self.deployment}"
+
+
+Command = SetLimits | Freeze | Thaw | StartJob | Evict | Bind | Scale
 
 
 @dataclass(frozen=True, slots=True)

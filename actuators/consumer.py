@@ -19,7 +19,7 @@ For every message on the decisions topic the actuator:
 5. plans a command under the safety rules (managed, existing container;
    CPU floor and host cap; the workload's own min/max; memory never under
    usage, or the recent peak working set, + margin);
-6. applies it through the backend (``cgroup`` or ``dry-run``), retrying
+6. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
    temporary errors a few times with doubling backoff;
 7. records the outcome in the ledger and publishes an
    :class:`~phasewise.schemas.Actuation` (key: host, with ``decision_ts`` so
@@ -319,6 +319,15 @@ def make_backend(settings: Settings) -> Backend:
 
     if settings.actuator.backend == "cgroup":
         return CgroupBackend(layout_from_settings(settings), job_log_dir=os.path.join(settings.data_dir, "jobs"))
+    if settings.actuator.backend == "kubernetes":
+        from phasewise.actuators.kubernetes import KubeApi, KubernetesBackend, PodDirectory
+
+        url = settings.actuator.kube_api
+        api = KubeApi(url) if url else KubeApi.in_cluster()  # ValueError: not in a cluster, bad URL
+        # the node's cgroup tree (CgroupError without one): a container is acted on only where it is
+        # discovered there, so the per-workload mode is resolved from its real identity
+        layout = layout_from_settings(settings)
+        return KubernetesBackend(api, PodDirectory(api, settings.host), present=layout.exists)
     try:
         layout = layout_from_settings(settings)
         reader = CgroupBackend(layout).memory_usage
@@ -380,9 +389,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.cli import add_common, add_setting
 
     add_common(p)
-    for name in ("backend", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent", "cpu_floor_cores",
-                 "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "data_dir", "workload_default_mode",
-                 "workload_policy_file", "workload_pods"):
+    for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent",
+                 "cpu_floor_cores", "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "data_dir",
+                 "workload_default_mode", "workload_policy_file", "workload_pods"):
         add_setting(p, name, help={"data_dir": "where the ledger of applied decisions lives"}.get(name))
 
 
@@ -397,6 +406,9 @@ def run(args: argparse.Namespace) -> int:
         backend = make_backend(settings)
     except CgroupError as e:
         print(f"phasewise actuate: error: cgroup_root: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # the kubernetes backend's configuration
+        print(f"phasewise actuate: error: kube_api: {e}", file=sys.stderr)
         return 2
     try:
         workloads = workloads_from_settings(settings, layout_from_settings(settings))

@@ -81,6 +81,7 @@ __all__ = [
     "UPDATE_MODES",
     "ContainerEntry",
     "RoundPhase",
+    "RoundScorecard",
     "StateCache",
     "UpdaterConfig",
     "moved",
@@ -454,22 +455,36 @@ class RoundPhase(Protocol):
     def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]: ...
 
 
+class RoundScorecard(Protocol):
+    """What a round shows the scorecard (:class:`~phasewise.models.scorecard.Scorecard`)."""
+
+    def observe_round(self, msgs: Sequence[HostSamples]) -> None: ...
+
+    def decide_many(self, decisions: Sequence[Decision]) -> None: ...
+
+
 def worker_round(cache: StateCache, msgs: Sequence[HostSamples], config: UpdaterConfig,
-                 phase: RoundPhase | None = None) -> list[Decision]:
+                 phase: RoundPhase | None = None, scorecard: RoundScorecard | None = None) -> list[Decision]:
     """The worker's step over one round of messages (distinct hosts): the decisions to publish.
 
     The VPA learns every sample first (its decided limits are the phase
     detector's fallback); with *phase* (``--policy phase``) the detector then
     steps the round and only its decisions are published. The samples agent
-    runs this; so does replay's in-process run of the worker.
+    runs this; so does replay's in-process run of the worker. A *scorecard*
+    records the round's samples under the limits decided before them, then
+    every decision of the round, the VPA's included when only the phase
+    policy's are published.
     """
+    if scorecard is not None:
+        scorecard.observe_round(msgs)
     if len(msgs) == 1:
-        decisions = process_host_samples(cache, msgs[0], config)
-        return phase.process_many(msgs) if phase is not None else decisions
-    per_msg = process_many(cache, msgs, config)
-    if phase is not None:
-        return phase.process_many(msgs)
-    return [d for ds in per_msg for d in ds]
+        vpa = process_host_samples(cache, msgs[0], config)
+    else:
+        vpa = [d for ds in process_many(cache, msgs, config) for d in ds]
+    out = phase.process_many(msgs) if phase is not None else vpa
+    if scorecard is not None:
+        scorecard.decide_many(vpa if phase is None else vpa + out)
+    return out
 
 
 def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, cs: Sequence[ContainerSample],

@@ -34,6 +34,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "worker": ("phasewise.streams.worker", "run the Faust stream processor (samples -> decisions)"),
     "produce": ("phasewise.producers.agent", "run the host agent: sample containers, publish to Kafka"),
     "actuate": ("phasewise.actuators.consumer", "run the actuator: apply this host's decisions"),
+    "explain": ("phasewise.streams.explain", "a container's limits, recommendations, phase and live scorecard"),
     "replay": ("phasewise.replay.cli", "replay a real trace through the policies and score them"),
     "simulate": ("phasewise.simulate.cli", "replay a pod list against a node list through the placement policies"),
     "bench": ("phasewise.bench.cli", "throughput / latency / memory benchmarks"),

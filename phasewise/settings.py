@@ -84,7 +84,7 @@ LIMITED_FEATURES = ("cpu", "mem")
 # the one definition of each fixed set of values (argparse ``choices`` and the environment)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 POLICIES = ("vpa", "phase")
-BACKENDS = ("cgroup", "dry-run")
+BACKENDS = ("cgroup", "dry-run", "kubernetes")
 VPA_UPDATE_MODES = ("bounds", "hysteresis")
 PHASE_STATISTICS = ("relative", "absolute")
 #: the host-level default mode of a workload without settings of its own (:mod:`phasewise.models.workload`)
@@ -258,6 +258,17 @@ def feature_tuple(text: str) -> tuple[str, ...]:
         raise ValueError(f"must hold {','.join(LIMITED_FEATURES)} (the resources the phase policy "
                          f"limits); {','.join(missing)} missing in {text!r}")
     return tuple(f for f in PHASE_FEATURES if f in got)
+
+
+def _windows(text: str) -> tuple[float, ...]:
+    """Comma-separated positive seconds, e.g. ``600,3600``."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise ValueError("give at least one window, e.g. 600,3600")
+    out = tuple(parse_float(p) for p in parts)
+    if any(w <= 0 for w in out):
+        raise ValueError(f"windows must be positive seconds, got {text!r}")
+    return out
 
 
 def relative_cgroup_path(v: str) -> None:
@@ -542,6 +553,19 @@ class WorkerSettings(_Group):
     batch_wait_ms: float = setting(5.0, check=at_least(0), name="worker_batch_wait_ms",
                                    help="longest wait for such a batch, ms")
 
+    #: the live scorecard (docs/kubernetes.md): samples kept per container (0 = no scorecard)
+    #: and the sliding windows of event time it scores
+    scorecard_samples: int = setting(300, check=at_least(0), flag="--scorecard-samples",
+                                     help="samples kept per container for the live scorecard (72 bytes each), "
+                                          "0 = none")
+    scorecard_windows: str = setting("60,300", check=lambda v: _windows(v) and None,
+                                     flag="--scorecard-windows",
+                                     help="the scorecard's sliding windows, seconds of event time, comma-separated")
+
+    def scorecard_windows_s(self) -> tuple[float, ...]:
+        """``scorecard_windows`` as seconds."""
+        return _windows(self.scorecard_windows)
+
     def host_set(self) -> frozenset[str]:
         """``worker_hosts`` as a set (empty: every host)."""
         return frozenset(h.strip() for h in self.hosts.split(",") if h.strip())
@@ -691,7 +715,10 @@ class ActuatorSettings(_Group):
     """
 
     backend: str = setting("cgroup", choices=BACKENDS, flag="--backend",
-                           help="cgroup: write cgroup files; dry-run: log and report only")
+                           help="cgroup: write cgroup files; dry-run: log and report only; "
+                                "kubernetes: the pod resize API (docs/kubernetes.md)")
+    kube_api: str = setting("", flag="--kube-api",
+                            help="Kubernetes API server URL; empty: in-cluster (service account token + CA)")
     cpu_floor_cores: float = setting(0.05, check=above(0), flag="--cpu-floor",
                                      help="never set a CPU limit below this many cores")
     mem_margin_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0),

@@ -66,6 +66,7 @@ from phasewise.settings import Settings
 from phasewise.streams.config import state_cache, updater_config
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
+from phasewise.streams.scorecard import LiveScorecard
 from phasewise.streams.topics import worker_topics
 from phasewise.topics import DEAD_LETTERS, DECISIONS, SAMPLES
 
@@ -309,6 +310,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     only_hosts = settings.worker.host_set()
     expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
+    scorecard = live_scorecard(app, settings, metrics, cache, phase)
 
     activity = Activity()
     guard = cache.guard
@@ -320,7 +322,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     def process_round(msgs: list[HostSamples]) -> list[Decision]:
         """The VPA, then (--policy phase) the detector, over messages whose containers are distinct."""
-        return worker_round(cache, msgs, updater, phase)
+        return worker_round(cache, msgs, updater, phase, scorecard)
 
     def emit(decisions: list[Decision]) -> None:
         if phase is not None:
@@ -363,7 +365,9 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 got = [(event, hs) for event, hs in got if id(event) not in bad]
             samples = 0
             for _, hs in got:
-                expiry.after(hs.host, hs.ts)
+                gone = expiry.after(hs.host, hs.ts)
+                if gone and scorecard is not None:
+                    scorecard.forget(gone)
                 samples += len(hs.containers)
             if guard is not None and (totals := guard.totals.tolist()) != guard_seen:
                 for rule, now, before in zip(RULES, totals, guard_seen):
@@ -382,6 +386,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         cache.clear()  # the table, restored on assignment, is the truth from here
         if phase is not None:
             phase.clear()
+        if scorecard is not None:
+            scorecard.clear()
         metrics.containers.set(0)
 
     @app.on_rebalance_complete.connect
@@ -389,4 +395,25 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         metrics.ready.set(0 if barrier.failure is not None else 1)
 
     return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics,
-            "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry}
+            "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry, "scorecard": scorecard}
+
+
+def live_scorecard(app: faust.App, settings: Settings, metrics: WorkerMetrics, cache: StateCache,
+                   phase: Any) -> LiveScorecard | None:
+    """The worker's live scorecard (``scorecard_samples`` 0: none): its collector on the metrics
+    registry and its view at ``/scorecard/`` on the worker's web port."""
+    if settings.worker.scorecard_samples <= 0:
+        return None
+    from phasewise.models.scorecard import ScorecardConfig
+
+    sc = LiveScorecard(ScorecardConfig(windows_s=settings.worker.scorecard_windows_s(),
+                                       capacity=max(2, settings.worker.scorecard_samples)),
+                       vpa_cache=cache, phase=phase, policy=settings.worker.policy)
+    metrics.registry.register(sc)
+
+    @app.page("/scorecard/")
+    async def scorecard_view(web: Any, request: Any) -> Any:
+        status, body = sc.view(request.query.get("container"))
+        return web.json(body, status=status)
+
+    return sc

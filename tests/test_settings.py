@@ -31,7 +31,8 @@ WHERE = {
     "cgroup_layout": "cgroup.layout", "cgroup_parent": "cgroup.parent",
     "interval_s": "producer.interval_s", "buffer_max_messages": "producer.buffer_max_messages",
     "flush_timeout_s": "producer.flush_timeout_s", "proc_root": "producer.proc_root",
-    "worker_id": "worker.id", "web_port": "worker.web_port", "policy": "worker.policy",
+    "worker_id": "worker.id", "web_port": "worker.web_port", "scorecard_samples": "worker.scorecard_samples",
+    "scorecard_windows": "worker.scorecard_windows", "policy": "worker.policy",
     "recommend_interval_s": "worker.recommend_interval_s", "hysteresis": "worker.hysteresis",
     "worker_hosts": "worker.hosts", "state_write_interval_s": "worker.state_write_interval_s",
     "container_ttl_s": "worker.container_ttl_s", "worker_batch_max": "worker.batch_max",
@@ -47,7 +48,7 @@ WHERE = {
     "safety_rules": "safety.rules", "safety_min_history_s": "safety.min_history_s",
     "safety_cooldown_s": "safety.cooldown_s", "safety_max_decrease": "safety.max_decrease",
     "safety_peak_window_s": "safety.peak_window_s",
-    "backend": "actuator.backend", "cpu_floor_cores": "actuator.cpu_floor_cores",
+    "backend": "actuator.backend", "kube_api": "actuator.kube_api", "cpu_floor_cores": "actuator.cpu_floor_cores",
     "mem_margin_bytes": "actuator.mem_margin_bytes",
     "mem_floor_bytes": "actuator.mem_floor_bytes", "apply_retries": "actuator.apply_retries",
     "apply_retry_backoff_s": "actuator.apply_retry_backoff_s",
@@ -81,7 +82,8 @@ def other_value(name: str):
         return next(c for c in spec.choices if c != default)
     if spec.kind == "str":
         candidates = {"phase_features": ["cpu,mem,gpu"],
-                      "cgroup_prefix": ["other/prefix"], "place_local_nodes": ["s0=0-1@0;s1=2"]}.get(name, ["other"])
+                      "cgroup_prefix": ["other/prefix"], "place_local_nodes": ["s0=0-1@0;s1=2"],
+                      "scorecard_windows": ["30,120"]}.get(name, ["other"])
     elif spec.kind == "int":
         candidates = [default + 1, default - 1]
     else:

@@ -93,6 +93,7 @@ from typing import Any
 import numpy as np
 
 from phasewise.models.policy import Limits
+from phasewise.models.scorecard import decision_limits
 from phasewise.replay.policies import NOMINAL_MEM_BYTES, PolicySpec
 from phasewise.replay.traces import Trace
 from phasewise.schemas import (
@@ -239,14 +240,8 @@ def rebuild_sequences(trace: Trace, decisions: Iterable[Decision],
     resources = [r for r in WORKER_RESOURCES if r in trace.units]
     per: dict[str, list[tuple[float, dict[str, float]]]] = {}
     for d in decisions:
-        raw = (d.details or {}).get("limits") or {}
-        vals: dict[str, float] = {}
-        for r, field_ in (("cpu", d.cpu_limit_cores), ("mem", d.mem_limit_bytes)):
-            if field_ is None:
-                continue  # this decision leaves r unchanged
-            v = raw.get(r)
-            v = float(field_ if v is None else v)
-            vals[r] = v / scale_mem if r == "mem" else v
+        vals = {r: v / scale_mem if r == "mem" else v
+                for r, v in decision_limits(d.cpu_limit_cores, d.mem_limit_bytes, d.details).items()}
         if vals:
             per.setdefault(d.container, []).append((d.ts, vals))
     out: dict[str, list[tuple[float, Limits]]] = {}
@@ -518,7 +513,7 @@ class _InProcessPhase:
 
 def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "replay", frozen_model: bool = False,
                       pretrained: bool = False, statistics: str = STATISTICS,
-                      safety: bool = False) -> KafkaReplayResult:
+                      safety: bool = False, scorecard: Any = None) -> KafkaReplayResult:
     """What :func:`replay_through_kafka` does, without Kafka: the worker's own step in this process.
 
     The same messages (:func:`trace_messages`), the same settings
@@ -529,6 +524,8 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
     *frozen_model* nothing is learned and the decisions equal, record for
     record, those a real worker publishes through Kafka for the same *host*
     (tested). ``messages`` counts the end marker; its decision is dropped.
+    *scorecard*: a :class:`~phasewise.models.scorecard.Scorecard` the rounds
+    feed, as the worker's does.
     """
     if family not in ("vpa", "phase"):
         raise KafkaReplayError(f"policy {family!r} is not a worker policy (vpa, phase)")
@@ -550,7 +547,7 @@ def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "repla
     quiet.setLevel(max(logging.WARNING, quiet.getEffectiveLevel()))
     try:
         for m in messages:
-            got += worker_round(cache, [m], updater, phase)
+            got += worker_round(cache, [m], updater, phase, scorecard)
     finally:
         quiet.setLevel(level)
     got = [d for d in got if d.container != END_CONTAINER]

@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 class Worker:
     def __init__(self, settings: Settings, tmp, worker_id: str) -> None:
         self.metrics_port = free_port()
+        self.web_port = free_port()
         env = {
             "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap,
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
@@ -43,7 +44,7 @@ class Worker:
             "PHASEWISE_SAFETY_RULES": "false",
             "PHASEWISE_LOG_LEVEL": "info",
         }
-        args = ["--recommend-interval", "1", "--web-port", "0", "--worker-id", worker_id,
+        args = ["--recommend-interval", "1", "--web-port", str(self.web_port), "--worker-id", worker_id,
                 "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
         self.role = RoleProcess("worker", args, env=env, log_path=tmp / f"worker-{uuid.uuid4().hex[:4]}.log")
 
@@ -161,6 +162,38 @@ def test_an_idle_container_gets_a_lowering_vpa_decision(module_settings, worker,
     assert d.details["cpu_samples"] >= 3 and d.details["previous"]["cpu"] == 4.0
     assert d.details["cpu_percentiles"]["p90"] == pytest.approx(d.details["cpu"]["target"] / 1.15)
     assert "vpa target" in d.reason and d.ts >= T0 + 1.0
+
+
+def test_the_scorecard_of_the_real_worker_on_its_web_port_and_metrics(module_settings, worker, decisions):
+    from urllib.request import urlopen
+
+    from phasewise.streams.explain import fetch
+
+    host = f"h-{uuid.uuid4().hex[:6]}"
+    p = make_producer(module_settings)
+    for i in range(20):
+        p.produce(SAMPLES.name, key=host.encode(), value=samples(host, "scored", T0 + 0.5 * i, 0.2))
+    p.flush(10)
+    decisions.wait_for(decision_for(host, "scored"), what="decision")
+    url = f"http://127.0.0.1:{worker.web_port}"
+    deadline = time.monotonic() + 10
+    while abs(((got := fetch(url, f"{host}/scored"))[1].get("now", {}).get("t") or 0) - (T0 + 9.5)) > 1e-3:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.2)
+    status, card = got
+    assert status == 200 and card["now"]["cpu"]["limit"] == 4.0 and card["now"]["cpu"]["vpa"] is not None
+    rows = {(r["window_s"], r["resource"], r["policy"]): r for r in card["scorecard"]}
+    assert rows[(300.0, "cpu", "limit")]["steps"] > 0 and rows[(300.0, "cpu", "vpa")]["steps"] > 0
+    assert fetch(url, f"{host}/nothing")[0] == 404
+    want = 'phasewise_worker_scorecard_fulfilment{policy="limit",resource="cpu",window="300s"}'
+    deadline = time.monotonic() + 10
+    while True:  # rescored at most once a second
+        with urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        if want in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert want in text and host not in text
 
 
 BAD = [

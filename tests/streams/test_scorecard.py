@@ -1,0 +1,203 @@
+"""The worker's live scorecard: fed by worker_round, scraped as bounded metrics, shown by ``phasewise explain``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from phasewise.models.scorecard import ScorecardConfig
+from phasewise.models.vpa_updater import worker_round
+from phasewise.schemas import ContainerSample, HostSamples
+from phasewise.settings import Settings
+from phasewise.streams import explain
+from phasewise.streams.config import state_cache, updater_config
+from phasewise.streams.scorecard import LiveScorecard
+
+
+def run_worker(n: int = 120, hosts=("h1", "h2")) -> LiveScorecard:
+    settings = Settings.from_env({}, env={"PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_RECOMMEND_INTERVAL_S": "5",
+                                          "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",
+                                          "PHASEWISE_SAFETY_RULES": "false"})
+    cache, cfg = state_cache(settings), updater_config(settings)
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0, 600.0), capacity=200), vpa_cache=cache)
+    for i in range(n):
+        msgs = [HostSamples(host=h, ts=1000.0 + 5 * i, interval_s=5.0, containers=(
+            ContainerSample(container="train", cpu_cores=1.0 + (i % 7) / 10, mem_bytes=2e9 + 1e7 * (i % 5),
+                            cpu_limit_cores=4.0, mem_limit_bytes=8e9),
+            ContainerSample(container=f"only-{h}", cpu_cores=0.5, mem_bytes=1e9))) for h in hosts]
+        worker_round(cache, msgs, cfg, None, sc)
+    return sc
+
+
+@pytest.fixture(scope="module")
+def sc() -> LiveScorecard:
+    return run_worker()
+
+
+def test_metrics_are_the_fleet_totals_with_bounded_labels(sc):
+    reg = CollectorRegistry()
+    reg.register(sc)
+    text = generate_latest(reg).decode()
+    assert "h1" not in text and "train" not in text  # never a container or host in a label
+    totals = sc.model.totals()
+    v = totals[600.0]["cpu"]["vpa"]
+    want = reg.get_sample_value("phasewise_worker_scorecard_alloc_over_used",
+                                {"policy": "vpa", "resource": "cpu", "window": "600s"})
+    assert v.steps > 0 and want == pytest.approx(v.alloc_over_used)
+    lim = reg.get_sample_value("phasewise_worker_scorecard_fulfilment",
+                               {"policy": "limit", "resource": "cpu", "window": "60s"})
+    assert lim == 1.0  # 4 cores in force, at most 1.6 used
+    assert reg.get_sample_value("phasewise_worker_scorecard_steps",
+                                {"policy": "phase", "resource": "cpu", "window": "60s"}) is None
+
+
+def test_explain_view(sc):
+    assert sc.view(None) == (200, {"containers": ["h1/only-h1", "h1/train", "h2/only-h2", "h2/train"]})
+    status, body = sc.view("train")
+    assert status == 409 and "h1/train" in body["error"]
+    status, body = sc.view("only-h2")
+    assert status == 200 and body["container"] == "h2/only-h2"
+    json.dumps(body, allow_nan=False)  # valid JSON: no inf/nan
+    assert body["now"]["cpu"]["limit"] is None  # unlimited
+    rows = {(r["window_s"], r["resource"], r["policy"]): r for r in body["scorecard"]}
+    assert rows[(600.0, "cpu", "limit")]["note"] == "no limit in this window"
+    assert rows[(600.0, "cpu", "vpa")]["steps"] > 0
+    assert body["vpa"]["recommendation"]["cpu"]["target"] > 0 and body["phase"] is None
+    assert sc.view("nope")[0] == 404
+
+
+class _Serve:
+    def __init__(self, sc: LiveScorecard) -> None:
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                u = urlsplit(self.path)
+                if u.path != "/scorecard/":
+                    self.send_error(404)
+                    return
+                status, body = sc.view(parse_qs(u.query).get("container", [None])[0])
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *a) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    explain.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_explain_command_over_two_workers(sc, capsys):
+    other = run_worker(n=3, hosts=("h9",))
+    a, b = _Serve(sc), _Serve(other)
+    try:
+        assert explain.run(_args("h2/train", "--worker", b.url, "--worker", a.url)) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("container h2/train") and "scorecard" in out
+        assert any(line.split()[:3] == ["600s", "cpu", "vpa"] for line in out.splitlines())
+        assert explain.run(_args("only-h9", "--worker", a.url, "--worker", b.url, "--json")) == 0
+        assert json.loads(capsys.readouterr().out)["container"] == "h9/only-h9"
+        assert explain.run(_args("--worker", a.url)) == 0
+        assert "h1/train" in capsys.readouterr().out
+        assert explain.run(_args("ghost", "--worker", a.url)) == 1
+        assert "no worker holds container 'ghost'" in capsys.readouterr().err
+        assert explain.run(_args("train", "--worker", a.url)) == 1  # on two hosts: name one
+        assert "several hosts" in capsys.readouterr().err
+    finally:
+        a.close()
+        b.close()
+
+
+def test_scrapes_within_every_s_reuse_the_last_scoring():
+    now = [0.0]
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), capacity=10), every_s=10.0, share=1e-9,
+                       clock=lambda: now[0])
+    reg = CollectorRegistry()
+    reg.register(sc)
+
+    def steps() -> float | None:
+        return reg.get_sample_value("phasewise_worker_scorecard_steps",
+                                    {"policy": "limit", "resource": "cpu", "window": "60s"})
+
+    def round_(ts: float) -> None:
+        sc.observe_round([HostSamples(host="h", ts=ts, interval_s=1.0, containers=(
+            ContainerSample(container="c", cpu_cores=1.0, mem_bytes=1e9, cpu_limit_cores=2.0),))])
+
+    round_(1.0)
+    round_(2.0)
+    assert steps() == 2
+    round_(3.0)
+    now[0] = 9.9
+    assert steps() == 2  # the cached scoring
+    now[0] = 10.0
+    assert steps() == 2  # the last scoring took > 1e-8 s: at most share 1e-9 of the time, so not yet
+    sc.share = 1.0
+    assert steps() == 3
+
+
+def test_explain_shows_identity_and_mode_and_off_is_not_scored(capsys):
+    from phasewise.schemas import ContainerIdentity, WorkloadPolicy
+
+    cid = "3f1c2a9e8b7d6c5f4e3d2c1b0a99887766554433221100ffeeddccbbaa998877"
+    who = ContainerIdentity(layout="kubepods-systemd", container_id=cid, pod_namespace="ml", pod_name="trainer-0",
+                            container_name="worker", runtime="containerd", qos="burstable")
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), capacity=10))
+    for i in range(3):
+        sc.observe_round([HostSamples(host="n1", ts=10.0 + i, interval_s=1.0, containers=(
+            ContainerSample(container=cid, cpu_cores=1.0, mem_bytes=1e9, cpu_limit_cores=2.0, identity=who,
+                            workload=WorkloadPolicy(mode="recommend", source="annotation", cpu_max_cores=4.0)),
+            ContainerSample(container="ignored", cpu_cores=1.0, mem_bytes=1e9,
+                            workload=WorkloadPolicy(mode="off")),
+        ))])
+    assert sc.containers() == [f"n1/{cid}"]  # the off one is not managed, so not scored
+    status, card = sc.view(cid)
+    assert status == 200 and card["identity"]["pod_name"] == "trainer-0" and card["workload"]["mode"] == "recommend"
+    text = explain.format_card(card)
+    assert "pod ml/trainer-0 container worker (qos burstable, containerd, layout kubepods-systemd)" in text
+    assert "mode recommend (from annotation): decided and published, never written" in text
+
+
+def test_explain_shows_the_phase_with_the_phase_policy():
+    """--policy phase: the view carries the detector's phase, its source per resource and the VPA's numbers."""
+    from phasewise.replay.kafka import _InProcessPhase, replay_settings_env, trace_messages
+    from phasewise.replay.traces import ContainerSeries, Trace
+
+    t = 5.0 * np.arange(120) + 1.0
+    trace = Trace("synthetic", "-", {"cpu": "cores", "mem": "bytes"}, [ContainerSeries(
+        "c0", t, {"cpu": np.where((t // 150) % 2 == 0, 0.5, 2.0), "mem": np.where((t // 150) % 2 == 0, 1e9, 3e9)})])
+    settings = Settings.from_env({"bootstrap": "in-process", "host": "h"},
+                                 env=replay_settings_env("phase", trace, frozen_model=True))
+    cache, cfg = state_cache(settings), updater_config(settings)
+    phase = _InProcessPhase(settings, cache, True)
+    sc = LiveScorecard(ScorecardConfig(windows_s=(300.0,), capacity=200), vpa_cache=cache, phase=phase,
+                       policy="phase")
+    for m in trace_messages(trace, "h"):
+        worker_round(cache, [m], cfg, phase, sc)
+    status, card = sc.view("h/c0")
+    assert status == 200 and card["policy"] == "phase"
+    ph = card["phase"]
+    assert isinstance(ph["phase"], int) and set(ph["from_phase"]) >= {"cpu", "mem"}
+    assert card["now"]["cpu"]["phase"] is not None and card["vpa"]["numbers"]["cpu_samples"] == 120
+    rows = {(r["resource"], r["policy"]): r for r in card["scorecard"]}
+    assert rows[("cpu", "phase")]["steps"] > 0 and rows[("cpu", "vpa")]["steps"] == rows[("cpu", "phase")]["steps"]
+    assert "phase: " in explain.format_card(card)
