@@ -204,7 +204,7 @@ class Decision:
     ts: float = _f(minimum=0)
     host: str = _f()
     container: str = _f()
-    action: str = _f(enum=("limit", "freeze", "thaw", "terminate", "place"))
+    action: str = _f(enum=("limit", "freeze", "thaw", "terminate", "place", "scale", "share"))
     policy: str = _f(doc="policy that produced it, e.g. vpa, phase")
     reason: str = _f(default="")
     cpu_limit_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
