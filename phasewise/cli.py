@@ -38,6 +38,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "bench": ("phasewise.bench.cli", "throughput / latency / memory benchmarks"),
     "schemas": ("phasewise.schemas_cli", "write or check the JSON Schemas of every topic"),
     "topics": ("phasewise.topics_cli", "create the topics on a cluster (idempotent) and list them"),
+    "submit": ("phasewise.horus.submit", "publish a job (JOB.json|yaml) on the job-events topic"),
 }
 
 
