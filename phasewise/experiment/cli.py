@@ -15,6 +15,8 @@ import importlib.util
 EXPERIMENTS: dict[str, tuple[str, str]] = {
     "targets": ("phasewise.experiment.targets",
                 "TRADL loss targets: real small training jobs under NA / AO / FT, time to targets"),
+    "curves": ("phasewise.experiment.curves",
+               "target detection replayed over real training curves (MLPerf v1.0, Pollux)"),
     "priorities": ("phasewise.experiment.priorities",
                    "DynamoML priorities: inference service, preemption, autoscaling, static vs managed"),
 }
