@@ -36,6 +36,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "actuate": ("phasewise.actuators.consumer", "run the actuator: apply this host's decisions"),
     "replay": ("phasewise.replay.cli", "replay a real trace through the policies and score them"),
     "bench": ("phasewise.bench.cli", "throughput / latency / memory benchmarks"),
+    "experiment": ("phasewise.experiment.cli", "experiments with real jobs under a policy (targets, priorities)"),
     "schemas": ("phasewise.schemas_cli", "write or check the JSON Schemas of every topic"),
     "topics": ("phasewise.topics_cli", "create the topics on a cluster (idempotent) and list them"),
     "submit": ("phasewise.horus.submit", "publish a job (JOB.json|yaml) on the job-events topic"),
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _extra_for(role: str | None) -> str:
     return {"worker": "streams", "replay": "streams,report", "produce": "producer",
-            "actuate": "actuator", "broker": "broker", "bench": "all", "demo": "all"}.get(role or "", "all")
+            "actuate": "actuator", "broker": "broker", "bench": "all", "demo": "all",
+            "experiment": "all"}.get(role or "", "all")
 
 
 if __name__ == "__main__":
