@@ -224,6 +224,8 @@ class JobSpec:
     targets: JobTargets | None = _f(default=None)
     command: tuple[str, ...] = _f(default=(), doc="argv that starts the job locally")
     node_selector: dict = _f(default={}, doc="node labels the job needs, e.g. a GPU model")
+    expected_s: float | None = _f(default=None, minimum=0, maximum=86400 * 365,
+                                  doc="seconds the job expects to run once started; null = unknown (long)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
