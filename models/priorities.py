@@ -194,6 +194,15 @@ class PriorityPolicy:
 
     # ------------------------------------------------------------------ events
 
+    def add_host(self, host: str, capacity: Capacity) -> None:
+        """A host joins (its capacity is fixed from then on)."""
+        if host in self._hosts:
+            raise ValueError(f"host {host!r} is already known")
+        self._hosts[host] = capacity
+
+    def knows_host(self, host: str) -> bool:
+        return host in self._hosts
+
     def submit(self, req: JobRequest, now: float) -> list[Action]:
         """A job arrives (an inference service's extra replica is a job of its own)."""
         if req.host not in self._hosts:

@@ -58,6 +58,7 @@ __all__ = [
     "SPECS",
     "VPA_UPDATE_MODES",
     "ActuatorSettings",
+    "PrioritySettings",
     "CgroupSettings",
     "KafkaSettings",
     "PhaseSettings",
@@ -687,6 +688,29 @@ class ActuatorSettings(_Group):
 
 
 @dataclass(frozen=True, slots=True)
+class PrioritySettings(_Group):
+    """The priority agent (``phasewise worker --priorities``): DynamoML preemption over the job events.
+
+    :mod:`phasewise.models.priorities` decides; every host offers the same
+    capacity to jobs.
+    """
+
+    PREFIX: ClassVar[str] = "priority_"
+
+    agent: bool = setting(False, flag="--priorities",
+                          help="run the priority agent on the job events (freeze / checkpoint-and-stop / resume)")
+    host_cpu_cores: float = setting(0.0, check=at_least(0),
+                                    help="CPU cores each host offers to jobs; 0 = this host's core count")
+    host_mem_bytes: int = setting(0, parse=parse_size, check=at_least(0),
+                                  help="memory each host offers to jobs; 0 = this host's memory")
+    host_gpus: float = setting(0.0, check=at_least(0), help="GPUs each host offers to jobs")
+    freeze_max_wait_s: float = setting(120.0, check=at_least(0),
+                                       help="victims are frozen (not stopped) for expected waits up to this long")
+    grace_s: float = setting(30.0, check=at_least(0),
+                             help="seconds a checkpoint-and-exit gets before the hard stop")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings(_Group):
     """Every setting of a process: the few every role reads, and one group per role or concern.
 
@@ -711,6 +735,7 @@ class Settings(_Group):
     phase: PhaseSettings = group(PhaseSettings)
     safety: SafetySettings = group(SafetySettings)
     actuator: ActuatorSettings = group(ActuatorSettings)
+    priority: PrioritySettings = group(PrioritySettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():

@@ -306,6 +306,11 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
                                dead_letter=dead_letter, outputs=outputs, barrier=barrier)
 
+    if settings.priority.agent:  # DynamoML preemption over the job events
+        from phasewise.streams.priority_agents import register_priorities
+
+        register_priorities(app, settings, outputs=outputs, dead_letter=dead_letter)
+
     only_hosts = settings.worker.host_set()
     expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
 

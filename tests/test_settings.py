@@ -52,6 +52,9 @@ WHERE = {
     "apply_retry_backoff_s": "actuator.apply_retry_backoff_s",
     "ledger_max_age_days": "actuator.ledger_max_age_days",
     "ledger_max_rows": "actuator.ledger_max_rows",
+    "priority_agent": "priority.agent", "priority_host_cpu_cores": "priority.host_cpu_cores",
+    "priority_host_mem_bytes": "priority.host_mem_bytes", "priority_host_gpus": "priority.host_gpus",
+    "priority_freeze_max_wait_s": "priority.freeze_max_wait_s", "priority_grace_s": "priority.grace_s",
 }
 
 
