@@ -41,6 +41,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "experiment": ("phasewise.experiment.cli", "experiments with real jobs under a policy (targets, priorities)"),
     "schemas": ("phasewise.schemas_cli", "write or check the JSON Schemas of every topic"),
     "topics": ("phasewise.topics_cli", "create the topics on a cluster (idempotent) and list them"),
+    "submit": ("phasewise.horus.submit", "publish a job (JOB.json|yaml) on the job-events topic"),
 }
 
 

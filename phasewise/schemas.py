@@ -32,6 +32,7 @@ import dataclasses
 import json
 import math
 import operator
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -50,6 +51,11 @@ __all__ = [
     "GpuSample",
     "HostSamples",
     "JobEvent",
+    "JobSpec",
+    "JobRequests",
+    "JobTargets",
+    "Interval",
+    "UtilisationPrediction",
     "Decision",
     "Actuation",
     "PhaseChange",
@@ -109,9 +115,12 @@ def _f(
     minimum: float | None = None,
     maximum: float | None = None,
     enum: tuple[str, ...] | None = None,
+    pattern: str | None = None,
     doc: str = "",
 ) -> Any:
     meta = {"minimum": minimum, "maximum": maximum, "enum": enum, "doc": doc}
+    if pattern is not None:
+        meta["pattern"] = pattern
     if default is dataclasses.MISSING:
         return field(metadata=meta)
     if isinstance(default, (dict, list)):
@@ -177,25 +186,92 @@ class HostSamples:
     v: int = _f(default=1)
 
 
+#: a job id: the characters of a managed container name (cgroupfs)
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$"
+#: the largest batch size a job spec may name (anything above is a typo, not a workload)
+MAX_BATCH = 2**20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRequests:
+    """Resources a job asks for; null = not stated (the predictions stand in)."""
+
+    cpu_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
+    mem_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+    gpus: float = _f(default=0.0, minimum=0, maximum=64, doc="GPUs; fractional allowed, e.g. 0.5")
+    gpu_mem_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobTargets:
+    """A training job's two-tier target on a metric it reports (TRADL's <acceptable, objective>)."""
+
+    metric: str = _f(default="loss")
+    direction: str = _f(default="min", enum=("min", "max"))
+    acceptable: float | None = _f(default=None)
+    objective: float | None = _f(default=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """What a submitted job runs: its model, data, batch, precision and requests."""
+
+    model: str = _f(doc="catalog name (e.g. resnet50) or module:function returning an nn.Module")
+    dataset: str = _f(doc="catalog dataset name (e.g. cifar10); gives the input shape")
+    batch_size: int = _f(minimum=1, maximum=MAX_BATCH)
+    amp: bool = _f(default=False, doc="automatic mixed precision")
+    requests: JobRequests = _f(default=JobRequests())
+    targets: JobTargets | None = _f(default=None)
+    command: tuple[str, ...] = _f(default=(), doc="argv that starts the job locally")
+    node_selector: dict = _f(default={}, doc="node labels the job needs, e.g. a GPU model")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobEvent:
-    """A training job's life: submitted, progress (step, loss), finished (key: job)."""
+    """A job's life: submitted (with its spec), started (where), progress, finished (key: job)."""
+
+    VERSION: ClassVar[int] = 1
+    job: str = _f(pattern=JOB_ID_PATTERN, doc="job id (the characters of a container name)")
+    ts: float = _f(minimum=0)
+    kind: str = _f(enum=("submitted", "started", "progress", "finished"))
+    host: str | None = _f(default=None, doc="where it runs (kind started)")
+    container: str | None = _f(default=None, doc="its container (kind started)")
+    workload: str = _f(default="training", enum=("training", "inference", "interactive"))
+    priority: int = _f(default=0, doc="higher is more important")
+    spec: JobSpec | None = _f(default=None, doc="kind submitted only")
+    step: int | None = _f(default=None, minimum=0)
+    loss: float | None = _f(default=None)
+    metric: float | None = _f(default=None)
+    metric_name: str | None = _f(default=None)
+    epoch: float | None = _f(default=None, minimum=0)
+    v: int = _f(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interval:
+    """A predicted quantity: its mean and an interval [lo, hi] at the prediction's coverage."""
+
+    mean: float = _f(minimum=0)
+    lo: float = _f(minimum=0)
+    hi: float = _f(minimum=0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UtilisationPrediction:
+    """What a submitted job will use, predicted from its computation graph before it runs (key: job)."""
 
     VERSION: ClassVar[int] = 1
     job: str = _f()
     ts: float = _f(minimum=0)
-    kind: str = _f(enum=("submitted", "progress", "finished"))
-    host: str | None = _f(default=None)
-    container: str | None = _f(default=None)
-    step: int | None = _f(default=None, minimum=0)
-    loss: float | None = _f(default=None)
-    metric: float | None = _f(default=None, doc="progress: the job's metric (e.g. accuracy), named by metric_name")
-    metric_name: str | None = _f(default=None)
-    epoch: float | None = _f(default=None, minimum=0)
-    acceptable_loss: float | None = _f(default=None)
-    objective_loss: float | None = _f(default=None)
-    priority: int | None = _f(default=None)
-    workload: str | None = _f(default=None, doc="training | inference | interactive")
+    model_version: int = _f(minimum=0, doc="jobs the model had learned from when it predicted")
+    device: str | None = _f(default=None, doc="GPU model the prediction is for; null = any")
+    gpu_util: Interval = _f(doc="mean GPU utilisation over the steady phase, percent of one GPU (0-100)")
+    gpu_mem_bytes: Interval = _f(doc="GPU memory, bytes")
+    cpu_cores: Interval = _f(doc="mean CPU cores over the steady phase")
+    mem_bytes: Interval = _f(doc="host memory (working set), bytes")
+    coverage: float = _f(minimum=0, maximum=1, doc="nominal probability that [lo, hi] holds the observed value")
+    first_sight: bool = _f(default=True, doc="no job of this model had been observed")
+    features: dict = _f(default={}, doc="the graph features the prediction used")
     v: int = _f(default=1)
 
 
@@ -309,6 +385,11 @@ RECORDS: tuple[type, ...] = (
     ContainerSample,
     GpuSample,
     JobEvent,
+    JobSpec,
+    JobRequests,
+    JobTargets,
+    Interval,
+    UtilisationPrediction,
     Decision,
     Actuation,
     PhaseChange,
@@ -395,12 +476,15 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
 
     if tp is str:
         enum = meta.get("enum")
+        pattern = re.compile(meta["pattern"]) if meta.get("pattern") else None
 
         def check_str(value: Any) -> str:
             if type(value) is not str:
                 raise SchemaError(f"{cls}: field '{name}' must be a string, got {type(value).__name__}")
             if enum and value not in enum:
                 raise SchemaError(f"{cls}: field '{name}' = {brief(value)} is not one of {list(enum)}")
+            if pattern is not None and not pattern.match(value):
+                raise SchemaError(f"{cls}: field '{name}' = {brief(value)} does not match {pattern.pattern}")
             return value
 
         return null_or(check_str)
@@ -420,6 +504,23 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
             return value
 
         return null_or(check_dict)
+    if dataclasses.is_dataclass(tp):  # a nested record (e.g. JobEvent.spec)
+
+        def check_nested(value: Any) -> Any:
+            try:
+                return _parser(tp)(value)
+            except SchemaError as e:
+                raise SchemaError(f"{cls}: {name}: {e}") from None
+
+        return null_or(check_nested)
+    if typing.get_origin(tp) is tuple and typing.get_args(tp)[0] is str:
+
+        def check_strings(value: Any) -> tuple:
+            if type(value) is not list or any(type(x) is not str for x in value):
+                raise SchemaError(f"{cls}: field '{name}' must be an array of strings")
+            return tuple(value)
+
+        return null_or(check_strings)
     if typing.get_origin(tp) is tuple:
         item_tp = typing.get_args(tp)[0]
 
@@ -519,9 +620,11 @@ def to_dict(record: Any) -> dict:
             if not _isfinite(value):
                 raise _not_finite(f"{cls.__name__}.{name}", value)
         elif t is tuple:
-            value = [to_dict(x) for x in value]
+            value = [x if type(x) is str else to_dict(x) for x in value]
         elif t is dict or t is list:
             _check_finite(value, f"{cls.__name__}.{name}")
+        elif t in RECORDS:  # a nested record
+            value = to_dict(value)
         out[name] = value
     return out
 
@@ -752,8 +855,19 @@ def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
         s = {"type": "string"}
         if meta.get("enum"):
             s["enum"] = list(meta["enum"])
+        if meta.get("pattern"):
+            s["pattern"] = meta["pattern"]
     elif tp is dict:
         s = {"type": "object"}
+    elif dataclasses.is_dataclass(tp):
+        defs[tp.__name__] = _schema_body(tp, defs)
+        ref: dict = {"$ref": f"#/$defs/{tp.__name__}"}
+        s = {"anyOf": [ref, {"type": "null"}]} if optional else ref
+        if meta.get("doc"):
+            s["description"] = meta["doc"]
+        return s
+    elif typing.get_origin(tp) is tuple and typing.get_args(tp)[0] is str:
+        s = {"type": "array", "items": {"type": "string"}}
     elif typing.get_origin(tp) is tuple:
         item = typing.get_args(tp)[0]
         defs[item.__name__] = _schema_body(item, defs)

@@ -25,7 +25,7 @@ class Topic:
 SAMPLES = Topic("phasewise.samples.v1", "host", 8, doc="HostSamples, one per host per tick")
 JOB_EVENTS = Topic("phasewise.job-events.v1", "job", 8, doc="JobEvent")
 PHASES = Topic("phasewise.phases.v1", "container", 8, doc="PhaseChange")
-PREDICTIONS = Topic("phasewise.predictions.v1", "job", 4, doc="utilisation predictions")
+PREDICTIONS = Topic("phasewise.predictions.v1", "job", 4, doc="UtilisationPrediction")
 DECISIONS = Topic("phasewise.decisions.v1", "host", 8, doc="Decision, in order per host")
 ACTUATIONS = Topic("phasewise.actuations.v1", "host", 8, doc="Actuation results, audit")
 MODELS = Topic("phasewise.models.v1", "model name", 1, compacted=True, doc="ModelSnapshot")

@@ -1,0 +1,130 @@
+"""The names a job spec may use: catalog models, datasets and their input shapes (pure data, no torch).
+
+A name matches case-insensitively ignoring ``-``, ``_`` and spaces
+(``ResNet-18`` = ``resnet18``), and a family name without a size means its
+usual member (``VGG`` = VGG-16, ``EfficientNet`` = B0, ``LSTM`` = the LSTM
+language model, ``Transformer`` = the seq2seq Transformer).
+
+>>> canonical_model("ResNet-18"), canonical_model("EfficientNet"), canonical_model("LM")
+('resnet18', 'efficientnet_b0', 'lstm_lm')
+>>> canonical_dataset("Wikitext-2"), dataset_shape("cifar10").image_size
+('wikitext2', 32)
+>>> canonical_model("cyclegan") is None
+True
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["MODELS", "DATASETS", "DatasetShape", "normalise", "canonical_model", "canonical_dataset",
+           "dataset_shape", "is_entry_point", "default_dataset"]
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetShape:
+    """The input one sample of a dataset gives a model."""
+
+    name: str
+    kind: str  #: image | tokens | seq2seq | ratings | points | state | noise
+    channels: int = 0
+    image_size: int = 0
+    seq_len: int = 0
+    vocab: int = 0
+    tgt_vocab: int = 0
+    classes: int = 0
+    users: int = 0
+    items: int = 0
+    points: int = 0
+    state_dim: int = 0
+    action_dim: int = 0
+
+
+#: dataset -> shape (sizes as the datasets' usual training set-ups use them)
+DATASETS: dict[str, DatasetShape] = {
+    d.name: d for d in (
+        DatasetShape("cifar10", "image", channels=3, image_size=32, classes=10),
+        DatasetShape("imagenet", "image", channels=3, image_size=224, classes=1000),
+        DatasetShape("lsun", "image", channels=3, image_size=64, classes=10),  # DCGAN's 64x64 bedrooms
+        DatasetShape("squad", "tokens", seq_len=384, vocab=30522, classes=2),  # BERT's max_seq_length 384
+        DatasetShape("wikitext2", "tokens", seq_len=35, vocab=33278),  # bptt 35, the word-level vocabulary
+        DatasetShape("multi30k", "seq2seq", seq_len=32, vocab=7853, tgt_vocab=5893),  # de -> en
+        DatasetShape("movielens", "ratings", users=6040, items=3706),  # ML-1M, NeuMF's set-up
+        DatasetShape("shapenet", "points", points=2048, classes=16),
+        DatasetShape("lunarlander", "state", state_dim=8, action_dim=4),
+        DatasetShape("bipedalwalker", "state", state_dim=24, action_dim=4),
+    )
+}
+
+_DATASET_ALIASES = {"cifar": "cifar10", "ilsvrc2012": "imagenet", "imagenet1k": "imagenet", "ml1m": "movielens",
+                    "wikitext": "wikitext2", "lunarlanderv2": "lunarlander", "bipedalwalkerv3": "bipedalwalker",
+                    "squad11": "squad", "squadv11": "squad", "lsunbedroom": "lsun"}
+
+#: catalog model -> the dataset it is usually trained on
+MODELS: dict[str, str] = {
+    "resnet18": "cifar10",
+    "resnet50": "imagenet",
+    "vgg16": "cifar10",
+    "vgg19": "cifar10",
+    "mobilenet_v2": "cifar10",
+    "mobilenet_v3": "cifar10",
+    "efficientnet_b0": "imagenet",
+    "bert_base": "squad",
+    "lstm_lm": "wikitext2",
+    "transformer": "multi30k",
+    "dcgan": "lsun",
+    "neumf": "movielens",
+    "pointnet": "shapenet",
+    "ppo_mlp": "lunarlander",
+    "td3_mlp": "bipedalwalker",
+}
+
+_MODEL_ALIASES = {
+    "resnet": "resnet50", "vgg": "vgg16", "mobilenet": "mobilenet_v2", "mobilenetv3large": "mobilenet_v3",
+    "mobilenetv3small": "mobilenet_v3", "efficientnet": "efficientnet_b0", "bert": "bert_base",
+    "bertbaseuncased": "bert_base", "lstm": "lstm_lm", "lm": "lstm_lm", "languagemodel": "lstm_lm",
+    "transformerbase": "transformer", "seq2seqtransformer": "transformer", "ppo": "ppo_mlp", "td3": "td3_mlp",
+    "ncf": "neumf",
+}
+
+_DROP = re.compile(r"[-_\s]+")
+
+
+def normalise(name: str) -> str:
+    """Lower case without ``-``, ``_`` and spaces."""
+    return _DROP.sub("", name).lower()
+
+
+_MODEL_KEYS = {normalise(m): m for m in MODELS} | {k: v for k, v in _MODEL_ALIASES.items()}
+_DATASET_KEYS = {normalise(d): d for d in DATASETS} | dict(_DATASET_ALIASES)
+
+
+def is_entry_point(name: str) -> bool:
+    """``module:function`` (a user model) rather than a catalog name."""
+    mod, sep, fn = name.partition(":")
+    return bool(sep) and bool(mod) and bool(fn) and all(p.isidentifier() for p in mod.split(".")) \
+        and fn.isidentifier()
+
+
+def canonical_model(name: str) -> str | None:
+    """The catalog model *name* means, or None."""
+    return _MODEL_KEYS.get(normalise(name))
+
+
+def canonical_dataset(name: str) -> str | None:
+    """The catalog dataset *name* means, or None."""
+    return _DATASET_KEYS.get(normalise(name))
+
+
+def dataset_shape(name: str) -> DatasetShape:
+    """The shape of dataset *name*; ``KeyError`` with the known names when it is none."""
+    key = canonical_dataset(name)
+    if key is None:
+        raise KeyError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+    return DATASETS[key]
+
+
+def default_dataset(model: str) -> str | None:
+    key = canonical_model(model)
+    return None if key is None else MODELS[key]
