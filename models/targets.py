@@ -43,12 +43,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from phasewise.models.decisions import decision_id
+from phasewise.schemas import Decision, JobControl
+
 __all__ = [
     "ABSURD", "DIRECTIONS", "Smoother", "TargetEvent", "TargetTracker", "Targets", "TargetsConfig",
-    "check_progress", "passed", "tradl_share",
+    "TARGETS_POLICY", "acceptable_limits", "check_progress", "decide", "passed", "tradl_share",
 ]
 
 DIRECTIONS = ("min", "max")
+#: ``Decision.policy`` / ``JobControl.policy`` of what the targets produce
+TARGETS_POLICY = "targets"
 #: a reported loss or metric beyond this magnitude is a broken reporter, not a training curve
 ABSURD = 1e9
 STATE_VERSION = 1
@@ -280,3 +285,49 @@ def tradl_share(usage: Mapping[str, float], capacity: float, alpha: float) -> di
         return None
     fair = capacity / n
     return {job: capacity / (2 * n) if use > fair else capacity / (n + 1) for job, use in usage.items()}
+
+
+def decide(event: TargetEvent, *, host: str, container: str, shrink_to_cores: float | None,
+           grace_s: float) -> tuple[Decision | None, JobControl | None]:
+    """What a target event asks for: ``acceptable`` → a lower CPU limit (*shrink_to_cores*);
+    ``objective`` → ``checkpoint_exit`` to the job with *grace_s*; ``hard_stop`` → a terminate decision.
+
+    >>> ev = TargetEvent("acceptable", 5.0, 40, 0.9, 0.8, 1.0, "loss", "min", "loss 0.9 <= acceptable 1")
+    >>> d, c = decide(ev, host="h", container="job-a", shrink_to_cores=0.1, grace_s=30)
+    >>> d.action, d.cpu_limit_cores, d.reason, c
+    ('limit', 0.1, 'loss 0.9 <= acceptable 1: shrink to 0.1 cores', None)
+    """
+    details = event.details()
+    if event.kind == "acceptable":
+        if shrink_to_cores is None:
+            return None, None
+        return Decision(id=decision_id(TARGETS_POLICY, host, container, shrink_to_cores, None, event.ts),
+                        ts=event.ts, host=host, container=container, action="limit", policy=TARGETS_POLICY,
+                        reason=f"{event.reason}: shrink to {shrink_to_cores:g} cores",
+                        cpu_limit_cores=shrink_to_cores, details=details), None
+    if event.kind == "objective":
+        cid = decision_id(TARGETS_POLICY, host, container, None, None, event.ts)
+        return None, JobControl(id=cid, job=container, ts=event.ts, action="checkpoint_exit",
+                                policy=TARGETS_POLICY, reason=event.reason, grace_s=grace_s)
+    return Decision(id=decision_id(TARGETS_POLICY + "-stop", host, container, None, None, event.ts), ts=event.ts,
+                    host=host, container=container, action="terminate", policy=TARGETS_POLICY, reason=event.reason,
+                    details={**details, "hard": True}), None
+
+
+def acceptable_limits(past: Mapping[str, bool], capacity: float, shrink: float) -> dict[str, float | None]:
+    """CPU limits of a node's jobs from who is past acceptable (True) and who is not.
+
+    A job past acceptable is held to ``shrink * capacity / n`` while some job of the node
+    is still short of it (the freed CPU goes to that job); once none is, nobody is
+    held (None: no limit), so the node's CPU is never left idle for the rule's sake.
+
+    >>> acceptable_limits({"a": True, "b": False}, capacity=2.0, shrink=0.25)
+    {'a': 0.25, 'b': None}
+    >>> acceptable_limits({"a": True, "b": True}, capacity=2.0, shrink=0.25)
+    {'a': None, 'b': None}
+    """
+    if not 0 < shrink <= 1:
+        raise ValueError(f"shrink must be in (0, 1], got {shrink!r}")
+    n = len(past)
+    short = any(not p for p in past.values())
+    return {job: shrink * capacity / n if p and short else None for job, p in past.items()}
