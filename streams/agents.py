@@ -306,6 +306,12 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
                                dead_letter=dead_letter, outputs=outputs, barrier=barrier)
 
+    targets = None  # --targets: the TRADL targets agent on job events
+    if settings.targets.enabled:
+        from phasewise.streams.targets_agent import register_targets
+
+        targets = register_targets(app, settings, outputs=outputs, dead_letter=dead_letter)
+
     only_hosts = settings.worker.host_set()
     expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
 
@@ -387,4 +393,4 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         metrics.ready.set(0 if barrier.failure is not None else 1)
 
     return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics,
-            "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry}
+            "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry, "targets": targets}

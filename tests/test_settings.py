@@ -52,6 +52,9 @@ WHERE = {
     "apply_retry_backoff_s": "actuator.apply_retry_backoff_s",
     "ledger_max_age_days": "actuator.ledger_max_age_days",
     "ledger_max_rows": "actuator.ledger_max_rows",
+    "targets_enabled": "targets.enabled", "targets_ewma_alpha": "targets.ewma_alpha",
+    "targets_patience": "targets.patience", "targets_grace_s": "targets.grace_s",
+    "targets_shrink": "targets.shrink", "targets_node_cores": "targets.node_cores",
 }
 
 
