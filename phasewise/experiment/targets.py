@@ -26,9 +26,9 @@ pieces are called in-process.
 Seeds are fixed and each job runs one torch thread, so a job's loss at step *k*
 is the same in every scenario; the scenarios differ only in CPU given and when a
 job stops. Times are wall seconds from the scenario's start barrier: every job
-first loads (imports torch, reads its data), then all start training at once, so
-start-up under a busy machine's contention is not counted; CPU seconds are the
-job cgroup's from the barrier on. With ``--share-alpha A``
+first loads (imports torch, reads its data) outside the node, then all move into
+their cgroups and start training at once, so start-up under a busy machine's
+contention is not counted; CPU seconds are the job cgroup's from the barrier on. With ``--share-alpha A``
 the TRADL share rule also runs among the jobs not yet past acceptable.
 """
 
@@ -165,7 +165,6 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
              "--wait-for-go"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
             env={**os.environ, "OMP_NUM_THREADS": "1"})
-        node.layout.attach(r.container, r.proc.pid)
         r.control = ChildControl(r.proc, grace_s)
         if targets is not None:
             r.tracker = TargetTracker(targets[name], config)
@@ -180,6 +179,8 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
                 r.proc.kill()
             node.close([r.container for r in runs.values()])
             raise ExperimentError(f"{scenario}: job {name} did not load within {timeout_s:g} s")
+    for r in runs.values():  # loading ran outside the node; training runs inside it
+        node.layout.attach(r.container, r.proc.pid)
     cpu_at_start = {n: node.cpu_seconds(r.container) or 0.0 for n, r in runs.items()}
     t0 = time.monotonic()
     for r in runs.values():
