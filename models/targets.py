@@ -43,12 +43,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from phasewise.models.decisions import decision_id
+from phasewise.schemas import Decision, JobControl
+
 __all__ = [
     "ABSURD", "DIRECTIONS", "Smoother", "TargetEvent", "TargetTracker", "Targets", "TargetsConfig",
-    "check_progress", "passed", "tradl_share",
+    "TARGETS_POLICY", "TargetsFleet", "acceptable_limits", "check_progress", "decide", "passed", "tradl_share",
 ]
 
 DIRECTIONS = ("min", "max")
+#: ``Decision.policy`` / ``JobControl.policy`` of what the targets produce
+TARGETS_POLICY = "targets"
 #: a reported loss or metric beyond this magnitude is a broken reporter, not a training curve
 ABSURD = 1e9
 STATE_VERSION = 1
@@ -280,3 +285,143 @@ def tradl_share(usage: Mapping[str, float], capacity: float, alpha: float) -> di
         return None
     fair = capacity / n
     return {job: capacity / (2 * n) if use > fair else capacity / (n + 1) for job, use in usage.items()}
+
+
+def decide(event: TargetEvent, *, host: str, container: str, shrink_to_cores: float | None,
+           grace_s: float) -> tuple[Decision | None, JobControl | None]:
+    """What a target event asks for: ``acceptable`` → a lower CPU limit (*shrink_to_cores*);
+    ``objective`` → ``checkpoint_exit`` to the job with *grace_s*; ``hard_stop`` → a terminate decision.
+
+    >>> ev = TargetEvent("acceptable", 5.0, 40, 0.9, 0.8, 1.0, "loss", "min", "loss 0.9 <= acceptable 1")
+    >>> d, c = decide(ev, host="h", container="job-a", shrink_to_cores=0.1, grace_s=30)
+    >>> d.action, d.cpu_limit_cores, d.reason, c
+    ('limit', 0.1, 'loss 0.9 <= acceptable 1: shrink to 0.1 cores', None)
+    """
+    details = event.details()
+    if event.kind == "acceptable":
+        if shrink_to_cores is None:
+            return None, None
+        return Decision(id=decision_id(TARGETS_POLICY, host, container, shrink_to_cores, None, event.ts),
+                        ts=event.ts, host=host, container=container, action="limit", policy=TARGETS_POLICY,
+                        reason=f"{event.reason}: shrink to {shrink_to_cores:g} cores",
+                        cpu_limit_cores=shrink_to_cores, details=details), None
+    if event.kind == "objective":
+        cid = decision_id(TARGETS_POLICY, host, container, None, None, event.ts)
+        return None, JobControl(id=cid, job=container, ts=event.ts, action="checkpoint_exit",
+                                policy=TARGETS_POLICY, reason=event.reason, grace_s=grace_s)
+    return Decision(id=decision_id(TARGETS_POLICY + "-stop", host, container, None, None, event.ts), ts=event.ts,
+                    host=host, container=container, action="terminate", policy=TARGETS_POLICY, reason=event.reason,
+                    details={**details, "hard": True}), None
+
+
+def acceptable_limits(past: Mapping[str, bool], capacity: float, shrink: float) -> dict[str, float | None]:
+    """CPU limits of a node's jobs from who is past acceptable (True) and who is not.
+
+    A job past acceptable is held to ``shrink * capacity / n`` while some job of the node
+    is still short of it (the freed CPU goes to that job); once none is, nobody is
+    held (None: no limit), so the node's CPU is never left idle for the rule's sake.
+
+    >>> acceptable_limits({"a": True, "b": False}, capacity=2.0, shrink=0.25)
+    {'a': 0.25, 'b': None}
+    >>> acceptable_limits({"a": True, "b": True}, capacity=2.0, shrink=0.25)
+    {'a': None, 'b': None}
+    """
+    if not 0 < shrink <= 1:
+        raise ValueError(f"shrink must be in (0, 1], got {shrink!r}")
+    n = len(past)
+    short = any(not p for p in past.values())
+    return {job: shrink * capacity / n if p and short else None for job, p in past.items()}
+
+
+class TargetsFleet:
+    """The targets of every job a worker follows, fed :class:`~phasewise.schemas.JobEvent` records.
+
+    ``submitted`` with ``spec.targets`` starts following a job; ``started`` says where it runs
+    (host, container); ``progress`` is checked (:func:`check_progress`) and learned;
+    ``finished`` stops following it. :meth:`process` returns the decisions and controls an
+    event causes, or the reason it cannot be used (an unknown job, a NaN loss, steps going
+    backwards, an absurd value): the caller dead-letters it and the job is unaffected.
+
+    >>> from phasewise.schemas import JobEvent, JobSpec, JobTargets
+    >>> f = TargetsFleet(TargetsConfig(smoothing="none", patience=1), capacity=lambda host: 4.0, shrink=0.25)
+    >>> spec = JobSpec(model="m", dataset="d", batch_size=8, targets=JobTargets(acceptable=1.0, objective=0.5))
+    >>> f.process(JobEvent(job="a", ts=1, kind="submitted", spec=spec))
+    ([], [], None)
+    >>> f.process(JobEvent(job="b", ts=1, kind="progress", step=1, loss=0.3))[2]
+    "unknown job 'b' (no submitted event with targets)"
+    >>> d, c, why = f.process(JobEvent(job="a", ts=2, kind="progress", step=1, loss=0.9))
+    >>> [x.action for x in d], d[0].cpu_limit_cores, c, why
+    (['limit'], 1.0, [], None)
+    """
+
+    def __init__(self, config: TargetsConfig, *, capacity: Any, shrink: float = 0.25,
+                 default_host: str = "unknown") -> None:
+        self.config = config
+        self.capacity = capacity  #: host -> its CPU cores (a callable)
+        self.shrink = shrink
+        self.default_host = default_host
+        self.jobs: dict[str, TargetTracker] = {}
+        self.where: dict[str, tuple[str, str]] = {}  #: job -> (host, container)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def process(self, ev: Any) -> tuple[list[Decision], list[JobControl], str | None]:
+        if ev.kind == "submitted":
+            t = getattr(getattr(ev, "spec", None), "targets", None)
+            if t is None or t.acceptable is None or t.objective is None:
+                return [], [], None  # no two-tier target: nothing to follow
+            try:
+                targets = Targets(acceptable=t.acceptable, objective=t.objective, direction=t.direction,
+                                  metric=t.metric)
+            except ValueError as e:
+                return [], [], f"job {ev.job!r}: targets: {e}"
+            self.jobs[ev.job] = TargetTracker(targets, self.config)
+            return [], [], None
+        if ev.kind == "started":
+            if ev.host:
+                self.where[ev.job] = (ev.host, ev.container or ev.job)
+            return [], [], None
+        if ev.kind == "finished":
+            tracker = self.jobs.pop(ev.job, None)
+            self.where.pop(ev.job, None)
+            if tracker is not None:
+                tracker.finished()
+            return [], [], None
+        tracker = self.jobs.get(ev.job)
+        if tracker is None:
+            return [], [], f"unknown job {ev.job!r} (no submitted event with targets)"
+        metric = tracker.targets.metric
+        value = ev.loss if metric == "loss" else (ev.metric if ev.metric_name in (None, metric) else None)
+        if value is None:
+            return [], [], f"job {ev.job!r}: progress carries no {metric}"
+        why = check_progress(value, ev.step, tracker.last_step)
+        if why is not None:
+            return [], [], f"job {ev.job!r}: {why}"
+        if ev.host and ev.job not in self.where:
+            self.where[ev.job] = (ev.host, ev.container or ev.job)
+        host, container = self.where.get(ev.job, (self.default_host, ev.job))
+        decisions: list[Decision] = []
+        controls: list[JobControl] = []
+        for te in tracker.update(ts=ev.ts, step=ev.step, value=float(value)):
+            shrink_to = None
+            if te.kind == "acceptable":
+                n = sum(1 for h, _ in self.where.values() if h == host) or 1
+                shrink_to = round(self.shrink * float(self.capacity(host)) / n, 3)
+            d, c = decide(te, host=host, container=container, shrink_to_cores=shrink_to,
+                          grace_s=self.config.grace_s)
+            decisions += [d] if d is not None else []
+            controls += [c] if c is not None else []
+        return decisions, controls, None
+
+    def due(self, ts: float) -> list[Decision]:
+        """Hard stops whose grace period has passed by event time *ts*."""
+        out = []
+        for job, tracker in self.jobs.items():
+            te = tracker.due(ts)
+            if te is not None:
+                host, container = self.where.get(job, (self.default_host, job))
+                d, _ = decide(te, host=host, container=container, shrink_to_cores=None, grace_s=self.config.grace_s)
+                if d is not None:
+                    out.append(d)
+        return out

@@ -33,6 +33,8 @@ ROLES: dict[str, tuple[str, str]] = {
     "broker": ("phasewise.infra.broker_cli", "run the embedded Kafka-compatible broker (Tansu) on loopback"),
     "worker": ("phasewise.streams.worker", "run the Faust stream processor (samples -> decisions)"),
     "produce": ("phasewise.producers.agent", "run the host agent: sample containers, publish to Kafka"),
+    "progress": ("phasewise.producers.progress",
+                 "progress sidecar: a job's step/loss lines to Kafka, the control channel to the job"),
     "actuate": ("phasewise.actuators.consumer", "run the actuator: apply this host's decisions"),
     "replay": ("phasewise.replay.cli", "replay a real trace through the policies and score them"),
     "bench": ("phasewise.bench.cli", "throughput / latency / memory benchmarks"),
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _extra_for(role: str | None) -> str:
-    return {"worker": "streams", "replay": "streams,report", "produce": "producer",
+    return {"worker": "streams", "replay": "streams,report", "produce": "producer", "progress": "producer",
             "actuate": "actuator", "broker": "broker", "bench": "all", "demo": "all",
             "experiment": "all"}.get(role or "", "all")
 

@@ -59,6 +59,7 @@ __all__ = [
     "VPA_UPDATE_MODES",
     "ActuatorSettings",
     "PrioritySettings",
+    "TargetsSettings",
     "CgroupSettings",
     "KafkaSettings",
     "PhaseSettings",
@@ -684,6 +685,24 @@ class ActuatorSettings(_Group):
                                    help="applied decision ids kept at most")
 
 
+@dataclass(frozen=True, slots=True)
+class TargetsSettings(_Group):
+    """Loss targets (TRADL): the worker's targets agent on job events (:mod:`phasewise.models.targets`)."""
+
+    PREFIX: ClassVar[str] = "targets_"
+
+    #: on: the worker follows job events and emits the targets' decisions and controls
+    enabled: bool = setting(False, flag="--targets", help="run the targets agent on job events")
+    ewma_alpha: float = setting(0.3, check=in_range(0, 1, lo_open=True),
+                                help="EWMA weight of the newest reported loss or metric")
+    patience: int = setting(3, check=at_least(1), help="reports in a row past a target before it counts")
+    grace_s: float = setting(30.0, check=at_least(0),
+                             help="seconds between checkpoint_exit at objective and the hard stop")
+    shrink: float = setting(0.25, check=in_range(0, 1, lo_open=True),
+                            help="past acceptable: CPU limit = this x node cores / jobs on the node")
+    node_cores: float = setting(8.0, check=above(0), help="CPU cores of a node the jobs run on")
+
+
 # --------------------------------------------------------------------------- a process's settings
 
 
@@ -736,6 +755,7 @@ class Settings(_Group):
     safety: SafetySettings = group(SafetySettings)
     actuator: ActuatorSettings = group(ActuatorSettings)
     priority: PrioritySettings = group(PrioritySettings)
+    targets: TargetsSettings = group(TargetsSettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():
