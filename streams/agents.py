@@ -310,6 +310,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         from phasewise.streams.priority_agents import register_priorities
 
         register_priorities(app, settings, outputs=outputs, dead_letter=dead_letter)
+
     targets = None  # --targets: the TRADL targets agent on job events
     if settings.targets.enabled:
         from phasewise.streams.targets_agent import register_targets
