@@ -454,6 +454,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=float, default=d.grace_s, help="seconds a checkpoint-and-exit gets")
     p.add_argument("--cgroup-root", default=d.cgroup_root)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--report", type=Path, help="write results.json, summary.md and plots here")
 
 
@@ -480,13 +481,14 @@ def run(args: argparse.Namespace) -> int:
     opt = Options(duration_s=args.duration, slo_ms=args.slo_ms, rate_low=args.rate_low, rate_high=args.rate_high,
                   capacity_cores=args.capacity, max_replicas=args.max_replicas, grace_s=args.grace,
                   cgroup_root=args.cgroup_root)
-    bar = Bar()
+    bar = Bar() if not args.no_progress else (lambda *a: None)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="phasewise-prio-") as tmp:
         base = args.report if args.report else Path(tmp)
         for s in scenarios:
             results[s] = run_scenario(s, opt, base / s, bar)
-        bar.done()
+        if isinstance(bar, Bar):
+            bar.done()
     load1 = os.getloadavg()[0]
     out = {"scenarios": {s: {k: r[k] for k in KEYS} for s, r in results.items()},
            "options": {k: getattr(opt, k) for k in ("duration_s", "slo_ms", "rate_low", "rate_high",
