@@ -92,24 +92,23 @@ def test_bad_arguments_are_one_line_errors():
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroups and the freezer")
-def test_a_short_run_of_both_scenarios(tmp_path):
+def test_a_short_managed_run(tmp_path):
     t0 = time.monotonic()
-    r = cli("--duration", "8", "--json", "--no-progress", "--report", str(tmp_path / "rep"))
+    r = cli("--duration", "8", "--scenarios", "managed", "--json", "--no-progress", "--report", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     keys = {"slo_violation_share", "p99_ms", "training_steps_per_s", "preempt_to_frozen_ms", "resume_lost_steps",
             "replicas_max"}
-    assert set(out["scenarios"]) == {"static", "managed"}
-    assert all(set(v) == keys for v in out["scenarios"].values())
-    st, m = out["scenarios"]["static"], out["scenarios"]["managed"]
-    assert st["preempt_to_frozen_ms"] is None and st["replicas_max"] == 1
+    assert set(out["scenarios"]) == {"managed"} and set(out["scenarios"]["managed"]) == keys
+    m = out["scenarios"]["managed"]
     assert m["preempt_to_frozen_ms"] is not None and m["preempt_to_frozen_ms"] <= 1000  # urgent froze train-a
     assert m["resume_lost_steps"] == 0
-    assert 0 <= m["slo_violation_share"] <= 1 and m["training_steps_per_s"] > 0
+    assert 0 <= m["slo_violation_share"] <= 1 and m["training_steps_per_s"] > 0 and m["replicas_max"] >= 1
     detail = json.loads((tmp_path / "rep" / "results.json").read_text())["detail"]["managed"]
     kinds = [(e["kind"], e.get("job")) for e in detail["events"]]
-    assert ("freeze", "train-a") in kinds and ("thaw", "train-a") in kinds
-    assert kinds.index(("freeze", "train-a")) < kinds.index(("thaw", "train-a"))
+    assert kinds.index(("arrive", "urgent")) < kinds.index(("freeze", "train-a")) < kinds.index(("start", "urgent"))
+    if ("thaw", "train-a") in kinds:  # when the run outlasted urgent's exit on a busy host
+        assert kinds.index(("freeze", "train-a")) < kinds.index(("thaw", "train-a"))
     assert {p.name for p in (tmp_path / "rep").iterdir()} >= {"summary.md", "results.json", "latency.png",
-                                                              "metrics.png", "static", "managed"}
+                                                              "metrics.png", "managed"}
     assert time.monotonic() - t0 < 280
