@@ -344,31 +344,31 @@ class Load:
     def run(self, duration_s: float) -> LoadResult:
         """Send for *duration_s* seconds, then wait for the requests in flight (at most the client timeout)."""
         t0 = time.monotonic()
-        nxt = t0
+        nxt = t0  # the next arrival (open loop: arrivals do not wait for answers, late ones go at once)
         threads: list[threading.Thread] = []
         while not self.stop.is_set():
             now = time.monotonic()
             if now - t0 >= duration_s:
                 break
-            rate = max(1e-3, self.rate(now - t0))
-            nxt += self.rnd.expovariate(rate)
-            if nxt > now:
+            if now < nxt:
                 time.sleep(min(nxt - now, 0.2))
-                if time.monotonic() < nxt:
-                    continue
+                continue
+            arrival = nxt
+            nxt += self.rnd.expovariate(max(1e-3, self.rate(nxt - t0)))
             ports = self.ports()
             with self.lock:
                 self.result.sent += 1
             if not ports or not self.sem.acquire(blocking=False):
                 with self.lock:
                     self.result.shed += 1
-                    self.result.timeline.append((nxt - t0, math.inf))
+                    self.result.timeline.append((arrival - t0, math.inf))
                 continue
             self.rr += 1
-            th = threading.Thread(target=self._one, args=(ports[self.rr % len(ports)], nxt, t0), daemon=True)
+            th = threading.Thread(target=self._one, args=(ports[self.rr % len(ports)], arrival, t0), daemon=True)
             th.start()
             threads.append(th)
-            threads = [t for t in threads if t.is_alive()] if len(threads) > 256 else threads
+            if len(threads) > 256:
+                threads = [t for t in threads if t.is_alive()]
         for th in threads:
             th.join(self.timeout_s + 1)
         return self.result

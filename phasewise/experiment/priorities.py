@@ -113,6 +113,7 @@ class Scenario:
         self.lock = threading.RLock()   # the jobs' progress counters
         self.plock = threading.Lock()   # the policy and its actuation, one caller at a time
         self.replica_n = 1
+        self.starting: list[threading.Thread] = []
         from phasewise.experiment.inference import Replicas
 
         self.replicas = Replicas("infer", self.place, self.unplace, workdir)
@@ -232,6 +233,8 @@ class Scenario:
             else:
                 self.replicas.start()
             self.start_job(self.jobs["urgent"], hold=True)  # warm: loaded, waiting for its arrival
+            for th in self.starting:
+                th.join(120)
             for j in self.jobs.values():
                 j.seen.wait(120)
             self.t0 = time.monotonic()
@@ -322,8 +325,7 @@ class Scenario:
         util = sum(utils) / len(utils) if utils else None
         p99s = [s["p99_ms"] for s in stats if s["p99_ms"] is not None]
         p99 = max(p99s) if p99s else None
-        n = len(self.replicas.names()) + sum(1 for j, st in policy.states().items()
-                                             if j.startswith("infer-") and st == "pending")
+        n = sum(1 for j in policy.states() if j.startswith("infer-"))  # serving, starting or waiting
         sc = scaler.step(now=t, replicas=n, util=util, p99_ms=p99)
         if sc is None:
             return
@@ -351,8 +353,10 @@ class Scenario:
             self.decisions.append(d)
             self.note(a.kind, job=a.job, reason=a.reason)
             if a.job.startswith("infer-"):
-                if a.kind in ("start", "restart", "thaw"):
-                    self.replicas.start(a.job)
+                if a.kind in ("start", "restart", "thaw"):  # a cold start takes seconds: not on the control loop
+                    th = threading.Thread(target=self._start_replica, args=(a.job,), daemon=True)
+                    th.start()
+                    self.starting.append(th)
                 continue  # a replica is never a victim: nothing ranks below inference's priority here
             j = self.jobs[a.job]
             if a.kind == "freeze":
@@ -376,6 +380,13 @@ class Scenario:
             elif a.kind in ("start", "restart"):
                 self.start_job(j)
 
+    def _start_replica(self, name: str) -> None:
+        try:
+            self.replicas.start(name)
+            self.note("serving", job=name)
+        except (RuntimeError, OSError) as e:
+            self.note("replica-failed", job=name, reason=str(e)[-300:])
+
     def _after_thaw(self, j: JobRun) -> None:
         """A thawed job's next report: a step below the one it had reached would be a lost step."""
         with self.lock:
@@ -388,6 +399,8 @@ class Scenario:
                 j.before_preempt = None
 
     def close(self) -> None:
+        for th in self.starting:
+            th.join(60)
         self.replicas.close()
         for j in self.jobs.values():
             if j.proc is not None and j.proc.poll() is None:
