@@ -237,7 +237,9 @@ class Scenario:
                 th.join(120)
             for j in self.jobs.values():
                 j.seen.wait(120)
-            self.t0 = time.monotonic()
+            t0, self.t0 = self.t0, time.monotonic()
+            for e in self.events:  # what happened before the clock started has negative times
+                e["t"] = round(e["t"] - (self.t0 - t0), 3)
             for j in self.jobs.values():  # count from here
                 with self.lock:
                     j.steps_done = 0
