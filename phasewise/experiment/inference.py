@@ -16,7 +16,9 @@ CPU time so far (its CPU utilisation is the rate of that over its limit).
 
 **Replicas** (:class:`Replicas`): each a process of the service in its own
 managed cgroup, started and stopped by the caller (the autoscaler's local
-actuation); a stopping replica leaves the load balancer first.
+actuation); a stopping replica leaves the load balancer first. A replica may
+be pre-started as a warm standby (loaded, idle, sent nothing) so that
+scaling up is joining the balancer rather than a cold start.
 
 **The load** (:class:`Load`): open-loop arrivals at a rate that follows a
 schedule, each request sent by a bounded pool of worker threads to the
@@ -218,6 +220,7 @@ class Replicas:
                  log_dir: Path, *, threads: int = 1) -> None:
         self.prefix, self.place, self.unplace, self.log_dir, self.threads = prefix, place, unplace, log_dir, threads
         self.live: list[Replica] = []
+        self.standby: dict[str, Replica] = {}  # started and loaded, not in the balancer
         self._n = 0
         self.lock = threading.Lock()
         self.max_seen = 0
@@ -230,10 +233,28 @@ class Replicas:
         with self.lock:
             return [r.name for r in self.live]
 
+    def prestart(self, name: str, timeout_s: float = 120.0) -> None:
+        """Start replica *name* as a warm standby: loaded and answering, but sent no requests until
+        :meth:`start` names it (a cold start costs seconds: the interpreter, torch, the model)."""
+        r = self._spawn(name, timeout_s)
+        with self.lock:
+            self.standby[name] = r
+
     def start(self, name: str | None = None, timeout_s: float = 60.0) -> Replica:
-        """Start one more replica (named *name*, else ``<prefix>-<n>``); returns when it answers."""
+        """One more replica in the balancer (named *name*, else ``<prefix>-<n>``): the standby of that name
+        at once, else a cold start; returns when it answers."""
         self._n += 1
         name = name or f"{self.prefix}-{self._n}"
+        with self.lock:
+            r = self.standby.pop(name, None)
+        if r is None:
+            r = self._spawn(name, timeout_s)
+        with self.lock:
+            self.live.append(r)
+            self.max_seen = max(self.max_seen, len(self.live))
+        return r
+
+    def _spawn(self, name: str, timeout_s: float) -> Replica:
         ready = self.log_dir / f"{name}.port"
         ready.unlink(missing_ok=True)
         log = open(self.log_dir / f"{name}.log", "w")
@@ -255,11 +276,7 @@ class Replicas:
                 tail = (self.log_dir / f"{name}.log").read_text()[-2000:]
                 raise RuntimeError(f"replica {name} did not start: {tail}")
             time.sleep(0.05)
-        r = Replica(name, int(ready.read_text()), p)
-        with self.lock:
-            self.live.append(r)
-            self.max_seen = max(self.max_seen, len(self.live))
-        return r
+        return Replica(name, int(ready.read_text()), p)
 
     def stop_one(self) -> str | None:
         """Stop the newest replica (it leaves the balancer first); its name."""
@@ -282,6 +299,10 @@ class Replicas:
     def close(self) -> None:
         while self.stop_one() is not None:
             pass
+        with self.lock:
+            standby, self.standby = list(self.standby.values()), {}
+        for r in standby:
+            self._stop(r)
 
 
 # --------------------------------------------------------------------------- load

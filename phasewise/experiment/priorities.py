@@ -24,7 +24,8 @@ period) and resumes in priority order; every second
 does not see the time a request waits to be accepted) and scales between 1 and
 ``--max-replicas`` (utilisation: each replica's CPU time over the interval
 divided by its 0.5-core limit), each new replica being a job the priority
-policy admits.
+policy admits; the replicas a scale-up may add are pre-started as warm
+standbys (loaded, idle, in the balancer only once admitted).
 
 Measured per scenario: ``slo_violation_share`` (client-side: answered later
 than ``--slo-ms``, failed, or shed / all requests), ``p99_ms`` (client-side,
@@ -232,6 +233,11 @@ class Scenario:
                          policy)
             else:
                 self.replicas.start()
+            if managed:  # warm standbys for the scale-ups (an idle process each; no CPU until admitted)
+                for n in range(2, self.opt.max_replicas + 1):
+                    th = threading.Thread(target=self.replicas.prestart, args=(f"infer-{n}",), daemon=True)
+                    th.start()
+                    self.starting.append(th)
             self.start_job(self.jobs["urgent"], hold=True)  # warm: loaded, waiting for its arrival
             for th in self.starting:
                 th.join(120)
