@@ -33,11 +33,14 @@ ROLES: dict[str, tuple[str, str]] = {
     "broker": ("phasewise.infra.broker_cli", "run the embedded Kafka-compatible broker (Tansu) on loopback"),
     "worker": ("phasewise.streams.worker", "run the Faust stream processor (samples -> decisions)"),
     "produce": ("phasewise.producers.agent", "run the host agent: sample containers, publish to Kafka"),
+    "progress": ("phasewise.producers.progress",
+                 "progress sidecar: a job's step/loss lines to Kafka, the control channel to the job"),
     "actuate": ("phasewise.actuators.consumer", "run the actuator: apply this host's decisions"),
     "explain": ("phasewise.streams.explain", "a container's limits, recommendations, phase and live scorecard"),
     "replay": ("phasewise.replay.cli", "replay a real trace through the policies and score them"),
     "simulate": ("phasewise.simulate.cli", "replay a pod list against a node list through the placement policies"),
     "bench": ("phasewise.bench.cli", "throughput / latency / memory benchmarks"),
+    "experiment": ("phasewise.experiment.cli", "experiments with real jobs under a policy (targets, priorities)"),
     "schemas": ("phasewise.schemas_cli", "write or check the JSON Schemas of every topic"),
     "topics": ("phasewise.topics_cli", "create the topics on a cluster (idempotent) and list them"),
     "submit": ("phasewise.horus.submit", "publish a job (JOB.json|yaml) on the job-events topic"),
@@ -173,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _extra_for(role: str | None) -> str:
-    return {"worker": "streams", "replay": "streams,report", "produce": "producer",
+    return {"worker": "streams", "replay": "streams,report", "produce": "producer", "progress": "producer",
             "horus": "streams", "predict": "streams", "place": "streams", "actuate": "actuator", "broker": "broker",
-            "bench": "all", "demo": "all", "simulate": "streams,report"}.get(role or "", "all")
+            "bench": "all", "demo": "all", "simulate": "streams,report", "experiment": "all"}.get(role or "", "all")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ __all__ = [
     "PhaseChange",
     "ModelSnapshot",
     "DeadLetter",
+    "JobControl",
     "RECORDS",
     "MAX_MESSAGE_BYTES",
     "brief",
@@ -266,6 +267,8 @@ class JobSpec:
     targets: JobTargets | None = _f(default=None)
     command: tuple[str, ...] = _f(default=(), doc="argv that starts the job locally")
     node_selector: dict = _f(default={}, doc="node labels the job needs, e.g. a GPU model")
+    expected_s: float | None = _f(default=None, minimum=0, maximum=86400 * 365,
+                                  doc="seconds the job expects to run once started; null = unknown (long)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,7 +329,7 @@ class Decision:
     ts: float = _f(minimum=0)
     host: str = _f()
     container: str = _f()
-    action: str = _f(enum=("limit", "freeze", "thaw", "terminate", "place"))
+    action: str = _f(enum=("limit", "freeze", "thaw", "terminate", "place", "scale", "share"))
     policy: str = _f(doc="policy that produced it, e.g. vpa, phase")
     reason: str = _f(default="")
     cpu_limit_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
@@ -401,6 +404,27 @@ class DeadLetter:
     v: int = _f(default=1)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobControl:
+    """An instruction to a running job, delivered by its progress reporter (key: job).
+
+    ``checkpoint_exit``: save a checkpoint and exit within ``grace_s`` seconds (after it,
+    the sender may stop the job hard); ``pause``: stop stepping until ``resume``.
+    A job's reporter runs each ``id`` at most once.
+    """
+
+    VERSION: ClassVar[int] = 1
+    id: str = _f(doc="idempotency key: a reporter delivers each id at most once")
+    job: str = _f(doc="job id (the key)")
+    ts: float = _f(minimum=0)
+    action: str = _f(enum=("checkpoint_exit", "pause", "resume"))
+    policy: str = _f(default="", doc="who sent it, e.g. targets, priorities")
+    reason: str = _f(default="", doc="why, naming the rule or target behind it")
+    grace_s: float | None = _f(default=None, minimum=0, maximum=86400,
+                               doc="checkpoint_exit: seconds the job has before a hard stop")
+    v: int = _f(default=1)
+
+
 RECORDS: tuple[type, ...] = (
     HostSamples,
     ContainerSample,
@@ -418,6 +442,7 @@ RECORDS: tuple[type, ...] = (
     PhaseChange,
     ModelSnapshot,
     DeadLetter,
+    JobControl,
 )
 
 R = TypeVar("R")

@@ -58,6 +58,8 @@ __all__ = [
     "SPECS",
     "VPA_UPDATE_MODES",
     "ActuatorSettings",
+    "PrioritySettings",
+    "TargetsSettings",
     "CgroupSettings",
     "KafkaSettings",
     "PhaseSettings",
@@ -802,7 +804,48 @@ class PlacementSettings(_Group):
                              help="Faust app id (consumer group and table names) of the placement worker")
 
 
+@dataclass(frozen=True, slots=True)
+class TargetsSettings(_Group):
+    """Loss targets (TRADL): the worker's targets agent on job events (:mod:`phasewise.models.targets`)."""
+
+    PREFIX: ClassVar[str] = "targets_"
+
+    #: on: the worker follows job events and emits the targets' decisions and controls
+    enabled: bool = setting(False, flag="--targets", help="run the targets agent on job events")
+    ewma_alpha: float = setting(0.3, check=in_range(0, 1, lo_open=True),
+                                help="EWMA weight of the newest reported loss or metric")
+    patience: int = setting(3, check=at_least(1), help="reports in a row past a target before it counts")
+    grace_s: float = setting(30.0, check=at_least(0),
+                             help="seconds between checkpoint_exit at objective and the hard stop")
+    shrink: float = setting(0.25, check=in_range(0, 1, lo_open=True),
+                            help="past acceptable: CPU limit = this x node cores / jobs on the node")
+    node_cores: float = setting(8.0, check=above(0), help="CPU cores of a node the jobs run on")
+
+
 # --------------------------------------------------------------------------- a process's settings
+
+
+@dataclass(frozen=True, slots=True)
+class PrioritySettings(_Group):
+    """The priority agent (``phasewise worker --priorities``): DynamoML preemption over the job events.
+
+    :mod:`phasewise.models.priorities` decides; every host offers the same
+    capacity to jobs.
+    """
+
+    PREFIX: ClassVar[str] = "priority_"
+
+    agent: bool = setting(False, flag="--priorities",
+                          help="run the priority agent on the job events (freeze / checkpoint-and-stop / resume)")
+    host_cpu_cores: float = setting(0.0, check=at_least(0),
+                                    help="CPU cores each host offers to jobs; 0 = this host's core count")
+    host_mem_bytes: int = setting(0, parse=parse_size, check=at_least(0),
+                                  help="memory each host offers to jobs; 0 = this host's memory")
+    host_gpus: float = setting(0.0, check=at_least(0), help="GPUs each host offers to jobs")
+    freeze_max_wait_s: float = setting(120.0, check=at_least(0),
+                                       help="victims are frozen (not stopped) for expected waits up to this long")
+    grace_s: float = setting(30.0, check=at_least(0),
+                             help="seconds a checkpoint-and-exit gets before the hard stop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -833,6 +876,8 @@ class Settings(_Group):
     workload: WorkloadSettings = group(WorkloadSettings)
     horus: HorusSettings = group(HorusSettings)
     place: PlacementSettings = group(PlacementSettings)
+    priority: PrioritySettings = group(PrioritySettings)
+    targets: TargetsSettings = group(TargetsSettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():

@@ -308,6 +308,17 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
                                dead_letter=dead_letter, outputs=outputs, barrier=barrier)
 
+    if settings.priority.agent:  # DynamoML preemption over the job events
+        from phasewise.streams.priority_agents import register_priorities
+
+        register_priorities(app, settings, outputs=outputs, dead_letter=dead_letter)
+
+    targets = None  # --targets: the TRADL targets agent on job events
+    if settings.targets.enabled:
+        from phasewise.streams.targets_agent import register_targets
+
+        targets = register_targets(app, settings, outputs=outputs, dead_letter=dead_letter)
+
     only_hosts = settings.worker.host_set()
     expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
     scorecard = live_scorecard(app, settings, metrics, cache, phase)
@@ -395,7 +406,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         metrics.ready.set(0 if barrier.failure is not None else 1)
 
     return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics,
-            "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry, "scorecard": scorecard}
+            "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry, "scorecard": scorecard,
+            "targets": targets}
 
 
 def live_scorecard(app: faust.App, settings: Settings, metrics: WorkerMetrics, cache: StateCache,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-APPS = ("phasewise.replay", "phasewise.demo", "phasewise.bench", "phasewise.horus")
+APPS = ("phasewise.replay", "phasewise.demo", "phasewise.bench", "phasewise.horus", "phasewise.experiment")
 ROLES = ("phasewise.streams", "phasewise.producers", "phasewise.actuators")
 #: third-party and standard-library modules ``phasewise.models`` must not import (top-level names)
 MODELS_NO_LIBRARIES = ("confluent_kafka", "aiokafka", "faust", "mode", "prometheus_client", "psutil", "pynvml",

@@ -63,6 +63,12 @@ WHERE = {
     "place_policy": "place.policy", "place_isolate_inference": "place.isolate_inference",
     "place_prediction_wait_s": "place.prediction_wait_s", "place_local_nodes": "place.local_nodes",
     "place_worker_id": "place.worker_id",
+    "priority_agent": "priority.agent", "priority_host_cpu_cores": "priority.host_cpu_cores",
+    "priority_host_mem_bytes": "priority.host_mem_bytes", "priority_host_gpus": "priority.host_gpus",
+    "priority_freeze_max_wait_s": "priority.freeze_max_wait_s", "priority_grace_s": "priority.grace_s",
+    "targets_enabled": "targets.enabled", "targets_ewma_alpha": "targets.ewma_alpha",
+    "targets_patience": "targets.patience", "targets_grace_s": "targets.grace_s",
+    "targets_shrink": "targets.shrink", "targets_node_cores": "targets.node_cores",
 }
 
 

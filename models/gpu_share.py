@@ -1,0 +1,115 @@
+"""Elastic GPU sharing, pure: SM fractions and memory caps for jobs co-located on one GPU (DynamoML).
+
+Each job on a GPU asks for a fraction of it (``JobRequest.gpus`` < 1, e.g.
+0.3) and a GPU memory amount. :func:`shares` hands out:
+
+- **memory** caps: each job's request, which must all fit the GPU's memory
+  (memory cannot be taken back from a running CUDA context, so an
+  oversubscribed GPU is refused rather than shared: :class:`DoesNotFit`);
+- **compute** (percent of SMs, 1-100): each job's request when they sum to
+  at most 100 %; the remainder is then handed out in proportion to the
+  requests (elastic: a job alone on a GPU may use it all, and a job that
+  leaves gives its share back to the others). When requests exceed 100 %,
+  jobs are served in priority order (the most important first, at their full
+  request) while each less important job keeps at least ``min_percent``;
+  the first priority level that does not fit shares what is left in
+  proportion to the requests, and the levels below it get the floor.
+
+Percentages are whole numbers (what CUDA MPS's active thread percentage
+takes) and never sum above 100.
+
+>>> s = shares([ShareRequest("a", 0.5, 4 * 2**30), ShareRequest("b", 0.25, 2 * 2**30)], mem_total_bytes=16 * 2**30)
+>>> [(x.job, x.sm_percent, x.mem_limit_bytes // 2**30) for x in s]
+[('a', 67, 4), ('b', 33, 2)]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["DoesNotFit", "GpuShare", "ShareRequest", "shares"]
+
+
+class DoesNotFit(ValueError):
+    """The jobs' GPU memory requests exceed the GPU's memory."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRequest:
+    job: str
+    fraction: float
+    mem_bytes: float
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.fraction) and 0 < self.fraction <= 1):
+            raise ValueError(f"{self.job}: GPU fraction must be in (0, 1], got {self.fraction!r}")
+        if not (math.isfinite(self.mem_bytes) and self.mem_bytes >= 0):
+            raise ValueError(f"{self.job}: GPU memory must be a finite number >= 0, got {self.mem_bytes!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    """What one job gets on its GPU."""
+
+    job: str
+    sm_percent: int
+    mem_limit_bytes: int
+    reason: str
+
+
+def _whole(weights: list[float], total: int, floor: int) -> list[int]:
+    """*total* split in proportion to *weights* as whole numbers >= *floor* (largest remainders)."""
+    if not weights:
+        return []
+    s = sum(weights)
+    raw = [max(floor, total * w / s) for w in weights]
+    out = [max(floor, math.floor(r)) for r in raw]
+    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - math.floor(raw[i])), i))
+    for i in order:
+        if sum(out) >= total:
+            break
+        out[i] += 1
+    while sum(out) > total and max(out) > floor:  # floors pushed it over: take back from the largest
+        out[out.index(max(out))] -= 1
+    return out
+
+
+def shares(jobs: list[ShareRequest], *, mem_total_bytes: float, min_percent: int = 5) -> list[GpuShare]:
+    """The shares of *jobs* co-located on one GPU (see the module doc), in the order given."""
+    if not jobs:
+        return []
+    if len({j.job for j in jobs}) != len(jobs):
+        raise ValueError("a job appears twice on one GPU")
+    mem = sum(j.mem_bytes for j in jobs)
+    if mem > mem_total_bytes:
+        raise DoesNotFit(f"GPU memory requests {mem / 2**30:.1f} GiB exceed the GPU's "
+                         f"{mem_total_bytes / 2**30:.1f} GiB")
+    if len(jobs) * min_percent > 100:
+        raise DoesNotFit(f"{len(jobs)} jobs cannot each get {min_percent} % of one GPU")
+    asked = sum(j.fraction for j in jobs)
+    pct: dict[str, int] = {}
+    why: dict[str, str] = {}
+    if asked <= 1.0 + 1e-9:
+        for j, p in zip(jobs, _whole([j.fraction for j in jobs], 100, min_percent)):
+            pct[j.job] = p
+            why[j.job] = f"requests sum to {asked:.0%}: each its request plus a proportional part of the rest"
+    else:
+        left = 100
+        tiers = sorted({j.priority for j in jobs}, reverse=True)
+        for prio in tiers:
+            tier = [j for j in jobs if j.priority == prio]
+            below = sum(1 for j in jobs if j.priority < prio)
+            avail = left - min_percent * below  # every less important job keeps at least the floor
+            need = [math.ceil(j.fraction * 100 - 1e-9) for j in tier]
+            if sum(need) <= avail:
+                got = need
+                text = "full request, in priority order"
+            else:
+                got = _whole([j.fraction for j in tier], avail, min_percent)
+                text = f"a proportional part of the {avail} % left to priority {prio}"
+            for j, p in zip(tier, got):
+                pct[j.job], why[j.job] = p, f"oversubscribed ({asked:.0%}): {text}"
+            left -= sum(got)
+    return [GpuShare(j.job, pct[j.job], math.ceil(j.mem_bytes), why[j.job]) for j in jobs]

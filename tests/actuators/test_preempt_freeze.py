@@ -1,0 +1,87 @@
+"""A priority decision freezes a real process through the real actuator (cgroup v1 freezer, needs root).
+
+The policy's freeze decision goes through ``Actuator.handle`` (decode, ledger,
+safety rules, the cgroup backend): the time from the decision's creation to
+``freezer.state`` reading FROZEN must stay within the target (1 s), the frozen
+process must make no progress, and after the thaw it goes on from the step it
+had reached (no completed step lost).
+"""
+
+from __future__ import annotations
+
+import time
+
+from phasewise.models.priorities import Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
+from phasewise.schemas import encode
+from tests.actuators.test_cgroup_v1 import actuator, managed  # noqa: F401 - the fixture
+from tests.conftest import requires_root
+
+pytestmark = requires_root
+
+# counts "steps" as fast as it can and prints the count every 10 ms
+COUNTER = """
+import sys, time
+sys.stdin.readline()
+print("ready", flush=True)
+n, t = 0, time.monotonic()
+while True:
+    n += 1
+    if time.monotonic() - t > 0.01:
+        print(n, flush=True)
+        t = time.monotonic()
+"""
+
+
+def _last_count(p) -> int:
+    import os
+    import select
+
+    last = None
+    while select.select([p.stdout], [], [], 0.2)[0]:
+        line = os.read(p.stdout.fileno(), 1 << 16).decode().split()
+        if not line:
+            break
+        last = int(line[-1])
+    return last
+
+
+def test_decision_to_frozen_within_a_second_and_no_step_lost(managed, recorder):  # noqa: F811
+    import subprocess
+    import sys
+
+    managed.layout.create("low")
+    p = subprocess.Popen([sys.executable, "-c", COUNTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         bufsize=0)
+    managed.procs.append(p)
+    managed.layout.attach("low", p.pid)
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.3)
+
+    pol = PriorityPolicy(PriorityConfig(freeze_max_wait_s=60), {"h1": Capacity(2, 8e9)})
+    pol.submit(JobRequest("low", "h1", cpu_cores=2), now=0)
+    act = actuator(managed, recorder)
+    state = managed.file("low", "freezer", "freezer.state")
+
+    t_decide = time.time()
+    actions = pol.submit(JobRequest("hi", "h1", cpu_cores=1, priority=5, expected_s=10), now=t_decide)
+    assert [(a.kind, a.job) for a in actions] == [("freeze", "low"), ("start", "hi")]
+    d = to_decision(actions[0], ts=t_decide)
+    out = act.handle(encode(d), b"h1", 0, 0)
+    assert state.read_text().strip() == "FROZEN"
+    latency = time.time() - t_decide
+    assert out.status == "applied", out.message
+    assert latency <= 1.0, f"decision -> frozen took {latency:.3f} s"
+
+    frozen_at = _last_count(p)  # drain what was printed before the freeze
+    time.sleep(0.5)
+    assert _last_count(p) is None, "a frozen process made progress"
+
+    thaw = pol.finish("hi", now=time.time())
+    assert [(a.kind, a.job) for a in thaw] == [("thaw", "low")]
+    out = act.handle(encode(to_decision(thaw[0], ts=time.time())), b"h1", 0, 1)
+    assert out.status == "applied", out.message
+    time.sleep(0.3)
+    after = _last_count(p)
+    assert after is not None and after > frozen_at  # it goes on from where it was, not from 0

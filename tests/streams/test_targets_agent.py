@@ -1,0 +1,138 @@
+"""The targets agent's record handling: bad progress events are dead letters with reasons, jobs unaffected."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from phasewise.schemas import Decision, JobControl, JobEvent, JobSpec, JobTargets, decode, encode
+from phasewise.settings import Settings
+from phasewise.streams.targets_agent import TargetsHandler, fleet_from_settings
+from phasewise.topics import CONTROL, DECISIONS
+
+
+def make(**env):
+    settings = Settings.from_env({"host": "h1", **env}, env={})
+    sent: list[tuple[str, bytes | None, bytes]] = []
+    dead: list[tuple[object, str]] = []
+    h = TargetsHandler(fleet_from_settings(settings), lambda t, k, v: sent.append((t, k, v)),
+                       lambda ev, why: dead.append((ev, why)))
+    return h, sent, dead
+
+
+def submitted(job: str, acceptable=1.0, objective=0.5, **kw) -> bytes:
+    spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32,
+                   targets=JobTargets(acceptable=acceptable, objective=objective, **kw))
+    return encode(JobEvent(job=job, ts=1.0, kind="submitted", spec=spec))
+
+
+def progress(job: str, step: int, loss: float, ts: float | None = None) -> bytes:
+    return encode(JobEvent(job=job, ts=ts if ts is not None else 10.0 + step, kind="progress", step=step, loss=loss))
+
+
+def test_a_job_reaches_acceptable_then_objective_and_each_decision_names_its_target():
+    h, sent, dead = make(targets_patience=1, targets_ewma_alpha=1.0, targets_node_cores=4.0)
+    h.handle("e0", submitted("job-a"))
+    h.handle("e1", encode(JobEvent(job="job-a", ts=2.0, kind="started", host="node-7", container="job-a")))
+    for i, loss in enumerate([2.0, 0.9, 0.4], start=1):
+        h.handle(f"p{i}", progress("job-a", i, loss))
+    assert not dead
+    (t1, k1, v1), (t2, k2, v2) = sent
+    d = decode(Decision, v1)
+    assert (t1, k1, d.action, d.host, d.cpu_limit_cores) == (DECISIONS.name, b"node-7", "limit", "node-7", 1.0)
+    assert "acceptable 1" in d.reason and d.details["target"] == 1.0 and d.details["smoothed"] == 0.9
+    c = decode(JobControl, v2)
+    assert (t2, k2, c.action, c.grace_s) == (CONTROL.name, b"job-a", "checkpoint_exit", 30.0)
+    assert "objective 0.5" in c.reason
+    h.tick(13.0 + 29.0)
+    assert len(sent) == 2  # grace not over
+    h.tick(13.0 + 30.0)
+    stop = decode(Decision, sent[2][2])
+    assert stop.action == "terminate" and stop.details["hard"] is True and "hard stop" in stop.reason
+
+
+def test_finished_within_grace_means_no_hard_stop():
+    h, sent, _ = make(targets_patience=1, targets_ewma_alpha=1.0)
+    h.handle("e0", submitted("job-a"))
+    h.handle("p1", progress("job-a", 1, 0.1))
+    h.handle("f", encode(JobEvent(job="job-a", ts=12.0, kind="finished")))
+    h.tick(10_000.0)
+    assert [decode(Decision, v).action if t == DECISIONS.name else "control" for t, _, v in sent] == \
+        ["limit", "control"]
+
+
+BAD = [
+    (None, "null"),
+    (b"[" * 100_000 + b"]" * 100_000, "deep"),
+    (bytes(range(256)) * 2400, "binary"),  # 600 kB
+    (b'{"v": 1, "job": "job-a", "ts": "soon", "kind": "progress"}', "ts"),
+    (b'{"v": 1, "job": "job-a", "ts": 12.0, "kind": "progress", "step": 4, "loss": NaN}', "loss"),
+    (b'{"v": 1, "job": "job-a", "ts": 12.0, "kind": "progress", "step": "x", "loss": 1.0}', "step"),
+]
+
+
+def test_bad_records_and_bad_progress_are_dead_lettered_with_reasons_and_the_job_is_unaffected():
+    h, sent, dead = make(targets_patience=2, targets_ewma_alpha=1.0)
+    good = [submitted("job-a")] + [progress("job-a", s, v) for s, v in [(1, 2.0), (2, 1.5), (3, 0.9)]]
+    stream = [good[0], good[1]]
+    for raw, _ in BAD:
+        stream.append(raw)
+    stream += [
+        progress("job-a", 1, 0.1),  # steps going backwards (last 1 -> 1 is fine, so use 0 below)
+        encode(JobEvent(job="job-a", ts=13.0, kind="progress", step=0, loss=0.1)),  # backwards
+        encode(JobEvent(job="job-a", ts=13.0, kind="progress", step=5, loss=5e12)),  # absurd
+        progress("ghost", 3, 0.1),  # unknown job
+        encode(JobEvent(job="job-a", ts=13.0, kind="progress", step=5)),  # no loss
+        good[2], good[3], progress("job-a", 4, 0.8), progress("job-a", 5, 0.4), progress("job-a", 6, 0.3),
+    ]
+    for i, raw in enumerate(stream):
+        h.handle(i, raw)
+    reasons = [why for _, why in dead]
+    assert len(dead) == len(BAD) + 4, reasons
+    assert "goes backwards" in reasons[len(BAD)]
+    assert "absurd" in reasons[len(BAD) + 1]
+    assert "unknown job 'ghost'" in reasons[len(BAD) + 2]
+    assert "carries no loss" in reasons[len(BAD) + 3]
+    assert any("null" in r.lower() or "none" in r.lower() for r in reasons[:1])
+    # the valid stream, around all of that, is followed exactly as alone
+    h2, sent2, dead2 = make(targets_patience=2, targets_ewma_alpha=1.0)
+    for i, raw in enumerate([good[0], good[1], progress("job-a", 1, 0.1), good[2], good[3],
+                             progress("job-a", 4, 0.8), progress("job-a", 5, 0.4), progress("job-a", 6, 0.3)]):
+        h2.handle(i, raw)
+    assert not dead2
+    strip = [(t, k, json.loads(v)["reason"]) for t, k, v in sent]
+    assert strip == [(t, k, json.loads(v)["reason"]) for t, k, v in sent2]
+    assert [json.loads(v).get("action") for _, _, v in sent] == ["limit", "checkpoint_exit"]
+
+
+def test_jobs_without_targets_are_not_followed_and_bad_targets_are_reported():
+    h, sent, dead = make()
+    h.handle(0, encode(JobEvent(job="job-b", ts=1.0, kind="submitted",
+                                spec=JobSpec(model="m", dataset="d", batch_size=8))))
+    h.handle(1, progress("job-b", 1, 0.5))
+    h.handle(2, submitted("job-c", acceptable=0.5, objective=1.0))  # objective above acceptable for min
+    assert [why for _, why in dead] == ["unknown job 'job-b' (no submitted event with targets)",
+                                        "job 'job-c': targets: objective must be <= acceptable for direction min, "
+                                        "got acceptable 0.5, objective 1"]
+    assert not sent
+
+
+def test_metric_targets_with_max_direction():
+    h, sent, dead = make(targets_patience=1, targets_ewma_alpha=1.0)
+    h.handle(0, submitted("job-m", acceptable=0.7, objective=0.9, metric="accuracy", direction="max"))
+    for step, acc in [(1, 0.5), (2, 0.75), (3, 0.95)]:
+        h.handle(step, encode(JobEvent(job="job-m", ts=float(step), kind="progress", step=step, loss=1.0,
+                                       metric=acc, metric_name="accuracy")))
+    assert not dead
+    assert [json.loads(v).get("action") for _, _, v in sent] == ["limit", "checkpoint_exit"]
+    assert "accuracy 0.95" in json.loads(sent[1][2])["reason"]
+
+
+@pytest.mark.parametrize("env, why", [({"targets_patience": 0}, "targets_patience"),
+                                      ({"targets_shrink": 1.5}, "targets_shrink")])
+def test_bad_settings_are_one_line_errors(env, why):
+    from phasewise.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=why):
+        Settings.from_env(env, env={})
