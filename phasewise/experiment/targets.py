@@ -65,7 +65,7 @@ JOBS = ("cnn", "gru", "lstm", "vae", "rnn")
 SCENARIOS = ("NA", "AO", "FT")
 #: training steps of each job's whole run (NA); chosen so the jobs need different CPU times
 #: (measured alone on one core: vae ~2 ms/step, rnn ~3.5, cnn ~7.5, lstm ~10, gru ~13)
-DEFAULT_STEPS = {"vae": 1000, "rnn": 900, "cnn": 500, "lstm": 500, "gru": 450}
+DEFAULT_STEPS = {"vae": 500, "rnn": 450, "cnn": 250, "lstm": 250, "gru": 225}
 REPORT_EVERY = 10
 
 
@@ -356,7 +356,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TargetsConfig()
     p.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated, of {', '.join(JOBS)}")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of NA, AO, FT")
-    p.add_argument("--capacity", type=float, default=1.0, help="the node's CPU cores (the parent cgroup's quota)")
+    p.add_argument("--capacity", type=float, default=0.25,
+                   help="the node's CPU cores (the parent cgroup's quota; below what the machine gives the jobs, "
+                        "so the node, not other work on the machine, is what they share)")
     p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every job's step budget")
     p.add_argument("--acceptable-at", type=float, default=0.35, help="acceptable = smoothed loss at this fraction "
                                                                     "of the step budget in calibration")
