@@ -415,7 +415,7 @@ class JobControl:
 
     VERSION: ClassVar[int] = 1
     id: str = _f(doc="idempotency key: a reporter delivers each id at most once")
-    job: str = _f(doc="job id (the key)")
+    job: str = _f(pattern=JOB_ID_PATTERN, doc="job id (the key; the characters of a container name)")
     ts: float = _f(minimum=0)
     action: str = _f(enum=("checkpoint_exit", "pause", "resume"))
     policy: str = _f(default="", doc="who sent it, e.g. targets, priorities")

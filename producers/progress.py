@@ -153,8 +153,11 @@ class ControlHandler:
 class ControlListener(threading.Thread):
     """Consumes ``phasewise.control.v1`` and hands this job's records to a :class:`ControlHandler`."""
 
-    def __init__(self, handler: ControlHandler, settings: Any, *, group: str | None = None) -> None:
+    def __init__(self, handler: ControlHandler, settings: Any, *, group: str | None = None,
+                 since: float | None = None) -> None:
         super().__init__(name=f"phasewise-control-{handler.job}", daemon=True)
+        #: records the broker timestamped before this (Unix s) are skipped; default: 60 s before now
+        self.since = time.time() - 60.0 if since is None else since
         self.handler = handler
         self.settings = settings
         self.group = group or f"phasewise-job-{handler.job}"
@@ -178,6 +181,9 @@ class ControlListener(threading.Thread):
                 key = msg.key()
                 if key is not None and key != self.handler.job.encode():
                     continue
+                kind, ts_ms = msg.timestamp()
+                if kind and ts_ms > 0 and ts_ms / 1000.0 < self.since:
+                    continue  # written before this job started (an earlier job with the same id)
                 try:
                     ctrl = decode(JobControl, msg.value())
                 except SchemaError as e:

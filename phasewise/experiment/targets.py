@@ -65,7 +65,7 @@ JOBS = ("cnn", "gru", "lstm", "vae", "rnn")
 SCENARIOS = ("NA", "AO", "FT")
 #: training steps of each job's whole run (NA); chosen so the jobs need different CPU times
 #: (measured alone on one core: vae ~2 ms/step, rnn ~3.5, cnn ~7.5, lstm ~10, gru ~13)
-DEFAULT_STEPS = {"vae": 1000, "rnn": 900, "cnn": 500, "lstm": 500, "gru": 450}
+DEFAULT_STEPS = {"vae": 500, "rnn": 450, "cnn": 250, "lstm": 250, "gru": 225}
 REPORT_EVERY = 10
 
 
@@ -135,12 +135,29 @@ class Node:
             return None
         return None
 
-    def close(self, containers: list[str]) -> None:
+    def remove(self, containers: list[str]) -> None:
+        """Remove the jobs' cgroups (their processes have exited); the node stays."""
         for c in containers:
             try:
                 self.layout.remove(c)
             except CgroupError:
                 pass
+
+    def quota_cores(self) -> float | None:
+        """The node's CPU quota as read back (None: unlimited or unreadable)."""
+        base = self.layout.base("cpu")
+        try:
+            if self.layout.version == 1:
+                q = int((base / "cpu.cfs_quota_us").read_text())
+                return None if q < 0 else q / int((base / "cpu.cfs_period_us").read_text())
+            q_text, _, p_text = (base / "cpu.max").read_text().partition(" ")
+            return None if q_text == "max" else int(q_text) / int(p_text)
+        except (OSError, ValueError):
+            return None
+
+    def close(self, containers: list[str]) -> None:
+        """Remove the jobs' cgroups and the node's."""
+        self.remove(containers)
         for ctrl in self.layout.controllers():
             try:
                 self.layout.base(ctrl).rmdir()
@@ -152,6 +169,9 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
                  targets: dict[str, Targets] | None, config: TargetsConfig, *, shrink: float, grace_s: float,
                  share_alpha: float | None, timeout_s: float, progress=None) -> dict[str, JobRun]:
     """Run the jobs together under *scenario* (``calibrate``, NA, AO, FT); each job's record."""
+    if node.quota_cores() is None or abs(node.quota_cores() - node.capacity) > 1e-3:
+        raise ExperimentError(f"{scenario}: the node's CPU quota reads {node.quota_cores()}, "
+                              f"expected {node.capacity:g} cores")
     q: queue.Queue = queue.Queue()
     runs: dict[str, JobRun] = {}
     ckpt = Path(tempfile.mkdtemp(prefix="phasewise-exp-ckpt-"))
@@ -177,7 +197,7 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
         if not ev.wait(max(0.0, deadline - time.monotonic())):
             for r in runs.values():
                 r.proc.kill()
-            node.close([r.container for r in runs.values()])
+            node.remove([r.container for r in runs.values()])
             raise ExperimentError(f"{scenario}: job {name} did not load within {timeout_s:g} s")
     for r in runs.values():  # loading ran outside the node; training runs inside it
         node.layout.attach(r.container, r.proc.pid)
@@ -266,7 +286,7 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
                 r.stopped_by = r.stopped_by or "timeout"
                 r.t_end = time.monotonic() - t0
                 r.cpu_s = (node.cpu_seconds(r.container) or 0.0) - cpu_at_start.get(r.name, 0.0)
-        node.close([r.container for r in runs.values()])
+        node.remove([r.container for r in runs.values()])
         for f in ckpt.glob("*"):
             f.unlink()
         ckpt.rmdir()
@@ -356,7 +376,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TargetsConfig()
     p.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated, of {', '.join(JOBS)}")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of NA, AO, FT")
-    p.add_argument("--capacity", type=float, default=1.0, help="the node's CPU cores (the parent cgroup's quota)")
+    p.add_argument("--capacity", type=float, default=0.25,
+                   help="the node's CPU cores (the parent cgroup's quota; below what the machine gives the jobs, "
+                        "so the node, not other work on the machine, is what they share)")
     p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every job's step budget")
     p.add_argument("--acceptable-at", type=float, default=0.35, help="acceptable = smoothed loss at this fraction "
                                                                     "of the step budget in calibration")

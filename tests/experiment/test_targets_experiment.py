@@ -38,7 +38,7 @@ def test_curves_json_counts_no_objective_before_the_curve_reached_it():
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for the jobs' cgroups")
 def test_two_real_jobs_under_na_and_ft(tmp_path):
-    r = cli("targets", "--jobs", "vae,rnn", "--scenarios", "NA,FT", "--steps-scale", "0.2", "--json",
+    r = cli("targets", "--jobs", "vae,rnn", "--scenarios", "NA,FT", "--steps-scale", "0.4", "--json",
             "--no-progress", "--report", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
@@ -55,5 +55,9 @@ def test_two_real_jobs_under_na_and_ft(tmp_path):
             assert ft[job]["stopped_by"] == "objective" and ft[job]["steps"] < ft[job]["steps_budget"]
             assert ft[job]["exit_code"] == 0
             assert any("objective" in d for d in ft[job]["decisions"])
+    cap = out["setup"]["capacity_cores"]
+    for sc in ("NA", "FT"):  # the node's quota holds in every scenario: the jobs never used more than it
+        wall = max(j["end_s"] for j in out["jobs"][sc].values())
+        assert out["cpu_s_total"][sc] <= cap * wall * 1.2 + 0.1, (sc, out["cpu_s_total"][sc], wall)
     assert {p.name for p in (tmp_path / "rep").iterdir()} >= {"summary.md", "loss.png", "time_to_objective.png",
                                                               "limits.png", "result.json"}

@@ -237,6 +237,8 @@ def test_control_channel_through_kafka_delivers_once_and_dead_letters_bad_record
                 JobControl(id="b", job=job, ts=2.0, action="resume"),
                 JobControl(id="c", job=job, ts=3.0, action="checkpoint_exit", grace_s=10)]
         bad = [None, b"[" * 100_000 + b"]" * 100_000, bytes(range(256)) * 2400, b'{"v":1,"id":5}']
+        old = JobControl(id="old", job=job, ts=1.0, action="checkpoint_exit")  # for an earlier job of this id
+        p.produce(CONTROL.name, key=k, value=encode(old), timestamp=int((time.time() - 3600) * 1000))
         p.produce(CONTROL.name, key=k, value=encode(good[0]))
         for b in bad:
             p.produce(CONTROL.name, key=k, value=b)
