@@ -208,6 +208,7 @@ class StateCache:
         self.guard = None if guard is None else LimitGuard(guard, self.fleet.capacity)
         self._index: dict[str, int] = {}
         self._free: list[int] = []  # rows of expired containers, reused first
+        self._per_host: dict[str, int] = {}  # containers held per host (the key's part before its first "/")
         for name in self._BOOK:
             setattr(self, name, np.full(self.fleet.capacity, _NAN))
         self.dirty: set[str] = set()
@@ -250,6 +251,8 @@ class StateCache:
                     if guard is not None:
                         guard.reset(np.array([row]))
             self._index[key] = row
+            host = key.split("/", 1)[0]
+            self._per_host[host] = self._per_host.get(host, 0) + 1
 
     def _load(self, row: int, state: Any) -> None:
         if not isinstance(state, dict) or state.get("v") != ENTRY_VERSION:
@@ -319,17 +322,27 @@ class StateCache:
         last = self.fleet.last_sample_time(rows)
         gone = np.flatnonzero(~(last >= before_ts))  # NaN (no sample) expires too
         out = [keys[i] for i in gone.tolist()]
+        per_host = self._per_host
         for k in out:
             self._free.append(self._index.pop(k))
             self.dirty.discard(k)
+            host = k.split("/", 1)[0]
+            per_host[host] -= 1
+            if not per_host[host]:
+                del per_host[host]
         return out
 
     def clear(self) -> None:
         """Forget every entry (after a rebalance the table is the truth)."""
         self._index.clear()
         self._free.clear()
+        self._per_host.clear()
         self.fleet.clear()
         self.dirty.clear()
+
+    def host_count(self, host: str) -> int:
+        """How many containers of *host* the cache holds (keys ``host/...``)."""
+        return self._per_host.get(host, 0)
 
     def __len__(self) -> int:
         return len(self._index)

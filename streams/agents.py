@@ -42,6 +42,7 @@ not in it (at most ``state_write_interval_s`` of them).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -53,6 +54,7 @@ import faust
 
 from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.guard import RULES
+from phasewise.models.intake import Admission, event_time_problem
 from phasewise.models.vpa_updater import StateCache, worker_round
 from phasewise.schemas import (
     Decision,
@@ -62,7 +64,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
-from phasewise.streams.config import state_cache, updater_config
+from phasewise.streams.config import intake_config, state_cache, updater_config
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import worker_topics
@@ -316,6 +318,36 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     batch_wait_s = max(0.0, settings.worker.batch_wait_ms) / 1000.0
 
     updater = updater_config(settings)
+    intake = intake_config(settings)
+    newest: dict[str, float] = {}  # event time of the newest admitted sample per host
+
+    async def admitted(event: faust.types.EventT, hs: HostSamples) -> HostSamples | None:
+        """*hs* with the containers the intake limits admit (``None``: none); the rest dead-lettered."""
+        problem = event_time_problem(hs.ts, now=time.time(), newest=newest.get(hs.host), config=intake)
+        if problem is not None:
+            await dead_letter(event, problem, "event_time")
+            return None
+        n = len(hs.containers)
+        why = admission.too_many(n)
+        if why is not None:
+            metrics.containers_refused.labels(limit="message").inc(n)
+            await dead_letter(event, why, "capacity")
+            return None
+        names = [c.container for c in hs.containers]
+        kept, refused, why = admission.admit(hs.host, names)
+        if refused:
+            metrics.containers_refused.labels(limit=admission.limit).inc(len(refused))
+            shown = ", ".join(refused[:5]) + (", ..." if len(refused) > 5 else "")
+            await dead_letter(event, f"{len(refused)} of {n} containers refused ({shown}): {why}", "capacity")
+            keep = set(kept)
+            hs = dataclasses.replace(hs, containers=tuple(c for c in hs.containers if c.container in keep))
+        if kept:
+            if hs.ts > newest.get(hs.host, -math.inf):
+                newest[hs.host] = hs.ts
+            if len(newest) > 2 * len(cache) + 1024:  # hosts gone from the cache (expired, revoked)
+                for h in [h for h in newest if not cache.host_count(h)]:
+                    del newest[h]
+        return hs
 
     def process_round(msgs: list[HostSamples]) -> list[Decision]:
         """The VPA, then (--policy phase) the detector, over messages whose containers are distinct."""
@@ -331,12 +363,17 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
             metrics.decisions.inc(len(decisions))
             activity.decisions += len(decisions)
 
+    admission = Admission(intake, held=cache.__contains__, host_count=cache.host_count, total=0)
+
     @app.agent(topics.samples, name="phasewise.vpa-samples")
     async def on_samples(stream: faust.StreamT) -> None:
         # up to batch_max messages at a time (waiting at most batch_wait_s for them): one vectorised
         # step over many hosts' containers costs about half as much per sample as one per message
+        nonlocal admission
         async for events in stream.take_events(batch_max, within=batch_wait_s):
             got: list[tuple[faust.types.EventT, HostSamples]] = []
+            # the batch's new containers count against the capacity limits before any is processed
+            admission = Admission(intake, held=cache.__contains__, host_count=cache.host_count, total=len(cache))
             for event in events:
                 try:
                     hs = decode_host_samples(event.message.value)
@@ -349,6 +386,9 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                     continue
                 if only_hosts and hs.host not in only_hosts:
                     continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
+                hs = await admitted(event, hs)
+                if hs is None:
+                    continue
                 pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
                 got.append((event, hs))
             t0 = time.perf_counter()

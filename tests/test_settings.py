@@ -43,6 +43,9 @@ WHERE = {
     "phase_statistics": "phase.statistics", "phase_learn_batch": "phase.learn_batch",
     "phase_features": "phase.features", "phase_pretrained": "phase.pretrained",
     "phase_ratio_cap": "phase.ratio_cap",
+    "phase_snapshot_max_bytes": "phase.snapshot_max_bytes",
+    "phase_snapshot_max_unpacked_bytes": "phase.snapshot_max_unpacked_bytes",
+    "phase_snapshot_max_version_step": "phase.snapshot_max_version_step",
     "safety_rules": "safety.rules", "safety_min_history_s": "safety.min_history_s",
     "safety_cooldown_s": "safety.cooldown_s", "safety_max_decrease": "safety.max_decrease",
     "safety_peak_window_s": "safety.peak_window_s",
@@ -52,6 +55,14 @@ WHERE = {
     "apply_retry_backoff_s": "actuator.apply_retry_backoff_s",
     "ledger_max_age_days": "actuator.ledger_max_age_days",
     "ledger_max_rows": "actuator.ledger_max_rows",
+    "decision_max_age_s": "actuator.decision_max_age_s",
+    "decision_max_future_s": "actuator.decision_max_future_s",
+    "intake_max_future_s": "intake.max_future_s", "intake_max_behind_s": "intake.max_behind_s",
+    "intake_max_containers_per_message": "intake.max_containers_per_message",
+    "intake_max_containers_per_host": "intake.max_containers_per_host",
+    "intake_max_containers_per_worker": "intake.max_containers_per_worker",
+    "signing_key_file": "signing.key_file", "signing_previous_key_file": "signing.previous_key_file",
+    "signing_previous_key_until": "signing.previous_key_until",
 }
 
 
