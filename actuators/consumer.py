@@ -57,6 +57,7 @@ from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import PeakTracker, Planned, declared_peak, is_managed_name, plan
 from phasewise.schemas import Actuation, Decision, SchemaError, brief, decode, encode
 from phasewise.settings import Settings
+from phasewise.signing import Keyring, SigningError, keyring_of
 from phasewise.topics import ACTUATIONS, DECISIONS
 
 __all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve"]
@@ -92,6 +93,7 @@ class Actuator:
         host_cores: float | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Any] = time.sleep,
+        keyring: Keyring | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -103,12 +105,17 @@ class Actuator:
         self.sleep = sleep
         #: the working sets this actuator read, for the memory floor's recent peak
         self.peaks = PeakTracker(settings.safety.peak_window_s)
+        #: verifies the decisions' signatures (``signing_key_file``; ``None``: not checked)
+        self.keyring = keyring
 
     # ------------------------------------------------------------------ one message
 
     def handle(self, decision_bytes: bytes | None, key: bytes | None, partition: int | None,
-               offset: int | None, *, topic: str = DECISIONS.name) -> Actuation | None:
-        """Handle one message; returns the published Actuation, or ``None`` (dead-lettered / other host)."""
+               offset: int | None, *, topic: str = DECISIONS.name, headers: Any = None) -> Actuation | None:
+        """Handle one message; returns the published Actuation, or ``None`` (dead-lettered / other host).
+
+        *headers*: the message's Kafka headers (its signature, checked when a keyring is set).
+        """
         from phasewise.kafka import (
             publish_dead_letter,  # confluent_kafka only where a message is bad
         )
@@ -132,6 +139,21 @@ class Actuator:
             log.debug("decision %s is for host %s, not %s: skipped", d.id, d.host, self.settings.host)
             self.metrics.ignored.inc()
             return None
+        if self.keyring is not None:
+            # before the ledger: an unsigned record must not claim the id of a genuine decision
+            refused = self.keyring.verify(topic, key, decision_bytes, headers, now=self.clock())
+            if refused is not None:
+                reason = f"decision {brief(d.id, 80)} refused: {refused}"
+                log.warning("%s[%s]@%s: %s", topic, partition, offset, reason)
+                publish_dead_letter(self.producer, source_topic=topic, reason=reason, payload=decision_bytes,
+                                    key=key, partition=partition, offset=offset,
+                                    max_bytes=self.settings.kafka.dead_letter_max_bytes)
+                self.metrics.refused.labels(reason="signature").inc()
+                return None
+        stale = self._stale(d)
+        if stale is not None:  # not claimed: the ledger holds only ids this actuator acted on
+            self.metrics.refused.labels(reason=stale[0]).inc()
+            return self._publish(d, Outcome("rejected", stale[1]))
 
         if not self.ledger.claim(d.id, container=d.container, now=self.clock()):
             prev = self.ledger.get(d.id)
@@ -147,6 +169,18 @@ class Actuator:
             outcome = Outcome.failed(f"actuator error: {type(e).__name__}: {e}")
         self.ledger.finish(d.id, outcome.status, outcome.message)
         return self._publish(d, outcome)
+
+    def _stale(self, d: Decision) -> tuple[str, str] | None:
+        """``(metric reason, message)`` when *d*'s event time is outside the freshness limits."""
+        a = self.settings.actuator
+        age = self.clock() - d.ts
+        if a.decision_max_age_s and age > a.decision_max_age_s:
+            return "stale", (f"decision is {age:.0f} s old, more than decision_max_age_s ({a.decision_max_age_s:g} s); "
+                             "not applied")
+        if a.decision_max_future_s and -age > a.decision_max_future_s:
+            return "future", (f"decision is stamped {-age:.0f} s ahead of this host's clock, more than "
+                              f"decision_max_future_s ({a.decision_max_future_s:g} s); not applied")
+        return None
 
     def _decide_and_apply(self, d: Decision) -> Outcome:
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
@@ -247,7 +281,8 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
                         raise KafkaException(err)
                     log.warning("consumer error on %s[%s]: %s", m.topic(), m.partition(), err)
                     continue
-                actuator.handle(m.value(), m.key(), m.partition(), m.offset(), topic=m.topic())
+                actuator.handle(m.value(), m.key(), m.partition(), m.offset(), topic=m.topic(),
+                                headers=m.headers())
                 offsets[(m.topic(), m.partition())] = m.offset() + 1
         except BaseException:
             # not a record (those are dead-lettered): the ledger, the backend or Kafka failed. The
@@ -294,7 +329,7 @@ FINAL_FLUSH_S = 3.0
 
 def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                  metrics: ActuatorMetrics | None = None, ledger: Ledger | None = None,
-                 host_cores: float | None = None) -> None:
+                 host_cores: float | None = None, keyring: Keyring | None = None) -> None:
     """Build the Kafka clients and ledger, then :func:`serve` until *stop* is set.
 
     With ``create_topics``, first waits for the broker (saying so every few
@@ -314,7 +349,10 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                         max_rows=settings.actuator.ledger_max_rows)
     producer = make_producer(settings, on_delivery=_delivery_report)
     consumer = make_consumer(settings, group_id(settings.host))
-    actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores)
+    if keyring is None:
+        keyring = keyring_of(settings)
+    actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores,
+                        keyring=keyring)
     try:
         serve(actuator, consumer, producer, stop)
     finally:
@@ -355,6 +393,11 @@ def run(args: argparse.Namespace) -> int:
     except CgroupError as e:
         print(f"phasewise actuate: error: cgroup_root: {e}", file=sys.stderr)
         return 2
+    try:
+        keyring = keyring_of(settings)
+    except SigningError as e:
+        print(f"phasewise actuate: error: {e}", file=sys.stderr)
+        return 2
     print(settings.describe(), flush=True)
     print(f"actuator: backend={backend.name} group={group_id(settings.host)} "
           f"ledger={ledger_path(settings.data_dir, settings.host)} host_cores={os.cpu_count()}", flush=True)
@@ -369,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     try:
         with stop_on_signals(stop) as received:
-            run_actuator(settings, backend, stop, metrics=metrics)
+            run_actuator(settings, backend, stop, metrics=metrics, keyring=keyring)
     except Exception:
         log.critical("actuator failed; exiting with status 1 (unhandled messages are redelivered)", exc_info=True)
         return 1

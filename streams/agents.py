@@ -64,6 +64,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
+from phasewise.signing import keyring_of
 from phasewise.streams.config import intake_config, state_cache, updater_config
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
@@ -319,6 +320,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     updater = updater_config(settings)
     intake = intake_config(settings)
+    keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
     newest: dict[str, float] = {}  # event time of the newest admitted sample per host
 
     async def admitted(event: faust.types.EventT, hs: HostSamples) -> HostSamples | None:
@@ -358,7 +360,9 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
             phase.flush()
         if decisions:
             for d in decisions:
-                outputs.send(DECISIONS.name, d.host.encode(), encode(d))
+                key, value = d.host.encode(), encode(d)
+                outputs.send(DECISIONS.name, key, value,
+                             None if keyring is None else keyring.headers(DECISIONS.name, key, value))
                 log.debug("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
             metrics.decisions.inc(len(decisions))
             activity.decisions += len(decisions)

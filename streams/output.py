@@ -115,12 +115,13 @@ class OutputSender:
         self.failed = 0
         self.failure: str | None = None  # first delivery error; sticky
 
-    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None) -> None:
         """Queue one record (blocks briefly, serving deliveries, while librdkafka's queue is full)."""
         epoch = self._epoch
+        extra = {} if headers is None else {"headers": headers}
         while True:
             try:
-                self.producer.produce(topic, value, key, on_delivery=epoch)
+                self.producer.produce(topic, value, key, on_delivery=epoch, **extra)
                 break
             except BufferError:
                 self.producer.poll(0.01)

@@ -29,7 +29,7 @@ def mk_settings(**kw) -> Settings:
 
 
 def decision_bytes(host: str = "h1", **kw) -> bytes:
-    fields = dict(id=uuid.uuid4().hex, ts=1000.0, host=host, container="job-a", action="limit",
+    fields = dict(id=uuid.uuid4().hex, ts=NOW - 1.0, host=host, container="job-a", action="limit",
                   policy="test", cpu_limit_cores=1.0)
     return encode(Decision(**{**fields, **kw}))
 
@@ -91,7 +91,7 @@ def test_an_actuation_carries_the_decision_time_host_and_applied_values(recorder
     a, _ = make(recorder, DryRunBackend(usage=lambda c: 100 * MiB))
     act = a.handle(decision_bytes(cpu_limit_cores=0.01, mem_limit_bytes=10 * MiB), b"h1", 0, 5)
     assert act.status == "clamped"
-    assert (act.decision_ts, act.ts, act.host, act.backend) == (1000.0, NOW, "h1", "dry-run")
+    assert (act.decision_ts, act.ts, act.host, act.backend) == (NOW - 1.0, NOW, "h1", "dry-run")
     assert act.cpu_limit_cores == 0.05 and act.mem_limit_bytes == 164 * MiB
     assert "CPU floor" in act.message and "current usage" in act.message
     topic, key, _ = recorder.sent[-1]
