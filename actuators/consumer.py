@@ -8,7 +8,7 @@ For every message on the decisions topic the actuator:
    reason, partition and offset (a payload too large for
    ``dead_letter_max_bytes`` cut and marked ``truncated``) and the actuator
    carries on;
-2. skips decisions for other hosts (see "Why every partition" below);
+2. skips decisions for other hosts (see "Which partitions" below);
 3. claims the decision id in the ledger; an id already there is reported as
    ``duplicate`` and not applied again;
 4. plans a command under the safety rules (managed, existing container;
@@ -24,13 +24,16 @@ For every message on the decisions topic the actuator:
    most once. An error that is no message's (ledger, backend, Kafka) stops
    the actuator with exit status 1 after committing the messages it handled.
 
-Why every partition: decisions are keyed by host, so one host's decisions
-stay in order in one partition, but which partition depends on the producing
-client's partitioner (Faust/aiokafka and librdkafka hash keys differently)
-and on the partition count an operator chose. So each host's actuator uses
-its own consumer group (``phasewise-actuator-<host>``), reads all partitions
-and ignores other hosts' decisions, which is correct for any producer and
-costs little: decisions are a few per container per minute.
+Which partitions: decisions are keyed by host, so one host's decisions stay
+in order in one partition; the worker's producer picks it with Kafka's
+murmur2 partitioner (:mod:`phasewise.partitions`). Each host's actuator uses
+its own consumer group (``phasewise-actuator-<host>``) and, with
+``actuator_read_partitions=host`` (the default), reads only the partition
+its host's key maps to (:func:`own_partition`, recomputed at every
+rebalance), so its traffic does not grow with the number of hosts, and a
+bad decision is dead-lettered by one actuator, not by all. With ``all`` it
+reads every partition and skips other hosts' decisions (for decisions
+produced by a client with another partitioner).
 
 Stops cleanly on SIGTERM / SIGINT (finishes the batch in hand, flushes,
 commits, leaves the group), also while it waits for an unreachable broker,
@@ -254,17 +257,45 @@ class Actuator:
 # --------------------------------------------------------------------------- the loop
 
 
+def own_partition(consumer: Any, key: bytes, topic: str = DECISIONS.name) -> Callable[[Any, list], None]:
+    """An ``on_assign`` callback that keeps, of the partitions the group assigns, the one holding *key*.
+
+    The partition is :func:`phasewise.partitions.partition_for` over the
+    topic's partition count, read from the broker at each assignment (a topic
+    that grew partitions moves the key, and the group rebalances). A second
+    actuator of the same host (a rolling update) joins the same group: the
+    partition is assigned to one of them, which alone reads it.
+    """
+    from phasewise.partitions import partition_for
+
+    def on_assign(c: Any, partitions: list) -> None:
+        md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        n = len(md.partitions) if md is not None and md.partitions else 0
+        mine = partition_for(key, n) if n else None
+        keep = [tp for tp in partitions if tp.topic == topic and tp.partition == mine]
+        consumer.assign(keep)
+        log.info("assigned %s; reading %s (partition of key %r among %d)",
+                 sorted(tp.partition for tp in partitions),
+                 f"partition {mine}" if keep else "nothing (another member of the group has it)", key, n)
+
+    return on_assign
+
+
 def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Event, *,
-          batch: int = 100, poll_s: float = 0.5) -> None:
+          batch: int = 100, poll_s: float = 0.5, only_key: bytes | None = None) -> None:
     """Consume decisions until *stop* is set: handle, flush, then commit.
 
     Every message is handled (a malformed one is dead-lettered); only an error
     that is not about a message (ledger, backend, Kafka) ends the loop, after
-    the offsets of the messages handled so far were committed.
+    the offsets of the messages handled so far were committed. *only_key*: read
+    only the partition records with this key go to (:func:`own_partition`).
     """
     from confluent_kafka import KafkaException
 
-    consumer.subscribe([DECISIONS.name])
+    if only_key is None:
+        consumer.subscribe([DECISIONS.name])
+    else:
+        consumer.subscribe([DECISIONS.name], on_assign=own_partition(consumer, only_key))
     while not stop.is_set():
         # block for the first decision only, then take what is already there:
         # consume(n, timeout) alone would wait the whole timeout for n messages
@@ -310,17 +341,24 @@ def _commit_handled(consumer: Any, producer: Any, offsets: dict[tuple[str, int],
 
 
 def make_backend(settings: Settings) -> Backend:
-    """The backend the settings name; dry-run reads real memory usage when the cgroup tree is there."""
+    """The backend the settings name.
+
+    Dry-run, when the cgroup tree is there, reads real memory usage and whether
+    a container exists from it (a missing one is rejected, as the cgroup
+    backend rejects it); without a tree, every container with a managed name
+    counts as existing, and the start-up line says so.
+    """
     from phasewise.cgroupfs import CgroupError, CgroupLayout
 
     if settings.actuator.backend == "cgroup":
         return CgroupBackend(CgroupLayout(settings.cgroup.root, settings.cgroup.prefix))
     try:
-        layout = CgroupLayout(settings.cgroup.root, settings.cgroup.prefix)
-        reader = CgroupBackend(layout).memory_usage
-    except CgroupError:
-        reader = None
-    return DryRunBackend(usage=reader)
+        real = CgroupBackend(CgroupLayout(settings.cgroup.root, settings.cgroup.prefix))
+    except CgroupError as e:
+        log.info("dry run without a cgroup tree (%s): memory usage unknown, every well-named container "
+                 "counts as existing", e)
+        return DryRunBackend()
+    return DryRunBackend(usage=real.memory_usage, exists=real.exists)
 
 
 #: seconds a stopping actuator waits for its last messages' delivery
@@ -353,8 +391,9 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
         keyring = keyring_of(settings)
     actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores,
                         keyring=keyring)
+    only = settings.host.encode() if settings.actuator.read_partitions == "host" else None
     try:
-        serve(actuator, consumer, producer, stop)
+        serve(actuator, consumer, producer, stop, only_key=only)
     finally:
         consumer.close()
         left = producer.flush(FINAL_FLUSH_S)

@@ -22,13 +22,25 @@ from pathlib import Path
 
 from phasewise.settings import relative_cgroup_path
 
-__all__ = ["CgroupLayout", "CgroupError", "detect_version", "V1_CONTROLLERS"]
+__all__ = ["CgroupLayout", "CgroupError", "detect_version", "is_container_name", "V1_CONTROLLERS"]
 
 #: v1 controllers phasewise uses; each may be mounted alone or co-mounted
 #: ("cpu,cpuacct"), which :meth:`CgroupLayout.controller_root` resolves.
 V1_CONTROLLERS = ("cpu", "cpuacct", "memory", "freezer")
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$")
+#: a managed container's name: 1-201 characters, an ASCII letter or digit first, then ASCII letters,
+#: digits and ``_ . : @ -``; the whole text must match (no "/", no "..", no whitespace, no trailing
+#: newline: ``$`` alone would let ``"job-0\n"`` through)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}")
+
+
+def is_container_name(name: object) -> bool:
+    """Whether *name* is a managed container's name (the one check every backend and the safety rules use).
+
+    >>> [is_container_name(n) for n in ("job-0", "job-0\\n", "a/b", "..", ".x", "gpu:0@n1", "")]
+    [True, False, False, False, False, True, False]
+    """
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
 class CgroupError(OSError):
@@ -84,7 +96,7 @@ class CgroupLayout:
         return self.controller_root(controller) / self.prefix
 
     def check_name(self, container: str) -> str:
-        if not _NAME.match(container):
+        if not is_container_name(container):
             raise CgroupError(f"container id {container!r} is not a managed container name")
         return container
 
@@ -117,7 +129,7 @@ class CgroupLayout:
                 continue
             try:
                 for d in base.iterdir():
-                    if d.is_dir() and _NAME.match(d.name):
+                    if d.is_dir() and is_container_name(d.name):
                         names.add(d.name)
             except FileNotFoundError:
                 continue

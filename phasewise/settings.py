@@ -694,6 +694,11 @@ class ActuatorSettings(_Group):
                                          help="days applied decision ids are kept")
     ledger_max_rows: int = setting(100_000, check=at_least(1),
                                    help="applied decision ids kept at most")
+    #: host: read only the decisions partition this host's key maps to (murmur2, as the worker's
+    #: producer); all: every partition, skipping other hosts' decisions
+    read_partitions: str = setting("host", choices=("host", "all"), name="actuator_read_partitions",
+                                   help="host: read only the decisions partition of this host's key "
+                                        "(murmur2); all: every partition")
     #: a decision whose event time is older than this (by the actuator's clock) is refused: a
     #: replayed or long-delayed decision must not set limits the worker no longer stands by
     decision_max_age_s: float = setting(600.0, check=at_least(0),

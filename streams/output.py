@@ -89,11 +89,13 @@ def output_producer(settings: Any) -> Any:
     """The confluent-kafka producer for the worker's outputs.
 
     Keys are hashed with murmur2 as Faust / aiokafka / Java clients do, so a
-    host's decisions land on the partition they always did.
+    host's decisions land on the partition they always did, the one its
+    actuator reads (:mod:`phasewise.partitions`).
     """
     from phasewise.kafka import make_producer
+    from phasewise.partitions import PARTITIONER
 
-    return make_producer(settings, **{"linger.ms": 2, "partitioner": "murmur2_random",
+    return make_producer(settings, **{"linger.ms": 2, "partitioner": PARTITIONER,
                                       "message.timeout.ms": 60000})
 
 

@@ -56,6 +56,7 @@ WHERE = {
     "ledger_max_age_days": "actuator.ledger_max_age_days",
     "ledger_max_rows": "actuator.ledger_max_rows",
     "decision_max_age_s": "actuator.decision_max_age_s",
+    "actuator_read_partitions": "actuator.read_partitions",
     "decision_max_future_s": "actuator.decision_max_future_s",
     "intake_max_future_s": "intake.max_future_s", "intake_max_behind_s": "intake.max_behind_s",
     "intake_max_containers_per_message": "intake.max_containers_per_message",
