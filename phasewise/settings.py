@@ -496,11 +496,13 @@ class WorkerSettings(_Group):
                          help="process only these hosts' samples (comma-separated; empty = all)")
     #: the worker persists a container's state (a changelogged table write, ~300 us)
     #: when it decides, else at most once per this many seconds of event time
-    #: (checked at recommendation steps); samples since the last write are lost
-    #: if the worker dies
+    #: (checked at every sample); samples since the last write are lost if the
+    #: worker is killed; 0: every touched container is written at every commit, and a
+    #: restarted worker decides exactly as an unkilled one (docs/security.md)
     state_write_interval_s: float = setting(30.0, check=at_least(0),
                                             help="seconds of event time between a container's "
-                                                 "table writes")
+                                                 "table writes (0 = at every commit: exact "
+                                                 "recovery after a kill)")
     #: a container with no sample for this long (event time) is dropped from the
     #: worker's memory and tables (VPA garbage-collects after 8 days); 0 = never
     container_ttl_s: float = setting(691_200.0, check=at_least(0), flag="--container-ttl",

@@ -37,7 +37,14 @@ that dies on anything else stops the worker with exit status 1 and commits
 nothing after it (:func:`fail_worker_on_agent_error`). A worker
 that dies re-processes its partitions from the last commit, with the state written at
 that commit: samples the state had learned since its last marked write are
-not in it (at most ``state_write_interval_s`` of them).
+not in it (at most ``state_write_interval_s`` of event time of them; with 0,
+none), and (``--policy vpa``) samples a container's stored state already
+learned, written by a commit whose offsets the dead worker did not commit,
+are not learned again (the state's source offset, ``"so"``). Before any of
+that, :mod:`phasewise.models.intake` decides what is admitted: a message
+stamped too far ahead of the worker's clock or behind its host's newest
+sample is dead-lettered (kind ``event_time``), and containers beyond the
+capacity limits (kind ``capacity``, counted per limit).
 """
 
 from __future__ import annotations
@@ -393,10 +400,15 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 hs = await admitted(event, hs)
                 if hs is None:
                     continue
+                if phase is None:  # samples its stored state already learned (a restart after a kill)
+                    hs = cache.unlearned(hs, event.message.offset)
                 pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
                 got.append((event, hs))
             t0 = time.perf_counter()
             failed = run_rounds(got, process_round, emit)
+            if phase is None:
+                for event, hs in got:  # before any await: a commit takes state and offsets together
+                    cache.learned(hs, event.message.offset)
             for event, e in failed:  # a bug on valid input: keep the message, keep going
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
             outputs.poll()
