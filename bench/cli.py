@@ -10,6 +10,7 @@ BENCHES = {
     "phases": ("phasewise.bench.phases", "phase detector with the CRBM in the loop: samples/s, memory"),
     "fuzz": ("phasewise.bench.fuzz", "hostile messages at a real consumer: dead letters, crashes, valid lost"),
     "logic": ("phasewise.bench.logic", "the VPA decision logic alone, no Kafka: us per container sample"),
+    "recovery": ("phasewise.bench.recovery", "a worker SIGKILLed mid-stream: its decisions against an unkilled run's"),
     "flood": ("phasewise.bench.flood", "a flood of new containers: worker resident bytes per container, the cap"),
 }
 
