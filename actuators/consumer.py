@@ -428,14 +428,14 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     try:
-        backend = make_backend(settings)
-    except CgroupError as e:
-        print(f"phasewise actuate: error: cgroup_root: {e}", file=sys.stderr)
-        return 2
-    try:
         keyring = keyring_of(settings)
     except SigningError as e:
         print(f"phasewise actuate: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        backend = make_backend(settings)
+    except CgroupError as e:
+        print(f"phasewise actuate: error: cgroup_root: {e}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)
     print(f"actuator: backend={backend.name} group={group_id(settings.host)} "
