@@ -362,7 +362,8 @@ class StateCache:
         keys = [f"{msg.host}/{c.container}" for c in msg.containers]
         if not keys:
             return msg
-        src = self._source_offset[np.array(self.rows(keys), dtype=np.intp)]
+        rows = np.array(self.rows(keys), dtype=np.intp)  # first: new rows may grow the arrays
+        src = self._source_offset[rows]
         seen = src >= offset  # NaN (never noted) is False
         if not count_true(seen):
             return msg

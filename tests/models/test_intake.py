@@ -60,3 +60,29 @@ def test_one_future_sample_learned_pins_a_container_which_is_what_the_intake_che
         newest = ts
     assert got["pinned"] == 0  # pinned: nothing decided after the future sample
     assert got["guarded"] >= 1  # refused: decisions go on (the demand jump at i = 30 is decided)
+
+
+def test_a_restarted_cache_skips_per_container_the_messages_its_stored_state_already_learned():
+    """``so``: the source offset a state learned last travels with it; a reload skips what it holds."""
+    import json
+
+    cfg = UpdaterConfig(recommend_interval_s=1.0, hysteresis=0.1, update_mode="hysteresis",
+                        state_write_interval_s=0.0, worker_id="w")
+    names = [f"c{i}" for i in range(300)]  # more than the fleet's first 256 rows: the arrays grow
+
+    def msg(t: int, which=names) -> HostSamples:
+        return HostSamples(host="h", ts=1.7e9 + t, interval_s=1.0, containers=tuple(
+            ContainerSample(container=n, cpu_cores=0.5, mem_bytes=3e8) for n in which))
+
+    cache = StateCache({"time_scale": 0.001})
+    for t in range(3):
+        m = cache.unlearned(msg(t), offset=t)
+        assert len(m.containers) == 300
+        process_host_samples(cache, m, cfg)
+        cache.learned(m, offset=t)
+    stored = {k: json.loads(json.dumps(v)) for k, v in cache.pop_dirty()}
+    assert {v["so"] for v in stored.values()} == {2}
+    stored["h/c0"]["so"] = 1  # this one's stored state is older: it must learn offset 2 again
+    again = StateCache({"time_scale": 0.001}, loader=stored.get)
+    assert [c.container for c in again.unlearned(msg(2), offset=2).containers] == ["c0"]
+    assert len(again.unlearned(msg(3), offset=3).containers) == 300
