@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from phasewise.actuators.commands import Command, Freeze, Outcome, SetLimits, StartJob, Thaw
-from phasewise.cgroupfs import CgroupError, CgroupLayout
+from phasewise.cgroupfs import CgroupError, CgroupLayout, is_container_name
 
 __all__ = ["CFS_PERIOD_US", "MIN_QUOTA_US", "Backend", "CgroupBackend", "DryRunBackend"]
 
@@ -352,7 +352,11 @@ class DryRunBackend:
     *usage* reads a container's memory working set (e.g. a real cgroup
     backend's ``memory_usage``, so a dry run on a live host checks the real
     floors); without it usage is unknown and memory limits are dropped by the
-    safety rules. *exists* defaults to "every well-named container exists".
+    safety rules. *exists* says whether a container exists (the actuator
+    passes the cgroup tree's, when there is one, so a missing container is
+    rejected as the cgroup backend rejects it); without it every container
+    with a managed name counts as existing. A name that is not a managed
+    container's never exists.
     """
 
     name = "dry-run"
@@ -364,6 +368,8 @@ class DryRunBackend:
         self.commands: list[Command] = []
 
     def exists(self, container: str) -> bool:
+        if not is_container_name(container):
+            return False
         return True if self._exists is None else bool(self._exists(container))
 
     def memory_usage(self, container: str) -> float | None:

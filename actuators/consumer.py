@@ -8,7 +8,7 @@ For every message on the decisions topic the actuator:
    reason, partition and offset (a payload too large for
    ``dead_letter_max_bytes`` cut and marked ``truncated``) and the actuator
    carries on;
-2. skips decisions for other hosts (see "Why every partition" below);
+2. skips decisions for other hosts (see "Which partitions" below);
 3. claims the decision id in the ledger; an id already there is reported as
    ``duplicate`` and not applied again;
 4. resolves the container's per-workload policy on this host
@@ -29,13 +29,16 @@ For every message on the decisions topic the actuator:
    most once. An error that is no message's (ledger, backend, Kafka) stops
    the actuator with exit status 1 after committing the messages it handled.
 
-Why every partition: decisions are keyed by host, so one host's decisions
-stay in order in one partition, but which partition depends on the producing
-client's partitioner (Faust/aiokafka and librdkafka hash keys differently)
-and on the partition count an operator chose. So each host's actuator uses
-its own consumer group (``phasewise-actuator-<host>``), reads all partitions
-and ignores other hosts' decisions, which is correct for any producer and
-costs little: decisions are a few per container per minute.
+Which partitions: decisions are keyed by host, so one host's decisions stay
+in order in one partition; the worker's producer picks it with Kafka's
+murmur2 partitioner (:mod:`phasewise.partitions`). Each host's actuator uses
+its own consumer group (``phasewise-actuator-<host>``) and, with
+``actuator_read_partitions=host`` (the default), reads only the partition
+its host's key maps to (:func:`own_partition`, recomputed at every
+rebalance), so its traffic does not grow with the number of hosts, and a
+bad decision is dead-lettered by one actuator, not by all. With ``all`` it
+reads every partition and skips other hosts' decisions (for decisions
+produced by a client with another partitioner).
 
 Stops cleanly on SIGTERM / SIGINT (finishes the batch in hand, flushes,
 commits, leaves the group), also while it waits for an unreachable broker,
@@ -71,6 +74,7 @@ from phasewise.actuators.safety import (
 from phasewise.models.workload import resolve
 from phasewise.schemas import Actuation, Decision, SchemaError, WorkloadPolicy, brief, decode, encode
 from phasewise.settings import Settings
+from phasewise.signing import Keyring, SigningError, keyring_of
 from phasewise.topics import ACTUATIONS, DECISIONS
 
 __all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve"]
@@ -107,6 +111,7 @@ class Actuator:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Any] = time.sleep,
         workloads: Any = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.settings = settings
         #: this host's :class:`~phasewise.workloads.Workloads`; None: every container takes the
@@ -124,12 +129,17 @@ class Actuator:
         self.sleep = sleep
         #: the working sets this actuator read, for the memory floor's recent peak
         self.peaks = PeakTracker(settings.safety.peak_window_s)
+        #: verifies the decisions' signatures (``signing_key_file``; ``None``: not checked)
+        self.keyring = keyring
 
     # ------------------------------------------------------------------ one message
 
     def handle(self, decision_bytes: bytes | None, key: bytes | None, partition: int | None,
-               offset: int | None, *, topic: str = DECISIONS.name) -> Actuation | None:
-        """Handle one message; returns the published Actuation, or ``None`` (dead-lettered / other host)."""
+               offset: int | None, *, topic: str = DECISIONS.name, headers: Any = None) -> Actuation | None:
+        """Handle one message; returns the published Actuation, or ``None`` (dead-lettered / other host).
+
+        *headers*: the message's Kafka headers (its signature, checked when a keyring is set).
+        """
         from phasewise.kafka import (
             publish_dead_letter,  # confluent_kafka only where a message is bad
         )
@@ -153,6 +163,21 @@ class Actuator:
             log.debug("decision %s is for host %s, not %s: skipped", d.id, d.host, self.settings.host)
             self.metrics.ignored.inc()
             return None
+        if self.keyring is not None:
+            # before the ledger: an unsigned record must not claim the id of a genuine decision
+            refused = self.keyring.verify(topic, key, decision_bytes, headers, now=self.clock())
+            if refused is not None:
+                reason = f"decision {brief(d.id, 80)} refused: {refused}"
+                log.warning("%s[%s]@%s: %s", topic, partition, offset, reason)
+                publish_dead_letter(self.producer, source_topic=topic, reason=reason, payload=decision_bytes,
+                                    key=key, partition=partition, offset=offset,
+                                    max_bytes=self.settings.kafka.dead_letter_max_bytes)
+                self.metrics.refused.labels(reason="signature").inc()
+                return None
+        stale = self._stale(d)
+        if stale is not None:  # not claimed: the ledger holds only ids this actuator acted on
+            self.metrics.refused.labels(reason=stale[0]).inc()
+            return self._publish(d, Outcome("rejected", stale[1]))
 
         if not self.ledger.claim(d.id, container=d.container, now=self.clock()):
             prev = self.ledger.get(d.id)
@@ -177,6 +202,18 @@ class Actuator:
         if who is None:
             return f"container {container!r} is a pod's sandbox (pause) container, not a workload"
         return who[1]
+
+    def _stale(self, d: Decision) -> tuple[str, str] | None:
+        """``(metric reason, message)`` when *d*'s event time is outside the freshness limits."""
+        a = self.settings.actuator
+        age = self.clock() - d.ts
+        if a.decision_max_age_s and age > a.decision_max_age_s:
+            return "stale", (f"decision is {age:.0f} s old, more than decision_max_age_s ({a.decision_max_age_s:g} s); "
+                             "not applied")
+        if a.decision_max_future_s and -age > a.decision_max_future_s:
+            return "future", (f"decision is stamped {-age:.0f} s ahead of this host's clock, more than "
+                              f"decision_max_future_s ({a.decision_max_future_s:g} s); not applied")
+        return None
 
     def _decide_and_apply(self, d: Decision) -> Outcome:
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
@@ -258,17 +295,45 @@ class Actuator:
 # --------------------------------------------------------------------------- the loop
 
 
+def own_partition(consumer: Any, key: bytes, topic: str = DECISIONS.name) -> Callable[[Any, list], None]:
+    """An ``on_assign`` callback that keeps, of the partitions the group assigns, the one holding *key*.
+
+    The partition is :func:`phasewise.partitions.partition_for` over the
+    topic's partition count, read from the broker at each assignment (a topic
+    that grew partitions moves the key, and the group rebalances). A second
+    actuator of the same host (a rolling update) joins the same group: the
+    partition is assigned to one of them, which alone reads it.
+    """
+    from phasewise.partitions import partition_for
+
+    def on_assign(c: Any, partitions: list) -> None:
+        md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        n = len(md.partitions) if md is not None and md.partitions else 0
+        mine = partition_for(key, n) if n else None
+        keep = [tp for tp in partitions if tp.topic == topic and tp.partition == mine]
+        consumer.assign(keep)
+        log.info("assigned %s; reading %s (partition of key %r among %d)",
+                 sorted(tp.partition for tp in partitions),
+                 f"partition {mine}" if keep else "nothing (another member of the group has it)", key, n)
+
+    return on_assign
+
+
 def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Event, *,
-          batch: int = 100, poll_s: float = 0.5) -> None:
+          batch: int = 100, poll_s: float = 0.5, only_key: bytes | None = None) -> None:
     """Consume decisions until *stop* is set: handle, flush, then commit.
 
     Every message is handled (a malformed one is dead-lettered); only an error
     that is not about a message (ledger, backend, Kafka) ends the loop, after
-    the offsets of the messages handled so far were committed.
+    the offsets of the messages handled so far were committed. *only_key*: read
+    only the partition records with this key go to (:func:`own_partition`).
     """
     from confluent_kafka import KafkaException
 
-    consumer.subscribe([DECISIONS.name])
+    if only_key is None:
+        consumer.subscribe([DECISIONS.name])
+    else:
+        consumer.subscribe([DECISIONS.name], on_assign=own_partition(consumer, only_key))
     while not stop.is_set():
         # block for the first decision only, then take what is already there:
         # consume(n, timeout) alone would wait the whole timeout for n messages
@@ -285,7 +350,8 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
                         raise KafkaException(err)
                     log.warning("consumer error on %s[%s]: %s", m.topic(), m.partition(), err)
                     continue
-                actuator.handle(m.value(), m.key(), m.partition(), m.offset(), topic=m.topic())
+                actuator.handle(m.value(), m.key(), m.partition(), m.offset(), topic=m.topic(),
+                                headers=m.headers())
                 offsets[(m.topic(), m.partition())] = m.offset() + 1
         except BaseException:
             # not a record (those are dead-lettered): the ledger, the backend or Kafka failed. The
@@ -313,7 +379,13 @@ def _commit_handled(consumer: Any, producer: Any, offsets: dict[tuple[str, int],
 
 
 def make_backend(settings: Settings) -> Backend:
-    """The backend the settings name; dry-run reads real memory usage when the cgroup tree is there."""
+    """The backend the settings name.
+
+    Dry-run, when the cgroup tree is there, reads real memory usage and whether
+    a container exists from it (a missing one is rejected, as the cgroup
+    backend rejects it); without a tree, every container with a managed name
+    counts as existing, and the start-up line says so.
+    """
     from phasewise.cgroupfs import CgroupError
     from phasewise.workloads import layout_from_settings
 
@@ -329,11 +401,12 @@ def make_backend(settings: Settings) -> Backend:
         layout = layout_from_settings(settings)
         return KubernetesBackend(api, PodDirectory(api, settings.host), present=layout.exists)
     try:
-        layout = layout_from_settings(settings)
-        reader = CgroupBackend(layout).memory_usage
-    except CgroupError:
-        reader = None
-    return DryRunBackend(usage=reader)
+        real = CgroupBackend(layout_from_settings(settings))
+    except CgroupError as e:
+        log.info("dry run without a cgroup tree (%s): memory usage unknown, every well-named container "
+                 "counts as existing", e)
+        return DryRunBackend()
+    return DryRunBackend(usage=real.memory_usage, exists=real.exists)
 
 
 #: seconds a stopping actuator waits for its last messages' delivery
@@ -342,7 +415,8 @@ FINAL_FLUSH_S = 3.0
 
 def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                  metrics: ActuatorMetrics | None = None, ledger: Ledger | None = None,
-                 host_cores: float | None = None, workloads: Any = None) -> None:
+                 host_cores: float | None = None, workloads: Any = None,
+                 keyring: Keyring | None = None) -> None:
     """Build the Kafka clients and ledger, then :func:`serve` until *stop* is set.
 
     With ``create_topics``, first waits for the broker (saying so every few
@@ -362,10 +436,13 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                         max_rows=settings.actuator.ledger_max_rows)
     producer = make_producer(settings, on_delivery=_delivery_report)
     consumer = make_consumer(settings, group_id(settings.host))
+    if keyring is None:
+        keyring = keyring_of(settings)
     actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores,
-                        workloads=workloads)
+                        workloads=workloads, keyring=keyring)
+    only = settings.host.encode() if settings.actuator.read_partitions == "host" else None
     try:
-        serve(actuator, consumer, producer, stop)
+        serve(actuator, consumer, producer, stop, only_key=only)
     finally:
         consumer.close()
         left = producer.flush(FINAL_FLUSH_S)
@@ -403,6 +480,11 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     try:
+        keyring = keyring_of(settings)
+    except SigningError as e:
+        print(f"phasewise actuate: error: {e}", file=sys.stderr)
+        return 2
+    try:
         backend = make_backend(settings)
     except CgroupError as e:
         print(f"phasewise actuate: error: cgroup_root: {e}", file=sys.stderr)
@@ -431,7 +513,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     try:
         with stop_on_signals(stop) as received:
-            run_actuator(settings, backend, stop, metrics=metrics, workloads=workloads)
+            run_actuator(settings, backend, stop, metrics=metrics, workloads=workloads, keyring=keyring)
     except Exception:
         log.critical("actuator failed; exiting with status 1 (unhandled messages are redelivered)", exc_info=True)
         return 1

@@ -10,7 +10,12 @@ Every metric is registered on the registry passed in, so tests use a fresh
   (retries included);
 - ``phasewise_actuator_dead_letters_total``: malformed decisions dead-lettered;
 - ``phasewise_actuator_ignored_total``: well-formed decisions for other hosts;
-- ``phasewise_actuator_retries_total``: retries after temporary backend errors.
+- ``phasewise_actuator_retries_total``: retries after temporary backend errors;
+- ``phasewise_actuator_refused_total{reason}``: this host's decisions refused
+  before the safety rules: ``signature`` (unsigned or wrongly signed while
+  ``signing_key_file`` is set; dead-lettered), ``stale`` (older than
+  ``decision_max_age_s``) or ``future`` (stamped beyond
+  ``decision_max_future_s``), both reported as ``rejected`` actuations.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from phasewise.actuators.commands import STATUSES
 
-__all__ = ["ActuatorMetrics"]
+__all__ = ["REFUSALS", "ActuatorMetrics"]
+
+#: why a decision is refused before the safety rules see it
+REFUSALS = ("signature", "stale", "future")
 
 
 class ActuatorMetrics:
@@ -41,3 +49,7 @@ class ActuatorMetrics:
                                registry=registry)
         self.retries = Counter("phasewise_actuator_retries", "retries after temporary backend errors",
                                registry=registry)
+        self.refused = Counter("phasewise_actuator_refused", "decisions refused before the safety rules",
+                               ["reason"], registry=registry)
+        for r in REFUSALS:
+            self.refused.labels(reason=r)

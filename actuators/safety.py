@@ -61,7 +61,7 @@ from functools import partial
 from typing import Protocol
 
 from phasewise.actuators.commands import Command, Freeze, SetLimits, StartJob, Thaw
-from phasewise.cgroupfs import _NAME as _MANAGED_NAME  # the one definition of a managed name
+from phasewise.cgroupfs import is_container_name  # the one definition of a managed name
 from phasewise.schemas import MAX_BYTES, Decision, WorkloadPolicy
 from phasewise.settings import Settings
 from phasewise.units import fmt_bytes, fmt_cores
@@ -311,8 +311,9 @@ def declared_peak(decision: Decision) -> float | None:
 
 
 def is_managed_name(container: str) -> bool:
-    """A single cgroup name relative to the managed prefix (no ``/``, no ``..``)."""
-    return isinstance(container, str) and bool(_MANAGED_NAME.match(container))
+    """A single cgroup name relative to the managed prefix (:func:`phasewise.cgroupfs.is_container_name`:
+    no ``/``, no ``..``, no whitespace or trailing newline, a documented character set)."""
+    return is_container_name(container)
 
 
 def plan(

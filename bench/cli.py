@@ -11,6 +11,8 @@ BENCHES = {
     "fuzz": ("phasewise.bench.fuzz", "hostile messages at a real consumer: dead letters, crashes, valid lost"),
     "logic": ("phasewise.bench.logic", "the VPA decision logic alone, no Kafka: us per container sample"),
     "placement": ("phasewise.bench.placement", "placement decision time per job at cluster scale (1,500 nodes)"),
+    "recovery": ("phasewise.bench.recovery", "a worker SIGKILLed mid-stream: its decisions against an unkilled run's"),
+    "flood": ("phasewise.bench.flood", "a flood of new containers: worker resident bytes per container, the cap"),
 }
 
 

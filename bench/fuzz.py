@@ -500,6 +500,9 @@ def _through_kafka(args: argparse.Namespace, model: Any, host: str) -> dict[str,
         env = {"PHASEWISE_BOOTSTRAP": bootstrap, "PHASEWISE_DATA_DIR": str(workdir / "role"),
                "PHASEWISE_METRICS_PORT": str(metrics_port), "PHASEWISE_LOG_LEVEL": "info"}
         if args.topic == "decisions":
+            # hostile records come under any key: the actuator reads every partition, so each one is
+            # decoded (with the default, only the host's partition is read)
+            env["PHASEWISE_ACTUATOR_READ_PARTITIONS"] = "all"
             role = RoleProcess("actuate", ["--backend", "dry-run", "--host", host], env=env,
                                log_path=workdir / "actuator.log")
             source = DECISIONS.name

@@ -22,14 +22,17 @@ demo checkpoint has version 1; this build reads version 2
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import zlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CheckpointError", "pack", "unpack"]
+__all__ = ["CheckpointError", "inflate_budget", "pack", "unpack"]
 
 MAGIC = b"PWCK"
 #: the most array bytes a checkpoint may hold (phasewise's models take kilobytes)
@@ -38,6 +41,35 @@ MAX_BODY_BYTES = 2**30
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be loaded; ``str(e)`` says why."""
+
+
+#: bytes the checkpoints unpacked in the current :func:`inflate_budget` may still inflate to, and its name
+_BUDGET: ContextVar[list | None] = ContextVar("phasewise_checkpoint_budget", default=None)
+
+
+@contextlib.contextmanager
+def inflate_budget(max_bytes: int, name: str = "") -> Iterator[None]:
+    """Every :func:`unpack` inside together inflates at most *max_bytes* (nested checkpoints included).
+
+    A checkpoint whose index names more than what is left is refused before
+    anything is inflated, and the inflater never produces more than the index
+    names, so a small compressed bomb never grows in memory. *name* (the
+    limit's setting) is named in the refusal.
+
+    >>> import numpy as np
+    >>> blob = pack("demo", 1, {}, {"w": np.zeros(1000)})
+    >>> with inflate_budget(4000):
+    ...     try:
+    ...         unpack(blob, "demo", 1)
+    ...     except CheckpointError as e:
+    ...         print(e)
+    demo checkpoint index names 8000 bytes, more than the 4000 left to unpack
+    """
+    token = _BUDGET.set([int(max_bytes), name])
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
 
 
 def pack(kind: str, version: int, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
@@ -90,6 +122,12 @@ def unpack(data: bytes, kind: str, version: int) -> tuple[dict[str, Any], dict[s
     size = max((sp["offset"] + sp["nbytes"] for sp in index.values()), default=0)
     if size > MAX_BODY_BYTES:
         raise CheckpointError(f"{kind} checkpoint index names {size} bytes, more than {MAX_BODY_BYTES}")
+    budget = _BUDGET.get()
+    if budget is not None:
+        if size > budget[0]:
+            raise CheckpointError(f"{kind} checkpoint index names {size} bytes, more than the {budget[0]} left "
+                                  f"to unpack" + (f" ({budget[1]})" if budget[1] else ""))
+        budget[0] -= size
     try:  # at most the bytes the index names: a small body cannot inflate to gigabytes
         inflate = zlib.decompressobj()
         body = inflate.decompress(data[8 + hlen :], size + 1)

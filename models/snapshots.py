@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 
+from phasewise.models._checkpoint import MAX_BODY_BYTES, inflate_budget
 from phasewise.models.detector import LIMITED, PhaseModel
 from phasewise.schemas import ModelSnapshot, SchemaError, brief
 
@@ -40,10 +41,23 @@ def snapshot_of(model: PhaseModel, version: int, samples_seen: int, ts: float) -
                          payload_b64=base64.b64encode(model.to_bytes()).decode(), samples_seen=samples_seen)
 
 
-def model_of(snap: ModelSnapshot) -> PhaseModel:
-    """The model a snapshot carries; :class:`SchemaError` (only) when its payload is no usable PhaseModel."""
+def model_of(snap: ModelSnapshot, *, max_bytes: int | None = None, max_unpacked_bytes: int | None = None
+             ) -> PhaseModel:
+    """The model a snapshot carries; :class:`SchemaError` (only) when its payload is no usable PhaseModel.
+
+    *max_bytes*: the checkpoint's largest size (compressed), checked before the
+    payload is decoded; *max_unpacked_bytes*: what its arrays, nested
+    checkpoints included, may inflate to, checked before inflating
+    (:func:`~phasewise.models._checkpoint.inflate_budget`).
+    """
+    packed = len(snap.payload_b64) // 4 * 3
+    if max_bytes is not None and packed > max_bytes:
+        raise SchemaError(f"ModelSnapshot {brief(snap.name)} v{snap.version}: checkpoint of about {packed} bytes "
+                          f"is larger than phase_snapshot_max_bytes ({max_bytes})")
     try:
-        model = PhaseModel.from_bytes(base64.b64decode(snap.payload_b64, validate=True))
+        with inflate_budget(MAX_BODY_BYTES if max_unpacked_bytes is None else max_unpacked_bytes,
+                            "phase_snapshot_max_unpacked_bytes"):
+            model = PhaseModel.from_bytes(base64.b64decode(snap.payload_b64, validate=True))
         if not set(LIMITED) <= set(model.features):
             raise ValueError(f"features {list(model.features)} lack {list(LIMITED)}")
         return model

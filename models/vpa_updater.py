@@ -32,9 +32,14 @@ the updater's rule in an :class:`UpdaterConfig`:
    the policy's unrounded limits;
 3. the same step marks the container's state dirty, so the caller persists it,
    when it emitted a decision or when ``state_write_interval_s`` of event time
-   passed since the last write (a container's first write comes with its
-   first decision or one write interval after it appears): table writes are
-   expensive (each changelog record is its own produce request here).
+   passed since the last write, checked at every sample (a container's first
+   write comes with its first decision or one write interval after it
+   appears; 0: at every sample, so the caller writes every touched container
+   at its next commit): table writes are expensive (each changelog record is
+   its own produce request here). The caller notes which source message each
+   container learned last (:meth:`StateCache.learned`, stored as ``"so"``)
+   and, after a restart, drops samples a stored state already holds
+   (:meth:`StateCache.unlearned`).
 
 This is the code path ``phasewise replay`` runs in-process: the fleet is
 ``VpaPolicy`` for many containers, number for number (tests/models/
@@ -60,6 +65,7 @@ builds the configuration from its settings (:mod:`phasewise.streams.config`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -184,6 +190,9 @@ class ContainerEntry:
                "dc": self.decided_cpu, "dm": self.decided_mem, "nx": self.next_ts}
         if self._cache.guard is not None:
             out["g"] = self._cache.guard.state_of(self.row)
+        so = self._get("_source_offset")
+        if so is not None:
+            out["so"] = int(so)
         return out
 
     def __repr__(self) -> str:
@@ -198,7 +207,7 @@ class StateCache:
     in :attr:`dirty`; :meth:`pop_dirty` hands them out once.
     """
 
-    _BOOK = ("_decided_cpu", "_decided_mem", "_next_ts", "_written_ts")
+    _BOOK = ("_decided_cpu", "_decided_mem", "_next_ts", "_written_ts", "_source_offset")
 
     def __init__(self, params: dict[str, Any] | None = None,
                  loader: Callable[[str], Any] | None = None, guard: GuardConfig | None = None) -> None:
@@ -209,6 +218,7 @@ class StateCache:
         self.guard = None if guard is None else LimitGuard(guard, self.fleet.capacity)
         self._index: dict[str, int] = {}
         self._free: list[int] = []  # rows of expired containers, reused first
+        self._per_host: dict[str, int] = {}  # containers held per host (the key's part before its first "/")
         for name in self._BOOK:
             setattr(self, name, np.full(self.fleet.capacity, _NAN))
         self.dirty: set[str] = set()
@@ -251,6 +261,8 @@ class StateCache:
                     if guard is not None:
                         guard.reset(np.array([row]))
             self._index[key] = row
+            host = key.split("/", 1)[0]
+            self._per_host[host] = self._per_host.get(host, 0) + 1
 
     def _load(self, row: int, state: Any) -> None:
         if not isinstance(state, dict) or state.get("v") != ENTRY_VERSION:
@@ -262,6 +274,7 @@ class StateCache:
         # worker ran VpaPolicy; the policy then starts with no last limits
         self.fleet.load_recommender_state(row, state["vpa"], state.get("pl") or {})
         self._decided_cpu[row], self._decided_mem[row], self._next_ts[row] = book
+        self._source_offset[row] = _num(state.get("so"), "so")  # absent: written before source offsets
         # "g" (the safety rules' state) is absent from states written with the rules off or before
         # them: the rules then start afresh (no history yet, so nothing is lowered for a while)
         if self.guard is not None and state.get("g") is not None:
@@ -320,17 +333,54 @@ class StateCache:
         last = self.fleet.last_sample_time(rows)
         gone = np.flatnonzero(~(last >= before_ts))  # NaN (no sample) expires too
         out = [keys[i] for i in gone.tolist()]
+        per_host = self._per_host
         for k in out:
             self._free.append(self._index.pop(k))
             self.dirty.discard(k)
+            host = k.split("/", 1)[0]
+            per_host[host] -= 1
+            if not per_host[host]:
+                del per_host[host]
         return out
 
     def clear(self) -> None:
         """Forget every entry (after a rebalance the table is the truth)."""
         self._index.clear()
         self._free.clear()
+        self._per_host.clear()
         self.fleet.clear()
         self.dirty.clear()
+
+    def unlearned(self, msg: HostSamples, offset: int) -> HostSamples:
+        """*msg* without the containers whose state already learned its source message (at *offset*).
+
+        A host's messages come in order from one partition. A worker killed
+        after a commit's state reached the changelog but before its source
+        offsets were committed reads those messages again; the containers
+        whose stored state holds them (``"so"``, :meth:`learned`) skip them,
+        so no sample is learned twice.
+        """
+        keys = [f"{msg.host}/{c.container}" for c in msg.containers]
+        if not keys:
+            return msg
+        rows = np.array(self.rows(keys), dtype=np.intp)  # first: new rows may grow the arrays
+        src = self._source_offset[rows]
+        seen = src >= offset  # NaN (never noted) is False
+        if not count_true(seen):
+            return msg
+        return dataclasses.replace(msg, containers=tuple(c for c, s in zip(msg.containers, seen.tolist())
+                                                         if not s))
+
+    def learned(self, msg: HostSamples, offset: int) -> None:
+        """Note that the containers of *msg* learned the source message at *offset* (kept in their state)."""
+        idx = self._index
+        rows = [r for r in (idx.get(f"{msg.host}/{c.container}") for c in msg.containers) if r is not None]
+        if rows:
+            self._source_offset[np.array(rows, dtype=np.intp)] = offset
+
+    def host_count(self, host: str) -> int:
+        """How many containers of *host* the cache holds (keys ``host/...``)."""
+        return self._per_host.get(host, 0)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -524,6 +574,7 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
         due |= guard.pending(rows)  # an OOM kill is answered at once
     cache._next_ts[rows] = np.where(due, ts + interval, nx)
     if not count_true(due):
+        _mark_writes(cache, rows, ts, keys, None, config.state_write_interval_s)
         return []
     if all_true(due):
         at, dr, xd, tsd = np.arange(len(rows)), rows, x, ts
@@ -589,10 +640,25 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
                 hysteresis=config.hysteresis, update_mode=config.update_mode, worker_id=config.worker_id)
             out.append((i, vpa_decision(msg.host, msg.ts, c, previous, (cpu, mem), evidence,
                                         None if g is None else g.explain(j))))
-    wt = cache._written_ts[dr]
-    wt = np.where(np.isnan(wt), tsd, wt)  # new or reloaded: first write at a decision or one interval on
-    write = act | (tsd - wt >= config.state_write_interval_s)
-    cache._written_ts[dr] = np.where(write, tsd, wt)
-    if count_true(write):
-        cache.dirty.update(keys[i] for i in at[write].tolist())
+    acted = np.zeros(len(rows), dtype=bool)
+    acted[at[act]] = True
+    _mark_writes(cache, rows, ts, keys, acted, config.state_write_interval_s)
     return out
+
+
+def _mark_writes(cache: StateCache, rows: np.ndarray, ts: float | np.ndarray, keys: list[str],
+                 acted: np.ndarray | None, interval: float) -> None:
+    """Mark for persisting the wave's containers that decided (*acted*) or whose last write is *interval* old.
+
+    Every sample counts, not only recommendation steps: a container's stored
+    state is never more than *interval* of event time behind it (0: written at
+    every commit, so the changelog holds exactly the state at the commit).
+    """
+    wt = cache._written_ts[rows]
+    wt = np.where(np.isnan(wt), ts, wt)  # new or reloaded: first write at a decision or one interval on
+    write = ts - wt >= interval
+    if acted is not None:
+        write |= acted
+    cache._written_ts[rows] = np.where(write, ts, wt)
+    if count_true(write):
+        cache.dirty.update(keys[i] for i in np.flatnonzero(write).tolist())

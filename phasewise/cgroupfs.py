@@ -29,7 +29,8 @@ from phasewise.layouts import LAYOUTS, Match, classify, top_dirs
 from phasewise.schemas import ContainerIdentity
 from phasewise.settings import relative_cgroup_path
 
-__all__ = ["CgroupLayout", "CgroupError", "Found", "LAYOUT_CHOICES", "detect_version", "V1_CONTROLLERS"]
+__all__ = ["CgroupLayout", "CgroupError", "Found", "LAYOUT_CHOICES", "detect_version", "is_container_name",
+           "V1_CONTROLLERS"]
 
 #: the ``cgroup_layout`` setting's values: one layout, or ``auto`` (every layout present)
 LAYOUT_CHOICES = ("auto", *LAYOUTS)
@@ -40,7 +41,19 @@ _MAX_DEPTH = 3
 #: ("cpu,cpuacct"), which :meth:`CgroupLayout.controller_root` resolves.
 V1_CONTROLLERS = ("cpu", "cpuacct", "memory", "freezer")
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$")
+#: a managed container's name: 1-201 characters, an ASCII letter or digit first, then ASCII letters,
+#: digits and ``_ . : @ -``; the whole text must match (no "/", no "..", no whitespace, no trailing
+#: newline: ``$`` alone would let ``"job-0\n"`` through)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}")
+
+
+def is_container_name(name: object) -> bool:
+    """Whether *name* is a managed container's name (the one check every backend and the safety rules use).
+
+    >>> [is_container_name(n) for n in ("job-0", "job-0\\n", "a/b", "..", ".x", "gpu:0@n1", "")]
+    [True, False, False, False, False, True, False]
+    """
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
 class CgroupError(OSError):
@@ -126,7 +139,7 @@ class CgroupLayout:
         return self.controller_root(controller) / self.prefix
 
     def check_name(self, container: str) -> str:
-        if not _NAME.match(container):
+        if not is_container_name(container):
             raise CgroupError(f"container id {container!r} is not a managed container name")
         return container
 
@@ -197,7 +210,7 @@ class CgroupLayout:
                 continue
             try:
                 for d in base.iterdir():
-                    if d.is_dir() and _NAME.match(d.name):
+                    if d.is_dir() and is_container_name(d.name):
                         names.add(d.name)
             except (FileNotFoundError, NotADirectoryError):
                 continue
@@ -241,7 +254,7 @@ class CgroupLayout:
         if self.layout == "flat":
             c = "memory" if self.version == 1 else "cpu"
             return self.path(container, c).is_dir()
-        if not _NAME.match(container):
+        if not is_container_name(container):
             return False
         if self.find(container) is not None:
             return True

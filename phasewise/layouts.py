@@ -136,7 +136,7 @@ def classify_proc_cgroup(text: str, parent: str = "", prefix: str = "phasewise",
         comps = [c for c in parts[2].split("/") if c]
         if "flat" in layouts and want and comps[: len(want)] == want and len(comps) > len(want):
             name = comps[len(want)]
-            if _FLAT_NAME.match(name):
+            if _FLAT_NAME.fullmatch(name):
                 return name
         if parent_parts:
             if comps[: len(parent_parts)] != parent_parts:
@@ -148,5 +148,5 @@ def classify_proc_cgroup(text: str, parent: str = "", prefix: str = "phasewise",
     return None
 
 
-#: a flat container's name (the rule of :data:`phasewise.cgroupfs._NAME`)
-_FLAT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$")
+#: a flat container's name (the rule of :func:`phasewise.cgroupfs.is_container_name`; fullmatch: no trailing newline)
+_FLAT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}")

@@ -61,12 +61,14 @@ __all__ = [
     "PrioritySettings",
     "TargetsSettings",
     "CgroupSettings",
+    "IntakeSettings",
     "KafkaSettings",
     "PhaseSettings",
     "ProducerSettings",
     "SafetySettings",
     "Settings",
     "SettingsError",
+    "SigningSettings",
     "Spec",
     "VpaSettings",
     "WorkerSettings",
@@ -537,11 +539,13 @@ class WorkerSettings(_Group):
                          help="process only these hosts' samples (comma-separated; empty = all)")
     #: the worker persists a container's state (a changelogged table write, ~300 us)
     #: when it decides, else at most once per this many seconds of event time
-    #: (checked at recommendation steps); samples since the last write are lost
-    #: if the worker dies
+    #: (checked at every sample); samples since the last write are lost if the
+    #: worker is killed; 0: every touched container is written at every commit, and a
+    #: restarted worker decides exactly as an unkilled one (docs/security.md)
     state_write_interval_s: float = setting(30.0, check=at_least(0),
                                             help="seconds of event time between a container's "
-                                                 "table writes")
+                                                 "table writes (0 = at every commit: exact "
+                                                 "recovery after a kill)")
     #: a container with no sample for this long (event time) is dropped from the
     #: worker's memory and tables (VPA garbage-collects after 8 days); 0 = never
     container_ttl_s: float = setting(691_200.0, check=at_least(0), flag="--container-ttl",
@@ -657,6 +661,17 @@ class PhaseSettings(_Group):
     ratio_cap: float = setting(1.5, check=at_least(0),
                                help="--policy phase: cap on a phase's quantile of usage/level "
                                     "(0 = no cap)")
+    #: a model snapshot's checkpoint may take this many bytes compressed, and unpack to at most this
+    #: many (checked before inflating, and by a bounded inflater: a small bomb never grows in memory)
+    snapshot_max_bytes: int = setting(4 * 2**20, parse=parse_size, check=at_least(1024),
+                                      help="--policy phase: largest model snapshot, compressed, e.g. 4Mi")
+    snapshot_max_unpacked_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(1024),
+                                               help="--policy phase: largest model snapshot, unpacked")
+    #: a snapshot whose version is more than this past the one in use is refused (a forged huge
+    #: version would make every later genuine snapshot look old)
+    snapshot_max_version_step: int = setting(1000, check=at_least(1),
+                                             help="--policy phase: refuse a snapshot more than this many "
+                                                  "versions past the one in use")
 
     @staticmethod
     def cap(ratio_cap: float) -> float | None:
@@ -740,6 +755,63 @@ class ActuatorSettings(_Group):
                                          help="days applied decision ids are kept")
     ledger_max_rows: int = setting(100_000, check=at_least(1),
                                    help="applied decision ids kept at most")
+    #: host: read only the decisions partition this host's key maps to (murmur2, as the worker's
+    #: producer); all: every partition, skipping other hosts' decisions
+    read_partitions: str = setting("host", choices=("host", "all"), name="actuator_read_partitions",
+                                   help="host: read only the decisions partition of this host's key "
+                                        "(murmur2); all: every partition")
+    #: a decision whose event time is older than this (by the actuator's clock) is refused: a
+    #: replayed or long-delayed decision must not set limits the worker no longer stands by
+    decision_max_age_s: float = setting(600.0, check=at_least(0),
+                                        help="refuse decisions older than this many seconds (0 = any age)")
+    #: ... or stamped further than this in the future (a clock that runs ahead, or a forged time)
+    decision_max_future_s: float = setting(300.0, check=at_least(0),
+                                           help="refuse decisions stamped more than this many seconds ahead "
+                                                "of the actuator's clock")
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeSettings(_Group):
+    """What the worker admits from the samples topic before any per-container state sees it.
+
+    A message beyond the event-time limits is dead-lettered whole; containers beyond the
+    capacity limits are dead-lettered (one dead letter per message naming them) and counted in
+    ``phasewise_worker_containers_refused_total``. 0 = no limit.
+    """
+
+    PREFIX: ClassVar[str] = "intake_"
+
+    max_future_s: float = setting(300.0, check=at_least(0),
+                                  help="refuse samples stamped more than this many seconds ahead of the "
+                                       "worker's clock")
+    max_behind_s: float = setting(3600.0, check=at_least(0),
+                                  help="refuse samples stamped more than this many seconds before their "
+                                       "host's newest sample")
+    max_containers_per_message: int = setting(10_000, check=at_least(0),
+                                              help="refuse a samples message holding more containers")
+    max_containers_per_host: int = setting(10_000, check=at_least(0),
+                                           help="containers one host may have in a worker; new ones beyond "
+                                                "are refused")
+    max_containers_per_worker: int = setting(200_000, check=at_least(0),
+                                             help="containers one worker holds; new ones beyond are refused")
+
+
+@dataclass(frozen=True, slots=True)
+class SigningSettings(_Group):
+    """HMAC-SHA256 signatures on decisions and model snapshots (``docs/security.md``).
+
+    With a key file, the worker signs what it publishes and the actuator and the
+    snapshot follower refuse records that are unsigned or wrongly signed; without
+    one, nothing is signed or checked. A key file holds at least 32 bytes of secret.
+    """
+
+    PREFIX: ClassVar[str] = "signing_"
+
+    key_file: str = setting("", help="file holding the cluster's HMAC key (empty = no signing)")
+    previous_key_file: str = setting("", help="the key before the last rotation, still accepted "
+                                              "until signing_previous_key_until")
+    previous_key_until: float = setting(0.0, check=at_least(0),
+                                        help="Unix time until which the previous key is accepted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -878,6 +950,8 @@ class Settings(_Group):
     place: PlacementSettings = group(PlacementSettings)
     priority: PrioritySettings = group(PrioritySettings)
     targets: TargetsSettings = group(TargetsSettings)
+    intake: IntakeSettings = group(IntakeSettings)
+    signing: SigningSettings = group(SigningSettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():

@@ -37,11 +37,19 @@ that dies on anything else stops the worker with exit status 1 and commits
 nothing after it (:func:`fail_worker_on_agent_error`). A worker
 that dies re-processes its partitions from the last commit, with the state written at
 that commit: samples the state had learned since its last marked write are
-not in it (at most ``state_write_interval_s`` of them).
+not in it (at most ``state_write_interval_s`` of event time of them; with 0,
+none), and (``--policy vpa``) samples a container's stored state already
+learned, written by a commit whose offsets the dead worker did not commit,
+are not learned again (the state's source offset, ``"so"``). Before any of
+that, :mod:`phasewise.models.intake` decides what is admitted: a message
+stamped too far ahead of the worker's clock or behind its host's newest
+sample is dead-lettered (kind ``event_time``), and containers beyond the
+capacity limits (kind ``capacity``, counted per limit).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -53,6 +61,7 @@ import faust
 
 from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.guard import RULES
+from phasewise.models.intake import Admission, event_time_problem
 from phasewise.models.vpa_updater import StateCache, worker_round
 from phasewise.models.workload import without_off
 from phasewise.schemas import (
@@ -63,7 +72,8 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
-from phasewise.streams.config import state_cache, updater_config
+from phasewise.signing import keyring_of
+from phasewise.streams.config import intake_config, state_cache, updater_config
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.scorecard import LiveScorecard
@@ -330,6 +340,37 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     batch_wait_s = max(0.0, settings.worker.batch_wait_ms) / 1000.0
 
     updater = updater_config(settings)
+    intake = intake_config(settings)
+    keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
+    newest: dict[str, float] = {}  # event time of the newest admitted sample per host
+
+    async def admitted(event: faust.types.EventT, hs: HostSamples) -> HostSamples | None:
+        """*hs* with the containers the intake limits admit (``None``: none); the rest dead-lettered."""
+        problem = event_time_problem(hs.ts, now=time.time(), newest=newest.get(hs.host), config=intake)
+        if problem is not None:
+            await dead_letter(event, problem, "event_time")
+            return None
+        n = len(hs.containers)
+        why = admission.too_many(n)
+        if why is not None:
+            metrics.containers_refused.labels(limit="message").inc(n)
+            await dead_letter(event, why, "capacity")
+            return None
+        names = [c.container for c in hs.containers]
+        kept, refused, why = admission.admit(hs.host, names)
+        if refused:
+            metrics.containers_refused.labels(limit=admission.limit).inc(len(refused))
+            shown = ", ".join(refused[:5]) + (", ..." if len(refused) > 5 else "")
+            await dead_letter(event, f"{len(refused)} of {n} containers refused ({shown}): {why}", "capacity")
+            keep = set(kept)
+            hs = dataclasses.replace(hs, containers=tuple(c for c in hs.containers if c.container in keep))
+        if kept:
+            if hs.ts > newest.get(hs.host, -math.inf):
+                newest[hs.host] = hs.ts
+            if len(newest) > 2 * len(cache) + 1024:  # hosts gone from the cache (expired, revoked)
+                for h in [h for h in newest if not cache.host_count(h)]:
+                    del newest[h]
+        return hs
 
     def process_round(msgs: list[HostSamples]) -> list[Decision]:
         """The VPA, then (--policy phase) the detector, over messages whose containers are distinct."""
@@ -340,17 +381,24 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
             phase.flush()
         if decisions:
             for d in decisions:
-                outputs.send(DECISIONS.name, d.host.encode(), encode(d))
+                key, value = d.host.encode(), encode(d)
+                outputs.send(DECISIONS.name, key, value,
+                             None if keyring is None else keyring.headers(DECISIONS.name, key, value))
                 log.debug("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
             metrics.decisions.inc(len(decisions))
             activity.decisions += len(decisions)
+
+    admission = Admission(intake, held=cache.__contains__, host_count=cache.host_count, total=0)
 
     @app.agent(topics.samples, name="phasewise.vpa-samples")
     async def on_samples(stream: faust.StreamT) -> None:
         # up to batch_max messages at a time (waiting at most batch_wait_s for them): one vectorised
         # step over many hosts' containers costs about half as much per sample as one per message
+        nonlocal admission
         async for events in stream.take_events(batch_max, within=batch_wait_s):
             got: list[tuple[faust.types.EventT, HostSamples]] = []
+            # the batch's new containers count against the capacity limits before any is processed
+            admission = Admission(intake, held=cache.__contains__, host_count=cache.host_count, total=len(cache))
             for event in events:
                 try:
                     hs = decode_host_samples(event.message.value)
@@ -363,11 +411,19 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                     continue
                 if only_hosts and hs.host not in only_hosts:
                     continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
+                hs = await admitted(event, hs)
+                if hs is None:
+                    continue
                 hs = without_off(hs)  # workloads in mode off: nothing is decided for them
+                if phase is None:  # samples its stored state already learned (a restart after a kill)
+                    hs = cache.unlearned(hs, event.message.offset)
                 pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
                 got.append((event, hs))
             t0 = time.perf_counter()
             failed = run_rounds(got, process_round, emit)
+            if phase is None:
+                for event, hs in got:  # before any await: a commit takes state and offsets together
+                    cache.learned(hs, event.message.offset)
             for event, e in failed:  # a bug on valid input: keep the message, keep going
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
             outputs.poll()

@@ -15,12 +15,13 @@ from typing import Any
 
 from phasewise.models.detector import PhaseModel
 from phasewise.models.guard import GuardConfig
+from phasewise.models.intake import IntakeConfig
 from phasewise.models.phase_updater import DetectorConfig
 from phasewise.models.vpa_updater import StateCache, UpdaterConfig
 from phasewise.settings import PhaseSettings, Settings
 
-__all__ = ["detector_config", "guard_config", "initial_model", "recommender_params", "state_cache",
-           "updater_config"]
+__all__ = ["detector_config", "guard_config", "initial_model", "intake_config", "recommender_params",
+           "state_cache", "updater_config"]
 
 
 def recommender_params(settings: Settings) -> dict[str, Any]:
@@ -32,6 +33,14 @@ def recommender_params(settings: Settings) -> dict[str, Any]:
         "throttle_threshold": settings.vpa.throttle_threshold,
         "throttle_bump": settings.vpa.throttle_bump,
     }
+
+
+def intake_config(settings: Settings) -> IntakeConfig:
+    """What the samples agent admits (event time, capacity), from the ``intake_*`` settings."""
+    i = settings.intake
+    return IntakeConfig(max_future_s=i.max_future_s, max_behind_s=i.max_behind_s,
+                        max_per_message=i.max_containers_per_message, max_per_host=i.max_containers_per_host,
+                        max_per_worker=i.max_containers_per_worker)
 
 
 def guard_config(settings: Settings) -> GuardConfig | None:

@@ -22,11 +22,15 @@ from phasewise.models.detector import PhaseModel
 from phasewise.models.snapshots import model_name, model_of
 from phasewise.schemas import ModelSnapshot, SchemaError, brief, decode
 from phasewise.settings import Settings
+from phasewise.signing import Keyring
 from phasewise.topics import MODELS
 
 __all__ = ["SnapshotFollower"]
 
 log = logging.getLogger(__name__)
+
+#: the largest snapshot version taken (integers above are not exact in every JSON reader)
+MAX_VERSION = 2**53
 
 
 class SnapshotFollower:
@@ -36,15 +40,20 @@ class SnapshotFollower:
     :meth:`start` keeps following it on a daemon thread. :meth:`latest` is
     safe to call from the event loop. A record of this model (its key, or no
     key and its name) that cannot be decoded or loaded as a model (null value,
-    malformed JSON, a payload that is no PhaseModel checkpoint) goes to
-    *on_bad* (value, key, offset, reason), whatever its version; each newer
+    malformed JSON, a payload that is no PhaseModel checkpoint, or larger than
+    ``phase_snapshot_max_bytes`` packed or ``phase_snapshot_max_unpacked_bytes``
+    unpacked, a version more than ``phase_snapshot_max_version_step`` past the
+    one in use, and, with a *keyring*, a record unsigned or wrongly signed) goes
+    to *on_bad* (value, key, offset, reason), whatever its version; each newer
     valid snapshot to *on_loaded*.
     """
 
     def __init__(self, settings: Settings, name: str,
                  on_bad: Callable[[bytes | None, bytes | None, int, str], None] | None = None,
-                 on_loaded: Callable[[ModelSnapshot], None] | None = None) -> None:
+                 on_loaded: Callable[[ModelSnapshot], None] | None = None,
+                 keyring: Keyring | None = None) -> None:
         self.settings = settings
+        self.keyring = keyring
         self.name = name
         self.on_bad = on_bad
         self.on_loaded = on_loaded
@@ -70,13 +79,28 @@ class SnapshotFollower:
         key = msg.key()
         if key is not None and key.decode(errors="replace") != self.name:
             return  # another model's snapshots share the topic
+        current = self._latest
+        phase = self.settings.phase
         try:
+            if self.keyring is not None:
+                refused = self.keyring.verify(MODELS.name, key, msg.value(), msg.headers())
+                if refused is not None:
+                    raise SchemaError(f"ModelSnapshot refused: {refused}")
             snap = decode(ModelSnapshot, msg.value())
             if snap.name != self.name:
                 if key is None:
                     return  # another model's snapshot, without a key
                 raise SchemaError(f"ModelSnapshot: name {brief(snap.name)} under the key of {self.name!r}")
-            model = model_of(snap)  # every snapshot of this name is checked, old ones too
+            if snap.version > MAX_VERSION:
+                raise SchemaError(f"ModelSnapshot {self.name} v{snap.version}: version above {MAX_VERSION}")
+            if current is not None and snap.version > current[0].version + phase.snapshot_max_version_step:
+                raise SchemaError(f"ModelSnapshot {self.name} v{snap.version}: more than "
+                                  f"phase_snapshot_max_version_step ({phase.snapshot_max_version_step}) past "
+                                  f"v{current[0].version} in use; a forged version would make every later "
+                                  f"snapshot look old")
+            # every snapshot of this name is checked, old ones too, within the size limits
+            model = model_of(snap, max_bytes=phase.snapshot_max_bytes,
+                             max_unpacked_bytes=phase.snapshot_max_unpacked_bytes)
             if model_name(model.features) != self.name:
                 raise SchemaError(f"ModelSnapshot {self.name} v{snap.version}: the payload is a model of "
                                   f"{model_name(model.features)!r}")
@@ -86,7 +110,6 @@ class SnapshotFollower:
             if self.on_bad is not None:
                 self.on_bad(msg.value(), key, msg.offset(), reason)
             return
-        current = self._latest
         if current is not None and snap.version <= current[0].version:
             return
         with self._lock:

@@ -8,8 +8,12 @@ Every metric is registered on the registry passed in (tests use a fresh
 - ``phasewise_worker_container_samples_total``: container samples learned;
 - ``phasewise_worker_decisions_total``: limit decisions emitted;
 - ``phasewise_worker_dead_letters_total{kind}``: messages dead-lettered,
-  ``kind`` = ``schema`` (malformed input) or ``processing`` (valid input the
-  worker failed on);
+  ``kind`` = ``schema`` (malformed input), ``processing`` (valid input the
+  worker failed on), ``event_time`` (stamped too far ahead of the worker's
+  clock or behind its host's newest sample) or ``capacity`` (containers
+  beyond the intake limits);
+- ``phasewise_worker_containers_refused_total{limit}``: container samples
+  refused by an intake capacity limit (``limit``: message, host, worker);
 - ``phasewise_worker_delivery_errors_total{topic}``: output records (decisions,
   phase changes, learn windows, dead letters) librdkafka failed to deliver;
   after one, the worker commits no further offsets and stops (see
@@ -41,9 +45,11 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
 
-__all__ = ["DEAD_LETTER_KINDS", "WorkerMetrics"]
+__all__ = ["DEAD_LETTER_KINDS", "REFUSAL_LIMITS", "WorkerMetrics"]
 
-DEAD_LETTER_KINDS = ("schema", "processing")
+DEAD_LETTER_KINDS = ("schema", "processing", "event_time", "capacity")
+#: the intake limits a container can be refused by (``intake_max_containers_per_<limit>``)
+REFUSAL_LIMITS = ("message", "host", "worker")
 
 
 class WorkerMetrics:
@@ -60,6 +66,11 @@ class WorkerMetrics:
                                     ["kind"], registry=registry)
         for k in DEAD_LETTER_KINDS:
             self.dead_letters.labels(kind=k)
+        self.containers_refused = Counter("phasewise_worker_containers_refused",
+                                          "container samples refused by an intake capacity limit", ["limit"],
+                                          registry=registry)
+        for k in REFUSAL_LIMITS:
+            self.containers_refused.labels(limit=k)
         self.delivery_errors = Counter("phasewise_worker_delivery_errors",
                                        "output records not delivered (no offsets are committed after one)",
                                        ["topic"], registry=registry)

@@ -89,11 +89,13 @@ def output_producer(settings: Any) -> Any:
     """The confluent-kafka producer for the worker's outputs.
 
     Keys are hashed with murmur2 as Faust / aiokafka / Java clients do, so a
-    host's decisions land on the partition they always did.
+    host's decisions land on the partition they always did, the one its
+    actuator reads (:mod:`phasewise.partitions`).
     """
     from phasewise.kafka import make_producer
+    from phasewise.partitions import PARTITIONER
 
-    return make_producer(settings, **{"linger.ms": 2, "partitioner": "murmur2_random",
+    return make_producer(settings, **{"linger.ms": 2, "partitioner": PARTITIONER,
                                       "message.timeout.ms": 60000})
 
 
@@ -115,12 +117,13 @@ class OutputSender:
         self.failed = 0
         self.failure: str | None = None  # first delivery error; sticky
 
-    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None) -> None:
         """Queue one record (blocks briefly, serving deliveries, while librdkafka's queue is full)."""
         epoch = self._epoch
+        extra = {} if headers is None else {"headers": headers}
         while True:
             try:
-                self.producer.produce(topic, value, key, on_delivery=epoch)
+                self.producer.produce(topic, value, key, on_delivery=epoch, **extra)
                 break
             except BufferError:
                 self.producer.poll(0.01)

@@ -173,6 +173,7 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
     import faust
 
     from phasewise.kafka import make_producer, publish_dead_letter
+    from phasewise.signing import keyring_of
     from phasewise.streams.topics import raw_topic
 
     name = model_name(settings.phase.feature_tuple())
@@ -199,7 +200,8 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
     def on_loaded(snap: ModelSnapshot) -> None:
         metrics.snapshot_latest.set(snap.version)
 
-    follower = SnapshotFollower(settings, name, on_bad=on_bad, on_loaded=on_loaded)
+    keyring = keyring_of(settings)  # signs the snapshots, and the follower verifies them (None: off)
+    follower = SnapshotFollower(settings, name, on_bad=on_bad, on_loaded=on_loaded, keyring=keyring)
     snap = follower.load_latest()
     if snap is not None:
         got = follower.latest()
@@ -244,7 +246,9 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
         snap = learner.snapshot(time.time())
         if snap is None:
             return
-        await models_t.send(key=name_key, value=encode(snap))
+        value = encode(snap)
+        await models_t.send(key=name_key, value=value,
+                            headers=None if keyring is None else keyring.headers(MODELS.name, name_key, value))
         metrics.snapshots_published.inc()
         log.info("published model snapshot %s v%d (%d windows learned, warm=%s)", name, snap.version,
                  snap.samples_seen, learner.model.ready)

@@ -151,9 +151,15 @@ def _stop_now(grace: float) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
+    from phasewise.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
     from phasewise.streams.metrics import WorkerMetrics
 
+    try:
+        keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
+    except SigningError as e:
+        print(f"phasewise worker: error: {e}", file=sys.stderr)
+        return 2
     print(settings.describe(), flush=True)
     stop = threading.Event()
     # until Faust runs (it installs its own handlers), a signal ends the wait for the broker

@@ -91,6 +91,11 @@ BAD = [
     (["bench", "phases", "--features", "cpu"], {}, "--features: must hold cpu,mem"),
     (["bench", "pipeline", "--seconds", "inf"], {}, "--seconds: 'inf' is not a finite number"),
     (["schemas", "--write", "/proc/phasewise-schemas"], {}, "--write: No such file or directory"),
+    # key files, read when the role starts
+    (["actuate"], {"PHASEWISE_SIGNING_KEY_FILE": "/proc/no-such-key"}, "signing_key_file: cannot read"),
+    (["worker"], {"PHASEWISE_SIGNING_KEY_FILE": "/proc/no-such-key"}, "signing_key_file: cannot read"),
+    (["actuate"], {"PHASEWISE_SIGNING_PREVIOUS_KEY_FILE": "/proc/no-such-key"},
+     "signing_previous_key_file: set without signing_key_file"),
 ]
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from phasewise.kafka import make_consumer, make_producer
+from phasewise.partitions import PARTITIONER
 from phasewise.procs import RoleProcess
 from phasewise.schemas import Actuation, Decision, HostSamples, SchemaError, decode, encode
 from phasewise.topics import ACTUATIONS, DECISIONS
@@ -190,7 +191,7 @@ def test_the_actuator_limits_freezes_and_thaws_a_docker_container(settings, dock
            "PHASEWISE_CGROUP_ROOT": "/sys/fs/cgroup", "PHASEWISE_CGROUP_PREFIX": dockerd.parent,
            "PHASEWISE_DATA_DIR": str(tmp_path / "actuator"), "PHASEWISE_LOG_LEVEL": "info"}
     actuator = RoleProcess("actuate", ["--backend", "cgroup"], env=env, log_path=tmp_path / "actuator.log")
-    producer = make_producer(settings)
+    producer = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
     consumer = make_consumer(settings, f"docker-{uuid.uuid4().hex[:6]}")
     consumer.subscribe([ACTUATIONS.name])
     seen: dict[str, Actuation] = {}
@@ -305,7 +306,7 @@ def test_the_actuator_image_builds_and_limits_a_container_from_inside_a_containe
         "-e", f"PHASEWISE_HOST={settings.host}",
         "-e", f"PHASEWISE_CGROUP_PREFIX={dockerd.parent}", "-e", "PHASEWISE_LOG_LEVEL=info",
         actuator_image)
-    producer = make_producer(settings)
+    producer = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
     consumer = make_consumer(settings, f"docker-img-{uuid.uuid4().hex[:6]}")
     consumer.subscribe([ACTUATIONS.name])
     try:

@@ -45,6 +45,9 @@ WHERE = {
     "phase_statistics": "phase.statistics", "phase_learn_batch": "phase.learn_batch",
     "phase_features": "phase.features", "phase_pretrained": "phase.pretrained",
     "phase_ratio_cap": "phase.ratio_cap",
+    "phase_snapshot_max_bytes": "phase.snapshot_max_bytes",
+    "phase_snapshot_max_unpacked_bytes": "phase.snapshot_max_unpacked_bytes",
+    "phase_snapshot_max_version_step": "phase.snapshot_max_version_step",
     "safety_rules": "safety.rules", "safety_min_history_s": "safety.min_history_s",
     "safety_cooldown_s": "safety.cooldown_s", "safety_max_decrease": "safety.max_decrease",
     "safety_peak_window_s": "safety.peak_window_s",
@@ -69,6 +72,15 @@ WHERE = {
     "targets_enabled": "targets.enabled", "targets_ewma_alpha": "targets.ewma_alpha",
     "targets_patience": "targets.patience", "targets_grace_s": "targets.grace_s",
     "targets_shrink": "targets.shrink", "targets_node_cores": "targets.node_cores",
+    "decision_max_age_s": "actuator.decision_max_age_s",
+    "actuator_read_partitions": "actuator.read_partitions",
+    "decision_max_future_s": "actuator.decision_max_future_s",
+    "intake_max_future_s": "intake.max_future_s", "intake_max_behind_s": "intake.max_behind_s",
+    "intake_max_containers_per_message": "intake.max_containers_per_message",
+    "intake_max_containers_per_host": "intake.max_containers_per_host",
+    "intake_max_containers_per_worker": "intake.max_containers_per_worker",
+    "signing_key_file": "signing.key_file", "signing_previous_key_file": "signing.previous_key_file",
+    "signing_previous_key_until": "signing.previous_key_until",
 }
 
 

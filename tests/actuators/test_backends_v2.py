@@ -108,8 +108,35 @@ def test_the_dry_run_backend_reads_real_usage_when_the_cgroup_tree_is_there(v2, 
     root = str(d.parent.parent)
     dry = make_backend(Settings().replace(backend="dry-run", cgroup_root=root, cgroup_prefix="pw"))
     assert dry.name == "dry-run" and dry.memory_usage("job-a") == 209715200 - 52428800
+    # a missing container is missing for the dry run too, so the actuator rejects it as the cgroup one does
+    assert dry.exists("job-a") and not dry.exists("gone") and not dry.exists("job-a\n")
     nowhere = make_backend(Settings().replace(backend="dry-run",
                                               cgroup_root=str(tmp_path / "none")))
     assert nowhere.memory_usage("job-a") is None
     real = make_backend(Settings().replace(backend="cgroup", cgroup_root=root, cgroup_prefix="pw"))
     assert real.name == "cgroup-v2"
+
+
+def test_the_dry_run_actuator_rejects_a_missing_container_and_a_name_with_a_trailing_newline(v2, recorder):
+    from prometheus_client import CollectorRegistry
+
+    from phasewise.actuators.consumer import Actuator, make_backend
+    from phasewise.actuators.ledger import Ledger
+    from phasewise.actuators.metrics import ActuatorMetrics
+    from phasewise.schemas import Decision, encode
+    from phasewise.settings import Settings
+
+    _, d = v2
+    s = Settings().replace(host="h1", backend="dry-run", cgroup_root=str(d.parent.parent), cgroup_prefix="pw")
+    backend = make_backend(s)
+    a = Actuator(s, backend, Ledger(":memory:"), recorder, metrics=ActuatorMetrics(CollectorRegistry()),
+                 host_cores=4.0)
+    got = {}
+    for c in ("job-a", "gone", "job-a\n"):
+        raw = encode(Decision(id=f"id-{c!r}", ts=a.clock(), host="h1", container=c, action="freeze",
+                              policy="test"))
+        got[c] = a.handle(raw, b"h1", 0, 0)
+    assert got["job-a"].status == "applied"
+    assert got["gone"].status == "rejected" and "does not exist" in got["gone"].message
+    assert got["job-a\n"].status == "rejected" and "not a managed container name" in got["job-a\n"].message
+    assert [type(c).__name__ for c in backend.commands] == ["Freeze"]

@@ -10,6 +10,7 @@ import pytest
 from phasewise.bench.harness import scrape
 from phasewise.infra.broker import free_port
 from phasewise.kafka import make_producer
+from phasewise.partitions import PARTITIONER
 from phasewise.procs import RoleProcess
 from phasewise.schemas import Decision, encode
 from phasewise.topics import DECISIONS
@@ -21,13 +22,15 @@ def test_the_actuate_role_applies_reports_metrics_and_stops_on_sigterm(settings,
     port = free_port()
     role = RoleProcess(
         "actuate",
-        ["--backend", "dry-run", "--metrics-port", str(port), "--cpu-floor", "0.2", "--mem-margin", "32Mi"],
+        # no cgroup tree: the dry run counts every well-named container as existing
+        ["--backend", "dry-run", "--metrics-port", str(port), "--cpu-floor", "0.2", "--mem-margin", "32Mi",
+         "--cgroup-root", str(tmp_path / "no-cgroups")],
         env={"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_HOST": settings.host,
              "PHASEWISE_DATA_DIR": str(tmp_path)},
         log_path=tmp_path / "actuator.log",
     ).start()
     try:
-        p = make_producer(settings)
+        p = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
         d = Decision(id=uuid.uuid4().hex, ts=time.time(), host=settings.host, container="job-a",
                      action="limit", policy="test", cpu_limit_cores=0.01)
         p.produce(DECISIONS.name, key=settings.host.encode(), value=encode(d))

@@ -14,6 +14,7 @@ from phasewise.actuators.commands import Outcome, SetLimits
 from phasewise.actuators.consumer import Actuator, group_id, run_actuator
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
+from phasewise.partitions import PARTITIONER
 from phasewise.schemas import Actuation, DeadLetter, Decision, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS
@@ -29,7 +30,7 @@ def mk_settings(**kw) -> Settings:
 
 
 def decision_bytes(host: str = "h1", **kw) -> bytes:
-    fields = dict(id=uuid.uuid4().hex, ts=1000.0, host=host, container="job-a", action="limit",
+    fields = dict(id=uuid.uuid4().hex, ts=NOW - 1.0, host=host, container="job-a", action="limit",
                   policy="test", cpu_limit_cores=1.0)
     return encode(Decision(**{**fields, **kw}))
 
@@ -91,7 +92,7 @@ def test_an_actuation_carries_the_decision_time_host_and_applied_values(recorder
     a, _ = make(recorder, DryRunBackend(usage=lambda c: 100 * MiB))
     act = a.handle(decision_bytes(cpu_limit_cores=0.01, mem_limit_bytes=10 * MiB), b"h1", 0, 5)
     assert act.status == "clamped"
-    assert (act.decision_ts, act.ts, act.host, act.backend) == (1000.0, NOW, "h1", "dry-run")
+    assert (act.decision_ts, act.ts, act.host, act.backend) == (NOW - 1.0, NOW, "h1", "dry-run")
     assert act.cpu_limit_cores == 0.05 and act.mem_limit_bytes == 164 * MiB
     assert "CPU floor" in act.message and "current usage" in act.message
     topic, key, _ = recorder.sent[-1]
@@ -232,7 +233,7 @@ def test_the_loop_publishes_actuations_and_dead_letters_and_skips_other_hosts(se
     other = decision_bytes(host=f"other-{host}")
     mine = decision_bytes(host=host, mem_limit_bytes=None)
     malformed = b'{"v": 1, "id": "broken", "host": "' + key + b'"}'
-    p = make_producer(settings)
+    p = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
     # the other host's decision is (mis)keyed with this host, so it shares the partition and is
     # consumed before ours: once ours is reported, it has certainly been seen and skipped
     for value in (other, malformed, mine, mine):
@@ -265,7 +266,7 @@ def test_the_loop_publishes_actuations_and_dead_letters_and_skips_other_hosts(se
 def test_a_restarted_loop_resumes_after_its_committed_offset(settings, tmp_path):
     from phasewise.kafka import make_producer
 
-    p = make_producer(settings)
+    p = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
     first = decision_bytes(host=settings.host)
     p.produce(DECISIONS.name, key=settings.host.encode(), value=first)
     assert p.flush(10) == 0
@@ -309,7 +310,7 @@ def test_the_loop_applies_a_decision_to_a_real_cgroup(settings):
     try:
         from phasewise.kafka import make_producer
 
-        p = make_producer(settings)
+        p = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
         raw = decision_bytes(host=settings.host, cpu_limit_cores=0.3, mem_limit_bytes=256 * MiB)
         p.produce(DECISIONS.name, key=settings.host.encode(), value=raw)
         assert p.flush(10) == 0

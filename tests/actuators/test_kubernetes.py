@@ -332,7 +332,7 @@ def test_the_actuator_resizes_through_the_backend(serve, recorder):
               ("GET", METRICS, 200, "podmetrics.json"), ("PATCH", POD + "/resize", 200, "resize-200.json"))
     a = Actuator(Settings().replace(host="gpu-node-3"), backend(r), Ledger(":memory:"), recorder,
                  metrics=ActuatorMetrics(CollectorRegistry()), host_cores=16.0, clock=time.time)
-    d = Decision(id=uuid.uuid4().hex, ts=1000.0, host="gpu-node-3", container=CID, action="limit", policy="vpa",
+    d = Decision(id=uuid.uuid4().hex, ts=time.time(), host="gpu-node-3", container=CID, action="limit", policy="vpa",
                  reason="test", cpu_limit_cores=1.5, mem_limit_bytes=3 * 2**30)
     act = a.handle(encode(d), b"gpu-node-3", 0, 0)
     assert act.status == "applied", act.message
@@ -393,7 +393,7 @@ def test_recommend_is_never_resized_apply_is_unannotated_ignored(serve, tmp_path
                        rec, metrics=ActuatorMetrics(CollectorRegistry()), host_cores=8, clock=time.time,
                        workloads=workloads)
         for i, cid in enumerate((C["1"], C["3"], C["4"])):
-            d = Decision(id=f"k{i}", ts=1.0, host="gpu-node-3", container=cid, action="limit", policy="vpa",
+            d = Decision(id=f"k{i}", ts=time.time(), host="gpu-node-3", container=cid, action="limit", policy="vpa",
                          reason="test", cpu_limit_cores=1.0, mem_limit_bytes=512 * 2**20)
             act.handle(encode(d), None, 0, i)
     finally:

@@ -225,13 +225,15 @@ def reference_process(state_cache: RefCache, msg: HostSamples, settings: Setting
         nx = entry.next_ts
         if nx is None:  # first sample: the first recommendation one interval later
             nx = ts + interval
+        d = None
         if ts < nx:
             entry.next_ts = nx
-            continue
-        entry.next_ts = ts + interval
-        d = _decide(entry, host, c, ts, settings)
-        if d is not None:
-            out.append(d)
+        else:
+            entry.next_ts = ts + interval
+            d = _decide(entry, host, c, ts, settings)
+            if d is not None:
+                out.append(d)
+        # every sample, not only recommendation steps, checks the write interval
         if entry.written_ts is None:  # new or reloaded: first write at a decision or one interval on
             entry.written_ts = ts
         if d is not None or ts - entry.written_ts >= write_interval:

@@ -186,7 +186,7 @@ def test_each_layout_setting_finds_only_its_own_containers(tree):
 
 
 def _decision(i: int, cid: str, **kw) -> bytes:
-    return encode(Decision(id=f"d{i}", ts=1.0, host="h1", container=cid, action="limit", policy="vpa", **kw))
+    return encode(Decision(id=f"d{i}", ts=time.time(), host="h1", container=cid, action="limit", policy="vpa", **kw))
 
 
 def test_actuator_writes_only_apply_containers_through_the_discovered_paths(tree, tmp_path):

@@ -1,0 +1,62 @@
+"""Which partition a keyed record goes to: Kafka's murmur2 partitioner, as the worker's producer uses it.
+
+The worker publishes decisions (key: host) through a confluent-kafka
+producer configured with librdkafka's ``murmur2_random`` partitioner
+(:data:`PARTITIONER`, :func:`phasewise.streams.output.output_producer`): for a
+non-null key that is the Java client's default, ``(murmur2(key) & 0x7fffffff)
+% partitions``; Faust's aiokafka producer hashes keys the same way. (librdkafka's
+own default, ``consistent_random``, is CRC32 and would place keys elsewhere.)
+An actuator computes its host's partition with :func:`partition_for` and
+reads only that one (a test checks against librdkafka's placement on a
+broker).
+
+>>> murmur2(b"21")  # the Java client's test vector
+-973932308
+>>> [partition_for(k, 3) for k in (b"host-a", b"host-b", b"host-c")]
+[1, 0, 1]
+"""
+
+from __future__ import annotations
+
+__all__ = ["PARTITIONER", "murmur2", "partition_for"]
+
+#: librdkafka's name of the partitioner the worker's producer uses for decisions
+PARTITIONER = "murmur2_random"
+
+_M = 0x5BD1E995
+_SEED = 0x9747B28C
+_MASK = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's 32-bit murmur2 of *data* (``org.apache.kafka.common.utils.Utils.murmur2``), signed."""
+    length = len(data)
+    h = (_SEED ^ length) & _MASK
+    n4 = length // 4
+    for i in range(n4):
+        k = int.from_bytes(data[4 * i: 4 * i + 4], "little")
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        k = (k * _M) & _MASK
+        h = (h * _M) & _MASK
+        h ^= k
+    rest = length % 4
+    tail = data[4 * n4:]
+    if rest == 3:
+        h ^= tail[2] << 16
+    if rest >= 2:
+        h ^= tail[1] << 8
+    if rest >= 1:
+        h ^= tail[0]
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition of a record keyed *key* among *partitions* (``murmur2_random``, Java's default)."""
+    if partitions < 1:
+        raise ValueError(f"a topic has at least one partition, got {partitions}")
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
