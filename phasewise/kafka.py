@@ -216,8 +216,11 @@ def kafka_log(bootstrap: str) -> KafkaLog:
 
 
 def _client_conf(settings: Settings) -> dict[str, Any]:
+    """Every confluent-kafka client's configuration: brokers, TLS and SASL, logging."""
+    from phasewise.kafka_security import librdkafka_conf
+
     klog = kafka_log(settings.kafka.bootstrap)
-    return {**settings.kafka.common(), "logger": klog, "error_cb": klog.error}
+    return {**settings.kafka.common(), **librdkafka_conf(settings.kafka), "logger": klog, "error_cb": klog.error}
 
 
 def make_admin(settings: Settings, **extra: Any) -> AdminClient:

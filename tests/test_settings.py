@@ -52,6 +52,12 @@ WHERE = {
     "apply_retry_backoff_s": "actuator.apply_retry_backoff_s",
     "ledger_max_age_days": "actuator.ledger_max_age_days",
     "ledger_max_rows": "actuator.ledger_max_rows",
+    "bind_address": "bind_address",
+    **{f"kafka_{f}": f"kafka.{f}" for f in (
+        "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file",
+        "oauth_token_url", "oauth_client_id", "oauth_client_secret", "oauth_client_secret_file", "oauth_scope",
+        "ssl_ca_file", "ssl_cert_file", "ssl_key_file", "ssl_key_password", "ssl_key_password_file",
+        "ssl_check_hostname")},
 }
 
 
