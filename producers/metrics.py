@@ -9,6 +9,7 @@ All metrics register on the registry passed in (a fresh
 - ``phasewise_producer_dropped_total``   oldest messages dropped because the buffer was full
 - ``phasewise_producer_containers``      containers in the last message
 - ``phasewise_producer_sample_seconds``  time to read all cgroups/NVML for one tick
+- ``phasewise_build_info{version,python,role="producer"}`` 1
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ class ProducerMetrics:
             "phasewise_producer_sample_seconds", "time to sample all containers for one tick",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r,
         )
+        from phasewise.observe import build_info
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        self.build_info = build_info(r, "producer")
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Expose ``/metrics`` on *port* (a daemon thread)."""
         start_http_server(port, addr=addr, registry=self.registry)

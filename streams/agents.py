@@ -329,6 +329,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 outputs.send(DECISIONS.name, d.host.encode(), encode(d))
                 log.debug("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
             metrics.decisions.inc(len(decisions))
+            metrics.decided(decisions)
             activity.decisions += len(decisions)
 
     @app.agent(topics.samples, name="phasewise.vpa-samples")
