@@ -135,10 +135,12 @@ class Actuator:
     # ------------------------------------------------------------------ one message
 
     def handle(self, decision_bytes: bytes | None, key: bytes | None, partition: int | None,
-               offset: int | None, *, topic: str = DECISIONS.name, headers: Any = None) -> Actuation | None:
+               offset: int | None, *, topic: str = DECISIONS.name, headers: Any = None,
+               produced_at: float | None = None) -> Actuation | None:
         """Handle one message; returns the published Actuation, or ``None`` (dead-lettered / other host).
 
         *headers*: the message's Kafka headers (its signature, checked when a keyring is set).
+        *produced_at*: the record's Kafka timestamp (s), for the decision-to-actuation latency.
         """
         from phasewise.kafka import (
             publish_dead_letter,  # confluent_kafka only where a message is bad
@@ -192,6 +194,8 @@ class Actuator:
             log.exception("error handling decision %s", d.id)
             outcome = Outcome.failed(f"actuator error: {type(e).__name__}: {e}")
         self.ledger.finish(d.id, outcome.status, outcome.message)
+        if produced_at is not None:
+            self.metrics.decision_latency.observe(max(0.0, self.clock() - produced_at))
         return self._publish(d, outcome)
 
     def _workload(self, container: str) -> WorkloadPolicy | str:
@@ -295,6 +299,14 @@ class Actuator:
 # --------------------------------------------------------------------------- the loop
 
 
+def record_time(m: Any) -> float | None:
+    """A consumed record's Kafka timestamp in seconds (None where the record has none)."""
+    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+    kind, ms = m.timestamp()
+    return None if kind == TIMESTAMP_NOT_AVAILABLE or ms is None or ms <= 0 else ms / 1000.0
+
+
 def own_partition(consumer: Any, key: bytes, topic: str = DECISIONS.name) -> Callable[[Any, list], None]:
     """An ``on_assign`` callback that keeps, of the partitions the group assigns, the one holding *key*.
 
@@ -320,7 +332,7 @@ def own_partition(consumer: Any, key: bytes, topic: str = DECISIONS.name) -> Cal
 
 
 def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Event, *,
-          batch: int = 100, poll_s: float = 0.5, only_key: bytes | None = None) -> None:
+          batch: int = 100, poll_s: float = 0.5, only_key: bytes | None = None, health: Any = None) -> None:
     """Consume decisions until *stop* is set: handle, flush, then commit.
 
     Every message is handled (a malformed one is dead-lettered); only an error
@@ -335,6 +347,8 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
     else:
         consumer.subscribe([DECISIONS.name], on_assign=own_partition(consumer, only_key))
     while not stop.is_set():
+        if health is not None:
+            health.beat("consume", max(30.0, 10 * poll_s))
         # block for the first decision only, then take what is already there:
         # consume(n, timeout) alone would wait the whole timeout for n messages
         first = consumer.poll(poll_s)
@@ -351,7 +365,7 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
                     log.warning("consumer error on %s[%s]: %s", m.topic(), m.partition(), err)
                     continue
                 actuator.handle(m.value(), m.key(), m.partition(), m.offset(), topic=m.topic(),
-                                headers=m.headers())
+                                headers=m.headers(), produced_at=record_time(m))
                 offsets[(m.topic(), m.partition())] = m.offset() + 1
         except BaseException:
             # not a record (those are dead-lettered): the ledger, the backend or Kafka failed. The
@@ -416,7 +430,7 @@ FINAL_FLUSH_S = 3.0
 def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                  metrics: ActuatorMetrics | None = None, ledger: Ledger | None = None,
                  host_cores: float | None = None, workloads: Any = None,
-                 keyring: Keyring | None = None) -> None:
+                 keyring: Keyring | None = None, health: Any = None) -> None:
     """Build the Kafka clients and ledger, then :func:`serve` until *stop* is set.
 
     With ``create_topics``, first waits for the broker (saying so every few
@@ -435,14 +449,14 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                         max_age_s=settings.actuator.ledger_max_age_days * 86400,
                         max_rows=settings.actuator.ledger_max_rows)
     producer = make_producer(settings, on_delivery=_delivery_report)
-    consumer = make_consumer(settings, group_id(settings.host))
     if keyring is None:
         keyring = keyring_of(settings)
     actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores,
                         workloads=workloads, keyring=keyring)
+    consumer = make_consumer(settings, group_id(settings.host), **lag_statistics(actuator.metrics))
     only = settings.host.encode() if settings.actuator.read_partitions == "host" else None
     try:
-        serve(actuator, consumer, producer, stop, only_key=only)
+        serve(actuator, consumer, producer, stop, only_key=only, health=health)
     finally:
         consumer.close()
         left = producer.flush(FINAL_FLUSH_S)
@@ -452,6 +466,22 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                       FINAL_FLUSH_S)
         if own_ledger:
             ledger.close()
+
+
+def lag_statistics(metrics: ActuatorMetrics, every_ms: int = 5000) -> dict[str, Any]:
+    """Consumer options that keep ``phasewise_actuator_consumer_lag{topic}`` current (librdkafka statistics)."""
+    from phasewise.kafka import lag_by_topic
+
+    def on_stats(doc: str) -> None:
+        try:
+            lags = lag_by_topic(doc)
+        except ValueError:
+            return
+        for topic, lag in lags.items():
+            if topic == DECISIONS.name:  # the one topic this consumer reads: a bounded label
+                metrics.consumer_lag.labels(topic=topic).set(lag)
+
+    return {"statistics.interval.ms": every_ms, "stats_cb": on_stats}
 
 
 def _delivery_report(err: Any, msg: Any) -> None:
@@ -504,16 +534,33 @@ def run(args: argparse.Namespace) -> int:
           f"ledger={ledger_path(settings.data_dir, settings.host)} host_cores={os.cpu_count()}", flush=True)
 
     metrics = ActuatorMetrics()
-    if settings.metrics_port:
-        from prometheus_client import start_http_server
+    from phasewise.kafka import kafka_log
+    from phasewise.observe import Health
 
-        start_http_server(settings.metrics_port, registry=metrics.registry)
-        log.info("metrics on :%d/metrics", settings.metrics_port)
+    klog = kafka_log(settings.kafka.bootstrap)
+
+    def not_ready() -> str | None:
+        if health.since("consume") is None:
+            return f"waiting for the broker at {settings.kafka.bootstrap}"
+        why = klog.outage()
+        if why is not None:
+            return f"no Kafka broker answers at {settings.kafka.bootstrap} ({why})"
+        return None
+
+    #: live while the consume loop turns (or the wait for the broker does); ready while consuming
+    health = Health(ready=not_ready)
+    health.beat("start", 1e9)  # the wait for the broker at start-up may last: live, not ready
+    if settings.metrics_port:
+        from phasewise.observe import serve as serve_http
+
+        serve_http(metrics.registry, settings.metrics_port, health, settings.bind_address)
+        log.info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", settings.bind_address,
+                 settings.metrics_port)
 
     stop = threading.Event()
     try:
         with stop_on_signals(stop) as received:
-            run_actuator(settings, backend, stop, metrics=metrics, workloads=workloads, keyring=keyring)
+            run_actuator(settings, backend, stop, metrics=metrics, workloads=workloads, keyring=keyring, health=health)
     except Exception:
         log.critical("actuator failed; exiting with status 1 (unhandled messages are redelivered)", exc_info=True)
         return 1

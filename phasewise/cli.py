@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(ROLES[args.role][0])
     try:
         settings = settings_from_args(args)  # every role checks the whole environment
+        from phasewise.kafka_security import check_security
+
+        check_security(settings.kafka)  # the Kafka TLS and secret files, before any role starts
         setup_logging(settings.log_level)
         return int(module.run(args) or 0)
     except SettingsError as e:

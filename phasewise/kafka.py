@@ -31,6 +31,7 @@ __all__ = [
     "dead_letter",
     "ensure_topics",
     "kafka_log",
+    "lag_by_topic",
     "listening",
     "make_admin",
     "make_producer",
@@ -189,6 +190,13 @@ class KafkaLog:
         self.logger.warning("no Kafka broker answers at %s (%s)%s; retrying", self.bootstrap, self.reason,
                             f" for {since:.0f} s" if since >= 1 else "")
 
+    def outage(self) -> str | None:
+        """Why the brokers cannot be reached, while they cannot (a failure in the last 15 s); else None."""
+        with self._lock:
+            if self.down_since is None or self.clock() - self._failed_at > max(15.0, 3 * self.every_s):
+                return None
+            return self.reason or "unreachable"
+
     def reachable(self) -> None:
         """A call succeeded: end the outage (said once, if it was said)."""
         with self._lock:
@@ -216,8 +224,11 @@ def kafka_log(bootstrap: str) -> KafkaLog:
 
 
 def _client_conf(settings: Settings) -> dict[str, Any]:
+    """Every confluent-kafka client's configuration: brokers, TLS and SASL, logging."""
+    from phasewise.kafka_security import librdkafka_conf
+
     klog = kafka_log(settings.kafka.bootstrap)
-    return {**settings.kafka.common(), "logger": klog, "error_cb": klog.error}
+    return {**settings.kafka.common(), **librdkafka_conf(settings.kafka), "logger": klog, "error_cb": klog.error}
 
 
 def make_admin(settings: Settings, **extra: Any) -> AdminClient:
@@ -308,6 +319,28 @@ def make_consumer(settings: Settings, group_id: str, **extra: Any) -> Consumer:
         **extra,
     }
     return Consumer(conf)
+
+
+def lag_by_topic(stats_json: str | bytes) -> dict[str, int]:
+    """Consumer lag per topic from a librdkafka statistics document (``stats_cb``).
+
+    The sum over the partitions this consumer is assigned of their lag (high
+    watermark - the consumer's position); partitions whose lag librdkafka
+    does not know yet (-1) are left out, a topic with none known is left out.
+
+    >>> lag_by_topic('{"topics": {"t": {"partitions": {"0": {"consumer_lag": 3}, '
+    ...              '"1": {"consumer_lag": -1}, "-1": {"consumer_lag": -1}}}}}')
+    {'t': 3}
+    """
+    import json
+
+    out: dict[str, int] = {}
+    for topic, t in (json.loads(stats_json).get("topics") or {}).items():
+        lags = [p.get("consumer_lag", -1) for pid, p in (t.get("partitions") or {}).items() if pid != "-1"]
+        known = [x for x in lags if isinstance(x, int) and x >= 0]
+        if known:
+            out[topic] = sum(known)
+    return out
 
 
 #: a dead letter's reason is cut to this many characters, its key to this many bytes

@@ -62,6 +62,8 @@ __all__ = [
     "TargetsSettings",
     "CgroupSettings",
     "IntakeSettings",
+    "KAFKA_SASL_MECHANISMS",
+    "KAFKA_SECURITY_PROTOCOLS",
     "KafkaSettings",
     "PhaseSettings",
     "ProducerSettings",
@@ -95,6 +97,9 @@ PHASE_STATISTICS = ("relative", "absolute")
 WORKLOAD_DEFAULT_MODES = ("auto", "off", "recommend", "apply")
 #: the cgroup layouts (:mod:`phasewise.layouts`) and ``auto``
 CGROUP_LAYOUTS = ("auto", "flat", "docker-cgroupfs", "docker-systemd", "kubepods-cgroupfs", "kubepods-systemd")
+#: Kafka's security.protocol values and the SASL mechanisms phasewise configures on every client
+KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 ENV_PREFIX = "PHASEWISE_"
 
@@ -330,7 +335,7 @@ _GROUP = "phasewise-group"
 def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None,
             parse: Callable[[str], Any] | None = None, check: Callable[[Any], None] | None = None,
             choices: tuple[str, ...] | None = None, flag: str | None = None, help: str = "",
-            name: str | None = None) -> Any:
+            name: str | None = None, secret: bool = False) -> Any:
     """A settings field with how it is read and checked.
 
     *parse*: text (environment, flag) -> value, raising ValueError(why); default
@@ -339,12 +344,15 @@ def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | 
     taken (argparse ``choices`` too). *flag*: the command-line flag, where a
     role has one. *help*: one line for ``--help``. *name*: the setting's name
     (``PHASEWISE_<NAME>``) where it is not the group's prefix + the field's name.
+    *secret*: a password or key: never printed (:meth:`Settings.describe`
+    shows ``'***'``, ``repr`` leaves it out), and a refused value is not quoted
+    in the error.
     """
     meta = {_META: {"parse": parse, "check": check, "choices": choices, "flag": flag, "help": help,
-                    "name": name}}
+                    "name": name, "secret": secret}}
     if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+        return dataclasses.field(default_factory=factory, metadata=meta, repr=not secret)
+    return dataclasses.field(default=default, metadata=meta, repr=not secret)
 
 
 def group(cls: type) -> Any:
@@ -370,6 +378,8 @@ class Spec:
     default: Any
     factory: Callable[[], Any] | None = None
     group: str | None = None
+    #: a password or key: shown as ``'***'`` wherever settings are printed
+    secret: bool = False
 
     @property
     def env(self) -> str:
@@ -401,7 +411,8 @@ def _spec(f: dataclasses.Field, prefix: str) -> Spec:
     return Spec(name=meta.get("name") or prefix + f.name, kind=kind,
                 parse=meta.get("parse") or default_parse, type_check=type_check,
                 check=meta.get("check"), choices=meta.get("choices"), flag=meta.get("flag"),
-                help=meta.get("help", ""), field=f.name, default=f.default, factory=factory)
+                help=meta.get("help", ""), field=f.name, default=f.default, factory=factory,
+                secret=meta.get("secret", False))
 
 
 _OWN_SPECS: dict[type, tuple[Spec, ...]] = {}
@@ -434,7 +445,8 @@ class _Group:
             try:
                 spec.validate(getattr(self, spec.field))
             except ValueError as e:
-                raise SettingsError(spec.name, str(e)) from None
+                raise SettingsError(spec.name, "refused (a secret's value is not shown)" if spec.secret
+                                    else str(e)) from None
         self._rules()
 
     def _rules(self) -> None:
@@ -472,13 +484,60 @@ class KafkaSettings(_Group):
                                          help="largest dead letter, bytes "
                                               "(fits the broker's message size)")
 
+    #: TLS and SASL reach every client: the confluent-kafka producers, consumers and admin
+    #: clients of every role, and the worker's Faust/aiokafka clients (phasewise.kafka_security)
+    security_protocol: str = setting("PLAINTEXT", choices=KAFKA_SECURITY_PROTOCOLS,
+                                     name="kafka_security_protocol",
+                                     help="how clients talk to the brokers")
+    sasl_mechanism: str = setting("PLAIN", choices=KAFKA_SASL_MECHANISMS, name="kafka_sasl_mechanism",
+                                  help="SASL mechanism (SASL_* protocols)")
+    sasl_username: str = setting("", name="kafka_sasl_username",
+                                 help="SASL user (PLAIN, SCRAM-*)")
+    sasl_password: str = setting("", name="kafka_sasl_password", secret=True,
+                                 help="SASL password (PLAIN, SCRAM-*); or kafka_sasl_password_file")
+    sasl_password_file: str = setting("", name="kafka_sasl_password_file",
+                                      help="file holding the SASL password (a mounted secret)")
+    #: OAUTHBEARER: the client-credentials grant against an OpenID Connect token endpoint
+    oauth_token_url: str = setting("", name="kafka_oauth_token_url",
+                                   help="OAUTHBEARER: the OIDC token endpoint (https://...)")
+    oauth_client_id: str = setting("", name="kafka_oauth_client_id", help="OAUTHBEARER: client id")
+    oauth_client_secret: str = setting("", name="kafka_oauth_client_secret", secret=True,
+                                       help="OAUTHBEARER: client secret; or kafka_oauth_client_secret_file")
+    oauth_client_secret_file: str = setting("", name="kafka_oauth_client_secret_file",
+                                            help="file holding the OAUTHBEARER client secret")
+    oauth_scope: str = setting("", name="kafka_oauth_scope", help="OAUTHBEARER: scope(s) asked for")
+    ssl_ca_file: str = setting("", name="kafka_ssl_ca_file",
+                               help="PEM CA bundle the brokers' certificates are checked against "
+                                    "(empty: the system's)")
+    ssl_cert_file: str = setting("", name="kafka_ssl_cert_file",
+                                 help="PEM client certificate (mutual TLS)")
+    ssl_key_file: str = setting("", name="kafka_ssl_key_file", help="PEM client key (mutual TLS)")
+    ssl_key_password: str = setting("", name="kafka_ssl_key_password", secret=True,
+                                    help="the client key's password; or kafka_ssl_key_password_file")
+    ssl_key_password_file: str = setting("", name="kafka_ssl_key_password_file",
+                                         help="file holding the client key's password")
+    ssl_check_hostname: bool = setting(True, name="kafka_ssl_check_hostname",
+                                       help="check that a broker's certificate names it")
+
     def _rules(self) -> None:
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise SettingsError("heartbeat_interval_ms", f"must be below session_timeout_ms "
                                 f"({self.session_timeout_ms}), got {self.heartbeat_interval_ms}")
+        for value, file, name in ((self.sasl_password, self.sasl_password_file, "kafka_sasl_password"),
+                                  (self.oauth_client_secret, self.oauth_client_secret_file,
+                                   "kafka_oauth_client_secret"),
+                                  (self.ssl_key_password, self.ssl_key_password_file, "kafka_ssl_key_password")):
+            if value and file:
+                raise SettingsError(name, f"given twice: set {name} or {name}_file, not both")
+        # what SASL and TLS need (credentials, readable files, a certificate with its key) is checked
+        # at start-up and when a client is made (phasewise.kafka_security.check_security), so each
+        # of these settings can be given alone
 
     def common(self) -> dict[str, Any]:
-        """The configuration every Kafka client of phasewise starts from."""
+        """The brokers every Kafka client of phasewise starts from.
+
+        :func:`phasewise.kafka_security.librdkafka_conf` adds TLS and SASL.
+        """
         return {"bootstrap.servers": self.bootstrap}
 
 
@@ -936,7 +995,12 @@ class Settings(_Group):
     data_dir: str = setting("/tmp/phasewise", check=non_empty, flag="--data-dir",
                             help="worker state, actuator ledger, demo run directories")
     metrics_port: int = setting(0, check=port, flag="--metrics-port",
-                                help="Prometheus port, 0 = none")
+                                help="port of /metrics, /healthz and /readyz, 0 = none")
+    #: the address the metrics and health endpoints (and the worker's Faust web server) listen on:
+    #: loopback by default, so a role started on a host exposes nothing; the images set 0.0.0.0,
+    #: as a pod's probes and Prometheus reach it at the pod's address
+    bind_address: str = setting("127.0.0.1", check=non_empty, flag="--bind-address",
+                                help="address of the metrics and health endpoints (0.0.0.0 in a pod)")
     kafka: KafkaSettings = group(KafkaSettings)
     cgroup: CgroupSettings = group(CgroupSettings)
     producer: ProducerSettings = group(ProducerSettings)
@@ -1043,7 +1107,8 @@ class Settings(_Group):
         return {name: self.get(name) for name in SPECS}
 
     def describe(self) -> str:
-        return "settings: " + " ".join(f"{k}={v!r}" for k, v in self.flat().items())
+        """Every setting as ``name=value``; a secret that is set shows as ``'***'``."""
+        return "settings: " + " ".join(f"{k}={shown(k, v)!r}" for k, v in self.flat().items())
 
 
 #: group attribute of :class:`Settings` -> its class, in field order
@@ -1064,6 +1129,15 @@ def _all_specs() -> dict[str, Spec]:
 
 #: every setting's declaration, by name: the role-independent ones, then each group's
 SPECS: dict[str, Spec] = _all_specs()
+
+
+def shown(name: str, value: Any) -> Any:
+    """*value* of setting *name* as it may be printed: ``'***'`` for a secret that is set.
+
+    >>> shown("kafka_sasl_password", "hunter2"), shown("kafka_sasl_password", ""), shown("host", "h")
+    ('***', '', 'h')
+    """
+    return "***" if SPECS[name].secret and value else value
 
 
 def default_text(name: str) -> str:

@@ -144,6 +144,11 @@ class Publisher:
         self._outage_since: float | None = None
 
     @property
+    def healthy(self) -> bool:
+        """The last delivery succeeded (False before the first one and during an outage)."""
+        return self._healthy
+
+    @property
     def pending(self) -> int:
         """Messages not yet acknowledged (buffered + in flight + awaiting re-queue)."""
         return len(self.buffer) + self._inflight + len(self._failed)
@@ -242,6 +247,21 @@ class Agent:
         self.monotonic = monotonic
         self.ticks = 0
         self._key = settings.host.encode()
+        from phasewise.observe import Health
+
+        #: live while the sampling loop ticks; ready while the broker takes the samples
+        self.health = Health(ready=self._not_ready)
+
+    def _not_ready(self) -> str | None:
+        if self.ticks == 0:
+            return "no sample taken yet"
+        if not self.publisher.healthy:
+            return (f"samples are not delivered ({self.publisher.pending} waiting for the broker at "
+                    f"{self.settings.kafka.bootstrap})")
+        return None
+
+    def _beat(self) -> None:
+        self.health.beat("sampling", max(10.0, 3 * self.settings.producer.interval_s))
 
     def baseline(self) -> None:
         """First reading: establishes counters, publishes nothing."""
@@ -273,6 +293,7 @@ class Agent:
     def run(self, stop: threading.Event, max_ticks: int | None = None) -> None:
         """Tick every ``interval_s`` until *stop* is set (or *max_ticks* published)."""
         interval = self.settings.producer.interval_s
+        self._beat()
         self.baseline()
         start = self.monotonic()
         k = 0
@@ -280,6 +301,7 @@ class Agent:
             k += 1
             due = start + k * interval
             while not stop.is_set():
+                self._beat()
                 left = due - self.monotonic()
                 if left <= 0:
                     break
@@ -385,8 +407,11 @@ def run(args: argparse.Namespace) -> int:
 
     agent = Agent(settings, sampler)
     if settings.metrics_port:
-        agent.metrics.serve(settings.metrics_port)
-        log.info("metrics on :%d/metrics", settings.metrics_port)
+        from phasewise.observe import serve
+
+        serve(agent.metrics.registry, settings.metrics_port, agent.health, settings.bind_address)
+        log.info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", settings.bind_address,
+                 settings.metrics_port)
     stop = threading.Event()
     with stop_on_signals(stop) as received:
         if settings.kafka.create_topics:

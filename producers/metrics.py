@@ -12,6 +12,7 @@ All metrics register on the registry passed in (a fresh
 - ``phasewise_producer_workloads{mode}``  containers in the last message by resolved mode (off, recommend, apply)
 - ``phasewise_producer_workloads_refused`` containers in the last message whose per-workload settings were
   refused (bad annotation values: mode off, logged once)
+- ``phasewise_build_info{version,python,role="producer"}`` 1
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ class ProducerMetrics:
             "phasewise_producer_sample_seconds", "time to sample all containers for one tick",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r,
         )
+        from phasewise.observe import build_info
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        self.build_info = build_info(r, "producer")
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Expose ``/metrics`` on *port* (a daemon thread)."""
         start_http_server(port, addr=addr, registry=self.registry)

@@ -386,6 +386,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                              None if keyring is None else keyring.headers(DECISIONS.name, key, value))
                 log.debug("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
             metrics.decisions.inc(len(decisions))
+            metrics.decided(decisions)
             activity.decisions += len(decisions)
 
     admission = Admission(intake, held=cache.__contains__, host_count=cache.host_count, total=0)

@@ -14,7 +14,11 @@ phasewise need:
   changelog topics when a worker starts or takes over partitions;
 - no ``exactly_once`` (aiokafka's idempotent producer fails on the embedded
   broker); decisions carry idempotency keys instead;
-- web server only when ``settings.worker.web_port`` is non-zero;
+- web server only when ``settings.worker.web_port`` is non-zero, on
+  ``settings.bind_address``;
+- TLS and SASL from the ``kafka_*`` settings as Faust's ``broker_credentials``
+  (:func:`broker_credentials`), which Faust hands to every aiokafka client it
+  makes (consumer, producer, admin);
 - ``version=APP_VERSION``: bump it when a table's value format changes, so a
   new worker starts from fresh changelogs instead of misreading old ones;
 - ``agent_supervisor=mode.CrashingSupervisor``: an agent that dies stops the
@@ -34,8 +38,9 @@ import faust
 from mode import CrashingSupervisor
 
 from phasewise.settings import Settings
+from phasewise.streams.faust_compat import bound_fetch_wait
 
-__all__ = ["APP_VERSION", "create_app"]
+__all__ = ["APP_VERSION", "broker_credentials", "create_app"]
 
 #: format of the worker's tables (see phasewise.models.vpa_updater.ContainerEntry)
 APP_VERSION = 1
@@ -70,11 +75,12 @@ def create_app(settings: Settings, *, samples_partitions: int | None = None,
         topic_partitions=samples_partitions or settings.kafka.topic_partitions or None,
         web_enabled=bool(settings.worker.web_port),
         web_port=settings.worker.web_port or 6066,
-        web_bind="127.0.0.1",
+        web_bind=settings.bind_address,
+        broker_credentials=broker_credentials(settings),
         stream_recovery_delay=0.0,
         agent_supervisor=CrashingSupervisor,
     )
-    _bound_fetch_wait(settings.kafka.fetch_wait_max_ms)
+    bound_fetch_wait(settings.kafka.fetch_wait_max_ms)
     if register_agents:
         from phasewise.streams.agents import register
 
@@ -82,23 +88,34 @@ def create_app(settings: Settings, *, samples_partitions: int | None = None,
     return app
 
 
-def _bound_fetch_wait(ms: int) -> None:
-    """Bound the Faust consumer's fetch long-poll (Faust hard-codes 1500 ms).
 
-    The embedded broker does not answer a waiting fetch when data arrives, so
-    each hop of the pipeline would otherwise add up to 1.5 s of latency. On
-    Kafka a shorter wait only adds idle round trips. Faust offers no setting,
-    so the consumer is adjusted after Faust builds it and before it starts.
+
+def broker_credentials(settings: Settings) -> Any:
+    """Faust's ``broker_credentials`` for the ``kafka_*`` TLS and SASL settings (None: PLAINTEXT).
+
+    Secrets are read from their settings or files here; the objects Faust
+    prints (``repr``) name no secret.
     """
-    from faust.transport.drivers import aiokafka as drv
+    from aiokafka.conn import AbstractTokenProvider
+    from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 
-    cls = drv.AIOKafkaConsumerThread
-    original = getattr(cls, "_phasewise_original_create", None) or cls._create_worker_consumer
+    from phasewise.kafka_security import OidcToken, sasl_password, ssl_context, uses_sasl
 
-    def create(self, transport):  # type: ignore[no-untyped-def]
-        consumer = original(self, transport)
-        consumer._fetch_max_wait_ms = ms  # read by aiokafka's Fetcher at start()
-        return consumer
+    k = settings.kafka
+    ctx = ssl_context(k)
+    if not uses_sasl(k):
+        return None if ctx is None else SSLCredentials(ctx)
+    if k.sasl_mechanism == "OAUTHBEARER":
+        oidc = OidcToken(k)
 
-    cls._phasewise_original_create = original
-    cls._create_worker_consumer = create
+        class OidcTokenProvider(AbstractTokenProvider):
+            """aiokafka's OAUTHBEARER tokens: the OIDC endpoint asked off the event loop."""
+
+            async def token(self) -> str:
+                import asyncio
+
+                return await asyncio.get_running_loop().run_in_executor(None, oidc.token)
+
+        return OAuthCredentials(oauth_cb=OidcTokenProvider(), ssl_context=ctx)
+    return SASLCredentials(username=k.sasl_username, password=sasl_password(k), ssl_context=ctx,
+                           mechanism=k.sasl_mechanism)

@@ -37,19 +37,42 @@ Every metric is registered on the registry passed in (tests use a fresh
   at their next message), ``phasewise_worker_snapshots_published_total``
   and ``phasewise_worker_windows_learned_total`` (this worker as the learner).
 
+- ``phasewise_worker_recommendations_total{policy}``: decisions emitted by
+  policy (``vpa``, ``phase``; anything else counts as ``other``);
+- ``phasewise_worker_sample_to_decision_seconds{policy}``: from a sample's
+  time (``ts``, the host agent's clock) to the decision it led to being sent;
+- ``phasewise_worker_consumer_lag{topic}``: records not yet fetched on the
+  partitions this worker is assigned (high watermark - position, every 5 s);
+- ``phasewise_build_info{version,python,role="worker"}``: 1.
+
+Labels are bounded: the policies, the dead-letter kinds, the safety rules and
+the topics phasewise declares; never a host or container.
+``delivery_errors_total{topic}`` starts at 0 for every output topic, so a
+first error is an increase.
+
 ``phasewise_worker_ready`` drops to 0 when an agent dies; the worker then
 stops with exit status 1 (see :func:`phasewise.streams.agents.fail_worker_on_agent_error`).
 """
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
+import time
+from collections.abc import Iterable
 
-__all__ = ["DEAD_LETTER_KINDS", "REFUSAL_LIMITS", "WorkerMetrics"]
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from phasewise.settings import POLICIES
+from phasewise.topics import DEAD_LETTERS, DECISIONS, LEARN_WINDOWS, PHASES
+
+__all__ = ["DEAD_LETTER_KINDS", "LATENCY_BUCKETS", "OUTPUT_TOPICS", "REFUSAL_LIMITS", "WorkerMetrics"]
 
 DEAD_LETTER_KINDS = ("schema", "processing", "event_time", "capacity")
 #: the intake limits a container can be refused by (``intake_max_containers_per_<limit>``)
 REFUSAL_LIMITS = ("message", "host", "worker")
+#: the topics the worker's output producer writes (phasewise.streams.output)
+OUTPUT_TOPICS = (DECISIONS.name, PHASES.name, LEARN_WINDOWS.name, DEAD_LETTERS.name)
+#: seconds, for the pipeline's latencies (a hop is ~10 ms on a quiet cluster, minutes when backed up)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class WorkerMetrics:
@@ -74,6 +97,22 @@ class WorkerMetrics:
         self.delivery_errors = Counter("phasewise_worker_delivery_errors",
                                        "output records not delivered (no offsets are committed after one)",
                                        ["topic"], registry=registry)
+        for t in OUTPUT_TOPICS:  # zeros: a first error is an increase (rate() and increase() see it)
+            self.delivery_errors.labels(topic=t)
+        self.recommendations = Counter("phasewise_worker_recommendations", "decisions emitted, by policy",
+                                       ["policy"], registry=registry)
+        self.sample_to_decision = Histogram(
+            "phasewise_worker_sample_to_decision_seconds", "sample time (ts) to its decision being sent",
+            ["policy"], buckets=LATENCY_BUCKETS, registry=registry)
+        for pol in (*POLICIES, "other"):
+            self.recommendations.labels(policy=pol)
+            self.sample_to_decision.labels(policy=pol)
+        self.consumer_lag = Gauge("phasewise_worker_consumer_lag",
+                                  "records not yet fetched on this worker's partitions, by topic", ["topic"],
+                                  registry=registry)
+        from phasewise.observe import build_info
+
+        self.build_info = build_info(registry, "worker")
         self.table_writes = Counter("phasewise_worker_table_writes",
                                     "container states written to the changelogged tables", registry=registry)
         self.commit_flush_seconds = Counter("phasewise_worker_commit_flush_seconds",
@@ -107,5 +146,13 @@ class WorkerMetrics:
         self.ready = Gauge("phasewise_worker_ready", "1 once partitions are assigned and tables recovered, "
                            "0 again when an agent died", registry=registry)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+    def decided(self, decisions: Iterable, now: float | None = None) -> None:
+        """Count *decisions* (``Decision`` records just sent) by policy, with their sample-to-decision time."""
+        now = time.time() if now is None else now
+        for d in decisions:
+            pol = d.policy if d.policy in POLICIES else "other"
+            self.recommendations.labels(policy=pol).inc()
+            self.sample_to_decision.labels(policy=pol).observe(max(0.0, now - d.ts))
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

@@ -103,6 +103,53 @@ def freeze_heap_when_ready(app: object) -> None:
             log.info("froze %d start-up objects out of garbage collection", frozen[0])
 
 
+#: seconds the worker's event loop may be silent before /healthz says it is not live
+LOOP_SILENCE_S = 30.0
+#: ... and before its first timer ran (start-up: imports, waiting for the broker, table recovery)
+LOOP_START_S = 600.0
+
+
+def watch(app: object, metrics: object, *, lag_every_s: float = 5.0) -> object:
+    """The worker's :class:`~phasewise.observe.Health`, and its consumer lag metric.
+
+    Live while the event loop runs a 1 s timer (a wedged loop stops it);
+    ready while ``phasewise_worker_ready`` is 1 (partitions assigned, tables
+    recovered, no agent dead). Every *lag_every_s*, ``consumer_lag{topic}`` is
+    the sum over the assigned partitions of high watermark - position.
+    """
+    from phasewise.observe import Health
+
+    def not_ready() -> str | None:
+        if metrics.registry.get_sample_value("phasewise_worker_ready") != 1:  # type: ignore[attr-defined]
+            return "partitions not assigned or tables not recovered yet (or an agent died)"
+        return None
+
+    health = Health(ready=not_ready)
+    health.beat("event", LOOP_START_S)  # until the app's timers run: torch, the broker, recovery
+
+    @app.timer(1.0)  # type: ignore[attr-defined]
+    async def _beat() -> None:
+        health.beat("event", LOOP_SILENCE_S)
+
+    @app.timer(lag_every_s)  # type: ignore[attr-defined]
+    async def _lag() -> None:
+        consumer = app.consumer  # type: ignore[attr-defined]
+        lag: dict[str, int] = {}
+        for tp in list(consumer.assignment()):
+            try:
+                high = consumer.highwater(tp)
+                pos = await consumer.position(tp)
+            except Exception:  # noqa: BLE001 - a partition being revoked; the next round has it right
+                continue
+            if high is None or pos is None:
+                continue
+            lag[tp.topic] = lag.get(tp.topic, 0) + max(0, high - pos)
+        for topic, n in lag.items():
+            metrics.consumer_lag.labels(topic=topic).set(n)  # type: ignore[attr-defined]
+
+    return health
+
+
 #: seconds a stopping worker may take when its broker is unreachable (Faust's own
 #: shutdown then waits on the Kafka client indefinitely); with a broker, STOP_GRACE_S
 STOP_UNREACHABLE_S = 3.0
@@ -184,10 +231,14 @@ def run(args: argparse.Namespace) -> int:
     if settings.worker.policy == "phase":
         single_threaded_torch()
     metrics = WorkerMetrics()
-    if settings.metrics_port:
-        metrics.serve(settings.metrics_port)
-        log.info("metrics on :%d/metrics", settings.metrics_port)
     app = create_app(settings, samples_partitions=partitions, metrics=metrics)
+    health = watch(app, metrics)
+    if settings.metrics_port:
+        from phasewise.observe import serve
+
+        serve(metrics.registry, settings.metrics_port, health, settings.bind_address)
+        log.info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", settings.bind_address,
+                 settings.metrics_port)
     freeze_heap_when_ready(app)
     worker = make_worker(app, settings.kafka.bootstrap,
                          loglevel=FAUST_LEVELS.get(settings.log_level, "info"),

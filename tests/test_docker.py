@@ -256,20 +256,20 @@ def test_the_actuator_limits_freezes_and_thaws_a_docker_container(settings, dock
         actuator.stop()
 
 
-# --------------------------------------------------------------------------- the actuator as a container
+# --------------------------------------------------------------------------- the role images
 REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "phasewise-test-python:bookworm"
-ACTUATOR_IMAGE = "phasewise-actuator:test"
 MIRROR = os.environ.get("PHASEWISE_TEST_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+DOCKERFILE = REPO / "infra/docker/Dockerfile"
 
 
 @pytest.fixture(scope="module")
-def actuator_image(dockerd):
-    """``infra/docker/Dockerfile.actuator`` built on a debootstrapped Debian bookworm.
+def base_image(dockerd):
+    """A minimal Debian bookworm with Python and the host's CA bundle, as the images' ``BASE``.
 
-    No registry is reachable here, so the base image is a minimal bookworm with
-    Python and the host's CA bundle (package traffic may go through a TLS proxy);
-    ``pip`` inside the build fetches the actuator's dependencies from the index.
+    No registry is reachable here, so the base is debootstrapped (package traffic may go
+    through a TLS proxy, hence the host's CA bundle); ``pip`` inside the builds fetches each
+    role's dependencies from the package index.
     """
     debootstrap = shutil.which("debootstrap")
     if debootstrap is None:
@@ -288,28 +288,74 @@ def actuator_image(dockerd):
     tar.wait()
     assert imp.returncode == 0, imp.stderr.decode()
     shutil.rmtree(rootfs, ignore_errors=True)
-    build = dockerd.docker("build", "--network", "host", "--build-arg", f"BASE={BASE_IMAGE}",
-                           "-f", str(REPO / "infra/docker/Dockerfile.actuator"), "-t", ACTUATOR_IMAGE, str(REPO),
-                           check=False, timeout=900)
+    return BASE_IMAGE
+
+
+def build_image(dockerd, base: str, target: str, *build_args: str) -> str:
+    """``infra/docker/Dockerfile``'s *target* on *base*; returns the image's tag."""
+    tag = f"phasewise-{target}:test"
+    args = [a for kv in (f"BASE={base}", *build_args) for a in ("--build-arg", kv)]
+    build = dockerd.docker("build", "--network", "host", *args, "--target", target, "-f", str(DOCKERFILE),
+                           "-t", tag, str(REPO), check=False, timeout=1500)
     assert build.returncode == 0, build.stdout.decode()[-3000:] + build.stderr.decode()[-3000:]
-    return ACTUATOR_IMAGE
+    return tag
 
 
-def test_the_actuator_image_builds_and_limits_a_container_from_inside_a_container(
+@pytest.fixture(scope="module")
+def actuator_image(dockerd, base_image):
+    return build_image(dockerd, base_image, "actuator")
+
+
+def http_status(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+def wait_ready(dockerd, name: str, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    got = (0, "")
+    while time.monotonic() < deadline:
+        got = http_status(f"http://127.0.0.1:{port}/readyz")
+        if got[0] == 200:
+            return
+        state = json.loads(dockerd.docker("inspect", name).stdout)[0]["State"]
+        assert state["Running"], dockerd.docker("logs", name, check=False).stderr.decode()[-3000:]
+        time.sleep(0.5)
+    logs = dockerd.docker("logs", name, check=False)
+    raise AssertionError(f"{name} not ready within {timeout_s:.0f} s: {got}\n"
+                         + (logs.stdout + logs.stderr).decode()[-3000:])
+
+
+def test_the_actuator_image_limits_a_container_from_inside_a_container_with_no_capability(
         settings, dockerd, actuator_image, spinner, tmp_path):
+    from phasewise.infra.broker import free_port
+
     name = f"pw-actuator-{uuid.uuid4().hex[:6]}"
+    port = free_port()
     dockerd.docker(
-        # not --privileged (this sandbox cannot grant every capability): a read-write bind
-        # mount of the host's cgroup tree is all the actuator needs to write limits
-        "run", "-d", "--name", name, "--network", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        # not --privileged and no capability at all: uid 0 (the cgroup files' owner) and a
+        # read-write bind mount of the host's cgroup tree are all the actuator needs
+        "run", "-d", "--name", name, "--network", "host", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges", "--read-only", "--tmpfs", "/tmp",
+        "-v", "/sys/fs/cgroup:/host/sys/fs/cgroup:rw", "-v", f"{tmp_path}:/var/lib/phasewise",
         "-e", f"PHASEWISE_BOOTSTRAP={settings.kafka.bootstrap}",
-        "-e", f"PHASEWISE_HOST={settings.host}",
+        "-e", f"PHASEWISE_HOST={settings.host}", "-e", "PHASEWISE_BIND_ADDRESS=127.0.0.1",
+        "-e", f"PHASEWISE_METRICS_PORT={port}",
         "-e", f"PHASEWISE_CGROUP_PREFIX={dockerd.parent}", "-e", "PHASEWISE_LOG_LEVEL=info",
         actuator_image)
     producer = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
     consumer = make_consumer(settings, f"docker-img-{uuid.uuid4().hex[:6]}")
     consumer.subscribe([ACTUATIONS.name])
     try:
+        wait_ready(dockerd, name, port, 60)
         d = Decision(id=uuid.uuid4().hex, ts=time.time(), host=settings.host, container=spinner, action="limit",
                      policy="test", reason="docker image test", cpu_limit_cores=0.3)
         producer.produce(DECISIONS.name, key=settings.host.encode(), value=encode(d))
@@ -332,6 +378,66 @@ def test_the_actuator_image_builds_and_limits_a_container_from_inside_a_containe
         assert got.status == "applied", got
         host_dir = Path("/sys/fs/cgroup/cpu") / dockerd.parent / spinner
         assert int((host_dir / "cpu.cfs_quota_us").read_text()) == 30_000
+        caps = dockerd.docker("exec", name, "grep", "CapEff", "/proc/1/status").stdout.decode().split()
+        assert caps[-1] == "0000000000000000"  # really no capability
     finally:
         consumer.close()
         dockerd.docker("rm", "-f", name, check=False)
+
+
+@pytest.fixture
+def wheel_links():
+    """The local directory of wheels (torch's CPU build) served on loopback for the worker's build."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    wheels = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
+    if not list(Path(wheels).glob("torch-*.whl")):
+        pytest.skip(f"no torch wheel in {wheels} to build the worker image from")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=wheels))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    torch = sorted(Path(wheels).glob("torch-*.whl"))[-1].name.split("-")[1]
+    yield f"http://127.0.0.1:{srv.server_address[1]}/", f"torch=={torch}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_the_producer_and_worker_images_build_run_unprivileged_and_answer_their_probes(
+        settings, dockerd, base_image, spinner, wheel_links, tmp_path):
+    from phasewise.infra.broker import free_port
+
+    links, torch = wheel_links
+    producer_image = build_image(dockerd, base_image, "producer")
+    worker_image = build_image(dockerd, base_image, "worker", f"TORCH_LINKS={links}", f"TORCH={torch}")
+    env = ["-e", f"PHASEWISE_BOOTSTRAP={settings.kafka.bootstrap}", "-e", f"PHASEWISE_HOST={settings.host}",
+           "-e", "PHASEWISE_BIND_ADDRESS=127.0.0.1", "-e", f"PHASEWISE_CGROUP_PREFIX={dockerd.parent}"]
+    unprivileged = ["--network", "host", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
+                    "--tmpfs", "/tmp"]
+    ports = {"producer": free_port(), "worker": free_port()}
+    names = {r: f"pw-{r}-{uuid.uuid4().hex[:6]}" for r in ports}
+    try:
+        dockerd.docker("run", "-d", "--name", names["producer"], *unprivileged, *env,
+                       "-e", f"PHASEWISE_METRICS_PORT={ports['producer']}",
+                       "-v", "/sys/fs/cgroup:/host/sys/fs/cgroup:ro", "-v", "/proc:/host/proc:ro", producer_image)
+        dockerd.docker("run", "-d", "--name", names["worker"], *unprivileged, *env,
+                       "--tmpfs", "/var/lib/phasewise:uid=65532,gid=65532",
+                       "-e", f"PHASEWISE_METRICS_PORT={ports['worker']}",
+                       "-e", f"PHASEWISE_WORKER_ID=pw-docker-{uuid.uuid4().hex[:6]}", worker_image)
+        for role in ("producer", "worker"):
+            wait_ready(dockerd, names[role], ports[role], 120)
+            uid = dockerd.docker("exec", names[role], "id", "-u").stdout.decode().strip()
+            assert uid == "65532", (role, uid)  # not root
+        from phasewise.bench.harness import scrape
+
+        m = scrape(f"http://127.0.0.1:{ports['producer']}/metrics")
+        assert m["phasewise_producer_containers"] >= 1  # the spinning container, seen from inside a container
+        assert any(k.startswith("phasewise_build_info{") for k in scrape(f"http://127.0.0.1:{ports['worker']}/metrics"))
+    finally:
+        for n in names.values():
+            dockerd.docker("rm", "-f", n, check=False)

