@@ -57,3 +57,16 @@ def assert_replay_output():
             assert not errors, (line.get("type"), errors[:3])
 
     return check
+
+
+def private_broker_fixture():
+    """A module's own broker: for tests whose roles read shared topics from their start (job events),
+    where records other tests left on the session broker would change what they decide."""
+
+    @pytest.fixture(scope="module")
+    def broker(tmp_path_factory):
+        log = tmp_path_factory.mktemp("broker") / "tansu.log"
+        with EmbeddedBroker(log_path=log) as b:
+            yield b
+
+    return broker

@@ -25,7 +25,10 @@ from phasewise.schemas import (
 )
 from phasewise.settings import Settings
 from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
+from tests.conftest import private_broker_fixture
 from tests.streams.test_horus_worker import read_all
+
+broker = private_broker_fixture()  # job events from other tests would change the placements
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 GIB = 1 << 30
@@ -62,10 +65,12 @@ def test_place_decisions_between_hostile_records(broker, tmp_path):
                  PREDICTIONS.name: {"v": 1, "job": "x", "ts": 1.0, "model_version": "seven"},
                  SAMPLES.name: {"v": 1, "host": 5, "ts": 1.0, "interval_s": 1.0}}
         host = f"node-{tag}"
-        sample = encode(HostSamples(host=host, ts=time.time(), interval_s=1.0, host_cpu_count=16, host_cpu_cores=1.0,
-                                    host_mem_bytes=4 * GIB, host_mem_total_bytes=64 * GIB,
-                                    gpus=(GpuSample(index=0, uuid="GPU-0", util=10.0, mem_used_bytes=GIB,
-                                                    mem_total_bytes=16 * GIB),)))
+        # a node large enough for the jobs that other tests on this broker submitted before (the worker
+        # reads the job events from the start and places those too)
+        sample = encode(HostSamples(host=host, ts=time.time(), interval_s=1.0, host_cpu_count=1024, host_cpu_cores=1.0,
+                                    host_mem_bytes=4 * GIB, host_mem_total_bytes=4096 * GIB,
+                                    gpus=tuple(GpuSample(index=i, uuid=f"GPU-{i}", util=10.0, mem_used_bytes=GIB,
+                                                         mem_total_bytes=16 * GIB) for i in range(64))))
         spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32,
                        requests=JobRequests(cpu_cores=2.0, mem_bytes=4 * GIB, gpus=0.5, gpu_mem_bytes=4 * GIB))
         a, b = f"a-{tag}", f"b-{tag}"
@@ -81,7 +86,10 @@ def test_place_decisions_between_hostile_records(broker, tmp_path):
         p.produce(JOB_EVENTS.name, key=key, value=encode(JobEvent(job=b, ts=2.0, kind="submitted", spec=spec,
                                                                   priority=2)), partition=0)
         p.flush(10)
-        got = read_all(s, DECISIONS.name, DECISIONS.partitions, lambda m: m.key() == host.encode(), 2)
+        def for_ours(m) -> bool:
+            return m.key() == host.encode() and decode(Decision, m.value()).container in (a, b)
+
+        got = read_all(s, DECISIONS.name, DECISIONS.partitions, for_ours, 2)
         ds = {d.container: d for d in (decode(Decision, m.value()) for m in got)}
         assert set(ds) == {a, b}, role.log_tail(80)
         assert all(d.action == "place" and d.host == host and len(d.details["device"]) == 1 for d in ds.values())

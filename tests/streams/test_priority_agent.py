@@ -19,7 +19,10 @@ from phasewise.schemas import (
     to_dict,
 )
 from phasewise.streams.priority_agents import PriorityStep, Refused
+from tests.conftest import private_broker_fixture
 from tests.test_poison import poison
+
+broker = private_broker_fixture()  # job events from other tests would change the placements
 
 GB = 1e9
 
