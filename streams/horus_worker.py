@@ -11,15 +11,10 @@ then).
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
-import threading
 
-from phasewise.cli import add_common, add_setting, settings_from_args, stop_on_signals
+from phasewise.cli import add_common, add_setting, settings_from_args
 
 __all__ = ["add_arguments", "run"]
-
-log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,38 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
-    from phasewise.streams.app import create_app
     from phasewise.streams.horus_agents import HorusMetrics, register_horus
-    from phasewise.streams.worker import FAUST_LEVELS, make_worker
+    from phasewise.streams.worker import run_job_worker
 
-    print(settings.describe(), flush=True)
-    stop = threading.Event()
-    with stop_on_signals(stop) as received:
-        try:
-            if not wait_for_broker(settings, None, stop=stop):
-                log.info("signal %d: stopping before the broker answered", received[0])
-                return 0
-            if settings.kafka.create_topics:
-                ensure_topics(settings)
-        except BrokerUnavailable as e:
-            print(f"phasewise horus: {e}", file=sys.stderr)
-            return 1
-        if stop.is_set():
-            return 0
     metrics = HorusMetrics()
-    if settings.metrics_port:
-        metrics.serve(settings.metrics_port)
-        log.info("metrics on :%d/metrics", settings.metrics_port)
-    app_settings = settings.replace(worker_id=settings.horus.worker_id, web_port=0)
-    app = create_app(app_settings, register_agents=False)
-    register_horus(app, settings, metrics=metrics)
-    worker = make_worker(app, settings.kafka.bootstrap, loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
-                         quiet=True, redirect_stdouts=False)
-    worker.spinner = None
-    try:
-        worker.execute_from_commandline()
-    except SystemExit as e:
-        code = e.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+    return run_job_worker(settings, "horus", settings.horus.worker_id, metrics,
+                          lambda app, s: register_horus(app, s, metrics=metrics))

@@ -31,6 +31,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 
 from phasewise.cli import add_common, add_setting, settings_from_args, stop_on_signals
 from phasewise.settings import Settings
@@ -246,6 +247,45 @@ def run(args: argparse.Namespace) -> int:
     # Faust's terminal spinner (levels warn and above) sets the root logger to DEBUG so that
     # every debug record of faust/aiokafka reaches its handler: ~5% of the worker's CPU for
     # nothing in a log file. No spinner: the root logger stays at the chosen level.
+    worker.spinner = None
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as e:
+        code = e.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: object,
+                   register: Callable[[object, Settings], None]) -> int:
+    """A cluster-wide job worker (``phasewise horus``, ``phasewise place``): print the settings,
+    wait for the broker, create missing topics, serve *metrics*, run a Faust app with id
+    *worker_id* whose agents *register(app, settings)* adds. Exit status 0 after a clean stop; 1
+    when the broker is unavailable, an agent died or an output could not be delivered."""
+    from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
+    from phasewise.streams.app import create_app
+
+    print(settings.describe(), flush=True)
+    stop = threading.Event()
+    with stop_on_signals(stop) as received:
+        try:
+            if not wait_for_broker(settings, None, stop=stop):
+                log.info("signal %d: stopping before the broker answered", received[0])
+                return 0
+            if settings.kafka.create_topics:
+                ensure_topics(settings)
+        except BrokerUnavailable as e:
+            print(f"phasewise {role}: {e}", file=sys.stderr)
+            return 1
+        if stop.is_set():
+            return 0
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
+        log.info("metrics on :%d/metrics", settings.metrics_port)
+    app = create_app(settings.replace(worker_id=worker_id, web_port=0), register_agents=False)
+    register(app, settings)
+    worker = make_worker(app, settings.kafka.bootstrap, loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
+                         quiet=True, redirect_stdouts=False)
     worker.spinner = None
     try:
         worker.execute_from_commandline()
