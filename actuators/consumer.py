@@ -18,7 +18,8 @@ For every message on the decisions topic the actuator:
    and published but never written, ``off`` ones are not managed;
 5. plans a command under the safety rules (managed, existing container;
    CPU floor and host cap; the workload's own min/max; memory never under
-   usage, or the recent peak working set, + margin);
+   usage, or the recent peak working set, + margin; a container terminated
+   once, within a bounded grace period);
 6. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
    temporary errors a few times with doubling backoff;
 7. records the outcome in the ledger and publishes an
@@ -237,13 +238,21 @@ class Actuator:
                 self.peaks.add(d.container, now, usage)
             own = self.peaks.peak(d.container, now)
             peak = max((v for v in (own, declared_peak(d)) if v is not None), default=None)
+        terminated = None
+        if d.action == "terminate" and (t := self.ledger.terminated(d.container)) is not None:
+            terminated = f"by decision {t[0]} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t[1]))}"
         p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
-                 peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus)
+                 peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus, now=self.clock(),
+                 terminated=terminated)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         out = self._apply_with_retries(p)
         if out.status != "applied":
             return out
+        if d.action == "terminate":
+            self.ledger.record_termination(d.container, d.id, self.clock())
+        elif d.action == "place":  # a new job in the container: it may be terminated again
+            self.ledger.forget_termination(d.container)
         msg = "; ".join(m for m in (p.message, out.message) if m)
         return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes)
 

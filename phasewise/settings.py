@@ -827,6 +827,14 @@ class ActuatorSettings(_Group):
     decision_max_future_s: float = setting(300.0, check=at_least(0),
                                            help="refuse decisions stamped more than this many seconds ahead "
                                                 "of the actuator's clock")
+    #: a terminate decision: SIGTERM, then SIGKILL to what is left after the grace (the decision's
+    #: ``details.grace_s``, else this), never longer than the cap (the actuator waits it out)
+    terminate_grace_s: float = setting(10.0, check=at_least(0),
+                                       help="terminate: seconds between SIGTERM and SIGKILL when the decision "
+                                            "names none")
+    terminate_grace_max_s: float = setting(30.0, check=at_least(0),
+                                           help="terminate: the longest grace the actuator waits (it handles "
+                                                "this host's next decisions after it)")
 
 
 @dataclass(frozen=True, slots=True)
