@@ -343,12 +343,12 @@ def remaining_work(cpu_s: float | None, first: float | None, smoothed: float | N
     to *objective* it has come, is progress per CPU-second spent; at that rate the
     rest takes ``cpu_s * (1 - g) / g``. Training curves flatten, so this
     underestimates every job's remaining work; what the node policy uses is the
-    order of the estimates. A job that has not moved towards its objective (or moved
-    away) gets ``inf``; one past it, 0.
+    order of the estimates. A job that has not moved yet (its first report) has no
+    estimate; one that moved away from its objective gets ``inf``; one past it, 0.
 
     >>> remaining_work(2.0, first=5.0, smoothed=3.0, objective=1.0)  # half way in 2 CPU-s
     2.0
-    >>> remaining_work(2.0, first=5.0, smoothed=5.5, objective=1.0), remaining_work(None, 5.0, 3.0, 1.0)
+    >>> remaining_work(2.0, first=5.0, smoothed=5.5, objective=1.0), remaining_work(2.0, 5.0, 5.0, 1.0)
     (inf, None)
     """
     if cpu_s is None or first is None or smoothed is None or not math.isfinite(cpu_s):
@@ -359,7 +359,9 @@ def remaining_work(cpu_s: float | None, first: float | None, smoothed: float | N
     g = (first - smoothed) / span  # the same for direction max: both differences change sign
     if g >= 1:
         return 0.0
-    if g <= 0:
+    if g == 0:
+        return None
+    if g < 0:
         return math.inf
     return max(0.0, cpu_s) * (1 - g) / g
 
@@ -402,7 +404,8 @@ def node_limits(jobs: Mapping[str, NodeJob], capacity: float, *, policy: str = "
     the node, every other job is held to ``shrink x capacity / n`` (shortest remaining
     work first, which minimises the mean time to objective when the estimates are
     right; :data:`SWITCH_BELOW` keeps the *favoured* job until another is clearly
-    nearer). Nobody is held while some job has no estimate yet, or with one job.
+    nearer). Nobody is held while some job has no estimate yet, none is moving
+    towards its objective, or with one job.
 
     With *alpha*, the TRADL share rule (:func:`tradl_share`) over the jobs' use caps
     the limits too (the lower limit wins) once every job's use is known. A job with no
@@ -439,7 +442,9 @@ def node_limits(jobs: Mapping[str, NodeJob], capacity: float, *, policy: str = "
         chosen = min(sorted(rem), key=lambda j: rem[j])
         if favoured in rem and favoured != chosen and not rem[chosen] < SWITCH_BELOW * rem[favoured]:
             chosen = favoured
-        for j in jobs:
+        if math.isinf(rem[chosen]):  # none of them is moving towards its objective: nobody to prefer
+            chosen = None
+        for j in jobs if chosen is not None else ():
             if j != chosen:
                 limits[j] = held
                 why[j].append(f"nearest first: {chosen} is estimated {rem[chosen]:.3g} CPU-s from its objective, "

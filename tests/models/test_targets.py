@@ -183,6 +183,7 @@ def test_remaining_work_is_the_cpu_so_far_scaled_by_the_way_left():
     assert remaining_work(3.0, first=0.2, smoothed=0.5, objective=0.8) == pytest.approx(3.0)  # max: half way
     assert remaining_work(3.0, first=4.0, smoothed=0.9, objective=1.0) == 0.0  # past it
     assert remaining_work(3.0, first=4.0, smoothed=4.2, objective=1.0) == math.inf  # went the wrong way
+    assert remaining_work(3.0, first=4.0, smoothed=4.0, objective=1.0) is None  # not moved yet
     assert remaining_work(None, first=4.0, smoothed=3.0, objective=1.0) is None
     assert remaining_work(3.0, first=None, smoothed=3.0, objective=1.0) is None
 
@@ -236,6 +237,8 @@ def test_nearest_gives_the_node_to_the_least_remaining_work_and_changes_hands_on
     assert node_limits({"a": NodeJob(remaining=1.0), "b": NodeJob()}, 1.0, policy="nearest").limits == \
         {"a": None, "b": None}
     assert node_limits({"a": NodeJob(remaining=1.0)}, 1.0, policy="nearest").limits == {"a": None}
+    assert node_limits({"a": NodeJob(remaining=math.inf), "b": NodeJob(remaining=math.inf)}, 1.0,
+                       policy="nearest").limits == {"a": None, "b": None}
     with pytest.raises(ValueError, match="node policy"):
         node_limits({}, 1.0, policy="fastest")
 
