@@ -507,7 +507,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent",
                  "cpu_floor_cores", "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "data_dir",
-                 "workload_default_mode", "workload_policy_file", "workload_pods"):
+                 "workload_default_mode", "workload_policy_file", "workload_pods", "terminate_grace_s",
+                 "terminate_grace_max_s"):
         add_setting(p, name, help={"data_dir": "where the ledger of applied decisions lives"}.get(name))
 
 

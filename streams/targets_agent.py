@@ -28,9 +28,11 @@ State: the changelogged table ``targets-state`` (key: job) holds each followed
 job's tracker, where it runs, what it used and the limit set last; written at
 the worker's offset commits through the commit barrier (its outputs delivered
 first), restored when the worker starts or takes its partitions back. A job's
-state goes to the changelog partition of its job events. One worker runs
-``--targets`` (a node's jobs are divided together, and it reads every host's
-samples).
+state goes to the changelog partition of its job events, with the offset of
+the last of its events it holds: a worker that died after a commit wrote the
+table but before it committed the offsets reads those events again, and skips
+them. One worker runs ``--targets`` (a node's jobs are divided together, and it
+reads every host's samples).
 """
 
 from __future__ import annotations
@@ -78,11 +80,15 @@ class TargetsHandler:
         self.partitions = partitions
         self.sign = sign
         self.partition_of: dict[str, int] = {}
+        #: job -> offset of the last of its events the state holds (in its partition): an event at or
+        #: before it, read again after a restart whose last offsets were not committed, is not applied twice
+        self.offset_of: dict[str, int] = {}
         #: called before samples and timer ticks are handled (the agent restores the table there)
         self.ensure_restored: Callable[[], None] = lambda: None
         self.decisions = 0
         self.controls = 0
         self.rejected = 0
+        self.replayed = 0
 
     def emit(self, decisions: list[Decision], controls: list[JobControl]) -> None:
         for d in decisions:
@@ -98,12 +104,17 @@ class TargetsHandler:
         self.decisions += len(decisions)
         self.controls += len(controls)
 
-    def handle(self, event: Any, raw: bytes | None, partition: int | None = None) -> None:
+    def handle(self, event: Any, raw: bytes | None, partition: int | None = None, offset: int | None = None) -> None:
         try:
             ev = decode(JobEvent, raw)
         except SchemaError as e:
             self.rejected += 1
             self.dead_letter(event, str(e))
+            return
+        seen = self.offset_of.get(ev.job)
+        if (seen is not None and offset is not None and offset <= seen
+                and self.partition_of.get(ev.job) == partition):
+            self.replayed += 1  # its effect is in the restored state already
             return
         try:
             decisions, controls, why = self.fleet.process(ev)
@@ -116,8 +127,11 @@ class TargetsHandler:
             self.rejected += 1
             self.dead_letter(event, why)
             return
-        if partition is not None:
-            self.partition_of[ev.job] = partition
+        if ev.job in self.fleet.jobs:  # (a job it does not follow leaves nothing behind)
+            if partition is not None:
+                self.partition_of[ev.job] = partition
+            if offset is not None:
+                self.offset_of[ev.job] = offset
         self.emit(decisions, controls)
 
     def samples(self, hs: Any) -> None:
@@ -139,16 +153,18 @@ class TargetsHandler:
         out = []
         for job, state in self.fleet.pop_dirty():
             p = self.partition(job)
-            out.append((job, p, None if state is None else json.dumps({"p": p, "s": state},
-                                                                       separators=(",", ":")).encode()))
+            value = {"p": p, "o": self.offset_of.get(job), "s": state}
+            out.append((job, p, None if state is None else json.dumps(value, separators=(",", ":")).encode()))
             if state is None:
                 self.partition_of.pop(job, None)
+                self.offset_of.pop(job, None)
         return out
 
     def restore(self, items: Any) -> int:
         """Follow again the jobs of the table's ``(key, value)`` items; how many."""
         self.fleet.clear()
         self.partition_of.clear()
+        self.offset_of.clear()
         n = 0
         for job, raw in items:
             if raw is None:
@@ -157,6 +173,8 @@ class TargetsHandler:
                 v = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
                 self.fleet.load(job, v["s"])
                 self.partition_of[job] = int(v["p"])
+                if v.get("o") is not None:
+                    self.offset_of[job] = int(v["o"])
                 n += 1
             except (ValueError, KeyError, TypeError) as e:  # a state this version cannot read: start it over
                 log.error("targets: cannot restore job %s (%s); it is followed again from its next submitted "
@@ -204,7 +222,7 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
     async def on_job_events(stream: Any) -> None:
         async for event in stream.events():
             ensure_restored()
-            handler.handle(event, event.message.value, event.message.partition)
+            handler.handle(event, event.message.value, event.message.partition, event.message.offset)
             while pending:
                 ev, reason = pending.pop(0)
                 await dead_letter(ev, reason, "schema")

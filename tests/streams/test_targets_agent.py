@@ -88,6 +88,30 @@ def test_finished_within_grace_means_no_hard_stop_and_the_others_are_released():
     assert json.loads(sent[2][2])["reason"].startswith("released: ")
 
 
+def test_a_restored_handler_skips_the_events_its_state_holds_and_decides_as_if_never_stopped():
+    h, sent, dead = make(targets_patience=2, targets_ewma_alpha=0.5, targets_node_cores=4.0)
+    stream = [submitted("job-a"), submitted("job-b"), started("job-a"), started("job-b")]
+    stream += [progress(j, s, v) for s, (va, vb) in enumerate([(2.0, 3.0), (1.2, 2.5), (0.9, 2.0), (0.8, 1.6),
+                                                               (0.4, 0.9), (0.3, 0.8), (0.2, 0.4), (0.1, 0.3)], 1)
+               for j, v in (("job-a", va), ("job-b", vb))]
+    for off, raw in enumerate(stream):
+        h.handle(off, raw, partition=3, offset=off)
+    assert not dead and [json.loads(v).get("action") for _, _, v in sent] == ["limit", "checkpoint_exit"]
+    for cut in range(1, len(stream)):
+        h1, sent1, _ = make(targets_patience=2, targets_ewma_alpha=0.5, targets_node_cores=4.0)
+        for off, raw in enumerate(stream[:cut]):
+            h1.handle(off, raw, partition=3, offset=off)
+        table = {k: v for k, _, v in h1.writes()}
+        h2, sent2, dead2 = make(targets_patience=2, targets_ewma_alpha=0.5, targets_node_cores=4.0)
+        h2.restore(table.items())
+        back = max(0, cut - 5)  # the last offsets were not committed: read again from before the cut
+        for off in range(back, len(stream)):
+            h2.handle(off, stream[off], partition=3, offset=off)
+        assert not dead2, (cut, dead2)
+        assert sent1 + sent2 == sent, cut
+        assert h2.replayed == sum(1 for o in range(back, cut) if json.loads(stream[o])["job"] in table), cut
+
+
 BAD = [
     (None, "null"),
     (b"[" * 100_000 + b"]" * 100_000, "deep"),
