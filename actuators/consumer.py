@@ -355,9 +355,12 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
         consumer.subscribe([DECISIONS.name])
     else:
         consumer.subscribe([DECISIONS.name], on_assign=own_partition(consumer, only_key))
+    # a terminate waits out its grace (at most terminate_grace_max_s) and then its processes' end: a
+    # message may take that long, and the loop is live while it does
+    live_s = max(30.0, 10 * poll_s) + actuator.settings.actuator.terminate_grace_max_s
     while not stop.is_set():
         if health is not None:
-            health.beat("consume", max(30.0, 10 * poll_s))
+            health.beat("consume", live_s)
         # block for the first decision only, then take what is already there:
         # consume(n, timeout) alone would wait the whole timeout for n messages
         first = consumer.poll(poll_s)
@@ -367,6 +370,8 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
         offsets: dict[tuple[str, int], int] = {}  # past the messages handled (applied, reported or dead-lettered)
         try:
             for m in msgs:
+                if health is not None:
+                    health.beat("consume", live_s)
                 err = m.error()
                 if err is not None:
                     if err.fatal():
