@@ -351,8 +351,8 @@ def remaining_work(cpu_s: float | None, first: float | None, smoothed: float | N
     >>> remaining_work(2.0, first=5.0, smoothed=5.5, objective=1.0), remaining_work(2.0, 5.0, 5.0, 1.0)
     (inf, None)
     """
-    if cpu_s is None or first is None or smoothed is None or not math.isfinite(cpu_s):
-        return None
+    if cpu_s is None or first is None or smoothed is None or not math.isfinite(cpu_s) or cpu_s <= 0:
+        return None  # no CPU measured yet: no rate of progress either
     span = first - objective
     if span == 0:
         return 0.0
@@ -620,7 +620,7 @@ class TargetsFleet:
         events = tracker.update(ts=ev.ts, step=ev.step, value=float(value))
         if job.first is None:
             job.first = tracker.smoothed
-        job.cpu_at_report = job.cpu_s
+        job.cpu_at_report = job.cpu_s if job.sample_ts is not None else None  # no samples yet: no estimate
         self._dirty.add(ev.job)
         for te in events:
             if te.kind == "acceptable":

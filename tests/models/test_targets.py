@@ -185,6 +185,7 @@ def test_remaining_work_is_the_cpu_so_far_scaled_by_the_way_left():
     assert remaining_work(3.0, first=4.0, smoothed=4.2, objective=1.0) == math.inf  # went the wrong way
     assert remaining_work(3.0, first=4.0, smoothed=4.0, objective=1.0) is None  # not moved yet
     assert remaining_work(None, first=4.0, smoothed=3.0, objective=1.0) is None
+    assert remaining_work(0.0, first=4.0, smoothed=3.0, objective=1.0) is None  # no CPU measured yet
     assert remaining_work(3.0, first=None, smoothed=3.0, objective=1.0) is None
 
 
@@ -281,6 +282,24 @@ def test_the_fleet_applies_the_share_rule_from_the_samples_of_the_jobs_container
     assert f.samples(_samples(125.0, {"a": 0.5, "b": 0.3})) == []  # nothing changed
     assert f.jobs["a"].cpu_s == pytest.approx(1.5 + 0.5 + 0.5 + 0.5)
     assert f.samples(_samples(125.0, {"a": 9.0, "b": 0.3})) == [] and f.jobs["a"].use == 0.5  # a re-read: ignored
+
+
+def test_nearest_in_the_fleet_waits_for_the_jobs_samples_and_favours_the_one_nearest_its_objective():
+    f = _fleet(policy="nearest")
+    for j in ("a", "b"):
+        f.process(_ev(j, 1.0, "submitted"))
+        f.process(_ev(j, 1.0, "started", host="h1", container=j))
+    for step, (la, lb) in enumerate([(4.0, 4.0), (3.0, 3.8)], 1):  # no samples yet: no estimate, nobody held
+        assert f.process(_ev("a", 2.0 + step, "progress", step=step, loss=la))[0] == []
+        assert f.process(_ev("b", 2.0 + step, "progress", step=step, loss=lb))[0] == []
+    f.samples(_samples(5.0, {"a": 1.0, "b": 1.0}))
+    d, _, _ = f.process(_ev("a", 6.0, "progress", step=3, loss=2.5))  # a: 3/7 of the way to 0.5 in 1 CPU-s
+    assert d == []  # b has no estimate at its last report yet
+    d, _, _ = f.process(_ev("b", 6.0, "progress", step=3, loss=3.7))  # b: 3/35 of the way in 1 CPU-s
+    assert [(x.container, x.cpu_limit_cores) for x in d] == [("b", 0.25)]  # 0.25 x 2 cores / 2 jobs
+    assert d[0].reason == "nearest first: a is estimated 1.33 CPU-s from its objective, b 10.7: held to " \
+                          "0.25 x 2 / 2 = 0.25 cores"
+    assert d[0].details["remaining_cpu_s"] == pytest.approx(32 / 3)
 
 
 def test_the_fleet_state_goes_to_a_table_and_back_and_a_restored_fleet_decides_the_same():
