@@ -18,6 +18,19 @@ cgroup v2 (one unified tree)::
     <prefix>/<c>/memory.max
     <prefix>/<c>/cgroup.freeze             1 | 0
 
+A ``Terminate`` signals every process of the container's cgroup: SIGTERM to
+each (unless the job is already checkpointing through its control channel),
+up to the grace period for them to exit, then the hard stop of whatever is
+left, race-free: v2 writes ``cgroup.kill`` (the kernel kills every process of
+the cgroup, forks in flight included); v1 (and a v2 kernel without
+``cgroup.kill``) freezes the cgroup so nothing in it can fork, SIGKILLs every
+process listed in any of its hierarchies, and thaws it so they die. The
+outcome says how many processes exited after SIGTERM and how many were
+killed; processes still there after ``kill_wait_s`` (uninterruptible sleep)
+are a permanent failure, so the container is not recorded as terminated. The
+backend waits the grace out (the actuator handles the host's next decision
+after it).
+
 A ``StartJob`` (a placed job) creates the job's managed container in every
 controller, binds it to its CPUs (v1: ``cpuset/<prefix>/<c>/cpuset.cpus``,
 the prefix's own ``cpuset.cpus``/``cpuset.mems`` filled from its parent;
@@ -39,13 +52,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from phasewise.actuators.commands import Command, Freeze, Outcome, SetLimits, StartJob, Thaw
+from phasewise.actuators.commands import Command, Freeze, Outcome, SetLimits, StartJob, Terminate, Thaw
 from phasewise.cgroupfs import CgroupError, CgroupLayout, is_container_name
 
 __all__ = ["CFS_PERIOD_US", "MIN_QUOTA_US", "Backend", "CgroupBackend", "DryRunBackend"]
@@ -93,9 +107,10 @@ class CgroupBackend:
     """Writes limits straight into the managed containers' cgroup files."""
 
     def __init__(self, layout: CgroupLayout, *, freeze_timeout_s: float = 2.0,
-                 job_log_dir: str | os.PathLike | None = None) -> None:
+                 job_log_dir: str | os.PathLike | None = None, kill_wait_s: float = 5.0) -> None:
         self.layout = layout
         self.freeze_timeout_s = freeze_timeout_s
+        self.kill_wait_s = kill_wait_s  #: how long processes get to vanish after SIGKILL
         self.name = f"cgroup-v{layout.version}"
         self.job_log_dir = Path(job_log_dir) if job_log_dir is not None else None
         self.processes: dict[str, subprocess.Popen] = {}  # jobs started here (reaped as they end)
@@ -138,6 +153,8 @@ class CgroupBackend:
                 return self._freeze(command.container, False)
             if isinstance(command, StartJob):
                 return self._start(command)
+            if isinstance(command, Terminate):
+                return self._terminate(command)
         except CgroupError as e:
             return Outcome.failed(str(e), temporary=e.temporary)
         except OSError as e:
@@ -197,12 +214,94 @@ class CgroupBackend:
         text = _read(f).strip()
         return int(limit) if text == "max" else int(text)
 
+    # ------------------------------------------------------------------ terminate
+
+    def _pids(self, container: str) -> set[int]:
+        """Every process of the container, in any of its hierarchies (v1 lists them per controller)."""
+        ctrls = ("unified",) if self.layout.version == 2 else self.layout.controllers()
+        out: set[int] = set()
+        for ctl in ctrls:
+            try:
+                text = _read(self.layout.path(container, ctl) / "cgroup.procs")
+            except FileNotFoundError:
+                continue
+            out.update(int(x) for x in text.split())
+        return out
+
+    def _reap(self) -> None:
+        """Collect the exit of jobs this backend started (else they linger as zombies of the actuator)."""
+        for name, p in list(self.processes.items()):
+            if p.poll() is not None:
+                del self.processes[name]
+
+    def _wait_empty(self, container: str, seconds: float) -> set[int]:
+        """Wait up to *seconds* for the container to hold no process; the pids still there."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self._reap()
+            left = self._pids(container)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.02)
+
+    def _terminate(self, cmd: Terminate) -> Outcome:
+        c = cmd.container
+        t0 = time.monotonic()
+        first = self._pids(c)
+        if not first:
+            return Outcome.applied("no process in the container: nothing to stop")
+        said: list[str] = []
+        if cmd.sigterm and cmd.grace_s > 0:
+            for pid in sorted(first):
+                _signal(pid, signal.SIGTERM)
+            said.append(f"SIGTERM to {len(first)} process(es)")
+        elif cmd.grace_s > 0:
+            said.append(f"{len(first)} process(es) left to finish their checkpoint")
+        left = self._wait_empty(c, cmd.grace_s) if cmd.grace_s > 0 else first
+        waited = time.monotonic() - t0
+        if not left:
+            return Outcome.applied(f"{'; '.join(said)}; all exited within {waited:.2f} s")
+        if cmd.grace_s > 0:
+            said.append(f"{len(first) - len(left & first)} exited within the {cmd.grace_s:g} s grace")
+        how, n = self._kill(c)
+        said.append(f"SIGKILL to {n} left ({how})")
+        still = self._wait_empty(c, self.kill_wait_s)
+        if still:
+            return Outcome.failed(f"{'; '.join(said)}; {len(still)} process(es) still there {self.kill_wait_s:g} s "
+                                  f"after SIGKILL (uninterruptible sleep?): {sorted(still)[:10]}")
+        return Outcome.applied(f"{'; '.join(said)}; the container is empty after {time.monotonic() - t0:.2f} s")
+
+    def _kill(self, container: str) -> tuple[str, int]:
+        """SIGKILL every process of the container with no fork racing it; (how, processes signalled)."""
+        if self.layout.version == 2:
+            f = self.layout.path(container) / "cgroup.kill"
+            if f.exists():
+                n = len(self._pids(container))
+                _write(f, "1", "cgroup.kill")
+                return "cgroup.kill", n
+        frozen = self._freeze(container, True)
+        if frozen.status != "applied":  # no freezer: kill what is listed, again until nothing new appears
+            seen: set[int] = set()
+            for _ in range(10):
+                new = self._pids(container) - seen
+                if not new:
+                    break
+                for pid in new:
+                    _signal(pid, signal.SIGKILL)
+                seen |= new
+            return f"not frozen ({frozen.message}); killed until no new process appeared", len(seen)
+        try:
+            pids = self._pids(container)
+            for pid in pids:
+                _signal(pid, signal.SIGKILL)
+        finally:
+            self._freeze(container, False)  # frozen processes die once thawed
+        return "frozen first, so none could fork", len(pids)
+
     # ------------------------------------------------------------------ freezer
 
     def _start(self, cmd: StartJob) -> Outcome:
-        for name, p in list(self.processes.items()):  # reap the jobs that ended
-            if p.poll() is not None:
-                del self.processes[name]
+        self._reap()
         c = cmd.container
         if self.exists(c):
             return Outcome.failed(f"container {c!r} already exists: not started again")
@@ -307,6 +406,13 @@ def _cpuset_dir_v2(layout: CgroupLayout, container: str) -> Path:
     return parent
 
 
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass  # it exited in between
+
+
 def _read(path: Path) -> str:
     with open(path) as fh:
         return fh.read()
@@ -381,6 +487,11 @@ class DryRunBackend:
         if isinstance(command, SetLimits):
             return Outcome.applied("dry run: nothing written", cpu_cores=command.cpu_cores,
                                    mem_bytes=command.mem_bytes)
+        if isinstance(command, Terminate):
+            how = (f"SIGTERM, then SIGKILL after {command.grace_s:g} s" if command.sigterm and command.grace_s > 0
+                   else f"SIGKILL after {command.grace_s:g} s (the job is checkpointing)" if command.grace_s > 0
+                   else "SIGKILL at once")
+            return Outcome.applied(f"dry run: would stop every process of {command.container!r}: {how}")
         if isinstance(command, StartJob):
             return Outcome.applied(f"dry run: would start {list(command.argv)} in cpuset {command.cpus}"
                                    + (f" with GPUs {list(command.gpus)}" if command.gpus else ""))

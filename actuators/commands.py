@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["STATUSES", "Bind", "Command", "Evict", "Freeze", "Outcome", "Scale", "SetLimits", "StartJob", "Thaw"]
+__all__ = ["STATUSES", "Bind", "Command", "Evict", "Freeze", "Outcome", "Scale", "SetLimits", "StartJob", "Terminate",
+           "Thaw"]
 
 #: the statuses of :class:`phasewise.schemas.Actuation`
 STATUSES = ("applied", "clamped", "duplicate", "rejected", "failed")
@@ -41,6 +42,20 @@ class Thaw:
     """Let a frozen container's processes run again."""
 
     container: str
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    """Stop every process of the container: SIGTERM, then SIGKILL to whatever is left after *grace_s*.
+
+    ``sigterm=False``: the job was already asked to checkpoint and exit through its
+    control channel (a SIGTERM could cut that checkpoint short): the processes get
+    *grace_s* to exit on their own, then the SIGKILL. ``grace_s`` 0 is a hard stop.
+    """
+
+    container: str
+    grace_s: float
+    sigterm: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +102,7 @@ class Scale:
         return f"{self.namespace}/{self.deployment}"
 
 
-Command = SetLimits | Freeze | Thaw | StartJob | Evict | Bind | Scale
+Command = SetLimits | Freeze | Thaw | Terminate | StartJob | Evict | Bind | Scale
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@ For every message on the decisions topic the actuator:
    and published but never written, ``off`` ones are not managed;
 5. plans a command under the safety rules (managed, existing container;
    CPU floor and host cap; the workload's own min/max; memory never under
-   usage, or the recent peak working set, + margin);
+   usage, or the recent peak working set, + margin; a container terminated
+   once, within a bounded grace period);
 6. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
    temporary errors a few times with doubling backoff;
 7. records the outcome in the ledger and publishes an
@@ -237,13 +238,21 @@ class Actuator:
                 self.peaks.add(d.container, now, usage)
             own = self.peaks.peak(d.container, now)
             peak = max((v for v in (own, declared_peak(d)) if v is not None), default=None)
+        terminated = None
+        if d.action == "terminate" and (t := self.ledger.terminated(d.container)) is not None:
+            terminated = f"by decision {t[0]} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t[1]))}"
         p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
-                 peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus)
+                 peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus, now=self.clock(),
+                 terminated=terminated)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         out = self._apply_with_retries(p)
         if out.status != "applied":
             return out
+        if d.action == "terminate":
+            self.ledger.record_termination(d.container, d.id, self.clock())
+        elif d.action == "place":  # a new job in the container: it may be terminated again
+            self.ledger.forget_termination(d.container)
         msg = "; ".join(m for m in (p.message, out.message) if m)
         return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes)
 
@@ -346,9 +355,12 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
         consumer.subscribe([DECISIONS.name])
     else:
         consumer.subscribe([DECISIONS.name], on_assign=own_partition(consumer, only_key))
+    # a terminate waits out its grace (at most terminate_grace_max_s) and then its processes' end: a
+    # message may take that long, and the loop is live while it does
+    live_s = max(30.0, 10 * poll_s) + actuator.settings.actuator.terminate_grace_max_s
     while not stop.is_set():
         if health is not None:
-            health.beat("consume", max(30.0, 10 * poll_s))
+            health.beat("consume", live_s)
         # block for the first decision only, then take what is already there:
         # consume(n, timeout) alone would wait the whole timeout for n messages
         first = consumer.poll(poll_s)
@@ -358,6 +370,8 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
         offsets: dict[tuple[str, int], int] = {}  # past the messages handled (applied, reported or dead-lettered)
         try:
             for m in msgs:
+                if health is not None:
+                    health.beat("consume", live_s)
                 err = m.error()
                 if err is not None:
                     if err.fatal():
@@ -498,7 +512,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent",
                  "cpu_floor_cores", "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "data_dir",
-                 "workload_default_mode", "workload_policy_file", "workload_pods"):
+                 "workload_default_mode", "workload_policy_file", "workload_pods", "terminate_grace_s",
+                 "terminate_grace_max_s"):
         add_setting(p, name, help={"data_dir": "where the ledger of applied decisions lives"}.get(name))
 
 

@@ -11,6 +11,8 @@ command         request                                                     answ
                 (strategic merge patch of the container's resources)
 ``Evict``       ``POST  /api/v1/namespaces/{ns}/pods/{pod}/eviction``       201 + a Status (429: a
                 (a ``policy/v1`` Eviction)                                  disruption budget forbids)
+``Terminate``   ``GET .../pods/{pod}``, then ``DELETE .../pods/{pod}``       200 + the Pod, terminating
+                (``gracePeriodSeconds``, ``preconditions.uid``)             (409: another pod; 404: gone)
 ``Bind``        ``POST  /api/v1/namespaces/{ns}/pods/{pod}/binding``        201 + a Status (409: bound)
 ``Scale``       ``PATCH /apis/apps/v1/namespaces/{ns}/deployments/{d}/scale``  200 + an autoscaling/v1 Scale
                 (merge patch of ``spec.replicas``)
@@ -41,6 +43,22 @@ fallback to recreating the pod (an eviction is a separate, explicit command):
   "Memory Limit Decreases"), and 1.33's API server refuses every memory-limit
   decrease of a ``NotRequired`` container with 422 (reported as permanent).
   The actuator's own floor (working set + margin) runs before this.
+
+A ``Terminate`` deletes the pod with ``gracePeriodSeconds`` = the grace: the
+kubelet sends SIGTERM to its containers and SIGKILL after the grace, which is
+the command's meaning. It is a delete, not an eviction: an eviction honours
+PodDisruptionBudgets and answers 429 while one forbids it, so a job stopped
+at its objective (or by a hard stop) would go on holding the resources the
+stop frees; the job ending is its completion, not a disruption for a budget
+to ration (``Evict`` stays the command of preemption). The pod is read
+first: one already terminating is not deleted again, and the delete carries
+the pod's ``uid`` as a precondition, so a pod recreated under the same name
+(a StatefulSet's) is never the one deleted. A pod whose controller replaces
+its pods (a ReplicaSet, a StatefulSet, a Job whose pod did not succeed)
+comes back; the outcome names the controller. The kubelet always starts
+with SIGTERM: a job that checkpoints through its control channel
+(``sigterm=False``) should treat SIGTERM as checkpoint-and-exit on
+Kubernetes.
 
 HTTP answers map onto outcomes: 404 (pod gone), 403 (RBAC), 422 (invalid) and
 400 are permanent; 409 (conflict), 429 (too many requests, or a disruption
@@ -74,7 +92,18 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from phasewise.actuators.commands import Bind, Command, Evict, Freeze, Outcome, Scale, SetLimits, StartJob, Thaw
+from phasewise.actuators.commands import (
+    Bind,
+    Command,
+    Evict,
+    Freeze,
+    Outcome,
+    Scale,
+    SetLimits,
+    StartJob,
+    Terminate,
+    Thaw,
+)
 
 __all__ = [
     "ApiError",
@@ -490,6 +519,8 @@ class KubernetesBackend:
                 return self._resize(command)
             if isinstance(command, Evict):
                 return self._evict(command)
+            if isinstance(command, Terminate):
+                return self._terminate(command)
             if isinstance(command, Bind):
                 return self._bind(command)
             if isinstance(command, Scale):
@@ -540,6 +571,46 @@ class KubernetesBackend:
             body["deleteOptions"] = {"gracePeriodSeconds": int(cmd.grace_period_s)}
         self.api.request("POST", f"/api/v1/namespaces/{_q(pc.namespace)}/pods/{_q(pc.pod)}/eviction", body)
         return Outcome.applied(f"evicted pod {pc.namespace}/{pc.pod}")
+
+    def _terminate(self, cmd: Terminate) -> Outcome:
+        pc = self._where(cmd.container)
+        path = f"/api/v1/namespaces/{_q(pc.namespace)}/pods/{_q(pc.pod)}"
+        name = f"{pc.namespace}/{pc.pod}"
+        try:
+            return self._delete_pod(cmd, path, name)
+        except ApiError as e:
+            if e.status == 404:  # what the stop was for
+                return Outcome.applied(f"pod {name} is gone already: nothing to stop ({e.message})")
+            if e.status == 409 and "precondition" in e.message.lower():  # another pod under the name now
+                return Outcome.failed(f"pod {name} was not deleted: it is not the pod that held the container "
+                                      f"any more ({e.message})")
+            raise
+
+    def _delete_pod(self, cmd: Terminate, path: str, name: str) -> Outcome:
+        pod = self.api.request("GET", path) or {}
+        md = pod.get("metadata") or {}
+        m = _ID.search(cmd.container)
+        st = pod.get("status") or {}
+        ids = [str(cs.get("containerID") or "") for cs in (st.get("containerStatuses") or [])]
+        if m is not None and not any(i.endswith(m.group(1)) for i in ids):
+            return Outcome.failed(f"pod {name} does not hold container {m.group(1)[:12]} any more (a new pod under "
+                                  "the name?): not deleted")
+        if md.get("deletionTimestamp"):
+            return Outcome.applied(f"pod {name} is already terminating (since {md['deletionTimestamp']}, grace "
+                                   f"{md.get('deletionGracePeriodSeconds')} s): not deleted again")
+        uid = md.get("uid")
+        if not uid:
+            return Outcome.failed(f"pod {name} has no metadata.uid: not deleted without the precondition")
+        grace = max(0, math.ceil(cmd.grace_s))
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace,
+                "preconditions": {"uid": uid}}
+        got = self.api.request("DELETE", path, body) or {}
+        gmd = got.get("metadata") or {}
+        how = (f"the kubelet sends SIGTERM, then SIGKILL after {grace} s" if grace else "SIGKILL at once")
+        owner = next((o for o in md.get("ownerReferences") or [] if o.get("controller")), None)
+        again = f"; its controller {owner.get('kind')}/{owner.get('name')} may start a new pod" if owner else ""
+        since = f" (terminating since {gmd['deletionTimestamp']})" if gmd.get("deletionTimestamp") else ""
+        return Outcome.applied(f"deleted pod {name} uid {uid}{since}: {how}{again}")
 
     def _bind(self, cmd: Bind) -> Outcome:
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": cmd.pod, "namespace": cmd.namespace},

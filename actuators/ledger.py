@@ -14,6 +14,10 @@ than ``max_age_s`` and all but the newest ``max_rows`` are pruned on open and
 every ``prune_every`` claims. Keep ``max_age_s`` above the decisions topic's
 retention, or a replay older than the ledger could apply a decision again.
 
+It also remembers which containers this actuator terminated (and by which
+decision), until it starts a job in the container again: a container is
+terminated once, whichever policy asks again.
+
 >>> led = Ledger(":memory:")
 >>> led.claim("d1", container="job-a", now=100.0)
 True
@@ -44,6 +48,11 @@ CREATE TABLE IF NOT EXISTS decisions (
     message   TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS decisions_claimed ON decisions (claimed);
+CREATE TABLE IF NOT EXISTS terminations (
+    container TEXT PRIMARY KEY,
+    decision  TEXT NOT NULL,
+    at        REAL NOT NULL
+);
 """
 
 
@@ -109,6 +118,20 @@ class Ledger:
                                (decision_id,)).fetchone()
         return None if row is None else Entry(*row)
 
+    def terminated(self, container: str) -> tuple[str, float] | None:
+        """``(decision id, time)`` of this actuator's termination of *container*, if any."""
+        row = self._db.execute("SELECT decision, at FROM terminations WHERE container = ?", (container,)).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def record_termination(self, container: str, decision_id: str, now: float | None = None) -> None:
+        """*container* was terminated by *decision_id*."""
+        self._db.execute("INSERT OR REPLACE INTO terminations (container, decision, at) VALUES (?, ?, ?)",
+                         (container, decision_id, time.time() if now is None else now))
+
+    def forget_termination(self, container: str) -> None:
+        """*container* was started again: it may be terminated again."""
+        self._db.execute("DELETE FROM terminations WHERE container = ?", (container,))
+
     def __contains__(self, decision_id: str) -> bool:
         return self.get(decision_id) is not None
 
@@ -119,6 +142,7 @@ class Ledger:
         """Drop entries older than ``max_age_s`` and beyond the newest ``max_rows``; returns how many."""
         now = time.time() if now is None else now
         n = self._db.execute("DELETE FROM decisions WHERE claimed < ?", (now - self.max_age_s,)).rowcount
+        self._db.execute("DELETE FROM terminations WHERE at < ?", (now - self.max_age_s,))
         n += self._db.execute(
             "DELETE FROM decisions WHERE id NOT IN "
             "(SELECT id FROM decisions ORDER BY claimed DESC LIMIT ?)", (self.max_rows,)

@@ -11,9 +11,12 @@ The rules, in order:
    to the managed cgroup prefix, so it cannot point anywhere else) and the
    container must exist now;
 2. the action must be one this actuator performs (``limit``, ``freeze``,
-   ``thaw``, ``place``); ``terminate`` belongs to other components; a
-   ``place`` decision (:func:`plan_place`) names a container that does not
-   exist yet, a cpuset within this host's CPUs and a command to start;
+   ``thaw``, ``terminate``, ``place``); a ``place`` decision
+   (:func:`plan_place`) names a container that does not exist yet, a cpuset
+   within this host's CPUs and a command to start; a ``terminate`` decision
+   (:func:`plan_terminate`) names a container not terminated before and a
+   grace period (``details.grace_s``, else ``terminate_grace_s``) that is a
+   finite number >= 0, lowered to ``terminate_grace_max_s``;
 3. a ``limit`` decision must carry at least one limit, each a finite,
    non-negative number;
 4. CPU is clamped into the workload's own ``[cpu-min, cpu-max]`` (when it
@@ -60,7 +63,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from phasewise.actuators.commands import Command, Freeze, SetLimits, StartJob, Thaw
+from phasewise.actuators.commands import Command, Freeze, SetLimits, StartJob, Terminate, Thaw
 from phasewise.cgroupfs import is_container_name  # the one definition of a managed name
 from phasewise.schemas import MAX_BYTES, Decision, WorkloadPolicy
 from phasewise.settings import Settings
@@ -84,11 +87,12 @@ __all__ = [
     "parse_cpuset",
     "plan",
     "plan_place",
+    "plan_terminate",
     "workload_cpu_rule",
     "workload_mem_rule",
 ]
 
-SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "place")
+SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "terminate", "place")
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +330,8 @@ def plan(
     peak_mem_bytes: float | None = None,
     workload: WorkloadPolicy | None = None,
     host_cpus: frozenset[int] | None = None,
+    now: float | None = None,
+    terminated: str | None = None,
 ) -> Planned | Rejected:
     """The command for *decision* under the safety rules, or why it is refused.
 
@@ -335,6 +341,7 @@ def plan(
     *host_cores*: CPUs of this host, the highest CPU limit worth setting;
     *workload*: the container's per-workload policy, whose min/max bound the limits.
     *host_cpus*: the CPU ids this host may bind jobs to (``place`` decisions).
+    *now*, *terminated*: see :func:`plan_terminate` (``terminate`` decisions).
     """
     c = decision.container
     if not is_managed_name(c):
@@ -348,6 +355,9 @@ def plan(
         return Planned(Freeze(c))
     if decision.action == "thaw":
         return Planned(Thaw(c))
+    if decision.action == "terminate":
+        return plan_terminate(decision, settings=settings, now=decision.ts if now is None else now,
+                              terminated=terminated)
     if decision.action != "limit":
         return Rejected(f"action {decision.action!r} is not performed by this actuator "
                         f"(it performs {', '.join(SUPPORTED_ACTIONS)})")
@@ -426,3 +436,55 @@ def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | 
     if not (isinstance(dev, list) and all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in dev)):
         return Rejected(f"place decision for {c!r}: details.device must be a list of GPU indices")
     return Planned(StartJob(c, cpus, tuple(argv), tuple(dev)))
+
+
+def plan_terminate(decision: Decision, *, settings: Settings, now: float,
+                   terminated: str | None = None) -> Planned | Rejected:
+    """A ``terminate`` decision as a :class:`Terminate`, or why not.
+
+    *terminated*: how this actuator already terminated the container, if it did
+    (since it last started it): a container is terminated once, so a second
+    decision (another policy's, a replay under a new id) is refused. The grace
+    period is the decision's ``details.grace_s`` (a finite number >= 0), else
+    ``terminate_grace_s``. ``details.mode == "checkpoint"`` means the job was
+    asked at the decision's time to checkpoint and exit through its control
+    channel: it gets no SIGTERM (which could cut the checkpoint short), only what
+    is left of the grace counted from the decision's time (*now*), then the
+    SIGKILL. The actuator waits the grace out, so it is never more than
+    ``terminate_grace_max_s`` (a note: ``clamped``).
+
+    >>> from phasewise.settings import Settings
+    >>> s = Settings().replace(terminate_grace_s=10, terminate_grace_max_s=30)
+    >>> d = Decision(id="t1", ts=100.0, host="h", container="job-a", action="terminate", policy="targets")
+    >>> plan_terminate(d, settings=s, now=100.0).command
+    Terminate(container='job-a', grace_s=10.0, sigterm=True)
+    >>> d = Decision(id="t2", ts=100.0, host="h", container="job-a", action="terminate", policy="priority",
+    ...              details={"mode": "checkpoint", "grace_s": 45})
+    >>> p = plan_terminate(d, settings=s, now=105.0)
+    >>> p.command, p.status
+    (Terminate(container='job-a', grace_s=30.0, sigterm=False), 'clamped')
+    >>> plan_terminate(d, settings=s, now=105.0, terminated="by decision t1").reason
+    "container 'job-a' was already terminated (by decision t1): a container is terminated once"
+    """
+    c = decision.container
+    if terminated is not None:
+        return Rejected(f"container {c!r} was already terminated ({terminated}): a container is terminated once")
+    a = settings.actuator
+    details = decision.details if isinstance(decision.details, dict) else {}
+    raw = details.get("grace_s")
+    if raw is None:
+        grace = float(a.terminate_grace_s)
+    elif isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw < 0:
+        return Rejected(f"terminate decision for {c!r}: details.grace_s {raw!r} is not a finite number >= 0")
+    else:
+        grace = float(raw)
+    checkpoint = details.get("mode") == "checkpoint"
+    what = "grace"
+    if checkpoint:  # the grace began when the job was asked to checkpoint
+        grace = max(0.0, min(grace, decision.ts + grace - now))
+        what = "the checkpoint's remaining grace"
+    notes: list[str] = []
+    if grace > a.terminate_grace_max_s:
+        notes.append(f"{what} {grace:g} s lowered to terminate_grace_max_s ({a.terminate_grace_max_s:g} s)")
+        grace = float(a.terminate_grace_max_s)
+    return Planned(Terminate(c, round(grace, 3), sigterm=not checkpoint), tuple(notes))

@@ -827,6 +827,14 @@ class ActuatorSettings(_Group):
     decision_max_future_s: float = setting(300.0, check=at_least(0),
                                            help="refuse decisions stamped more than this many seconds ahead "
                                                 "of the actuator's clock")
+    #: a terminate decision: SIGTERM, then SIGKILL to what is left after the grace (the decision's
+    #: ``details.grace_s``, else this), never longer than the cap (the actuator waits it out)
+    terminate_grace_s: float = setting(10.0, check=at_least(0),
+                                       help="terminate: seconds between SIGTERM and SIGKILL when the decision "
+                                            "names none")
+    terminate_grace_max_s: float = setting(30.0, check=at_least(0),
+                                           help="terminate: the longest grace the actuator waits (it handles "
+                                                "this host's next decisions after it)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -949,8 +957,21 @@ class TargetsSettings(_Group):
     grace_s: float = setting(30.0, check=at_least(0),
                              help="seconds between checkpoint_exit at objective and the hard stop")
     shrink: float = setting(0.25, check=in_range(0, 1, lo_open=True),
-                            help="past acceptable: CPU limit = this x node cores / jobs on the node")
-    node_cores: float = setting(8.0, check=above(0), help="CPU cores of a node the jobs run on")
+                            help="a held job's CPU limit = this x node cores / jobs on the node")
+    node_cores: float = setting(8.0, check=above(0),
+                                help="CPU cores of a node where its samples do not say (host_cpu_count)")
+    #: tradl: a job past acceptable is held while another of its node is short of acceptable; nearest: the
+    #: job estimated nearest its objective gets the node, the others are held
+    policy: str = setting("tradl", choices=("tradl", "nearest"),
+                          help="how a node is divided among its jobs short of their objective")
+    #: the TRADL share rule: off (0) by default, because its limits add up to 1/2 to n/(n+1) of the node
+    #: (it leaves CPU idle while it holds) and it swings on and off around alpha x capacity
+    share_alpha: float = setting(0.0, check=in_range(0, 1),
+                                 help="apply the TRADL share rule above this fraction of a node's cores "
+                                      "(0 = off)")
+    share_interval_s: float = setting(30.0, check=at_least(0),
+                                      help="seconds of samples between two applications of the share rule "
+                                           "to a node")
 
 
 # --------------------------------------------------------------------------- a process's settings

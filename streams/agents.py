@@ -323,11 +323,13 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
         register_priorities(app, settings, outputs=outputs, dead_letter=dead_letter)
 
-    targets = None  # --targets: the TRADL targets agent on job events
+    keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
+    targets = None  # --targets: the TRADL targets agent on job events (and the samples, below)
     if settings.targets.enabled:
         from phasewise.streams.targets_agent import register_targets
 
-        targets = register_targets(app, settings, outputs=outputs, dead_letter=dead_letter)
+        targets = register_targets(app, settings, outputs=outputs, dead_letter=dead_letter, barrier=barrier,
+                                   sign=None if keyring is None else keyring.headers)
 
     only_hosts = settings.worker.host_set()
     expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
@@ -341,7 +343,6 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     updater = updater_config(settings)
     intake = intake_config(settings)
-    keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
     newest: dict[str, float] = {}  # event time of the newest admitted sample per host
 
     async def admitted(event: faust.types.EventT, hs: HostSamples) -> HostSamples | None:
@@ -416,6 +417,11 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                 if hs is None:
                     continue
                 hs = without_off(hs)  # workloads in mode off: nothing is decided for them
+                if targets is not None:  # the followed jobs' use and the host's cores
+                    try:
+                        targets.samples(hs)
+                    except Exception:  # a bug of the targets agent must not stop the limits of every container
+                        log.exception("the targets agent failed on the samples of host %s", hs.host)
                 if phase is None:  # samples its stored state already learned (a restart after a kill)
                     hs = cache.unlearned(hs, event.message.offset)
                 pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go

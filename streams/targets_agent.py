@@ -1,4 +1,4 @@
-"""The targets agent (``phasewise worker --targets``): job events in, TRADL decisions and controls out.
+"""The targets agent (``phasewise worker --targets``): job events and samples in, TRADL decisions and controls out.
 
 For every record on ``phasewise.job-events.v1`` (key: job):
 
@@ -6,24 +6,41 @@ For every record on ``phasewise.job-events.v1`` (key: job):
   (a null value, bytes that are not JSON, nesting too deep, a 600 kB binary,
   wrong types) is dead-lettered with the parser's reason;
 - hand it to :class:`~phasewise.models.targets.TargetsFleet`: ``submitted`` with
-  ``spec.targets`` starts following the job, ``started`` says where it runs,
-  ``finished`` ends it; a ``progress`` event it cannot use (an unknown job, a
-  NaN loss, steps going backwards, an absurd value) is dead-lettered with the
-  reason and the job's state is untouched;
+  ``spec.targets`` starts following the job, ``started`` says where it runs
+  (host, container), ``finished`` ends it; a ``progress`` event it cannot use
+  (an unknown job, a NaN loss, steps going backwards, an absurd value) is
+  dead-lettered with the reason and the job's state is untouched;
 - send what the event causes through the worker's output producer: at
-  *acceptable* a ``limit`` decision (keyed by host, on the decisions topic), at
   *objective* a ``checkpoint_exit`` :class:`~phasewise.schemas.JobControl` (keyed
   by job, on ``phasewise.control.v1``), and once ``targets_grace_s`` has passed
-  without ``finished``, a ``terminate`` decision (checked every second).
+  without ``finished``, a ``terminate`` decision (checked every second), which the
+  actuator carries out; and ``limit`` decisions (keyed by host) for every job of
+  the node whose CPU limit the node's new division changed
+  (:func:`~phasewise.models.targets.node_limits`: ``targets_policy``, the share
+  rule with ``targets_share_alpha``).
 
-The trackers live in the worker's memory (a restarted worker follows a job again
-from its next ``submitted``).
+The samples agent hands it every admitted samples message (:meth:`TargetsHandler.samples`):
+the use of the followed jobs' containers and each host's CPU count. With the
+share rule on, a node is divided again every ``targets_share_interval_s`` of
+samples.
+
+State: the changelogged table ``targets-state`` (key: job) holds each followed
+job's tracker, where it runs, what it used and the limit set last; written at
+the worker's offset commits through the commit barrier (its outputs delivered
+first), restored when the worker starts or takes its partitions back. A job's
+state goes to the changelog partition of its job events, with the offset of
+the last of its events it holds: a worker that died after a commit wrote the
+table but before it committed the offsets reads those events again, and skips
+them. One worker runs ``--targets`` (a node's jobs are divided together, and it
+reads every host's samples).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -32,32 +49,54 @@ from phasewise.schemas import Decision, JobControl, JobEvent, SchemaError, decod
 from phasewise.settings import Settings
 from phasewise.topics import CONTROL, DECISIONS, JOB_EVENTS
 
-__all__ = ["TargetsHandler", "fleet_from_settings", "register_targets"]
+__all__ = ["TABLE_NAME", "TargetsHandler", "fleet_from_settings", "register_targets"]
 
 log = logging.getLogger(__name__)
+
+TABLE_NAME = "targets-state"
 
 
 def fleet_from_settings(settings: Settings) -> TargetsFleet:
     t = settings.targets
     config = TargetsConfig(smoothing="ewma", alpha=t.ewma_alpha, patience=t.patience, grace_s=t.grace_s)
-    return TargetsFleet(config, capacity=lambda host: t.node_cores, shrink=t.shrink, default_host=settings.host)
+    return TargetsFleet(config, capacity=lambda host: t.node_cores, shrink=t.shrink, default_host=settings.host,
+                        policy=t.policy, share_alpha=t.share_alpha or None, share_interval_s=t.share_interval_s)
 
 
 class TargetsHandler:
-    """One record at a time: decode, follow, and say what to send or why it is a dead letter."""
+    """One record at a time: decode, follow, and say what to send or why it is a dead letter.
 
-    def __init__(self, fleet: TargetsFleet, send: Callable[[str, bytes | None, bytes], None],
-                 dead_letter: Callable[[Any, str], Any]) -> None:
+    *partitions*: the job-events topic's partition count (a job's state goes to the
+    changelog partition of its events; a job restored without events yet, to its
+    stored one).
+    """
+
+    def __init__(self, fleet: TargetsFleet, send: Callable[..., None],
+                 dead_letter: Callable[[Any, str], Any], *, partitions: int = JOB_EVENTS.partitions,
+                 sign: Callable[[str, bytes, bytes], Any] | None = None) -> None:
         self.fleet = fleet
         self.send = send
         self.dead_letter = dead_letter
+        self.partitions = partitions
+        self.sign = sign
+        self.partition_of: dict[str, int] = {}
+        #: job -> offset of the last of its events the state holds (in its partition): an event at or
+        #: before it, read again after a restart whose last offsets were not committed, is not applied twice
+        self.offset_of: dict[str, int] = {}
+        #: called before samples and timer ticks are handled (the agent restores the table there)
+        self.ensure_restored: Callable[[], None] = lambda: None
         self.decisions = 0
         self.controls = 0
         self.rejected = 0
+        self.replayed = 0
 
     def emit(self, decisions: list[Decision], controls: list[JobControl]) -> None:
         for d in decisions:
-            self.send(DECISIONS.name, d.host.encode(), encode(d))
+            key, value = d.host.encode(), encode(d)
+            if self.sign is None:
+                self.send(DECISIONS.name, key, value)
+            else:
+                self.send(DECISIONS.name, key, value, self.sign(DECISIONS.name, key, value))
             log.info("targets: %s %s/%s: %s", d.action, d.host, d.container, d.reason)
         for c in controls:
             self.send(CONTROL.name, c.job.encode(), encode(c))
@@ -65,12 +104,17 @@ class TargetsHandler:
         self.decisions += len(decisions)
         self.controls += len(controls)
 
-    def handle(self, event: Any, raw: bytes | None) -> None:
+    def handle(self, event: Any, raw: bytes | None, partition: int | None = None, offset: int | None = None) -> None:
         try:
             ev = decode(JobEvent, raw)
         except SchemaError as e:
             self.rejected += 1
             self.dead_letter(event, str(e))
+            return
+        seen = self.offset_of.get(ev.job)
+        if (seen is not None and offset is not None and offset <= seen
+                and self.partition_of.get(ev.job) == partition):
+            self.replayed += 1  # its effect is in the restored state already
             return
         try:
             decisions, controls, why = self.fleet.process(ev)
@@ -83,14 +127,67 @@ class TargetsHandler:
             self.rejected += 1
             self.dead_letter(event, why)
             return
+        if ev.job in self.fleet.jobs:  # (a job it does not follow leaves nothing behind)
+            if partition is not None:
+                self.partition_of[ev.job] = partition
+            if offset is not None:
+                self.offset_of[ev.job] = offset
         self.emit(decisions, controls)
+
+    def samples(self, hs: Any) -> None:
+        """A host's admitted samples (the samples agent calls this for every message it keeps)."""
+        self.ensure_restored()
+        self.emit(self.fleet.samples(hs), [])
 
     def tick(self, now: float) -> None:
         self.emit(self.fleet.due(now), [])
 
+    # ------------------------------------------------------------------ state
 
-def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter: Callable[..., Any]) -> TargetsHandler:
-    """Add the job-events agent and its hard-stop timer to *app*."""
+    def partition(self, job: str) -> int:
+        p = self.partition_of.get(job)
+        return p if p is not None else zlib.crc32(job.encode()) % self.partitions
+
+    def writes(self) -> list[tuple[str, int, bytes | None]]:
+        """``(key, changelog partition, value or None)`` of the jobs changed since the last call."""
+        out = []
+        for job, state in self.fleet.pop_dirty():
+            p = self.partition(job)
+            value = {"p": p, "o": self.offset_of.get(job), "s": state}
+            out.append((job, p, None if state is None else json.dumps(value, separators=(",", ":")).encode()))
+            if state is None:
+                self.partition_of.pop(job, None)
+                self.offset_of.pop(job, None)
+        return out
+
+    def restore(self, items: Any) -> int:
+        """Follow again the jobs of the table's ``(key, value)`` items; how many."""
+        self.fleet.clear()
+        self.partition_of.clear()
+        self.offset_of.clear()
+        n = 0
+        for job, raw in items:
+            if raw is None:
+                continue
+            try:
+                v = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+                self.fleet.load(job, v["s"])
+                self.partition_of[job] = int(v["p"])
+                if v.get("o") is not None:
+                    self.offset_of[job] = int(v["o"])
+                n += 1
+            except (ValueError, KeyError, TypeError) as e:  # a state this version cannot read: start it over
+                log.error("targets: cannot restore job %s (%s); it is followed again from its next submitted "
+                          "event", job, e)
+        self.fleet.pop_dirty()  # restored: nothing to write back
+        return n
+
+
+def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter: Callable[..., Any],
+                     barrier: Any, sign: Callable[[str, bytes, bytes], Any] | None = None) -> TargetsHandler:
+    """Add the job-events agent, its state table and its hard-stop timer to *app*."""
+    import faust
+
     from phasewise.streams.topics import raw_topic
 
     pending: list[tuple[Any, str]] = []
@@ -98,13 +195,34 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
     def note(event: Any, reason: str) -> None:
         pending.append((event, reason))
 
-    handler = TargetsHandler(fleet_from_settings(settings), outputs.send, note)
-    topic = raw_topic(app, JOB_EVENTS)
+    partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
+    handler = TargetsHandler(fleet_from_settings(settings), outputs.send, note, partitions=partitions, sign=sign)
+    topic = raw_topic(app, JOB_EVENTS, partitions)
+    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
+                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                      help="targets: each followed job's tracker, placement, use and limit (key: job)")
+    writes = barrier.table(table)
+    restored = [False]
+
+    def ensure_restored() -> None:
+        if not restored[0]:
+            n = handler.restore(list(table.data.items()))
+            restored[0] = True
+            if n:
+                log.info("targets: restored %d followed job(s)", n)
+
+    def hold() -> None:  # at each commit, before the outputs' delivery is awaited: the states to write
+        for key, p, value in handler.writes():
+            writes.put(key, value, p)
+
+    barrier.before.append(hold)
+    handler.ensure_restored = ensure_restored
 
     @app.agent(topic, name="phasewise.targets")
     async def on_job_events(stream: Any) -> None:
         async for event in stream.events():
-            handler.handle(event, event.message.value)
+            ensure_restored()
+            handler.handle(event, event.message.value, event.message.partition, event.message.offset)
             while pending:
                 ev, reason = pending.pop(0)
                 await dead_letter(ev, reason, "schema")
@@ -112,7 +230,12 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
 
     @app.timer(1.0)
     async def hard_stops() -> None:
-        handler.tick(time.time())
-        outputs.poll()
+        if restored[0]:
+            handler.tick(time.time())
+            outputs.poll()
+
+    @app.on_partitions_revoked.connect
+    async def _forget(app: Any, revoked: Any, **kwargs: Any) -> None:
+        restored[0] = False  # the table, restored on assignment, is the truth from here
 
     return handler

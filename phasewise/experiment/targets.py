@@ -22,6 +22,20 @@ pieces are called in-process.
    when none is; it still runs its budget.
 4. **FT** (full two-tier): AO, and a job past *objective* gets checkpoint_exit
    (grace ``--grace-s``, then a hard stop).
+5. **SR** (shortest estimated remaining work first): FT's stop at objective, but
+   the node goes to the job with the least estimated CPU work left to its objective
+   (:func:`~phasewise.models.targets.remaining_work` from its loss and the CPU its
+   cgroup used), the others held to ``--shrink`` x capacity / jobs
+   (:func:`~phasewise.models.targets.node_limits` with ``policy="nearest"``, as
+   ``phasewise worker --targets --targets-policy nearest``).
+
+Every job's CPU-seconds to its objective (``cpu_to_objective_s``) give the
+**oracle**: no policy that only divides the node and stops jobs at their
+objective beats shortest-remaining-work-first on that work, whose mean time to
+objective is ``sum_k (n - k + 1) W_(k) / (n C)`` (works ascending, node of C
+cores, each job able to use the whole node: the node is smaller than a core).
+``oracle_reduction`` is how far below NA's measured mean that lies: the most any
+policy could reduce the mean time to objective on this mix.
 
 Seeds are fixed and each job runs one torch thread, so a job's loss at step *k*
 is the same in every scenario; the scenarios differ only in CPU given and when a
@@ -29,7 +43,7 @@ job stops. Times are wall seconds from the scenario's start barrier: every job
 first loads (imports torch, reads its data) outside the node, then all move into
 their cgroups and start training at once, so start-up under a busy machine's
 contention is not counted; CPU seconds are the job cgroup's from the barrier on. With ``--share-alpha A``
-the TRADL share rule also runs among the jobs not yet past acceptable.
+the TRADL share rule caps the limits too (AO, FT, SR).
 """
 
 from __future__ import annotations
@@ -51,18 +65,21 @@ from phasewise.actuators.backends import CgroupBackend
 from phasewise.actuators.commands import SetLimits
 from phasewise.cgroupfs import CgroupError, CgroupLayout
 from phasewise.models.targets import (
+    NodeJob,
     Smoother,
     Targets,
     TargetsConfig,
     TargetTracker,
-    acceptable_limits,
     decide,
-    tradl_share,
+    node_limits,
+    remaining_work,
 )
 from phasewise.producers.progress import ChildControl, parse_line
 
 JOBS = ("cnn", "gru", "lstm", "vae", "rnn")
-SCENARIOS = ("NA", "AO", "FT")
+SCENARIOS = ("NA", "AO", "FT", "SR")
+#: the scenarios that stop a job at its objective
+STOPPING = ("FT", "SR")
 #: training steps of each job's whole run (NA); chosen so the jobs need different CPU times
 #: (measured alone on one core: vae ~2 ms/step, rnn ~3.5, cnn ~7.5, lstm ~10, gru ~13)
 DEFAULT_STEPS = {"vae": 500, "rnn": 450, "cnn": 250, "lstm": 250, "gru": 225}
@@ -82,6 +99,9 @@ class JobRun:
     t_end: float | None = None
     step: int = 0
     cpu_s: float | None = None
+    cpu_to_objective_s: float | None = None  #: its cgroup's CPU-seconds from the start to the objective
+    first: float | None = None  #: its first smoothed loss
+    cpu_at_report: float | None = None  #: its CPU-seconds at its latest report
     stopped_by: str = ""
     exit_code: int | None = None
     limit: float | None = None
@@ -209,7 +229,13 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
     smoothers = {n: Smoother(config) for n in jobs}
     alive = set(jobs)
     last_cpu: dict[str, tuple[float, float]] = {}
-    next_share = t0 + 1.0
+    use: dict[str, float] = {}
+    favoured: list[str | None] = [None]
+    next_use = t0 + 1.0
+
+    def cpu_now(n: str) -> float:
+        return (node.cpu_seconds(runs[n].container) or 0.0) - cpu_at_start[n]
+
     try:
         while alive and time.monotonic() - t0 < timeout_s:
             try:
@@ -222,7 +248,7 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
                 if step is None:  # the job's stdout closed: it ended
                     r.exit_code = r.proc.wait()
                     r.t_end = t - t0
-                    r.cpu_s = (node.cpu_seconds(r.container) or 0.0) - cpu_at_start[name]
+                    r.cpu_s = cpu_now(name)
                     r.control.cancel()
                     alive.discard(name)
                     r.stopped_by = r.stopped_by or "budget"
@@ -230,52 +256,49 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
                     r.step = step
                     smoothed = smoothers[name].learn_one(loss)
                     r.series.append((t - t0, step, loss, smoothed))
+                    r.cpu_at_report = cpu_now(name)
                     if r.tracker is not None:
                         for ev in r.tracker.update(ts=t - t0, step=step, value=loss):
                             r.reasons.append(ev.reason)
                             if ev.kind == "acceptable":
                                 r.t_acceptable = t - t0
-                                if scenario in ("AO", "FT"):
-                                    d, _ = decide(ev, host="local", container=r.container,
-                                                  shrink_to_cores=round(shrink * node.capacity / len(alive), 3),
-                                                  grace_s=grace_s)
-                                    r.reasons[-1] = d.reason
                             elif ev.kind == "objective":
                                 r.t_objective = t - t0
-                                if scenario == "FT":
+                                r.cpu_to_objective_s = r.cpu_at_report
+                                if scenario in STOPPING:
                                     _, ctrl = decide(ev, host="local", container=r.container, shrink_to_cores=None,
                                                      grace_s=grace_s)
                                     r.control.checkpoint_exit(ctrl)
                                     r.stopped_by = "objective"
-            if scenario in ("AO", "FT"):
-                # held while some job is short of acceptable, released when none is (work-conserving)
-                want = acceptable_limits({n: runs[n].t_acceptable is not None for n in alive}, node.capacity,
-                                         shrink)
-                for n, lim in want.items():
-                    lim = None if lim is None else round(lim, 3)
-                    if runs[n].t_acceptable is not None and lim != runs[n].limit:
-                        out = node.backend.apply(SetLimits(runs[n].container,
-                                                           cpu_cores=node.capacity if lim is None else lim))
-                        runs[n].limit = lim if out.status == "applied" else runs[n].limit
-                        runs[n].limits.append((now - t0, runs[n].limit))
-            if scenario in ("AO", "FT") and share_alpha is not None and now >= next_share:
-                next_share = now + 1.0
-                usage = {}
+                        if r.first is None:
+                            r.first = r.tracker.smoothed
+            if share_alpha is not None and now >= next_use:  # each job's use over the last second
+                next_use = now + 1.0
                 for n in alive:
                     cpu = node.cpu_seconds(runs[n].container)
                     if cpu is not None and n in last_cpu:
-                        usage[n] = (cpu - last_cpu[n][0]) / max(1e-3, now - last_cpu[n][1])
+                        use[n] = (cpu - last_cpu[n][0]) / max(1e-3, now - last_cpu[n][1])
                     if cpu is not None:
                         last_cpu[n] = (cpu, now)
-                free = {n: u for n, u in usage.items() if runs[n].t_acceptable is None}
-                share = tradl_share(free, node.capacity, share_alpha) if free else None
-                for n in free:
-                    want = None if share is None else round(share[n], 3)
-                    if want != runs[n].limit:
-                        out = node.backend.apply(SetLimits(runs[n].container, cpu_cores=want if want else
-                                                           node.capacity))
-                        runs[n].limit = want
-                        runs[n].limits.append((now - t0, want))
+            if scenario in ("AO", "FT", "SR"):
+                # the jobs short of their objective divide the node (AO: every running job, it stops none)
+                short = [n for n in sorted(alive) if scenario == "AO" or runs[n].t_objective is None]
+                views = {n: NodeJob(runs[n].t_acceptable is not None, use.get(n),
+                                    remaining_work(runs[n].cpu_at_report, runs[n].first, runs[n].tracker.smoothed,
+                                                   runs[n].tracker.targets.objective)
+                                    if runs[n].tracker is not None else None)
+                         for n in short}
+                plan = node_limits(views, node.capacity, policy="nearest" if scenario == "SR" else "tradl",
+                                   shrink=shrink, alpha=share_alpha, favoured=favoured[0], host="node")
+                favoured[0] = plan.favoured or favoured[0]
+                for n, lim in plan.limits.items():
+                    if lim != runs[n].limit:
+                        out = node.backend.apply(SetLimits(runs[n].container,
+                                                           cpu_cores=node.capacity if lim is None else lim))
+                        if out.status == "applied":
+                            runs[n].limit = lim
+                            runs[n].limits.append((now - t0, lim))
+                            runs[n].reasons.append(plan.reasons[n])
             if progress is not None:
                 progress(scenario, runs, now - t0)
     finally:
@@ -317,7 +340,101 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def summarise(results: dict[str, dict[str, JobRun]], targets: dict[str, Targets]) -> dict[str, Any]:
+def srpt_times(work: list[float], capacity: float) -> list[float]:
+    """Times to objective under shortest-remaining-work-first: the jobs one after another, least work first.
+
+    With every job present from the start, this order minimises the mean completion time of
+    jobs sharing one processor (Schrage 1968); on a node no job can use more of than it has, it
+    is the least mean time to objective of any policy that divides the node's CPU and stops
+    jobs at their objective.
+
+    >>> srpt_times([2.0, 1.0, 1.0], capacity=0.5)
+    [2.0, 4.0, 8.0]
+    """
+    out, done = [], 0.0
+    for w in sorted(work):
+        done += w
+        out.append(done / capacity)
+    return out
+
+
+def ps_times(work: dict[str, float], budgets: dict[str, float], capacity: float) -> dict[str, float]:
+    """Times to objective when the jobs share the node equally and each runs until its budget (NA as a fluid).
+
+    Every running job gets ``capacity / running``; a job reaches its objective after *work*
+    CPU-seconds and leaves after *budgets* (its whole run).
+
+    >>> ps_times({"a": 1.0, "b": 1.0}, {"a": 2.0, "b": 2.0}, capacity=1.0)  # both run past their objective
+    {'a': 2.0, 'b': 2.0}
+    >>> ps_times({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.0}, capacity=1.0)  # a leaves at its objective
+    {'a': 2.0, 'b': 3.0}
+    """
+    level, t = 0.0, 0.0  # CPU-seconds every running job has had; the time
+    running = set(work)
+    out: dict[str, float] = {}
+    while running and len(out) < len(work):
+        nxt = min([work[j] for j in running if j not in out and work[j] > level]
+                  + [budgets[j] for j in running if budgets[j] > level], default=None)
+        if nxt is None:
+            break
+        t += (nxt - level) * len(running) / capacity
+        level = nxt
+        for j in list(running):
+            if j not in out and work[j] <= level + 1e-12:
+                out[j] = t
+            if budgets[j] <= level + 1e-12:
+                running.discard(j)
+    return out
+
+
+def oracle(results: dict[str, dict[str, JobRun]], capacity: float, na_mean: float | None) -> dict[str, Any] | None:
+    """The best mean time to objective for the measured work to objective, and what it means against NA.
+
+    The work is each job's CPU-seconds to its objective in NA (it is the same in every
+    scenario: fixed seeds, the same steps; a job that missed it counts with the CPU it used,
+    which makes the bound looser, never tighter). ``bound_if_budgets_unbounded``: the most any
+    policy could save if NA ran every job past the last objective (every job shares the node
+    until then: NA's mean is ``sum(W) / C``), which is at most ``(n - 1) / (2n)`` for equal works
+    and ``1 - 1/n`` in the limit of one job holding all the work.
+    """
+    runs = results.get("NA") or next(iter(results.values()), None)
+    if not runs:
+        return None
+    work = {n: (r.cpu_to_objective_s if r.cpu_to_objective_s is not None else r.cpu_s) for n, r in runs.items()}
+    if any(w is None or w <= 0 for w in work.values()):
+        return None
+    budgets = {n: max(work[n], r.cpu_s or 0.0) for n, r in runs.items()}
+    best = srpt_times(list(work.values()), capacity)
+    best_mean = sum(best) / len(best)
+    fluid = ps_times(work, budgets, capacity)
+    n = len(work)
+    unbounded = sum(work.values()) / capacity  # NA's mean when no job ends before the last objective
+    return {
+        "from": "NA" if "NA" in results else next(iter(results)),
+        "work_to_objective_cpu_s": {k: round(v, 3) for k, v in work.items()},
+        "budget_cpu_s": {k: round(v, 3) for k, v in budgets.items()},
+        "srpt_mean_time_to_objective_s": round(best_mean, 2),
+        "oracle_reduction": None if not na_mean else round(1 - best_mean / na_mean, 4),
+        "na_fluid_mean_time_to_objective_s": round(sum(fluid.values()) / max(1, len(fluid)), 2),
+        "bound_if_budgets_unbounded": round(1 - best_mean / unbounded, 4),
+        "bound_equal_jobs": round((n - 1) / (2 * n), 4),
+        # a job sharing the node with fewer others spends a little less CPU per step (caches): each scenario's
+        # own work to objective, and the bound it gives against NA
+        "by_scenario": {sc: _srpt_of(rs, capacity, na_mean) for sc, rs in results.items()},
+    }
+
+
+def _srpt_of(runs: dict[str, JobRun], capacity: float, na_mean: float | None) -> dict[str, Any] | None:
+    work = [r.cpu_to_objective_s if r.cpu_to_objective_s is not None else r.cpu_s for r in runs.values()]
+    if any(w is None or w <= 0 for w in work):
+        return None
+    mean = sum(srpt_times(work, capacity)) / len(work)  # type: ignore[arg-type]
+    return {"work_to_objective_cpu_s": round(sum(work), 3), "srpt_mean_time_to_objective_s": round(mean, 2),  # type: ignore[arg-type]
+            "oracle_reduction": None if not na_mean else round(1 - mean / na_mean, 4)}
+
+
+def summarise(results: dict[str, dict[str, JobRun]], targets: dict[str, Targets],
+              capacity: float | None = None) -> dict[str, Any]:
     jobs_out: dict[str, dict[str, Any]] = {}
     means: dict[str, float | None] = {}
     missed: dict[str, list[str]] = {}
@@ -330,6 +447,7 @@ def summarise(results: dict[str, dict[str, JobRun]], targets: dict[str, Targets]
             jobs_out[sc][n] = {
                 "time_to_acceptable_s": None if r.t_acceptable is None else round(r.t_acceptable, 2),
                 "time_to_objective_s": None if r.t_objective is None else round(r.t_objective, 2),
+                "cpu_to_objective_s": None if r.cpu_to_objective_s is None else round(r.cpu_to_objective_s, 3),
                 "end_s": None if r.t_end is None else round(r.t_end, 2),
                 "cpu_s": None if r.cpu_s is None else round(r.cpu_s, 2),
                 "steps": r.step, "steps_budget": r.steps_budget, "stopped_by": r.stopped_by,
@@ -339,9 +457,11 @@ def summarise(results: dict[str, dict[str, JobRun]], targets: dict[str, Targets]
     base = means.get("NA")
     reduction = {sc: (None if base in (None, 0) or means[sc] is None else round(1 - means[sc] / base, 4))
                  for sc in results if sc != "NA"}
+    bound = oracle(results, capacity, base) if capacity else None
     return {"jobs": jobs_out, "mean_time_to_objective_s": {k: None if v is None else round(v, 2)
                                                            for k, v in means.items()},
             "reduction_vs_NA": reduction, "missed_objectives": missed,
+            "oracle_reduction": None if bound is None else bound["oracle_reduction"], "oracle": bound,
             "cpu_s_total": {sc: round(sum(r.cpu_s or 0.0 for r in runs.values()), 2) for sc, runs in results.items()}}
 
 
@@ -375,7 +495,7 @@ class Bar:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TargetsConfig()
     p.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated, of {', '.join(JOBS)}")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of NA, AO, FT")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of NA, AO, FT, SR")
     p.add_argument("--capacity", type=float, default=0.25,
                    help="the node's CPU cores (the parent cgroup's quota; below what the machine gives the jobs, "
                         "so the node, not other work on the machine, is what they share)")
@@ -383,7 +503,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--acceptable-at", type=float, default=0.35, help="acceptable = smoothed loss at this fraction "
                                                                     "of the step budget in calibration")
     p.add_argument("--objective-at", type=float, default=0.6, help="objective = smoothed loss at this fraction")
-    p.add_argument("--shrink", type=float, default=0.25, help="past acceptable: limit = this x capacity / jobs")
+    p.add_argument("--shrink", type=float, default=0.25, help="a held job's limit = this x capacity / jobs")
     p.add_argument("--grace-s", type=float, default=5.0, help="checkpoint_exit grace before the hard stop")
     p.add_argument("--share-alpha", type=float, default=None, help="also apply the TRADL share rule at this alpha")
     p.add_argument("--alpha", type=float, default=d.alpha, help="EWMA weight of the newest loss")
@@ -431,7 +551,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         node.close([])
-    out = summarise(results, targets)
+    out = summarise(results, targets, args.capacity)
     out["setup"] = {"jobs": jobs, "scenarios": scenarios, "capacity_cores": args.capacity, "steps": steps,
                     "acceptable_at": args.acceptable_at, "objective_at": args.objective_at, "shrink": args.shrink,
                     "grace_s": args.grace_s, "share_alpha": args.share_alpha,
@@ -451,4 +571,9 @@ def run(args: argparse.Namespace) -> int:
             red = out["reduction_vs_NA"].get(sc)
             print(f"{sc:<9}{out['mean_time_to_objective_s'][sc]:>13}{'' if red is None else f'{red:.1%}':>10}"
                   f"{len(out['missed_objectives'][sc]):>8}{out['cpu_s_total'][sc]:>8}")
+        if out["oracle_reduction"] is not None:
+            o = out["oracle"]
+            print(f"oracle (shortest remaining work first on the measured work to objective): mean "
+                  f"{o['srpt_mean_time_to_objective_s']} s, reduction {o['oracle_reduction']:.1%}; "
+                  f"{o['bound_if_budgets_unbounded']:.1%} if NA ran every job past the last objective")
     return 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from phasewise.actuators.backends import Backend
-from phasewise.actuators.commands import Bind, Evict, Freeze, Scale, SetLimits
+from phasewise.actuators.commands import Bind, Evict, Freeze, Scale, SetLimits, Terminate
 from phasewise.actuators.kubernetes import (
     ApiError,
     KubeApi,
@@ -71,7 +71,7 @@ class Replay:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            do_GET = do_POST = do_PATCH = _answer
+            do_GET = do_POST = do_PATCH = do_DELETE = _answer
 
             def log_message(self, *a) -> None:
                 pass
@@ -228,6 +228,37 @@ def test_evict_created_and_disruption_budget(serve):
                                   "deleteOptions": {"gracePeriodSeconds": 30}}
     out = b.apply(Evict(MANAGED))
     assert out.status == "failed" and out.temporary and "disruption budget" in out.message
+
+
+def test_terminate_deletes_the_pod_holding_the_container_with_its_grace_and_uid(serve):
+    r = serve(LIST, ("GET", POD, 200, "pod-guaranteed.json"), ("DELETE", POD, 200, "pod-terminating.json"))
+    out = backend(r).apply(Terminate(MANAGED, grace_s=12.4))
+    assert out.status == "applied", out
+    assert r.seen[-1]["body"] == {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 13,
+                                  "preconditions": {"uid": "6a1f7b2c-3d4e-4f50-9a6b-7c8d9e0f1a2b"}}
+    assert r.seen[-1]["type"] == "application/json"
+    assert out.message == ("deleted pod ml/trainer-7c9d5b8f6d-x2x9q uid 6a1f7b2c-3d4e-4f50-9a6b-7c8d9e0f1a2b "
+                           "(terminating since 2026-11-24T10:02:41Z): the kubelet sends SIGTERM, then SIGKILL after "
+                           "13 s; its controller ReplicaSet/trainer-7c9d5b8f6d may start a new pod")
+    assert not r.script
+
+
+def test_terminate_never_deletes_twice_nor_another_pod(serve):
+    r = serve(LIST, ("GET", POD, 200, "pod-terminating.json"),  # already terminating: no DELETE
+              ("GET", POD, 200, "pod-recreated.json"),  # a new pod under the name: no DELETE
+              ("GET", POD, 200, "pod-guaranteed.json"), ("DELETE", POD, 409, "status-409-precondition.json"),
+              ("GET", POD, 404, "status-404-pod.json"))
+    b = backend(r)
+    out = b.apply(Terminate(MANAGED, grace_s=0))
+    assert out.status == "applied" and "already terminating" in out.message and "not deleted again" in out.message
+    out = b.apply(Terminate(MANAGED, grace_s=0))
+    assert out.status == "failed" and "does not hold container 3f1c2a9e8b7d" in out.message, out
+    out = b.apply(Terminate(MANAGED, grace_s=0))  # replaced between the GET and the DELETE: the uid says so
+    assert out.status == "failed" and not out.temporary and "not the pod that held the container" in out.message
+    assert r.seen[4]["body"]["gracePeriodSeconds"] == 0
+    out = b.apply(Terminate(MANAGED, grace_s=5))
+    assert out.status == "applied" and "gone already" in out.message
+    assert [s["method"] for s in r.seen].count("DELETE") == 1 and not r.script
 
 
 def test_bind_and_already_bound(serve):

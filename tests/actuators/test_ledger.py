@@ -57,3 +57,19 @@ def test_the_ledger_keeps_only_the_newest_rows_beyond_its_bound():
 def test_finishing_an_unclaimed_decision_is_an_error():
     with Ledger(":memory:") as led, pytest.raises(KeyError, match="not claimed"):
         led.finish("nope", "applied")
+
+
+def test_terminations_survive_a_restart_until_the_container_is_started_again(tmp_path):
+    import time
+
+    now = time.time()
+    with Ledger(tmp_path / "l.sqlite", max_age_s=100) as led:
+        led.record_termination("job-a", "t1", now=now)
+        assert led.terminated("job-b") is None
+    with Ledger(tmp_path / "l.sqlite", max_age_s=100) as led:  # opening prunes what is older than 100 s
+        assert led.terminated("job-a") == ("t1", now)
+        led.forget_termination("job-a")
+        assert led.terminated("job-a") is None
+        led.record_termination("job-c", "t2", now=now)
+        led.prune(now=now + 101.0)
+        assert led.terminated("job-c") is None

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from phasewise.actuators.commands import Freeze, SetLimits, Thaw
+from phasewise.actuators.commands import Freeze, SetLimits, Terminate, Thaw
 from phasewise.actuators.safety import Cap, Floor, Planned, Rejected, Requested, Unsafe, plan
 from phasewise.schemas import Decision
 from phasewise.settings import Settings
@@ -70,7 +70,9 @@ REJECTIONS = [
     ("an empty container id", dict(container=""), {}, "not a managed container name"),
     ("a container that does not exist", {}, dict(exists=False), "does not exist"),
     ("a limit decision with no limits", {}, {}, "no limits"),
-    ("a terminate action", dict(action="terminate"), {}, "not performed by this actuator"),
+    ("an action no actuator performs", dict(action="scale"), {}, "not performed by this actuator"),
+    ("a terminate for a container that does not exist", dict(action="terminate"), dict(exists=False),
+     "does not exist"),
     ("a place action for a container that exists", dict(action="place"), {}, "already exists"),
     ("only a memory limit with unknown usage", dict(mem_limit_bytes=500 * MiB), dict(usage=None), "unknown"),
     ("a NaN usage with only a memory limit", dict(mem_limit_bytes=500 * MiB), dict(usage=math.nan), "unknown"),
@@ -165,3 +167,42 @@ def test_a_declared_peak_must_be_a_sane_number():
     for bad in (None, {"peak_mem_bytes": None}, {"peak_mem_bytes": "5e8"}, {"peak_mem_bytes": -1},
                 {"peak_mem_bytes": True}, "x"):
         assert declared_peak(dec(bad)) is None
+
+
+# (decision details, seconds since the decision, expected command, status, words in the message or reason)
+TERMINATE = [
+    ("no grace named: the actuator's default", {}, 0.0, Terminate("job-a", 10.0), "applied", []),
+    ("the decision's grace", {"grace_s": 2.5}, 0.0, Terminate("job-a", 2.5), "applied", []),
+    ("a hard stop", {"grace_s": 0}, 0.0, Terminate("job-a", 0.0), "applied", []),
+    ("a grace above the cap is lowered to it", {"grace_s": 600}, 0.0, Terminate("job-a", 30.0), "clamped",
+     ["grace 600 s lowered to terminate_grace_max_s (30 s)"]),
+    ("a checkpoint in progress gets no SIGTERM and what is left of its grace",
+     {"mode": "checkpoint", "grace_s": 20}, 12.0, Terminate("job-a", 8.0, sigterm=False), "applied", []),
+    ("a checkpoint whose grace is over is killed at once",
+     {"mode": "checkpoint", "grace_s": 20}, 25.0, Terminate("job-a", 0.0, sigterm=False), "applied", []),
+    ("a negative grace", {"grace_s": -1}, 0.0, None, "rejected", ["details.grace_s -1 is not a finite number"]),
+    ("a grace that is not a number", {"grace_s": "soon"}, 0.0, None, "rejected", ["details.grace_s 'soon'"]),
+    ("a grace that is a boolean", {"grace_s": True}, 0.0, None, "rejected", ["details.grace_s True"]),
+]
+
+
+@pytest.mark.parametrize("name,details,elapsed,command,status,words", TERMINATE, ids=[t[0] for t in TERMINATE])
+def test_terminate_grace_is_bounded_and_a_checkpoint_is_not_cut_short(name, details, elapsed, command, status,
+                                                                       words):
+    s = S.replace(terminate_grace_s=10.0, terminate_grace_max_s=30.0)
+    d = decision(action="terminate", ts=1000.0, details=details)
+    p = plan(d, exists=True, usage_mem_bytes=None, host_cores=4.0, settings=s, now=1000.0 + elapsed)
+    assert p.status == status, p
+    if command is not None:
+        assert p.command == command
+    for w in words:
+        assert w in (p.message if isinstance(p, Planned) else p.reason)
+
+
+def test_a_container_is_terminated_once():
+    d = decision(action="terminate")
+    p = plan(d, exists=True, usage_mem_bytes=None, host_cores=4.0, settings=S, terminated="by decision t0 at T")
+    assert isinstance(p, Rejected)
+    assert p.reason == "container 'job-a' was already terminated (by decision t0 at T): a container is terminated once"
+    assert isinstance(plan(decision(action="terminate", container="../x"), exists=True, usage_mem_bytes=None,
+                           host_cores=4.0, settings=S), Rejected)

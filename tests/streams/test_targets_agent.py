@@ -31,35 +31,85 @@ def progress(job: str, step: int, loss: float, ts: float | None = None) -> bytes
     return encode(JobEvent(job=job, ts=ts if ts is not None else 10.0 + step, kind="progress", step=step, loss=loss))
 
 
+def started(job: str, host: str = "node-7", ts: float = 2.0) -> bytes:
+    return encode(JobEvent(job=job, ts=ts, kind="started", host=host, container=job))
+
+
 def test_a_job_reaches_acceptable_then_objective_and_each_decision_names_its_target():
     h, sent, dead = make(targets_patience=1, targets_ewma_alpha=1.0, targets_node_cores=4.0)
-    h.handle("e0", submitted("job-a"))
-    h.handle("e1", encode(JobEvent(job="job-a", ts=2.0, kind="started", host="node-7", container="job-a")))
+    for job in ("job-a", "job-b"):
+        h.handle("e0", submitted(job))
+        h.handle("e1", started(job))
     for i, loss in enumerate([2.0, 0.9, 0.4], start=1):
         h.handle(f"p{i}", progress("job-a", i, loss))
     assert not dead
     (t1, k1, v1), (t2, k2, v2) = sent
     d = decode(Decision, v1)
-    assert (t1, k1, d.action, d.host, d.cpu_limit_cores) == (DECISIONS.name, b"node-7", "limit", "node-7", 1.0)
-    assert "acceptable 1" in d.reason and d.details["target"] == 1.0 and d.details["smoothed"] == 0.9
+    assert (t1, k1, d.action, d.host, d.container, d.cpu_limit_cores) == (
+        DECISIONS.name, b"node-7", "limit", "node-7", "job-a", 0.5)  # 0.25 x 4 cores / 2 jobs
+    assert d.reason == ("loss 0.9 (smoothed ewma alpha=1) <= acceptable 1 at step 2: held to 0.25 x 4 / 2 = 0.5 "
+                        "cores while job-b is short of acceptable (TRADL acceptable rule)")
     c = decode(JobControl, v2)
     assert (t2, k2, c.action, c.grace_s) == (CONTROL.name, b"job-a", "checkpoint_exit", 30.0)
     assert "objective 0.5" in c.reason
     h.tick(13.0 + 29.0)
     assert len(sent) == 2  # grace not over
-    h.tick(13.0 + 30.0)
+    h.tick(13.0 + 31.5)
     stop = decode(Decision, sent[2][2])
     assert stop.action == "terminate" and stop.details["hard"] is True and "hard stop" in stop.reason
+    assert stop.ts == 43.0  # when it fell due: the same stop decided again is the same decision
+    h.tick(100.0)
+    assert len(sent) == 3
 
 
-def test_finished_within_grace_means_no_hard_stop():
+def test_a_job_alone_on_its_node_or_nowhere_known_is_not_held():
     h, sent, _ = make(targets_patience=1, targets_ewma_alpha=1.0)
     h.handle("e0", submitted("job-a"))
-    h.handle("p1", progress("job-a", 1, 0.1))
+    h.handle("p1", progress("job-a", 1, 0.9))
+    h.handle("e1", submitted("job-b"))
+    h.handle("e2", started("job-b"))
+    h.handle("p2", progress("job-b", 1, 0.9))  # alone on node-7: nobody to give its CPU to
+    assert sent == []
+
+
+def test_finished_within_grace_means_no_hard_stop_and_the_others_are_released():
+    h, sent, _ = make(targets_patience=1, targets_ewma_alpha=1.0, targets_node_cores=4.0)
+    for job in ("job-a", "job-b", "job-c"):
+        h.handle("e0", submitted(job))
+        h.handle("e1", started(job))
+    h.handle("p1", progress("job-a", 1, 0.1))  # a: both tiers at once; b and c short of acceptable
+    h.handle("p2", progress("job-b", 1, 0.9))  # b past acceptable while c is short: held
     h.handle("f", encode(JobEvent(job="job-a", ts=12.0, kind="finished")))
     h.tick(10_000.0)
-    assert [decode(Decision, v).action if t == DECISIONS.name else "control" for t, _, v in sent] == \
-        ["limit", "control"]
+    h.handle("p3", progress("job-c", 2, 0.9))  # nobody short of acceptable: b released
+    got = [(json.loads(v).get("container") or json.loads(v).get("job"), json.loads(v).get("action"),
+            json.loads(v).get("cpu_limit_cores")) for _, _, v in sent]
+    assert got == [("job-a", "checkpoint_exit", None), ("job-b", "limit", 0.5), ("job-b", "limit", 4.0)]
+    assert json.loads(sent[2][2])["reason"].startswith("released: ")
+
+
+def test_a_restored_handler_skips_the_events_its_state_holds_and_decides_as_if_never_stopped():
+    h, sent, dead = make(targets_patience=2, targets_ewma_alpha=0.5, targets_node_cores=4.0)
+    stream = [submitted("job-a"), submitted("job-b"), started("job-a"), started("job-b")]
+    stream += [progress(j, s, v) for s, (va, vb) in enumerate([(2.0, 3.0), (1.2, 2.5), (0.9, 2.0), (0.8, 1.6),
+                                                               (0.4, 0.9), (0.3, 0.8), (0.2, 0.4), (0.1, 0.3)], 1)
+               for j, v in (("job-a", va), ("job-b", vb))]
+    for off, raw in enumerate(stream):
+        h.handle(off, raw, partition=3, offset=off)
+    assert not dead and [json.loads(v).get("action") for _, _, v in sent] == ["limit", "checkpoint_exit"]
+    for cut in range(1, len(stream)):
+        h1, sent1, _ = make(targets_patience=2, targets_ewma_alpha=0.5, targets_node_cores=4.0)
+        for off, raw in enumerate(stream[:cut]):
+            h1.handle(off, raw, partition=3, offset=off)
+        table = {k: v for k, _, v in h1.writes()}
+        h2, sent2, dead2 = make(targets_patience=2, targets_ewma_alpha=0.5, targets_node_cores=4.0)
+        h2.restore(table.items())
+        back = max(0, cut - 5)  # the last offsets were not committed: read again from before the cut
+        for off in range(back, len(stream)):
+            h2.handle(off, stream[off], partition=3, offset=off)
+        assert not dead2, (cut, dead2)
+        assert sent1 + sent2 == sent, cut
+        assert h2.replayed == sum(1 for o in range(back, cut) if json.loads(stream[o])["job"] in table), cut
 
 
 BAD = [
@@ -75,7 +125,8 @@ BAD = [
 def test_bad_records_and_bad_progress_are_dead_lettered_with_reasons_and_the_job_is_unaffected():
     h, sent, dead = make(targets_patience=2, targets_ewma_alpha=1.0)
     good = [submitted("job-a")] + [progress("job-a", s, v) for s, v in [(1, 2.0), (2, 1.5), (3, 0.9)]]
-    stream = [good[0], good[1]]
+    prelude = [submitted("job-b"), started("job-a"), started("job-b")]  # job-b stays short of acceptable
+    stream = [good[0], *prelude, good[1]]
     for raw, _ in BAD:
         stream.append(raw)
     stream += [
@@ -97,7 +148,7 @@ def test_bad_records_and_bad_progress_are_dead_lettered_with_reasons_and_the_job
     assert any("null" in r.lower() or "none" in r.lower() for r in reasons[:1])
     # the valid stream, around all of that, is followed exactly as alone
     h2, sent2, dead2 = make(targets_patience=2, targets_ewma_alpha=1.0)
-    for i, raw in enumerate([good[0], good[1], progress("job-a", 1, 0.1), good[2], good[3],
+    for i, raw in enumerate([good[0], *prelude, good[1], progress("job-a", 1, 0.1), good[2], good[3],
                              progress("job-a", 4, 0.8), progress("job-a", 5, 0.4), progress("job-a", 6, 0.3)]):
         h2.handle(i, raw)
     assert not dead2
@@ -121,6 +172,9 @@ def test_jobs_without_targets_are_not_followed_and_bad_targets_are_reported():
 def test_metric_targets_with_max_direction():
     h, sent, dead = make(targets_patience=1, targets_ewma_alpha=1.0)
     h.handle(0, submitted("job-m", acceptable=0.7, objective=0.9, metric="accuracy", direction="max"))
+    h.handle(0, submitted("job-n"))
+    h.handle(0, started("job-m"))
+    h.handle(0, started("job-n"))
     for step, acc in [(1, 0.5), (2, 0.75), (3, 0.95)]:
         h.handle(step, encode(JobEvent(job="job-m", ts=float(step), kind="progress", step=step, loss=1.0,
                                        metric=acc, metric_name="accuracy")))
@@ -161,6 +215,9 @@ def test_the_worker_with_targets_through_the_broker(settings, tmp_path):
         k = job.encode()
         now = time.time()
         p.produce(JOB_EVENTS.name, key=k, value=submitted(job, ts=now))
+        p.produce(JOB_EVENTS.name, key=k, value=submitted(f"{job}-b", ts=now))  # short of acceptable beside it
+        p.produce(JOB_EVENTS.name, key=k, value=started(job, host=f"node-{job}", ts=now))
+        p.produce(JOB_EVENTS.name, key=k, value=started(f"{job}-b", host=f"node-{job}", ts=now))
         for raw, _ in BAD[:3]:
             p.produce(JOB_EVENTS.name, key=k, value=raw)
         for i, loss in enumerate([2.0, 0.9, 0.4], 1):
