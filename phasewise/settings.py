@@ -586,8 +586,13 @@ class WorkerSettings(_Group):
     web_port: int = setting(6066, check=port, flag="--web-port",
                             help="Faust web port, 0 = no web server")
     policy: str = setting("vpa", choices=POLICIES, flag="--policy",
-                          help="vpa: VPA limits; phase: limits from the shared CRBM phase model "
-                               "with VPA as the fallback")
+                          help="the policy of workloads that name none (phasewise.io/policy): vpa: VPA "
+                               "limits; phase: limits from the shared CRBM phase model with VPA as the fallback")
+    #: with --policy vpa, run the phase machinery too (detector, learner, model follower), so workloads
+    #: whose phasewise.io/policy is phase are decided with it; without it they are refused (not decided)
+    phase_workloads: bool = setting(False, flag="--phase-workloads",
+                                    help="with --policy vpa: also run the phase machinery, for workloads whose "
+                                         "phasewise.io/policy is phase (without it they are refused, not decided)")
     recommend_interval_s: float = setting(5.0, check=at_least(0), flag="--recommend-interval",
                                           help="seconds of event time between a container's "
                                                "recommendations, 0 = after every sample")
@@ -630,6 +635,11 @@ class WorkerSettings(_Group):
     def scorecard_windows_s(self) -> tuple[float, ...]:
         """``scorecard_windows`` as seconds."""
         return _windows(self.scorecard_windows)
+
+    def served_policies(self) -> tuple[str, ...]:
+        """The limit policies this worker decides with: the VPA always (it is the phase policy's
+        fallback), the phase policy with ``--policy phase`` or ``--phase-workloads``."""
+        return ("vpa", "phase") if self.policy == "phase" or self.phase_workloads else ("vpa",)
 
     def host_set(self) -> frozenset[str]:
         """``worker_hosts`` as a set (empty: every host)."""

@@ -47,7 +47,8 @@ FAUST_LEVELS = {"debug": "debug", "info": "info", "warning": "warn", "error": "e
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     for name in ("recommend_interval_s", "hysteresis", "data_dir", "web_port", "metrics_port", "worker_id",
-                 "policy", "phase_snapshot_interval_s", "phase_learn_every", "phase_learn_batch", "phase_warmup",
+                 "policy", "phase_workloads", "phase_snapshot_interval_s", "phase_learn_every", "phase_learn_batch",
+                 "phase_warmup",
                  "phase_statistics", "phase_features", "container_ttl_s", "vpa_time_scale", "targets_enabled",
                  "priority_agent", "priority_freeze_max_wait_s", "priority_grace_s"):
         add_setting(p, name, help={"data_dir": "Faust data directory"}.get(name))
@@ -218,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
                 return 0
             if settings.kafka.create_topics:
                 ensure_topics(settings)
-            if settings.worker.policy == "phase":
+            if "phase" in settings.worker.served_policies():
                 from phasewise.streams.phase_agents import ensure_phase_topics
 
                 ensure_phase_topics(settings)
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         if stop.is_set():
             log.info("signal %d: stopping", received[0])
             return 0
-    if settings.worker.policy == "phase":
+    if "phase" in settings.worker.served_policies():
         single_threaded_torch()
     metrics = WorkerMetrics()
     app = create_app(settings, samples_partitions=partitions, metrics=metrics)

@@ -33,6 +33,7 @@ WHERE = {
     "flush_timeout_s": "producer.flush_timeout_s", "proc_root": "producer.proc_root",
     "worker_id": "worker.id", "web_port": "worker.web_port", "scorecard_samples": "worker.scorecard_samples",
     "scorecard_windows": "worker.scorecard_windows", "policy": "worker.policy",
+    "phase_workloads": "worker.phase_workloads",
     "recommend_interval_s": "worker.recommend_interval_s", "hysteresis": "worker.hysteresis",
     "worker_hosts": "worker.hosts", "state_write_interval_s": "worker.state_write_interval_s",
     "container_ttl_s": "worker.container_ttl_s", "worker_batch_max": "worker.batch_max",
