@@ -18,6 +18,7 @@ memory-min   memory quantity (bytes, ``Ki``, ``G``)  ``512Mi``
 memory-max   memory quantity                         ``16Gi``
 priority     integer, higher is more important       ``10``
 class        a word (``training``, ``inference``)    ``training``
+update-mode  ``in-place`` | ``in-place-or-recreate`` ``in-place-or-recreate``
 ============ ======================================= ===============================
 
 Pod annotations apply to every container of the pod;
@@ -36,7 +37,7 @@ every container a runtime made (Docker, Kubernetes: opt-in per workload).
 
 >>> resolve(parse_settings({"phasewise.io/mode": "recommend", "phasewise.io/cpu-max": "1500m"}), "flat")
 WorkloadPolicy(mode='recommend', source='annotation', policy=None, cpu_min_cores=None, cpu_max_cores=1.5, \
-mem_min_bytes=None, mem_max_bytes=None, priority=None, workload_class=None, error=None)
+mem_min_bytes=None, mem_max_bytes=None, priority=None, workload_class=None, update_mode=None, error=None)
 >>> resolve(None, "kubepods-systemd").mode, resolve(None, "flat").mode
 ('off', 'apply')
 >>> resolve(parse_settings({"phasewise.io/mode": "Apply"}), "flat").error
@@ -55,7 +56,16 @@ from typing import Any
 
 import numpy as np
 
-from phasewise.schemas import MAX_BYTES, MAX_CORES, MODES, ContainerSample, HostSamples, WorkloadPolicy
+from phasewise.schemas import (
+    MAX_BYTES,
+    MAX_CORES,
+    MODES,
+    UPDATE_MODES,
+    WORKLOAD_POLICIES,
+    ContainerSample,
+    HostSamples,
+    WorkloadPolicy,
+)
 
 __all__ = [
     "ANNOTATION_PREFIX",
@@ -83,8 +93,8 @@ ANNOTATION_PREFIX = "phasewise.io/"
 #: the host-level default mode's values
 DEFAULT_MODES = ("auto", *MODES)
 #: limit policies a workload may ask for (the worker's ``--policy`` choices)
-POLICIES = ("vpa", "phase")
-KEYS = ("mode", "policy", "cpu-min", "cpu-max", "memory-min", "memory-max", "priority", "class")
+POLICIES = WORKLOAD_POLICIES
+KEYS = ("mode", "policy", "cpu-min", "cpu-max", "memory-min", "memory-max", "priority", "class", "update-mode")
 _CLASS = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -161,6 +171,7 @@ class Settings:
     mem_max_bytes: float | None = None
     priority: int | None = None
     workload_class: str | None = None
+    update_mode: str | None = None
     error: str | None = None
 
 
@@ -178,7 +189,8 @@ def parse_settings(values: Mapping[str, Any] | None, *, container: str | None = 
     >>> parse_settings({"app": "x"}) is None
     True
     >>> print(parse_settings({"phasewise.io/cpu_max": "2"}).error)
-    phasewise.io/cpu_max: unknown key (known: mode, policy, cpu-min, cpu-max, memory-min, memory-max, priority, class)
+    phasewise.io/cpu_max: unknown key (known: mode, policy, cpu-min, cpu-max, memory-min, memory-max, priority, \
+class, update-mode)
     >>> a = {"phasewise.io/mode": "apply", "logger.phasewise.io/mode": "off"}
     >>> parse_settings(a, container="logger").mode, parse_settings(a, container="trainer").mode
     ('off', 'apply')
@@ -228,6 +240,10 @@ def _parse(mine: Mapping[str, tuple[Any, str]], source: str) -> Settings:
                 if not isinstance(value, str) or not _CLASS.match(value):
                     raise ValueError(f"{value!r} is not a lower-case word (a-z, 0-9, '-')")
                 out["workload_class"] = value
+            elif key == "update-mode":
+                if value not in UPDATE_MODES:
+                    raise ValueError(f"{value!r} is not one of {', '.join(UPDATE_MODES)}")
+                out["update_mode"] = value
         except ValueError as e:
             raise WorkloadError(f"{where}: {e}") from None
     for lo, hi, what in (("cpu_min_cores", "cpu_max_cores", "cpu"), ("mem_min_bytes", "mem_max_bytes", "memory")):
@@ -333,7 +349,7 @@ def resolve(own: Settings | None, layout: str, default_mode: str = "auto") -> Wo
     return WorkloadPolicy(mode=own.mode or default, source=own.source, policy=own.policy,
                           cpu_min_cores=own.cpu_min_cores, cpu_max_cores=own.cpu_max_cores,
                           mem_min_bytes=own.mem_min_bytes, mem_max_bytes=own.mem_max_bytes,
-                          priority=own.priority, workload_class=own.workload_class)
+                          priority=own.priority, workload_class=own.workload_class, update_mode=own.update_mode)
 
 
 def without_off(samples: HostSamples) -> HostSamples:

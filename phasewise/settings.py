@@ -805,6 +805,17 @@ class ActuatorSettings(_Group):
                                 "kubernetes: the pod resize API (docs/kubernetes.md)")
     kube_api: str = setting("", flag="--kube-api",
                             help="Kubernetes API server URL; empty: in-cluster (service account token + CA)")
+    #: update-mode in-place-or-recreate: a resize still Deferred / in progress this long is given up and
+    #: the pod evicted (VPA's InPlaceOrRecreate: 5 min, 1 h); watched resizes are read again this often
+    kube_resize_deferred_timeout_s: float = setting(300.0, check=above(0),
+                                                    help="in-place-or-recreate: evict a pod whose resize stays "
+                                                         "Deferred this many seconds")
+    kube_resize_in_progress_timeout_s: float = setting(3600.0, check=above(0),
+                                                       help="in-place-or-recreate: evict a pod whose resize stays "
+                                                            "in progress this many seconds")
+    kube_resize_check_s: float = setting(30.0, check=above(0),
+                                         help="in-place-or-recreate: seconds between reads of a pod whose resize "
+                                              "is pending")
     cpu_floor_cores: float = setting(0.05, check=above(0), flag="--cpu-floor",
                                      help="never set a CPU limit below this many cores")
     mem_margin_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0),
