@@ -70,8 +70,9 @@ requests, JSON bodies, the service account's bearer token re-read for every
 request (bound tokens rotate) and its CA bundle for TLS. Containers are found
 by the id in their managed name (the runtime's 64-hex id, as in
 ``cri-containerd-<id>.scope`` or ``docker-<id>.scope``) among the pods of this
-node (``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>``, cached for
-``pods_ttl_s``), or by an explicit ``namespace/pod/container`` resolver.
+node (``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>&resourceVersion=0``,
+from the API server's cache, kept for ``ttl_s``, 10 s), or by an explicit
+``namespace/pod/container`` resolver.
 """
 
 from __future__ import annotations
@@ -512,7 +513,9 @@ class PodDirectory:
 
     def _refresh(self) -> None:
         sel = urllib.parse.quote(f"spec.nodeName={self.node}")
-        pods = self.api.request("GET", f"/api/v1/pods?fieldSelector={sel}")
+        # resourceVersion=0: served from the API server's watch cache, not a quorum read of etcd (every
+        # node lists every few seconds)
+        pods = self.api.request("GET", f"/api/v1/pods?fieldSelector={sel}&resourceVersion=0")
         by_id = {}
         for p in (pods or {}).get("items") or []:
             md = p.get("metadata") or {}
