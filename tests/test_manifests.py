@@ -142,11 +142,35 @@ def test_every_role_has_probes_on_its_metrics_port_and_resource_requests():
     assert config["PHASEWISE_BIND_ADDRESS"] == "0.0.0.0"  # probes come from outside the pod's loopback
 
 
+def deployment(name: str) -> dict:
+    (dep,) = [d for d in by_kind("Deployment") if d["metadata"]["name"] == name]
+    return dep
+
+
 def test_the_worker_has_a_disruption_budget_and_no_more_replicas_than_partitions():
-    (dep,) = by_kind("Deployment")
+    dep = deployment("phasewise-worker")
     assert 1 <= dep["spec"]["replicas"] <= SAMPLES.partitions
     (pdb,) = by_kind("PodDisruptionBudget")
     assert pdb["spec"]["selector"] == dep["spec"]["selector"]
+
+
+@pytest.mark.parametrize("role,port", [("horus", 9109), ("place", 9110)])
+def test_the_job_workers_are_singletons_with_probes_on_their_health_endpoints(role, port):
+    """phasewise horus and phasewise place: one replica, never two at once (Recreate), no disruption budget
+    (it would block node drains), the worker image with the role's command, health on phasewise.observe."""
+    dep = deployment(f"phasewise-{role}")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    sel = dep["spec"]["selector"]
+    assert not [p for p in by_kind("PodDisruptionBudget") if p["spec"]["selector"] == sel]
+    (c,) = containers(dep)
+    assert c["command"] == ["phasewise", role] and c["image"] == containers(deployment("phasewise-worker"))[0]["image"]
+    env = env_of(c)
+    assert env["PHASEWISE_METRICS_PORT"]["value"] == str(port)
+    assert env[f"PHASEWISE_{role.upper()}_WORKER_ID"]["value"] == f"phasewise-{role}"
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["ports"] == [{"name": "metrics", "containerPort": port}]
 
 
 def test_every_phasewise_variable_set_anywhere_is_a_setting():
