@@ -133,6 +133,9 @@ class PhaseHooks:
         self._limited_cols = None if self._cpu_mem_only else [feats.index(r) for r in LIMITED]
         self._carried: list[tuple[str, dict[str, Any]]] = []  # marked states of a replaced fleet
         self.learn_batch = max(1, int(config.learn_batch))
+        #: build the decisions of containers decided with another policy (``PhaseOutput.shadow``): the
+        #: live scorecard scores them; without one the agent turns this off and they cost nothing
+        self.keep_shadow = True
         self._learn_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
         self._learn_n = 0  # windows held in _learn_parts
 
@@ -242,6 +245,11 @@ class PhaseHooks:
                                     dtype=np.float64)
             safety = self._guard(out, observed, keys, ts, wcols)
         phase_rows = wcols.uses(POLICY, self.config.default_policy)
+        if not self.keep_shadow and phase_rows is not True:  # nobody scores the others' decisions: none built
+            if phase_rows is False:
+                out.decide[:] = False
+            else:
+                out.decide[~phase_rows] = False
         decisions = phase_decisions(out, hosts, names, ts, quantile=self.fleet.quantile, margin=self.fleet.margin,
                                     safety=safety)
         shadow: list[Decision] = []

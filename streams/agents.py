@@ -339,6 +339,8 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     only_hosts = settings.worker.host_set()
     expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
     scorecard = live_scorecard(app, settings, metrics, cache, phase)
+    if phase is not None:  # the phase decisions of containers decided with the VPA feed the scorecard alone
+        phase.hooks.keep_shadow = scorecard is not None
 
     activity = Activity()
     default_policy = settings.worker.policy

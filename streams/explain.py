@@ -60,8 +60,8 @@ def format_card(card: dict[str, Any]) -> str:
     wl = card.get("workload") or {}
     asked = wl.get("policy")
     worker = card.get("worker_policy", card.get("policy"))
-    head = (f"policy {card.get('policy')} (the workload's, from {wl.get('source')}; worker default {worker})"
-            if asked else f"policy {card.get('policy')} (the worker's default)")
+    head = (f"policy {card.get('policy')}: the workload's, from {wl.get('source')}; worker default {worker}"
+            if asked else f"policy {card.get('policy')}: the worker's default")
     out = [f"container {card['container']}  ({head})"]
     who = card.get("identity") or {}
     if who.get("pod_name"):

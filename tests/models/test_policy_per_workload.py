@@ -57,11 +57,14 @@ def settings(policy: str, safety: bool = True, **kw) -> Settings:
 
 
 def run(policy: str, asks: dict[str, WorkloadPolicy | None], seconds: int = 90, phase: bool = True,
-        scorecard: LiveScorecard | None = None):
-    """A worker with default *policy* over containers named after what their workload asks (*asks*)."""
+        scorecard: LiveScorecard | None = None, shadow: list | None = None):
+    """A worker with default *policy* over containers named after what their workload asks (*asks*);
+    *shadow* collects the phase decisions not published (None: the detector builds none)."""
     s = settings(policy)
     cache = state_cache(s)
     ph = Phase(s, cache) if phase else None
+    if ph is not None:
+        ph.hooks.keep_shadow = shadow is not None or scorecard is not None
     published: list[Decision] = []
     for t in range(seconds):
         cpu, mem = regime(t)
@@ -69,7 +72,12 @@ def run(policy: str, asks: dict[str, WorkloadPolicy | None], seconds: int = 90, 
             ContainerSample(container=name, cpu_cores=cpu, mem_bytes=mem, cpu_limit_cores=4.0, mem_limit_bytes=8e9,
                             nr_periods=10, workload=w) for name, w in asks.items()))
         published += worker_round(cache, [hs], updater_config(s), ph, scorecard)
+        if ph is not None and (shadow is not None or not ph.hooks.keep_shadow):
+            (shadow if shadow is not None else NOT_BUILT).extend(ph.shadow)
     return published, cache
+
+
+NOT_BUILT: list[Decision] = []  # what a detector told to build no shadow decisions built anyway (must stay empty)
 
 
 def by_container(decisions: list[Decision]) -> dict[str, set[str]]:
@@ -105,7 +113,7 @@ def test_the_policy_not_published_is_scored_as_the_bare_policy():
         assert rows[("cpu", "vpa")].get("steps", 0) > 0 and rows[("cpu", "phase")].get("steps", 0) > 0, key
     card = sc.explain("h1/wants-vpa")
     assert card["policy"] == "vpa" and card["worker_policy"] == "phase"
-    assert "policy vpa (the workload's, from annotation; worker default phase)" in explain.format_card(card)
+    assert "(policy vpa: the workload's, from annotation; worker default phase)" in explain.format_card(card)
     assert sc.explain("h1/plain")["policy"] == "phase"
 
 
@@ -128,7 +136,7 @@ def test_a_vpa_worker_without_the_phase_machinery_refuses_a_phase_workload_visib
     status, card = sc.view("wants-phase")
     assert status == 200 and card["refused"] == why and card["policy"] == "phase" and card["worker_policy"] == "vpa"
     text = explain.format_card(card)
-    assert "policy phase (the workload's, from annotation; worker default vpa)" in text and f"refused: {why}" in text
+    assert "(policy phase: the workload's, from annotation; worker default vpa)" in text and f"refused: {why}" in text
     # its workload no longer asks for phase: decided again, no longer listed as refused
     sc.observe_round([HostSamples(host="h1", ts=2.0, interval_s=1.0, containers=(
         ContainerSample(container="wants-phase", cpu_cores=1.0, mem_bytes=1e9),))])
@@ -163,3 +171,13 @@ def test_step_columns_of_plain_samples_cost_nothing_extra():
     col = step_columns(cs, "vpa")
     assert col.policies is None and col.lo is None and col.hi is None and col.uses("vpa", "vpa") is True
     assert policy_of(cs[0], "phase") == "phase"
+
+
+def test_without_a_scorecard_the_unpublished_phase_decisions_are_not_even_built():
+    asks = {"wants-vpa": ASKS["vpa"], "plain": None}
+    kept: list[Decision] = []
+    with_shadow, _ = run("phase", asks, shadow=kept)
+    without, _ = run("phase", asks)
+    assert [d.id for d in with_shadow] == [d.id for d in without]  # the same decisions published
+    assert kept and {d.container for d in kept} == {"wants-vpa"} and {d.policy for d in kept} == {"phase"}
+    assert NOT_BUILT == []
