@@ -59,7 +59,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend
-from phasewise.actuators.commands import Outcome
+from phasewise.actuators.commands import Outcome, SetLimits
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
@@ -248,7 +248,7 @@ class Actuator:
             return Outcome("rejected", p.reason)
         out = self._apply_with_retries(p)
         watched = getattr(self.backend, "watched", None)
-        if watched is not None:
+        if watched is not None and isinstance(p.command, SetLimits):
             if d.container in watched:
                 self._resizes[d.container] = d
             else:
@@ -293,7 +293,12 @@ class Actuator:
                 self._resizes.clear()
             return []
         acts = []
-        for container, out in check():
+        try:
+            done = check()
+        except Exception:  # a bug here must not stop the decisions from being applied
+            log.exception("checking the watched resizes failed")
+            return []
+        for container, out in done:
             d = self._resizes.pop(container, None)
             if d is None:
                 log.warning("container %s: %s", container, out.message)
