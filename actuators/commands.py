@@ -5,7 +5,7 @@ and carried out by a backend (:mod:`phasewise.actuators.backends`), which
 answers with an :class:`Outcome`. Nothing here does IO.
 
 >>> SetLimits("job-a", cpu_cores=1.5, mem_bytes=2**30)
-SetLimits(container='job-a', cpu_cores=1.5, mem_bytes=1073741824)
+SetLimits(container='job-a', cpu_cores=1.5, mem_bytes=1073741824, update_mode='in-place')
 >>> Outcome.applied("set cpu", cpu_cores=1.5).status
 'applied'
 """
@@ -23,11 +23,17 @@ STATUSES = ("applied", "clamped", "duplicate", "rejected", "failed")
 
 @dataclass(frozen=True, slots=True)
 class SetLimits:
-    """Set a container's CPU (cores) and/or memory (bytes) limit; ``None`` leaves it."""
+    """Set a container's CPU (cores) and/or memory (bytes) limit; ``None`` leaves it.
+
+    ``update_mode`` (the workload's ``phasewise.io/update-mode``) matters on Kubernetes only:
+    ``in-place`` never evicts for a resize; ``in-place-or-recreate`` evicts the pod when the
+    resize is infeasible or stays pending too long (:mod:`phasewise.actuators.kubernetes`).
+    """
 
     container: str
     cpu_cores: float | None = None
     mem_bytes: int | None = None
+    update_mode: str = "in-place"
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend
-from phasewise.actuators.commands import Outcome
+from phasewise.actuators.commands import Outcome, SetLimits
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
@@ -132,6 +132,11 @@ class Actuator:
         self.peaks = PeakTracker(settings.safety.peak_window_s)
         #: verifies the decisions' signatures (``signing_key_file``; ``None``: not checked)
         self.keyring = keyring
+        #: the decision behind each resize the backend watches (update-mode in-place-or-recreate), whose
+        #: later outcome (:meth:`follow_up`) is published as a further actuation of that decision
+        self._resizes: dict[str, Decision] = {}
+        if hasattr(backend, "on_fallback"):
+            backend.on_fallback = lambda outcome: self.metrics.resize_fallbacks.labels(outcome=outcome).inc()
 
     # ------------------------------------------------------------------ one message
 
@@ -247,6 +252,12 @@ class Actuator:
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         out = self._apply_with_retries(p)
+        watched = getattr(self.backend, "watched", None)
+        if watched is not None and isinstance(p.command, SetLimits):
+            if d.container in watched:
+                self._resizes[d.container] = d
+            else:
+                self._resizes.pop(d.container, None)
         if out.status != "applied":
             return out
         if d.action == "terminate":
@@ -280,7 +291,35 @@ class Actuator:
         self.metrics.apply_seconds.observe(time.perf_counter() - t0)
         return out
 
-    def _publish(self, d: Decision, out: Outcome) -> Actuation:
+    def follow_up(self) -> list[Actuation]:
+        """Carry on with the resizes the backend watches (``update-mode: in-place-or-recreate``): each that
+        ended in an eviction, or could not, is published as a further actuation of the decision that asked
+        for it (its ledger entry updated). Called by the consumer loop between polls; cheap when nothing
+        is watched or due."""
+        check = getattr(self.backend, "follow_up", None)
+        if check is None or not self.backend.watched:  # type: ignore[attr-defined]
+            if self._resizes:
+                self._resizes.clear()
+            return []
+        acts = []
+        try:
+            done = check()
+        except Exception:  # a bug here must not stop the decisions from being applied
+            log.exception("checking the watched resizes failed")
+            return []
+        for container, out in done:
+            d = self._resizes.pop(container, None)
+            if d is None:
+                log.warning("container %s: %s", container, out.message)
+                continue
+            self.ledger.finish(d.id, out.status, out.message)
+            acts.append(self._publish(d, out, count=False))
+        if len(self._resizes) > len(self.backend.watched):  # type: ignore[attr-defined]
+            for c in [c for c in self._resizes if c not in self.backend.watched]:  # type: ignore[attr-defined]
+                del self._resizes[c]
+        return acts
+
+    def _publish(self, d: Decision, out: Outcome, *, count: bool = True) -> Actuation:
         def finite(x: float | None) -> float | None:
             return None if x is None or not math.isfinite(x) else float(x)
 
@@ -298,7 +337,8 @@ class Actuator:
         )
         self.producer.produce(ACTUATIONS.name, key=self.settings.host.encode(), value=encode(act))
         self.producer.poll(0)
-        self.metrics.decisions.labels(status=out.status).inc()
+        if count:  # a follow-up of a decision already counted is not another decision
+            self.metrics.decisions.labels(status=out.status).inc()
         level = logging.WARNING if out.status in ("failed", "rejected") else logging.INFO
         log.log(level, "decision %s (%s %s, policy %s): %s %s", d.id, d.action, d.container, d.policy,
                 out.status, out.message)
@@ -361,6 +401,7 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
     while not stop.is_set():
         if health is not None:
             health.beat("consume", live_s)
+        actuator.follow_up()  # watched resizes (update-mode in-place-or-recreate) due a check
         # block for the first decision only, then take what is already there:
         # consume(n, timeout) alone would wait the whole timeout for n messages
         first = consumer.poll(poll_s)
@@ -420,14 +461,18 @@ def make_backend(settings: Settings) -> Backend:
     if settings.actuator.backend == "cgroup":
         return CgroupBackend(layout_from_settings(settings), job_log_dir=os.path.join(settings.data_dir, "jobs"))
     if settings.actuator.backend == "kubernetes":
-        from phasewise.actuators.kubernetes import KubeApi, KubernetesBackend, PodDirectory
+        from phasewise.actuators.kubernetes import KubeApi, KubernetesBackend, PodDirectory, RecreatePolicy
 
         url = settings.actuator.kube_api
         api = KubeApi(url) if url else KubeApi.in_cluster()  # ValueError: not in a cluster, bad URL
         # the node's cgroup tree (CgroupError without one): a container is acted on only where it is
         # discovered there, so the per-workload mode is resolved from its real identity
         layout = layout_from_settings(settings)
-        return KubernetesBackend(api, PodDirectory(api, settings.host), present=layout.exists)
+        a = settings.actuator
+        return KubernetesBackend(api, PodDirectory(api, settings.host), present=layout.exists,
+                                 recreate=RecreatePolicy(deferred_timeout_s=a.kube_resize_deferred_timeout_s,
+                                                         in_progress_timeout_s=a.kube_resize_in_progress_timeout_s,
+                                                         check_s=a.kube_resize_check_s))
     try:
         real = CgroupBackend(layout_from_settings(settings))
     except CgroupError as e:

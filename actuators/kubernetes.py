@@ -19,8 +19,8 @@ command         request                                                     answ
 ==============  ==========================================================  ===========================
 
 Before a resize the backend reads the pod (``GET .../pods/{pod}``) and
-follows the rules of VPA's ``InPlaceOrRecreate`` updater, without its
-fallback to recreating the pod (an eviction is a separate, explicit command):
+follows the rules of VPA's ``InPlaceOrRecreate`` updater; its fallback to
+recreating the pod is the workload's choice (below):
 
 - a resize the kubelet is carrying out (condition ``PodResizeInProgress``)
   is not stacked on: temporary failure, retried later;
@@ -60,6 +60,24 @@ with SIGTERM: a job that checkpoints through its control channel
 (``sigterm=False``) should treat SIGTERM as checkpoint-and-exit on
 Kubernetes.
 
+**Resize -> evict fallback** (``SetLimits.update_mode``, the workload's
+``phasewise.io/update-mode``). ``in-place`` (the default) never evicts for a
+resize. ``in-place-or-recreate`` does what VPA's ``InPlaceOrRecreate`` does
+(:func:`recreate_reason`): it evicts the pod, through the Eviction API (so
+PodDisruptionBudgets hold), when the resize is ``Infeasible`` (unless the new
+request is smaller, which is tried in place first), when the kubelet reports
+an ``Error`` applying it, when it stays ``Deferred`` longer than
+``deferred_timeout_s`` (5 min) or in progress longer than
+``in_progress_timeout_s`` (1 h), counted from the condition's
+``lastTransitionTime`` (else from when this backend sent the resize or first
+saw it pending). A pod no controller recreates (no controller owner, a
+DaemonSet's or a static pod) is never evicted (:func:`recreatable`). A
+resize the API server accepted, or found pending, is watched: every
+``check_s`` the backend reads the pod again (:meth:`KubernetesBackend.follow_up`)
+until the resize is done, the pod is gone, or the fallback evicted it; an
+eviction a disruption budget refuses (429) is tried again at the next check
+(or after ``Retry-After``), never counted as a failure of the eviction.
+
 HTTP answers map onto outcomes: 404 (pod gone), 403 (RBAC), 422 (invalid) and
 400 are permanent; 409 (conflict), 429 (too many requests, or a disruption
 budget), 5xx and transport errors are temporary. The message carries the API
@@ -70,8 +88,9 @@ requests, JSON bodies, the service account's bearer token re-read for every
 request (bound tokens rotate) and its CA bundle for TLS. Containers are found
 by the id in their managed name (the runtime's 64-hex id, as in
 ``cri-containerd-<id>.scope`` or ``docker-<id>.scope``) among the pods of this
-node (``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>``, cached for
-``pods_ttl_s``), or by an explicit ``namespace/pod/container`` resolver.
+node (``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>&resourceVersion=0``,
+from the API server's cache, kept for ``ttl_s``, 10 s), or by an explicit
+``namespace/pod/container`` resolver.
 """
 
 from __future__ import annotations
@@ -88,6 +107,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -111,10 +131,13 @@ __all__ = [
     "KubernetesBackend",
     "PodContainer",
     "PodDirectory",
+    "RecreatePolicy",
     "ResizePlan",
     "format_cpu",
     "parse_quantity",
     "plan_resize",
+    "recreatable",
+    "recreate_reason",
     "resize_state",
 ]
 
@@ -165,10 +188,26 @@ def format_cpu(cores: float) -> str:
 
 @dataclass(frozen=True)
 class ResizeState:
-    """What the pod says about a resize: ``state`` in ``none | in-progress | deferred | infeasible | error``."""
+    """What the pod says about a resize: ``state`` in ``none | in-progress | deferred | infeasible | error``;
+    ``since``: the condition's ``lastTransitionTime`` (Unix seconds; None: not given)."""
 
     state: str
     message: str = ""
+    since: float | None = None
+
+
+def _rfc3339(text: Any) -> float | None:
+    """``2026-11-24T10:01:12Z`` as Unix seconds (None when absent or not a time).
+
+    >>> _rfc3339("1970-01-01T00:01:00Z"), _rfc3339(None), _rfc3339("yesterday")
+    (60.0, None, None)
+    """
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def resize_state(pod: dict[str, Any]) -> ResizeState:
@@ -185,14 +224,77 @@ def resize_state(pod: dict[str, Any]) -> ResizeState:
         if c.get("status") != "True":
             continue
         msg = str(c.get("message") or "")
+        since = _rfc3339(c.get("lastTransitionTime"))
         if c.get("type") == "PodResizePending":
             reason = str(c.get("reason") or "")
-            return ResizeState("infeasible" if reason == "Infeasible" else "deferred", msg)
+            return ResizeState("infeasible" if reason == "Infeasible" else "deferred", msg, since)
         if c.get("type") == "PodResizeInProgress":
-            return ResizeState("error" if c.get("reason") == "Error" else "in-progress", msg)
+            return ResizeState("error" if c.get("reason") == "Error" else "in-progress", msg, since)
     legacy = {"InProgress": "in-progress", "Deferred": "deferred", "Infeasible": "infeasible",
               "Proposed": "in-progress"}.get(str(status.get("resize") or ""))
     return ResizeState(legacy or "none")
+
+
+@dataclass(frozen=True)
+class RecreatePolicy:
+    """When ``in-place-or-recreate`` gives up on a pending resize (VPA's updater: 5 min, 1 h), and how
+    often a watched resize is read again."""
+
+    deferred_timeout_s: float = 300.0
+    in_progress_timeout_s: float = 3600.0
+    check_s: float = 30.0
+
+
+def recreate_reason(state: ResizeState, pending_s: float | None, policy: RecreatePolicy) -> str | None:
+    """Why ``in-place-or-recreate`` falls back to evicting the pod now (None: wait, or nothing pending).
+
+    *pending_s*: how long the resize has been in *state* (None: unknown, so no timeout has passed).
+
+    >>> p = RecreatePolicy()
+    >>> recreate_reason(ResizeState("deferred", "no room"), 301.0, p)
+    'the resize stayed Deferred for 301 s (more than 300 s): no room'
+    >>> recreate_reason(ResizeState("deferred"), 299.0, p) is None, recreate_reason(ResizeState("none"), 1e9, p)
+    (True, None)
+    >>> recreate_reason(ResizeState("infeasible", "Node didn't have enough capacity"), None, p)
+    "the node can never fit the resize (Infeasible): Node didn't have enough capacity"
+    """
+    msg = state.message or "no message"
+    if state.state == "infeasible":
+        return f"the node can never fit the resize (Infeasible): {msg}"
+    if state.state == "error":
+        return f"the kubelet reported an error applying the resize: {msg}"
+    if pending_s is None:
+        return None
+    if state.state == "deferred" and pending_s > policy.deferred_timeout_s:
+        return f"the resize stayed Deferred for {pending_s:.0f} s (more than {policy.deferred_timeout_s:g} s): {msg}"
+    if state.state == "in-progress" and pending_s > policy.in_progress_timeout_s:
+        return (f"the resize stayed in progress for {pending_s:.0f} s (more than {policy.in_progress_timeout_s:g} s)"
+                f": {msg}")
+    return None
+
+
+def recreatable(pod: dict[str, Any]) -> tuple[str | None, str]:
+    """``(why not, controller)``: why evicting *pod* would not recreate it elsewhere (None: it would), and
+    its controller as ``Kind/name``.
+
+    A pod without a controller owner is gone for good once evicted; a DaemonSet's pod comes back on the
+    same node, which is what cannot fit it; a static (mirror) pod is owned by its Node.
+
+    >>> recreatable({"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "name": "t-1", "controller": True}]}})
+    (None, 'ReplicaSet/t-1')
+    >>> recreatable({"metadata": {}})[0]
+    'the pod has no controller to recreate it'
+    """
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    ctl = next((r for r in refs if isinstance(r, dict) and r.get("controller") is True), None)
+    if ctl is None:
+        return "the pod has no controller to recreate it", ""
+    kind, name = str(ctl.get("kind") or ""), str(ctl.get("name") or "")
+    if kind == "DaemonSet":
+        return f"its controller DaemonSet/{name} recreates it on this same node", f"{kind}/{name}"
+    if kind == "Node":
+        return "it is a static pod (owned by its node): nothing recreates it elsewhere", f"{kind}/{name}"
+    return None, f"{kind}/{name}"
 
 
 @dataclass(frozen=True)
@@ -440,7 +542,9 @@ class PodDirectory:
 
     def _refresh(self) -> None:
         sel = urllib.parse.quote(f"spec.nodeName={self.node}")
-        pods = self.api.request("GET", f"/api/v1/pods?fieldSelector={sel}")
+        # resourceVersion=0: served from the API server's watch cache, not a quorum read of etcd (every
+        # node lists every few seconds)
+        pods = self.api.request("GET", f"/api/v1/pods?fieldSelector={sel}&resourceVersion=0")
         by_id = {}
         for p in (pods or {}).get("items") or []:
             md = p.get("metadata") or {}
@@ -475,17 +579,40 @@ def path_resolver(managed_name: str) -> PodContainer | None:
 # --------------------------------------------------------------------------- the backend
 
 
+@dataclass
+class _Watched:
+    """A resize the backend keeps reading until it is done (``in-place-or-recreate`` only)."""
+
+    cmd: SetLimits
+    where: PodContainer
+    sent: float | None  #: when this backend sent the resize (wall clock; None: found pending)
+    seen: float  #: when this backend first saw it pending or sent it
+    next_check: float
+
+
+RECREATE = "in-place-or-recreate"
+
+
 class KubernetesBackend:
     """Carries out commands through the API server (see the module doc)."""
 
     name = "kubernetes"
 
     def __init__(self, api: KubeApi, resolve: Callable[[str], PodContainer | None], *,
-                 present: Callable[[str], bool] | None = None) -> None:
+                 present: Callable[[str], bool] | None = None, recreate: RecreatePolicy | None = None,
+                 clock: Callable[[], float] = time.time, max_watched: int = 10_000) -> None:
         """*present*: whether the container is on this node (the cgroup layout's ``exists``, which also
         discovers it, so the actuator's per-workload check sees its real identity); ``None``: any pod
-        container the API server lists on this node."""
+        container the API server lists on this node. *recreate*: the fallback's timeouts; *clock*: wall
+        time (compared with the pod conditions' ``lastTransitionTime``)."""
         self.api, self.resolve, self.present = api, resolve, present
+        self.recreate = recreate or RecreatePolicy()
+        self.clock = clock
+        self.max_watched = max_watched
+        #: resizes of ``in-place-or-recreate`` workloads not done yet, by managed container name
+        self.watched: dict[str, _Watched] = {}
+        #: called with each fallback's outcome (evicted, waiting, not_recreatable, failed): the actuator's metric
+        self.on_fallback: Callable[[str], None] = lambda outcome: None
 
     # ------------------------------------------------------------------ protocol
 
@@ -547,21 +674,129 @@ class KubernetesBackend:
         pc = self._where(cmd.container)
         path = f"/api/v1/namespaces/{_q(pc.namespace)}/pods/{_q(pc.pod)}"
         pod = self.api.request("GET", path)
+        what = f"{pc.namespace}/{pc.pod}/{pc.container}"
+        recreate = cmd.update_mode == RECREATE
+        if not recreate:
+            self.watched.pop(cmd.container, None)  # the workload went back to in-place
+        state = resize_state(pod)
         usage = None
         if cmd.mem_bytes is not None:
             usage = self.memory_usage(cmd.container)
         plan = plan_resize(pod, pc.container, cpu_cores=cmd.cpu_cores, mem_bytes=cmd.mem_bytes, mem_usage=usage)
+        if recreate and state.state != "none" and plan.patch is None:
+            # a resize is pending and this one is not sent in its place (a smaller request replacing
+            # an infeasible one is tried in place first)
+            now = self.clock()
+            w = self._watch(cmd, pc, None, now)
+            why = recreate_reason(state, self._pending_s(state, w, now), self.recreate)
+            if why is not None:
+                return self._recreate(cmd.container, pc, pod, why, now)
+            return Outcome.failed(f"resize of {what} refused: {plan.refused}; {self._waiting(state)}",
+                                  temporary=False)
         if plan.patch is None:
             if plan.refused:
-                return Outcome.failed(f"resize of {pc.namespace}/{pc.pod}/{pc.container} refused: {plan.refused}",
-                                      temporary=plan.temporary)
+                return Outcome.failed(f"resize of {what} refused: {plan.refused}", temporary=plan.temporary)
+            self.watched.pop(cmd.container, None)
             return Outcome.applied("limits already in force", cpu_cores=cmd.cpu_cores, mem_bytes=cmd.mem_bytes)
         got = self.api.request("PATCH", path + "/resize", plan.patch, _STRATEGIC)
         cpu, mem = _limits_of(got, pc.container)
         note = f" (not changed: {plan.refused})" if plan.refused else ""
-        return Outcome.applied(f"resize of {pc.namespace}/{pc.pod}/{pc.container} accepted; the kubelet applies "
-                               f"it{note}", cpu_cores=cpu if plan.cpu_cores is not None else None,
+        if recreate:
+            now = self.clock()
+            self.watched.pop(cmd.container, None)  # a new resize: its own timeouts
+            self._watch(cmd, pc, now, now)
+            note += (f"; watched (update-mode {RECREATE}): evicted if it turns out infeasible or stays pending "
+                     f"past its timeout")
+        return Outcome.applied(f"resize of {what} accepted; the kubelet applies it{note}",
+                               cpu_cores=cpu if plan.cpu_cores is not None else None,
                                mem_bytes=int(mem) if plan.mem_bytes is not None and mem is not None else None)
+
+    # ------------------------------------------------------------------ resize -> evict fallback
+
+    def _watch(self, cmd: SetLimits, pc: PodContainer, sent: float | None, now: float) -> _Watched:
+        w = self.watched.get(cmd.container)
+        if w is None or w.where != pc:
+            if len(self.watched) >= self.max_watched:  # the oldest first
+                del self.watched[next(iter(self.watched))]
+            w = _Watched(cmd, pc, sent, now, now + self.recreate.check_s)
+            self.watched[cmd.container] = w
+        else:
+            w.cmd = cmd
+        return w
+
+    def _pending_s(self, state: ResizeState, w: _Watched, now: float) -> float:
+        """How long the resize has been pending: from the condition's transition time, else from when this
+        backend sent it, else from when it first saw it pending (VPA: its own last attempt)."""
+        start = state.since if state.since is not None else (w.sent if w.sent is not None else w.seen)
+        return max(0.0, now - start)
+
+    def _waiting(self, state: ResizeState) -> str:
+        limit = {"deferred": self.recreate.deferred_timeout_s,
+                 "in-progress": self.recreate.in_progress_timeout_s}.get(state.state)
+        when = f"after {limit:g} s {state.state}" if limit is not None else "when it fails"
+        return f"watched (update-mode {RECREATE}): the pod is evicted {when}"
+
+    def _recreate(self, container: str, pc: PodContainer, pod: dict[str, Any], why: str, now: float) -> Outcome:
+        """Evict the pod for its controller to recreate it (``in-place-or-recreate``)."""
+        what = f"{pc.namespace}/{pc.pod}/{pc.container}"
+        no, ctl = recreatable(pod)
+        if no is not None:
+            self.watched.pop(container, None)
+            self.on_fallback("not_recreatable")
+            return Outcome.failed(f"resize of {what} not applied: {why}; not evicted ({RECREATE}): {no}")
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pc.pod, "namespace": pc.namespace}}
+        try:
+            self.api.request("POST", f"/api/v1/namespaces/{_q(pc.namespace)}/pods/{_q(pc.pod)}/eviction", body)
+        except ApiError as e:
+            if e.status == 429:  # a disruption budget (or the API's rate limit): try again later
+                w = self.watched.get(container)
+                if w is not None:
+                    w.next_check = now + max(self.recreate.check_s, e.retry_after_s or 0.0)
+                self.on_fallback("waiting")
+                return Outcome.failed(f"resize of {what} not applied: {why}; eviction ({RECREATE}) not allowed yet "
+                                      f"({e}): tried again every {self.recreate.check_s:g} s while the resize "
+                                      "stays pending")
+            self.watched.pop(container, None)
+            self.on_fallback("failed")
+            return Outcome.failed(f"resize of {what} not applied: {why}; eviction ({RECREATE}) failed: {e}",
+                                  temporary=e.temporary)
+        self.watched.pop(container, None)
+        self.on_fallback("evicted")
+        return Outcome.failed(f"resize of {what} not applied: {why}; pod {pc.namespace}/{pc.pod} evicted ({RECREATE}): "
+                              f"{ctl} recreates it with its template's resources")
+
+    def follow_up(self, now: float | None = None) -> list[tuple[str, Outcome]]:
+        """Read every watched resize due a check; ``(container, outcome)`` of each that ended in an eviction
+        or could not be carried out (a resize that completed, or a pod gone, is dropped silently)."""
+        now = self.clock() if now is None else now
+        out: list[tuple[str, Outcome]] = []
+        for container, w in list(self.watched.items()):
+            if w.next_check > now:
+                continue
+            w.next_check = now + self.recreate.check_s
+            pc = w.where
+            try:
+                pod = self.api.request("GET", f"/api/v1/namespaces/{_q(pc.namespace)}/pods/{_q(pc.pod)}")
+            except ApiError as e:
+                if e.status == 404:  # the pod is gone (deleted, evicted by someone else): nothing to watch
+                    self.watched.pop(container, None)
+                else:
+                    log.warning("cannot read pod %s/%s of a watched resize: %s", pc.namespace, pc.pod, e)
+                continue
+            state = resize_state(pod)
+            if state.state == "none":
+                self.watched.pop(container, None)
+                log.info("resize of %s/%s/%s done", pc.namespace, pc.pod, pc.container)
+                continue
+            why = recreate_reason(state, self._pending_s(state, w, now), self.recreate)
+            if why is None:
+                continue
+            got = self._recreate(container, pc, pod, why, now)
+            if container in self.watched:  # the eviction waits on a disruption budget: no outcome yet
+                log.info("%s", got.message)
+                continue
+            out.append((container, got))
+        return out
 
     def _evict(self, cmd: Evict) -> Outcome:
         pc = self._where(cmd.container)

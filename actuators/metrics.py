@@ -31,10 +31,12 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from phasewise.actuators.commands import STATUSES
 from phasewise.topics import DECISIONS
 
-__all__ = ["LATENCY_BUCKETS", "REFUSALS", "ActuatorMetrics"]
+__all__ = ["FALLBACK_OUTCOMES", "LATENCY_BUCKETS", "REFUSALS", "ActuatorMetrics"]
 
 #: why a decision is refused before the safety rules see it
 REFUSALS = ("signature", "stale", "future")
+#: what came of a resize -> evict fallback (:mod:`phasewise.actuators.kubernetes`)
+FALLBACK_OUTCOMES = ("evicted", "waiting", "not_recreatable", "failed")
 #: seconds, for the pipeline's latencies (a hop is ~10 ms on a quiet cluster, minutes when backed up)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -66,6 +68,13 @@ class ActuatorMetrics:
             "phasewise_actuator_decision_to_actuation_seconds",
             "decision record produced (Kafka timestamp) to its outcome on this host",
             buckets=LATENCY_BUCKETS, registry=registry)
+        self.resize_fallbacks = Counter(
+            "phasewise_actuator_resize_fallbacks",
+            "resize -> evict fallbacks (update-mode in-place-or-recreate) by outcome: evicted; waiting (a "
+            "disruption budget refused the eviction: tried again later); not_recreatable (no controller would "
+            "recreate the pod: not evicted); failed", ["outcome"], registry=registry)
+        for o in FALLBACK_OUTCOMES:
+            self.resize_fallbacks.labels(outcome=o)
         self.consumer_lag = Gauge("phasewise_actuator_consumer_lag", "records not yet read, by topic",
                                   ["topic"], registry=registry)
         self.consumer_lag.labels(topic=DECISIONS.name)

@@ -46,7 +46,7 @@ Limits are bounded by composing small rules by wrapping
 ...              policy="vpa", cpu_limit_cores=0.01)
 >>> p = plan(d, exists=True, usage_mem_bytes=None, host_cores=8, settings=s)
 >>> p.command, p.status
-(SetLimits(container='job-a', cpu_cores=0.1, mem_bytes=None), 'clamped')
+(SetLimits(container='job-a', cpu_cores=0.1, mem_bytes=None, update_mode='in-place'), 'clamped')
 >>> p.message
 'cpu 0.01 cores raised to the CPU floor (0.1 cores)'
 >>> plan(d, exists=False, usage_mem_bytes=None, host_cores=8, settings=s).reason
@@ -386,7 +386,8 @@ def plan(
                 mem_out, notes = math.ceil(b.value), notes + list(b.notes)
     except Unsafe as e:
         return Rejected(str(e))
-    return Planned(SetLimits(c, cpu_cores=cpu_out, mem_bytes=mem_out), tuple(notes))
+    mode = (workload.update_mode if workload is not None else None) or "in-place"
+    return Planned(SetLimits(c, cpu_cores=cpu_out, mem_bytes=mem_out, update_mode=mode), tuple(notes))
 
 
 _CPULIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")

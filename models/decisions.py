@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from phasewise.models.guard import GuardOutcome, bounded_text
+from phasewise.models.guard import bounded_text
 from phasewise.schemas import MAX_BYTES, MAX_CORES, ContainerSample, Decision
 
 if TYPE_CHECKING:
@@ -168,9 +168,11 @@ def vpa_decision(host: str, ts: float, sample: ContainerSample, previous: tuple[
 
 
 def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], ts: Sequence[float], *,
-                    quantile: float, margin: float, safety: GuardOutcome | None = None) -> list[Decision]:
+                    quantile: float, margin: float, safety: Any = None) -> list[Decision]:
     """``Decision`` (policy ``phase``) for each row of *out* with a limit to hand out (*hosts*, *names*,
-    *ts*: per row); *safety*: the safety rules' outcome over the same rows (``details["safety"]``).
+    *ts*: per row); *safety*: the safety rules' outcome over the same rows (a
+    :class:`~phasewise.models.guard.GuardOutcome`, or anything whose ``explain(row)`` gives
+    ``details["safety"]``, None for a row the rules did not bound).
 
     ``details["source"]`` says where the limits came from: ``"phase"`` (the
     phase's statistics), ``"fallback:vpa"`` (the VPA's last decided limit) or
@@ -204,8 +206,9 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
         details = {**ex, "source": source, "sources": srcs, "quantile": quantile, "margin": margin,
                    "changed": changed[k]}
         reason = f"{head}: " + "; ".join(why)
-        if safety is not None:
-            details["safety"] = sx = safety.explain(i)
+        sx = None if safety is None else safety.explain(i)
+        if sx is not None:
+            details["safety"] = sx
             reason += bounded_text(sx)
         name, host, t = names[i], hosts[i], ts[i]
         decisions.append(Decision(

@@ -15,12 +15,21 @@ rules, per container and resource (``cpu``, ``mem``):
   and not lowered for ``cooldown_s``;
 - **cooldown** — at most one decrease per resource per ``cooldown_s``;
 - **step** — one decrease lowers a limit by at most ``max_decrease`` of it;
+- **workload_max**, **workload_min** — a limit handed out stays within the
+  workload's own ``[min, max]`` (``phasewise.io/cpu-max`` and the like,
+  :mod:`phasewise.models.workload`), the bounds the actuator clamps every
+  decision into: the decision published is the one that will be applied. A
+  limit above the max is lowered to it at once (the step does not spread that
+  decrease: the actuator would cut it anyway); a limit held back by another
+  rule is left alone;
 - **peak** — memory is never set below the container's peak working set over
   the last ``peak_window_s`` plus ``mem_margin_bytes``; a limit in force
   below that is raised to it at the container's next decision step (its
-  working set pressed against the limit).
+  working set pressed against the limit). A workload's memory max gives way
+  to this floor (a lower limit would be refused by the kernel or kill the
+  container, and the actuator keeps the same floor), but caps the OOM bump.
 
-Increases are never held back. Each bounded limit names the rules that
+Increases are never held back, except by the workload's own max. Each bounded limit names the rules that
 changed it (:meth:`GuardOutcome.rules_of`), so every decision says which rule
 bounded it.
 
@@ -47,6 +56,10 @@ state (and counts, in :attr:`LimitGuard.totals`, what each rule touched),
 >>> out = g.bound(rows, 70.0, proposed=np.array([[0.2, 1.0e9]]), in_force=np.array([[0.5, 2.5e9]]))
 >>> out.emit.tolist(), out.rules_of(0)
 ([[False, False]], {'cpu': ['cooldown'], 'mem': ['cooldown']})
+>>> out = g.bound(rows, 200.0, proposed=np.array([[3.0, np.nan]]), in_force=np.array([[0.5, 2.5e9]]),
+...               hi=np.array([[2.0, np.nan]]))  # the workload's cpu-max is 2 cores
+>>> out.limits[0, 0], out.rules_of(0)
+(np.float64(2.0), {'cpu': ['workload_max']})
 """
 
 from __future__ import annotations
@@ -63,7 +76,7 @@ __all__ = ["GuardConfig", "GuardOutcome", "LimitGuard", "RESOURCES", "RULES", "b
 #: the resources a guard bounds, in column order
 RESOURCES = ("cpu", "mem")
 #: the rules, in the order they apply; bit i of an outcome's rule mask is RULES[i]
-RULES = ("history", "throttled", "oom", "cooldown", "step", "peak")
+RULES = ("history", "throttled", "oom", "cooldown", "step", "workload_max", "workload_min", "peak")
 _BIT = {r: 1 << i for i, r in enumerate(RULES)}
 _CPU, _MEM = 0, 1
 STATE_VERSION = 1
@@ -133,6 +146,9 @@ class GuardOutcome:
     mem_floor: np.ndarray
     #: the peak working set in the window per row (NaN: no sample yet)
     peak: np.ndarray
+    #: per row, the memory limit that answers an OOM kill not answered yet: the OOM bump, capped by
+    #: the workload's memory max (NaN: no kill pending)
+    oom_target: np.ndarray | None = None
 
     def rules_of(self, i: int) -> dict[str, list[str]]:
         """The rules that bounded row *i*, per resource (only resources some rule touched)."""
@@ -308,9 +324,10 @@ class LimitGuard:
 
     # ------------------------------------------------------------------ the rules
     def bound(self, rows: np.ndarray, ts: float | np.ndarray, proposed: np.ndarray,
-              in_force: np.ndarray) -> GuardOutcome:
+              in_force: np.ndarray, *, lo: np.ndarray | None = None, hi: np.ndarray | None = None) -> GuardOutcome:
         """The rules over a policy's *proposed* limits ``(n, 2)`` (NaN: nothing proposed) for containers
-        whose limits in force are *in_force* ``(n, 2)`` (NaN: unlimited). Reads the state only."""
+        whose limits in force are *in_force* ``(n, 2)`` (NaN: unlimited). *lo* / *hi* ``(n, 2)``: the
+        workloads' own minimum and maximum limits (NaN or ``None``: none). Reads the state only."""
         c = self.config
         n = len(rows)
         t = np.broadcast_to(np.asarray(ts, dtype=np.float64), (n,))
@@ -322,6 +339,8 @@ class LimitGuard:
         floor = peak + c.mem_margin_bytes
         oom_recent = t - self._oom_ts[rows] < c.cooldown_s
         oom_floor = np.where(oom_recent | self._pending[rows], self._oom_floor[rows], np.nan)
+        if hi is not None:  # the workload's memory max caps the OOM bump (never the peak floor)
+            oom_floor = np.fmin(oom_floor, np.where(np.isnan(oom_floor), np.nan, hi[:, _MEM]))
         mem_floor = np.fmax(floor, oom_floor)
         # nothing proposed for memory but the limit in force is under the floor (an OOM kill, or the
         # working set pressing on the limit): propose the floor
@@ -352,6 +371,16 @@ class LimitGuard:
         stepped = down & ~hold & np.isfinite(L) & (out < least)  # from unlimited: no step bound
         out = np.where(stepped, least, out)
         rules[stepped] |= _BIT["step"]
+        if hi is not None or lo is not None:  # the workload's own bounds, on what is let out
+            free = ~hold & np.isfinite(out)
+            if hi is not None:
+                over = free & (out > hi)  # NaN (no max) compares False
+                out = np.where(over, hi, out)
+                rules[over] |= _BIT["workload_max"]
+            if lo is not None:
+                below = free & (out < lo)
+                out = np.where(below, lo, out)
+                rules[below] |= _BIT["workload_min"]
 
         mem = out[:, _MEM]
         low = np.isfinite(mem_floor) & np.isfinite(mem) & (mem < mem_floor)
@@ -366,7 +395,8 @@ class LimitGuard:
             for i, bit in enumerate(_BIT.values()):
                 self.totals[i] += np.count_nonzero(rules & bit)
         return GuardOutcome(limits=np.where(emit, out, np.nan), emit=emit, rules=rules, in_force=L,
-                            mem_floor=mem_floor, peak=peak)
+                            mem_floor=mem_floor, peak=peak,
+                            oom_target=np.where(self._pending[rows], oom_floor, np.nan))
 
     def commit(self, rows: np.ndarray, ts: float | np.ndarray, outcome: GuardOutcome,
                limits: np.ndarray | None = None) -> None:
@@ -374,6 +404,7 @@ class LimitGuard:
         e.g. after the caller rounded them."""
         out = outcome.limits if limits is None else limits
         emit = outcome.emit & np.isfinite(out)
+        self._answer(rows, outcome, emit[:, _MEM], out[:, _MEM])
         if not emit.any():
             return
         n = len(rows)
@@ -384,7 +415,15 @@ class LimitGuard:
         if dec.any():
             ld = self._last_dec[rows]
             self._last_dec[rows] = np.where(dec, t[:, None], ld)
-        answered = emit[:, _MEM] & ~(out[:, _MEM] < self._oom_floor[rows])
+
+    def _answer(self, rows: np.ndarray, outcome: GuardOutcome, emitted: np.ndarray, mem: np.ndarray) -> None:
+        """An OOM kill is answered once the memory limit let out, or the one in force when none is, is
+        at least its bump (capped by the workload's memory max)."""
+        target = outcome.oom_target
+        if target is None or not self._pending[rows].any():
+            return
+        have = np.where(emitted, mem, outcome.in_force[:, _MEM])
+        answered = np.isfinite(target) & ~(have < target)
         if answered.any():
             self._pending[rows[answered]] = False
 

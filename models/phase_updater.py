@@ -11,8 +11,12 @@ first (its decided limits are the fallback), then hands each round of
   ``Decision`` records with ``policy="phase"``
   (:func:`~phasewise.models.decisions.phase_decisions`), bounded by the
   safety rules when they are on (the VPA cache's
-  :class:`~phasewise.models.guard.LimitGuard`). The VPA's own decisions are not
-  emitted in this mode: they only move the fallback limits;
+  :class:`~phasewise.models.guard.LimitGuard`, with the workload's own
+  min/max), for the containers decided with the phase policy (their
+  workload's ``phasewise.io/policy``, else ``default_policy``). For those the
+  VPA's own decisions are not emitted: they only move the fallback limits.
+  The phase decisions of containers decided with the VPA are returned apart
+  (``shadow``), unbounded, for the scorecard;
 - every ``learn_every``-th ready window is held and handed out in learn
   batches of ``learn_batch`` windows (:mod:`phasewise.learn_batches`) for the
   one learner (:mod:`phasewise.models.phase_learner`);
@@ -34,7 +38,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +50,7 @@ from phasewise.models.guard import GuardOutcome
 from phasewise.models.phase_fleet import FleetStep, PhaseFleet
 from phasewise.models.snapshots import model_name
 from phasewise.models.vpa_updater import StateCache
+from phasewise.models.workload import StepColumns, step_columns
 from phasewise.schemas import Decision, HostSamples, ModelSnapshot, PhaseChange
 
 __all__ = ["POLICY", "DetectorConfig", "PhaseHooks", "PhaseOutput"]
@@ -74,15 +79,33 @@ class DetectorConfig:
     state_write_interval_s: float
     #: the largest phase ratio quantile used with relative statistics (``None``: no cap)
     ratio_cap: float | None
+    #: the policy of containers whose workload names none (the worker's ``--policy``): the phase
+    #: decisions are published for the containers decided with ``phase``, the others' are scored only
+    default_policy: str = PHASE_POLICY
 
 
 @dataclass
 class PhaseOutput:
-    """What one detector step produced: decisions to publish, phase changes, a full learn batch."""
+    """What one detector step produced: decisions to publish, phase changes, a full learn batch, and the
+    decisions of containers decided with another policy (``shadow``: scored, never published)."""
 
     decisions: list[Decision]
     changes: list[PhaseChange]
     learn_batch: bytes | None
+    shadow: list[Decision] = field(default_factory=list)
+
+
+class _Rows:
+    """The safety rules' outcome over some rows of a step, read by the step's row index (None: not bounded)."""
+
+    def __init__(self, outcome: GuardOutcome, rows: np.ndarray, n: int) -> None:
+        self.outcome = outcome
+        self.pos = np.full(n, -1, dtype=np.intp)
+        self.pos[rows] = np.arange(len(rows))
+
+    def explain(self, i: int) -> dict[str, Any] | None:
+        j = int(self.pos[i])
+        return None if j < 0 else self.outcome.explain(j)
 
 
 class PhaseHooks:
@@ -110,6 +133,9 @@ class PhaseHooks:
         self._limited_cols = None if self._cpu_mem_only else [feats.index(r) for r in LIMITED]
         self._carried: list[tuple[str, dict[str, Any]]] = []  # marked states of a replaced fleet
         self.learn_batch = max(1, int(config.learn_batch))
+        #: build the decisions of containers decided with another policy (``PhaseOutput.shadow``): the
+        #: live scorecard scores them; without one the agent turns this off and they cost nothing
+        self.keep_shadow = True
         self._learn_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
         self._learn_n = 0  # windows held in _learn_parts
 
@@ -181,6 +207,7 @@ class PhaseHooks:
             keys += [f"{host}/{c}" for c in got]
             hosts += [host] * n
             ts += [m.ts] * n
+        one_msg = len(msgs) == 1
         if len(msgs) > 1 and len(set(keys)) != len(keys):
             raise ValueError("process_many: a container appears in two of the messages; step them in turn")
         observed = None  # the limits the samples report (None -> NaN: unlimited), for the safety rules
@@ -206,6 +233,8 @@ class PhaseHooks:
             out[:, cols] = got  # features that are not limited have no fallback
             return out
 
+        wcols = step_columns([c for m in msgs for c in m.containers] if not one_msg else msgs[0].containers,
+                             self.config.default_policy)
         one = len(msgs) == 1
         out = self.fleet.step(msgs[0].ts if one else np.array(ts), keys, X, fallback_limits=fallback,
                               host=msgs[0].host)
@@ -214,9 +243,22 @@ class PhaseHooks:
             if observed is None:
                 observed = np.array([(c.cpu_limit_cores, c.mem_limit_bytes) for m in msgs for c in m.containers],
                                     dtype=np.float64)
-            safety = self._guard(out, observed, keys, ts)
+            safety = self._guard(out, observed, keys, ts, wcols)
+        phase_rows = wcols.uses(POLICY, self.config.default_policy)
+        if not self.keep_shadow and phase_rows is not True:  # nobody scores the others' decisions: none built
+            if phase_rows is False:
+                out.decide[:] = False
+            else:
+                out.decide[~phase_rows] = False
         decisions = phase_decisions(out, hosts, names, ts, quantile=self.fleet.quantile, margin=self.fleet.margin,
                                     safety=safety)
+        shadow: list[Decision] = []
+        if phase_rows is False:
+            decisions, shadow = [], decisions
+        elif phase_rows is not True and decisions:
+            mine = {k for k, p in zip(keys, phase_rows.tolist()) if p}
+            shadow = [d for d in decisions if f"{d.host}/{d.container}" not in mine]
+            decisions = [d for d in decisions if f"{d.host}/{d.container}" in mine]
         changes = []
         if out.changes:
             row = {k: i for i, k in enumerate(keys)}
@@ -231,24 +273,41 @@ class PhaseHooks:
             self._learn_n += len(sel)
             if self._learn_n >= self.learn_batch:
                 batch = self.take_learn_batch()
-        return PhaseOutput(decisions, changes, batch)
+        return PhaseOutput(decisions, changes, batch, shadow)
 
-    def _guard(self, out: FleetStep, observed: np.ndarray, keys: list[str], ts: list[float]) -> GuardOutcome:
+    def _guard(self, out: FleetStep, observed: np.ndarray, keys: list[str], ts: list[float],
+               columns: StepColumns) -> GuardOutcome | _Rows | None:
         """The safety rules over the step's proposed limits (the VPA learned the samples, so the
-        rules saw them), with *observed* ``(n, 2)`` the limits the samples report: *out*'s
-        ``decide`` / ``limits`` become what may be handed out, the fleet records it, and the VPA
-        entries of containers with a decision are marked for persisting."""
+        rules saw them), with *observed* ``(n, 2)`` the limits the samples report and the
+        workloads' own min/max (*columns*): *out*'s ``decide`` / ``limits`` become what may be
+        handed out, the fleet records it, and the VPA entries of containers with a decision are
+        marked for persisting. Only the containers decided with the phase policy are bounded (the
+        rules' state follows the decisions published); the others keep the bare policy's limits.
+        Returns what :func:`phase_decisions` reads each row's ``details.safety`` from (None: no row
+        is bounded)."""
         cache = self.vpa_cache
         guard = cache.guard
         cols = [out.resources.index(r) for r in LIMITED]
-        rows = np.array(cache.rows(keys), dtype=np.intp)
-        proposed = np.where(out.decide[:, cols], out.limits[:, cols], np.nan)
+        uses = columns.uses(POLICY, self.config.default_policy)
+        if uses is False or (uses is not True and not uses.any()):
+            return None
+        sub = None if uses is True or uses.all() else np.flatnonzero(uses)
+        if sub is None:
+            cells: Any = (slice(None), cols)
+            sk, sts, sobs, lo, hi = keys, ts, observed, columns.lo, columns.hi
+        else:
+            cells = np.ix_(sub, cols)
+            sk, sts, sobs = [keys[i] for i in sub.tolist()], [ts[i] for i in sub.tolist()], observed[sub]
+            lo = None if columns.lo is None else columns.lo[sub]
+            hi = None if columns.hi is None else columns.hi[sub]
+        rows = np.array(cache.rows(sk), dtype=np.intp)
+        proposed = np.where(out.decide[cells], out.limits[cells], np.nan)
         # in force: the limit the rules last let out, else the one the sample reports (an actuator that
         # lags, clamps or refuses causes no repeated decisions)
         last = guard.last_limits(rows)
-        in_force = np.where(np.isnan(last), observed, last)
-        t = np.array(ts, dtype=np.float64)
-        g = guard.bound(rows, t, proposed, in_force)
+        in_force = np.where(np.isnan(last), sobs, last)
+        t = np.array(sts, dtype=np.float64)
+        g = guard.bound(rows, t, proposed, in_force, lo=lo, hi=hi)
         cpu, mem = round_limits(g.limits[:, 0], g.limits[:, 1])
         given = np.stack([cpu, mem], 1)
         emit = g.emit & ~(given == in_force)
@@ -258,15 +317,17 @@ class PhaseHooks:
         # proposal was held back (it is proposed again at the next step)
         R = len(out.resources)
         touched = np.zeros((len(keys), R), dtype=bool)
-        touched[:, cols] = out.decide[:, cols] | emit
+        touched[cells] = out.decide[cells] | emit
         handed = np.full((len(keys), R), np.nan)
-        handed[:, cols] = given
+        handed[cells] = given
         self.fleet.hand_out(out, handed, touched)
-        out.decide[:, cols] = emit
-        out.limits[:, cols] = np.where(emit, given, out.limits[:, cols])
+        out.decide[cells] = emit
+        out.limits[cells] = np.where(emit, given, out.limits[cells])
         if emit.any():
-            cache.dirty.update(keys[i] for i in np.flatnonzero(emit.any(axis=1)).tolist())
-        return g
+            cache.dirty.update(sk[i] for i in np.flatnonzero(emit.any(axis=1)).tolist())
+        if sub is None:
+            return g
+        return _Rows(g, sub, len(keys))
 
     def take_learn_batch(self) -> bytes | None:
         """The learn windows held so far as one learn batch (None if none); the hold is emptied.

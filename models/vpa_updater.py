@@ -75,10 +75,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from phasewise.models.arrays import all_true, count_true, nan_to_none
-from phasewise.models.decisions import VPA_POLICY, VpaEvidence, round_limits, vpa_decision
+from phasewise.models.decisions import PHASE_POLICY, VPA_POLICY, VpaEvidence, round_limits, vpa_decision
 from phasewise.models.guard import GuardConfig, LimitGuard
 from phasewise.models.vpa import VpaPolicy, VpaRecommender, VpaStateError
 from phasewise.models.vpa_fleet import VpaFleet
+from phasewise.models.workload import step_columns
 from phasewise.schemas import ContainerSample, Decision, HostSamples
 
 __all__ = [
@@ -122,14 +123,17 @@ class UpdaterConfig:
     state_write_interval_s: float
     #: recorded in every decision's details
     worker_id: str
-    #: whether the VPA's decisions are the ones handed out (``--policy vpa``: the safety rules bound
-    #: them) or only move the phase detector's fallback limits (``--policy phase``: the rules then
-    #: bound the phase decisions instead)
-    emits_decisions: bool = True
+    #: the policy of containers whose workload names none (the worker's ``--policy``). The VPA's
+    #: decisions are handed out for containers decided with ``vpa`` (the safety rules bound them);
+    #: for those decided with ``phase`` they only move the phase detector's fallback limits (the
+    #: rules then bound the phase decisions instead)
+    default_policy: str = VPA_POLICY
 
     def __post_init__(self) -> None:
         if self.update_mode not in UPDATE_MODES:
             raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {self.update_mode!r}")
+        if self.default_policy not in (VPA_POLICY, PHASE_POLICY):
+            raise ValueError(f"default_policy must be {VPA_POLICY} or {PHASE_POLICY}, got {self.default_policy!r}")
         for name in ("recommend_interval_s", "hysteresis", "state_write_interval_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
@@ -435,8 +439,14 @@ def outside(ref: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray
     return np.isnan(ref) | (np.isfinite(lower) & (ref < lower)) | (np.isfinite(upper) & (ref > upper))
 
 
-def process_host_samples(state_cache: StateCache, msg: HostSamples, config: UpdaterConfig) -> list[Decision]:
-    """Learn every container sample of *msg*; return the limit decisions due now."""
+def process_host_samples(state_cache: StateCache, msg: HostSamples, config: UpdaterConfig,
+                         shadow: list[Decision] | None = None) -> list[Decision]:
+    """Learn every container sample of *msg*; return the limit decisions due now.
+
+    *shadow*: where the decisions of containers decided with another policy go (the VPA's limits
+    there are the phase detector's fallback, scored but never published); ``None``: they are
+    returned with the others.
+    """
     cs = msg.containers
     if not cs:
         return []
@@ -444,12 +454,20 @@ def process_host_samples(state_cache: StateCache, msg: HostSamples, config: Upda
     keys = [f"{host}/{c.container}" for c in cs]
     rows = state_cache.rows(keys)
     if len(set(rows)) == len(rows):
-        return [d for _, d in _wave(state_cache, [msg], None, cs, keys, rows, config)]
-    return process_many(state_cache, [msg], config)[0]
+        return _split(_wave(state_cache, [msg], None, cs, keys, rows, config), shadow)
+    return process_many(state_cache, [msg], config, shadow)[0]
 
 
-def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], config: UpdaterConfig
-                 ) -> list[list[Decision]]:
+def _split(got: list[tuple[int, Decision, bool]], shadow: list[Decision] | None) -> list[Decision]:
+    """The decisions of *got* to publish; the others appended to *shadow* (``None``: all are returned)."""
+    if shadow is None:
+        return [d for _, d, _ in got]
+    shadow += [d for _, d, pub in got if not pub]
+    return [d for _, d, pub in got if pub]
+
+
+def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], config: UpdaterConfig,
+                 shadow: list[Decision] | None = None) -> list[list[Decision]]:
     """:func:`process_host_samples` of each message in turn, computed together.
 
     Returns each message's decisions (the same as one call per message, in
@@ -458,7 +476,8 @@ def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], config: U
     through the fleet in waves of distinct containers (one wave when no
     container repeats), which amortises the per-call cost of the vectorised
     steps over the whole batch. The dirty set (:meth:`StateCache.pop_dirty`)
-    then holds every container any of the messages made dirty.
+    then holds every container any of the messages made dirty. *shadow*: see
+    :func:`process_host_samples`.
     """
     cs: list[ContainerSample] = []
     keys: list[str] = []
@@ -483,7 +502,7 @@ def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], config: U
             if k == len(waves):
                 waves.append([])
             waves[k].append(e)
-    got: list[tuple[int, Decision]] = []
+    got: list[tuple[int, Decision, bool]] = []
     for wave in waves:
         if len(waves) == 1:
             w_mi, w_cs, w_keys, w_rows = mi, cs, keys, rows
@@ -491,18 +510,27 @@ def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], config: U
             w_mi, w_cs = [mi[e] for e in wave], [cs[e] for e in wave]
             w_keys, w_rows = [keys[e] for e in wave], [rows[e] for e in wave]
         one = len(msgs) == 1
-        got += [(wave[j], d) for j, d in _wave(state_cache, msgs, None if one else w_mi, w_cs, w_keys, w_rows,
-                                               config)]
+        got += [(wave[j], d, pub) for j, d, pub in _wave(state_cache, msgs, None if one else w_mi, w_cs, w_keys,
+                                                         w_rows, config)]
     got.sort(key=lambda ed: ed[0])  # message order, container order within a message
-    for e, d in got:
-        out[mi[e]].append(d)
+    for e, d, pub in got:
+        if pub or shadow is None:
+            out[mi[e]].append(d)
+        else:
+            shadow.append(d)
     return out
 
 
 class RoundPhase(Protocol):
     """The phase detector as a round sees it: decisions of messages with distinct hosts."""
 
-    def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]: ...
+    #: the last :meth:`process_many`'s decisions of containers decided with another policy (scored, never
+    #: published)
+    shadow: list[Decision]
+
+    def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]:
+        """The decisions to publish: those of the containers decided with the phase policy."""
+        ...
 
 
 class RoundScorecard(Protocol):
@@ -517,31 +545,40 @@ def worker_round(cache: StateCache, msgs: Sequence[HostSamples], config: Updater
                  phase: RoundPhase | None = None, scorecard: RoundScorecard | None = None) -> list[Decision]:
     """The worker's step over one round of messages (distinct hosts): the decisions to publish.
 
-    The VPA learns every sample first (its decided limits are the phase
-    detector's fallback); with *phase* (``--policy phase``) the detector then
-    steps the round and only its decisions are published. The samples agent
-    runs this; so does replay's in-process run of the worker. A *scorecard*
-    records the round's samples under the limits decided before them, then
-    every decision of the round, the VPA's included when only the phase
-    policy's are published.
+    Each container is decided with its workload's policy (``phasewise.io/policy``), else
+    ``config.default_policy`` (the worker's ``--policy``). The VPA learns every sample first (its
+    decided limits are the phase detector's fallback) and its decisions are published for the
+    containers decided with ``vpa``; with *phase* (a worker running the phase machinery) the
+    detector then steps every container of the round and its decisions are published for the
+    containers decided with ``phase``. Without *phase*, every container must be decided with
+    ``vpa`` (the samples agent refuses the others before this step). The samples agent runs this;
+    so does replay's in-process run of the worker. A *scorecard* records the round's samples under
+    the limits decided before them, then every decision of the round, the ones not published
+    included (what the other policy would have done).
     """
     if scorecard is not None:
         scorecard.observe_round(msgs)
+    shadow: list[Decision] | None = None if phase is None else []
     if len(msgs) == 1:
-        vpa = process_host_samples(cache, msgs[0], config)
+        vpa = process_host_samples(cache, msgs[0], config, shadow)
     else:
-        vpa = [d for ds in process_many(cache, msgs, config) for d in ds]
-    out = phase.process_many(msgs) if phase is not None else vpa
+        vpa = [d for ds in process_many(cache, msgs, config, shadow) for d in ds]
+    if phase is None:
+        out = vpa
+    else:
+        out = vpa + phase.process_many(msgs) if vpa else phase.process_many(msgs)
     if scorecard is not None:
-        scorecard.decide_many(vpa if phase is None else vpa + out)
+        scorecard.decide_many(out if phase is None else out + shadow + phase.shadow)
     return out
 
 
 def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, cs: Sequence[ContainerSample],
-          keys: list[str], row_list: list[int], config: UpdaterConfig) -> list[tuple[int, Decision]]:
+          keys: list[str], row_list: list[int], config: UpdaterConfig) -> list[tuple[int, Decision, bool]]:
     """One wave: distinct containers, each from ``msgs[mi[i]]`` (all from ``msgs[0]`` when *mi* is None).
 
-    Returns ``(position in the wave, decision)`` pairs.
+    Returns ``(position in the wave, decision, published)`` triples: *published* where the container
+    is decided with the VPA (its workload's policy, else the default), not where the VPA only moves
+    the phase detector's fallback.
     """
     fleet = cache.fleet
     rows = np.array(row_list, dtype=np.intp)
@@ -558,12 +595,23 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
     throttled_frac = np.divide(x[:, 4], nr, out=np.zeros(len(nr)), where=nr != 0)
     fleet.observe_many(ts, rows, x[:, 0], x[:, 1], cpu_limit=x[:, 2], mem_limit=x[:, 3], oom=x[:, 7],
                        throttled_frac=throttled_frac, throttled_cores=x[:, 6] * per_s, check_rows=False)
-    # the safety rules see every sample; they bound the VPA's decisions unless the phase policy
-    # runs (its detector then bounds its own decisions with the same rules)
+    # each container's policy (its workload's, else the default) and its workload's min/max
+    cols = step_columns(cs, config.default_policy)
+    uses = cols.uses(POLICY, config.default_policy)
+    pub: np.ndarray | None = None  # rows whose VPA decisions are published (None: all, or none)
+    if isinstance(uses, np.ndarray):
+        if uses.all():
+            uses = True
+        elif not uses.any():
+            uses = False
+        else:
+            pub = uses
+    # the safety rules see every sample; they bound the VPA's decisions of the containers decided
+    # with the VPA (for the others the phase detector bounds its own decisions with the same rules)
     guard = cache.guard
     if guard is not None:
         guard.observe(rows, ts, mem=x[:, 1], throttled_frac=throttled_frac, oom=x[:, 7], mem_limit=x[:, 3])
-        if not config.emits_decisions:
+        if uses is False:
             guard = None
 
     interval = config.recommend_interval_s
@@ -571,7 +619,8 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
     nx = np.where(np.isnan(nx), ts + interval, nx)  # first sample: the first recommendation one interval later
     due = ts >= nx
     if guard is not None:
-        due |= guard.pending(rows)  # an OOM kill is answered at once
+        pending = guard.pending(rows)  # an OOM kill is answered at once
+        due |= pending if pub is None else pending & pub
     cache._next_ts[rows] = np.where(due, ts + interval, nx)
     if not count_true(due):
         _mark_writes(cache, rows, ts, keys, None, config.state_write_interval_s)
@@ -602,19 +651,39 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
                                      rec.estimate(res, "upper", idx, fu))
         act = cpu_out | mem_out
     g = None
+    gpos = None  # position of each due row in the guard's outcome (None: the same; -1: not guarded)
     if guard is not None:  # every due container: the rules may also raise memory unasked (OOM, peak)
         # in force: the limit this worker last decided, else the one the sample reports (as the VPA
         # rule compares with): an actuator that lags, clamps or refuses causes no repeated decisions
         in_force = np.stack([ref_cpu, ref_mem], 1)
-        g = guard.bound(dr, tsd, np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1),
-                        in_force)
-        cpu_g, mem_g = round_limits(g.limits[:, 0], g.limits[:, 1])
-        cpu_out = g.emit[:, 0] & ~(cpu_g == in_force[:, 0])
-        mem_out = g.emit[:, 1] & ~(mem_g == in_force[:, 1])
-        cpu_t, mem_t = np.where(cpu_out, cpu_g, cpu_t), np.where(mem_out, mem_g, mem_t)
-        guard.commit(dr, tsd, g, np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1))
+        proposed = np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1)
+        lo = None if cols.lo is None else cols.lo[at]
+        hi = None if cols.hi is None else cols.hi[at]
+        if pub is None:
+            g = guard.bound(dr, tsd, proposed, in_force, lo=lo, hi=hi)
+            cpu_g, mem_g = round_limits(g.limits[:, 0], g.limits[:, 1])
+            cpu_out = g.emit[:, 0] & ~(cpu_g == in_force[:, 0])
+            mem_out = g.emit[:, 1] & ~(mem_g == in_force[:, 1])
+            cpu_t, mem_t = np.where(cpu_out, cpu_g, cpu_t), np.where(mem_out, mem_g, mem_t)
+            guard.commit(dr, tsd, g, np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1))
+        else:  # only the rows decided with the VPA; the others keep the bare VPA limits (the fallback)
+            gi = np.flatnonzero(pub[at])
+            tsg = tsd if np.ndim(tsd) == 0 else tsd[gi]
+            g = guard.bound(dr[gi], tsg, proposed[gi], in_force[gi], lo=None if lo is None else lo[gi],
+                            hi=None if hi is None else hi[gi])
+            cpu_g, mem_g = round_limits(g.limits[:, 0], g.limits[:, 1])
+            c_o = g.emit[:, 0] & ~(cpu_g == in_force[gi, 0])
+            m_o = g.emit[:, 1] & ~(mem_g == in_force[gi, 1])
+            cpu_out, mem_out = cpu_out.copy(), mem_out.copy()
+            cpu_t, mem_t = np.array(cpu_t, dtype=np.float64), np.array(mem_t, dtype=np.float64)
+            cpu_out[gi], mem_out[gi] = c_o, m_o
+            cpu_t[gi] = np.where(c_o, cpu_g, cpu_t[gi])
+            mem_t[gi] = np.where(m_o, mem_g, mem_t[gi])
+            guard.commit(dr[gi], tsg, g, np.stack([np.where(c_o, cpu_t[gi], _NAN), np.where(m_o, mem_t[gi], _NAN)], 1))
+            gpos = np.full(len(dr), -1, dtype=np.intp)
+            gpos[gi] = np.arange(len(gi))
         act = cpu_out | mem_out
-    out: list[tuple[int, Decision]] = []
+    out: list[tuple[int, Decision, bool]] = []
     if count_true(act):
         idx = np.flatnonzero(act)
         fs = {b: rec.factors(b, idx) for b in ("target", "lower", "upper")}
@@ -638,8 +707,14 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
                 limits={"cpu": nan_to_none(lim_cpu[j]), "mem": nan_to_none(lim_mem[j])}, bound=bound,
                 target_percentile=pct, safety_margin=margin, samples=fleet.samples(row),
                 hysteresis=config.hysteresis, update_mode=config.update_mode, worker_id=config.worker_id)
-            out.append((i, vpa_decision(msg.host, msg.ts, c, previous, (cpu, mem), evidence,
-                                        None if g is None else g.explain(j))))
+            if g is None:
+                safety = None
+            elif gpos is None:
+                safety = g.explain(j)
+            else:
+                safety = g.explain(int(gpos[j])) if gpos[j] >= 0 else None
+            out.append((i, vpa_decision(msg.host, msg.ts, c, previous, (cpu, mem), evidence, safety),
+                        bool(uses) if pub is None else bool(pub[i])))
     acted = np.zeros(len(rows), dtype=bool)
     acted[at[act]] = True
     _mark_writes(cache, rows, ts, keys, acted, config.state_write_interval_s)

@@ -32,7 +32,7 @@ from phasewise import __version__
 __all__ = ["Health", "HealthServer", "build_info", "serve"]
 
 #: the role names ``phasewise_build_info{role}`` takes
-ROLES = ("producer", "worker", "actuator")
+ROLES = ("producer", "worker", "actuator", "horus", "place")
 
 
 def build_info(registry: CollectorRegistry, role: str) -> Gauge:

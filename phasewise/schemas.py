@@ -52,6 +52,8 @@ __all__ = [
     "WorkloadPolicy",
     "LAYOUTS",
     "MODES",
+    "UPDATE_MODES",
+    "WORKLOAD_POLICIES",
     "GpuSample",
     "HostSamples",
     "JobEvent",
@@ -138,6 +140,11 @@ def _f(
 LAYOUTS = ("flat", "docker-cgroupfs", "docker-systemd", "kubepods-cgroupfs", "kubepods-systemd")
 #: what phasewise may do to a workload: nothing, decide and publish only, or decide and write
 MODES = ("off", "recommend", "apply")
+#: the limit policies a workload may ask for
+WORKLOAD_POLICIES = ("vpa", "phase")
+#: how a resize is carried out on Kubernetes: in place only, or in place with eviction as the fallback
+#: (VPA's InPlaceOrRecreate)
+UPDATE_MODES = ("in-place", "in-place-or-recreate")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,13 +169,17 @@ class WorkloadPolicy:
     mode: str = _f(enum=MODES, doc="off: ignored; recommend: decided, never written; apply: decided and written")
     source: str = _f(default="default", enum=("annotation", "policy-file", "default"),
                      doc="where the mode came from")
-    policy: str | None = _f(default=None, doc="limit policy asked for (vpa, phase); null = the worker's")
+    policy: str | None = _f(default=None, enum=WORKLOAD_POLICIES,
+                            doc="limit policy asked for (vpa, phase); null = the worker's")
     cpu_min_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
     cpu_max_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)
     mem_min_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
     mem_max_bytes: float | None = _f(default=None, minimum=0, maximum=MAX_BYTES)
     priority: int | None = _f(default=None, doc="higher is more important")
     workload_class: str | None = _f(default=None, doc="training | inference | interactive, or the operator's own")
+    update_mode: str | None = _f(default=None, enum=UPDATE_MODES,
+                                 doc="Kubernetes: in-place (null: the default) or in-place-or-recreate (evict when "
+                                     "a resize is infeasible or stays pending)")
     error: str | None = _f(default=None, doc="why the workload's policy was refused (mode is then off)")
 
 

@@ -586,8 +586,13 @@ class WorkerSettings(_Group):
     web_port: int = setting(6066, check=port, flag="--web-port",
                             help="Faust web port, 0 = no web server")
     policy: str = setting("vpa", choices=POLICIES, flag="--policy",
-                          help="vpa: VPA limits; phase: limits from the shared CRBM phase model "
-                               "with VPA as the fallback")
+                          help="the policy of workloads that name none (phasewise.io/policy): vpa: VPA "
+                               "limits; phase: limits from the shared CRBM phase model with VPA as the fallback")
+    #: with --policy vpa, run the phase machinery too (detector, learner, model follower), so workloads
+    #: whose phasewise.io/policy is phase are decided with it; without it they are refused (not decided)
+    phase_workloads: bool = setting(False, flag="--phase-workloads",
+                                    help="with --policy vpa: also run the phase machinery, for workloads whose "
+                                         "phasewise.io/policy is phase (without it they are refused, not decided)")
     recommend_interval_s: float = setting(5.0, check=at_least(0), flag="--recommend-interval",
                                           help="seconds of event time between a container's "
                                                "recommendations, 0 = after every sample")
@@ -630,6 +635,11 @@ class WorkerSettings(_Group):
     def scorecard_windows_s(self) -> tuple[float, ...]:
         """``scorecard_windows`` as seconds."""
         return _windows(self.scorecard_windows)
+
+    def served_policies(self) -> tuple[str, ...]:
+        """The limit policies this worker decides with: the VPA always (it is the phase policy's
+        fallback), the phase policy with ``--policy phase`` or ``--phase-workloads``."""
+        return ("vpa", "phase") if self.policy == "phase" or self.phase_workloads else ("vpa",)
 
     def host_set(self) -> frozenset[str]:
         """``worker_hosts`` as a set (empty: every host)."""
@@ -795,6 +805,17 @@ class ActuatorSettings(_Group):
                                 "kubernetes: the pod resize API (docs/kubernetes.md)")
     kube_api: str = setting("", flag="--kube-api",
                             help="Kubernetes API server URL; empty: in-cluster (service account token + CA)")
+    #: update-mode in-place-or-recreate: a resize still Deferred / in progress this long is given up and
+    #: the pod evicted (VPA's InPlaceOrRecreate: 5 min, 1 h); watched resizes are read again this often
+    kube_resize_deferred_timeout_s: float = setting(300.0, check=above(0),
+                                                    help="in-place-or-recreate: evict a pod whose resize stays "
+                                                         "Deferred this many seconds")
+    kube_resize_in_progress_timeout_s: float = setting(3600.0, check=above(0),
+                                                       help="in-place-or-recreate: evict a pod whose resize stays "
+                                                            "in progress this many seconds")
+    kube_resize_check_s: float = setting(30.0, check=above(0),
+                                         help="in-place-or-recreate: seconds between reads of a pod whose resize "
+                                              "is pending")
     cpu_floor_cores: float = setting(0.05, check=above(0), flag="--cpu-floor",
                                      help="never set a CPU limit below this many cores")
     mem_margin_bytes: int = setting(64 * 2**20, parse=parse_size, check=at_least(0),

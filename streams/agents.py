@@ -25,10 +25,16 @@ step per message would. For every message on the samples topic (key: host):
 - send the resulting decisions to the decisions topic, keyed by host,
   through the worker's output producer (:mod:`phasewise.streams.output`:
   every decision of a message is delivered before its offset is committed);
-- with ``--policy phase`` the VPA decisions only move the fallback limits:
-  the message then goes through the phase detector
-  (:mod:`phasewise.streams.phase_agents`), whose ``policy="phase"`` decisions
-  and ``PhaseChange`` records are sent instead.
+- each container is decided with its workload's policy
+  (``phasewise.io/policy``), else the worker's ``--policy``: for those decided
+  with ``phase`` the VPA decisions only move the fallback limits, and the
+  message goes through the phase detector
+  (:mod:`phasewise.streams.phase_agents`, run with ``--policy phase`` or
+  ``--phase-workloads``), whose ``policy="phase"`` decisions and
+  ``PhaseChange`` records are sent for them instead. A container whose
+  workload asks for a policy the worker does not run is refused, not decided
+  (``phasewise_worker_policy_refused_total``, one warning per container,
+  ``phasewise explain`` says why).
 
 A valid message the logic fails on (a bug) is dead-lettered too, with kind
 ``processing``, so one bad message never stops the stream (a round that
@@ -63,7 +69,7 @@ from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.guard import RULES
 from phasewise.models.intake import Admission, event_time_problem
 from phasewise.models.vpa_updater import StateCache, worker_round
-from phasewise.models.workload import without_off
+from phasewise.models.workload import refusal_reason, unserved, without_off
 from phasewise.schemas import (
     Decision,
     HostSamples,
@@ -311,8 +317,9 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     # Faust hands every agent the app's _on_agent_error, which commits the offsets acked so far
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
 
-    phase = None  # --policy phase: the phase detector runs after the VPA (its fallback)
-    if settings.worker.policy == "phase":
+    phase = None  # --policy phase or --phase-workloads: the phase detector runs after the VPA (its fallback)
+    served = settings.worker.served_policies()
+    if "phase" in served:
         from phasewise.streams.phase_agents import register_phase
 
         phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
@@ -334,8 +341,28 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     only_hosts = settings.worker.host_set()
     expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
     scorecard = live_scorecard(app, settings, metrics, cache, phase)
+    if phase is not None:  # the phase decisions of containers decided with the VPA feed the scorecard alone
+        phase.hooks.keep_shadow = scorecard is not None
 
     activity = Activity()
+    default_policy = settings.worker.policy
+    refused_logged: set[str] = set()  # containers whose refusal was logged (once each; bounded)
+
+    def refuse(host: str, refused: tuple[Any, ...]) -> None:
+        """Containers whose workload asks for a policy this worker does not run: counted, logged once
+        each, shown by ``phasewise explain``; never decided."""
+        for c in refused:
+            key = f"{host}/{c.container}"
+            reason = refusal_reason(c, default_policy, served)
+            metrics.policy_refused.labels(policy=c.workload.policy).inc()
+            if scorecard is not None:
+                scorecard.refuse(key, c, reason)
+            if key not in refused_logged:
+                if len(refused_logged) >= 10_000:
+                    refused_logged.clear()
+                refused_logged.add(key)
+                log.warning("container %s refused: %s", key, reason)
+
     guard = cache.guard
     guard_seen = [0] * len(RULES)  # the rules' counts already added to the metric
     batch_max = max(1, settings.worker.batch_max)
@@ -422,6 +449,9 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                         targets.samples(hs)
                     except Exception:  # a bug of the targets agent must not stop the limits of every container
                         log.exception("the targets agent failed on the samples of host %s", hs.host)
+                hs, refused = unserved(hs, default_policy, served)  # a policy this worker does not run
+                if refused:
+                    refuse(hs.host, refused)
                 if phase is None:  # samples its stored state already learned (a restart after a kill)
                     hs = cache.unlearned(hs, event.message.offset)
                 pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
@@ -483,7 +513,8 @@ def live_scorecard(app: faust.App, settings: Settings, metrics: WorkerMetrics, c
 
     sc = LiveScorecard(ScorecardConfig(windows_s=settings.worker.scorecard_windows_s(),
                                        capacity=max(2, settings.worker.scorecard_samples)),
-                       vpa_cache=cache, phase=phase, policy=settings.worker.policy)
+                       vpa_cache=cache, phase=phase, policy=settings.worker.policy,
+                       served=settings.worker.served_policies())
     metrics.registry.register(sc)
 
     @app.page("/scorecard/")

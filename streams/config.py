@@ -60,12 +60,13 @@ def guard_config(settings: Settings) -> GuardConfig | None:
 
 
 def updater_config(settings: Settings) -> UpdaterConfig:
-    """The VPA updater's rule from settings (its decisions are emitted under ``--policy vpa``)."""
+    """The VPA updater's rule from settings (its decisions are emitted for the containers decided with
+    ``vpa``: the worker's ``--policy`` unless their workload names another)."""
     worker = settings.worker
     return UpdaterConfig(
         recommend_interval_s=worker.recommend_interval_s, hysteresis=worker.hysteresis,
         update_mode=settings.vpa.update_mode, state_write_interval_s=worker.state_write_interval_s,
-        worker_id=worker.id, emits_decisions=worker.policy != "phase",
+        worker_id=worker.id, default_policy=worker.policy,
     )
 
 
@@ -81,7 +82,7 @@ def detector_config(settings: Settings) -> DetectorConfig:
         min_cpu_cores=settings.vpa.min_cpu_cores, min_mem_bytes=float(settings.vpa.min_mem_bytes),
         learn_every=phase.learn_every, learn_batch=phase.learn_batch, statistics=phase.statistics,
         state_write_interval_s=settings.worker.state_write_interval_s,
-        ratio_cap=PhaseSettings.cap(phase.ratio_cap),
+        ratio_cap=PhaseSettings.cap(phase.ratio_cap), default_policy=settings.worker.policy,
     )
 
 

@@ -57,14 +57,21 @@ def _n(v: Any, unit: str = "") -> str:
 
 def format_card(card: dict[str, Any]) -> str:
     """The text ``explain`` prints for one container."""
-    out = [f"container {card['container']}  (worker policy: {card.get('policy')})"]
+    wl = card.get("workload") or {}
+    asked = wl.get("policy")
+    worker = card.get("worker_policy", card.get("policy"))
+    head = (f"policy {card.get('policy')}: the workload's, from {wl.get('source')}; worker default {worker}"
+            if asked else f"policy {card.get('policy')}: the worker's default")
+    out = [f"container {card['container']}  ({head})"]
     who = card.get("identity") or {}
     if who.get("pod_name"):
         out.append(f"pod {who.get('pod_namespace')}/{who['pod_name']} container {who.get('container_name')} "
                    f"(qos {who.get('qos')}, {who.get('runtime')}, layout {who.get('layout')})")
     elif who:
         out.append(f"layout {who.get('layout')}, container id {who.get('container_id')}")
-    wl = card.get("workload")
+    if card.get("refused"):
+        out.append(f"refused: {card['refused']}")
+        return "\n".join(out)
     if wl:
         bounds = {k: v for k, v in wl.items() if k.endswith(("_min_cores", "_max_cores", "_min_bytes", "_max_bytes"))}
         out.append(f"mode {wl.get('mode')} (from {wl.get('source')})"
@@ -107,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     workers = args.worker or ["http://127.0.0.1:6066"]
     found: list[dict[str, Any]] = []
     listed: dict[str, list[str]] = {}
+    refused: dict[str, list[str]] = {}
     errors: list[str] = []
     for url in workers:
         try:
@@ -118,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
             found.append(body)
         elif status == 200:
             listed[url] = list(body.get("containers") or [])
+            refused[url] = list(body.get("refused") or [])
         elif status != 404:
             errors.append(f"{url}: {body.get('error', status)}")
     if errors and not (found or listed):
@@ -126,12 +135,18 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if not args.container:
         if args.json:
-            print(json.dumps(listed, indent=1))
+            print(json.dumps({u: {"containers": k, "refused": refused.get(u, [])} for u, k in listed.items()},
+                             indent=1))
         else:
             for url, keys in listed.items():
                 print(f"{url}: {len(keys)} containers")
                 for k in keys:
                     print(f"  {k}")
+                gone = refused.get(url) or []
+                if gone:
+                    print(f"{url}: {len(gone)} refused (their workload asks for a policy this worker does not run)")
+                    for k in gone:
+                        print(f"  {k}")
         return 0
     if not found:
         print(f"phasewise explain: error: no worker holds container {args.container!r}"

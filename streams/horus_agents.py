@@ -89,11 +89,10 @@ class HorusMetrics:
         self.model_jobs = Gauge("phasewise_horus_model_jobs", "jobs the model learned from", registry=registry)
         self.ready = Gauge("phasewise_horus_ready", "1 once partitions are assigned and state restored",
                            registry=registry)
+        from phasewise.observe import build_info
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        from prometheus_client import start_http_server
+        self.build_info = build_info(registry, "horus")
 
-        start_http_server(port, addr=addr, registry=self.registry)
 
 
 def device_of(node_selector: dict) -> str | None:

@@ -94,6 +94,11 @@ class WorkerMetrics:
                                           registry=registry)
         for k in REFUSAL_LIMITS:
             self.containers_refused.labels(limit=k)
+        self.policy_refused = Counter("phasewise_worker_policy_refused",
+                                      "container samples not decided: their workload asks for a policy this "
+                                      "worker does not run (phasewise.io/policy)", ["policy"], registry=registry)
+        for pol in POLICIES:
+            self.policy_refused.labels(policy=pol)
         self.delivery_errors = Counter("phasewise_worker_delivery_errors",
                                        "output records not delivered (no offsets are committed after one)",
                                        ["topic"], registry=registry)

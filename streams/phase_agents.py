@@ -120,10 +120,13 @@ class PhaseAgents:
         self.hooks, self.learner, self.follower, self.table, self.writes = hooks, learner, follower, table, writes
         self.outputs, self.metrics, self.name_key = outputs, metrics, name_key
         self._pending: list[PhaseOutput] = []
+        #: the last round's phase decisions of containers decided with the VPA (scored, never published)
+        self.shadow: list[Decision] = []
 
     def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]:
         """The detector over messages with distinct containers (one fleet step); their decisions."""
         out = self.hooks.process_many(msgs)
+        self.shadow = out.shadow
         self.metrics.model_version.set(self.hooks.version)
         self._pending.append(out)
         return out.decisions

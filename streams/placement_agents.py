@@ -112,11 +112,10 @@ class PlacementMetrics:
                                             registry=registry)
         self.ready = Gauge("phasewise_place_ready", "1 once partitions are assigned and state restored",
                            registry=registry)
+        from phasewise.observe import build_info
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        from prometheus_client import start_http_server
+        self.build_info = build_info(registry, "place")
 
-        start_http_server(port, addr=addr, registry=self.registry)
 
 
 class PlacementState:

@@ -14,7 +14,8 @@ only when asked:
   0.2 s is reused for 4 s); scrapes in between get the same numbers. No container id is ever a label
   (bounded series: 3 policies x 2 resources x windows);
 - ``GET /scorecard/`` on the worker's web port (Faust's web server, bound to
-  127.0.0.1): the containers held; ``GET /scorecard/?container=<c>``: what
+  127.0.0.1): the containers held, and those refused because their workload
+  asks for a policy the worker does not run; ``GET /scorecard/?container=<c>``: what
   ``phasewise explain`` shows for ``<c>`` (``host/container`` or a container
   name): the limits now, each policy's recommendation and the numbers behind
   it, the phase, and the scorecard.
@@ -32,7 +33,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from phasewise.models.scorecard import POLICIES, RESOURCES, Scorecard, ScorecardConfig
-from phasewise.schemas import Decision, HostSamples
+from phasewise.models.workload import policy_of
+from phasewise.schemas import ContainerSample, Decision, HostSamples
 
 __all__ = ["LiveScorecard", "window_label"]
 
@@ -45,12 +47,18 @@ def window_label(w: float) -> str:
 class LiveScorecard:
     """:class:`~phasewise.models.scorecard.Scorecard` for the worker (thread-safe, with views)."""
 
+    #: refused containers remembered for ``explain`` at most (the oldest are forgotten first)
+    MAX_REFUSED = 10_000
+
     def __init__(self, config: ScorecardConfig, *, vpa_cache: Any = None, phase: Any = None,
-                 policy: str = "vpa", every_s: float = 1.0, share: float = 0.05,
+                 policy: str = "vpa", served: Sequence[str] = ("vpa",), every_s: float = 1.0, share: float = 0.05,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.model = Scorecard(config)
         self.lock = threading.Lock()
-        self.vpa_cache, self.phase, self.policy = vpa_cache, phase, policy
+        #: *policy*: the worker's default (``--policy``); *served*: every policy it decides with
+        self.vpa_cache, self.phase, self.policy, self.served = vpa_cache, phase, policy, tuple(served)
+        #: containers refused a policy the worker does not run: key -> (their last sample, why)
+        self._refused: dict[str, tuple[ContainerSample, str]] = {}
         #: a scrape rescores when the last scoring is older than *every_s* and than its own duration / *share*
         #: (scoring takes at most that share of a core, however often Prometheus or a bench scrapes)
         self.every_s, self.share, self.clock = every_s, share, clock
@@ -65,6 +73,20 @@ class LiveScorecard:
             self.model.observe_round(msgs)
             for m in msgs:  # who each container is and its mode, looked up when explained
                 self._last_msg[m.host] = m
+            if self._refused:  # decided again (its workload changed): no longer refused
+                for m in msgs:
+                    for c in m.containers:
+                        self._refused.pop(f"{m.host}/{c.container}", None)
+
+    def refuse(self, key: str, sample: ContainerSample, reason: str) -> None:
+        """Remember that container *key* is refused (a policy this worker does not run), and why."""
+        with self.lock:
+            self._refused.pop(key, None)
+            self._refused[key] = (sample, reason)
+            if len(self._refused) > self.MAX_REFUSED:
+                del self._refused[next(iter(self._refused))]
+            if key in self.model:  # decided before, refused now: its scores stop here
+                self.model.forget([key])
 
     def decide_many(self, decisions: Sequence[Decision]) -> None:
         if decisions:
@@ -79,6 +101,7 @@ class LiveScorecard:
         with self.lock:
             self.model.clear()
             self._last_msg.clear()
+            self._refused.clear()
 
     # ------------------------------------------------------------------ metrics
 
@@ -130,33 +153,52 @@ class LiveScorecard:
         with self.lock:
             return sorted(self.model.keys())
 
-    def find(self, container: str) -> list[str]:
-        """Keys matching *container*: ``host/container`` exactly, else every host's ``container``."""
+    def refused(self) -> list[str]:
+        """The containers refused a policy this worker does not run (remembered for ``explain``)."""
         with self.lock:
-            if container in self.model:
+            return sorted(self._refused)
+
+    def find(self, container: str) -> list[str]:
+        """Keys matching *container*: ``host/container`` exactly, else every host's ``container``
+        (held or refused)."""
+        with self.lock:
+            if container in self.model or container in self._refused:
                 return [container]
-            return sorted(k for k in self.model.keys() if k.partition("/")[2] == container)
+            keys = set(self.model.keys()) | set(self._refused)
+            return sorted(k for k in keys if k.partition("/")[2] == container)
 
     def explain(self, key: str) -> dict[str, Any] | None:
-        """Everything ``phasewise explain`` shows for one ``host/container`` (None: not held here)."""
+        """Everything ``phasewise explain`` shows for one ``host/container`` (None: not held here).
+
+        ``policy`` is the policy the container is decided with (its workload's, else the worker's
+        default, ``worker_policy``); a refused container's card says why in ``refused``."""
         with self.lock:
             if key not in self.model:
-                return None
+                got = self._refused.get(key)
+                if got is None:
+                    return None
+                c, reason = got
+                return {"container": key, "policy": policy_of(c, self.policy), "worker_policy": self.policy,
+                        "served": list(self.served), "refused": reason, "identity": _plain(c.identity),
+                        "workload": _plain(c.workload)}
             card = self.model.card(key)
-            out: dict[str, Any] = {"container": key, "policy": self.policy, **card}
-            out.update(self._who(key))
+            who = self._who(key)
+            c = who.pop("sample")
+            out: dict[str, Any] = {"container": key, "policy": self.policy if c is None else policy_of(c, self.policy),
+                                   "worker_policy": self.policy, "served": list(self.served), **card}
+            out.update(who)
             out["vpa"] = self._vpa(key)
             out["phase"] = self._phase(key)
         return out
 
     def _who(self, key: str) -> dict[str, Any]:
-        """The container's identity and per-workload policy, from its host's last message."""
+        """The container's last sample, identity and per-workload policy, from its host's last message."""
         host, _, name = key.partition("/")
         m = self._last_msg.get(host)
         c = next((c for c in m.containers if c.container == name), None) if m is not None else None
         if c is None:
-            return {"identity": None, "workload": None}
-        return {"identity": _plain(c.identity), "workload": _plain(c.workload)}
+            return {"sample": None, "identity": None, "workload": None}
+        return {"sample": c, "identity": _plain(c.identity), "workload": _plain(c.workload)}
 
     def _vpa(self, key: str) -> dict[str, Any] | None:
         cache = self.vpa_cache
@@ -183,7 +225,7 @@ class LiveScorecard:
     def view(self, container: str | None) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON body) of ``GET /scorecard/[?container=...]``."""
         if not container:
-            return 200, {"containers": self.containers()}
+            return 200, {"containers": self.containers(), "refused": self.refused()}
         keys = self.find(container)
         if not keys:
             return 404, {"error": f"no container {container!r} on this worker"}

@@ -47,7 +47,8 @@ FAUST_LEVELS = {"debug": "debug", "info": "info", "warning": "warn", "error": "e
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     for name in ("recommend_interval_s", "hysteresis", "data_dir", "web_port", "metrics_port", "worker_id",
-                 "policy", "phase_snapshot_interval_s", "phase_learn_every", "phase_learn_batch", "phase_warmup",
+                 "policy", "phase_workloads", "phase_snapshot_interval_s", "phase_learn_every", "phase_learn_batch",
+                 "phase_warmup",
                  "phase_statistics", "phase_features", "container_ttl_s", "vpa_time_scale", "targets_enabled",
                  "targets_policy", "targets_shrink", "targets_share_alpha", "targets_share_interval_s",
                  "targets_grace_s", "priority_agent", "priority_freeze_max_wait_s", "priority_grace_s"):
@@ -111,18 +112,20 @@ LOOP_SILENCE_S = 30.0
 LOOP_START_S = 600.0
 
 
-def watch(app: object, metrics: object, *, lag_every_s: float = 5.0) -> object:
-    """The worker's :class:`~phasewise.observe.Health`, and its consumer lag metric.
+def watch(app: object, metrics: object, *, lag_every_s: float = 5.0, ready: str = "phasewise_worker_ready") -> object:
+    """A Faust worker's :class:`~phasewise.observe.Health`, and its consumer lag metric where it has one.
 
     Live while the event loop runs a 1 s timer (a wedged loop stops it);
-    ready while ``phasewise_worker_ready`` is 1 (partitions assigned, tables
-    recovered, no agent dead). Every *lag_every_s*, ``consumer_lag{topic}`` is
-    the sum over the assigned partitions of high watermark - position.
+    ready while the gauge *ready* is 1 (``phasewise_worker_ready``,
+    ``phasewise_horus_ready``, ``phasewise_place_ready``: partitions assigned,
+    tables recovered, no agent dead). With ``metrics.consumer_lag``, every
+    *lag_every_s* ``consumer_lag{topic}`` is the sum over the assigned
+    partitions of high watermark - position.
     """
     from phasewise.observe import Health
 
     def not_ready() -> str | None:
-        if metrics.registry.get_sample_value("phasewise_worker_ready") != 1:  # type: ignore[attr-defined]
+        if metrics.registry.get_sample_value(ready) != 1:  # type: ignore[attr-defined]
             return "partitions not assigned or tables not recovered yet (or an agent died)"
         return None
 
@@ -132,6 +135,9 @@ def watch(app: object, metrics: object, *, lag_every_s: float = 5.0) -> object:
     @app.timer(1.0)  # type: ignore[attr-defined]
     async def _beat() -> None:
         health.beat("event", LOOP_SILENCE_S)
+
+    if not hasattr(metrics, "consumer_lag"):
+        return health
 
     @app.timer(lag_every_s)  # type: ignore[attr-defined]
     async def _lag() -> None:
@@ -219,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
                 return 0
             if settings.kafka.create_topics:
                 ensure_topics(settings)
-            if settings.worker.policy == "phase":
+            if "phase" in settings.worker.served_policies():
                 from phasewise.streams.phase_agents import ensure_phase_topics
 
                 ensure_phase_topics(settings)
@@ -230,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         if stop.is_set():
             log.info("signal %d: stopping", received[0])
             return 0
-    if settings.worker.policy == "phase":
+    if "phase" in settings.worker.served_policies():
         single_threaded_torch()
     metrics = WorkerMetrics()
     app = create_app(settings, samples_partitions=partitions, metrics=metrics)
@@ -260,9 +266,11 @@ def run(args: argparse.Namespace) -> int:
 def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: object,
                    register: Callable[[object, Settings], None]) -> int:
     """A cluster-wide job worker (``phasewise horus``, ``phasewise place``): print the settings,
-    wait for the broker, create missing topics, serve *metrics*, run a Faust app with id
-    *worker_id* whose agents *register(app, settings)* adds. Exit status 0 after a clean stop; 1
-    when the broker is unavailable, an agent died or an output could not be delivered."""
+    wait for the broker, create missing topics, run a Faust app with id *worker_id* whose agents
+    *register(app, settings)* adds, with *metrics* and its health on ``metrics_port`` at
+    ``bind_address`` (``/metrics``, ``/healthz``: the event loop runs; ``/readyz``:
+    ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
+    unavailable, an agent died or an output could not be delivered."""
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
     from phasewise.streams.app import create_app
 
@@ -280,11 +288,15 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
             return 1
         if stop.is_set():
             return 0
-    if settings.metrics_port:
-        metrics.serve(settings.metrics_port)
-        log.info("metrics on :%d/metrics", settings.metrics_port)
     app = create_app(settings.replace(worker_id=worker_id, web_port=0), register_agents=False)
     register(app, settings)
+    health = watch(app, metrics, ready=f"phasewise_{role}_ready")
+    if settings.metrics_port:
+        from phasewise.observe import serve
+
+        serve(metrics.registry, settings.metrics_port, health, settings.bind_address)  # type: ignore[attr-defined]
+        log.info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", settings.bind_address,
+                 settings.metrics_port)
     worker = make_worker(app, settings.kafka.bootstrap, loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
                          quiet=True, redirect_stdouts=False)
     worker.spinner = None

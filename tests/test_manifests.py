@@ -33,6 +33,11 @@ yaml = pytest.importorskip("yaml")
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "infra" / "k8s"
+#: the overlay that runs the actuator with the Kubernetes API backend
+K8S_API = REPO / "infra" / "k8s-kubernetes-backend"
+kubectl = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(kubectl is None, reason="kubectl not installed (its kustomize renders the overlay)")
+SA = "/var/run/secrets/kubernetes.io/serviceaccount"
 KUBERNETES_VERSION = "1.30.0"  # the oldest Kubernetes the manifests are checked against
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (Debian package 'prometheus')")
@@ -94,7 +99,8 @@ def test_the_validator_refuses_a_broken_manifest():
 def test_no_pod_is_privileged_every_capability_is_dropped_and_only_the_actuator_is_root():
     for obj in [*by_kind("DaemonSet"), *by_kind("Deployment")]:
         pod = obj["spec"]["template"]["spec"]
-        assert pod.get("automountServiceAccountToken") is False
+        # only the node agents hold a token (to list this node's pods); the worker talks to Kafka alone
+        assert pod.get("automountServiceAccountToken") is (obj["kind"] == "DaemonSet"), obj["metadata"]["name"]
         assert not pod.get("hostNetwork") and not pod.get("hostPID")
         for c in containers(obj):
             sc = {**pod.get("securityContext", {}), **c.get("securityContext", {})}
@@ -136,16 +142,40 @@ def test_every_role_has_probes_on_its_metrics_port_and_resource_requests():
     assert config["PHASEWISE_BIND_ADDRESS"] == "0.0.0.0"  # probes come from outside the pod's loopback
 
 
+def deployment(name: str) -> dict:
+    (dep,) = [d for d in by_kind("Deployment") if d["metadata"]["name"] == name]
+    return dep
+
+
 def test_the_worker_has_a_disruption_budget_and_no_more_replicas_than_partitions():
-    (dep,) = by_kind("Deployment")
+    dep = deployment("phasewise-worker")
     assert 1 <= dep["spec"]["replicas"] <= SAMPLES.partitions
     (pdb,) = by_kind("PodDisruptionBudget")
     assert pdb["spec"]["selector"] == dep["spec"]["selector"]
 
 
+@pytest.mark.parametrize("role,port", [("horus", 9109), ("place", 9110)])
+def test_the_job_workers_are_singletons_with_probes_on_their_health_endpoints(role, port):
+    """phasewise horus and phasewise place: one replica, never two at once (Recreate), no disruption budget
+    (it would block node drains), the worker image with the role's command, health on phasewise.observe."""
+    dep = deployment(f"phasewise-{role}")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    sel = dep["spec"]["selector"]
+    assert not [p for p in by_kind("PodDisruptionBudget") if p["spec"]["selector"] == sel]
+    (c,) = containers(dep)
+    assert c["command"] == ["phasewise", role] and c["image"] == containers(deployment("phasewise-worker"))[0]["image"]
+    env = env_of(c)
+    assert env["PHASEWISE_METRICS_PORT"]["value"] == str(port)
+    assert env[f"PHASEWISE_{role.upper()}_WORKER_ID"]["value"] == f"phasewise-{role}"
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["ports"] == [{"name": "metrics", "containerPort": port}]
+
+
 def test_every_phasewise_variable_set_anywhere_is_a_setting():
     envs = {f"PHASEWISE_{n.upper()}" for n in SPECS}
-    texts = {p.name: p.read_text() for p in [*K8S.glob("*.yaml"), REPO / "infra/compose.yaml",
+    texts = {p.name: p.read_text() for p in [*K8S.glob("*.yaml"), *K8S_API.glob("*.yaml"), REPO / "infra/compose.yaml",
                                              REPO / "infra/docker/Dockerfile"]}
     seen = set()
     for name, text in texts.items():
@@ -153,6 +183,104 @@ def test_every_phasewise_variable_set_anywhere_is_a_setting():
         assert used <= envs, f"{name}: {sorted(used - envs)} are no settings"
         seen |= used
     assert {"PHASEWISE_BOOTSTRAP", "PHASEWISE_HOST", "PHASEWISE_BIND_ADDRESS", "PHASEWISE_METRICS_PORT"} <= seen
+
+
+def env_of(c: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def role_rules(objs: list[dict], account: str) -> set[tuple[str, str, str]]:
+    """``(apiGroup, resource, verb)`` every rule bound to service account *account* grants (ClusterRoles)."""
+    roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterRole"}
+    out = set()
+    for b in (o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if any(sub.get("kind") == "ServiceAccount" and sub["name"] == account for sub in b["subjects"]):
+            for rule in roles[b["roleRef"]["name"]].get("rules") or []:
+                out |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return out
+
+
+def assert_reads_this_nodes_pod_list(c: dict) -> None:
+    """*c* knows its node from the downward API and reads the node's pods from the API server with its token."""
+    env = env_of(c)
+    names = list(env)
+    assert env["PHASEWISE_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, c["name"]
+    url = env["PHASEWISE_WORKLOAD_PODS"]["value"]
+    assert url == ("https://kubernetes.default.svc/api/v1/pods?fieldSelector=spec.nodeName%3D$(PHASEWISE_HOST)"
+                   "&resourceVersion=0"), c["name"]
+    # Kubernetes expands $(PHASEWISE_HOST) only from a variable defined before it
+    assert names.index("PHASEWISE_HOST") < names.index("PHASEWISE_WORKLOAD_PODS")
+    assert env["PHASEWISE_WORKLOAD_PODS_TOKEN_FILE"]["value"] == f"{SA}/token"
+    assert env["PHASEWISE_WORKLOAD_PODS_CA_FILE"]["value"] == f"{SA}/ca.crt"
+
+
+def test_the_node_agents_read_this_nodes_pod_list_with_an_account_that_may_only_list_pods():
+    (ds,) = by_kind("DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "phasewise-node" and pod["automountServiceAccountToken"] is True
+    for c in containers(ds):
+        assert_reads_this_nodes_pod_list(c)
+    assert env_of(next(c for c in containers(ds) if c["name"] == "actuator"))["PHASEWISE_BACKEND"]["value"] == "cgroup"
+    objs = [d for _, d in k8s_objects()]
+    assert role_rules(objs, "phasewise-node") == {("", "pods", "list")}
+    assert role_rules(objs, "phasewise-worker") == set()
+
+
+def kustomize(path: Path) -> list[dict]:
+    r = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+#: every request the Kubernetes backend sends (actuators/kubernetes.py), as the RBAC rule that allows it
+API_BACKEND_REQUESTS = {
+    ("", "pods", "list"),  # GET /api/v1/pods?fieldSelector=spec.nodeName=<node> (backend and pod list)
+    ("", "pods", "get"),  # GET .../pods/{pod} before a resize
+    ("", "pods/resize", "patch"),  # PATCH .../pods/{pod}/resize
+    ("", "pods/eviction", "create"),  # POST .../pods/{pod}/eviction (update-mode in-place-or-recreate)
+    ("metrics.k8s.io", "pods", "get"),  # GET /apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods/{pod}
+}
+
+
+@needs_kubectl
+def test_the_kubernetes_backend_overlay_renders_validates_and_grants_only_what_the_backend_sends():
+    kv = pytest.importorskip("kubernetes_validate")
+    objs = kustomize(K8S_API)
+    for obj in objs:
+        if not obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            kv.validate(obj, KUBERNETES_VERSION, strict=True)
+    ds = {d["metadata"]["name"]: d for d in objs if d["kind"] == "DaemonSet"}
+    assert set(ds) == {"phasewise-node", "phasewise-actuator"}
+    # the producer keeps its pod and its account (pods list); the actuator has its own
+    assert [c["name"] for c in containers(ds["phasewise-node"])] == ["producer"]
+    assert role_rules(objs, "phasewise-node") == {("", "pods", "list")}
+    assert role_rules(objs, "phasewise-actuator") == API_BACKEND_REQUESTS
+    pod = ds["phasewise-actuator"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "phasewise-actuator" and pod["automountServiceAccountToken"] is True
+    (act,) = containers(ds["phasewise-actuator"])
+    assert_reads_this_nodes_pod_list(act)
+    assert env_of(act)["PHASEWISE_BACKEND"]["value"] == "kubernetes"
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in act["volumeMounts"]}
+    assert mounts["/host/sys/fs/cgroup"] is True  # the API server sets the limits: the tree is only read
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    # nothing else of the base's actuator drifted: image, ports, probes, resources, security context
+    (base,) = [c for c in containers(by_kind("DaemonSet")[0]) if c["name"] == "actuator"]
+    for k in ("image", "ports", "livenessProbe", "readinessProbe", "resources", "envFrom"):
+        assert act[k] == base[k], k
+    assert {**act["securityContext"]} == base["securityContext"]
+    same = {k: v for k, v in env_of(base).items() if k != "PHASEWISE_BACKEND"}
+    assert {k: v for k, v in env_of(act).items() if k != "PHASEWISE_BACKEND"} == same
+    # the actuator's scrape job follows it
+    svc = next(d for d in objs if d["kind"] == "Service" and d["metadata"]["name"] == "phasewise-actuator")
+    assert svc["spec"]["selector"] == ds["phasewise-actuator"]["spec"]["selector"]["matchLabels"]
+    assert "actuator-metrics" in {p["name"] for p in act["ports"]}
+
+
+@needs_kubectl
+def test_the_base_renders_as_listed():
+    objs = kustomize(K8S)
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in objs) == \
+        sorted((d["kind"], d["metadata"]["name"]) for _, d in k8s_objects())
 
 
 def test_the_services_name_the_scrape_jobs_the_rules_use():

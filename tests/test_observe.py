@@ -69,7 +69,11 @@ def test_the_server_answers_metrics_health_and_readiness_on_the_bound_address():
 
 
 def test_every_role_exports_build_info_and_the_worker_presets_its_labelled_series():
-    for cls, role in ((ProducerMetrics, "producer"), (WorkerMetrics, "worker"), (ActuatorMetrics, "actuator")):
+    from phasewise.streams.horus_agents import HorusMetrics
+    from phasewise.streams.placement_agents import PlacementMetrics
+
+    for cls, role in ((ProducerMetrics, "producer"), (WorkerMetrics, "worker"), (ActuatorMetrics, "actuator"),
+                      (HorusMetrics, "horus"), (PlacementMetrics, "place")):
         reg = CollectorRegistry()
         cls(reg)
         got = [s for f in reg.collect() if f.name == "phasewise_build_info" for s in f.samples]
@@ -137,3 +141,34 @@ def test_the_actuator_times_decision_to_actuation_from_the_record_time(tmp_path)
     a.handle(encode(d), b"h", 0, 0, produced_at=999.75)
     assert reg.get_sample_value("phasewise_actuator_decision_to_actuation_seconds_sum") == 0.25
     assert reg.get_sample_value("phasewise_actuator_decision_to_actuation_seconds_count") == 1
+
+
+def test_a_job_worker_is_live_while_its_loop_beats_and_ready_with_its_own_gauge():
+    """phasewise horus / place: streams.worker.watch on the role's ready gauge, served by phasewise.observe."""
+    from phasewise.streams.horus_agents import HorusMetrics
+    from phasewise.streams.worker import watch
+
+    class App:  # what watch() needs of a Faust app: timers (not run here)
+        def __init__(self) -> None:
+            self.timers = []
+
+        def timer(self, every):
+            def add(fn):
+                self.timers.append((every, fn))
+                return fn
+            return add
+
+    m = HorusMetrics(CollectorRegistry())
+    app = App()
+    health = watch(app, m, ready="phasewise_horus_ready")
+    assert [every for every, _ in app.timers] == [1.0]  # the heartbeat; no consumer lag metric to keep
+    srv = serve(m.registry, 0, health, "127.0.0.1")
+    try:
+        base = f"http://127.0.0.1:{srv.port}"
+        assert get(base + "/healthz") == (200, "ok\n")
+        assert get(base + "/readyz")[0] == 503
+        m.ready.set(1)
+        assert get(base + "/readyz") == (200, "ok\n")
+        assert 'role="horus"' in get(base + "/metrics")[1]
+    finally:
+        srv.close()

@@ -483,6 +483,7 @@ class _InProcessPhase:
         self.next_snapshot: float | None = None
         self.snapshots = 0
         self.changes: list[PhaseChange] = []
+        self.shadow: list[Decision] = []  # the last round's decisions of containers decided with the VPA
 
     def _learn(self, batch: bytes | None) -> None:
         from phasewise.learn_batches import decode_learn_batch
@@ -496,6 +497,7 @@ class _InProcessPhase:
         from phasewise.models.snapshots import model_of
 
         out = self.hooks.process_many(msgs)
+        self.shadow = out.shadow
         self.changes += out.changes
         self._learn(out.learn_batch)
         t = max(m.ts for m in msgs)

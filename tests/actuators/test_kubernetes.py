@@ -105,7 +105,7 @@ def backend(r: Replay, token: str = "tok-1") -> KubernetesBackend:
     return KubernetesBackend(api, PodDirectory(api, "gpu-node-3"))
 
 
-LIST = ("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-3", 200, "pods-on-node.json")
+LIST = ("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-3&resourceVersion=0", 200, "pods-on-node.json")
 
 
 def test_is_a_backend_and_acts_only_on_containers_present_on_the_node():

@@ -24,8 +24,10 @@ def see(g: LimitGuard, rows: np.ndarray, t: float, mem: float = 1e8, thr: float 
               mem_limit=np.full(n, mem_limit))
 
 
-def bound(g, rows, t, cpu=NAN, mem=NAN, in_cpu=NAN, in_mem=NAN):
-    return g.bound(rows, t, np.array([[cpu, mem]]), np.array([[in_cpu, in_mem]]))
+def bound(g, rows, t, cpu=NAN, mem=NAN, in_cpu=NAN, in_mem=NAN, lo=None, hi=None):
+    return g.bound(rows, t, np.array([[cpu, mem]]), np.array([[in_cpu, in_mem]]),
+                   lo=None if lo is None else np.array([lo], dtype=float),
+                   hi=None if hi is None else np.array([hi], dtype=float))
 
 
 def test_no_limit_is_lowered_before_the_minimum_history():
@@ -215,4 +217,77 @@ def test_configuration_is_checked():
 def test_the_reason_names_every_rule_that_bounded_a_decision():
     assert bounded_text({"bounded_by": {}}) == ""
     assert bounded_text({"bounded_by": {"cpu": ["throttled"]}}) == " [bounded: cpu by throttled]"
-    assert set(RULES) == {"history", "throttled", "oom", "cooldown", "step", "peak"}
+    assert set(RULES) == {"history", "throttled", "oom", "cooldown", "step", "workload_max", "workload_min", "peak"}
+
+
+# --------------------------------------------------------------------------- the workload's own min/max
+
+
+def test_a_limit_above_the_workloads_max_is_lowered_to_it_and_named():
+    g, r = guard(min_history_s=0.0)
+    see(g, r, 10.0, mem=1e8)
+    out = bound(g, r, 10.0, cpu=3.0, mem=6e9, in_cpu=1.0, in_mem=1e9, hi=(2.0, 4e9))  # increases past the max
+    assert out.limits.tolist() == [[2.0, 4e9]]
+    assert out.rules_of(0) == {"cpu": ["workload_max"], "mem": ["workload_max"]}
+    assert out.explain(0)["bounded_by"] == {"cpu": ["workload_max"], "mem": ["workload_max"]}
+
+
+def test_the_max_is_reached_in_one_decision_not_spread_by_the_step():
+    g, r = guard(min_history_s=0.0, max_decrease=0.25)
+    see(g, r, 10.0)
+    out = bound(g, r, 10.0, cpu=7.0, in_cpu=8.0, hi=(4.0, NAN))  # the actuator would cut 7 to 4 anyway
+    assert out.limits[0, 0] == 4.0 and out.rules_of(0) == {"cpu": ["workload_max"]}
+    out = bound(g, r, 10.0, cpu=1.0, in_cpu=8.0, hi=(4.0, NAN))  # the step bounds to 6, the max to 4
+    assert out.limits[0, 0] == 4.0 and out.rules_of(0) == {"cpu": ["step", "workload_max"]}
+
+
+def test_a_limit_below_the_workloads_min_is_raised_to_it():
+    g, r = guard(min_history_s=0.0, max_decrease=1.0)
+    see(g, r, 10.0, mem=1e8)
+    out = bound(g, r, 10.0, cpu=0.2, mem=2e8, in_cpu=1.0, in_mem=1e9, lo=(0.5, 5e8))
+    assert out.limits.tolist() == [[0.5, 5e8]]
+    assert out.rules_of(0) == {"cpu": ["workload_min"], "mem": ["workload_min"]}
+    # a proposal that lands on the limit in force after the clamp is no decision
+    out = bound(g, r, 10.0, cpu=0.2, in_cpu=0.5, lo=(0.5, NAN))
+    assert not out.emit.any() and out.rules_of(0) == {"cpu": ["workload_min"]}
+
+
+def test_a_held_back_decrease_is_not_turned_into_one_by_the_max():
+    g, r = guard(min_history_s=60.0)
+    see(g, r, 10.0)  # young: the history rule holds every decrease
+    out = bound(g, r, 10.0, cpu=3.0, in_cpu=8.0, hi=(4.0, NAN))
+    assert not out.emit.any() and out.rules_of(0) == {"cpu": ["history"]}
+
+
+def test_no_bounds_change_nothing():
+    g, r = guard(min_history_s=0.0)
+    see(g, r, 10.0)
+    a = bound(g, r, 10.0, cpu=0.9, mem=9e8, in_cpu=1.0, in_mem=1e9)
+    b = bound(g, r, 10.0, cpu=0.9, mem=9e8, in_cpu=1.0, in_mem=1e9, lo=(NAN, NAN), hi=(NAN, NAN))
+    np.testing.assert_array_equal(a.limits, b.limits)
+    np.testing.assert_array_equal(a.rules, b.rules)
+
+
+def test_memory_max_gives_way_to_the_peak_floor():
+    g, r = guard(min_history_s=0.0, mem_margin_bytes=1e8)
+    see(g, r, 10.0, mem=3e9)  # peak 3e9 + margin 1e8 > the max 2e9: a lower limit would OOM-kill it
+    out = bound(g, r, 10.0, mem=3.5e9, in_mem=4e9, hi=(NAN, 2e9))
+    assert out.limits[0, 1] == 3.1e9
+    assert out.rules_of(0) == {"mem": ["workload_max", "peak"]}
+
+
+def test_the_memory_max_caps_the_oom_bump_and_answers_the_kill():
+    g, r = guard(min_history_s=0.0, mem_margin_bytes=0.0)
+    see(g, r, 10.0, mem=1.9e9, oom=1, mem_limit=2e9)  # killed at 2e9: the bump is 2.4e9
+    assert g.pending(r).tolist() == [True]
+    out = bound(g, r, 10.0, in_mem=2e9, hi=(NAN, 2.2e9))  # nothing proposed: the rules raise it, to the max
+    assert out.limits[0, 1] == 2.2e9 and out.rules_of(0) == {"mem": ["oom"]}
+    g.commit(r, 10.0, out)
+    assert g.pending(r).tolist() == [False]  # answered: no decision is forced at every later sample
+    # at the max already: the kill is answered with no decision at all
+    g2, r2 = guard(min_history_s=0.0, mem_margin_bytes=0.0)
+    see(g2, r2, 10.0, mem=1.9e9, oom=1, mem_limit=2e9)
+    out = bound(g2, r2, 10.0, in_mem=2e9, hi=(NAN, 2e9))
+    assert not out.emit.any()
+    g2.commit(r2, 10.0, out)
+    assert g2.pending(r2).tolist() == [False]

@@ -46,7 +46,8 @@ def warm_model() -> PhaseModel:
 
 
 def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback():
-    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
+    s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
+                           "safety_rules": False,
                            "phase_learn_every": 2,
                            "phase_learn_batch": 16}, env={})
     cache = state_cache(s)
@@ -85,7 +86,8 @@ def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback()
 
 
 def test_hooks_hold_learn_windows_until_a_batch_is_full_and_hand_out_the_rest_on_request():
-    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
+    s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
+                           "safety_rules": False,
                            "phase_learn_every": 1,
                            "phase_learn_batch": 7}, env={})
     cache = state_cache(s)
@@ -109,7 +111,8 @@ def test_hooks_hold_learn_windows_until_a_batch_is_full_and_hand_out_the_rest_on
 
 
 def test_one_step_over_several_hosts_messages_decides_exactly_as_one_step_per_message():
-    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
+    s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
+                           "safety_rules": False,
                            "phase_learn_every": 3,
                            "phase_learn_batch": 1}, env={})
     caches = [state_cache(s), state_cache(s)]
@@ -153,7 +156,8 @@ def gpu_msg(host: str, ts: float, with_gpu: dict[str, tuple], cpu_only: dict[str
 
 
 def test_gpu_features_shape_the_phases_but_only_cpu_and_mem_get_limits():
-    s = Settings.from_env({"recommend_interval_s": 1.0, "vpa_time_scale": 0.001, "safety_rules": False,
+    s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
+                           "safety_rules": False,
                            "phase_learn_every": 1,
                            "phase_learn_batch": 1000, "phase_features": "gpu_mem,gpu,mem,cpu"}, env={})
     assert s.phase.feature_tuple() == GPU4

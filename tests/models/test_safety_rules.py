@@ -16,7 +16,7 @@ from phasewise.models.detector import PhaseModel, learn
 from phasewise.models.guard import LimitGuard
 from phasewise.models.phase_updater import PhaseHooks
 from phasewise.models.vpa_updater import process_host_samples
-from phasewise.schemas import ContainerSample, Decision, HostSamples
+from phasewise.schemas import ContainerSample, Decision, HostSamples, WorkloadPolicy
 from phasewise.settings import Settings
 from phasewise.streams.config import detector_config, state_cache, updater_config
 
@@ -51,8 +51,9 @@ def demand(t: int) -> tuple[float, float]:
 class Loop:
     """One container's closed loop: the worker's decisions are its limits from the next second."""
 
-    def __init__(self, policy: str, **kw) -> None:
+    def __init__(self, policy: str, workload: WorkloadPolicy | None = None, **kw) -> None:
         self.s = settings(policy, **kw)
+        self.workload = workload  # the container's per-workload policy (its min/max), as the host agent sends it
         self.cache = state_cache(self.s)
         self.hooks = (PhaseHooks(detector_config(self.s), self.cache, model=warm_model(), version=1)
                       if policy == "phase" else None)
@@ -77,7 +78,7 @@ class Loop:
             self.samples.append((t, used, want_mem, thr))
             c = ContainerSample(container="job", cpu_cores=used, mem_bytes=want_mem, cpu_limit_cores=self.cpu_limit,
                                 mem_limit_bytes=self.mem_limit, nr_periods=10, throttled_periods=int(10 * thr),
-                                throttled_s=0.1 * thr, oom_events=oom)
+                                throttled_s=0.1 * thr, oom_events=oom, workload=self.workload)
             hs = HostSamples(host="h1", ts=t, interval_s=1.0, containers=(c,))
             got = process_host_samples(self.cache, hs, updater_config(self.s))
             if self.hooks is not None:
@@ -165,3 +166,39 @@ def test_an_oom_kill_is_answered_at_once_above_vpas_bump(policy):
     answer = [d for d, _, mem0 in lp.decisions if d.ts == 10_030.0 and d.mem_limit_bytes is not None]
     assert answer, [(d.ts, d.reason) for d, _, _ in lp.decisions]
     assert answer[0].mem_limit_bytes >= max(1.2 * 200 * MIB, 200 * MIB + 100 * MIB)
+
+
+# --------------------------------------------------------------------------- the workload's own min/max
+
+BOUNDS = WorkloadPolicy(mode="apply", source="annotation", cpu_min_cores=0.4, cpu_max_cores=0.9,
+                        mem_min_bytes=float(400 * MIB), mem_max_bytes=float(600 * MIB))
+
+
+@pytest.fixture(scope="module", params=["vpa", "phase"])
+def bounded(request) -> Loop:
+    return Loop(request.param, workload=BOUNDS).run(1500)
+
+
+def test_every_decision_of_the_worker_keeps_the_workloads_min_and_max(bounded):
+    """cpu-min 0.4 / cpu-max 0.9 / memory-min 400Mi / memory-max 600Mi (bursts to 1.2 cores and spikes
+    to 700 MiB): every published limit is within them, as the actuator would clamp it, except memory
+    under the recent peak + margin (the max gives way, as the actuator's does)."""
+    assert bounded.decisions
+    named: set[str] = set()
+    for d, _, _ in bounded.decisions:
+        by = (d.details.get("safety") or {}).get("bounded_by", {})
+        named |= {r for rules in by.values() for r in rules}
+        if d.cpu_limit_cores is not None:
+            assert 0.4 <= d.cpu_limit_cores <= 0.9, d.reason
+        if d.mem_limit_bytes is not None:
+            assert d.mem_limit_bytes >= 400 * MIB, d.reason
+            if d.mem_limit_bytes > 600 * MIB:
+                assert "peak" in by.get("mem", []) or "oom" in by.get("mem", []), d.reason
+    assert "workload_max" in named, "the bursts should have pressed against cpu-max"
+    assert any("workload_max" in (d.details["safety"]["bounded_by"].get("cpu") or []) and "workload_max" in d.reason
+               for d, _, _ in bounded.decisions)
+
+
+def test_without_bounds_the_same_loop_goes_past_them():
+    free = Loop("vpa").run(1500)
+    assert any(d.cpu_limit_cores is not None and d.cpu_limit_cores > 0.9 for d, _, _ in free.decisions)

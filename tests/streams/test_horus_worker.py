@@ -51,6 +51,9 @@ class Horus:
         while time.monotonic() < deadline:
             assert self.role.alive(), "horus exited:\n" + self.role.log_tail()
             if self.metric("phasewise_horus_ready") == 1.0:
+                from tests.streams.test_placement_worker import health_answers_of
+
+                health_answers_of(f"http://127.0.0.1:{self.metrics_port}", "horus")
                 return self
             time.sleep(0.2)
         raise TimeoutError("horus not ready:\n" + self.role.log_tail())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -149,6 +150,48 @@ def test_a_phase_worker_publishes_snapshots_and_phase_changes_and_a_restart_resu
         w.start()  # a restart resumes from the newest snapshot on the compacted topic
         assert w.metric("phasewise_worker_model_version") >= version
         assert "phase detector starts from snapshot v" in w.log()
+    finally:
+        if w.role is not None:
+            w.role.stop()
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_vpa_worker_with_phase_workloads_decides_each_container_with_its_workloads_policy(settings, tmp_path):
+    """``--policy vpa --phase-workloads``: the VPA stays the default, and a workload annotated
+    ``phasewise.io/policy: phase`` is decided by the phase machinery the worker now runs."""
+    from phasewise.schemas import WorkloadPolicy
+
+    w = Worker(settings, tmp_path, f"pwtest-mixed-{uuid.uuid4().hex[:6]}")
+    w.args = ["--policy", "vpa", "--phase-workloads", *w.args[2:]]
+    w.start()
+    host = f"mx-{uuid.uuid4().hex[:6]}"
+    wants = WorkloadPolicy(mode="apply", source="annotation", policy="phase")
+    p = make_producer(settings)
+    t0 = time.time() - 3600
+    try:
+        for t in range(60):
+            m = msg(host, t0 + t, {"plain": regime(t), "wants-phase": regime(t)})
+            m = dataclasses.replace(m, containers=tuple(
+                c if c.container == "plain" else dataclasses.replace(c, workload=wants) for c in m.containers))
+            p.produce(SAMPLES.name, key=host.encode(), value=encode(m))
+        p.flush(10)
+        got: dict[str, set[str]] = {}
+
+        def decision(m):
+            try:
+                d = decode(Decision, m.value())
+            except SchemaError:
+                return None
+            if d.host == host:
+                got.setdefault(d.container, set()).add(d.policy)
+            return d if d.host == host else None
+
+        deadline = time.monotonic() + 30
+        while set(got) != {"plain", "wants-phase"} and time.monotonic() < deadline:
+            read_until(settings, DECISIONS.name, DECISIONS.partitions, decision, 5, "decision")
+        assert got == {"plain": {"vpa"}, "wants-phase": {"phase"}}, (got, w.role.log_tail())
+        assert w.metric('phasewise_worker_policy_refused_total{policy="phase"}') == 0
     finally:
         if w.role is not None:
             w.role.stop()

@@ -34,6 +34,17 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 GIB = 1 << 30
 
 
+def health_answers_of(base: str, role: str) -> None:
+    """A job worker's phasewise.observe endpoints once it is ready: live, ready, its build_info."""
+    import urllib.request
+
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(base + path, timeout=5) as r:
+            assert (r.status, r.read()) == (200, b"ok\n"), path
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+        assert f'role="{role}"' in r.read().decode()
+
+
 def test_place_decisions_between_hostile_records(broker, tmp_path):
     from phasewise.bench.harness import scrape
     from phasewise.infra.broker import free_port
@@ -57,6 +68,7 @@ def test_place_decisions_between_hostile_records(broker, tmp_path):
             pass
         time.sleep(0.3)
     assert role.alive(), role.log_tail()
+    health_answers_of(f"http://127.0.0.1:{port}", "place")
     try:
         p = make_producer(s)
         key = f"k-{tag}".encode()

@@ -59,7 +59,7 @@ def test_metrics_are_the_fleet_totals_with_bounded_labels(sc):
 
 
 def test_explain_view(sc):
-    assert sc.view(None) == (200, {"containers": ["h1/only-h1", "h1/train", "h2/only-h2", "h2/train"]})
+    assert sc.view(None) == (200, {"containers": ["h1/only-h1", "h1/train", "h2/only-h2", "h2/train"], "refused": []})
     status, body = sc.view("train")
     assert status == 409 and "h1/train" in body["error"]
     status, body = sc.view("only-h2")

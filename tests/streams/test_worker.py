@@ -196,6 +196,32 @@ def test_the_scorecard_of_the_real_worker_on_its_web_port_and_metrics(module_set
     assert want in text and host not in text
 
 
+def test_a_workload_asking_for_a_policy_the_worker_does_not_run_is_refused_visibly(
+        module_settings, worker, decisions):
+    """A --policy vpa worker without --phase-workloads: the container whose workload asks for the phase
+    policy gets no decision (not a VPA one in its place), the metric counts it, explain says why; its
+    neighbour in the same message is decided as usual."""
+    from phasewise.schemas import WorkloadPolicy
+    from phasewise.streams.explain import fetch
+
+    host = f"h-{uuid.uuid4().hex[:6]}"
+    wants = WorkloadPolicy(mode="apply", source="annotation", policy="phase")
+    p = make_producer(module_settings)
+    for i in range(20):
+        p.produce(SAMPLES.name, key=host.encode(), value=encode(HostSamples(host=host, ts=T0 + 0.5 * i, interval_s=0.5,
+                  containers=tuple(ContainerSample(container=c, cpu_cores=0.2, mem_bytes=3e8, cpu_limit_cores=4.0,
+                                                   mem_limit_bytes=8e9, nr_periods=5, workload=w)
+                                   for c, w in (("plain", None), ("wants-phase", wants))))))
+    p.flush(10)
+    decisions.wait_for(decision_for(host, "plain"), what="decision")
+    assert not [m for m in decisions.seen if decision_for(host, "wants-phase")(m)]
+    assert worker.metric('phasewise_worker_policy_refused_total{policy="phase"}') >= 20
+    status, card = fetch(f"http://127.0.0.1:{worker.web_port}", f"{host}/wants-phase")
+    assert status == 200 and card["policy"] == "phase" and card["worker_policy"] == "vpa"
+    assert "not decided" in card["refused"] and "--phase-workloads" in card["refused"]
+    assert f"container {host}/wants-phase refused" in worker.role.log_tail(200)
+
+
 BAD = [
     (b"this is not json", "not valid JSON"),
     (json.dumps({"v": 2, "host": "x", "ts": 1.0, "interval_s": 1.0}).encode(), "unsupported schema version"),
