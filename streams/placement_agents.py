@@ -107,6 +107,8 @@ class PlacementMetrics:
                                     registry=registry)
         self.delivery_errors = Counter("phasewise_place_delivery_errors", "output records not delivered",
                                        ["topic"], registry=registry)
+        for t in (DECISIONS, DEAD_LETTERS):  # zeros: a first error is an increase (rate() and increase() see it)
+            self.delivery_errors.labels(topic=t.name)
         self.table_writes = Counter("phasewise_place_table_writes", "state table writes", registry=registry)
         self.commit_flush_seconds = Counter("phasewise_place_commit_flush_seconds", "seconds in commit flushes",
                                             registry=registry)

@@ -285,17 +285,29 @@ def test_the_base_renders_as_listed():
 
 def test_the_services_name_the_scrape_jobs_the_rules_use():
     services = {s["metadata"]["name"]: s for s in by_kind("Service")}
-    assert set(services) == {"phasewise-producer", "phasewise-worker", "phasewise-actuator"}
+    assert set(services) == {"phasewise-producer", "phasewise-worker", "phasewise-actuator", "phasewise-horus",
+                             "phasewise-place"}
+    workloads = {w["metadata"]["name"]: w for w in by_kind("Deployment") + by_kind("DaemonSet")}
     (sm,) = by_kind("ServiceMonitor")
     assert sm["spec"]["jobLabel"] == "app.kubernetes.io/name"
     for name, svc in services.items():
         assert svc["metadata"]["labels"]["app.kubernetes.io/name"] == name  # the job label
         assert svc["metadata"]["labels"].items() >= sm["spec"]["selector"]["matchLabels"].items()
         assert [p["name"] for p in svc["spec"]["ports"]] == [e["port"] for e in sm["spec"]["endpoints"]]
+        # the Service selects a pod template that has the port it targets
+        selected = [w for w in workloads.values()
+                    if svc["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert selected, name
+        ports = {(p.get("name"), p["containerPort"]) for w in selected for c in containers(w)
+                 for p in c.get("ports", [])}
+        (sp,) = svc["spec"]["ports"]
+        assert (sp["targetPort"], sp["port"]) in ports, (name, ports)
     rules = (REPO / "infra/prometheus/phasewise-rules.yml").read_text()
-    assert 'job=~"phasewise-(producer|worker|actuator)"' in rules
+    assert 'job=~"phasewise-(producer|worker|actuator|horus|place)"' in rules
+    # the single-host compose file runs the three roles (no job workers): its Prometheus scrapes those
     prom = yaml.safe_load((REPO / "infra/prometheus/prometheus.yml").read_text())
-    assert {j["job_name"] for j in prom["scrape_configs"]} == set(services)
+    assert {j["job_name"] for j in prom["scrape_configs"]} == {"phasewise-producer", "phasewise-worker",
+                                                                "phasewise-actuator"}
 
 
 def test_the_prometheus_rule_object_holds_exactly_the_rules_file():

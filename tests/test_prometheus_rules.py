@@ -12,7 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.producers.metrics import ProducerMetrics
+from phasewise.streams.horus_agents import HorusMetrics
 from phasewise.streams.metrics import WorkerMetrics
+from phasewise.streams.placement_agents import PlacementMetrics
 
 RULES = Path(__file__).resolve().parents[1] / "infra" / "prometheus"
 promtool = shutil.which("promtool")
@@ -32,7 +34,7 @@ def exported_names() -> set[str]:
     before its first error) has a family but no sample, so names come from the family type too.
     """
     names: set[str] = set()
-    for cls in (ProducerMetrics, WorkerMetrics, ActuatorMetrics):
+    for cls in (ProducerMetrics, WorkerMetrics, ActuatorMetrics, HorusMetrics, PlacementMetrics):
         reg = CollectorRegistry()
         cls(reg)
         for fam in reg.collect():
