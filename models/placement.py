@@ -41,6 +41,10 @@ Policies (:data:`POLICIES`):
     target workload M of task types with popularity p_m, F_n(M) = sum_m p_m
     F_n(m). FGD places a job on the node and GPUs where F_n(M) grows least
     (the hypothetical node after placement minus the node now).
+    F_n(M) is computed exactly, in integers (task counts, not float
+    popularities), per group of task shapes rather than per task type, and cached
+    by node version and job type; equal growths therefore tie exactly and go to
+    the lower node, then the lower GPU.
 ``horus``
     Horus (Yeung et al., TPDS 2022): per GPU g, cost = 1.3 * (memory used_g +
     job memory) / device memory + |util_g + job util - 100| / 100, times 1.6
@@ -67,8 +71,10 @@ Policies (:data:`POLICIES`):
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -250,7 +256,7 @@ class Cluster:
             raise ValueError(f"job {job.job}: already placed")
         i = self.index[p.node]
         gpus = tuple(p.gpus)
-        if len(gpus) != job.count or not self.feasible(job)[i] or not self._gpus_ok(job, i, gpus):
+        if len(gpus) != job.count or not self.feasible(job, np.array([i]))[0] or not self._gpus_ok(job, i, gpus):
             raise ValueError(f"job {job.job}: placement on {p.node} {list(gpus)} would over-commit")
         a = _Alloc(i, gpus, job.cpu_milli, job.mem_bytes, job.milli, job.gpu_mem_bytes, _job_util(job), job.workload)
         self._book(a, +1)
@@ -292,7 +298,7 @@ class Cluster:
         self.version[i] += 1
 
     def _gpus_ok(self, job: Job, i: int, gpus: tuple[int, ...]) -> bool:
-        ok = self._gpu_ok(job)[i]
+        ok = self._gpu_ok(job, np.array([i]))[0]
         return len(set(gpus)) == len(gpus) and all(0 <= j < self._g and ok[j] for j in gpus)
 
     # -- feasibility ---------------------------------------------------------------------
@@ -480,22 +486,27 @@ class Horus:
         return _decide(job, c, self.name, cost, lambda i: np.sort(order[np.searchsorted(rows, i)]), "cost")
 
 
-# -- FGD ---------------------------------------------------------------------------------------
+# -- FGD's fragmentation -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class WorkloadTypes:
-    """A target workload: task types (CPU milli, memory bytes, GPUs, milli per GPU) and popularity."""
+    """A target workload: task types (CPU milli, memory bytes, GPUs, milli per GPU) and how many tasks
+    of each type (popularity = n / n.sum())."""
 
     cpu: np.ndarray
     mem: np.ndarray
     count: np.ndarray  # GPUs per task (0: CPU-only)
     milli: np.ndarray  # milli per GPU
-    weight: np.ndarray  # popularity, sums to 1
+    n: np.ndarray  # tasks of this type
 
-    def __post_init__(self) -> None:
-        thr, idx = np.unique(np.minimum(self.milli, MILLI), return_inverse=True)
-        object.__setattr__(self, "thr", thr)  # distinct min(GPU demand, 1000)
-        object.__setattr__(self, "thr_idx", idx.reshape(-1))
+    @property
+    def weight(self) -> np.ndarray:
+        """Popularity p_m, sums to 1."""
+        return self.n / max(int(self.n.sum()), 1)
+
+    @cached_property
+    def model(self) -> _FragModel:
+        return _FragModel(self)
 
 
 def workload_types(jobs: Iterable[Job]) -> WorkloadTypes:
@@ -505,113 +516,227 @@ def workload_types(jobs: Iterable[Job]) -> WorkloadTypes:
         k = (int(j.cpu_milli), int(j.mem_bytes), j.count, j.milli)
         counts[k] = counts.get(k, 0) + 1
     keys = sorted(counts)
-    total = sum(counts.values()) or 1
     a = np.array(keys, np.int64).reshape(-1, 4)
-    return WorkloadTypes(a[:, 0], a[:, 1], a[:, 2], a[:, 3], np.array([counts[k] / total for k in keys]))
+    return WorkloadTypes(a[:, 0], a[:, 1], a[:, 2], a[:, 3], np.array([counts[k] for k in keys], np.int64))
+
+
+@dataclass(frozen=True)
+class _NodeSummary:
+    """What F_n(M) needs of each node's free GPU milli (rows = nodes)."""
+
+    total: np.ndarray  # free milli on the node
+    whole: np.ndarray  # fully free GPUs
+    frag: np.ndarray  # (rows, thresholds): sum of free milli of the GPUs with free < threshold
+
+
+class _FragModel:
+    """F_n(M) of FGD, exactly, in integers: milli-GPU x tasks (divide by :attr:`N` for milli-GPU).
+
+    F_n(M) * N = sum_m n_m F_n(m) = N * free_n - sum_{m fits on n} n_m (free_n - frag_n(thr_m)), where a
+    task fits when the node has its CPU and memory and (a share of u milli) a GPU with >= u free, or
+    (k whole GPUs) k fully free GPUs; frag_n(u) is the free milli on GPUs with less than u free
+    (u = 1000 for whole GPUs) and CPU-only tasks never fit (all free GPU milli is theirs a fragment).
+    A share needs no GPU test: when no GPU has u free, frag_n(u) is all the free milli, as if it did not
+    fit. The tasks whose CPU and memory fit are counted per group (a share of u milli; k whole GPUs)
+    with a table of cumulative counts over the workload's (CPU, memory) values, so a node costs
+    O(groups), not O(task types).
+    """
+
+    def __init__(self, w: WorkloadTypes, max_cells: int = 1 << 21):
+        n = np.asarray(w.n, np.int64)
+        self.N = int(n.sum())
+        gpu = w.count > 0
+        share, whole = gpu & (w.milli < MILLI), gpu & (w.milli >= MILLI)
+        su = np.unique(w.milli[share]).astype(np.int64)
+        wk = np.unique(w.count[whole]).astype(np.int64)
+        self.u = np.unique(np.concatenate([su, [MILLI] if len(wk) else []])).astype(np.int64)  # thresholds
+        self.need = np.concatenate([su, wk])  # per group: milli on one GPU, or whole GPUs
+        self.is_share = np.arange(len(self.need)) < len(su)
+        self.thr = np.searchsorted(self.u, np.concatenate([su, np.full(len(wk), MILLI)]))
+        gid = np.full(len(n), -1, np.int64)
+        gid[share] = np.searchsorted(su, w.milli[share])
+        gid[whole] = len(su) + np.searchsorted(wk, w.count[whole])
+        t = gid >= 0
+        self.cv, self.mv = np.unique(w.cpu[t]), np.unique(w.mem[t])
+        groups = len(self.need)
+        self.table = None
+        if (len(self.cv) + 1) * (len(self.mv) + 1) * groups <= max_cells:
+            tab = np.zeros((len(self.cv) + 1, len(self.mv) + 1, groups), np.int64)
+            np.add.at(tab, (np.searchsorted(self.cv, w.cpu[t]) + 1, np.searchsorted(self.mv, w.mem[t]) + 1,
+                            gid[t]), n[t])
+            self.table = tab.cumsum(axis=0).cumsum(axis=1)
+        else:  # many distinct (CPU, memory) values: count by comparison instead
+            self.t_cpu, self.t_mem = w.cpu[t], w.mem[t]
+            self.onehot = np.zeros((int(t.sum()), groups))
+            self.onehot[np.arange(int(t.sum())), gid[t]] = n[t]
+
+    def fitting(self, cpu_free: np.ndarray, mem_free: np.ndarray) -> np.ndarray:
+        """(rows, groups): tasks of each group whose CPU and memory fit in what is free."""
+        if self.table is not None:
+            return self.table[np.searchsorted(self.cv, cpu_free, "right"), np.searchsorted(self.mv, mem_free, "right")]
+        ok = (cpu_free[:, None] >= self.t_cpu[None, :]) & (mem_free[:, None] >= self.t_mem[None, :])
+        return np.rint(ok @ self.onehot).astype(np.int64)
+
+    def summary(self, gfree: np.ndarray) -> _NodeSummary:
+        return _NodeSummary(total=gfree.sum(axis=1), whole=(gfree == MILLI).sum(axis=1),
+                            frag=(gfree[:, :, None] * (gfree[:, :, None] < self.u[None, None, :])).sum(axis=1))
+
+    def value(self, fitting: np.ndarray, total: np.ndarray, whole: np.ndarray, frag: np.ndarray) -> np.ndarray:
+        """F_n(M) * N per row."""
+        if not len(self.need):
+            return self.N * total
+        gpu_fit = self.is_share[None, :] | (whole[:, None] >= self.need[None, :])
+        gain = np.where(gpu_fit, fitting * (total[:, None] - frag[:, self.thr]), 0)
+        return self.N * total - gain.sum(axis=1)
+
+    def nodes(self, cpu_free: np.ndarray, mem_free: np.ndarray, gfree: np.ndarray) -> np.ndarray:
+        """F_n(M) * N of each node state."""
+        s = self.summary(gfree)
+        return self.value(self.fitting(cpu_free, mem_free), s.total, s.whole, s.frag)
 
 
 def _frag(w: WorkloadTypes, cpu_free: np.ndarray, mem_free: np.ndarray, gfree: np.ndarray) -> np.ndarray:
-    """F_n(M) for each row (node state): cpu_free (C,), mem_free (C,), gfree (C, G) milli."""
-    total = gfree.sum(axis=1).astype(float)
-    if len(w.weight) == 0:
-        return np.zeros(len(total))
-    thr_values, thr_idx = w.thr, w.thr_idx
-    below = gfree[:, :, None] < thr_values[None, None, :]  # (C, G, U)
-    frag_u = (gfree[:, :, None] * below).sum(axis=1)  # (C, U)
-    max_free = gfree.max(axis=1) if gfree.shape[1] else np.zeros(len(total))
-    whole = (gfree == MILLI).sum(axis=1)
-    gpu_ok = np.where(w.count[None, :] >= 1,
-                      np.where(w.milli[None, :] >= MILLI, whole[:, None] >= w.count[None, :],
-                               max_free[:, None] >= w.milli[None, :]), False)
-    fits = (cpu_free[:, None] >= w.cpu[None, :]) & (mem_free[:, None] >= w.mem[None, :]) & gpu_ok
-    f = np.where(fits, frag_u[:, thr_idx], total[:, None])  # (C, T)
-    return f @ w.weight
+    """F_n(M) in milli-GPU for each row (node state): cpu_free (C,), mem_free (C,), gfree (C, G) milli."""
+    m = w.model
+    return m.nodes(np.asarray(cpu_free), np.asarray(mem_free), np.asarray(gfree, np.int64)) / max(m.N, 1)
 
 
-class Fgd:
-    """FGD against a target workload; without one, against the jobs it has been asked to place.
+class _Fragmentation:
+    """FGD's fragmentation growth of placing a job, per node (and per GPU for a share of one GPU).
 
-    Online, the distribution is recomputed at every job for the first
-    *refresh_every* jobs, then every *refresh_every* jobs (each recomputation
-    empties the per-node cache, so a fixed distribution between refreshes
-    keeps decisions cheap).
+    Against a target workload; without one, against the jobs asked about so far: the distribution is
+    recomputed at every job for the first *refresh_every* jobs, then every *refresh_every* jobs. Two
+    caches keep decisions cheap: each node's F_n(M) and GPU summary by node version, and each job
+    type's growth per node by node version (a job type = its CPU, memory, GPUs, GPU memory, workload
+    class and selector), so only nodes whose state changed since are computed again.
     """
 
-    name = "fgd"
-
-    def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64):
+    def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64, max_types: int = 512):
         self._fixed = workload
         self._seen: list[Job] = []
         self._w = workload
         self._refresh = max(1, refresh_every)
-        self._cache: dict[tuple, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._max_types = max_types
+        self._owner: tuple | None = None  # (cluster, nodes, GPU slots) the caches describe
+        self._types: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
-    def _workload(self, job: Job) -> WorkloadTypes:
+    def workload(self, job: Job) -> WorkloadTypes:
         if self._fixed is not None:
             return self._fixed
         self._seen.append(job)  # online popularity: the jobs asked about so far
         n = len(self._seen)
         if self._w is None or n <= self._refresh or n % self._refresh == 0:
             self._w = workload_types(self._seen)
-            self._cache.clear()
+            self._owner = None
         return self._w
 
-    def _deltas(self, job: Job, c: Cluster, rows: np.ndarray, w: WorkloadTypes) -> tuple[np.ndarray, np.ndarray]:
-        """(best delta, best first GPU) for each node in *rows* (inf where infeasible)."""
-        delta = np.full(len(rows), _INF)
-        first = np.zeros(len(rows), np.int64)
+    def _nodes(self, c: Cluster) -> None:
+        """Bring each node's F_n(M) and summary up to its version."""
+        owner = (c, len(c), c._g)
+        if self._owner is None or self._owner[0] is not c or self._owner[1:] != owner[1:]:
+            self._owner = owner
+            self._types.clear()
+            self._stamp = np.full(len(c), -1, np.int64)
+            m = self._w.model
+            self._before = np.zeros(len(c), np.int64)
+            self._sum = m.summary(np.zeros((len(c), c._g), np.int64))
+        stale = np.flatnonzero(self._stamp != c.version)
+        if len(stale):
+            m = self._w.model
+            cpu, mem, gfree = c.cpu_free(stale), c.mem_free(stale), c._gfree(stale)
+            s = m.summary(gfree)
+            for name in ("total", "whole", "frag"):
+                getattr(self._sum, name)[stale] = getattr(s, name)
+            self._before[stale] = m.value(m.fitting(cpu, mem), s.total, s.whole, s.frag)
+            self._stamp[stale] = c.version[stale]
+
+    def deltas(self, job: Job, c: Cluster) -> np.ndarray:
+        """Growth of F_n(M) in milli-GPU if *job* goes there: (nodes,), or (nodes, GPU slots) for a share
+        of one GPU (one value per GPU it could take); +inf where it cannot go."""
+        self._nodes(c)
+        key = (job.cpu_milli, job.mem_bytes, job.gpus, job.gpu_mem_bytes, job.workload, job.node_selector,
+               c.config.isolate_inference)
+        hit = self._types.pop(key, None)
+        share = 0 < job.gpus < 1
+        if hit is None:
+            stamp = np.full(len(c), -1, np.int64)
+            delta = np.full((len(c), c._g) if share else len(c), _INF)
+        else:
+            stamp, delta = hit
+        stale = np.flatnonzero(stamp != c.version)
+        if len(stale):
+            delta[stale] = self._compute(job, c, stale)
+            stamp[stale] = c.version[stale]
+        self._types[key] = (stamp, delta)
+        if len(self._types) > self._max_types:
+            self._types.popitem(last=False)
+        return delta
+
+    def _compute(self, job: Job, c: Cluster, rows: np.ndarray) -> np.ndarray:
+        m = self._w.model
+        share = 0 < job.gpus < 1
+        out = np.full((len(rows), c._g) if share else len(rows), _INF)
         ok = c.feasible(job, rows)
         r = rows[ok]
         if len(r) == 0:
-            return delta, first
-        cpu, mem, gfree = c.cpu_free(r), c.mem_free(r), c._gfree(r)
-        before = _frag(w, cpu, mem, gfree)
-        cpu2, mem2 = cpu - job.cpu_milli, mem - job.mem_bytes
+            return out
+        s = self._sum
+        total, whole, frag = s.total[r], s.whole[r], s.frag[r]
+        fit = m.fitting(c.cpu_free(r) - job.cpu_milli, c.mem_free(r) - job.mem_bytes)
+        n = max(m.N, 1)
         if job.count == 0:
-            d, f = _frag(w, cpu2, mem2, gfree) - before, np.zeros(len(r), np.int64)
-        elif job.gpus >= 1:  # any k fully free GPUs leave the same multiset of free milli
+            out[ok] = (m.value(fit, total, whole, frag) - self._before[r]) / n
+        elif not share:  # k fully free GPUs: any k leave the same free milli behind (and no fragment)
+            k = job.count
+            out[ok] = (m.value(fit, total - k * MILLI, whole - k, frag) - self._before[r]) / n
+        else:  # one hypothetical node per GPU it could take; GPUs with the same free milli are alike
             gok = c._gpu_ok(job, r)
-            take = np.cumsum(gok, axis=1) <= job.count
-            after = np.where(gok & take, 0, gfree)
-            d, f = _frag(w, cpu2, mem2, after) - before, np.argmax(gok, axis=1)
-        else:  # a share: one hypothetical node per feasible GPU
-            gok = c._gpu_ok(job, r)
-            cand_n, cand_g = np.nonzero(gok)
-            after = gfree[cand_n].copy()
-            after[np.arange(len(cand_n)), cand_g] -= job.milli
-            dd = _frag(w, cpu2[cand_n], mem2[cand_n], after) - before[cand_n]
-            # per node: the smallest delta, ties to the lower GPU index (cand_* are row-major sorted)
-            order = np.lexsort((cand_g, dd, cand_n))
-            cn, first_of = np.unique(cand_n[order], return_index=True)
-            d = np.full(len(r), _INF)
-            f = np.zeros(len(r), np.int64)
-            d[cn] = dd[order][first_of]
-            f[cn] = cand_g[order][first_of]
-        delta[ok], first[ok] = d, f
-        return delta, first
+            gfree = c._gfree(r)
+            g = gfree.shape[1]
+            same = (gfree[:, :, None] == gfree[:, None, :]) & gok[:, None, :]
+            rep = np.argmax(same, axis=2)  # the first GPU it could take with as much free milli
+            ri, gi = np.nonzero(gok & (rep == np.arange(g)[None, :]))
+            f, mj = gfree[ri, gi], job.milli
+            u = m.u[None, :]
+            frag2 = (frag[ri] - np.where(f[:, None] < u, f[:, None], 0)
+                     + np.where((f - mj)[:, None] < u, (f - mj)[:, None], 0))
+            after = m.value(fit[ri], total[ri] - mj, whole[ri] - (f == MILLI), frag2)
+            d_rep = np.zeros((len(r), g))
+            d_rep[ri, gi] = (after - self._before[r][ri]) / n
+            sub = np.where(gok, d_rep[np.arange(len(r))[:, None], rep], _INF)
+            out[ok] = sub
+        return out
+
+
+class Fgd:
+    """FGD against a target workload; without one, against the jobs it has been asked to place
+    (:class:`_Fragmentation`)."""
+
+    name = "fgd"
+
+    def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64):
+        self._frag = _Fragmentation(workload, refresh_every)
+
+    @property
+    def _w(self) -> WorkloadTypes | None:
+        return self._frag._w
+
+    @property
+    def _seen(self) -> list[Job]:
+        return self._frag._seen
 
     def place(self, job: Job, cluster: Cluster) -> Placement:
         c = cluster
-        w = self._workload(job)
-        key = (job.cpu_milli, job.mem_bytes, job.gpus, job.gpu_mem_bytes, job.workload, job.node_selector,
-               len(c), c.config.isolate_inference)
-        hit = self._cache.get(key)
-        if hit is None or hit[0] is not c or len(hit[1]) != len(c):
-            stamp = np.full(len(c), -1, np.int64)
-            delta = np.full(len(c), _INF)
-            first = np.zeros(len(c), np.int64)
+        self._frag.workload(job)
+        d = self._frag.deltas(job, c)
+        if d.ndim == 2:  # a share: per node the GPU of least growth, ties to the lower GPU index
+            first = np.argmin(d, axis=1)
+            delta = d[np.arange(len(d)), first]
         else:
-            _, stamp, delta, first = hit
-        stale = np.flatnonzero(stamp != c.version)
-        if len(stale):
-            delta[stale], first[stale] = self._deltas(job, c, stale, w)
-            stamp[stale] = c.version[stale]
-        self._cache[key] = (c, stamp, delta, first)
-        if len(self._cache) > 4096:
-            self._cache.pop(next(iter(self._cache)))
+            delta = d
 
         def pick(i: int) -> np.ndarray:
-            if job.gpus < 1:
+            if d.ndim == 2:
                 return np.array([first[i]])
             return np.flatnonzero(c._gpu_ok(job, np.array([i]))[0])[: job.count]
         return _decide(job, c, self.name, delta.copy(), pick, "fragmentation change (milli-GPU)")
