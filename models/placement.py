@@ -46,16 +46,24 @@ Policies (:data:`POLICIES`):
     by node version and job type; equal growths therefore tie exactly and go to
     the lower node, then the lower GPU.
 ``horus``
-    Horus (Yeung et al., TPDS 2022): per GPU g, cost = 1.3 * (memory used_g +
-    job memory) / device memory + |util_g + job util - 100| / 100, times 1.6
-    when util_g + job util > 100, + running jobs on g; lowest wins. A k-GPU job
-    costs the sum over the k cheapest feasible GPUs of a node. Memory used and
-    util are the more of what was observed and what placements booked; the
-    job's util is its predicted mean GPU utilisation (``Job.util``), else its
-    requested share (gpus * 100); its memory is its predicted GPU memory, else
-    its request. Where a device's memory is unknown (0) the memory term uses
-    milli-GPU shares instead. A CPU-only job has no GPU term: the same formula
-    is applied to the host, CPU share as utilisation and host memory as memory.
+    Horus (Yeung et al., TPDS 2022) with FGD's fragmentation growth. Horus's cost
+    per GPU g is 1.3 * (memory used_g + job memory) / device memory + |util_g +
+    job util - 100| / 100, times 1.6 when util_g + job util > 100, + running jobs
+    on g. Memory used and util are the more of what was observed and what
+    placements booked; the job's util is its predicted mean GPU utilisation
+    (``Job.util``), else its requested share (gpus * 100); its memory is its
+    predicted GPU memory, else its request (milli-GPU shares where a device's
+    memory is unknown). The utilisation term has two parts: below 100 % it is
+    the GPU left idle, above 100 % the interference of over-subscribed jobs.
+    Here the idle part is replaced by FGD's measure of idle capacity, the growth
+    of F_n(M): a job goes where ``w * dF / 1000 + over`` is least (``w`` =
+    ``PlacementConfig.horus_frag_weight``, dF in milli-GPU, ``over`` = the
+    over-subscription part, summed over the GPUs it takes); ties go to Horus's
+    whole cost, then the lower node and GPU. A k-GPU job takes the node's k GPUs
+    of least (over, cost). A CPU-only job takes no GPU, so none of Horus's terms
+    apply: it goes where fragmentation grows least. ``w = 0``: Horus's cost
+    alone (lowest wins; a CPU-only job by the same formula on the host, CPU
+    share as utilisation and host memory as memory).
 
 >>> nodes = [Node("a", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),) * 2),
 ...          Node("b", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),))]
@@ -156,6 +164,7 @@ class PlacementConfig:
     top_k: int = 3  # runner-up nodes reported with each decision
     horus_mem_weight: float = 1.3
     horus_over_factor: float = 1.6
+    horus_frag_weight: float = 1.0  # horus: weight of FGD's fragmentation growth (GPUs) against over-capacity
 
 
 @dataclass
@@ -402,20 +411,28 @@ def _why_not(job: Job, c: Cluster) -> str:
         " (inference isolated from training)" if c.config.isolate_inference else "")
 
 
-def _decide(job: Job, c: Cluster, policy: str, cost: np.ndarray, gpu_pick, what: str) -> Placement:
-    """Lowest cost wins (ties: lower index); *cost* is +inf where infeasible."""
+def _decide(job: Job, c: Cluster, policy: str, cost: np.ndarray, gpu_pick, what: str,
+            tie: np.ndarray | None = None, reason=None) -> Placement:
+    """Lowest *cost* wins, then lowest *tie* (when given), then the lower index; *cost* is +inf where
+    infeasible. *reason*, when given, writes the reason's middle from the chosen node's index."""
     finite = np.isfinite(cost)
     if not finite.any():
         return _unplaced(job, policy, c)
     k = max(1, c.config.top_k)
-    best = int(np.argmin(cost))  # the first minimum: the lower index on ties
-    top = np.argpartition(cost, k - 1)[:k] if len(cost) > k else np.arange(len(cost))
-    order = top[np.lexsort((top, cost[top]))]
+    idx = np.arange(len(cost))
+    if tie is None:
+        best = int(np.argmin(cost))  # the first minimum: the lower index on ties
+        top = np.argpartition(cost, k - 1)[:k] if len(cost) > k else idx
+        order = top[np.lexsort((top, cost[top]))]
+    else:
+        order = np.lexsort((idx, tie, cost))
+        best = int(order[0])
     scores = {c.names[int(i)]: round(float(cost[i]), 6) for i in order[:k] if finite[i]}
     gpus = tuple(int(j) for j in gpu_pick(best)) if job.count else ()
-    reason = f"{policy}: {what} {float(cost[best]):.4g} on {c.names[best]}" + (
+    middle = reason(best) if reason else f"{what} {float(cost[best]):.4g}"
+    reason_line = f"{policy}: {middle} on {c.names[best]}" + (
         f" GPU {list(gpus)}" if gpus else "") + f" among {int(finite.sum())} feasible nodes"
-    return Placement(job.job, c.names[best], gpus, policy, float(cost[best]), reason, scores)
+    return Placement(job.job, c.names[best], gpus, policy, float(cost[best]), reason_line, scores)
 
 
 class FirstFit:
@@ -448,9 +465,24 @@ class BestFit:
 
 
 class Horus:
+    """Horus's interference-aware cost with FGD's fragmentation growth (see the module's docstring).
+
+    Per node (and its GPUs) the policy minimises ``w * dF / 1000 + over`` (``w`` =
+    ``PlacementConfig.horus_frag_weight``; ``dF`` = FGD's growth of F_n(M) in milli-GPU; ``over`` =
+    Horus's over-capacity term, ``1.6 * max(0, util now + job util - 100) / 100`` per GPU it takes),
+    then Horus's whole cost, then the lower index.
+    """
+
     name = "horus"
 
+    def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64):
+        self._frag = _Fragmentation(workload, refresh_every)
+
     def _gpu_costs(self, job: Job, c: Cluster, rows: np.ndarray) -> np.ndarray:
+        return self._gpu_terms(job, c, rows)[0]
+
+    def _gpu_terms(self, job: Job, c: Cluster, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(Horus's cost, its over-capacity term) per GPU of *rows*."""
         cfg = c.config
         gcap = c.gmem_cap[rows]
         known = gcap > 0
@@ -461,10 +493,42 @@ class Horus:
         mem_job = np.where(known, jmem / cap, job.milli / MILLI)
         s = np.maximum(c.gutil_obs[rows], c.gutil_alloc[rows]) + _job_util(job)
         util = np.abs(s - 100.0) / 100.0 * np.where(s > 100.0, cfg.horus_over_factor, 1.0)
-        return cfg.horus_mem_weight * (mem_now + mem_job) + util + c.gjobs[rows]
+        over = np.where(s > 100.0, util, 0.0)
+        return cfg.horus_mem_weight * (mem_now + mem_job) + util + c.gjobs[rows], over
 
     def place(self, job: Job, cluster: Cluster) -> Placement:
         c = cluster
+        cfg = c.config
+        wf = cfg.horus_frag_weight
+        if wf <= 0:
+            return self._place_alone(job, c)
+        self._frag.workload(job)
+        d = self._frag.deltas(job, c)
+        if job.count == 0:  # no GPU taken: none of Horus's GPU terms apply
+            return _decide(job, c, self.name, d.copy(), None, "fragmentation change (milli-GPU)")
+        ok = c.feasible(job)
+        rows = np.flatnonzero(ok)
+        key, tie, gd, ov = (np.full(len(c), _INF) for _ in range(4))
+        order = np.zeros((0, 1), np.int64)
+        if len(rows):
+            h, over = self._gpu_terms(job, c, rows)
+            gok = c._gpu_ok(job, rows)
+            share = d.ndim == 2  # a share of one GPU: the growth depends on the GPU
+            gkey = np.where(gok, over + wf * d[rows] / MILLI if share else over, _INF)
+            h = np.where(gok, h, _INF)
+            order = np.lexsort((h, gkey), axis=1)[:, : job.count]  # per node: least key, then cost, then index
+            key[rows] = np.take_along_axis(gkey, order, axis=1).sum(axis=1)
+            tie[rows] = np.take_along_axis(h, order, axis=1).sum(axis=1)
+            ov[rows] = np.take_along_axis(np.where(gok, over, 0.0), order, axis=1).sum(axis=1)
+            gd[rows] = d[rows, order[:, 0]] if share else d[rows]
+            if not share:
+                key[rows] += wf * d[rows] / MILLI
+        return _decide(job, c, self.name, key, lambda i: np.sort(order[np.searchsorted(rows, i)]), "",
+                       tie=tie, reason=lambda i: (f"fragmentation change {gd[i]:+.4g} milli-GPU x {wf:g} "
+                                                  f"+ over capacity {ov[i]:.3g}, Horus cost {tie[i]:.4g}"))
+
+    def _place_alone(self, job: Job, c: Cluster) -> Placement:
+        """Horus's cost alone (``horus_frag_weight`` 0)."""
         ok = c.feasible(job)
         cfg = c.config
         if job.count == 0:
@@ -746,9 +810,11 @@ POLICIES = {"horus": Horus, "first-fit": FirstFit, "best-fit": BestFit, "fgd": F
 
 
 def make_policy(name: str, workload: WorkloadTypes | None = None) -> PlacementPolicy:
+    """A policy by name; *workload* is the target workload of fgd's and horus's fragmentation (none: the
+    jobs asked about so far)."""
     if name not in POLICIES:
         raise ValueError(f"unknown placement policy {name!r} (one of {', '.join(POLICIES)})")
-    return Fgd(workload) if name == "fgd" else POLICIES[name]()
+    return POLICIES[name](workload) if name in ("fgd", "horus") else POLICIES[name]()
 
 
 def place_many(jobs: Sequence[Job], cluster: Cluster, policy: PlacementPolicy) -> list[Placement]:

@@ -16,6 +16,7 @@ from phasewise.models.placement import (
     Horus,
     Job,
     Node,
+    Placement,
     PlacementConfig,
     _frag,
     _FragModel,
@@ -110,9 +111,10 @@ def test_node_selector_alternatives():
     assert {make_policy(n).place(job, c).node for n in POLICIES} == {"b"}
 
 
-def test_horus_cost_by_hand():
-    # one node, two 16 GiB GPUs: GPU 0 runs a job booked at 60 % util and 8 GiB; GPU 1 is idle
-    c = Cluster([Node("a", 8000, 32 * GIB, gpus=(Gpu("T4", 16 * GIB),) * 2)])
+def test_horus_cost_alone_by_hand():
+    # horus_frag_weight 0: Horus's cost alone. One node, two 16 GiB GPUs: GPU 0 runs a job booked at
+    # 60 % util and 8 GiB; GPU 1 is idle
+    c = Cluster([Node("a", 8000, 32 * GIB, gpus=(Gpu("T4", 16 * GIB),) * 2)], PlacementConfig(horus_frag_weight=0))
     c.allocate(Job("old", 100, GIB, gpus=0.6, gpu_mem_bytes=8 * GIB, util=60.0),
                Horus().place(Job("old", 100, GIB, gpus=0.6, gpu_mem_bytes=8 * GIB, util=60.0), c))
     assert c.allocs["old"].gpus == (0,)
@@ -123,6 +125,57 @@ def test_horus_cost_by_hand():
     assert p.gpus == (1,) and p.cost == pytest.approx(min(g0, g1)) and g1 < g0
     costs = Horus()._gpu_costs(job, c, np.array([0]))[0]
     assert costs == pytest.approx([g0, g1])
+
+
+# A 2-GPU node and a workload of 60 % whole-GPU and 40 % half-GPU tasks (as openb: mostly whole GPUs).
+# GPU 0 already holds a half-GPU job. A second half on GPU 0 fills it: F(M) goes from 0.6 * 500 (GPU 0's
+# 500 free are a fragment for whole-GPU tasks) to 0, a change of -300 milli-GPU. On GPU 1 it leaves two
+# half-free GPUs: no whole-GPU task fits any more, F(M) = 0.6 * 1000, a change of +300.
+_HALVES = workload_types([Job("w", 1000, GIB, gpus=1.0)] * 3 + [Job("h", 1000, GIB, gpus=0.5)] * 2)
+
+
+def _half_taken(first_util, config=None, observed=0.0):
+    c = Cluster([Node("a", 8000, 32 * GIB, gpus=(Gpu("T4", 16 * GIB, util=observed), Gpu("T4", 16 * GIB)))],
+                config)
+    first = Job("first", 1000, GIB, gpus=0.5, util=first_util)
+    c.allocate(first, Placement("first", "a", (0,)))
+    return c
+
+
+@pytest.mark.parametrize("util,gpu,over", [
+    (90.0, 1, 0.0),  # two busy jobs: 90 + 90 = 180 % on GPU 0, over capacity 0.8 * 1.6 = 1.28 > 0.6 GPU
+    (20.0, 0, 0.0),  # two light jobs: 40 % together, no interference predicted: pack them
+    (None, 0, 0.0),  # no prediction: the requests (50 % each) add up to 100 %, not over: pack them
+])
+def test_horus_separates_two_busy_jobs_and_packs_the_rest(util, gpu, over):
+    c = _half_taken(util)
+    job = Job("second", 1000, GIB, gpus=0.5, util=util)
+    p = Horus(_HALVES).place(job, c)
+    assert p.gpus == (gpu,) and p.cost == pytest.approx(-0.3 if gpu == 0 else 0.3 + over)
+    assert p.reason.startswith("horus: fragmentation change " + ("-300" if gpu == 0 else "+300"))
+    # FGD (no utilisation) packs even the busy pair; Horus's cost alone spreads even the light pair
+    assert Fgd(_HALVES).place(job, c).gpus == (0,)
+    assert Horus(_HALVES).place(job, _half_taken(util, PlacementConfig(horus_frag_weight=0))).gpus == (1,)
+
+
+def test_horus_by_hand_and_its_weight():
+    c = _half_taken(90.0)
+    job = Job("second", 1000, GIB, gpus=0.5, util=90.0)
+    over = (90 + 90 - 100) / 100 * 1.6
+    d = Horus(_HALVES)._frag.deltas(job, c)
+    assert d[0].tolist() == [-300.0, 300.0]  # per GPU, milli-GPU
+    for w, gpu in [(1.0, 1), (2.0, 1), (3.0, 0)]:  # GPU 0 wins once w * 0.6 GPU outweighs 1.28
+        p = Horus(_HALVES).place(job, _half_taken(90.0, PlacementConfig(horus_frag_weight=w)))
+        assert p.gpus == (gpu,)
+        assert p.cost == pytest.approx(min(w * -0.3 + over, w * 0.3))
+
+
+def test_horus_avoids_a_gpu_observed_busy():
+    # no prediction for either job; GPU 0 is observed at 95 % (samples) although only 50 % is booked:
+    # 95 + 50 = 145 %, over capacity 0.45 * 1.6 = 0.72 > the 0.6 GPU that packing would save
+    c = _half_taken(None, observed=95.0)
+    p = Horus(_HALVES).place(Job("second", 1000, GIB, gpus=0.5), c)
+    assert p.gpus == (1,) and p.cost == pytest.approx(0.3)
 
 
 def test_fgd_fragmentation_by_hand():
