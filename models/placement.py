@@ -573,12 +573,20 @@ class WorkloadTypes:
         return _FragModel(self)
 
 
+def _task_type(j: Job) -> tuple[int, int, int, int]:
+    return int(j.cpu_milli), int(j.mem_bytes), j.count, j.milli
+
+
 def workload_types(jobs: Iterable[Job]) -> WorkloadTypes:
     """The distribution of task types among *jobs* (popularity = share of jobs)."""
     counts: dict[tuple[int, int, int, int], int] = {}
     for j in jobs:
-        k = (int(j.cpu_milli), int(j.mem_bytes), j.count, j.milli)
+        k = _task_type(j)
         counts[k] = counts.get(k, 0) + 1
+    return _from_counts(counts)
+
+
+def _from_counts(counts: Mapping[tuple[int, int, int, int], int]) -> WorkloadTypes:
     keys = sorted(counts)
     a = np.array(keys, np.int64).reshape(-1, 4)
     return WorkloadTypes(a[:, 0], a[:, 1], a[:, 2], a[:, 3], np.array([counts[k] for k in keys], np.int64))
@@ -668,8 +676,10 @@ def _frag(w: WorkloadTypes, cpu_free: np.ndarray, mem_free: np.ndarray, gfree: n
 class _Fragmentation:
     """FGD's fragmentation growth of placing a job, per node (and per GPU for a share of one GPU).
 
-    Against a target workload; without one, against the jobs asked about so far: the distribution is
-    recomputed at every job for the first *refresh_every* jobs, then every *refresh_every* jobs. Two
+    Against a target workload; without one, against the jobs asked about so far, each job once however
+    often it is asked (a waiting job is asked again when something frees): counts per task type are
+    kept as jobs come, and the distribution is rebuilt from them at every new job for the first
+    *refresh_every* jobs, then every *refresh_every* new jobs. Two
     caches keep decisions cheap: each node's F_n(M) and GPU summary by node version, and each job
     type's growth per node by node version (a job type = its CPU, memory, GPUs, GPU memory, workload
     class and selector), so only nodes whose state changed since are computed again.
@@ -677,7 +687,9 @@ class _Fragmentation:
 
     def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64, max_types: int = 512):
         self._fixed = workload
-        self._seen: list[Job] = []
+        self._counts: dict[tuple[int, int, int, int], int] = {}  # task type -> jobs seen of it
+        self._seen_ids: set[str] = set()
+        self._seen_n = 0
         self._w = workload
         self._refresh = max(1, refresh_every)
         self._max_types = max_types
@@ -687,11 +699,15 @@ class _Fragmentation:
     def workload(self, job: Job) -> WorkloadTypes:
         if self._fixed is not None:
             return self._fixed
-        self._seen.append(job)  # online popularity: the jobs asked about so far
-        n = len(self._seen)
-        if self._w is None or n <= self._refresh or n % self._refresh == 0:
-            self._w = workload_types(self._seen)
-            self._owner = None
+        if job.job not in self._seen_ids:  # online popularity: the jobs asked about so far
+            self._seen_ids.add(job.job)
+            k = _task_type(job)
+            self._counts[k] = self._counts.get(k, 0) + 1
+            self._seen_n += 1
+            n = self._seen_n
+            if self._w is None or n <= self._refresh or n % self._refresh == 0:
+                self._w = _from_counts(self._counts)
+                self._owner = None
         return self._w
 
     def _nodes(self, c: Cluster) -> None:
@@ -786,8 +802,9 @@ class Fgd:
         return self._frag._w
 
     @property
-    def _seen(self) -> list[Job]:
-        return self._frag._seen
+    def _seen(self) -> int:
+        """Distinct jobs asked about (online workload)."""
+        return self._frag._seen_n
 
     def place(self, job: Job, cluster: Cluster) -> Placement:
         c = cluster

@@ -246,9 +246,21 @@ def test_fgd_online_workload_refreshes_and_stays_deterministic():
         _check_not_overcommitted(c)
         # after 150 jobs the distribution in force is the one of the first 144 (the last refresh)
         assert pol._w.weight.sum() == pytest.approx(1.0)
-        assert sum(1 for _ in pol._seen) == 150
-        assert len(workload_types(pol._seen[:144]).weight) == len(pol._w.weight)
+        assert pol._seen == 150
+        asked = [jobs[i] for i in sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, i))]  # place_many
+        assert (pol._w.n == workload_types(asked[:144]).n).all()
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("name", ["fgd", "horus"])
+def test_online_workload_counts_each_job_once(name):
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4"),))])
+    pol = make_policy(name)
+    big, small = Job("big", 1000, GIB, gpus=1.0), Job("small", 1000, GIB, gpus=0.5)
+    for _ in range(5):  # a waiting job asked about again and again counts once
+        pol.place(big, c)
+    pol.place(small, c)
+    assert pol._frag._seen_n == 2 and pol._frag._w.n.tolist() == [1, 1]
 
 
 # -- the fast F_n(M) and FGD against the definition ---------------------------------------------
