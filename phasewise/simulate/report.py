@@ -54,7 +54,8 @@ def write_report(folder: str | Path, results: list[PolicyResult], *, args: argpa
         over = f" {r.overloaded_gpus:.1f} | {r.excess_util_gpus:.1f} |" if util else ""
         lines.append(f"| {r.policy} | {r.gpu_alloc_ratio:.2%} | {r.fragmented_gpus:.1f} | {r.unplaced_pods} | "
                      f"{r.unplaced_gpu_milli / 1000:.1f} | {r.mean_queue_delay_s:.1f} |{over} {r.wall_s:.1f} |")
-    best = min(results, key=lambda r: (r.unplaced_pods, r.fragmented_gpus))
+    fewest = min(r.unplaced_pods for r in results)
+    best = ", ".join(f"**{r.policy}**" for r in results if r.unplaced_pods == fewest)
     w = args.horus_frag_weight
     horus = ("horus ranks nodes by its fragmentation weight x FGD's fragmentation growth + Horus's over-capacity "
              "term (co-located utilisation above 100 %), then by Horus's whole cost; a CPU-only pod by "
@@ -66,9 +67,7 @@ def write_report(folder: str | Path, results: list[PolicyResult], *, args: argpa
               "its utilisation (gpu_milli / 10 %) and its memory share (gpu_milli / 1000), so its over-capacity "
               "term is never positive.")
     lines += [
-        "", f"Fewest unplaced pods: **{best.policy}**" + (" (ties: fewest fragmented GPUs, then listed first)"
-                                                         if sum(r.unplaced_pods == best.unplaced_pods
-                                                                for r in results) > 1 else "") + ".", "",
+        "", f"Fewest unplaced pods ({fewest}): {best}.", "",
         "![GPU allocation](allocation.png)", "", "![fragmentation](fragmentation.png)", "",
         "Measures (see docs/placement.md): GPU allocated = allocated / total GPU milli "
         + ("after the last arrival" if args.mode == "fill" else "time-weighted over the arrivals' span")

@@ -75,7 +75,9 @@ def test_cli_json_and_report(small, tmp_path, capsys):
     assert "5/5 pods" in err  # the progress bar
     for f in ("allocation.png", "fragmentation.png", "summary.md"):
         assert (tmp_path / "rep" / f).stat().st_size > 0
-    assert "| fgd |" in (tmp_path / "rep" / "summary.md").read_text()
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "| fgd |" in summary
+    assert "Fewest unplaced pods (1): **horus**, **first-fit**, **best-fit**, **fgd**." in summary
     # in parallel processes: the same results, one bar over all policies
     assert main(["simulate", str(small[0]), "--nodes", str(small[1]), "--jobs", "2", "--json"]) == 0
     out2, err2 = capsys.readouterr()
