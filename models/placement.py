@@ -41,17 +41,29 @@ Policies (:data:`POLICIES`):
     target workload M of task types with popularity p_m, F_n(M) = sum_m p_m
     F_n(m). FGD places a job on the node and GPUs where F_n(M) grows least
     (the hypothetical node after placement minus the node now).
+    F_n(M) is computed exactly, in integers (task counts, not float
+    popularities), per group of task shapes rather than per task type, and cached
+    by node version and job type; equal growths therefore tie exactly and go to
+    the lower node, then the lower GPU.
 ``horus``
-    Horus (Yeung et al., TPDS 2022): per GPU g, cost = 1.3 * (memory used_g +
-    job memory) / device memory + |util_g + job util - 100| / 100, times 1.6
-    when util_g + job util > 100, + running jobs on g; lowest wins. A k-GPU job
-    costs the sum over the k cheapest feasible GPUs of a node. Memory used and
-    util are the more of what was observed and what placements booked; the
-    job's util is its predicted mean GPU utilisation (``Job.util``), else its
-    requested share (gpus * 100); its memory is its predicted GPU memory, else
-    its request. Where a device's memory is unknown (0) the memory term uses
-    milli-GPU shares instead. A CPU-only job has no GPU term: the same formula
-    is applied to the host, CPU share as utilisation and host memory as memory.
+    Horus (Yeung et al., TPDS 2022) with FGD's fragmentation growth. Horus's cost
+    per GPU g is 1.3 * (memory used_g + job memory) / device memory + |util_g +
+    job util - 100| / 100, times 1.6 when util_g + job util > 100, + running jobs
+    on g. Memory used and util are the more of what was observed and what
+    placements booked; the job's util is its predicted mean GPU utilisation
+    (``Job.util``), else its requested share (gpus * 100); its memory is its
+    predicted GPU memory, else its request (milli-GPU shares where a device's
+    memory is unknown). The utilisation term has two parts: below 100 % it is
+    the GPU left idle, above 100 % the interference of over-subscribed jobs.
+    Here the idle part is replaced by FGD's measure of idle capacity, the growth
+    of F_n(M): a job goes where ``w * dF / 1000 + over`` is least (``w`` =
+    ``PlacementConfig.horus_frag_weight``, dF in milli-GPU, ``over`` = the
+    over-subscription part, summed over the GPUs it takes); ties go to Horus's
+    whole cost, then the lower node and GPU. A k-GPU job takes the node's k GPUs
+    of least (over, cost). A CPU-only job takes no GPU, so none of Horus's terms
+    apply: it goes where fragmentation grows least. ``w = 0``: Horus's cost
+    alone (lowest wins; a CPU-only job by the same formula on the host, CPU
+    share as utilisation and host memory as memory).
 
 >>> nodes = [Node("a", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),) * 2),
 ...          Node("b", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),))]
@@ -67,8 +79,10 @@ Policies (:data:`POLICIES`):
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -150,6 +164,7 @@ class PlacementConfig:
     top_k: int = 3  # runner-up nodes reported with each decision
     horus_mem_weight: float = 1.3
     horus_over_factor: float = 1.6
+    horus_frag_weight: float = 1.0  # horus: weight of FGD's fragmentation growth (GPUs) against over-capacity
 
 
 @dataclass
@@ -250,7 +265,7 @@ class Cluster:
             raise ValueError(f"job {job.job}: already placed")
         i = self.index[p.node]
         gpus = tuple(p.gpus)
-        if len(gpus) != job.count or not self.feasible(job)[i] or not self._gpus_ok(job, i, gpus):
+        if len(gpus) != job.count or not self.feasible(job, np.array([i]))[0] or not self._gpus_ok(job, i, gpus):
             raise ValueError(f"job {job.job}: placement on {p.node} {list(gpus)} would over-commit")
         a = _Alloc(i, gpus, job.cpu_milli, job.mem_bytes, job.milli, job.gpu_mem_bytes, _job_util(job), job.workload)
         self._book(a, +1)
@@ -292,7 +307,7 @@ class Cluster:
         self.version[i] += 1
 
     def _gpus_ok(self, job: Job, i: int, gpus: tuple[int, ...]) -> bool:
-        ok = self._gpu_ok(job)[i]
+        ok = self._gpu_ok(job, np.array([i]))[0]
         return len(set(gpus)) == len(gpus) and all(0 <= j < self._g and ok[j] for j in gpus)
 
     # -- feasibility ---------------------------------------------------------------------
@@ -396,20 +411,28 @@ def _why_not(job: Job, c: Cluster) -> str:
         " (inference isolated from training)" if c.config.isolate_inference else "")
 
 
-def _decide(job: Job, c: Cluster, policy: str, cost: np.ndarray, gpu_pick, what: str) -> Placement:
-    """Lowest cost wins (ties: lower index); *cost* is +inf where infeasible."""
+def _decide(job: Job, c: Cluster, policy: str, cost: np.ndarray, gpu_pick, what: str,
+            tie: np.ndarray | None = None, reason=None) -> Placement:
+    """Lowest *cost* wins, then lowest *tie* (when given), then the lower index; *cost* is +inf where
+    infeasible. *reason*, when given, writes the reason's middle from the chosen node's index."""
     finite = np.isfinite(cost)
     if not finite.any():
         return _unplaced(job, policy, c)
     k = max(1, c.config.top_k)
-    best = int(np.argmin(cost))  # the first minimum: the lower index on ties
-    top = np.argpartition(cost, k - 1)[:k] if len(cost) > k else np.arange(len(cost))
-    order = top[np.lexsort((top, cost[top]))]
+    idx = np.arange(len(cost))
+    if tie is None:
+        best = int(np.argmin(cost))  # the first minimum: the lower index on ties
+        top = np.argpartition(cost, k - 1)[:k] if len(cost) > k else idx
+        order = top[np.lexsort((top, cost[top]))]
+    else:
+        order = np.lexsort((idx, tie, cost))
+        best = int(order[0])
     scores = {c.names[int(i)]: round(float(cost[i]), 6) for i in order[:k] if finite[i]}
     gpus = tuple(int(j) for j in gpu_pick(best)) if job.count else ()
-    reason = f"{policy}: {what} {float(cost[best]):.4g} on {c.names[best]}" + (
+    middle = reason(best) if reason else f"{what} {float(cost[best]):.4g}"
+    reason_line = f"{policy}: {middle} on {c.names[best]}" + (
         f" GPU {list(gpus)}" if gpus else "") + f" among {int(finite.sum())} feasible nodes"
-    return Placement(job.job, c.names[best], gpus, policy, float(cost[best]), reason, scores)
+    return Placement(job.job, c.names[best], gpus, policy, float(cost[best]), reason_line, scores)
 
 
 class FirstFit:
@@ -442,9 +465,24 @@ class BestFit:
 
 
 class Horus:
+    """Horus's interference-aware cost with FGD's fragmentation growth (see the module's docstring).
+
+    Per node (and its GPUs) the policy minimises ``w * dF / 1000 + over`` (``w`` =
+    ``PlacementConfig.horus_frag_weight``; ``dF`` = FGD's growth of F_n(M) in milli-GPU; ``over`` =
+    Horus's over-capacity term, ``1.6 * max(0, util now + job util - 100) / 100`` per GPU it takes),
+    then Horus's whole cost, then the lower index.
+    """
+
     name = "horus"
 
+    def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64):
+        self._frag = _Fragmentation(workload, refresh_every)
+
     def _gpu_costs(self, job: Job, c: Cluster, rows: np.ndarray) -> np.ndarray:
+        return self._gpu_terms(job, c, rows)[0]
+
+    def _gpu_terms(self, job: Job, c: Cluster, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(Horus's cost, its over-capacity term) per GPU of *rows*."""
         cfg = c.config
         gcap = c.gmem_cap[rows]
         known = gcap > 0
@@ -455,10 +493,42 @@ class Horus:
         mem_job = np.where(known, jmem / cap, job.milli / MILLI)
         s = np.maximum(c.gutil_obs[rows], c.gutil_alloc[rows]) + _job_util(job)
         util = np.abs(s - 100.0) / 100.0 * np.where(s > 100.0, cfg.horus_over_factor, 1.0)
-        return cfg.horus_mem_weight * (mem_now + mem_job) + util + c.gjobs[rows]
+        over = np.where(s > 100.0, util, 0.0)
+        return cfg.horus_mem_weight * (mem_now + mem_job) + util + c.gjobs[rows], over
 
     def place(self, job: Job, cluster: Cluster) -> Placement:
         c = cluster
+        cfg = c.config
+        wf = cfg.horus_frag_weight
+        if wf <= 0:
+            return self._place_alone(job, c)
+        self._frag.workload(job)
+        d = self._frag.deltas(job, c)
+        if job.count == 0:  # no GPU taken: none of Horus's GPU terms apply
+            return _decide(job, c, self.name, d.copy(), None, "fragmentation change (milli-GPU)")
+        ok = c.feasible(job)
+        rows = np.flatnonzero(ok)
+        key, tie, gd, ov = (np.full(len(c), _INF) for _ in range(4))
+        order = np.zeros((0, 1), np.int64)
+        if len(rows):
+            h, over = self._gpu_terms(job, c, rows)
+            gok = c._gpu_ok(job, rows)
+            share = d.ndim == 2  # a share of one GPU: the growth depends on the GPU
+            gkey = np.where(gok, over + wf * d[rows] / MILLI if share else over, _INF)
+            h = np.where(gok, h, _INF)
+            order = np.lexsort((h, gkey), axis=1)[:, : job.count]  # per node: least key, then cost, then index
+            key[rows] = np.take_along_axis(gkey, order, axis=1).sum(axis=1)
+            tie[rows] = np.take_along_axis(h, order, axis=1).sum(axis=1)
+            ov[rows] = np.take_along_axis(np.where(gok, over, 0.0), order, axis=1).sum(axis=1)
+            gd[rows] = d[rows, order[:, 0]] if share else d[rows]
+            if not share:
+                key[rows] += wf * d[rows] / MILLI
+        return _decide(job, c, self.name, key, lambda i: np.sort(order[np.searchsorted(rows, i)]), "",
+                       tie=tie, reason=lambda i: (f"fragmentation change {gd[i]:+.4g} milli-GPU x {wf:g} "
+                                                  f"+ over capacity {ov[i]:.3g}, Horus cost {tie[i]:.4g}"))
+
+    def _place_alone(self, job: Job, c: Cluster) -> Placement:
+        """Horus's cost alone (``horus_frag_weight`` 0)."""
         ok = c.feasible(job)
         cfg = c.config
         if job.count == 0:
@@ -480,138 +550,274 @@ class Horus:
         return _decide(job, c, self.name, cost, lambda i: np.sort(order[np.searchsorted(rows, i)]), "cost")
 
 
-# -- FGD ---------------------------------------------------------------------------------------
+# -- FGD's fragmentation -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class WorkloadTypes:
-    """A target workload: task types (CPU milli, memory bytes, GPUs, milli per GPU) and popularity."""
+    """A target workload: task types (CPU milli, memory bytes, GPUs, milli per GPU) and how many tasks
+    of each type (popularity = n / n.sum())."""
 
     cpu: np.ndarray
     mem: np.ndarray
     count: np.ndarray  # GPUs per task (0: CPU-only)
     milli: np.ndarray  # milli per GPU
-    weight: np.ndarray  # popularity, sums to 1
+    n: np.ndarray  # tasks of this type
 
-    def __post_init__(self) -> None:
-        thr, idx = np.unique(np.minimum(self.milli, MILLI), return_inverse=True)
-        object.__setattr__(self, "thr", thr)  # distinct min(GPU demand, 1000)
-        object.__setattr__(self, "thr_idx", idx.reshape(-1))
+    @property
+    def weight(self) -> np.ndarray:
+        """Popularity p_m, sums to 1."""
+        return self.n / max(int(self.n.sum()), 1)
+
+    @cached_property
+    def model(self) -> _FragModel:
+        return _FragModel(self)
+
+
+def _task_type(j: Job) -> tuple[int, int, int, int]:
+    return int(j.cpu_milli), int(j.mem_bytes), j.count, j.milli
 
 
 def workload_types(jobs: Iterable[Job]) -> WorkloadTypes:
     """The distribution of task types among *jobs* (popularity = share of jobs)."""
     counts: dict[tuple[int, int, int, int], int] = {}
     for j in jobs:
-        k = (int(j.cpu_milli), int(j.mem_bytes), j.count, j.milli)
+        k = _task_type(j)
         counts[k] = counts.get(k, 0) + 1
+    return _from_counts(counts)
+
+
+def _from_counts(counts: Mapping[tuple[int, int, int, int], int]) -> WorkloadTypes:
     keys = sorted(counts)
-    total = sum(counts.values()) or 1
     a = np.array(keys, np.int64).reshape(-1, 4)
-    return WorkloadTypes(a[:, 0], a[:, 1], a[:, 2], a[:, 3], np.array([counts[k] / total for k in keys]))
+    return WorkloadTypes(a[:, 0], a[:, 1], a[:, 2], a[:, 3], np.array([counts[k] for k in keys], np.int64))
+
+
+@dataclass(frozen=True)
+class _NodeSummary:
+    """What F_n(M) needs of each node's free GPU milli (rows = nodes)."""
+
+    total: np.ndarray  # free milli on the node
+    whole: np.ndarray  # fully free GPUs
+    frag: np.ndarray  # (rows, thresholds): sum of free milli of the GPUs with free < threshold
+
+
+class _FragModel:
+    """F_n(M) of FGD, exactly, in integers: milli-GPU x tasks (divide by :attr:`N` for milli-GPU).
+
+    F_n(M) * N = sum_m n_m F_n(m) = N * free_n - sum_{m fits on n} n_m (free_n - frag_n(thr_m)), where a
+    task fits when the node has its CPU and memory and (a share of u milli) a GPU with >= u free, or
+    (k whole GPUs) k fully free GPUs; frag_n(u) is the free milli on GPUs with less than u free
+    (u = 1000 for whole GPUs) and CPU-only tasks never fit (all free GPU milli is theirs a fragment).
+    A share needs no GPU test: when no GPU has u free, frag_n(u) is all the free milli, as if it did not
+    fit. The tasks whose CPU and memory fit are counted per group (a share of u milli; k whole GPUs)
+    with a table of cumulative counts over the workload's (CPU, memory) values, so a node costs
+    O(groups), not O(task types).
+    """
+
+    def __init__(self, w: WorkloadTypes, max_cells: int = 1 << 21):
+        n = np.asarray(w.n, np.int64)
+        self.N = int(n.sum())
+        gpu = w.count > 0
+        share, whole = gpu & (w.milli < MILLI), gpu & (w.milli >= MILLI)
+        su = np.unique(w.milli[share]).astype(np.int64)
+        wk = np.unique(w.count[whole]).astype(np.int64)
+        self.u = np.unique(np.concatenate([su, [MILLI] if len(wk) else []])).astype(np.int64)  # thresholds
+        self.need = np.concatenate([su, wk])  # per group: milli on one GPU, or whole GPUs
+        self.is_share = np.arange(len(self.need)) < len(su)
+        self.thr = np.searchsorted(self.u, np.concatenate([su, np.full(len(wk), MILLI)]))
+        gid = np.full(len(n), -1, np.int64)
+        gid[share] = np.searchsorted(su, w.milli[share])
+        gid[whole] = len(su) + np.searchsorted(wk, w.count[whole])
+        t = gid >= 0
+        self.cv, self.mv = np.unique(w.cpu[t]), np.unique(w.mem[t])
+        groups = len(self.need)
+        self.table = None
+        if (len(self.cv) + 1) * (len(self.mv) + 1) * groups <= max_cells:
+            tab = np.zeros((len(self.cv) + 1, len(self.mv) + 1, groups), np.int64)
+            np.add.at(tab, (np.searchsorted(self.cv, w.cpu[t]) + 1, np.searchsorted(self.mv, w.mem[t]) + 1,
+                            gid[t]), n[t])
+            self.table = tab.cumsum(axis=0).cumsum(axis=1)
+        else:  # many distinct (CPU, memory) values: count by comparison instead
+            self.t_cpu, self.t_mem = w.cpu[t], w.mem[t]
+            self.onehot = np.zeros((int(t.sum()), groups))
+            self.onehot[np.arange(int(t.sum())), gid[t]] = n[t]
+
+    def fitting(self, cpu_free: np.ndarray, mem_free: np.ndarray) -> np.ndarray:
+        """(rows, groups): tasks of each group whose CPU and memory fit in what is free."""
+        if self.table is not None:
+            return self.table[np.searchsorted(self.cv, cpu_free, "right"), np.searchsorted(self.mv, mem_free, "right")]
+        ok = (cpu_free[:, None] >= self.t_cpu[None, :]) & (mem_free[:, None] >= self.t_mem[None, :])
+        return np.rint(ok @ self.onehot).astype(np.int64)
+
+    def summary(self, gfree: np.ndarray) -> _NodeSummary:
+        return _NodeSummary(total=gfree.sum(axis=1), whole=(gfree == MILLI).sum(axis=1),
+                            frag=(gfree[:, :, None] * (gfree[:, :, None] < self.u[None, None, :])).sum(axis=1))
+
+    def value(self, fitting: np.ndarray, total: np.ndarray, whole: np.ndarray, frag: np.ndarray) -> np.ndarray:
+        """F_n(M) * N per row."""
+        if not len(self.need):
+            return self.N * total
+        gpu_fit = self.is_share[None, :] | (whole[:, None] >= self.need[None, :])
+        gain = np.where(gpu_fit, fitting * (total[:, None] - frag[:, self.thr]), 0)
+        return self.N * total - gain.sum(axis=1)
+
+    def nodes(self, cpu_free: np.ndarray, mem_free: np.ndarray, gfree: np.ndarray) -> np.ndarray:
+        """F_n(M) * N of each node state."""
+        s = self.summary(gfree)
+        return self.value(self.fitting(cpu_free, mem_free), s.total, s.whole, s.frag)
 
 
 def _frag(w: WorkloadTypes, cpu_free: np.ndarray, mem_free: np.ndarray, gfree: np.ndarray) -> np.ndarray:
-    """F_n(M) for each row (node state): cpu_free (C,), mem_free (C,), gfree (C, G) milli."""
-    total = gfree.sum(axis=1).astype(float)
-    if len(w.weight) == 0:
-        return np.zeros(len(total))
-    thr_values, thr_idx = w.thr, w.thr_idx
-    below = gfree[:, :, None] < thr_values[None, None, :]  # (C, G, U)
-    frag_u = (gfree[:, :, None] * below).sum(axis=1)  # (C, U)
-    max_free = gfree.max(axis=1) if gfree.shape[1] else np.zeros(len(total))
-    whole = (gfree == MILLI).sum(axis=1)
-    gpu_ok = np.where(w.count[None, :] >= 1,
-                      np.where(w.milli[None, :] >= MILLI, whole[:, None] >= w.count[None, :],
-                               max_free[:, None] >= w.milli[None, :]), False)
-    fits = (cpu_free[:, None] >= w.cpu[None, :]) & (mem_free[:, None] >= w.mem[None, :]) & gpu_ok
-    f = np.where(fits, frag_u[:, thr_idx], total[:, None])  # (C, T)
-    return f @ w.weight
+    """F_n(M) in milli-GPU for each row (node state): cpu_free (C,), mem_free (C,), gfree (C, G) milli."""
+    m = w.model
+    return m.nodes(np.asarray(cpu_free), np.asarray(mem_free), np.asarray(gfree, np.int64)) / max(m.N, 1)
+
+
+class _Fragmentation:
+    """FGD's fragmentation growth of placing a job, per node (and per GPU for a share of one GPU).
+
+    Against a target workload; without one, against the jobs asked about so far, each job once however
+    often it is asked (a waiting job is asked again when something frees): counts per task type are
+    kept as jobs come, and the distribution is rebuilt from them at every new job for the first
+    *refresh_every* jobs, then every *refresh_every* new jobs. Two
+    caches keep decisions cheap: each node's F_n(M) and GPU summary by node version, and each job
+    type's growth per node by node version (a job type = its CPU, memory, GPUs, GPU memory, workload
+    class and selector), so only nodes whose state changed since are computed again.
+    """
+
+    def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64, max_types: int = 512):
+        self._fixed = workload
+        self._counts: dict[tuple[int, int, int, int], int] = {}  # task type -> jobs seen of it
+        self._seen_ids: set[str] = set()
+        self._seen_n = 0
+        self._w = workload
+        self._refresh = max(1, refresh_every)
+        self._max_types = max_types
+        self._owner: tuple | None = None  # (cluster, nodes, GPU slots) the caches describe
+        self._types: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def workload(self, job: Job) -> WorkloadTypes:
+        if self._fixed is not None:
+            return self._fixed
+        if job.job not in self._seen_ids:  # online popularity: the jobs asked about so far
+            self._seen_ids.add(job.job)
+            k = _task_type(job)
+            self._counts[k] = self._counts.get(k, 0) + 1
+            self._seen_n += 1
+            n = self._seen_n
+            if self._w is None or n <= self._refresh or n % self._refresh == 0:
+                self._w = _from_counts(self._counts)
+                self._owner = None
+        return self._w
+
+    def _nodes(self, c: Cluster) -> None:
+        """Bring each node's F_n(M) and summary up to its version."""
+        owner = (c, len(c), c._g)
+        if self._owner is None or self._owner[0] is not c or self._owner[1:] != owner[1:]:
+            self._owner = owner
+            self._types.clear()
+            self._stamp = np.full(len(c), -1, np.int64)
+            m = self._w.model
+            self._before = np.zeros(len(c), np.int64)
+            self._sum = m.summary(np.zeros((len(c), c._g), np.int64))
+        stale = np.flatnonzero(self._stamp != c.version)
+        if len(stale):
+            m = self._w.model
+            cpu, mem, gfree = c.cpu_free(stale), c.mem_free(stale), c._gfree(stale)
+            s = m.summary(gfree)
+            for name in ("total", "whole", "frag"):
+                getattr(self._sum, name)[stale] = getattr(s, name)
+            self._before[stale] = m.value(m.fitting(cpu, mem), s.total, s.whole, s.frag)
+            self._stamp[stale] = c.version[stale]
+
+    def deltas(self, job: Job, c: Cluster) -> np.ndarray:
+        """Growth of F_n(M) in milli-GPU if *job* goes there: (nodes,), or (nodes, GPU slots) for a share
+        of one GPU (one value per GPU it could take); +inf where it cannot go."""
+        self._nodes(c)
+        key = (job.cpu_milli, job.mem_bytes, job.gpus, job.gpu_mem_bytes, job.workload, job.node_selector,
+               c.config.isolate_inference)
+        hit = self._types.pop(key, None)
+        share = 0 < job.gpus < 1
+        if hit is None:
+            stamp = np.full(len(c), -1, np.int64)
+            delta = np.full((len(c), c._g) if share else len(c), _INF)
+        else:
+            stamp, delta = hit
+        stale = np.flatnonzero(stamp != c.version)
+        if len(stale):
+            delta[stale] = self._compute(job, c, stale)
+            stamp[stale] = c.version[stale]
+        self._types[key] = (stamp, delta)
+        if len(self._types) > self._max_types:
+            self._types.popitem(last=False)
+        return delta
+
+    def _compute(self, job: Job, c: Cluster, rows: np.ndarray) -> np.ndarray:
+        m = self._w.model
+        share = 0 < job.gpus < 1
+        out = np.full((len(rows), c._g) if share else len(rows), _INF)
+        ok = c.feasible(job, rows)
+        r = rows[ok]
+        if len(r) == 0:
+            return out
+        s = self._sum
+        total, whole, frag = s.total[r], s.whole[r], s.frag[r]
+        fit = m.fitting(c.cpu_free(r) - job.cpu_milli, c.mem_free(r) - job.mem_bytes)
+        n = max(m.N, 1)
+        if job.count == 0:
+            out[ok] = (m.value(fit, total, whole, frag) - self._before[r]) / n
+        elif not share:  # k fully free GPUs: any k leave the same free milli behind (and no fragment)
+            k = job.count
+            out[ok] = (m.value(fit, total - k * MILLI, whole - k, frag) - self._before[r]) / n
+        else:  # one hypothetical node per GPU it could take; GPUs with the same free milli are alike
+            gok = c._gpu_ok(job, r)
+            gfree = c._gfree(r)
+            g = gfree.shape[1]
+            same = (gfree[:, :, None] == gfree[:, None, :]) & gok[:, None, :]
+            rep = np.argmax(same, axis=2)  # the first GPU it could take with as much free milli
+            ri, gi = np.nonzero(gok & (rep == np.arange(g)[None, :]))
+            f, mj = gfree[ri, gi], job.milli
+            u = m.u[None, :]
+            frag2 = (frag[ri] - np.where(f[:, None] < u, f[:, None], 0)
+                     + np.where((f - mj)[:, None] < u, (f - mj)[:, None], 0))
+            after = m.value(fit[ri], total[ri] - mj, whole[ri] - (f == MILLI), frag2)
+            d_rep = np.zeros((len(r), g))
+            d_rep[ri, gi] = (after - self._before[r][ri]) / n
+            sub = np.where(gok, d_rep[np.arange(len(r))[:, None], rep], _INF)
+            out[ok] = sub
+        return out
 
 
 class Fgd:
-    """FGD against a target workload; without one, against the jobs it has been asked to place.
-
-    Online, the distribution is recomputed at every job for the first
-    *refresh_every* jobs, then every *refresh_every* jobs (each recomputation
-    empties the per-node cache, so a fixed distribution between refreshes
-    keeps decisions cheap).
-    """
+    """FGD against a target workload; without one, against the jobs it has been asked to place
+    (:class:`_Fragmentation`)."""
 
     name = "fgd"
 
     def __init__(self, workload: WorkloadTypes | None = None, refresh_every: int = 64):
-        self._fixed = workload
-        self._seen: list[Job] = []
-        self._w = workload
-        self._refresh = max(1, refresh_every)
-        self._cache: dict[tuple, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._frag = _Fragmentation(workload, refresh_every)
 
-    def _workload(self, job: Job) -> WorkloadTypes:
-        if self._fixed is not None:
-            return self._fixed
-        self._seen.append(job)  # online popularity: the jobs asked about so far
-        n = len(self._seen)
-        if self._w is None or n <= self._refresh or n % self._refresh == 0:
-            self._w = workload_types(self._seen)
-            self._cache.clear()
-        return self._w
+    @property
+    def _w(self) -> WorkloadTypes | None:
+        return self._frag._w
 
-    def _deltas(self, job: Job, c: Cluster, rows: np.ndarray, w: WorkloadTypes) -> tuple[np.ndarray, np.ndarray]:
-        """(best delta, best first GPU) for each node in *rows* (inf where infeasible)."""
-        delta = np.full(len(rows), _INF)
-        first = np.zeros(len(rows), np.int64)
-        ok = c.feasible(job, rows)
-        r = rows[ok]
-        if len(r) == 0:
-            return delta, first
-        cpu, mem, gfree = c.cpu_free(r), c.mem_free(r), c._gfree(r)
-        before = _frag(w, cpu, mem, gfree)
-        cpu2, mem2 = cpu - job.cpu_milli, mem - job.mem_bytes
-        if job.count == 0:
-            d, f = _frag(w, cpu2, mem2, gfree) - before, np.zeros(len(r), np.int64)
-        elif job.gpus >= 1:  # any k fully free GPUs leave the same multiset of free milli
-            gok = c._gpu_ok(job, r)
-            take = np.cumsum(gok, axis=1) <= job.count
-            after = np.where(gok & take, 0, gfree)
-            d, f = _frag(w, cpu2, mem2, after) - before, np.argmax(gok, axis=1)
-        else:  # a share: one hypothetical node per feasible GPU
-            gok = c._gpu_ok(job, r)
-            cand_n, cand_g = np.nonzero(gok)
-            after = gfree[cand_n].copy()
-            after[np.arange(len(cand_n)), cand_g] -= job.milli
-            dd = _frag(w, cpu2[cand_n], mem2[cand_n], after) - before[cand_n]
-            # per node: the smallest delta, ties to the lower GPU index (cand_* are row-major sorted)
-            order = np.lexsort((cand_g, dd, cand_n))
-            cn, first_of = np.unique(cand_n[order], return_index=True)
-            d = np.full(len(r), _INF)
-            f = np.zeros(len(r), np.int64)
-            d[cn] = dd[order][first_of]
-            f[cn] = cand_g[order][first_of]
-        delta[ok], first[ok] = d, f
-        return delta, first
+    @property
+    def _seen(self) -> int:
+        """Distinct jobs asked about (online workload)."""
+        return self._frag._seen_n
 
     def place(self, job: Job, cluster: Cluster) -> Placement:
         c = cluster
-        w = self._workload(job)
-        key = (job.cpu_milli, job.mem_bytes, job.gpus, job.gpu_mem_bytes, job.workload, job.node_selector,
-               len(c), c.config.isolate_inference)
-        hit = self._cache.get(key)
-        if hit is None or hit[0] is not c or len(hit[1]) != len(c):
-            stamp = np.full(len(c), -1, np.int64)
-            delta = np.full(len(c), _INF)
-            first = np.zeros(len(c), np.int64)
+        self._frag.workload(job)
+        d = self._frag.deltas(job, c)
+        if d.ndim == 2:  # a share: per node the GPU of least growth, ties to the lower GPU index
+            first = np.argmin(d, axis=1)
+            delta = d[np.arange(len(d)), first]
         else:
-            _, stamp, delta, first = hit
-        stale = np.flatnonzero(stamp != c.version)
-        if len(stale):
-            delta[stale], first[stale] = self._deltas(job, c, stale, w)
-            stamp[stale] = c.version[stale]
-        self._cache[key] = (c, stamp, delta, first)
-        if len(self._cache) > 4096:
-            self._cache.pop(next(iter(self._cache)))
+            delta = d
 
         def pick(i: int) -> np.ndarray:
-            if job.gpus < 1:
+            if d.ndim == 2:
                 return np.array([first[i]])
             return np.flatnonzero(c._gpu_ok(job, np.array([i]))[0])[: job.count]
         return _decide(job, c, self.name, delta.copy(), pick, "fragmentation change (milli-GPU)")
@@ -621,9 +827,11 @@ POLICIES = {"horus": Horus, "first-fit": FirstFit, "best-fit": BestFit, "fgd": F
 
 
 def make_policy(name: str, workload: WorkloadTypes | None = None) -> PlacementPolicy:
+    """A policy by name; *workload* is the target workload of fgd's and horus's fragmentation (none: the
+    jobs asked about so far)."""
     if name not in POLICIES:
         raise ValueError(f"unknown placement policy {name!r} (one of {', '.join(POLICIES)})")
-    return Fgd(workload) if name == "fgd" else POLICIES[name]()
+    return POLICIES[name](workload) if name in ("fgd", "horus") else POLICIES[name]()
 
 
 def place_many(jobs: Sequence[Job], cluster: Cluster, policy: PlacementPolicy) -> list[Placement]:

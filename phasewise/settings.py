@@ -954,6 +954,10 @@ class PlacementSettings(_Group):
     policy: str = setting("horus", choices=("horus", "first-fit", "best-fit", "fgd"), flag="--placement",
                           help="placement policy (docs/placement.md)")
     isolate_inference: bool = setting(False, help="never put inference and training jobs on one node")
+    horus_frag_weight: float = setting(1.0, check=at_least(0), flag="--horus-frag-weight",
+                                       help="horus: weight of FGD's fragmentation growth (GPUs) against Horus's "
+                                            "over-capacity term (co-located utilisation above 100 %); 0 = Horus's "
+                                            "cost alone (docs/placement.md)")
     prediction_wait_s: float = setting(10.0, check=at_least(0), flag="--prediction-wait",
                                        help="seconds a submitted job waits for its utilisation prediction "
                                             "before it is placed on its requests alone")

@@ -131,7 +131,7 @@ class PlacementState:
         p = settings.place
         self.host = settings.host
         self.policy_name = p.policy
-        self.config = PlacementConfig(isolate_inference=p.isolate_inference)
+        self.config = PlacementConfig(isolate_inference=p.isolate_inference, horus_frag_weight=p.horus_frag_weight)
         self.wait_s = p.prediction_wait_s
         self.local = parse_local_nodes(p.local_nodes)
         self.partitions = partitions

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import TextIO
 from phasewise.models.placement import POLICIES, PlacementConfig
 from phasewise.simulate.engine import MODES, simulate, speed_up
 from phasewise.simulate.openb import TraceError, load_nodes, load_pods
+from phasewise.simulate.utilisation import load_util_cdf, with_utilisation
 
 FORMATS = ("openb",)
 
@@ -35,6 +37,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="timed mode: arrivals this many times closer together, durations unchanged (default 1)")
     p.add_argument("--isolate-inference", action="store_true",
                    help="never put inference and training pods on one node")
+    p.add_argument("--horus-frag-weight", type=float, default=PlacementConfig.horus_frag_weight, metavar="W",
+                   help="horus: weight of FGD's fragmentation growth (GPUs) against Horus's over-capacity term; "
+                        f"0 = Horus's cost alone (default {PlacementConfig.horus_frag_weight:g})")
+    p.add_argument("--util-cdf", metavar="CSV:CLUSTER",
+                   help="give every GPU pod a utilisation drawn from a cluster's measured GPU utilisation CDF "
+                        "(acmetrace-util-cdfs/util_cdfs.csv:Philly) and measure overloaded GPUs")
+    p.add_argument("--util-seed", type=int, default=0, help="seed of the utilisation draw (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--report", metavar="DIR", help="write plots (allocation, fragmentation) and summary.md here")
     p.add_argument("--jobs", type=int, default=0,
@@ -112,15 +121,20 @@ def run(args: argparse.Namespace) -> int:
     if not args.speed_up > 0:
         print(f"{prog}: error: --speed-up: must be > 0", file=sys.stderr)
         return 2
+    if not (args.horus_frag_weight >= 0 and math.isfinite(args.horus_frag_weight)):
+        print(f"{prog}: error: --horus-frag-weight: must be a number >= 0", file=sys.stderr)
+        return 2
     try:
         pods = load_pods(args.pods)
         nodes = load_nodes(args.nodes)
+        if args.util_cdf:
+            pods = with_utilisation(pods, load_util_cdf(args.util_cdf), args.util_seed)
     except TraceError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     if args.speed_up != 1.0:
         pods = speed_up(pods, args.speed_up)
-    config = PlacementConfig(isolate_inference=args.isolate_inference)
+    config = PlacementConfig(isolate_inference=args.isolate_inference, horus_frag_weight=args.horus_frag_weight)
     t0 = time.perf_counter()
     jobs = args.jobs if args.jobs > 0 else min(len(names), os.cpu_count() or 1)
     stream = None if args.quiet else sys.stderr
@@ -140,7 +154,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"results": [r.public() for r in results]}))
     else:
         for r in results:
+            over = (f", overloaded {r.overloaded_gpus:.1f} GPUs ({r.excess_util_gpus:.1f} GPUs above 100 %)"
+                    if r.overloaded_gpus is not None else "")
             print(f"{r.policy:>10}: GPU allocated {r.gpu_alloc_ratio:.2%}, fragmented {r.fragmented_gpus:.1f} GPUs, "
-                  f"unplaced {r.unplaced_pods}/{r.pods} pods, mean queue delay {r.mean_queue_delay_s:.1f} s "
-                  f"({r.wall_s:.1f} s)")
+                  f"unplaced {r.unplaced_pods}/{r.pods} pods, mean queue delay {r.mean_queue_delay_s:.1f} s"
+                  f"{over} ({r.wall_s:.1f} s)")
     return 0

@@ -29,6 +29,14 @@ the pod list's own distribution of task types (:func:`workload_types`):
 - ``unplaced_pods``: pods never placed.
 - ``mean_queue_delay_s``: mean over placed pods of placement time - creation
   time (0 in ``fill``, where a pod is placed on arrival or never).
+
+When the pods carry a utilisation (``Job.util``, e.g. drawn by
+:mod:`phasewise.simulate.utilisation`), two more, at the same moments:
+
+- ``overloaded_gpus``: GPUs whose co-located pods' utilisations add up to
+  more than 100 % (Horus's interference condition).
+- ``excess_util_gpus``: the utilisation above 100 % summed over GPUs, in GPUs
+  (two pods of 90 % on one GPU: 0.8).
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ class PolicyResult:
     fragmented_gpus: float
     unplaced_pods: int
     mean_queue_delay_s: float
+    overloaded_gpus: float | None = None  # only when the pods carry a utilisation
+    excess_util_gpus: float | None = None
     pods: int = 0
     placed: int = 0
     unplaced_gpu_milli: int = 0
@@ -64,9 +74,13 @@ class PolicyResult:
     series: dict[str, list[float]] = field(default_factory=dict)  # t, alloc, frag
 
     def public(self) -> dict:
-        return {"policy": self.policy, "gpu_alloc_ratio": round(self.gpu_alloc_ratio, 6),
-                "fragmented_gpus": round(self.fragmented_gpus, 3), "unplaced_pods": self.unplaced_pods,
-                "mean_queue_delay_s": round(self.mean_queue_delay_s, 3)}
+        out = {"policy": self.policy, "gpu_alloc_ratio": round(self.gpu_alloc_ratio, 6),
+               "fragmented_gpus": round(self.fragmented_gpus, 3), "unplaced_pods": self.unplaced_pods,
+               "mean_queue_delay_s": round(self.mean_queue_delay_s, 3)}
+        if self.overloaded_gpus is not None:
+            out |= {"overloaded_gpus": round(self.overloaded_gpus, 3),
+                    "excess_util_gpus": round(float(self.excess_util_gpus or 0.0), 3)}
+        return out
 
 
 class _Frag:
@@ -96,7 +110,9 @@ def speed_up(pods: Sequence[Pod], factor: float) -> list[Pod]:
 def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str = "timed",
              config: PlacementConfig | None = None, progress: Callable[[int], None] | None = None,
              max_points: int = 2000) -> PolicyResult:
-    """Run *pods* against *nodes* under *policy*; deterministic for the same input."""
+    """Run *pods* against *nodes* under *policy*; deterministic for the same input. *config* sets the
+    hard rules' options and horus's weights; fgd and horus measure fragmentation against the pods'
+    own distribution of task types."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
     t0 = time.perf_counter()
@@ -108,23 +124,31 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
     decide = 0.0
     placed_at: dict[int, float] = {}
     unplaced: list[int] = []
-    ts, allocs, frags = [], [], []
-    area_alloc = area_frag = 0.0
+    ts, allocs, frags, overs, excess = [], [], [], [], []
+    with_util = any(p.job.util is not None for p in pods)
+    area_alloc = area_frag = area_over = area_excess = 0.0
     last_t: float | None = None
     first_t = pods[0].created if pods else 0.0
 
     end_t = pods[-1].created if pods else 0.0  # measures are averaged over the arrivals' span
 
     def record(t: float) -> None:
-        nonlocal area_alloc, area_frag, last_t
+        nonlocal area_alloc, area_frag, area_over, area_excess, last_t
         a, f = c.gpu_allocated_milli() / cap, frag.total() / 1000.0
+        o = e = 0.0
+        if with_util:
+            above = np.maximum(c.gutil_alloc - 100.0, 0.0)
+            o, e = float((above > 1e-9).sum()), float(above.sum() / 100.0)
         if last_t is not None and allocs and last_t < end_t:
-            area_alloc += allocs[-1] * (min(t, end_t) - last_t)
-            area_frag += frags[-1] * (min(t, end_t) - last_t)
+            dt = min(t, end_t) - last_t
+            area_alloc += allocs[-1] * dt
+            area_frag += frags[-1] * dt
+            area_over += overs[-1] * dt
+            area_excess += excess[-1] * dt
         if ts and ts[-1] == t:
-            allocs[-1], frags[-1] = a, f
+            allocs[-1], frags[-1], overs[-1], excess[-1] = a, f, o, e
         else:
-            ts.append(t), allocs.append(a), frags.append(f)
+            ts.append(t), allocs.append(a), frags.append(f), overs.append(o), excess.append(e)
         last_t = t
 
     def try_place(i: int, t: float) -> bool:
@@ -147,6 +171,7 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
             if progress and (i % 200 == 0 or i == len(pods) - 1):
                 progress(i + 1)
         alloc_ratio, frag_gpus = allocs[-1] if allocs else 0.0, frags[-1] if frags else 0.0
+        over_gpus, excess_gpus = (overs[-1], excess[-1]) if overs else (0.0, 0.0)
     else:
         events: list[tuple[float, int, int]] = [(p.created, _ARRIVE, i) for i, p in enumerate(pods)]
         heapq.heapify(events)
@@ -185,11 +210,15 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
         span = end_t - first_t
         alloc_ratio = area_alloc / span if span > 0 else (allocs[-1] if allocs else 0.0)
         frag_gpus = area_frag / span if span > 0 else (frags[-1] if frags else 0.0)
+        over_gpus = area_over / span if span > 0 else (overs[-1] if overs else 0.0)
+        excess_gpus = area_excess / span if span > 0 else (excess[-1] if excess else 0.0)
     delays = [placed_at[i] - pods[i].created for i in placed_at]
     step = max(1, len(ts) // max_points)
     return PolicyResult(
         policy=policy, gpu_alloc_ratio=float(alloc_ratio), fragmented_gpus=float(frag_gpus),
         unplaced_pods=len(unplaced), mean_queue_delay_s=float(np.mean(delays)) if delays else 0.0,
+        overloaded_gpus=float(over_gpus) if with_util else None,
+        excess_util_gpus=float(excess_gpus) if with_util else None,
         pods=len(pods), placed=len(placed_at),
         unplaced_gpu_milli=sum(pods[i].job.milli * pods[i].job.count for i in unplaced),
         decide_s=decide, wall_s=time.perf_counter() - t0,

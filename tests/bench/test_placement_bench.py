@@ -14,7 +14,13 @@ def test_bench_placement_json(capsys):
     for r in out["results"]:
         assert r["nodes"] == 60 and 0 < r["placed"] <= 30
         m = r["ms_per_job"]
-        assert 0 < m["p50"] <= m["p99"] <= m["max"]
+        assert 0 < m["p50"] <= m["p99"] <= m["max"] and r["online"] is False
+
+
+def test_bench_placement_online(capsys):
+    assert main(["bench", "placement", "--nodes", "40", "--jobs", "80", "--online", "--policies", "fgd,horus"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in out] == ["fgd", "horus"] and all("CPU" in x for x in out)
 
 
 def test_bench_placement_bad_options(capsys):

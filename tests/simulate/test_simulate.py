@@ -75,7 +75,9 @@ def test_cli_json_and_report(small, tmp_path, capsys):
     assert "5/5 pods" in err  # the progress bar
     for f in ("allocation.png", "fragmentation.png", "summary.md"):
         assert (tmp_path / "rep" / f).stat().st_size > 0
-    assert "| fgd |" in (tmp_path / "rep" / "summary.md").read_text()
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "| fgd |" in summary
+    assert "Fewest unplaced pods (1): **horus**, **first-fit**, **best-fit**, **fgd**." in summary
     # in parallel processes: the same results, one bar over all policies
     assert main(["simulate", str(small[0]), "--nodes", str(small[1]), "--jobs", "2", "--json"]) == 0
     out2, err2 = capsys.readouterr()
@@ -113,3 +115,67 @@ def test_real_openb_slice_fgd_beats_first_fit_on_fill():
     assert res["fgd"].unplaced_pods > 0  # the slice overfills the nodes: placement decides
     assert res["fgd"].fragmented_gpus <= res["first-fit"].fragmented_gpus
     assert simulate(pods, nodes, "fgd", "fill").public() == res["fgd"].public()
+
+
+CDF_HEAD = "cluster,metric,source_pkl,x_value,cdf_percent"
+
+
+def _cdf(tmp_path: Path) -> Path:
+    # cluster A: half the jobs at 0 %, the rest 90 % (as Philly: idle or busy); B: another metric only
+    p = tmp_path / "cdf.csv"
+    p.write_text("\n".join([CDF_HEAD, "A(x),gpu_util,a.pkl,0,0", "A(x),gpu_util,a.pkl,0,50",
+                            "A(x),gpu_util,a.pkl,90,50.001", "A(x),gpu_util,a.pkl,90,100",
+                            '"B(y,z)",cpu_util,b.pkl,10,100']) + "\n")
+    return p
+
+
+def test_utilisation_drawn_from_a_cdf(tmp_path):
+    from phasewise.simulate.utilisation import load_util_cdf, with_utilisation
+
+    cdf = load_util_cdf(f"{_cdf(tmp_path)}:a")  # prefix, any case
+    assert cdf.name == "A(x)" and cdf.quantile(10) == 0.0 and cdf.quantile(80) == 90.0
+    pods = load_pods(_write(tmp_path, [f"p{i},1000,1024,{i % 2},{500 if i % 2 else 0},,LS,Running,{i},100,0"
+                                       for i in range(40)], ["n0,4000,8192,1,T4"])[0])
+    got = with_utilisation(pods, cdf, seed=3)
+    utils = [p.job.util for p in got]
+    assert all(u is None for u in utils[0::2])  # CPU-only pods get none
+    assert set(utils[1::2]) <= {0.0, 90.0} and len(set(utils[1::2])) == 2
+    assert [p.job.util for p in with_utilisation(pods, cdf, seed=3)] == utils  # seeded
+    assert [p.job.util for p in with_utilisation(pods, cdf, seed=4)] != utils
+
+
+def test_overloaded_gpus_measured_when_pods_carry_utilisation(tmp_path, capsys):
+    # one GPU; three 0.3-GPU pods at 90 % each would be 270 %; two GPUs let horus keep them apart
+    busy = [f"p{i},100,64,1,300,,LS,Running,{i},100,0" for i in range(3)]
+    p, n = _write(tmp_path, busy, ["n0,4000,8192,2,T4"])
+    cdf = tmp_path / "busy.csv"
+    cdf.write_text("\n".join([CDF_HEAD, "C,gpu_util,c.pkl,90,0", "C,gpu_util,c.pkl,90,100"]) + "\n")
+    args = ["simulate", str(p), "--nodes", str(n), "--mode", "fill", "--json", "--quiet", "--jobs", "1",
+            "--util-cdf", f"{cdf}:C", "--policies", "horus,first-fit"]
+    assert main(args) == 0
+    res = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    # first-fit stacks all three on GPU 0: 270 % -> 1 overloaded GPU, 1.7 GPUs above 100 %; horus puts the
+    # third beside one of the others (one GPU at 180 %: 0.8 above), never all three together
+    assert res["first-fit"]["overloaded_gpus"] == 1 and res["first-fit"]["excess_util_gpus"] == pytest.approx(1.7)
+    assert res["horus"]["overloaded_gpus"] == 1 and res["horus"]["excess_util_gpus"] == pytest.approx(0.8)
+    assert main(args + ["--horus-frag-weight", "0"]) == 0  # the weight changes horus only
+    again = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert again["first-fit"] == res["first-fit"]
+    assert main(args[:-2] + ["--report", str(tmp_path / "rep")]) == 0
+    capsys.readouterr()
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "overloaded GPUs" in summary and "busy.csv:C" in summary
+
+
+@pytest.mark.parametrize("spec,why", [
+    ("nocolon", "expected CSV:CLUSTER"),
+    ("{cdf}:Z", "'Z' not found (gpu_util clusters: A(x))"),
+    ("{absent}:A", "No such file"),
+])
+def test_bad_util_cdf_is_a_one_line_error(tmp_path, capsys, small, spec, why):
+    spec = spec.format(cdf=_cdf(tmp_path), absent=tmp_path / "absent.csv")
+    rc = main(["simulate", str(small[0]), "--nodes", str(small[1]), "--quiet", "--util-cdf", spec])
+    err = capsys.readouterr().err
+    assert rc == 2 and why in err and len(err.strip().splitlines()) == 1
+    assert main(["simulate", str(small[0]), "--nodes", str(small[1]), "--horus-frag-weight", "-1"]) == 2
+    assert "--horus-frag-weight" in capsys.readouterr().err

@@ -49,9 +49,11 @@ def test_waits_for_the_prediction_then_places_with_it():
     assert s.decide(now=1.0, ts=10.0) == []  # still waiting for its prediction
     s.prediction(_pred("a", 40.0))
     [(d, p)] = s.decide(now=1.0, ts=10.0)
-    # the util term: |0 + 40 - 100| / 100 = 0.6 on h1; |100 + 40 - 100| / 100 * 1.6 = 0.64 on h2
+    # h2's GPUs are observed at 100 %: (100 + 40 - 100) / 100 * 1.6 = 0.64 over capacity, h1 none; the
+    # two hosts are alike, so the fragmentation growth is the same on both
     assert d.action == "place" and d.container == "a" and d.host == "h1"
-    assert d.details["scores"]["h2"] - d.details["scores"]["h1"] == pytest.approx(0.04)
+    assert d.details["scores"]["h2"] - d.details["scores"]["h1"] == pytest.approx(0.64)
+    assert "over capacity 0," in d.reason
     assert d.details["used"]["prediction"]["gpu_util"] == 40.0 and "predicted GPU util 40%" in d.reason
     assert d.details["device"] == list(p.gpus) and d.details["command"] == ["python", "-c", "pass"]
     assert d.policy == "horus" and set(d.details["scores"]) == {"h1", "h2"}
@@ -111,3 +113,15 @@ def test_a_prediction_before_its_job_means_no_wait():
     s.submitted(_job("a"), now=0.0)
     [(d, _)] = s.decide(now=0.0, ts=1.0)
     assert "predicted GPU util 30%" in d.reason
+
+
+def test_horus_fragmentation_weight_setting_reaches_the_policy():
+    s = _state(place_horus_frag_weight=0.0)
+    assert s.config.horus_frag_weight == 0.0 and s.cluster.config.horus_frag_weight == 0.0
+    s.samples(_sample("h1")), s.samples(_sample("h2", util=100.0))
+    s.prediction(_pred("a", 40.0))
+    s.submitted(_job("a"), now=0.0)
+    [(d, _)] = s.decide(now=0.0, ts=10.0)
+    # Horus's cost alone: the util term |0 + 40 - 100| / 100 = 0.6 on h1; |100 + 40 - 100| / 100 * 1.6 = 0.64 on h2
+    assert d.host == "h1" and d.details["scores"]["h2"] - d.details["scores"]["h1"] == pytest.approx(0.04)
+    assert _state().config.horus_frag_weight == 1.0
