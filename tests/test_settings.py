@@ -69,7 +69,7 @@ WHERE = {
     "horus_min_samples": "horus.min_samples", "horus_worker_id": "horus.worker_id",
     "place_policy": "place.policy", "place_isolate_inference": "place.isolate_inference",
     "place_prediction_wait_s": "place.prediction_wait_s", "place_local_nodes": "place.local_nodes",
-    "place_worker_id": "place.worker_id",
+    "place_worker_id": "place.worker_id", "place_horus_frag_weight": "place.horus_frag_weight",
     "priority_agent": "priority.agent", "priority_host_cpu_cores": "priority.host_cpu_cores",
     "priority_host_mem_bytes": "priority.host_mem_bytes", "priority_host_gpus": "priority.host_gpus",
     "priority_freeze_max_wait_s": "priority.freeze_max_wait_s", "priority_grace_s": "priority.grace_s",
