@@ -85,7 +85,7 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_bad_arguments_are_one_line_errors():
     r = cli("--scenarios", "static,bogus")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "phasewise experiment priorities: --scenarios: unknown ['bogus'] (static, managed)"]
+        "phasewise experiment priorities: --scenarios: unknown ['bogus'] (static, managed, unweighted)"]
     r = cli("--duration", "1")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--duration >= 6" in r.stderr
 
@@ -109,6 +109,11 @@ def test_a_short_managed_run(tmp_path):
     assert kinds.index(("arrive", "urgent")) < kinds.index(("freeze", "train-a")) < kinds.index(("start", "urgent"))
     if ("thaw", "train-a") in kinds:  # when the run outlasted urgent's exit on a busy host
         assert kinds.index(("freeze", "train-a")) < kinds.index(("thaw", "train-a"))
+    # the CPU weighted by priority: written as cpu.shares through the actuator's rule and backend
+    weights = {w["container"]: (w["weight"], w["status"]) for w in detail["weights"]}
+    assert weights["train-a"] == (100, "applied") and weights["train-b"] == (200, "applied")
+    assert weights["infer-1"] == (10000, "applied") and weights["urgent"] == (3200, "applied")
+    assert set(detail["cpu_s"]) == {"steady", "urgent", "after"} and detail["cpu_s"]["steady"]["train-a"] > 0
     assert {p.name for p in (tmp_path / "rep").iterdir()} >= {"summary.md", "results.json", "latency.png",
                                                               "metrics.png", "managed"}
     assert time.monotonic() - t0 < 280
