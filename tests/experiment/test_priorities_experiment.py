@@ -50,6 +50,24 @@ def test_the_service_predicts_refuses_bad_input_and_counts(server):
     assert m["p99_ms"] >= m["p50_ms"] > 0 and 0 <= m["util"] <= 1 and m["cpu_seconds"] > 0
 
 
+def test_a_burst_of_connections_waits_in_the_backlog_not_for_a_retransmission():
+    """While the accepting thread does not run (a busy CPU), 40 connection requests are all queued by the
+    kernel at once; with socketserver's backlog of 5 the rest had their SYNs dropped (1 s retransmission)."""
+    import socket
+
+    s = make_server(0)  # bound and listening, never accepting
+    try:
+        socks, t0 = [], time.monotonic()
+        for _ in range(40):
+            c = socket.create_connection(s.server_address, timeout=0.5)
+            socks.append(c)
+        assert len(socks) == 40 and time.monotonic() - t0 < 0.5
+        for c in socks:
+            c.close()
+    finally:
+        s.server_close()
+
+
 def test_the_load_is_bounded_and_counts_every_request(server):
     load = Load(lambda: [server], lambda t: 40.0, workers=4, timeout_s=2.0)
     r = load.run(1.5)
