@@ -9,14 +9,26 @@ cgroup v1 (one hierarchy per controller under the root)::
 
     cpu/<prefix>/<c>/cpu.cfs_period_us     100000
     cpu/<prefix>/<c>/cpu.cfs_quota_us      round(cores * period), at least 1000
+    cpu/<prefix>/<c>/cpu.shares            round(weight * 1024 / 100), in [2, 262144]
     memory/<prefix>/<c>/memory.limit_in_bytes
     freezer/<prefix>/<c>/freezer.state     FROZEN | THAWED
 
 cgroup v2 (one unified tree)::
 
     <prefix>/<c>/cpu.max                   "<quota> <period>"
+    <prefix>/<c>/cpu.weight                weight (1..10000)
     <prefix>/<c>/memory.max
     <prefix>/<c>/cgroup.freeze             1 | 0
+
+A CPU weight (:class:`SetCpuWeight`) is in ``cpu.weight`` units; on v1 it
+becomes ``cpu.shares`` proportionally, as systemd converts them (weight 100,
+the v2 default, is 1024 shares, the v1 default): CFS divides a contended
+CPU among sibling groups in proportion to these numbers, so a proportional
+conversion keeps every ratio the policy chose. (runc's conversion maps the two
+ranges end to end, ``1 + (shares - 2) * 9999 / 262142``, which neither keeps
+ratios nor maps the defaults onto each other.) A weight orders only the
+siblings under the managed prefix; the prefix's own cgroup competes with the
+rest of the host at its own weight.
 
 A ``Terminate`` signals every process of the container's cgroup: SIGTERM to
 each (unless the job is already checkpointing through its control channel),
@@ -38,6 +50,11 @@ v2: ``<prefix>/<c>/cpuset.cpus`` with ``+cpuset`` enabled on the way) and
 starts the command in it: the child moves itself into the cgroups before it
 runs the command, so no instruction of the job runs outside its cpuset. GPUs
 are passed as ``CUDA_VISIBLE_DEVICES``; output goes to ``<log dir>/<c>.log``.
+A resumed job (``resume``: stopped by checkpoint-and-exit, started again so
+that it resumes from its checkpoint) reuses its container when it is still
+there and empty (its weight and, unless the command names CPUs, its cpuset
+stay); a container that still holds a process is refused, so a job never
+runs twice.
 
 Errors never escape ``apply``: they come back as a ``failed`` outcome marked
 ``temporary`` when a retry may help (EAGAIN, EINTR, ENOMEM, a busy freezer)
@@ -59,10 +76,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from phasewise.actuators.commands import Command, Freeze, Outcome, SetLimits, StartJob, Terminate, Thaw
+from phasewise.actuators.commands import Command, Freeze, Outcome, SetCpuWeight, SetLimits, StartJob, Terminate, Thaw
 from phasewise.cgroupfs import CgroupError, CgroupLayout, is_container_name
 
-__all__ = ["CFS_PERIOD_US", "MIN_QUOTA_US", "Backend", "CgroupBackend", "DryRunBackend"]
+__all__ = ["CFS_PERIOD_US", "MIN_QUOTA_US", "Backend", "CgroupBackend", "DryRunBackend", "shares_of_weight",
+           "weight_of_shares"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +114,28 @@ class _WriteFailed(Exception):
     def __init__(self, outcome_message: str, temporary: bool) -> None:
         super().__init__(outcome_message)
         self.temporary = temporary
+
+
+#: cgroup v1 ``cpu.shares``: its range and default (the kernel's)
+SHARES_MIN, SHARES_MAX, SHARES_DEFAULT = 2, 262_144, 1024
+
+
+def shares_of_weight(weight: int) -> int:
+    """cgroup v1 ``cpu.shares`` of a ``cpu.weight``: proportional, 100 -> 1024 (as systemd converts).
+
+    >>> [shares_of_weight(w) for w in (1, 100, 159, 3200, 10000)]
+    [10, 1024, 1628, 32768, 102400]
+    """
+    return min(SHARES_MAX, max(SHARES_MIN, round(weight * SHARES_DEFAULT / 100)))
+
+
+def weight_of_shares(shares: int) -> float:
+    """The ``cpu.weight`` a ``cpu.shares`` value stands for (the inverse of :func:`shares_of_weight`).
+
+    >>> weight_of_shares(1024), weight_of_shares(32768)
+    (100.0, 3200.0)
+    """
+    return shares * 100 / SHARES_DEFAULT
 
 
 def quota_us(cores: float, period_us: int = CFS_PERIOD_US) -> int:
@@ -147,6 +187,8 @@ class CgroupBackend:
         try:
             if isinstance(command, SetLimits):
                 return self._set_limits(command)
+            if isinstance(command, SetCpuWeight):
+                return self._set_weight(command)
             if isinstance(command, Freeze):
                 return self._freeze(command.container, True)
             if isinstance(command, Thaw):
@@ -199,6 +241,20 @@ class CgroupBackend:
                 raise _WriteFailed(f"{f} still reads 'max' after writing quota {quota}", False)
             q, p = int(q_text), int(p_text or CFS_PERIOD_US)
         return q / p
+
+    def _set_weight(self, cmd: SetCpuWeight) -> Outcome:
+        d = self.layout.path(cmd.container, "cpu")
+        try:
+            if self.layout.version == 1:
+                f, value = d / "cpu.shares", shares_of_weight(cmd.weight)
+                _write(f, str(value), "CPU shares")
+                got = _read_int(f)
+                return Outcome.applied(f"set cpu.shares {got} (cpu.weight {cmd.weight} x 1024 / 100)")
+            f = d / "cpu.weight"
+            _write(f, str(cmd.weight), "CPU weight")
+            return Outcome.applied(f"set cpu.weight {_read_int(f)}")
+        except _WriteFailed as e:
+            return Outcome.failed(str(e), temporary=e.temporary)
 
     def _set_mem(self, container: str, limit: int) -> int:
         d = self.layout.path(container, "memory")
@@ -303,20 +359,28 @@ class CgroupBackend:
     def _start(self, cmd: StartJob) -> Outcome:
         self._reap()
         c = cmd.container
-        if self.exists(c):
+        reused = self.exists(c)
+        if reused and not cmd.resume:
             return Outcome.failed(f"container {c!r} already exists: not started again")
+        if reused:
+            left = self._pids(c)
+            if left:
+                return Outcome.failed(f"container {c!r} still holds {len(left)} process(es): a stopped job is "
+                                      "resumed once it has exited, never started twice")
         self.layout.create(c)
         if self.layout.version == 1:
             cs = _cpuset_dirs_v1(self.layout, c)
-            _write(cs / "cpuset.cpus", cmd.cpus, "cpuset.cpus")
             procs = [self.layout.path(c, ctl) / "cgroup.procs" for ctl in self.layout.controllers()]
             procs.append(cs / "cgroup.procs")
         else:
             cs = _cpuset_dir_v2(self.layout, c)
-            _write(cs / "cpuset.cpus", cmd.cpus, "cpuset.cpus")
             procs = [cs / "cgroup.procs"]
+        if cmd.cpus:  # else (a resumed job) the cpuset it had
+            _write(cs / "cpuset.cpus", cmd.cpus, "cpuset.cpus")
+        cpus = cmd.cpus or _read(cs / "cpuset.cpus").strip() or "its parent's"
         env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cmd.gpus)
+        if cmd.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cmd.gpus)
         out: int | object = subprocess.DEVNULL
         if self.job_log_dir is not None:
             self.job_log_dir.mkdir(parents=True, exist_ok=True)
@@ -336,15 +400,17 @@ class CgroupBackend:
             proc = subprocess.Popen(list(cmd.argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                                     start_new_session=True, preexec_fn=enter)  # noqa: PLW1509
         except (OSError, subprocess.SubprocessError) as e:
-            self.layout.remove(c)
-            if self.layout.version == 1:
-                cs.rmdir()
+            if not reused:
+                self.layout.remove(c)
+                if self.layout.version == 1:
+                    cs.rmdir()
             return Outcome.failed(f"cannot start {cmd.argv[0]!r} for {c!r}: {e}")
         finally:
             if isinstance(out, int):
                 os.close(out)
         self.processes[c] = proc
-        return Outcome.applied(f"started pid {proc.pid} in cpuset {cmd.cpus}"
+        return Outcome.applied(f"{'resumed' if cmd.resume else 'started'} pid {proc.pid} in cpuset {cpus}"
+                               + (" (its container again)" if reused else "")
                                + (f" with GPUs {list(cmd.gpus)}" if cmd.gpus else ""))
 
     def _freeze(self, container: str, frozen: bool) -> Outcome:
@@ -493,6 +559,11 @@ class DryRunBackend:
                    else "SIGKILL at once")
             return Outcome.applied(f"dry run: would stop every process of {command.container!r}: {how}")
         if isinstance(command, StartJob):
-            return Outcome.applied(f"dry run: would start {list(command.argv)} in cpuset {command.cpus}"
+            where = command.cpus or "of its container"
+            return Outcome.applied(f"dry run: would {'resume' if command.resume else 'start'} {list(command.argv)} "
+                                   f"in cpuset {where}"
                                    + (f" with GPUs {list(command.gpus)}" if command.gpus else ""))
+        if isinstance(command, SetCpuWeight):
+            return Outcome.applied(f"dry run: would set cpu.weight {command.weight} (cgroup v1: cpu.shares "
+                                   f"{shares_of_weight(command.weight)})")
         return Outcome.applied(f"dry run: would {type(command).__name__.lower()}")

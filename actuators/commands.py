@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["STATUSES", "Bind", "Command", "Evict", "Freeze", "Outcome", "Scale", "SetLimits", "StartJob", "Terminate",
-           "Thaw"]
+__all__ = ["STATUSES", "Bind", "Command", "Evict", "Freeze", "Outcome", "Scale", "SetCpuWeight", "SetLimits",
+           "StartJob", "Terminate", "Thaw"]
 
 #: the statuses of :class:`phasewise.schemas.Actuation`
 STATUSES = ("applied", "clamped", "duplicate", "rejected", "failed")
@@ -34,6 +34,18 @@ class SetLimits:
     cpu_cores: float | None = None
     mem_bytes: int | None = None
     update_mode: str = "in-place"
+
+
+@dataclass(frozen=True, slots=True)
+class SetCpuWeight:
+    """Set a container's CPU weight: how the CPU its siblings contend for is divided among them.
+
+    In cgroup v2 ``cpu.weight`` units (1..10000, default 100); the cgroup v1
+    backend writes the equivalent ``cpu.shares`` (:func:`phasewise.actuators.backends.shares_of_weight`).
+    """
+
+    container: str
+    weight: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +78,21 @@ class Terminate:
 
 @dataclass(frozen=True, slots=True)
 class StartJob:
-    """Start a placed job's command in a new managed container bound to *cpus* (a cpuset list)."""
+    """Start a placed job's command in a new managed container bound to *cpus* (a cpuset list).
+
+    ``resume``: the job was stopped (checkpoint-and-exit) and starts again from
+    its checkpoint: its container may exist already, empty (it is reused, with
+    its weight and, when *cpus* is ``""``, its cpuset); one that still holds a
+    process is not started twice. ``gpus``: the GPU indices it may see
+    (``CUDA_VISIBLE_DEVICES``), ``None``: not named (the variable is left as
+    the actuator's own).
+    """
 
     container: str
     cpus: str
     argv: tuple[str, ...]
-    gpus: tuple[int, ...] = ()
+    gpus: tuple[int, ...] | None = ()
+    resume: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +129,7 @@ class Scale:
         return f"{self.namespace}/{self.deployment}"
 
 
-Command = SetLimits | Freeze | Thaw | Terminate | StartJob | Evict | Bind | Scale
+Command = SetLimits | SetCpuWeight | Freeze | Thaw | Terminate | StartJob | Evict | Bind | Scale
 
 
 @dataclass(frozen=True, slots=True)

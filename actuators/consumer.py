@@ -19,7 +19,8 @@ For every message on the decisions topic the actuator:
 5. plans a command under the safety rules (managed, existing container;
    CPU floor and host cap; the workload's own min/max; memory never under
    usage, or the recent peak working set, + margin; a container terminated
-   once, within a bounded grace period);
+   once, within a bounded grace period; a CPU weight within its bounds; a
+   job started once, or resumed in its emptied container);
 6. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
    temporary errors a few times with doubling backoff;
 7. records the outcome in the ledger and publishes an
@@ -558,7 +559,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent",
                  "cpu_floor_cores", "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "data_dir",
                  "workload_default_mode", "workload_policy_file", "workload_pods", "terminate_grace_s",
-                 "terminate_grace_max_s"):
+                 "terminate_grace_max_s", "cpu_weight_min", "cpu_weight_max"):
         add_setting(p, name, help={"data_dir": "where the ledger of applied decisions lives"}.get(name))
 
 

@@ -44,6 +44,17 @@ recreating the pod is the workload's choice (below):
   decrease of a ``NotRequired`` container with 422 (reported as permanent).
   The actuator's own floor (working set + margin) runs before this.
 
+A ``SetCpuWeight`` is **advisory** here (``rejected``, with the weight it
+stands for, :func:`weight_advisory`): the kubelet derives a container's
+``cpu.shares`` from its CPU request (1024 per core; on cgroup v2 converted
+to ``cpu.weight``) and the API has no weight. Resizing the request to carry a
+weight would misuse it: the request is the scheduler's account of the node's
+capacity (weight 3200, a priority-5 job, would be 32 cores requested: an
+``Infeasible`` resize, or a node the scheduler thinks full), and a
+Guaranteed pod's request cannot leave its limit. On Kubernetes the CPU among
+running pods follows their requests; priorities act through admission and
+preemption (a PriorityClass, or this actuator's ``Evict``).
+
 A ``Terminate`` deletes the pod with ``gracePeriodSeconds`` = the grace: the
 kubelet sends SIGTERM to its containers and SIGKILL after the grace, which is
 the command's meaning. It is a delete, not an eviction: an eviction honours
@@ -119,6 +130,7 @@ from phasewise.actuators.commands import (
     Freeze,
     Outcome,
     Scale,
+    SetCpuWeight,
     SetLimits,
     StartJob,
     Terminate,
@@ -139,6 +151,7 @@ __all__ = [
     "recreatable",
     "recreate_reason",
     "resize_state",
+    "weight_advisory",
 ]
 
 log = logging.getLogger(__name__)
@@ -658,6 +671,8 @@ class KubernetesBackend:
             if isinstance(command, StartJob):
                 return Outcome.failed("the kubernetes backend does not start processes: on Kubernetes a placed "
                                       "job is a pod that the scheduler binding places (Bind)")
+            if isinstance(command, SetCpuWeight):
+                return Outcome("rejected", weight_advisory(command.weight))
         except ApiError as e:
             return Outcome.failed(f"{type(command).__name__} on {command.container!r}: {e}", temporary=e.temporary)
         return Outcome.failed(f"unknown command {command!r}")
@@ -861,6 +876,18 @@ class KubernetesBackend:
                                _MERGE)
         n = ((got or {}).get("spec") or {}).get("replicas")
         return Outcome.applied(f"deployment {cmd.namespace}/{cmd.deployment} scaled to {n} replicas")
+
+
+def weight_advisory(weight: int) -> str:
+    """Why a CPU weight is not set through the API, and the request it would take.
+
+    >>> weight_advisory(3200)[:60]
+    'advisory, not applied: the kubelet sets cpu.shares from the '
+    """
+    cores = weight / 100  # weight 100 = 1024 shares = one core's request
+    return (f"advisory, not applied: the kubelet sets cpu.shares from the container's CPU request (1024 per "
+            f"core) and the API sets no weight; weight {weight} would be a request of {cores:g} cores, which "
+            f"the scheduler counts as capacity, so the request is not resized for it")
 
 
 def _q(s: str) -> str:

@@ -11,9 +11,12 @@ The rules, in order:
    to the managed cgroup prefix, so it cannot point anywhere else) and the
    container must exist now;
 2. the action must be one this actuator performs (``limit``, ``freeze``,
-   ``thaw``, ``terminate``, ``place``); a ``place`` decision
-   (:func:`plan_place`) names a container that does not exist yet, a cpuset
-   within this host's CPUs and a command to start; a ``terminate`` decision
+   ``thaw``, ``terminate``, ``place``, ``weight``); a ``place`` decision
+   (:func:`plan_place`) names a container that does not exist yet (or, to
+   resume a stopped job, its container), a cpuset within this host's CPUs (or
+   none: all of them) and a command to start; a ``weight`` decision
+   (:func:`plan_weight`) a CPU weight, held in ``[cpu_weight_min,
+   cpu_weight_max]``; a ``terminate`` decision
    (:func:`plan_terminate`) names a container not terminated before and a
    grace period (``details.grace_s``, else ``terminate_grace_s``) that is a
    finite number >= 0, lowered to ``terminate_grace_max_s``;
@@ -63,7 +66,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from phasewise.actuators.commands import Command, Freeze, SetLimits, StartJob, Terminate, Thaw
+from phasewise.actuators.commands import Command, Freeze, SetCpuWeight, SetLimits, StartJob, Terminate, Thaw
 from phasewise.cgroupfs import is_container_name  # the one definition of a managed name
 from phasewise.schemas import MAX_BYTES, Decision, WorkloadPolicy
 from phasewise.settings import Settings
@@ -84,15 +87,17 @@ __all__ = [
     "is_managed_name",
     "mem_rule",
     "not_applied_reason",
+    "format_cpuset",
     "parse_cpuset",
     "plan",
     "plan_place",
     "plan_terminate",
+    "plan_weight",
     "workload_cpu_rule",
     "workload_mem_rule",
 ]
 
-SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "terminate", "place")
+SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "terminate", "place", "weight")
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +363,8 @@ def plan(
     if decision.action == "terminate":
         return plan_terminate(decision, settings=settings, now=decision.ts if now is None else now,
                               terminated=terminated)
+    if decision.action == "weight":
+        return plan_weight(decision, settings=settings)
     if decision.action != "limit":
         return Rejected(f"action {decision.action!r} is not performed by this actuator "
                         f"(it performs {', '.join(SUPPORTED_ACTIONS)})")
@@ -411,32 +418,95 @@ def parse_cpuset(text: str) -> frozenset[int]:
     return frozenset(out)
 
 
+def format_cpuset(cpus: frozenset[int] | set[int]) -> str:
+    """A cpuset list of CPU ids, ranges joined.
+
+    >>> format_cpuset({0, 1, 2, 5, 7, 8})
+    '0-2,5,7-8'
+    """
+    out: list[str] = []
+    for c in sorted(cpus):
+        if out and "-" in out[-1] and int(out[-1].split("-")[1]) == c - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        elif out and "-" not in out[-1] and int(out[-1]) == c - 1:
+            out[-1] = f"{out[-1]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
+
+
 def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | None) -> Planned | Rejected:
     """A ``place`` decision as a :class:`StartJob`, or why not.
 
-    The job's container must not exist yet (it is created for it), the
-    decision's ``details.cpuset`` must be a cpuset list within *host_cpus*,
-    ``details.command`` a non-empty list of strings and ``details.device`` a
-    list of GPU indices (ints >= 0).
+    The job's container must not exist yet (it is created for it), unless
+    ``details.resume`` is true: a job stopped by checkpoint-and-exit starts
+    again in its container (the backend refuses one that still holds a
+    process: a job runs once). ``details.cpuset`` is a cpuset list within
+    *host_cpus*, or absent (null): every CPU of *host_cpus* for a new
+    container, the container's own cpuset for a resumed one (the priority
+    agent decides who runs, not on which CPUs). ``details.command`` is a
+    non-empty list of strings (a job submitted without one is started by
+    whoever submitted it, not by phasewise) and ``details.device`` a list of
+    GPU indices (ints >= 0; absent: none; null: not named, the job sees what
+    the actuator sees).
     """
     c, d = decision.container, decision.details or {}
-    if exists:
+    resume = d.get("resume") is True
+    if exists and not resume:
         return Rejected(f"container {c!r} already exists: a placed job is started once")
     cpus, argv, dev = d.get("cpuset"), d.get("command"), d.get("device", [])
     if not host_cpus:
         return Rejected("this host's CPUs are unknown; cannot bind a job to a cpuset")
-    try:
-        want = parse_cpuset(cpus)
-    except ValueError as e:
-        return Rejected(f"place decision for {c!r}: details.cpuset {e}")
-    if not want <= host_cpus:
-        return Rejected(f"place decision for {c!r}: cpuset {cpus} is not within this host's CPUs "
-                        f"{sorted(host_cpus)}")
+    if cpus is None:
+        cpus = "" if exists else format_cpuset(host_cpus)
+    else:
+        try:
+            want = parse_cpuset(cpus)
+        except ValueError as e:
+            return Rejected(f"place decision for {c!r}: details.cpuset {e}")
+        if not want <= host_cpus:
+            return Rejected(f"place decision for {c!r}: cpuset {cpus} is not within this host's CPUs "
+                            f"{sorted(host_cpus)}")
+    if argv == [] or argv is None:
+        return Rejected(f"place decision for {c!r} names no command (its job was submitted without one): "
+                        f"phasewise starts no process for it; whoever submitted it starts it"
+                        + (" again, from its checkpoint" if resume else ""))
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) and a and "\0" not in a for a in argv)):
         return Rejected(f"place decision for {c!r}: details.command must be a non-empty list of strings")
-    if not (isinstance(dev, list) and all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in dev)):
-        return Rejected(f"place decision for {c!r}: details.device must be a list of GPU indices")
-    return Planned(StartJob(c, cpus, tuple(argv), tuple(dev)))
+    if dev is not None and not (isinstance(dev, list) and all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in dev)):
+        return Rejected(f"place decision for {c!r}: details.device must be a list of GPU indices (or null)")
+    return Planned(StartJob(c, cpus, tuple(argv), None if dev is None else tuple(dev), resume=resume))
+
+
+def plan_weight(decision: Decision, *, settings: Settings) -> Planned | Rejected:
+    """A ``weight`` decision as a :class:`SetCpuWeight`, or why not.
+
+    ``details.cpu_weight`` (cgroup v2 ``cpu.weight`` units) must be a finite
+    number >= 0; it is rounded to a whole number and held in
+    ``[cpu_weight_min, cpu_weight_max]`` (a note each: ``clamped``).
+
+    >>> from phasewise.settings import Settings
+    >>> s = Settings().replace(cpu_weight_min=10, cpu_weight_max=5000)
+    >>> d = Decision(id="w", ts=1.0, host="h", container="job-a", action="weight", policy="priority",
+    ...              details={"cpu_weight": 10000})
+    >>> p = plan_weight(d, settings=s)
+    >>> p.command, p.message
+    (SetCpuWeight(container='job-a', weight=5000), 'cpu weight 10000 lowered to cpu_weight_max (5000)')
+    """
+    c, d = decision.container, decision.details if isinstance(decision.details, dict) else {}
+    a = settings.actuator
+    rule = Floor(Cap(Requested("cpu weight", _weight_text), a.cpu_weight_max, "cpu_weight_max"),
+                 a.cpu_weight_min, "cpu_weight_min")
+    try:
+        b = rule(d.get("cpu_weight"))
+    except Unsafe as e:
+        return Rejected(f"weight decision for {c!r}: {e}")
+    return Planned(SetCpuWeight(c, int(round(b.value))), b.notes)
+
+
+def _weight_text(v: float) -> str:
+    return f"{v:g}"
 
 
 def plan_terminate(decision: Decision, *, settings: Settings, now: float,

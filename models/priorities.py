@@ -33,6 +33,11 @@ The rules (:class:`PriorityPolicy`):
    the waiting jobs are considered again by rule 1: a frozen job is
    thawed (it needs its CPU and GPU back; its memory never left), a stopped
    one restarted from its checkpoint.
+5. **CPU weights by priority** (with ``cpu_weight_ratio``). Admission
+   decides who runs; among the jobs running on a host, the CPU they
+   contend for is divided by weight (:func:`cpu_weight`: cgroup
+   ``cpu.weight`` units). A job gets its weight when it starts or restarts
+   and whenever its priority changes (:meth:`PriorityPolicy.reprioritize`).
 
 Time comes in as ``now``; nothing here does IO. The actions it returns
 become :class:`~phasewise.schemas.Decision` records with :func:`to_decision`.
@@ -48,6 +53,8 @@ become :class:`~phasewise.schemas.Decision` records with :func:`to_decision`.
 [('freeze', 'a'), ('start', 'h')]
 >>> [(a.kind, a.job) for a in p.finish("h", now=40)]
 [('thaw', 'a')]
+>>> cpu_weight(0, "training"), cpu_weight(0, "inference"), cpu_weight(1, "training"), cpu_weight(20, "training")
+(100, 159, 200, 10000)
 """
 
 from __future__ import annotations
@@ -55,14 +62,14 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from phasewise.schemas import Decision
 
 __all__ = [
-    "ACTION_KINDS", "CLASS_RANK", "POLICY", "WORKLOADS", "Action", "Capacity", "JobRequest", "PriorityConfig",
-    "PriorityPolicy", "to_decision",
+    "ACTION_KINDS", "CLASS_RANK", "POLICY", "WEIGHT_DEFAULT", "WEIGHT_MAX", "WEIGHT_MIN", "WORKLOADS", "Action",
+    "Capacity", "JobRequest", "PriorityConfig", "PriorityPolicy", "cpu_weight", "to_decision",
 ]
 
 #: ``Decision.policy`` of this policy's decisions
@@ -72,9 +79,49 @@ WORKLOADS = ("inference", "interactive", "training")
 CLASS_RANK = {"inference": 2, "interactive": 1, "training": 0}
 #: what the policy asks for: ``start`` a new job, ``freeze`` / ``thaw`` one (cgroup freezer),
 #: ``checkpoint_stop`` one (checkpoint-and-exit, then a hard stop after the grace period), ``restart`` a
-#: stopped one from its checkpoint
-ACTION_KINDS = ("start", "freeze", "thaw", "checkpoint_stop", "restart")
+#: stopped one from its checkpoint, set a job's CPU ``weight``
+ACTION_KINDS = ("start", "freeze", "thaw", "checkpoint_stop", "restart", "weight")
 _EPS = 1e-9
+#: cgroup v2 ``cpu.weight``: its range and the default of a cgroup nobody weighted
+WEIGHT_MIN, WEIGHT_MAX, WEIGHT_DEFAULT = 1, 10_000, 100
+
+
+def cpu_weight(priority: int, workload: str, ratio: float = 2.0) -> int:
+    """The CPU weight (cgroup v2 ``cpu.weight`` units) of a job of *priority* and *workload* class.
+
+    ``100 x ratio ** (priority + class_rank / 3)`` rounded, within
+    ``[1, 10000]`` (``cpu.weight``'s range): a priority level multiplies the
+    weight by *ratio*; the class adds a third of a level per rank (training 0,
+    interactive 1, inference 2), so at equal priority inference weighs
+    ``ratio ** (2/3)`` times training (1.59 at ratio 2) and the weights follow
+    the policy's order of importance (priority, then class): a more important
+    job never weighs less than a less important one (equal only where both
+    are at a bound). A training job of priority 0 weighs 100, the weight of a
+    cgroup nobody set.
+
+    Why inference above training at equal priority: a CPU slice an inference
+    request waits for is added to its response time, which its SLO bounds,
+    and a replica uses the CPU in short bursts (a high weight costs the
+    others little on average); a training job's objective is throughput over
+    hours, and a slice it waits for moves its end by that slice. Interactive
+    work (a person waiting seconds) sits between them.
+
+    >>> [cpu_weight(p, "training") for p in (-7, -1, 0, 3)]
+    [1, 50, 100, 800]
+    >>> cpu_weight(0, "interactive"), cpu_weight(2, "inference", ratio=1.5)
+    (126, 295)
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an integer, got {priority!r}")
+    if workload not in CLASS_RANK:
+        raise ValueError(f"workload must be one of {list(WORKLOADS)}, got {workload!r}")
+    if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio >= 1):
+        raise ValueError(f"ratio must be a finite number >= 1, got {ratio!r}")
+    level = priority + CLASS_RANK[workload] / len(WORKLOADS)
+    exp = level * math.log(ratio) + math.log(WEIGHT_DEFAULT)
+    if exp >= math.log(WEIGHT_MAX):  # (also keeps ratio ** level from overflowing)
+        return WEIGHT_MAX
+    return int(min(WEIGHT_MAX, max(WEIGHT_MIN, round(math.exp(exp)))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,17 +131,24 @@ class PriorityConfig:
     ``freeze_max_wait_s``: the longest expected wait for which victims are
     frozen rather than stopped (a frozen job holds its memory all that time);
     ``grace_s``: how long a checkpoint-and-exit is given before the hard stop
-    (carried in the decision for the actuator).
+    (carried in the decision for the actuator); ``cpu_weight_ratio``: the
+    weight factor of one priority level (:func:`cpu_weight`), ``None``: no
+    ``weight`` actions.
     """
 
     freeze_max_wait_s: float = 120.0
     grace_s: float = 30.0
+    cpu_weight_ratio: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("freeze_max_wait_s", "grace_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"PriorityConfig.{name} must be a finite number >= 0, got {v!r}")
+        r = self.cpu_weight_ratio
+        if r is not None and not (isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
+                                  and r >= 1):
+            raise ValueError(f"PriorityConfig.cpu_weight_ratio must be a finite number >= 1 or None, got {r!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +272,37 @@ class PriorityPolicy:
             return []
         return self._schedule(now)
 
+    def reprioritize(self, job: str, priority: int, now: float) -> list[Action]:
+        """*job*'s priority is now *priority*: its new CPU weight (when it holds a container) and whatever the
+        new order admits or preempts (rule 1 runs again). KeyError for an unknown job, ValueError for a
+        priority that is not an integer."""
+        e = self._jobs.get(job)
+        if e is None:
+            raise KeyError(f"unknown job {job!r} (no submission)")
+        old = e.req.priority
+        e.req = replace(e.req, priority=priority)
+        actions: list[Action] = []
+        if e.state in ("running", "frozen") and old != priority:
+            w = self.weight_action(job, why=f"priority {old} -> {priority}")
+            if w is not None:
+                actions.append(w)
+        return actions + self._schedule(now)
+
+    def weight_action(self, job: str, why: str = "") -> Action | None:
+        """The ``weight`` action of *job* as it is now (``None``: weights off, or no such job)."""
+        e = self._jobs.get(job)
+        ratio = self.config.cpu_weight_ratio
+        if e is None or ratio is None:
+            return None
+        r = e.req
+        w = cpu_weight(r.priority, r.workload, ratio)
+        rank = CLASS_RANK[r.workload]
+        reason = (f"cpu weight {w}: priority {r.priority} {r.workload} "
+                  f"(100 x {ratio:g}^({r.priority} + {rank}/3), within [{WEIGHT_MIN}, {WEIGHT_MAX}])"
+                  + (f"; {why}" if why else ""))
+        return Action("weight", r.job, r.host, reason,
+                      {"cpu_weight": w, "priority": r.priority, "workload": r.workload, "ratio": ratio})
+
     # ------------------------------------------------------------------ views
 
     def state(self, job: str) -> str | None:
@@ -270,7 +355,12 @@ class PriorityPolicy:
                 mode, why = self._mode(e, short)
                 for v in victims:
                     actions.append(self._preempt(v, e, mode, why, now))
-            actions.append(self._admit(e, now))
+            admit = self._admit(e, now)
+            actions.append(admit)
+            if admit.kind in ("start", "restart"):  # a new process: its weight (a thawed one kept its own)
+                w = self.weight_action(e.req.job, why=f"{admit.kind}ed")
+                if w is not None:
+                    actions.append(w)
         return actions
 
     def _victims(self, e: _Entry, short: tuple[float, float, float]) -> list[_Entry] | None:
@@ -343,10 +433,32 @@ class PriorityPolicy:
 
     # ------------------------------------------------------------------ state
 
+    def job_state(self, job: str) -> dict[str, Any] | None:
+        """One job's part of the state (``None``: not known), for a store keyed by job."""
+        e = self._jobs.get(job)
+        if e is None:
+            return None
+        return {"v": self.VERSION, "req": asdict(e.req), "state": e.state, "submitted": e.submitted,
+                "started": e.started, "preempted_by": e.preempted_by}
+
+    def load_job(self, state: Mapping) -> str:
+        """Take back one job from :meth:`job_state` (its host must be known); returns the job id.
+
+        ValueError (KeyError, TypeError) for a state this version cannot read.
+        """
+        if state.get("v", self.VERSION) != self.VERSION:
+            raise ValueError(f"PriorityPolicy job state version {state.get('v')!r} is not {self.VERSION}")
+        req = JobRequest(**state["req"])
+        if req.host not in self._hosts:
+            raise KeyError(f"unknown host {req.host!r}")
+        if state["state"] not in ("pending", "running", "frozen", "stopped"):
+            raise ValueError(f"job state {state['state']!r} is not pending, running, frozen or stopped")
+        self._jobs[req.job] = _Entry(req, state["state"], float(state["submitted"]), state["started"],
+                                     state["preempted_by"])
+        return req.job
+
     def to_state(self) -> dict[str, Any]:
-        return {"v": self.VERSION, "jobs": [
-            {"req": asdict(e.req), "state": e.state, "submitted": e.submitted, "started": e.started,
-             "preempted_by": e.preempted_by} for e in self._jobs.values()]}
+        return {"v": self.VERSION, "jobs": [self.job_state(j) for j in self._jobs]}
 
     @classmethod
     def from_state(cls, config: PriorityConfig, hosts: Mapping[str, Capacity], state: Mapping) -> PriorityPolicy:
@@ -354,18 +466,19 @@ class PriorityPolicy:
             raise ValueError(f"PriorityPolicy state version {state.get('v')!r} is not {cls.VERSION}")
         p = cls(config, hosts)
         for j in state["jobs"]:
-            p._jobs[j["req"]["job"]] = _Entry(JobRequest(**j["req"]), j["state"], j["submitted"], j["started"],
-                                              j["preempted_by"])
+            p.load_job(j)
         return p
 
 
 #: ``Decision.action`` of each action kind; start and restart are placements (the job runs on ``host``)
 _DECISION_ACTION = {"start": "place", "restart": "place", "freeze": "freeze", "thaw": "thaw",
-                    "checkpoint_stop": "terminate"}
+                    "checkpoint_stop": "terminate", "weight": "weight"}
 
 
-def to_decision(action: Action, ts: float) -> Decision:
-    """The decision record of *action* (idempotency key: a hash of kind, host, job and time).
+def to_decision(action: Action, ts: float, container: str | None = None) -> Decision:
+    """The decision record of *action* (idempotency key: a hash of kind, host, job, time and a weight's value).
+
+    *container*: the job's container when it is not named after the job.
 
     ``checkpoint_stop`` is a ``terminate`` with ``details["mode"] = "checkpoint"``
     (graceful: checkpoint-and-exit through the control channel, a hard stop
@@ -383,7 +496,9 @@ def to_decision(action: Action, ts: float) -> Decision:
     if action.kind in ("start", "restart"):
         details["resume"] = action.kind == "restart"
         details["policy"] = POLICY
-    raw = f"{POLICY}|{action.kind}|{action.host}|{action.job}|{ts!r}".encode()
-    return Decision(id=hashlib.blake2b(raw, digest_size=12).hexdigest(), ts=ts, host=action.host,
-                    container=action.job, action=_DECISION_ACTION[action.kind], policy=POLICY,
+    raw = f"{POLICY}|{action.kind}|{action.host}|{action.job}|{ts!r}"
+    if action.kind == "weight":
+        raw += f"|{action.details.get('cpu_weight')}"
+    return Decision(id=hashlib.blake2b(raw.encode(), digest_size=12).hexdigest(), ts=ts, host=action.host,
+                    container=container or action.job, action=_DECISION_ACTION[action.kind], policy=POLICY,
                     reason=action.reason, details=details)

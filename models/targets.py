@@ -600,6 +600,8 @@ class TargetsFleet:
             job.tracker.finished()
             self._dirty.add(ev.job)
             return (self._divide(job.host, ev.ts) if job.host is not None else []), [], None
+        if ev.kind != "progress":  # e.g. a new priority: the priority agent's concern
+            return [], [], None
         job = self.jobs.get(ev.job)
         if job is None:
             return [], [], f"unknown job {ev.job!r} (no submitted event with targets)"

@@ -284,12 +284,13 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobEvent:
-    """A job's life: submitted (with its spec), started (where), progress, finished (key: job)."""
+    """A job's life: submitted (with its spec), started (where), progress, a new priority, finished (key: job)."""
 
     VERSION: ClassVar[int] = 1
     job: str = _f(pattern=JOB_ID_PATTERN, doc="job id (the characters of a container name)")
     ts: float = _f(minimum=0)
-    kind: str = _f(enum=("submitted", "started", "progress", "finished"))
+    kind: str = _f(enum=("submitted", "started", "progress", "priority", "finished"),
+                   doc="priority: the job's priority is now `priority` (its class stays the submitted one)")
     host: str | None = _f(default=None, doc="where it runs (kind started)")
     container: str | None = _f(default=None, doc="its container (kind started)")
     workload: str = _f(default="training", enum=("training", "inference", "interactive"))
@@ -340,7 +341,7 @@ class Decision:
     ts: float = _f(minimum=0)
     host: str = _f()
     container: str = _f()
-    action: str = _f(enum=("limit", "freeze", "thaw", "terminate", "place", "scale", "share"))
+    action: str = _f(enum=("limit", "freeze", "thaw", "terminate", "place", "scale", "share", "weight"))
     policy: str = _f(doc="policy that produced it, e.g. vpa, phase")
     reason: str = _f(default="")
     cpu_limit_cores: float | None = _f(default=None, minimum=0, maximum=MAX_CORES)

@@ -856,6 +856,18 @@ class ActuatorSettings(_Group):
     terminate_grace_max_s: float = setting(30.0, check=at_least(0),
                                            help="terminate: the longest grace the actuator waits (it handles "
                                                 "this host's next decisions after it)")
+    #: a weight decision's CPU weight (cgroup v2 cpu.weight units) is held in [min, max]: the floor
+    #: keeps the least weighted job progressing (it gets >= min / the sum of its siblings' weights of
+    #: a contended CPU), the cap bounds what one container takes from its managed siblings
+    cpu_weight_min: int = setting(10, check=in_range(1, 10_000),
+                                  help="weight: never set a CPU weight (cpu.weight units, 1-10000) below this")
+    cpu_weight_max: int = setting(10_000, check=in_range(1, 10_000),
+                                  help="weight: never set a CPU weight (cpu.weight units, 1-10000) above this")
+
+    def _rules(self) -> None:
+        if self.cpu_weight_min > self.cpu_weight_max:
+            raise SettingsError("cpu_weight_min", f"must be <= cpu_weight_max ({self.cpu_weight_max}), "
+                                f"got {self.cpu_weight_min}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1023,6 +1035,11 @@ class PrioritySettings(_Group):
                                        help="victims are frozen (not stopped) for expected waits up to this long")
     grace_s: float = setting(30.0, check=at_least(0),
                              help="seconds a checkpoint-and-exit gets before the hard stop")
+    cpu_weights: bool = setting(True, help="send each job's CPU weight (from its priority and class) when it "
+                                           "starts and when its priority changes")
+    cpu_weight_ratio: float = setting(2.0, check=in_range(1, 100),
+                                      help="CPU weight factor of one priority level (100 x ratio^(priority + "
+                                           "class/3) in cpu.weight units)")
 
 
 @dataclass(frozen=True, slots=True)

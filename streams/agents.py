@@ -325,12 +325,13 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
                                dead_letter=dead_letter, outputs=outputs, barrier=barrier)
 
+    keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
     if settings.priority.agent:  # DynamoML preemption over the job events
         from phasewise.streams.priority_agents import register_priorities
 
-        register_priorities(app, settings, outputs=outputs, dead_letter=dead_letter)
+        register_priorities(app, settings, outputs=outputs, dead_letter=dead_letter, barrier=barrier,
+                            sign=None if keyring is None else keyring.headers)
 
-    keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
     targets = None  # --targets: the TRADL targets agent on job events (and the samples, below)
     if settings.targets.enabled:
         from phasewise.streams.targets_agent import register_targets

@@ -1,4 +1,4 @@
-"""The priority agent (``phasewise worker --priorities``): job events in; freeze, thaw, terminate, place out.
+"""The priority agent (``phasewise worker --priorities``): job events in; place, freeze, thaw, terminate, weight out.
 
 For every record on the job-events topic (key: job):
 
@@ -7,44 +7,64 @@ For every record on the job-events topic (key: job):
   another schema version) is a dead letter with the parser's reason, and the
   agent carries on;
 - ``submitted``: the job (its ``spec.requests``, ``priority``, ``workload``,
-  ``spec.expected_s``, on its ``host`` or this worker's ``--host``) goes to
-  :class:`~phasewise.models.priorities.PriorityPolicy`; a submission the
-  policy refuses (no spec, a job id submitted twice) is a dead letter with
-  the reason, and the policy is unchanged;
+  ``spec.expected_s``, ``spec.command``, on its ``host`` or this worker's
+  ``--host``) goes to :class:`~phasewise.models.priorities.PriorityPolicy`; a
+  submission the policy refuses (no spec, a job id submitted twice) is a dead
+  letter with the reason, and the policy is unchanged;
+- ``started``: the job runs in ``container`` (later decisions name it); a
+  running job gets its CPU weight there;
+- ``priority``: the job's priority is now ``priority``: its new CPU weight,
+  and whatever the new order admits or preempts; an unknown job is a dead
+  letter;
 - ``finished``: the job's capacity frees, and waiting jobs are thawed,
   restarted or started in priority order;
-- ``started`` and ``progress`` records are not the priority agent's concern.
+- ``progress`` records are not the priority agent's concern.
 
-Each action becomes a :class:`~phasewise.schemas.Decision` (``policy="priority"``:
-``freeze`` / ``thaw`` for the actuator's cgroup freezer, ``terminate`` with
-``details.mode = "checkpoint"`` for checkpoint-and-stop, ``place`` for a start
-or a restart) sent to the decisions topic keyed by host; a checkpoint-and-stop
-also sends :class:`~phasewise.schemas.JobControl` ``checkpoint_exit`` (with the
-grace period) to the control topic keyed by job, which the job's progress
-reporter delivers. Everything goes through the worker's output producer, so
-an offset is committed only after what its record caused was delivered.
+Each action becomes a :class:`~phasewise.schemas.Decision` (``policy="priority"``,
+keyed by host): ``place`` for a start or a restart (``details.resume``), with
+the job's ``command`` from its spec, no cpuset (the actuator binds it to its
+host's CPUs; a resumed job keeps its container's) and no GPUs (``device`` []),
+or GPUs not named (``null``) for a job that requests some; ``freeze`` /
+``thaw`` for the cgroup freezer; ``terminate`` with ``details.mode =
+"checkpoint"`` for checkpoint-and-stop, which also sends a
+:class:`~phasewise.schemas.JobControl` ``checkpoint_exit`` (with the grace
+period) to the control topic keyed by job, for the job's progress reporter;
+``weight`` (``details.cpu_weight``) when a job starts or restarts and when its
+priority changes (``priority_cpu_weights``). Everything goes through the
+worker's output producer, so an offset is committed only after what its record
+caused was delivered.
 
-The policy's state lives in this worker's memory: it must be the only worker
-with ``--priorities`` (it holds every host's view), and a restarted worker
-starts with no jobs (it does not re-read the events committed before).
+State: the changelogged table ``priority-state`` (key: job) holds each job's
+entry of the policy (request, state, times, its preemptor), its command, its
+container and the offset of the last of its events the state holds; written at
+the worker's offset commits through the commit barrier (the decisions first
+delivered), restored when the worker starts or takes its partitions back. A
+job's state goes to the changelog partition of its job events: a worker that
+died after a commit wrote the table but before it committed the offsets reads
+those events again, and skips them. The agent holds every host's view: run one
+worker with ``--priorities``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from phasewise.models.priorities import Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
+from phasewise.models.priorities import Action, Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
 from phasewise.schemas import Decision, JobControl, JobEvent, SchemaError, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import CONTROL, DECISIONS, JOB_EVENTS
 
-__all__ = ["PriorityStep", "Refused", "priority_config", "register_priorities"]
+__all__ = ["TABLE_NAME", "PriorityStep", "Refused", "priority_config", "register_priorities"]
 
 log = logging.getLogger(__name__)
+
+TABLE_NAME = "priority-state"
 
 
 class Refused(ValueError):
@@ -56,62 +76,210 @@ def priority_config(settings: Settings) -> tuple[PriorityConfig, Capacity]:
     p = settings.priority
     cpu = p.host_cpu_cores or float(os.cpu_count() or 1)
     mem = float(p.host_mem_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    return PriorityConfig(freeze_max_wait_s=p.freeze_max_wait_s, grace_s=p.grace_s), Capacity(cpu, mem, p.host_gpus)
+    return (PriorityConfig(freeze_max_wait_s=p.freeze_max_wait_s, grace_s=p.grace_s,
+                           cpu_weight_ratio=p.cpu_weight_ratio if p.cpu_weights else None),
+            Capacity(cpu, mem, p.host_gpus))
 
 
 class PriorityStep:
-    """Raw job-event records -> decisions and control records (the agent without Faust)."""
+    """Raw job-event records -> decisions and control records (the agent without Faust), and its state.
 
-    def __init__(self, config: PriorityConfig, capacity: Capacity, default_host: str) -> None:
+    *partitions*: the job-events topic's partition count (a job's state goes to
+    the changelog partition of its events; a job restored without events yet,
+    to its stored one).
+    """
+
+    def __init__(self, config: PriorityConfig, capacity: Capacity, default_host: str, *,
+                 partitions: int = JOB_EVENTS.partitions) -> None:
         self.policy = PriorityPolicy(config, {})
+        self.config = config
         self.capacity = capacity
         self.default_host = default_host
+        self.partitions = partitions
+        #: job -> what the policy does not hold: {"cmd": argv, "gpu": requests GPUs, "ctr": container}
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.partition_of: dict[str, int] = {}
+        #: job -> offset of the last of its events the state holds (in its partition): an event at or
+        #: before it, read again after a restart whose last offsets were not committed, is not applied twice
+        self.offset_of: dict[str, int] = {}
+        self._dirty: set[str] = set()
+        self.replayed = 0
 
-    def handle(self, raw: bytes | None) -> tuple[list[Decision], list[JobControl]]:
+    # ------------------------------------------------------------------ one record
+
+    def handle(self, raw: bytes | None, partition: int | None = None,
+               offset: int | None = None) -> tuple[list[Decision], list[JobControl]]:
         """What one record causes; raises :class:`SchemaError` or :class:`Refused` for a dead letter."""
         ev = decode(JobEvent, raw)
+        known = self.policy.state(ev.job) is not None
+        seen = self.offset_of.get(ev.job)
+        if (seen is not None and offset is not None and offset <= seen
+                and self.partition_of.get(ev.job) == partition):
+            self.replayed += 1  # its effect is in the restored state already
+            return [], []
         if ev.kind == "submitted":
-            if ev.spec is None:
-                raise Refused(f"JobEvent: submitted job {ev.job!r} carries no spec (requests)")
-            host = ev.host or self.default_host
-            if not self.policy.knows_host(host):
-                self.policy.add_host(host, self.capacity)
-            if self.policy.state(ev.job) is not None:
-                raise Refused(f"JobEvent: job {ev.job!r} was already submitted")
-            r = ev.spec.requests
-            try:
-                req = JobRequest(ev.job, host, cpu_cores=r.cpu_cores or 0.0, mem_bytes=r.mem_bytes or 0.0,
-                                 gpus=r.gpus, priority=ev.priority, workload=ev.workload,
-                                 expected_s=ev.spec.expected_s)
-            except ValueError as e:
-                raise Refused(f"JobEvent: job {ev.job!r}: {e}") from None
-            actions = self.policy.submit(req, now=ev.ts)
+            actions = self._submitted(ev)
+        elif ev.kind == "started":
+            actions = self._started(ev)
+        elif ev.kind == "priority":
+            if self.policy.state(ev.job) is None:
+                raise Refused(f"JobEvent: priority of unknown job {ev.job!r} (no submitted event)")
+            actions = self.policy.reprioritize(ev.job, ev.priority, now=ev.ts)
         elif ev.kind == "finished":
             actions = self.policy.finish(ev.job, now=ev.ts)
+            self.jobs.pop(ev.job, None)
         else:
             return [], []
-        decisions = [to_decision(a, ev.ts) for a in actions]
+        if self.policy.state(ev.job) is not None:
+            if partition is not None:
+                self.partition_of[ev.job] = partition
+            if offset is not None:
+                self.offset_of[ev.job] = offset
+            self._dirty.add(ev.job)
+        elif known:
+            self._dirty.add(ev.job)  # gone: its key is deleted
+        self._dirty.update(a.job for a in actions)
+        decisions = [self._decision(a, ev.ts) for a in actions]
         controls = [JobControl(id=hashlib.blake2b(f"priority|{d.id}".encode(), digest_size=12).hexdigest(),
-                               job=d.container, ts=ev.ts, action="checkpoint_exit", policy="priority",
-                               reason=d.reason, grace_s=d.details.get("grace_s"))
+                               job=d.details.get("job", d.container), ts=ev.ts,
+                               action="checkpoint_exit", policy="priority", reason=d.reason,
+                               grace_s=d.details.get("grace_s"))
                     for d in decisions if d.action == "terminate"]
         return decisions, controls
 
+    def _submitted(self, ev: JobEvent) -> list[Action]:
+        if ev.spec is None:
+            raise Refused(f"JobEvent: submitted job {ev.job!r} carries no spec (requests)")
+        host = ev.host or self.default_host
+        if self.policy.state(ev.job) is not None:
+            raise Refused(f"JobEvent: job {ev.job!r} was already submitted")
+        r = ev.spec.requests
+        try:
+            req = JobRequest(ev.job, host, cpu_cores=r.cpu_cores or 0.0, mem_bytes=r.mem_bytes or 0.0,
+                             gpus=r.gpus, priority=ev.priority, workload=ev.workload,
+                             expected_s=ev.spec.expected_s)
+        except ValueError as e:
+            raise Refused(f"JobEvent: job {ev.job!r}: {e}") from None
+        if not self.policy.knows_host(host):
+            self.policy.add_host(host, self.capacity)
+        self.jobs[ev.job] = {"cmd": list(ev.spec.command), "gpu": r.gpus > 0, "ctr": ev.container or ev.job}
+        return self.policy.submit(req, now=ev.ts)
 
-def register_priorities(app: Any, settings: Settings, *, outputs: Any,
-                        dead_letter: Callable[[Any, str, str], Awaitable[None]]) -> PriorityStep:
-    """Add the priority agent to *app*; its decisions and controls go through *outputs*."""
+    def _started(self, ev: JobEvent) -> list[Action]:
+        info = self.jobs.get(ev.job)
+        if info is None:
+            return []  # a job submitted before this agent, or never: not the policy's
+        if ev.container:
+            info["ctr"] = ev.container
+        if self.policy.state(ev.job) != "running":
+            return []
+        w = self.policy.weight_action(ev.job, why="started")
+        return [] if w is None else [w]
+
+    def _decision(self, a: Action, ts: float) -> Decision:
+        info = self.jobs.get(a.job, {})
+        ctr = info.get("ctr") or a.job
+        extra: dict[str, Any] = {}
+        if a.kind in ("start", "restart"):
+            # who runs is decided here, not on which CPUs or GPUs: the actuator binds the job to its host's
+            # CPUs (a resumed job keeps its container's cpuset); a job that requests GPUs sees what the
+            # actuator sees, others none
+            extra = {"command": info.get("cmd", []), "cpuset": None, "device": None if info.get("gpu") else []}
+        if ctr != a.job:
+            extra["job"] = a.job
+        if extra:
+            a = Action(a.kind, a.job, a.host, a.reason, {**a.details, **extra})
+        return to_decision(a, ts, container=ctr)
+
+    # ------------------------------------------------------------------ state
+
+    def partition(self, job: str) -> int:
+        p = self.partition_of.get(job)
+        return p if p is not None else zlib.crc32(job.encode()) % self.partitions
+
+    def writes(self) -> list[tuple[str, int, bytes | None]]:
+        """``(key, changelog partition, value or None)`` of the jobs changed since the last call."""
+        out = []
+        for job in sorted(self._dirty):
+            st = self.policy.job_state(job)
+            p = self.partition(job)
+            if st is None:
+                out.append((job, p, None))
+                self.partition_of.pop(job, None)
+                self.offset_of.pop(job, None)
+                self.jobs.pop(job, None)
+                continue
+            value = {"p": p, "o": self.offset_of.get(job), "s": st, "job": self.jobs.get(job, {})}
+            out.append((job, p, json.dumps(value, separators=(",", ":")).encode()))
+        self._dirty.clear()
+        return out
+
+    def restore(self, items: Any) -> int:
+        """The policy again from the table's ``(key, value)`` items; how many jobs."""
+        self.policy = PriorityPolicy(self.config, {})
+        self.jobs.clear()
+        self.partition_of.clear()
+        self.offset_of.clear()
+        self._dirty.clear()
+        n = 0
+        for job, raw in items:
+            if raw is None:
+                continue
+            try:
+                v = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+                host = v["s"]["req"]["host"]
+                if not self.policy.knows_host(host):
+                    self.policy.add_host(host, self.capacity)
+                self.policy.load_job(v["s"])
+                self.jobs[job] = dict(v.get("job") or {})
+                self.partition_of[job] = int(v["p"])
+                if v.get("o") is not None:
+                    self.offset_of[job] = int(v["o"])
+                n += 1
+            except (ValueError, KeyError, TypeError) as e:  # a state this version cannot read
+                log.error("priorities: cannot restore job %s (%s); it is known again from its next submitted "
+                          "event", job, e)
+        return n
+
+
+def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: Any,
+                        dead_letter: Callable[[Any, str, str], Awaitable[None]],
+                        sign: Callable[[str, bytes, bytes], Any] | None = None) -> PriorityStep:
+    """Add the priority agent and its state table to *app*; its decisions and controls go through *outputs*."""
+    import faust
+
     from phasewise.streams.topics import raw_topic
 
     config, capacity = priority_config(settings)
-    step = PriorityStep(config, capacity, settings.host)
-    topic = raw_topic(app, JOB_EVENTS, settings.kafka.topic_partitions or None)
+    partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
+    step = PriorityStep(config, capacity, settings.host, partitions=partitions)
+    topic = raw_topic(app, JOB_EVENTS, partitions)
+    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
+                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                      help="priorities: each job's policy entry, command, container and last event (key: job)")
+    writes = barrier.table(table)
+    restored = [False]
+
+    def ensure_restored() -> None:
+        if not restored[0]:
+            n = step.restore(list(table.data.items()))
+            restored[0] = True
+            if n:
+                log.info("priorities: restored %d job(s): %s", n, step.policy.states())
+
+    def hold() -> None:  # at each commit, before the outputs' delivery is awaited: the states to write
+        for key, p, value in step.writes():
+            writes.put(key, value, p)
+
+    barrier.before.append(hold)
 
     @app.agent(topic, name="phasewise.priorities")
     async def on_job_events(stream: Any) -> None:
         async for event in stream.events():
+            ensure_restored()
+            msg = event.message
             try:
-                decisions, controls = step.handle(event.message.value)
+                decisions, controls = step.handle(msg.value, msg.partition, msg.offset)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
                 continue
@@ -123,10 +291,18 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any,
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
                 continue
             for d in decisions:
-                outputs.send(DECISIONS.name, d.host.encode(), encode(d))
+                key, value = d.host.encode(), encode(d)
+                if sign is None:
+                    outputs.send(DECISIONS.name, key, value)
+                else:
+                    outputs.send(DECISIONS.name, key, value, sign(DECISIONS.name, key, value))
                 log.info("priority decision %s %s/%s: %s", d.action, d.host, d.container, d.reason)
             for c in controls:
                 outputs.send(CONTROL.name, c.job.encode(), encode(c))
             outputs.poll()
+
+    @app.on_partitions_revoked.connect
+    async def _forget(app: Any, revoked: Any, **kwargs: Any) -> None:
+        restored[0] = False  # the table, restored on assignment, is the truth from here
 
     return step

@@ -10,7 +10,9 @@ enough). ``POST /predict`` with ``{"x": [[...64 floats...], ...]}`` (at most
 ``requests`` and ``errors`` (totals), and over the last ``window_s``
 seconds ``window_requests``, ``p99_ms`` / ``p50_ms`` (server-side: from
 reading the request to writing the answer, waiting for the model included;
-time a request waits to be accepted is not in it) and ``util`` (the
+time a request waits to be accepted is not in it; the listen backlog is 128
+connections, so a burst does not lose connection requests to a full queue)
+and ``util`` (the
 fraction of the window the model was busy); ``cpu_seconds``, the process's
 CPU time so far (its CPU utilisation is the rate of that over its limit).
 
@@ -163,9 +165,16 @@ def make_server(port: int, *, threads: int = 1, window_s: float = 5.0, seed: int
             finally:
                 stats.add(time.monotonic() - t0, busy, ok)
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server = _Server(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     return server
+
+
+class _Server(ThreadingHTTPServer):
+    #: the listen backlog. socketserver's default (5) overflows when more than five connections arrive
+    #: while the accepting thread waits for a CPU: the kernel drops the SYNs, and the client's first
+    #: retransmission, 1 s later, made a late answer that no server-side time saw
+    request_queue_size = 128
 
 
 def serve(port: int, *, threads: int = 1, window_s: float = 5.0, ready_file: Path | None = None) -> int:

@@ -18,7 +18,12 @@ replica. ``managed``: :class:`~phasewise.models.priorities.PriorityPolicy`
 admits, preempts (``urgent``'s known short holding time: its victim is
 frozen by the cgroup freezer; a new replica's unknown one: its victim gets
 checkpoint-and-exit, delivered as SIGUSR1, then a hard stop after the grace
-period) and resumes in priority order; every second
+period), resumes in priority order and weights the CPU by priority (each job's
+:func:`~phasewise.models.priorities.cpu_weight` at ``--weight-ratio``, written
+as ``cpu.shares`` through the actuator's safety rule and cgroup backend, so the
+replicas outweigh the training jobs wherever they contend for a CPU);
+``unweighted``: the same without the weights (every container at the default
+weight), to see what the weights change; every second
 :class:`~phasewise.models.autoscaler.Autoscaler` reads the replicas'
 ``/metrics`` (CPU time, server-side p99 against half the SLO: the server
 does not see the time a request waits to be accepted) and scales between 1 and
@@ -33,7 +38,10 @@ of the answered requests), ``training_steps_per_s`` (steps the three
 training jobs completed, per second of the run), ``preempt_to_frozen_ms``
 (decision made -> ``freezer.state`` reads FROZEN, the worst; null when no
 freeze), ``resume_lost_steps`` (completed steps a preempted job did not have
-when it went on: summed), ``replicas_max``.
+when it went on: summed), ``replicas_max``. The report's ``results.json`` adds
+the CPU seconds each container got in each third of the run (``cpu.cpuacct``,
+read every second: the inference replicas against the training jobs before,
+during and after ``urgent``) and the weights written.
 """
 
 from __future__ import annotations
@@ -54,15 +62,21 @@ from pathlib import Path
 from typing import Any
 
 from phasewise.actuators.backends import CgroupBackend
-from phasewise.actuators.commands import Freeze, SetLimits, Thaw
+from phasewise.actuators.commands import Freeze, SetCpuWeight, SetLimits, Thaw
+from phasewise.actuators.safety import Planned, plan_weight
 from phasewise.cgroupfs import CgroupError, CgroupLayout
 from phasewise.models.autoscaler import Autoscaler, AutoscalerConfig
 from phasewise.models.priorities import Action, Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
 from phasewise.schemas import Decision, encode
+from phasewise.settings import Settings
 
 __all__ = ["add_arguments", "run", "run_scenario"]
 
 HOST = "local"
+#: the scenarios: static limits, the agent with CPU weights, the agent without them
+SCENARIOS = ("static", "managed", "unweighted")
+#: the thirds of a run: steady (two training jobs, the service), urgent (its job runs), after (it left)
+PHASES = ("steady", "urgent", "after")
 GiB = 2**30
 REPLICA_CORES = 0.5
 INFERENCE_PRIORITY = 10
@@ -77,6 +91,7 @@ class Options:
     capacity_cores: float = 2.0
     max_replicas: int = 2
     grace_s: float = 10.0
+    weight_ratio: float = 2.0
     cgroup_root: str = "/sys/fs/cgroup"
 
 
@@ -101,6 +116,7 @@ class Scenario:
     def __init__(self, name: str, opt: Options, workdir: Path, progress: Any) -> None:
         self.name, self.opt, self.dir, self.progress = name, opt, workdir, progress
         self.layout = CgroupLayout(opt.cgroup_root, prefix=f"phasewise-exp-{uuid.uuid4().hex[:8]}")
+        self.settings = Settings()  # the actuator's default bounds (cpu_weight_min, cpu_weight_max)
         self.backend = CgroupBackend(self.layout)
         self.ckpt = workdir / "checkpoints"
         self.jobs = {"train-a": JobRun("train-a", 0.5), "train-b": JobRun("train-b", 0.5),
@@ -115,6 +131,11 @@ class Scenario:
         self.plock = threading.Lock()   # the policy and its actuation, one caller at a time
         self.replica_n = 1
         self.starting: list[threading.Thread] = []
+        self.weights: dict[str, int] = {}  # container -> the CPU weight the policy gave it
+        self.weighed: list[dict] = []  # each weight written: container, weight, the backend's answer
+        self.wlock = threading.Lock()
+        self.cpu_seen: dict[str, int] = {}  # container -> cpuacct.usage (ns) at the last reading
+        self.cpu_s: dict[str, dict[str, float]] = {p: {} for p in PHASES}
         from phasewise.experiment.inference import Replicas
 
         self.replicas = Replicas("infer", self.place, self.unplace, workdir)
@@ -127,8 +148,34 @@ class Scenario:
         out = self.backend.apply(SetLimits(name, cpu_cores=cores))
         if out.status not in ("applied", "clamped"):
             raise CgroupError(f"cannot limit {name}: {out.message}")
+        self._weigh(name)  # a weight decided before its container existed (a cold start, a restart)
+
+    def _weigh(self, name: str) -> None:
+        """Write *name*'s weight when it has one and its container exists (whichever comes last writes it)."""
+        with self.wlock:
+            w = self.weights.get(name)
+            if w is None or not self.layout.exists(name):
+                return
+            out = self.backend.apply(SetCpuWeight(name, w))
+            self.weighed.append({"t": round(time.monotonic() - self.t0, 3), "container": name, "weight": w,
+                                 "status": out.status, "message": out.message})
+
+    def sample_cpu(self, t: float) -> None:
+        """Add each container's CPU time since the last reading to the run's third *t* falls in."""
+        phase = PHASES[min(2, int(3 * t / self.opt.duration_s))] if t >= 0 else None
+        for c in self.layout.containers():
+            try:
+                now = int((self.layout.path(c, "cpuacct") / "cpuacct.usage").read_text())
+            except (OSError, ValueError, CgroupError):
+                continue
+            before = self.cpu_seen.get(c)
+            self.cpu_seen[c] = now
+            if phase is not None and before is not None and now >= before:
+                got = self.cpu_s[phase]
+                got[c] = got.get(c, 0.0) + (now - before) / 1e9
 
     def unplace(self, name: str) -> None:
+        self.cpu_seen.pop(name, None)  # (its CPU since the last reading is not counted)
         try:
             self.backend.apply(Thaw(name))  # a frozen process cannot exit
             self.layout.remove(name, timeout_s=10)
@@ -209,12 +256,13 @@ class Scenario:
     def rate(self, t: float) -> float:
         return self.opt.rate_low if t < self.opt.duration_s / 2 else self.opt.rate_high
 
-    def run(self, managed: bool) -> dict:
+    def run(self, managed: bool, weighted: bool = False) -> dict:
         from phasewise.experiment.inference import Load
 
         S = self.opt.duration_s
         try:
-            policy = PriorityPolicy(PriorityConfig(freeze_max_wait_s=S / 2, grace_s=self.opt.grace_s),
+            policy = PriorityPolicy(PriorityConfig(freeze_max_wait_s=S / 2, grace_s=self.opt.grace_s,
+                                                   cpu_weight_ratio=self.opt.weight_ratio if weighted else None),
                                     {HOST: Capacity(self.opt.capacity_cores, 64 * GiB)})
             # the server-side p99 misses the time a request waits to be accepted: the scaler aims at half the SLO
             scaler = Autoscaler(AutoscalerConfig(slo_p99_ms=self.opt.slo_ms / 2, target_util=0.6, min_replicas=1,
@@ -244,7 +292,7 @@ class Scenario:
             for j in self.jobs.values():
                 j.seen.wait(120)
             t0, self.t0 = self.t0, time.monotonic()
-            for e in self.events:  # what happened before the clock started has negative times
+            for e in [*self.events, *self.weighed]:  # what happened before the clock started has negative times
                 e["t"] = round(e["t"] - (self.t0 - t0), 3)
             for j in self.jobs.values():  # count from here
                 with self.lock:
@@ -254,9 +302,13 @@ class Scenario:
             lt.start()
             urgent_at, urgent_end = S / 3, 2 * S / 3
             urgent_started = urgent_done = False
-            next_scale = 1.0
+            next_scale = next_cpu = 0.0
+            self.sample_cpu(-1.0)  # the readings the first second counts from
             while lt.is_alive():
                 t = time.monotonic() - self.t0
+                if t >= next_cpu:
+                    next_cpu = t + 1.0
+                    self.sample_cpu(t)
                 if not urgent_started and t >= urgent_at:
                     urgent_started = True
                     self.note("arrive", job="urgent")
@@ -271,7 +323,7 @@ class Scenario:
                     urgent_done = True
                     threading.Thread(target=self.finish_urgent, args=(policy if managed else None, t),
                                      daemon=True).start()
-                if managed and t >= next_scale:
+                if managed and t >= next_scale and t >= 1.0:
                     next_scale = t + 1.0
                     with self.plock:
                         self.autoscale(scaler, policy, t)
@@ -279,6 +331,7 @@ class Scenario:
                 time.sleep(0.1)
             lt.join()
             elapsed = time.monotonic() - self.t0
+            self.sample_cpu(min(elapsed, S - 1e-6))
             res = load.result
             lat = sorted(res.latencies_ms)
             total = res.total()
@@ -298,7 +351,10 @@ class Scenario:
                              "freeze_ms": self.freeze_ms, "elapsed_s": elapsed,
                              "timeline": [(round(a, 3), None if math.isinf(b) else round(b, 2))
                                           for a, b in sorted(res.timeline)],
-                             "events": self.events, "autoscaler": self.trace}
+                             "events": self.events, "autoscaler": self.trace,
+                             "cpu_s": {p: {c: round(v, 3) for c, v in sorted(d.items())}
+                                       for p, d in self.cpu_s.items()},
+                             "weights": self.weighed}
             return out
         finally:
             self.close()
@@ -360,6 +416,13 @@ class Scenario:
             d = to_decision(a, ts)
             self.decisions.append(d)
             self.note(a.kind, job=a.job, reason=a.reason)
+            if a.kind == "weight":  # through the actuator's safety rule (its bounds) to the cgroup backend
+                p = plan_weight(d, settings=self.settings)
+                if isinstance(p, Planned):
+                    with self.wlock:
+                        self.weights[a.job] = p.command.weight
+                    self._weigh(a.job)
+                continue
             if a.job.startswith("infer-"):
                 if a.kind in ("start", "restart", "thaw"):  # a cold start takes seconds: not on the control loop
                     th = threading.Thread(target=self._start_replica, args=(a.job,), daemon=True)
@@ -429,7 +492,7 @@ class Scenario:
 def run_scenario(name: str, opt: Options, workdir: Path, progress=lambda *a: None) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     sc = Scenario(name, opt, workdir, progress)
-    out = sc.run(managed=name == "managed")
+    out = sc.run(managed=name != "static", weighted=name == "managed")
     with open(workdir / "decisions.jsonl", "wb") as f:
         for d in sc.decisions:
             f.write(encode(d) + b"\n")
@@ -466,13 +529,17 @@ KEYS = ("slo_violation_share", "p99_ms", "training_steps_per_s", "preempt_to_fro
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = Options()
     p.add_argument("--duration", type=float, default=d.duration_s, help="seconds per scenario")
-    p.add_argument("--scenarios", default="static,managed", help="comma-separated: static, managed")
+    p.add_argument("--scenarios", default="static,managed",
+                   help="comma-separated: static, managed (the agent, CPU weights by priority), unweighted (the "
+                        "agent without the weights)")
     p.add_argument("--slo-ms", type=float, default=d.slo_ms, help="inference latency SLO (client-side), ms")
     p.add_argument("--rate-low", type=float, default=d.rate_low, help="requests/s in the first half")
     p.add_argument("--rate-high", type=float, default=d.rate_high, help="requests/s in the second half")
     p.add_argument("--capacity", type=float, default=d.capacity_cores, help="cores the host offers to the jobs")
     p.add_argument("--max-replicas", type=int, default=d.max_replicas)
     p.add_argument("--grace", type=float, default=d.grace_s, help="seconds a checkpoint-and-exit gets")
+    p.add_argument("--weight-ratio", type=float, default=d.weight_ratio,
+                   help="managed: CPU weight factor of one priority level (cpu_weight)")
     p.add_argument("--cgroup-root", default=d.cgroup_root)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -481,10 +548,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    bad = [s for s in scenarios if s not in ("static", "managed")]
+    bad = [s for s in scenarios if s not in SCENARIOS]
     if bad or not scenarios:
-        print(f"phasewise experiment priorities: --scenarios: unknown {bad or 'none'} (static, managed)",
+        print(f"phasewise experiment priorities: --scenarios: unknown {bad or 'none'} ({', '.join(SCENARIOS)})",
               file=sys.stderr)
+        return 2
+    if not (1 <= args.weight_ratio <= 100):
+        print("phasewise experiment priorities: --weight-ratio must be in [1, 100]", file=sys.stderr)
         return 2
     if not (args.duration >= 6 and args.rate_low > 0 and args.rate_high > 0 and args.slo_ms > 0
             and args.capacity >= 2.0 and args.max_replicas >= 1):
@@ -501,7 +571,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     opt = Options(duration_s=args.duration, slo_ms=args.slo_ms, rate_low=args.rate_low, rate_high=args.rate_high,
                   capacity_cores=args.capacity, max_replicas=args.max_replicas, grace_s=args.grace,
-                  cgroup_root=args.cgroup_root)
+                  weight_ratio=args.weight_ratio, cgroup_root=args.cgroup_root)
     bar = Bar() if not args.no_progress else (lambda *a: None)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="phasewise-prio-") as tmp:
@@ -513,7 +583,8 @@ def run(args: argparse.Namespace) -> int:
     load1 = os.getloadavg()[0]
     out = {"scenarios": {s: {k: r[k] for k in KEYS} for s, r in results.items()},
            "options": {k: getattr(opt, k) for k in ("duration_s", "slo_ms", "rate_low", "rate_high",
-                                                     "capacity_cores", "max_replicas", "grace_s")},
+                                                     "capacity_cores", "max_replicas", "grace_s",
+                                                     "weight_ratio")},
            "host": {"cpus": os.cpu_count(), "load1_at_end": round(load1, 2)}}
     if args.report:
         from phasewise.experiment.priorities_report import write_report

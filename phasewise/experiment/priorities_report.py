@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["write_report"]
+__all__ = ["cpu_groups", "cpu_table", "write_report"]
 
 TARGETS = {
     "preempt_to_frozen_ms": "decision -> frozen <= 1000 ms",
@@ -54,6 +54,33 @@ def verdicts(out: dict) -> list[str]:
     return lines
 
 
+def cpu_groups(cpu_s: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per third of the run, the CPU seconds of the replicas (``inference``) and of each training job.
+
+    >>> cpu_groups({"after": {"infer-1": 1.0, "infer-2": 0.5, "train-a": 0.25}})
+    {'after': {'inference': 1.5, 'train-a': 0.25}}
+    """
+    out: dict[str, dict[str, float]] = {}
+    for phase, by in cpu_s.items():
+        g: dict[str, float] = {}
+        for c, v in by.items():
+            k = "inference" if c.startswith("infer-") else c
+            g[k] = round(g.get(k, 0.0) + v, 3)
+        out[phase] = g
+    return out
+
+
+def cpu_table(results: dict) -> list[str]:
+    rows = ["| scenario | third | inference | train-a | train-b | urgent | inference share |", "|---" * 7 + "|"]
+    for name, r in results.items():
+        for phase, g in cpu_groups(r["detail"].get("cpu_s", {})).items():
+            tot = sum(g.values())
+            share = f"{g.get('inference', 0.0) / tot:.0%}" if tot else "n/a"
+            rows.append(f"| {name} | {phase} | " + " | ".join(f"{g.get(k, 0.0):.2f}" for k in (
+                "inference", "train-a", "train-b", "urgent")) + f" | {share} |")
+    return rows
+
+
 def write_report(folder: Path, out: dict, results: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps({**out, "detail": {s: r["detail"] for s, r in results.items()}},
@@ -70,7 +97,11 @@ def write_report(folder: Path, out: dict, results: dict) -> None:
             *[f"- {x}" for x in verdicts(out)], "", "## Events (managed)", ""]
     for e in results.get("managed", {}).get("detail", {}).get("events", []):
         text.append(f"- {e['t']:.1f} s {e['kind']} {e.get('job', '')} {e.get('reason', '')}".rstrip())
-    text += ["", "Plots: `latency.png` (each request's client-side latency over time), `metrics.png`."]
+    text += ["", "## CPU seconds by third of the run", "",
+             "Per scenario, what the inference replicas and the training jobs got (`cpuacct.usage`, read every "
+             "second): steady (before `urgent`), urgent (while it runs), after (it left).", "",
+             *cpu_table(results), "",
+             "Plots: `latency.png` (each request's client-side latency over time), `metrics.png`."]
     (folder / "summary.md").write_text("\n".join(text) + "\n")
     _plots(folder, out, results)
 
@@ -110,7 +141,8 @@ def _plots(folder: Path, out: dict, results: dict) -> None:
     fig, axes = plt.subplots(1, len(keys), figsize=(12, 3))
     for ax, k in zip(axes, keys):
         names = list(out["scenarios"])
-        ax.bar(names, [out["scenarios"][n][k] or 0 for n in names], color=["#999", "#3a7"][:len(names)])
+        colours = {"static": "#999", "managed": "#3a7", "unweighted": "#d94"}
+        ax.bar(names, [out["scenarios"][n][k] or 0 for n in names], color=[colours.get(n, "#555") for n in names])
         ax.set_title(k, fontsize=9)
     fig.tight_layout()
     fig.savefig(folder / "metrics.png", dpi=110)

@@ -53,7 +53,8 @@ def test_plan_place_rules():
     assert ok.command == StartJob("j", "0", ("true",), (0,))
     bad = [(_decision("j", "0-7", ["true"]), "not within this host's CPUs"),
            (_decision("j", "x", ["true"]), "not a cpuset list"),
-           (_decision("j", "0", []), "non-empty list of strings"),
+           (_decision("j", "0", []), "names no command"),
+           (_decision("j", "0", [""]), "non-empty list of strings"),
            (_decision("j", "0", ["true"], device=(-1,)), "GPU indices"),
            (_decision("../j", "0", ["true"]), "not a managed container name")]
     for d, why in bad:

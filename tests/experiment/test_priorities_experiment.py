@@ -50,6 +50,24 @@ def test_the_service_predicts_refuses_bad_input_and_counts(server):
     assert m["p99_ms"] >= m["p50_ms"] > 0 and 0 <= m["util"] <= 1 and m["cpu_seconds"] > 0
 
 
+def test_a_burst_of_connections_waits_in_the_backlog_not_for_a_retransmission():
+    """While the accepting thread does not run (a busy CPU), 40 connection requests are all queued by the
+    kernel at once; with socketserver's backlog of 5 the rest had their SYNs dropped (1 s retransmission)."""
+    import socket
+
+    s = make_server(0)  # bound and listening, never accepting
+    try:
+        socks, t0 = [], time.monotonic()
+        for _ in range(40):
+            c = socket.create_connection(s.server_address, timeout=0.5)
+            socks.append(c)
+        assert len(socks) == 40 and time.monotonic() - t0 < 0.5
+        for c in socks:
+            c.close()
+    finally:
+        s.server_close()
+
+
 def test_the_load_is_bounded_and_counts_every_request(server):
     load = Load(lambda: [server], lambda t: 40.0, workers=4, timeout_s=2.0)
     r = load.run(1.5)
@@ -85,7 +103,7 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_bad_arguments_are_one_line_errors():
     r = cli("--scenarios", "static,bogus")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "phasewise experiment priorities: --scenarios: unknown ['bogus'] (static, managed)"]
+        "phasewise experiment priorities: --scenarios: unknown ['bogus'] (static, managed, unweighted)"]
     r = cli("--duration", "1")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--duration >= 6" in r.stderr
 
@@ -109,6 +127,11 @@ def test_a_short_managed_run(tmp_path):
     assert kinds.index(("arrive", "urgent")) < kinds.index(("freeze", "train-a")) < kinds.index(("start", "urgent"))
     if ("thaw", "train-a") in kinds:  # when the run outlasted urgent's exit on a busy host
         assert kinds.index(("freeze", "train-a")) < kinds.index(("thaw", "train-a"))
+    # the CPU weighted by priority: written as cpu.shares through the actuator's rule and backend
+    weights = {w["container"]: (w["weight"], w["status"]) for w in detail["weights"]}
+    assert weights["train-a"] == (100, "applied") and weights["train-b"] == (200, "applied")
+    assert weights["infer-1"] == (10000, "applied") and weights["urgent"] == (3200, "applied")
+    assert set(detail["cpu_s"]) == {"steady", "urgent", "after"} and detail["cpu_s"]["steady"]["train-a"] > 0
     assert {p.name for p in (tmp_path / "rep").iterdir()} >= {"summary.md", "results.json", "latency.png",
                                                               "metrics.png", "managed"}
     assert time.monotonic() - t0 < 280

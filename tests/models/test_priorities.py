@@ -143,3 +143,90 @@ def test_bad_requests_are_refused():
     p.submit(JobRequest("a", "n1"), now=0)
     with pytest.raises(ValueError, match="already"):
         p.submit(JobRequest("a", "n1"), now=1)
+
+
+# ------------------------------------------------------------------------------------- CPU weights
+
+
+def test_cpu_weights_follow_the_order_of_importance():
+    from phasewise.models.priorities import CLASS_RANK, WEIGHT_MAX, WEIGHT_MIN, cpu_weight
+
+    jobs = [(p, w) for p in range(-12, 20) for w in CLASS_RANK]
+    for ratio in (1.0, 1.3, 2.0, 10.0):
+        ranked = sorted(jobs, key=lambda j: (j[0], CLASS_RANK[j[1]]))  # least important first
+        ws = [cpu_weight(p, w, ratio) for p, w in ranked]
+        assert ws == sorted(ws), ratio  # never less for a more important job
+        assert all(WEIGHT_MIN <= x <= WEIGHT_MAX for x in ws)
+    assert cpu_weight(0, "training") == 100  # a cgroup nobody weighted
+    assert cpu_weight(0, "inference", 2.0) > cpu_weight(0, "interactive", 2.0) > cpu_weight(0, "training", 2.0)
+    assert cpu_weight(1, "training", 2.0) > cpu_weight(0, "inference", 2.0)  # a level outranks any class
+    assert {cpu_weight(p, "inference", 1.0) for p in range(-50, 50)} == {100}  # ratio 1: all equal
+    assert cpu_weight(10**9, "inference", 10.0) == WEIGHT_MAX and cpu_weight(-10**9, "training", 10.0) == WEIGHT_MIN
+    for bad in ({"priority": 1.5}, {"priority": True}, {"workload": "batch"}, {"ratio": 0.5},
+                {"ratio": float("inf")}):
+        args = {"priority": 0, "workload": "training", "ratio": 2.0, **bad}
+        with pytest.raises(ValueError):
+            cpu_weight(args["priority"], args["workload"], args["ratio"])
+
+
+def test_a_job_gets_its_weight_when_it_starts_or_restarts_not_when_thawed():
+    p = policy(cpu=2, cpu_weight_ratio=2.0)
+    acts = p.submit(JobRequest("low", "n1", cpu_cores=2), now=0)
+    assert kinds(acts) == [("start", "low"), ("weight", "low")]
+    assert acts[1].details["cpu_weight"] == 100 and "priority 0 training" in acts[1].reason
+    acts = p.submit(JobRequest("inf", "n1", cpu_cores=1, priority=3, workload="inference", expected_s=5), now=1)
+    assert kinds(acts) == [("freeze", "low"), ("start", "inf"), ("weight", "inf")]
+    assert acts[2].details["cpu_weight"] == round(100 * 2 ** (3 + 2 / 3))
+    assert kinds(p.finish("inf", now=2)) == [("thaw", "low")]  # its cgroup kept its weight
+    acts = p.submit(JobRequest("big", "n1", cpu_cores=2, priority=1), now=3)  # unknown wait: checkpoint-stop
+    assert kinds(acts) == [("checkpoint_stop", "low"), ("start", "big"), ("weight", "big")]
+    assert kinds(p.finish("big", now=4)) == [("restart", "low"), ("weight", "low")]
+    assert kinds(policy(cpu=2).submit(JobRequest("x", "n1", cpu_cores=1), now=0)) == [("start", "x")]  # off
+
+
+def test_a_new_priority_gives_a_new_weight_and_may_preempt_or_admit():
+    p = policy(cpu=2, cpu_weight_ratio=2.0, freeze_max_wait_s=60)
+    p.submit(JobRequest("a", "n1", cpu_cores=1), now=0)
+    p.submit(JobRequest("b", "n1", cpu_cores=1, priority=2), now=1)
+    assert kinds(p.submit(JobRequest("c", "n1", cpu_cores=1, priority=1, expected_s=10), now=2)) == [
+        ("freeze", "a"), ("start", "c"), ("weight", "c")]
+    acts = p.reprioritize("c", 5, now=3)  # running: new weight, nothing else moves
+    assert kinds(acts) == [("weight", "c")] and acts[0].details["cpu_weight"] == 3200
+    assert "priority 1 -> 5" in acts[0].reason
+    assert p.reprioritize("c", 5, now=4) == []  # no change, no decision
+    # the frozen a, now above b: b is preempted for it (a's expected time is unknown: checkpoint-stop)
+    acts = p.reprioritize("a", 3, now=5)
+    assert kinds(acts) == [("weight", "a"), ("checkpoint_stop", "b"), ("thaw", "a")]
+    assert p.states() == {"a": "running", "b": "stopped", "c": "running"}
+    with pytest.raises(KeyError, match="unknown job"):
+        p.reprioritize("nobody", 1, now=6)
+    with pytest.raises(ValueError, match="integer"):
+        p.reprioritize("a", 1.5, now=6)
+    assert p.states()["a"] == "running"
+
+
+def test_a_job_s_state_alone_round_trips():
+    p = policy(cpu=2)
+    p.submit(JobRequest("low", "n1", cpu_cores=2, mem_bytes=GB), now=0)
+    p.submit(JobRequest("h", "n1", cpu_cores=1, priority=1, expected_s=5), now=1)
+    q = policy(cpu=2)
+    for j in ("h", "low"):
+        assert q.load_job(json.loads(json.dumps(p.job_state(j)))) == j
+    by_job = lambda st: sorted(st["jobs"], key=lambda j: j["req"]["job"])  # noqa: E731
+    assert by_job(q.to_state()) == by_job(p.to_state())
+    assert kinds(q.finish("h", 2)) == kinds(p.finish("h", 2)) == [("thaw", "low")]
+    assert p.job_state("nobody") is None
+    for bad in ({**p.job_state("low"), "v": 99}, {**p.job_state("low"), "state": "zombie"},
+                {**p.job_state("low"), "req": {**p.job_state("low")["req"], "host": "nX"}}):
+        with pytest.raises((ValueError, KeyError)):
+            policy().load_job(bad)
+
+
+def test_weight_decisions_are_records_with_the_weight():
+    p = policy(cpu=2, cpu_weight_ratio=2.0)
+    acts = p.submit(JobRequest("j", "n1", cpu_cores=1, priority=2, workload="interactive"), now=0)
+    d = to_decision(acts[1], ts=5.0, container="j-ctr")
+    assert (d.action, d.container, d.details["cpu_weight"]) == ("weight", "j-ctr", 504)
+    assert decode(Decision, encode(d)) == d
+    other = to_decision(p.reprioritize("j", 3, now=1)[0], ts=5.0, container="j-ctr")
+    assert other.id != d.id  # same time, another weight: another decision

@@ -355,3 +355,11 @@ def test_the_fleet_state_goes_to_a_table_and_back_and_a_restored_fleet_decides_t
             assert before + after == whole, (policy, cut)
     with pytest.raises(ValueError, match="version"):
         _fleet().load("a", {"v": 99})
+
+
+def test_a_new_priority_is_not_progress_for_the_targets_fleet():
+    f = _fleet()
+    f.process(_ev("a", 1.0, "submitted"))
+    before = f.jobs["a"].tracker.last_step
+    assert f.process(_ev("a", 2.0, "priority", priority=7)) == ([], [], None)  # the priority agent's, not a loss
+    assert f.jobs["a"].tracker.last_step == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import pytest
@@ -28,9 +29,10 @@ GB = 1e9
 
 
 def submitted(job: str, ts: float, *, cpu: float, priority: int = 0, expected_s: float | None = None,
-              host: str | None = "n1", workload: str = "training") -> bytes:
-    spec = JobSpec(model="resnet50", dataset="cifar10", batch_size=32, expected_s=expected_s,
-                   requests=JobRequests(cpu_cores=cpu, mem_bytes=1 * GB))
+              host: str | None = "n1", workload: str = "training", command: tuple[str, ...] = (),
+              gpus: float = 0.0) -> bytes:
+    spec = JobSpec(model="resnet50", dataset="cifar10", batch_size=32, expected_s=expected_s, command=command,
+                   requests=JobRequests(cpu_cores=cpu, mem_bytes=1 * GB, gpus=gpus))
     return encode(JobEvent(job=job, ts=ts, kind="submitted", host=host, priority=priority, workload=workload,
                            spec=spec))
 
@@ -55,15 +57,21 @@ def valid_stream(prefix: str = "", host: str = "n1") -> list[bytes]:
 EXPECTED = [("place", "low"), ("freeze", "low"), ("place", "hi"), ("place", "infer"), ("thaw", "low")]
 
 
-def step() -> PriorityStep:
-    return PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB), "n1")
+#: the same with CPU weights (the settings' default): each start and restart is followed by the job's weight
+EXPECTED_WEIGHTED = [("place", "low"), ("weight", "low"), ("freeze", "low"), ("place", "hi"), ("weight", "hi"),
+                     ("place", "infer"), ("weight", "infer"), ("thaw", "low")]
 
 
-def run(s: PriorityStep, records: list) -> tuple[list[Decision], list[JobControl], list[str]]:
+def step(ratio: float | None = None) -> PriorityStep:
+    return PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=ratio),
+                        Capacity(2, 8 * GB, 1), "n1")
+
+
+def run(s: PriorityStep, records: list, offsets: bool = False) -> tuple[list[Decision], list[JobControl], list[str]]:
     ds, cs, bad = [], [], []
-    for r in records:
+    for i, r in enumerate(records):
         try:
-            d, c = s.handle(r)
+            d, c = s.handle(r, 0, i) if offsets else s.handle(r)
         except (SchemaError, Refused) as e:
             bad.append(str(e))
             continue
@@ -117,6 +125,66 @@ def test_events_of_other_kinds_change_nothing():
     assert (ds, cs, bad) == ([], [], []) and s.policy.to_state() == before
 
 
+def test_weights_on_start_restart_started_and_a_new_priority():
+    s = step(ratio=2.0)
+    ds, cs, bad = run(s, valid_stream())
+    assert bad == [] and [(d.action, d.container) for d in ds] == EXPECTED_WEIGHTED
+    assert [d.details["cpu_weight"] for d in ds if d.action == "weight"] == [100, 3200, 10000]  # (the cap)
+    s = step(ratio=2.0)
+    run(s, [submitted("a", 1, cpu=1, command=("python", "train.py")),
+            encode(JobEvent(job="a", ts=2, kind="started", host="n1", container="a-ctr"))])
+    ds, cs, bad = run(s, [encode(JobEvent(job="a", ts=3, kind="priority", priority=4))])
+    assert [(d.action, d.container, d.details["cpu_weight"], d.details["job"]) for d in ds] == [
+        ("weight", "a-ctr", 1600, "a")]
+    assert "priority 0 -> 4" in ds[0].reason
+    ds, cs, bad = run(s, [encode(JobEvent(job="b", ts=4, kind="priority", priority=4))])
+    assert ds == [] and "priority of unknown job 'b'" in bad[0]
+    # a bigger, more important job: a is checkpointed and stopped; the control names the job, the decision
+    # its container
+    ds, cs, bad = run(s, [submitted("big", 5, cpu=2, priority=9, command=("python", "big.py"))])
+    assert [(d.action, d.container) for d in ds] == [("terminate", "a-ctr"), ("place", "big"), ("weight", "big")]
+    assert [(c.job, c.action) for c in cs] == [("a", "checkpoint_exit")]
+    ds, cs, bad = run(s, [finished("big", 6)])
+    assert [(d.action, d.container) for d in ds] == [("place", "a-ctr"), ("weight", "a-ctr")]
+    assert ds[0].details["resume"] is True and ds[0].details["command"] == ["python", "train.py"]
+    assert ds[0].details["cpuset"] is None and ds[0].details["device"] == []  # no GPU asked: none seen
+
+
+def test_place_decisions_carry_what_the_actuator_starts():
+    s = step()
+    ds, _, _ = run(s, [submitted("g", 1, cpu=1, gpus=0.5, command=("python", "-m", "job"))])
+    d = ds[0]
+    assert (d.action, d.details["command"], d.details["cpuset"], d.details["device"], d.details["resume"]) == (
+        "place", ["python", "-m", "job"], None, None, False)  # GPUs: not named, the job sees the actuator's
+    ds, _, _ = run(s, [submitted("n", 2, cpu=1)])
+    assert ds[0].details["command"] == []  # the actuator refuses it, saying who starts it
+
+
+def test_the_state_written_at_commits_restores_the_policy_and_skips_events_read_again():
+    records = [submitted("low", 1, cpu=2, command=("run-low",)), submitted("hi", 2, cpu=2, priority=3),
+               encode(JobEvent(job="low", ts=2.5, kind="started", host="n1", container="low-ctr"))]
+    s = step(ratio=2.0)
+    run(s, records, offsets=True)
+    table = {k: v for k, _p, v in s.writes()}
+    assert set(table) == {"low", "hi"} and s.writes() == []  # written once, until something changes
+    assert json.loads(table["low"])["o"] == 2 and json.loads(table["low"])["s"]["state"] == "stopped"
+    t = step(ratio=2.0)
+    assert t.restore(table.items()) == 2 and t.policy.states() == s.policy.states()
+    # a worker that died before committing these offsets reads them again: skipped, nothing decided twice
+    ds, cs, bad = run(t, records, offsets=True)
+    assert (ds, cs, bad) == ([], [], []) and t.replayed == 3
+    ds, _ = t.handle(finished("hi", 9), 0, 3)
+    assert [(d.action, d.container, d.details.get("resume")) for d in ds] == [
+        ("place", "low-ctr", True), ("weight", "low-ctr", None)]
+    assert ds[0].details["command"] == ["run-low"]
+    writes = {k: v for k, _p, v in t.writes()}
+    assert writes["hi"] is None and json.loads(writes["low"])["s"]["state"] == "running"  # hi's key deleted
+    ref = step(ratio=2.0)  # the same events in one worker decide the same
+    run(ref, records, offsets=True)
+    assert ref.handle(finished("hi", 9), 0, 3)[0] == ds
+    assert step().restore([("x", b"{not json"), ("y", json.dumps({"s": {"v": 99}}).encode()), ("z", None)]) == 0
+
+
 # ------------------------------------------------------------------------------------- a real worker
 
 
@@ -163,9 +231,9 @@ def test_a_real_worker_with_priorities_decides_every_valid_event_and_dead_letter
         def mine() -> list[Decision]:
             return [d for d in records(Decision, decisions.drain()) if d.host == host]
 
-        wait(lambda: len(mine()) >= len(EXPECTED) + 2, 60, "every priority decision", role)
+        wait(lambda: len(mine()) >= len(EXPECTED_WEIGHTED) + 3, 60, "every priority decision", role)
         got = [(d.action, d.container.removeprefix(f"{tag}-")) for d in mine()]
-        assert got == [*EXPECTED, ("terminate", "low"), ("place", "big")]
+        assert got == [*EXPECTED_WEIGHTED, ("terminate", "low"), ("place", "big"), ("weight", "big")]
         wait(lambda: any(c.job == f"{tag}-low" and c.action == "checkpoint_exit"
                          for c in records(JobControl, controls.drain())), 30, "the checkpoint_exit control", role)
         poisoned = sent.where("poison:")
@@ -180,6 +248,90 @@ def test_a_real_worker_with_priorities_decides_every_valid_event_and_dead_letter
     finally:
         role.stop()
     assert role.returncode() == 0, role.log_tail(40)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_restarted_worker_resumes_the_job_its_predecessor_preempted(broker, tmp_path):
+    """Worker 1 stops ``low`` (checkpoint-and-exit) for ``hi`` and is killed (SIGKILL: no last commit);
+    worker 2, from the state table alone, restarts ``low`` from its checkpoint when ``hi`` finishes."""
+    import os
+    import signal
+
+    from phasewise.bench.harness import scrape
+    from phasewise.infra.broker import free_port
+    from phasewise.kafka import ensure_topics, make_producer
+    from phasewise.procs import RoleProcess
+    from phasewise.settings import Settings
+    from phasewise.topics import DECISIONS, JOB_EVENTS
+    from tests.test_poison import Reader, records, wait
+
+    settings = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(settings)
+    tag = uuid.uuid4().hex[:6]
+    host, low, hi = f"restart-{tag}", f"{tag}-low", f"{tag}-hi"
+    worker_id = f"prio-restart-{tag}"
+    env = {"PHASEWISE_BOOTSTRAP": broker.bootstrap, "PHASEWISE_LOG_LEVEL": "info",
+           "PHASEWISE_PRIORITY_HOST_CPU_CORES": "2", "PHASEWISE_PRIORITY_HOST_MEM_BYTES": "8G"}
+
+    def start(log: str):
+        port = free_port()
+        args = ["--priorities", "--web-port", "0", "--worker-id", worker_id, "--data-dir", str(tmp_path / "data"),
+                "--metrics-port", str(port), "--host", host]
+        role = RoleProcess("worker", args, env=env, log_path=tmp_path / log).start()
+        wait(lambda: _ready(scrape, port), 90, f"{log}: worker ready", role)
+        return role
+
+    decisions = Reader(settings, DECISIONS.name, DECISIONS.partitions)
+    seen: list[Decision] = []
+
+    def mine() -> list[Decision]:  # every decision for the host so far (drain returns all read)
+        seen[:] = [d for d in records(Decision, decisions.drain()) if d.host == host]
+        return seen
+
+    p = make_producer(settings)
+    first = start("first.log")
+    try:
+        p.produce(JOB_EVENTS.name, key=low.encode(), value=submitted(low, 1, cpu=2, host=host,
+                                                                     command=("python", "train.py", "--resume")))
+        p.produce(JOB_EVENTS.name, key=hi.encode(), value=submitted(hi, 2, cpu=2, priority=3, host=host))
+        p.flush(10)
+        wait(lambda: len(mine()) >= 5, 60, "low stopped for hi", first)
+        assert [(d.action, d.container) for d in seen] == [
+            ("place", low), ("weight", low), ("terminate", low), ("place", hi), ("weight", hi)]
+        changelog = Reader(settings, f"{worker_id}-priority-state-changelog", JOB_EVENTS.partitions)
+        stored: dict[str, dict] = {}
+
+        def both_stored() -> bool:
+            for m in changelog.c.consume(500, 0.2):
+                if not m.error() and m.key() and m.value():
+                    stored[json.loads(m.key())] = json.loads(m.value())
+            return {low, hi} <= set(stored) and stored[low]["s"]["state"] == "stopped"
+
+        wait(both_stored, 60, "the state in the changelog", first)
+        changelog.close()
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # no clean shutdown, no last commit
+        first.stop()
+    second = start("second.log")
+    try:
+        p.produce(JOB_EVENTS.name, key=hi.encode(), value=finished(hi, 3))
+        p.flush(10)
+        wait(lambda: any(d.action == "place" and d.container == low and d.details.get("resume") for d in mine()),
+             60, "low restarted by the second worker", second)
+        wait(lambda: len(seen) >= 7, 30, "low's weight", second)
+        resumed = next(d for d in seen if d.action == "place" and d.details.get("resume"))
+        assert resumed.details["command"] == ["python", "train.py", "--resume"]
+        assert f"preempted by {hi}" in resumed.reason
+        assert [(d.action, d.container) for d in seen[5:]] == [("place", low), ("weight", low)]
+        assert len({d.id for d in seen if d.action == "terminate"}) == 1  # nothing decided twice
+        restored = re.search(r"priorities: restored (\d+) job", (tmp_path / "second.log").read_text())
+        assert restored and int(restored.group(1)) >= 2  # (the other test's jobs may be on this broker too)
+        assert second.alive()
+    finally:
+        second.stop()
+        decisions.close()
+    assert second.returncode() == 0, second.log_tail(40)
 
 
 def _ready(scrape, port) -> bool:

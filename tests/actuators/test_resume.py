@@ -1,0 +1,138 @@
+"""Preempt and resume off the experiment, for real: the priority agent's decisions through the cgroup actuator.
+
+A job submitted with a command is started by the actuator (``place``), stopped
+by checkpoint-and-exit when a more important job needs its core (the control
+delivered as the ``phasewise progress`` sidecar delivers it: SIGTERM to the
+job, :class:`~phasewise.producers.progress.ChildControl`; the actuator's
+``terminate`` waits for the exit), and started again from its checkpoint in
+its own container when the other job finishes (``place`` with ``resume``),
+losing no completed step. Needs root and cgroup v1 (cpuset).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from phasewise.actuators.backends import CgroupBackend
+from phasewise.actuators.consumer import Actuator
+from phasewise.actuators.ledger import Ledger
+from phasewise.actuators.metrics import ActuatorMetrics
+from phasewise.cgroupfs import CgroupLayout
+from phasewise.models.priorities import Capacity, PriorityConfig
+from phasewise.producers.progress import ChildControl
+from phasewise.schemas import JobEvent, JobRequests, JobSpec, encode
+from phasewise.settings import Settings
+from phasewise.streams.priority_agents import PriorityStep
+from tests.actuators.conftest import Recorder
+from tests.conftest import requires_root
+
+#: a job that resumes from its checkpoint file, steps every 20 ms, and on SIGTERM checkpoints and exits
+JOB = r"""
+import os, signal, sys, time
+ck = sys.argv[1]
+step = int(open(ck).read()) if os.path.exists(ck) else 0
+print("resume" if step else "start", step, ",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+while not stop:
+    time.sleep(0.02)
+    step += 1
+    print("step", step, flush=True)
+with open(ck + ".tmp", "w") as f:
+    f.write(str(step))
+os.replace(ck + ".tmp", ck)
+print("exit", step, flush=True)
+"""
+
+
+def submitted(job: str, *, priority: int, command: tuple[str, ...] = ()) -> bytes:
+    spec = JobSpec(model="mlp", dataset="synthetic", batch_size=64, command=command,
+                   requests=JobRequests(cpu_cores=1.0, mem_bytes=2**28))
+    return encode(JobEvent(job=job, ts=time.time(), kind="submitted", host="h1", priority=priority, spec=spec))
+
+
+def lines(log: Path) -> list[list[str]]:
+    return [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
+
+
+def wait_for(cond, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@requires_root
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/sys/fs/cgroup/cpuset/cpuset.cpus").exists(), reason="no cgroup v1 cpuset hierarchy")
+def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path):
+    layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}", version=1)
+    backend = CgroupBackend(layout, job_log_dir=tmp_path / "logs")
+    rec = Recorder()
+    act = Actuator(Settings().replace(host="h1", data_dir=str(tmp_path)), backend, Ledger(tmp_path / "l.sqlite"),
+                   rec, metrics=ActuatorMetrics(CollectorRegistry()))
+    agent = PriorityStep(PriorityConfig(grace_s=10, cpu_weight_ratio=2.0), Capacity(1.0, 2**32), "h1")
+    tag = uuid.uuid4().hex[:6]
+    low, hi = f"low-{tag}", f"hi-{tag}"
+    log = tmp_path / "logs" / f"{low}.log"
+    host_cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+
+    def apply(raw: bytes) -> list:
+        decisions, controls = agent.handle(raw)
+        for c in controls:  # what the job's progress reporter does with it
+            ChildControl(backend.processes[c.job]).checkpoint_exit(c)
+        return [(d.action, d.container, act.handle(encode(d), b"h1", 0, 0), d) for d in decisions]
+
+    try:
+        got = apply(submitted(low, priority=0, command=(sys.executable, "-c", JOB, str(tmp_path / "low.ckpt"))))
+        assert [(a, c, x.status) for a, c, x, _ in got] == [("place", low, "applied"), ("weight", low, "applied")]
+        wait_for(lambda: sum(ln[0] == "step" for ln in lines(log)) >= 10, 30, "low's first steps")
+        assert lines(log)[0] == ["start", "0", host_cpus]  # no cpuset named: the host's CPUs
+        # hi needs the only core; its expected time is unknown: low is checkpointed and stopped
+        got = apply(submitted(hi, priority=3))
+        assert [(a, c) for a, c, _, _ in got] == [("terminate", low), ("place", hi), ("weight", hi)]
+        stop, start_hi, weight_hi = (x for _, _, x, _ in got)
+        assert stop.status == "applied" and "all exited" in stop.message, stop.message
+        assert start_hi.status == "rejected" and "names no command" in start_hi.message  # its submitter starts it
+        assert weight_hi.status == "rejected" and "does not exist" in weight_hi.message
+        exited = int(next(ln for ln in lines(log) if ln[0] == "exit")[1])
+        assert int((tmp_path / "low.ckpt").read_text()) == exited > 0
+        assert layout.exists(low) and not layout.pids(low)  # stopped, its container kept
+        # hi finishes: low is restarted in its container, from its checkpoint
+        got = apply(encode(JobEvent(job=hi, ts=time.time(), kind="finished")))
+        assert [(a, c, x.status) for a, c, x, _ in got] == [("place", low, "applied"), ("weight", low, "applied")]
+        assert "resumed pid" in got[0][2].message and "its container again" in got[0][2].message
+        wait_for(lambda: any(ln[0] == "resume" for ln in lines(log)), 30, "low resumed")
+        resumed = next(ln for ln in lines(log) if ln[0] == "resume")
+        assert resumed == ["resume", str(exited), host_cpus]  # no completed step lost, the same CPUs
+        assert layout.pids(low)
+        # the same resume again (a replay under another id) while it runs is refused: a job runs once
+        again = dataclasses.replace(got[0][3], id=f"again-{tag}")
+        a = act.handle(encode(again), b"h1", 0, 0)
+        assert a.status == "failed" and "still holds 1 process" in a.message, a.message
+    finally:
+        for p in backend.processes.values():
+            p.kill()
+            p.wait()
+        for c in layout.containers():
+            layout.remove(c)
+        cs = layout.controller_root("cpuset") / layout.prefix
+        for d in sorted(cs.glob("*"), reverse=True):
+            if d.is_dir():
+                d.rmdir()
+        if cs.exists():
+            cs.rmdir()
+        for c in layout.controllers():
+            try:
+                layout.base(c).rmdir()
+            except OSError:
+                pass
