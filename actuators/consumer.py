@@ -426,19 +426,34 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
         except BaseException:
             # not a record (those are dead-lettered): the ledger, the backend or Kafka failed. The
             # messages handled so far are committed, the rest is redelivered to the next actuator.
-            _commit_handled(consumer, producer, offsets)
+            _commit_handled(consumer, producer, offsets, stop)
             raise
-        _commit_handled(consumer, producer, offsets)
+        _commit_handled(consumer, producer, offsets, stop)
 
 
-def _commit_handled(consumer: Any, producer: Any, offsets: dict[tuple[str, int], int]) -> None:
-    """Commit *offsets* once every actuation and dead letter produced so far is delivered."""
+#: seconds a batch's actuations get to be delivered before its offsets are left uncommitted
+COMMIT_FLUSH_S = 30.0
+
+
+def _commit_handled(consumer: Any, producer: Any, offsets: dict[tuple[str, int], int],
+                    stop: threading.Event | None = None) -> None:
+    """Commit *offsets* once every actuation and dead letter produced so far is delivered.
+
+    Waits up to :data:`COMMIT_FLUSH_S`, in short slices so that a stop asked
+    for meanwhile (the broker gone, SIGTERM) ends the wait at once: the batch
+    is then not committed, and its redelivery is answered by the ledger.
+    """
     from confluent_kafka import KafkaException, TopicPartition
 
-    left = producer.flush(30)
+    deadline = time.monotonic() + COMMIT_FLUSH_S
+    while True:
+        left = producer.flush(max(0.0, min(0.5, deadline - time.monotonic())))
+        if not left or time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+            break
     if left:
         # not committing: the batch is redelivered and the ledger reports it as duplicates
-        log.error("%d actuation/dead-letter messages undelivered after 30 s; offsets not committed", left)
+        log.error("%d actuation/dead-letter messages undelivered%s; offsets not committed", left,
+                  " at stop" if stop is not None and stop.is_set() else f" after {COMMIT_FLUSH_S:g} s")
         return
     if offsets:
         try:

@@ -350,3 +350,28 @@ def test_a_backend_that_raises_still_yields_a_failed_report_and_a_ledger_entry(r
     act = a.handle(decision_bytes(), None, 0, 0)
     assert act.status == "failed" and "inventory unreachable" in act.message
     assert a.ledger.get(act.decision_id).status == "failed"
+
+
+def test_a_stop_ends_the_wait_for_undelivered_actuations_without_committing():
+    """The broker gone: a batch's actuations never deliver. A stop asked for meanwhile ends the wait at once
+    (the role stops within its 5 s), and the batch's offsets stay uncommitted (redelivered, then duplicates)."""
+    from phasewise.actuators.consumer import COMMIT_FLUSH_S, _commit_handled
+
+    class Stuck:
+        def flush(self, timeout: float) -> int:
+            time.sleep(timeout)
+            return 1
+
+    class Consumer:
+        committed: list = []
+
+        def commit(self, **kwargs) -> None:
+            self.committed.append(kwargs)
+
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    c = Consumer()
+    t0 = time.monotonic()
+    _commit_handled(c, Stuck(), {("phasewise.decisions.v1", 0): 5}, stop)
+    assert time.monotonic() - t0 < 1.5 < COMMIT_FLUSH_S
+    assert c.committed == []
