@@ -52,9 +52,10 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy only for the worker's vectorised step: the actuator image has none
+    import numpy as np
 
 from phasewise.schemas import (
     MAX_BYTES,
@@ -402,6 +403,8 @@ class StepColumns:
         """Rows decided with *policy*: a bool array, or one bool when every row takes *default*."""
         if self.policies is None:
             return policy == default
+        import numpy as np
+
         return np.array([p == policy for p in self.policies], dtype=bool)
 
     def take(self, idx: np.ndarray) -> StepColumns:
@@ -438,6 +441,8 @@ def step_columns(cs: Sequence[ContainerSample], default: str) -> StepColumns:
         pol = None
     if any(w is not None and (w.cpu_min_cores is not None or w.cpu_max_cores is not None
                               or w.mem_min_bytes is not None or w.mem_max_bytes is not None) for w in ws):
+        import numpy as np
+
         # None -> NaN in a float array
         lo = np.array([(None, None) if w is None else (w.cpu_min_cores, w.mem_min_bytes) for w in ws], dtype=float)
         hi = np.array([(None, None) if w is None else (w.cpu_max_cores, w.mem_max_bytes) for w in ws], dtype=float)

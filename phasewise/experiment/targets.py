@@ -379,7 +379,7 @@ def ps_times(work: dict[str, float], budgets: dict[str, float], capacity: float)
             break
         t += (nxt - level) * len(running) / capacity
         level = nxt
-        for j in list(running):
+        for j in sorted(running):  # in name order: the result's order does not depend on string hashing
             if j not in out and work[j] <= level + 1e-12:
                 out[j] = t
             if budgets[j] <= level + 1e-12:

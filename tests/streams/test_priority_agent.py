@@ -294,6 +294,10 @@ def test_a_restarted_worker_resumes_the_job_its_predecessor_preempted(broker, tm
     try:
         p.produce(JOB_EVENTS.name, key=low.encode(), value=submitted(low, 1, cpu=2, host=host,
                                                                      command=("python", "train.py", "--resume")))
+        p.flush(10)
+        # low is admitted before hi is submitted: the two keys are on different partitions, which the
+        # worker may read in either order (hi first would leave low queued, never stopped)
+        wait(lambda: len(mine()) >= 2, 60, "low admitted", first)
         p.produce(JOB_EVENTS.name, key=hi.encode(), value=submitted(hi, 2, cpu=2, priority=3, host=host))
         p.flush(10)
         wait(lambda: len(mine()) >= 5, 60, "low stopped for hi", first)
