@@ -54,3 +54,16 @@ def test_the_actuate_role_applies_reports_metrics_and_stops_on_sigterm(settings,
     assert "raised to the CPU floor (0.2 cores)" in log
     assert "SIGTERM: stopped" in log and "actuator stopped" in log
     assert (tmp_path / f"actuator-{settings.host}.sqlite").exists()
+
+
+@pytest.mark.parametrize("module", ["phasewise.actuators.consumer", "phasewise.actuators.backends"])
+def test_the_actuator_imports_nothing_of_the_worker_s_extras(module):
+    """The actuator image installs ``phasewise[actuator]`` only: no numpy, torch, river or faust."""
+    import subprocess
+    import sys
+
+    heavy = ("numpy", "torch", "river", "faust", "aiokafka")
+    code = (f"import sys, {module}; "
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
