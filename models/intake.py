@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Admission", "IntakeConfig", "event_time_problem"]
+__all__ = ["Admission", "EventClock", "IntakeConfig", "event_time_problem"]
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,12 @@ class IntakeConfig:
     max_per_worker: int = 200_000
 
 
-def event_time_problem(ts: float, *, now: float, newest: float | None, config: IntakeConfig) -> str | None:
+def event_time_problem(ts: float, *, now: float, newest: float | None, config: IntakeConfig,
+                       newest_of: str = "the host's newest sample") -> str | None:
     """Why a message stamped *ts* must not be learned (``None``: it may).
 
     *now*: the worker's clock; *newest*: the newest event time admitted for
-    the message's host (``None``: none yet).
+    the message's host (``None``: none yet), which *newest_of* names in the reason.
     """
     if not math.isfinite(ts):
         return f"event time {ts!r} is not a finite number"
@@ -71,9 +72,59 @@ def event_time_problem(ts: float, *, now: float, newest: float | None, config: I
         return (f"event time {ts:.0f} is {ahead:.0f} s ahead of the worker clock "
                 f"(allowed: {config.max_future_s:g} s; intake_max_future_s)")
     if config.max_behind_s and newest is not None and newest - ts > config.max_behind_s:
-        return (f"event time {ts:.0f} is {newest - ts:.0f} s behind the host's newest sample "
+        return (f"event time {ts:.0f} is {newest - ts:.0f} s behind {newest_of} "
                 f"(allowed: {config.max_behind_s:g} s; intake_max_behind_s)")
     return None
+
+
+class EventClock:
+    """The event-time rule per key for records other than a worker's samples (job, progress and
+    phase events; the samples a job worker reads), with the newest admitted time of each key.
+
+    The same two bounds as samples (:func:`event_time_problem`): ahead of the clock by more than
+    ``max_future_s`` is refused, and behind the key's newest admitted event by more than
+    ``max_behind_s``. A refused record changes nothing, so one future-stamped event cannot pin a
+    job's state. At most *max_keys* keys are remembered (least recently seen forgotten first;
+    a forgotten key is checked against the clock only), so a flood of new keys cannot grow it.
+    After a restart the newest times start empty: the clock bound holds at once, the behind bound
+    from each key's first admitted record on.
+
+    >>> clock = EventClock(IntakeConfig(max_future_s=60, max_behind_s=600), what="job", max_keys=2)
+    >>> clock.admit("a", 1000.0, now=1000.0) is None
+    True
+    >>> clock.admit("a", 2000.0, now=1000.0)
+    'event time 2000 is 1000 s ahead of the worker clock (allowed: 60 s; intake_max_future_s)'
+    >>> clock.admit("a", 300.0, now=1000.0)
+    "event time 300 is 700 s behind the job's newest event (allowed: 600 s; intake_max_behind_s)"
+    >>> clock.admit("b", 1.0, now=1000.0), clock.admit("c", 1.0, now=1000.0), len(clock)
+    (None, None, 2)
+    """
+
+    def __init__(self, config: IntakeConfig, *, what: str = "job", max_keys: int = 100_000) -> None:
+        from collections import OrderedDict
+
+        self.config = config
+        self.newest_of = f"the {what}'s newest event"
+        self.max_keys = max(1, max_keys)
+        self._newest: OrderedDict[str, float] = OrderedDict()
+        self.refused = 0
+
+    def __len__(self) -> int:
+        return len(self._newest)
+
+    def admit(self, key: str, ts: float, *, now: float) -> str | None:
+        """Why the record of *key* stamped *ts* is refused (``None``: admitted, *key*'s newest updated)."""
+        newest = self._newest.get(key)
+        why = event_time_problem(ts, now=now, newest=newest, config=self.config, newest_of=self.newest_of)
+        if why is not None:
+            self.refused += 1
+            return why
+        if newest is None or ts > newest:
+            self._newest[key] = ts
+        self._newest.move_to_end(key)
+        while len(self._newest) > self.max_keys:
+            self._newest.popitem(last=False)
+        return None
 
 
 class Admission:

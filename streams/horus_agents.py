@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 import zlib
 from typing import Any
 
@@ -41,6 +42,7 @@ from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.graph_features import FeatureError
 from phasewise.models.horus_join import HorusJoin, JoinConfig, Observation
 from phasewise.models.horus_model import TARGETS, HorusConfig, HorusModel
+from phasewise.models.intake import EventClock
 from phasewise.schemas import (
     Interval,
     JobEvent,
@@ -52,6 +54,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
+from phasewise.streams.config import intake_config
 from phasewise.streams.horus_jobs import model_key, spec_features
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
@@ -227,6 +230,17 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
         log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, dl.reason)
 
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
+    intake = intake_config(settings)
+    clocks = {what: EventClock(intake, what=what) for what in ("job", "container", "host")}
+
+    async def refused_time(event: Any, what: str, key: str, ts: float) -> bool:
+        """Whether the record is dead-lettered by the event-time rule (one stamped far ahead or behind
+        would pin the join's windows of its job, container or host)."""
+        why = clocks[what].admit(key, ts, now=time.time())
+        if why is None:
+            return False
+        await dead_letter(event, why, "event_time")
+        return True
 
     def learned(observations: list[Observation]) -> None:
         for o in observations:
@@ -245,6 +259,8 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
                 ev = decode(JobEvent, event.message.value)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
+                continue
+            if await refused_time(event, "job", ev.job, ev.ts):
                 continue
             try:
                 if ev.kind == "submitted":
@@ -277,6 +293,8 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
                 continue
+            if await refused_time(event, "container", f"{pc.host}/{pc.container}", pc.ts):
+                continue
             state.join.phase_change(pc.host, pc.container, pc.ts)
             outputs.poll()
 
@@ -288,6 +306,8 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
                 hs = decode_host_samples(event.message.value)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
+                continue
+            if await refused_time(event, "host", hs.host, hs.ts):
                 continue
             try:
                 learned(state.join.samples(hs))

@@ -39,6 +39,7 @@ from typing import Any
 import faust
 
 from phasewise.kafka import dead_letter as make_dead_letter
+from phasewise.models.intake import EventClock
 from phasewise.models.placement import Cluster, Gpu, Job, Node, Placement, PlacementConfig, make_policy
 from phasewise.schemas import (
     Decision,
@@ -51,6 +52,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
+from phasewise.streams.config import intake_config
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
 from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
@@ -340,6 +342,17 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
         log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, dl.reason)
 
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
+    intake = intake_config(settings)
+    clocks = {what: EventClock(intake, what=what) for what in ("job", "prediction", "host")}
+
+    async def refused_time(event: Any, what: str, key: str, ts: float) -> bool:
+        """Whether the record is dead-lettered by the event-time rule (one stamped far ahead would
+        order a job's wait, or a node's use, by a time that has not come)."""
+        why = clocks[what].admit(key, ts, now=time.time())
+        if why is None:
+            return False
+        await dead_letter(event, why, "event_time")
+        return True
 
     def decide() -> None:
         t0 = time.perf_counter()
@@ -360,6 +373,8 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
             ensure_restored()
             try:
                 ev = decode(JobEvent, event.message.value)
+                if await refused_time(event, "job", ev.job, ev.ts):
+                    continue
                 if ev.kind == "submitted":
                     state.submitted(ev, time.monotonic())
                 elif ev.kind == "finished":
@@ -374,10 +389,13 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
         async for event in stream.events():
             ensure_restored()
             try:
-                state.prediction(decode(UtilisationPrediction, event.message.value))
+                pred = decode(UtilisationPrediction, event.message.value)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
                 continue
+            if await refused_time(event, "prediction", pred.job, pred.ts):
+                continue
+            state.prediction(pred)
             decide()
 
     @app.agent(samples_topic, name="phasewise.place-samples")
@@ -388,6 +406,8 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
                 hs = decode_host_samples(event.message.value)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
+                continue
+            if await refused_time(event, "host", hs.host, hs.ts):
                 continue
             try:
                 changed = state.samples(hs)

@@ -51,16 +51,18 @@ import hashlib
 import json
 import logging
 import os
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from phasewise.models.intake import EventClock
 from phasewise.models.priorities import Action, Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
 from phasewise.schemas import Decision, JobControl, JobEvent, SchemaError, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import CONTROL, DECISIONS, JOB_EVENTS
 
-__all__ = ["TABLE_NAME", "PriorityStep", "Refused", "priority_config", "register_priorities"]
+__all__ = ["TABLE_NAME", "EventTimeRefused", "PriorityStep", "Refused", "priority_config", "register_priorities"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,10 @@ TABLE_NAME = "priority-state"
 
 class Refused(ValueError):
     """A valid record the policy cannot take (``str(e)`` is the reason for its dead letter)."""
+
+
+class EventTimeRefused(Refused):
+    """A job event stamped beyond the clock's allowance or far behind the job's newest event."""
 
 
 def priority_config(settings: Settings) -> tuple[PriorityConfig, Capacity]:
@@ -90,8 +96,12 @@ class PriorityStep:
     """
 
     def __init__(self, config: PriorityConfig, capacity: Capacity, default_host: str, *,
-                 partitions: int = JOB_EVENTS.partitions) -> None:
+                 partitions: int = JOB_EVENTS.partitions, clock: EventClock | None = None,
+                 now: Callable[[], float] = time.time) -> None:
         self.policy = PriorityPolicy(config, {})
+        #: the event-time rule per job (``None``: none, as for replays of recorded events)
+        self.clock = clock
+        self.now = now
         self.config = config
         self.capacity = capacity
         self.default_host = default_host
@@ -117,6 +127,8 @@ class PriorityStep:
                 and self.partition_of.get(ev.job) == partition):
             self.replayed += 1  # its effect is in the restored state already
             return [], []
+        if self.clock is not None and (why := self.clock.admit(ev.job, ev.ts, now=self.now())) is not None:
+            raise EventTimeRefused(f"JobEvent {ev.kind} {ev.job}: {why}")
         if ev.kind == "submitted":
             actions = self._submitted(ev)
         elif ev.kind == "started":
@@ -248,11 +260,13 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
     """Add the priority agent and its state table to *app*; its decisions and controls go through *outputs*."""
     import faust
 
+    from phasewise.streams.config import intake_config
     from phasewise.streams.topics import raw_topic
 
     config, capacity = priority_config(settings)
     partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
-    step = PriorityStep(config, capacity, settings.host, partitions=partitions)
+    step = PriorityStep(config, capacity, settings.host, partitions=partitions,
+                        clock=EventClock(intake_config(settings), what="job"))
     topic = raw_topic(app, JOB_EVENTS, partitions)
     table = app.Table(TABLE_NAME, default=None, partitions=partitions,
                       schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
@@ -282,6 +296,9 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
                 decisions, controls = step.handle(msg.value, msg.partition, msg.offset)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
+                continue
+            except EventTimeRefused as e:
+                await dead_letter(event, str(e), "event_time")
                 continue
             except Refused as e:
                 await dead_letter(event, str(e), "refused")

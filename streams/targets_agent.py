@@ -44,6 +44,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from phasewise.models.intake import EventClock
 from phasewise.models.targets import TargetsConfig, TargetsFleet
 from phasewise.schemas import Decision, JobControl, JobEvent, SchemaError, decode, encode
 from phasewise.settings import Settings
@@ -72,9 +73,14 @@ class TargetsHandler:
     """
 
     def __init__(self, fleet: TargetsFleet, send: Callable[..., None],
-                 dead_letter: Callable[[Any, str], Any], *, partitions: int = JOB_EVENTS.partitions,
-                 sign: Callable[[str, bytes, bytes], Any] | None = None) -> None:
+                 dead_letter: Callable[..., Any], *, partitions: int = JOB_EVENTS.partitions,
+                 sign: Callable[[str, bytes, bytes], Any] | None = None, clock: EventClock | None = None,
+                 now: Callable[[], float] = time.time) -> None:
         self.fleet = fleet
+        #: the event-time rule per job (``None``: none); a refused event is dead-lettered with kind
+        #: ``event_time`` (*dead_letter* then gets it as a third argument)
+        self.clock = clock
+        self.now = now
         self.send = send
         self.dead_letter = dead_letter
         self.partitions = partitions
@@ -115,6 +121,10 @@ class TargetsHandler:
         if (seen is not None and offset is not None and offset <= seen
                 and self.partition_of.get(ev.job) == partition):
             self.replayed += 1  # its effect is in the restored state already
+            return
+        if self.clock is not None and (why := self.clock.admit(ev.job, ev.ts, now=self.now())) is not None:
+            self.rejected += 1
+            self.dead_letter(event, f"JobEvent {ev.kind} {ev.job}: {why}", "event_time")
             return
         try:
             decisions, controls, why = self.fleet.process(ev)
@@ -188,15 +198,17 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
     """Add the job-events agent, its state table and its hard-stop timer to *app*."""
     import faust
 
+    from phasewise.streams.config import intake_config
     from phasewise.streams.topics import raw_topic
 
-    pending: list[tuple[Any, str]] = []
+    pending: list[tuple[Any, str, str]] = []
 
-    def note(event: Any, reason: str) -> None:
-        pending.append((event, reason))
+    def note(event: Any, reason: str, kind: str = "schema") -> None:
+        pending.append((event, reason, kind))
 
     partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
-    handler = TargetsHandler(fleet_from_settings(settings), outputs.send, note, partitions=partitions, sign=sign)
+    handler = TargetsHandler(fleet_from_settings(settings), outputs.send, note, partitions=partitions, sign=sign,
+                             clock=EventClock(intake_config(settings), what="job"))
     topic = raw_topic(app, JOB_EVENTS, partitions)
     table = app.Table(TABLE_NAME, default=None, partitions=partitions,
                       schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
@@ -224,8 +236,8 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
             ensure_restored()
             handler.handle(event, event.message.value, event.message.partition, event.message.offset)
             while pending:
-                ev, reason = pending.pop(0)
-                await dead_letter(ev, reason, "schema")
+                ev, reason, kind = pending.pop(0)
+                await dead_letter(ev, reason, kind)
             outputs.poll()
 
     @app.timer(1.0)

@@ -112,6 +112,7 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
               json.dumps({"v": 1, "job": "x", "ts": "yesterday", "kind": "submitted"}).encode()]
     records = [job(a, "submitted", 1.0, spec=spec), *poison,
                job(bad_ds, "submitted", 1.0, spec=JobSpec(model="resnet18", dataset="mnist", batch_size=8)),
+               job(f"d-{tag}", "submitted", time.time() + 1e7, spec=spec),  # ~116 days ahead: refused
                job(b, "submitted", 1.0, spec=spec, priority=3)]
     for v in records:  # one partition, so the valid ones sit between the bad ones
         p.produce(JOB_EVENTS.name, key=f"k-{tag}".encode(), value=v, partition=0)
@@ -130,9 +131,10 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
         except SchemaError:
             return False
 
-    dls = [decode(DeadLetter, m.value()) for m in read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, ours, 5)]
+    dls = [decode(DeadLetter, m.value()) for m in read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, ours, 6)]
     reasons = sorted(d.reason for d in dls)
-    assert len(dls) == 5, reasons
+    assert len(dls) == 6, reasons
+    assert any("ahead of the worker clock" in r for r in reasons)
     assert any("no value" in r for r in reasons) and any("nested too deeply" in r for r in reasons)
     assert any("not valid JSON" in r for r in reasons) and any("'ts' must be a number" in r for r in reasons)
     assert any("unknown dataset 'mnist'" in r for r in reasons)

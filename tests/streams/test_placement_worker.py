@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -91,8 +92,12 @@ def test_place_decisions_between_hostile_records(broker, tmp_path):
                                             cpu_cores=iv, mem_bytes=iv, coverage=0.8))
         valid = {SAMPLES.name: sample, JOB_EVENTS.name: encode(JobEvent(job=a, ts=1.0, kind="submitted", spec=spec)),
                  PREDICTIONS.name: pred}
+        ahead = time.time() + 1e7  # valid records stamped ~116 days ahead: refused by the event-time rule
+        future = {SAMPLES.name: encode(dataclasses.replace(decode(HostSamples, sample), ts=ahead)),
+                  JOB_EVENTS.name: encode(JobEvent(job=f"c-{tag}", ts=ahead, kind="submitted", spec=spec)),
+                  PREDICTIONS.name: encode(dataclasses.replace(decode(UtilisationPrediction, pred), ts=ahead))}
         for topic in (SAMPLES.name, JOB_EVENTS.name, PREDICTIONS.name):
-            for v in [*poison, json.dumps(wrong[topic]).encode(), valid[topic]]:
+            for v in [*poison, json.dumps(wrong[topic]).encode(), future[topic], valid[topic]]:
                 p.produce(topic, key=key, value=v, partition=0)
             p.flush(10)
         p.produce(JOB_EVENTS.name, key=key, value=encode(JobEvent(job=b, ts=2.0, kind="submitted", spec=spec,
@@ -114,8 +119,9 @@ def test_place_decisions_between_hostile_records(broker, tmp_path):
                 return False
 
         dls = [decode(DeadLetter, m.value()) for m in read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions,
-                                                                 ours, 12)]
-        assert len(dls) == 12 and {d.source_topic for d in dls} == {SAMPLES.name, JOB_EVENTS.name, PREDICTIONS.name}
+                                                                 ours, 15)]
+        assert len(dls) == 15 and {d.source_topic for d in dls} == {SAMPLES.name, JOB_EVENTS.name, PREDICTIONS.name}
+        assert sum("ahead of the worker clock" in d.reason for d in dls) == 3, [d.reason for d in dls]
         assert role.alive()
     finally:
         assert role.stop(timeout_s=30) == 0, role.log_tail()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 
 import pytest
@@ -224,6 +225,8 @@ def test_a_real_worker_with_priorities_decides_every_valid_event_and_dead_letter
             sent.send(tag.encode(), JOB_POISON[kinds[i % len(kinds)]][0], f"poison:{kinds[i % len(kinds)]}")
         for k in kinds[len(valid_stream()):]:
             sent.send(tag.encode(), JOB_POISON[k][0], f"poison:{k}")
+        # valid but stamped ~116 days ahead: refused by the event-time rule (admitted, it would end low)
+        sent.send(tag.encode(), finished(f"{tag}-low", time.time() + 1e7), "future:low")
         # big (unknown duration) needs low's 2 cores: low is checkpointed and stopped
         sent.send(tag.encode(), submitted(f"{tag}-big", 101, cpu=2, priority=3, host=host), "valid:big")
         sent.p.flush(10)
@@ -242,6 +245,10 @@ def test_a_real_worker_with_priorities_decides_every_valid_event_and_dead_letter
         dl = dead_letters(letters.values, JOB_EVENTS.name)
         for at, label in poisoned.items():
             assert JOB_POISON[label.split(":")[1]][1] in dl[at].reason, (label, dl[at].reason)
+        (future_at,) = sent.where("future:")
+        wait(lambda: future_at in dead_letters(letters.drain(), JOB_EVENTS.name), 30, "the future event's letter",
+             role)
+        assert "ahead of the worker clock" in dead_letters(letters.values, JOB_EVENTS.name)[future_at].reason
         assert role.alive()
         for r in (decisions, letters, controls):
             r.close()
@@ -347,3 +354,18 @@ def _ready(scrape, port) -> bool:
 
 def test_the_records_are_json():  # the fixtures' own sanity: valid events parse as JSON objects
     assert all(isinstance(json.loads(v), dict) for v in valid_stream())
+
+
+def test_job_events_stamped_far_ahead_or_behind_are_refused_and_change_nothing():
+    from phasewise.models.intake import EventClock, IntakeConfig
+    from phasewise.streams.priority_agents import EventTimeRefused
+
+    s = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB, 1), "n1",
+                     clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1000.0)
+    ds, _, bad = run(s, [submitted("low", 900, cpu=2), finished("low", 1000 + 1e7), finished("low", 100)])
+    assert [(d.action, d.container) for d in ds] == [("place", "low")]
+    assert "ahead of the worker clock" in bad[0] and "behind the job's newest event" in bad[1]
+    with pytest.raises(EventTimeRefused):
+        s.handle(submitted("x", float("1e300"), cpu=1))
+    ds, _, bad = run(s, [submitted("hi", 950, cpu=2, priority=3)])  # low was not finished by either
+    assert [(d.action, d.container) for d in ds] == [("terminate", "low"), ("place", "hi")] and not bad

@@ -247,3 +247,23 @@ def test_the_worker_with_targets_through_the_broker(settings, tmp_path):
     kinds = sorted((t, v.get("action")) for t, v in got)
     assert kinds == sorted([(DECISIONS.name, "limit"), (CONTROL.name, "checkpoint_exit"),
                             (DECISIONS.name, "terminate")] + [(DEAD_LETTERS.name, None)] * 3), kinds
+
+
+def test_a_progress_event_stamped_far_ahead_is_a_dead_letter_and_pins_nothing():
+    from phasewise.models.intake import EventClock, IntakeConfig
+
+    settings = Settings.from_env({"host": "h1", "targets_patience": 1, "targets_ewma_alpha": 1.0}, env={})
+    sent, dead = [], []
+    h = TargetsHandler(fleet_from_settings(settings), lambda t, k, v: sent.append((t, k, v)),
+                       lambda ev, why, kind="schema": dead.append((ev, why, kind)),
+                       clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1100.0)
+    h.handle("e0", submitted("job-a", ts=1000.0))
+    h.handle("e1", started("job-a", ts=1001.0))
+    h.handle("future", progress("job-a", 1, 0.4, ts=1100.0 + 1e7))  # would reach the objective at once
+    h.handle("old", progress("job-a", 2, 0.4, ts=300.0))  # far behind the job's newest event
+    assert [(ev, kind) for ev, _, kind in dead] == [("future", "event_time"), ("old", "event_time")]
+    assert "ahead of the worker clock" in dead[0][1] and "behind the job's newest event" in dead[1][1]
+    assert sent == []  # nothing decided from either
+    h.handle("p1", progress("job-a", 1, 2.0, ts=1050.0))
+    h.handle("p2", progress("job-a", 2, 0.4, ts=1051.0))  # the job is still followed: the objective is reached
+    assert [decode(JobControl, v).action for t, _, v in sent if t == CONTROL.name] == ["checkpoint_exit"]
