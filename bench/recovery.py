@@ -1,7 +1,7 @@
 """Recovery after SIGKILL: a real worker killed several times, its decisions against an unkilled run's.
 
 ``phasewise bench recovery [--kills K] [--runs R] [--state-write-interval S] [--json]``
-starts an embedded broker and, R times, a real ``phasewise worker``
+starts, R times, an embedded broker and a real ``phasewise worker``
 (``--policy vpa``) fed 240 ticks of 4 hosts x 6 containers (square-wave usage,
 ~16 ticks/s, as host agents keep sending while the worker dies), SIGKILLed K
 times mid-stream and restarted each time; once every sample is processed and
@@ -171,9 +171,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="phasewise-recovery-"))
-    with EmbeddedBroker(log_path=work / "broker.log") as broker:
-        ensure_topics(Settings.from_env({"bootstrap": broker.bootstrap}, env={}))
-        runs = [run_once(broker.bootstrap, work, a.kills, a.state_write_interval) for _ in range(a.runs)]
+    runs = []
+    for i in range(a.runs):  # a broker per run: a run's worker reads no earlier run's samples
+        with EmbeddedBroker(log_path=work / f"broker-{i}.log") as broker:
+            ensure_topics(Settings.from_env({"bootstrap": broker.bootstrap}, env={}))
+            runs.append(run_once(broker.bootstrap, work, a.kills, a.state_write_interval))
     out = {"state_write_interval_s": a.state_write_interval, "runs": runs,
            "exact_runs": sum(1 for r in runs if not r["missing"] and not r["extra"])}
     print(json.dumps(out) if a.json else "\n".join(f"{k}: {v}" for k, v in out.items()))

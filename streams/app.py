@@ -38,7 +38,7 @@ import faust
 from mode import CrashingSupervisor
 
 from phasewise.settings import Settings
-from phasewise.streams.faust_compat import bound_fetch_wait
+from phasewise.streams.faust_compat import bound_fetch_wait, seek_before_stream_flow
 
 __all__ = ["APP_VERSION", "broker_credentials", "create_app"]
 
@@ -81,6 +81,7 @@ def create_app(settings: Settings, *, samples_partitions: int | None = None,
         agent_supervisor=CrashingSupervisor,
     )
     bound_fetch_wait(settings.kafka.fetch_wait_max_ms)
+    seek_before_stream_flow()
     if register_agents:
         from phasewise.streams.agents import register
 

@@ -1,4 +1,6 @@
-"""The one change phasewise makes to Faust's internals, fenced by the versions it was checked on.
+"""The two changes phasewise makes to Faust's internals, fenced by the versions they were checked on.
+
+**Fetch wait.**
 
 Faust (faust-streaming) builds the worker's aiokafka consumer with a fixed
 ``fetch_max_wait_ms=1500`` and offers no setting for it. The embedded broker
@@ -16,6 +18,22 @@ any other the worker logs one warning and runs with Faust's 1.5 s wait
 fails when the installed versions are not in :data:`CHECKED` or the private
 names moved, so an upgrade is a deliberate step: check, then extend
 :data:`CHECKED`.
+
+**No record before the seek.** After a rebalance Faust reads the table
+changelogs with the source partitions paused in its own bookkeeping only:
+aiokafka goes on fetching them and Faust drops what it fetched, so their
+fetch positions move past the committed offsets. When recovery completes,
+Faust resumes the source partitions *with the flow running* and only then
+seeks them back to the committed offsets: in between, records from the
+advanced positions reach the agents. A restarted worker then learned, e.g.,
+offsets 143-145 of a partition before 21-142, and skipped 21-142 when the seek
+brought them back (its state already held offset 145): the differing
+decisions after a SIGKILL. :func:`seek_before_stream_flow` makes the resuming
+of any source partition stop the flow first; both of Faust's callers then
+seek to the committed offsets and resume the flow, and a consumer whose flow
+is stopped yields no record (it seeks back instead). It wraps the public
+``Consumer.resume_partitions`` and uses ``stop_flow``, ``flow_active`` and
+``_is_changelog_tp``; same version fence.
 """
 
 from __future__ import annotations
@@ -23,7 +41,7 @@ from __future__ import annotations
 import logging
 from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["CHECKED", "bound_fetch_wait", "patch_applies"]
+__all__ = ["CHECKED", "bound_fetch_wait", "patch_applies", "seek_before_stream_flow"]
 
 log = logging.getLogger(__name__)
 
@@ -73,4 +91,31 @@ def bound_fetch_wait(ms: int) -> bool:
 
     cls._phasewise_original_create = original
     cls._create_worker_consumer = create
+    return True
+
+
+def seek_before_stream_flow() -> bool:
+    """Stop Faust's flow whenever source partitions are resumed, until its seek resumes it.
+
+    False (and one warning) when the installed versions are not the checked ones.
+    """
+    why = patch_applies()
+    if why is not None:
+        if why not in _warned:
+            _warned.append(why)
+            log.warning("%s: records fetched before the post-recovery seek may reach the agents", why)
+        return False
+    from faust.transport.consumer import Consumer
+
+    original = getattr(Consumer, "_phasewise_original_resume", None) or Consumer.resume_partitions
+
+    def resume_partitions(self, tps):  # type: ignore[no-untyped-def]
+        tps = list(tps)
+        if self.flow_active and any(not self._is_changelog_tp(tp) for tp in tps):
+            # the caller seeks to the committed offsets next, then resumes the flow
+            self.stop_flow()
+        return original(self, tps)
+
+    Consumer._phasewise_original_resume = original
+    Consumer.resume_partitions = resume_partitions
     return True

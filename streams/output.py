@@ -28,7 +28,9 @@ Faust calls ``app.producer.flush()`` before it commits source offsets
    commit and do not delay this one);
 3. it writes the taken state to the tables (in chunks, so that Faust's
    producer buffer never pauses the streams); Faust then flushes those
-   changelog records and commits.
+   changelog records, and the barrier waits until each of them is reported
+   delivered (:meth:`CommitBarrier.changelog_delivered`) before Faust
+   commits.
 
 So when a source message's offset is committed, its decisions (and other
 outputs) are on their topics and the state it produced is in the
@@ -56,8 +58,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CommitBarrier", "DeferredWrites", "DeliveryFailed", "OutputSender", "PartitionMap", "WorkerFailed",
-           "attach", "output_producer", "state_bytes"]
+__all__ = ["CHANGELOG_DELIVERY_TIMEOUT_S", "CommitBarrier", "DeferredWrites", "DeliveryFailed", "OutputSender",
+           "PartitionMap", "WorkerFailed", "attach", "output_producer", "state_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +236,9 @@ class DeferredWrites:
         self._pending: dict[str, tuple[int, Any]] = {}
         self._writing: dict[str, tuple[int, Any]] = {}
         self.written = 0
+        #: the changelog records :meth:`write_taken` queued, each a future that resolves once the
+        #: record is delivered (the barrier awaits them before the offsets are committed)
+        self.sent: list[Any] = []
 
     def put(self, key: str, value: Any, partition: int) -> None:
         self._pending[key] = (partition, value)
@@ -289,13 +294,16 @@ class DeferredWrites:
         data = table.data
         queued = 0
         deadline = time.monotonic() + budget_s
+        sent = self.sent
         for k, (partition, v) in taken.items():
             if v is None:  # a deletion: drop it here, a tombstone on the changelog (as Faust's del does)
                 data.pop(k, None)
-                table.send_changelog(partition, k, None, value_serializer="raw")
+                fut = table.send_changelog(partition, k, None, value_serializer="raw")
             else:
                 data[k] = v
-                table.send_changelog(partition, k, v)
+                fut = table.send_changelog(partition, k, v)
+            if fut is not None:
+                sent.append(fut)
             queued += 1
             if buffer is not None and queued >= chunk and time.monotonic() < deadline:
                 await buffer.flush_atmost(queued)
@@ -306,10 +314,16 @@ class DeferredWrites:
         return n
 
 
-class CommitBarrier:
-    """Runs before every Faust commit: outputs delivered, then held state written."""
+#: seconds a commit waits for its changelog records' delivery before it refuses to commit
+CHANGELOG_DELIVERY_TIMEOUT_S = 60.0
 
-    def __init__(self, sender: OutputSender, metrics: Any = None) -> None:
+
+class CommitBarrier:
+    """Runs before every Faust commit: outputs delivered, then held state written and delivered."""
+
+    def __init__(self, sender: OutputSender, metrics: Any = None, *,
+                 changelog_timeout_s: float = CHANGELOG_DELIVERY_TIMEOUT_S) -> None:
+        self.changelog_timeout_s = changelog_timeout_s
         self.sender = sender
         self.metrics = metrics
         self.tables: list[DeferredWrites] = []
@@ -353,6 +367,30 @@ class CommitBarrier:
                 self.metrics.table_writes.inc(n)
             self.commits += 1
 
+    async def changelog_delivered(self) -> None:
+        """Wait until every changelog record the barriers queued is delivered (after Faust's flush).
+
+        Faust's flush does not guarantee it: its producer buffer's flush returns once the
+        buffer's queue is empty (or after 0.1 s without a send), while the record its sending
+        task last took may not have reached the Kafka producer yet, so the offsets could be
+        committed ahead of the state they need. A record that fails or is not delivered within
+        ``changelog_timeout_s`` refuses this and every later commit (:class:`DeliveryFailed`).
+        """
+        futs = [f for d in self.tables for f in d.sent]
+        for d in self.tables:
+            d.sent = []
+        if not futs:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*futs), timeout=self.changelog_timeout_s)
+        except TimeoutError:
+            self.fail(f"{sum(not f.done() for f in futs)} changelog record(s) not delivered within "
+                      f"{self.changelog_timeout_s:g} s")
+            raise DeliveryFailed(self.failure) from None
+        except Exception as e:  # noqa: BLE001 - the producer's error, whatever its type
+            self.fail(f"a changelog record was not delivered: {type(e).__name__}: {e}")
+            raise DeliveryFailed(self.failure) from e
+
 
 def attach(app: Any, barrier: CommitBarrier) -> Callable[[], Any]:
     """Make *app*'s producer flush (which Faust awaits before committing offsets) run *barrier* first.
@@ -368,6 +406,7 @@ def attach(app: Any, barrier: CommitBarrier) -> Callable[[], Any]:
         t0 = time.perf_counter()
         await barrier.before_commit()
         await original()
+        await barrier.changelog_delivered()
         if metrics is not None:
             metrics.commit_flush_seconds.inc(time.perf_counter() - t0)
 

@@ -45,3 +45,44 @@ def test_on_an_unchecked_version_the_change_is_not_made_and_says_so(monkeypatch,
     with caplog.at_level("WARNING"):
         assert faust_compat.bound_fetch_wait(20) is False
     assert "keeps Faust's 1500 ms fetch wait" in caplog.text
+
+
+def test_resuming_a_source_partition_stops_the_flow_until_the_seek_resumes_it():
+    from faust.transport.consumer import Consumer
+
+    assert faust_compat.seek_before_stream_flow()
+    calls: list = []
+
+    class Stub:  # the attributes of Faust's Consumer the wrapper and the original touch
+        flow_active = True
+        _paused_partitions: set = set()
+
+        def __init__(self) -> None:
+            self.active: set = set()
+
+        def _is_changelog_tp(self, tp) -> bool:
+            return tp.topic.endswith("-changelog")
+
+        def stop_flow(self) -> None:
+            calls.append("stop_flow")
+            self.flow_active = False
+
+        def _get_active_partitions(self) -> set:
+            return self.active
+
+    from faust.types import TP
+
+    c = Stub()
+    Consumer.resume_partitions(c, [TP("w-vpa-state-changelog", 0)])  # recovery reading a changelog
+    assert calls == [] and c.flow_active
+    Consumer.resume_partitions(c, [TP("phasewise.samples.v1", 0), TP("w-vpa-state-changelog", 1)])
+    assert calls == ["stop_flow"] and not c.flow_active and len(c.active) == 3
+
+
+def test_faust_resumes_source_partitions_before_its_seek_and_resumes_the_flow_after_it():
+    """What the wrapper relies on: both callers that resume source partitions seek, then resume the flow."""
+    from faust.tables.recovery import Recovery
+
+    for fn in (Recovery.on_recovery_completed, Recovery._resume_streams):
+        src = inspect.getsource(fn)
+        assert src.index("resume_partitions") < src.index("perform_seek") < src.index("resume_flow()"), fn

@@ -268,10 +268,57 @@ def test_attach_runs_the_barrier_before_fausts_own_flush():
         async def before_commit(self):
             order.append("barrier")
 
+        async def changelog_delivered(self):
+            order.append("changelog delivered")
+
     app = App()
     attach(app, Barrier())
     run(app.producer.flush())
-    assert order == ["barrier", "faust flush"]
+    assert order == ["barrier", "faust flush", "changelog delivered"]
+
+
+def test_offsets_wait_for_the_changelog_records_delivery_not_only_fausts_flush():
+    """Faust's flush can return while a changelog record is still on its way to the Kafka producer:
+    the commit waits for each record's own future; a failed one refuses this and every later commit."""
+    order: list = []
+
+    class Table(FakeTable):
+        def send_changelog(self, partition, key, value):
+            super().send_changelog(partition, key, value)
+            fut = asyncio.get_running_loop().create_future()
+            futures.append(fut)
+            return fut
+
+    class Producer:
+        async def flush(self):  # returns at once, as Faust's may with a record still in flight
+            order.append("faust flush")
+
+    class App:
+        producer = Producer()
+
+    futures: list = []
+    barrier = CommitBarrier(OutputSender(FakeProducer()), changelog_timeout_s=5)
+    writes = barrier.table(Table([]))
+    app = App()
+    attach(app, barrier)
+
+    async def scenario():
+        writes.put("h/a", b"1", 0)
+        commit = asyncio.ensure_future(app.producer.flush())
+        await asyncio.sleep(0.05)
+        assert order == ["faust flush"] and not commit.done()  # the record is not delivered yet
+        futures[0].set_result("metadata")
+        await asyncio.wait_for(commit, 1)
+        writes.put("h/a", b"2", 0)
+        commit = asyncio.ensure_future(app.producer.flush())
+        await asyncio.sleep(0.05)
+        futures[1].set_exception(RuntimeError("broker says no"))
+        with pytest.raises(DeliveryFailed, match="broker says no"):
+            await asyncio.wait_for(commit, 1)
+        with pytest.raises(Exception, match="no offsets are committed after a failure"):
+            await app.producer.flush()
+
+    run(scenario())
 
 
 # ---------------------------------------------------------------------------------------- a real worker
