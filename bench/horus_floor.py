@@ -165,7 +165,7 @@ def run(a: argparse.Namespace) -> int:
         except FeatureError as e:
             parsed.append(e)
     t_features = time.perf_counter() - t0
-    ok = [p for p in parsed if not isinstance(p, FeatureError)]
+    ok = [p for p in parsed if not isinstance(p, FeatureError) and all(t in p[1] for t, _ in _COLUMNS.values())]
     sizes = [n for n in sizes if n <= len(ok) - max(10, len(ok) // 10)]  # leave jobs to score
     if len(ok) < 2 * a.folds or not sizes:
         print(f"{prog}: error: {len(ok)} usable jobs: too few for {a.folds} folds and the learning curve",
@@ -206,7 +206,7 @@ def run(a: argparse.Namespace) -> int:
     out = {
         "data": "gpumemnet-mlp-profiles",
         "rows": len(rows),
-        "feature_errors": len(parsed) - len(ok),
+        "unusable": len(parsed) - len(ok),  # no graph, or a measurement missing
         "features": names,
         "cv_folds": a.folds,
         "seed": a.seed,

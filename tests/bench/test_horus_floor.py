@@ -22,7 +22,7 @@ def test_bench_horus_floor_json(capsys):
     assert main(["bench", "horus-floor", "--rows", "200", "--folds", "3", "--sizes", "20,50,100",
                  "--repeats", "2", "--trees", "30", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["rows"] == 200 and out["feature_errors"] == 0 and out["cv_folds"] == 3 and out["target"] == 0.15
+    assert out["rows"] == 200 and out["unusable"] == 0 and out["cv_folds"] == 3 and out["target"] == 0.15
     # the online model's own inputs, less those constant over these jobs (the device, conv layers, ...)
     assert {"flops", "params", "batch", "linear", "train_mem"} <= set(out["features"])
     assert "device=a100" not in out["features"] and "conv" not in out["features"]
