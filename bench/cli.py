@@ -13,6 +13,8 @@ BENCHES = {
     "placement": ("phasewise.bench.placement", "placement decision time per job at cluster scale (1,500 nodes)"),
     "recovery": ("phasewise.bench.recovery", "a worker SIGKILLed mid-stream: its decisions against an unkilled run's"),
     "flood": ("phasewise.bench.flood", "a flood of new containers: worker resident bytes per container, the cap"),
+    "horus-floor": ("phasewise.bench.horus_floor",
+                    "GPU-utilisation RMSLE on GPUMemNet's jobs: offline learners vs the online model (scikit-learn)"),
 }
 
 

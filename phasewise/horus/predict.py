@@ -46,7 +46,7 @@ def _rmsle(errs: list[float]) -> float | None:
     return None if not errs else round(math.sqrt(sum(errs) / len(errs)), 4)
 
 
-def _number(row: dict, col: str, i: int) -> float | None:
+def _number(row: dict, col: str) -> float | None:
     raw = (row.get(col) or "").strip()
     if raw == "":
         return None
@@ -59,38 +59,58 @@ def _number(row: dict, col: str, i: int) -> float | None:
     return v
 
 
-def evaluate(rows: Iterable[dict], *, model: HorusModel | None = None, columns: tuple[str, ...] = ("gpu_util", "gmem"),
-             bootstrap: Iterable[dict] = ()) -> dict[str, Any]:
-    """Prequential scores of *rows* (dicts with :data:`COLUMNS`); the model learns each row after predicting it."""
+def parse_row(row: dict, columns: tuple[str, ...] = ("gpu_util", "gmem")
+              ) -> tuple[GraphFeatures, dict[str, float], str, str | None]:
+    """One observed-jobs row as the model sees it: ``(features, {target: value}, model key, device)``.
+
+    The features are the job's graph features (:func:`~phasewise.streams.horus_jobs.spec_features`);
+    the observations are the *columns* present, in the model's units. :class:`FeatureError` says why a
+    row cannot be used.
+    """
     from phasewise.schemas import JobSpec
     from phasewise.streams.horus_jobs import model_key, spec_features
 
+    amp = (row.get("amp") or "").strip().lower()
+    if amp not in _TRUE | _FALSE:
+        raise FeatureError(f"amp = {amp[:20]!r} is not true or false")
+    try:
+        batch = int(float((row.get("batchsize") or "").strip()))
+    except ValueError:
+        raise FeatureError(f"batchsize = {row.get('batchsize')!r} is not an integer") from None
+    if batch < 1 or batch > 2**20:
+        raise FeatureError(f"batchsize = {batch} is out of range 1..{2**20}")
+    name = (row.get("model") or "").strip()
+    spec = JobSpec(model=name, dataset=(row.get("dataset") or "").strip(), batch_size=batch, amp=amp in _TRUE)
+    f = spec_features(spec)
+    obs = {}
+    for col in columns:
+        v = _number(row, col)
+        if v is not None:
+            target, scale = SCORED[col]
+            obs[target] = v * scale
+    return f, obs, model_key(name), (row.get("device") or "").strip() or None
+
+
+def evaluate(rows: Iterable[dict], *, model: HorusModel | None = None, columns: tuple[str, ...] = ("gpu_util", "gmem"),
+             bootstrap: Iterable[dict] = (), parsed: list | None = None) -> dict[str, Any]:
+    """Prequential scores of *rows* (dicts with :data:`COLUMNS`); the model learns each row after predicting it.
+
+    *parsed*, when given, is :func:`parse_row` of each row already (a tuple, or the
+    :class:`FeatureError` it raised), so that a caller that needs the features too builds them once.
+    """
     m = model or HorusModel()
 
     def parse(row: dict, i: int) -> tuple[GraphFeatures, dict[str, float], str, str | None]:
-        amp = (row.get("amp") or "").strip().lower()
-        if amp not in _TRUE | _FALSE:
-            raise FeatureError(f"amp = {amp[:20]!r} is not true or false")
-        try:
-            batch = int(float((row.get("batchsize") or "").strip()))
-        except ValueError:
-            raise FeatureError(f"batchsize = {row.get('batchsize')!r} is not an integer") from None
-        if batch < 1 or batch > 2**20:
-            raise FeatureError(f"batchsize = {batch} is out of range 1..{2**20}")
-        name = (row.get("model") or "").strip()
-        spec = JobSpec(model=name, dataset=(row.get("dataset") or "").strip(), batch_size=batch, amp=amp in _TRUE)
-        f = spec_features(spec)
-        obs = {}
-        for col in columns:
-            v = _number(row, col, i)
-            if v is not None:
-                target, scale = SCORED[col]
-                obs[target] = v * scale
-        return f, obs, model_key(name), (row.get("device") or "").strip() or None
+        if parsed is not None:
+            got = parsed[i - 1]
+            if isinstance(got, FeatureError):
+                raise got
+            return got
+        return parse_row(row, columns)
 
-    for i, row in enumerate(bootstrap):
+    for row in bootstrap:
         try:
-            f, obs, _, device = parse(row, i)
+            f, obs, _, device = parse_row(row, columns)
         except FeatureError:
             continue
         m.learn_one(f, obs, device)
