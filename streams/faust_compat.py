@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 #: distribution -> the version prefixes (major.minor) the change was checked on
 CHECKED = {"faust-streaming": ("0.15.",), "aiokafka": ("0.14.",)}
 
-_warned: list[str] = []
+_warned: list[tuple[str, str]] = []
 
 
 def _installed(dist: str) -> str:
@@ -71,13 +71,20 @@ def patch_applies() -> str | None:
     return None
 
 
+def _applies(consequence: str) -> bool:
+    """Whether a change may be made; if not, one warning per reason and *consequence*."""
+    why = patch_applies()
+    if why is None:
+        return True
+    if (why, consequence) not in _warned:
+        _warned.append((why, consequence))
+        log.warning("%s: %s", why, consequence)
+    return False
+
+
 def bound_fetch_wait(ms: int) -> bool:
     """Bound the Faust worker consumer's fetch long-poll to *ms*; False (and one warning) when not applied."""
-    why = patch_applies()
-    if why is not None:
-        if why not in _warned:
-            _warned.append(why)
-            log.warning("%s: the worker keeps Faust's 1500 ms fetch wait (slower on the embedded broker)", why)
+    if not _applies("the worker keeps Faust's 1500 ms fetch wait (slower on the embedded broker)"):
         return False
     from faust.transport.drivers import aiokafka as drv
 
@@ -99,11 +106,7 @@ def seek_before_stream_flow() -> bool:
 
     False (and one warning) when the installed versions are not the checked ones.
     """
-    why = patch_applies()
-    if why is not None:
-        if why not in _warned:
-            _warned.append(why)
-            log.warning("%s: records fetched before the post-recovery seek may reach the agents", why)
+    if not _applies("records fetched before the post-recovery seek may reach the agents"):
         return False
     from faust.transport.consumer import Consumer
 

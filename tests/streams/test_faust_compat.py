@@ -44,7 +44,9 @@ def test_on_an_unchecked_version_the_change_is_not_made_and_says_so(monkeypatch,
     assert faust_compat.patch_applies() is not None
     with caplog.at_level("WARNING"):
         assert faust_compat.bound_fetch_wait(20) is False
+        assert faust_compat.seek_before_stream_flow() is False
     assert "keeps Faust's 1500 ms fetch wait" in caplog.text
+    assert "records fetched before the post-recovery seek may reach the agents" in caplog.text
 
 
 def test_resuming_a_source_partition_stops_the_flow_until_the_seek_resumes_it():
