@@ -16,9 +16,7 @@ predicts ``log1p`` of GPU utilisation, as a residual over the model's prior, wit
 It prints RMSLE (pooled over all out-of-fold predictions) against the target
 0.15, how much of the best offline learner's squared error the worst 1 % of
 jobs make, and the same figures for GPU memory. Seeds are fixed (``--seed``):
-the same options give the same offline numbers; the online model's k-NN
-(river's approximate search, unseeded) makes its figures vary in the fourth
-decimal beyond 500 jobs. Needs scikit-learn (``pip install 'phasewise[analysis]'``),
+the same options give the same numbers. Needs scikit-learn (``pip install 'phasewise[analysis]'``),
 which phasewise itself does not.
 """
 

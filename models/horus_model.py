@@ -133,7 +133,10 @@ class _Target:
     """One target: residual learners, running mean residual, conformal errors."""
 
     def __init__(self, cfg: HorusConfig) -> None:
-        self.knn = preprocessing.StandardScaler() | neighbors.KNNRegressor(n_neighbors=cfg.neighbors)
+        # exact search over the last max_observations jobs: river's default engine is approximate,
+        # unseeded (predictions varied from run to run) and keeps only 1,000
+        self.knn = preprocessing.StandardScaler() | neighbors.KNNRegressor(
+            n_neighbors=cfg.neighbors, engine=neighbors.LazySearch(window_size=cfg.max_observations))
         self.blr = preprocessing.StandardScaler() | linear_model.BayesianLinearRegression(
             alpha=cfg.blr_alpha, beta=cfg.blr_beta)
         self.mean = stats.Mean()
