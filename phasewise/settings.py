@@ -1040,6 +1040,12 @@ class PrioritySettings(_Group):
     cpu_weight_ratio: float = setting(2.0, check=in_range(1, 100),
                                       help="CPU weight factor of one priority level (100 x ratio^(priority + "
                                            "class/3) in cpu.weight units)")
+    #: self: the agent's own place decisions start and restart jobs (on the host's CPUs); place: it publishes
+    #: admitted / stopped hints on the job events and the placement agent (--place-after-admission) places
+    launcher: str = setting("self", choices=("self", "place"),
+                            help="who starts an admitted job: self (the priority agent's place decision, the "
+                                 "host's CPUs) or place (an admitted hint on the job events; phasewise place "
+                                 "--place-after-admission chooses the CPUs and GPUs on that host)")
 
 
 @dataclass(frozen=True, slots=True)
