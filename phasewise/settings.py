@@ -973,6 +973,9 @@ class PlacementSettings(_Group):
     prediction_wait_s: float = setting(10.0, check=at_least(0), flag="--prediction-wait",
                                        help="seconds a submitted job waits for its utilisation prediction "
                                             "before it is placed on its requests alone")
+    after_admission: bool = setting(False, help="hold each submitted job until the priority agent's admitted "
+                                                "hint (priority_launcher=place), then place it on that host "
+                                                "only; free it on its stopped hint")
     local_nodes: str = setting("", check=local_nodes_spec, flag="--local-nodes",
                                help="local mode: nodes are cpuset slices of this host, NAME=CPUS[@GPUS] "
                                     "separated by ';' (e.g. 's0=0-1@0;s1=2-3'); empty: nodes are the sampled hosts")
