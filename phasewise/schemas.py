@@ -284,15 +284,24 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobEvent:
-    """A job's life: submitted (with its spec), started (where), progress, a new priority, finished (key: job)."""
+    """A job's life: submitted (with its spec), started (where), progress, a new priority, finished (key: job).
+
+    ``admitted`` and ``stopped`` are the priority agent's hints to the placement
+    agent (``priority_launcher=place``): the job may start (or resume) now on
+    ``host``; the job was stopped by checkpoint-and-exit and holds nothing.
+    A consumer ignores the kinds it does not act on.
+    """
 
     VERSION: ClassVar[int] = 1
     job: str = _f(pattern=JOB_ID_PATTERN, doc="job id (the characters of a container name)")
     ts: float = _f(minimum=0)
-    kind: str = _f(enum=("submitted", "started", "progress", "priority", "finished"),
-                   doc="priority: the job's priority is now `priority` (its class stays the submitted one)")
-    host: str | None = _f(default=None, doc="where it runs (kind started)")
-    container: str | None = _f(default=None, doc="its container (kind started)")
+    kind: str = _f(enum=("submitted", "started", "progress", "priority", "finished", "admitted", "stopped"),
+                   doc="priority: the job's priority is now `priority` (its class stays the submitted one); "
+                       "admitted: the priority agent let the job start (or resume, `resume`) on `host` now, "
+                       "for the placement agent to place there; stopped: the priority agent stopped the job "
+                       "by checkpoint-and-exit (what it booked is free; a frozen job is not stopped)")
+    host: str | None = _f(default=None, doc="where it runs (kind started), where it was admitted (kind admitted)")
+    container: str | None = _f(default=None, doc="its container (kinds started, admitted)")
     workload: str = _f(default="training", enum=("training", "inference", "interactive"))
     priority: int = _f(default=0, doc="higher is more important")
     spec: JobSpec | None = _f(default=None, doc="kind submitted only")
@@ -301,6 +310,7 @@ class JobEvent:
     metric: float | None = _f(default=None)
     metric_name: str | None = _f(default=None)
     epoch: float | None = _f(default=None, minimum=0)
+    resume: bool = _f(default=False, doc="kind admitted: the job restarts from its checkpoint (it was stopped)")
     v: int = _f(default=1)
 
 

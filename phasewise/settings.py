@@ -973,6 +973,9 @@ class PlacementSettings(_Group):
     prediction_wait_s: float = setting(10.0, check=at_least(0), flag="--prediction-wait",
                                        help="seconds a submitted job waits for its utilisation prediction "
                                             "before it is placed on its requests alone")
+    after_admission: bool = setting(False, help="hold each submitted job until the priority agent's admitted "
+                                                "hint (priority_launcher=place), then place it on that host "
+                                                "only; free it on its stopped hint")
     local_nodes: str = setting("", check=local_nodes_spec, flag="--local-nodes",
                                help="local mode: nodes are cpuset slices of this host, NAME=CPUS[@GPUS] "
                                     "separated by ';' (e.g. 's0=0-1@0;s1=2-3'); empty: nodes are the sampled hosts")
@@ -1040,6 +1043,12 @@ class PrioritySettings(_Group):
     cpu_weight_ratio: float = setting(2.0, check=in_range(1, 100),
                                       help="CPU weight factor of one priority level (100 x ratio^(priority + "
                                            "class/3) in cpu.weight units)")
+    #: self: the agent's own place decisions start and restart jobs (on the host's CPUs); place: it publishes
+    #: admitted / stopped hints on the job events and the placement agent (--place-after-admission) places
+    launcher: str = setting("self", choices=("self", "place"),
+                            help="who starts an admitted job: self (the priority agent's place decision, the "
+                                 "host's CPUs) or place (an admitted hint on the job events; phasewise place "
+                                 "--place-after-admission chooses the CPUs and GPUs on that host)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@
   features are extracted (:mod:`phasewise.streams.horus_jobs`), the model
   predicts its four targets and a :class:`~phasewise.schemas.UtilisationPrediction`
   goes to ``phasewise.predictions.v1`` (key: job); ``started`` says where it
-  runs; ``finished`` observes and forgets it.
+  runs; ``finished`` observes and forgets it; other kinds are skipped (never
+  dead-lettered).
 - **phases** (``phasewise.phases.v1``): a container's first phase change
   after its job started ends the job's loading phase (else ``horus_warmup_s`` does).
 - **samples** (``phasewise.samples.v1``): the samples of a started job's
@@ -260,6 +261,8 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
                 continue
+            if ev.kind not in ("submitted", "started", "finished"):
+                continue  # progress, priority, the priority agent's hints: not this agent's concern
             if await refused_time(event, "job", ev.job, ev.ts):
                 continue
             try:

@@ -21,10 +21,22 @@ mode: this host, the slice in ``details.node``), the reason from the policy,
 and ``details`` = device (GPU indices), cpuset, node, policy, cost, scores,
 command, workload, priority and what the decision used (requests, prediction).
 
+**After admission** (``place_after_admission``, with the priority agent's
+``priority_launcher = place``): the priority agent decides when a job runs,
+this agent where. A submitted job is held until its ``admitted`` hint, then
+placed by the policy on the admitted host's node(s) only (in local mode: the
+slices of this host, when it is that host); a job that does not fit there
+waits, with the reason, and is never placed elsewhere. The decision carries
+``details.resume`` (a restart from its checkpoint: the actuator reuses the
+job's container) and names the hint's container. A ``stopped`` hint frees
+what the job booked (it waits for its next ``admitted``) and retries the
+waiting jobs. Other job-event kinds are skipped, never dead-lettered.
+
 A record that cannot be decoded is a dead letter; so is a ``submitted`` event
-without a spec. State (``place-state`` table, changelogged, written at
-commits): ``job/<id>`` = the job and, once placed, where; on a restart,
-placed jobs are booked again and waiting ones wait again.
+without a spec and an ``admitted`` one without a host. State (``place-state``
+table, changelogged, written at commits): ``job/<id>`` = the job, its
+admission and, once placed, where; on a restart, placed jobs are booked again,
+admitted ones wait again and held ones wait for their admission.
 """
 
 from __future__ import annotations
@@ -64,6 +76,8 @@ log = logging.getLogger(__name__)
 TABLE_NAME = "place-state"
 MAX_PREDICTIONS = 100_000  # predictions held at most (those of jobs not submitted here go first)
 DEFAULT_CPU_MILLI = 1000  # a job that requests no CPU and has no prediction yet is booked one core
+#: after admission: the node label naming a node's host (a job admitted on a host selects it)
+HOST_LABEL = "phasewise/host"
 
 
 def parse_local_nodes(text: str) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -137,6 +151,10 @@ class PlacementState:
         self.wait_s = p.prediction_wait_s
         self.local = parse_local_nodes(p.local_nodes)
         self.partitions = partitions
+        #: place only what the priority agent admitted, on the host it admitted it on
+        self.after_admission = p.after_admission
+        #: the job-event kinds acted on (the others are skipped)
+        self.acts_on = frozenset({"submitted", "finished"} | ({"admitted", "stopped"} if p.after_admission else set()))
         self.reset()
 
     def reset(self) -> None:
@@ -148,6 +166,9 @@ class PlacementState:
         self.waiting: dict[str, float] = {}  # job -> submission ts (decided, no node yet)
         self.placed: dict[str, dict] = {}  # job -> {"node", "gpus"}
         self.pending_bookings: dict[str, dict] = {}  # restored placements whose node is not known yet
+        #: after admission: job -> its admitted hint {"host", "resume", "ts", "container"}, until stopped or finished
+        self.admission: dict[str, dict] = {}
+        self.why: dict[str, str] = {}  # waiting job -> why no node takes it
         self.writes: dict[str, tuple[int, bytes | None]] = {}
         self.seq = 0
 
@@ -158,7 +179,8 @@ class PlacementState:
                             None if value is None else json.dumps(value, separators=(",", ":")).encode())
 
     def _record(self, job: str) -> dict:
-        return {"event": json.loads(encode(self.events[job])), "placed": self.placed.get(job),
+        return {"event": json.loads(encode(self.events[job])) if job in self.events else None,
+                "placed": self.placed.get(job), "admitted": self.admission.get(job),
                 "prediction": json.loads(encode(self.predictions[job])) if job in self.predictions else None}
 
     def restore(self, items: Any) -> None:
@@ -167,6 +189,10 @@ class PlacementState:
             if raw is None or not k.startswith("job/"):
                 continue
             v = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+            if v.get("admitted"):
+                self.admission[k.removeprefix("job/")] = dict(v["admitted"])
+            if v.get("event") is None:  # admitted before its submitted event was read
+                continue
             ev = decode(JobEvent, json.dumps(v["event"]))
             self.events[ev.job] = ev
             if v.get("prediction"):
@@ -174,9 +200,12 @@ class PlacementState:
             if v.get("placed"):
                 self.placed[ev.job] = v["placed"]
                 self.pending_bookings[ev.job] = v["placed"]
+            elif self.after_admission and ev.job not in self.admission:
+                self.deadline[ev.job] = 0.0  # held: decided once admitted
             else:
                 self.waiting[ev.job] = ev.ts
-        log.info("restored %d placed and %d waiting jobs", len(self.placed), len(self.waiting))
+        log.info("restored %d placed, %d waiting and %d held jobs", len(self.placed), len(self.waiting),
+                 len(self.deadline))
 
     # -- inputs --------------------------------------------------------------------------
     def nodes_from(self, hs: HostSamples) -> list[Node]:
@@ -184,11 +213,12 @@ class PlacementState:
         if hs.host_cpu_count is None or hs.host_mem_total_bytes is None:
             return []
         gpus = {g.index: g for g in hs.gpus}
+        host_label = ((HOST_LABEL, hs.host),) if self.after_admission else ()
         if not self.local:
             return [Node(hs.host, int(hs.host_cpu_count * 1000), int(hs.host_mem_total_bytes),
                          tuple(Gpu("", int(g.mem_total_bytes), float(g.util), int(g.mem_used_bytes))
                                for _, g in sorted(gpus.items())),
-                         cpu_used_milli=int((hs.host_cpu_cores or 0) * 1000),
+                         labels=host_label, cpu_used_milli=int((hs.host_cpu_cores or 0) * 1000),
                          mem_used_bytes=int(hs.host_mem_bytes or 0))]
         if hs.host != self.host:
             return []
@@ -196,7 +226,7 @@ class PlacementState:
         return [Node(name, cpu_count(cpus) * 1000, share,
                      tuple(Gpu("", int(gpus[i].mem_total_bytes), float(gpus[i].util), int(gpus[i].mem_used_bytes))
                            for i in idx if i in gpus),
-                     labels=(("cpuset", cpus),)) for name, cpus, idx in self.local]
+                     labels=(("cpuset", cpus), *host_label)) for name, cpus, idx in self.local]
 
     def samples(self, hs: HostSamples) -> bool:
         """Update the nodes; True when the cluster changed."""
@@ -235,9 +265,44 @@ class PlacementState:
 
     def finished(self, job: str) -> None:
         self.cluster.release(job)
-        for d in (self.events, self.predictions, self.deadline, self.waiting, self.placed, self.pending_bookings):
+        for d in (self.events, self.predictions, self.deadline, self.waiting, self.placed, self.pending_bookings,
+                  self.admission, self.why):
             d.pop(job, None)
         self.put(job, None)
+
+    def admitted(self, ev: JobEvent) -> None:
+        """The priority agent admitted *ev.job* on *ev.host* (after admission only): it may be placed there."""
+        if not ev.host:
+            raise ValueError(f"an admitted event needs a host (job {ev.job!r})")
+        if ev.job in self.placed:
+            log.info("job %s admitted again while placed on %s: it keeps its placement until it is stopped",
+                     ev.job, self.placed[ev.job]["node"])
+            return
+        self.admission[ev.job] = {"host": ev.host, "resume": bool(ev.resume), "ts": ev.ts,
+                                  "container": ev.container or ev.job, "priority": ev.priority}
+        if ev.job in self.events and ev.job not in self.waiting and ev.job not in self.deadline:
+            self.deadline[ev.job] = 0.0
+        self.put(ev.job, self._record(ev.job))
+
+    def stopped(self, job: str) -> None:
+        """The priority agent stopped *job* (checkpoint-and-exit): what it booked frees, it waits to be admitted."""
+        was = self.placed.pop(job, None)
+        self.cluster.release(job)
+        self.pending_bookings.pop(job, None)
+        self.waiting.pop(job, None)
+        self.why.pop(job, None)
+        if self.admission.pop(job, None) is None and was is None:
+            return
+        if job in self.events:
+            self.deadline[job] = 0.0  # (decided once admitted again)
+        self.put(job, self._record(job))
+
+    def may_decide(self, job: str) -> bool:
+        return not self.after_admission or job in self.admission
+
+    def pending(self, now: float) -> bool:
+        """Whether a job's prediction wait is over and it may be decided (the timer decides then)."""
+        return any(t <= now and self.may_decide(j) for j, t in self.deadline.items())
 
     # -- decisions -----------------------------------------------------------------------
     def _job(self, job: str) -> Job:
@@ -251,15 +316,28 @@ class PlacementState:
         gpus = r.gpus if r.gpus < 1 else float(int(r.gpus))
         return Job(job, int(cpu * 1000) if cpu is not None else DEFAULT_CPU_MILLI, int(mem),
                    gpus=gpus, gpu_mem_bytes=int(gmem) if gpus > 0 else 0, workload=ev.workload,
-                   priority=ev.priority,
-                   node_selector=tuple(sorted((str(k), str(v)) for k, v in spec.node_selector.items())),
+                   priority=self._priority(job),
+                   node_selector=self._selector(job),
                    util=min(100.0, pred.gpu_util.mean) if pred and gpus > 0 else None,
                    pred_gpu_mem_bytes=int(pred.gpu_mem_bytes.mean) if pred and gpus > 0 else None)
 
+    def _priority(self, job: str) -> int:
+        a = self.admission.get(job)
+        return int(a["priority"]) if a and a.get("priority") is not None else self.events[job].priority
+
+    def _selector(self, job: str) -> tuple[tuple[str, str], ...]:
+        sel = {str(k): str(v) for k, v in self.events[job].spec.node_selector.items()}
+        a = self.admission.get(job) if self.after_admission else None
+        if a is not None:
+            sel[HOST_LABEL] = a["host"]  # the host the priority agent admitted it on, only
+        return tuple(sorted(sel.items()))
+
     def due(self, now: float) -> list[str]:
-        """Jobs to decide now, higher priority first, then submission time, then id."""
+        """Jobs to decide now (after admission: admitted ones), higher priority first, then submission time,
+        then id."""
         ready = [j for j, t in self.deadline.items() if t <= now] + list(self.waiting)
-        return sorted(set(ready), key=lambda j: (-self.events[j].priority, self.events[j].ts, j))
+        return sorted((j for j in set(ready) if self.may_decide(j)),
+                      key=lambda j: (-self._priority(j), self.events[j].ts, j))
 
     def decide(self, now: float, ts: float) -> list[tuple[Decision, Placement]]:
         out = []
@@ -268,12 +346,18 @@ class PlacementState:
             j = self._job(job)
             p = self.policy.place(j, self.cluster)
             if p.node is None:
-                if job not in self.waiting:
-                    log.info("job %s waits: %s", job, p.reason)
+                why = p.reason
+                if self.after_admission:
+                    why = (f"no room on {self.admission[job]['host']}, where the priority agent admitted it "
+                           f"(it is placed there only): {p.reason}")
+                if self.why.get(job) != why:
+                    log.info("job %s waits: %s", job, why)
                 self.waiting[job] = self.events[job].ts
+                self.why[job] = why
                 continue
             self.cluster.allocate(j, p)
             self.waiting.pop(job, None)
+            self.why.pop(job, None)
             self.placed[job] = {"node": p.node, "gpus": list(p.gpus)}
             self.put(job, self._record(job))
             out.append((self._decision(j, p, ts), p))
@@ -294,8 +378,18 @@ class PlacementState:
         details = {**p.details(), "node": p.node, "cpuset": cpuset, "command": list(ev.spec.command),
                    "workload": j.workload, "priority": j.priority, "cpu_milli": j.cpu_milli,
                    "mem_bytes": j.mem_bytes, "gpus": j.gpus, "used": used}
-        return Decision(id=f"place-{j.job}-{zlib.crc32(json.dumps([p.node, list(p.gpus)]).encode()):08x}",
-                        ts=ts, host=self.host if self.local else p.node, container=j.job, action="place",
+        container, ident = j.job, [p.node, list(p.gpus)]
+        a = self.admission.get(j.job) if self.after_admission else None
+        if a is not None:  # when (and whether it resumes) is the priority agent's: its hint says
+            details["resume"] = bool(a["resume"])
+            details["admitted_host"] = a["host"]
+            container = a.get("container") or j.job
+            if container != j.job:
+                details["job"] = j.job
+            ident += [a["ts"], bool(a["resume"])]  # a restart is a decision of its own
+            why = f"admitted on {a['host']}{' (resume)' if a['resume'] else ''} by the priority agent; " + why
+        return Decision(id=f"place-{j.job}-{zlib.crc32(json.dumps(ident).encode()):08x}",
+                        ts=ts, host=self.host if self.local else p.node, container=container, action="place",
                         policy=p.policy, reason=why, details=details)
 
 
@@ -373,12 +467,18 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
             ensure_restored()
             try:
                 ev = decode(JobEvent, event.message.value)
+                if ev.kind not in state.acts_on:
+                    continue  # progress, priority; the hints unless after admission: not this agent's concern
                 if await refused_time(event, "job", ev.job, ev.ts):
                     continue
                 if ev.kind == "submitted":
                     state.submitted(ev, time.monotonic())
                 elif ev.kind == "finished":
                     state.finished(ev.job)
+                elif ev.kind == "admitted":
+                    state.admitted(ev)
+                else:  # stopped
+                    state.stopped(ev.job)
             except (SchemaError, ValueError) as e:
                 await dead_letter(event, str(e), "schema")
                 continue
@@ -419,7 +519,7 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
 
     @app.timer(0.25)
     async def _tick() -> None:
-        if restored[0] and state.deadline:
+        if restored[0] and state.pending(time.monotonic()):
             decide()
 
     @app.on_partitions_revoked.connect

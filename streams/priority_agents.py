@@ -18,7 +18,9 @@ For every record on the job-events topic (key: job):
   letter;
 - ``finished``: the job's capacity frees, and waiting jobs are thawed,
   restarted or started in priority order;
-- ``progress`` records are not the priority agent's concern.
+- ``progress`` records, and the ``admitted`` and ``stopped`` hints this agent
+  publishes itself, are not its concern: skipped before anything is checked,
+  never dead-lettered.
 
 Each action becomes a :class:`~phasewise.schemas.Decision` (``policy="priority"``,
 keyed by host): ``place`` for a start or a restart (``details.resume``), with
@@ -33,6 +35,18 @@ period) to the control topic keyed by job, for the job's progress reporter;
 priority changes (``priority_cpu_weights``). Everything goes through the
 worker's output producer, so an offset is committed only after what its record
 caused was delivered.
+
+With ``priority_launcher = place`` the agent decides when, the placement agent
+(``phasewise place --place-after-admission``) where: instead of its own
+``place`` decision for a start or a restart it publishes a
+:class:`~phasewise.schemas.JobEvent` hint of kind ``admitted`` on the job-events
+topic (key: job) with the host it admitted the job on, its priority, workload,
+container and ``resume`` (a restart from its checkpoint), and for a
+checkpoint-and-stop, besides the ``terminate`` decision and the control, one of
+kind ``stopped`` (the job holds nothing now; a frozen job keeps its booking).
+A hint is stamped with the time of the event that caused it, never earlier than
+an earlier hint of the same job. The ``weight``, ``freeze``, ``thaw`` and
+``terminate`` decisions are the same in both modes.
 
 State: the changelogged table ``priority-state`` (key: job) holds each job's
 entry of the policy (request, state, times, its preemptor), its command, its
@@ -62,11 +76,16 @@ from phasewise.schemas import Decision, JobControl, JobEvent, SchemaError, decod
 from phasewise.settings import Settings
 from phasewise.topics import CONTROL, DECISIONS, JOB_EVENTS
 
-__all__ = ["TABLE_NAME", "EventTimeRefused", "PriorityStep", "Refused", "priority_config", "register_priorities"]
+__all__ = ["ACTS_ON", "LAUNCHERS", "TABLE_NAME", "EventTimeRefused", "PriorityStep", "Refused", "priority_config",
+           "register_priorities"]
 
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "priority-state"
+#: the job-event kinds the agent acts on; the others (progress, its own hints) are skipped
+ACTS_ON = frozenset({"submitted", "started", "priority", "finished"})
+#: who starts an admitted job: this agent (its own ``place`` decision) or the placement agent (a hint)
+LAUNCHERS = ("self", "place")
 
 
 class Refused(ValueError):
@@ -92,12 +111,19 @@ class PriorityStep:
 
     *partitions*: the job-events topic's partition count (a job's state goes to
     the changelog partition of its events; a job restored without events yet,
-    to its stored one).
+    to its stored one). *launcher*: ``self`` (start and restart are ``place``
+    decisions) or ``place`` (they are ``admitted`` hints, a checkpoint-and-stop
+    also a ``stopped`` one: :meth:`take_hints`).
     """
 
     def __init__(self, config: PriorityConfig, capacity: Capacity, default_host: str, *,
                  partitions: int = JOB_EVENTS.partitions, clock: EventClock | None = None,
-                 now: Callable[[], float] = time.time) -> None:
+                 now: Callable[[], float] = time.time, launcher: str = "self") -> None:
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
+        self.launcher = launcher
+        #: the hints (job events) the records handled since the last :meth:`take_hints` caused
+        self.hints: list[JobEvent] = []
         self.policy = PriorityPolicy(config, {})
         #: the event-time rule per job (``None``: none, as for replays of recorded events)
         self.clock = clock
@@ -119,8 +145,13 @@ class PriorityStep:
 
     def handle(self, raw: bytes | None, partition: int | None = None,
                offset: int | None = None) -> tuple[list[Decision], list[JobControl]]:
-        """What one record causes; raises :class:`SchemaError` or :class:`Refused` for a dead letter."""
+        """What one record causes; raises :class:`SchemaError` or :class:`Refused` for a dead letter.
+
+        With ``launcher = place`` the hints it causes go to :attr:`hints`.
+        """
         ev = decode(JobEvent, raw)
+        if ev.kind not in ACTS_ON:
+            return [], []
         known = self.policy.state(ev.job) is not None
         seen = self.offset_of.get(ev.job)
         if (seen is not None and offset is not None and offset <= seen
@@ -137,11 +168,9 @@ class PriorityStep:
             if self.policy.state(ev.job) is None:
                 raise Refused(f"JobEvent: priority of unknown job {ev.job!r} (no submitted event)")
             actions = self.policy.reprioritize(ev.job, ev.priority, now=ev.ts)
-        elif ev.kind == "finished":
+        else:  # finished
             actions = self.policy.finish(ev.job, now=ev.ts)
             self.jobs.pop(ev.job, None)
-        else:
-            return [], []
         if self.policy.state(ev.job) is not None:
             if partition is not None:
                 self.partition_of[ev.job] = partition
@@ -151,12 +180,19 @@ class PriorityStep:
         elif known:
             self._dirty.add(ev.job)  # gone: its key is deleted
         self._dirty.update(a.job for a in actions)
-        decisions = [self._decision(a, ev.ts) for a in actions]
+        decisions, hints = [], []
+        for a in actions:
+            if self.launcher == "place" and a.kind in ("start", "restart", "checkpoint_stop"):
+                hints.append(self._hint(a, ev.ts))
+                if a.kind != "checkpoint_stop":
+                    continue  # the placement agent places it
+            decisions.append(self._decision(a, ev.ts))
         controls = [JobControl(id=hashlib.blake2b(f"priority|{d.id}".encode(), digest_size=12).hexdigest(),
                                job=d.details.get("job", d.container), ts=ev.ts,
                                action="checkpoint_exit", policy="priority", reason=d.reason,
                                grace_s=d.details.get("grace_s"))
                     for d in decisions if d.action == "terminate"]
+        self.hints += hints
         return decisions, controls
 
     def _submitted(self, ev: JobEvent) -> list[Action]:
@@ -187,6 +223,23 @@ class PriorityStep:
             return []
         w = self.policy.weight_action(ev.job, why="started")
         return [] if w is None else [w]
+
+    def take_hints(self) -> list[JobEvent]:
+        """The hints caused since the last call (``launcher = place``), in order; cleared."""
+        out, self.hints = self.hints, []
+        return out
+
+    def _hint(self, a: Action, ts: float) -> JobEvent:
+        """The ``admitted`` (start, restart) or ``stopped`` (checkpoint_stop) job event of *a*."""
+        info = self.jobs.setdefault(a.job, {})
+        ts = max(ts, float(info.get("hts") or 0.0))  # a job's hints keep their order in time
+        info["hts"] = ts
+        if a.kind == "checkpoint_stop":
+            return JobEvent(job=a.job, ts=ts, kind="stopped", host=a.host, container=info.get("ctr") or a.job,
+                            priority=a.details["priority"], workload=a.details["workload"])
+        return JobEvent(job=a.job, ts=ts, kind="admitted", host=a.host, container=info.get("ctr") or a.job,
+                        priority=a.details["priority"], workload=a.details["workload"],
+                        resume=a.kind == "restart")
 
     def _decision(self, a: Action, ts: float) -> Decision:
         info = self.jobs.get(a.job, {})
@@ -266,7 +319,7 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
     config, capacity = priority_config(settings)
     partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
     step = PriorityStep(config, capacity, settings.host, partitions=partitions,
-                        clock=EventClock(intake_config(settings), what="job"))
+                        clock=EventClock(intake_config(settings), what="job"), launcher=settings.priority.launcher)
     topic = raw_topic(app, JOB_EVENTS, partitions)
     table = app.Table(TABLE_NAME, default=None, partitions=partitions,
                       schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
@@ -304,6 +357,7 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
                 await dead_letter(event, str(e), "refused")
                 continue
             except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
+                step.take_hints()  # (none are left by a failed record; nothing stale goes out with the next)
                 log.exception("the priority policy failed on a job event")
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
                 continue
@@ -316,6 +370,9 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
                 log.info("priority decision %s %s/%s: %s", d.action, d.host, d.container, d.reason)
             for c in controls:
                 outputs.send(CONTROL.name, c.job.encode(), encode(c))
+            for h in step.take_hints():
+                outputs.send(JOB_EVENTS.name, h.job.encode(), encode(h))
+                log.info("priority hint %s %s on %s%s", h.kind, h.job, h.host, " (resume)" if h.resume else "")
             outputs.poll()
 
     @app.on_partitions_revoked.connect

@@ -9,7 +9,9 @@ For every record on ``phasewise.job-events.v1`` (key: job):
   ``spec.targets`` starts following the job, ``started`` says where it runs
   (host, container), ``finished`` ends it; a ``progress`` event it cannot use
   (an unknown job, a NaN loss, steps going backwards, an absurd value) is
-  dead-lettered with the reason and the job's state is untouched;
+  dead-lettered with the reason and the job's state is untouched; other kinds
+  (``priority``, the priority agent's ``admitted`` and ``stopped`` hints) are
+  not its concern: skipped before anything is checked, never dead-lettered;
 - send what the event causes through the worker's output producer: at
   *objective* a ``checkpoint_exit`` :class:`~phasewise.schemas.JobControl` (keyed
   by job, on ``phasewise.control.v1``), and once ``targets_grace_s`` has passed
@@ -64,6 +66,10 @@ def fleet_from_settings(settings: Settings) -> TargetsFleet:
                         policy=t.policy, share_alpha=t.share_alpha or None, share_interval_s=t.share_interval_s)
 
 
+#: the job-event kinds the targets agent acts on; the others are skipped, never dead-lettered
+ACTS_ON = frozenset({"submitted", "started", "progress", "finished"})
+
+
 class TargetsHandler:
     """One record at a time: decode, follow, and say what to send or why it is a dead letter.
 
@@ -116,6 +122,8 @@ class TargetsHandler:
         except SchemaError as e:
             self.rejected += 1
             self.dead_letter(event, str(e))
+            return
+        if ev.kind not in ACTS_ON:  # not this agent's concern (its time is not the job's own either)
             return
         seen = self.offset_of.get(ev.job)
         if (seen is not None and offset is not None and offset <= seen

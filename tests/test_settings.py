@@ -74,6 +74,7 @@ WHERE = {
     "priority_host_mem_bytes": "priority.host_mem_bytes", "priority_host_gpus": "priority.host_gpus",
     "priority_freeze_max_wait_s": "priority.freeze_max_wait_s", "priority_grace_s": "priority.grace_s",
     "priority_cpu_weights": "priority.cpu_weights", "priority_cpu_weight_ratio": "priority.cpu_weight_ratio",
+    "priority_launcher": "priority.launcher", "place_after_admission": "place.after_admission",
     "targets_enabled": "targets.enabled", "targets_ewma_alpha": "targets.ewma_alpha",
     "targets_patience": "targets.patience", "targets_grace_s": "targets.grace_s",
     "targets_shrink": "targets.shrink", "targets_node_cores": "targets.node_cores",

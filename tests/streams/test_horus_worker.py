@@ -110,13 +110,18 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
     a, b, bad_ds = f"a-{tag}", f"b-{tag}", f"c-{tag}"
     poison = [None, b"[" * 100_000, bytes(range(256)) * 2400,
               json.dumps({"v": 1, "job": "x", "ts": "yesterday", "kind": "submitted"}).encode()]
-    records = [job(a, "submitted", 1.0, spec=spec), *poison,
+    # the priority agent's hints are not the horus agent's: skipped, however stamped (no dead letter)
+    hints = [job(a, "admitted", time.time() + 1e7, host="h", resume=True), job(a, "stopped", 0.0)]
+    records = [job(a, "submitted", 1.0, spec=spec), *hints, *poison,
                job(bad_ds, "submitted", 1.0, spec=JobSpec(model="resnet18", dataset="mnist", batch_size=8)),
                job(f"d-{tag}", "submitted", time.time() + 1e7, spec=spec),  # ~116 days ahead: refused
                job(b, "submitted", 1.0, spec=spec, priority=3)]
+    hints_at: list[int] = []
     for v in records:  # one partition, so the valid ones sit between the bad ones
-        p.produce(JOB_EVENTS.name, key=f"k-{tag}".encode(), value=v, partition=0)
+        p.produce(JOB_EVENTS.name, key=f"k-{tag}".encode(), value=v, partition=0,
+                  on_delivery=(lambda err, m: hints_at.append(m.offset())) if v in hints else None)
     p.flush(20)
+    assert len(hints_at) == 2
 
     preds = read_all(s, PREDICTIONS.name, PREDICTIONS.partitions, lambda m: m.key() in (a.encode(), b.encode()), 2)
     got = {decode(UtilisationPrediction, m.value()).job: decode(UtilisationPrediction, m.value()) for m in preds}
@@ -134,6 +139,7 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
     dls = [decode(DeadLetter, m.value()) for m in read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, ours, 6)]
     reasons = sorted(d.reason for d in dls)
     assert len(dls) == 6, reasons
+    assert not {d.offset for d in dls} & set(hints_at), reasons  # (a hint's letter would be among the first 6)
     assert any("ahead of the worker clock" in r for r in reasons)
     assert any("no value" in r for r in reasons) and any("nested too deeply" in r for r in reasons)
     assert any("not valid JSON" in r for r in reasons) and any("'ts' must be a number" in r for r in reasons)

@@ -125,3 +125,96 @@ def test_horus_fragmentation_weight_setting_reaches_the_policy():
     # Horus's cost alone: the util term |0 + 40 - 100| / 100 = 0.6 on h1; |100 + 40 - 100| / 100 * 1.6 = 0.64 on h2
     assert d.host == "h1" and d.details["scores"]["h2"] - d.details["scores"]["h1"] == pytest.approx(0.04)
     assert _state().config.horus_frag_weight == 1.0
+
+
+# ------------------------------------------------------------------ after admission (priority_launcher=place)
+
+def _admitted(job: str, host: str, ts: float = 5.0, resume: bool = False, container: str | None = None,
+              priority: int = 0) -> JobEvent:
+    return JobEvent(job=job, ts=ts, kind="admitted", host=host, resume=resume, container=container,
+                    priority=priority)
+
+
+def test_after_admission_a_job_is_held_until_admitted_then_placed_on_that_host_only():
+    s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
+    assert s.acts_on == {"submitted", "finished", "admitted", "stopped"}
+    assert _state().acts_on == {"submitted", "finished"}  # (without: the hints are not its concern)
+    s.samples(_sample("h1", gpus=1)), s.samples(_sample("h2", gpus=1, util=90.0))
+    s.submitted(_job("a", gpus=1), now=0.0)
+    assert s.decide(now=1.0, ts=10.0) == [] and not s.waiting and not s.pending(1.0)  # held, not waiting
+    s.admitted(_admitted("a", "h2"))  # h1 is the better node; the priority agent admitted it on h2
+    assert s.pending(1.0)
+    [(d, p)] = s.decide(now=1.0, ts=11.0)
+    first_id = d.id
+    assert (d.action, d.host, d.container, p.node, d.details["device"]) == ("place", "h2", "a", "h2", [0])
+    assert d.details["resume"] is False and d.details["admitted_host"] == "h2"
+    assert d.details["command"] == ["python", "-c", "pass"] and "admitted on h2" in d.reason
+    # another job admitted on h2 waits for room there, with the reason, though h1 is free
+    s.submitted(_job("b", gpus=1, ts=2.0), now=0.0)
+    s.admitted(_admitted("b", "h2", ts=6.0))
+    assert s.decide(now=1.0, ts=12.0) == [] and list(s.waiting) == ["b"]
+    assert s.why["b"].startswith("no room on h2, where the priority agent admitted it (it is placed there only)")
+    # stopped (checkpoint-and-exit): a's booking frees, b is placed; a waits for its next admission
+    s.stopped("a")
+    assert "a" not in s.placed and s.cluster.allocs.keys() == set()
+    [(d, _)] = s.decide(now=1.0, ts=13.0)
+    assert (d.container, d.host) == ("b", "h2")
+    assert s.decide(now=1.0, ts=13.5) == []  # a: held again
+    s.finished("b")
+    s.admitted(_admitted("a", "h2", ts=9.0, resume=True, container="a-ctr"))
+    [(d, _)] = s.decide(now=1.0, ts=14.0)
+    assert (d.container, d.host, d.details["resume"], d.details["job"]) == ("a-ctr", "h2", True, "a")
+    assert d.details["command"] == ["python", "-c", "pass"] and "(resume)" in d.reason
+    assert d.id != first_id  # the same node and GPU, but a restart is a decision of its own (the actuator's id)
+    # admitted again while placed: a redelivered hint, nothing placed twice
+    s.admitted(_admitted("a", "h2", ts=9.0, resume=True, container="a-ctr"))
+    assert s.decide(now=1.0, ts=15.0) == []
+
+
+def test_after_admission_an_unknown_host_or_an_admission_before_the_submission():
+    s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
+    s.samples(_sample("h1"))
+    s.admitted(_admitted("x", "h1"))  # its submitted event is on another partition, not read yet
+    assert s.decide(now=0.0, ts=1.0) == []
+    s.submitted(_job("x"), now=0.0)
+    [(d, _)] = s.decide(now=0.0, ts=2.0)
+    assert d.host == "h1"
+    s.submitted(_job("y"), now=0.0)
+    s.admitted(_admitted("y", "nowhere"))
+    assert s.decide(now=0.0, ts=3.0) == [] and "no room on nowhere" in s.why["y"]
+    with pytest.raises(ValueError, match="needs a host"):
+        s.admitted(JobEvent(job="z", ts=1.0, kind="admitted"))
+
+
+def test_after_admission_local_slices_of_the_admitted_host_only():
+    s = _state(place_prediction_wait_s=0.0, place_after_admission=True, place_local_nodes="s0=0-1@0;s1=2-3@1")
+    s.samples(_sample("here", gpus=2)), s.samples(_sample("elsewhere", gpus=2))
+    s.submitted(_job("a"), now=0.0), s.submitted(_job("b"), now=0.0)
+    s.admitted(_admitted("a", "here")), s.admitted(_admitted("b", "elsewhere"))
+    [(d, _)] = s.decide(now=0.0, ts=1.0)
+    assert (d.container, d.host, d.details["node"], d.details["cpuset"]) == ("a", "here", "s0", "0-1")
+    assert list(s.waiting) == ["b"]  # admitted on a host whose slices this agent does not hold
+
+
+def test_after_admission_the_state_keeps_the_admission_across_a_restart():
+    s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
+    s.samples(_sample("h1", gpus=1))
+    for i, j in enumerate(("placed", "admitted", "held")):
+        s.submitted(_job(j, gpus=1, ts=float(i)), now=0.0)
+    s.admitted(_admitted("placed", "h1")), s.admitted(_admitted("admitted", "h1"))
+    s.admitted(_admitted("early", "h1"))  # admitted, not submitted yet
+    [(d, _)] = s.decide(now=0.0, ts=1.0)
+    assert d.container == "placed" and list(s.waiting) == ["admitted"]
+    table = {k: v for k, (_p, v) in s.writes.items()}
+    t = _state(place_prediction_wait_s=0.0, place_after_admission=True)
+    t.restore(table.items())
+    assert set(t.admission) == {"placed", "admitted", "early"} and set(t.placed) == {"placed"}
+    t.samples(_sample("h1", gpus=1))  # the placed job is booked again: nothing else fits
+    assert t.decide(now=0.0, ts=2.0) == [] and set(t.waiting) == {"admitted"}
+    t.stopped("placed")
+    [(d, _)] = t.decide(now=0.0, ts=3.0)
+    assert d.container == "admitted"  # not held: its admission was restored; "held" still waits for one
+    t.finished("admitted")
+    t.submitted(_job("early", gpus=1), now=0.0)
+    [(d, _)] = t.decide(now=0.0, ts=4.0)
+    assert d.container == "early" and "held" not in t.placed and "held" not in t.waiting

@@ -267,3 +267,24 @@ def test_a_progress_event_stamped_far_ahead_is_a_dead_letter_and_pins_nothing():
     h.handle("p1", progress("job-a", 1, 2.0, ts=1050.0))
     h.handle("p2", progress("job-a", 2, 0.4, ts=1051.0))  # the job is still followed: the objective is reached
     assert [decode(JobControl, v).action for t, _, v in sent if t == CONTROL.name] == ["checkpoint_exit"]
+
+
+def test_kinds_it_does_not_act_on_are_skipped_never_dead_lettered():
+    """The priority agent's hints (stamped by another job's event) and new priorities: neither a dead letter
+    nor the job's newest time, however they are stamped."""
+    from phasewise.models.intake import EventClock, IntakeConfig
+
+    settings = Settings.from_env({"host": "h1", "targets_patience": 1, "targets_ewma_alpha": 1.0}, env={})
+    sent, dead = [], []
+    h = TargetsHandler(fleet_from_settings(settings), lambda t, k, v: sent.append((t, k, v)),
+                       lambda ev, why, *kind: dead.append((ev, why)),
+                       clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1000.0)
+    h.handle(0, submitted("job-a", ts=900.0))
+    h.handle(1, started("job-a", ts=950.0))
+    for i, ev in enumerate([JobEvent(job="job-a", ts=100.0, kind="admitted", host="node-7", resume=True),
+                            JobEvent(job="job-a", ts=1e9, kind="stopped", host="node-7"),
+                            JobEvent(job="job-a", ts=1040.0, kind="priority", priority=3)]):
+        h.handle(2 + i, encode(ev))
+    assert dead == [] and sent == []
+    h.handle(5, progress("job-a", 1, 0.1, ts=400.0))  # 550 s behind started: within the bound (not 1040)
+    assert dead == [] and [json.loads(v)["action"] for _, _, v in sent] == ["checkpoint_exit"]
