@@ -69,7 +69,7 @@ from phasewise.schemas import Decision
 
 __all__ = [
     "ACTION_KINDS", "CLASS_RANK", "POLICY", "WEIGHT_DEFAULT", "WEIGHT_MAX", "WEIGHT_MIN", "WORKLOADS", "Action",
-    "Capacity", "JobRequest", "PriorityConfig", "PriorityPolicy", "cpu_weight", "to_decision",
+    "Capacity", "JobRequest", "PriorityConfig", "PriorityPolicy", "cpu_weight", "to_decision", "weight_action",
 ]
 
 #: ``Decision.policy`` of this policy's decisions
@@ -84,6 +84,20 @@ ACTION_KINDS = ("start", "freeze", "thaw", "checkpoint_stop", "restart", "weight
 _EPS = 1e-9
 #: cgroup v2 ``cpu.weight``: its range and the default of a cgroup nobody weighted
 WEIGHT_MIN, WEIGHT_MAX, WEIGHT_DEFAULT = 1, 10_000, 100
+
+
+def weight_action(job: str, host: str, priority: int, workload: str, ratio: float, why: str = "") -> Action:
+    """The ``weight`` action of a job of *priority* and *workload* on *host*, its rule in the reason.
+
+    >>> weight_action("j", "h", 5, "training", 2.0, "started").reason
+    'cpu weight 3200: priority 5 training (100 x 2^(5 + 0/3), within [1, 10000]); started'
+    """
+    w = cpu_weight(priority, workload, ratio)
+    reason = (f"cpu weight {w}: priority {priority} {workload} "
+              f"(100 x {ratio:g}^({priority} + {CLASS_RANK[workload]}/3), within [{WEIGHT_MIN}, {WEIGHT_MAX}])"
+              + (f"; {why}" if why else ""))
+    return Action("weight", job, host, reason,
+                  {"cpu_weight": w, "priority": priority, "workload": workload, "ratio": ratio})
 
 
 def cpu_weight(priority: int, workload: str, ratio: float = 2.0) -> int:
@@ -295,13 +309,7 @@ class PriorityPolicy:
         if e is None or ratio is None:
             return None
         r = e.req
-        w = cpu_weight(r.priority, r.workload, ratio)
-        rank = CLASS_RANK[r.workload]
-        reason = (f"cpu weight {w}: priority {r.priority} {r.workload} "
-                  f"(100 x {ratio:g}^({r.priority} + {rank}/3), within [{WEIGHT_MIN}, {WEIGHT_MAX}])"
-                  + (f"; {why}" if why else ""))
-        return Action("weight", r.job, r.host, reason,
-                      {"cpu_weight": w, "priority": r.priority, "workload": r.workload, "ratio": ratio})
+        return weight_action(r.job, r.host, r.priority, r.workload, ratio, why)
 
     # ------------------------------------------------------------------ views
 

@@ -153,6 +153,9 @@ class PlacementState:
         self.partitions = partitions
         #: place only what the priority agent admitted, on the host it admitted it on
         self.after_admission = p.after_admission
+        #: the priority agent's CPU weight rule (its settings), sent with an admitted job's place decision
+        pr = settings.priority
+        self.weight_ratio = pr.cpu_weight_ratio if p.after_admission and pr.cpu_weights else None
         #: the job-event kinds acted on (the others are skipped)
         self.acts_on = frozenset({"submitted", "finished"} | ({"admitted", "stopped"} if p.after_admission else set()))
         self.reset()
@@ -284,8 +287,16 @@ class PlacementState:
             self.deadline[ev.job] = 0.0
         self.put(ev.job, self._record(ev.job))
 
-    def stopped(self, job: str) -> None:
-        """The priority agent stopped *job* (checkpoint-and-exit): what it booked frees, it waits to be admitted."""
+    def stopped(self, job: str, ts: float | None = None) -> None:
+        """The priority agent stopped *job* (checkpoint-and-exit): what it booked frees, it waits to be admitted.
+
+        A hint stamped before the job's admission (*ts*) is stale (sent again by a priority worker
+        restarted before its commit, after the admission that resumed the job): ignored.
+        """
+        a = self.admission.get(job)
+        if ts is not None and a is not None and ts < float(a.get("ts") or 0.0):
+            log.info("job %s: stopped hint at %.3f is older than its admission at %.3f: ignored", job, ts, a["ts"])
+            return
         was = self.placed.pop(job, None)
         self.cluster.release(job)
         self.pending_bookings.pop(job, None)
@@ -362,6 +373,20 @@ class PlacementState:
             self.put(job, self._record(job))
             out.append((self._decision(j, p, ts), p))
         return out
+
+    def start_weight(self, d: Decision) -> Decision | None:
+        """The CPU weight decision that follows place decision *d* of an admitted job (after admission,
+        with the priority agent's weights on): the priority agent's own rule, which it cannot send itself
+        before the job's container exists. ``None`` otherwise."""
+        a = self.admission.get(d.details.get("job", d.container)) if self.after_admission else None
+        if a is None or self.weight_ratio is None:
+            return None
+        from phasewise.models.priorities import to_decision, weight_action
+
+        job = d.details.get("job", d.container)
+        w = weight_action(job, d.host, int(a.get("priority") or 0), d.details.get("workload", "training"),
+                          self.weight_ratio, "restarted" if a["resume"] else "started")
+        return to_decision(w, d.ts, container=d.container)
 
     def _decision(self, j: Job, p: Placement, ts: float) -> Decision:
         ev = self.events[j.job]
@@ -455,6 +480,10 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
             outputs.send(DECISIONS.name, d.host.encode(), encode(d))
             metrics.decisions.inc()
             log.info("placed %s on %s %s: %s", d.container, d.details["node"], d.details["device"], d.reason)
+            w = state.start_weight(d)
+            if w is not None:  # after the place decision, on the same partition: the container exists by then
+                outputs.send(DECISIONS.name, w.host.encode(), encode(w))
+                log.info("weight %s: %s", w.container, w.reason)
         if made:
             metrics.decide_seconds.observe((time.perf_counter() - t0) / len(made))
         metrics.waiting.set(len(state.waiting))
@@ -478,7 +507,7 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
                 elif ev.kind == "admitted":
                     state.admitted(ev)
                 else:  # stopped
-                    state.stopped(ev.job)
+                    state.stopped(ev.job, ev.ts)
             except (SchemaError, ValueError) as e:
                 await dead_letter(event, str(e), "schema")
                 continue

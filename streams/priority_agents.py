@@ -88,6 +88,10 @@ ACTS_ON = frozenset({"submitted", "started", "priority", "finished"})
 LAUNCHERS = ("self", "place")
 
 
+#: the least time between two hints of one job (they are strictly ordered)
+HINT_STEP_S = 0.001
+
+
 class Refused(ValueError):
     """A valid record the policy cannot take (``str(e)`` is the reason for its dead letter)."""
 
@@ -181,11 +185,16 @@ class PriorityStep:
             self._dirty.add(ev.job)  # gone: its key is deleted
         self._dirty.update(a.job for a in actions)
         decisions, hints = [], []
+        hinted_starts = set()
         for a in actions:
             if self.launcher == "place" and a.kind in ("start", "restart", "checkpoint_stop"):
                 hints.append(self._hint(a, ev.ts))
                 if a.kind != "checkpoint_stop":
+                    hinted_starts.add(a.job)
+                if a.kind != "checkpoint_stop":
                     continue  # the placement agent places it
+            if a.kind == "weight" and a.job in hinted_starts:
+                continue  # no container yet: the placement agent sends it with its place decision
             decisions.append(self._decision(a, ev.ts))
         controls = [JobControl(id=hashlib.blake2b(f"priority|{d.id}".encode(), digest_size=12).hexdigest(),
                                job=d.details.get("job", d.container), ts=ev.ts,
@@ -232,7 +241,10 @@ class PriorityStep:
     def _hint(self, a: Action, ts: float) -> JobEvent:
         """The ``admitted`` (start, restart) or ``stopped`` (checkpoint_stop) job event of *a*."""
         info = self.jobs.setdefault(a.job, {})
-        ts = max(ts, float(info.get("hts") or 0.0))  # a job's hints keep their order in time
+        prev = info.get("hts")
+        # a job's hints are strictly ordered in time: the placement agent tells a stale stopped hint
+        # (one sent again by a worker restarted before its commit) from the admission that followed it
+        ts = ts if prev is None else max(ts, float(prev) + HINT_STEP_S)
         info["hts"] = ts
         if a.kind == "checkpoint_stop":
             return JobEvent(job=a.job, ts=ts, kind="stopped", host=a.host, container=info.get("ctr") or a.job,

@@ -118,6 +118,10 @@ def test_the_priority_agent_decides_when_and_the_placement_agent_where(broker, t
         assert placed[3].details["node"] != placed[2].details["node"]  # frozen low kept its slice
         assert [(d.action, d.container) for d in ds if d.policy == "priority"] == [
             ("weight", low), ("terminate", low), ("weight", hi), ("weight", low), ("freeze", low), ("weight", mid)]
+        for i, d in enumerate(ds):  # each start's weight follows its place decision (the placement agent's)
+            if d.action == "place":
+                w = next(x for x in ds[i + 1:] if x.action == "weight" and x.container == d.container)
+                assert w.reason.endswith("; restarted" if d.details["resume"] else "; started"), w.reason
         terminate = next(d for d in ds if d.action == "terminate")
         assert terminate.details["mode"] == "checkpoint" and f"preempted by {hi}" in terminate.reason
         # the hints on the job events are nobody's dead letter

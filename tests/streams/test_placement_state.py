@@ -218,3 +218,24 @@ def test_after_admission_the_state_keeps_the_admission_across_a_restart():
     t.submitted(_job("early", gpus=1), now=0.0)
     [(d, _)] = t.decide(now=0.0, ts=4.0)
     assert d.container == "early" and "held" not in t.placed and "held" not in t.waiting
+
+
+def test_after_admission_a_stale_stopped_hint_frees_nothing_and_each_placement_carries_its_weight():
+    s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
+    s.samples(_sample("h1", gpus=1))
+    s.submitted(_job("a", gpus=1), now=0.0)
+    s.admitted(_admitted("a", "h1", ts=5.0, priority=5))
+    [(d, _)] = s.decide(now=1.0, ts=10.0)
+    w = s.start_weight(d)  # the priority agent's rule: it cannot send it before the container exists
+    assert (w.action, w.host, w.container, w.details["cpu_weight"]) == ("weight", "h1", "a", 3200)
+    assert w.reason == "cpu weight 3200: priority 5 training (100 x 2^(5 + 0/3), within [1, 10000]); started"
+    s.stopped("a", ts=6.0)
+    s.admitted(_admitted("a", "h1", ts=7.0, resume=True, priority=5))
+    [(d, _)] = s.decide(now=1.0, ts=11.0)
+    assert d.details["resume"] is True and s.start_weight(d).reason.endswith("; restarted")
+    # the stopped hint sent again by a restarted priority worker (stamped before this admission): ignored
+    s.stopped("a", ts=6.0)
+    assert "a" in s.placed and s.cluster.allocs.keys() == {"a"}
+    # weights off, or without admission: no weight decision
+    off = _state(place_prediction_wait_s=0.0, place_after_admission=True, priority_cpu_weights=False)
+    assert off.weight_ratio is None and _state().weight_ratio is None

@@ -189,7 +189,8 @@ def test_the_state_written_at_commits_restores_the_policy_and_skips_events_read_
 def test_with_the_placement_agent_as_launcher_starts_and_restarts_are_admitted_hints():
     """priority_launcher=place: the same admission, preemption and resume order; a start or restart is an
     ``admitted`` hint (host, priority, workload, resume) for the placement agent, a checkpoint-and-stop also a
-    ``stopped`` one; freeze, thaw, terminate and weight decisions are unchanged."""
+    ``stopped`` one; freeze, thaw, terminate and priority-change weights are unchanged, a start's or restart's
+    weight is the placement agent's to send (the job has no container before its place decision)."""
     def s() -> PriorityStep:
         return PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=2.0),
                             Capacity(2, 8 * GB, 1), "n1", launcher="place")
@@ -198,25 +199,27 @@ def test_with_the_placement_agent_as_launcher_starts_and_restarts_are_admitted_h
     ds, cs, bad = run(hinted, valid_stream())
     hints = hinted.take_hints()
     assert bad == [] and cs == [] and hinted.take_hints() == []
-    assert [(d.action, d.container) for d in ds] == [x for x in EXPECTED_WEIGHTED if x[0] != "place"]
+    assert [(d.action, d.container) for d in ds] == [x for x in EXPECTED_WEIGHTED if x[0] not in ("place", "weight")]
     assert [(h.kind, h.job, h.host, h.priority, h.workload, h.resume) for h in hints] == [
         ("admitted", "low", "n1", 0, "training", False), ("admitted", "hi", "n1", 5, "training", False),
         ("admitted", "infer", "n1", 9, "inference", False)]
     ref = step(ratio=2.0)  # the same policy decides the same, only the launcher differs
-    assert [d for d in run(ref, valid_stream())[0] if d.action != "place"] == ds
+    assert [d for d in run(ref, valid_stream())[0] if d.action not in ("place", "weight")] == ds
     # a checkpoint-and-stop: terminate, the control and a stopped hint; the restart is an admitted resume
     t = s()
     run(t, [submitted("low", 1, cpu=2, command=("run-low",)),
             encode(JobEvent(job="low", ts=1.5, kind="started", host="n1", container="low-ctr"))])
     ds, cs, _ = run(t, [submitted("big", 2, cpu=2, priority=3)])
-    assert [(d.action, d.container) for d in ds] == [("terminate", "low-ctr"), ("weight", "big")]
+    assert [(d.action, d.container) for d in ds] == [("terminate", "low-ctr")]
     assert [(c.job, c.action) for c in cs] == [("low", "checkpoint_exit")]
     assert [(h.kind, h.job, h.container, h.ts) for h in t.take_hints()] == [
         ("admitted", "low", "low", 1), ("stopped", "low", "low-ctr", 2), ("admitted", "big", "big", 2)]
-    ds, cs, _ = run(t, [finished("big", 1.8)])  # stamped before low's last hint: the hint keeps their order
-    assert [(d.action, d.container) for d in ds] == [("weight", "low-ctr")]
+    ds, cs, _ = run(t, [finished("big", 1.8)])  # stamped before low's last hint: the hints stay strictly ordered
+    assert ds == []
     (h,) = t.take_hints()
-    assert (h.kind, h.job, h.container, h.resume, h.ts) == ("admitted", "low", "low-ctr", True, 2)
+    assert (h.kind, h.job, h.container, h.resume, h.ts) == ("admitted", "low", "low-ctr", True, 2.001)
+    ds, _, _ = run(t, [encode(JobEvent(job="low", ts=3, kind="priority", priority=1))])
+    assert [(d.action, d.container) for d in ds] == [("weight", "low-ctr")]  # a new priority: the agent's own
     # its own hints, read back from the job events, change nothing and are no dead letters
     before = t.policy.to_state()
     assert run(t, [encode(h), encode(JobEvent(job="low", ts=1e12, kind="stopped"))]) == ([], [], [])
@@ -225,7 +228,7 @@ def test_with_the_placement_agent_as_launcher_starts_and_restarts_are_admitted_h
     u = s()
     u.restore([(k, v) for k, _p, v in t.writes()])
     run(u, [submitted("top", 1.0, cpu=2, priority=9)])
-    assert [(h.kind, h.job, h.ts) for h in u.take_hints()] == [("stopped", "low", 2), ("admitted", "top", 1.0)]
+    assert [(h.kind, h.job, h.ts) for h in u.take_hints()] == [("stopped", "low", 2.002), ("admitted", "top", 1.0)]
     with pytest.raises(ValueError, match="launcher"):
         PriorityStep(PriorityConfig(), Capacity(1, GB), "n1", launcher="kubernetes")
 
