@@ -215,6 +215,9 @@ def test_a_workload_asking_for_a_policy_the_worker_does_not_run_is_refused_visib
     p.flush(10)
     decisions.wait_for(decision_for(host, "plain"), what="decision")
     assert not [m for m in decisions.seen if decision_for(host, "wants-phase")(m)]
+    deadline = time.monotonic() + 20  # the plain container's decision may come before the last of the 20 messages
+    while worker.metric('phasewise_worker_policy_refused_total{policy="phase"}') < 20 and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert worker.metric('phasewise_worker_policy_refused_total{policy="phase"}') >= 20
     status, card = fetch(f"http://127.0.0.1:{worker.web_port}", f"{host}/wants-phase")
     assert status == 200 and card["policy"] == "phase" and card["worker_policy"] == "vpa"
