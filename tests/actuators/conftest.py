@@ -30,3 +30,24 @@ class Recorder:
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
+
+
+def remove_started_jobs(backend, layout) -> None:
+    """After a test that started real jobs through *backend*: kill them, remove their cgroups, the
+    prefix's cpuset slices and the prefix itself (what a failed run would otherwise leave behind)."""
+    for p in backend.processes.values():
+        p.kill()
+        p.wait()
+    for c in layout.containers():
+        layout.remove(c)
+    cs = layout.controller_root("cpuset") / layout.prefix
+    for d in sorted(cs.glob("*"), reverse=True):
+        if d.is_dir():
+            d.rmdir()
+    if cs.exists():
+        cs.rmdir()
+    for c in layout.controllers():
+        try:
+            layout.base(c).rmdir()
+        except OSError:
+            pass

@@ -33,7 +33,7 @@ from phasewise.cgroupfs import CgroupLayout
 from phasewise.models.priorities import Action, cpu_weight, to_decision
 from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings
-from tests.actuators.conftest import Recorder
+from tests.actuators.conftest import Recorder, remove_started_jobs
 from tests.conftest import requires_root
 
 S = Settings().replace(host="h1", cpu_weight_min=10, cpu_weight_max=5000)
@@ -156,19 +156,4 @@ def test_two_spinning_jobs_on_one_cpu_get_cpu_in_the_ratio_of_their_weights(tmp_
               f"ratio {ratio:.2f} (weights 4:1), load {load:.2f}")
         assert 2.5 <= ratio <= 6.5, (got, ratio, load)
     finally:
-        for p in backend.processes.values():
-            p.kill()
-            p.wait()
-        for c in layout.containers():
-            layout.remove(c)
-        cs = layout.controller_root("cpuset") / layout.prefix
-        for d in sorted(cs.glob("*"), reverse=True):
-            if d.is_dir():
-                d.rmdir()
-        if cs.exists():
-            cs.rmdir()
-        for c in layout.controllers():
-            try:
-                layout.base(c).rmdir()
-            except OSError:
-                pass
+        remove_started_jobs(backend, layout)

@@ -22,6 +22,7 @@ from phasewise.actuators.safety import Rejected, plan
 from phasewise.cgroupfs import CgroupLayout
 from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings
+from tests.actuators.conftest import remove_started_jobs
 from tests.conftest import requires_root
 
 REPORT = "import json, os, sys; json.dump({{'cpus': sorted(os.sched_getaffinity(0)), 'cg': open('/proc/self/cgroup')" \
@@ -100,18 +101,4 @@ def test_placed_job_runs_in_its_cpuset(tmp_path):
         assert bad.status == "failed" and not layout.exists(f"{job}-b")
         assert not (layout.controller_root("cpuset") / layout.prefix / f"{job}-b").exists()
     finally:
-        for p in backend.processes.values():
-            p.kill()
-            p.wait()
-        for c in layout.containers():
-            layout.remove(c)
-        cs = layout.controller_root("cpuset") / layout.prefix
-        for d in sorted(cs.glob("*"), reverse=True):
-            if d.is_dir():
-                d.rmdir()
-        cs.rmdir()
-        for c in layout.controllers():
-            try:
-                layout.base(c).rmdir()
-            except OSError:
-                pass
+        remove_started_jobs(backend, layout)

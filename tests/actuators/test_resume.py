@@ -31,7 +31,7 @@ from phasewise.producers.progress import ChildControl
 from phasewise.schemas import JobEvent, JobRequests, JobSpec, encode
 from phasewise.settings import Settings
 from phasewise.streams.priority_agents import PriorityStep
-from tests.actuators.conftest import Recorder
+from tests.actuators.conftest import Recorder, remove_started_jobs
 from tests.conftest import requires_root
 
 #: a job that resumes from its checkpoint file, steps every 20 ms, and on SIGTERM checkpoints and exits
@@ -120,19 +120,4 @@ def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path)
         a = act.handle(encode(again), b"h1", 0, 0)
         assert a.status == "failed" and "still holds 1 process" in a.message, a.message
     finally:
-        for p in backend.processes.values():
-            p.kill()
-            p.wait()
-        for c in layout.containers():
-            layout.remove(c)
-        cs = layout.controller_root("cpuset") / layout.prefix
-        for d in sorted(cs.glob("*"), reverse=True):
-            if d.is_dir():
-                d.rmdir()
-        if cs.exists():
-            cs.rmdir()
-        for c in layout.controllers():
-            try:
-                layout.base(c).rmdir()
-            except OSError:
-                pass
+        remove_started_jobs(backend, layout)
