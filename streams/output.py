@@ -58,8 +58,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CHANGELOG_DELIVERY_TIMEOUT_S", "CommitBarrier", "DeferredWrites", "DeliveryFailed", "OutputSender",
-           "PartitionMap", "WorkerFailed", "attach", "output_producer", "state_bytes"]
+__all__ = ["CHANGELOG_DELIVERY_TIMEOUT_S", "CommitBarrier", "DeferredWrites", "DeliveryFailed", "JobStateTable",
+           "OutputSender", "PartitionMap", "WorkerFailed", "attach", "output_producer", "state_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +390,46 @@ class CommitBarrier:
         except Exception as e:  # noqa: BLE001 - the producer's error, whatever its type
             self.fail(f"a changelog record was not delivered: {type(e).__name__}: {e}")
             raise DeliveryFailed(self.failure) from e
+
+
+class JobStateTable:
+    """A job agent's state in a changelogged Faust table (key: job, value: raw bytes).
+
+    *state* has ``writes()`` (``(key, partition, value)`` to write, taken at each commit before the
+    outputs' delivery is awaited) and ``restore(items)`` (the table's items; returns how many jobs).
+    The state is restored from the table on first use after the worker starts or takes partitions
+    back (:meth:`ensure_restored`, called by the agents before each record); a revocation makes the
+    table, restored on assignment, the truth again. *on_restored* gets the count when it is not 0.
+    """
+
+    def __init__(self, app: Any, barrier: CommitBarrier, name: str, *, partitions: int, help: str,
+                 state: Any, on_restored: Callable[[int], None]) -> None:
+        import faust
+
+        self.table = app.Table(name, default=None, partitions=partitions,
+                               schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                               help=help)
+        self.state = state
+        self.on_restored = on_restored
+        self.restored = False
+        writes = barrier.table(self.table)
+
+        def hold() -> None:
+            for key, p, value in state.writes():
+                writes.put(key, value, p)
+
+        barrier.before.append(hold)
+
+        @app.on_partitions_revoked.connect
+        async def _forget(app: Any, revoked: Any, **kwargs: Any) -> None:
+            self.restored = False
+
+    def ensure_restored(self) -> None:
+        if not self.restored:
+            n = self.state.restore(list(self.table.data.items()))
+            self.restored = True
+            if n:
+                self.on_restored(n)
 
 
 def attach(app: Any, barrier: CommitBarrier) -> Callable[[], Any]:

@@ -323,9 +323,8 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
                         dead_letter: Callable[[Any, str, str], Awaitable[None]],
                         sign: Callable[[str, bytes, bytes], Any] | None = None) -> PriorityStep:
     """Add the priority agent and its state table to *app*; its decisions and controls go through *outputs*."""
-    import faust
-
     from phasewise.streams.config import intake_config
+    from phasewise.streams.output import JobStateTable
     from phasewise.streams.topics import raw_topic
 
     config, capacity = priority_config(settings)
@@ -333,24 +332,11 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
     step = PriorityStep(config, capacity, settings.host, partitions=partitions,
                         clock=EventClock(intake_config(settings), what="job"), launcher=settings.priority.launcher)
     topic = raw_topic(app, JOB_EVENTS, partitions)
-    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
-                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
-                      help="priorities: each job's policy entry, command, container and last event (key: job)")
-    writes = barrier.table(table)
-    restored = [False]
-
-    def ensure_restored() -> None:
-        if not restored[0]:
-            n = step.restore(list(table.data.items()))
-            restored[0] = True
-            if n:
-                log.info("priorities: restored %d job(s): %s", n, step.policy.states())
-
-    def hold() -> None:  # at each commit, before the outputs' delivery is awaited: the states to write
-        for key, p, value in step.writes():
-            writes.put(key, value, p)
-
-    barrier.before.append(hold)
+    ensure_restored = JobStateTable(
+        app, barrier, TABLE_NAME, partitions=partitions, state=step,
+        help="priorities: each job's policy entry, command, container and last event (key: job)",
+        on_restored=lambda n: log.info("priorities: restored %d job(s): %s", n, step.policy.states()),
+    ).ensure_restored
 
     @app.agent(topic, name="phasewise.priorities")
     async def on_job_events(stream: Any) -> None:
@@ -386,9 +372,5 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
                 outputs.send(JOB_EVENTS.name, h.job.encode(), encode(h))
                 log.info("priority hint %s %s on %s%s", h.kind, h.job, h.host, " (resume)" if h.resume else "")
             outputs.poll()
-
-    @app.on_partitions_revoked.connect
-    async def _forget(app: Any, revoked: Any, **kwargs: Any) -> None:
-        restored[0] = False  # the table, restored on assignment, is the truth from here
 
     return step

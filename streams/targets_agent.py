@@ -204,9 +204,8 @@ class TargetsHandler:
 def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter: Callable[..., Any],
                      barrier: Any, sign: Callable[[str, bytes, bytes], Any] | None = None) -> TargetsHandler:
     """Add the job-events agent, its state table and its hard-stop timer to *app*."""
-    import faust
-
     from phasewise.streams.config import intake_config
+    from phasewise.streams.output import JobStateTable
     from phasewise.streams.topics import raw_topic
 
     pending: list[tuple[Any, str, str]] = []
@@ -218,25 +217,10 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
     handler = TargetsHandler(fleet_from_settings(settings), outputs.send, note, partitions=partitions, sign=sign,
                              clock=EventClock(intake_config(settings), what="job"))
     topic = raw_topic(app, JOB_EVENTS, partitions)
-    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
-                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
-                      help="targets: each followed job's tracker, placement, use and limit (key: job)")
-    writes = barrier.table(table)
-    restored = [False]
-
-    def ensure_restored() -> None:
-        if not restored[0]:
-            n = handler.restore(list(table.data.items()))
-            restored[0] = True
-            if n:
-                log.info("targets: restored %d followed job(s)", n)
-
-    def hold() -> None:  # at each commit, before the outputs' delivery is awaited: the states to write
-        for key, p, value in handler.writes():
-            writes.put(key, value, p)
-
-    barrier.before.append(hold)
-    handler.ensure_restored = ensure_restored
+    state = JobStateTable(app, barrier, TABLE_NAME, partitions=partitions, state=handler,
+                          help="targets: each followed job's tracker, placement, use and limit (key: job)",
+                          on_restored=lambda n: log.info("targets: restored %d followed job(s)", n))
+    ensure_restored = handler.ensure_restored = state.ensure_restored
 
     @app.agent(topic, name="phasewise.targets")
     async def on_job_events(stream: Any) -> None:
@@ -250,12 +234,8 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
 
     @app.timer(1.0)
     async def hard_stops() -> None:
-        if restored[0]:
+        if state.restored:
             handler.tick(time.time())
             outputs.poll()
-
-    @app.on_partitions_revoked.connect
-    async def _forget(app: Any, revoked: Any, **kwargs: Any) -> None:
-        restored[0] = False  # the table, restored on assignment, is the truth from here
 
     return handler
