@@ -33,17 +33,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 import zlib
 from typing import Any
 
 import faust
 
-from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.graph_features import FeatureError
 from phasewise.models.horus_join import HorusJoin, JoinConfig, Observation
 from phasewise.models.horus_model import TARGETS, HorusConfig, HorusModel
-from phasewise.models.intake import EventClock
 from phasewise.schemas import (
     Interval,
     JobEvent,
@@ -55,8 +52,8 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
-from phasewise.streams.config import intake_config
 from phasewise.streams.horus_jobs import model_key, spec_features
+from phasewise.streams.job_inputs import dead_letterer, event_time_gate
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
 from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
@@ -221,27 +218,11 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
             metrics.model_jobs.set(state.model.jobs)
             metrics.jobs.set(len(state.join))
 
-    async def dead_letter(event: Any, reason: str, kind: str) -> None:
-        msg = event.message
-        key, value, dl = make_dead_letter(source_topic=msg.topic, reason=reason, payload=msg.value, key=msg.key,
-                                          partition=msg.partition, offset=msg.offset,
-                                          max_bytes=settings.kafka.dead_letter_max_bytes)
-        outputs.send(DEAD_LETTERS.name, key, value)
-        metrics.dead_letters.labels(kind=kind).inc()
-        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, dl.reason)
+    dead_letter = dead_letterer(settings, outputs, metrics)
 
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
-    intake = intake_config(settings)
-    clocks = {what: EventClock(intake, what=what) for what in ("job", "container", "host")}
-
-    async def refused_time(event: Any, what: str, key: str, ts: float) -> bool:
-        """Whether the record is dead-lettered by the event-time rule (one stamped far ahead or behind
-        would pin the join's windows of its job, container or host)."""
-        why = clocks[what].admit(key, ts, now=time.time())
-        if why is None:
-            return False
-        await dead_letter(event, why, "event_time")
-        return True
+    # one stamped far ahead or behind would pin the join's windows of its job, container or host
+    refused_time = event_time_gate(settings, ("job", "container", "host"), dead_letter)
 
     def learned(observations: list[Observation]) -> None:
         for o in observations:

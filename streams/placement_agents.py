@@ -50,8 +50,6 @@ from typing import Any
 
 import faust
 
-from phasewise.kafka import dead_letter as make_dead_letter
-from phasewise.models.intake import EventClock
 from phasewise.models.placement import Cluster, Gpu, Job, Node, Placement, PlacementConfig, make_policy
 from phasewise.schemas import (
     Decision,
@@ -64,7 +62,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
-from phasewise.streams.config import intake_config
+from phasewise.streams.job_inputs import dead_letterer, event_time_gate
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
 from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
@@ -451,27 +449,11 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
             state.restore(list(table.data.items()))
             restored[0] = True
 
-    async def dead_letter(event: Any, reason: str, kind: str) -> None:
-        msg = event.message
-        key, value, dl = make_dead_letter(source_topic=msg.topic, reason=reason, payload=msg.value, key=msg.key,
-                                          partition=msg.partition, offset=msg.offset,
-                                          max_bytes=settings.kafka.dead_letter_max_bytes)
-        outputs.send(DEAD_LETTERS.name, key, value)
-        metrics.dead_letters.labels(kind=kind).inc()
-        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, dl.reason)
+    dead_letter = dead_letterer(settings, outputs, metrics)
 
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
-    intake = intake_config(settings)
-    clocks = {what: EventClock(intake, what=what) for what in ("job", "prediction", "host")}
-
-    async def refused_time(event: Any, what: str, key: str, ts: float) -> bool:
-        """Whether the record is dead-lettered by the event-time rule (one stamped far ahead would
-        order a job's wait, or a node's use, by a time that has not come)."""
-        why = clocks[what].admit(key, ts, now=time.time())
-        if why is None:
-            return False
-        await dead_letter(event, why, "event_time")
-        return True
+    # one stamped far ahead or behind would order a job's wait, or a node's use, by a time that has not come
+    refused_time = event_time_gate(settings, ("job", "prediction", "host"), dead_letter)
 
     def decide() -> None:
         t0 = time.perf_counter()

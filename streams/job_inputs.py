@@ -1,0 +1,60 @@
+"""What the job workers (``phasewise horus``, ``phasewise place``) do with a record they refuse.
+
+:func:`dead_letterer`: a refused record goes to ``phasewise.deadletters.v1``
+through the worker's outputs (so it is delivered before its offset is
+committed), counted by kind and logged. :func:`event_time_gate`: the
+event-time rule of :mod:`phasewise.models.intake`, one
+:class:`~phasewise.models.intake.EventClock` per kind of key (a job, a
+container, a host), a refused record dead-lettered with kind ``event_time``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from phasewise.kafka import dead_letter as make_dead_letter
+from phasewise.models.intake import EventClock
+from phasewise.settings import Settings
+from phasewise.streams.config import intake_config
+from phasewise.topics import DEAD_LETTERS
+
+__all__ = ["dead_letterer", "event_time_gate"]
+
+log = logging.getLogger(__name__)
+
+DeadLetter = Callable[[Any, str, str], Awaitable[None]]
+
+
+def dead_letterer(settings: Settings, outputs: Any, metrics: Any) -> DeadLetter:
+    """``await dead_letter(event, reason, kind)``; *metrics* has a ``dead_letters`` counter by ``kind``."""
+
+    async def dead_letter(event: Any, reason: str, kind: str) -> None:
+        msg = event.message
+        key, value, dl = make_dead_letter(source_topic=msg.topic, reason=reason, payload=msg.value, key=msg.key,
+                                          partition=msg.partition, offset=msg.offset,
+                                          max_bytes=settings.kafka.dead_letter_max_bytes)
+        outputs.send(DEAD_LETTERS.name, key, value)
+        metrics.dead_letters.labels(kind=kind).inc()
+        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, dl.reason)
+
+    return dead_letter
+
+
+def event_time_gate(settings: Settings, kinds: Iterable[str],
+                    dead_letter: DeadLetter) -> Callable[[Any, str, str, float], Awaitable[bool]]:
+    """``await refused(event, kind, key, ts)``: whether the record is dead-lettered by the event-time rule
+    (*kind*: one of *kinds*, the kind of key its newest time is kept per)."""
+    intake = intake_config(settings)
+    clocks = {kind: EventClock(intake, what=kind) for kind in kinds}
+
+    async def refused(event: Any, kind: str, key: str, ts: float) -> bool:
+        why = clocks[kind].admit(key, ts, now=time.time())
+        if why is None:
+            return False
+        await dead_letter(event, why, "event_time")
+        return True
+
+    return refused
