@@ -51,6 +51,7 @@ from typing import Any
 import faust
 
 from phasewise.models.placement import Cluster, Gpu, Job, Node, Placement, PlacementConfig, make_policy
+from phasewise.models.priorities import to_decision, weight_action
 from phasewise.schemas import (
     Decision,
     HostSamples,
@@ -379,8 +380,6 @@ class PlacementState:
         a = self.admission.get(d.details.get("job", d.container)) if self.after_admission else None
         if a is None or self.weight_ratio is None:
             return None
-        from phasewise.models.priorities import to_decision, weight_action
-
         job = d.details.get("job", d.container)
         w = weight_action(job, d.host, int(a.get("priority") or 0), d.details.get("workload", "training"),
                           self.weight_ratio, "restarted" if a["resume"] else "started")
