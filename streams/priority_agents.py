@@ -44,9 +44,12 @@ topic (key: job) with the host it admitted the job on, its priority, workload,
 container and ``resume`` (a restart from its checkpoint), and for a
 checkpoint-and-stop, besides the ``terminate`` decision and the control, one of
 kind ``stopped`` (the job holds nothing now; a frozen job keeps its booking).
-A hint is stamped with the time of the event that caused it, never earlier than
-an earlier hint of the same job. The ``weight``, ``freeze``, ``thaw`` and
-``terminate`` decisions are the same in both modes.
+A hint is stamped with the time of the event that caused it, and always after
+the job's previous hint (by at least :data:`HINT_STEP_S`). The ``freeze``,
+``thaw`` and ``terminate`` decisions are the same in both modes, and so are the
+weights of a priority change or a ``started`` event; the weight of a start or
+restart is the placement agent's to send, after its ``place`` decision (the job
+has no container before it).
 
 State: the changelogged table ``priority-state`` (key: job) holds each job's
 entry of the policy (request, state, times, its preemptor), its command, its
@@ -191,7 +194,6 @@ class PriorityStep:
                 hints.append(self._hint(a, ev.ts))
                 if a.kind != "checkpoint_stop":
                     hinted_starts.add(a.job)
-                if a.kind != "checkpoint_stop":
                     continue  # the placement agent places it
             if a.kind == "weight" and a.job in hinted_starts:
                 continue  # no container yet: the placement agent sends it with its place decision
