@@ -28,9 +28,11 @@ placed by the policy on the admitted host's node(s) only (in local mode: the
 slices of this host, when it is that host); a job that does not fit there
 waits, with the reason, and is never placed elsewhere. The decision carries
 ``details.resume`` (a restart from its checkpoint: the actuator reuses the
-job's container) and names the hint's container. A ``stopped`` hint frees
-what the job booked (it waits for its next ``admitted``) and retries the
-waiting jobs. Other job-event kinds are skipped, never dead-lettered.
+job's container) and names the hint's container; with CPU weights on, the
+job's ``weight`` decision follows it (:meth:`PlacementState.start_weight`). A
+``stopped`` hint frees what the job booked (it waits for its next
+``admitted``) and retries the waiting jobs; one stamped before the job's
+admission is a stale repeat and ignored. Other job-event kinds are skipped, never dead-lettered.
 
 A record that cannot be decoded is a dead letter; so is a ``submitted`` event
 without a spec and an ``admitted`` one without a host. State (``place-state``
