@@ -65,7 +65,6 @@ from typing import Any
 
 import faust
 
-from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.guard import RULES
 from phasewise.models.intake import Admission, event_time_problem
 from phasewise.models.vpa_updater import StateCache, worker_round
@@ -80,11 +79,12 @@ from phasewise.schemas import (
 from phasewise.settings import Settings
 from phasewise.signing import keyring_of
 from phasewise.streams.config import intake_config, state_cache, updater_config
+from phasewise.streams.job_inputs import dead_letterer
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.scorecard import LiveScorecard
 from phasewise.streams.topics import worker_topics
-from phasewise.topics import DEAD_LETTERS, DECISIONS, SAMPLES
+from phasewise.topics import DECISIONS, SAMPLES
 
 __all__ = ["TABLE_NAME", "register"]
 
@@ -304,15 +304,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     # a state held for the next commit is newer than the table's
     cache = state_cache(settings, loader=writes.get_state)
 
-    async def dead_letter(event: faust.types.EventT, reason: str, kind: str) -> None:
-        msg = event.message
-        key, value, dl = make_dead_letter(source_topic=msg.topic, reason=reason, payload=msg.value, key=msg.key,
-                                          partition=msg.partition, offset=msg.offset,
-                                          max_bytes=settings.kafka.dead_letter_max_bytes)
-        outputs.send(DEAD_LETTERS.name, key, value)
-        metrics.dead_letters.labels(kind=kind).inc()
-        log.warning("dead-lettered %s[%s]@%s%s: %s", msg.topic, msg.partition, msg.offset,
-                    " (payload truncated)" if dl.truncated else "", dl.reason)
+    dead_letter = dead_letterer(settings, outputs, metrics)
 
     # Faust hands every agent the app's _on_agent_error, which commits the offsets acked so far
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]

@@ -1,8 +1,9 @@
-"""What the job workers (``phasewise horus``, ``phasewise place``) do with a record they refuse.
+"""What a worker (``phasewise worker``, ``horus``, ``place``) does with a record it refuses.
 
 :func:`dead_letterer`: a refused record goes to ``phasewise.deadletters.v1``
 through the worker's outputs (so it is delivered before its offset is
-committed), counted by kind and logged. :func:`event_time_gate`: the
+committed), counted by kind and logged. :func:`event_time_gate` (the job
+workers; ``phasewise worker`` checks its samples in its batched intake): the
 event-time rule of :mod:`phasewise.models.intake`, one
 :class:`~phasewise.models.intake.EventClock` per kind of key (a job, a
 container, a host), a refused record dead-lettered with kind ``event_time``.
@@ -38,7 +39,8 @@ def dead_letterer(settings: Settings, outputs: Any, metrics: Any) -> DeadLetter:
                                           max_bytes=settings.kafka.dead_letter_max_bytes)
         outputs.send(DEAD_LETTERS.name, key, value)
         metrics.dead_letters.labels(kind=kind).inc()
-        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, dl.reason)
+        log.warning("dead-lettered %s[%s]@%s%s: %s", msg.topic, msg.partition, msg.offset,
+                    " (payload truncated)" if dl.truncated else "", dl.reason)
 
     return dead_letter
 
