@@ -583,8 +583,9 @@ class WorkerSettings(_Group):
 
     id: str = setting("phasewise-worker", check=non_empty, flag="--worker-id", name="worker_id",
                       help="Faust app id = consumer group of all workers")
-    web_port: int = setting(6066, check=port, flag="--web-port",
-                            help="Faust web port, 0 = no web server")
+    web_port: int = setting(0, check=port, flag="--web-port",
+                            help="Faust's web server port (its own views and the tables' contents), 0 = none; "
+                                 "the worker's /scorecard/ view is on metrics_port")
     policy: str = setting("vpa", choices=POLICIES, flag="--policy",
                           help="the policy of workloads that name none (phasewise.io/policy): vpa: VPA "
                                "limits; phase: limits from the shared CRBM phase model with VPA as the fallback")

@@ -275,12 +275,15 @@ def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: WorkerMetrics) -
 
 
 def register(app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
-             metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None) -> dict[str, Any]:
+             metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None,
+             views: dict[str, Any] | None = None) -> dict[str, Any]:
     """Add the state table and the samples agent to *app*; returns the handles.
 
     *outputs*: where decisions, phase changes, learn windows and dead letters
     go (default: one confluent-kafka producer from *settings*); its delivery
     is awaited before every offset commit (:func:`phasewise.streams.output.attach`).
+    *views*: filled with the worker's JSON views (``/scorecard/``) for its
+    metrics server (:func:`phasewise.observe.serve`).
     """
     if metrics is None:
         from prometheus_client import CollectorRegistry
@@ -333,7 +336,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     only_hosts = settings.worker.host_set()
     expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
-    scorecard = live_scorecard(app, settings, metrics, cache, phase)
+    scorecard = live_scorecard(app, settings, metrics, cache, phase, views)
     if phase is not None:  # the phase decisions of containers decided with the VPA feed the scorecard alone
         phase.hooks.keep_shadow = scorecard is not None
 
@@ -497,9 +500,10 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
 
 def live_scorecard(app: faust.App, settings: Settings, metrics: WorkerMetrics, cache: StateCache,
-                   phase: Any) -> LiveScorecard | None:
+                   phase: Any, views: dict[str, Any] | None = None) -> LiveScorecard | None:
     """The worker's live scorecard (``scorecard_samples`` 0: none): its collector on the metrics
-    registry and its view at ``/scorecard/`` on the worker's web port."""
+    registry and its view at ``/scorecard/``, in *views* (the metrics server's: ``metrics_port``)
+    and on Faust's web server where one runs (``web_port``, off by default)."""
     if settings.worker.scorecard_samples <= 0:
         return None
     from phasewise.models.scorecard import ScorecardConfig
@@ -515,4 +519,34 @@ def live_scorecard(app: faust.App, settings: Settings, metrics: WorkerMetrics, c
         status, body = sc.view(request.query.get("container"))
         return web.json(body, status=status)
 
+    if views is not None:
+        views["/scorecard/"] = on_event_loop(app, lambda q: sc.view(q.get("container")))
     return sc
+
+
+def on_event_loop(app: faust.App, view: Callable[[dict[str, str]], tuple[int, Any]],
+                  timeout_s: float = 10.0) -> Callable[[dict[str, str]], tuple[int, Any]]:
+    """*view* for another thread's server: run on the app's event loop, between two of the agent's steps
+    (it reads state the samples agent changes); 503 until the app runs, or when the loop is busy longer
+    than *timeout_s*."""
+    import asyncio
+    import concurrent.futures
+
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    @app.task
+    async def _note_loop() -> None:
+        loops.append(asyncio.get_running_loop())
+
+    async def call(q: dict[str, str]) -> tuple[int, Any]:
+        return view(q)
+
+    def run(q: dict[str, str]) -> tuple[int, Any]:
+        if not loops or loops[-1].is_closed():
+            return 503, {"error": "the worker is starting"}
+        try:
+            return asyncio.run_coroutine_threadsafe(call(q), loops[-1]).result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            return 503, {"error": f"the worker's event loop did not answer within {timeout_s:g} s"}
+
+    return run

@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from phasewise.cli import add_common, add_setting, settings_from_args, stop_on_signals
 from phasewise.settings import Settings
@@ -240,14 +241,15 @@ def run(args: argparse.Namespace) -> int:
     if "phase" in settings.worker.served_policies():
         single_threaded_torch()
     metrics = WorkerMetrics()
-    app = create_app(settings, samples_partitions=partitions, metrics=metrics)
+    views: dict[str, Any] = {}
+    app = create_app(settings, samples_partitions=partitions, metrics=metrics, views=views)
     health = watch(app, metrics)
     if settings.metrics_port:
         from phasewise.observe import serve
 
-        serve(metrics.registry, settings.metrics_port, health, settings.bind_address)
-        log.info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", settings.bind_address,
-                 settings.metrics_port)
+        serve(metrics.registry, settings.metrics_port, health, settings.bind_address, views=views)
+        log.info("metrics and health on %s:%d (%s)", settings.bind_address, settings.metrics_port,
+                 ", ".join(["/metrics", "/healthz", "/readyz", *views]))
     freeze_heap_when_ready(app)
     worker = make_worker(app, settings.kafka.bootstrap,
                          loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
