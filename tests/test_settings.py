@@ -89,6 +89,7 @@ WHERE = {
     "intake_max_containers_per_message": "intake.max_containers_per_message",
     "intake_max_containers_per_host": "intake.max_containers_per_host",
     "intake_max_containers_per_worker": "intake.max_containers_per_worker",
+    "intake_host_active_s": "intake.host_active_s",
     "signing_key_file": "signing.key_file", "signing_previous_key_file": "signing.previous_key_file",
     "signing_previous_key_until": "signing.previous_key_until",
     "bind_address": "bind_address",
