@@ -980,6 +980,9 @@ class PlacementSettings(_Group):
     prediction_wait_s: float = setting(10.0, check=at_least(0), flag="--prediction-wait",
                                        help="seconds a submitted job waits for its utilisation prediction "
                                             "before it is placed on its requests alone")
+    max_waiting_jobs: int = setting(10_000, check=at_least(0),
+                                    help="jobs waiting for room at most; beyond, the job of lowest rank (priority, "
+                                         "then submission) is refused with a dead letter; 0 = no limit")
     after_admission: bool = setting(False, help="hold each submitted job until the priority agent's admitted "
                                                 "hint (priority_launcher=place), then place it on that host "
                                                 "only; free it on its stopped hint")
