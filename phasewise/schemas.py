@@ -311,6 +311,10 @@ class JobEvent:
     metric_name: str | None = _f(default=None)
     epoch: float | None = _f(default=None, minimum=0)
     resume: bool = _f(default=False, doc="kind admitted: the job restarts from its checkpoint (it was stopped)")
+    signature: str | None = _f(default=None, pattern=r"^[a-z0-9]{1,16}:[0-9a-f]{8}:[A-Za-z0-9+/=]{1,200}$",
+                               doc="kind submitted: the submitter's signature, ed25519:<key id>:<base64>, over "
+                                   "job, ts, workload, priority and the spec's digest (phasewise.job_signing); "
+                                   "an unsigned job is placed and predicted but never started by an actuator")
     v: int = _f(default=1)
 
 

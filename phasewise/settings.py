@@ -62,6 +62,7 @@ __all__ = [
     "TargetsSettings",
     "CgroupSettings",
     "IntakeSettings",
+    "JobSettings",
     "KAFKA_SASL_MECHANISMS",
     "KAFKA_SECURITY_PROTOCOLS",
     "KafkaSettings",
@@ -914,6 +915,43 @@ class SigningSettings(_Group):
                                         help="Unix time until which the previous key is accepted")
 
 
+def absolute_paths(v: str) -> None:
+    """A comma list of absolute paths (or empty)."""
+    for x in (p.strip() for p in v.split(",")):
+        if x and not x.startswith("/"):
+            raise ValueError(f"{x!r} is not an absolute path (an executable is named by its absolute path)")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings(_Group):
+    """Who may have a job's command started (``docs/security.md``, "Who may start a job").
+
+    ``phasewise submit`` signs a job with the submitter's Ed25519 key; an
+    actuator starts a job's command only when a key of ``job_trusted_submitters``
+    signed it, the spec is younger than ``job_spec_max_age_s`` and, with an
+    allowlist, its executable is on it (:mod:`phasewise.job_signing`).
+    """
+
+    PREFIX: ClassVar[str] = "job_"
+
+    submitter_key_file: str = setting("", flag="--key",
+                                      help="the submitter's Ed25519 private key phasewise submit signs jobs with "
+                                           "(make one with phasewise keys submitter PATH); empty = publish unsigned "
+                                           "(no actuator starts an unsigned job)")
+    trusted_submitters: str = setting("", help="public keys whose signed jobs an actuator starts: files and/or "
+                                               "directories of *.pub, comma-separated; empty = start no job")
+    spec_max_age_s: float = setting(7 * 86400.0, check=at_least(0),
+                                    help="an actuator refuses to start a job submitted longer ago than this "
+                                         "(0 = no limit)")
+    allowed_commands: str = setting("", check=absolute_paths,
+                                    help="executables (absolute paths, comma-separated) a started job's command "
+                                         "may name first; empty = any command a trusted submitter signed")
+
+    def allowed(self) -> tuple[str, ...]:
+        """``allowed_commands`` as a tuple (empty: no allowlist)."""
+        return tuple(x.strip() for x in self.allowed_commands.split(",") if x.strip())
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadSettings(_Group):
     """Per-workload policy on this host (the host agent and the actuator): default mode, pods, policy file."""
@@ -1088,6 +1126,7 @@ class Settings(_Group):
     targets: TargetsSettings = group(TargetsSettings)
     intake: IntakeSettings = group(IntakeSettings)
     signing: SigningSettings = group(SigningSettings)
+    jobs: JobSettings = group(JobSettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():
