@@ -20,7 +20,9 @@ For every message on the decisions topic the actuator:
    CPU floor and host cap; the workload's own min/max; memory never under
    usage, or the recent peak working set, + margin; a container terminated
    once, within a bounded grace period; a CPU weight within its bounds; a
-   job started once, or resumed in its emptied container);
+   job started once, or resumed in its emptied container, and only a job a
+   trusted submitter signed, whose signed spec's command is what runs:
+   :mod:`phasewise.actuators.job_trust`);
 6. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
    temporary errors a few times with doubling backoff;
 7. records the outcome in the ledger and publishes an
@@ -73,13 +75,14 @@ from phasewise.actuators.safety import (
     not_applied_reason,
     plan,
 )
+from phasewise.job_signing import JobSigningError, SubmitterKeys
 from phasewise.models.workload import resolve
 from phasewise.schemas import Actuation, Decision, SchemaError, WorkloadPolicy, brief, decode, encode
 from phasewise.settings import Settings
 from phasewise.signing import Keyring, SigningError, keyring_of
 from phasewise.topics import ACTUATIONS, DECISIONS
 
-__all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve"]
+__all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve", "submitters_of"]
 
 log = logging.getLogger("phasewise.actuator")
 
@@ -114,6 +117,7 @@ class Actuator:
         sleep: Callable[[float], Any] = time.sleep,
         workloads: Any = None,
         keyring: Keyring | None = None,
+        submitters: SubmitterKeys | None = None,
     ) -> None:
         self.settings = settings
         #: this host's :class:`~phasewise.workloads.Workloads`; None: every container takes the
@@ -133,6 +137,8 @@ class Actuator:
         self.peaks = PeakTracker(settings.safety.peak_window_s)
         #: verifies the decisions' signatures (``signing_key_file``; ``None``: not checked)
         self.keyring = keyring
+        #: the submitters whose signed jobs this actuator starts (``job_trusted_submitters``; ``None``: none)
+        self.submitters = submitters
         #: the decision behind each resize the backend watches (update-mode in-place-or-recreate), whose
         #: later outcome (:meth:`follow_up`) is published as a further actuation of that decision
         self._resizes: dict[str, Decision] = {}
@@ -249,7 +255,7 @@ class Actuator:
             terminated = f"by decision {t[0]} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t[1]))}"
         p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
                  peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus, now=self.clock(),
-                 terminated=terminated)
+                 terminated=terminated, submitters=self._trusted() if d.action == "place" else None)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         out = self._apply_with_retries(p)
@@ -267,6 +273,15 @@ class Actuator:
             self.ledger.forget_termination(d.container)
         msg = "; ".join(m for m in (p.message, out.message) if m)
         return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes)
+
+    def _trusted(self) -> SubmitterKeys | None:
+        """The trusted submitter keys, read again when their files changed (rotation, revocation)."""
+        if self.submitters is not None and self.submitters.refresh():
+            if self.submitters.error is not None:
+                log.error("trusted submitters: %s; no job is started until they can be read", self.submitters.error)
+            else:
+                log.info("trusted submitters read again: %s", self.submitters.describe())
+        return self.submitters
 
     def _apply_with_retries(self, p: Planned) -> Outcome:
         s = self.settings
@@ -505,7 +520,8 @@ FINAL_FLUSH_S = 3.0
 def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                  metrics: ActuatorMetrics | None = None, ledger: Ledger | None = None,
                  host_cores: float | None = None, workloads: Any = None,
-                 keyring: Keyring | None = None, health: Any = None) -> None:
+                 keyring: Keyring | None = None, health: Any = None,
+                 submitters: SubmitterKeys | None = None) -> None:
     """Build the Kafka clients and ledger, then :func:`serve` until *stop* is set.
 
     With ``create_topics``, first waits for the broker (saying so every few
@@ -526,8 +542,10 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
     producer = make_producer(settings, on_delivery=_delivery_report)
     if keyring is None:
         keyring = keyring_of(settings)
+    if submitters is None:
+        submitters = submitters_of(settings)
     actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores,
-                        workloads=workloads, keyring=keyring)
+                        workloads=workloads, keyring=keyring, submitters=submitters)
     consumer = make_consumer(settings, group_id(settings.host), **lag_statistics(actuator.metrics))
     only = settings.host.encode() if settings.actuator.read_partitions == "host" else None
     try:
@@ -541,6 +559,18 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                       FINAL_FLUSH_S)
         if own_ledger:
             ledger.close()
+
+
+def submitters_of(settings: Settings) -> SubmitterKeys | None:
+    """The keys ``job_trusted_submitters`` names (``None``: it is empty); :class:`JobSigningError` (one line)."""
+    text = settings.jobs.trusted_submitters
+    if not text.strip():
+        return None
+    keys = SubmitterKeys.load(text)
+    if not keys:
+        raise JobSigningError(f"job_trusted_submitters: no public key in {text} (a directory's keys are its "
+                              f"*.pub files)")
+    return keys
 
 
 def lag_statistics(metrics: ActuatorMetrics, every_ms: int = 5000) -> dict[str, Any]:
@@ -574,7 +604,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent",
                  "cpu_floor_cores", "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "data_dir",
                  "workload_default_mode", "workload_policy_file", "workload_pods", "terminate_grace_s",
-                 "terminate_grace_max_s", "cpu_weight_min", "cpu_weight_max"):
+                 "terminate_grace_max_s", "cpu_weight_min", "cpu_weight_max", "job_trusted_submitters",
+                 "job_spec_max_age_s", "job_allowed_commands"):
         add_setting(p, name, help={"data_dir": "where the ledger of applied decisions lives"}.get(name))
 
 
@@ -587,7 +618,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     try:
         keyring = keyring_of(settings)
-    except SigningError as e:
+        submitters = submitters_of(settings)
+    except (SigningError, JobSigningError) as e:
         print(f"phasewise actuate: error: {e}", file=sys.stderr)
         return 2
     try:
@@ -608,6 +640,8 @@ def run(args: argparse.Namespace) -> int:
     print(settings.describe(), flush=True)
     print(f"actuator: backend={backend.name} group={group_id(settings.host)} "
           f"ledger={ledger_path(settings.data_dir, settings.host)} host_cores={os.cpu_count()}", flush=True)
+    print("actuator: starts the jobs signed by the trusted submitter keys " + submitters.describe()
+          if submitters is not None else "actuator: starts no job (job_trusted_submitters is empty)", flush=True)
 
     metrics = ActuatorMetrics()
     from phasewise.kafka import kafka_log
@@ -636,7 +670,8 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     try:
         with stop_on_signals(stop) as received:
-            run_actuator(settings, backend, stop, metrics=metrics, workloads=workloads, keyring=keyring, health=health)
+            run_actuator(settings, backend, stop, metrics=metrics, workloads=workloads, keyring=keyring, health=health,
+                         submitters=submitters)
     except Exception:
         log.critical("actuator failed; exiting with status 1 (unhandled messages are redelivered)", exc_info=True)
         return 1

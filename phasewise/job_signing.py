@@ -50,11 +50,11 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from phasewise.schemas import JobEvent, JobSpec, SchemaError, from_dict, to_dict
+from phasewise.schemas import JobEvent, JobRequests, JobSpec, SchemaError, from_dict, to_dict
 
-__all__ = ["PREFIX", "JobSigningError", "SubmitterKeys", "generate_key", "key_id", "load_private_key",
-           "load_public_key", "sign_event", "sign_job", "signed_message", "spec_digest", "spec_of",
-           "write_key_pair"]
+__all__ = ["PREFIX", "START_FIELDS", "JobSigningError", "SubmitterKeys", "generate_key", "key_id",
+           "load_private_key", "load_public_key", "sign_event", "sign_job", "signed_message", "spec_digest",
+           "spec_of", "start_details", "write_key_pair"]
 
 #: the scheme a job signature starts with
 PREFIX = "ed25519"
@@ -171,11 +171,15 @@ def load_public_key(path: str, setting: str = "job_trusted_submitters") -> Ed255
 def spec_digest(spec: JobSpec) -> str:
     """sha256 hex of the canonical JSON of *spec* as the schema normalises it (:func:`~phasewise.schemas.to_dict`).
 
-    >>> spec_digest(JobSpec(model="m", dataset="d", batch_size=1)) == spec_digest(
-    ...     from_dict(JobSpec, {"model": "m", "dataset": "d", "batch_size": 1.0, "unknown": 1}))
+    >>> a = JobSpec(model="m", dataset="d", batch_size=1, requests=JobRequests(cpu_cores=2))
+    >>> b = from_dict(JobSpec, {"model": "m", "dataset": "d", "batch_size": 1.0, "requests": {"cpu_cores": 2.0},
+    ...                         "unknown": 1})
+    >>> spec_digest(a) == spec_digest(b)
     True
     """
-    text = json.dumps(to_dict(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    # through the schema once more: a spec built in Python may hold an int where the schema reads a float
+    normal = to_dict(from_dict(JobSpec, to_dict(spec)))
+    text = json.dumps(normal, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -361,6 +365,23 @@ class SubmitterKeys:
         if event.spec is None:
             return "the job event carries no spec"
         return self.verify(event.job, event.ts, event.workload, event.priority, event.spec, event.signature)
+
+
+#: what a decision that starts a job carries of its submitted event (``details``), for the actuator to verify
+START_FIELDS = ("job", "job_ts", "workload", "priority", "spec", "spec_digest", "job_signature")
+
+
+def start_details(event: JobEvent) -> dict:
+    """The :data:`START_FIELDS` of a ``submitted`` *event*, JSON-ready, for a decision's ``details``.
+
+    Copied from the event as submitted (its priority, not a later one; its
+    signature, or ``None``): the actuator verifies them and runs the spec's
+    command, nothing an agent wrote.
+    """
+    if event.spec is None:
+        raise ValueError(f"job {event.job!r}: a submitted event without a spec starts nothing")
+    return {"job": event.job, "job_ts": event.ts, "workload": event.workload, "priority": event.priority,
+            "spec": to_dict(event.spec), "spec_digest": spec_digest(event.spec), "job_signature": event.signature}
 
 
 def spec_of(data: object) -> JobSpec:

@@ -212,11 +212,15 @@ def run(args: argparse.Namespace) -> int:
     from phasewise.streams.metrics import WorkerMetrics
 
     try:
-        keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
+        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
     except SigningError as e:
         print(f"phasewise worker: error: {e}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)
+    if keyring is None:
+        hints = settings.priority.agent and settings.priority.launcher == "place"
+        warn_unsigned("worker", "decisions and hints" if hints else "decisions",
+                      "actuators and placement workers" if hints else "actuators")
     stop = threading.Event()
     # until Faust runs (it installs its own handlers), a signal ends the wait for the broker
     with stop_on_signals(stop) as received:
@@ -264,6 +268,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def warn_unsigned(role: str, what: str, readers: str = "actuators") -> None:
+    """The one start-up warning of a role that publishes *what* without a cluster key (*readers* refuse them)."""
+    log.warning("phasewise %s: %s are published unsigned: %s with signing_key_file set refuse them "
+                "(set signing_key_file; docs/security.md)", role, what, readers)
+
+
 def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: object,
                    register: Callable[[object, Settings], None]) -> int:
     """A cluster-wide job worker (``phasewise horus``, ``phasewise place``): print the settings,
@@ -273,9 +283,20 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
     ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
     unavailable, an agent died or an output could not be delivered."""
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
+    from phasewise.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
 
+    try:
+        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
+    except SigningError as e:
+        print(f"phasewise {role}: error: {e}", file=sys.stderr)
+        return 2
     print(settings.describe(), flush=True)
+    if keyring is None:
+        if role == "horus":
+            warn_unsigned(role, "predictions", "placement workers")
+        else:
+            warn_unsigned(role, "decisions")
     stop = threading.Event()
     with stop_on_signals(stop) as received:
         try:
