@@ -50,7 +50,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from phasewise.schemas import JobEvent, JobRequests, JobSpec, SchemaError, from_dict, to_dict
+from phasewise.schemas import JobEvent, JobSpec, SchemaError, from_dict, to_dict
 
 __all__ = ["PREFIX", "START_FIELDS", "JobSigningError", "SubmitterKeys", "generate_key", "key_id",
            "load_private_key", "load_public_key", "sign_event", "sign_job", "signed_message", "spec_digest",
@@ -113,17 +113,25 @@ def write_key_pair(path: str) -> str:
 
 
 def _read_small(path: str, what: str) -> tuple[bytes, os.stat_result]:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:  # (non-blocking: a FIFO in a key's place does not hang the role)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise JobSigningError(f"{what}: cannot read {path}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise JobSigningError(f"{what}: {path} is not a regular file")
         if st.st_size > _MAX_KEY_FILE:
             raise JobSigningError(f"{what}: {path} is {st.st_size} bytes; a key file is short")
-        return fh.read(_MAX_KEY_FILE + 1), st
+        chunks, left = [], _MAX_KEY_FILE + 1
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), st
+    except OSError as e:
+        raise JobSigningError(f"{what}: cannot read {path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
 
 
 def load_private_key(path: str, setting: str = "job_submitter_key_file") -> Ed25519PrivateKey:
@@ -171,6 +179,7 @@ def load_public_key(path: str, setting: str = "job_trusted_submitters") -> Ed255
 def spec_digest(spec: JobSpec) -> str:
     """sha256 hex of the canonical JSON of *spec* as the schema normalises it (:func:`~phasewise.schemas.to_dict`).
 
+    >>> from phasewise.schemas import JobRequests
     >>> a = JobSpec(model="m", dataset="d", batch_size=1, requests=JobRequests(cpu_cores=2))
     >>> b = from_dict(JobSpec, {"model": "m", "dataset": "d", "batch_size": 1.0, "requests": {"cpu_cores": 2.0},
     ...                         "unknown": 1})

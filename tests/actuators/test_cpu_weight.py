@@ -35,6 +35,8 @@ from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings
 from tests.actuators.conftest import Recorder, remove_started_jobs
 from tests.conftest import requires_root
+from tests.job_keys import TRUSTED
+from tests.job_keys import start as signed_start
 
 S = Settings().replace(host="h1", cpu_weight_min=10, cpu_weight_max=5000)
 
@@ -123,7 +125,7 @@ def test_two_spinning_jobs_on_one_cpu_get_cpu_in_the_ratio_of_their_weights(tmp_
     backend = CgroupBackend(layout, job_log_dir=tmp_path / "logs")
     rec = Recorder()
     act = Actuator(Settings().replace(host="h1", data_dir=str(tmp_path)), backend, Ledger(tmp_path / "l.sqlite"),
-                   rec, metrics=ActuatorMetrics(CollectorRegistry()))
+                   rec, metrics=ActuatorMetrics(CollectorRegistry()), submitters=TRUSTED)
     cpu = str(sorted(os.sched_getaffinity(0))[-1])
     tag = uuid.uuid4().hex[:6]
     jobs = {f"low-{tag}": 0, f"high-{tag}": 2}  # priorities: weights 100 and 400
@@ -131,7 +133,8 @@ def test_two_spinning_jobs_on_one_cpu_get_cpu_in_the_ratio_of_their_weights(tmp_
         for i, (job, prio) in enumerate(jobs.items()):
             start = Decision(id=f"start-{job}", ts=time.time(), host="h1", container=job, action="place",
                              policy="priority", reason="test",
-                             details={"cpuset": cpu, "command": [sys.executable, "-c", SPIN], "device": []})
+                             details={"cpuset": cpu, "device": [],
+                                      **signed_start(job, (sys.executable, "-c", SPIN), ts=time.time() - 1)})
             assert act.handle(encode(start), b"h1", 0, 2 * i).status == "applied"
             w = cpu_weight(prio, "training")
             d = to_decision(Action("weight", job, "h1", "test", {"cpu_weight": w}), time.time())

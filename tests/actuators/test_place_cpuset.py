@@ -24,6 +24,7 @@ from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings
 from tests.actuators.conftest import remove_started_jobs
 from tests.conftest import requires_root
+from tests.job_keys import TRUSTED, start
 
 REPORT = "import json, os, sys; json.dump({{'cpus': sorted(os.sched_getaffinity(0)), 'cg': open('/proc/self/cgroup')" \
          ".read(), 'gpus': os.environ.get('CUDA_VISIBLE_DEVICES')}}, open({path!r}, 'w'))"
@@ -42,27 +43,31 @@ class _Sink:
 
 
 def _decision(job: str, cpuset: str, argv: list[str], device=(0,), host="h1") -> Decision:
+    """A place decision of *job* as the placement agent makes it: the submitted job as signed, with *argv*."""
     return Decision(id=f"place-{job}", ts=time.time(), host=host, container=job, action="place", policy="horus",
-                    reason="test", details={"cpuset": cpuset, "command": argv, "device": list(device),
-                                            "node": "s1"})
+                    reason="test", details={"cpuset": cpuset, "device": list(device), "node": "s1",
+                                            **start(job, argv, ts=time.time() - 1)})
 
 
 def test_plan_place_rules():
     s = Settings().replace(host="h1")
-    ok = plan(_decision("j", "0", ["true"]), exists=False, usage_mem_bytes=None, host_cores=2, settings=s,
-              host_cpus=frozenset({0, 1}))
+
+    def plan_it(d, exists=False):
+        return plan(d, exists=exists, usage_mem_bytes=None, host_cores=2, settings=s, host_cpus=frozenset({0, 1}),
+                    now=time.time(), submitters=TRUSTED)
+
+    ok = plan_it(_decision("j", "0", ["true"]))
     assert ok.command == StartJob("j", "0", ("true",), (0,))
     bad = [(_decision("j", "0-7", ["true"]), "not within this host's CPUs"),
            (_decision("j", "x", ["true"]), "not a cpuset list"),
            (_decision("j", "0", []), "names no command"),
-           (_decision("j", "0", [""]), "non-empty list of strings"),
+           (_decision("j", "0", [""]), "holds an empty argument"),
            (_decision("j", "0", ["true"], device=(-1,)), "GPU indices"),
            (_decision("../j", "0", ["true"]), "not a managed container name")]
     for d, why in bad:
-        r = plan(d, exists=False, usage_mem_bytes=None, host_cores=2, settings=s, host_cpus=frozenset({0, 1}))
+        r = plan_it(d)
         assert isinstance(r, Rejected) and why in r.reason, (d.details, r)
-    r = plan(_decision("j", "0", ["true"]), exists=True, usage_mem_bytes=None, host_cores=2, settings=s,
-             host_cpus=frozenset({0, 1}))
+    r = plan_it(_decision("j", "0", ["true"]), exists=True)
     assert isinstance(r, Rejected) and "already exists" in r.reason
 
 
@@ -79,7 +84,7 @@ def test_placed_job_runs_in_its_cpuset(tmp_path):
     backend = CgroupBackend(layout, job_log_dir=tmp_path / "logs")
     s = Settings().replace(host="h1", data_dir=str(tmp_path))
     act = Actuator(s, backend, Ledger(tmp_path / "ledger.sqlite"), _Sink(),
-                   metrics=ActuatorMetrics(CollectorRegistry()))
+                   metrics=ActuatorMetrics(CollectorRegistry()), submitters=TRUSTED)
     job, cpu = f"job-{uuid.uuid4().hex[:6]}", CPUS[-1]
     report = tmp_path / "report.json"
     argv = [sys.executable, "-c", REPORT.format(path=str(report))]

@@ -26,6 +26,7 @@ from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.cgroupfs import CgroupLayout
+from phasewise.job_signing import sign_event
 from phasewise.models.priorities import Capacity, PriorityConfig
 from phasewise.producers.progress import ChildControl
 from phasewise.schemas import JobEvent, JobRequests, JobSpec, encode
@@ -33,6 +34,7 @@ from phasewise.settings import Settings
 from phasewise.streams.priority_agents import PriorityStep
 from tests.actuators.conftest import Recorder, remove_started_jobs
 from tests.conftest import requires_root
+from tests.job_keys import KEY, TRUSTED
 
 #: a job that resumes from its checkpoint file, steps every 20 ms, and on SIGTERM checkpoints and exits
 JOB = r"""
@@ -54,9 +56,11 @@ print("exit", step, flush=True)
 
 
 def submitted(job: str, *, priority: int, command: tuple[str, ...] = ()) -> bytes:
+    """The job as ``phasewise submit --key`` publishes it: signed by the tests' trusted submitter."""
     spec = JobSpec(model="mlp", dataset="synthetic", batch_size=64, command=command,
                    requests=JobRequests(cpu_cores=1.0, mem_bytes=2**28))
-    return encode(JobEvent(job=job, ts=time.time(), kind="submitted", host="h1", priority=priority, spec=spec))
+    return encode(sign_event(KEY, JobEvent(job=job, ts=time.time(), kind="submitted", host="h1", priority=priority,
+                                           spec=spec)))
 
 
 def lines(log: Path) -> list[list[str]]:
@@ -79,7 +83,7 @@ def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path)
     backend = CgroupBackend(layout, job_log_dir=tmp_path / "logs")
     rec = Recorder()
     act = Actuator(Settings().replace(host="h1", data_dir=str(tmp_path)), backend, Ledger(tmp_path / "l.sqlite"),
-                   rec, metrics=ActuatorMetrics(CollectorRegistry()))
+                   rec, metrics=ActuatorMetrics(CollectorRegistry()), submitters=TRUSTED)
     agent = PriorityStep(PriorityConfig(grace_s=10, cpu_weight_ratio=2.0), Capacity(1.0, 2**32), "h1")
     tag = uuid.uuid4().hex[:6]
     low, hi = f"low-{tag}", f"hi-{tag}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from phasewise.job_signing import START_FIELDS, sign_event, spec_of
 from phasewise.schemas import (
     GpuSample,
     HostSamples,
@@ -13,7 +14,6 @@ from phasewise.schemas import (
     JobSpec,
     UtilisationPrediction,
 )
-from phasewise.job_signing import START_FIELDS, sign_event, spec_of
 from phasewise.settings import Settings
 from phasewise.streams.placement_agents import PlacementState
 from tests.job_keys import KEY, TRUSTED
