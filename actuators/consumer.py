@@ -75,7 +75,7 @@ from phasewise.actuators.safety import (
     not_applied_reason,
     plan,
 )
-from phasewise.job_signing import JobSigningError, SubmitterKeys
+from phasewise.job_signing import JobSigningError, SubmitterKeys, trusted_submitters
 from phasewise.models.workload import resolve
 from phasewise.schemas import Actuation, Decision, SchemaError, WorkloadPolicy, brief, decode, encode
 from phasewise.settings import Settings
@@ -563,14 +563,7 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
 
 def submitters_of(settings: Settings) -> SubmitterKeys | None:
     """The keys ``job_trusted_submitters`` names (``None``: it is empty); :class:`JobSigningError` (one line)."""
-    text = settings.jobs.trusted_submitters
-    if not text.strip():
-        return None
-    keys = SubmitterKeys.load(text)
-    if not keys:
-        raise JobSigningError(f"job_trusted_submitters: no public key in {text} (a directory's keys are its "
-                              f"*.pub files)")
-    return keys
+    return trusted_submitters(settings.jobs.trusted_submitters)
 
 
 def lag_statistics(metrics: ActuatorMetrics, every_ms: int = 5000) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from phasewise.schemas import JobEvent, JobSpec, SchemaError, from_dict, to_dict
 
 __all__ = ["PREFIX", "START_FIELDS", "JobSigningError", "SubmitterKeys", "generate_key", "key_id",
            "load_private_key", "load_public_key", "sign_event", "sign_job", "signed_message", "spec_digest",
-           "spec_of", "start_details", "write_key_pair"]
+           "spec_of", "start_details", "trusted_submitters", "write_key_pair"]
 
 #: the scheme a job signature starts with
 PREFIX = "ed25519"
@@ -391,6 +391,17 @@ def start_details(event: JobEvent) -> dict:
         raise ValueError(f"job {event.job!r}: a submitted event without a spec starts nothing")
     return {"job": event.job, "job_ts": event.ts, "workload": event.workload, "priority": event.priority,
             "spec": to_dict(event.spec), "spec_digest": spec_digest(event.spec), "job_signature": event.signature}
+
+
+def trusted_submitters(text: str, setting: str = "job_trusted_submitters") -> SubmitterKeys | None:
+    """The keys *text* (``job_trusted_submitters``) names, ``None`` when it is empty; :class:`JobSigningError`
+    (one line) when they cannot be read or there is none."""
+    if not text.strip():
+        return None
+    keys = SubmitterKeys.load(text, setting)
+    if not keys:
+        raise JobSigningError(f"{setting}: no public key in {text} (a directory's keys are its *.pub files)")
+    return keys
 
 
 def spec_of(data: object) -> JobSpec:

@@ -929,7 +929,9 @@ class JobSettings(_Group):
     ``phasewise submit`` signs a job with the submitter's Ed25519 key; an
     actuator starts a job's command only when a key of ``job_trusted_submitters``
     signed it, the spec is younger than ``job_spec_max_age_s`` and, with an
-    allowlist, its executable is on it (:mod:`phasewise.job_signing`).
+    allowlist, its executable is on it (:mod:`phasewise.job_signing`). The
+    agents (``worker --priorities``, ``place``) given the same keys take no
+    other job.
     """
 
     PREFIX: ClassVar[str] = "job_"
@@ -938,8 +940,10 @@ class JobSettings(_Group):
                                       help="the submitter's Ed25519 private key phasewise submit signs jobs with "
                                            "(make one with phasewise keys submitter PATH); empty = publish unsigned "
                                            "(no actuator starts an unsigned job)")
-    trusted_submitters: str = setting("", help="public keys whose signed jobs an actuator starts: files and/or "
-                                               "directories of *.pub, comma-separated; empty = start no job")
+    trusted_submitters: str = setting("", help="public keys whose signed jobs an actuator starts (and, set for "
+                                               "worker --priorities and place, the only jobs they take): files "
+                                               "and/or directories of *.pub, comma-separated; empty = an actuator "
+                                               "starts no job, the agents take every job")
     spec_max_age_s: float = setting(7 * 86400.0, check=at_least(0),
                                     help="an actuator refuses to start a job submitted longer ago than this "
                                          "(0 = no limit)")

@@ -31,7 +31,8 @@ cluster key, and predictions and the priority agent's hints are taken only
 when signed with it (horus and the priority agent sign theirs); others are
 dead-lettered (kind ``signature``). A ``submitted`` event's ``container`` is
 never used (a job's container is its id, or the one its ``admitted`` hint
-names).
+names). With ``job_trusted_submitters`` set, a submission no trusted
+submitter signed is dead-lettered too: it books nothing.
 
 **After admission** (``place_after_admission``, with the priority agent's
 ``priority_launcher = place``): the priority agent decides when a job runs,
@@ -64,7 +65,7 @@ from typing import Any
 
 import faust
 
-from phasewise.job_signing import start_details
+from phasewise.job_signing import start_details, trusted_submitters
 from phasewise.models.placement import Cluster, Gpu, Job, Node, Placement, PlacementConfig, make_policy
 from phasewise.models.priorities import to_decision, weight_action
 from phasewise.schemas import (
@@ -84,7 +85,7 @@ from phasewise.streams.output import CommitBarrier, OutputSender, attach, output
 from phasewise.streams.topics import raw_topic
 from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
 
-__all__ = ["PlacementMetrics", "PlacementState", "parse_local_nodes", "register_placement"]
+__all__ = ["NotTrusted", "PlacementMetrics", "PlacementState", "parse_local_nodes", "register_placement"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,10 @@ def cpu_count(cpuset: str) -> int:
         a, _, b = r.partition("-")
         n += (int(b) - int(a) + 1) if b else 1
     return n
+
+
+class NotTrusted(ValueError):
+    """A submission no trusted submitter signed (where the agent has ``job_trusted_submitters``)."""
 
 
 class PlacementMetrics:
@@ -173,6 +178,8 @@ class PlacementState:
         self.weight_ratio = pr.cpu_weight_ratio if p.after_admission and pr.cpu_weights else None
         #: the job-event kinds acted on (the others are skipped)
         self.acts_on = frozenset({"submitted", "finished"} | ({"admitted", "stopped"} if p.after_admission else set()))
+        #: the submitters whose jobs it places (``job_trusted_submitters``; ``None``: every job)
+        self.submitters = trusted_submitters(settings.jobs.trusted_submitters)
         self.reset()
 
     def reset(self) -> None:
@@ -261,6 +268,10 @@ class PlacementState:
     def submitted(self, ev: JobEvent, now: float) -> None:
         if ev.spec is None:
             raise ValueError("a submitted event needs a spec")
+        if self.submitters is not None:
+            self.submitters.refresh()
+            if (why := self.submitters.verify_event(ev)) is not None:
+                raise NotTrusted(f"JobEvent: submitted job {ev.job!r} refused: {why}")
         if ev.job in self.placed:
             return  # already placed (a redelivered event)
         self.events[ev.job] = ev
@@ -525,6 +536,9 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
                     state.admitted(ev)
                 else:  # stopped
                     state.stopped(ev.job, ev.ts)
+            except NotTrusted as e:
+                await dead_letter(event, str(e), "signature")
+                continue
             except (SchemaError, ValueError) as e:
                 await dead_letter(event, str(e), "schema")
                 continue

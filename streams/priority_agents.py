@@ -14,7 +14,9 @@ For every record on the job-events topic (key: job):
   decisions; its ``container`` is ignored (a job's container is named after
   it until a ``started`` event says otherwise); a submission the policy
   refuses (no spec, a job id submitted twice) is a dead letter with the
-  reason, and the policy is unchanged;
+  reason, and the policy is unchanged; so is, where the worker has
+  ``job_trusted_submitters``, a submission no trusted submitter signed (a
+  stranger's job books no capacity and preempts nobody);
 - ``started``: the job runs in ``container`` (later decisions name it); a
   running job gets its CPU weight there. With a cluster key
   (``signing_key_file``) only a ``started`` event signed with it (the
@@ -83,15 +85,15 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from phasewise.job_signing import start_details
+from phasewise.job_signing import SubmitterKeys, start_details, trusted_submitters
 from phasewise.models.intake import EventClock
 from phasewise.models.priorities import Action, Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
 from phasewise.schemas import Decision, JobControl, JobEvent, SchemaError, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import CONTROL, DECISIONS, JOB_EVENTS
 
-__all__ = ["ACTS_ON", "LAUNCHERS", "TABLE_NAME", "EventTimeRefused", "PriorityStep", "Refused", "priority_config",
-           "register_priorities"]
+__all__ = ["ACTS_ON", "LAUNCHERS", "TABLE_NAME", "EventTimeRefused", "PriorityStep", "Refused", "SignatureRefused",
+           "priority_config", "register_priorities"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,11 @@ HINT_STEP_S = 0.001
 
 class Refused(ValueError):
     """A valid record the policy cannot take (``str(e)`` is the reason for its dead letter)."""
+
+
+class SignatureRefused(Refused):
+    """A record that must be signed and is not: a ``started`` event without the cluster key's signature, a
+    submission no trusted submitter signed (where the agent has ``job_trusted_submitters``)."""
 
 
 class EventTimeRefused(Refused):
@@ -137,13 +144,17 @@ class PriorityStep:
     def __init__(self, config: PriorityConfig, capacity: Capacity, default_host: str, *,
                  partitions: int = JOB_EVENTS.partitions, clock: EventClock | None = None,
                  now: Callable[[], float] = time.time, launcher: str = "self",
-                 verify: Callable[[str, bytes | None, bytes | None, Any], str | None] | None = None) -> None:
+                 verify: Callable[[str, bytes | None, bytes | None, Any], str | None] | None = None,
+                 submitters: SubmitterKeys | None = None) -> None:
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
         self.launcher = launcher
         #: the cluster key's check of a record (``Keyring.verify``; ``None``: no key): a ``started``
         #: event's container is taken only from a record it passes
         self.verify = verify
+        #: the submitters whose jobs it takes (``job_trusted_submitters``; ``None``: every job): a job no trusted
+        #: submitter signed books nothing and preempts nobody
+        self.submitters = submitters
         #: the hints (job events) the records handled since the last :meth:`take_hints` caused
         self.hints: list[JobEvent] = []
         self.policy = PriorityPolicy(config, {})
@@ -179,8 +190,8 @@ class PriorityStep:
         if ev.kind == "started" and self.verify is not None and ev.job in self.jobs:
             why = self.verify(JOB_EVENTS.name, key, raw, headers)
             if why is not None:  # only the actuator that started the job says where it runs
-                raise Refused(f"JobEvent started {ev.job}: not signed by the cluster key ({why}): its container "
-                              f"is not taken")
+                raise SignatureRefused(f"JobEvent started {ev.job}: not signed by the cluster key ({why}): its "
+                                       f"container is not taken")
         known = self.policy.state(ev.job) is not None
         seen = self.offset_of.get(ev.job)
         if (seen is not None and offset is not None and offset <= seen
@@ -231,6 +242,11 @@ class PriorityStep:
     def _submitted(self, ev: JobEvent) -> list[Action]:
         if ev.spec is None:
             raise Refused(f"JobEvent: submitted job {ev.job!r} carries no spec (requests)")
+        if self.submitters is not None:
+            self.submitters.refresh()
+            why = self.submitters.verify_event(ev)
+            if why is not None:
+                raise SignatureRefused(f"JobEvent: submitted job {ev.job!r} refused: {why}")
         host = ev.host or self.default_host
         if self.policy.state(ev.job) is not None:
             raise Refused(f"JobEvent: job {ev.job!r} was already submitted")
@@ -363,7 +379,7 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
     partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
     step = PriorityStep(config, capacity, settings.host, partitions=partitions,
                         clock=EventClock(intake_config(settings), what="job"), launcher=settings.priority.launcher,
-                        verify=verify)
+                        verify=verify, submitters=trusted_submitters(settings.jobs.trusted_submitters))
     topic = raw_topic(app, JOB_EVENTS, partitions)
     ensure_restored = JobStateTable(
         app, barrier, TABLE_NAME, partitions=partitions, state=step,
@@ -384,6 +400,9 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
                 continue
             except EventTimeRefused as e:
                 await dead_letter(event, str(e), "event_time")
+                continue
+            except SignatureRefused as e:
+                await dead_letter(event, str(e), "signature")
                 continue
             except Refused as e:
                 await dead_letter(event, str(e), "refused")

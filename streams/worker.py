@@ -206,6 +206,7 @@ def _stop_now(grace: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    from phasewise.job_signing import JobSigningError, trusted_submitters
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
     from phasewise.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
@@ -213,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
-    except SigningError as e:
+        trusted_submitters(settings.jobs.trusted_submitters)
+    except (SigningError, JobSigningError) as e:
         print(f"phasewise worker: error: {e}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)
@@ -282,13 +284,15 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
     ``bind_address`` (``/metrics``, ``/healthz``: the event loop runs; ``/readyz``:
     ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
     unavailable, an agent died or an output could not be delivered."""
+    from phasewise.job_signing import JobSigningError, trusted_submitters
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
     from phasewise.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
 
     try:
         keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
-    except SigningError as e:
+        trusted_submitters(settings.jobs.trusted_submitters)
+    except (SigningError, JobSigningError) as e:
         print(f"phasewise {role}: error: {e}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)

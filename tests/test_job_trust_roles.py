@@ -360,6 +360,50 @@ def test_with_signing_on_the_priority_agent_s_own_place_decisions(broker, tmp_pa
         run.close()
 
 
+def test_a_worker_that_trusts_submitters_lets_a_stranger_s_job_book_nothing_and_preempt_nobody(broker, tmp_path):
+    """With job_trusted_submitters on the priority agent, a job-events writer's important job is dead-lettered:
+    the running job it would have preempted is neither frozen nor stopped."""
+    run = Run(broker, tmp_path, f"pre-{uuid.uuid4().hex[:6]}")
+    key_file, _ring = _key(tmp_path)
+    topics = Topics(run.settings, ACTUATIONS, DECISIONS, DEAD_LETTERS)
+    tag = uuid.uuid4().hex[:6]
+    signed = {"PHASEWISE_SIGNING_KEY_FILE": str(key_file)}
+    wport = free_port()
+    try:
+        run.start("worker", ["--priorities", "--web-port", "0", "--worker-id", f"pre-{tag}", "--data-dir",
+                             str(tmp_path / "w"), "--metrics-port", str(wport)],
+                  {**signed, "PHASEWISE_PRIORITY_HOST_CPU_CORES": "1", "PHASEWISE_PRIORITY_HOST_MEM_BYTES": "8G",
+                   "PHASEWISE_JOB_TRUSTED_SUBMITTERS": str(run.trusted)})
+        run.actuator(signed)
+        run.wait(lambda: run.ready(wport, "phasewise_worker_ready"), 120, "worker ready")
+        mine, theirs, unsigned = f"mine-{tag}", f"theirs-{tag}", f"unsigned-{tag}"
+        run.send(JOB_EVENTS, mine, encode(submitted(mine, run.command(mine), host=run.host,
+                                                    requests=JobRequests(cpu_cores=1.0, mem_bytes=0.1 * GB))))
+        run.wait(lambda: started(place_actuations(run, topics).get(mine, Actuation(
+            decision_id="-", ts=0, host="-", container="-", status="failed", backend="-"))), 60, "my job started")
+        # the whole host, at priority 9 (short, so the policy would freeze mine): a stranger's key, and none
+        for job, key in ((theirs, STRANGER), (unsigned, None)):
+            run.send(JOB_EVENTS, job, encode(submitted(job, run.command(job), host=run.host, key=key, priority=9,
+                                                       expected_s=10, requests=JobRequests(cpu_cores=1.0,
+                                                                                           mem_bytes=0.1 * GB))))
+
+        def reasons() -> dict[str, str]:
+            topics.drain()
+            return {dl.key: dl.reason for dl in topics.records(DeadLetter, DEAD_LETTERS)
+                    if dl.source_topic == JOB_EVENTS.name}
+
+        run.wait(lambda: {theirs, unsigned} <= set(reasons()), 60, "the two dead letters")
+        why = reasons()
+        assert "which is not trusted" in why[theirs] and "not signed by a submitter" in why[unsigned], why
+        ds = [d for d in topics.records(Decision, DECISIONS) if d.host == run.host]
+        assert [(d.action, d.container) for d in ds] == [("place", mine), ("weight", mine)], ds
+        if REAL:
+            assert run.ran(mine) and not run.ran(theirs) and not run.ran(unsigned)
+    finally:
+        topics.close()
+        run.close()
+
+
 def _read(settings: Settings, topic) -> list[tuple[bytes | None, bytes, list]]:
     t = Topics(settings, topic)
     try:

@@ -250,3 +250,22 @@ def test_after_admission_a_stale_stopped_hint_frees_nothing_and_each_placement_c
     # weights off, or without admission: no weight decision
     off = _state(place_prediction_wait_s=0.0, place_after_admission=True, priority_cpu_weights=False)
     assert off.weight_ratio is None and _state().weight_ratio is None
+
+
+def test_with_trusted_submitters_a_job_no_trusted_submitter_signed_books_nothing(tmp_path):
+    from phasewise.streams.placement_agents import NotTrusted
+    from tests.job_keys import STRANGER, write_public
+
+    write_public(tmp_path / "alice.pub", KEY)
+    s = _state(place_prediction_wait_s=0.0, job_trusted_submitters=str(tmp_path / "alice.pub"))
+    s.samples(_sample("h1", gpus=1))
+    unsigned = JobEvent(job="u", ts=1.0, kind="submitted", spec=_job("u").spec)
+    stranger = sign_event(STRANGER, JobEvent(job="x", ts=1.0, kind="submitted", spec=_job("x").spec))
+    with pytest.raises(NotTrusted, match="'u' refused: the job is not signed by a submitter"):
+        s.submitted(unsigned, now=0.0)
+    with pytest.raises(NotTrusted, match="'x' refused: signed by submitter key .* which is not trusted"):
+        s.submitted(stranger, now=0.0)
+    assert s.decide(now=1.0, ts=2.0) == [] and not s.events
+    s.submitted(_job("a", gpus=1), now=0.0)
+    [(d, _)] = s.decide(now=1.0, ts=2.0)
+    assert d.container == "a"

@@ -468,3 +468,20 @@ def test_job_events_stamped_far_ahead_or_behind_are_refused_and_change_nothing()
         s.handle(submitted("x", float("1e300"), cpu=1))
     ds, _, bad = run(s, [submitted("hi", 950, cpu=2, priority=3)])  # low was not finished by either
     assert [(d.action, d.container) for d in ds] == [("terminate", "low"), ("place", "hi")] and not bad
+
+
+def test_with_trusted_submitters_a_stranger_s_job_books_nothing_and_preempts_nobody():
+    from phasewise.streams.priority_agents import SignatureRefused
+    from tests.job_keys import STRANGER
+
+    s = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB, 1), "n1",
+                     submitters=TRUSTED)
+    ds, _, bad = run(s, [submitted("mine", 1, cpu=2)])
+    assert bad == [] and [(d.action, d.container) for d in ds] == [("place", "mine")]
+    spec = JobSpec(model="resnet50", dataset="cifar10", batch_size=32, expected_s=10,
+                   requests=JobRequests(cpu_cores=2, mem_bytes=1 * GB))
+    theirs = JobEvent(job="theirs", ts=2, kind="submitted", host="n1", priority=9, spec=spec)
+    for ev, why in ((theirs, "not signed by a submitter"), (sign_event(STRANGER, theirs), "which is not trusted")):
+        with pytest.raises(SignatureRefused, match=f"submitted job 'theirs' refused: .*{why}"):
+            s.handle(encode(ev))
+    assert s.policy.state("theirs") is None and s.policy.state("mine") == "running"  # not frozen, not stopped
