@@ -91,6 +91,8 @@ WHERE = {
     "intake_max_containers_per_worker": "intake.max_containers_per_worker",
     "signing_key_file": "signing.key_file", "signing_previous_key_file": "signing.previous_key_file",
     "signing_previous_key_until": "signing.previous_key_until",
+    "job_submitter_key_file": "jobs.submitter_key_file", "job_trusted_submitters": "jobs.trusted_submitters",
+    "job_spec_max_age_s": "jobs.spec_max_age_s", "job_allowed_commands": "jobs.allowed_commands",
     "bind_address": "bind_address",
     **{f"kafka_{f}": f"kafka.{f}" for f in (
         "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file",
@@ -117,7 +119,8 @@ def other_value(name: str):
     if spec.kind == "str":
         candidates = {"phase_features": ["cpu,mem,gpu"],
                       "cgroup_prefix": ["other/prefix"], "place_local_nodes": ["s0=0-1@0;s1=2"],
-                      "scorecard_windows": ["30,120"]}.get(name, ["other"])
+                      "scorecard_windows": ["30,120"],
+                      "job_allowed_commands": ["/usr/bin/python3"]}.get(name, ["other"])
     elif spec.kind == "int":
         candidates = [default + 1, default - 1]
     else:
