@@ -722,11 +722,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(settings.describe(), flush=True)
     jobs = getattr(backend, "jobs", None)
+    if jobs is not None:
+        starts = f"{'would start' if backend.name == 'dry-run' else 'starts'} jobs as {jobs.who()} in {jobs.work_root}"
+    else:
+        starts = "starts no jobs" + (" (actuator_start_jobs is off)" if backend.name != "kubernetes" else "")
     print(f"actuator: backend={backend.name} group={group_id(settings.host)} "
-          f"ledger={ledger_path(settings.data_dir, settings.host)} host_cores={os.cpu_count()} "
-          + (f"starts jobs as {jobs.who()} in {jobs.work_root}" if jobs is not None
-             else "starts no jobs" + (" (actuator_start_jobs is off)" if backend.name != "kubernetes" else "")),
-          flush=True)
+          f"ledger={ledger_path(settings.data_dir, settings.host)} host_cores={os.cpu_count()} {starts}", flush=True)
 
     metrics = ActuatorMetrics()
     from phasewise.kafka import kafka_log

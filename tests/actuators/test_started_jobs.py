@@ -58,13 +58,13 @@ NOBODY = pwd.getpwnam("nobody")
 KEY = b"c" * 40
 
 
-def place(container: str, argv: list[str], **details) -> bytes:
-    return encode(Decision(id=uuid.uuid4().hex, ts=time.time(), host="h1", container=container, action="place",
+def place(container: str, argv: list[str], *, host: str = "h1", **details) -> bytes:
+    return encode(Decision(id=uuid.uuid4().hex, ts=time.time(), host=host, container=container, action="place",
                            policy="test", details={"cpuset": None, "command": argv, "device": [], **details}))
 
 
-def decision(container: str, action: str, **details) -> bytes:
-    return encode(Decision(id=uuid.uuid4().hex, ts=time.time(), host="h1", container=container, action=action,
+def decision(container: str, action: str, *, host: str = "h1", **details) -> bytes:
+    return encode(Decision(id=uuid.uuid4().hex, ts=time.time(), host=host, container=container, action=action,
                            policy="test", details=details))
 
 
@@ -391,3 +391,114 @@ def test_the_actuator_acts_only_on_the_containers_it_started_for_that_job(tmp_pa
             p.kill()
             p.wait()
         remove_started_jobs(backend, layout)
+
+
+# --------------------------------------------------------------------------- the role, on the broker
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@real_v1
+def test_phasewise_actuate_starts_a_job_as_nobody_announces_it_signed_and_leaves_a_strangers_container(
+        settings, tmp_path):
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    from phasewise.kafka import make_consumer, make_producer
+    from phasewise.partitions import PARTITIONER
+    from phasewise.procs import RoleProcess
+    from phasewise.schemas import Actuation, SchemaError
+    from phasewise.topics import ACTUATIONS
+
+    key_file = tmp_path / "cluster.key"
+    key_file.write_bytes(os.urandom(48).hex().encode())
+    os.chmod(key_file, 0o600)
+    ring = Keyring(key_file.read_bytes().strip())
+    host, prefix, job = settings.host, f"pwtest-{uuid.uuid4().hex[:8]}", f"job-{uuid.uuid4().hex[:6]}"
+    layout = CgroupLayout("/sys/fs/cgroup", prefix=prefix, version=1)
+    layout.create("other")  # a stranger's container and process in the managed prefix
+    other = subprocess.Popen(["/bin/sleep", "120"])
+    layout.attach("other", other.pid)
+    actuator = RoleProcess("actuate", ["--backend", "cgroup", "--start-jobs", "--cgroup-prefix", prefix], env={
+        "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_HOST": host, "PHASEWISE_CGROUP_ROOT":
+        "/sys/fs/cgroup", "PHASEWISE_DATA_DIR": str(tmp_path / "a"), "PHASEWISE_SIGNING_KEY_FILE": str(key_file),
+        "PHASEWISE_KAFKA_SASL_USERNAME": "not-for-jobs"}, log_path=tmp_path / "actuator.log").start()
+    producer = make_producer(settings, partitioner=PARTITIONER)
+    reader = make_consumer(settings, f"jail-{uuid.uuid4().hex[:6]}")
+    reader.assign([TopicPartition(t.name, p, OFFSET_BEGINNING) for t in (JOB_EVENTS, ACTUATIONS)
+                   for p in range(t.partitions)])
+
+    def send(raw: bytes) -> str:
+        producer.produce(DECISIONS.name, key=host.encode(), value=raw,
+                         headers=ring.headers(DECISIONS.name, host.encode(), raw))
+        assert producer.flush(10) == 0
+        return decode(Decision, raw).id
+
+    acts: dict[str, Actuation] = {}
+    started: list = []
+
+    def wait_for(pred, what: str) -> None:
+        deadline = time.monotonic() + 90
+        while not pred():
+            assert actuator.alive() and time.monotonic() < deadline, f"{what}\n{actuator.log_tail()}"
+            m = reader.poll(0.2)
+            if m is None or m.error():
+                continue
+            try:
+                if m.topic() == ACTUATIONS.name:
+                    a = decode(Actuation, m.value())
+                    acts[a.decision_id] = a
+                else:
+                    ev = decode(JobEvent, m.value())
+                    if ev.job == job and ev.kind == "started":
+                        started.append((m.key(), m.value(), m.headers(), ev))
+            except SchemaError:
+                continue  # other tests' records
+
+    try:
+        placed = send(place(job, ["/bin/sleep", "120"], host=host))
+        wait_for(lambda: placed in acts and started, "the place's actuation and its started event")
+        assert acts[placed].status == "applied", acts[placed].message
+        key, value, headers, ev = started[0]
+        assert key == job.encode() and (ev.host, ev.container) == (host, job)
+        assert ring.verify(JOB_EVENTS.name, key, value, headers) is None  # signed with the cluster key
+        st = proc_status(ev.pid)
+        assert st["Uid"].split()[0] == str(NOBODY.pw_uid) and st["NoNewPrivs"].strip() == "1"
+        assert layout.pids(job) == [ev.pid]
+        env = proc_environ(ev.pid)
+        assert [k for k in env if k.startswith("PHASEWISE_")] == ["PHASEWISE_JOB"]
+        assert "not-for-jobs" not in env.values()
+        frozen = send(decision("other", "freeze", host=host))
+        killed = send(decision("other", "terminate", host=host, grace_s=0))
+        mine = send(decision(job, "freeze", host=host))
+        wait_for(lambda: {frozen, killed, mine} <= set(acts), "the freezes' and the terminate's actuations")
+        assert acts[frozen].status == acts[killed].status == "rejected", (acts[frozen], acts[killed])
+        assert "was not started by this actuator" in acts[frozen].message
+        assert other.poll() is None
+        assert (layout.path("other", "freezer") / "freezer.state").read_text().strip() == "THAWED"
+        assert acts[mine].status == "applied", acts[mine].message
+        assert (layout.path(job, "freezer") / "freezer.state").read_text().strip() == "FROZEN"
+    finally:
+        reader.close()
+        actuator.stop()
+        for c in layout.containers():  # the job outlives the actuator (its own session): stop it
+            (layout.path(c, "freezer") / "freezer.state").write_text("THAWED")
+            for pid in layout.pids(c):
+                os.kill(pid, signal.SIGKILL)
+        other.kill()
+        other.wait()
+        deadline = time.monotonic() + 10
+        while any(layout.pids(c) for c in layout.containers()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cs = layout.controller_root("cpuset") / prefix
+        for c in layout.containers():
+            layout.remove(c)
+        for d in sorted(cs.glob("*"), reverse=True) if cs.exists() else ():
+            if d.is_dir():
+                d.rmdir()
+        if cs.exists():
+            cs.rmdir()
+        for ctl in layout.controllers():
+            try:
+                layout.base(ctl).rmdir()
+            except OSError:
+                pass
