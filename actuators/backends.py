@@ -701,7 +701,6 @@ class CgroupBackend:
 
     def _start_in(self, cmd: StartJob, rt: JobRuntime, reused: bool, work_fd: int, log_fd: int) -> Outcome:
         c = cmd.container
-        self.layout.create(c)
         cs: Path | None = None
 
         def undo() -> None:
@@ -711,6 +710,7 @@ class CgroupBackend:
                     cs.rmdir()
 
         try:
+            self.layout.create(c)
             if self.layout.version == 1:
                 cs = _cpuset_dirs_v1(self.layout, c)
                 procs = [self.layout.path(c, ctl) / "cgroup.procs" for ctl in self.layout.controllers()]

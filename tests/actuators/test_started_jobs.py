@@ -151,6 +151,19 @@ def test_the_actuator_refuses_to_start_with_a_root_job_user(tmp_path):
         "phasewise actuate: error: job_user: root is root (uid 0); jobs never run as root unless job_allow_root=true"]
 
 
+def test_a_jobs_environment_is_built_from_scratch(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("PHASEWISE_SIGNING_KEY_FILE", "/etc/phasewise/cluster.key")
+    rt = job_runtime(job_settings(tmp_path, job_env="PATH=/opt/venv/bin:/usr/bin;OMP_NUM_THREADS=2"))
+    env = rt.environment(StartJob("ctr", "0", ("/bin/true",), None, job="job-7"))
+    assert env == {"PATH": "/opt/venv/bin:/usr/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "2",
+                   "HOME": f"{tmp_path}/jobs/ctr", "TMPDIR": f"{tmp_path}/jobs/ctr/tmp", "PHASEWISE_JOB": "job-7",
+                   "CUDA_VISIBLE_DEVICES": "1"}  # no GPUs decided: the actuator's own restriction holds
+    assert rt.environment(StartJob("ctr", "0", ("/bin/true",), ()))["CUDA_VISIBLE_DEVICES"] == ""
+    assert rt.environment(StartJob("ctr", "0", ("/bin/true",), (0, 2)))["CUDA_VISIBLE_DEVICES"] == "0,2"
+    assert rt.environment(StartJob("ctr", "0", ("/bin/true",)))["PHASEWISE_JOB"] == "ctr"
+
+
 def test_the_dry_run_describes_how_it_would_start_the_job(tmp_path):
     s = job_settings(tmp_path, backend="dry-run", cgroup_root=str(tmp_path / "no-cgroups"),
                      job_env="OMP_NUM_THREADS=1")
