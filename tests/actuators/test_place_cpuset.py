@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from phasewise.actuators.backends import CgroupBackend, DryRunBackend
+from phasewise.actuators.backends import DryRunBackend
 from phasewise.actuators.commands import StartJob
 from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
@@ -22,12 +21,13 @@ from phasewise.actuators.safety import Rejected, plan
 from phasewise.cgroupfs import CgroupLayout
 from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings
-from tests.actuators.conftest import remove_started_jobs
+from tests.actuators.conftest import job_backend, job_python, job_settings, remove_started_jobs
 from tests.conftest import requires_root
 from tests.job_keys import TRUSTED, start
 
-REPORT = "import json, os, sys; json.dump({{'cpus': sorted(os.sched_getaffinity(0)), 'cg': open('/proc/self/cgroup')" \
-         ".read(), 'gpus': os.environ.get('CUDA_VISIBLE_DEVICES')}}, open({path!r}, 'w'))"
+#: written by the job into its working directory (it runs as nobody: the test's own directories are closed to it)
+REPORT = "import json, os, sys; json.dump({'cpus': sorted(os.sched_getaffinity(0)), 'cg': open('/proc/self/cgroup')" \
+         ".read(), 'gpus': os.environ.get('CUDA_VISIBLE_DEVICES')}, open('report.json', 'w'))"
 CPUS = sorted(os.sched_getaffinity(0))
 
 
@@ -81,13 +81,13 @@ def test_dry_run_starts_nothing(tmp_path):
 @pytest.mark.skipif(not Path("/sys/fs/cgroup/cpuset/cpuset.cpus").exists(), reason="no cgroup v1 cpuset hierarchy")
 def test_placed_job_runs_in_its_cpuset(tmp_path):
     layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}", version=1)
-    backend = CgroupBackend(layout, job_log_dir=tmp_path / "logs")
-    s = Settings().replace(host="h1", data_dir=str(tmp_path))
+    s = job_settings(tmp_path)
+    backend = job_backend(layout, s)
     act = Actuator(s, backend, Ledger(tmp_path / "ledger.sqlite"), _Sink(),
                    metrics=ActuatorMetrics(CollectorRegistry()), submitters=TRUSTED)
     job, cpu = f"job-{uuid.uuid4().hex[:6]}", CPUS[-1]
-    report = tmp_path / "report.json"
-    argv = [sys.executable, "-c", REPORT.format(path=str(report))]
+    report = tmp_path / "jobs" / job / "report.json"
+    argv = [job_python(), "-c", REPORT]
     try:
         a = act.handle(encode(_decision(job, str(cpu), argv, device=(0, 1))), b"h1", 0, 1)
         assert a.status == "applied" and f"cpuset {cpu}" in a.message, a.message
