@@ -323,7 +323,8 @@ class Actuator:
             terminated = f"by decision {t[0]} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t[1]))}"
         p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
                  peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus, now=self.clock(),
-                 terminated=terminated, submitters=self._trusted() if d.action == "place" else None)
+                 terminated=terminated, submitters=self._trusted() if d.action == "place" else None,
+                 owned_by=self._owner(d.container, workload) if d.action == "place" and exists else None)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         if isinstance(p.command, StartJob) and not p.command.job:
@@ -380,6 +381,13 @@ class Actuator:
         for e in exited():
             n += self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=self.clock())
         return n
+
+    def _owner(self, container: str, workload: WorkloadPolicy | None) -> str | None:
+        """The job *container* belongs to: the one this actuator started in it, else its workload's ``job``."""
+        started = self.ledger.started_job(container)
+        if started is not None and started.backend == self.backend.name:
+            return started.job
+        return getattr(workload, "job", None) or None
 
     def _trusted(self) -> SubmitterKeys | None:
         """The trusted submitter keys, read again when their files changed (rotation, revocation)."""
@@ -726,6 +734,11 @@ def run(args: argparse.Namespace) -> int:
     except (SigningError, JobSigningError) as e:
         print(f"phasewise actuate: error: {e}", file=sys.stderr)
         return 2
+    if settings.actuator.start_jobs and submitters is None:
+        print("phasewise actuate: error: actuator_start_jobs is on but job_trusted_submitters is empty: "
+              "name the public keys of the submitters whose signed jobs this actuator may start "
+              "(phasewise keys submitter PATH writes a pair)", file=sys.stderr)
+        return 2
     try:
         backend = make_backend(settings)
     except JobSetupError as e:
@@ -752,8 +765,8 @@ def run(args: argparse.Namespace) -> int:
         starts = "starts no jobs" + (" (actuator_start_jobs is off)" if backend.name != "kubernetes" else "")
     print(f"actuator: backend={backend.name} group={group_id(settings.host)} "
           f"ledger={ledger_path(settings.data_dir, settings.host)} host_cores={os.cpu_count()} {starts}", flush=True)
-    print("actuator: starts the jobs signed by the trusted submitter keys " + submitters.describe()
-          if submitters is not None else "actuator: starts no job (job_trusted_submitters is empty)", flush=True)
+    if settings.actuator.start_jobs and submitters is not None:
+        print("actuator: starts the jobs signed by the trusted submitter keys " + submitters.describe(), flush=True)
 
     metrics = ActuatorMetrics()
     from phasewise.kafka import kafka_log

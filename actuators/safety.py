@@ -486,7 +486,9 @@ def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | 
     if dev is not None and not (isinstance(dev, list) and all(
             isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in dev)):
         return Rejected(f"place decision for {c!r}: details.device must be a list of GPU indices (or null)")
-    return Planned(StartJob(c, cpus, job.argv, None if dev is None else tuple(dev), resume=resume))
+    r = job.spec.requests  # the job starts with its signed requests as limits (the limits policy moves them later)
+    return Planned(StartJob(c, cpus, job.argv, None if dev is None else tuple(dev), resume=resume, job=job.job,
+                            cpu_cores=r.cpu_cores or None, mem_bytes=int(r.mem_bytes) if r.mem_bytes else None))
 
 
 def plan_weight(decision: Decision, *, settings: Settings) -> Planned | Rejected:

@@ -51,7 +51,7 @@ def test_a_signed_job_verifies_and_its_command_is_the_signed_spec_s():
     assert got.argv == CMD
     p = plan(place(command=["/bin/sh"]), exists=False, usage_mem_bytes=None, host_cores=2, settings=S,
              host_cpus=frozenset({0, 1}), now=NOW, submitters=TRUSTED)
-    assert isinstance(p, Planned) and p.command == StartJob("j1", "0-1", CMD, ())
+    assert isinstance(p, Planned) and p.command == StartJob("j1", "0-1", CMD, (), job="j1")
 
 
 def _tampered(field: str):
@@ -154,6 +154,7 @@ def test_an_unreadable_trusted_set_refuses_every_job(tmp_path):
 
 def actuator(recorder, submitters, **settings):
     backend = DryRunBackend(exists=lambda c: False)  # (no container exists before its job starts)
+    settings.setdefault("actuator_start_jobs", True)
     a = Actuator(Settings().replace(host="h1", **settings), backend, Ledger(":memory:"), recorder,
                  metrics=ActuatorMetrics(CollectorRegistry()), host_cores=2.0, clock=lambda: NOW,
                  submitters=submitters)
@@ -194,3 +195,21 @@ def test_rejected_unless_the_plan_verifies(recorder):
     assert act.status == "rejected" and "job_trusted_submitters is empty" in act.message and not backend.commands
     assert isinstance(plan(place(), exists=False, usage_mem_bytes=None, host_cores=2, settings=S,
                            host_cpus=frozenset({0}), now=NOW), Rejected)
+
+
+def test_a_started_job_s_limits_are_its_signed_requests():
+    from phasewise.schemas import JobRequests
+
+    details = {**start("j2", CMD, ts=NOW - 10, requests=JobRequests(cpu_cores=1.5, mem_bytes=2.0**30)),
+               "cpuset": None, "device": []}
+    d = Decision(id="r", ts=NOW, host="h1", container="j2", action="place", policy="test", details=details)
+    p = plan(d, exists=False, usage_mem_bytes=None, host_cores=2, settings=S, host_cpus=frozenset({0, 1}), now=NOW,
+             submitters=TRUSTED)
+    assert isinstance(p, Planned)
+    assert (p.command.cpu_cores, p.command.mem_bytes) == (1.5, 2**30)
+    # a request the decision states itself changes nothing: only the signed spec counts
+    d2 = Decision(id="r2", ts=NOW, host="h1", container="j2", action="place", policy="test",
+                  details={**details, "requests": {"cpu_cores": 64}})
+    p2 = plan(d2, exists=False, usage_mem_bytes=None, host_cores=2, settings=S, host_cpus=frozenset({0, 1}),
+              now=NOW, submitters=TRUSTED)
+    assert p2.command.cpu_cores == 1.5

@@ -57,7 +57,7 @@ def test_plan_place_rules():
                     now=time.time(), submitters=TRUSTED)
 
     ok = plan_it(_decision("j", "0", ["true"]))
-    assert ok.command == StartJob("j", "0", ("true",), (0,))
+    assert ok.command == StartJob("j", "0", ("true",), (0,), job="j")
     bad = [(_decision("j", "0-7", ["true"]), "not within this host's CPUs"),
            (_decision("j", "x", ["true"]), "not a cpuset list"),
            (_decision("j", "0", []), "names no command"),

@@ -45,6 +45,8 @@ from phasewise.topics import DECISIONS, JOB_EVENTS
 from phasewise.workloads import Workloads
 from tests.actuators.conftest import Recorder, job_backend, job_settings, remove_started_jobs
 from tests.conftest import requires_root
+from tests.job_keys import TRUSTED, write_public
+from tests.job_keys import start as signed_start
 
 V1 = Path("/sys/fs/cgroup/cpuset/cpuset.cpus").exists() and Path("/sys/fs/cgroup/freezer").is_dir()
 
@@ -59,8 +61,11 @@ KEY = b"c" * 40
 
 
 def place(container: str, argv: list[str], *, host: str = "h1", **details) -> bytes:
+    """A place decision starting *argv* as job *container*, signed by the trusted test submitter."""
     return encode(Decision(id=uuid.uuid4().hex, ts=time.time(), host=host, container=container, action="place",
-                           policy="test", details={"cpuset": None, "command": argv, "device": [], **details}))
+                           policy="test", details={"cpuset": None, "device": [],
+                                                   **signed_start(container, tuple(argv), ts=time.time() - 1),
+                                                   **details}))
 
 
 def decision(container: str, action: str, *, host: str = "h1", **details) -> bytes:
@@ -70,6 +75,7 @@ def decision(container: str, action: str, *, host: str = "h1", **details) -> byt
 
 def actuator(settings: Settings, backend, ledger: Ledger | None = None, **kw) -> tuple[Actuator, Recorder]:
     rec = Recorder()
+    kw.setdefault("submitters", TRUSTED)
     return Actuator(settings, backend, ledger or Ledger(":memory:"), rec,
                     metrics=ActuatorMetrics(CollectorRegistry()), host_cores=2.0, **kw), rec
 
@@ -142,8 +148,11 @@ def test_the_actuator_refuses_to_start_with_a_root_job_user(tmp_path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PHASEWISE_")}
+    trusted = tmp_path / "submitters"
+    trusted.mkdir(mode=0o755)
+    write_public(trusted / "test.pub")
     env.update(PHASEWISE_ACTUATOR_START_JOBS="true", PHASEWISE_JOB_USER="root", PHASEWISE_DATA_DIR=str(tmp_path),
-               PHASEWISE_BOOTSTRAP="127.0.0.1:9")
+               PHASEWISE_BOOTSTRAP="127.0.0.1:9", PHASEWISE_JOB_TRUSTED_SUBMITTERS=str(trusted))
     r = subprocess.run([sys.executable, "-m", "phasewise.cli", "actuate", "--backend", "dry-run"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -431,10 +440,14 @@ def test_phasewise_actuate_starts_a_job_as_nobody_announces_it_signed_and_leaves
     layout.create("other")  # a stranger's container and process in the managed prefix
     other = subprocess.Popen(["/bin/sleep", "120"])
     layout.attach("other", other.pid)
+    trusted = tmp_path / "submitters"
+    trusted.mkdir(mode=0o755)
+    write_public(trusted / "test.pub")
     actuator = RoleProcess("actuate", ["--backend", "cgroup", "--start-jobs", "--cgroup-prefix", prefix], env={
         "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_HOST": host, "PHASEWISE_CGROUP_ROOT":
         "/sys/fs/cgroup", "PHASEWISE_DATA_DIR": str(tmp_path / "a"), "PHASEWISE_SIGNING_KEY_FILE": str(key_file),
-        "PHASEWISE_KAFKA_SASL_USERNAME": "not-for-jobs"}, log_path=tmp_path / "actuator.log").start()
+        "PHASEWISE_KAFKA_SASL_USERNAME": "not-for-jobs", "PHASEWISE_JOB_TRUSTED_SUBMITTERS": str(trusted)},
+        log_path=tmp_path / "actuator.log").start()
     producer = make_producer(settings, partitioner=PARTITIONER)
     reader = make_consumer(settings, f"jail-{uuid.uuid4().hex[:6]}")
     reader.assign([TopicPartition(t.name, p, OFFSET_BEGINNING) for t in (JOB_EVENTS, ACTUATIONS)
