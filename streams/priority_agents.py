@@ -229,6 +229,7 @@ class PriorityStep:
                     hinted_starts.add(a.job)
                     continue  # the placement agent places it
             if a.kind == "weight" and a.job in hinted_starts:
+                self._weighed(a)
                 continue  # no container yet: the placement agent sends it with its place decision
             decisions.append(self._decision(a, ev.ts))
         controls = [JobControl(id=hashlib.blake2b(f"priority|{d.id}".encode(), digest_size=12).hexdigest(),
@@ -272,7 +273,15 @@ class PriorityStep:
         if self.policy.state(ev.job) != "running":
             return []
         w = self.policy.weight_action(ev.job, why="started")
-        return [] if w is None else [w]
+        if w is None or info.get("w") == w.details["cpu_weight"]:
+            return []  # its weight went with (or right after) the decision that started it
+        return [w]
+
+    def _weighed(self, a: Action) -> None:
+        """Remember the CPU weight sent for *a*'s job, so that its ``started`` event does not send it again."""
+        info = self.jobs.get(a.job)
+        if info is not None:
+            info["w"] = a.details["cpu_weight"]
 
     def take_hints(self) -> list[JobEvent]:
         """The hints caused since the last call (``launcher = place``), in order; cleared."""
@@ -295,6 +304,8 @@ class PriorityStep:
                         resume=a.kind == "restart")
 
     def _decision(self, a: Action, ts: float) -> Decision:
+        if a.kind == "weight":
+            self._weighed(a)
         info = self.jobs.get(a.job, {})
         ctr = info.get("ctr") or a.job
         extra: dict[str, Any] = {}

@@ -485,3 +485,19 @@ def test_with_trusted_submitters_a_stranger_s_job_books_nothing_and_preempts_nob
         with pytest.raises(SignatureRefused, match=f"submitted job 'theirs' refused: .*{why}"):
             s.handle(encode(ev))
     assert s.policy.state("theirs") is None and s.policy.state("mine") == "running"  # not frozen, not stopped
+
+
+def test_the_actuator_s_started_event_does_not_send_the_weight_a_second_time():
+    s = step(ratio=2.0)
+    ds, _, _ = run(s, [submitted("a", 1, cpu=1, priority=2, command=("python", "train.py"))])
+    assert [(d.action, d.details.get("cpu_weight")) for d in ds] == [("place", None), ("weight", 400)]
+    ds, _, bad = run(s, [encode(JobEvent(job="a", ts=2, kind="started", host="n1", container="a"))])
+    assert (ds, bad) == ([], [])
+    # a job its submitter started (no command): its weight comes with its started event, once
+    ds, _, _ = run(s, [submitted("b", 3, cpu=1, priority=2)])
+    assert [d.action for d in ds] == ["place", "weight"]
+    t = step(ratio=2.0)
+    run(t, [submitted("c", 1, cpu=1)])
+    t.jobs["c"].pop("w", None)  # as restored from a state written before weights were remembered
+    ds, _, _ = run(t, [encode(JobEvent(job="c", ts=2, kind="started", host="n1", container="c"))])
+    assert [(d.action, d.details["cpu_weight"]) for d in ds] == [("weight", 100)]
