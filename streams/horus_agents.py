@@ -56,7 +56,7 @@ from phasewise.schemas import (
 )
 from phasewise.settings import Settings
 from phasewise.streams.horus_jobs import BuildRules, model_key, spec_features_async, warm_up
-from phasewise.streams.job_inputs import dead_letterer, event_time_gate
+from phasewise.streams.job_inputs import dead_letterer, event_time_gate, refused_output
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
 from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
@@ -259,7 +259,8 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
                         raise FeatureError("a submitted event needs a spec")
                     # a catalog model here (cached); a module:function only if allowed, in a child process
                     pred = state.predict(ev, await spec_features_async(ev.spec, rules))
-                    outputs.send(PREDICTIONS.name, ev.job.encode(), encode(pred))
+                    outputs.send(PREDICTIONS.name, ev.job.encode(), encode(pred),
+                                 on_refused=refused_output(dead_letter, event))
                     metrics.predictions.inc()
                 elif ev.kind == "started":
                     if ev.host is None or ev.container is None:
