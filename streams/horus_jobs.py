@@ -26,6 +26,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -179,7 +180,7 @@ class _BuildServer:
     def _start(self) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PHASEWISE_")}
         proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env, close_fds=True)
+                                stdout=subprocess.PIPE, env=env, close_fds=True, bufsize=0)
         line = self._readline(proc, READY_TIMEOUT_S)
         if line != b'{"ready": true}\n':
             self._kill(proc)
@@ -188,9 +189,21 @@ class _BuildServer:
 
     @staticmethod
     def _readline(proc: subprocess.Popen, timeout_s: float) -> bytes:
+        """One line from the server within *timeout_s* (unbuffered: what select sees is all there is); what
+        came before the deadline, EOF or the size limit otherwise (no newline at its end)."""
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-        return proc.stdout.readline(MAX_ANSWER_BYTES + 1024) if ready else b""
+        fd = proc.stdout.fileno()
+        buf = b""
+        deadline = time.monotonic() + timeout_s
+        while not buf.endswith(b"\n") and len(buf) <= MAX_ANSWER_BYTES + 1024:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            buf += chunk
+        return buf
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
@@ -214,8 +227,9 @@ class _BuildServer:
                 if self.proc is None or self.proc.poll() is not None:
                     self.proc = self._start()
                 try:
-                    self.proc.stdin.write(json.dumps(req).encode() + b"\n")  # type: ignore[union-attr]
-                    self.proc.stdin.flush()  # type: ignore[union-attr]
+                    data = memoryview(json.dumps(req).encode() + b"\n")
+                    while data:  # (unbuffered: a write may take part of it)
+                        data = data[self.proc.stdin.write(data):]  # type: ignore[union-attr]
                 except (BrokenPipeError, OSError):
                     self._kill(self.proc)
                     self.proc = None
