@@ -303,6 +303,13 @@ def _job_env(v: str) -> None:
     parse_job_env(v)
 
 
+def module_list(v: str) -> None:
+    """Comma-separated dotted module names (``mypkg.models, other``), or empty."""
+    for m in (x.strip() for x in v.split(",")):
+        if m and not all(p.isidentifier() for p in m.split(".")):
+            raise ValueError(f"{m!r} is not a module name (e.g. mypkg.models)")
+
+
 def one_of(choices: tuple[str, ...]) -> Callable[[Any], None]:
     def check(v: Any) -> None:
         if v not in choices:
@@ -1070,6 +1077,15 @@ class HorusSettings(_Group):
     min_samples: int = setting(5, check=at_least(1), help="steady samples a job needs to be learned")
     worker_id: str = setting("phasewise-horus", check=non_empty, flag="--horus-id",
                              help="Faust app id (consumer group and table names) of the horus worker")
+    model_modules: str = setting("", check=module_list,
+                                 help="modules (comma-separated; each with its submodules) whose module:function "
+                                      "models horus imports, in a child process; empty = catalog models only")
+    build_timeout_s: float = setting(60.0, check=above(0),
+                                     help="seconds a module:function model's graph may take to build in its child "
+                                          "process before it is stopped and the job refused")
+    build_memory_bytes: int = setting(4 * 2**30, parse=parse_size, check=at_least(64 * 2**20),
+                                      help="address space a module:function model's child process may take beyond "
+                                           "the interpreter's own, bytes")
 
 
 @dataclass(frozen=True, slots=True)

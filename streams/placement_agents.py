@@ -48,7 +48,10 @@ job's ``weight`` decision follows it (:meth:`PlacementState.start_weight`). A
 admission is a stale repeat and ignored. Other job-event kinds are skipped, never dead-lettered.
 
 A record that cannot be decoded is a dead letter; so is a ``submitted`` event
-without a spec and an ``admitted`` one without a host. State (``place-state``
+without a spec and an ``admitted`` one without a host, and a job whose
+``place`` decision the producer or the broker refuses for itself (too large;
+the job events' bounds keep that from happening): the job is forgotten and
+its submitted event is the dead letter (kind ``output_refused``). State (``place-state``
 table, changelogged, written at commits): ``job/<id>`` = the job, its
 admission and, once placed, where; on a restart, placed jobs are booked again,
 admitted ones wait again and held ones wait for their admission.
@@ -80,7 +83,7 @@ from phasewise.schemas import (
 )
 from phasewise.settings import Settings
 from phasewise.signing import keyring_of
-from phasewise.streams.job_inputs import dead_letterer, event_time_gate
+from phasewise.streams.job_inputs import Input, dead_letterer, event_time_gate, refused_output
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
 from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
@@ -483,10 +486,10 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
     refused_time = event_time_gate(settings, ("job", "prediction", "host"), dead_letter)
     keyring = keyring_of(settings)  # signs the decisions, checks predictions and hints (None: neither)
 
-    def send_decision(d: Decision) -> None:
+    def send_decision(d: Decision, on_refused: Any = None) -> None:
         key, value = d.host.encode(), encode(d)
-        outputs.send(DECISIONS.name, key, value, None if keyring is None else keyring.headers(DECISIONS.name, key,
-                                                                                               value))
+        outputs.send(DECISIONS.name, key, value,
+                     None if keyring is None else keyring.headers(DECISIONS.name, key, value), on_refused=on_refused)
 
     async def unsigned(event: Any, what: str) -> bool:
         """Whether *event* must be signed with the cluster key and is not (then it is dead-lettered)."""
@@ -499,11 +502,26 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
         await dead_letter(event, f"{what} refused: {why}", "signature")
         return True
 
+    def refused_for(job: str) -> Any:
+        """The ``on_refused`` handler of *job*'s place decision: the job is forgotten (what it booked frees,
+        it is not decided again) and its submitted event becomes a dead letter."""
+        ev = state.events.get(job)
+        letter = refused_output(dead_letter, Input(JOB_EVENTS.name, job.encode(), None if ev is None else encode(ev)))
+
+        def refused(why: str) -> None:
+            state.finished(job)
+            letter(why)
+
+        return refused
+
     def decide() -> None:
         t0 = time.perf_counter()
         made = state.decide(time.monotonic(), time.time())
         for d, _p in made:
-            send_decision(d)
+            job = d.details.get("job", d.container)
+            send_decision(d, on_refused=refused_for(job))
+            if job not in state.placed:
+                continue  # refused at once (too large for the producer): no weight follows
             metrics.decisions.inc()
             log.info("placed %s on %s %s: %s", d.container, d.details["node"], d.details["device"], d.reason)
             w = state.start_weight(d)

@@ -45,7 +45,10 @@ period) to the control topic keyed by job, for the job's progress reporter;
 ``weight`` (``details.cpu_weight``) when a job starts or restarts and when its
 priority changes (``priority_cpu_weights``). Everything goes through the
 worker's output producer, so an offset is committed only after what its record
-caused was delivered.
+caused was delivered. An output the producer or the broker refuses for itself
+(too large) makes the event that caused it a dead letter (kind
+``output_refused``) and the agent goes on; the job events' bounds (docs/security.md,
+"Record sizes") keep that from happening.
 
 With ``priority_launcher = place`` the agent decides when, the placement agent
 (``phasewise place --place-after-admission``) where: instead of its own
@@ -383,6 +386,7 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
     *outputs*, decisions and hints signed with *sign* (the cluster key's headers; ``None``: unsigned), the
     ``started`` events checked with *verify* (``None``: taken as they come)."""
     from phasewise.streams.config import intake_config
+    from phasewise.streams.job_inputs import refused_output
     from phasewise.streams.output import JobStateTable
     from phasewise.streams.topics import raw_topic
 
@@ -423,18 +427,20 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
                 log.exception("the priority policy failed on a job event")
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
                 continue
+            # an output refused for itself (too large for the producer or the broker) makes this event a dead
+            # letter instead of failing the worker on it after every restart
+            refused = refused_output(dead_letter, event)
             for d in decisions:
                 key, value = d.host.encode(), encode(d)
-                if sign is None:
-                    outputs.send(DECISIONS.name, key, value)
-                else:
-                    outputs.send(DECISIONS.name, key, value, sign(DECISIONS.name, key, value))
+                headers = None if sign is None else sign(DECISIONS.name, key, value)
+                outputs.send(DECISIONS.name, key, value, headers, on_refused=refused)
                 log.info("priority decision %s %s/%s: %s", d.action, d.host, d.container, d.reason)
             for c in controls:
-                outputs.send(CONTROL.name, c.job.encode(), encode(c))
+                outputs.send(CONTROL.name, c.job.encode(), encode(c), on_refused=refused)
             for h in step.take_hints():
                 key, value = h.job.encode(), encode(h)
-                outputs.send(JOB_EVENTS.name, key, value, None if sign is None else sign(JOB_EVENTS.name, key, value))
+                outputs.send(JOB_EVENTS.name, key, value, None if sign is None else sign(JOB_EVENTS.name, key, value),
+                             on_refused=refused)
                 log.info("priority hint %s %s on %s%s", h.kind, h.job, h.host, " (resume)" if h.resume else "")
             outputs.poll()
 

@@ -104,21 +104,25 @@ class TargetsHandler:
         self.offset_of: dict[str, int] = {}
         #: called before samples and timer ticks are handled (the agent restores the table there)
         self.ensure_restored: Callable[[], None] = lambda: None
+        #: event -> the ``on_refused`` handler of the outputs it causes (None: a refusal fails the worker)
+        self.refused_for: Callable[[Any], Callable[[str], None] | None] = lambda event: None
         self.decisions = 0
         self.controls = 0
         self.rejected = 0
         self.replayed = 0
 
-    def emit(self, decisions: list[Decision], controls: list[JobControl]) -> None:
+    def emit(self, decisions: list[Decision], controls: list[JobControl],
+             on_refused: Callable[[str], None] | None = None) -> None:
+        extra = {} if on_refused is None else {"on_refused": on_refused}
         for d in decisions:
             key, value = d.host.encode(), encode(d)
             if self.sign is None:
-                self.send(DECISIONS.name, key, value)
+                self.send(DECISIONS.name, key, value, **extra)
             else:
-                self.send(DECISIONS.name, key, value, self.sign(DECISIONS.name, key, value))
+                self.send(DECISIONS.name, key, value, self.sign(DECISIONS.name, key, value), **extra)
             log.info("targets: %s %s/%s: %s", d.action, d.host, d.container, d.reason)
         for c in controls:
-            self.send(CONTROL.name, c.job.encode(), encode(c))
+            self.send(CONTROL.name, c.job.encode(), encode(c), **extra)
             log.info("targets: %s to %s: %s", c.action, c.job, c.reason)
         self.decisions += len(decisions)
         self.controls += len(controls)
@@ -167,7 +171,7 @@ class TargetsHandler:
                 self.partition_of[ev.job] = partition
             if offset is not None:
                 self.offset_of[ev.job] = offset
-        self.emit(decisions, controls)
+        self.emit(decisions, controls, self.refused_for(event))
 
     def samples(self, hs: Any) -> None:
         """A host's admitted samples (the samples agent calls this for every message it keeps)."""
@@ -224,6 +228,7 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
                      ) -> TargetsHandler:
     """Add the job-events agent, its state table and its hard-stop timer to *app*."""
     from phasewise.streams.config import intake_config
+    from phasewise.streams.job_inputs import refused_output
     from phasewise.streams.output import JobStateTable
     from phasewise.streams.topics import raw_topic
 
@@ -240,6 +245,8 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
                           help="targets: each followed job's tracker, placement, use and limit (key: job)",
                           on_restored=lambda n: log.info("targets: restored %d followed job(s)", n))
     ensure_restored = handler.ensure_restored = state.ensure_restored
+    # an output refused for itself (too large) makes the job event that caused it a dead letter
+    handler.refused_for = lambda event: refused_output(dead_letter, event)
 
     @app.agent(topic, name="phasewise.targets")
     async def on_job_events(stream: Any) -> None:

@@ -67,6 +67,8 @@ WHERE = {
     "workload_pods_ca_file": "workload.pods_ca_file",
     "horus_coverage": "horus.coverage", "horus_warmup_s": "horus.warmup_s", "horus_observe_s": "horus.observe_s",
     "horus_min_samples": "horus.min_samples", "horus_worker_id": "horus.worker_id",
+    "horus_model_modules": "horus.model_modules", "horus_build_timeout_s": "horus.build_timeout_s",
+    "horus_build_memory_bytes": "horus.build_memory_bytes",
     "place_policy": "place.policy", "place_isolate_inference": "place.isolate_inference",
     "place_prediction_wait_s": "place.prediction_wait_s", "place_local_nodes": "place.local_nodes",
     "place_worker_id": "place.worker_id", "place_horus_frag_weight": "place.horus_frag_weight",

@@ -3,8 +3,13 @@
 The file holds one job: ``job`` (id; made from the model's name when absent),
 ``workload``, ``priority`` and the spec, either under ``spec`` or at the top
 level (``model``, ``dataset``, ``batch_size``, ``amp``, ``requests``,
-``targets``, ``command``, ``node_selector``). A bad spec is one line on stderr
-and exit status 2; nothing is published. YAML is read when PyYAML is installed.
+``targets``, ``command``, ``node_selector``). A bad spec (one that a
+consumer's decoder would refuse: an unknown field, a value out of its bounds,
+a command over 256 arguments or 16 KiB, a whole event over 64 KiB) is one line
+on stderr and exit status 2; nothing is published. A ``module:function`` model
+that this host's ``horus_model_modules`` does not list is published with a
+note: horus predicts it only where the operator allows its module. YAML is
+read when PyYAML is installed.
 
 With a submitter key (``--key``, ``job_submitter_key_file``; made by
 ``phasewise keys submitter PATH``) the event is signed
@@ -24,8 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from phasewise.cli import add_common, add_setting, settings_from_args
-from phasewise.models.horus_catalog import DATASETS, MODELS, canonical_dataset, canonical_model, is_entry_point
-from phasewise.schemas import JobEvent, JobSpec, SchemaError, encode, from_dict
+from phasewise.models.horus_catalog import (
+    DATASETS,
+    MODELS,
+    canonical_dataset,
+    canonical_model,
+    entry_point_refusal,
+    is_entry_point,
+    parse_module_list,
+)
+from phasewise.schemas import JobEvent, JobSpec, SchemaError, encode_within, from_dict
 
 _TOP = {"job", "workload", "priority", "spec"}
 _SPEC = {f for f in JobSpec.__dataclass_fields__}
@@ -96,10 +109,22 @@ def job_event(data: Any, *, job: str | None = None, ts: float | None = None) -> 
              "spec": spec, **{k: data[k] for k in ("workload", "priority") if k in data}}
     try:
         rec = from_dict(JobEvent, event)
+        encode_within(rec)  # (the whole event too: what a consumer refuses is not published)
     except SchemaError as e:
         raise SpecError(str(e).removeprefix("JobEvent: ")) from None
     check_names(rec.spec)
     return rec
+
+
+def model_note(spec: JobSpec, model_modules: str) -> str | None:
+    """A note when *spec*'s model is a ``module:function`` that a horus with *model_modules* does not build."""
+    if canonical_model(spec.model) is not None or not is_entry_point(spec.model):
+        return None
+    why = entry_point_refusal(spec.model, parse_module_list(model_modules))
+    if why is None:
+        return None
+    return (f"model {spec.model} is predicted only by a horus whose horus_model_modules lists its module "
+            f"(here: {why.split(';')[0]}); without a prediction it is placed by its requests")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     s = settings_from_args(args)
+    note = model_note(event.spec, s.horus.model_modules)
+    if note is not None:
+        print(f"{prog}: note: {note}", file=sys.stderr)
     if s.jobs.submitter_key_file:
         from phasewise.job_signing import JobSigningError, key_id, load_private_key, sign_event
 
@@ -136,7 +164,11 @@ def run(args: argparse.Namespace) -> int:
                 else "it can be placed and predicted")
         print(f"{prog}: warning: job {event.job} is published unsigned (no --key, job_submitter_key_file empty): "
               f"{what}", file=sys.stderr)
-    value = encode(event)
+    try:
+        value = encode_within(event)  # (signed: the signature's few hundred bytes count too)
+    except SchemaError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
         print(value.decode())
         return 0

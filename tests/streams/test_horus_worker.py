@@ -108,7 +108,8 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
 
     spec = JobSpec(model="mlp-32x64x4", dataset="vectors", batch_size=16)
     a, b, bad_ds = f"a-{tag}", f"b-{tag}", f"c-{tag}"
-    poison = [None, b"[" * 100_000, bytes(range(256)) * 2400,
+    # (under JobEvent.MAX_BYTES, so that their own reasons refuse them, not their size)
+    poison = [None, b"[" * 60_000, bytes(range(256)) * 240,
               json.dumps({"v": 1, "job": "x", "ts": "yesterday", "kind": "submitted"}).encode()]
     # the priority agent's hints are not the horus agent's: skipped, however stamped (no dead letter)
     hints = [job(a, "admitted", time.time() + 1e7, host="h", resume=True), job(a, "stopped", 0.0)]

@@ -48,7 +48,7 @@ def finished(job: str, ts: float) -> bytes:
 
 
 JOB_POISON = poison(to_dict(JobEvent(job="p", ts=1.0, kind="submitted")), "ts",
-                    {"priority": "high", "workload": 3}, wrong_reason="must be")
+                    {"priority": "high", "workload": 3}, wrong_reason="must be", max_bytes=JobEvent.MAX_BYTES)
 
 
 def valid_stream(prefix: str = "", host: str = "n1") -> list[bytes]:
