@@ -77,6 +77,7 @@ from phasewise.models.workload import resolve
 from phasewise.schemas import Actuation, Decision, SchemaError, WorkloadPolicy, brief, decode, encode
 from phasewise.settings import Settings
 from phasewise.signing import Keyring, SigningError, keyring_of
+from phasewise.statedir import StateDirError, ensure_state_dir
 from phasewise.topics import ACTUATIONS, DECISIONS
 
 __all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve"]
@@ -589,6 +590,12 @@ def run(args: argparse.Namespace) -> int:
         keyring = keyring_of(settings)
     except SigningError as e:
         print(f"phasewise actuate: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        # 0711: the jobs it starts, as job_user, reach their working directories below it; list nothing
+        ensure_state_dir(settings.data_dir, mode=0o711)
+    except StateDirError as e:
+        print(f"phasewise actuate: error: data_dir: {e}", file=sys.stderr)
         return 2
     try:
         backend = make_backend(settings)

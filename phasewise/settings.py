@@ -47,6 +47,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from phasewise.statedir import default_data_dir
+
 __all__ = [
     "BACKENDS",
     "GROUPS",
@@ -1064,8 +1066,10 @@ class Settings(_Group):
     host: str = setting(factory=socket.gethostname, check=non_empty, flag="--host",
                         help="this host's name")
     log_level: str = setting("info", choices=LOG_LEVELS, flag="--log-level", help="log level")
-    data_dir: str = setting("/tmp/phasewise", check=non_empty, flag="--data-dir",
-                            help="worker state, actuator ledger, demo run directories")
+    #: never under /tmp: another local user could create it first (docs/security.md, "State directories")
+    data_dir: str = setting(factory=default_data_dir, check=non_empty, flag="--data-dir",
+                            help="worker state, actuator ledger, job logs, demo run directories; created "
+                                 "private if missing, refused if another user owns it or may write it")
     metrics_port: int = setting(0, check=port, flag="--metrics-port",
                                 help="port of /metrics, /healthz and /readyz, 0 = none")
     #: the address the metrics and health endpoints (and the worker's Faust web server) listen on:
@@ -1216,7 +1220,9 @@ def default_text(name: str) -> str:
     """A setting's default as a user would write it (``64Mi``, ``hostname``)."""
     spec = SPECS[name]
     if spec.default is dataclasses.MISSING:
-        return {"host": "hostname"}.get(name, "computed")
+        return {"host": "hostname",
+                "data_dir": "/var/lib/phasewise as root, else $XDG_STATE_HOME/phasewise or ~/.local/state/phasewise",
+                }.get(name, "computed")
     if spec.parse is parse_size:
         return format_size(spec.default)
     if isinstance(spec.default, bool):

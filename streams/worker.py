@@ -107,6 +107,17 @@ def freeze_heap_when_ready(app: object) -> None:
             log.info("froze %d start-up objects out of garbage collection", frozen[0])
 
 
+def state_dir_problem(settings: Settings) -> str | None:
+    """Why the Faust worker's ``data_dir`` cannot be used (created 0700 when missing), or None."""
+    from phasewise.statedir import StateDirError, ensure_state_dir
+
+    try:
+        ensure_state_dir(settings.data_dir)
+    except StateDirError as e:
+        return str(e)
+    return None
+
+
 #: seconds the worker's event loop may be silent before /healthz says it is not live
 LOOP_SILENCE_S = 30.0
 #: ... and before its first timer ran (start-up: imports, waiting for the broker, table recovery)
@@ -216,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
     except SigningError as e:
         print(f"phasewise worker: error: {e}", file=sys.stderr)
         return 2
+    if (why := state_dir_problem(settings)) is not None:
+        print(f"phasewise worker: error: data_dir: {why}", file=sys.stderr)
+        return 2
     print(settings.describe(), flush=True)
     stop = threading.Event()
     # until Faust runs (it installs its own handlers), a signal ends the wait for the broker
@@ -275,6 +289,9 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
     from phasewise.streams.app import create_app
 
+    if (why := state_dir_problem(settings)) is not None:
+        print(f"phasewise {role}: error: data_dir: {why}", file=sys.stderr)
+        return 2
     print(settings.describe(), flush=True)
     stop = threading.Event()
     with stop_on_signals(stop) as received:
