@@ -63,6 +63,7 @@ from typing import Any, Protocol
 from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend
 from phasewise.actuators.commands import Outcome, SetLimits
 from phasewise.actuators.ledger import Ledger, ledger_path
+from phasewise.actuators.ledger_loss import verify_ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
     SUPPORTED_ACTIONS,
@@ -532,6 +533,9 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
     consumer = make_consumer(settings, group_id(settings.host), **lag_statistics(actuator.metrics))
     only = settings.host.encode() if settings.actuator.read_partitions == "host" else None
     try:
+        # a new ledger that replaces a lost one is restored before anything is applied
+        if not verify_ledger(settings, ledger, consumer, actuator.metrics, stop, group=group_id(settings.host)):
+            return
         serve(actuator, consumer, producer, stop, only_key=only, health=health)
     finally:
         consumer.close()

@@ -58,7 +58,7 @@ def test_a_directory_group_or_others_may_write_is_refused(tmp_path, mode):
     d = tmp_path / "state"
     d.mkdir()
     os.chmod(d, mode)
-    with pytest.raises(StateDirError, match=r"is writable by group or others \(mode 0?%o\); chmod go-w it" % mode):
+    with pytest.raises(StateDirError, match=rf"is writable by group or others \(mode 0?{mode:o}\); chmod go-w it"):
         ensure_state_dir(d)
     assert mode_of(d) == mode  # refused, not repaired behind the operator's back
 
