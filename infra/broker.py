@@ -101,6 +101,7 @@ class EmbeddedBroker:
         p, self._proc = self._proc, None
         if p is not None and p.poll() is None:
             p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGCONT)  # a paused broker handles its SIGTERM once it runs
             try:
                 p.wait(5)
             except subprocess.TimeoutExpired:
@@ -109,6 +110,16 @@ class EmbeddedBroker:
         if self._log_file:
             self._log_file.close()
             self._log_file = None
+
+    def pause(self) -> None:
+        """Stop the broker process where it is (SIGSTOP): clients time out, and it keeps its data."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused broker go on (SIGCONT)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
 
     def wait(self) -> int:
         assert self._proc is not None

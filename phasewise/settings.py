@@ -625,6 +625,13 @@ class WorkerSettings(_Group):
     batch_wait_ms: float = setting(5.0, check=at_least(0), name="worker_batch_wait_ms",
                                    help="longest wait for such a batch, ms")
 
+    #: a Faust worker (worker, horus, place) that stays not ready this long while its broker answers and its
+    #: changelog recovery does not move says why and exits with status 1 (a supervisor restarts it)
+    ready_stall_s: float = setting(300.0, check=at_least(0), flag="--ready-stall",
+                                   help="seconds a Faust worker (worker, horus, place) may stay not ready while its "
+                                        "broker answers and its table recovery makes no progress, before it says "
+                                        "why and exits with status 1, 0 = wait forever")
+
     #: the live scorecard (docs/kubernetes.md): samples kept per container (0 = no scorecard)
     #: and the sliding windows of event time it scores
     scorecard_samples: int = setting(300, check=at_least(0), flag="--scorecard-samples",
