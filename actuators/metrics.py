@@ -15,7 +15,10 @@ Every metric is registered on the registry passed in, so tests use a fresh
   before the safety rules: ``signature`` (unsigned or wrongly signed while
   ``signing_key_file`` is set; dead-lettered), ``stale`` (older than
   ``decision_max_age_s``) or ``future`` (stamped beyond
-  ``decision_max_future_s``), both reported as ``rejected`` actuations.
+  ``decision_max_future_s``), both reported as ``rejected`` actuations;
+  ``jobs_off`` (a ``place`` decision while ``actuator_start_jobs`` is off)
+  and ``not_owner`` (a freeze, thaw, terminate, weight or resume of a
+  container this actuator did not start for that job), ``rejected`` too.
 - ``phasewise_actuator_decision_to_actuation_seconds``: from the decision's
   record time on the decisions topic (when the worker produced it) to its
   outcome here (duplicates left out);
@@ -40,7 +43,7 @@ from phasewise.topics import DECISIONS
 __all__ = ["FALLBACK_OUTCOMES", "LATENCY_BUCKETS", "REFUSALS", "ActuatorMetrics"]
 
 #: why a decision is refused before the safety rules see it
-REFUSALS = ("signature", "stale", "future")
+REFUSALS = ("signature", "stale", "future", "jobs_off", "not_owner")
 #: what came of a resize -> evict fallback (:mod:`phasewise.actuators.kubernetes`)
 FALLBACK_OUTCOMES = ("evicted", "waiting", "not_recreatable", "failed")
 #: seconds, for the pipeline's latencies (a hop is ~10 ms on a quiet cluster, minutes when backed up)

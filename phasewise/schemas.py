@@ -145,6 +145,8 @@ WORKLOAD_POLICIES = ("vpa", "phase")
 #: how a resize is carried out on Kubernetes: in place only, or in place with eviction as the fallback
 #: (VPA's InPlaceOrRecreate)
 UPDATE_MODES = ("in-place", "in-place-or-recreate")
+#: a job id: the characters of a managed container name (cgroupfs)
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +183,9 @@ class WorkloadPolicy:
                                  doc="Kubernetes: in-place (null: the default) or in-place-or-recreate (evict when "
                                      "a resize is infeasible or stays pending)")
     error: str | None = _f(default=None, doc="why the workload's policy was refused (mode is then off)")
+    job: str | None = _f(default=None, pattern=JOB_ID_PATTERN,
+                         doc="the job this container belongs to (phasewise.io/job): an actuator freezes, "
+                             "weights or terminates it for that job's decisions")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,8 +245,6 @@ class HostSamples:
     v: int = _f(default=1)
 
 
-#: a job id: the characters of a managed container name (cgroupfs)
-JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$"
 #: the largest batch size a job spec may name (anything above is a typo, not a workload)
 MAX_BATCH = 2**20
 
@@ -302,6 +305,8 @@ class JobEvent:
                        "by checkpoint-and-exit (what it booked is free; a frozen job is not stopped)")
     host: str | None = _f(default=None, doc="where it runs (kind started), where it was admitted (kind admitted)")
     container: str | None = _f(default=None, doc="its container (kinds started, admitted)")
+    pid: int | None = _f(default=None, minimum=1, maximum=2**31 - 1,
+                         doc="kind started: the process the actuator started (on `host`)")
     workload: str = _f(default="training", enum=("training", "inference", "interactive"))
     priority: int = _f(default=0, doc="higher is more important")
     spec: JobSpec | None = _f(default=None, doc="kind submitted only")
@@ -311,6 +316,10 @@ class JobEvent:
     metric_name: str | None = _f(default=None)
     epoch: float | None = _f(default=None, minimum=0)
     resume: bool = _f(default=False, doc="kind admitted: the job restarts from its checkpoint (it was stopped)")
+    signature: str | None = _f(default=None, pattern=r"^[a-z0-9]{1,16}:[0-9a-f]{8}:[A-Za-z0-9+/=]{1,200}$",
+                               doc="kind submitted: the submitter's signature, ed25519:<key id>:<base64>, over "
+                                   "job, ts, workload, priority and the spec's digest (phasewise.job_signing); "
+                                   "an unsigned job is placed and predicted but never started by an actuator")
     v: int = _f(default=1)
 
 

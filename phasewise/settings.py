@@ -64,6 +64,7 @@ __all__ = [
     "TargetsSettings",
     "CgroupSettings",
     "IntakeSettings",
+    "JobSettings",
     "KAFKA_SASL_MECHANISMS",
     "KAFKA_SECURITY_PROTOCOLS",
     "KafkaSettings",
@@ -242,6 +243,66 @@ def local_nodes_spec(v: str) -> None:
     names = [x.split("=")[0] for x in parts]
     if len(set(names)) != len(names):
         raise ValueError("node names repeat")
+
+
+_ACCOUNT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+def account_name(v: str) -> None:
+    """A user or group name (``nobody``) or a numeric id (``65534``), or empty."""
+    if v and not _ACCOUNT.match(v):
+        raise ValueError(f"{v!r} is not a user or group name or a numeric id")
+
+
+def user_name(v: str) -> None:
+    non_empty(v)
+    account_name(v)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: what the actuator sets per started job; ``job_env`` cannot set them
+JOB_ENV_PER_JOB = ("HOME", "TMPDIR", "PHASEWISE_JOB", "CUDA_VISIBLE_DEVICES")
+
+
+def parse_job_env(text: str) -> tuple[tuple[str, str], ...]:
+    """``job_env``: ``NAME=VALUE`` pairs separated by ``;`` or new lines (each trimmed), in order.
+
+    Refused: a name set per job (:data:`JOB_ENV_PER_JOB`), a name given twice, and a
+    ``PHASEWISE_*`` setting that is a secret or names a file (a key, a password): a job
+    never gets the actuator's credentials.
+
+    >>> parse_job_env("OMP_NUM_THREADS=1; PATH=/opt/venv/bin:/usr/bin")
+    (('OMP_NUM_THREADS', '1'), ('PATH', '/opt/venv/bin:/usr/bin'))
+    >>> parse_job_env("PHASEWISE_KAFKA_SASL_PASSWORD=x")
+    Traceback (most recent call last):
+    ...
+    ValueError: PHASEWISE_KAFKA_SASL_PASSWORD is a secret (or a file's path) of phasewise: a job never gets it
+    """
+    out: list[tuple[str, str]] = []
+    for part in re.split(r"[;\n]", text):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not _ENV_NAME.match(name):
+            raise ValueError(f"{part!r} is not NAME=VALUE (e.g. OMP_NUM_THREADS=1)")
+        if "\0" in value:
+            raise ValueError(f"{name}: a value cannot hold a NUL byte")
+        if name in JOB_ENV_PER_JOB:
+            raise ValueError(f"{name} is set per job by the actuator; job_env cannot set it")
+        if name.startswith(ENV_PREFIX):
+            spec = SPECS.get(name[len(ENV_PREFIX):].lower())
+            if spec is not None and (spec.secret or spec.name.endswith("_file")):
+                raise ValueError(f"{name} is a secret (or a file's path) of phasewise: a job never gets it")
+        if any(n == name for n, _ in out):
+            raise ValueError(f"{name} is given twice")
+        out.append((name, value.strip()))
+    return tuple(out)
+
+
+def _job_env(v: str) -> None:
+    parse_job_env(v)
 
 
 def one_of(choices: tuple[str, ...]) -> Callable[[Any], None]:
@@ -872,6 +933,19 @@ class ActuatorSettings(_Group):
                                   help="weight: never set a CPU weight (cpu.weight units, 1-10000) below this")
     cpu_weight_max: int = setting(10_000, check=in_range(1, 10_000),
                                   help="weight: never set a CPU weight (cpu.weight units, 1-10000) above this")
+    #: starting processes is opt-in: off, a place decision is rejected (docs/security.md, "What a started
+    #: job can do"); on, a job runs as job_user/job_group with an environment built from scratch
+    start_jobs: bool = setting(False, name="actuator_start_jobs", flag="--start-jobs",
+                               help="start the commands of placed jobs (place decisions); off: they are rejected")
+    job_user: str = setting("nobody", check=user_name, flag="--job-user",
+                            help="the user (name or uid) started jobs run as; root is refused unless "
+                                 "job_allow_root")
+    job_group: str = setting("", check=account_name, flag="--job-group",
+                             help="the group (name or gid) started jobs run as; empty: job_user's primary group")
+    job_allow_root: bool = setting(False, help="let job_user / job_group be root (uid or gid 0)")
+    job_env: str = setting("", check=_job_env,
+                           help="NAME=VALUE;... added to a started job's environment (PATH, LANG, "
+                                "OMP_NUM_THREADS, ...); nothing else of the actuator's is passed on")
 
     def _rules(self) -> None:
         if self.cpu_weight_min > self.cpu_weight_max:
@@ -921,6 +995,47 @@ class SigningSettings(_Group):
                                               "until signing_previous_key_until")
     previous_key_until: float = setting(0.0, check=at_least(0),
                                         help="Unix time until which the previous key is accepted")
+
+
+def absolute_paths(v: str) -> None:
+    """A comma list of absolute paths (or empty)."""
+    for x in (p.strip() for p in v.split(",")):
+        if x and not x.startswith("/"):
+            raise ValueError(f"{x!r} is not an absolute path (an executable is named by its absolute path)")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings(_Group):
+    """Who may have a job's command started (``docs/security.md``, "Who may start a job").
+
+    ``phasewise submit`` signs a job with the submitter's Ed25519 key; an
+    actuator starts a job's command only when a key of ``job_trusted_submitters``
+    signed it, the spec is younger than ``job_spec_max_age_s`` and, with an
+    allowlist, its executable is on it (:mod:`phasewise.job_signing`). The
+    agents (``worker --priorities``, ``place``) given the same keys take no
+    other job.
+    """
+
+    PREFIX: ClassVar[str] = "job_"
+
+    submitter_key_file: str = setting("", flag="--key",
+                                      help="the submitter's Ed25519 private key phasewise submit signs jobs with "
+                                           "(make one with phasewise keys submitter PATH); empty = publish unsigned "
+                                           "(no actuator starts an unsigned job)")
+    trusted_submitters: str = setting("", help="public keys whose signed jobs an actuator starts (and, set for "
+                                               "worker --priorities and place, the only jobs they take): files "
+                                               "and/or directories of *.pub, comma-separated; empty = an actuator "
+                                               "starts no job, the agents take every job")
+    spec_max_age_s: float = setting(7 * 86400.0, check=at_least(0),
+                                    help="an actuator refuses to start a job submitted longer ago than this "
+                                         "(0 = no limit)")
+    allowed_commands: str = setting("", check=absolute_paths,
+                                    help="executables (absolute paths, comma-separated) a started job's command "
+                                         "may name first; empty = any command a trusted submitter signed")
+
+    def allowed(self) -> tuple[str, ...]:
+        """``allowed_commands`` as a tuple (empty: no allowlist)."""
+        return tuple(x.strip() for x in self.allowed_commands.split(",") if x.strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -1099,6 +1214,7 @@ class Settings(_Group):
     targets: TargetsSettings = group(TargetsSettings)
     intake: IntakeSettings = group(IntakeSettings)
     signing: SigningSettings = group(SigningSettings)
+    jobs: JobSettings = group(JobSettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():

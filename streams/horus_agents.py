@@ -3,8 +3,11 @@
 - **job events** (``phasewise.job-events.v1``): a ``submitted`` job's graph
   features are extracted (:mod:`phasewise.streams.horus_jobs`), the model
   predicts its four targets and a :class:`~phasewise.schemas.UtilisationPrediction`
-  goes to ``phasewise.predictions.v1`` (key: job); ``started`` says where it
-  runs; ``finished`` observes and forgets it; other kinds are skipped (never
+  goes to ``phasewise.predictions.v1`` (key: job), signed with the cluster key
+  when there is one (``signing_key_file``; the placement worker then takes no
+  other); ``started`` says where it runs (with a cluster key, only a
+  ``started`` event signed with it, the actuator's: another is a dead
+  letter); ``finished`` observes and forgets it; other kinds are skipped (never
   dead-lettered).
 - **phases** (``phasewise.phases.v1``): a container's first phase change
   after its job started ends the job's loading phase (else ``horus_warmup_s`` does).
@@ -52,6 +55,7 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
+from phasewise.signing import keyring_of
 from phasewise.streams.horus_jobs import model_key, spec_features
 from phasewise.streams.job_inputs import dead_letterer, event_time_gate
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
@@ -223,6 +227,7 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
     # one stamped far ahead or behind would pin the join's windows of its job, container or host
     refused_time = event_time_gate(settings, ("job", "container", "host"), dead_letter)
+    keyring = keyring_of(settings)  # signs the predictions, checks the started events (None: neither)
 
     def learned(observations: list[Observation]) -> None:
         for o in observations:
@@ -246,10 +251,18 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
                 continue  # progress, priority, the priority agent's hints: not this agent's concern
             if await refused_time(event, "job", ev.job, ev.ts):
                 continue
+            if ev.kind == "started" and keyring is not None:
+                msg = event.message
+                why = keyring.verify(msg.topic, msg.key, msg.value, msg.headers)
+                if why is not None:  # only the actuator that started the job says where it runs
+                    await dead_letter(event, f"JobEvent started {ev.job} refused: {why}", "signature")
+                    continue
             try:
                 if ev.kind == "submitted":
                     pred = state.predict(ev)
-                    outputs.send(PREDICTIONS.name, ev.job.encode(), encode(pred))
+                    key, value = ev.job.encode(), encode(pred)
+                    outputs.send(PREDICTIONS.name, key, value,
+                                 None if keyring is None else keyring.headers(PREDICTIONS.name, key, value))
                     metrics.predictions.inc()
                 elif ev.kind == "started":
                     if ev.host is None or ev.container is None:

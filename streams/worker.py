@@ -321,20 +321,26 @@ def _stop_now(grace: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    from phasewise.job_signing import JobSigningError, trusted_submitters
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
     from phasewise.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
     from phasewise.streams.metrics import WorkerMetrics
 
     try:
-        keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
-    except SigningError as e:
+        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
+        trusted_submitters(settings.jobs.trusted_submitters)
+    except (SigningError, JobSigningError) as e:
         print(f"phasewise worker: error: {e}", file=sys.stderr)
         return 2
     if (why := state_dir_problem(settings)) is not None:
         print(f"phasewise worker: error: data_dir: {why}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)
+    if keyring is None:
+        hints = settings.priority.agent and settings.priority.launcher == "place"
+        warn_unsigned("worker", "decisions and hints" if hints else "decisions",
+                      "actuators and placement workers" if hints else "actuators")
     stop = threading.Event()
     # until Faust runs (it installs its own handlers), a signal ends the wait for the broker
     with stop_on_signals(stop) as received:
@@ -402,6 +408,12 @@ def run_faust(app: object, settings: Settings, metrics: object, *, role: str, re
     return 1 if guard.fired is not None else code
 
 
+def warn_unsigned(role: str, what: str, readers: str = "actuators") -> None:
+    """The one start-up warning of a role that publishes *what* without a cluster key (*readers* refuse them)."""
+    log.warning("phasewise %s: %s are published unsigned: %s with signing_key_file set refuse them "
+                "(set signing_key_file; docs/security.md)", role, what, readers)
+
+
 def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: object,
                    register: Callable[[object, Settings], None]) -> int:
     """A cluster-wide job worker (``phasewise horus``, ``phasewise place``): print the settings,
@@ -411,13 +423,26 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
     answers and ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
     unavailable, an agent died, an output could not be delivered or it was stuck not ready
     (``ready_stall_s``)."""
+    from phasewise.job_signing import JobSigningError, trusted_submitters
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
+    from phasewise.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
 
+    try:
+        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
+        trusted_submitters(settings.jobs.trusted_submitters)
+    except (SigningError, JobSigningError) as e:
+        print(f"phasewise {role}: error: {e}", file=sys.stderr)
+        return 2
     if (why := state_dir_problem(settings)) is not None:
         print(f"phasewise {role}: error: data_dir: {why}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)
+    if keyring is None:
+        if role == "horus":
+            warn_unsigned(role, "predictions", "placement workers")
+        else:
+            warn_unsigned(role, "decisions")
     stop = threading.Event()
     with stop_on_signals(stop) as received:
         try:

@@ -82,6 +82,8 @@ WHERE = {
     "targets_share_interval_s": "targets.share_interval_s",
     "terminate_grace_s": "actuator.terminate_grace_s", "terminate_grace_max_s": "actuator.terminate_grace_max_s",
     "cpu_weight_min": "actuator.cpu_weight_min", "cpu_weight_max": "actuator.cpu_weight_max",
+    "actuator_start_jobs": "actuator.start_jobs", "job_user": "actuator.job_user",
+    "job_group": "actuator.job_group", "job_allow_root": "actuator.job_allow_root", "job_env": "actuator.job_env",
     "decision_max_age_s": "actuator.decision_max_age_s",
     "actuator_read_partitions": "actuator.read_partitions",
     "decision_max_future_s": "actuator.decision_max_future_s",
@@ -91,6 +93,8 @@ WHERE = {
     "intake_max_containers_per_worker": "intake.max_containers_per_worker",
     "signing_key_file": "signing.key_file", "signing_previous_key_file": "signing.previous_key_file",
     "signing_previous_key_until": "signing.previous_key_until",
+    "job_submitter_key_file": "jobs.submitter_key_file", "job_trusted_submitters": "jobs.trusted_submitters",
+    "job_spec_max_age_s": "jobs.spec_max_age_s", "job_allowed_commands": "jobs.allowed_commands",
     "bind_address": "bind_address",
     **{f"kafka_{f}": f"kafka.{f}" for f in (
         "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file",
@@ -117,7 +121,8 @@ def other_value(name: str):
     if spec.kind == "str":
         candidates = {"phase_features": ["cpu,mem,gpu"],
                       "cgroup_prefix": ["other/prefix"], "place_local_nodes": ["s0=0-1@0;s1=2"],
-                      "scorecard_windows": ["30,120"]}.get(name, ["other"])
+                      "scorecard_windows": ["30,120"], "job_env": ["OMP_NUM_THREADS=1"],
+                      "job_allowed_commands": ["/usr/bin/python3"]}.get(name, ["other"])
     elif spec.kind == "int":
         candidates = [default + 1, default - 1]
     else:

@@ -5,6 +5,12 @@ The file holds one job: ``job`` (id; made from the model's name when absent),
 level (``model``, ``dataset``, ``batch_size``, ``amp``, ``requests``,
 ``targets``, ``command``, ``node_selector``). A bad spec is one line on stderr
 and exit status 2; nothing is published. YAML is read when PyYAML is installed.
+
+With a submitter key (``--key``, ``job_submitter_key_file``; made by
+``phasewise keys submitter PATH``) the event is signed
+(:mod:`phasewise.job_signing`): an actuator starts a job's command only when
+a submitter it trusts signed it. Without one the event is published unsigned,
+and a warning says so: the job is placed and predicted, never started.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phasewise.cli import add_common, settings_from_args
+from phasewise.cli import add_common, add_setting, settings_from_args
 from phasewise.models.horus_catalog import DATASETS, MODELS, canonical_dataset, canonical_model, is_entry_point
 from phasewise.schemas import JobEvent, JobSpec, SchemaError, encode, from_dict
 
@@ -98,6 +104,7 @@ def job_event(data: Any, *, job: str | None = None, ts: float | None = None) -> 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
+    add_setting(p, "job_submitter_key_file")
     p.add_argument("file", metavar="JOB", help="the job as JSON (or YAML with PyYAML installed)")
     p.add_argument("--job", help="job id (default: the file's 'job', else the model's name and a random suffix)")
     p.add_argument("--dry-run", action="store_true", help="check and print the event; publish nothing")
@@ -112,6 +119,23 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    s = settings_from_args(args)
+    if s.jobs.submitter_key_file:
+        from phasewise.job_signing import JobSigningError, key_id, load_private_key, sign_event
+
+        try:
+            key = load_private_key(s.jobs.submitter_key_file)
+        except JobSigningError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
+        event = sign_event(key, event)
+        signed = f"signed by submitter key {key_id(key.public_key())}"
+    else:
+        signed = "unsigned"
+        what = ("it can be placed and predicted, but no actuator starts its command" if event.spec.command
+                else "it can be placed and predicted")
+        print(f"{prog}: warning: job {event.job} is published unsigned (no --key, job_submitter_key_file empty): "
+              f"{what}", file=sys.stderr)
     value = encode(event)
     if args.dry_run:
         print(value.decode())
@@ -119,7 +143,6 @@ def run(args: argparse.Namespace) -> int:
     from phasewise.kafka import BrokerUnavailable, make_producer, wait_for_broker
     from phasewise.topics import JOB_EVENTS
 
-    s = settings_from_args(args)
     try:
         wait_for_broker(s, timeout_s=args.timeout)
     except BrokerUnavailable as e:
@@ -135,5 +158,5 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     print(f"submitted {event.job} ({event.spec.model} on {event.spec.dataset}, batch {event.spec.batch_size}) "
-          f"to {JOB_EVENTS.name}")
+          f"to {JOB_EVENTS.name}, {signed}")
     return 0

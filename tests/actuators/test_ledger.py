@@ -119,3 +119,34 @@ def test_restored_decisions_are_duplicates_and_a_restore_never_overwrites():
         assert led.restore("d2", container="c", claimed=now, status="clamped", message="restored")
         assert not led.claim("d2", container="c", now=now)
         assert (led.get("d2").status, led.get("d2").message) == ("clamped", "restored")
+
+
+def test_the_registry_of_started_jobs_survives_a_restart_and_records_their_end(tmp_path):
+    path = ledger_path(tmp_path, "h1")
+    t0 = time.time()
+    with Ledger(path) as led:
+        led.record_start("ctr-a", job="job-a", decision="p1", backend="cgroup-v1", pid=100, spec_digest="ab" * 32,
+                         now=t0)
+        assert led.started_job("other") is None
+    with Ledger(path) as led:
+        row = led.started_job("ctr-a")
+        assert (row.job, row.decision, row.backend, row.pid, row.spec_digest, row.started, row.ended) == (
+            "job-a", "p1", "cgroup-v1", 100, "ab" * 32, t0, None)
+        assert not led.record_end("ctr-a", pid=99, exit_status=0, now=t0 + 1)  # not its process
+        assert led.record_end("ctr-a", pid=100, exit_status=-9, now=t0 + 2)
+        assert not led.record_end("ctr-a", now=t0 + 3)  # ended already: the first end stands
+        row = led.started_job("ctr-a")
+        assert (row.ended, row.exit_status) == (t0 + 2, -9)
+        # resumed: the same container, a new process, running again
+        led.record_start("ctr-a", job="job-a", decision="p2", backend="cgroup-v1", pid=200, now=t0 + 4)
+        row = led.started_job("ctr-a")
+        assert (row.decision, row.pid, row.started, row.ended, row.exit_status) == ("p2", 200, t0 + 4, None, None)
+
+
+def test_ended_jobs_are_pruned_with_old_decisions_and_running_ones_are_kept():
+    with Ledger(":memory:", max_age_s=100) as led:
+        led.record_start("done", job="done", decision="p1", backend="b", pid=1, now=0.0)
+        led.record_start("running", job="running", decision="p2", backend="b", pid=2, now=0.0)
+        led.record_end("done", now=10.0)
+        led.prune(now=200.0)
+        assert led.started_job("done") is None and led.started_job("running") is not None
