@@ -9,7 +9,11 @@ Tansu quirks phasewise designs around (see README, "Embedded broker"):
 - a partition's high watermark is reported as the first offset of the last
   batch + 1, so Faust changelogs are produced one record per batch;
 - aiokafka's idempotent producer fails on it, so Faust runs without
-  ``exactly_once``.
+  ``exactly_once``;
+- memory storage is the only engine this build has besides S3: a restarted
+  broker has no topics, offsets or changelogs;
+- a metadata request that names a missing topic creates it, with 4
+  partitions (so health probes ask for every topic, never one by name).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def default_data_dir(euid: int | None = None, environ: Mapping[str, str] | None 
             home = ""
     if not os.path.isabs(home) or home == "/":
         # nowhere private to default to; ensure_state_dir checks whatever is used
-        return os.path.join(f"/var/tmp/phasewise-{euid}")
+        return f"/var/tmp/phasewise-{euid}"
     return os.path.join(home, ".local", "state", "phasewise")
 
 

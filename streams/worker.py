@@ -16,7 +16,12 @@ folded). SIGTERM and SIGINT stop it cleanly (Faust's worker installs those
 handlers; it also installs SIGUSR1 to log a stack dump). Exit status 0 after
 a clean stop; 1 when an agent died (on anything but a record, which is
 dead-lettered) or an output could not be delivered: nothing is committed
-after that, and a restarted worker takes over from the last commit.
+after that, and a restarted worker takes over from the last commit. Also 1
+when it stayed not ready for ``ready_stall_s`` while the broker answered and
+its table recovery did not move (:class:`ReadyGuard`; one critical line says
+what it waited for). ``/readyz`` is not ready while no broker answers
+(:class:`~phasewise.kafka.BrokerProbe`) and from a revocation to the end of
+the rebalance.
 
 The decision logic itself is pure and usable without Faust:
 :func:`phasewise.models.vpa_updater.process_host_samples` and
