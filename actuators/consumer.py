@@ -75,6 +75,7 @@ from typing import Any, Protocol
 from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend, JobSetupError, job_runtime
 from phasewise.actuators.commands import Outcome, SetLimits, StartJob
 from phasewise.actuators.ledger import Ledger, ledger_path
+from phasewise.actuators.ledger_loss import verify_ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
     SUPPORTED_ACTIONS,
@@ -100,6 +101,7 @@ from phasewise.schemas import (
 )
 from phasewise.settings import Settings
 from phasewise.signing import Keyring, SigningError, keyring_of
+from phasewise.statedir import StateDirError, ensure_state_dir
 from phasewise.topics import ACTUATIONS, DECISIONS, JOB_EVENTS
 
 __all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve", "submitters_of"]
@@ -668,6 +670,9 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
     consumer = make_consumer(settings, group_id(settings.host), **lag_statistics(actuator.metrics))
     only = settings.host.encode() if settings.actuator.read_partitions == "host" else None
     try:
+        # a new ledger that replaces a lost one is restored before anything is applied
+        if not verify_ledger(settings, ledger, consumer, actuator.metrics, stop, group=group_id(settings.host)):
+            return
         serve(actuator, consumer, producer, stop, only_key=only, health=health)
     finally:
         consumer.close()
@@ -738,6 +743,12 @@ def run(args: argparse.Namespace) -> int:
         print("phasewise actuate: error: actuator_start_jobs is on but job_trusted_submitters is empty: "
               "name the public keys of the submitters whose signed jobs this actuator may start "
               "(phasewise keys submitter PATH writes a pair)", file=sys.stderr)
+        return 2
+    try:
+        # 0711: the jobs it starts, as job_user, reach their working directories below it; list nothing
+        ensure_state_dir(settings.data_dir, mode=0o711)
+    except StateDirError as e:
+        print(f"phasewise actuate: error: data_dir: {e}", file=sys.stderr)
         return 2
     try:
         backend = make_backend(settings)

@@ -27,6 +27,14 @@ here for the decision's job (or whose workload says it is that job's,
 row (new pid, ``ended`` cleared); an ended job's row is pruned with the
 decisions, after ``max_age_s``. See docs/security.md.
 
+A ledger that this open created (none was there: a first start, or the
+file was deleted or its volume lost) is *unverified* until the actuator
+checked it against its consumer group (:func:`phasewise.actuators.ledger_loss.verify_ledger`):
+an actuator that ran before has committed offsets, and the decision ids it
+applied are then restored from its own actuations (:meth:`Ledger.restore`)
+before it applies anything. The mark is written before the tables, so a
+crash in between leaves the ledger unverified, not silently new.
+
 >>> led = Ledger(":memory:")
 >>> led.claim("d1", container="job-a", now=100.0)
 True
@@ -61,6 +69,10 @@ CREATE TABLE IF NOT EXISTS terminations (
     container TEXT PRIMARY KEY,
     decision  TEXT NOT NULL,
     at        REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ledger_state (
+    key       TEXT PRIMARY KEY,  -- 'unverified': created empty here, not yet checked for a lost predecessor
+    value     TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS jobs (
     container   TEXT PRIMARY KEY,
@@ -123,6 +135,11 @@ class Ledger:
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL" if self.path != ":memory:" else "PRAGMA journal_mode=MEMORY")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        if self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'decisions'").fetchone() is None:
+            # a new ledger: marked before the tables exist, so that no crash can leave it looking old
+            self._db.execute("CREATE TABLE IF NOT EXISTS ledger_state (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self._db.execute("INSERT OR IGNORE INTO ledger_state (key, value) VALUES ('unverified', ?)",
+                             (repr(time.time()),))
         self._db.executescript(_SCHEMA)
         self._claims = 0
         self.prune()
@@ -152,6 +169,22 @@ class Ledger:
         row = self._db.execute("SELECT id, container, claimed, status, message FROM decisions WHERE id = ?",
                                (decision_id,)).fetchone()
         return None if row is None else Entry(*row)
+
+    @property
+    def unverified(self) -> bool:
+        """True from this ledger's creation until :meth:`verified`: it may replace a lost one."""
+        return self._db.execute("SELECT 1 FROM ledger_state WHERE key = 'unverified'").fetchone() is not None
+
+    def verified(self) -> None:
+        """The ledger was checked (and restored where it replaced a lost one): clear the mark."""
+        self._db.execute("DELETE FROM ledger_state WHERE key = 'unverified'")
+
+    def restore(self, decision_id: str, *, container: str, claimed: float, status: str, message: str = "") -> bool:
+        """Enter a decision handled before this ledger existed; ``False`` if the id is already there."""
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO decisions (id, container, claimed, status, message) VALUES (?, ?, ?, ?, ?)",
+            (decision_id, container, claimed, status, message))
+        return cur.rowcount == 1
 
     def terminated(self, container: str) -> tuple[str, float] | None:
         """``(decision id, time)`` of this actuator's termination of *container*, if any."""

@@ -24,6 +24,12 @@ Every metric is registered on the registry passed in, so tests use a fresh
   outcome here (duplicates left out);
 - ``phasewise_actuator_consumer_lag{topic}``: decisions not yet read
   (librdkafka's statistics, every 5 s);
+- ``phasewise_actuator_ledger_lost_timestamp_seconds``: when this actuator
+  found at start-up that its ledger had been lost (a new ledger while its
+  consumer group has committed offsets), Unix seconds; 0: not since it
+  started (:mod:`phasewise.actuators.ledger_loss`);
+- ``phasewise_actuator_ledger_restored_total``: decision ids entered into
+  such a new ledger from the actuator's own actuations;
 - ``phasewise_build_info{version,python,role="actuator"}``: 1.
 """
 
@@ -81,6 +87,12 @@ class ActuatorMetrics:
         self.consumer_lag = Gauge("phasewise_actuator_consumer_lag", "records not yet read, by topic",
                                   ["topic"], registry=registry)
         self.consumer_lag.labels(topic=DECISIONS.name)
+        self.ledger_lost = Gauge("phasewise_actuator_ledger_lost_timestamp_seconds",
+                                 "when the actuator found its ledger lost at start-up (Unix s; 0: not)",
+                                 registry=registry)
+        self.ledger_restored = Counter("phasewise_actuator_ledger_restored",
+                                       "decision ids restored into a new ledger from this host's actuations",
+                                       registry=registry)
         from phasewise.observe import build_info
 
         self.build_info = build_info(registry, "actuator")

@@ -47,6 +47,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from phasewise.statedir import default_data_dir
+
 __all__ = [
     "BACKENDS",
     "GROUPS",
@@ -691,6 +693,13 @@ class WorkerSettings(_Group):
     batch_wait_ms: float = setting(5.0, check=at_least(0), name="worker_batch_wait_ms",
                                    help="longest wait for such a batch, ms")
 
+    #: a Faust worker (worker, horus, place) that stays not ready this long while its broker answers and its
+    #: changelog recovery does not move says why and exits with status 1 (a supervisor restarts it)
+    ready_stall_s: float = setting(300.0, check=at_least(0), flag="--ready-stall",
+                                   help="seconds a Faust worker (worker, horus, place) may stay not ready while its "
+                                        "broker answers and its table recovery makes no progress, before it says "
+                                        "why and exits with status 1, 0 = wait forever")
+
     #: the live scorecard (docs/kubernetes.md): samples kept per container (0 = no scorecard)
     #: and the sliding windows of event time it scores
     scorecard_samples: int = setting(300, check=at_least(0), flag="--scorecard-samples",
@@ -1195,8 +1204,10 @@ class Settings(_Group):
     host: str = setting(factory=socket.gethostname, check=non_empty, flag="--host",
                         help="this host's name")
     log_level: str = setting("info", choices=LOG_LEVELS, flag="--log-level", help="log level")
-    data_dir: str = setting("/tmp/phasewise", check=non_empty, flag="--data-dir",
-                            help="worker state, actuator ledger, demo run directories")
+    #: never under /tmp: another local user could create it first (docs/security.md, "State directories")
+    data_dir: str = setting(factory=default_data_dir, check=non_empty, flag="--data-dir",
+                            help="worker state, actuator ledger, job logs, demo run directories; created "
+                                 "private if missing, refused if another user owns it or may write it")
     metrics_port: int = setting(0, check=port, flag="--metrics-port",
                                 help="port of /metrics, /healthz and /readyz, 0 = none")
     #: the address the metrics and health endpoints (and the worker's Faust web server) listen on:
@@ -1348,7 +1359,9 @@ def default_text(name: str) -> str:
     """A setting's default as a user would write it (``64Mi``, ``hostname``)."""
     spec = SPECS[name]
     if spec.default is dataclasses.MISSING:
-        return {"host": "hostname"}.get(name, "computed")
+        return {"host": "hostname",
+                "data_dir": "/var/lib/phasewise as root, else $XDG_STATE_HOME/phasewise or ~/.local/state/phasewise",
+                }.get(name, "computed")
     if spec.parse is parse_size:
         return format_size(spec.default)
     if isinstance(spec.default, bool):

@@ -434,7 +434,7 @@ def test_the_producer_and_worker_images_build_run_unprivileged_and_answer_their_
                        "-e", f"PHASEWISE_METRICS_PORT={ports['producer']}",
                        "-v", "/sys/fs/cgroup:/host/sys/fs/cgroup:ro", "-v", "/proc:/host/proc:ro", producer_image)
         dockerd.docker("run", "-d", "--name", names["worker"], *unprivileged, *env,
-                       "--tmpfs", "/var/lib/phasewise:uid=65532,gid=65532",
+                       "--tmpfs", "/var/lib/phasewise:uid=65532,gid=65532,mode=0700",  # a tmpfs is 1777 unless told
                        "-e", f"PHASEWISE_METRICS_PORT={ports['worker']}",
                        "-e", f"PHASEWISE_WORKER_ID=pw-docker-{uuid.uuid4().hex[:6]}", worker_image)
         for role in ("producer", "worker"):

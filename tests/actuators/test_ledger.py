@@ -75,6 +75,52 @@ def test_terminations_survive_a_restart_until_the_container_is_started_again(tmp
         assert led.terminated("job-c") is None
 
 
+# --------------------------------------------------------------------------- a new ledger is unverified
+
+
+def test_a_new_ledger_is_unverified_until_checked_and_a_deleted_one_is_new_again(tmp_path):
+    path = ledger_path(tmp_path, "h")
+    with Ledger(path) as led:
+        assert led.unverified
+    with Ledger(path) as led:  # not checked yet (stopped, or the check failed): still unverified
+        assert led.unverified
+        led.verified()
+        assert not led.unverified
+        assert led.claim("d1", container="c")
+    with Ledger(path) as led:
+        assert not led.unverified and "d1" in led
+    for p in tmp_path.glob(path.name + "*"):  # the database and its WAL files
+        p.unlink()
+    with Ledger(path) as led:
+        assert led.unverified and "d1" not in led
+
+
+def test_a_ledger_of_the_earlier_format_is_not_taken_for_a_new_one(tmp_path):
+    import sqlite3
+
+    path = ledger_path(tmp_path, "h")
+    db = sqlite3.connect(path)
+    db.executescript("CREATE TABLE decisions (id TEXT PRIMARY KEY, container TEXT NOT NULL, claimed REAL NOT NULL,"
+                     " status TEXT, message TEXT NOT NULL DEFAULT '');"
+                     "CREATE TABLE terminations (container TEXT PRIMARY KEY, decision TEXT NOT NULL,"
+                     " at REAL NOT NULL);")
+    db.close()
+    with Ledger(path) as led:
+        assert not led.unverified
+
+
+def test_restored_decisions_are_duplicates_and_a_restore_never_overwrites():
+    with Ledger(":memory:") as led:
+        assert led.claim("d1", container="c", now=time.time())
+        led.finish("d1", "applied", "set cpu 1")
+        assert not led.restore("d1", container="c", claimed=1.0, status="failed", message="x")
+        assert led.get("d1").status == "applied"
+        now = time.time()
+        assert led.restore("d2", container="c", claimed=now, status="clamped", message="restored")
+        assert not led.claim("d2", container="c", now=now)
+        assert (led.get("d2").status, led.get("d2").message) == ("clamped", "restored")
+
+
 def test_the_registry_of_started_jobs_survives_a_restart_and_records_their_end(tmp_path):
     path = ledger_path(tmp_path, "h1")
     t0 = time.time()
