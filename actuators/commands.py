@@ -84,8 +84,11 @@ class StartJob:
     its checkpoint: its container may exist already, empty (it is reused, with
     its weight and, when *cpus* is ``""``, its cpuset); one that still holds a
     process is not started twice. ``gpus``: the GPU indices it may see
-    (``CUDA_VISIBLE_DEVICES``), ``None``: not named (the variable is left as
-    the actuator's own).
+    (``CUDA_VISIBLE_DEVICES``), ``None``: not named (the job gets the
+    actuator's own value of the variable, if it has one). ``job``: the job's id
+    (its ``PHASEWISE_JOB``; empty: the container's name). ``cpu_cores`` /
+    ``mem_bytes``: the limits its cgroup gets before the process starts (the
+    job's requests; ``None``: none set).
     """
 
     container: str
@@ -93,6 +96,9 @@ class StartJob:
     argv: tuple[str, ...]
     gpus: tuple[int, ...] | None = ()
     resume: bool = False
+    job: str = ""
+    cpu_cores: float | None = None
+    mem_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +145,9 @@ class Outcome:
     ``cpu_cores`` / ``mem_bytes`` are the limits the backend actually set
     (read back where the kernel rounds, e.g. memory to whole pages).
     ``temporary`` marks a failure a retry may fix (the consumer decides
-    whether to retry); it is meaningless for other statuses.
+    whether to retry); it is meaningless for other statuses. ``pid``: the
+    process a :class:`StartJob` started (``None`` for everything else, and
+    for a dry run).
     """
 
     status: str
@@ -147,6 +155,7 @@ class Outcome:
     cpu_cores: float | None = None
     mem_bytes: int | None = None
     temporary: bool = False
+    pid: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -154,8 +163,8 @@ class Outcome:
 
     @classmethod
     def applied(cls, message: str = "", *, cpu_cores: float | None = None,
-                mem_bytes: int | None = None) -> Outcome:
-        return cls("applied", message, cpu_cores, mem_bytes)
+                mem_bytes: int | None = None, pid: int | None = None) -> Outcome:
+        return cls("applied", message, cpu_cores, mem_bytes, pid=pid)
 
     @classmethod
     def failed(cls, message: str, *, temporary: bool = False, cpu_cores: float | None = None,

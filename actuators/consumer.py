@@ -16,17 +16,27 @@ For every message on the decisions topic the actuator:
    mode) and refuses (``rejected``, with the reason) any decision for a
    container not opted in as ``apply``: ``recommend`` containers are decided
    and published but never written, ``off`` ones are not managed;
-5. plans a command under the safety rules (managed, existing container;
+5. refuses (``rejected``) a ``place`` decision unless ``actuator_start_jobs``
+   is on, and a ``freeze``, ``thaw``, ``terminate``, ``weight`` or resume
+   decision for an existing container it does not own: one it started for
+   the decision's job (its registry, :class:`~phasewise.actuators.ledger.StartedJob`)
+   or whose workload says it is that job's (``phasewise.io/job``);
+6. plans a command under the safety rules (managed, existing container;
    CPU floor and host cap; the workload's own min/max; memory never under
    usage, or the recent peak working set, + margin; a container terminated
    once, within a bounded grace period; a CPU weight within its bounds; a
-   job started once, or resumed in its emptied container);
-6. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
-   temporary errors a few times with doubling backoff;
-7. records the outcome in the ledger and publishes an
+   job started once, or resumed in its emptied container, and only a job a
+   trusted submitter signed, whose signed spec's command is what runs:
+   :mod:`phasewise.actuators.job_trust`);
+7. applies it through the backend (``cgroup``, ``dry-run`` or ``kubernetes``), retrying
+   temporary errors a few times with doubling backoff; a job it started is
+   entered in its registry and announced by a ``started``
+   :class:`~phasewise.schemas.JobEvent` (key: the job; signed with the
+   cluster key when it has one);
+8. records the outcome in the ledger and publishes an
    :class:`~phasewise.schemas.Actuation` (key: host, with ``decision_ts`` so
    decision-to-actuation latency can be measured);
-8. commits the offsets only after the actuations were delivered. Kafka
+9. commits the offsets only after the actuations were delivered. Kafka
    delivery is at least once; with the ledger each decision id is applied at
    most once. An error that is no message's (ledger, backend, Kafka) stops
    the actuator with exit status 1 after committing the messages it handled.
@@ -50,9 +60,11 @@ which it reports in one line every few seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -60,9 +72,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend
-from phasewise.actuators.commands import Outcome, SetLimits
+from phasewise.actuators.backends import Backend, CgroupBackend, DryRunBackend, JobSetupError, job_runtime
+from phasewise.actuators.commands import Outcome, SetLimits, StartJob
 from phasewise.actuators.ledger import Ledger, ledger_path
+from phasewise.actuators.ledger_loss import verify_ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
     SUPPORTED_ACTIONS,
@@ -73,13 +86,25 @@ from phasewise.actuators.safety import (
     not_applied_reason,
     plan,
 )
+from phasewise.job_signing import JobSigningError, SubmitterKeys, trusted_submitters
 from phasewise.models.workload import resolve
-from phasewise.schemas import Actuation, Decision, SchemaError, WorkloadPolicy, brief, decode, encode
+from phasewise.schemas import (
+    JOB_ID_PATTERN,
+    Actuation,
+    Decision,
+    JobEvent,
+    SchemaError,
+    WorkloadPolicy,
+    brief,
+    decode,
+    encode,
+)
 from phasewise.settings import Settings
 from phasewise.signing import Keyring, SigningError, keyring_of
-from phasewise.topics import ACTUATIONS, DECISIONS
+from phasewise.statedir import StateDirError, ensure_state_dir
+from phasewise.topics import ACTUATIONS, DECISIONS, JOB_EVENTS
 
-__all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve"]
+__all__ = ["Actuator", "add_arguments", "group_id", "make_backend", "run", "run_actuator", "serve", "submitters_of"]
 
 log = logging.getLogger("phasewise.actuator")
 
@@ -92,6 +117,25 @@ class _Produces(Protocol):
 
 def group_id(host: str) -> str:
     return f"phasewise-actuator-{host}"
+
+
+#: a place decision's refusal while ``actuator_start_jobs`` is off
+NOT_STARTING = "this actuator does not start jobs (actuator_start_jobs is off)"
+#: the actions that touch a job's container: taken only on a container the actuator owns for that job
+OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight")
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+
+
+def job_of(d: Decision) -> str:
+    """The job a decision is about: ``details.job`` where it names one, else its container."""
+    job = d.details.get("job") if isinstance(d.details, dict) else None
+    return job if isinstance(job, str) and job else d.container
+
+
+def touches_a_job(d: Decision) -> bool:
+    """Whether *d* acts on a job's existing container (freeze, thaw, terminate, weight, resume)."""
+    resume = isinstance(d.details, dict) and d.details.get("resume") is True
+    return d.action in OWNED_ACTIONS or (d.action == "place" and resume)
 
 
 class Actuator:
@@ -114,6 +158,7 @@ class Actuator:
         sleep: Callable[[float], Any] = time.sleep,
         workloads: Any = None,
         keyring: Keyring | None = None,
+        submitters: SubmitterKeys | None = None,
     ) -> None:
         self.settings = settings
         #: this host's :class:`~phasewise.workloads.Workloads`; None: every container takes the
@@ -133,6 +178,8 @@ class Actuator:
         self.peaks = PeakTracker(settings.safety.peak_window_s)
         #: verifies the decisions' signatures (``signing_key_file``; ``None``: not checked)
         self.keyring = keyring
+        #: the submitters whose signed jobs this actuator starts (``job_trusted_submitters``; ``None``: none)
+        self.submitters = submitters
         #: the decision behind each resize the backend watches (update-mode in-place-or-recreate), whose
         #: later outcome (:meth:`follow_up`) is published as a further actuation of that decision
         self._resizes: dict[str, Decision] = {}
@@ -226,7 +273,31 @@ class Actuator:
                               f"decision_max_future_s ({a.decision_max_future_s:g} s); not applied")
         return None
 
+    def _not_owned(self, d: Decision, workload: WorkloadPolicy | None) -> str | None:
+        """Why this actuator must not act on *d*'s existing container for *d*'s job; ``None``: it owns it.
+
+        It owns a container it started for that job (its registry; a dry run's "starts" own nothing
+        for another backend), or one whose workload says it is that job's (``phasewise.io/job``).
+        """
+        c, job = d.container, job_of(d)
+        started = self.ledger.started_job(c)
+        if started is not None and started.backend == self.backend.name:
+            if started.job == job:
+                return None
+            return (f"container {c!r} was started by this actuator for job {started.job!r}, not {job!r}: "
+                    f"{d.action} refused")
+        if workload is not None and workload.job is not None:
+            if workload.job == job:
+                return None
+            return (f"container {c!r} belongs to job {workload.job!r} (its workload's phasewise.io/job), "
+                    f"not {job!r}: {d.action} refused")
+        return (f"container {c!r} was not started by this actuator and its workload does not say it belongs to "
+                f"job {job!r} (phasewise.io/job): {d.action} refused")
+
     def _decide_and_apply(self, d: Decision) -> Outcome:
+        if d.action == "place" and not self.settings.actuator.start_jobs:
+            self.metrics.refused.labels(reason="jobs_off").inc()
+            return Outcome("rejected", NOT_STARTING)
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
         workload = None
         if exists and d.action in SUPPORTED_ACTIONS:
@@ -236,6 +307,11 @@ class Actuator:
             if w.mode != "apply":
                 return Outcome("rejected", not_applied_reason(d.container, w))
             workload = w
+        if exists and touches_a_job(d):
+            why = self._not_owned(d, workload)
+            if why is not None:
+                self.metrics.refused.labels(reason="not_owner").inc()
+                return Outcome("rejected", why)
         usage = peak = None
         if exists and d.action == "limit" and d.mem_limit_bytes is not None:
             usage = self.backend.memory_usage(d.container)
@@ -249,9 +325,12 @@ class Actuator:
             terminated = f"by decision {t[0]} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t[1]))}"
         p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
                  peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus, now=self.clock(),
-                 terminated=terminated)
+                 terminated=terminated, submitters=self._trusted() if d.action == "place" else None,
+                 owned_by=self._owner(d.container, workload) if d.action == "place" and exists else None)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
+        if isinstance(p.command, StartJob) and not p.command.job:
+            p = Planned(dataclasses.replace(p.command, job=job_of(d)), p.notes)
         out = self._apply_with_retries(p)
         watched = getattr(self.backend, "watched", None)
         if watched is not None and isinstance(p.command, SetLimits):
@@ -263,10 +342,63 @@ class Actuator:
             return out
         if d.action == "terminate":
             self.ledger.record_termination(d.container, d.id, self.clock())
+            self.record_exits()  # its process's exit status, where this actuator started it
+            self.ledger.record_end(d.container, now=self.clock())  # ended either way (the container is empty)
         elif d.action == "place":  # a new job in the container: it may be terminated again
             self.ledger.forget_termination(d.container)
+            self._started(d, p.command, out)
         msg = "; ".join(m for m in (p.message, out.message) if m)
-        return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes)
+        return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes, pid=out.pid)
+
+    def _started(self, d: Decision, cmd: Any, out: Outcome) -> None:
+        """Enter a job this actuator started in its registry and announce it (a ``started`` job event).
+
+        A dry run's start is entered (for the dry run's own later decisions) but not announced:
+        no process runs.
+        """
+        job = cmd.job if isinstance(cmd, StartJob) and cmd.job else job_of(d)
+        digest = d.details.get("spec_digest") if isinstance(d.details, dict) else None
+        self.ledger.record_start(d.container, job=job, decision=d.id, backend=self.backend.name, pid=out.pid,
+                                 spec_digest=digest if isinstance(digest, str) else "", now=self.clock())
+        if out.pid is None or not _JOB_ID.match(job):
+            return
+        details = d.details if isinstance(d.details, dict) else {}
+        workload, priority = details.get("workload"), details.get("priority")
+        ev = JobEvent(job=job, ts=self.clock(), kind="started", host=self.settings.host, container=d.container,
+                      pid=out.pid,
+                      workload=workload if workload in ("training", "inference", "interactive") else "training",
+                      priority=priority if isinstance(priority, int) and not isinstance(priority, bool)
+                      and abs(priority) <= 10**9 else 0)
+        key, value = job.encode(), encode(ev)
+        headers = None if self.keyring is None else self.keyring.headers(JOB_EVENTS.name, key, value)
+        self.producer.produce(JOB_EVENTS.name, key=key, value=value, headers=headers)
+        self.producer.poll(0)
+
+    def record_exits(self) -> int:
+        """Enter in the registry the jobs the backend saw exit (their end and exit status); how many."""
+        exited = getattr(self.backend, "exited", None)
+        if exited is None:
+            return 0
+        n = 0
+        for e in exited():
+            n += self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=self.clock())
+        return n
+
+    def _owner(self, container: str, workload: WorkloadPolicy | None) -> str | None:
+        """The job *container* belongs to: the one this actuator started in it, else its workload's ``job``."""
+        started = self.ledger.started_job(container)
+        if started is not None and started.backend == self.backend.name:
+            return started.job
+        return getattr(workload, "job", None) or None
+
+    def _trusted(self) -> SubmitterKeys | None:
+        """The trusted submitter keys, read again when their files changed (rotation, revocation)."""
+        if self.submitters is not None and self.submitters.refresh():
+            if self.submitters.error is not None:
+                log.error("trusted submitters: %s; no job is started until they can be read", self.submitters.error)
+            else:
+                log.info("trusted submitters read again: %s", self.submitters.describe())
+        return self.submitters
 
     def _apply_with_retries(self, p: Planned) -> Outcome:
         s = self.settings
@@ -403,6 +535,7 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
         if health is not None:
             health.beat("consume", live_s)
         actuator.follow_up()  # watched resizes (update-mode in-place-or-recreate) due a check
+        actuator.record_exits()  # the jobs it started that ended, into its registry
         # block for the first decision only, then take what is already there:
         # consume(n, timeout) alone would wait the whole timeout for n messages
         first = consumer.poll(poll_s)
@@ -474,8 +607,11 @@ def make_backend(settings: Settings) -> Backend:
     from phasewise.cgroupfs import CgroupError
     from phasewise.workloads import layout_from_settings
 
-    if settings.actuator.backend == "cgroup":
-        return CgroupBackend(layout_from_settings(settings), job_log_dir=os.path.join(settings.data_dir, "jobs"))
+    a = settings.actuator
+    if a.backend == "cgroup":
+        # JobSetupError: a job user this host cannot switch to (checked at start-up, not at the first job)
+        jobs = job_runtime(settings) if a.start_jobs else None
+        return CgroupBackend(layout_from_settings(settings), jobs=jobs)
     if settings.actuator.backend == "kubernetes":
         from phasewise.actuators.kubernetes import KubeApi, KubernetesBackend, PodDirectory, RecreatePolicy
 
@@ -484,18 +620,18 @@ def make_backend(settings: Settings) -> Backend:
         # the node's cgroup tree (CgroupError without one): a container is acted on only where it is
         # discovered there, so the per-workload mode is resolved from its real identity
         layout = layout_from_settings(settings)
-        a = settings.actuator
         return KubernetesBackend(api, PodDirectory(api, settings.host), present=layout.exists,
                                  recreate=RecreatePolicy(deferred_timeout_s=a.kube_resize_deferred_timeout_s,
                                                          in_progress_timeout_s=a.kube_resize_in_progress_timeout_s,
                                                          check_s=a.kube_resize_check_s))
+    jobs = job_runtime(settings, switches=False) if a.start_jobs else None  # described, never switched to
     try:
         real = CgroupBackend(layout_from_settings(settings))
     except CgroupError as e:
         log.info("dry run without a cgroup tree (%s): memory usage unknown, every well-named container "
                  "counts as existing", e)
-        return DryRunBackend()
-    return DryRunBackend(usage=real.memory_usage, exists=real.exists)
+        return DryRunBackend(jobs=jobs)
+    return DryRunBackend(usage=real.memory_usage, exists=real.exists, jobs=jobs)
 
 
 #: seconds a stopping actuator waits for its last messages' delivery
@@ -505,7 +641,8 @@ FINAL_FLUSH_S = 3.0
 def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                  metrics: ActuatorMetrics | None = None, ledger: Ledger | None = None,
                  host_cores: float | None = None, workloads: Any = None,
-                 keyring: Keyring | None = None, health: Any = None) -> None:
+                 keyring: Keyring | None = None, health: Any = None,
+                 submitters: SubmitterKeys | None = None) -> None:
     """Build the Kafka clients and ledger, then :func:`serve` until *stop* is set.
 
     With ``create_topics``, first waits for the broker (saying so every few
@@ -526,11 +663,16 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
     producer = make_producer(settings, on_delivery=_delivery_report)
     if keyring is None:
         keyring = keyring_of(settings)
+    if submitters is None:
+        submitters = submitters_of(settings)
     actuator = Actuator(settings, backend, ledger, producer, metrics=metrics, host_cores=host_cores,
-                        workloads=workloads, keyring=keyring)
+                        workloads=workloads, keyring=keyring, submitters=submitters)
     consumer = make_consumer(settings, group_id(settings.host), **lag_statistics(actuator.metrics))
     only = settings.host.encode() if settings.actuator.read_partitions == "host" else None
     try:
+        # a new ledger that replaces a lost one is restored before anything is applied
+        if not verify_ledger(settings, ledger, consumer, actuator.metrics, stop, group=group_id(settings.host)):
+            return
         serve(actuator, consumer, producer, stop, only_key=only, health=health)
     finally:
         consumer.close()
@@ -541,6 +683,11 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                       FINAL_FLUSH_S)
         if own_ledger:
             ledger.close()
+
+
+def submitters_of(settings: Settings) -> SubmitterKeys | None:
+    """The keys ``job_trusted_submitters`` names (``None``: it is empty); :class:`JobSigningError` (one line)."""
+    return trusted_submitters(settings.jobs.trusted_submitters)
 
 
 def lag_statistics(metrics: ActuatorMetrics, every_ms: int = 5000) -> dict[str, Any]:
@@ -574,7 +721,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent",
                  "cpu_floor_cores", "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "data_dir",
                  "workload_default_mode", "workload_policy_file", "workload_pods", "terminate_grace_s",
-                 "terminate_grace_max_s", "cpu_weight_min", "cpu_weight_max"):
+                 "terminate_grace_max_s", "cpu_weight_min", "cpu_weight_max", "actuator_start_jobs", "job_user",
+                 "job_group", "job_trusted_submitters", "job_spec_max_age_s", "job_allowed_commands"):
         add_setting(p, name, help={"data_dir": "where the ledger of applied decisions lives"}.get(name))
 
 
@@ -587,11 +735,26 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     try:
         keyring = keyring_of(settings)
-    except SigningError as e:
+        submitters = submitters_of(settings)
+    except (SigningError, JobSigningError) as e:
         print(f"phasewise actuate: error: {e}", file=sys.stderr)
+        return 2
+    if settings.actuator.start_jobs and submitters is None:
+        print("phasewise actuate: error: actuator_start_jobs is on but job_trusted_submitters is empty: "
+              "name the public keys of the submitters whose signed jobs this actuator may start "
+              "(phasewise keys submitter PATH writes a pair)", file=sys.stderr)
+        return 2
+    try:
+        # 0711: the jobs it starts, as job_user, reach their working directories below it; list nothing
+        ensure_state_dir(settings.data_dir, mode=0o711)
+    except StateDirError as e:
+        print(f"phasewise actuate: error: data_dir: {e}", file=sys.stderr)
         return 2
     try:
         backend = make_backend(settings)
+    except JobSetupError as e:
+        print(f"phasewise actuate: error: {e}", file=sys.stderr)
+        return 2
     except CgroupError as e:
         print(f"phasewise actuate: error: cgroup_root: {e}", file=sys.stderr)
         return 2
@@ -606,8 +769,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"phasewise actuate: error: workload_policy_file: {e}", file=sys.stderr)
         return 2
     print(settings.describe(), flush=True)
+    jobs = getattr(backend, "jobs", None)
+    if jobs is not None:
+        starts = f"{'would start' if backend.name == 'dry-run' else 'starts'} jobs as {jobs.who()} in {jobs.work_root}"
+    else:
+        starts = "starts no jobs" + (" (actuator_start_jobs is off)" if backend.name != "kubernetes" else "")
     print(f"actuator: backend={backend.name} group={group_id(settings.host)} "
-          f"ledger={ledger_path(settings.data_dir, settings.host)} host_cores={os.cpu_count()}", flush=True)
+          f"ledger={ledger_path(settings.data_dir, settings.host)} host_cores={os.cpu_count()} {starts}", flush=True)
+    if settings.actuator.start_jobs and submitters is not None:
+        print("actuator: starts the jobs signed by the trusted submitter keys " + submitters.describe(), flush=True)
 
     metrics = ActuatorMetrics()
     from phasewise.kafka import kafka_log
@@ -636,7 +806,8 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     try:
         with stop_on_signals(stop) as received:
-            run_actuator(settings, backend, stop, metrics=metrics, workloads=workloads, keyring=keyring, health=health)
+            run_actuator(settings, backend, stop, metrics=metrics, workloads=workloads, keyring=keyring, health=health,
+                         submitters=submitters)
     except Exception:
         log.critical("actuator failed; exiting with status 1 (unhandled messages are redelivered)", exc_info=True)
         return 1

@@ -18,6 +18,23 @@ It also remembers which containers this actuator terminated (and by which
 decision), until it starts a job in the container again: a container is
 terminated once, whichever policy asks again.
 
+And it is the registry of the job containers this actuator started
+(:class:`StartedJob`: container, job, spec digest, backend, decision, pid,
+when started and when ended, exit status): ``freeze``, ``thaw``,
+``terminate``, ``weight`` and resume decisions act only on containers listed
+here for the decision's job (or whose workload says it is that job's,
+:mod:`phasewise.actuators.consumer`). A resume starts the job again in its
+row (new pid, ``ended`` cleared); an ended job's row is pruned with the
+decisions, after ``max_age_s``. See docs/security.md.
+
+A ledger that this open created (none was there: a first start, or the
+file was deleted or its volume lost) is *unverified* until the actuator
+checked it against its consumer group (:func:`phasewise.actuators.ledger_loss.verify_ledger`):
+an actuator that ran before has committed offsets, and the decision ids it
+applied are then restored from its own actuations (:meth:`Ledger.restore`)
+before it applies anything. The mark is written before the tables, so a
+crash in between leaves the ledger unverified, not silently new.
+
 >>> led = Ledger(":memory:")
 >>> led.claim("d1", container="job-a", now=100.0)
 True
@@ -37,7 +54,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Entry", "Ledger", "ledger_path"]
+__all__ = ["Entry", "Ledger", "StartedJob", "ledger_path"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
@@ -53,6 +70,21 @@ CREATE TABLE IF NOT EXISTS terminations (
     decision  TEXT NOT NULL,
     at        REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS ledger_state (
+    key       TEXT PRIMARY KEY,  -- 'unverified': created empty here, not yet checked for a lost predecessor
+    value     TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    container   TEXT PRIMARY KEY,
+    job         TEXT NOT NULL,
+    spec_digest TEXT NOT NULL DEFAULT '',
+    backend     TEXT NOT NULL,   -- a dry run's "start" owns nothing for a real backend
+    decision    TEXT NOT NULL,   -- the place decision that started it (last)
+    pid         INTEGER,         -- NULL: a dry run
+    started     REAL NOT NULL,
+    ended       REAL,            -- NULL while it runs (as far as this actuator knows)
+    exit_status INTEGER          -- the process's wait status as subprocess reports it (-N: signal N)
+);
 """
 
 
@@ -63,6 +95,21 @@ class Entry:
     claimed: float
     status: str | None
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartedJob:
+    """A job container this actuator started (its registry row)."""
+
+    container: str
+    job: str
+    spec_digest: str
+    backend: str
+    decision: str
+    pid: int | None
+    started: float
+    ended: float | None
+    exit_status: int | None
 
 
 def ledger_path(data_dir: str | os.PathLike, host: str) -> Path:
@@ -88,6 +135,11 @@ class Ledger:
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL" if self.path != ":memory:" else "PRAGMA journal_mode=MEMORY")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        if self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'decisions'").fetchone() is None:
+            # a new ledger: marked before the tables exist, so that no crash can leave it looking old
+            self._db.execute("CREATE TABLE IF NOT EXISTS ledger_state (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self._db.execute("INSERT OR IGNORE INTO ledger_state (key, value) VALUES ('unverified', ?)",
+                             (repr(time.time()),))
         self._db.executescript(_SCHEMA)
         self._claims = 0
         self.prune()
@@ -118,6 +170,22 @@ class Ledger:
                                (decision_id,)).fetchone()
         return None if row is None else Entry(*row)
 
+    @property
+    def unverified(self) -> bool:
+        """True from this ledger's creation until :meth:`verified`: it may replace a lost one."""
+        return self._db.execute("SELECT 1 FROM ledger_state WHERE key = 'unverified'").fetchone() is not None
+
+    def verified(self) -> None:
+        """The ledger was checked (and restored where it replaced a lost one): clear the mark."""
+        self._db.execute("DELETE FROM ledger_state WHERE key = 'unverified'")
+
+    def restore(self, decision_id: str, *, container: str, claimed: float, status: str, message: str = "") -> bool:
+        """Enter a decision handled before this ledger existed; ``False`` if the id is already there."""
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO decisions (id, container, claimed, status, message) VALUES (?, ?, ?, ?, ?)",
+            (decision_id, container, claimed, status, message))
+        return cur.rowcount == 1
+
     def terminated(self, container: str) -> tuple[str, float] | None:
         """``(decision id, time)`` of this actuator's termination of *container*, if any."""
         row = self._db.execute("SELECT decision, at FROM terminations WHERE container = ?", (container,)).fetchone()
@@ -132,6 +200,37 @@ class Ledger:
         """*container* was started again: it may be terminated again."""
         self._db.execute("DELETE FROM terminations WHERE container = ?", (container,))
 
+    # ------------------------------------------------------------------ the jobs it started
+
+    def record_start(self, container: str, *, job: str, decision: str, backend: str, pid: int | None,
+                     spec_digest: str = "", now: float | None = None) -> None:
+        """This actuator started *job* in *container* (a new start, or a resume: the row is replaced)."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO jobs (container, job, spec_digest, backend, decision, pid, started, ended, "
+            "exit_status) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+            (container, job, spec_digest, backend, decision, pid, time.time() if now is None else now))
+
+    def started_job(self, container: str) -> StartedJob | None:
+        """The registry row of *container*, if this actuator started a job in it."""
+        row = self._db.execute(
+            "SELECT container, job, spec_digest, backend, decision, pid, started, ended, exit_status FROM jobs "
+            "WHERE container = ?", (container,)).fetchone()
+        return None if row is None else StartedJob(*row)
+
+    def record_end(self, container: str, *, pid: int | None = None, exit_status: int | None = None,
+                   now: float | None = None) -> bool:
+        """The job in *container* ended (its process *pid*, when given, exited with *exit_status*).
+
+        ``False`` when there is no running job of that container (and pid) to end: an exit reported
+        after a resume started a new process is not the new process's end.
+        """
+        sql = "UPDATE jobs SET ended = ?, exit_status = ? WHERE container = ? AND ended IS NULL"
+        args: tuple = (time.time() if now is None else now, exit_status, container)
+        if pid is not None:
+            sql += " AND pid = ?"
+            args += (pid,)
+        return self._db.execute(sql, args).rowcount == 1
+
     def __contains__(self, decision_id: str) -> bool:
         return self.get(decision_id) is not None
 
@@ -143,6 +242,7 @@ class Ledger:
         now = time.time() if now is None else now
         n = self._db.execute("DELETE FROM decisions WHERE claimed < ?", (now - self.max_age_s,)).rowcount
         self._db.execute("DELETE FROM terminations WHERE at < ?", (now - self.max_age_s,))
+        self._db.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended < ?", (now - self.max_age_s,))
         n += self._db.execute(
             "DELETE FROM decisions WHERE id NOT IN "
             "(SELECT id FROM decisions ORDER BY claimed DESC LIMIT ?)", (self.max_rows,)

@@ -15,12 +15,21 @@ Every metric is registered on the registry passed in, so tests use a fresh
   before the safety rules: ``signature`` (unsigned or wrongly signed while
   ``signing_key_file`` is set; dead-lettered), ``stale`` (older than
   ``decision_max_age_s``) or ``future`` (stamped beyond
-  ``decision_max_future_s``), both reported as ``rejected`` actuations.
+  ``decision_max_future_s``), both reported as ``rejected`` actuations;
+  ``jobs_off`` (a ``place`` decision while ``actuator_start_jobs`` is off)
+  and ``not_owner`` (a freeze, thaw, terminate, weight or resume of a
+  container this actuator did not start for that job), ``rejected`` too.
 - ``phasewise_actuator_decision_to_actuation_seconds``: from the decision's
   record time on the decisions topic (when the worker produced it) to its
   outcome here (duplicates left out);
 - ``phasewise_actuator_consumer_lag{topic}``: decisions not yet read
   (librdkafka's statistics, every 5 s);
+- ``phasewise_actuator_ledger_lost_timestamp_seconds``: when this actuator
+  found at start-up that its ledger had been lost (a new ledger while its
+  consumer group has committed offsets), Unix seconds; 0: not since it
+  started (:mod:`phasewise.actuators.ledger_loss`);
+- ``phasewise_actuator_ledger_restored_total``: decision ids entered into
+  such a new ledger from the actuator's own actuations;
 - ``phasewise_build_info{version,python,role="actuator"}``: 1.
 """
 
@@ -34,7 +43,7 @@ from phasewise.topics import DECISIONS
 __all__ = ["FALLBACK_OUTCOMES", "LATENCY_BUCKETS", "REFUSALS", "ActuatorMetrics"]
 
 #: why a decision is refused before the safety rules see it
-REFUSALS = ("signature", "stale", "future")
+REFUSALS = ("signature", "stale", "future", "jobs_off", "not_owner")
 #: what came of a resize -> evict fallback (:mod:`phasewise.actuators.kubernetes`)
 FALLBACK_OUTCOMES = ("evicted", "waiting", "not_recreatable", "failed")
 #: seconds, for the pipeline's latencies (a hop is ~10 ms on a quiet cluster, minutes when backed up)
@@ -78,6 +87,12 @@ class ActuatorMetrics:
         self.consumer_lag = Gauge("phasewise_actuator_consumer_lag", "records not yet read, by topic",
                                   ["topic"], registry=registry)
         self.consumer_lag.labels(topic=DECISIONS.name)
+        self.ledger_lost = Gauge("phasewise_actuator_ledger_lost_timestamp_seconds",
+                                 "when the actuator found its ledger lost at start-up (Unix s; 0: not)",
+                                 registry=registry)
+        self.ledger_restored = Counter("phasewise_actuator_ledger_restored",
+                                       "decision ids restored into a new ledger from this host's actuations",
+                                       registry=registry)
         from phasewise.observe import build_info
 
         self.build_info = build_info(registry, "actuator")

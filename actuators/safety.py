@@ -12,9 +12,11 @@ The rules, in order:
    container must exist now;
 2. the action must be one this actuator performs (``limit``, ``freeze``,
    ``thaw``, ``terminate``, ``place``, ``weight``); a ``place`` decision
-   (:func:`plan_place`) names a container that does not exist yet (or, to
-   resume a stopped job, its container), a cpuset within this host's CPUs (or
-   none: all of them) and a command to start; a ``weight`` decision
+   (:func:`plan_place`) starts a job a trusted submitter signed
+   (:mod:`phasewise.actuators.job_trust`: the command is the signed spec's),
+   in a container that does not exist yet (or, to resume a stopped job, its
+   container), on a cpuset within this host's CPUs (or none: all of them); a
+   ``weight`` decision
    (:func:`plan_weight`) a CPU weight, held in ``[cpu_weight_min,
    cpu_weight_max]``; a ``terminate`` decision
    (:func:`plan_terminate`) names a container not terminated before and a
@@ -67,7 +69,9 @@ from functools import partial
 from typing import Protocol
 
 from phasewise.actuators.commands import Command, Freeze, SetCpuWeight, SetLimits, StartJob, Terminate, Thaw
+from phasewise.actuators.job_trust import verify_start
 from phasewise.cgroupfs import is_container_name  # the one definition of a managed name
+from phasewise.job_signing import SubmitterKeys
 from phasewise.schemas import MAX_BYTES, Decision, WorkloadPolicy
 from phasewise.settings import Settings
 from phasewise.units import fmt_bytes, fmt_cores
@@ -337,6 +341,8 @@ def plan(
     host_cpus: frozenset[int] | None = None,
     now: float | None = None,
     terminated: str | None = None,
+    submitters: SubmitterKeys | None = None,
+    owned_by: str | None = None,
 ) -> Planned | Rejected:
     """The command for *decision* under the safety rules, or why it is refused.
 
@@ -347,13 +353,15 @@ def plan(
     *workload*: the container's per-workload policy, whose min/max bound the limits.
     *host_cpus*: the CPU ids this host may bind jobs to (``place`` decisions).
     *now*, *terminated*: see :func:`plan_terminate` (``terminate`` decisions).
+    *submitters*, *owned_by*: see :func:`plan_place` (``place`` decisions; *now* too).
     """
     c = decision.container
     if not is_managed_name(c):
         return Rejected(f"container id {c!r} is not a managed container name "
                         "(a single cgroup name under the managed prefix)")
     if decision.action == "place":
-        return plan_place(decision, exists=exists, host_cpus=host_cpus)
+        return plan_place(decision, exists=exists, host_cpus=host_cpus, submitters=submitters, settings=settings,
+                          now=now, owned_by=owned_by)
     if not exists:
         return Rejected(f"container {c!r} does not exist under the managed prefix")
     if decision.action == "freeze":
@@ -435,26 +443,34 @@ def format_cpuset(cpus: frozenset[int] | set[int]) -> str:
     return ",".join(out)
 
 
-def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | None) -> Planned | Rejected:
+def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | None,
+               submitters: SubmitterKeys | None = None, settings: Settings | None = None, now: float | None = None,
+               owned_by: str | None = None) -> Planned | Rejected:
     """A ``place`` decision as a :class:`StartJob`, or why not.
 
-    The job's container must not exist yet (it is created for it), unless
-    ``details.resume`` is true: a job stopped by checkpoint-and-exit starts
-    again in its container (the backend refuses one that still holds a
-    process: a job runs once). ``details.cpuset`` is a cpuset list within
-    *host_cpus*, or absent (null): every CPU of *host_cpus* for a new
-    container, the container's own cpuset for a resumed one (the priority
-    agent decides who runs, not on which CPUs). ``details.command`` is a
-    non-empty list of strings (a job submitted without one is started by
-    whoever submitted it, not by phasewise) and ``details.device`` a list of
-    GPU indices (ints >= 0; absent: none; null: not named, the job sees what
-    the actuator sees).
+    First the job must be one a trusted submitter signed
+    (:func:`~phasewise.actuators.job_trust.verify_start`, with *submitters*,
+    *settings*, *now* and *owned_by*): the command started is the verified
+    spec's, never one an agent wrote. The job's container must not exist yet
+    (it is created for it), unless ``details.resume`` is true: a job stopped by
+    checkpoint-and-exit starts again in its container (the backend refuses one
+    that still holds a process: a job runs once). ``details.cpuset`` is a
+    cpuset list within *host_cpus*, or absent (null): every CPU of *host_cpus*
+    for a new container, the container's own cpuset for a resumed one (the
+    priority agent decides who runs, not on which CPUs). ``details.device`` is
+    a list of GPU indices (ints >= 0; absent: none; null: not named, the job
+    sees what the actuator sees).
     """
     c, d = decision.container, decision.details or {}
+    settings = Settings() if settings is None else settings
+    job = verify_start(decision, submitters=submitters, settings=settings,
+                       now=decision.ts if now is None else now, owned_by=owned_by)
+    if isinstance(job, str):
+        return Rejected(job)
     resume = d.get("resume") is True
     if exists and not resume:
         return Rejected(f"container {c!r} already exists: a placed job is started once")
-    cpus, argv, dev = d.get("cpuset"), d.get("command"), d.get("device", [])
+    cpus, dev = d.get("cpuset"), d.get("device", [])
     if not host_cpus:
         return Rejected("this host's CPUs are unknown; cannot bind a job to a cpuset")
     if cpus is None:
@@ -467,16 +483,12 @@ def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | 
         if not want <= host_cpus:
             return Rejected(f"place decision for {c!r}: cpuset {cpus} is not within this host's CPUs "
                             f"{sorted(host_cpus)}")
-    if argv == [] or argv is None:
-        return Rejected(f"place decision for {c!r} names no command (its job was submitted without one): "
-                        f"phasewise starts no process for it; whoever submitted it starts it"
-                        + (" again, from its checkpoint" if resume else ""))
-    if not (isinstance(argv, list) and argv and all(isinstance(a, str) and a and "\0" not in a for a in argv)):
-        return Rejected(f"place decision for {c!r}: details.command must be a non-empty list of strings")
     if dev is not None and not (isinstance(dev, list) and all(
             isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in dev)):
         return Rejected(f"place decision for {c!r}: details.device must be a list of GPU indices (or null)")
-    return Planned(StartJob(c, cpus, tuple(argv), None if dev is None else tuple(dev), resume=resume))
+    r = job.spec.requests  # the job starts with its signed requests as limits (the limits policy moves them later)
+    return Planned(StartJob(c, cpus, job.argv, None if dev is None else tuple(dev), resume=resume, job=job.job,
+                            cpu_cores=r.cpu_cores or None, mem_bytes=int(r.mem_bytes) if r.mem_bytes else None))
 
 
 def plan_weight(decision: Decision, *, settings: Settings) -> Planned | Rejected:

@@ -9,7 +9,11 @@ Tansu quirks phasewise designs around (see README, "Embedded broker"):
 - a partition's high watermark is reported as the first offset of the last
   batch + 1, so Faust changelogs are produced one record per batch;
 - aiokafka's idempotent producer fails on it, so Faust runs without
-  ``exactly_once``.
+  ``exactly_once``;
+- memory storage is the only engine this build has besides S3: a restarted
+  broker has no topics, offsets or changelogs;
+- a metadata request that names a missing topic creates it, with 4
+  partitions (so health probes ask for every topic, never one by name).
 """
 
 from __future__ import annotations
@@ -101,6 +105,7 @@ class EmbeddedBroker:
         p, self._proc = self._proc, None
         if p is not None and p.poll() is None:
             p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGCONT)  # a paused broker handles its SIGTERM once it runs
             try:
                 p.wait(5)
             except subprocess.TimeoutExpired:
@@ -109,6 +114,16 @@ class EmbeddedBroker:
         if self._log_file:
             self._log_file.close()
             self._log_file = None
+
+    def pause(self) -> None:
+        """Stop the broker process where it is (SIGSTOP): clients time out, and it keeps its data."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused broker go on (SIGCONT)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
 
     def wait(self) -> int:
         assert self._proc is not None

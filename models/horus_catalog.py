@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["MODELS", "DATASETS", "DatasetShape", "normalise", "canonical_model", "canonical_dataset",
-           "dataset_shape", "is_entry_point", "default_dataset", "MlpSpec", "parse_mlp"]
+           "dataset_shape", "is_entry_point", "default_dataset", "MlpSpec", "parse_mlp", "parse_module_list",
+           "entry_point_refusal"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,36 @@ def is_entry_point(name: str) -> bool:
     mod, sep, fn = name.partition(":")
     return bool(sep) and bool(mod) and bool(fn) and all(p.isidentifier() for p in mod.split(".")) \
         and fn.isidentifier()
+
+
+def parse_module_list(text: str) -> tuple[str, ...]:
+    """The modules of a comma list (``horus_model_modules``), stripped, empties dropped.
+
+    >>> parse_module_list(" mypkg.models, other ,")
+    ('mypkg.models', 'other')
+    """
+    return tuple(m for m in (x.strip() for x in text.split(",")) if m)
+
+
+def entry_point_refusal(name: str, allowed: tuple[str, ...]) -> str | None:
+    """Why ``module:function`` *name* may not be imported under the allowlist *allowed*, or None when it may.
+
+    A listed module allows itself and its submodules (``mypkg`` allows
+    ``mypkg.models``); nothing else is imported, however it is spelled.
+
+    >>> entry_point_refusal("mypkg.models:build", ("mypkg",)) is None
+    True
+    >>> entry_point_refusal("os:abort", ()).split(";")[0]
+    'module os is not in horus_model_modules (empty: catalog models only)'
+    >>> entry_point_refusal("mypkgx:build", ("mypkg",)).split(";")[0]
+    'module mypkgx is not in horus_model_modules (mypkg)'
+    """
+    mod = name.partition(":")[0]
+    if any(mod == m or mod.startswith(m + ".") for m in allowed):
+        return None
+    listed = ", ".join(allowed) if allowed else "empty: catalog models only"
+    return (f"module {mod} is not in horus_model_modules ({listed}); an operator lists the modules whose "
+            f"module:function models horus imports")
 
 
 def canonical_model(name: str) -> str | None:

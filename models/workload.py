@@ -19,6 +19,9 @@ memory-max   memory quantity                         ``16Gi``
 priority     integer, higher is more important       ``10``
 class        a word (``training``, ``inference``)    ``training``
 update-mode  ``in-place`` | ``in-place-or-recreate`` ``in-place-or-recreate``
+job          a job id: the job the container is      ``train-42``
+             (an actuator acts on it for that
+             job's freeze/thaw/terminate/weight)
 ============ ======================================= ===============================
 
 Pod annotations apply to every container of the pod;
@@ -37,7 +40,8 @@ every container a runtime made (Docker, Kubernetes: opt-in per workload).
 
 >>> resolve(parse_settings({"phasewise.io/mode": "recommend", "phasewise.io/cpu-max": "1500m"}), "flat")
 WorkloadPolicy(mode='recommend', source='annotation', policy=None, cpu_min_cores=None, cpu_max_cores=1.5, \
-mem_min_bytes=None, mem_max_bytes=None, priority=None, workload_class=None, update_mode=None, error=None)
+mem_min_bytes=None, mem_max_bytes=None, priority=None, workload_class=None, update_mode=None, error=None, \
+job=None)
 >>> resolve(None, "kubepods-systemd").mode, resolve(None, "flat").mode
 ('off', 'apply')
 >>> resolve(parse_settings({"phasewise.io/mode": "Apply"}), "flat").error
@@ -58,6 +62,7 @@ if TYPE_CHECKING:  # numpy only for the worker's vectorised step: the actuator i
     import numpy as np
 
 from phasewise.schemas import (
+    JOB_ID_PATTERN,
     MAX_BYTES,
     MAX_CORES,
     MODES,
@@ -95,8 +100,10 @@ ANNOTATION_PREFIX = "phasewise.io/"
 DEFAULT_MODES = ("auto", *MODES)
 #: limit policies a workload may ask for (the worker's ``--policy`` choices)
 POLICIES = WORKLOAD_POLICIES
-KEYS = ("mode", "policy", "cpu-min", "cpu-max", "memory-min", "memory-max", "priority", "class", "update-mode")
+KEYS = ("mode", "policy", "cpu-min", "cpu-max", "memory-min", "memory-max", "priority", "class", "update-mode",
+        "job")
 _CLASS = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_JOB = re.compile(JOB_ID_PATTERN)
 
 
 class WorkloadError(ValueError):
@@ -173,6 +180,7 @@ class Settings:
     priority: int | None = None
     workload_class: str | None = None
     update_mode: str | None = None
+    job: str | None = None
     error: str | None = None
 
 
@@ -191,7 +199,7 @@ def parse_settings(values: Mapping[str, Any] | None, *, container: str | None = 
     True
     >>> print(parse_settings({"phasewise.io/cpu_max": "2"}).error)
     phasewise.io/cpu_max: unknown key (known: mode, policy, cpu-min, cpu-max, memory-min, memory-max, priority, \
-class, update-mode)
+class, update-mode, job)
     >>> a = {"phasewise.io/mode": "apply", "logger.phasewise.io/mode": "off"}
     >>> parse_settings(a, container="logger").mode, parse_settings(a, container="trainer").mode
     ('off', 'apply')
@@ -245,6 +253,10 @@ def _parse(mine: Mapping[str, tuple[Any, str]], source: str) -> Settings:
                 if value not in UPDATE_MODES:
                     raise ValueError(f"{value!r} is not one of {', '.join(UPDATE_MODES)}")
                 out["update_mode"] = value
+            elif key == "job":
+                if not isinstance(value, str) or not _JOB.match(value):
+                    raise ValueError(f"{value!r} is not a job id (the characters of a container name)")
+                out["job"] = value
         except ValueError as e:
             raise WorkloadError(f"{where}: {e}") from None
     for lo, hi, what in (("cpu_min_cores", "cpu_max_cores", "cpu"), ("mem_min_bytes", "mem_max_bytes", "memory")):
@@ -350,7 +362,8 @@ def resolve(own: Settings | None, layout: str, default_mode: str = "auto") -> Wo
     return WorkloadPolicy(mode=own.mode or default, source=own.source, policy=own.policy,
                           cpu_min_cores=own.cpu_min_cores, cpu_max_cores=own.cpu_max_cores,
                           mem_min_bytes=own.mem_min_bytes, mem_max_bytes=own.mem_max_bytes,
-                          priority=own.priority, workload_class=own.workload_class, update_mode=own.update_mode)
+                          priority=own.priority, workload_class=own.workload_class, update_mode=own.update_mode,
+                          job=own.job)
 
 
 def without_off(samples: HostSamples) -> HostSamples:

@@ -43,6 +43,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "experiment": ("phasewise.experiment.cli", "experiments with real jobs under a policy (targets, priorities)"),
     "schemas": ("phasewise.schemas_cli", "write or check the JSON Schemas of every topic"),
     "topics": ("phasewise.topics_cli", "create the topics on a cluster (idempotent) and list them"),
+    "keys": ("phasewise.keys_cli", "make a key pair: keys submitter PATH (a job submitter's Ed25519 key)"),
     "submit": ("phasewise.horus.submit", "publish a job (JOB.json|yaml) on the job-events topic"),
     "horus": ("phasewise.streams.horus_worker", "run the Horus worker (jobs + samples -> utilisation predictions)"),
     "place": ("phasewise.streams.placement_worker", "run the placement worker (jobs + predictions + samples -> "

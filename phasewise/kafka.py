@@ -24,6 +24,7 @@ from phasewise.settings import Settings
 from phasewise.topics import DEAD_LETTERS, TOPICS, Topic
 
 __all__ = [
+    "BrokerProbe",
     "BrokerUnavailable",
     "DEAD_LETTER_MAX_BYTES",
     "FoldRepeats",
@@ -267,6 +268,74 @@ def wait_for_broker(settings: Settings, timeout_s: float | None = 30.0, *, stop:
             stop.wait(0.2)
         else:
             time.sleep(0.2)
+
+
+class BrokerProbe:
+    """Whether the cluster answers now: its metadata asked every *every_s* by a daemon thread.
+
+    For the Faust roles, whose Kafka client (aiokafka) leaves nothing a health
+    check could read: their ``/readyz`` is not ready while :meth:`outage` says
+    why (the last probe failed, or one of *topics* is missing, as on a broker
+    that restarted without its data). It asks for every topic's metadata, not
+    *topics*' own: the embedded broker creates a topic a metadata request names.
+    Failures are logged through :class:`KafkaLog`, folded like every client's.
+    """
+
+    def __init__(self, settings: Settings, topics: Iterable[str] = (), *, every_s: float = 3.0,
+                 timeout_s: float = 5.0) -> None:
+        self.bootstrap = settings.kafka.bootstrap
+        self.topics = tuple(topics)
+        self.every_s = every_s
+        self.timeout_s = timeout_s
+        self._admin = make_admin(settings)
+        self._why: str | None = "not asked yet"
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> str | None:
+        """Ask now; None when a broker answered with every topic of *topics*, else why not."""
+        klog = kafka_log(self.bootstrap)
+        try:
+            md = self._admin.list_topics(timeout=self.timeout_s)
+        except KafkaException as e:
+            self._admin.poll(0)  # hands librdkafka's log lines and errors to klog
+            err = e.args[0] if e.args else None
+            why = klog.outage() or (err.str() if isinstance(err, KafkaError) else str(e))
+            why = f"no Kafka broker answers at {self.bootstrap} ({why})"
+        else:
+            self._admin.poll(0)
+            klog.reachable()
+            missing = [t for t in self.topics if t not in md.topics]
+            why = (f"topic {', '.join(missing)} missing on the broker at {self.bootstrap} (a broker restarted "
+                   "without its data? create the topics: phasewise topics)") if missing else None
+        with self._lock:
+            self._why = why
+        return why
+
+    def outage(self) -> str | None:
+        """Why the last probe failed; None when it succeeded."""
+        with self._lock:
+            return self._why
+
+    def start(self) -> BrokerProbe:
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.check()
+                except Exception as e:  # noqa: BLE001 - the probe reports, it never ends the role
+                    with self._lock:
+                        self._why = f"broker probe failed: {type(e).__name__}: {e}"
+                self._stop.wait(self.every_s)
+
+        self._thread = threading.Thread(target=loop, name="phasewise-broker-probe", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout_s + 1)
 
 
 def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS, timeout_s: float = 30.0) -> list[str]:

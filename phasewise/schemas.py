@@ -70,7 +70,10 @@ __all__ = [
     "JobControl",
     "RECORDS",
     "MAX_MESSAGE_BYTES",
+    "MAX_JOB_EVENT_BYTES",
     "brief",
+    "encode_within",
+    "max_bytes",
     "encode",
     "decode",
     "decode_host_samples",
@@ -122,11 +125,27 @@ def _f(
     maximum: float | None = None,
     enum: tuple[str, ...] | None = None,
     pattern: str | None = None,
+    max_length: int | None = None,
+    max_items: int | None = None,
+    max_bytes: int | None = None,
+    key_max_length: int | None = None,
     doc: str = "",
 ) -> Any:
+    """A record field's declaration: its default and the bounds :func:`decode` checks.
+
+    *max_length*: characters of a string, of each string of an array of
+    strings, or of each value of an object of strings; *max_items*: items of
+    an array, entries of an object; *max_bytes*: UTF-8 bytes of an array of
+    strings' items together; *key_max_length*: characters of each key of an
+    object of strings.
+    """
     meta = {"minimum": minimum, "maximum": maximum, "enum": enum, "doc": doc}
     if pattern is not None:
         meta["pattern"] = pattern
+    for k, v in (("max_length", max_length), ("max_items", max_items), ("max_bytes", max_bytes),
+                 ("key_max_length", key_max_length)):
+        if v is not None:
+            meta[k] = v
     if default is dataclasses.MISSING:
         return field(metadata=meta)
     if isinstance(default, (dict, list)):
@@ -145,6 +164,8 @@ WORKLOAD_POLICIES = ("vpa", "phase")
 #: how a resize is carried out on Kubernetes: in place only, or in place with eviction as the fallback
 #: (VPA's InPlaceOrRecreate)
 UPDATE_MODES = ("in-place", "in-place-or-recreate")
+#: a job id: the characters of a managed container name (cgroupfs)
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +202,9 @@ class WorkloadPolicy:
                                  doc="Kubernetes: in-place (null: the default) or in-place-or-recreate (evict when "
                                      "a resize is infeasible or stays pending)")
     error: str | None = _f(default=None, doc="why the workload's policy was refused (mode is then off)")
+    job: str | None = _f(default=None, pattern=JOB_ID_PATTERN,
+                         doc="the job this container belongs to (phasewise.io/job): an actuator freezes, "
+                             "weights or terminates it for that job's decisions")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,10 +264,34 @@ class HostSamples:
     v: int = _f(default=1)
 
 
-#: a job id: the characters of a managed container name (cgroupfs)
-JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$"
 #: the largest batch size a job spec may name (anything above is a typo, not a workload)
 MAX_BATCH = 2**20
+#: a job's command: at most this many arguments and this many UTF-8 bytes in all. A training job's
+#: command line is tens to hundreds of bytes (an interpreter, a script, its flags); 16 KiB leaves room
+#: for long flag lists and a JSON argument while a decision that carries the whole spec stays small
+#: (Linux itself takes up to 2 MiB of arguments: the limit is ours, see docs/security.md)
+MAX_COMMAND_ARGS = 256
+MAX_COMMAND_BYTES = 16 * 2**10
+#: a model name: a catalog name, an ``mlp-...`` name (65 widths of up to 6 digits and its suffixes take
+#: about 470 characters) or ``module:function``
+MAX_MODEL_NAME = 512
+#: a dataset name (the catalog's are at most 16 characters, with their aliases)
+MAX_DATASET_NAME = 64
+#: a node selector: entries; a key as long as a Kubernetes label key (a 253-character prefix, "/",
+#: a 63-character name); a value as long as 16 label values of 63 characters joined by "|"
+MAX_SELECTOR_ENTRIES = 64
+MAX_SELECTOR_KEY = 317
+MAX_SELECTOR_VALUE = 1024
+#: a metric's name (targets, progress)
+MAX_METRIC_NAME = 128
+#: a host name (a DNS name is at most 253 characters) and a container name (a cgroup path below the
+#: managed root) in a job event
+MAX_HOST_NAME = 255
+MAX_CONTAINER_NAME = 1024
+#: a whole job event as published: its fields' own bounds take about 40 KB at most; re-encoded (text
+#: escaped as ASCII grows at most threefold) inside a decision with the signature, a role's outputs
+#: stay far under the producers' 1,000,000-byte message limit (docs/security.md, "Record sizes")
+MAX_JOB_EVENT_BYTES = 64 * 2**10
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,7 +308,7 @@ class JobRequests:
 class JobTargets:
     """A training job's two-tier target on a metric it reports (TRADL's <acceptable, objective>)."""
 
-    metric: str = _f(default="loss")
+    metric: str = _f(default="loss", max_length=MAX_METRIC_NAME)
     direction: str = _f(default="min", enum=("min", "max"))
     acceptable: float | None = _f(default=None)
     objective: float | None = _f(default=None)
@@ -270,14 +318,19 @@ class JobTargets:
 class JobSpec:
     """What a submitted job runs: its model, data, batch, precision and requests."""
 
-    model: str = _f(doc="catalog name (e.g. resnet50) or module:function returning an nn.Module")
-    dataset: str = _f(doc="catalog dataset name (e.g. cifar10); gives the input shape")
+    model: str = _f(max_length=MAX_MODEL_NAME,
+                    doc="catalog name (e.g. resnet50) or module:function returning an nn.Module")
+    dataset: str = _f(max_length=MAX_DATASET_NAME, doc="catalog dataset name (e.g. cifar10); gives the input shape")
     batch_size: int = _f(minimum=1, maximum=MAX_BATCH)
     amp: bool = _f(default=False, doc="automatic mixed precision")
     requests: JobRequests = _f(default=JobRequests())
     targets: JobTargets | None = _f(default=None)
-    command: tuple[str, ...] = _f(default=(), doc="argv that starts the job locally")
-    node_selector: dict = _f(default={}, doc="node labels the job needs, e.g. a GPU model")
+    command: tuple[str, ...] = _f(default=(), max_items=MAX_COMMAND_ARGS, max_bytes=MAX_COMMAND_BYTES,
+                                  doc="argv that starts the job locally")
+    node_selector: dict[str, str] = _f(default={}, max_items=MAX_SELECTOR_ENTRIES, key_max_length=MAX_SELECTOR_KEY,
+                                       max_length=MAX_SELECTOR_VALUE,
+                                       doc="node labels the job needs, e.g. a GPU model (a value may list "
+                                           "alternatives: a|b)")
     expected_s: float | None = _f(default=None, minimum=0, maximum=86400 * 365,
                                   doc="seconds the job expects to run once started; null = unknown (long)")
 
@@ -293,6 +346,8 @@ class JobEvent:
     """
 
     VERSION: ClassVar[int] = 1
+    #: the largest message :func:`decode` takes for this record (the others: :data:`MAX_MESSAGE_BYTES`)
+    MAX_BYTES: ClassVar[int] = MAX_JOB_EVENT_BYTES
     job: str = _f(pattern=JOB_ID_PATTERN, doc="job id (the characters of a container name)")
     ts: float = _f(minimum=0)
     kind: str = _f(enum=("submitted", "started", "progress", "priority", "finished", "admitted", "stopped"),
@@ -300,17 +355,25 @@ class JobEvent:
                        "admitted: the priority agent let the job start (or resume, `resume`) on `host` now, "
                        "for the placement agent to place there; stopped: the priority agent stopped the job "
                        "by checkpoint-and-exit (what it booked is free; a frozen job is not stopped)")
-    host: str | None = _f(default=None, doc="where it runs (kind started), where it was admitted (kind admitted)")
-    container: str | None = _f(default=None, doc="its container (kinds started, admitted)")
+    host: str | None = _f(default=None, max_length=MAX_HOST_NAME,
+                          doc="where it runs (kind started), where it was admitted (kind admitted)")
+    container: str | None = _f(default=None, max_length=MAX_CONTAINER_NAME,
+                               doc="its container (kinds started, admitted)")
+    pid: int | None = _f(default=None, minimum=1, maximum=2**31 - 1,
+                         doc="kind started: the process the actuator started (on `host`)")
     workload: str = _f(default="training", enum=("training", "inference", "interactive"))
     priority: int = _f(default=0, doc="higher is more important")
     spec: JobSpec | None = _f(default=None, doc="kind submitted only")
     step: int | None = _f(default=None, minimum=0)
     loss: float | None = _f(default=None)
     metric: float | None = _f(default=None)
-    metric_name: str | None = _f(default=None)
+    metric_name: str | None = _f(default=None, max_length=MAX_METRIC_NAME)
     epoch: float | None = _f(default=None, minimum=0)
     resume: bool = _f(default=False, doc="kind admitted: the job restarts from its checkpoint (it was stopped)")
+    signature: str | None = _f(default=None, pattern=r"^[a-z0-9]{1,16}:[0-9a-f]{8}:[A-Za-z0-9+/=]{1,200}$",
+                               doc="kind submitted: the submitter's signature, ed25519:<key id>:<base64>, over "
+                                   "job, ts, workload, priority and the spec's digest (phasewise.job_signing); "
+                                   "an unsigned job is placed and predicted but never started by an actuator")
     v: int = _f(default=1)
 
 
@@ -479,6 +542,7 @@ def _hints(cls: type) -> dict[str, Any]:
     if h is None:
         h = typing.get_type_hints(cls)
         h.pop("VERSION", None)
+        h.pop("MAX_BYTES", None)
         _HINTS[cls] = h
     return h
 
@@ -543,6 +607,7 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
 
         return convert
 
+    max_length, max_items, max_bytes = meta.get("max_length"), meta.get("max_items"), meta.get("max_bytes")
     if tp is str:
         enum = meta.get("enum")
         pattern = re.compile(meta["pattern"]) if meta.get("pattern") else None
@@ -550,6 +615,9 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
         def check_str(value: Any) -> str:
             if type(value) is not str:
                 raise SchemaError(f"{cls}: field '{name}' must be a string, got {type(value).__name__}")
+            if max_length is not None and len(value) > max_length:
+                raise SchemaError(f"{cls}: field '{name}' is {len(value)} characters long, more than "
+                                  f"{max_length}")
             if enum and value not in enum:
                 raise SchemaError(f"{cls}: field '{name}' = {brief(value)} is not one of {list(enum)}")
             if pattern is not None and not pattern.match(value):
@@ -570,9 +638,32 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
         def check_dict(value: Any) -> dict:
             if type(value) is not dict:
                 raise SchemaError(f"{cls}: field '{name}' must be an object")
+            if max_items is not None and len(value) > max_items:
+                raise SchemaError(f"{cls}: field '{name}' holds {len(value)} entries, more than {max_items}")
             return value
 
         return null_or(check_dict)
+    if typing.get_origin(tp) is dict and typing.get_args(tp) == (str, str):
+        key_max = meta.get("key_max_length")
+
+        def check_labels(value: Any) -> dict:
+            if type(value) is not dict:
+                raise SchemaError(f"{cls}: field '{name}' must be an object")
+            if max_items is not None and len(value) > max_items:
+                raise SchemaError(f"{cls}: field '{name}' holds {len(value)} entries, more than {max_items}")
+            for k, v in value.items():
+                if type(v) is not str:
+                    raise SchemaError(f"{cls}: field '{name}': the value of {brief(k)} must be a string, "
+                                      f"got {type(v).__name__}")
+                if key_max is not None and len(k) > key_max:
+                    raise SchemaError(f"{cls}: field '{name}': key {brief(k)} is {len(k)} characters long, "
+                                      f"more than {key_max}")
+                if max_length is not None and len(v) > max_length:
+                    raise SchemaError(f"{cls}: field '{name}': the value of {brief(k)} is {len(v)} characters "
+                                      f"long, more than {max_length}")
+            return value
+
+        return null_or(check_labels)
     if dataclasses.is_dataclass(tp):  # a nested record (e.g. JobEvent.spec)
 
         def check_nested(value: Any) -> Any:
@@ -587,6 +678,18 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
         def check_strings(value: Any) -> tuple:
             if type(value) is not list or any(type(x) is not str for x in value):
                 raise SchemaError(f"{cls}: field '{name}' must be an array of strings")
+            if max_items is not None and len(value) > max_items:
+                raise SchemaError(f"{cls}: field '{name}' holds {len(value)} items, more than {max_items}")
+            if max_length is not None:
+                for i, x in enumerate(value):
+                    if len(x) > max_length:
+                        raise SchemaError(f"{cls}: field '{name}'[{i}] is {len(x)} characters long, more than "
+                                          f"{max_length}")
+            if max_bytes is not None:
+                # (lone surrogates, which JSON escapes can spell, are counted as the 3 bytes they would take)
+                size = sum(len(x.encode("utf-8", "surrogatepass")) for x in value)
+                if size > max_bytes:
+                    raise SchemaError(f"{cls}: field '{name}' holds {size} bytes (UTF-8), more than {max_bytes}")
             return tuple(value)
 
         return null_or(check_strings)
@@ -596,6 +699,8 @@ def _converter(cls: str, name: str, tp: Any, meta: dict):
         def check_items(value: Any) -> tuple:
             if type(value) is not list:
                 raise SchemaError(f"{cls}: field '{name}' must be an array")
+            if max_items is not None and len(value) > max_items:
+                raise SchemaError(f"{cls}: field '{name}' holds {len(value)} items, more than {max_items}")
             build = _parser(item_tp)
             out = []
             for i, item in enumerate(value):
@@ -737,9 +842,29 @@ def _unparsable(name: str, raw: Any, e: BaseException) -> SchemaError:
     return SchemaError(f"{name}: not valid JSON: {str(e).split(';')[0]}")
 
 
-def _too_large(name: str, raw: bytes | str) -> SchemaError:
+def max_bytes(cls: type) -> int:
+    """The largest message of record *cls* that :func:`decode` takes (its ``MAX_BYTES``, else
+    :data:`MAX_MESSAGE_BYTES`)."""
+    return getattr(cls, "MAX_BYTES", MAX_MESSAGE_BYTES)
+
+
+def _too_large(name: str, raw: bytes | str, limit: int = MAX_MESSAGE_BYTES) -> SchemaError:
+    which = "MAX_MESSAGE_BYTES" if limit == MAX_MESSAGE_BYTES else f"{name}.MAX_BYTES"
     return SchemaError(f"{name}: message of {len(raw)} bytes is larger than the limit of "
-                       f"{MAX_MESSAGE_BYTES} bytes (MAX_MESSAGE_BYTES)")
+                       f"{limit} bytes ({which})")
+
+
+def encode_within(record: Any) -> bytes:
+    """:func:`encode`, refusing with :class:`SchemaError` a record larger than :func:`decode` takes back.
+
+    What a writer of a bounded record (``phasewise submit``) calls: a record
+    it publishes is one every consumer reads.
+    """
+    value = encode(record)
+    limit = max_bytes(type(record))
+    if len(value) > limit:
+        raise _too_large(type(record).__name__, value, limit)
+    return value
 
 
 def decode(cls: type[R], raw: bytes | str) -> R:
@@ -755,8 +880,9 @@ def decode(cls: type[R], raw: bytes | str) -> R:
     phasewise.schemas.SchemaError: Decision: not valid JSON: arrays or objects nested too deeply to parse
     """
     try:
-        if len(raw) > MAX_MESSAGE_BYTES:
-            raise _too_large(cls.__name__, raw)
+        limit = max_bytes(cls)
+        if len(raw) > limit:
+            raise _too_large(cls.__name__, raw, limit)
         data = json.loads(raw)
     except SchemaError:
         raise
@@ -773,7 +899,7 @@ _NoneType = type(None)
 class _Column:
     """How the fast path checks one ContainerSample field, from the same metadata as the strict parser."""
 
-    __slots__ = ("name", "kind", "optional", "lo", "hi", "slot", "record", "enum")
+    __slots__ = ("name", "kind", "optional", "lo", "hi", "slot", "record", "enum", "max_length")
 
     def __init__(self, cls: type, f: dataclasses.Field) -> None:
         tp, self.optional = _unwrap_optional(_hints(cls)[f.name])
@@ -782,6 +908,7 @@ class _Column:
         self.name = f.name
         self.lo, self.hi = f.metadata.get("minimum"), f.metadata.get("maximum")
         self.enum = frozenset(f.metadata["enum"]) if f.metadata.get("enum") else None
+        self.max_length = f.metadata.get("max_length")
         if self.kind == "int":  # the strict parser's 64-bit range
             self.lo = _INT_MIN if self.lo is None else self.lo
             self.hi = _INT_MAX if self.hi is None else self.hi
@@ -809,6 +936,8 @@ class _Column:
             return tuple(None if x is None else next(it) for x in col)
         if self.kind == "str":
             if types != {str}:
+                return None
+            if self.max_length is not None and max(map(len, vals)) > self.max_length:
                 return None
             return None if self.enum is not None and not set(vals) <= self.enum else col
         if self.kind == "int":
@@ -950,8 +1079,21 @@ def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
             s["enum"] = list(meta["enum"])
         if meta.get("pattern"):
             s["pattern"] = meta["pattern"]
+        if meta.get("max_length") is not None:
+            s["maxLength"] = meta["max_length"]
     elif tp is dict:
         s = {"type": "object"}
+        if meta.get("max_items") is not None:
+            s["maxProperties"] = meta["max_items"]
+    elif typing.get_origin(tp) is dict:  # an object of strings
+        value: dict = {"type": "string"}
+        if meta.get("max_length") is not None:
+            value["maxLength"] = meta["max_length"]
+        s = {"type": "object", "additionalProperties": value}
+        if meta.get("key_max_length") is not None:
+            s["propertyNames"] = {"maxLength": meta["key_max_length"]}
+        if meta.get("max_items") is not None:
+            s["maxProperties"] = meta["max_items"]
     elif dataclasses.is_dataclass(tp):
         defs[tp.__name__] = _schema_body(tp, defs)
         ref: dict = {"$ref": f"#/$defs/{tp.__name__}"}
@@ -961,6 +1103,10 @@ def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
         return s
     elif typing.get_origin(tp) is tuple and typing.get_args(tp)[0] is str:
         s = {"type": "array", "items": {"type": "string"}}
+        if meta.get("max_length") is not None:
+            s["items"]["maxLength"] = meta["max_length"]
+        if meta.get("max_bytes") is not None:  # no JSON Schema keyword says it: the items' own bound, and words
+            s["items"]["maxLength"] = min(meta["max_bytes"], s["items"].get("maxLength", meta["max_bytes"]))
     elif typing.get_origin(tp) is tuple:
         item = typing.get_args(tp)[0]
         defs[item.__name__] = _schema_body(item, defs)
@@ -970,12 +1116,16 @@ def _json_type(tp: Any, meta: dict, defs: dict) -> dict:
         s = {"$ref": f"#/$defs/{tp.__name__}"}
     else:
         raise TypeError(tp)
+    if meta.get("max_items") is not None and s.get("type") == "array":
+        s["maxItems"] = meta["max_items"]
     if meta.get("minimum") is not None:
         s["minimum"] = meta["minimum"]
     if meta.get("maximum") is not None:
         s["maximum"] = meta["maximum"]
     if meta.get("doc"):
         s["description"] = meta["doc"]
+    if meta.get("max_bytes") is not None:
+        s["description"] = (s.get("description", "") + f" (at most {meta['max_bytes']} bytes of UTF-8 in all)").strip()
     if optional:
         if "type" in s:
             s["type"] = [s["type"], "null"]
@@ -1019,6 +1169,8 @@ def json_schemas() -> dict[str, dict]:
             "title": cls.__name__,
             **body,
         }
+        if "MAX_BYTES" in cls.__dict__:  # no JSON Schema keyword bounds a document's size: said in words
+            schema["description"] += f" A message is at most {cls.MAX_BYTES} bytes."  # type: ignore[attr-defined]
         if defs:
             schema["$defs"] = defs
         out[f"{cls.__name__}.v{cls.VERSION}.json"] = schema  # type: ignore[attr-defined]

@@ -47,6 +47,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from phasewise.statedir import default_data_dir
+
 __all__ = [
     "BACKENDS",
     "GROUPS",
@@ -62,6 +64,7 @@ __all__ = [
     "TargetsSettings",
     "CgroupSettings",
     "IntakeSettings",
+    "JobSettings",
     "KAFKA_SASL_MECHANISMS",
     "KAFKA_SECURITY_PROTOCOLS",
     "KafkaSettings",
@@ -240,6 +243,73 @@ def local_nodes_spec(v: str) -> None:
     names = [x.split("=")[0] for x in parts]
     if len(set(names)) != len(names):
         raise ValueError("node names repeat")
+
+
+_ACCOUNT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+def account_name(v: str) -> None:
+    """A user or group name (``nobody``) or a numeric id (``65534``), or empty."""
+    if v and not _ACCOUNT.match(v):
+        raise ValueError(f"{v!r} is not a user or group name or a numeric id")
+
+
+def user_name(v: str) -> None:
+    non_empty(v)
+    account_name(v)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: what the actuator sets per started job; ``job_env`` cannot set them
+JOB_ENV_PER_JOB = ("HOME", "TMPDIR", "PHASEWISE_JOB", "CUDA_VISIBLE_DEVICES")
+
+
+def parse_job_env(text: str) -> tuple[tuple[str, str], ...]:
+    """``job_env``: ``NAME=VALUE`` pairs separated by ``;`` or new lines (each trimmed), in order.
+
+    Refused: a name set per job (:data:`JOB_ENV_PER_JOB`), a name given twice, and a
+    ``PHASEWISE_*`` setting that is a secret or names a file (a key, a password): a job
+    never gets the actuator's credentials.
+
+    >>> parse_job_env("OMP_NUM_THREADS=1; PATH=/opt/venv/bin:/usr/bin")
+    (('OMP_NUM_THREADS', '1'), ('PATH', '/opt/venv/bin:/usr/bin'))
+    >>> parse_job_env("PHASEWISE_KAFKA_SASL_PASSWORD=x")
+    Traceback (most recent call last):
+    ...
+    ValueError: PHASEWISE_KAFKA_SASL_PASSWORD is a secret (or a file's path) of phasewise: a job never gets it
+    """
+    out: list[tuple[str, str]] = []
+    for part in re.split(r"[;\n]", text):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not _ENV_NAME.match(name):
+            raise ValueError(f"{part!r} is not NAME=VALUE (e.g. OMP_NUM_THREADS=1)")
+        if "\0" in value:
+            raise ValueError(f"{name}: a value cannot hold a NUL byte")
+        if name in JOB_ENV_PER_JOB:
+            raise ValueError(f"{name} is set per job by the actuator; job_env cannot set it")
+        if name.startswith(ENV_PREFIX):
+            spec = SPECS.get(name[len(ENV_PREFIX):].lower())
+            if spec is not None and (spec.secret or spec.name.endswith("_file")):
+                raise ValueError(f"{name} is a secret (or a file's path) of phasewise: a job never gets it")
+        if any(n == name for n, _ in out):
+            raise ValueError(f"{name} is given twice")
+        out.append((name, value.strip()))
+    return tuple(out)
+
+
+def _job_env(v: str) -> None:
+    parse_job_env(v)
+
+
+def module_list(v: str) -> None:
+    """Comma-separated dotted module names (``mypkg.models, other``), or empty."""
+    for m in (x.strip() for x in v.split(",")):
+        if m and not all(p.isidentifier() for p in m.split(".")):
+            raise ValueError(f"{m!r} is not a module name (e.g. mypkg.models)")
 
 
 def one_of(choices: tuple[str, ...]) -> Callable[[Any], None]:
@@ -624,6 +694,13 @@ class WorkerSettings(_Group):
     batch_wait_ms: float = setting(5.0, check=at_least(0), name="worker_batch_wait_ms",
                                    help="longest wait for such a batch, ms")
 
+    #: a Faust worker (worker, horus, place) that stays not ready this long while its broker answers and its
+    #: changelog recovery does not move says why and exits with status 1 (a supervisor restarts it)
+    ready_stall_s: float = setting(300.0, check=at_least(0), flag="--ready-stall",
+                                   help="seconds a Faust worker (worker, horus, place) may stay not ready while its "
+                                        "broker answers and its table recovery makes no progress, before it says "
+                                        "why and exits with status 1, 0 = wait forever")
+
     #: the live scorecard (docs/kubernetes.md): samples kept per container (0 = no scorecard)
     #: and the sliding windows of event time it scores
     scorecard_samples: int = setting(300, check=at_least(0), flag="--scorecard-samples",
@@ -864,6 +941,19 @@ class ActuatorSettings(_Group):
                                   help="weight: never set a CPU weight (cpu.weight units, 1-10000) below this")
     cpu_weight_max: int = setting(10_000, check=in_range(1, 10_000),
                                   help="weight: never set a CPU weight (cpu.weight units, 1-10000) above this")
+    #: starting processes is opt-in: off, a place decision is rejected (docs/security.md, "What a started
+    #: job can do"); on, a job runs as job_user/job_group with an environment built from scratch
+    start_jobs: bool = setting(False, name="actuator_start_jobs", flag="--start-jobs",
+                               help="start the commands of placed jobs (place decisions); off: they are rejected")
+    job_user: str = setting("nobody", check=user_name, flag="--job-user",
+                            help="the user (name or uid) started jobs run as; root is refused unless "
+                                 "job_allow_root")
+    job_group: str = setting("", check=account_name, flag="--job-group",
+                             help="the group (name or gid) started jobs run as; empty: job_user's primary group")
+    job_allow_root: bool = setting(False, help="let job_user / job_group be root (uid or gid 0)")
+    job_env: str = setting("", check=_job_env,
+                           help="NAME=VALUE;... added to a started job's environment (PATH, LANG, "
+                                "OMP_NUM_THREADS, ...); nothing else of the actuator's is passed on")
 
     def _rules(self) -> None:
         if self.cpu_weight_min > self.cpu_weight_max:
@@ -921,6 +1011,47 @@ class SigningSettings(_Group):
                                         help="Unix time until which the previous key is accepted")
 
 
+def absolute_paths(v: str) -> None:
+    """A comma list of absolute paths (or empty)."""
+    for x in (p.strip() for p in v.split(",")):
+        if x and not x.startswith("/"):
+            raise ValueError(f"{x!r} is not an absolute path (an executable is named by its absolute path)")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings(_Group):
+    """Who may have a job's command started (``docs/security.md``, "Who may start a job").
+
+    ``phasewise submit`` signs a job with the submitter's Ed25519 key; an
+    actuator starts a job's command only when a key of ``job_trusted_submitters``
+    signed it, the spec is younger than ``job_spec_max_age_s`` and, with an
+    allowlist, its executable is on it (:mod:`phasewise.job_signing`). The
+    agents (``worker --priorities``, ``place``) given the same keys take no
+    other job.
+    """
+
+    PREFIX: ClassVar[str] = "job_"
+
+    submitter_key_file: str = setting("", flag="--key",
+                                      help="the submitter's Ed25519 private key phasewise submit signs jobs with "
+                                           "(make one with phasewise keys submitter PATH); empty = publish unsigned "
+                                           "(no actuator starts an unsigned job)")
+    trusted_submitters: str = setting("", help="public keys whose signed jobs an actuator starts (and, set for "
+                                               "worker --priorities and place, the only jobs they take): files "
+                                               "and/or directories of *.pub, comma-separated; empty = an actuator "
+                                               "starts no job, the agents take every job")
+    spec_max_age_s: float = setting(7 * 86400.0, check=at_least(0),
+                                    help="an actuator refuses to start a job submitted longer ago than this "
+                                         "(0 = no limit)")
+    allowed_commands: str = setting("", check=absolute_paths,
+                                    help="executables (absolute paths, comma-separated) a started job's command "
+                                         "may name first; empty = any command a trusted submitter signed")
+
+    def allowed(self) -> tuple[str, ...]:
+        """``allowed_commands`` as a tuple (empty: no allowlist)."""
+        return tuple(x.strip() for x in self.allowed_commands.split(",") if x.strip())
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadSettings(_Group):
     """Per-workload policy on this host (the host agent and the actuator): default mode, pods, policy file."""
@@ -962,6 +1093,15 @@ class HorusSettings(_Group):
     min_samples: int = setting(5, check=at_least(1), help="steady samples a job needs to be learned")
     worker_id: str = setting("phasewise-horus", check=non_empty, flag="--horus-id",
                              help="Faust app id (consumer group and table names) of the horus worker")
+    model_modules: str = setting("", check=module_list,
+                                 help="modules (comma-separated; each with its submodules) whose module:function "
+                                      "models horus imports, in a child process; empty = catalog models only")
+    build_timeout_s: float = setting(60.0, check=above(0),
+                                     help="seconds a module:function model's graph may take to build in its child "
+                                          "process before it is stopped and the job refused")
+    build_memory_bytes: int = setting(4 * 2**30, parse=parse_size, check=at_least(64 * 2**20),
+                                      help="address space a module:function model's child process may take beyond "
+                                           "the interpreter's own, bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1074,8 +1214,10 @@ class Settings(_Group):
     host: str = setting(factory=socket.gethostname, check=non_empty, flag="--host",
                         help="this host's name")
     log_level: str = setting("info", choices=LOG_LEVELS, flag="--log-level", help="log level")
-    data_dir: str = setting("/tmp/phasewise", check=non_empty, flag="--data-dir",
-                            help="worker state, actuator ledger, demo run directories")
+    #: never under /tmp: another local user could create it first (docs/security.md, "State directories")
+    data_dir: str = setting(factory=default_data_dir, check=non_empty, flag="--data-dir",
+                            help="worker state, actuator ledger, job logs, demo run directories; created "
+                                 "private if missing, refused if another user owns it or may write it")
     metrics_port: int = setting(0, check=port, flag="--metrics-port",
                                 help="port of /metrics, /healthz and /readyz, 0 = none")
     #: the address the metrics and health endpoints (and the worker's Faust web server) listen on:
@@ -1098,6 +1240,7 @@ class Settings(_Group):
     targets: TargetsSettings = group(TargetsSettings)
     intake: IntakeSettings = group(IntakeSettings)
     signing: SigningSettings = group(SigningSettings)
+    jobs: JobSettings = group(JobSettings)
 
     def _rules(self) -> None:
         for name, cls in GROUPS.items():
@@ -1226,7 +1369,9 @@ def default_text(name: str) -> str:
     """A setting's default as a user would write it (``64Mi``, ``hostname``)."""
     spec = SPECS[name]
     if spec.default is dataclasses.MISSING:
-        return {"host": "hostname"}.get(name, "computed")
+        return {"host": "hostname",
+                "data_dir": "/var/lib/phasewise as root, else $XDG_STATE_HOME/phasewise or ~/.local/state/phasewise",
+                }.get(name, "computed")
     if spec.parse is parse_size:
         return format_size(spec.default)
     if isinstance(spec.default, bool):

@@ -347,14 +347,16 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
         from phasewise.streams.priority_agents import register_priorities
 
         register_priorities(app, settings, outputs=outputs, dead_letter=dead_letter, barrier=barrier,
-                            sign=None if keyring is None else keyring.headers)
+                            sign=None if keyring is None else keyring.headers,
+                            verify=None if keyring is None else keyring.verify)
 
     targets = None  # --targets: the TRADL targets agent on job events (and the samples, below)
     if settings.targets.enabled:
         from phasewise.streams.targets_agent import register_targets
 
         targets = register_targets(app, settings, outputs=outputs, dead_letter=dead_letter, barrier=barrier,
-                                   sign=None if keyring is None else keyring.headers)
+                                   sign=None if keyring is None else keyring.headers,
+                                   verify=None if keyring is None else keyring.verify)
 
     only_hosts = settings.worker.host_set()
     intake = intake_config(settings)

@@ -3,8 +3,11 @@
 - **job events** (``phasewise.job-events.v1``): a ``submitted`` job's graph
   features are extracted (:mod:`phasewise.streams.horus_jobs`), the model
   predicts its four targets and a :class:`~phasewise.schemas.UtilisationPrediction`
-  goes to ``phasewise.predictions.v1`` (key: job); ``started`` says where it
-  runs; ``finished`` observes and forgets it; other kinds are skipped (never
+  goes to ``phasewise.predictions.v1`` (key: job), signed with the cluster key
+  when there is one (``signing_key_file``; the placement worker then takes no
+  other); ``started`` says where it runs (with a cluster key, only a
+  ``started`` event signed with it, the actuator's: another is a dead
+  letter); ``finished`` observes and forgets it; other kinds are skipped (never
   dead-lettered).
 - **phases** (``phasewise.phases.v1``): a container's first phase change
   after its job started ends the job's loading phase (else ``horus_warmup_s`` does).
@@ -15,9 +18,12 @@
   ``phasewise_horus_prediction_log_error{target}``.
 
 A record that cannot be decoded, a ``submitted`` event without a spec, or a
-spec whose graph cannot be built (unknown model or entry point, a model that
-fails to build or to run a batch, an absurd batch size, an unknown dataset)
-is a dead letter with the reason; the agent carries on.
+spec whose graph cannot be built (unknown model or entry point, a
+``module:function`` whose module is not in ``horus_model_modules``, a model
+that fails to build or to run a batch, or dies, loops or allocates without
+end in its child process, an absurd batch size, an unknown dataset) is a dead
+letter with the reason; the agent carries on. Catalog models are built in
+this process; a ``module:function`` never is (:mod:`phasewise.streams.horus_jobs`).
 
 State: one changelogged table (``horus-state``): ``job/<id>`` holds each
 job's join state, ``obs/<n>`` each learned observation (the model is
@@ -38,7 +44,7 @@ from typing import Any
 
 import faust
 
-from phasewise.models.graph_features import FeatureError
+from phasewise.models.graph_features import FeatureError, GraphFeatures
 from phasewise.models.horus_join import HorusJoin, JoinConfig, Observation
 from phasewise.models.horus_model import TARGETS, HorusConfig, HorusModel
 from phasewise.schemas import (
@@ -52,8 +58,9 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
-from phasewise.streams.horus_jobs import model_key, spec_features
-from phasewise.streams.job_inputs import dead_letterer, event_time_gate
+from phasewise.signing import keyring_of
+from phasewise.streams.horus_jobs import BuildRules, model_key, spec_features_async, warm_up
+from phasewise.streams.job_inputs import dead_letterer, event_time_gate, refused_output
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
 from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
@@ -150,12 +157,10 @@ class HorusState:
             self.join.load(job, s)
         log.info("restored %d learned jobs and %d tracked jobs", len(obs), len(jobs))
 
-    def predict(self, event: JobEvent) -> UtilisationPrediction:
-        """Features and prediction of a ``submitted`` event; the job joins; FeatureError when unbuildable."""
+    def predict(self, event: JobEvent, f: GraphFeatures) -> UtilisationPrediction:
+        """The prediction of a ``submitted`` event whose graph has features *f*; the job joins."""
         spec = event.spec
-        if spec is None:
-            raise FeatureError("a submitted event needs a spec")
-        f = spec_features(spec)
+        assert spec is not None
         device = device_of(spec.node_selector) or ("cpu" if spec.requests.gpus == 0 else None)
         p = self.model.predict_one(f, device)
         key = model_key(spec.model)
@@ -200,6 +205,12 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
     barrier = CommitBarrier(outputs, metrics)
     attach(app, barrier)
     state = HorusState(settings, partitions)
+    rules = BuildRules.from_settings(settings)
+    if rules.modules:  # the build server imports torch: at start, not at the first job
+        try:
+            warm_up()
+        except Exception as e:  # noqa: BLE001 - the first module:function job says it again, as its reason
+            log.error("the build server for horus_model_modules did not start: %s", e)
     writes = barrier.table(table)
 
     def hold() -> None:  # runs at each commit, before the outputs' delivery is awaited
@@ -223,6 +234,7 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
     # one stamped far ahead or behind would pin the join's windows of its job, container or host
     refused_time = event_time_gate(settings, ("job", "container", "host"), dead_letter)
+    keyring = keyring_of(settings)  # signs the predictions, checks the started events (None: neither)
 
     def learned(observations: list[Observation]) -> None:
         for o in observations:
@@ -246,10 +258,22 @@ def register_horus(app: faust.App, settings: Settings, *, metrics: HorusMetrics 
                 continue  # progress, priority, the priority agent's hints: not this agent's concern
             if await refused_time(event, "job", ev.job, ev.ts):
                 continue
+            if ev.kind == "started" and keyring is not None:
+                msg = event.message
+                why = keyring.verify(msg.topic, msg.key, msg.value, msg.headers)
+                if why is not None:  # only the actuator that started the job says where it runs
+                    await dead_letter(event, f"JobEvent started {ev.job} refused: {why}", "signature")
+                    continue
             try:
                 if ev.kind == "submitted":
-                    pred = state.predict(ev)
-                    outputs.send(PREDICTIONS.name, ev.job.encode(), encode(pred))
+                    if ev.spec is None:
+                        raise FeatureError("a submitted event needs a spec")
+                    # a catalog model here (cached); a module:function only if allowed, in a child process
+                    pred = state.predict(ev, await spec_features_async(ev.spec, rules))
+                    key, value = ev.job.encode(), encode(pred)
+                    outputs.send(PREDICTIONS.name, key, value,
+                                 None if keyring is None else keyring.headers(PREDICTIONS.name, key, value),
+                                 on_refused=refused_output(dead_letter, event))
                     metrics.predictions.inc()
                 elif ev.kind == "started":
                     if ev.host is None or ev.container is None:

@@ -20,7 +20,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     for name in ("data_dir", "metrics_port", "horus_coverage", "horus_warmup_s", "horus_observe_s",
-                 "horus_min_samples", "horus_worker_id"):
+                 "horus_min_samples", "horus_worker_id", "ready_stall_s"):
         add_setting(p, name)
 
 

@@ -44,7 +44,17 @@ A record librdkafka fails to deliver (after its own retries, within
 ``phasewise_worker_delivery_errors_total{topic}``, logged with the reason,
 and makes every later flush raise :class:`DeliveryFailed`: this process
 commits no further offsets, Faust stops the worker, and a restart
-re-processes from the last commit. An agent that dies does the same through
+re-processes from the last commit.
+
+Except a record refused for itself (:data:`RECORD_ERRORS`: too large, invalid)
+that was sent with an ``on_refused`` handler: re-processing would refuse it
+again, forever. Its handler is called with the reason instead (the job roles
+dead-letter the input that caused the record, :func:`phasewise.streams.job_inputs.refused_output`),
+whether librdkafka refused it at ``produce()`` or the broker in its delivery
+report; a flush waits for what the handlers sent too, and the commit barrier
+takes the state they changed into the same commit. The records a role derives
+from its inputs are bounded (docs/security.md, "Record sizes"), so this is the
+net under those bounds, not the rule. An agent that dies does the same through
 :meth:`CommitBarrier.fail` (:class:`WorkerFailed`): Faust acks the events an
 agent held when it died, processed or not, and none of them may be committed.
 """
@@ -58,8 +68,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CHANGELOG_DELIVERY_TIMEOUT_S", "CommitBarrier", "DeferredWrites", "DeliveryFailed", "JobStateTable",
-           "OutputSender", "PartitionMap", "WorkerFailed", "attach", "output_producer", "state_bytes"]
+from confluent_kafka import KafkaError, KafkaException
+
+__all__ = ["CHANGELOG_DELIVERY_TIMEOUT_S", "RECORD_ERRORS", "CommitBarrier", "DeferredWrites", "DeliveryFailed",
+           "JobStateTable", "OutputSender", "PartitionMap", "WorkerFailed", "attach", "output_producer",
+           "record_refusal", "state_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +83,24 @@ class DeliveryFailed(RuntimeError):
 
 class WorkerFailed(RuntimeError):
     """An agent died (:meth:`CommitBarrier.fail`); source offsets must not be committed."""
+
+
+#: librdkafka / broker errors about the record itself, not the broker or the network: sent again, it is
+#: refused again (a record larger than ``message.max.bytes`` here or at the broker, an invalid record)
+RECORD_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+                           KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_MSG,
+                           KafkaError.INVALID_TIMESTAMP})
+
+
+def record_refusal(err: Any, topic: str, size: int) -> str | None:
+    """The reason when *err* (a ``KafkaError``) refuses a record for itself (:data:`RECORD_ERRORS`), else None."""
+    try:
+        code = err.code()
+    except AttributeError:
+        return None
+    if code not in RECORD_ERRORS:
+        return None
+    return f"{topic} refused a record of {size} bytes: {err.str()}"
 
 
 class _Epoch:
@@ -85,6 +116,26 @@ class _Epoch:
         self.outstanding -= 1
         if err is not None:
             self.sender._on_error(err, msg)
+
+
+class _Refusable:
+    """The delivery callback of a record sent with an ``on_refused`` handler."""
+
+    __slots__ = ("epoch", "on_refused")
+
+    def __init__(self, epoch: _Epoch, on_refused: Callable[[str], None]) -> None:
+        self.epoch = epoch
+        self.on_refused = on_refused
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        self.epoch.outstanding -= 1
+        if err is None:
+            return
+        why = record_refusal(err, msg.topic() if msg is not None else "?", len(msg.value() or b"") if msg else 0)
+        if why is None:
+            self.epoch.sender._on_error(err, msg)
+        else:
+            self.epoch.sender._refused(why, self.on_refused)
 
 
 def output_producer(settings: Any) -> Any:
@@ -117,20 +168,46 @@ class OutputSender:
         self._closed: list[_Epoch] = []  # epochs handed to a flush, not yet fully reported
         self.sent = 0
         self.failed = 0
+        #: records refused for themselves and handed to their ``on_refused`` handler
+        self.refused = 0
         self.failure: str | None = None  # first delivery error; sticky
 
-    def send(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None) -> None:
-        """Queue one record (blocks briefly, serving deliveries, while librdkafka's queue is full)."""
+    def send(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None, *,
+             on_refused: Callable[[str], None] | None = None) -> None:
+        """Queue one record (blocks briefly, serving deliveries, while librdkafka's queue is full).
+
+        *on_refused*: called with the reason, instead of failing the worker, if the record is refused for
+        itself (:data:`RECORD_ERRORS`), now or in its delivery report. Without it such a refusal raises
+        ``KafkaException`` here, or fails every later flush.
+        """
         epoch = self._epoch
+        cb = epoch if on_refused is None else _Refusable(epoch, on_refused)
         extra = {} if headers is None else {"headers": headers}
         while True:
             try:
-                self.producer.produce(topic, value, key, on_delivery=epoch, **extra)
+                self.producer.produce(topic, value, key, on_delivery=cb, **extra)
                 break
             except BufferError:
                 self.producer.poll(0.01)
+            except KafkaException as e:
+                why = record_refusal(e.args[0] if e.args else None, topic, len(value))
+                if why is None or on_refused is None:
+                    raise
+                self._refused(why, on_refused)
+                return
         epoch.outstanding += 1
         self.sent += 1
+
+    def _refused(self, why: str, on_refused: Callable[[str], None]) -> None:
+        self.refused += 1
+        log.warning("output record refused (%s): handed to its input's handler", why)
+        try:
+            on_refused(why)
+        except Exception as e:  # noqa: BLE001 - a handler that fails leaves the record undelivered: stop
+            self.failed += 1
+            if self.failure is None:
+                self.failure = f"a refused record's handler failed: {type(e).__name__}: {e} ({why})"
+            log.exception("the handler of a refused output record failed")
 
     def poll(self) -> None:
         """Serve delivery reports that arrived (non-blocking)."""
@@ -153,18 +230,23 @@ class OutputSender:
     async def flush(self) -> None:
         """Wait until every record sent before this call was reported delivered.
 
-        Raises :class:`DeliveryFailed` if any record of this process failed.
+        Raises :class:`DeliveryFailed` if any record of this process failed. What the
+        ``on_refused`` handlers of records refused meanwhile sent (dead letters) is waited for too.
         """
-        if self._epoch.outstanding:
-            self._closed.append(self._epoch)
-            self._epoch = _Epoch(self)
-        waiting = list(self._closed)
         while True:
-            self.producer.poll(0)
-            if all(e.outstanding <= 0 for e in waiting):
+            refused = self.refused
+            if self._epoch.outstanding:
+                self._closed.append(self._epoch)
+                self._epoch = _Epoch(self)
+            waiting = list(self._closed)
+            while True:
+                self.producer.poll(0)
+                if all(e.outstanding <= 0 for e in waiting):
+                    break
+                await asyncio.sleep(self.poll_interval_s)
+            self._closed = [e for e in self._closed if e.outstanding > 0]
+            if self.refused == refused:
                 break
-            await asyncio.sleep(self.poll_interval_s)
-        self._closed = [e for e in self._closed if e.outstanding > 0]
         if self.failure is not None:
             raise DeliveryFailed(f"{self.failed} output record(s) not delivered, first: {self.failure}")
 
@@ -273,7 +355,11 @@ class DeferredWrites:
             of = self.partitions.of
             for k, state in self.source():
                 self._pending[k] = (of(k), state_bytes(state))
-        self._writing, self._pending = self._pending, {}
+        if self._writing:  # taken again before it was written (the barrier after refused outputs): newer wins
+            self._writing.update(self._pending)
+            self._pending = {}
+        else:
+            self._writing, self._pending = self._pending, {}
         return self._writing
 
     async def write_taken(self, buffer: Any = None, chunk: int = 50, budget_s: float = 1.0) -> int:
@@ -359,7 +445,14 @@ class CommitBarrier:
                 fn()
             for d in self.tables:
                 d.take()
+            refused = self.sender.refused
             await self.sender.flush()
+            if self.sender.refused != refused:  # their handlers changed state (a job forgotten): this commit's
+                for fn in self.before:
+                    fn()
+                for d in self.tables:
+                    d.take()
+                await self.sender.flush()
             n = 0
             for d in self.tables:
                 n += await d.write_taken(self.buffer)

@@ -19,7 +19,20 @@ gains room that it could use. A decision is a :class:`~phasewise.schemas.Decisio
 with action ``place``, ``container`` = the job, ``host`` = the node (local
 mode: this host, the slice in ``details.node``), the reason from the policy,
 and ``details`` = device (GPU indices), cpuset, node, policy, cost, scores,
-command, workload, priority and what the decision used (requests, prediction).
+what the decision used (requests, prediction) and, copied from the
+``submitted`` event, the job, its time, workload, priority, spec, spec digest
+and submitter signature (:func:`phasewise.job_signing.start_details`): the
+actuator starts the spec's command only if a submitter it trusts signed it;
+this agent never writes a command. The priority the job was decided at, where
+it differs from the submitted one, is ``admitted_priority``.
+
+**Signatures** (``signing_key_file``): the decisions are signed with the
+cluster key, and predictions and the priority agent's hints are taken only
+when signed with it (horus and the priority agent sign theirs); others are
+dead-lettered (kind ``signature``). A ``submitted`` event's ``container`` is
+never used (a job's container is its id, or the one its ``admitted`` hint
+names). With ``job_trusted_submitters`` set, a submission no trusted
+submitter signed is dead-lettered too: it books nothing.
 
 **After admission** (``place_after_admission``, with the priority agent's
 ``priority_launcher = place``): the priority agent decides when a job runs,
@@ -43,7 +56,10 @@ the job of lowest rank (priority, then submission) is refused, with a dead
 letter (kind ``capacity``) naming the setting, and forgotten.
 
 A record that cannot be decoded is a dead letter; so is a ``submitted`` event
-without a spec and an ``admitted`` one without a host. State (``place-state``
+without a spec and an ``admitted`` one without a host, and a job whose
+``place`` decision the producer or the broker refuses for itself (too large;
+the job events' bounds keep that from happening): the job is forgotten and
+its submitted event is the dead letter (kind ``output_refused``). State (``place-state``
 table, changelogged, written at commits): ``job/<id>`` = the job, its
 admission and, once placed, where; on a restart, placed jobs are booked again,
 admitted ones wait again and held ones wait for their admission.
@@ -61,6 +77,7 @@ from typing import Any
 import faust
 import numpy as np
 
+from phasewise.job_signing import start_details, trusted_submitters
 from phasewise.kafka import dead_letter as make_dead_letter
 from phasewise.models.placement import (
     Cluster,
@@ -86,12 +103,13 @@ from phasewise.schemas import (
     encode,
 )
 from phasewise.settings import Settings
-from phasewise.streams.job_inputs import dead_letterer, event_time_gate
+from phasewise.signing import keyring_of
+from phasewise.streams.job_inputs import Input, dead_letterer, event_time_gate, refused_output
 from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
 from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
 
-__all__ = ["PlacementMetrics", "PlacementState", "parse_local_nodes", "register_placement"]
+__all__ = ["NotTrusted", "PlacementMetrics", "PlacementState", "parse_local_nodes", "register_placement"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +147,10 @@ def cpu_count(cpuset: str) -> int:
         a, _, b = r.partition("-")
         n += (int(b) - int(a) + 1) if b else 1
     return n
+
+
+class NotTrusted(ValueError):
+    """A submission no trusted submitter signed (where the agent has ``job_trusted_submitters``)."""
 
 
 class PlacementMetrics:
@@ -181,6 +203,8 @@ class PlacementState:
         self.weight_ratio = pr.cpu_weight_ratio if p.after_admission and pr.cpu_weights else None
         #: the job-event kinds acted on (the others are skipped)
         self.acts_on = frozenset({"submitted", "finished"} | ({"admitted", "stopped"} if p.after_admission else set()))
+        #: the submitters whose jobs it places (``job_trusted_submitters``; ``None``: every job)
+        self.submitters = trusted_submitters(settings.jobs.trusted_submitters)
         self.reset()
 
     def reset(self) -> None:
@@ -276,6 +300,10 @@ class PlacementState:
     def submitted(self, ev: JobEvent, now: float) -> None:
         if ev.spec is None:
             raise ValueError("a submitted event needs a spec")
+        if self.submitters is not None:
+            self.submitters.refresh()
+            if (why := self.submitters.verify_event(ev)) is not None:
+                raise NotTrusted(f"JobEvent: submitted job {ev.job!r} refused: {why}")
         if ev.job in self.placed:
             return  # already placed (a redelivered event)
         self.events[ev.job] = ev
@@ -505,17 +533,18 @@ class PlacementState:
         why = p.reason + (f"; predicted GPU util {pred.gpu_util.mean:.0f}% (model v{pred.model_version})"
                           if pred else "; no prediction: requests only")
         self.seq += 1
-        details = {**p.details(), "node": p.node, "cpuset": cpuset, "command": list(ev.spec.command),
-                   "workload": j.workload, "priority": j.priority, "cpu_milli": j.cpu_milli,
+        # what runs is the submitted spec's command, if its signature verifies at the actuator: copied from
+        # the submitted event, never written here
+        details = {**p.details(), "node": p.node, "cpuset": cpuset, **start_details(ev), "cpu_milli": j.cpu_milli,
                    "mem_bytes": j.mem_bytes, "gpus": j.gpus, "used": used}
+        if j.priority != ev.priority:
+            details["admitted_priority"] = j.priority
         container, ident = j.job, [p.node, list(p.gpus)]
         a = self.admission.get(j.job) if self.after_admission else None
         if a is not None:  # when (and whether it resumes) is the priority agent's: its hint says
             details["resume"] = bool(a["resume"])
             details["admitted_host"] = a["host"]
             container = a.get("container") or j.job
-            if container != j.job:
-                details["job"] = j.job
             ident += [a["ts"], bool(a["resume"])]  # a restart is a decision of its own
             why = f"admitted on {a['host']}{' (resume)' if a['resume'] else ''} by the priority agent; " + why
         return Decision(id=f"place-{j.job}-{zlib.crc32(json.dumps(ident).encode()):08x}",
@@ -561,17 +590,49 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
     # one stamped far ahead or behind would order a job's wait, or a node's use, by a time that has not come
     refused_time = event_time_gate(settings, ("job", "prediction", "host"), dead_letter)
+    keyring = keyring_of(settings)  # signs the decisions, checks predictions and hints (None: neither)
+
+    def send_decision(d: Decision, on_refused: Any = None) -> None:
+        key, value = d.host.encode(), encode(d)
+        outputs.send(DECISIONS.name, key, value,
+                     None if keyring is None else keyring.headers(DECISIONS.name, key, value), on_refused=on_refused)
+
+    async def unsigned(event: Any, what: str) -> bool:
+        """Whether *event* must be signed with the cluster key and is not (then it is dead-lettered)."""
+        if keyring is None:
+            return False
+        msg = event.message
+        why = keyring.verify(msg.topic, msg.key, msg.value, msg.headers)
+        if why is None:
+            return False
+        await dead_letter(event, f"{what} refused: {why}", "signature")
+        return True
+
+    def refused_for(job: str) -> Any:
+        """The ``on_refused`` handler of *job*'s place decision: the job is forgotten (what it booked frees,
+        it is not decided again) and its submitted event becomes a dead letter."""
+        ev = state.events.get(job)
+        letter = refused_output(dead_letter, Input(JOB_EVENTS.name, job.encode(), None if ev is None else encode(ev)))
+
+        def refused(why: str) -> None:
+            state.finished(job)
+            letter(why)
+
+        return refused
 
     def decide() -> None:
         t0 = time.perf_counter()
         made = state.decide(time.monotonic(), time.time())
         for d, _p in made:
-            outputs.send(DECISIONS.name, d.host.encode(), encode(d))
+            job = d.details.get("job", d.container)
+            send_decision(d, on_refused=refused_for(job))
+            if job not in state.placed:
+                continue  # refused at once (too large for the producer): no weight follows
             metrics.decisions.inc()
             log.info("placed %s on %s %s: %s", d.container, d.details["node"], d.details["device"], d.reason)
             w = state.start_weight(d)
             if w is not None:  # after the place decision, on the same partition: the container exists by then
-                outputs.send(DECISIONS.name, w.host.encode(), encode(w))
+                send_decision(w)
                 log.info("weight %s: %s", w.container, w.reason)
         if made:
             metrics.decide_seconds.observe((time.perf_counter() - t0) / len(made))
@@ -592,6 +653,8 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
                 ev = decode(JobEvent, event.message.value)
                 if ev.kind not in state.acts_on:
                     continue  # progress, priority; the hints unless after admission: not this agent's concern
+                if ev.kind in ("admitted", "stopped") and await unsigned(event, f"JobEvent {ev.kind} {ev.job}"):
+                    continue  # the priority agent's hints: with a key, only those it signed
                 if await refused_time(event, "job", ev.job, ev.ts):
                     continue
                 if ev.kind == "submitted":
@@ -602,6 +665,9 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
                     state.admitted(ev)
                 else:  # stopped
                     state.stopped(ev.job, ev.ts)
+            except NotTrusted as e:
+                await dead_letter(event, str(e), "signature")
+                continue
             except (SchemaError, ValueError) as e:
                 await dead_letter(event, str(e), "schema")
                 continue
@@ -615,6 +681,8 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
                 pred = decode(UtilisationPrediction, event.message.value)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
+                continue
+            if await unsigned(event, f"prediction for {pred.job}"):
                 continue
             if await refused_time(event, "prediction", pred.job, pred.ts):
                 continue

@@ -20,7 +20,8 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     for name in ("data_dir", "metrics_port", "place_policy", "place_isolate_inference", "place_horus_frag_weight",
-                 "place_prediction_wait_s", "place_local_nodes", "place_worker_id", "place_after_admission"):
+                 "place_prediction_wait_s", "place_local_nodes", "place_worker_id", "place_after_admission",
+                 "ready_stall_s"):
         add_setting(p, name)
 
 

@@ -7,12 +7,20 @@ For every record on the job-events topic (key: job):
   another schema version) is a dead letter with the parser's reason, and the
   agent carries on;
 - ``submitted``: the job (its ``spec.requests``, ``priority``, ``workload``,
-  ``spec.expected_s``, ``spec.command``, on its ``host`` or this worker's
-  ``--host``) goes to :class:`~phasewise.models.priorities.PriorityPolicy`; a
-  submission the policy refuses (no spec, a job id submitted twice) is a dead
-  letter with the reason, and the policy is unchanged;
+  ``spec.expected_s``, on its ``host`` or this worker's ``--host``) goes to
+  :class:`~phasewise.models.priorities.PriorityPolicy`, and what the actuator
+  needs to verify its start (:func:`phasewise.job_signing.start_details`: the
+  spec, its digest, the submitter's signature) is kept for its ``place``
+  decisions; its ``container`` is ignored (a job's container is named after
+  it until a ``started`` event says otherwise); a submission the policy
+  refuses (no spec, a job id submitted twice) is a dead letter with the
+  reason, and the policy is unchanged; so is, where the worker has
+  ``job_trusted_submitters``, a submission no trusted submitter signed (a
+  stranger's job books no capacity and preempts nobody);
 - ``started``: the job runs in ``container`` (later decisions name it); a
-  running job gets its CPU weight there;
+  running job gets its CPU weight there. With a cluster key
+  (``signing_key_file``) only a ``started`` event signed with it (the
+  actuator's) is taken; another is a dead letter;
 - ``priority``: the job's priority is now ``priority``: its new CPU weight,
   and whatever the new order admits or preempts; an unknown job is a dead
   letter;
@@ -24,9 +32,12 @@ For every record on the job-events topic (key: job):
 
 Each action becomes a :class:`~phasewise.schemas.Decision` (``policy="priority"``,
 keyed by host): ``place`` for a start or a restart (``details.resume``), with
-the job's ``command`` from its spec, no cpuset (the actuator binds it to its
-host's CPUs; a resumed job keeps its container's) and no GPUs (``device`` []),
-or GPUs not named (``null``) for a job that requests some; ``freeze`` /
+the submitted event's job, time, workload, priority, spec, spec digest and
+signature (the actuator runs the spec's command only if a trusted submitter
+signed it; the agent never writes a command), the priority it was admitted
+at (``admitted_priority``) where that differs, no cpuset (the actuator binds
+it to its host's CPUs; a resumed job keeps its container's) and no GPUs
+(``device`` []), or GPUs not named (``null``) for a job that requests some; ``freeze`` /
 ``thaw`` for the cgroup freezer; ``terminate`` with ``details.mode =
 "checkpoint"`` for checkpoint-and-stop, which also sends a
 :class:`~phasewise.schemas.JobControl` ``checkpoint_exit`` (with the grace
@@ -34,7 +45,10 @@ period) to the control topic keyed by job, for the job's progress reporter;
 ``weight`` (``details.cpu_weight``) when a job starts or restarts and when its
 priority changes (``priority_cpu_weights``). Everything goes through the
 worker's output producer, so an offset is committed only after what its record
-caused was delivered.
+caused was delivered. An output the producer or the broker refuses for itself
+(too large) makes the event that caused it a dead letter (kind
+``output_refused``) and the agent goes on; the job events' bounds (docs/security.md,
+"Record sizes") keep that from happening.
 
 With ``priority_launcher = place`` the agent decides when, the placement agent
 (``phasewise place --place-after-admission``) where: instead of its own
@@ -49,11 +63,12 @@ the job's previous hint (by at least :data:`HINT_STEP_S`). The ``freeze``,
 ``thaw`` and ``terminate`` decisions are the same in both modes, and so are the
 weights of a priority change or a ``started`` event; the weight of a start or
 restart is the placement agent's to send, after its ``place`` decision (the job
-has no container before it).
+has no container before it). The hints are signed with the cluster key, like the
+decisions.
 
 State: the changelogged table ``priority-state`` (key: job) holds each job's
-entry of the policy (request, state, times, its preemptor), its command, its
-container and the offset of the last of its events the state holds; written at
+entry of the policy (request, state, times, its preemptor), its submission
+(spec, digest, signature), its container and the offset of the last of its events the state holds; written at
 the worker's offset commits through the commit barrier (the decisions first
 delivered), restored when the worker starts or takes its partitions back. A
 job's state goes to the changelog partition of its job events: a worker that
@@ -73,14 +88,15 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from phasewise.job_signing import SubmitterKeys, start_details, trusted_submitters
 from phasewise.models.intake import EventClock
 from phasewise.models.priorities import Action, Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
 from phasewise.schemas import Decision, JobControl, JobEvent, SchemaError, decode, encode
 from phasewise.settings import Settings
 from phasewise.topics import CONTROL, DECISIONS, JOB_EVENTS
 
-__all__ = ["ACTS_ON", "LAUNCHERS", "TABLE_NAME", "EventTimeRefused", "PriorityStep", "Refused", "priority_config",
-           "register_priorities"]
+__all__ = ["ACTS_ON", "LAUNCHERS", "TABLE_NAME", "EventTimeRefused", "PriorityStep", "Refused", "SignatureRefused",
+           "priority_config", "register_priorities"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +113,11 @@ HINT_STEP_S = 0.001
 
 class Refused(ValueError):
     """A valid record the policy cannot take (``str(e)`` is the reason for its dead letter)."""
+
+
+class SignatureRefused(Refused):
+    """A record that must be signed and is not: a ``started`` event without the cluster key's signature, a
+    submission no trusted submitter signed (where the agent has ``job_trusted_submitters``)."""
 
 
 class EventTimeRefused(Refused):
@@ -125,10 +146,18 @@ class PriorityStep:
 
     def __init__(self, config: PriorityConfig, capacity: Capacity, default_host: str, *,
                  partitions: int = JOB_EVENTS.partitions, clock: EventClock | None = None,
-                 now: Callable[[], float] = time.time, launcher: str = "self") -> None:
+                 now: Callable[[], float] = time.time, launcher: str = "self",
+                 verify: Callable[[str, bytes | None, bytes | None, Any], str | None] | None = None,
+                 submitters: SubmitterKeys | None = None) -> None:
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
         self.launcher = launcher
+        #: the cluster key's check of a record (``Keyring.verify``; ``None``: no key): a ``started``
+        #: event's container is taken only from a record it passes
+        self.verify = verify
+        #: the submitters whose jobs it takes (``job_trusted_submitters``; ``None``: every job): a job no trusted
+        #: submitter signed books nothing and preempts nobody
+        self.submitters = submitters
         #: the hints (job events) the records handled since the last :meth:`take_hints` caused
         self.hints: list[JobEvent] = []
         self.policy = PriorityPolicy(config, {})
@@ -139,7 +168,8 @@ class PriorityStep:
         self.capacity = capacity
         self.default_host = default_host
         self.partitions = partitions
-        #: job -> what the policy does not hold: {"cmd": argv, "gpu": requests GPUs, "ctr": container}
+        #: job -> what the policy does not hold: {"sub": its start details (job_signing.start_details),
+        #: "gpu": requests GPUs, "ctr": container}
         self.jobs: dict[str, dict[str, Any]] = {}
         self.partition_of: dict[str, int] = {}
         #: job -> offset of the last of its events the state holds (in its partition): an event at or
@@ -150,15 +180,21 @@ class PriorityStep:
 
     # ------------------------------------------------------------------ one record
 
-    def handle(self, raw: bytes | None, partition: int | None = None,
-               offset: int | None = None) -> tuple[list[Decision], list[JobControl]]:
+    def handle(self, raw: bytes | None, partition: int | None = None, offset: int | None = None, *,
+               key: bytes | None = None, headers: Any = None) -> tuple[list[Decision], list[JobControl]]:
         """What one record causes; raises :class:`SchemaError` or :class:`Refused` for a dead letter.
 
+        *key*, *headers*: the record's, for the cluster key's check of a ``started`` event.
         With ``launcher = place`` the hints it causes go to :attr:`hints`.
         """
         ev = decode(JobEvent, raw)
         if ev.kind not in ACTS_ON:
             return [], []
+        if ev.kind == "started" and self.verify is not None and ev.job in self.jobs:
+            why = self.verify(JOB_EVENTS.name, key, raw, headers)
+            if why is not None:  # only the actuator that started the job says where it runs
+                raise SignatureRefused(f"JobEvent started {ev.job}: not signed by the cluster key ({why}): its "
+                                       f"container is not taken")
         known = self.policy.state(ev.job) is not None
         seen = self.offset_of.get(ev.job)
         if (seen is not None and offset is not None and offset <= seen
@@ -196,6 +232,7 @@ class PriorityStep:
                     hinted_starts.add(a.job)
                     continue  # the placement agent places it
             if a.kind == "weight" and a.job in hinted_starts:
+                self._weighed(a)
                 continue  # no container yet: the placement agent sends it with its place decision
             decisions.append(self._decision(a, ev.ts))
         controls = [JobControl(id=hashlib.blake2b(f"priority|{d.id}".encode(), digest_size=12).hexdigest(),
@@ -209,6 +246,11 @@ class PriorityStep:
     def _submitted(self, ev: JobEvent) -> list[Action]:
         if ev.spec is None:
             raise Refused(f"JobEvent: submitted job {ev.job!r} carries no spec (requests)")
+        if self.submitters is not None:
+            self.submitters.refresh()
+            why = self.submitters.verify_event(ev)
+            if why is not None:
+                raise SignatureRefused(f"JobEvent: submitted job {ev.job!r} refused: {why}")
         host = ev.host or self.default_host
         if self.policy.state(ev.job) is not None:
             raise Refused(f"JobEvent: job {ev.job!r} was already submitted")
@@ -221,7 +263,8 @@ class PriorityStep:
             raise Refused(f"JobEvent: job {ev.job!r}: {e}") from None
         if not self.policy.knows_host(host):
             self.policy.add_host(host, self.capacity)
-        self.jobs[ev.job] = {"cmd": list(ev.spec.command), "gpu": r.gpus > 0, "ctr": ev.container or ev.job}
+        # the submitter's container is not taken: a job's container is its id until an actuator says otherwise
+        self.jobs[ev.job] = {"sub": start_details(ev), "gpu": r.gpus > 0, "ctr": ev.job}
         return self.policy.submit(req, now=ev.ts)
 
     def _started(self, ev: JobEvent) -> list[Action]:
@@ -233,7 +276,15 @@ class PriorityStep:
         if self.policy.state(ev.job) != "running":
             return []
         w = self.policy.weight_action(ev.job, why="started")
-        return [] if w is None else [w]
+        if w is None or info.get("w") == w.details["cpu_weight"]:
+            return []  # its weight went with (or right after) the decision that started it
+        return [w]
+
+    def _weighed(self, a: Action) -> None:
+        """Remember the CPU weight sent for *a*'s job, so that its ``started`` event does not send it again."""
+        info = self.jobs.get(a.job)
+        if info is not None:
+            info["w"] = a.details["cpu_weight"]
 
     def take_hints(self) -> list[JobEvent]:
         """The hints caused since the last call (``launcher = place``), in order; cleared."""
@@ -256,14 +307,19 @@ class PriorityStep:
                         resume=a.kind == "restart")
 
     def _decision(self, a: Action, ts: float) -> Decision:
+        if a.kind == "weight":
+            self._weighed(a)
         info = self.jobs.get(a.job, {})
         ctr = info.get("ctr") or a.job
         extra: dict[str, Any] = {}
         if a.kind in ("start", "restart"):
             # who runs is decided here, not on which CPUs or GPUs: the actuator binds the job to its host's
             # CPUs (a resumed job keeps its container's cpuset); a job that requests GPUs sees what the
-            # actuator sees, others none
-            extra = {"command": info.get("cmd", []), "cpuset": None, "device": None if info.get("gpu") else []}
+            # actuator sees, others none. What runs is the submitted spec's command, if its signature
+            # verifies at the actuator: copied from the submitted event, never written here
+            extra = {**info.get("sub", {}), "cpuset": None, "device": None if info.get("gpu") else []}
+            if "priority" in extra and extra["priority"] != a.details.get("priority"):
+                extra["admitted_priority"] = a.details.get("priority")
         if ctr != a.job:
             extra["job"] = a.job
         if extra:
@@ -323,20 +379,26 @@ class PriorityStep:
 
 def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: Any,
                         dead_letter: Callable[[Any, str, str], Awaitable[None]],
-                        sign: Callable[[str, bytes, bytes], Any] | None = None) -> PriorityStep:
-    """Add the priority agent and its state table to *app*; its decisions and controls go through *outputs*."""
+                        sign: Callable[[str, bytes, bytes], Any] | None = None,
+                        verify: Callable[[str, bytes | None, bytes | None, Any], str | None] | None = None,
+                        ) -> PriorityStep:
+    """Add the priority agent and its state table to *app*; its decisions, controls and hints go through
+    *outputs*, decisions and hints signed with *sign* (the cluster key's headers; ``None``: unsigned), the
+    ``started`` events checked with *verify* (``None``: taken as they come)."""
     from phasewise.streams.config import intake_config
+    from phasewise.streams.job_inputs import refused_output
     from phasewise.streams.output import JobStateTable
     from phasewise.streams.topics import raw_topic
 
     config, capacity = priority_config(settings)
     partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
     step = PriorityStep(config, capacity, settings.host, partitions=partitions,
-                        clock=EventClock(intake_config(settings), what="job"), launcher=settings.priority.launcher)
+                        clock=EventClock(intake_config(settings), what="job"), launcher=settings.priority.launcher,
+                        verify=verify, submitters=trusted_submitters(settings.jobs.trusted_submitters))
     topic = raw_topic(app, JOB_EVENTS, partitions)
     ensure_restored = JobStateTable(
         app, barrier, TABLE_NAME, partitions=partitions, state=step,
-        help="priorities: each job's policy entry, command, container and last event (key: job)",
+        help="priorities: each job's policy entry, submission, container and last event (key: job)",
         on_restored=lambda n: log.info("priorities: restored %d job(s): %s", n, step.policy.states()),
     ).ensure_restored
 
@@ -346,12 +408,16 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
             ensure_restored()
             msg = event.message
             try:
-                decisions, controls = step.handle(msg.value, msg.partition, msg.offset)
+                decisions, controls = step.handle(msg.value, msg.partition, msg.offset, key=msg.key,
+                                                  headers=msg.headers)
             except SchemaError as e:
                 await dead_letter(event, str(e), "schema")
                 continue
             except EventTimeRefused as e:
                 await dead_letter(event, str(e), "event_time")
+                continue
+            except SignatureRefused as e:
+                await dead_letter(event, str(e), "signature")
                 continue
             except Refused as e:
                 await dead_letter(event, str(e), "refused")
@@ -361,17 +427,20 @@ def register_priorities(app: Any, settings: Settings, *, outputs: Any, barrier: 
                 log.exception("the priority policy failed on a job event")
                 await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
                 continue
+            # an output refused for itself (too large for the producer or the broker) makes this event a dead
+            # letter instead of failing the worker on it after every restart
+            refused = refused_output(dead_letter, event)
             for d in decisions:
                 key, value = d.host.encode(), encode(d)
-                if sign is None:
-                    outputs.send(DECISIONS.name, key, value)
-                else:
-                    outputs.send(DECISIONS.name, key, value, sign(DECISIONS.name, key, value))
+                headers = None if sign is None else sign(DECISIONS.name, key, value)
+                outputs.send(DECISIONS.name, key, value, headers, on_refused=refused)
                 log.info("priority decision %s %s/%s: %s", d.action, d.host, d.container, d.reason)
             for c in controls:
-                outputs.send(CONTROL.name, c.job.encode(), encode(c))
+                outputs.send(CONTROL.name, c.job.encode(), encode(c), on_refused=refused)
             for h in step.take_hints():
-                outputs.send(JOB_EVENTS.name, h.job.encode(), encode(h))
+                key, value = h.job.encode(), encode(h)
+                outputs.send(JOB_EVENTS.name, key, value, None if sign is None else sign(JOB_EVENTS.name, key, value),
+                             on_refused=refused)
                 log.info("priority hint %s %s on %s%s", h.kind, h.job, h.host, " (resume)" if h.resume else "")
             outputs.poll()
 

@@ -6,8 +6,10 @@ For every record on ``phasewise.job-events.v1`` (key: job):
   (a null value, bytes that are not JSON, nesting too deep, a 600 kB binary,
   wrong types) is dead-lettered with the parser's reason;
 - hand it to :class:`~phasewise.models.targets.TargetsFleet`: ``submitted`` with
-  ``spec.targets`` starts following the job, ``started`` says where it runs
-  (host, container), ``finished`` ends it; a ``progress`` event it cannot use
+  ``spec.targets`` starts following the job (a ``submitted`` event's
+  ``container`` is ignored), ``started`` says where it runs (host, container;
+  with a cluster key, only a ``started`` event signed with it, the
+  actuator's: another is dead-lettered), ``finished`` ends it; a ``progress`` event it cannot use
   (an unknown job, a NaN loss, steps going backwards, an absurd value) is
   dead-lettered with the reason and the job's state is untouched; other kinds
   (``priority``, the priority agent's ``admitted`` and ``stopped`` hints) are
@@ -39,6 +41,7 @@ reads every host's samples).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -81,7 +84,8 @@ class TargetsHandler:
     def __init__(self, fleet: TargetsFleet, send: Callable[..., None],
                  dead_letter: Callable[..., Any], *, partitions: int = JOB_EVENTS.partitions,
                  sign: Callable[[str, bytes, bytes], Any] | None = None, clock: EventClock | None = None,
-                 now: Callable[[], float] = time.time) -> None:
+                 now: Callable[[], float] = time.time,
+                 verify: Callable[[str, bytes | None, bytes | None, Any], str | None] | None = None) -> None:
         self.fleet = fleet
         #: the event-time rule per job (``None``: none); a refused event is dead-lettered with kind
         #: ``event_time`` (*dead_letter* then gets it as a third argument)
@@ -91,32 +95,40 @@ class TargetsHandler:
         self.dead_letter = dead_letter
         self.partitions = partitions
         self.sign = sign
+        #: the cluster key's check of a record (``Keyring.verify``; ``None``: no key): a ``started`` event's
+        #: container is taken only from a record it passes (the actuator's)
+        self.verify = verify
         self.partition_of: dict[str, int] = {}
         #: job -> offset of the last of its events the state holds (in its partition): an event at or
         #: before it, read again after a restart whose last offsets were not committed, is not applied twice
         self.offset_of: dict[str, int] = {}
         #: called before samples and timer ticks are handled (the agent restores the table there)
         self.ensure_restored: Callable[[], None] = lambda: None
+        #: event -> the ``on_refused`` handler of the outputs it causes (None: a refusal fails the worker)
+        self.refused_for: Callable[[Any], Callable[[str], None] | None] = lambda event: None
         self.decisions = 0
         self.controls = 0
         self.rejected = 0
         self.replayed = 0
 
-    def emit(self, decisions: list[Decision], controls: list[JobControl]) -> None:
+    def emit(self, decisions: list[Decision], controls: list[JobControl],
+             on_refused: Callable[[str], None] | None = None) -> None:
+        extra = {} if on_refused is None else {"on_refused": on_refused}
         for d in decisions:
             key, value = d.host.encode(), encode(d)
             if self.sign is None:
-                self.send(DECISIONS.name, key, value)
+                self.send(DECISIONS.name, key, value, **extra)
             else:
-                self.send(DECISIONS.name, key, value, self.sign(DECISIONS.name, key, value))
+                self.send(DECISIONS.name, key, value, self.sign(DECISIONS.name, key, value), **extra)
             log.info("targets: %s %s/%s: %s", d.action, d.host, d.container, d.reason)
         for c in controls:
-            self.send(CONTROL.name, c.job.encode(), encode(c))
+            self.send(CONTROL.name, c.job.encode(), encode(c), **extra)
             log.info("targets: %s to %s: %s", c.action, c.job, c.reason)
         self.decisions += len(decisions)
         self.controls += len(controls)
 
-    def handle(self, event: Any, raw: bytes | None, partition: int | None = None, offset: int | None = None) -> None:
+    def handle(self, event: Any, raw: bytes | None, partition: int | None = None, offset: int | None = None, *,
+               key: bytes | None = None, headers: Any = None) -> None:
         try:
             ev = decode(JobEvent, raw)
         except SchemaError as e:
@@ -125,6 +137,15 @@ class TargetsHandler:
             return
         if ev.kind not in ACTS_ON:  # not this agent's concern (its time is not the job's own either)
             return
+        if ev.kind == "submitted" and ev.container is not None:
+            ev = dataclasses.replace(ev, container=None)  # a job's container is its id until an actuator says
+        if ev.kind == "started" and self.verify is not None and ev.job in self.fleet.jobs:
+            why = self.verify(JOB_EVENTS.name, key, raw, headers)
+            if why is not None:
+                self.rejected += 1
+                self.dead_letter(event, f"JobEvent started {ev.job}: not signed by the cluster key ({why}): its "
+                                        f"container is not taken")
+                return
         seen = self.offset_of.get(ev.job)
         if (seen is not None and offset is not None and offset <= seen
                 and self.partition_of.get(ev.job) == partition):
@@ -150,7 +171,7 @@ class TargetsHandler:
                 self.partition_of[ev.job] = partition
             if offset is not None:
                 self.offset_of[ev.job] = offset
-        self.emit(decisions, controls)
+        self.emit(decisions, controls, self.refused_for(event))
 
     def samples(self, hs: Any) -> None:
         """A host's admitted samples (the samples agent calls this for every message it keeps)."""
@@ -202,9 +223,12 @@ class TargetsHandler:
 
 
 def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter: Callable[..., Any],
-                     barrier: Any, sign: Callable[[str, bytes, bytes], Any] | None = None) -> TargetsHandler:
+                     barrier: Any, sign: Callable[[str, bytes, bytes], Any] | None = None,
+                     verify: Callable[[str, bytes | None, bytes | None, Any], str | None] | None = None,
+                     ) -> TargetsHandler:
     """Add the job-events agent, its state table and its hard-stop timer to *app*."""
     from phasewise.streams.config import intake_config
+    from phasewise.streams.job_inputs import refused_output
     from phasewise.streams.output import JobStateTable
     from phasewise.streams.topics import raw_topic
 
@@ -215,18 +239,21 @@ def register_targets(app: Any, settings: Settings, *, outputs: Any, dead_letter:
 
     partitions = settings.kafka.topic_partitions or JOB_EVENTS.partitions
     handler = TargetsHandler(fleet_from_settings(settings), outputs.send, note, partitions=partitions, sign=sign,
-                             clock=EventClock(intake_config(settings), what="job"))
+                             clock=EventClock(intake_config(settings), what="job"), verify=verify)
     topic = raw_topic(app, JOB_EVENTS, partitions)
     state = JobStateTable(app, barrier, TABLE_NAME, partitions=partitions, state=handler,
                           help="targets: each followed job's tracker, placement, use and limit (key: job)",
                           on_restored=lambda n: log.info("targets: restored %d followed job(s)", n))
     ensure_restored = handler.ensure_restored = state.ensure_restored
+    # an output refused for itself (too large) makes the job event that caused it a dead letter
+    handler.refused_for = lambda event: refused_output(dead_letter, event)
 
     @app.agent(topic, name="phasewise.targets")
     async def on_job_events(stream: Any) -> None:
         async for event in stream.events():
             ensure_restored()
-            handler.handle(event, event.message.value, event.message.partition, event.message.offset)
+            msg = event.message
+            handler.handle(event, msg.value, msg.partition, msg.offset, key=msg.key, headers=msg.headers)
             while pending:
                 ev, reason, kind = pending.pop(0)
                 await dead_letter(ev, reason, kind)

@@ -16,7 +16,12 @@ folded). SIGTERM and SIGINT stop it cleanly (Faust's worker installs those
 handlers; it also installs SIGUSR1 to log a stack dump). Exit status 0 after
 a clean stop; 1 when an agent died (on anything but a record, which is
 dead-lettered) or an output could not be delivered: nothing is committed
-after that, and a restarted worker takes over from the last commit.
+after that, and a restarted worker takes over from the last commit. Also 1
+when it stayed not ready for ``ready_stall_s`` while the broker answered and
+its table recovery did not move (:class:`ReadyGuard`; one critical line says
+what it waited for). ``/readyz`` is not ready while no broker answers
+(:class:`~phasewise.kafka.BrokerProbe`) and from a revocation to the end of
+the rebalance.
 
 The decision logic itself is pure and usable without Faust:
 :func:`phasewise.models.vpa_updater.process_host_samples` and
@@ -29,8 +34,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  "phase_statistics", "phase_features", "container_ttl_s", "vpa_time_scale", "targets_enabled",
                  "targets_policy", "targets_shrink", "targets_share_alpha", "targets_share_interval_s",
                  "targets_grace_s", "priority_agent", "priority_freeze_max_wait_s", "priority_grace_s",
-                 "priority_cpu_weights", "priority_cpu_weight_ratio", "priority_launcher"):
+                 "priority_cpu_weights", "priority_cpu_weight_ratio", "priority_launcher", "ready_stall_s"):
         add_setting(p, name, help={"data_dir": "Faust data directory"}.get(name))
 
 
@@ -108,31 +115,53 @@ def freeze_heap_when_ready(app: object) -> None:
             log.info("froze %d start-up objects out of garbage collection", frozen[0])
 
 
+def state_dir_problem(settings: Settings) -> str | None:
+    """Why the Faust worker's ``data_dir`` cannot be used (created 0700 when missing), or None."""
+    from phasewise.statedir import StateDirError, ensure_state_dir
+
+    try:
+        ensure_state_dir(settings.data_dir)
+    except StateDirError as e:
+        return str(e)
+    return None
+
+
 #: seconds the worker's event loop may be silent before /healthz says it is not live
 LOOP_SILENCE_S = 30.0
 #: ... and before its first timer ran (start-up: imports, waiting for the broker, table recovery)
 LOOP_START_S = 600.0
 
 
-def watch(app: object, metrics: object, *, lag_every_s: float = 5.0, ready: str = "phasewise_worker_ready") -> object:
+def watch(app: object, metrics: object, *, lag_every_s: float = 5.0, ready: str = "phasewise_worker_ready",
+          probe: object = None) -> object:
     """A Faust worker's :class:`~phasewise.observe.Health`, and its consumer lag metric where it has one.
 
     Live while the event loop runs a 1 s timer (a wedged loop stops it);
-    ready while the gauge *ready* is 1 (``phasewise_worker_ready``,
-    ``phasewise_horus_ready``, ``phasewise_place_ready``: partitions assigned,
-    tables recovered, no agent dead). With ``metrics.consumer_lag``, every
-    *lag_every_s* ``consumer_lag{topic}`` is the sum over the assigned
-    partitions of high watermark - position.
+    ready while the broker answers (*probe*, a :class:`~phasewise.kafka.BrokerProbe`:
+    aiokafka keeps no state a check could read) and the gauge *ready* is 1
+    (``phasewise_worker_ready``, ``phasewise_horus_ready``,
+    ``phasewise_place_ready``: partitions assigned, tables recovered, no agent
+    dead). The gauge drops to 0 when a rebalance revokes the partitions (as
+    after a broker outage) and is 1 again when it completes. With
+    ``metrics.consumer_lag``, every *lag_every_s* ``consumer_lag{topic}`` is
+    the sum over the assigned partitions of high watermark - position.
     """
     from phasewise.observe import Health
 
     def not_ready() -> str | None:
+        down = probe.outage() if probe is not None else None  # type: ignore[attr-defined]
+        if down is not None:
+            return down
         if metrics.registry.get_sample_value(ready) != 1:  # type: ignore[attr-defined]
-            return "partitions not assigned or tables not recovered yet (or an agent died)"
+            return f"{not_ready_reason(app)} (or an agent died)"
         return None
 
     health = Health(ready=not_ready)
     health.beat("event", LOOP_START_S)  # until the app's timers run: torch, the broker, recovery
+
+    @app.on_partitions_revoked.connect  # type: ignore[attr-defined]
+    async def _unready(app: object, revoked: object, **kwargs: object) -> None:
+        metrics.ready.set(0)  # type: ignore[attr-defined]  # until the rebalance completes
 
     @app.timer(1.0)  # type: ignore[attr-defined]
     async def _beat() -> None:
@@ -158,6 +187,97 @@ def watch(app: object, metrics: object, *, lag_every_s: float = 5.0, ready: str 
             metrics.consumer_lag.labels(topic=topic).set(n)  # type: ignore[attr-defined]
 
     return health
+
+
+def not_ready_reason(app: object) -> str:
+    """What a Faust worker that is not ready waits for: the group, its changelog recovery, or the rebalance's end."""
+    try:
+        assigned = len(app.consumer.assignment())  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - the consumer is not built yet
+        assigned = 0
+    if not assigned:
+        return "no partitions assigned yet (joining the consumer group)"
+    recovery = getattr(getattr(app, "tables", None), "recovery", None)
+    if recovery is not None and getattr(recovery, "in_recovery", False):
+        try:
+            left = recovery.active_remaining()
+            parts = ", ".join(f"{tp.topic}[{tp.partition}] at {recovery.active_offsets[tp]} of {hw}"
+                              for tp, hw in sorted(recovery.active_highwaters.items())[:4]
+                              if left.get(tp, 0) > 0)
+            return f"recovering tables from their changelogs: {sum(left.values())} records left ({parts})"
+        except Exception:  # noqa: BLE001 - read from another thread while it changes: say less
+            return "recovering tables from their changelogs"
+    return f"{assigned} partitions assigned; waiting for the table recovery and the rebalance to complete"
+
+
+def recovery_progress(app: object) -> tuple[int, int] | None:
+    """What moves while a Faust worker makes progress towards ready: its assigned partitions and the
+    offsets its recovery reached (None when they cannot be read now)."""
+    try:
+        recovery = app.tables.recovery  # type: ignore[attr-defined]
+        offsets = sum(v for v in list(recovery.active_offsets.values()) if v is not None)
+        offsets += sum(v for v in list(recovery.standby_offsets.values()) if v is not None)
+        return len(app.consumer.assignment()), offsets  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not built yet, or changing under us
+        return None
+
+
+class ReadyGuard:
+    """How long a Faust worker has been stuck: not ready, its broker answering, no progress.
+
+    Fed by :meth:`tick` (pure; the clock is injectable). The clock restarts
+    when the worker is ready, while the broker is gone (an outage is not the
+    worker's to end) and whenever *progress* changes (a long recovery that
+    moves is not stuck).
+    """
+
+    def __init__(self, stall_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stall_s = stall_s
+        self.clock = clock
+        self.since: float | None = None
+        self._progress: object = None
+        #: why the worker was stopped (set once, by the caller of :meth:`tick`)
+        self.fired: str | None = None
+
+    def tick(self, ready: bool, broker_down: bool, progress: object = None) -> float | None:
+        """Seconds stuck, once more than ``stall_s`` (0: never); else None."""
+        now = self.clock()
+        if ready or broker_down:
+            self.since, self._progress = None, None
+            return None
+        if self.since is None or (progress is not None and progress != self._progress):
+            self.since = now
+            if progress is not None:
+                self._progress = progress
+            return None
+        stuck = now - self.since
+        return stuck if self.stall_s and stuck > self.stall_s and self.fired is None else None
+
+
+def guard_readiness(app: object, metrics: object, guard: ReadyGuard, probe: object, *, role: str,
+                    ready: str = "phasewise_worker_ready", every_s: float = 1.0) -> threading.Thread:
+    """A daemon thread that stops this process (SIGTERM, so Faust stops as on a signal; the role's exit status
+    is then 1) once *guard* finds the worker stuck, with one critical line saying what it waited for.
+
+    A thread, not an app timer: Faust starts its timers only after the first table recovery."""
+
+    def loop() -> None:
+        while guard.fired is None:
+            time.sleep(every_s)
+            is_ready = metrics.registry.get_sample_value(ready) == 1  # type: ignore[attr-defined]
+            down = probe.outage() is not None  # type: ignore[attr-defined]
+            stuck = guard.tick(is_ready, down, recovery_progress(app))
+            if stuck is None:
+                continue
+            guard.fired = (f"not ready after {stuck:.0f} s without progress while the broker answers: "
+                           f"{not_ready_reason(app)}")
+            log.critical("phasewise %s: %s; exiting with status 1 so that it is started afresh (ready_stall_s=%g)",
+                         role, guard.fired, guard.stall_s)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    t = threading.Thread(target=loop, name="phasewise-ready-guard", daemon=True)
+    t.start()
+    return t
 
 
 #: seconds a stopping worker may take when its broker is unreachable (Faust's own
@@ -207,17 +327,26 @@ def _stop_now(grace: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    from phasewise.job_signing import JobSigningError, trusted_submitters
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
     from phasewise.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
     from phasewise.streams.metrics import WorkerMetrics
 
     try:
-        keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
-    except SigningError as e:
+        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
+        trusted_submitters(settings.jobs.trusted_submitters)
+    except (SigningError, JobSigningError) as e:
         print(f"phasewise worker: error: {e}", file=sys.stderr)
         return 2
+    if (why := state_dir_problem(settings)) is not None:
+        print(f"phasewise worker: error: data_dir: {why}", file=sys.stderr)
+        return 2
     print(settings.describe(), flush=True)
+    if keyring is None:
+        hints = settings.priority.agent and settings.priority.launcher == "place"
+        warn_unsigned("worker", "decisions and hints" if hints else "decisions",
+                      "actuators and placement workers" if hints else "actuators")
     stop = threading.Event()
     # until Faust runs (it installs its own handlers), a signal ends the wait for the broker
     with stop_on_signals(stop) as received:
@@ -243,14 +372,35 @@ def run(args: argparse.Namespace) -> int:
     metrics = WorkerMetrics()
     views: dict[str, Any] = {}
     app = create_app(settings, samples_partitions=partitions, metrics=metrics, views=views)
-    health = watch(app, metrics)
+    freeze_heap_when_ready(app)
+    from phasewise.topics import SAMPLES
+
+    return run_faust(app, settings, metrics, role="worker", ready="phasewise_worker_ready", inputs=(SAMPLES.name,),
+                     views=views)
+
+
+def run_faust(app: object, settings: Settings, metrics: object, *, role: str, ready: str,
+              inputs: tuple[str, ...], views: dict[str, Any] | None = None) -> int:
+    """Run a built Faust *app* as this process's worker until it stops; its exit status.
+
+    With its health (:func:`watch`) and *views* (the worker's ``/scorecard/``) on
+    ``metrics_port``, a broker probe on the *inputs* topics, and the guard that
+    stops a worker stuck not ready (``ready_stall_s``; exit status 1 then,
+    whatever Faust's).
+    """
+    from phasewise.kafka import BrokerProbe
+
+    probe = BrokerProbe(settings, inputs).start()
+    health = watch(app, metrics, ready=ready, probe=probe)
     if settings.metrics_port:
         from phasewise.observe import serve
 
-        serve(metrics.registry, settings.metrics_port, health, settings.bind_address, views=views)
+        serve(metrics.registry, settings.metrics_port, health, settings.bind_address,  # type: ignore[attr-defined]
+              views=views)
         log.info("metrics and health on %s:%d (%s)", settings.bind_address, settings.metrics_port,
-                 ", ".join(["/metrics", "/healthz", "/readyz", *views]))
-    freeze_heap_when_ready(app)
+                 ", ".join(["/metrics", "/healthz", "/readyz", *(views or {})]))
+    guard = ReadyGuard(settings.worker.ready_stall_s)
+    guard_readiness(app, metrics, guard, probe, role=role, ready=ready)
     worker = make_worker(app, settings.kafka.bootstrap,
                          loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
                          quiet=True, redirect_stdouts=False)
@@ -258,12 +408,20 @@ def run(args: argparse.Namespace) -> int:
     # every debug record of faust/aiokafka reaches its handler: ~5% of the worker's CPU for
     # nothing in a log file. No spinner: the root logger stays at the chosen level.
     worker.spinner = None
+    code: int = 0
     try:
         worker.execute_from_commandline()
     except SystemExit as e:
-        code = e.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        probe.close()
+    return 1 if guard.fired is not None else code
+
+
+def warn_unsigned(role: str, what: str, readers: str = "actuators") -> None:
+    """The one start-up warning of a role that publishes *what* without a cluster key (*readers* refuse them)."""
+    log.warning("phasewise %s: %s are published unsigned: %s with signing_key_file set refuse them "
+                "(set signing_key_file; docs/security.md)", role, what, readers)
 
 
 def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: object,
@@ -271,13 +429,30 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
     """A cluster-wide job worker (``phasewise horus``, ``phasewise place``): print the settings,
     wait for the broker, create missing topics, run a Faust app with id *worker_id* whose agents
     *register(app, settings)* adds, with *metrics* and its health on ``metrics_port`` at
-    ``bind_address`` (``/metrics``, ``/healthz``: the event loop runs; ``/readyz``:
-    ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
-    unavailable, an agent died or an output could not be delivered."""
+    ``bind_address`` (``/metrics``, ``/healthz``: the event loop runs; ``/readyz``: the broker
+    answers and ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
+    unavailable, an agent died, an output could not be delivered or it was stuck not ready
+    (``ready_stall_s``)."""
+    from phasewise.job_signing import JobSigningError, trusted_submitters
     from phasewise.kafka import BrokerUnavailable, ensure_topics, wait_for_broker
+    from phasewise.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
 
+    try:
+        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
+        trusted_submitters(settings.jobs.trusted_submitters)
+    except (SigningError, JobSigningError) as e:
+        print(f"phasewise {role}: error: {e}", file=sys.stderr)
+        return 2
+    if (why := state_dir_problem(settings)) is not None:
+        print(f"phasewise {role}: error: data_dir: {why}", file=sys.stderr)
+        return 2
     print(settings.describe(), flush=True)
+    if keyring is None:
+        if role == "horus":
+            warn_unsigned(role, "predictions", "placement workers")
+        else:
+            warn_unsigned(role, "decisions")
     stop = threading.Event()
     with stop_on_signals(stop) as received:
         try:
@@ -293,19 +468,6 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
             return 0
     app = create_app(settings.replace(worker_id=worker_id, web_port=0), register_agents=False)
     register(app, settings)
-    health = watch(app, metrics, ready=f"phasewise_{role}_ready")
-    if settings.metrics_port:
-        from phasewise.observe import serve
+    from phasewise.topics import JOB_EVENTS
 
-        serve(metrics.registry, settings.metrics_port, health, settings.bind_address)  # type: ignore[attr-defined]
-        log.info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", settings.bind_address,
-                 settings.metrics_port)
-    worker = make_worker(app, settings.kafka.bootstrap, loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
-                         quiet=True, redirect_stdouts=False)
-    worker.spinner = None
-    try:
-        worker.execute_from_commandline()
-    except SystemExit as e:
-        code = e.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+    return run_faust(app, settings, metrics, role=role, ready=f"phasewise_{role}_ready", inputs=(JOB_EVENTS.name,))

@@ -96,6 +96,15 @@ BAD = [
     (["worker"], {"PHASEWISE_SIGNING_KEY_FILE": "/proc/no-such-key"}, "signing_key_file: cannot read"),
     (["actuate"], {"PHASEWISE_SIGNING_PREVIOUS_KEY_FILE": "/proc/no-such-key"},
      "signing_previous_key_file: set without signing_key_file"),
+    (["place"], {"PHASEWISE_SIGNING_KEY_FILE": "/proc/no-such-key"}, "signing_key_file: cannot read"),
+    (["horus"], {"PHASEWISE_SIGNING_KEY_FILE": "/proc/no-such-key"}, "signing_key_file: cannot read"),
+    (["actuate"], {"PHASEWISE_JOB_TRUSTED_SUBMITTERS": "/proc/no-such-keys"},
+     "job_trusted_submitters: cannot read /proc/no-such-keys: No such file or directory"),
+    (["actuate"], {"PHASEWISE_JOB_TRUSTED_SUBMITTERS": "/proc/self/fd"},
+     "job_trusted_submitters: no public key in /proc/self/fd"),
+    (["actuate", "--start-jobs"], {}, "actuator_start_jobs is on but job_trusted_submitters is empty"),
+    (["actuate"], {"PHASEWISE_JOB_ALLOWED_COMMANDS": "/usr/bin/python3,python"},
+     "PHASEWISE_JOB_ALLOWED_COMMANDS: 'python' is not an absolute path"),
 ]
 
 

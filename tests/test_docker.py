@@ -187,9 +187,14 @@ def test_the_host_agent_reports_a_docker_container_by_its_id(settings, dockerd, 
 
 
 def test_the_actuator_limits_freezes_and_thaws_a_docker_container(settings, dockerd, spinner, tmp_path):
+    # the actuator did not start this container: the operator's policy file says which job it is, so the job's
+    # freeze and thaw decisions reach it (docs/security.md, "Which containers an actuator touches")
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"workloads": [{"match": spinner, "job": spinner}]}))
     env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_HOST": settings.host,
            "PHASEWISE_CGROUP_ROOT": "/sys/fs/cgroup", "PHASEWISE_CGROUP_PREFIX": dockerd.parent,
-           "PHASEWISE_DATA_DIR": str(tmp_path / "actuator"), "PHASEWISE_LOG_LEVEL": "info"}
+           "PHASEWISE_DATA_DIR": str(tmp_path / "actuator"), "PHASEWISE_LOG_LEVEL": "info",
+           "PHASEWISE_WORKLOAD_POLICY_FILE": str(policy)}
     actuator = RoleProcess("actuate", ["--backend", "cgroup"], env=env, log_path=tmp_path / "actuator.log")
     producer = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
     consumer = make_consumer(settings, f"docker-{uuid.uuid4().hex[:6]}")
@@ -429,7 +434,7 @@ def test_the_producer_and_worker_images_build_run_unprivileged_and_answer_their_
                        "-e", f"PHASEWISE_METRICS_PORT={ports['producer']}",
                        "-v", "/sys/fs/cgroup:/host/sys/fs/cgroup:ro", "-v", "/proc:/host/proc:ro", producer_image)
         dockerd.docker("run", "-d", "--name", names["worker"], *unprivileged, *env,
-                       "--tmpfs", "/var/lib/phasewise:uid=65532,gid=65532",
+                       "--tmpfs", "/var/lib/phasewise:uid=65532,gid=65532,mode=0700",  # a tmpfs is 1777 unless told
                        "-e", f"PHASEWISE_METRICS_PORT={ports['worker']}",
                        "-e", f"PHASEWISE_WORKER_ID=pw-docker-{uuid.uuid4().hex[:6]}", worker_image)
         for role in ("producer", "worker"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -148,9 +149,18 @@ def test_a_job_worker_is_live_while_its_loop_beats_and_ready_with_its_own_gauge(
     from phasewise.streams.horus_agents import HorusMetrics
     from phasewise.streams.worker import watch
 
-    class App:  # what watch() needs of a Faust app: timers (not run here)
+    class Signal:
+        def __init__(self) -> None:
+            self.receivers = []
+
+        def connect(self, fn):
+            self.receivers.append(fn)
+            return fn
+
+    class App:  # what watch() needs of a Faust app: timers (not run here), the revocation signal
         def __init__(self) -> None:
             self.timers = []
+            self.on_partitions_revoked = Signal()
 
         def timer(self, every):
             def add(fn):
@@ -158,17 +168,31 @@ def test_a_job_worker_is_live_while_its_loop_beats_and_ready_with_its_own_gauge(
                 return fn
             return add
 
+    class Probe:  # phasewise.kafka.BrokerProbe's answer
+        why: str | None = None
+
+        def outage(self):
+            return self.why
+
     m = HorusMetrics(CollectorRegistry())
     app = App()
-    health = watch(app, m, ready="phasewise_horus_ready")
+    probe = Probe()
+    health = watch(app, m, ready="phasewise_horus_ready", probe=probe)
     assert [every for every, _ in app.timers] == [1.0]  # the heartbeat; no consumer lag metric to keep
     srv = serve(m.registry, 0, health, "127.0.0.1")
     try:
         base = f"http://127.0.0.1:{srv.port}"
         assert get(base + "/healthz") == (200, "ok\n")
-        assert get(base + "/readyz")[0] == 503
+        assert get(base + "/readyz") == (503, "no partitions assigned yet (joining the consumer group) "
+                                              "(or an agent died)\n")
         m.ready.set(1)
         assert get(base + "/readyz") == (200, "ok\n")
+        probe.why = "no Kafka broker answers at k:9092 (Connection refused)"
+        assert get(base + "/readyz") == (503, probe.why + "\n")
+        probe.why = None
+        [revoked] = app.on_partitions_revoked.receivers
+        asyncio.run(revoked(app, revoked=set()))  # a rebalance begins: not ready until it completes
+        assert get(base + "/readyz")[0] == 503
         assert 'role="horus"' in get(base + "/metrics")[1]
     finally:
         srv.close()

@@ -67,18 +67,27 @@ def _deep_inside(d: dict, depth: int = 100_000) -> bytes:
     return json.dumps(d, separators=(",", ":")).encode()[:-1] + b',"extra":' + b"[" * depth + b"]" * depth + b"}"
 
 
-def poison(valid: dict, number_field: str, wrong: dict, wrong_reason: str = "must be"
-           ) -> dict[str, tuple[bytes | None, str]]:
-    """The poison kinds: ``{kind: (value, what its dead letter's reason says)}``."""
+def poison(valid: dict, number_field: str, wrong: dict, wrong_reason: str = "must be", *,
+           max_bytes: int | None = None) -> dict[str, tuple[bytes | None, str]]:
+    """The poison kinds: ``{kind: (value, what its dead letter's reason says)}``.
+
+    *max_bytes*: the record's own message limit (``JobEvent.MAX_BYTES``): each kind is made to fit under
+    it (so that its own reason is what refuses it), and one more, a valid record padded past it, is refused
+    for its size.
+    """
     rnd = random.Random(7)
-    return {
+    room = 100_000 if max_bytes is None else min(100_000, (max_bytes - len(json.dumps(valid)) - 64) // 2)
+    out = {
         "null": (None, "has no value"),
-        "deep-array": (b"[" * 100_000, "nested too deeply"),
-        "binary-600k": (rnd.randbytes(600_000), "not valid JSON"),
+        "deep-array": (b"[" * room, "nested too deeply"),
+        "binary-600k": (rnd.randbytes(600_000 if max_bytes is None else max_bytes - 1), "not valid JSON"),
         "huge-int": (_with_number(valid, number_field), "4300 digits"),
-        "deep-in-object": (_deep_inside(valid), "nested too deeply"),
+        "deep-in-object": (_deep_inside(valid, room), "nested too deeply"),
         "wrong-types": (json.dumps({**valid, **wrong}).encode(), wrong_reason),
     }
+    if max_bytes is not None:
+        out["too-large"] = (json.dumps({**valid, "pad": "x" * max_bytes}).encode(), "larger than the limit")
+    return out
 
 
 class Sent:

@@ -37,7 +37,7 @@ WHERE = {
     "recommend_interval_s": "worker.recommend_interval_s", "hysteresis": "worker.hysteresis",
     "worker_hosts": "worker.hosts", "state_write_interval_s": "worker.state_write_interval_s",
     "container_ttl_s": "worker.container_ttl_s", "worker_batch_max": "worker.batch_max",
-    "worker_batch_wait_ms": "worker.batch_wait_ms",
+    "worker_batch_wait_ms": "worker.batch_wait_ms", "ready_stall_s": "worker.ready_stall_s",
     "vpa_time_scale": "vpa.time_scale", "vpa_min_cpu_cores": "vpa.min_cpu_cores",
     "vpa_min_mem_bytes": "vpa.min_mem_bytes", "vpa_throttle_threshold": "vpa.throttle_threshold",
     "vpa_throttle_bump": "vpa.throttle_bump", "vpa_update_mode": "vpa.update_mode",
@@ -67,6 +67,8 @@ WHERE = {
     "workload_pods_ca_file": "workload.pods_ca_file",
     "horus_coverage": "horus.coverage", "horus_warmup_s": "horus.warmup_s", "horus_observe_s": "horus.observe_s",
     "horus_min_samples": "horus.min_samples", "horus_worker_id": "horus.worker_id",
+    "horus_model_modules": "horus.model_modules", "horus_build_timeout_s": "horus.build_timeout_s",
+    "horus_build_memory_bytes": "horus.build_memory_bytes",
     "place_policy": "place.policy", "place_max_waiting_jobs": "place.max_waiting_jobs",
     "place_isolate_inference": "place.isolate_inference",
     "place_prediction_wait_s": "place.prediction_wait_s", "place_local_nodes": "place.local_nodes",
@@ -83,6 +85,8 @@ WHERE = {
     "targets_share_interval_s": "targets.share_interval_s",
     "terminate_grace_s": "actuator.terminate_grace_s", "terminate_grace_max_s": "actuator.terminate_grace_max_s",
     "cpu_weight_min": "actuator.cpu_weight_min", "cpu_weight_max": "actuator.cpu_weight_max",
+    "actuator_start_jobs": "actuator.start_jobs", "job_user": "actuator.job_user",
+    "job_group": "actuator.job_group", "job_allow_root": "actuator.job_allow_root", "job_env": "actuator.job_env",
     "decision_max_age_s": "actuator.decision_max_age_s",
     "actuator_read_partitions": "actuator.read_partitions",
     "decision_max_future_s": "actuator.decision_max_future_s",
@@ -93,6 +97,8 @@ WHERE = {
     "intake_host_active_s": "intake.host_active_s",
     "signing_key_file": "signing.key_file", "signing_previous_key_file": "signing.previous_key_file",
     "signing_previous_key_until": "signing.previous_key_until",
+    "job_submitter_key_file": "jobs.submitter_key_file", "job_trusted_submitters": "jobs.trusted_submitters",
+    "job_spec_max_age_s": "jobs.spec_max_age_s", "job_allowed_commands": "jobs.allowed_commands",
     "bind_address": "bind_address",
     **{f"kafka_{f}": f"kafka.{f}" for f in (
         "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file",
@@ -119,7 +125,8 @@ def other_value(name: str):
     if spec.kind == "str":
         candidates = {"phase_features": ["cpu,mem,gpu"],
                       "cgroup_prefix": ["other/prefix"], "place_local_nodes": ["s0=0-1@0;s1=2"],
-                      "scorecard_windows": ["30,120"]}.get(name, ["other"])
+                      "scorecard_windows": ["30,120"], "job_env": ["OMP_NUM_THREADS=1"],
+                      "job_allowed_commands": ["/usr/bin/python3"]}.get(name, ["other"])
     elif spec.kind == "int":
         candidates = [default + 1, default - 1]
     else:

@@ -667,6 +667,14 @@ def run(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         print(f"phasewise demo: {NEED_ROOT}", file=sys.stderr)
         return 2
+    from phasewise.statedir import StateDirError, ensure_state_dir
+
+    try:
+        # 0711: the actuator's job directories lie below it (its run directory's "actuate")
+        ensure_state_dir(cfg.data_dir, mode=0o711)
+    except StateDirError as e:
+        print(f"phasewise demo: error: data_dir: {e}", file=sys.stderr)
+        return 2
     demo = Demo(cfg)
     summary = demo.run()
     if args.json:

@@ -5,7 +5,9 @@ predicted, then learned) a CSV with columns ``model,dataset,batchsize,amp,
 gpu_util,gmem`` (gpu_util in %, gmem in MiB; other columns ignored) and prints
 ``{"rows", "scored", "rmsle", "rmsle_after_20", "rmsle_first_sight", "coverage", "errors"}``.
 A row whose model or dataset is unknown, or whose graph cannot be built, is an
-entry of ``errors`` (its row number and why), not a crash.
+entry of ``errors`` (its row number and why), not a crash. A ``module:function``
+model is built as ``phasewise horus`` builds it: only when its module is in
+``horus_model_modules``, and in a child process.
 
 ``phasewise predict profiles gpumemnet|hydro [--data DIR]`` writes the shared
 profiles in that CSV form; ``phasewise predict gavel`` compares the graph's
@@ -59,11 +61,13 @@ def _number(row: dict, col: str) -> float | None:
     return v
 
 
-def parse_row(row: dict, columns: tuple[str, ...] = ("gpu_util", "gmem")
+def parse_row(row: dict, columns: tuple[str, ...] = ("gpu_util", "gmem"), rules: Any = None,
               ) -> tuple[GraphFeatures, dict[str, float], str, str | None]:
     """One observed-jobs row as the model sees it: ``(features, {target: value}, model key, device)``.
 
-    The features are the job's graph features (:func:`~phasewise.streams.horus_jobs.spec_features`);
+    The features are the job's graph features (:func:`~phasewise.streams.horus_jobs.spec_features`: a
+    ``module:function`` only where *rules*, a :class:`~phasewise.streams.horus_jobs.BuildRules`, allow
+    its module, as horus does; default: catalog models only);
     the observations are the *columns* present, in the model's units. :class:`FeatureError` says why a
     row cannot be used.
     """
@@ -81,7 +85,7 @@ def parse_row(row: dict, columns: tuple[str, ...] = ("gpu_util", "gmem")
         raise FeatureError(f"batchsize = {batch} is out of range 1..{2**20}")
     name = (row.get("model") or "").strip()
     spec = JobSpec(model=name, dataset=(row.get("dataset") or "").strip(), batch_size=batch, amp=amp in _TRUE)
-    f = spec_features(spec)
+    f = spec_features(spec, rules)
     obs = {}
     for col in columns:
         v = _number(row, col)
@@ -92,7 +96,7 @@ def parse_row(row: dict, columns: tuple[str, ...] = ("gpu_util", "gmem")
 
 
 def evaluate(rows: Iterable[dict], *, model: HorusModel | None = None, columns: tuple[str, ...] = ("gpu_util", "gmem"),
-             bootstrap: Iterable[dict] = (), parsed: list | None = None) -> dict[str, Any]:
+             bootstrap: Iterable[dict] = (), parsed: list | None = None, rules: Any = None) -> dict[str, Any]:
     """Prequential scores of *rows* (dicts with :data:`COLUMNS`); the model learns each row after predicting it.
 
     *parsed*, when given, is :func:`parse_row` of each row already (a tuple, or the
@@ -106,11 +110,11 @@ def evaluate(rows: Iterable[dict], *, model: HorusModel | None = None, columns: 
             if isinstance(got, FeatureError):
                 raise got
             return got
-        return parse_row(row, columns)
+        return parse_row(row, columns, rules)
 
     for row in bootstrap:
         try:
-            f, obs, _, device = parse_row(row, columns)
+            f, obs, _, device = parse_row(row, columns, rules)
         except FeatureError:
             continue
         m.learn_one(f, obs, device)
@@ -319,11 +323,20 @@ def run(args: argparse.Namespace) -> int:
     except EvalError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    from phasewise.settings import Settings, SettingsError
+    from phasewise.streams.horus_jobs import BuildRules
+
+    try:  # a module:function row is built as horus builds it: only from horus_model_modules, in a child
+        rules = BuildRules.from_settings(Settings.from_env())
+    except SettingsError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     if args.limit > 0:
         rows = rows[:args.limit]
     cols = ("gpu_util", "gmem") + (tuple(c for c in ("cpu_cores", "mem") if c in rows[0]) if args.with_cpu
                                    and rows else ())
-    out = evaluate(rows, model=HorusModel(HorusConfig(coverage=args.coverage)), columns=cols, bootstrap=boot)
+    out = evaluate(rows, model=HorusModel(HorusConfig(coverage=args.coverage)), columns=cols, bootstrap=boot,
+                   rules=rules)
     if args.json:
         print(json.dumps(out))
     else:

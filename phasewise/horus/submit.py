@@ -3,8 +3,19 @@
 The file holds one job: ``job`` (id; made from the model's name when absent),
 ``workload``, ``priority`` and the spec, either under ``spec`` or at the top
 level (``model``, ``dataset``, ``batch_size``, ``amp``, ``requests``,
-``targets``, ``command``, ``node_selector``). A bad spec is one line on stderr
-and exit status 2; nothing is published. YAML is read when PyYAML is installed.
+``targets``, ``command``, ``node_selector``). A bad spec (one that a
+consumer's decoder would refuse: an unknown field, a value out of its bounds,
+a command over 256 arguments or 16 KiB, a whole event over 64 KiB) is one line
+on stderr and exit status 2; nothing is published. A ``module:function`` model
+that this host's ``horus_model_modules`` does not list is published with a
+note: horus predicts it only where the operator allows its module. YAML is
+read when PyYAML is installed.
+
+With a submitter key (``--key``, ``job_submitter_key_file``; made by
+``phasewise keys submitter PATH``) the event is signed
+(:mod:`phasewise.job_signing`): an actuator starts a job's command only when
+a submitter it trusts signed it. Without one the event is published unsigned,
+and a warning says so: the job is placed and predicted, never started.
 """
 
 from __future__ import annotations
@@ -17,9 +28,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phasewise.cli import add_common, settings_from_args
-from phasewise.models.horus_catalog import DATASETS, MODELS, canonical_dataset, canonical_model, is_entry_point
-from phasewise.schemas import JobEvent, JobSpec, SchemaError, encode, from_dict
+from phasewise.cli import add_common, add_setting, settings_from_args
+from phasewise.models.horus_catalog import (
+    DATASETS,
+    MODELS,
+    canonical_dataset,
+    canonical_model,
+    entry_point_refusal,
+    is_entry_point,
+    parse_module_list,
+)
+from phasewise.schemas import JobEvent, JobSpec, SchemaError, encode_within, from_dict
 
 _TOP = {"job", "workload", "priority", "spec"}
 _SPEC = {f for f in JobSpec.__dataclass_fields__}
@@ -90,14 +109,27 @@ def job_event(data: Any, *, job: str | None = None, ts: float | None = None) -> 
              "spec": spec, **{k: data[k] for k in ("workload", "priority") if k in data}}
     try:
         rec = from_dict(JobEvent, event)
+        encode_within(rec)  # (the whole event too: what a consumer refuses is not published)
     except SchemaError as e:
         raise SpecError(str(e).removeprefix("JobEvent: ")) from None
     check_names(rec.spec)
     return rec
 
 
+def model_note(spec: JobSpec, model_modules: str) -> str | None:
+    """A note when *spec*'s model is a ``module:function`` that a horus with *model_modules* does not build."""
+    if canonical_model(spec.model) is not None or not is_entry_point(spec.model):
+        return None
+    why = entry_point_refusal(spec.model, parse_module_list(model_modules))
+    if why is None:
+        return None
+    return (f"model {spec.model} is predicted only by a horus whose horus_model_modules lists its module "
+            f"(here: {why.split(';')[0]}); without a prediction it is placed by its requests")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
+    add_setting(p, "job_submitter_key_file")
     p.add_argument("file", metavar="JOB", help="the job as JSON (or YAML with PyYAML installed)")
     p.add_argument("--job", help="job id (default: the file's 'job', else the model's name and a random suffix)")
     p.add_argument("--dry-run", action="store_true", help="check and print the event; publish nothing")
@@ -112,14 +144,37 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    value = encode(event)
+    s = settings_from_args(args)
+    note = model_note(event.spec, s.horus.model_modules)
+    if note is not None:
+        print(f"{prog}: note: {note}", file=sys.stderr)
+    if s.jobs.submitter_key_file:
+        from phasewise.job_signing import JobSigningError, key_id, load_private_key, sign_event
+
+        try:
+            key = load_private_key(s.jobs.submitter_key_file)
+        except JobSigningError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
+        event = sign_event(key, event)
+        signed = f"signed by submitter key {key_id(key.public_key())}"
+    else:
+        signed = "unsigned"
+        what = ("it can be placed and predicted, but no actuator starts its command" if event.spec.command
+                else "it can be placed and predicted")
+        print(f"{prog}: warning: job {event.job} is published unsigned (no --key, job_submitter_key_file empty): "
+              f"{what}", file=sys.stderr)
+    try:
+        value = encode_within(event)  # (signed: the signature's few hundred bytes count too)
+    except SchemaError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
         print(value.decode())
         return 0
     from phasewise.kafka import BrokerUnavailable, make_producer, wait_for_broker
     from phasewise.topics import JOB_EVENTS
 
-    s = settings_from_args(args)
     try:
         wait_for_broker(s, timeout_s=args.timeout)
     except BrokerUnavailable as e:
@@ -135,5 +190,5 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     print(f"submitted {event.job} ({event.spec.model} on {event.spec.dataset}, batch {event.spec.batch_size}) "
-          f"to {JOB_EVENTS.name}")
+          f"to {JOB_EVENTS.name}, {signed}")
     return 0

@@ -13,9 +13,11 @@ class Recorder:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes]] = []
+        self.headers: list = []  # each record's headers, in the order of ``sent``
 
     def produce(self, topic, value=None, key=None, **kw):
         self.sent.append((topic, key, value))
+        self.headers.append(kw.get("headers"))
 
     def poll(self, timeout=0):
         return 0
@@ -51,3 +53,54 @@ def remove_started_jobs(backend, layout) -> None:
             layout.base(c).rmdir()
         except OSError:
             pass
+
+
+def own(actuator, *containers: str, job: str | None = None) -> None:
+    """Enter *containers* in *actuator*'s registry as job containers it started (for *job*, else each its own
+    name's): for tests of what an actuator does to its own jobs' containers, where the test made them."""
+    for c in containers:
+        actuator.ledger.record_start(c, job=job or c, decision=f"test-start-{c}", backend=actuator.backend.name,
+                                     pid=None)
+
+
+def job_settings(data_dir, **kw):
+    """Settings of an actuator that starts jobs (``actuator_start_jobs`` on) as the default job user, under
+    *data_dir*."""
+    from phasewise.settings import Settings
+
+    return Settings().replace(**{"host": "h1", "data_dir": str(data_dir), "actuator_start_jobs": True, **kw})
+
+
+def job_backend(layout, settings, **kw):
+    """The cgroup backend an actuator of *settings* starts jobs with."""
+    from phasewise.actuators.backends import CgroupBackend, job_runtime
+
+    return CgroupBackend(layout, jobs=job_runtime(settings), **kw)
+
+
+_PYTHON: list[str | None] = []
+
+
+def job_python() -> str:
+    """A Python interpreter the job user (``nobody``) may run (the test venv's may sit in root's home);
+    the test is skipped where there is none."""
+    import pwd
+    import subprocess
+    import sys
+
+    if not _PYTHON:
+        found = None
+        nobody = pwd.getpwnam("nobody")
+        for cand in ("/usr/bin/python3", "/usr/local/bin/python3", sys.executable):
+            try:
+                ok = subprocess.run([cand, "-c", "pass"], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
+                                    cwd="/", env={}, capture_output=True, timeout=30).returncode == 0
+            except (OSError, subprocess.SubprocessError):
+                ok = False
+            if ok:
+                found = cand
+                break
+        _PYTHON.append(found)
+    if _PYTHON[0] is None:
+        pytest.skip("no Python interpreter the job user nobody may run")
+    return _PYTHON[0]

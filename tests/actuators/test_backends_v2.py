@@ -125,12 +125,14 @@ def test_the_dry_run_actuator_rejects_a_missing_container_and_a_name_with_a_trai
     from phasewise.actuators.metrics import ActuatorMetrics
     from phasewise.schemas import Decision, encode
     from phasewise.settings import Settings
+    from tests.actuators.conftest import own
 
     _, d = v2
     s = Settings().replace(host="h1", backend="dry-run", cgroup_root=str(d.parent.parent), cgroup_prefix="pw")
     backend = make_backend(s)
     a = Actuator(s, backend, Ledger(":memory:"), recorder, metrics=ActuatorMetrics(CollectorRegistry()),
                  host_cores=4.0)
+    own(a, "job-a", "gone")
     got = {}
     for c in ("job-a", "gone", "job-a\n"):
         raw = encode(Decision(id=f"id-{c!r}", ts=a.clock(), host="h1", container=c, action="freeze",

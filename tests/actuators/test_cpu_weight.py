@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -33,8 +32,10 @@ from phasewise.cgroupfs import CgroupLayout
 from phasewise.models.priorities import Action, cpu_weight, to_decision
 from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings
-from tests.actuators.conftest import Recorder, remove_started_jobs
+from tests.actuators.conftest import Recorder, job_backend, job_python, job_settings, own, remove_started_jobs
 from tests.conftest import requires_root
+from tests.job_keys import TRUSTED
+from tests.job_keys import start as signed_start
 
 S = Settings().replace(host="h1", cpu_weight_min=10, cpu_weight_max=5000)
 
@@ -69,6 +70,7 @@ def test_the_actuator_weights_only_opted_in_containers(tmp_path):
         rec = Recorder()
         act = Actuator(S.replace(workload_default_mode=mode), backend, Ledger(tmp_path / f"{mode}.sqlite"), rec,
                        metrics=ActuatorMetrics(CollectorRegistry()))
+        own(act, "job-a")
         a = act.handle(encode(weight_decision("job-a", 3200)), b"h1", 0, 1)
         assert a.status == status, (mode, a.message)
         assert backend.commands == ([SetCpuWeight("job-a", 3200)] if mode == "apply" else [])
@@ -120,10 +122,11 @@ def _usage_ns(layout: CgroupLayout, c: str) -> int:
                     or not Path("/sys/fs/cgroup/cpu/cpu.shares").exists(), reason="no cgroup v1 cpu and cpuset")
 def test_two_spinning_jobs_on_one_cpu_get_cpu_in_the_ratio_of_their_weights(tmp_path):
     layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}", version=1)
-    backend = CgroupBackend(layout, job_log_dir=tmp_path / "logs")
+    s = job_settings(tmp_path)
+    backend = job_backend(layout, s)
     rec = Recorder()
-    act = Actuator(Settings().replace(host="h1", data_dir=str(tmp_path)), backend, Ledger(tmp_path / "l.sqlite"),
-                   rec, metrics=ActuatorMetrics(CollectorRegistry()))
+    act = Actuator(s, backend, Ledger(tmp_path / "l.sqlite"), rec, metrics=ActuatorMetrics(CollectorRegistry()),
+                   submitters=TRUSTED)
     cpu = str(sorted(os.sched_getaffinity(0))[-1])
     tag = uuid.uuid4().hex[:6]
     jobs = {f"low-{tag}": 0, f"high-{tag}": 2}  # priorities: weights 100 and 400
@@ -131,7 +134,8 @@ def test_two_spinning_jobs_on_one_cpu_get_cpu_in_the_ratio_of_their_weights(tmp_
         for i, (job, prio) in enumerate(jobs.items()):
             start = Decision(id=f"start-{job}", ts=time.time(), host="h1", container=job, action="place",
                              policy="priority", reason="test",
-                             details={"cpuset": cpu, "command": [sys.executable, "-c", SPIN], "device": []})
+                             details={"cpuset": cpu, "device": [],
+                                      **signed_start(job, (job_python(), "-c", SPIN), ts=time.time() - 1)})
             assert act.handle(encode(start), b"h1", 0, 2 * i).status == "applied"
             w = cpu_weight(prio, "training")
             d = to_decision(Action("weight", job, "h1", "test", {"cpu_weight": w}), time.time())

@@ -73,3 +73,80 @@ def test_terminations_survive_a_restart_until_the_container_is_started_again(tmp
         led.record_termination("job-c", "t2", now=now)
         led.prune(now=now + 101.0)
         assert led.terminated("job-c") is None
+
+
+# --------------------------------------------------------------------------- a new ledger is unverified
+
+
+def test_a_new_ledger_is_unverified_until_checked_and_a_deleted_one_is_new_again(tmp_path):
+    path = ledger_path(tmp_path, "h")
+    with Ledger(path) as led:
+        assert led.unverified
+    with Ledger(path) as led:  # not checked yet (stopped, or the check failed): still unverified
+        assert led.unverified
+        led.verified()
+        assert not led.unverified
+        assert led.claim("d1", container="c")
+    with Ledger(path) as led:
+        assert not led.unverified and "d1" in led
+    for p in tmp_path.glob(path.name + "*"):  # the database and its WAL files
+        p.unlink()
+    with Ledger(path) as led:
+        assert led.unverified and "d1" not in led
+
+
+def test_a_ledger_of_the_earlier_format_is_not_taken_for_a_new_one(tmp_path):
+    import sqlite3
+
+    path = ledger_path(tmp_path, "h")
+    db = sqlite3.connect(path)
+    db.executescript("CREATE TABLE decisions (id TEXT PRIMARY KEY, container TEXT NOT NULL, claimed REAL NOT NULL,"
+                     " status TEXT, message TEXT NOT NULL DEFAULT '');"
+                     "CREATE TABLE terminations (container TEXT PRIMARY KEY, decision TEXT NOT NULL,"
+                     " at REAL NOT NULL);")
+    db.close()
+    with Ledger(path) as led:
+        assert not led.unverified
+
+
+def test_restored_decisions_are_duplicates_and_a_restore_never_overwrites():
+    with Ledger(":memory:") as led:
+        assert led.claim("d1", container="c", now=time.time())
+        led.finish("d1", "applied", "set cpu 1")
+        assert not led.restore("d1", container="c", claimed=1.0, status="failed", message="x")
+        assert led.get("d1").status == "applied"
+        now = time.time()
+        assert led.restore("d2", container="c", claimed=now, status="clamped", message="restored")
+        assert not led.claim("d2", container="c", now=now)
+        assert (led.get("d2").status, led.get("d2").message) == ("clamped", "restored")
+
+
+def test_the_registry_of_started_jobs_survives_a_restart_and_records_their_end(tmp_path):
+    path = ledger_path(tmp_path, "h1")
+    t0 = time.time()
+    with Ledger(path) as led:
+        led.record_start("ctr-a", job="job-a", decision="p1", backend="cgroup-v1", pid=100, spec_digest="ab" * 32,
+                         now=t0)
+        assert led.started_job("other") is None
+    with Ledger(path) as led:
+        row = led.started_job("ctr-a")
+        assert (row.job, row.decision, row.backend, row.pid, row.spec_digest, row.started, row.ended) == (
+            "job-a", "p1", "cgroup-v1", 100, "ab" * 32, t0, None)
+        assert not led.record_end("ctr-a", pid=99, exit_status=0, now=t0 + 1)  # not its process
+        assert led.record_end("ctr-a", pid=100, exit_status=-9, now=t0 + 2)
+        assert not led.record_end("ctr-a", now=t0 + 3)  # ended already: the first end stands
+        row = led.started_job("ctr-a")
+        assert (row.ended, row.exit_status) == (t0 + 2, -9)
+        # resumed: the same container, a new process, running again
+        led.record_start("ctr-a", job="job-a", decision="p2", backend="cgroup-v1", pid=200, now=t0 + 4)
+        row = led.started_job("ctr-a")
+        assert (row.decision, row.pid, row.started, row.ended, row.exit_status) == ("p2", 200, t0 + 4, None, None)
+
+
+def test_ended_jobs_are_pruned_with_old_decisions_and_running_ones_are_kept():
+    with Ledger(":memory:", max_age_s=100) as led:
+        led.record_start("done", job="done", decision="p1", backend="b", pid=1, now=0.0)
+        led.record_start("running", job="running", decision="p2", backend="b", pid=2, now=0.0)
+        led.record_end("done", now=10.0)
+        led.prune(now=200.0)
+        assert led.started_job("done") is None and led.started_job("running") is not None

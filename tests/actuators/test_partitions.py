@@ -102,8 +102,8 @@ def test_an_actuator_reads_only_its_hosts_partition_across_a_rebalance(settings)
     p = make_producer(settings, partitioner="murmur2_random")
 
     def send(h: str, container: str) -> None:
-        d = Decision(id=uuid.uuid4().hex, ts=time.time(), host=h, container=container, action="freeze",
-                     policy="test")
+        d = Decision(id=uuid.uuid4().hex, ts=time.time(), host=h, container=container, action="limit",
+                     policy="test", cpu_limit_cores=1.0)
         p.produce(DECISIONS.name, key=h.encode(), value=encode(d))
 
     first = Running(settings)

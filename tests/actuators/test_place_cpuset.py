@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from phasewise.actuators.backends import CgroupBackend, DryRunBackend
+from phasewise.actuators.backends import DryRunBackend
 from phasewise.actuators.commands import StartJob
 from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
@@ -22,11 +21,13 @@ from phasewise.actuators.safety import Rejected, plan
 from phasewise.cgroupfs import CgroupLayout
 from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings
-from tests.actuators.conftest import remove_started_jobs
+from tests.actuators.conftest import job_backend, job_python, job_settings, remove_started_jobs
 from tests.conftest import requires_root
+from tests.job_keys import TRUSTED, start
 
-REPORT = "import json, os, sys; json.dump({{'cpus': sorted(os.sched_getaffinity(0)), 'cg': open('/proc/self/cgroup')" \
-         ".read(), 'gpus': os.environ.get('CUDA_VISIBLE_DEVICES')}}, open({path!r}, 'w'))"
+#: written by the job into its working directory (it runs as nobody: the test's own directories are closed to it)
+REPORT = "import json, os, sys; json.dump({'cpus': sorted(os.sched_getaffinity(0)), 'cg': open('/proc/self/cgroup')" \
+         ".read(), 'gpus': os.environ.get('CUDA_VISIBLE_DEVICES')}, open('report.json', 'w'))"
 CPUS = sorted(os.sched_getaffinity(0))
 
 
@@ -42,27 +43,31 @@ class _Sink:
 
 
 def _decision(job: str, cpuset: str, argv: list[str], device=(0,), host="h1") -> Decision:
+    """A place decision of *job* as the placement agent makes it: the submitted job as signed, with *argv*."""
     return Decision(id=f"place-{job}", ts=time.time(), host=host, container=job, action="place", policy="horus",
-                    reason="test", details={"cpuset": cpuset, "command": argv, "device": list(device),
-                                            "node": "s1"})
+                    reason="test", details={"cpuset": cpuset, "device": list(device), "node": "s1",
+                                            **start(job, argv, ts=time.time() - 1)})
 
 
 def test_plan_place_rules():
     s = Settings().replace(host="h1")
-    ok = plan(_decision("j", "0", ["true"]), exists=False, usage_mem_bytes=None, host_cores=2, settings=s,
-              host_cpus=frozenset({0, 1}))
-    assert ok.command == StartJob("j", "0", ("true",), (0,))
+
+    def plan_it(d, exists=False):
+        return plan(d, exists=exists, usage_mem_bytes=None, host_cores=2, settings=s, host_cpus=frozenset({0, 1}),
+                    now=time.time(), submitters=TRUSTED)
+
+    ok = plan_it(_decision("j", "0", ["true"]))
+    assert ok.command == StartJob("j", "0", ("true",), (0,), job="j")
     bad = [(_decision("j", "0-7", ["true"]), "not within this host's CPUs"),
            (_decision("j", "x", ["true"]), "not a cpuset list"),
            (_decision("j", "0", []), "names no command"),
-           (_decision("j", "0", [""]), "non-empty list of strings"),
+           (_decision("j", "0", [""]), "holds an empty argument"),
            (_decision("j", "0", ["true"], device=(-1,)), "GPU indices"),
            (_decision("../j", "0", ["true"]), "not a managed container name")]
     for d, why in bad:
-        r = plan(d, exists=False, usage_mem_bytes=None, host_cores=2, settings=s, host_cpus=frozenset({0, 1}))
+        r = plan_it(d)
         assert isinstance(r, Rejected) and why in r.reason, (d.details, r)
-    r = plan(_decision("j", "0", ["true"]), exists=True, usage_mem_bytes=None, host_cores=2, settings=s,
-             host_cpus=frozenset({0, 1}))
+    r = plan_it(_decision("j", "0", ["true"]), exists=True)
     assert isinstance(r, Rejected) and "already exists" in r.reason
 
 
@@ -76,13 +81,13 @@ def test_dry_run_starts_nothing(tmp_path):
 @pytest.mark.skipif(not Path("/sys/fs/cgroup/cpuset/cpuset.cpus").exists(), reason="no cgroup v1 cpuset hierarchy")
 def test_placed_job_runs_in_its_cpuset(tmp_path):
     layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}", version=1)
-    backend = CgroupBackend(layout, job_log_dir=tmp_path / "logs")
-    s = Settings().replace(host="h1", data_dir=str(tmp_path))
+    s = job_settings(tmp_path)
+    backend = job_backend(layout, s)
     act = Actuator(s, backend, Ledger(tmp_path / "ledger.sqlite"), _Sink(),
-                   metrics=ActuatorMetrics(CollectorRegistry()))
+                   metrics=ActuatorMetrics(CollectorRegistry()), submitters=TRUSTED)
     job, cpu = f"job-{uuid.uuid4().hex[:6]}", CPUS[-1]
-    report = tmp_path / "report.json"
-    argv = [sys.executable, "-c", REPORT.format(path=str(report))]
+    report = tmp_path / "jobs" / job / "report.json"
+    argv = [job_python(), "-c", REPORT]
     try:
         a = act.handle(encode(_decision(job, str(cpu), argv, device=(0, 1))), b"h1", 0, 1)
         assert a.status == "applied" and f"cpuset {cpu}" in a.message, a.message

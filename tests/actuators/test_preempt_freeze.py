@@ -13,6 +13,7 @@ import time
 
 from phasewise.models.priorities import Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
 from phasewise.schemas import encode
+from tests.actuators.conftest import own
 from tests.actuators.test_cgroup_v1 import actuator, managed  # noqa: F401 - the fixture
 from tests.conftest import requires_root
 
@@ -62,6 +63,7 @@ def test_decision_to_frozen_within_a_second_and_no_step_lost(managed, recorder):
     pol = PriorityPolicy(PriorityConfig(freeze_max_wait_s=60), {"h1": Capacity(2, 8e9)})
     pol.submit(JobRequest("low", "h1", cpu_cores=2), now=0)
     act = actuator(managed, recorder)
+    own(act, "low")  # as if this actuator had started it
     state = managed.file("low", "freezer", "freezer.state")
 
     t_decide = time.time()

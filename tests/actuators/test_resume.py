@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,18 +20,18 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from phasewise.actuators.backends import CgroupBackend
 from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.cgroupfs import CgroupLayout
+from phasewise.job_signing import sign_event
 from phasewise.models.priorities import Capacity, PriorityConfig
 from phasewise.producers.progress import ChildControl
 from phasewise.schemas import JobEvent, JobRequests, JobSpec, encode
-from phasewise.settings import Settings
 from phasewise.streams.priority_agents import PriorityStep
-from tests.actuators.conftest import Recorder, remove_started_jobs
+from tests.actuators.conftest import Recorder, job_backend, job_python, job_settings, remove_started_jobs
 from tests.conftest import requires_root
+from tests.job_keys import KEY, TRUSTED
 
 #: a job that resumes from its checkpoint file, steps every 20 ms, and on SIGTERM checkpoints and exits
 JOB = r"""
@@ -54,9 +53,11 @@ print("exit", step, flush=True)
 
 
 def submitted(job: str, *, priority: int, command: tuple[str, ...] = ()) -> bytes:
+    """The job as ``phasewise submit --key`` publishes it: signed by the tests' trusted submitter."""
     spec = JobSpec(model="mlp", dataset="synthetic", batch_size=64, command=command,
                    requests=JobRequests(cpu_cores=1.0, mem_bytes=2**28))
-    return encode(JobEvent(job=job, ts=time.time(), kind="submitted", host="h1", priority=priority, spec=spec))
+    return encode(sign_event(KEY, JobEvent(job=job, ts=time.time(), kind="submitted", host="h1", priority=priority,
+                                           spec=spec)))
 
 
 def lines(log: Path) -> list[list[str]]:
@@ -76,14 +77,16 @@ def wait_for(cond, timeout_s: float, what: str) -> None:
 @pytest.mark.skipif(not Path("/sys/fs/cgroup/cpuset/cpuset.cpus").exists(), reason="no cgroup v1 cpuset hierarchy")
 def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path):
     layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}", version=1)
-    backend = CgroupBackend(layout, job_log_dir=tmp_path / "logs")
+    s = job_settings(tmp_path)
+    backend = job_backend(layout, s)
     rec = Recorder()
-    act = Actuator(Settings().replace(host="h1", data_dir=str(tmp_path)), backend, Ledger(tmp_path / "l.sqlite"),
-                   rec, metrics=ActuatorMetrics(CollectorRegistry()))
+    act = Actuator(s, backend, Ledger(tmp_path / "l.sqlite"), rec, metrics=ActuatorMetrics(CollectorRegistry()),
+                   submitters=TRUSTED)
     agent = PriorityStep(PriorityConfig(grace_s=10, cpu_weight_ratio=2.0), Capacity(1.0, 2**32), "h1")
     tag = uuid.uuid4().hex[:6]
     low, hi = f"low-{tag}", f"hi-{tag}"
-    log = tmp_path / "logs" / f"{low}.log"
+    log = tmp_path / "job-logs" / f"{low}.log"
+    ckpt = tmp_path / "jobs" / low / "low.ckpt"  # in its working directory (it runs as nobody)
     host_cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
 
     def apply(raw: bytes) -> list:
@@ -93,7 +96,7 @@ def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path)
         return [(d.action, d.container, act.handle(encode(d), b"h1", 0, 0), d) for d in decisions]
 
     try:
-        got = apply(submitted(low, priority=0, command=(sys.executable, "-c", JOB, str(tmp_path / "low.ckpt"))))
+        got = apply(submitted(low, priority=0, command=(job_python(), "-c", JOB, "low.ckpt")))
         assert [(a, c, x.status) for a, c, x, _ in got] == [("place", low, "applied"), ("weight", low, "applied")]
         wait_for(lambda: sum(ln[0] == "step" for ln in lines(log)) >= 10, 30, "low's first steps")
         assert lines(log)[0] == ["start", "0", host_cpus]  # no cpuset named: the host's CPUs
@@ -105,7 +108,7 @@ def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path)
         assert start_hi.status == "rejected" and "names no command" in start_hi.message  # its submitter starts it
         assert weight_hi.status == "rejected" and "does not exist" in weight_hi.message
         exited = int(next(ln for ln in lines(log) if ln[0] == "exit")[1])
-        assert int((tmp_path / "low.ckpt").read_text()) == exited > 0
+        assert int(ckpt.read_text()) == exited > 0
         assert layout.exists(low) and not layout.pids(low)  # stopped, its container kept
         # hi finishes: low is restarted in its container, from its checkpoint
         got = apply(encode(JobEvent(job=hi, ts=time.time(), kind="finished")))

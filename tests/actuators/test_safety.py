@@ -10,6 +10,7 @@ from phasewise.actuators.commands import Freeze, SetLimits, Terminate, Thaw
 from phasewise.actuators.safety import Cap, Floor, Planned, Rejected, Requested, Unsafe, plan
 from phasewise.schemas import Decision
 from phasewise.settings import Settings
+from tests.job_keys import TRUSTED, start
 
 MiB = 2**20
 S = Settings().replace(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=64 * MiB,
@@ -22,7 +23,8 @@ def decision(**kw) -> Decision:
 
 
 def plan_for(*, exists=True, usage=100 * MiB, host_cores=4.0, **kw):
-    return plan(decision(**kw), exists=exists, usage_mem_bytes=usage, host_cores=host_cores, settings=S)
+    return plan(decision(**kw), exists=exists, usage_mem_bytes=usage, host_cores=host_cores, settings=S,
+                submitters=TRUSTED, host_cpus=frozenset({0}))
 
 
 # (decision fields, usage, expected cpu, expected mem, expected status, words in message)
@@ -73,7 +75,10 @@ REJECTIONS = [
     ("an action no actuator performs", dict(action="scale"), {}, "not performed by this actuator"),
     ("a terminate for a container that does not exist", dict(action="terminate"), dict(exists=False),
      "does not exist"),
-    ("a place action for a container that exists", dict(action="place"), {}, "already exists"),
+    ("a place action for a container that exists", dict(action="place", details=start("job-a", ts=1.0)), {},
+     "already exists"),
+    ("a place action without a signed job", dict(action="place", details={"command": ["sh"]}), dict(exists=False),
+     "no job signature"),
     ("only a memory limit with unknown usage", dict(mem_limit_bytes=500 * MiB), dict(usage=None), "unknown"),
     ("a NaN usage with only a memory limit", dict(mem_limit_bytes=500 * MiB), dict(usage=math.nan), "unknown"),
     ("a cpu limit on a host of unknown size", dict(cpu_limit_cores=1.0), dict(host_cores=math.nan), "core count"),

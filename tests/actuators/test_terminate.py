@@ -28,6 +28,7 @@ from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.cgroupfs import CgroupLayout
 from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings
+from tests.actuators.conftest import own
 from tests.conftest import requires_root
 
 pytestmark = requires_root
@@ -119,9 +120,12 @@ def tree(request):
 
 
 def actuator(layout: CgroupLayout, recorder, **kw) -> Actuator:
+    """An actuator that owns the containers the test made so far (as if it had started their jobs)."""
     s = Settings().replace(host="h1", apply_retries=0, terminate_grace_s=10.0, terminate_grace_max_s=30.0, **kw)
-    return Actuator(s, CgroupBackend(layout, kill_wait_s=5.0), Ledger(":memory:"), recorder,
-                    metrics=ActuatorMetrics(CollectorRegistry()), host_cores=2.0)
+    act = Actuator(s, CgroupBackend(layout, kill_wait_s=5.0), Ledger(":memory:"), recorder,
+                   metrics=ActuatorMetrics(CollectorRegistry()), host_cores=2.0)
+    own(act, *layout.containers())
+    return act
 
 
 def terminate(container: str, **details) -> bytes:
@@ -184,6 +188,7 @@ def test_a_container_is_terminated_once_and_a_decision_applied_once(recorder, tm
         empty = act.handle(terminate("ghost"), b"h1", 0, 2)
         assert empty.status == "rejected" and "does not exist" in empty.message
         t.create("idle")
+        own(act, "idle")
         idle = act.handle(terminate("idle"), b"h1", 0, 3)
         assert idle.status == "applied" and "nothing to stop" in idle.message
     finally:

@@ -17,6 +17,7 @@ from phasewise.schemas import Decision, encode
 from phasewise.settings import Settings
 from phasewise.signing import HEADER, Keyring, SigningError, keyring_of
 from phasewise.topics import DECISIONS
+from tests.actuators.conftest import own
 
 NOW = time.time()
 KEY, OLD, OTHER = b"k" * 40, b"o" * 40, b"x" * 40
@@ -33,6 +34,7 @@ def actuator(recorder, keyring=None, **settings):
     backend = DryRunBackend()
     a = Actuator(Settings().replace(host="h1", **settings), backend, Ledger(":memory:"), recorder,
                  metrics=metrics, host_cores=4.0, clock=lambda: NOW, keyring=keyring)
+    own(a, "job-a")
     return a, backend, metrics
 
 

@@ -1,4 +1,7 @@
-"""Job specs naming ``module:function``, and hostile nested specs: a reason every time, never a crash."""
+"""Job specs naming ``module:function``, and hostile nested specs: a reason every time, never a crash.
+
+A ``module:function`` is built only when its module is allowed (``horus_model_modules``), in a child process.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import pytest
 
 from phasewise.models.graph_features import FeatureError
 from phasewise.schemas import JobEvent, JobSpec, SchemaError, decode
-from phasewise.streams.horus_jobs import spec_features
+from phasewise.streams.horus_jobs import BuildRules, spec_features
 
 MODULE = '''
 from torch import nn
@@ -35,8 +38,13 @@ def user_models(tmp_path, monkeypatch):
     return name
 
 
+def allowing(*modules: str) -> BuildRules:
+    return BuildRules(modules, timeout_s=60.0)
+
+
 def test_an_entry_point_is_imported_built_on_meta_and_measured(user_models):
-    f = spec_features(JobSpec(model=f"{user_models}:good", dataset="BipedalWalker", batch_size=8))
+    f = spec_features(JobSpec(model=f"{user_models}:good", dataset="BipedalWalker", batch_size=8),
+                      allowing(user_models))
     assert (f.linear, f.params) == (2, 24 * 16 + 16 + 16 * 4 + 4)
     assert f.flops == 2 * 8 * (24 * 16 + 16 * 4) + 2 * 8 * 16 * 4 + 2 * 8 * 24 * 16 + 2 * 8 * 16 * 4
 
@@ -52,8 +60,21 @@ def test_an_entry_point_is_imported_built_on_meta_and_measured(user_models):
 ])
 def test_bad_entry_points_say_why(user_models, model, dataset, reason):
     with pytest.raises(FeatureError) as e:
-        spec_features(JobSpec(model=model.format(m=user_models), dataset=dataset, batch_size=8))
+        spec_features(JobSpec(model=model.format(m=user_models), dataset=dataset, batch_size=8),
+                      allowing(user_models, "pw_no_such_module_xyz"))
     assert reason in str(e.value)
+
+
+@pytest.mark.parametrize("model", ["{m}:good", "os:abort", "this:x", "logging:disable", "{m}x:good"])
+def test_a_module_not_allowed_is_never_imported(user_models, model):
+    """Default (catalog only), or a list without the module: refused with the reason, nothing imported."""
+    import sys
+
+    name = model.format(m=user_models)
+    for rules in (None, BuildRules(), allowing("pw_other")):
+        with pytest.raises(FeatureError, match=r"is not in horus_model_modules"):
+            spec_features(JobSpec(model=name, dataset="bipedalwalker", batch_size=8), rules)
+    assert user_models not in sys.modules and "this" not in sys.modules
 
 
 @pytest.mark.parametrize("spec", [
@@ -69,6 +90,7 @@ def test_hostile_nested_specs_are_schema_errors(spec):
     raw = json.dumps({"v": 1, "job": "j", "ts": 1, "kind": "submitted", "spec": spec}).encode()
     with pytest.raises(SchemaError, match="^JobEvent: spec"):
         decode(JobEvent, raw)
-    deep = b'{"v":1,"job":"j","ts":1,"kind":"submitted","spec":' + b"{\"a\":" * 50_000 + b"1" + b"}" * 50_001
+    # (10,000 deep: 50 kB, under the job event's 64 KiB, so that the parser's depth is what refuses it)
+    deep = b'{"v":1,"job":"j","ts":1,"kind":"submitted","spec":' + b"{\"a\":" * 10_000 + b"1" + b"}" * 10_001
     with pytest.raises(SchemaError, match="nested too deeply"):
         decode(JobEvent, deep)

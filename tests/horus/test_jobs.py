@@ -61,7 +61,7 @@ def test_the_json_schema_nests_the_spec():
     s = json_schemas()["JobEvent.v1.json"]
     assert s["properties"]["spec"]["anyOf"][0] == {"$ref": "#/$defs/JobSpec"}
     assert s["$defs"]["JobSpec"]["properties"]["requests"] == {"$ref": "#/$defs/JobRequests"}
-    assert s["$defs"]["JobSpec"]["properties"]["command"]["items"] == {"type": "string"}
+    assert s["$defs"]["JobSpec"]["properties"]["command"]["items"] == {"type": "string", "maxLength": 16384}
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

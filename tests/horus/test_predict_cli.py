@@ -40,3 +40,23 @@ def test_a_csv_without_the_columns_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "missing column(s) batchsize, amp, gpu_util, gmem" in err
     assert main(["predict", "eval", str(tmp_path / "nope.csv")]) == 2
     assert "No such file or directory" in capsys.readouterr().err
+
+
+def test_eval_builds_a_module_function_only_as_horus_would(tmp_path, capsys, monkeypatch):
+    """Catalog only by default (nothing imported); with the module listed, in a child process: os:abort is
+    a row's error, and the evaluation goes on."""
+    f = tmp_path / "observed.csv"
+    f.write_text("model,dataset,batchsize,amp,gpu_util,gmem\nos:abort,vectors,8,false,20,100\n"
+                 "mlp-8x4,vectors,8,false,20,100\n")
+    monkeypatch.delenv("PHASEWISE_HORUS_MODEL_MODULES", raising=False)
+    assert main(["predict", "eval", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scored"] == 1 and "module os is not in horus_model_modules" in out["errors"][0]["error"]
+    monkeypatch.setenv("PHASEWISE_HORUS_MODEL_MODULES", "os")
+    assert main(["predict", "eval", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scored"] == 1 and "the process building it died of SIGABRT" in out["errors"][0]["error"]
+    monkeypatch.setenv("PHASEWISE_HORUS_MODEL_MODULES", "not a module")
+    assert main(["predict", "eval", str(f), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "PHASEWISE_HORUS_MODEL_MODULES" in err and "is not a module name" in err

@@ -37,6 +37,7 @@ def ann(**kw):
     (ann(priority="-3"), "priority", -3),
     (ann(priority="10"), "priority", 10),
     (ann(**{"class": "inference"}), "workload_class", "inference"),
+    (ann(job="train-42"), "job", "train-42"),
 ])
 def test_each_annotation_is_parsed(values, field, want):
     s = parse_settings({**values, "app.kubernetes.io/name": "x"})
@@ -64,6 +65,8 @@ def test_each_annotation_is_parsed(values, field, want):
     (ann(priority="1.5"), "phasewise.io/priority: '1.5' is not an integer"),
     (ann(priority="99999999999"), "outside"),
     (ann(**{"class": "Training Jobs"}), "phasewise.io/class: 'Training Jobs' is not a lower-case word"),
+    (ann(job="../etc"), "phasewise.io/job: '../etc' is not a job id"),
+    (ann(job="a b"), "phasewise.io/job: 'a b' is not a job id"),
     ({P + "cpu_max": "2"}, "phasewise.io/cpu_max: unknown key"),
     ({P + "mode": "apply", P + "memory-limit": "1Gi"}, "phasewise.io/memory-limit: unknown key"),
 ])
@@ -172,3 +175,9 @@ def test_a_bad_container_annotation_names_its_key_and_refuses_only_that_containe
     del a["logger." + P + "mode"]
     assert parse_settings(a, container="logger").error == (
         "logger.phasewise.io/cpu-min (2) is above phasewise.io/cpu-max (1)")
+
+
+def test_the_job_a_workload_says_it_is_reaches_its_policy():
+    p = resolve(parse_settings(ann(mode="apply", job="train-42")), "kubepods-systemd")
+    assert (p.mode, p.job) == ("apply", "train-42")
+    assert resolve(None, "flat").job is None

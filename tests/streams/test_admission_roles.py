@@ -112,7 +112,8 @@ def test_the_priority_agent_decides_when_and_the_placement_agent_where(broker, t
         assert [d.container for d in placed] == [low, hi, low, mid]
         assert all(d.policy == "horus" and d.details["node"] in ("s0", "s1") for d in placed)  # none from priority
         assert all(d.details["cpuset"] == {"s0": "0-1", "s1": "2-3"}[d.details["node"]] for d in placed)
-        assert all(d.details["command"] == ["python", "train.py", "--job", d.container] for d in placed)
+        assert all(d.details["spec"]["command"] == ["python", "train.py", "--job", d.container] for d in placed)
+        assert all("command" not in d.details and d.details["job"] == d.container for d in placed)
         assert [d.details["resume"] for d in placed] == [False, False, True, False]
         assert len({d.id for d in placed}) == 4
         assert placed[3].details["node"] != placed[2].details["node"]  # frozen low kept its slice
@@ -133,3 +134,9 @@ def test_the_priority_agent_decides_when_and_the_placement_agent_where(broker, t
             r.stop()
     for r in roles:
         assert r.returncode() == 0, r.log_tail(40)
+    # no cluster key: each role says once, at start, that what it publishes is unsigned
+    for r, says in ((place, "phasewise place: decisions are published unsigned: actuators with signing_key_file "
+                            "set refuse them"),
+                    (worker, "phasewise worker: decisions and hints are published unsigned: actuators and "
+                             "placement workers with signing_key_file set refuse them")):
+        assert r.log_path.read_text().count(says) == 1, r.log_tail(40)

@@ -37,11 +37,11 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
 class Horus:
-    def __init__(self, settings: Settings, tmp, horus_id: str) -> None:
+    def __init__(self, settings: Settings, tmp, horus_id: str, **extra_env: str) -> None:
         self.metrics_port = free_port()
         env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_LOG_LEVEL": "info",
                "PHASEWISE_HORUS_WARMUP_S": "1000", "PHASEWISE_HORUS_OBSERVE_S": "2",
-               "PHASEWISE_HORUS_MIN_SAMPLES": "3"}
+               "PHASEWISE_HORUS_MIN_SAMPLES": "3", **extra_env}
         args = ["--horus-id", horus_id, "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
         self.role = RoleProcess("horus", args, env=env, log_path=tmp / f"horus-{uuid.uuid4().hex[:4]}.log")
 
@@ -108,7 +108,8 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
 
     spec = JobSpec(model="mlp-32x64x4", dataset="vectors", batch_size=16)
     a, b, bad_ds = f"a-{tag}", f"b-{tag}", f"c-{tag}"
-    poison = [None, b"[" * 100_000, bytes(range(256)) * 2400,
+    # (under JobEvent.MAX_BYTES, so that their own reasons refuse them, not their size)
+    poison = [None, b"[" * 60_000, bytes(range(256)) * 240,
               json.dumps({"v": 1, "job": "x", "ts": "yesterday", "kind": "submitted"}).encode()]
     # the priority agent's hints are not the horus agent's: skipped, however stamped (no dead letter)
     hints = [job(a, "admitted", time.time() + 1e7, host="h", resume=True), job(a, "stopped", 0.0)]
@@ -192,3 +193,33 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
         assert h2.metric('phasewise_horus_prediction_log_error_count{target="cpu_cores"}') == 1
     finally:
         h2.role.stop()
+
+
+def test_with_a_cluster_key_predictions_are_signed_and_only_a_signed_started_event_is_taken(broker, tmp_path):
+    from phasewise.signing import Keyring
+
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    key_file = tmp_path / "cluster.key"
+    key_file.write_bytes(b"k" * 48)
+    key_file.chmod(0o600)
+    ring = Keyring(b"k" * 48)
+    tag = uuid.uuid4().hex[:6]
+    h = Horus(s, tmp_path, f"pwtest-horus-signed-{tag}", PHASEWISE_SIGNING_KEY_FILE=str(key_file)).start()
+    try:
+        p = make_producer(s)
+        a = f"signed-{tag}"
+        p.produce(JOB_EVENTS.name, key=a.encode(), value=encode(JobEvent(
+            job=a, ts=time.time(), kind="submitted", spec=JobSpec(model="mlp-32x64x4", dataset="vectors",
+                                                                   batch_size=16))))
+        # a job-events writer without the cluster key says where the job runs: not taken
+        p.produce(JOB_EVENTS.name, key=a.encode(), value=encode(JobEvent(job=a, ts=time.time(), kind="started",
+                                                                          host="h", container="victim")))
+        p.flush(10)
+        (m,) = read_all(s, PREDICTIONS.name, PREDICTIONS.partitions, lambda m: m.key() == a.encode(), 1)
+        assert ring.verify(PREDICTIONS.name, m.key(), m.value(), m.headers()) is None
+        (dl,) = read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, lambda m: _dl_key(m) == a, 1)
+        assert f"JobEvent started {a} refused: unsigned" in decode(DeadLetter, dl.value()).reason
+        assert "are published unsigned" not in h.role.log_tail(400)
+    finally:
+        h.role.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from phasewise.job_signing import START_FIELDS, sign_event, spec_of
 from phasewise.schemas import (
     GpuSample,
     HostSamples,
@@ -15,6 +16,7 @@ from phasewise.schemas import (
 )
 from phasewise.settings import Settings
 from phasewise.streams.placement_agents import PlacementState
+from tests.job_keys import KEY, TRUSTED
 
 GIB = 1 << 30
 
@@ -29,7 +31,7 @@ def _sample(host: str, cpus: int = 8, gpus: int = 2, util: float = 0.0, cpu_used
 def _job(name: str, gpus: float = 0.5, priority: int = 0, cpu: float | None = 2.0, ts: float = 1.0) -> JobEvent:
     spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32, command=("python", "-c", "pass"),
                    requests=JobRequests(cpu_cores=cpu, mem_bytes=2 * GIB, gpus=gpus, gpu_mem_bytes=4 * GIB))
-    return JobEvent(job=name, ts=ts, kind="submitted", priority=priority, spec=spec)
+    return sign_event(KEY, JobEvent(job=name, ts=ts, kind="submitted", priority=priority, spec=spec))
 
 
 def _pred(job: str, util: float) -> UtilisationPrediction:
@@ -55,8 +57,13 @@ def test_waits_for_the_prediction_then_places_with_it():
     assert d.details["scores"]["h2"] - d.details["scores"]["h1"] == pytest.approx(0.64)
     assert "over capacity 0," in d.reason
     assert d.details["used"]["prediction"]["gpu_util"] == 40.0 and "predicted GPU util 40%" in d.reason
-    assert d.details["device"] == list(p.gpus) and d.details["command"] == ["python", "-c", "pass"]
+    assert d.details["device"] == list(p.gpus) and d.details["spec"]["command"] == ["python", "-c", "pass"]
     assert d.policy == "horus" and set(d.details["scores"]) == {"h1", "h2"}
+    # what the actuator verifies, copied from the submitted event; no command of the agent's own
+    x = d.details
+    assert set(START_FIELDS) <= set(x) and "command" not in x and (x["job"], x["job_ts"]) == ("a", 1.0)
+    assert TRUSTED.verify(x["job"], x["job_ts"], x["workload"], x["priority"], spec_of(x["spec"]),
+                          x["job_signature"]) is None
 
 
 def test_without_a_prediction_after_the_wait_requests_only():
@@ -148,7 +155,7 @@ def test_after_admission_a_job_is_held_until_admitted_then_placed_on_that_host_o
     first_id = d.id
     assert (d.action, d.host, d.container, p.node, d.details["device"]) == ("place", "h2", "a", "h2", [0])
     assert d.details["resume"] is False and d.details["admitted_host"] == "h2"
-    assert d.details["command"] == ["python", "-c", "pass"] and "admitted on h2" in d.reason
+    assert d.details["spec"]["command"] == ["python", "-c", "pass"] and "admitted on h2" in d.reason
     # another job admitted on h2 waits for room there, with the reason, though h1 is free
     s.submitted(_job("b", gpus=1, ts=2.0), now=0.0)
     s.admitted(_admitted("b", "h2", ts=6.0))
@@ -164,7 +171,7 @@ def test_after_admission_a_job_is_held_until_admitted_then_placed_on_that_host_o
     s.admitted(_admitted("a", "h2", ts=9.0, resume=True, container="a-ctr"))
     [(d, _)] = s.decide(now=1.0, ts=14.0)
     assert (d.container, d.host, d.details["resume"], d.details["job"]) == ("a-ctr", "h2", True, "a")
-    assert d.details["command"] == ["python", "-c", "pass"] and "(resume)" in d.reason
+    assert d.details["spec"]["command"] == ["python", "-c", "pass"] and "(resume)" in d.reason
     assert d.id != first_id  # the same node and GPU, but a restart is a decision of its own (the actuator's id)
     # admitted again while placed: a redelivered hint, nothing placed twice
     s.admitted(_admitted("a", "h2", ts=9.0, resume=True, container="a-ctr"))
@@ -214,6 +221,10 @@ def test_after_admission_the_state_keeps_the_admission_across_a_restart():
     t.stopped("placed")
     [(d, _)] = t.decide(now=0.0, ts=3.0)
     assert d.container == "admitted"  # not held: its admission was restored; "held" still waits for one
+    # the submission as signed came back with the state: the actuator can still verify the start
+    x = d.details
+    assert TRUSTED.verify(x["job"], x["job_ts"], x["workload"], x["priority"], spec_of(x["spec"]),
+                          x["job_signature"]) is None
     t.finished("admitted")
     t.submitted(_job("early", gpus=1), now=0.0)
     [(d, _)] = t.decide(now=0.0, ts=4.0)
@@ -239,6 +250,25 @@ def test_after_admission_a_stale_stopped_hint_frees_nothing_and_each_placement_c
     # weights off, or without admission: no weight decision
     off = _state(place_prediction_wait_s=0.0, place_after_admission=True, priority_cpu_weights=False)
     assert off.weight_ratio is None and _state().weight_ratio is None
+
+
+def test_with_trusted_submitters_a_job_no_trusted_submitter_signed_books_nothing(tmp_path):
+    from phasewise.streams.placement_agents import NotTrusted
+    from tests.job_keys import STRANGER, write_public
+
+    write_public(tmp_path / "alice.pub", KEY)
+    s = _state(place_prediction_wait_s=0.0, job_trusted_submitters=str(tmp_path / "alice.pub"))
+    s.samples(_sample("h1", gpus=1))
+    unsigned = JobEvent(job="u", ts=1.0, kind="submitted", spec=_job("u").spec)
+    stranger = sign_event(STRANGER, JobEvent(job="x", ts=1.0, kind="submitted", spec=_job("x").spec))
+    with pytest.raises(NotTrusted, match="'u' refused: the job is not signed by a submitter"):
+        s.submitted(unsigned, now=0.0)
+    with pytest.raises(NotTrusted, match="'x' refused: signed by submitter key .* which is not trusted"):
+        s.submitted(stranger, now=0.0)
+    assert s.decide(now=1.0, ts=2.0) == [] and not s.events
+    s.submitted(_job("a", gpus=1), now=0.0)
+    [(d, _)] = s.decide(now=1.0, ts=2.0)
+    assert d.container == "a"
 
 
 # ------------------------------------------------------------------ waiting jobs: retried where room came, capped

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from phasewise.job_signing import START_FIELDS, sign_event, spec_of
 from phasewise.models.priorities import Capacity, PriorityConfig
 from phasewise.schemas import (
     Decision,
@@ -20,8 +21,11 @@ from phasewise.schemas import (
     encode,
     to_dict,
 )
+from phasewise.signing import Keyring
 from phasewise.streams.priority_agents import PriorityStep, Refused
+from phasewise.topics import JOB_EVENTS
 from tests.conftest import private_broker_fixture
+from tests.job_keys import KEY, TRUSTED
 from tests.test_poison import poison
 
 broker = private_broker_fixture()  # job events from other tests would change the placements
@@ -31,11 +35,12 @@ GB = 1e9
 
 def submitted(job: str, ts: float, *, cpu: float, priority: int = 0, expected_s: float | None = None,
               host: str | None = "n1", workload: str = "training", command: tuple[str, ...] = (),
-              gpus: float = 0.0) -> bytes:
+              gpus: float = 0.0, container: str | None = None) -> bytes:
+    """A submitted event signed by the tests' trusted submitter (tests.job_keys.KEY)."""
     spec = JobSpec(model="resnet50", dataset="cifar10", batch_size=32, expected_s=expected_s, command=command,
                    requests=JobRequests(cpu_cores=cpu, mem_bytes=1 * GB, gpus=gpus))
-    return encode(JobEvent(job=job, ts=ts, kind="submitted", host=host, priority=priority, workload=workload,
-                           spec=spec))
+    return encode(sign_event(KEY, JobEvent(job=job, ts=ts, kind="submitted", host=host, priority=priority,
+                                           workload=workload, spec=spec, container=container)))
 
 
 def finished(job: str, ts: float) -> bytes:
@@ -43,7 +48,7 @@ def finished(job: str, ts: float) -> bytes:
 
 
 JOB_POISON = poison(to_dict(JobEvent(job="p", ts=1.0, kind="submitted")), "ts",
-                    {"priority": "high", "workload": 3}, wrong_reason="must be")
+                    {"priority": "high", "workload": 3}, wrong_reason="must be", max_bytes=JobEvent.MAX_BYTES)
 
 
 def valid_stream(prefix: str = "", host: str = "n1") -> list[bytes]:
@@ -147,7 +152,7 @@ def test_weights_on_start_restart_started_and_a_new_priority():
     assert [(c.job, c.action) for c in cs] == [("a", "checkpoint_exit")]
     ds, cs, bad = run(s, [finished("big", 6)])
     assert [(d.action, d.container) for d in ds] == [("place", "a-ctr"), ("weight", "a-ctr")]
-    assert ds[0].details["resume"] is True and ds[0].details["command"] == ["python", "train.py"]
+    assert ds[0].details["resume"] is True and ds[0].details["spec"]["command"] == ["python", "train.py"]
     assert ds[0].details["cpuset"] is None and ds[0].details["device"] == []  # no GPU asked: none seen
 
 
@@ -155,10 +160,57 @@ def test_place_decisions_carry_what_the_actuator_starts():
     s = step()
     ds, _, _ = run(s, [submitted("g", 1, cpu=1, gpus=0.5, command=("python", "-m", "job"))])
     d = ds[0]
-    assert (d.action, d.details["command"], d.details["cpuset"], d.details["device"], d.details["resume"]) == (
-        "place", ["python", "-m", "job"], None, None, False)  # GPUs: not named, the job sees the actuator's
+    assert (d.action, d.details["spec"]["command"], d.details["cpuset"], d.details["device"],
+            d.details["resume"]) == ("place", ["python", "-m", "job"], None, None, False)  # GPUs: not named
+    assert "command" not in d.details  # no command of the agent's own: the signed spec's only
     ds, _, _ = run(s, [submitted("n", 2, cpu=1)])
-    assert ds[0].details["command"] == []  # the actuator refuses it, saying who starts it
+    assert ds[0].details["spec"]["command"] == []  # the actuator refuses it, saying who starts it
+
+
+def test_place_decisions_carry_the_submission_as_signed_and_the_admitted_priority_beside_it():
+    s = step()
+    run(s, [submitted("hi", 1, cpu=2, priority=5, expected_s=30), submitted("low", 2, cpu=1, command=("run",))])
+    ds, _, _ = run(s, [encode(JobEvent(job="low", ts=3, kind="priority", priority=7)), finished("hi", 4)])
+    d = next(x for x in ds if x.action == "place")
+    assert set(START_FIELDS) <= set(d.details) and d.details["job"] == "low" and d.details["job_ts"] == 2
+    # the priority signed at submission is carried; the one it was admitted at beside it
+    assert (d.details["priority"], d.details["admitted_priority"]) == (0, 7)
+    x = d.details
+    assert TRUSTED.verify(x["job"], x["job_ts"], x["workload"], x["priority"], spec_of(x["spec"]),
+                          x["job_signature"]) is None
+    # an unsigned submission is decided all the same; its decision carries no signature (no actuator starts it)
+    t = step()
+    unsigned = encode(JobEvent(job="u", ts=1, kind="submitted", host="n1", spec=JobSpec(
+        model="resnet50", dataset="cifar10", batch_size=32, command=("evil",), requests=JobRequests(cpu_cores=1))))
+    ds, _, _ = run(t, [unsigned])
+    assert ds[0].details["job_signature"] is None
+
+
+def test_a_submitted_container_is_ignored_and_a_started_one_taken_only_when_signed_with_the_cluster_key():
+    ring = Keyring(b"c" * 40)
+    s = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=2.0), Capacity(2, 8 * GB, 1),
+                     "n1", verify=ring.verify)
+    # a job-events writer names a victim's container in its submission: not taken, the job's container is its id
+    run(s, [submitted("a", 1, cpu=2, container="victim")])
+    assert s.jobs["a"]["ctr"] == "a"
+    forged = encode(JobEvent(job="a", ts=2, kind="started", host="n1", container="victim"))
+    with pytest.raises(Refused, match="not signed by the cluster key .*unsigned"):
+        s.handle(forged, key=b"a")
+    other = Keyring(b"z" * 40).headers(JOB_EVENTS.name, b"a", forged)
+    with pytest.raises(Refused, match="unknown key"):
+        s.handle(forged, key=b"a", headers=other)
+    assert s.jobs["a"]["ctr"] == "a"
+    ds, _, _ = run(s, [submitted("big", 3, cpu=2, priority=9)])
+    assert [(d.action, d.container) for d in ds if d.action == "terminate"] == [("terminate", "a")]
+    # the actuator's started event, signed with the cluster key: its container is taken
+    t = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB, 1), "n1",
+                     verify=ring.verify)
+    run(t, [submitted("a", 1, cpu=2)])
+    real = encode(JobEvent(job="a", ts=2, kind="started", host="n1", container="a-ctr"))
+    t.handle(real, key=b"a", headers=ring.headers(JOB_EVENTS.name, b"a", real))
+    assert t.jobs["a"]["ctr"] == "a-ctr"
+    # a started event of a job this agent does not follow is nobody's concern: no dead letter
+    assert t.handle(forged.replace(b'"a"', b'"zz"'), key=b"zz") == ([], [])
 
 
 def test_the_state_written_at_commits_restores_the_policy_and_skips_events_read_again():
@@ -177,7 +229,7 @@ def test_the_state_written_at_commits_restores_the_policy_and_skips_events_read_
     ds, _ = t.handle(finished("hi", 9), 0, 3)
     assert [(d.action, d.container, d.details.get("resume")) for d in ds] == [
         ("place", "low-ctr", True), ("weight", "low-ctr", None)]
-    assert ds[0].details["command"] == ["run-low"]
+    assert ds[0].details["spec"]["command"] == ["run-low"]
     writes = {k: v for k, _p, v in t.writes()}
     assert writes["hi"] is None and json.loads(writes["low"])["s"]["state"] == "running"  # hi's key deleted
     ref = step(ratio=2.0)  # the same events in one worker decide the same
@@ -379,7 +431,7 @@ def test_a_restarted_worker_resumes_the_job_its_predecessor_preempted(broker, tm
              60, "low restarted by the second worker", second)
         wait(lambda: len(seen) >= 7, 30, "low's weight", second)
         resumed = next(d for d in seen if d.action == "place" and d.details.get("resume"))
-        assert resumed.details["command"] == ["python", "train.py", "--resume"]
+        assert resumed.details["spec"]["command"] == ["python", "train.py", "--resume"]
         assert f"preempted by {hi}" in resumed.reason
         assert [(d.action, d.container) for d in seen[5:]] == [("place", low), ("weight", low)]
         assert len({d.id for d in seen if d.action == "terminate"}) == 1  # nothing decided twice
@@ -416,3 +468,36 @@ def test_job_events_stamped_far_ahead_or_behind_are_refused_and_change_nothing()
         s.handle(submitted("x", float("1e300"), cpu=1))
     ds, _, bad = run(s, [submitted("hi", 950, cpu=2, priority=3)])  # low was not finished by either
     assert [(d.action, d.container) for d in ds] == [("terminate", "low"), ("place", "hi")] and not bad
+
+
+def test_with_trusted_submitters_a_stranger_s_job_books_nothing_and_preempts_nobody():
+    from phasewise.streams.priority_agents import SignatureRefused
+    from tests.job_keys import STRANGER
+
+    s = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB, 1), "n1",
+                     submitters=TRUSTED)
+    ds, _, bad = run(s, [submitted("mine", 1, cpu=2)])
+    assert bad == [] and [(d.action, d.container) for d in ds] == [("place", "mine")]
+    spec = JobSpec(model="resnet50", dataset="cifar10", batch_size=32, expected_s=10,
+                   requests=JobRequests(cpu_cores=2, mem_bytes=1 * GB))
+    theirs = JobEvent(job="theirs", ts=2, kind="submitted", host="n1", priority=9, spec=spec)
+    for ev, why in ((theirs, "not signed by a submitter"), (sign_event(STRANGER, theirs), "which is not trusted")):
+        with pytest.raises(SignatureRefused, match=f"submitted job 'theirs' refused: .*{why}"):
+            s.handle(encode(ev))
+    assert s.policy.state("theirs") is None and s.policy.state("mine") == "running"  # not frozen, not stopped
+
+
+def test_the_actuator_s_started_event_does_not_send_the_weight_a_second_time():
+    s = step(ratio=2.0)
+    ds, _, _ = run(s, [submitted("a", 1, cpu=1, priority=2, command=("python", "train.py"))])
+    assert [(d.action, d.details.get("cpu_weight")) for d in ds] == [("place", None), ("weight", 400)]
+    ds, _, bad = run(s, [encode(JobEvent(job="a", ts=2, kind="started", host="n1", container="a"))])
+    assert (ds, bad) == ([], [])
+    # a job its submitter started (no command): its weight comes with its started event, once
+    ds, _, _ = run(s, [submitted("b", 3, cpu=1, priority=2)])
+    assert [d.action for d in ds] == ["place", "weight"]
+    t = step(ratio=2.0)
+    run(t, [submitted("c", 1, cpu=1)])
+    t.jobs["c"].pop("w", None)  # as restored from a state written before weights were remembered
+    ds, _, _ = run(t, [encode(JobEvent(job="c", ts=2, kind="started", host="n1", container="c"))])
+    assert [(d.action, d.details["cpu_weight"]) for d in ds] == [("weight", 100)]

@@ -288,3 +288,27 @@ def test_kinds_it_does_not_act_on_are_skipped_never_dead_lettered():
     assert dead == [] and sent == []
     h.handle(5, progress("job-a", 1, 0.1, ts=400.0))  # 550 s behind started: within the bound (not 1040)
     assert dead == [] and [json.loads(v)["action"] for _, _, v in sent] == ["checkpoint_exit"]
+
+
+def test_a_submitted_container_is_ignored_and_a_started_one_taken_only_when_signed_with_the_cluster_key():
+    from phasewise.signing import Keyring
+    from phasewise.topics import JOB_EVENTS
+
+    ring = Keyring(b"c" * 40)
+    settings = Settings.from_env({"host": "h1", "targets_patience": 1, "targets_ewma_alpha": 1.0}, env={})
+    sent: list = []
+    dead: list = []
+    h = TargetsHandler(fleet_from_settings(settings), lambda *a: sent.append(a),
+                       lambda ev, why, *kind: dead.append(why), verify=ring.verify)
+    spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32, targets=JobTargets(acceptable=1.0,
+                                                                                          objective=0.5))
+    # a job-events writer names a victim's container in its submission: the job's container is its id
+    h.handle("e0", encode(JobEvent(job="a", ts=1.0, kind="submitted", spec=spec, container="victim")))
+    assert h.fleet.jobs["a"].container is None
+    forged = encode(JobEvent(job="a", ts=2.0, kind="started", host="node-7", container="victim"))
+    h.handle("e1", forged, key=b"a")
+    assert dead == ["JobEvent started a: not signed by the cluster key (unsigned: no phasewise-hmac header, and "
+                    "signing_key_file is set): its container is not taken"]
+    assert h.fleet.jobs["a"].container is None and h.fleet.jobs["a"].host is None
+    h.handle("e2", forged, key=b"a", headers=ring.headers(JOB_EVENTS.name, b"a", forged))  # the actuator's
+    assert h.fleet.jobs["a"].container == "victim" and len(dead) == 1

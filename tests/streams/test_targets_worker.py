@@ -87,7 +87,7 @@ def test_the_share_rule_from_the_samples_topic(kit, tmp_path):
     from tests.test_poison import dead_letters, poison, records, wait
 
     POISON = poison({"v": 1, "job": "p", "ts": 1.0, "kind": "progress", "step": 1, "loss": 0.5}, "ts",
-                    {"step": "x"}, wrong_reason="must be")
+                    {"step": "x"}, wrong_reason="must be", max_bytes=JobEvent.MAX_BYTES)
 
     settings, readers, p, free_port = kit
     tag = uuid.uuid4().hex[:6]

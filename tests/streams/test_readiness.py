@@ -1,0 +1,238 @@
+"""The Faust roles' readiness through broker outages and restarts, and the guard that ends a stuck start.
+
+``phasewise worker``, ``phasewise horus`` and ``phasewise place`` run as
+subprocesses on a broker of this module's own (the tests pause, stop and
+restart it). Their ``/readyz`` must say not ready while the broker is gone
+and ready again once it is back; restarted with the same ids after a broker
+restart they must become ready; and a worker that cannot become ready while
+the broker answers must say why and exit with status 1 instead of hanging.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+from phasewise.infra.broker import EmbeddedBroker, free_port
+from phasewise.kafka import ensure_topics, make_producer
+from phasewise.procs import RoleProcess
+from phasewise.schemas import ContainerSample, HostSamples, encode
+from phasewise.settings import Settings
+from phasewise.streams.worker import ReadyGuard
+from phasewise.topics import SAMPLES
+
+# --------------------------------------------------------------------------- the guard, no broker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_guard_fires_once_after_the_stall_and_not_while_ready_moving_or_the_broker_is_gone():
+    clock = Clock()
+    g = ReadyGuard(10.0, clock=clock)
+    assert g.tick(False, False, (0, 0)) is None  # the clock starts
+    clock.t = 9
+    assert g.tick(False, False, (0, 0)) is None
+    clock.t = 10.5
+    assert g.tick(False, False, (0, 0)) == 10.5
+    g.fired = "why"
+    clock.t = 30
+    assert g.tick(False, False, (0, 0)) is None  # once
+
+    g = ReadyGuard(10.0, clock=clock)
+    for t, ready, down, progress in [(0, False, False, (8, 100)), (8, False, False, (8, 200)),  # recovery moves
+                                     (16, False, False, (8, 300)), (24, True, False, (8, 300)),  # ready
+                                     (30, False, False, (8, 300)), (39, False, True, (8, 300)),  # broker gone
+                                     (100, False, True, (8, 300)), (101, False, False, (8, 300))]:
+        clock.t = t
+        assert g.tick(ready, down, progress) is None, t
+    clock.t = 111.5  # 10.5 s after the broker came back, nothing moved
+    assert g.tick(False, False, (8, 300)) == pytest.approx(10.5)
+    assert ReadyGuard(0.0, clock=clock).tick(False, False, None) is None  # 0: never
+
+
+def test_the_guard_counts_unreadable_progress_as_none():
+    clock = Clock()
+    g = ReadyGuard(5.0, clock=clock)
+    g.tick(False, False, None)
+    clock.t = 6
+    assert g.tick(False, False, None) == 6
+
+
+# --------------------------------------------------------------------------- real roles, a broker of our own
+
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = EmbeddedBroker(log_path=tmp_path / "tansu.log").start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def readyz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, r.read().decode().strip()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode().strip()
+    except OSError as e:
+        return 0, str(e)
+
+
+class Role:
+    """One Faust role subprocess with its /readyz."""
+
+    def __init__(self, tmp, role: str, bootstrap: str, ids: dict[str, str], env: dict[str, str] | None = None):
+        self.name, self.tmp, self.port = role, tmp, free_port()
+        self.env = {"PHASEWISE_BOOTSTRAP": bootstrap, "PHASEWISE_DATA_DIR": str(tmp / f"{role}-data"),
+                    "PHASEWISE_METRICS_PORT": str(self.port), "PHASEWISE_WEB_PORT": "0",
+                    "PHASEWISE_STATE_WRITE_INTERVAL_S": "0", **ids, **(env or {})}
+        self.n = 0
+        self.proc: RoleProcess | None = None
+
+    def start(self) -> Role:
+        self.n += 1
+        self.proc = RoleProcess(self.name, [], env=self.env, log_path=self.tmp / f"{self.name}-{self.n}.log")
+        self.proc.start()
+        return self
+
+    def wait(self, want, what: str, timeout_s: float = 120.0) -> tuple[int, str]:
+        deadline = time.monotonic() + timeout_s
+        got = (0, "")
+        while time.monotonic() < deadline:
+            assert self.proc.alive(), f"{self.name} exited {self.proc.returncode()}:\n{self.proc.log_tail(40)}"
+            got = readyz(self.port)
+            if want(got):
+                return got
+            time.sleep(0.5)
+        raise AssertionError(f"{self.name}: {what} not seen in {timeout_s:g} s (last /readyz {got}):\n"
+                             + self.proc.log_tail(40))
+
+    def ready(self, timeout_s: float = 120.0) -> None:
+        self.wait(lambda g: g == (200, "ok"), "ready", timeout_s)
+
+
+def roles(tmp, bootstrap: str, tag: str) -> list[Role]:
+    ids = {"PHASEWISE_WORKER_ID": f"rw-{tag}", "PHASEWISE_HORUS_WORKER_ID": f"rh-{tag}",
+           "PHASEWISE_PLACE_WORKER_ID": f"rp-{tag}"}
+    return [Role(tmp, r, bootstrap, ids) for r in ("worker", "horus", "place")]
+
+
+def feed(settings: Settings) -> None:
+    """Samples for a few containers: the worker writes their state to its changelog."""
+    p = make_producer(settings)
+    now = time.time()
+    for i in range(24):
+        hs = HostSamples(host=f"h{i % 4}", ts=now + i * 0.1, interval_s=1.0,
+                         containers=tuple(ContainerSample(container=f"job-{i % 4}-{j}", cpu_cores=0.5, mem_bytes=1e8)
+                                          for j in range(3)))
+        p.produce(SAMPLES.name, key=hs.host.encode(), value=encode(hs))
+    assert p.flush(10) == 0
+
+
+def stop_all(rs: list[Role]) -> None:
+    for r in rs:
+        if r.proc is not None:
+            r.proc.stop(20)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_worker_horus_and_place_are_not_ready_while_the_broker_is_gone_and_ready_when_it_is_back(broker, tmp_path):
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    rs = roles(tmp_path, broker.bootstrap, uuid.uuid4().hex[:6])
+    try:
+        for r in rs:
+            r.start()
+        for r in rs:
+            r.ready()
+        feed(s)
+        broker.pause()  # gone, but keeps its data: as a Kafka broker restarting
+        try:
+            for r in rs:
+                code, why = r.wait(lambda g: g[0] == 503, "not ready during the outage", 60)
+                assert why.startswith(f"no Kafka broker answers at {broker.bootstrap}"), (r.name, why)
+        finally:
+            broker.resume()
+        for r in rs:
+            r.ready()
+        # and stopped for good: connection refused
+        broker.stop()
+        for r in rs:
+            code, why = r.wait(lambda g: g[0] == 503, "not ready with the broker stopped", 60)
+            assert why.startswith(f"no Kafka broker answers at {broker.bootstrap}"), (r.name, why)
+    finally:
+        stop_all(rs)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_restarted_with_the_same_ids_after_a_broker_restart_they_become_ready(broker, tmp_path):
+    """The reported sequence: roles with changelogs, the broker stopped and started again on its port,
+    the roles restarted with the same ids."""
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    rs = roles(tmp_path, broker.bootstrap, uuid.uuid4().hex[:6])
+    port = broker.port
+    try:
+        for r in rs:
+            r.start()
+        for r in rs:
+            r.ready()
+        feed(s)
+        time.sleep(3)  # a commit or two: the worker's changelog holds the containers' state
+        broker.stop()
+        for r in rs:
+            r.wait(lambda g: g[0] == 503, "not ready with the broker stopped", 60)
+            assert r.proc.stop(30) is not None
+        # the embedded broker keeps no data across a restart (memory storage): the topics are created again,
+        # as `phasewise topics` or any role's start-up does
+        b2 = EmbeddedBroker(port, log_path=tmp_path / "tansu-2.log").start()
+        try:
+            ensure_topics(s)
+            for r in rs:
+                r.start()
+            for r in rs:
+                r.ready(timeout_s=150)
+            feed(s)
+            for r in rs:
+                assert r.proc.alive() and readyz(r.port) == (200, "ok"), r.name
+        finally:
+            stop_all(rs)
+            b2.stop()
+    finally:
+        stop_all(rs)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_worker_that_cannot_become_ready_while_the_broker_answers_says_why_and_exits_1(broker, tmp_path):
+    """The embedded broker completes a group join after about half the session timeout: with 30 s the
+    worker stays without partitions, its broker answering, for ~15 s, far past a 2 s stall limit."""
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    tag = uuid.uuid4().hex[:6]
+    r = Role(tmp_path, "worker", broker.bootstrap, {"PHASEWISE_WORKER_ID": f"rs-{tag}"},
+             env={"PHASEWISE_READY_STALL_S": "2", "PHASEWISE_SESSION_TIMEOUT_MS": "30000",
+                  "PHASEWISE_HEARTBEAT_INTERVAL_MS": "3000"}).start()
+    try:
+        r.proc.proc.wait(90)
+    finally:
+        r.proc.stop(20)
+    assert r.proc.returncode() == 1, r.proc.log_tail(40)
+    log = r.proc.log_path.read_text()
+    assert ("phasewise worker: not ready after" in log and "without progress while the broker answers: "
+            "no partitions assigned yet (joining the consumer group); exiting with status 1" in log), log[-3000:]
