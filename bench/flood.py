@@ -9,9 +9,13 @@ container limit is *N* (``intake_max_containers_per_worker``), then:
    containers get a decision and a table write) and waits until every sample
    is processed: the worker's resident memory over its idle start-up
    resident memory, divided by *N*, is ``rss_bytes_per_container``;
-2. sends *M* more containers under new names (new hosts), which the cap must
-   refuse: ``rss_growth_beyond_cap_bytes`` is what the worker's resident
-   memory grew while refusing them, ``containers_refused`` what it counted.
+2. sends *M* more containers under new names (new hosts, sent once), which
+   the cap must refuse or make room for: ``rss_growth_beyond_cap_bytes`` is
+   what the worker's resident memory grew meanwhile, ``containers_refused``
+   and ``containers_evicted`` what it counted. With ``--ticks 1`` the
+   admitted containers were seen once too, so each new one evicts one of
+   them (the eviction path: rows reused, table entries deleted); with more
+   ticks they are established and the new ones are refused.
 
 Resident memory is the process's VmRSS: it includes the Python allocator's
 free lists and Faust's table (the changelog's values are held in memory).
@@ -36,6 +40,7 @@ __all__ = ["add_arguments", "run"]
 
 SAMPLES_COUNTER = "phasewise_worker_container_samples_total"
 REFUSED = "phasewise_worker_containers_refused_total"
+EVICTED = "phasewise_worker_containers_evicted_total"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,6 +97,7 @@ def run(a: argparse.Namespace) -> int:
             time.sleep(2.0)
             rss1 = rss_bytes(worker.pid)
             refused0 = sum(metric(f'{REFUSED}{{limit="{k}"}}') for k in ("message", "host", "worker"))
+            evicted0 = sum(metric(f'{EVICTED}{{limit="{k}"}}') for k in ("host", "worker"))
             extra = bench_hosts(a.beyond, a.per_message, "beyond")
             produce_messages(producer, SAMPLES.name, (
                 (h.encode(), host_message(h, t_base + a.ticks, cs, [0.5] * len(cs), [3e8] * len(cs)))
@@ -100,14 +106,17 @@ def run(a: argparse.Namespace) -> int:
 
             def refused() -> float:
                 return sum(metric(f'{REFUSED}{{limit="{k}"}}') for k in ("message", "host", "worker")) - refused0
-            wait_until(lambda: refused() >= a.beyond, 600, 0.5, "the refusals")
+
+            def evicted() -> float:
+                return sum(metric(f'{EVICTED}{{limit="{k}"}}') for k in ("host", "worker")) - evicted0
+            wait_until(lambda: refused() + evicted() >= a.beyond, 600, 0.5, "the refusals and evictions")
             time.sleep(2.0)
             rss2 = rss_bytes(worker.pid)
             out = {"containers": a.containers, "per_message": a.per_message, "ticks": a.ticks,
                    "seconds": round(seconds, 1), "rss_idle_bytes": rss0, "rss_bytes": rss1,
                    "rss_bytes_per_container": round((rss1 - rss0) / a.containers),
                    "containers_held": metric("phasewise_worker_containers"),
-                   "beyond": a.beyond, "containers_refused": refused(),
+                   "beyond": a.beyond, "containers_refused": refused(), "containers_evicted": evicted(),
                    "rss_growth_beyond_cap_bytes": rss2 - rss1}
         finally:
             worker.stop()

@@ -12,12 +12,25 @@ workload of all the jobs, or with ``--online`` against the jobs asked about so
 far, as the placement worker does (its distribution is recomputed at every job
 for the first 64 jobs, then every 64, each time emptying the policy's caches).
 Prints milliseconds per job (mean, p50, p99, max).
+
+``phasewise bench placement --waiting 3000,6000 [--nodes 1500] [--policies horus] [--json]`` times
+the placement agent's state (:class:`~phasewise.streams.placement_agents.PlacementState`, no Kafka)
+with that many jobs waiting: the cluster's GPUs are all booked, the waiting jobs are openb-like
+GPU jobs (so none fits) whose memory requests differ job by job, as predicted requirements make
+them (each job a type of its own for the policies' caches), then it times one decision round
+after each of: the waiting jobs'
+submission (``fill``); a CPU-only job submitted after ``--observe`` nodes sent new readings
+(``next_job``: the time to place the next job); the same with the policy's caches emptied, as the
+online workload's refresh does every 64 new jobs (``next_job_refresh``); a sample of one node
+(``sample``); one GPU booking freed (``freed``). Wall seconds, CPU seconds of this process, and
+how many jobs the policy was asked to place (``policy_calls``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import time
 
@@ -59,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--observe", type=int, default=10, help="nodes with new observations between two jobs")
     p.add_argument("--online", action="store_true",
                    help="fgd, horus: fragmentation against the jobs asked about so far (as phasewise place)")
+    p.add_argument("--waiting", default="",
+                   help="comma list of waiting-job counts: time the placement agent's decisions with that many "
+                        "jobs waiting (e.g. 3000,6000) instead of the policies alone")
     p.add_argument("--json", action="store_true")
 
 
@@ -99,7 +115,122 @@ def bench_policy(name: str, nodes: list[Node], n_jobs: int, fill: float, observe
             "cpu_ms_per_job": {"mean": round(float(cms.mean()), 3), "p99": round(float(np.percentile(cms, 99)), 3)}}
 
 
+class _Counting:
+    """A policy, counting the jobs it is asked to place."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.name, self.calls = policy, policy.name, 0
+
+    def place(self, job: Job, cluster: Cluster):
+        self.calls += 1
+        return self.policy.place(job, cluster)
+
+
+def _samples(n: Node, ts: float, cpu_used: float = 0.0, rng: random.Random | None = None):
+    from phasewise.schemas import GpuSample, HostSamples
+
+    return HostSamples(host=n.name, ts=ts, interval_s=1.0, host_cpu_count=n.cpu_milli // 1000, host_cpu_cores=cpu_used,
+                       host_mem_bytes=0, host_mem_total_bytes=n.mem_bytes,
+                       gpus=tuple(GpuSample(index=i, uuid=f"GPU-{n.name}-{i}",
+                                            util=rng.uniform(0, 100) if rng else 0.0,
+                                            mem_used_bytes=rng.randint(0, 4) * GIB if rng else 0,
+                                            mem_total_bytes=g.mem_bytes) for i, g in enumerate(n.gpus)))
+
+
+def _submitted(j: Job, ts: float):
+    from phasewise.schemas import JobEvent, JobRequests, JobSpec
+
+    spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32, command=("python", "-c", "pass"),
+                   requests=JobRequests(cpu_cores=j.cpu_milli / 1000, mem_bytes=j.mem_bytes, gpus=j.gpus,
+                                        gpu_mem_bytes=j.gpu_mem_bytes or None))
+    return JobEvent(job=j.job, ts=ts, kind="submitted", priority=j.priority, spec=spec)
+
+
+def bench_waiting(policy: str, nodes: list[Node], waiting: int, observe: int = 10) -> dict:
+    """One decision round's time with *waiting* jobs waiting, after each kind of event (the module doc)."""
+    from phasewise.settings import Settings
+    from phasewise.streams.placement_agents import PlacementState
+
+    logging.getLogger("phasewise.streams.placement_agents").setLevel(logging.WARNING)  # a line per waiting job
+    from phasewise.settings import SPECS
+
+    cap = {"place_max_waiting_jobs": waiting + 10} if "place_max_waiting_jobs" in SPECS else {}  # (before it existed)
+    s = PlacementState(Settings.from_env({"place_policy": policy, "place_prediction_wait_s": 0.0, **cap}, env={}))
+    for n in nodes:
+        s.samples(_samples(n, 1.0))
+    holder = None  # one whole GPU booked through the agent (a job it can free); every other GPU booked directly
+    for i, n in enumerate(nodes):
+        for g in range(len(n.gpus)):
+            j = Job(f"bg-{i}-{g}", 1000, 1 << 30, gpus=1.0)
+            if holder is None:
+                holder = j
+                s.submitted(_submitted(j, 0.0), now=0.0)
+                s.decide(now=0.0, ts=0.0)
+                continue
+            p = make_policy("first-fit").place(j, s.cluster)
+            if p.node:
+                s.cluster.allocate(j, p)
+    assert holder is not None and holder.job in s.placed, "the cluster has no GPU"
+    counting = s.policy = _Counting(s.policy)
+    out: dict = {"policy": policy, "nodes": len(nodes), "waiting": waiting, "decide_s": {}, "cpu_s": {},
+                 "policy_calls": {}, "placed": {}}
+
+    def timed(what: str) -> None:
+        counting.calls = 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        made = s.decide(now=0.0, ts=1.0)
+        out["decide_s"][what] = round(time.perf_counter() - t0, 4)
+        out["cpu_s"][what] = round(time.process_time() - c0, 4)
+        out["policy_calls"][what] = counting.calls
+        out["placed"][what] = [d.container for d, _ in made]
+
+    for k, j in enumerate(jobs(waiting, seed=7, prefix="wait")):
+        gpus, gmem = (j.gpus, j.gpu_mem_bytes) if j.gpus > 0 else (1.0, 12 << 30)
+        j = Job(j.job, j.cpu_milli, j.mem_bytes + k * (1 << 20), gpus=gpus, gpu_mem_bytes=gmem, priority=j.priority)
+        s.submitted(_submitted(j, 1.0), now=0.0)
+    timed("fill")
+    out["waiting_after_fill"] = len(s.waiting)
+    rng = random.Random(4)
+
+    def observed() -> None:  # new readings from a few nodes, as samples arrive between two decisions
+        for k in rng.sample(range(len(nodes)), min(observe, len(nodes))):
+            s.samples(_samples(nodes[k], 2.0, rng=rng))
+
+    observed()
+    s.submitted(_submitted(Job("next", 2000, 4 << 30), 2.0), now=0.0)
+    timed("next_job")
+    observed()
+    frag = getattr(counting.policy, "_frag", None)
+    if frag is not None:
+        frag._owner = None  # what the online workload's refresh does every 64 new jobs: every cache emptied
+    s.submitted(_submitted(Job("next-2", 2000, 4 << 30), 2.0), now=0.0)
+    timed("next_job_refresh")
+    s.samples(_samples(nodes[-1], 2.0, cpu_used=0.5))
+    timed("sample")
+    s.finished(holder.job)
+    timed("freed")
+    return out
+
+
 def run(a: argparse.Namespace) -> int:
+    if a.waiting:
+        try:
+            counts = [int(x) for x in a.waiting.split(",") if x.strip()]
+        except ValueError:
+            counts = []
+        names = [n.strip() for n in a.policies.split(",") if n.strip()]
+        if not counts or min(counts) < 1 or a.nodes < 1 or any(n not in POLICIES for n in names):
+            print("bench placement: error: --waiting takes a comma list of counts >= 1 (and known policies)")
+            return 2
+        nodes = cluster_nodes(a.nodes)
+        res = [bench_waiting(name, nodes, w, a.observe) for name in names for w in counts]
+        if a.json:
+            print(json.dumps({"waiting": res}))
+        else:
+            for r in res:
+                print(f"{r['policy']:>10} {r['waiting']:>6} waiting on {r['nodes']} nodes: "
+                      + ", ".join(f"{k} {v:.3f} s ({r['policy_calls'][k]} asked)" for k, v in r["decide_s"].items()))
+        return 0
     names = [n.strip() for n in a.policies.split(",") if n.strip()]
     bad = [n for n in names if n not in POLICIES]
     if bad or a.nodes < 1 or a.jobs < 1 or not 0 <= a.fill < 1:

@@ -68,7 +68,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -345,6 +345,23 @@ class StateCache:
             per_host[host] -= 1
             if not per_host[host]:
                 del per_host[host]
+        return out
+
+    def forget(self, keys: Iterable[str]) -> list[str]:
+        """Forget *keys* (evicted): their rows are reused, pending writes of them dropped; returns those held."""
+        out = []
+        per_host = self._per_host
+        for k in keys:
+            row = self._index.pop(k, None)
+            if row is None:
+                continue
+            self._free.append(row)
+            self.dirty.discard(k)
+            host = k.split("/", 1)[0]
+            per_host[host] -= 1
+            if not per_host[host]:
+                del per_host[host]
+            out.append(k)
         return out
 
     def clear(self) -> None:

@@ -12,18 +12,24 @@ namespace).
   is dead: 503 with the reason), so a wedged process is restarted;
 - ``/readyz``: 200 when the role is doing its job (the role's own test, e.g.
   the broker answers, the worker has its partitions), 503 with the reason
-  otherwise.
+  otherwise;
+- a role's own JSON views (*views*: the worker's ``/scorecard/``, which
+  ``phasewise explain`` reads), each answering ``(status, body)`` for the
+  request's query.
 
 Both health answers are one line of plain text.
 """
 
 from __future__ import annotations
 
+import json
 import platform
 import threading
 import time
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
@@ -101,20 +107,37 @@ class HealthServer:
         self.server.server_close()
 
 
-def serve(registry: CollectorRegistry, port: int, health: Health, addr: str = "127.0.0.1") -> HealthServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` on *addr*:*port* (0: any free port), in a daemon thread."""
+#: a JSON view: the request's query (first value of each name) -> (HTTP status, JSON body)
+View = Callable[[dict[str, str]], tuple[int, Any]]
+
+
+def serve(registry: CollectorRegistry, port: int, health: Health, addr: str = "127.0.0.1",
+          views: Mapping[str, View] | None = None) -> HealthServer:
+    """``/metrics``, ``/healthz``, ``/readyz`` and *views* (path -> :data:`View`) on *addr*:*port* (0: any
+    free port), in a daemon thread. A view runs on the server's thread: one that reads state another
+    thread changes hands the work to that thread itself (the worker's runs on its event loop)."""
+    views = dict(views or {})
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
+            path, _, query = self.path.partition("?")
+            view = views.get(path)
+            if view is not None:
+                q = {k: v[0] for k, v in urllib.parse.parse_qs(query).items()}
+                try:
+                    status, body = view(q)
+                except Exception as e:  # noqa: BLE001 - a view answers, it does not crash the server
+                    status, body = 500, {"error": f"{type(e).__name__}: {e}"}
+                self._send(status, json.dumps(body).encode(), "application/json")
+            elif path == "/metrics":
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif path in ("/healthz", "/livez"):
                 self._answer(health.live())
             elif path == "/readyz":
                 self._answer(health.ready())
             else:
-                self._send(404, b"not found: /metrics, /healthz, /readyz\n", "text/plain; charset=utf-8")
+                known = ", ".join(["/metrics", "/healthz", "/readyz", *views])
+                self._send(404, f"not found: {known}\n".encode(), "text/plain; charset=utf-8")
 
         def _answer(self, why: str | None) -> None:
             body = b"ok\n" if why is None else why.encode() + b"\n"

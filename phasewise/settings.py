@@ -653,8 +653,9 @@ class WorkerSettings(_Group):
 
     id: str = setting("phasewise-worker", check=non_empty, flag="--worker-id", name="worker_id",
                       help="Faust app id = consumer group of all workers")
-    web_port: int = setting(6066, check=port, flag="--web-port",
-                            help="Faust web port, 0 = no web server")
+    web_port: int = setting(0, check=port, flag="--web-port",
+                            help="Faust's web server port (its own views and the tables' contents), 0 = none; "
+                                 "the worker's /scorecard/ view is on metrics_port")
     policy: str = setting("vpa", choices=POLICIES, flag="--policy",
                           help="the policy of workloads that name none (phasewise.io/policy): vpa: VPA "
                                "limits; phase: limits from the shared CRBM phase model with VPA as the fallback")
@@ -964,9 +965,11 @@ class ActuatorSettings(_Group):
 class IntakeSettings(_Group):
     """What the worker admits from the samples topic before any per-container state sees it.
 
-    A message beyond the event-time limits is dead-lettered whole; containers beyond the
-    capacity limits are dead-lettered (one dead letter per message naming them) and counted in
-    ``phasewise_worker_containers_refused_total``. 0 = no limit.
+    A message beyond the event-time limits is dead-lettered whole. When a capacity limit is
+    full, a new container evicts the least recently seen one of its host or of the worker (a host
+    cannot take more than its share of a full worker), counted in
+    ``phasewise_worker_containers_evicted_total``; a container is refused (dead-lettered, counted in
+    ``phasewise_worker_containers_refused_total``) only when none may go. 0 = no limit.
     """
 
     PREFIX: ClassVar[str] = "intake_"
@@ -980,10 +983,14 @@ class IntakeSettings(_Group):
     max_containers_per_message: int = setting(10_000, check=at_least(0),
                                               help="refuse a samples message holding more containers")
     max_containers_per_host: int = setting(10_000, check=at_least(0),
-                                           help="containers one host may have in a worker; new ones beyond "
-                                                "are refused")
+                                           help="containers one host may have in a worker; a new one beyond "
+                                                "evicts the host's least recently seen")
     max_containers_per_worker: int = setting(200_000, check=at_least(0),
-                                             help="containers one worker holds; new ones beyond are refused")
+                                             help="containers one worker holds; a new one beyond evicts the "
+                                                  "least recently seen, a host at its share its own")
+    host_active_s: float = setting(120.0, check=above(0),
+                                   help="seconds after its last message a host divides a full worker into "
+                                        "shares; containers not seen for longer are evicted first")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1113,6 +1120,9 @@ class PlacementSettings(_Group):
     prediction_wait_s: float = setting(10.0, check=at_least(0), flag="--prediction-wait",
                                        help="seconds a submitted job waits for its utilisation prediction "
                                             "before it is placed on its requests alone")
+    max_waiting_jobs: int = setting(10_000, check=at_least(0),
+                                    help="jobs waiting for room at most; beyond, the job of lowest rank (priority, "
+                                         "then submission) is refused with a dead letter; 0 = no limit")
     after_admission: bool = setting(False, help="hold each submitted job until the priority agent's admitted "
                                                 "hint (priority_launcher=place), then place it on that host "
                                                 "only; free it on its stopped hint")

@@ -49,8 +49,11 @@ learned, written by a commit whose offsets the dead worker did not commit,
 are not learned again (the state's source offset, ``"so"``). Before any of
 that, :mod:`phasewise.models.intake` decides what is admitted: a message
 stamped too far ahead of the worker's clock or behind its host's newest
-sample is dead-lettered (kind ``event_time``), and containers beyond the
-capacity limits (kind ``capacity``, counted per limit).
+sample is dead-lettered (kind ``event_time``); when a capacity limit is full a
+new container evicts the least recently seen one of its host or of the worker
+(per-host fairness; its state dropped from memory and both tables, counted per
+limit, logged), and one is dead-lettered (kind ``capacity``) only when no
+other may go.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from typing import Any
 import faust
 
 from phasewise.models.guard import RULES
-from phasewise.models.intake import Admission, event_time_problem
+from phasewise.models.intake import Eviction, Occupancy, event_time_problem
 from phasewise.models.vpa_updater import StateCache, worker_round
 from phasewise.models.workload import refusal_reason, unserved, without_off
 from phasewise.schemas import (
@@ -104,7 +107,8 @@ def _last_sample_ts(raw: Any) -> float | None:
 
 
 class Expiry:
-    """Forgets containers with no sample for ``ttl`` seconds of event time (0: never).
+    """Forgets containers with no sample for ``ttl`` seconds of event time (0: never), and those the
+    intake evicts (:meth:`drop`).
 
     Every ``min(ttl / 8, 1 h)`` of event time (the newest seen by this worker,
     never later than its own *clock*: a host whose clock runs ahead cannot
@@ -113,11 +117,14 @@ class Expiry:
     sample is older than ``newest - ttl``, the table entries never loaded since
     the last rebalance whose stored newest sample is that old, and the phase
     detector's containers by the same rule. VPA garbage-collects after 8 days.
+    The intake's :class:`~phasewise.models.intake.Occupancy` (*occupancy*) forgets them too.
     """
 
     def __init__(self, ttl: float, cache: StateCache, table: Any, writes: Any, pmap: Any, phase: Any,
-                 metrics: WorkerMetrics, clock: Callable[[], float] = time.time) -> None:
+                 metrics: WorkerMetrics, clock: Callable[[], float] = time.time,
+                 occupancy: Occupancy | None = None) -> None:
         self.ttl = float(ttl)
+        self.occupancy = occupancy
         self.clock = clock
         self.every = min(self.ttl / 8.0, 3600.0)
         self.cache, self.table, self.writes, self.pmap, self.phase, self.metrics = (
@@ -158,16 +165,30 @@ class Expiry:
             if last is not None and last < cutoff:
                 gone.add(k)
         gone_phase = set(self.phase.expire(cutoff)) if self.phase is not None else set()
-        for k in gone:
-            self.writes.delete(k)
-        if self.phase is not None:
-            self.phase.delete(k for k in gone | gone_phase if self.pmap.knows(k))
-        for k in gone | gone_phase:
-            self.pmap.forget(k)
+        self._delete(gone, gone_phase)
         if gone or gone_phase:
             self.metrics.containers_expired.inc(len(gone | gone_phase))
             log.info("forgot %d containers with no sample for %.0f s", len(gone | gone_phase), self.ttl)
         return sorted(gone | gone_phase)
+
+    def drop(self, keys: list[str]) -> list[str]:
+        """Forget *keys* now (evicted by the intake), from memory and both tables; returns those held."""
+        gone = set(self.cache.forget(keys))
+        gone_phase = set(self.phase.forget(keys)) if self.phase is not None else set()
+        self._delete(gone, gone_phase, tracked=False)  # the occupancy chose them: it dropped them already
+        return sorted(gone | gone_phase)
+
+    def _delete(self, gone: set[str], gone_phase: set[str], tracked: bool = True) -> None:
+        """Tombstones for the containers gone from the cache (*gone*) and the detector (*gone_phase*)."""
+        for k in gone:
+            if self.pmap.knows(k):
+                self.writes.delete(k)
+        if self.phase is not None:
+            self.phase.delete(k for k in gone | gone_phase if self.pmap.knows(k))
+        for k in gone | gone_phase:
+            self.pmap.forget(k)
+        if tracked and self.occupancy is not None and gone:
+            self.occupancy.forget(gone)
 
 
 class Activity:
@@ -181,7 +202,7 @@ class Activity:
     def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_s, self.clock = every_s, clock
         self.since = clock()
-        self.messages = self.samples = self.decisions = 0
+        self.messages = self.samples = self.decisions = self.evicted = 0
 
     def tick(self, messages: int, samples: int, containers: int) -> str | None:
         """Count a batch; returns (and logs) the summary line when one is due."""
@@ -191,9 +212,10 @@ class Activity:
         if now - self.since < self.every_s:
             return None
         line = (f"last {now - self.since:.0f} s: {self.messages} messages, {self.samples} container samples, "
-                f"{self.decisions} decisions; {containers} containers tracked")
+                f"{self.decisions} decisions; {containers} containers tracked"
+                + (f", {self.evicted} evicted for new ones" if self.evicted else ""))
         log.info("%s", line)
-        self.since, self.messages, self.samples, self.decisions = now, 0, 0, 0
+        self.since, self.messages, self.samples, self.decisions, self.evicted = now, 0, 0, 0, 0
         return line
 
 
@@ -275,12 +297,15 @@ def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: WorkerMetrics) -
 
 
 def register(app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
-             metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None) -> dict[str, Any]:
+             metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None,
+             views: dict[str, Any] | None = None) -> dict[str, Any]:
     """Add the state table and the samples agent to *app*; returns the handles.
 
     *outputs*: where decisions, phase changes, learn windows and dead letters
     go (default: one confluent-kafka producer from *settings*); its delivery
     is awaited before every offset commit (:func:`phasewise.streams.output.attach`).
+    *views*: filled with the worker's JSON views (``/scorecard/``) for its
+    metrics server (:func:`phasewise.observe.serve`).
     """
     if metrics is None:
         from prometheus_client import CollectorRegistry
@@ -334,8 +359,11 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                                    verify=None if keyring is None else keyring.verify)
 
     only_hosts = settings.worker.host_set()
-    expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics)
-    scorecard = live_scorecard(app, settings, metrics, cache, phase)
+    intake = intake_config(settings)
+    occupancy = Occupancy(intake)  # the containers held, least recently seen first: who makes room for a new one
+    expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics,
+                    occupancy=occupancy)
+    scorecard = live_scorecard(app, settings, metrics, cache, phase, views)
     if phase is not None:  # the phase decisions of containers decided with the VPA feed the scorecard alone
         phase.hooks.keep_shadow = scorecard is not None
 
@@ -364,36 +392,60 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     batch_wait_s = max(0.0, settings.worker.batch_wait_ms) / 1000.0
 
     updater = updater_config(settings)
-    intake = intake_config(settings)
     newest: dict[str, float] = {}  # event time of the newest admitted sample per host
+    evict_warned = [-math.inf]  # monotonic time of the last eviction warning (one a minute at most)
 
-    async def admitted(event: faust.types.EventT, hs: HostSamples) -> HostSamples | None:
-        """*hs* with the containers the intake limits admit (``None``: none); the rest dead-lettered."""
+    def evict(evicted: list[Eviction]) -> None:
+        """Drop the containers the intake evicted to admit new ones: state, tables, scorecard; counted."""
+        keys = [e.key for e in evicted]
+        expiry.drop(keys)
+        if scorecard is not None:
+            scorecard.forget(keys)
+        for limit in {e.limit for e in evicted}:
+            metrics.containers_evicted.labels(limit=limit).inc(sum(1 for e in evicted if e.limit == limit))
+        activity.evicted += len(evicted)
+        now = time.monotonic()
+        if now - evict_warned[0] >= 60.0:
+            evict_warned[0] = now
+            log.warning("evicted %d container(s) to admit new ones (counted in "
+                        "phasewise_worker_containers_evicted_total, summed in the activity line): %s%s",
+                        len(evicted), "; ".join(f"{e.key}: {e.reason}" for e in evicted[:3]),
+                        "; ..." if len(evicted) > 3 else "")
+
+    async def admitted(event: faust.types.EventT, hs: HostSamples
+                       ) -> tuple[HostSamples, tuple[Any, ...]] | None:
+        """*hs* with the containers the worker takes, and those whose workload asks for a policy it does
+        not run (refused apart); ``None``: nothing. The intake's refusals are dead-lettered, the
+        containers it evicted for new ones dropped; the workloads in mode off are left out before
+        the capacity limits see them (the worker holds nothing of theirs)."""
         problem = event_time_problem(hs.ts, now=time.time(), newest=newest.get(hs.host), config=intake)
         if problem is not None:
             await dead_letter(event, problem, "event_time")
             return None
         n = len(hs.containers)
-        why = admission.too_many(n)
+        why = occupancy.too_many(n)
         if why is not None:
             metrics.containers_refused.labels(limit="message").inc(n)
             await dead_letter(event, why, "capacity")
             return None
-        names = [c.container for c in hs.containers]
-        kept, refused, why = admission.admit(hs.host, names)
-        if refused:
-            metrics.containers_refused.labels(limit=admission.limit).inc(len(refused))
-            shown = ", ".join(refused[:5]) + (", ..." if len(refused) > 5 else "")
-            await dead_letter(event, f"{len(refused)} of {n} containers refused ({shown}): {why}", "capacity")
-            keep = set(kept)
+        hs = without_off(hs)  # workloads in mode off: nothing is decided for them
+        hs, other_policy = unserved(hs, default_policy, served)  # a policy this worker does not run
+        r = occupancy.admit(hs.host, [c.container for c in hs.containers])
+        if r.evicted:
+            evict(r.evicted)
+        if r.refused:
+            metrics.containers_refused.labels(limit=r.limit).inc(len(r.refused))
+            shown = ", ".join(r.refused[:5]) + (", ..." if len(r.refused) > 5 else "")
+            await dead_letter(event, f"{len(r.refused)} of {n} containers refused ({shown}): {r.why}", "capacity")
+            keep = set(r.kept)
             hs = dataclasses.replace(hs, containers=tuple(c for c in hs.containers if c.container in keep))
-        if kept:
+        if len(r.refused) < n:
             if hs.ts > newest.get(hs.host, -math.inf):
                 newest[hs.host] = hs.ts
             if len(newest) > 2 * len(cache) + 1024:  # hosts gone from the cache (expired, revoked)
                 for h in [h for h in newest if not cache.host_count(h)]:
                     del newest[h]
-        return hs
+        return hs, other_policy
 
     def process_round(msgs: list[HostSamples]) -> list[Decision]:
         """The VPA, then (--policy phase) the detector, over messages whose containers are distinct."""
@@ -412,17 +464,14 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
             metrics.decided(decisions)
             activity.decisions += len(decisions)
 
-    admission = Admission(intake, held=cache.__contains__, host_count=cache.host_count, total=0)
-
     @app.agent(topics.samples, name="phasewise.vpa-samples")
     async def on_samples(stream: faust.StreamT) -> None:
         # up to batch_max messages at a time (waiting at most batch_wait_s for them): one vectorised
         # step over many hosts' containers costs about half as much per sample as one per message
-        nonlocal admission
         async for events in stream.take_events(batch_max, within=batch_wait_s):
             got: list[tuple[faust.types.EventT, HostSamples]] = []
-            # the batch's new containers count against the capacity limits before any is processed
-            admission = Admission(intake, held=cache.__contains__, host_count=cache.host_count, total=len(cache))
+            # the batch's containers are admitted before any is processed; none seen in it is evicted
+            occupancy.begin(time.monotonic())
             for event in events:
                 try:
                     hs = decode_host_samples(event.message.value)
@@ -435,16 +484,16 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                     continue
                 if only_hosts and hs.host not in only_hosts:
                     continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
-                hs = await admitted(event, hs)
-                if hs is None:
+                took = await admitted(event, hs)
+                if took is None:
                     continue
-                hs = without_off(hs)  # workloads in mode off: nothing is decided for them
+                hs, refused = took
                 if targets is not None:  # the followed jobs' use and the host's cores
                     try:
-                        targets.samples(hs)
+                        targets.samples(dataclasses.replace(hs, containers=hs.containers + refused)
+                                        if refused else hs)
                     except Exception:  # a bug of the targets agent must not stop the limits of every container
                         log.exception("the targets agent failed on the samples of host %s", hs.host)
-                hs, refused = unserved(hs, default_policy, served)  # a policy this worker does not run
                 if refused:
                     refuse(hs.host, refused)
                 if phase is None:  # samples its stored state already learned (a restart after a kill)
@@ -473,6 +522,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
                     if now != before:
                         metrics.safety_bounded.labels(rule=rule).inc(now - before)
                 guard_seen[:] = totals
+            occupancy.settle(cache.__contains__)  # admitted but not taken (a message that failed): not held
             metrics.container_samples.inc(samples)
             metrics.process_seconds.inc(time.perf_counter() - t0)
             metrics.messages.inc(len(got))
@@ -483,6 +533,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:
         expiry.reset()
         cache.clear()  # the table, restored on assignment, is the truth from here
+        occupancy.clear()
         if phase is not None:
             phase.clear()
         if scorecard is not None:
@@ -495,13 +546,14 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
     return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics,
             "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry, "scorecard": scorecard,
-            "targets": targets}
+            "targets": targets, "occupancy": occupancy}
 
 
 def live_scorecard(app: faust.App, settings: Settings, metrics: WorkerMetrics, cache: StateCache,
-                   phase: Any) -> LiveScorecard | None:
+                   phase: Any, views: dict[str, Any] | None = None) -> LiveScorecard | None:
     """The worker's live scorecard (``scorecard_samples`` 0: none): its collector on the metrics
-    registry and its view at ``/scorecard/`` on the worker's web port."""
+    registry and its view at ``/scorecard/``, in *views* (the metrics server's: ``metrics_port``)
+    and on Faust's web server where one runs (``web_port``, off by default)."""
     if settings.worker.scorecard_samples <= 0:
         return None
     from phasewise.models.scorecard import ScorecardConfig
@@ -517,4 +569,34 @@ def live_scorecard(app: faust.App, settings: Settings, metrics: WorkerMetrics, c
         status, body = sc.view(request.query.get("container"))
         return web.json(body, status=status)
 
+    if views is not None:
+        views["/scorecard/"] = on_event_loop(app, lambda q: sc.view(q.get("container")))
     return sc
+
+
+def on_event_loop(app: faust.App, view: Callable[[dict[str, str]], tuple[int, Any]],
+                  timeout_s: float = 10.0) -> Callable[[dict[str, str]], tuple[int, Any]]:
+    """*view* for another thread's server: run on the app's event loop, between two of the agent's steps
+    (it reads state the samples agent changes); 503 until the app runs, or when the loop is busy longer
+    than *timeout_s*."""
+    import asyncio
+    import concurrent.futures
+
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    @app.task
+    async def _note_loop() -> None:
+        loops.append(asyncio.get_running_loop())
+
+    async def call(q: dict[str, str]) -> tuple[int, Any]:
+        return view(q)
+
+    def run(q: dict[str, str]) -> tuple[int, Any]:
+        if not loops or loops[-1].is_closed():
+            return 503, {"error": "the worker is starting"}
+        try:
+            return asyncio.run_coroutine_threadsafe(call(q), loops[-1]).result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            return 503, {"error": f"the worker's event loop did not answer within {timeout_s:g} s"}
+
+    return run

@@ -14,8 +14,10 @@ phasewise need:
   changelog topics when a worker starts or takes over partitions;
 - no ``exactly_once`` (aiokafka's idempotent producer fails on the embedded
   broker); decisions carry idempotency keys instead;
-- web server only when ``settings.worker.web_port`` is non-zero, on
-  ``settings.bind_address``;
+- Faust's web server only when ``settings.worker.web_port`` is non-zero (off
+  by default: it serves Faust's own views, the tables' contents among them,
+  to anyone who reaches it), on ``settings.bind_address``; the worker's own
+  views (``/scorecard/``) are on its metrics server (``metrics_port``);
 - TLS and SASL from the ``kafka_*`` settings as Faust's ``broker_credentials``
   (:func:`broker_credentials`), which Faust hands to every aiokafka client it
   makes (consumer, producer, admin);
@@ -51,13 +53,14 @@ def broker_urls(bootstrap: str) -> list[str]:
 
 
 def create_app(settings: Settings, *, samples_partitions: int | None = None,
-               metrics: Any = None, register_agents: bool = True) -> faust.App:
+               metrics: Any = None, register_agents: bool = True, views: dict[str, Any] | None = None) -> faust.App:
     """A configured app with the samples agent and its table registered.
 
     *samples_partitions*: the samples topic's real partition count (the
     state table must be co-partitioned with it); default: the documented one.
     *metrics*: a :class:`~phasewise.streams.metrics.WorkerMetrics` (default:
-    one on a private registry).
+    one on a private registry). *views*: filled with the worker's JSON views
+    for its metrics server (:func:`phasewise.observe.serve`).
     """
     app = faust.App(
         settings.worker.id,
@@ -85,7 +88,7 @@ def create_app(settings: Settings, *, samples_partitions: int | None = None,
     if register_agents:
         from phasewise.streams.agents import register
 
-        register(app, settings, samples_partitions=samples_partitions, metrics=metrics)
+        register(app, settings, samples_partitions=samples_partitions, metrics=metrics, views=views)
     return app
 
 

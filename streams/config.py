@@ -40,7 +40,7 @@ def intake_config(settings: Settings) -> IntakeConfig:
     i = settings.intake
     return IntakeConfig(max_future_s=i.max_future_s, max_behind_s=i.max_behind_s,
                         max_per_message=i.max_containers_per_message, max_per_host=i.max_containers_per_host,
-                        max_per_worker=i.max_containers_per_worker)
+                        max_per_worker=i.max_containers_per_worker, host_active_s=i.host_active_s)
 
 
 def guard_config(settings: Settings) -> GuardConfig | None:

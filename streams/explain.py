@@ -1,7 +1,9 @@
 """``phasewise explain [CONTAINER]``: a container's limits, each policy's recommendation, its phase, the scorecard.
 
 Reads the worker's ``/scorecard/`` view (:mod:`phasewise.streams.scorecard`)
-on its web port, like ``kubectl describe vpa`` reads the VPA object. Without
+on its metrics port (``metrics_port``: 9107 in the images and manifests; the
+worker's Faust web server, off by default, answers it too), like
+``kubectl describe vpa`` reads the VPA object. Without
 CONTAINER it lists the containers each worker holds. CONTAINER is
 ``host/container`` or a container name (unique across hosts). With several
 workers, give each ``--worker`` URL: the one holding the container answers.
@@ -22,14 +24,18 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-__all__ = ["add_arguments", "fetch", "format_card", "run"]
+__all__ = ["DEFAULT_WORKER", "add_arguments", "fetch", "format_card", "run"]
+
+#: where ``explain`` looks without ``--worker``: the worker's metrics port in the images and manifests
+DEFAULT_WORKER = "http://127.0.0.1:9107"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("container", nargs="?", help="host/container or a container name; none: list the containers")
     p.add_argument("--worker", action="append", metavar="URL",
-                   help="a worker's web address (repeat for several workers; default http://127.0.0.1:6066, "
-                        "the worker's web_port)")
+                   help="a worker's metrics address (repeat for several workers; default "
+                        f"{DEFAULT_WORKER}, the worker's metrics_port in the images and manifests: start a "
+                        "worker by hand with --metrics-port 9107)")
     p.add_argument("--json", action="store_true", help="print the worker's JSON")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a worker")
 
@@ -111,7 +117,7 @@ def format_card(card: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    workers = args.worker or ["http://127.0.0.1:6066"]
+    workers = args.worker or [DEFAULT_WORKER]
     found: list[dict[str, Any]] = []
     listed: dict[str, list[str]] = {}
     refused: dict[str, list[str]] = {}
@@ -120,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             status, body = fetch(url, args.container, args.timeout)
         except OSError as e:
-            errors.append(f"{url}: {getattr(e, 'reason', e)}")
+            errors.append(f"{url}: {getattr(e, 'reason', e)} (a worker serves /scorecard/ on its metrics_port)")
             continue
         if status == 200 and args.container:
             found.append(body)

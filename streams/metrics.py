@@ -13,7 +13,11 @@ Every metric is registered on the registry passed in (tests use a fresh
   clock or behind its host's newest sample) or ``capacity`` (containers
   beyond the intake limits);
 - ``phasewise_worker_containers_refused_total{limit}``: container samples
-  refused by an intake capacity limit (``limit``: message, host, worker);
+  refused by an intake capacity limit (``limit``: message, host, worker):
+  a whole message too large, or no other container could make room;
+- ``phasewise_worker_containers_evicted_total{limit}``: containers dropped
+  (state, table entries) to admit new ones when the per-host or per-worker
+  limit was full (``limit``: host, worker), least recently seen first;
 - ``phasewise_worker_delivery_errors_total{topic}``: output records (decisions,
   phase changes, learn windows, dead letters) librdkafka failed to deliver;
   after one, the worker commits no further offsets and stops (see
@@ -64,11 +68,14 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from phasewise.settings import POLICIES
 from phasewise.topics import DEAD_LETTERS, DECISIONS, LEARN_WINDOWS, PHASES
 
-__all__ = ["DEAD_LETTER_KINDS", "LATENCY_BUCKETS", "OUTPUT_TOPICS", "REFUSAL_LIMITS", "WorkerMetrics"]
+__all__ = ["DEAD_LETTER_KINDS", "EVICTION_LIMITS", "LATENCY_BUCKETS", "OUTPUT_TOPICS", "REFUSAL_LIMITS",
+           "WorkerMetrics"]
 
 DEAD_LETTER_KINDS = ("schema", "processing", "event_time", "capacity")
 #: the intake limits a container can be refused by (``intake_max_containers_per_<limit>``)
 REFUSAL_LIMITS = ("message", "host", "worker")
+#: the intake limits that, full, evict a container for a new one
+EVICTION_LIMITS = ("host", "worker")
 #: the topics the worker's output producer writes (phasewise.streams.output)
 OUTPUT_TOPICS = (DECISIONS.name, PHASES.name, LEARN_WINDOWS.name, DEAD_LETTERS.name)
 #: seconds, for the pipeline's latencies (a hop is ~10 ms on a quiet cluster, minutes when backed up)
@@ -94,6 +101,11 @@ class WorkerMetrics:
                                           registry=registry)
         for k in REFUSAL_LIMITS:
             self.containers_refused.labels(limit=k)
+        self.containers_evicted = Counter("phasewise_worker_containers_evicted",
+                                          "containers dropped to admit new ones at a full intake limit, least "
+                                          "recently seen first", ["limit"], registry=registry)
+        for k in EVICTION_LIMITS:
+            self.containers_evicted.labels(limit=k)
         self.policy_refused = Counter("phasewise_worker_policy_refused",
                                       "container samples not decided: their workload asks for a policy this "
                                       "worker does not run (phasewise.io/policy)", ["policy"], registry=registry)

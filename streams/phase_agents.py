@@ -157,6 +157,14 @@ class PhaseAgents:
         """Forget the detector's containers whose newest sample is older than *cutoff*."""
         return self.hooks.fleet.expire(cutoff)
 
+    def forget(self, keys: Iterable[str]) -> list[str]:
+        """Forget the detector's state of *keys* (evicted by the intake); returns those it held."""
+        fleet = self.hooks.fleet
+        out = [k for k in keys if k in fleet]
+        for k in out:
+            fleet.forget(k)
+        return out
+
     def delete(self, keys: Iterable[str]) -> None:
         """Delete *keys* from the phase table (at the next commit), where it holds them."""
         for k in keys:

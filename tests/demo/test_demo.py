@@ -350,3 +350,29 @@ def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path,
     assert run_dir.is_dir() and (run_dir / "worker.log").exists() and not (run_dir / "checkpoints").exists()
     ps = subprocess.run(["ps", "-eo", "args"], check=False, capture_output=True, text=True).stdout
     assert prefix not in ps and str(run_dir) not in ps
+
+
+def test_every_role_the_demo_starts_gets_this_runs_signing_key_which_is_gone_afterwards(tmp_path):
+    """A key per run, in a directory only this user enters, that the roles accept (at least 32 bytes,
+    not readable by group or others), removed when the demo's exit stack unwinds."""
+    import contextlib
+
+    from phasewise.settings import Settings
+    from phasewise.signing import keyring_of
+
+    cfg = demo.Config(jobs=("lstm",), duration_s=1.0, json=True, cgroup_root=str(tmp_path), cgroup_prefix="d",
+                      interval_s=1.0, recommend_interval_s=1.0, vpa_time_scale=0.001, start_cpu=1.0,
+                      start_mem=GiB, host="h", data_dir=str(tmp_path), max_restarts=0, log_level="info",
+                      policy="vpa", throttle_threshold=0.1)
+    d = demo.Demo(cfg)
+    settings = Settings.from_env({"bootstrap": "127.0.0.1:1"}, env={})
+    with contextlib.ExitStack() as stack:
+        key = d._signing_key(stack)
+        env = d._role_env(settings, key)
+        assert env["PHASEWISE_SIGNING_KEY_FILE"] == str(key) and "PHASEWISE_WEB_PORT" not in env
+        assert os.stat(key.parent).st_mode & 0o777 == 0o700 and os.stat(key).st_mode & 0o777 == 0o600
+        ring = keyring_of(Settings.from_env({}, env={"PHASEWISE_SIGNING_KEY_FILE": env["PHASEWISE_SIGNING_KEY_FILE"]}))
+        assert ring is not None
+        with contextlib.ExitStack() as other:  # another run, another key
+            assert keyring_of(Settings.from_env({"signing_key_file": str(d._signing_key(other))}, env={})).id != ring.id
+    assert not key.exists() and not key.parent.exists()

@@ -380,3 +380,58 @@ def test_fgd_decides_as_the_definition_and_as_before_on_a_seeded_scenario():
             ties += 1
         c.allocate(j, p)
     assert same > 150 and ties > 0 and c.allocs
+
+
+def test_the_waiting_index_finds_exactly_the_jobs_that_fit_the_nodes_asked_about():
+    """``WaitingJobs.could_fit`` (a prefilter, then the exact test per need) against ``Cluster.feasible`` for
+    every job: random clusters with bookings, exact fits included (a share of what is left, a whole GPU)."""
+    from phasewise.models.placement import FirstFit, WaitingJobs
+
+    rng = random.Random(11)
+    for _ in range(30):
+        nodes = [Node(f"n{i}", rng.choice([2000, 4000, 8000]), rng.choice([4, 8, 16]) << 30,
+                      gpus=(Gpu("T4", 16 << 30),) * rng.choice([0, 1, 2, 4]),
+                      labels=(("zone", rng.choice("ab")),)) for i in range(5)]
+        c = Cluster(nodes, PlacementConfig(isolate_inference=rng.random() < 0.5))
+        pol = FirstFit()
+        for k in range(12):  # some bookings: shares of GPUs, whole GPUs, CPU only
+            j = Job(f"b{k}", rng.choice([500, 1000, 2000]), rng.choice([1, 2]) << 30,
+                    gpus=rng.choice([0, 0.25, 0.5, 1]), workload=rng.choice(["training", "inference"]))
+            p = pol.place(j, c)
+            if p.node:
+                c.allocate(j, p)
+        w = WaitingJobs(c.config)
+        jobs = [Job(f"w{k}", rng.choice([500, 1000, 2000, 4000, 8000]), rng.choice([1, 2, 8]) << 30,
+                    gpus=rng.choice([0, 0.25, 0.5, 0.75, 1, 2, 4]), gpu_mem_bytes=rng.choice([0, 4 << 30, 16 << 30]),
+                    workload=rng.choice(["training", "inference"]),
+                    node_selector=rng.choice([(), (("zone", "a"),)])) for k in range(40)]
+        for k, j in enumerate(jobs):
+            w.add(j.job, j, rank=(0, float(k), j.job))
+        rows = np.array(sorted(rng.sample(range(5), rng.randint(1, 5))))
+        assert set(w.could_fit(c, rows)) == {j.job for j in jobs if c.feasible(j, rows).any()}
+        assert len(w) == 40 and w.worst()[1] == "w39"
+        for j in jobs[::2]:
+            w.remove(j.job)
+        assert len(w) == 20 and w.worst()[1] == "w39" and set(w.could_fit(c, rows)) <= {j.job for j in jobs[1::2]}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_policy_places_a_job_exactly_when_some_node_is_feasible(name):
+    """What the placement agent relies on to skip the policy for a waiting job that fits nowhere
+    (Cluster.feasible) and to try one job of a need for all of that need: a policy leaves a job
+    unplaced exactly when no node is feasible for it."""
+    rng = random.Random(3)
+    for _ in range(20):
+        nodes = [Node(f"n{i}", rng.choice([2000, 8000]), rng.choice([4, 16]) << 30,
+                      gpus=(Gpu("T4", 16 << 30, util=rng.uniform(0, 100)),) * rng.choice([0, 1, 2, 4]))
+                 for i in range(6)]
+        c = Cluster(nodes, PlacementConfig(isolate_inference=rng.random() < 0.5))
+        pol = make_policy(name)
+        for k in range(30):
+            j = Job(f"j{k}", rng.choice([500, 1000, 4000]), rng.choice([1, 4]) << 30,
+                    gpus=rng.choice([0, 0.25, 0.5, 1, 2, 4]), gpu_mem_bytes=rng.choice([0, 4 << 30, 16 << 30]),
+                    workload=rng.choice(["training", "inference"]), util=rng.choice([None, 60.0]))
+            p = pol.place(j, c)
+            assert (p.node is not None) == bool(c.feasible(j).any()), (name, j)
+            if p.node is not None:
+                c.allocate(j, p)

@@ -51,3 +51,14 @@ def test_the_worker_vpa_defaults_are_the_in_process_vpa_defaults():
     assert params == {k: getattr(model, k) for k in params}
     assert set(params) == {"time_scale", "min_cpu_cores", "min_mem_bytes", "throttle_threshold",
                            "throttle_bump"}
+
+
+def test_the_faust_web_server_is_off_unless_a_port_is_set():
+    """Faust's web server serves its own views, the tables' contents among them: off on a bare host."""
+    from phasewise.streams.app import create_app
+
+    assert Settings.from_env({}, env={}).worker.web_port == 0
+    app = create_app(Settings.from_env({}, env={}), register_agents=False)
+    assert app.conf.web_enabled is False
+    app = create_app(Settings.from_env({"web_port": 6070}, env={}), register_agents=False)
+    assert app.conf.web_enabled is True and app.conf.web_port == 6070 and app.conf.web_bind == "127.0.0.1"

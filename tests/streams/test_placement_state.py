@@ -269,3 +269,105 @@ def test_with_trusted_submitters_a_job_no_trusted_submitter_signed_books_nothing
     s.submitted(_job("a", gpus=1), now=0.0)
     [(d, _)] = s.decide(now=1.0, ts=2.0)
     assert d.container == "a"
+
+
+# ------------------------------------------------------------------ waiting jobs: retried where room came, capped
+
+class Counting:
+    """The state's policy, counting the jobs it is asked to place."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.asked = policy, []
+        self.name = policy.name
+
+    def place(self, job, cluster):
+        self.asked.append(job.job)
+        return self.policy.place(job, cluster)
+
+
+def test_a_freed_booking_retries_only_the_waiting_jobs_it_could_fit():
+    s = _state(place_prediction_wait_s=0.0, place_policy="first-fit")
+    s.samples(_sample("g", cpus=8, gpus=1)), s.samples(_sample("c", cpus=8, gpus=0))
+    s.submitted(_job("a", gpus=1), now=0.0)
+    [(d, _)] = s.decide(now=0.0, ts=1.0)
+    assert d.host == "g"
+    for i in range(40):  # 40 want the GPU a holds, 40 want more cores than any node has
+        s.submitted(_job(f"gpu{i:02d}", gpus=1, ts=2.0 + i), now=0.0)
+        s.submitted(_job(f"wide{i:02d}", gpus=0, cpu=64.0, ts=2.0 + i), now=0.0)
+    s.policy = counting = Counting(s.policy)
+    assert s.decide(now=0.0, ts=2.0) == [] and len(s.waiting) == 80
+    assert len(counting.asked) == 2  # each need tried once: the others of the same need cannot fit either
+    assert s.queue.needs() == 2
+    counting.asked.clear()
+    s.submitted(_job("small", gpus=0, cpu=1.0, ts=99.0), now=0.0)  # a new job: no waiting job is tried
+    [(d, _)] = s.decide(now=0.0, ts=3.0)
+    assert d.container == "small" and counting.asked == ["small"]
+    counting.asked.clear()
+    s.samples(_sample("c", cpus=8, gpus=0, cpu_used=0.1))  # a node without a GPU and 8 cores: fits neither
+    assert s.decide(now=0.0, ts=4.0) == [] and counting.asked == []
+    s.finished("a")  # the GPU frees: the first GPU job takes it; the next fits nowhere, known without the policy
+    [(d, _)] = s.decide(now=0.0, ts=5.0)
+    assert d.container == "gpu00" and counting.asked == ["gpu00"]
+    assert len(s.waiting) == 79 and "gpu00" not in s.queue and "no node has enough 1 GPU(s)" in s.why["gpu01"]
+    s.prediction(_pred("wide05", 50.0))  # what it needs may change: tried again whatever the nodes
+    counting.asked.clear()
+    assert s.decide(now=0.0, ts=6.0) == [] and counting.asked == ["wide05"]
+
+
+def test_retrying_only_where_room_came_places_exactly_what_retrying_every_waiting_job_would():
+    """The index changes which jobs are tried, never the decisions: a random cluster of bookings and
+    frees, decided both ways."""
+    import random
+
+    def run(retry_all: bool) -> list[tuple[str, str, tuple]]:
+        rng = random.Random(5)
+        s = _state(place_prediction_wait_s=0.0)
+        for h in range(6):
+            s.samples(_sample(f"h{h}", cpus=rng.choice([4, 8, 16]), gpus=rng.choice([0, 1, 2, 4])))
+        made, running, waited = [], [], set()
+        for step in range(160):
+            r = rng.random()
+            if r < 0.55:
+                s.submitted(_job(f"j{step}", gpus=rng.choice([0, 0, 0.25, 0.5, 1, 2]), priority=rng.randint(0, 2),
+                                 cpu=float(rng.choice([2, 4, 8, 12])), ts=float(step)), now=0.0)
+            elif r < 0.85 and running:
+                s.finished(running.pop(rng.randrange(len(running))))
+            else:
+                h = rng.randrange(6)
+                s.samples(_sample(f"h{h}", cpus=16, gpus=4, util=rng.uniform(0, 90), cpu_used=rng.uniform(0, 4)))
+            if retry_all:
+                s.retry.update(s.waiting)  # what the agent did before: every waiting job at every decision
+            for d, p in s.decide(now=0.0, ts=float(step)):
+                made.append((step, d.container, d.host, tuple(p.gpus), d.container in waited))
+                running.append(d.container)
+            waited |= set(s.waiting)
+        return made
+
+    fast, every = run(False), run(True)
+    assert fast == every
+    late = [m for m in fast if m[-1]]  # placed after waiting: with a GPU and without
+    assert len(fast) > 50 and any(m[3] for m in late) and any(not m[3] for m in late)
+
+
+def test_at_most_place_max_waiting_jobs_wait_and_the_one_of_lowest_rank_is_refused_with_the_reason():
+    s = _state(place_prediction_wait_s=0.0, place_max_waiting_jobs=3)
+    s.samples(_sample("h1", gpus=1))
+    s.submitted(_job("running", gpus=1), now=0.0)
+    s.decide(now=0.0, ts=1.0)
+    for i, prio in enumerate((1, 0, 2)):
+        s.submitted(_job(f"w{i}", gpus=1, priority=prio, ts=10.0 + i), now=0.0)
+    s.decide(now=0.0, ts=2.0)
+    assert set(s.waiting) == {"w0", "w1", "w2"} and s.take_refused() == []
+    s.submitted(_job("late", gpus=1, priority=0, ts=20.0), now=0.0)  # ranks last: refused itself
+    s.decide(now=0.0, ts=3.0)
+    [(ev, why)] = s.take_refused()
+    assert ev.job == "late" and set(s.waiting) == {"w0", "w1", "w2"} and "late" not in s.events
+    assert "place_max_waiting_jobs 3" in why and "refused, not kept; submit it again later" in why
+    s.submitted(_job("urgent", gpus=1, priority=5, ts=21.0), now=0.0)  # outranks w1 (priority 0): w1 goes
+    s.decide(now=0.0, ts=4.0)
+    [(ev, why)] = s.take_refused()
+    assert ev.job == "w1" and "job urgent, of higher priority or submitted earlier, came" in why
+    assert set(s.waiting) == {"w0", "w2", "urgent"} and ("job/w1", None) == ("job/w1", s.writes["job/w1"][1])
+    s.finished("running")
+    [(d, _)] = s.decide(now=0.0, ts=5.0)
+    assert d.container == "urgent"

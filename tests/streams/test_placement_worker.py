@@ -125,3 +125,72 @@ def test_place_decisions_between_hostile_records(broker, tmp_path):
         assert role.alive()
     finally:
         assert role.stop(timeout_s=30) == 0, role.log_tail()
+
+
+def test_beyond_place_max_waiting_jobs_the_job_of_lowest_rank_is_dead_lettered_naming_the_setting(broker, tmp_path):
+    """A real place worker whose waiting jobs are capped at 2: of four jobs that cannot be placed, the two of
+    lowest rank (priority, then submission) are refused on the dead-letter topic with the reason; the
+    others wait, and the first placed when room comes is the one of highest priority."""
+    from phasewise.bench.harness import scrape
+    from phasewise.infra.broker import free_port
+    from phasewise.procs import RoleProcess
+
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    tag = uuid.uuid4().hex[:6]
+    port = free_port()
+    env = {"PHASEWISE_BOOTSTRAP": s.kafka.bootstrap, "PHASEWISE_PLACE_PREDICTION_WAIT_S": "0",
+           "PHASEWISE_PLACE_MAX_WAITING_JOBS": "2"}
+    role = RoleProcess("place", ["--place-id", f"pwtest-cap-{tag}", "--data-dir", str(tmp_path / "d"),
+                                 "--metrics-port", str(port)], env=env, log_path=tmp_path / "place.log")
+    role.start()
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 90
+    while True:
+        assert role.alive() and time.monotonic() < deadline, "place not ready:\n" + role.log_tail()
+        try:
+            if scrape(url).get("phasewise_place_ready", 0) == 1.0:
+                break
+        except OSError:
+            pass
+        time.sleep(0.3)
+    try:
+        p = make_producer(s)
+        host = f"wide-{tag}"  # the one node with 1,500 free cores (the jobs other tests left need a few)
+        p.produce(SAMPLES.name, key=host.encode(), value=encode(HostSamples(
+            host=host, ts=time.time(), interval_s=1.0, host_cpu_count=2048, host_cpu_cores=1.0,
+            host_mem_bytes=4 * GIB, host_mem_total_bytes=4096 * GIB)))
+        p.flush(10)
+        spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32,
+                       requests=JobRequests(cpu_cores=1500.0, mem_bytes=GIB, gpus=0.0))
+        jobs = {f"{n}-{tag}": prio for n, prio in (("big", 0), ("w1", 0), ("w2", 3), ("w3", 1), ("w4", 0))}
+        for i, (job, prio) in enumerate(jobs.items()):
+            p.produce(JOB_EVENTS.name, key=job.encode(), value=encode(JobEvent(
+                job=job, ts=time.time() - 60 + i, kind="submitted", spec=spec, priority=prio)))
+            p.flush(10)
+            if i == 0:  # the first takes the node: the others wait for it
+                read_all(s, DECISIONS.name, DECISIONS.partitions,
+                         lambda m, first=job: decode(Decision, m.value()).container == first, 1)
+
+        def refused(m) -> bool:
+            try:
+                return decode(DeadLetter, m.value()).key in jobs
+            except SchemaError:
+                return False
+
+        dls = {d.key: d for d in (decode(DeadLetter, m.value())
+                                  for m in read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, refused, 2))}
+        assert set(dls) == {f"w1-{tag}", f"w4-{tag}"}, role.log_tail(40)
+        for d in dls.values():
+            assert d.source_topic == JOB_EVENTS.name and "place_max_waiting_jobs 2" in d.reason
+            assert decode(JobEvent, d.payload.encode()).job == d.key  # the refused job's submission, whole
+        assert scrape(url)['phasewise_place_dead_letters_total{kind="capacity"}'] == 2.0
+        p.produce(JOB_EVENTS.name, key=f"big-{tag}".encode(),
+                  value=encode(JobEvent(job=f"big-{tag}", ts=time.time(), kind="finished")))
+        p.flush(10)
+        (m,) = read_all(s, DECISIONS.name, DECISIONS.partitions,
+                        lambda m: decode(Decision, m.value()).container in (f"w2-{tag}", f"w3-{tag}"), 1)
+        assert decode(Decision, m.value()).container == f"w2-{tag}"  # priority 3 first
+        assert role.alive()
+    finally:
+        assert role.stop(timeout_s=30) == 0, role.log_tail()

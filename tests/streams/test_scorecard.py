@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
@@ -74,31 +71,17 @@ def test_explain_view(sc):
 
 
 class _Serve:
+    """The scorecard view on phasewise's own metrics server, as ``phasewise worker`` serves it."""
+
     def __init__(self, sc: LiveScorecard) -> None:
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                u = urlsplit(self.path)
-                if u.path != "/scorecard/":
-                    self.send_error(404)
-                    return
-                status, body = sc.view(parse_qs(u.query).get("container", [None])[0])
-                raw = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
+        from phasewise.observe import Health, serve
 
-            def log_message(self, *a) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = serve(CollectorRegistry(), 0, Health(),
+                            views={"/scorecard/": lambda q: sc.view(q.get("container"))})
+        self.url = f"http://127.0.0.1:{self.server.port}"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 def _args(*argv: str) -> argparse.Namespace:

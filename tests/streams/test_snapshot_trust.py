@@ -101,3 +101,31 @@ def test_with_a_key_only_snapshots_signed_with_it_are_followed():
     assert [o for o, _ in bad] == [0, 1, 2]
     assert "unsigned" in bad[0][1] and "unknown key" in bad[1][1] and "wrong signature" in bad[2][1]
     assert f.latest()[0].version == 5
+
+
+def test_a_ladder_of_unsigned_snapshots_walks_the_version_up_only_without_a_key():
+    """Each step of the ladder is within phase_snapshot_max_version_step of the last, so the step bound
+    alone lets it walk the version up (every later genuine snapshot then looks old). With a key, a version
+    is taken only from a snapshot signed with it: the ladder is refused rung by rung, also at start-up
+    (nothing in use yet), and the learner's next signed snapshot is followed."""
+    step = 10
+    settings = Settings().replace(phase_snapshot_max_version_step=step)
+    genuine = encode(snapshot_of(MODEL, 5, 1, 1.7e9))
+    ladder = [encode(snapshot_of(MODEL, 5 + step * k, 1, 1.7e9)) for k in range(1, 41)]
+    f, bad = follower(settings)
+    f._handle(Msg(genuine, 0))
+    for i, v in enumerate(ladder):
+        f._handle(Msg(v, i + 1))
+    assert not bad and f.latest()[0].version == 5 + 40 * step  # no key: nothing tells the ladder apart
+
+    ring = Keyring(b"s" * 32)
+    f, bad = follower(settings, keyring=ring)
+    f._handle(Msg(encode(snapshot_of(MODEL, 2**52, 1, 1.7e9)), 0))  # at start-up, nothing in use yet
+    f._handle(Msg(genuine, 1, ring.headers(MODELS.name, KEY, genuine)))
+    for i, v in enumerate(ladder):
+        f._handle(Msg(v, i + 2))
+    assert f.latest()[0].version == 5
+    assert [o for o, _ in bad] == [0, *range(2, 42)] and all("unsigned" in why for _, why in bad)
+    nxt = encode(snapshot_of(MODEL, 6, 2, 1.7e9))
+    f._handle(Msg(nxt, 99, ring.headers(MODELS.name, KEY, nxt)))
+    assert f.latest()[0].version == 6

@@ -7,6 +7,7 @@ confluent-kafka; decisions and dead letters are read back from their topics.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 
@@ -35,7 +36,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 class Worker:
     def __init__(self, settings: Settings, tmp, worker_id: str) -> None:
         self.metrics_port = free_port()
-        self.web_port = free_port()
         env = {
             "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap,
             "PHASEWISE_VPA_TIME_SCALE": "0.001",
@@ -44,7 +44,7 @@ class Worker:
             "PHASEWISE_SAFETY_RULES": "false",
             "PHASEWISE_LOG_LEVEL": "info",
         }
-        args = ["--recommend-interval", "1", "--web-port", str(self.web_port), "--worker-id", worker_id,
+        args = ["--recommend-interval", "1", "--worker-id", worker_id,
                 "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
         self.role = RoleProcess("worker", args, env=env, log_path=tmp / f"worker-{uuid.uuid4().hex[:4]}.log")
 
@@ -164,7 +164,33 @@ def test_an_idle_container_gets_a_lowering_vpa_decision(module_settings, worker,
     assert "vpa target" in d.reason and d.ts >= T0 + 1.0
 
 
-def test_the_scorecard_of_the_real_worker_on_its_web_port_and_metrics(module_settings, worker, decisions):
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process *pid* listens on (its sockets in LISTEN state, from /proc)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as fh:
+            for line in fh.read().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "0A" and f[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_the_worker_serves_nothing_but_its_metrics_server_by_default(worker):
+    """No Faust web server (it would serve the tables' contents to anyone on the host): the worker's one
+    listening socket is its metrics server, which serves /scorecard/ too."""
+    assert listening_ports(worker.role.pid) == {worker.metrics_port}
+
+
+def test_the_scorecard_of_the_real_worker_on_its_metrics_port(module_settings, worker, decisions):
     from urllib.request import urlopen
 
     from phasewise.streams.explain import fetch
@@ -175,7 +201,7 @@ def test_the_scorecard_of_the_real_worker_on_its_web_port_and_metrics(module_set
         p.produce(SAMPLES.name, key=host.encode(), value=samples(host, "scored", T0 + 0.5 * i, 0.2))
     p.flush(10)
     decisions.wait_for(decision_for(host, "scored"), what="decision")
-    url = f"http://127.0.0.1:{worker.web_port}"
+    url = f"http://127.0.0.1:{worker.metrics_port}"
     deadline = time.monotonic() + 10
     while abs(((got := fetch(url, f"{host}/scored"))[1].get("now", {}).get("t") or 0) - (T0 + 9.5)) > 1e-3:
         assert time.monotonic() < deadline, got
@@ -219,7 +245,7 @@ def test_a_workload_asking_for_a_policy_the_worker_does_not_run_is_refused_visib
     while worker.metric('phasewise_worker_policy_refused_total{policy="phase"}') < 20 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert worker.metric('phasewise_worker_policy_refused_total{policy="phase"}') >= 20
-    status, card = fetch(f"http://127.0.0.1:{worker.web_port}", f"{host}/wants-phase")
+    status, card = fetch(f"http://127.0.0.1:{worker.metrics_port}", f"{host}/wants-phase")
     assert status == 200 and card["policy"] == "phase" and card["worker_policy"] == "vpa"
     assert "not decided" in card["refused"] and "--phase-workloads" in card["refused"]
     assert f"container {host}/wants-phase refused" in worker.role.log_tail(200)
