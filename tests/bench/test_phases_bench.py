@@ -42,8 +42,10 @@ def test_bad_features_are_refused_with_the_reason(capsys):
 def test_a_phase_worker_drains_a_backlog_with_the_crbm_in_the_loop():
     # with GPU features: the worker runs PHASEWISE_PHASE_FEATURES=cpu,mem,gpu,gpu_mem end to end
     # (its snapshot is the 4-feature model; the samples carry GPU use)
-    out = phases.run_bench(args(containers=200, per_host=100, seconds=200, pure_ticks=3,
-                                features="cpu,mem,gpu,gpu_mem"))  # ~1 s of backlog
+    # ~3 s of backlog on a quiet machine: more than the scrape interval, so it is timed (a backlog that
+    # drains between two scrapes has no rate: samples_per_s null)
+    out = phases.run_bench(args(containers=200, per_host=100, seconds=600, pure_ticks=3,
+                                features="cpu,mem,gpu,gpu_mem"))
     assert out["samples_per_s"] > 0 and out["worker_model_version"] >= 1
     assert out["worker_phase_changes"] > 0  # the detectors ran the warm snapshot on every sample
     assert out["worker_decisions"] > 0
