@@ -45,7 +45,7 @@ lint: install
 # the JSON Schemas of the topics and the configuration reference, both written from the code
 schemas: install
 	$(BIN)/phasewise schemas --write infra/schemas
-	$(BIN)/python -m phasewise.settings > docs/configuration.md
+	$(BIN)/python -m phasewise.kit.settings > docs/configuration.md
 
 bench: install
 	$(BIN)/phasewise bench pipeline --containers 200 --seconds 20 --json

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from phasewise.infra.broker import EmbeddedBroker
-from phasewise.settings import Settings
+from phasewise.kit.broker import EmbeddedBroker
+from phasewise.kit.settings import Settings
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,7 @@ def broker(tmp_path_factory):
 @pytest.fixture
 def settings(broker, tmp_path) -> Settings:
     """Settings pointing at the session broker, with a private data dir."""
-    from phasewise.kafka import ensure_topics
+    from phasewise.kit.kafka.client import ensure_topics
 
     s = Settings.from_env(
         {"bootstrap": broker.bootstrap, "host": f"test-{uuid.uuid4().hex[:6]}", "data_dir": str(tmp_path)},

@@ -13,8 +13,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from phasewise.job_signing import SubmitterKeys, sign_event, start_details
-from phasewise.schemas import JobEvent, JobRequests, JobSpec
+from phasewise.kit.job_signing import SubmitterKeys, sign_event, start_details
+from phasewise.kit.records import JobEvent, JobRequests, JobSpec
 
 #: the submitter the tests' actuators trust
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))

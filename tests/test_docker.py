@@ -32,11 +32,11 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.kafka import make_consumer, make_producer
-from phasewise.partitions import PARTITIONER
-from phasewise.procs import RoleProcess
-from phasewise.schemas import Actuation, Decision, HostSamples, SchemaError, decode, encode
-from phasewise.topics import ACTUATIONS, DECISIONS
+from phasewise.kit.kafka.client import make_consumer, make_producer
+from phasewise.kit.kafka.partitions import PARTITIONER
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import Actuation, Decision, HostSamples, SchemaError, decode, encode
+from phasewise.kit.topics import ACTUATIONS, DECISIONS
 from tests.conftest import requires_root
 
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
@@ -341,7 +341,7 @@ def wait_ready(dockerd, name: str, port: int, timeout_s: float) -> None:
 
 def test_the_actuator_image_limits_a_container_from_inside_a_container_with_no_capability(
         settings, dockerd, actuator_image, spinner, tmp_path):
-    from phasewise.infra.broker import free_port
+    from phasewise.kit.broker import free_port
 
     name = f"pw-actuator-{uuid.uuid4().hex[:6]}"
     port = free_port()
@@ -418,7 +418,7 @@ def wheel_links():
                            "run with PHASEWISE_TEST_ALL_IMAGES=1 (docs/deployment.md)")
 def test_the_producer_and_worker_images_build_run_unprivileged_and_answer_their_probes(
         settings, dockerd, base_image, spinner, wheel_links, tmp_path):
-    from phasewise.infra.broker import free_port
+    from phasewise.kit.broker import free_port
 
     links, torch = wheel_links
     producer_image = build_image(dockerd, base_image, "producer")
@@ -441,7 +441,7 @@ def test_the_producer_and_worker_images_build_run_unprivileged_and_answer_their_
             wait_ready(dockerd, names[role], ports[role], 120)
             uid = dockerd.docker("exec", names[role], "id", "-u").stdout.decode().strip()
             assert uid == "65532", (role, uid)  # not root
-        from phasewise.bench.harness import scrape
+        from phasewise.apps.bench.harness import scrape
 
         m = scrape(f"http://127.0.0.1:{ports['producer']}/metrics")
         assert m["phasewise_producer_containers"] >= 1  # the spinning container, seen from inside a container

@@ -21,7 +21,7 @@ import pytest
 
 from phasewise.actuators.backends import CgroupBackend
 from phasewise.actuators.commands import SetLimits
-from phasewise.cgroupfs import CgroupLayout
+from phasewise.kit.cgroups.fs import CgroupLayout
 from tests.test_docker import IMAGE, SPIN, Dockerd
 from tests.test_docker import pytestmark as docker_marks
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.cgroupfs import CgroupLayout
-from phasewise.kafka import make_consumer
-from phasewise.procs import RoleProcess
-from phasewise.schemas import Actuation, Decision, SchemaError, decode
-from phasewise.topics import ACTUATIONS, DECISIONS
+from phasewise.kit.cgroups.fs import CgroupLayout
+from phasewise.kit.kafka.client import make_consumer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import Actuation, Decision, SchemaError, decode
+from phasewise.kit.topics import ACTUATIONS, DECISIONS
 from tests.conftest import requires_root
 
 pytestmark = [requires_root, pytest.mark.broker, pytest.mark.slow]

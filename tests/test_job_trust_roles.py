@@ -26,13 +26,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.bench.harness import scrape
-from phasewise.cgroupfs import CgroupLayout
-from phasewise.infra.broker import free_port
-from phasewise.kafka import ensure_topics, make_consumer, make_producer
-from phasewise.partitions import PARTITIONER
-from phasewise.procs import RoleProcess
-from phasewise.schemas import (
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.cgroups.fs import CgroupLayout
+from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
+from phasewise.kit.kafka.partitions import PARTITIONER
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import (
     Actuation,
     DeadLetter,
     Decision,
@@ -46,9 +46,9 @@ from phasewise.schemas import (
     decode,
     encode,
 )
-from phasewise.settings import Settings
-from phasewise.signing import Keyring
-from phasewise.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
+from phasewise.kit.settings import Settings
+from phasewise.kit.signing import Keyring
+from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
 from tests.conftest import is_root, private_broker_fixture
 from tests.job_keys import KEY, STRANGER, start, submitted, write_public
 

@@ -1,21 +1,19 @@
-"""The project's import graph keeps its one-way arrows.
+"""The folders are the layers: every import points down the tree of ``src/phasewise/``.
 
-Every module of the packages ``pyproject.toml`` installs is read with :mod:`ast` (not
-imported); every ``import`` and ``from ... import`` counts, also those inside functions
-and under ``if TYPE_CHECKING:``. An import of a project module is an edge to that module
-(``from phasewise.replay import cli`` to ``phasewise.replay.cli``, ``from phasewise.schemas
-import Decision`` to ``phasewise.schemas``); any other is a third-party (or standard
-library) import, known by its top-level name. The checks:
+Every module under ``src/phasewise/`` is read with :mod:`ast` (not imported);
+every ``import`` and ``from ... import`` counts, also those inside functions.
+A module's layer is its first folder below ``phasewise`` (docs/architecture.md):
 
-- no import cycle between the project's modules;
-- the kit (``phasewise/*.py`` and ``phasewise.infra``) imports no app (``phasewise.replay``,
-  ``phasewise.demo``, ``phasewise.bench``) and no role (``phasewise.streams``,
-  ``phasewise.producers``, ``phasewise.actuators``); the CLI names the apps and the roles in
-  ``phasewise.cli.ROLES`` and imports one only when its command runs;
-- no role imports an app;
-- ``phasewise.models`` (the pure decision logic) imports no Kafka, Faust, Prometheus,
-  psutil, NVML, subprocess, socket or sqlite, no project IO module (``phasewise.kafka``,
-  ``cgroupfs``, ``cli``, ``settings``, ``procs``), no role and no app.
+- ``kit/records`` (the records of every topic) imports no other layer;
+- ``models`` (the decision logic, pure) imports only ``models`` and ``kit/records``, and no
+  IO library (Kafka, Faust, Prometheus, psutil, NVML, subprocess, socket, sqlite);
+- ``kit`` imports only ``kit`` and ``models``;
+- the roles (``streams``, ``producers``, ``actuators``) import ``kit`` and ``models``, never
+  another role, an app or the CLI;
+- ``apps`` import anything but the CLI;
+- ``cli`` imports only ``kit`` (it names the roles and apps in ``phasewise.cli.ROLES`` and
+  imports one only when its subcommand runs);
+- no import cycle anywhere.
 
 Each failure lists every offending import with its file and line.
 """
@@ -23,21 +21,28 @@ Each failure lists every offending import with its file and line.
 from __future__ import annotations
 
 import ast
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
 
-APPS = ("phasewise.replay", "phasewise.demo", "phasewise.bench", "phasewise.horus", "phasewise.experiment")
-ROLES = ("phasewise.streams", "phasewise.producers", "phasewise.actuators")
-#: third-party and standard-library modules ``phasewise.models`` must not import (top-level names)
+ROLES = ("streams", "producers", "actuators")
+#: layer -> the layers it may import (besides itself)
+ALLOWED: dict[str, set[str]] = {
+    "records": set(),
+    "models": {"records"},
+    "kit": {"records", "models"},
+    **{role: {"records", "kit", "models"} for role in ROLES},
+    "apps": {"records", "kit", "models", *ROLES},
+    "cli": {"records", "kit"},
+    "data": {"records", "kit", "models", "apps"},  # (the script that rebuilds the shipped model)
+    "phasewise": set(),
+}
+#: third-party and standard-library modules ``models`` must not import (top-level names)
 MODELS_NO_LIBRARIES = ("confluent_kafka", "aiokafka", "faust", "mode", "prometheus_client", "psutil", "pynvml",
                        "subprocess", "socket", "sqlite3")
-#: project modules with IO or process-wide state that ``phasewise.models`` must not import
-MODELS_NO_PROJECT = ("phasewise.kafka", "phasewise.cgroupfs", "phasewise.cli", "phasewise.settings",
-                     "phasewise.procs", *ROLES, *APPS)
 
 
 @dataclass(frozen=True)
@@ -55,24 +60,25 @@ class Import:
         return f"{where}:{self.line}: {self.module} -> {self.target}"
 
 
-def package_dirs(pyproject: Path = REPO / "pyproject.toml") -> dict[str, Path]:
-    """Installed package name -> its folder, from setuptools' ``package-dir``."""
-    cfg = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]
-    return {name: pyproject.parent / d for name, d in cfg["package-dir"].items()}
-
-
-def project_modules(dirs: dict[str, Path]) -> dict[str, Path]:
-    """Module name -> file, for every ``.py`` under the package folders (a package is its ``__init__``)."""
+def project_modules(src: Path = SRC) -> dict[str, Path]:
+    """Module name -> file, for every ``.py`` under *src* (a package is its ``__init__``)."""
     out: dict[str, Path] = {}
-    for pkg, folder in dirs.items():
-        for path in sorted(folder.rglob("*.py")):
-            if "__pycache__" in path.parts:
-                continue
-            parts = list(path.relative_to(folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            out[".".join([pkg, *parts])] = path
+    for path in sorted(src.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
     return out
+
+
+def layer(module: str) -> str:
+    """The folder a module lies in: ``kit/records`` is ``records``, else the first folder below ``phasewise``."""
+    parts = module.split(".")
+    if parts[1:3] == ["kit", "records"]:
+        return "records"
+    return parts[1] if len(parts) > 1 else "phasewise"
 
 
 def _resolve(name: str, modules: Iterable[str]) -> str | None:
@@ -119,8 +125,8 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[Import
     return list(dict.fromkeys(out))  # one per (target, line): `from m import a, b` is one import of m
 
 
-def import_graph(dirs: dict[str, Path] | None = None) -> tuple[dict[str, Path], list[Import]]:
-    modules = project_modules(dirs or package_dirs())
+def import_graph(src: Path = SRC) -> tuple[dict[str, Path], list[Import]]:
+    modules = project_modules(src)
     edges = [imp for m, p in modules.items() for imp in imports_of(m, p, modules)]
     return modules, edges
 
@@ -174,25 +180,20 @@ def cycles(modules: Iterable[str], edges: Iterable[Import]) -> list[list[str]]:
     return found
 
 
-def _in(module: str, packages: Iterable[str]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in packages)
+def layer_violations(edges: Iterable[Import]) -> list[Import]:
+    """Imports of a layer its importer may not import (:data:`ALLOWED`)."""
+    out = []
+    for e in edges:
+        if not e.project or e.target == "phasewise":  # (the package itself: its version)
+            continue
+        a, b = layer(e.module), layer(e.target)
+        if a != b and b not in ALLOWED[a]:
+            out.append(e)
+    return out
 
 
-def is_kit(module: str) -> bool:
-    """``phasewise`` itself, its top-level modules (``phasewise/*.py``) and ``phasewise.infra``."""
-    if module == "phasewise" or _in(module, ("phasewise.infra",)):
-        return True
-    packages = (*APPS, *ROLES, "phasewise.models", "phasewise.data")
-    return module.count(".") == 1 and not _in(module, packages)
-
-
-def kit_violations(edges: Iterable[Import]) -> list[Import]:
-    return [e for e in edges if e.project and is_kit(e.module) and _in(e.target, (*APPS, *ROLES))]
-
-
-def models_violations(edges: Iterable[Import]) -> list[Import]:
-    return [e for e in edges if _in(e.module, ("phasewise.models",))
-            and (_in(e.target, MODELS_NO_PROJECT) if e.project else e.target in MODELS_NO_LIBRARIES)]
+def models_io(edges: Iterable[Import]) -> list[Import]:
+    return [e for e in edges if layer(e.module) == "models" and not e.project and e.target in MODELS_NO_LIBRARIES]
 
 
 def _report(what: str, bad: list[Import]) -> str:
@@ -215,75 +216,66 @@ def test_no_import_cycle():
     assert not found, "import cycles:\n" + "\n".join(lines)
 
 
-def test_the_kit_imports_no_app_and_no_role():
-    bad = kit_violations(GRAPH[1])
-    assert not bad, _report("imports of an app or a role by the kit", bad)
-
-
-def test_the_roles_import_no_app():
-    bad = [e for e in GRAPH[1] if e.project and _in(e.module, ROLES) and _in(e.target, APPS)]
-    assert not bad, _report("imports of an app by a role", bad)
+def test_every_import_points_down_the_tree():
+    bad = layer_violations(GRAPH[1])
+    assert not bad, _report("imports against the layers (docs/architecture.md)", bad)
 
 
 def test_models_import_no_io():
-    bad = models_violations(GRAPH[1])
+    bad = models_io(GRAPH[1])
     assert not bad, _report("IO imports in phasewise.models", bad)
+
+
+def test_every_folder_is_a_layer_and_every_package_installs():
+    """A folder under src/phasewise/ is a layer (or a wing inside one), and setuptools finds each package."""
+    top = {p.name for p in (SRC / "phasewise").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert top == {"cli", "kit", "models", "streams", "producers", "actuators", "apps", "data"}, top
+    for d in (SRC / "phasewise").rglob("*"):
+        if d.is_dir() and d.name != "__pycache__" and d.name != "data" and any(d.glob("*.py")):
+            assert (d / "__init__.py").exists(), f"{d.relative_to(REPO)} holds modules but no __init__.py"
 
 
 # ---------------------------------------------------------------- the checks can fail
 
 
-def test_the_graph_holds_every_package_and_the_imports_inside_functions():
+def test_the_graph_holds_every_layer_and_the_imports_inside_functions():
     modules, edges = GRAPH
-    assert {"phasewise", "phasewise.replay.cli", "phasewise.demo.run", "phasewise.models.vpa",
-            "phasewise.streams.worker", "phasewise.infra.broker", "phasewise.bench.harness"} <= set(modules)
+    assert {"phasewise", "phasewise.apps.replay.cli", "phasewise.apps.demo.run", "phasewise.models.vpa.recommender",
+            "phasewise.streams.worker", "phasewise.kit.broker", "phasewise.apps.bench.harness",
+            "phasewise.apps.simulate.engine"} <= set(modules)
     pairs = {(e.module, e.target) for e in edges}
-    assert ("phasewise.replay.cli", "phasewise.replay.driving") in pairs  # at the top
-    assert ("phasewise.replay.cli", "phasewise.replay.report") in pairs  # inside run()
-    assert ("phasewise.cli", "phasewise.settings") in pairs  # inside add_setting()
-    assert ("phasewise.streams.topics", "phasewise.topics") in pairs  # `from phasewise import topics`
-    assert ("phasewise.replay.kafka", "confluent_kafka") in pairs
-    assert is_kit("phasewise.schemas") and is_kit("phasewise.infra.broker") and is_kit("phasewise")
-    assert not any(is_kit(m) for m in ("phasewise.replay", "phasewise.replay.cli", "phasewise.demo.jobs",
-                                       "phasewise.models.vpa", "phasewise.streams.worker",
-                                       "phasewise.data.make_pretrained"))
+    assert ("phasewise.apps.replay.cli", "phasewise.apps.replay.driving") in pairs  # at the top
+    assert ("phasewise.apps.replay.cli", "phasewise.apps.replay.report") in pairs  # inside run()
+    assert ("phasewise.kit.command", "phasewise.kit.settings") in pairs  # inside add_setting()
+    assert ("phasewise.apps.replay.through_kafka", "confluent_kafka") in pairs
+    assert {layer(m) for m in modules} == {*ALLOWED}
+    assert layer("phasewise.kit.records.learn_batches") == "records" and layer("phasewise.kit.topics") == "kit"
 
 
-def test_a_cycle_a_kit_import_of_an_app_and_io_in_models_are_found(tmp_path):
+def test_a_cycle_an_upward_import_and_io_in_models_are_found(tmp_path):
     def write(rel: str, text: str = "") -> None:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
 
-    write("pw/__init__.py")
-    write("pw/kit.py", "def f():\n    from phasewise.replay import a\n")
-    write("pw/replay/__init__.py")
-    write("pw/replay/a.py", "from . import b\n")
-    write("pw/replay/b.py", "import json\nfrom phasewise.replay.a import x, y\n")
-    write("pw/settings.py")
-    write("models/__init__.py")
-    write("models/pure.py", "import math\nimport numpy as np\n\n"
-                            "def f():\n    import subprocess\n    from phasewise.settings import Settings\n")
-    modules, edges = import_graph({"phasewise": tmp_path / "pw", "phasewise.models": tmp_path / "models"})
-    assert cycles(modules, edges) == [["phasewise.replay.a", "phasewise.replay.b"]]
-    assert [(e.module, e.target, e.line) for e in kit_violations(edges)] == [("phasewise.kit", "phasewise.replay.a", 2)]
-    assert [(e.module, e.target, e.line) for e in models_violations(edges)] == [
-        ("phasewise.models.pure", "subprocess", 5), ("phasewise.models.pure", "phasewise.settings", 6)]
-    assert [(e.target, e.line) for e in edges if e.module == "phasewise.replay.b"] == [
-        ("json", 1), ("phasewise.replay.a", 2)]
-
-
-def test_every_package_on_disk_is_in_the_distribution():
-    """A wheel holds only the packages pyproject names: a new package left out works editable and breaks installs."""
-    import tomllib
-
-    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    dirs = {name: REPO / path for name, path in tool["package-dir"].items()}
-    on_disk = set()
-    for top, root in dirs.items():
-        for init in root.rglob("__init__.py"):
-            rel = init.parent.relative_to(root)
-            if any(part.startswith((".", "__")) or part in ("tests", "build") for part in rel.parts):
-                continue
-            on_disk.add(".".join((*top.split("."), *rel.parts)))
-    missing = sorted(on_disk - set(tool["packages"]))
-    assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
+    write("phasewise/__init__.py")
+    write("phasewise/kit/__init__.py")
+    write("phasewise/kit/topics.py", "def f():\n    from phasewise.apps.replay import a\n")
+    write("phasewise/apps/__init__.py")
+    write("phasewise/apps/replay/__init__.py")
+    write("phasewise/apps/replay/a.py", "from . import b\n")
+    write("phasewise/apps/replay/b.py", "import json\nfrom phasewise.apps.replay.a import x, y\n")
+    write("phasewise/streams/__init__.py")
+    write("phasewise/streams/w.py", "from phasewise.actuators import c\n")
+    write("phasewise/actuators/__init__.py")
+    write("phasewise/actuators/c.py")
+    write("phasewise/models/__init__.py")
+    write("phasewise/models/pure.py", "import math\nimport numpy as np\n\n"
+                                      "def f():\n    import subprocess\n    from phasewise.kit import topics\n")
+    modules, edges = import_graph(tmp_path)
+    assert cycles(modules, edges) == [["phasewise.apps.replay.a", "phasewise.apps.replay.b"]]
+    assert [(e.module, e.target, e.line) for e in layer_violations(edges)] == sorted([
+        ("phasewise.kit.topics", "phasewise.apps.replay.a", 2), ("phasewise.models.pure", "phasewise.kit.topics", 6),
+        ("phasewise.streams.w", "phasewise.actuators.c", 1)], key=lambda t: t[0])
+    assert [(e.module, e.target, e.line) for e in models_io(edges)] == [("phasewise.models.pure", "subprocess", 5)]
+    assert [(e.target, e.line) for e in edges if e.module == "phasewise.apps.replay.b"] == [
+        ("json", 1), ("phasewise.apps.replay.a", 2)]

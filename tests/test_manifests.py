@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.settings import SPECS
-from phasewise.topics import SAMPLES
+from phasewise.kit.settings import SPECS
+from phasewise.kit.topics import SAMPLES
 from tests.test_prometheus_rules import exported_names
 
 yaml = pytest.importorskip("yaml")
@@ -158,7 +158,7 @@ def test_the_worker_has_a_disruption_budget_and_no_more_replicas_than_partitions
 @pytest.mark.parametrize("role,port", [("horus", 9109), ("place", 9110)])
 def test_the_job_workers_are_singletons_with_probes_on_their_health_endpoints(role, port):
     """phasewise horus and phasewise place: one replica, never two at once (Recreate), no disruption budget
-    (it would block node drains), the worker image with the role's command, health on phasewise.observe."""
+    (it would block node drains), the worker image with the role's command, health on phasewise.kit.observe."""
     dep = deployment(f"phasewise-{role}")
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
     sel = dep["spec"]["selector"]
@@ -233,7 +233,7 @@ def kustomize(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
-#: every request the Kubernetes backend sends (actuators/kubernetes.py), as the RBAC rule that allows it
+#: every request the Kubernetes backend sends (actuators/backends/kubernetes.py), as the RBAC rule that allows it
 API_BACKEND_REQUESTS = {
     ("", "pods", "list"),  # GET /api/v1/pods?fieldSelector=spec.nodeName=<node> (backend and pod list)
     ("", "pods", "get"),  # GET .../pods/{pod} before a resize
@@ -364,7 +364,7 @@ def test_every_role_that_signs_or_verifies_reads_the_cluster_key_and_only_its_ow
 def test_the_init_containers_copy_is_what_the_roles_accept_and_the_secret_as_mounted_is_not(tmp_path):
     """What the kubelet makes of a Secret under fsGroup (0440) is refused by the key check; the init
     container's own command, run here, makes a 0400 copy that passes it."""
-    from phasewise.signing import SigningError, read_key
+    from phasewise.kit.signing import SigningError, read_key
 
     pod = deployment("phasewise-worker")["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
@@ -388,7 +388,7 @@ def test_the_key_file_never_reaches_git_an_image_or_a_package():
     import tomllib
 
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert not [g for g in data["phasewise.infra"] if g.startswith("k8s") and not g.endswith(".yaml")]
+    assert data == {"phasewise": ["data/*"]}  # the package holds src/phasewise only: infra/ is never in it
 
 
 
@@ -489,7 +489,7 @@ def test_docker_compose_config_accepts_the_compose_file(tmp_path):
 def test_the_compose_signing_key_service_writes_one_key_and_a_file_per_role(tmp_path):
     """Its command, run here twice against a directory standing for the volume: the key is made once,
     each role's file is 0600 and its own (the worker's belongs to uid 65532), and both pass the key check."""
-    from phasewise.signing import read_key
+    from phasewise.kit.signing import read_key
 
     r = subprocess.run([compose_binary(), "-f", str(REPO / "infra/compose.yaml"), "config", "--format", "json"],
                        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PHASEWISE_HOST": "node-1"})

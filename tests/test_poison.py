@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.bench.harness import scrape
-from phasewise.infra.broker import free_port
-from phasewise.kafka import ensure_topics, make_consumer, make_producer
-from phasewise.partitions import PARTITIONER
-from phasewise.procs import RoleProcess
-from phasewise.schemas import (
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
+from phasewise.kit.kafka.partitions import PARTITIONER
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import (
     Actuation,
     ContainerSample,
     DeadLetter,
@@ -43,8 +43,8 @@ from phasewise.schemas import (
     encode,
     to_dict,
 )
-from phasewise.settings import Settings
-from phasewise.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, MODELS, SAMPLES
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, MODELS, SAMPLES
 from tests.conftest import private_broker_fixture
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -221,7 +221,7 @@ def test_a_worker_dead_letters_every_poison_kind_and_decides_every_valid_record(
     s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
     ensure_topics(s)
     if policy == "phase":
-        from phasewise.streams.phase_agents import ensure_phase_topics
+        from phasewise.streams.agents.phases import ensure_phase_topics
 
         ensure_phase_topics(s)
     role, url = start_worker(s, tmp_path, policy, f"pwtest-poison-{uuid.uuid4().hex[:6]}")
@@ -247,7 +247,7 @@ def test_a_worker_dead_letters_every_poison_kind_and_decides_every_valid_record(
              "dead letter for every poison sample", role)
         check_dead_letters(dead_letters(letters_r.values, SAMPLES.name), poisoned, SAMPLE_POISON)
         if policy == "phase":
-            from phasewise.topics import LEARN_WINDOWS
+            from phasewise.kit.topics import LEARN_WINDOWS
 
             # every valid learn batch learned (the detectors send none: their windows are not full)
             wait(lambda: scrape(url).get("phasewise_worker_windows_learned_total", 0) >= learned, 60,
@@ -285,7 +285,7 @@ def shipped_model():
 
 
 def _learn_batch(name: str, n: int, seed: int) -> bytes:
-    from phasewise.learn_batches import encode_learn_batch
+    from phasewise.kit.records.learn_batches import encode_learn_batch
 
     L = shipped_model().window_len
     rng = np.random.default_rng(seed)
@@ -294,14 +294,14 @@ def _learn_batch(name: str, n: int, seed: int) -> bytes:
 
 
 def _snapshot(version: int) -> bytes:
-    from phasewise.models.snapshots import snapshot_of
+    from phasewise.models.phases.snapshots import snapshot_of
 
     return encode(snapshot_of(shipped_model(), version, 1, time.time()))
 
 
 @functools.cache
 def learn_poison() -> dict:
-    from phasewise.models.snapshots import model_name
+    from phasewise.models.phases.snapshots import model_name
 
     valid = json.loads(_learn_batch(model_name(shipped_model().features), 2, 0))
     return poison(valid, "v", {"windows": "many", "prev_phase": [True, "x"]}, "bad arrays")
@@ -309,7 +309,7 @@ def learn_poison() -> dict:
 
 @functools.cache
 def model_poison() -> dict:
-    from phasewise.models.snapshots import snapshot_of
+    from phasewise.models.phases.snapshots import snapshot_of
 
     snap = to_dict(snapshot_of(shipped_model(), 1, 1, time.time()))
     kinds = poison(snap, "version", {"version": "two", "payload_b64": 5})
@@ -319,8 +319,8 @@ def model_poison() -> dict:
 
 def _phase_inputs(s: Settings):
     """Valid learn batches and snapshots with every poison kind between them; what the worker must learn."""
-    from phasewise.models.snapshots import model_name
-    from phasewise.topics import LEARN_WINDOWS
+    from phasewise.kit.topics import LEARN_WINDOWS
+    from phasewise.models.phases.snapshots import model_name
 
     name = model_name(shipped_model().features)
     learn, models = Sent(make_producer(s), LEARN_WINDOWS.name), Sent(make_producer(s), MODELS.name)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.infra.broker import free_port
-from phasewise.procs import ManagedProcess, RoleProcess
+from phasewise.kit.broker import free_port
+from phasewise.kit.procs import ManagedProcess, RoleProcess
 from tests.producers.conftest import CgTree
 
 PROMETHEUS = shutil.which("prometheus")

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from phasewise.settings import SPECS, reference
+from phasewise.kit.settings import SPECS, reference
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -11,7 +11,7 @@ CONFIGURATION = REPO / "docs" / "configuration.md"
 
 def test_the_configuration_reference_is_written_from_the_settings_declarations():
     assert CONFIGURATION.read_text() == reference(), (
-        "docs/configuration.md is stale: python -m phasewise.settings > docs/configuration.md")
+        "docs/configuration.md is stale: python -m phasewise.kit.settings > docs/configuration.md")
     text = CONFIGURATION.read_text()
     assert all(f"`{spec.env}`" in text for spec in SPECS.values())
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.schemas import (
+from phasewise.kit.records import (
     MAX_COMMAND_ARGS,
     MAX_COMMAND_BYTES,
     MAX_JOB_EVENT_BYTES,
@@ -157,8 +157,8 @@ def test_a_place_decision_carrying_the_whole_signed_spec_stays_far_under_the_pro
 
 
 def test_the_priority_agent_s_decisions_and_state_from_the_largest_event_stay_under_the_limit():
-    from phasewise.models.priorities import Capacity, PriorityConfig
-    from phasewise.streams.priority_agents import PriorityStep
+    from phasewise.models.jobs.priorities import Capacity, PriorityConfig
+    from phasewise.streams.agents.priorities import PriorityStep
 
     ev = largest_event()
     step = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=4.0),
@@ -173,8 +173,8 @@ def test_the_priority_agent_s_decisions_and_state_from_the_largest_event_stay_un
 
 
 def test_the_placement_agent_s_decision_and_state_from_the_largest_event_stay_under_the_limit():
-    from phasewise.settings import Settings
-    from phasewise.streams.placement_agents import PlacementState
+    from phasewise.kit.settings import Settings
+    from phasewise.streams.agents.placement import PlacementState
 
     ev = largest_event()
     s = Settings.from_env({"place_prediction_wait_s": 0.0}, env={})

@@ -14,15 +14,24 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.bench.harness import scrape
-from phasewise.infra.broker import free_port
-from phasewise.kafka import ensure_topics, make_consumer, make_producer
-from phasewise.partitions import PARTITIONER
-from phasewise.procs import RoleProcess
-from phasewise.schemas import Actuation, ContainerSample, DeadLetter, Decision, HostSamples, SchemaError, decode, encode
-from phasewise.settings import Settings
-from phasewise.signing import Keyring, header_of
-from phasewise.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, SAMPLES
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
+from phasewise.kit.kafka.partitions import PARTITIONER
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import (
+    Actuation,
+    ContainerSample,
+    DeadLetter,
+    Decision,
+    HostSamples,
+    SchemaError,
+    decode,
+    encode,
+)
+from phasewise.kit.settings import Settings
+from phasewise.kit.signing import Keyring, header_of
+from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, SAMPLES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from phasewise.schemas import Actuation, DeadLetter, decode
-from phasewise.topics import ACTUATIONS, DEAD_LETTERS
+from phasewise.kit.records import Actuation, DeadLetter, decode
+from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS
 
 
 class Recorder:
@@ -66,7 +66,7 @@ def own(actuator, *containers: str, job: str | None = None) -> None:
 def job_settings(data_dir, **kw):
     """Settings of an actuator that starts jobs (``actuator_start_jobs`` on) as the default job user, under
     *data_dir*."""
-    from phasewise.settings import Settings
+    from phasewise.kit.settings import Settings
 
     return Settings().replace(**{"host": "h1", "data_dir": str(data_dir), "actuator_start_jobs": True, **kw})
 

@@ -7,13 +7,13 @@ import uuid
 
 import pytest
 
-from phasewise.bench.harness import scrape
-from phasewise.infra.broker import free_port
-from phasewise.kafka import make_producer
-from phasewise.partitions import PARTITIONER
-from phasewise.procs import RoleProcess
-from phasewise.schemas import Decision, encode
-from phasewise.topics import DECISIONS
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import make_producer
+from phasewise.kit.kafka.partitions import PARTITIONER
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import Decision, encode
+from phasewise.kit.topics import DECISIONS
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

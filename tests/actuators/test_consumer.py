@@ -14,10 +14,10 @@ from phasewise.actuators.commands import Outcome, SetLimits
 from phasewise.actuators.consumer import Actuator, group_id, run_actuator
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.partitions import PARTITIONER
-from phasewise.schemas import Actuation, DeadLetter, Decision, decode, encode
-from phasewise.settings import Settings
-from phasewise.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS
+from phasewise.kit.kafka.partitions import PARTITIONER
+from phasewise.kit.records import Actuation, DeadLetter, Decision, decode, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS
 from tests.conftest import requires_root
 
 MiB = 2**20
@@ -169,7 +169,7 @@ def test_permanent_backend_errors_are_not_retried(recorder):
 
 
 def test_sizes_accept_binary_and_decimal_units():
-    from phasewise.settings import parse_size
+    from phasewise.kit.settings import parse_size
 
     assert parse_size("67108864") == 64 * MiB
     assert parse_size("64Mi") == 64 * MiB
@@ -199,7 +199,7 @@ def run_in_thread(settings: Settings, backend, registry: CollectorRegistry, ledg
 
 def collect(settings: Settings, want, timeout_s: float = 40.0) -> tuple[list[Actuation], list[DeadLetter]]:
     """Read actuations and dead letters of this test's host until *want* holds."""
-    from phasewise.kafka import make_consumer
+    from phasewise.kit.kafka.client import make_consumer
 
     c = make_consumer(settings, f"test-{uuid.uuid4().hex[:6]}")
     c.subscribe([ACTUATIONS.name, DEAD_LETTERS.name])
@@ -226,7 +226,7 @@ def collect(settings: Settings, want, timeout_s: float = 40.0) -> tuple[list[Act
 
 @pytest.mark.broker
 def test_the_loop_publishes_actuations_and_dead_letters_and_skips_other_hosts(settings):
-    from phasewise.kafka import make_producer
+    from phasewise.kit.kafka.client import make_producer
 
     host = settings.host
     key = host.encode()
@@ -264,7 +264,7 @@ def test_the_loop_publishes_actuations_and_dead_letters_and_skips_other_hosts(se
 
 @pytest.mark.broker
 def test_a_restarted_loop_resumes_after_its_committed_offset(settings, tmp_path):
-    from phasewise.kafka import make_producer
+    from phasewise.kit.kafka.client import make_producer
 
     p = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
     first = decision_bytes(host=settings.host)
@@ -301,14 +301,14 @@ def test_the_loop_applies_a_decision_to_a_real_cgroup(settings):
     import subprocess
     import sys
 
-    from phasewise.cgroupfs import CgroupLayout
+    from phasewise.kit.cgroups.fs import CgroupLayout
 
     layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}", version=1)
     layout.create("job-a")
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     layout.attach("job-a", proc.pid)
     try:
-        from phasewise.kafka import make_producer
+        from phasewise.kit.kafka.client import make_producer
 
         p = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
         raw = decision_bytes(host=settings.host, cpu_limit_cores=0.3, mem_limit_bytes=256 * MiB)

@@ -22,16 +22,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from phasewise.actuators.backends import CgroupBackend, DryRunBackend, shares_of_weight, weight_of_shares
+from phasewise.actuators.backends.kubernetes import KubeApi, KubernetesBackend, PodContainer
 from phasewise.actuators.commands import SetCpuWeight
 from phasewise.actuators.consumer import Actuator
-from phasewise.actuators.kubernetes import KubeApi, KubernetesBackend, PodContainer
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import Planned, Rejected, plan
-from phasewise.cgroupfs import CgroupLayout
-from phasewise.models.priorities import Action, cpu_weight, to_decision
-from phasewise.schemas import Decision, encode
-from phasewise.settings import Settings
+from phasewise.kit.cgroups.fs import CgroupLayout
+from phasewise.kit.records import Decision, encode
+from phasewise.kit.settings import Settings
+from phasewise.models.jobs.priorities import Action, cpu_weight, to_decision
 from tests.actuators.conftest import Recorder, job_backend, job_python, job_settings, own, remove_started_jobs
 from tests.conftest import requires_root
 from tests.job_keys import TRUSTED

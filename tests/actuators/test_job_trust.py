@@ -21,9 +21,9 @@ from phasewise.actuators.job_trust import VerifiedJob, verify_start
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import Planned, Rejected, plan
-from phasewise.job_signing import SubmitterKeys, key_id, spec_digest, spec_of
-from phasewise.schemas import Decision, encode
-from phasewise.settings import Settings
+from phasewise.kit.job_signing import SubmitterKeys, key_id, spec_digest, spec_of
+from phasewise.kit.records import Decision, encode
+from phasewise.kit.settings import Settings
 from tests.job_keys import KEY, STRANGER, TRUSTED, start, write_public
 
 NOW = 1_700_000_000.0
@@ -198,7 +198,7 @@ def test_rejected_unless_the_plan_verifies(recorder):
 
 
 def test_a_started_job_s_limits_are_its_signed_requests():
-    from phasewise.schemas import JobRequests
+    from phasewise.kit.records import JobRequests
 
     details = {**start("j2", CMD, ts=NOW - 10, requests=JobRequests(cpu_cores=1.5, mem_bytes=2.0**30)),
                "cpuset": None, "device": []}

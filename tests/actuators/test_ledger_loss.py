@@ -20,10 +20,10 @@ from phasewise.actuators.commands import SetLimits
 from phasewise.actuators.consumer import run_actuator
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.kafka import make_producer
-from phasewise.partitions import PARTITIONER
-from phasewise.schemas import Decision, encode
-from phasewise.topics import DECISIONS
+from phasewise.kit.kafka.client import make_producer
+from phasewise.kit.kafka.partitions import PARTITIONER
+from phasewise.kit.records import Decision, encode
+from phasewise.kit.topics import DECISIONS
 from tests.actuators.test_consumer import collect
 
 pytestmark = pytest.mark.broker

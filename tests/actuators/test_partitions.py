@@ -15,11 +15,11 @@ from phasewise.actuators.backends import DryRunBackend
 from phasewise.actuators.consumer import run_actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.kafka import make_producer
-from phasewise.partitions import partition_for
-from phasewise.schemas import Decision, encode
+from phasewise.kit.kafka.client import make_producer
+from phasewise.kit.kafka.partitions import partition_for
+from phasewise.kit.records import Decision, encode
+from phasewise.kit.topics import DECISIONS
 from phasewise.streams.output import output_producer
-from phasewise.topics import DECISIONS
 from tests.conftest import private_broker_fixture
 
 pytestmark = [pytest.mark.broker]

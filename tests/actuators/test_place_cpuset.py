@@ -18,9 +18,9 @@ from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import Rejected, plan
-from phasewise.cgroupfs import CgroupLayout
-from phasewise.schemas import Decision, encode
-from phasewise.settings import Settings
+from phasewise.kit.cgroups.fs import CgroupLayout
+from phasewise.kit.records import Decision, encode
+from phasewise.kit.settings import Settings
 from tests.actuators.conftest import job_backend, job_python, job_settings, remove_started_jobs
 from tests.conftest import requires_root
 from tests.job_keys import TRUSTED, start

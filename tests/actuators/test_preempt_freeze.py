@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 
-from phasewise.models.priorities import Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
-from phasewise.schemas import encode
+from phasewise.kit.records import encode
+from phasewise.models.jobs.priorities import Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
+from tests.actuators.backends.test_cgroup_v1 import actuator, managed  # noqa: F401 - the fixture
 from tests.actuators.conftest import own
-from tests.actuators.test_cgroup_v1 import actuator, managed  # noqa: F401 - the fixture
 from tests.conftest import requires_root
 
 pytestmark = requires_root

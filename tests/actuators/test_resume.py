@@ -23,12 +23,12 @@ from prometheus_client import CollectorRegistry
 from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.cgroupfs import CgroupLayout
-from phasewise.job_signing import sign_event
-from phasewise.models.priorities import Capacity, PriorityConfig
+from phasewise.kit.cgroups.fs import CgroupLayout
+from phasewise.kit.job_signing import sign_event
+from phasewise.kit.records import JobEvent, JobRequests, JobSpec, encode
+from phasewise.models.jobs.priorities import Capacity, PriorityConfig
 from phasewise.producers.progress import ChildControl
-from phasewise.schemas import JobEvent, JobRequests, JobSpec, encode
-from phasewise.streams.priority_agents import PriorityStep
+from phasewise.streams.agents.priorities import PriorityStep
 from tests.actuators.conftest import Recorder, job_backend, job_python, job_settings, remove_started_jobs
 from tests.conftest import requires_root
 from tests.job_keys import KEY, TRUSTED

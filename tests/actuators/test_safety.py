@@ -8,8 +8,8 @@ import pytest
 
 from phasewise.actuators.commands import Freeze, SetLimits, Terminate, Thaw
 from phasewise.actuators.safety import Cap, Floor, Planned, Rejected, Requested, Unsafe, plan
-from phasewise.schemas import Decision
-from phasewise.settings import Settings
+from phasewise.kit.records import Decision
+from phasewise.kit.settings import Settings
 from tests.job_keys import TRUSTED, start
 
 MiB = 2**20

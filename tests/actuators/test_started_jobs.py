@@ -36,13 +36,13 @@ from phasewise.actuators.commands import StartJob
 from phasewise.actuators.consumer import NOT_STARTING, Actuator, make_backend
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.cgroupfs import CgroupLayout
-from phasewise.models.workload import parse_policy_file
-from phasewise.schemas import Decision, JobEvent, decode, encode
-from phasewise.settings import Settings
-from phasewise.signing import Keyring
-from phasewise.topics import DECISIONS, JOB_EVENTS
-from phasewise.workloads import Workloads
+from phasewise.kit.cgroups.fs import CgroupLayout
+from phasewise.kit.cgroups.workloads import Workloads
+from phasewise.kit.records import Decision, JobEvent, decode, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.signing import Keyring
+from phasewise.kit.topics import DECISIONS, JOB_EVENTS
+from phasewise.models.safety.workload import parse_policy_file
 from tests.actuators.conftest import Recorder, job_backend, job_settings, remove_started_jobs
 from tests.conftest import requires_root
 from tests.job_keys import TRUSTED, write_public
@@ -425,11 +425,11 @@ def test_phasewise_actuate_starts_a_job_as_nobody_announces_it_signed_and_leaves
         settings, tmp_path):
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-    from phasewise.kafka import make_consumer, make_producer
-    from phasewise.partitions import PARTITIONER
-    from phasewise.procs import RoleProcess
-    from phasewise.schemas import Actuation, SchemaError
-    from phasewise.topics import ACTUATIONS
+    from phasewise.kit.kafka.client import make_consumer, make_producer
+    from phasewise.kit.kafka.partitions import PARTITIONER
+    from phasewise.kit.procs import RoleProcess
+    from phasewise.kit.records import Actuation, SchemaError
+    from phasewise.kit.topics import ACTUATIONS
 
     key_file = tmp_path / "cluster.key"
     key_file.write_bytes(os.urandom(48).hex().encode())

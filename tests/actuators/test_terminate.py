@@ -25,9 +25,9 @@ from phasewise.actuators.commands import Terminate
 from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.cgroupfs import CgroupLayout
-from phasewise.schemas import Decision, encode
-from phasewise.settings import Settings
+from phasewise.kit.cgroups.fs import CgroupLayout
+from phasewise.kit.records import Decision, encode
+from phasewise.kit.settings import Settings
 from tests.actuators.conftest import own
 from tests.conftest import requires_root
 

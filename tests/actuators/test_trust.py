@@ -13,10 +13,10 @@ from phasewise.actuators.backends import DryRunBackend
 from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.schemas import Decision, encode
-from phasewise.settings import Settings
-from phasewise.signing import HEADER, Keyring, SigningError, keyring_of
-from phasewise.topics import DECISIONS
+from phasewise.kit.records import Decision, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.signing import HEADER, Keyring, SigningError, keyring_of
+from phasewise.kit.topics import DECISIONS
 from tests.actuators.conftest import own
 
 NOW = time.time()

@@ -11,7 +11,7 @@ contract the live worker and replay rely on:
   on, and where a policy has a JSON state (``to_state`` / ``from_state``) that round-trips too;
 - it tolerates missing resources and readings (absent keys), and answers for what it has seen;
 - where a policy also exists fleet-vectorised (the VPA recommender, the safety rules), both
-  answer the same, number for number (tests/models/test_vpa_fleet.py and test_guard.py hold the
+  answer the same, number for number (tests/models/vpa/test_vpa_fleet.py and test_guard.py hold the
   randomised equality tests; here each pair runs the same real stream once more).
 
 The stream is real: the AI4DL IBM DLaaS sample's containers (CPU cores, working set bytes).
@@ -28,17 +28,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phasewise.models.baselines import window_family
-from phasewise.models.phase_policy import PhasePolicy, ReactiveFallback
+from phasewise.models.phases.limits import PhasePolicy, ReactiveFallback
 from phasewise.models.policy import LimitPolicy
-from phasewise.models.vpa import VpaPolicy
+from phasewise.models.scoring.baselines import window_family
+from phasewise.models.vpa.recommender import VpaPolicy
 
-SAMPLE = Path(__file__).resolve().parents[2] / "phasewise" / "data" / "ai4dl_sample.csv"
+SAMPLE = Path(__file__).resolve().parents[2] / "src" / "phasewise" / "data" / "ai4dl_sample.csv"
 
 
 def real_streams() -> list[list[tuple[float, dict[str, float]]]]:
     """Each AI4DL sample container as (t, usage) steps, in time order."""
-    from phasewise.replay.traces import load_trace
+    from phasewise.apps.replay.traces import load_trace
 
     trace = load_trace(str(SAMPLE), "ai4dl")
     out = []
@@ -171,7 +171,7 @@ def test_missing_resources_and_readings_are_tolerated(name):
 
 
 def test_the_vpa_answers_alike_per_container_and_fleet_vectorised():
-    from phasewise.models.vpa_fleet import VpaFleet
+    from phasewise.models.vpa.fleet import VpaFleet
 
     fleet = VpaFleet(time_scale=0.01)
     rows = fleet.add_rows(len(STREAMS))
@@ -199,7 +199,7 @@ def test_the_vpa_answers_alike_per_container_and_fleet_vectorised():
 
 
 def test_the_safety_rules_answer_alike_row_by_row_and_vectorised_on_the_real_stream():
-    from phasewise.models.guard import GuardConfig, LimitGuard
+    from phasewise.models.safety.guard import GuardConfig, LimitGuard
 
     cfg = GuardConfig(min_history_s=600, cooldown_s=300, peak_window_s=3600)
     many = LimitGuard(cfg)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from phasewise.models.detector import PhaseModel
-from phasewise.models.phase_fleet import PhaseFleet
-from phasewise.models.vpa_updater import process_host_samples
-from phasewise.schemas import ContainerSample, HostSamples
-from phasewise.settings import Settings
+from phasewise.kit.records import ContainerSample, HostSamples
+from phasewise.kit.settings import Settings
+from phasewise.models.phases.detector import PhaseModel
+from phasewise.models.phases.fleet import PhaseFleet
+from phasewise.models.vpa.updater import process_host_samples
 from phasewise.streams.config import state_cache, updater_config
 
 
@@ -75,7 +75,7 @@ def test_a_host_whose_clock_runs_ahead_does_not_expire_the_other_hosts_container
 
     from prometheus_client import CollectorRegistry
 
-    from phasewise.streams.agents import Expiry
+    from phasewise.streams.agents.samples import Expiry
     from phasewise.streams.metrics import WorkerMetrics
     from phasewise.streams.output import CommitBarrier, OutputSender
 

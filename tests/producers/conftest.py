@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.cgroupfs import CgroupLayout
+from phasewise.kit.cgroups.fs import CgroupLayout
 
 PREFIX = "phasewise"
 

@@ -14,14 +14,14 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from phasewise.infra.broker import EmbeddedBroker, free_port
-from phasewise.kafka import ensure_topics, make_consumer
-from phasewise.producers.agent import Agent, Outgoing, Publisher, SampleBuffer
+from phasewise.kit.broker import EmbeddedBroker, free_port
+from phasewise.kit.kafka.client import ensure_topics, make_consumer
+from phasewise.kit.records import HostSamples, decode
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import SAMPLES
+from phasewise.producers.host_agent import Agent, Outgoing, Publisher, SampleBuffer
 from phasewise.producers.metrics import ProducerMetrics
 from phasewise.producers.sampler import HostSampler
-from phasewise.schemas import HostSamples, decode
-from phasewise.settings import Settings
-from phasewise.topics import SAMPLES
 
 # --------------------------------------------------------------------------- buffer and publisher
 

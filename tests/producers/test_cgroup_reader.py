@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from phasewise.cgroupfs import CgroupError
+from phasewise.kit.cgroups.fs import CgroupError
 from phasewise.producers import cgroup_reader as cr
 from phasewise.producers.cgroup_reader import read_container
 

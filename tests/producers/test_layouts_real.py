@@ -25,11 +25,11 @@ from phasewise.actuators.backends import CgroupBackend
 from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.cgroupfs import CgroupLayout
-from phasewise.models.workload import parse_policy_file
-from phasewise.schemas import Decision, encode
-from phasewise.settings import Settings
-from phasewise.workloads import Workloads, read_pods
+from phasewise.kit.cgroups.fs import CgroupLayout
+from phasewise.kit.cgroups.workloads import Workloads, read_pods
+from phasewise.kit.records import Decision, encode
+from phasewise.kit.settings import Settings
+from phasewise.models.safety.workload import parse_policy_file
 from tests.actuators.conftest import Recorder
 from tests.conftest import requires_root
 

@@ -13,9 +13,9 @@ import pytest
 
 from phasewise.actuators.backends import CgroupBackend
 from phasewise.actuators.commands import SetLimits
-from phasewise.cgroupfs import CgroupLayout
+from phasewise.kit.cgroups.fs import CgroupLayout
+from phasewise.kit.cgroups.workloads import Workloads, read_pods
 from phasewise.producers.sampler import HostSampler
-from phasewise.workloads import Workloads, read_pods
 
 PODS = Path(__file__).resolve().parents[1] / "data" / "kubelet_pods.json"
 C1, C3, C4 = "1" * 64, "3" * 64, "4" * 64
@@ -125,10 +125,10 @@ def test_a_container_that_vanishes_is_dropped_and_its_id_no_longer_resolves(tmp_
 def test_the_agent_exports_how_many_workloads_are_in_each_mode_and_refused():
     from prometheus_client import CollectorRegistry
 
-    from phasewise.producers.agent import Agent
+    from phasewise.kit.records import ContainerSample, HostSamples, WorkloadPolicy
+    from phasewise.kit.settings import Settings
+    from phasewise.producers.host_agent import Agent
     from phasewise.producers.metrics import ProducerMetrics
-    from phasewise.schemas import ContainerSample, HostSamples, WorkloadPolicy
-    from phasewise.settings import Settings
 
     modes = [("a", "apply", None), ("b", "recommend", None), ("c", "off", None), ("d", "off", "bad"),
              ("e", "apply", None)]

@@ -11,12 +11,12 @@ import uuid
 
 import pytest
 
-from phasewise.infra.broker import EmbeddedBroker, free_port
-from phasewise.kafka import ensure_topics, make_consumer, make_producer
+from phasewise.kit.broker import EmbeddedBroker, free_port
+from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
+from phasewise.kit.records import DeadLetter, JobControl, JobEvent, decode, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import CONTROL, DEAD_LETTERS, JOB_EVENTS
 from phasewise.producers.progress import ChildControl, ControlHandler, ProgressReporter, parse_line, tail
-from phasewise.schemas import DeadLetter, JobControl, JobEvent, decode, encode
-from phasewise.settings import Settings
-from phasewise.topics import CONTROL, DEAD_LETTERS, JOB_EVENTS
 
 
 class ListSink:

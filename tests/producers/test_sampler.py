@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phasewise.cgroupfs import CgroupError, CgroupLayout
+from phasewise.kit.cgroups.fs import CgroupError, CgroupLayout
+from phasewise.kit.records import HostSamples, decode, encode
 from phasewise.producers.sampler import HostSampler
-from phasewise.schemas import HostSamples, decode, encode
 from tests.conftest import requires_root
 
 

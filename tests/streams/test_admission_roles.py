@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from phasewise.schemas import DeadLetter, Decision, GpuSample, HostSamples, JobEvent, JobRequests, JobSpec, encode
+from phasewise.kit.records import DeadLetter, Decision, GpuSample, HostSamples, JobEvent, JobRequests, JobSpec, encode
 from tests.conftest import private_broker_fixture
 
 broker = private_broker_fixture()  # both roles read the job events from their start
@@ -29,12 +29,12 @@ def _submitted(job: str, ts: float, host: str, *, priority: int = 0, expected_s:
 
 
 def test_the_priority_agent_decides_when_and_the_placement_agent_where(broker, tmp_path):
-    from phasewise.bench.harness import scrape
-    from phasewise.infra.broker import free_port
-    from phasewise.kafka import ensure_topics, make_producer
-    from phasewise.procs import RoleProcess
-    from phasewise.settings import Settings
-    from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, SAMPLES
+    from phasewise.apps.bench.harness import scrape
+    from phasewise.kit.broker import free_port
+    from phasewise.kit.kafka.client import ensure_topics, make_producer
+    from phasewise.kit.procs import RoleProcess
+    from phasewise.kit.settings import Settings
+    from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, SAMPLES
     from tests.test_poison import Reader, records
 
     settings = Settings.from_env({"bootstrap": broker.bootstrap}, env={})

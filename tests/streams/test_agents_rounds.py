@@ -1,7 +1,7 @@
 """How the samples agent groups a batch of messages into steps (``streams.agents.rounds``)."""
 
-from phasewise.schemas import ContainerSample, HostSamples
-from phasewise.streams.agents import Activity, rounds, run_rounds
+from phasewise.kit.records import ContainerSample, HostSamples
+from phasewise.streams.agents.samples import Activity, rounds, run_rounds
 
 
 def m(host: str) -> tuple[str, HostSamples]:

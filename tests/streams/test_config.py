@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from phasewise.models.detector import PhaseModel
-from phasewise.models.phase_updater import PhaseHooks
-from phasewise.settings import Settings
+from phasewise.kit.settings import Settings
+from phasewise.models.phases.detector import PhaseModel
+from phasewise.models.phases.updater import PhaseHooks
 from phasewise.streams.config import detector_config, initial_model, recommender_params, state_cache
-from tests.models.test_phase_updater import warm_model
+from tests.models.phases.test_phase_updater import warm_model
 
 
 def test_phase_features_are_checked_and_pick_the_starting_model():
-    from phasewise.models.detector import FEATURES as MODEL_FEATURES
-    from phasewise.settings import PHASE_FEATURES, SettingsError
+    from phasewise.kit.settings import PHASE_FEATURES, SettingsError
+    from phasewise.models.phases.detector import FEATURES as MODEL_FEATURES
 
     assert PHASE_FEATURES == tuple(MODEL_FEATURES)
     for bad, why in (("cpu,gpu", "must hold cpu,mem"), ("cpu,mem,tpu", "unknown feature"),
@@ -35,8 +35,8 @@ def test_phase_features_are_checked_and_pick_the_starting_model():
 
 
 def test_the_models_and_the_settings_agree_on_the_limited_features():
-    from phasewise.models.detector import LIMITED
-    from phasewise.settings import LIMITED_FEATURES
+    from phasewise.kit.settings import LIMITED_FEATURES
+    from phasewise.models.phases.detector import LIMITED
 
     assert LIMITED == LIMITED_FEATURES
 
@@ -44,7 +44,7 @@ def test_the_models_and_the_settings_agree_on_the_limited_features():
 def test_the_worker_vpa_defaults_are_the_in_process_vpa_defaults():
     """Replay runs the worker with the VPA settings' defaults and scores it against the in-process
     ``VpaPolicy()``: the two must hold the same parameters (the settings' own are written once)."""
-    from phasewise.models.vpa import VpaRecommender
+    from phasewise.models.vpa.recommender import VpaRecommender
 
     params = recommender_params(Settings())
     model = VpaRecommender()

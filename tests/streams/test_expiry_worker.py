@@ -13,9 +13,9 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.kafka import make_consumer, make_producer
-from phasewise.schemas import encode
-from phasewise.topics import SAMPLES
+from phasewise.kit.kafka.client import make_consumer, make_producer
+from phasewise.kit.records import encode
+from phasewise.kit.topics import SAMPLES
 from tests.streams.test_phase_agents import Worker, msg
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

@@ -18,12 +18,12 @@ import uuid
 
 import pytest
 
-from phasewise.models.graph_features import features
-from phasewise.models.horus_catalog import DATASETS
-from phasewise.procs import session_pids
-from phasewise.schemas import DeadLetter, JobEvent, JobSpec, SchemaError, UtilisationPrediction, decode, encode
-from phasewise.settings import Settings
-from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PREDICTIONS
+from phasewise.kit.procs import session_pids
+from phasewise.kit.records import DeadLetter, JobEvent, JobSpec, SchemaError, UtilisationPrediction, decode, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import DEAD_LETTERS, JOB_EVENTS, PREDICTIONS
+from phasewise.models.horus.catalog import DATASETS
+from phasewise.models.horus.graph_features import features
 from tests.conftest import private_broker_fixture
 from tests.streams import hostile_models
 from tests.streams.test_horus_worker import Horus
@@ -100,7 +100,7 @@ def _wait(pred, timeout_s: float, what: str, h: Horus) -> None:
 
 
 def _send(s: Settings, records: list[tuple[str, bytes]]) -> None:
-    from phasewise.kafka import make_producer
+    from phasewise.kit.kafka.client import make_producer
 
     p = make_producer(s, **{"message.max.bytes": 1_048_588})
     for job, v in records:  # one partition: in this order

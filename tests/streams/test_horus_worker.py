@@ -14,11 +14,11 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.bench.harness import scrape
-from phasewise.infra.broker import free_port
-from phasewise.kafka import ensure_topics, make_consumer, make_producer
-from phasewise.procs import RoleProcess
-from phasewise.schemas import (
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import (
     ContainerSample,
     DeadLetter,
     HostSamples,
@@ -30,8 +30,8 @@ from phasewise.schemas import (
     decode,
     encode,
 )
-from phasewise.settings import Settings
-from phasewise.topics import DEAD_LETTERS, JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import DEAD_LETTERS, JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -196,7 +196,7 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
 
 
 def test_with_a_cluster_key_predictions_are_signed_and_only_a_signed_started_event_is_taken(broker, tmp_path):
-    from phasewise.signing import Keyring
+    from phasewise.kit.signing import Keyring
 
     s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
     ensure_topics(s)

@@ -12,13 +12,13 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.bench.harness import scrape
-from phasewise.infra.broker import free_port
-from phasewise.kafka import ensure_topics, make_consumer, make_producer
-from phasewise.procs import RoleProcess
-from phasewise.schemas import ContainerSample, DeadLetter, Decision, HostSamples, SchemaError, decode, encode
-from phasewise.settings import Settings
-from phasewise.topics import DEAD_LETTERS, DECISIONS, SAMPLES
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import ContainerSample, DeadLetter, Decision, HostSamples, SchemaError, decode, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, SAMPLES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

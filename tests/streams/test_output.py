@@ -18,15 +18,15 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from phasewise.bench.harness import scrape
-from phasewise.infra.broker import free_port
-from phasewise.kafka import make_consumer, make_producer
-from phasewise.procs import RoleProcess
-from phasewise.schemas import ContainerSample, Decision, HostSamples, SchemaError, decode, encode
-from phasewise.settings import Settings
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import make_consumer, make_producer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import ContainerSample, Decision, HostSamples, SchemaError, decode, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import DECISIONS, SAMPLES
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, DeliveryFailed, OutputSender, attach
-from phasewise.topics import DECISIONS, SAMPLES
 
 
 class FakeMsg:
@@ -115,7 +115,7 @@ def test_a_failed_delivery_is_counted_and_every_later_flush_refuses():
 
 
 def test_after_an_agent_died_no_commit_passes_the_barrier_and_ready_stays_0():
-    from phasewise.streams.agents import fail_worker_on_agent_error
+    from phasewise.streams.agents.samples import fail_worker_on_agent_error
     from phasewise.streams.output import WorkerFailed
 
     p = FakeProducer()

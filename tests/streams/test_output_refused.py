@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from prometheus_client import CollectorRegistry
 
-from phasewise.settings import Settings
+from phasewise.kit.settings import Settings
 from phasewise.streams.job_inputs import Input, dead_letterer, refused_output
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, DeliveryFailed, OutputSender, record_refusal
@@ -123,7 +123,7 @@ def test_record_refusal_names_only_errors_about_the_record():
 def test_the_input_of_a_refused_output_is_a_dead_letter_and_its_state_change_goes_with_the_same_commit():
     """The barrier takes again what the handlers changed (here: a job forgotten), in the commit that
     delivered their dead letters; a handler's dead letter names the input and why."""
-    from phasewise.schemas import DeadLetter, decode
+    from phasewise.kit.records import DeadLetter, decode
 
     log: list = []
     p = BrokerRefuses(limit=700)  # (the dead letter, ~400 bytes, fits)

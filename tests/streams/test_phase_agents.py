@@ -9,12 +9,11 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.bench.harness import scrape
-from phasewise.infra.broker import free_port
-from phasewise.kafka import make_consumer, make_producer
-from phasewise.models.snapshots import model_name, model_of
-from phasewise.procs import RoleProcess
-from phasewise.schemas import (
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import make_consumer, make_producer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import (
     Decision,
     ModelSnapshot,
     PhaseChange,
@@ -22,9 +21,10 @@ from phasewise.schemas import (
     decode,
     encode,
 )
-from phasewise.settings import Settings
-from phasewise.topics import DECISIONS, MODELS, PHASES, SAMPLES
-from tests.models.test_phase_updater import msg, regime
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import DECISIONS, MODELS, PHASES, SAMPLES
+from phasewise.models.phases.snapshots import model_name, model_of
+from tests.models.phases.test_phase_updater import msg, regime
 
 NAME = model_name()
 
@@ -160,7 +160,7 @@ def test_a_phase_worker_publishes_snapshots_and_phase_changes_and_a_restart_resu
 def test_a_vpa_worker_with_phase_workloads_decides_each_container_with_its_workloads_policy(settings, tmp_path):
     """``--policy vpa --phase-workloads``: the VPA stays the default, and a workload annotated
     ``phasewise.io/policy: phase`` is decided by the phase machinery the worker now runs."""
-    from phasewise.schemas import WorkloadPolicy
+    from phasewise.kit.records import WorkloadPolicy
 
     w = Worker(settings, tmp_path, f"pwtest-mixed-{uuid.uuid4().hex[:6]}")
     w.args = ["--policy", "vpa", "--phase-workloads", *w.args[2:]]

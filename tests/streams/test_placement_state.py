@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from phasewise.job_signing import START_FIELDS, sign_event, spec_of
-from phasewise.schemas import (
+from phasewise.kit.job_signing import START_FIELDS, sign_event, spec_of
+from phasewise.kit.records import (
     GpuSample,
     HostSamples,
     Interval,
@@ -14,8 +14,8 @@ from phasewise.schemas import (
     JobSpec,
     UtilisationPrediction,
 )
-from phasewise.settings import Settings
-from phasewise.streams.placement_agents import PlacementState
+from phasewise.kit.settings import Settings
+from phasewise.streams.agents.placement import PlacementState
 from tests.job_keys import KEY, TRUSTED
 
 GIB = 1 << 30
@@ -253,7 +253,7 @@ def test_after_admission_a_stale_stopped_hint_frees_nothing_and_each_placement_c
 
 
 def test_with_trusted_submitters_a_job_no_trusted_submitter_signed_books_nothing(tmp_path):
-    from phasewise.streams.placement_agents import NotTrusted
+    from phasewise.streams.agents.placement import NotTrusted
     from tests.job_keys import STRANGER, write_public
 
     write_public(tmp_path / "alice.pub", KEY)

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from phasewise.kafka import ensure_topics, make_producer
-from phasewise.schemas import (
+from phasewise.kit.kafka.client import ensure_topics, make_producer
+from phasewise.kit.records import (
     DeadLetter,
     Decision,
     GpuSample,
@@ -24,8 +24,8 @@ from phasewise.schemas import (
     decode,
     encode,
 )
-from phasewise.settings import Settings
-from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
 from tests.conftest import private_broker_fixture
 from tests.streams.test_horus_worker import read_all
 
@@ -36,7 +36,7 @@ GIB = 1 << 30
 
 
 def health_answers_of(base: str, role: str) -> None:
-    """A job worker's phasewise.observe endpoints once it is ready: live, ready, its build_info."""
+    """A job worker's phasewise.kit.observe endpoints once it is ready: live, ready, its build_info."""
     import urllib.request
 
     for path in ("/healthz", "/readyz"):
@@ -47,9 +47,9 @@ def health_answers_of(base: str, role: str) -> None:
 
 
 def test_place_decisions_between_hostile_records(broker, tmp_path):
-    from phasewise.bench.harness import scrape
-    from phasewise.infra.broker import free_port
-    from phasewise.procs import RoleProcess
+    from phasewise.apps.bench.harness import scrape
+    from phasewise.kit.broker import free_port
+    from phasewise.kit.procs import RoleProcess
 
     s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
     ensure_topics(s)
@@ -131,9 +131,9 @@ def test_beyond_place_max_waiting_jobs_the_job_of_lowest_rank_is_dead_lettered_n
     """A real place worker whose waiting jobs are capped at 2: of four jobs that cannot be placed, the two of
     lowest rank (priority, then submission) are refused on the dead-letter topic with the reason; the
     others wait, and the first placed when room comes is the one of highest priority."""
-    from phasewise.bench.harness import scrape
-    from phasewise.infra.broker import free_port
-    from phasewise.procs import RoleProcess
+    from phasewise.apps.bench.harness import scrape
+    from phasewise.kit.broker import free_port
+    from phasewise.kit.procs import RoleProcess
 
     s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
     ensure_topics(s)

@@ -9,9 +9,8 @@ import uuid
 
 import pytest
 
-from phasewise.job_signing import START_FIELDS, sign_event, spec_of
-from phasewise.models.priorities import Capacity, PriorityConfig
-from phasewise.schemas import (
+from phasewise.kit.job_signing import START_FIELDS, sign_event, spec_of
+from phasewise.kit.records import (
     Decision,
     JobControl,
     JobEvent,
@@ -21,9 +20,10 @@ from phasewise.schemas import (
     encode,
     to_dict,
 )
-from phasewise.signing import Keyring
-from phasewise.streams.priority_agents import PriorityStep, Refused
-from phasewise.topics import JOB_EVENTS
+from phasewise.kit.signing import Keyring
+from phasewise.kit.topics import JOB_EVENTS
+from phasewise.models.jobs.priorities import Capacity, PriorityConfig
+from phasewise.streams.agents.priorities import PriorityStep, Refused
 from tests.conftest import private_broker_fixture
 from tests.job_keys import KEY, TRUSTED
 from tests.test_poison import poison
@@ -291,18 +291,18 @@ def test_with_the_placement_agent_as_launcher_starts_and_restarts_are_admitted_h
 @pytest.mark.broker
 @pytest.mark.slow
 def test_a_real_worker_with_priorities_decides_every_valid_event_and_dead_letters_every_poison(broker, tmp_path):
-    from phasewise.kafka import ensure_topics, make_producer
-    from phasewise.procs import RoleProcess
-    from phasewise.settings import Settings
-    from phasewise.topics import CONTROL, DEAD_LETTERS, DECISIONS, JOB_EVENTS
+    from phasewise.kit.kafka.client import ensure_topics, make_producer
+    from phasewise.kit.procs import RoleProcess
+    from phasewise.kit.settings import Settings
+    from phasewise.kit.topics import CONTROL, DEAD_LETTERS, DECISIONS, JOB_EVENTS
     from tests.test_poison import Reader, Sent, dead_letters, records, wait
 
     settings = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
     ensure_topics(settings)
     tag = uuid.uuid4().hex[:6]
     host = f"prio-{tag}"
-    from phasewise.bench.harness import scrape
-    from phasewise.infra.broker import free_port
+    from phasewise.apps.bench.harness import scrape
+    from phasewise.kit.broker import free_port
 
     port = free_port()
     env = {"PHASEWISE_BOOTSTRAP": broker.bootstrap, "PHASEWISE_LOG_LEVEL": "info",
@@ -364,12 +364,12 @@ def test_a_restarted_worker_resumes_the_job_its_predecessor_preempted(broker, tm
     import os
     import signal
 
-    from phasewise.bench.harness import scrape
-    from phasewise.infra.broker import free_port
-    from phasewise.kafka import ensure_topics, make_producer
-    from phasewise.procs import RoleProcess
-    from phasewise.settings import Settings
-    from phasewise.topics import DECISIONS, JOB_EVENTS
+    from phasewise.apps.bench.harness import scrape
+    from phasewise.kit.broker import free_port
+    from phasewise.kit.kafka.client import ensure_topics, make_producer
+    from phasewise.kit.procs import RoleProcess
+    from phasewise.kit.settings import Settings
+    from phasewise.kit.topics import DECISIONS, JOB_EVENTS
     from tests.test_poison import Reader, records, wait
 
     settings = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
@@ -456,8 +456,8 @@ def test_the_records_are_json():  # the fixtures' own sanity: valid events parse
 
 
 def test_job_events_stamped_far_ahead_or_behind_are_refused_and_change_nothing():
-    from phasewise.models.intake import EventClock, IntakeConfig
-    from phasewise.streams.priority_agents import EventTimeRefused
+    from phasewise.models.safety.intake import EventClock, IntakeConfig
+    from phasewise.streams.agents.priorities import EventTimeRefused
 
     s = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB, 1), "n1",
                      clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1000.0)
@@ -471,7 +471,7 @@ def test_job_events_stamped_far_ahead_or_behind_are_refused_and_change_nothing()
 
 
 def test_with_trusted_submitters_a_stranger_s_job_books_nothing_and_preempts_nobody():
-    from phasewise.streams.priority_agents import SignatureRefused
+    from phasewise.streams.agents.priorities import SignatureRefused
     from tests.job_keys import STRANGER
 
     s = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB, 1), "n1",

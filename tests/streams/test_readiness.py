@@ -17,13 +17,13 @@ import uuid
 
 import pytest
 
-from phasewise.infra.broker import EmbeddedBroker, free_port
-from phasewise.kafka import ensure_topics, make_producer
-from phasewise.procs import RoleProcess
-from phasewise.schemas import ContainerSample, HostSamples, encode
-from phasewise.settings import Settings
+from phasewise.kit.broker import EmbeddedBroker, free_port
+from phasewise.kit.kafka.client import ensure_topics, make_producer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import ContainerSample, HostSamples, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import SAMPLES
 from phasewise.streams.worker import ReadyGuard
-from phasewise.topics import SAMPLES
 
 # --------------------------------------------------------------------------- the guard, no broker
 

@@ -19,11 +19,11 @@ import uuid
 
 import pytest
 
-from phasewise.bench.harness import scrape
-from phasewise.infra.broker import free_port
-from phasewise.kafka import ensure_topics, make_producer
-from phasewise.procs import RoleProcess
-from phasewise.schemas import (
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import ensure_topics, make_producer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import (
     DeadLetter,
     Decision,
     GpuSample,
@@ -33,8 +33,8 @@ from phasewise.schemas import (
     JobSpec,
     encode,
 )
-from phasewise.settings import Settings
-from phasewise.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, SAMPLES
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, SAMPLES
 from tests.conftest import private_broker_fixture
 from tests.test_poison import Reader, records, wait
 

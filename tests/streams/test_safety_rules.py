@@ -1,15 +1,15 @@
 """The safety rules in a real ``phasewise worker`` (both policies), on the session broker.
 
 The rules themselves, in the worker's step under both policies, are checked in
-a simulated closed loop by tests/models/test_safety_rules.py.
+a simulated closed loop by tests/models/safety/test_safety_rules.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from phasewise.schemas import ContainerSample, Decision, HostSamples
-from phasewise.settings import Settings
+from phasewise.kit.records import ContainerSample, Decision, HostSamples
+from phasewise.kit.settings import Settings
 
 MIB = 2**20
 
@@ -23,12 +23,12 @@ def test_a_real_worker_bounds_its_decisions_by_the_rules_and_counts_them(broker,
     import time
     import uuid
 
-    from phasewise.bench.harness import scrape
-    from phasewise.infra.broker import free_port
-    from phasewise.kafka import ensure_topics, make_consumer, make_producer
-    from phasewise.procs import RoleProcess
-    from phasewise.schemas import SchemaError, decode, encode
-    from phasewise.topics import DECISIONS, SAMPLES
+    from phasewise.apps.bench.harness import scrape
+    from phasewise.kit.broker import free_port
+    from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
+    from phasewise.kit.procs import RoleProcess
+    from phasewise.kit.records import SchemaError, decode, encode
+    from phasewise.kit.topics import DECISIONS, SAMPLES
 
     s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
     ensure_topics(s)

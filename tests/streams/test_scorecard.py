@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from phasewise.models.scorecard import ScorecardConfig
-from phasewise.models.vpa_updater import worker_round
-from phasewise.schemas import ContainerSample, HostSamples
-from phasewise.settings import Settings
+from phasewise.kit.records import ContainerSample, HostSamples
+from phasewise.kit.settings import Settings
+from phasewise.models.scoring.scorecard import ScorecardConfig
+from phasewise.models.vpa.updater import worker_round
 from phasewise.streams import explain
 from phasewise.streams.config import state_cache, updater_config
 from phasewise.streams.scorecard import LiveScorecard
@@ -74,7 +74,7 @@ class _Serve:
     """The scorecard view on phasewise's own metrics server, as ``phasewise worker`` serves it."""
 
     def __init__(self, sc: LiveScorecard) -> None:
-        from phasewise.observe import Health, serve
+        from phasewise.kit.observe import Health, serve
 
         self.server = serve(CollectorRegistry(), 0, Health(),
                             views={"/scorecard/": lambda q: sc.view(q.get("container"))})
@@ -139,7 +139,7 @@ def test_scrapes_within_every_s_reuse_the_last_scoring():
 
 
 def test_explain_shows_identity_and_mode_and_off_is_not_scored(capsys):
-    from phasewise.schemas import ContainerIdentity, WorkloadPolicy
+    from phasewise.kit.records import ContainerIdentity, WorkloadPolicy
 
     cid = "3f1c2a9e8b7d6c5f4e3d2c1b0a99887766554433221100ffeeddccbbaa998877"
     who = ContainerIdentity(layout="kubepods-systemd", container_id=cid, pod_namespace="ml", pod_name="trainer-0",
@@ -162,8 +162,8 @@ def test_explain_shows_identity_and_mode_and_off_is_not_scored(capsys):
 
 def test_explain_shows_the_phase_with_the_phase_policy():
     """--policy phase: the view carries the detector's phase, its source per resource and the VPA's numbers."""
-    from phasewise.replay.kafka import _InProcessPhase, replay_settings_env, trace_messages
-    from phasewise.replay.traces import ContainerSeries, Trace
+    from phasewise.apps.replay.through_kafka import _InProcessPhase, replay_settings_env, trace_messages
+    from phasewise.apps.replay.traces import ContainerSeries, Trace
 
     t = 5.0 * np.arange(120) + 1.0
     trace = Trace("synthetic", "-", {"cpu": "cores", "mem": "bytes"}, [ContainerSeries(

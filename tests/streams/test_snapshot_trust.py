@@ -8,13 +8,13 @@ import struct
 import tracemalloc
 import zlib
 
-from phasewise.models.detector import PhaseModel
-from phasewise.models.snapshots import model_name, snapshot_of
-from phasewise.schemas import ModelSnapshot, encode
-from phasewise.settings import Settings
-from phasewise.signing import Keyring
+from phasewise.kit.records import ModelSnapshot, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.signing import Keyring
+from phasewise.kit.topics import MODELS
+from phasewise.models.phases.detector import PhaseModel
+from phasewise.models.phases.snapshots import model_name, snapshot_of
 from phasewise.streams.follower import SnapshotFollower
-from phasewise.topics import MODELS
 
 MODEL = PhaseModel(features=("cpu", "mem"), n_hid=4, n_his=1, warmup=8)
 NAME = model_name(MODEL.features)

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from phasewise.schemas import Decision, JobControl, JobEvent, JobSpec, JobTargets, decode, encode
-from phasewise.settings import Settings
-from phasewise.streams.targets_agent import TargetsHandler, fleet_from_settings
-from phasewise.topics import CONTROL, DECISIONS
+from phasewise.kit.records import Decision, JobControl, JobEvent, JobSpec, JobTargets, decode, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import CONTROL, DECISIONS
+from phasewise.streams.agents.targets import TargetsHandler, fleet_from_settings
 
 
 def make(**env):
@@ -186,7 +186,7 @@ def test_metric_targets_with_max_direction():
 @pytest.mark.parametrize("env, why", [({"targets_patience": 0}, "targets_patience"),
                                       ({"targets_shrink": 1.5}, "targets_shrink")])
 def test_bad_settings_are_one_line_errors(env, why):
-    from phasewise.settings import SettingsError
+    from phasewise.kit.settings import SettingsError
 
     with pytest.raises(SettingsError, match=why):
         Settings.from_env(env, env={})
@@ -201,8 +201,8 @@ def test_the_worker_with_targets_through_the_broker(settings, tmp_path):
     import time
     import uuid
 
-    from phasewise.kafka import make_consumer, make_producer
-    from phasewise.topics import DEAD_LETTERS, JOB_EVENTS
+    from phasewise.kit.kafka.client import make_consumer, make_producer
+    from phasewise.kit.topics import DEAD_LETTERS, JOB_EVENTS
 
     env = {**os.environ, "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_TARGETS_ENABLED": "true",
            "PHASEWISE_TARGETS_PATIENCE": "1", "PHASEWISE_TARGETS_EWMA_ALPHA": "1", "PHASEWISE_TARGETS_GRACE_S": "1"}
@@ -250,7 +250,7 @@ def test_the_worker_with_targets_through_the_broker(settings, tmp_path):
 
 
 def test_a_progress_event_stamped_far_ahead_is_a_dead_letter_and_pins_nothing():
-    from phasewise.models.intake import EventClock, IntakeConfig
+    from phasewise.models.safety.intake import EventClock, IntakeConfig
 
     settings = Settings.from_env({"host": "h1", "targets_patience": 1, "targets_ewma_alpha": 1.0}, env={})
     sent, dead = [], []
@@ -272,7 +272,7 @@ def test_a_progress_event_stamped_far_ahead_is_a_dead_letter_and_pins_nothing():
 def test_kinds_it_does_not_act_on_are_skipped_never_dead_lettered():
     """The priority agent's hints (stamped by another job's event) and new priorities: neither a dead letter
     nor the job's newest time, however they are stamped."""
-    from phasewise.models.intake import EventClock, IntakeConfig
+    from phasewise.models.safety.intake import EventClock, IntakeConfig
 
     settings = Settings.from_env({"host": "h1", "targets_patience": 1, "targets_ewma_alpha": 1.0}, env={})
     sent, dead = [], []
@@ -291,8 +291,8 @@ def test_kinds_it_does_not_act_on_are_skipped_never_dead_lettered():
 
 
 def test_a_submitted_container_is_ignored_and_a_started_one_taken_only_when_signed_with_the_cluster_key():
-    from phasewise.signing import Keyring
-    from phasewise.topics import JOB_EVENTS
+    from phasewise.kit.signing import Keyring
+    from phasewise.kit.topics import JOB_EVENTS
 
     ring = Keyring(b"c" * 40)
     settings = Settings.from_env({"host": "h1", "targets_patience": 1, "targets_ewma_alpha": 1.0}, env={})

@@ -20,7 +20,16 @@ import uuid
 
 import pytest
 
-from phasewise.schemas import ContainerSample, Decision, HostSamples, JobControl, JobEvent, JobSpec, JobTargets, encode
+from phasewise.kit.records import (
+    ContainerSample,
+    Decision,
+    HostSamples,
+    JobControl,
+    JobEvent,
+    JobSpec,
+    JobTargets,
+    encode,
+)
 from tests.conftest import private_broker_fixture
 
 broker = private_broker_fixture()  # the agent reads the job events from the start: other tests' jobs would count
@@ -48,7 +57,7 @@ def samples(host: str, ts: float, use: dict[str, float]) -> bytes:
 
 
 def start(settings, tmp_path, worker_id: str, port: int, log: str, **env):
-    from phasewise.procs import RoleProcess
+    from phasewise.kit.procs import RoleProcess
 
     env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_LOG_LEVEL": "info",
            "PHASEWISE_TARGETS_PATIENCE": "1", "PHASEWISE_TARGETS_EWMA_ALPHA": "1", **env}
@@ -58,7 +67,7 @@ def start(settings, tmp_path, worker_id: str, port: int, log: str, **env):
 
 
 def ready(port: int) -> bool:
-    from phasewise.bench.harness import scrape
+    from phasewise.apps.bench.harness import scrape
 
     try:
         return scrape(f"http://127.0.0.1:{port}/metrics").get("phasewise_worker_ready") == 1.0
@@ -68,10 +77,10 @@ def ready(port: int) -> bool:
 
 @pytest.fixture
 def kit(broker, tmp_path):
-    from phasewise.infra.broker import free_port
-    from phasewise.kafka import ensure_topics, make_producer
-    from phasewise.settings import Settings
-    from phasewise.topics import CONTROL, DEAD_LETTERS, DECISIONS
+    from phasewise.kit.broker import free_port
+    from phasewise.kit.kafka.client import ensure_topics, make_producer
+    from phasewise.kit.settings import Settings
+    from phasewise.kit.topics import CONTROL, DEAD_LETTERS, DECISIONS
     from tests.test_poison import Reader
 
     settings = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
@@ -83,7 +92,7 @@ def kit(broker, tmp_path):
 
 
 def test_the_share_rule_from_the_samples_topic(kit, tmp_path):
-    from phasewise.topics import CONTROL, DEAD_LETTERS, DECISIONS, JOB_EVENTS, SAMPLES
+    from phasewise.kit.topics import CONTROL, DEAD_LETTERS, DECISIONS, JOB_EVENTS, SAMPLES
     from tests.test_poison import dead_letters, poison, records, wait
 
     POISON = poison({"v": 1, "job": "p", "ts": 1.0, "kind": "progress", "step": 1, "loss": 0.5}, "ts",
@@ -141,7 +150,7 @@ def test_the_share_rule_from_the_samples_topic(kit, tmp_path):
 
 
 def test_a_worker_killed_mid_job_goes_on_from_its_state_table(kit, tmp_path):
-    from phasewise.topics import CONTROL, DEAD_LETTERS, DECISIONS, JOB_EVENTS
+    from phasewise.kit.topics import CONTROL, DEAD_LETTERS, DECISIONS, JOB_EVENTS
     from tests.test_poison import Reader, dead_letters, records, wait
 
     settings, readers, p, free_port = kit

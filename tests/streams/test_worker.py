@@ -14,11 +14,11 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from phasewise.bench.harness import scrape
-from phasewise.infra.broker import free_port
-from phasewise.kafka import ensure_topics, make_consumer, make_producer
-from phasewise.procs import RoleProcess
-from phasewise.schemas import (
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import (
     ContainerSample,
     DeadLetter,
     Decision,
@@ -27,8 +27,8 @@ from phasewise.schemas import (
     decode,
     encode,
 )
-from phasewise.settings import Settings
-from phasewise.topics import DEAD_LETTERS, DECISIONS, SAMPLES
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, SAMPLES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -227,7 +227,7 @@ def test_a_workload_asking_for_a_policy_the_worker_does_not_run_is_refused_visib
     """A --policy vpa worker without --phase-workloads: the container whose workload asks for the phase
     policy gets no decision (not a VPA one in its place), the metric counts it, explain says why; its
     neighbour in the same message is decided as usual."""
-    from phasewise.schemas import WorkloadPolicy
+    from phasewise.kit.records import WorkloadPolicy
     from phasewise.streams.explain import fetch
 
     host = f"h-{uuid.uuid4().hex[:6]}"

@@ -1,0 +1,128 @@
+"""Worker memory under a flood of new containers: resident bytes per container, and the cap holding.
+
+``phasewise bench flood [--containers N] [--per-message K] [--ticks T] [--beyond M] [--json]``
+starts an embedded broker and a real ``phasewise worker`` whose per-worker
+container limit is *N* (``intake_max_containers_per_worker``), then:
+
+1. sends *T* ticks of *N* containers (hosts of *K* containers, event times in
+   the past; one VPA recommendation per second of event time, so most
+   containers get a decision and a table write) and waits until every sample
+   is processed: the worker's resident memory over its idle start-up
+   resident memory, divided by *N*, is ``rss_bytes_per_container``;
+2. sends *M* more containers under new names (new hosts, sent once), which
+   the cap must refuse or make room for: ``rss_growth_beyond_cap_bytes`` is
+   what the worker's resident memory grew meanwhile, ``containers_refused``
+   and ``containers_evicted`` what it counted. With ``--ticks 1`` the
+   admitted containers were seen once too, so each new one evicts one of
+   them (the eviction path: rows reused, table entries deleted); with more
+   ticks they are established and the new ones are refused.
+
+Resident memory is the process's VmRSS: it includes the Python allocator's
+free lists and Faust's table (the changelog's values are held in memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from phasewise.apps.bench.harness import bench_hosts, host_message, produce_messages, rss_bytes, scrape, wait_until
+from phasewise.kit.broker import EmbeddedBroker, free_port
+from phasewise.kit.kafka.client import ensure_topics, make_producer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import SAMPLES
+
+__all__ = ["add_arguments", "run"]
+
+SAMPLES_COUNTER = "phasewise_worker_container_samples_total"
+REFUSED = "phasewise_worker_containers_refused_total"
+EVICTED = "phasewise_worker_containers_evicted_total"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--containers", type=int, default=100_000, help="containers admitted (= the worker's cap)")
+    p.add_argument("--per-message", type=int, default=1000, help="containers per host message")
+    p.add_argument("--ticks", type=int, default=3, help="samples per container")
+    p.add_argument("--beyond", type=int, default=50_000, help="new containers sent once the cap is reached")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(a: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="phasewise-flood-"))
+    with EmbeddedBroker(log_path=work / "broker.log") as broker:
+        s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+        ensure_topics(s)
+        port = free_port()
+        env = {"PHASEWISE_BOOTSTRAP": broker.bootstrap, "PHASEWISE_DATA_DIR": str(work / "worker"),
+               "PHASEWISE_METRICS_PORT": str(port), "PHASEWISE_WEB_PORT": "0",
+               "PHASEWISE_RECOMMEND_INTERVAL_S": "1", "PHASEWISE_VPA_TIME_SCALE": "0.001",
+               "PHASEWISE_INTAKE_MAX_CONTAINERS_PER_WORKER": str(a.containers),
+               "PHASEWISE_INTAKE_MAX_CONTAINERS_PER_MESSAGE": str(max(a.per_message, 1))}
+        worker = RoleProcess("worker", [], env=env, log_path=work / "worker.log").start()
+        url = f"http://127.0.0.1:{port}/metrics"
+        try:
+            def metric(name: str) -> float:
+                try:
+                    return scrape(url).get(name, 0.0)
+                except OSError:
+                    return -1.0
+
+            def ready() -> bool:
+                if not worker.alive():
+                    raise RuntimeError("worker exited:\n" + worker.log_tail())
+                return metric("phasewise_worker_ready") >= 1.0
+
+            wait_until(ready, 120, 0.2, "the worker to be ready")
+            time.sleep(2.0)
+            rss0 = rss_bytes(worker.pid)
+            producer = make_producer(s, **{"linger.ms": 20})
+            hosts = bench_hosts(a.containers, a.per_message, "flood")
+            t_base = time.time() - a.ticks - 120
+            t0 = time.perf_counter()
+
+            def ticks():
+                for k in range(a.ticks):
+                    for host, cs in hosts:
+                        yield host.encode(), host_message(host, t_base + k, cs, [0.5] * len(cs),
+                                                          [3e8 + 1e6 * (k % 2)] * len(cs), cpu_limit=2.0,
+                                                          mem_limit=4e9)
+            produce_messages(producer, SAMPLES.name, ticks())
+            producer.flush(60)
+            wait_until(lambda: metric(SAMPLES_COUNTER) >= a.containers * a.ticks, 1800, 0.5, "the flood")
+            seconds = time.perf_counter() - t0
+            time.sleep(2.0)
+            rss1 = rss_bytes(worker.pid)
+            refused0 = sum(metric(f'{REFUSED}{{limit="{k}"}}') for k in ("message", "host", "worker"))
+            evicted0 = sum(metric(f'{EVICTED}{{limit="{k}"}}') for k in ("host", "worker"))
+            extra = bench_hosts(a.beyond, a.per_message, "beyond")
+            produce_messages(producer, SAMPLES.name, (
+                (h.encode(), host_message(h, t_base + a.ticks, cs, [0.5] * len(cs), [3e8] * len(cs)))
+                for h, cs in extra))
+            producer.flush(60)
+
+            def refused() -> float:
+                return sum(metric(f'{REFUSED}{{limit="{k}"}}') for k in ("message", "host", "worker")) - refused0
+
+            def evicted() -> float:
+                return sum(metric(f'{EVICTED}{{limit="{k}"}}') for k in ("host", "worker")) - evicted0
+            wait_until(lambda: refused() + evicted() >= a.beyond, 600, 0.5, "the refusals and evictions")
+            time.sleep(2.0)
+            rss2 = rss_bytes(worker.pid)
+            out = {"containers": a.containers, "per_message": a.per_message, "ticks": a.ticks,
+                   "seconds": round(seconds, 1), "rss_idle_bytes": rss0, "rss_bytes": rss1,
+                   "rss_bytes_per_container": round((rss1 - rss0) / a.containers),
+                   "containers_held": metric("phasewise_worker_containers"),
+                   "beyond": a.beyond, "containers_refused": refused(), "containers_evicted": evicted(),
+                   "rss_growth_beyond_cap_bytes": rss2 - rss1}
+        finally:
+            worker.stop()
+    if a.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k}: {v}")
+    return 0

@@ -1,0 +1,198 @@
+"""Pieces the benchmarks share: message floods, scrapes (role subprocesses: :mod:`phasewise.kit.procs`).
+
+Benchmarks run the real roles as the operator would (``phasewise worker``
+etc. as subprocesses against a broker), so the figures include Kafka, Faust
+and JSON costs, not just the model maths.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from phasewise.kit.records import ContainerSample, HostSamples, encode
+
+__all__ = ["BacklogWindow", "bench_hosts", "square_wave_gpu", "square_wave_usage", "host_message", "scrape",
+           "rss_bytes", "cpu_seconds", "produce_messages", "drain_backlog"]
+
+#: the worker's container-sample counter the throughput benchmarks read
+SAMPLES_COUNTER = "phasewise_worker_container_samples_total"
+#: the worker's time in the flushes before offset commits
+FLUSH_COUNTER = "phasewise_worker_commit_flush_seconds_total"
+
+
+def bench_hosts(n: int, per_host: int, prefix: str) -> list[tuple[str, list[str]]]:
+    """*n* containers split into hosts of *per_host*: ``[(host, [container, ...]), ...]``."""
+    out = []
+    for i in range(math.ceil(n / per_host)):
+        k = min(per_host, n - i * per_host)
+        out.append((f"{prefix}-h{i:03d}", [f"c{i:03d}-{j:04d}" for j in range(k)]))
+    return out
+
+
+def square_wave_usage(n: int, t: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cpu cores, memory bytes) at tick *t*: per container a square wave between two levels."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.2, 1.0, n)
+    period = rng.integers(8, 20, n)
+    high = ((t // period) % 2).astype(float)
+    return base * (1.0 + 1.5 * high), (base * 4e8) * (1.0 + 0.8 * high)
+
+
+def square_wave_gpu(n: int, t: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU util percent, GPU memory bytes) following :func:`square_wave_usage`'s waves (same seed)."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.2, 1.0, n)
+    period = rng.integers(8, 20, n)
+    high = ((t // period) % 2).astype(float)
+    return 5.0 + 90.0 * base * high, (base * 8e9) * (1.0 + 1.0 * high)
+
+
+def host_message(host: str, ts: float, containers: list[str], cpu: list[float], mem: list[float],
+                 cpu_limit: float | None = None, mem_limit: float | None = None,
+                 gpu: list[float] | None = None, gpu_mem: list[float] | None = None) -> bytes:
+    n = len(containers)
+    gpu_, gpu_mem_ = gpu or [None] * n, gpu_mem or [None] * n
+    return encode(HostSamples(
+        host=host, ts=ts, interval_s=1.0,
+        containers=tuple(
+            ContainerSample(container=c, cpu_cores=u, mem_bytes=m, cpu_limit_cores=cpu_limit,
+                            mem_limit_bytes=mem_limit, nr_periods=10, gpu_util=g, gpu_mem_bytes=gm)
+            for c, u, m, g, gm in zip(containers, cpu, mem, gpu_, gpu_mem_)
+        ),
+    ))
+
+
+def produce_messages(producer, topic: str, items: Iterable[tuple[bytes, bytes]]) -> int:
+    n = 0
+    for key, value in items:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        n += 1
+        if n % 1000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return n
+
+
+def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
+    """Prometheus text exposition -> {sample name with labels: value}."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process *pid*, all its threads (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class BacklogWindow:
+    """What a worker did between 10 % and 90 % of a backlog (see :func:`drain_backlog`)."""
+
+    samples: float  #: container samples processed
+    seconds: float  #: wall time
+    cpu_s: float  #: the worker's CPU seconds, all threads
+    flush_s: float  #: the worker's pre-commit flush seconds
+
+    @property
+    def cpu_us_per_sample(self) -> float:
+        return self.cpu_s / max(1.0, self.samples) * 1e6
+
+
+def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], ticks: int, metrics_url: str,
+                  pid: int, gpu: bool = False) -> BacklogWindow:
+    """Flood *ticks* ticks of every host's message onto *topic* and time worker *pid* draining them.
+
+    One message per host per tick (:func:`square_wave_usage` seeded by the
+    host's index, limits 2 cores / 4 GB, event times in the past). The window
+    runs from 10 % to 90 % of the backlog by the worker's
+    ``phasewise_worker_container_samples_total`` (scraped from *metrics_url*);
+    returns once the whole backlog is processed. The counters are scraped every
+    100 ms (each scrape costs the worker ~2 ms of CPU; at 20 ms they took ~10 %
+    of it), so a backlog that drains in less than that has no window.
+    *gpu*: the samples also carry GPU use (:func:`square_wave_gpu`).
+    """
+    def counter(name: str = SAMPLES_COUNTER) -> float:
+        return scrape(metrics_url).get(name, 0.0)
+
+    t_base = time.time() - ticks - 60
+    start = counter()
+
+    def flood():
+        for k in range(ticks):
+            for i, (host, cs) in enumerate(hosts):
+                cpu, mem = square_wave_usage(len(cs), k, i)
+                g, gm = square_wave_gpu(len(cs), k, i) if gpu else (None, None)
+                yield host.encode(), host_message(host, t_base + k, cs, cpu.tolist(), mem.tolist(),
+                                                  cpu_limit=2.0, mem_limit=4e9,
+                                                  gpu=None if g is None else g.tolist(),
+                                                  gpu_mem=None if gm is None else gm.tolist())
+
+    produce_messages(producer, topic, flood())
+    expected = start + sum(len(cs) for _, cs in hosts) * ticks
+    lo, hi = start + 0.1 * (expected - start), start + 0.9 * (expected - start)
+    wait_until(lambda: counter() >= lo, 600, 0.1, "10% of the backlog")
+    c_lo, t_lo, cpu_lo, fl_lo = counter(), time.perf_counter(), cpu_seconds(pid), counter(FLUSH_COUNTER)
+    wait_until(lambda: counter() >= hi, 600, 0.1, "90% of the backlog")
+    c_hi, t_hi, cpu_hi, fl_hi = counter(), time.perf_counter(), cpu_seconds(pid), counter(FLUSH_COUNTER)
+    wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
+    return BacklogWindow(c_hi - c_lo, t_hi - t_lo, cpu_hi - cpu_lo, fl_hi - fl_lo)
+
+
+def dumps(obj: dict) -> str:
+    return json.dumps(obj, sort_keys=False)
+
+
+def wait_until(pred, timeout_s: float, interval_s: float = 0.1, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def safety_env(on: bool, scale: float = 1 / 30) -> dict[str, str]:
+    """The worker's safety-rule settings for a bench: on, with the rules' windows scaled by *scale* to the
+    bench's minutes of backlog (the live 900 s of history, 300 s cooldown and 3600 s peak window become
+    30 s, 10 s and 120 s: longer than the square waves' periods, so the rules work as live, on a run the
+    length of a bench), or off (``--safety off``: what they cost)."""
+    from phasewise.kit.settings import SPECS
+
+    if not on:
+        return {"PHASEWISE_SAFETY_RULES": "false"}
+    out = {"PHASEWISE_SAFETY_RULES": "true"}
+    for k in ("safety_min_history_s", "safety_cooldown_s", "safety_peak_window_s"):
+        out[SPECS[k].env] = repr(SPECS[k].default * scale)
+    return out

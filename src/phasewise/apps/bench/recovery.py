@@ -1,0 +1,182 @@
+"""Recovery after SIGKILL: a real worker killed several times, its decisions against an unkilled run's.
+
+``phasewise bench recovery [--kills K] [--runs R] [--state-write-interval S] [--json]``
+starts, R times, an embedded broker and a real ``phasewise worker``
+(``--policy vpa``) fed 240 ticks of 4 hosts x 6 containers (square-wave usage,
+~16 ticks/s, as host agents keep sending while the worker dies), SIGKILLed K
+times mid-stream and restarted each time; once every sample is processed and
+committed, the distinct decisions it published are compared with the same
+decision logic run in process over the same messages (no kill). Per run:
+``reference`` (decisions of the unkilled run), ``missing`` (reference
+decisions never published), ``extra`` (published decisions the unkilled run
+did not make), ``repeated`` (decisions published more than once: expected
+after a kill, applied once by the actuators' ledgers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from phasewise.apps.bench.harness import scrape, wait_until
+from phasewise.kit.broker import EmbeddedBroker, free_port
+from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import ContainerSample, Decision, HostSamples, SchemaError, decode, encode
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import DECISIONS, SAMPLES
+from phasewise.models.vpa.updater import process_host_samples
+from phasewise.streams.config import state_cache, updater_config
+
+__all__ = ["add_arguments", "messages", "reference", "run", "run_once"]
+
+HOSTS, CONTAINERS, TICKS = 4, 6, 240
+
+
+def worker_env(state_write_interval_s: float) -> dict[str, str]:
+    return {"PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",
+            "PHASEWISE_SAFETY_RULES": "false", "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
+            "PHASEWISE_STATE_WRITE_INTERVAL_S": str(state_write_interval_s), "PHASEWISE_HYSTERESIS": "0.05"}
+
+
+def messages(run: str, t0: float) -> list[HostSamples]:
+    """TICKS ticks of HOSTS hosts from *t0*: usage in square waves, so limits move and decisions keep coming."""
+    rng = np.random.default_rng(7)
+    base = rng.uniform(0.2, 1.0, (HOSTS, CONTAINERS))
+    period = rng.integers(6, 30, (HOSTS, CONTAINERS))
+    out = []
+    for t in range(TICKS):
+        for h in range(HOSTS):
+            high = (t // period[h]) % 2
+            out.append(HostSamples(host=f"{run}-h{h}", ts=t0 + t, interval_s=1.0, containers=tuple(
+                ContainerSample(container=f"c{c}", cpu_cores=float(base[h, c] * (1 + 2 * high[c])),
+                                mem_bytes=float(3e8 * base[h, c] * (1 + high[c])), cpu_limit_cores=4.0,
+                                mem_limit_bytes=8e9, nr_periods=10) for c in range(CONTAINERS))))
+    return out
+
+
+def reference(msgs: list[HostSamples], env: dict[str, str]) -> dict[str, Decision]:
+    """The decisions of the same logic in process, no kill (by id)."""
+    s = Settings.from_env(env=env)
+    cache, cfg = state_cache(s), updater_config(s)
+    return {d.id: d for m in msgs for d in process_host_samples(cache, m, cfg)}
+
+
+def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: float) -> dict:
+    s = Settings.from_env({"bootstrap": bootstrap}, env={})
+    run = f"kill-{uuid.uuid4().hex[:6]}"
+    env0 = worker_env(state_write_interval_s)
+    msgs = messages(run, time.time() - TICKS - 120)
+    want = reference(msgs, env0)
+    port = free_port()
+    worker_id = f"recovery-{uuid.uuid4().hex[:6]}"
+    env = {**env0, "PHASEWISE_BOOTSTRAP": bootstrap, "PHASEWISE_WEB_PORT": "0", "PHASEWISE_METRICS_PORT": str(port),
+           "PHASEWISE_DATA_DIR": str(work / run), "PHASEWISE_WORKER_ID": worker_id}
+    log_path = work / f"{run}-worker.log"
+
+    def start() -> RoleProcess:
+        w = RoleProcess("worker", [], env=env, log_path=log_path, append=True).start()
+
+        def ready() -> bool:
+            if not w.alive():
+                raise RuntimeError("worker exited:\n" + w.log_tail())
+            try:
+                return scrape(f"http://127.0.0.1:{port}/metrics").get("phasewise_worker_ready") == 1.0
+            except OSError:
+                return False
+        wait_until(ready, 90, 0.1, "the worker to be ready")
+        return w
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    reader = make_consumer(s, f"recovery-reader-{uuid.uuid4().hex[:6]}")
+    reader.assign([TopicPartition(DECISIONS.name, p, OFFSET_BEGINNING) for p in range(DECISIONS.partitions)])
+    got: list[str] = []
+
+    def read(for_s: float) -> None:
+        deadline = time.monotonic() + for_s
+        while time.monotonic() < deadline:
+            m = reader.poll(0.1)
+            if m is None or m.error():
+                continue
+            try:
+                d = decode(Decision, m.value())
+            except SchemaError:
+                continue
+            if d.host.startswith(run):
+                got.append(d.id)
+
+    p = make_producer(s)
+    done = threading.Event()
+
+    def produce() -> None:
+        for i, m in enumerate(msgs):
+            p.produce(SAMPLES.name, key=m.host.encode(), value=encode(m))
+            if i % HOSTS == HOSTS - 1:
+                p.poll(0)
+                time.sleep(0.06)
+        p.flush(30)
+        done.set()
+
+    worker = start()
+    threading.Thread(target=produce, daemon=True).start()
+    try:
+        for k in range(kills):
+            read(2.0 + k)
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.proc.wait(10)
+            worker.stop()
+            worker = start()
+        done.wait(120)
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": worker_id})
+        try:
+            parts = [TopicPartition(SAMPLES.name, q) for q in range(SAMPLES.partitions)]
+            deadline = time.monotonic() + 120
+            while True:
+                read(1.0)
+                committed = {tp.partition: tp.offset for tp in c.committed(parts, timeout=10)}
+                ends = {q: c.get_watermark_offsets(TopicPartition(SAMPLES.name, q), timeout=10)[1]
+                        for q in range(SAMPLES.partitions)}
+                if all(committed[q] == ends[q] or ends[q] == 0 for q in ends):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"samples not all committed: {committed} of {ends}")
+        finally:
+            c.close()
+        read(2.0)
+    finally:
+        worker.stop()
+        reader.close()
+    seen = set(got)
+    return {"reference": len(want), "published": len(seen), "missing": len(set(want) - seen),
+            "extra": len(seen - set(want)), "repeated": len(got) - len(seen), "kills": kills}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kills", type=int, default=3, help="SIGKILLs per run")
+    p.add_argument("--runs", type=int, default=3, help="runs, each with a fresh worker group")
+    p.add_argument("--state-write-interval", type=float, default=0.0,
+                   help="the worker's state_write_interval_s (0: every touched container at every commit)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(a: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="phasewise-recovery-"))
+    runs = []
+    for i in range(a.runs):  # a broker per run: a run's worker reads no earlier run's samples
+        with EmbeddedBroker(log_path=work / f"broker-{i}.log") as broker:
+            ensure_topics(Settings.from_env({"bootstrap": broker.bootstrap}, env={}))
+            runs.append(run_once(broker.bootstrap, work, a.kills, a.state_write_interval))
+    out = {"state_write_interval_s": a.state_write_interval, "runs": runs,
+           "exact_runs": sum(1 for r in runs if not r["missing"] and not r["extra"])}
+    print(json.dumps(out) if a.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
+    return 0

@@ -1,0 +1,111 @@
+"""A small real training job that honours checkpoint-and-exit, for the priorities experiment.
+
+``python -m phasewise.apps.experiment.trainer NAME --checkpoint-dir D [--seconds S]``
+trains an MLP regressor (64 -> 256 -> 256 -> 8, AdamW) on a fixed synthetic
+task (targets from a random two-layer network, seeded) on one CPU thread.
+It prints ``job=NAME phase=train step=N loss=L`` about every 0.2 s and:
+
+- on **SIGUSR1** (how the experiment delivers a ``checkpoint_exit``
+  :class:`~phasewise.kit.records.JobControl` to a local job) finishes the current
+  step, saves model, optimiser and step to the checkpoint folder (written to a
+  temporary file, fsynced, renamed), prints ``phase=exit step=N`` and exits 0;
+- on **SIGTERM** stops after the current step without a checkpoint;
+- at start resumes from the checkpoint when there is one
+  (``phase=resume step=N``), so a job stopped by checkpoint-and-exit loses
+  no completed step;
+- with ``--hold``, once loaded prints ``phase=ready`` and trains only after a
+  line on stdin (a job whose process is warm before it "arrives").
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main", "parse_line"]
+
+
+def parse_line(line: str) -> dict[str, str]:
+    """``key=value`` fields of a progress line."""
+    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m phasewise.apps.experiment.trainer")
+    p.add_argument("name")
+    p.add_argument("--checkpoint-dir", type=Path, required=True)
+    p.add_argument("--seconds", type=float, default=0.0, help="training time, 0 = until stopped")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hold", action="store_true",
+                   help="after loading, print phase=ready and wait for a line on stdin before training")
+    a = p.parse_args(argv)
+
+    flags = {"checkpoint": False, "stop": False}
+    signal.signal(signal.SIGUSR1, lambda *_: flags.__setitem__("checkpoint", True))
+    signal.signal(signal.SIGTERM, lambda *_: flags.__setitem__("stop", True))
+
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(a.seed)
+    teacher = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+    x_all = torch.randn(4096, 64)
+    with torch.no_grad():
+        y_all = teacher(x_all)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ckpt = a.checkpoint_dir / f"{a.name}.pt"
+    a.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    step = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+        print(f"job={a.name} phase=resume step={step}", flush=True)
+    else:
+        print(f"job={a.name} phase=start step=0", flush=True)
+    gen = torch.Generator().manual_seed(a.seed + step)
+    if a.hold:
+        print(f"job={a.name} phase=ready step={step}", flush=True)
+        sys.stdin.readline()
+    t0 = time.monotonic()
+    last_print = 0.0
+    loss = float("nan")
+    while not flags["stop"] and not (a.seconds and time.monotonic() - t0 >= a.seconds):
+        if flags["checkpoint"]:
+            buf = io.BytesIO()
+            torch.save({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()}, buf)
+            tmp = ckpt.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                f.write(buf.getbuffer())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, ckpt)
+            print(f"job={a.name} phase=exit step={step}", flush=True)
+            os._exit(0)  # the checkpoint is durable: no interpreter teardown (seconds of torch unloading)
+        idx = torch.randint(0, x_all.shape[0], (64,), generator=gen)
+        out = model(x_all[idx])
+        lo = torch.nn.functional.mse_loss(out, y_all[idx])
+        opt.zero_grad(set_to_none=True)
+        lo.backward()
+        opt.step()
+        step += 1
+        loss = float(lo.detach())
+        now = time.monotonic()
+        if now - last_print >= 0.2:
+            print(f"job={a.name} phase=train step={step} loss={loss:.5f}", flush=True)
+            last_print = now
+    print(f"job={a.name} phase=done step={step} loss={loss:.5f}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

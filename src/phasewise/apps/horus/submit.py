@@ -1,0 +1,194 @@
+"""``phasewise submit JOB.json|yaml``: publish a job-submitted event on ``phasewise.job-events.v1``.
+
+The file holds one job: ``job`` (id; made from the model's name when absent),
+``workload``, ``priority`` and the spec, either under ``spec`` or at the top
+level (``model``, ``dataset``, ``batch_size``, ``amp``, ``requests``,
+``targets``, ``command``, ``node_selector``). A bad spec (one that a
+consumer's decoder would refuse: an unknown field, a value out of its bounds,
+a command over 256 arguments or 16 KiB, a whole event over 64 KiB) is one line
+on stderr and exit status 2; nothing is published. A ``module:function`` model
+that this host's ``horus_model_modules`` does not list is published with a
+note: horus predicts it only where the operator allows its module. YAML is
+read when PyYAML is installed.
+
+With a submitter key (``--key``, ``job_submitter_key_file``; made by
+``phasewise keys submitter PATH``) the event is signed
+(:mod:`phasewise.kit.job_signing`): an actuator starts a job's command only when
+a submitter it trusts signed it. Without one the event is published unsigned,
+and a warning says so: the job is placed and predicted, never started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from phasewise.kit.command import add_common, add_setting, settings_from_args
+from phasewise.kit.records import JobEvent, JobSpec, SchemaError, encode_within, from_dict
+from phasewise.models.horus.catalog import (
+    DATASETS,
+    MODELS,
+    canonical_dataset,
+    canonical_model,
+    entry_point_refusal,
+    is_entry_point,
+    parse_module_list,
+)
+
+_TOP = {"job", "workload", "priority", "spec"}
+_SPEC = {f for f in JobSpec.__dataclass_fields__}
+
+
+class SpecError(ValueError):
+    """A job file that is not a valid job; ``str(e)`` is the one-line reason."""
+
+
+def read_file(path: Path) -> Any:
+    """The JSON (or, with PyYAML installed, YAML) value in *path*."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"{path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not UTF-8 text") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise SpecError(f"{path}: reading YAML needs PyYAML (pip install pyyaml); "
+                            "or write the job as JSON") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        except RecursionError:
+            raise SpecError(f"{path}: not valid YAML: nested too deeply") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{path}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: not valid JSON: arrays or objects nested too deeply to parse") from None
+
+
+def check_names(spec: JobSpec) -> None:
+    """Refuse a model or dataset name that is neither in the catalog nor a ``module:function``."""
+    if canonical_model(spec.model) is None and not is_entry_point(spec.model):
+        raise SpecError(f"spec.model: unknown model {spec.model!r}: neither a catalog name "
+                        f"({', '.join(MODELS)}) nor module:function")
+    if canonical_dataset(spec.dataset) is None:
+        raise SpecError(f"spec.dataset: unknown dataset {spec.dataset!r} (known: {', '.join(DATASETS)})")
+
+
+def job_event(data: Any, *, job: str | None = None, ts: float | None = None) -> JobEvent:
+    """The ``submitted`` event of a job file's value; :class:`SpecError` says what is wrong."""
+    if type(data) is not dict:
+        raise SpecError(f"expected an object (the job), got {type(data).__name__}")
+    unknown = sorted(set(data) - _TOP - _SPEC)
+    if unknown:
+        raise SpecError(f"unknown field {unknown[0]!r} (a job has {', '.join(sorted(_TOP | _SPEC))})")
+    if "spec" in data:
+        inline = sorted(set(data) & _SPEC)
+        if inline:
+            raise SpecError(f"field {inline[0]!r} is given both at the top level and under 'spec'")
+        spec = data["spec"]
+    else:
+        spec = {k: v for k, v in data.items() if k in _SPEC}
+    if type(spec) is not dict:
+        raise SpecError("spec: expected an object")
+    name = job or data.get("job")
+    if name is None:
+        model = str(spec.get("model", "job")).rpartition(":")[2]
+        name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in model)[:40] + f"-{os.urandom(4).hex()}"
+    event = {"v": JobEvent.VERSION, "job": name, "ts": time.time() if ts is None else ts, "kind": "submitted",
+             "spec": spec, **{k: data[k] for k in ("workload", "priority") if k in data}}
+    try:
+        rec = from_dict(JobEvent, event)
+        encode_within(rec)  # (the whole event too: what a consumer refuses is not published)
+    except SchemaError as e:
+        raise SpecError(str(e).removeprefix("JobEvent: ")) from None
+    check_names(rec.spec)
+    return rec
+
+
+def model_note(spec: JobSpec, model_modules: str) -> str | None:
+    """A note when *spec*'s model is a ``module:function`` that a horus with *model_modules* does not build."""
+    if canonical_model(spec.model) is not None or not is_entry_point(spec.model):
+        return None
+    why = entry_point_refusal(spec.model, parse_module_list(model_modules))
+    if why is None:
+        return None
+    return (f"model {spec.model} is predicted only by a horus whose horus_model_modules lists its module "
+            f"(here: {why.split(';')[0]}); without a prediction it is placed by its requests")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    add_setting(p, "job_submitter_key_file")
+    p.add_argument("file", metavar="JOB", help="the job as JSON (or YAML with PyYAML installed)")
+    p.add_argument("--job", help="job id (default: the file's 'job', else the model's name and a random suffix)")
+    p.add_argument("--dry-run", action="store_true", help="check and print the event; publish nothing")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="give up when the broker has not confirmed within this long (default 30)")
+
+
+def run(args: argparse.Namespace) -> int:
+    prog = "phasewise submit"
+    try:
+        event = job_event(read_file(Path(args.file)), job=args.job)
+    except SpecError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    s = settings_from_args(args)
+    note = model_note(event.spec, s.horus.model_modules)
+    if note is not None:
+        print(f"{prog}: note: {note}", file=sys.stderr)
+    if s.jobs.submitter_key_file:
+        from phasewise.kit.job_signing import JobSigningError, key_id, load_private_key, sign_event
+
+        try:
+            key = load_private_key(s.jobs.submitter_key_file)
+        except JobSigningError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
+        event = sign_event(key, event)
+        signed = f"signed by submitter key {key_id(key.public_key())}"
+    else:
+        signed = "unsigned"
+        what = ("it can be placed and predicted, but no actuator starts its command" if event.spec.command
+                else "it can be placed and predicted")
+        print(f"{prog}: warning: job {event.job} is published unsigned (no --key, job_submitter_key_file empty): "
+              f"{what}", file=sys.stderr)
+    try:
+        value = encode_within(event)  # (signed: the signature's few hundred bytes count too)
+    except SchemaError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(value.decode())
+        return 0
+    from phasewise.kit.kafka.client import BrokerUnavailable, make_producer, wait_for_broker
+    from phasewise.kit.topics import JOB_EVENTS
+
+    try:
+        wait_for_broker(s, timeout_s=args.timeout)
+    except BrokerUnavailable as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    errors: list[str] = []
+    producer = make_producer(s)
+    producer.produce(JOB_EVENTS.name, key=event.job.encode(), value=value,
+                     on_delivery=lambda err, _msg: err and errors.append(err.str()))
+    left = producer.flush(args.timeout)
+    if left or errors:
+        print(f"{prog}: job {event.job} not confirmed by the broker: {errors[0] if errors else 'timed out'}",
+              file=sys.stderr)
+        return 1
+    print(f"submitted {event.job} ({event.spec.model} on {event.spec.dataset}, batch {event.spec.batch_size}) "
+          f"to {JOB_EVENTS.name}, {signed}")
+    return 0

@@ -1,0 +1,162 @@
+"""``phasewise simulate PODS.csv --format openb --nodes NODES.csv``: placement policies on a real pod list.
+
+Prints one line per policy, or with ``--json``
+``{"results": [{"policy", "gpu_alloc_ratio", "fragmented_gpus", "unplaced_pods", "mean_queue_delay_s"}]}``;
+``--report DIR`` writes plots and a summary. The measures are defined in
+:mod:`phasewise.apps.simulate.engine` and docs/placement.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import TextIO
+
+from phasewise.apps.simulate.engine import MODES, simulate, speed_up
+from phasewise.apps.simulate.openb import TraceError, load_nodes, load_pods
+from phasewise.apps.simulate.utilisation import load_util_cdf, with_utilisation
+from phasewise.models.jobs.placement import POLICIES, PlacementConfig
+
+FORMATS = ("openb",)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pods", metavar="PODS.csv", help="pod list (openb: openb_pod_list_*.csv)")
+    p.add_argument("--format", choices=FORMATS, default="openb", help="pod and node list format (default openb)")
+    p.add_argument("--nodes", metavar="NODES.csv", required=True, help="node list (openb: openb_node_list_*.csv)")
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help=f"comma-separated placement policies among {', '.join(POLICIES)} (default all)")
+    p.add_argument("--mode", choices=MODES, default="timed",
+                   help="timed: the trace's clock, pods wait in a queue and leave; fill: the FGD paper's "
+                        "experiment, pods arrive in order and never leave (default timed)")
+    p.add_argument("--speed-up", type=float, default=1.0,
+                   help="timed mode: arrivals this many times closer together, durations unchanged (default 1)")
+    p.add_argument("--isolate-inference", action="store_true",
+                   help="never put inference and training pods on one node")
+    p.add_argument("--horus-frag-weight", type=float, default=PlacementConfig.horus_frag_weight, metavar="W",
+                   help="horus: weight of FGD's fragmentation growth (GPUs) against Horus's over-capacity term; "
+                        f"0 = Horus's cost alone (default {PlacementConfig.horus_frag_weight:g})")
+    p.add_argument("--util-cdf", metavar="CSV:CLUSTER",
+                   help="give every GPU pod a utilisation drawn from a cluster's measured GPU utilisation CDF "
+                        "(acmetrace-util-cdfs/util_cdfs.csv:Philly) and measure overloaded GPUs")
+    p.add_argument("--util-seed", type=int, default=0, help="seed of the utilisation draw (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--report", metavar="DIR", help="write plots (allocation, fragmentation) and summary.md here")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="policies simulated in parallel processes (default: one per policy, at most the CPUs)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+class Progress:
+    """A progress bar on stderr: redrawn in place on a terminal, a line per 25 % otherwise."""
+
+    def __init__(self, label: str, total: int, stream: TextIO | None):
+        self.label, self.total, self.stream = label, max(total, 1), stream
+        self.tty = bool(stream and stream.isatty())
+        self._shown = -1
+
+    def __call__(self, done: int) -> None:
+        if self.stream is None:
+            return
+        pct = int(100 * done / self.total)
+        if self.tty:
+            fill = pct * 30 // 100
+            self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (30 - fill)}] {done}/{self.total} pods")
+            if done >= self.total:
+                self.stream.write("\n")
+        elif pct // 25 > self._shown:
+            self._shown = pct // 25
+            self.stream.write(f"{self.label}: {done}/{self.total} pods ({pct}%)\n")
+        self.stream.flush()
+
+
+_done = None  # in a pool worker: the shared count of pods simulated
+
+
+def _init(counter) -> None:
+    global _done
+    _done = counter
+
+
+def _one(task):
+    name, pods, nodes, mode, config = task
+    last = [0]
+
+    def bump(n: int) -> None:
+        with _done.get_lock():
+            _done.value += n - last[0]
+        last[0] = n
+    return simulate(pods, nodes, name, mode, config, progress=bump)
+
+
+def _parallel(names, pods, nodes, mode, config, jobs, stream):
+    """The policies in *jobs* processes (fork); one bar over all of them. Results in *names* order."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("q", 0)
+    bar = Progress(",".join(names), len(pods) * len(names), stream)
+    with ctx.Pool(jobs, initializer=_init, initargs=(counter,)) as pool:
+        pending = pool.map_async(_one, [(n, pods, nodes, mode, config) for n in names])
+        while not pending.ready():
+            pending.wait(0.2)
+            bar(min(counter.value, bar.total))
+        results = pending.get()
+    bar(bar.total)
+    return results
+
+
+def run(args: argparse.Namespace) -> int:
+    prog = "phasewise simulate"
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    bad = [n for n in names if n not in POLICIES]
+    if bad or not names:
+        print(f"{prog}: error: --policies: unknown {', '.join(bad) or '(none given)'} "
+              f"(choose among {', '.join(POLICIES)})", file=sys.stderr)
+        return 2
+    if not args.speed_up > 0:
+        print(f"{prog}: error: --speed-up: must be > 0", file=sys.stderr)
+        return 2
+    if not (args.horus_frag_weight >= 0 and math.isfinite(args.horus_frag_weight)):
+        print(f"{prog}: error: --horus-frag-weight: must be a number >= 0", file=sys.stderr)
+        return 2
+    try:
+        pods = load_pods(args.pods)
+        nodes = load_nodes(args.nodes)
+        if args.util_cdf:
+            pods = with_utilisation(pods, load_util_cdf(args.util_cdf), args.util_seed)
+    except TraceError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    if args.speed_up != 1.0:
+        pods = speed_up(pods, args.speed_up)
+    config = PlacementConfig(isolate_inference=args.isolate_inference, horus_frag_weight=args.horus_frag_weight)
+    t0 = time.perf_counter()
+    jobs = args.jobs if args.jobs > 0 else min(len(names), os.cpu_count() or 1)
+    stream = None if args.quiet else sys.stderr
+    if jobs <= 1 or len(names) == 1:
+        results = []
+        for name in names:
+            results.append(simulate(pods, nodes, name, args.mode, config,
+                                    progress=Progress(name, len(pods), stream)))
+    else:
+        results = _parallel(names, pods, nodes, args.mode, config, jobs, stream)
+    wall = time.perf_counter() - t0
+    if args.report:
+        from phasewise.apps.simulate.report import write_report
+
+        write_report(args.report, results, args=args, pods=pods, nodes=nodes, wall_s=wall)
+    if args.json:
+        print(json.dumps({"results": [r.public() for r in results]}))
+    else:
+        for r in results:
+            over = (f", overloaded {r.overloaded_gpus:.1f} GPUs ({r.excess_util_gpus:.1f} GPUs above 100 %)"
+                    if r.overloaded_gpus is not None else "")
+            print(f"{r.policy:>10}: GPU allocated {r.gpu_alloc_ratio:.2%}, fragmented {r.fragmented_gpus:.1f} GPUs, "
+                  f"unplaced {r.unplaced_pods}/{r.pods} pods, mean queue delay {r.mean_queue_delay_s:.1f} s"
+                  f"{over} ({r.wall_s:.1f} s)")
+    return 0

@@ -1,0 +1,72 @@
+"""What every role's command shares: its settings as flags, its one Settings, a stop on SIGINT/SIGTERM.
+
+The CLI (:mod:`phasewise.cli`) builds one subcommand per role from these; a
+role's ``add_arguments`` and ``run`` call them (docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+
+def add_setting(p: argparse.ArgumentParser, name: str, *, help: str | None = None,
+                flag: str | None = None) -> argparse.Action:
+    """The flag of setting *name*: its parse, check, choices and help come from its declaration.
+
+    The help ends with the environment variable and the default.
+    """
+    from phasewise.kit.settings import SPECS, arg_type, default_text
+
+    spec = SPECS[name]
+    flag = flag or spec.flag or "--" + name.replace("_", "-")
+    text = f"{help or spec.help} (env {spec.env}; default {default_text(name)})".replace("%", "%%")
+    if spec.kind == "bool":
+        return p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=text)
+    if spec.choices is not None:
+        return p.add_argument(flag, dest=name, choices=spec.choices, help=text)
+    return p.add_argument(flag, dest=name, type=arg_type(spec.parse, spec.validate, name=spec.kind), help=text)
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """Flags every Kafka-facing role takes; each also reads PHASEWISE_<NAME>."""
+    add_setting(p, "bootstrap")
+    add_setting(p, "host")
+    add_setting(p, "log_level")
+
+
+def settings_from_args(args: argparse.Namespace, **extra: Any):
+    """The process's one Settings: defaults < environment < flags."""
+    from phasewise.kit.settings import SPECS, Settings
+
+    overrides = {k: v for k, v in vars(args).items() if k in SPECS}
+    overrides.update(extra)
+    return Settings.from_env(overrides)
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[list[int]]:
+    """While inside: SIGINT and SIGTERM set *stop* (and are listed in the yielded list).
+
+    The handler only records: logging from a signal handler can deadlock. The
+    previous handlers come back on exit. Outside the main thread: no handlers.
+    """
+    received: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        stop.set()
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, handler)
+    try:
+        yield received
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)

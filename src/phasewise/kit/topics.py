@@ -1,0 +1,53 @@
+"""Topic names, keys and partition counts: the contract with subscribers.
+
+Names carry a format version (``.v1``); a breaking change to a record gets a
+new topic rather than surprising old consumers. Partition counts are the
+defaults used when phasewise creates topics; on a real cluster an operator
+may pre-create them with more partitions (keys keep per-host order either way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Topic", "TOPICS", "topic_names"]
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    key: str
+    partitions: int
+    compacted: bool = False
+    doc: str = ""
+
+
+SAMPLES = Topic("phasewise.samples.v1", "host", 8, doc="HostSamples, one per host per tick")
+JOB_EVENTS = Topic("phasewise.job-events.v1", "job", 8, doc="JobEvent")
+PHASES = Topic("phasewise.phases.v1", "container", 8, doc="PhaseChange")
+PREDICTIONS = Topic("phasewise.predictions.v1", "job", 4, doc="UtilisationPrediction")
+DECISIONS = Topic("phasewise.decisions.v1", "host", 8, doc="Decision, in order per host")
+ACTUATIONS = Topic("phasewise.actuations.v1", "host", 8, doc="Actuation results, audit")
+MODELS = Topic("phasewise.models.v1", "model name", 1, compacted=True, doc="ModelSnapshot")
+CONTROL = Topic("phasewise.control.v1", "job", 8, doc="JobControl: checkpoint_exit, pause, resume to a job")
+DEAD_LETTERS = Topic("phasewise.deadletters.v1", "source key", 4, doc="DeadLetter")
+#: internal (not in :data:`TOPICS`; ``phasewise worker --policy phase`` creates it with exactly one
+#: partition, one owner): sampled detector windows for the phase learner (:mod:`phasewise.kit.records.learn_batches`)
+LEARN_WINDOWS = Topic("phasewise.learn-windows.v1", "model name", 1,
+                      doc="internal: sampled detector windows for the phase learner")
+
+TOPICS: tuple[Topic, ...] = (
+    SAMPLES,
+    JOB_EVENTS,
+    PHASES,
+    PREDICTIONS,
+    DECISIONS,
+    ACTUATIONS,
+    MODELS,
+    CONTROL,
+    DEAD_LETTERS,
+)
+
+
+def topic_names() -> list[str]:
+    return [t.name for t in TOPICS]

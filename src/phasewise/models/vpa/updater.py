@@ -1,0 +1,756 @@
+"""The VPA updater: samples in, VPA limit decisions out (the worker's step, pure).
+
+:func:`process_host_samples` is what the samples agent runs for every
+``HostSamples`` message (and what benchmarks and tests call directly), with
+the updater's rule in an :class:`UpdaterConfig`:
+
+1. each container of the message (key ``host/container``) gets its row of
+   the :class:`StateCache`'s :class:`~phasewise.models.vpa.fleet.VpaFleet`
+   (memory first; on a miss, the loader, i.e. the worker's changelogged table,
+   e.g. after a restart or a rebalance), which observes the sample (all the
+   message's containers at once, equal to
+   :meth:`~phasewise.models.vpa.recommender.VpaPolicy.observe` per container): CPU
+   cores, memory working set, OOM kills, the share of CFS periods throttled,
+   the throttled time per second of the message's interval and the limits in
+   force when the sample reports them
+   (what a throttled CPU sample is raised above, and the base of an OOM's
+   bumped peak, where the VPA takes the request; every CPU sample weighs the
+   same, as in the VPA; for an unlimited resource the policy's own last limit
+   stands in, as in replay);
+2. every ``recommend_interval_s`` of event time per container (the first after
+   one interval of history; ``0``: after every sample, the first included) it
+   asks for its limits (``VpaPolicy.limits(ts)``, vectorised) and emits a
+   ``Decision`` (action ``limit``, policy ``vpa``) for each resource whose
+   limit moved by more than ``hysteresis`` relative to the last decided limit,
+   or, before any decision, the limit the sample reports (an unlimited resource
+   always gets one): :func:`moved`. In ``bounds`` update mode it acts only on
+   a limit outside the recommender's confidence bounds (:func:`outside`), as
+   the VPA updater does. With the safety rules on (the cache's
+   :class:`~phasewise.models.safety.guard.LimitGuard`) they bound what is handed out.
+   Limits are rounded and decisions built by :mod:`phasewise.models.decisions`
+   (CPU up to a millicore, memory up to a byte); ``details["limits"]`` keeps
+   the policy's unrounded limits;
+3. the same step marks the container's state dirty, so the caller persists it,
+   when it emitted a decision or when ``state_write_interval_s`` of event time
+   passed since the last write, checked at every sample (a container's first
+   write comes with its first decision or one write interval after it
+   appears; 0: at every sample, so the caller writes every touched container
+   at its next commit): table writes are expensive (each changelog record is
+   its own produce request here). The caller notes which source message each
+   container learned last (:meth:`StateCache.learned`, stored as ``"so"``)
+   and, after a restart, drops samples a stored state already holds
+   (:meth:`StateCache.unlearned`).
+
+This is the code path ``phasewise replay`` runs in-process: the fleet is
+``VpaPolicy`` for many containers, number for number (tests/models/
+test_vpa_fleet.py), asked ``limits`` and shown ``observe`` in the same way
+(replay asks ``limits(t)`` before ``observe(t)``; a decision here at ``ts``
+follows ``observe(ts)``, so it is the limit replay uses from the next step).
+
+:func:`process_many` does the same for a batch of messages at once (the
+same decisions; the fixed cost of the vectorised steps is shared, so a batch
+of ~10 messages costs about half as much per sample as one message).
+
+Decision ids are a hash of policy, host, container, limits and event time
+(:func:`~phasewise.models.decisions.decision_id`): replaying the same samples
+yields the same ids, and actuators apply each id once.
+
+The table format is the per-container code's (:meth:`ContainerEntry.to_state`:
+``{"v": 1, "vpa": VpaRecommender.to_state(), "pl": last limits, "dc", "dm",
+"nx"}``), so a worker upgraded in place recovers its old changelog.
+
+Nothing here does IO; time comes from the samples' event times. The worker
+builds the configuration from its settings (:mod:`phasewise.streams.config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from phasewise.kit.records import ContainerSample, Decision, HostSamples
+from phasewise.models.arrays import all_true, count_true, nan_to_none
+from phasewise.models.decisions import PHASE_POLICY, VPA_POLICY, VpaEvidence, round_limits, vpa_decision
+from phasewise.models.safety.guard import GuardConfig, LimitGuard
+from phasewise.models.safety.workload import step_columns
+from phasewise.models.vpa.fleet import VpaFleet
+from phasewise.models.vpa.recommender import VpaPolicy, VpaRecommender, VpaStateError
+
+__all__ = [
+    "ENTRY_VERSION",
+    "POLICY",
+    "UPDATE_MODES",
+    "ContainerEntry",
+    "RoundPhase",
+    "RoundScorecard",
+    "StateCache",
+    "UpdaterConfig",
+    "moved",
+    "outside",
+    "process_host_samples",
+    "process_many",
+    "sample_usage",
+    "worker_round",
+]
+
+log = logging.getLogger(__name__)
+
+POLICY = VPA_POLICY
+#: format of the table values (:meth:`ContainerEntry.to_state`)
+ENTRY_VERSION = 1
+#: ``hysteresis``: act on every move beyond the hysteresis; ``bounds``: only on a limit in force
+#: outside the confidence bounds (the VPA updater's rule)
+UPDATE_MODES = ("bounds", "hysteresis")
+_NAN = math.nan
+
+@dataclass(frozen=True)
+class UpdaterConfig:
+    """The VPA updater's rule (the worker builds it from its settings)."""
+
+    #: event-time seconds between a container's recommendations (0: after every sample)
+    recommend_interval_s: float
+    #: a limit is re-decided when the policy's moved by more than this fraction of the last decided one
+    hysteresis: float
+    #: one of :data:`UPDATE_MODES`
+    update_mode: str
+    #: a container's state is marked for writing at least this often (event-time seconds)
+    state_write_interval_s: float
+    #: recorded in every decision's details
+    worker_id: str
+    #: the policy of containers whose workload names none (the worker's ``--policy``). The VPA's
+    #: decisions are handed out for containers decided with ``vpa`` (the safety rules bound them);
+    #: for those decided with ``phase`` they only move the phase detector's fallback limits (the
+    #: rules then bound the phase decisions instead)
+    default_policy: str = VPA_POLICY
+
+    def __post_init__(self) -> None:
+        if self.update_mode not in UPDATE_MODES:
+            raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {self.update_mode!r}")
+        if self.default_policy not in (VPA_POLICY, PHASE_POLICY):
+            raise ValueError(f"default_policy must be {VPA_POLICY} or {PHASE_POLICY}, got {self.default_policy!r}")
+        for name in ("recommend_interval_s", "hysteresis", "state_write_interval_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+
+
+def _num(v: Any, what: str) -> float:
+    if v is None:
+        return _NAN
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise VpaStateError(f"container state: {what} must be a number or null, got {v!r:.40}")
+    return float(v)
+
+
+class ContainerEntry:
+    """One container of a :class:`StateCache`: a view of its row (live, not a copy).
+
+    ``decided_cpu`` / ``decided_mem`` (the last limits this worker decided),
+    ``next_ts`` (event time of the next recommendation) and ``written_ts``
+    (of the last persisted state) read and write the cache's arrays;
+    :attr:`model` and :attr:`policy` are exact snapshots of the container's
+    recommender / policy (copies: changing them changes nothing here).
+    """
+
+    __slots__ = ("_cache", "key", "row")
+
+    def __init__(self, cache: StateCache, key: str, row: int) -> None:
+        self._cache = cache
+        self.key = key
+        self.row = row
+
+    def _get(self, name: str) -> float | None:
+        return nan_to_none(getattr(self._cache, name)[self.row])
+
+    def _set(self, name: str, v: float | None) -> None:
+        getattr(self._cache, name)[self.row] = _NAN if v is None else v
+
+    decided_cpu = property(lambda self: self._get("_decided_cpu"), lambda self, v: self._set("_decided_cpu", v))
+    decided_mem = property(lambda self: self._get("_decided_mem"), lambda self, v: self._set("_decided_mem", v))
+    next_ts = property(lambda self: self._get("_next_ts"), lambda self, v: self._set("_next_ts", v))
+    written_ts = property(lambda self: self._get("_written_ts"), lambda self, v: self._set("_written_ts", v))
+
+    @property
+    def model(self) -> VpaRecommender:
+        """An exact copy of the container's recommender."""
+        return self._cache.fleet.recommender(self.row)
+
+    @property
+    def policy(self) -> VpaPolicy:
+        """An exact copy of the container's :class:`VpaPolicy` (its recommender and last limits)."""
+        return self._cache.fleet.policy(self.row)
+
+    def to_state(self) -> dict[str, Any]:
+        """The table value: ``{"v", "vpa", "pl", "dc", "dm", "nx"}`` and, with the safety rules on, ``"g"``
+        (:meth:`~phasewise.models.safety.guard.LimitGuard.state_of`)."""
+        fleet = self._cache.fleet
+        out = {"v": ENTRY_VERSION, "vpa": fleet.recommender_state(self.row), "pl": fleet.last_limits(self.row),
+               "dc": self.decided_cpu, "dm": self.decided_mem, "nx": self.next_ts}
+        if self._cache.guard is not None:
+            out["g"] = self._cache.guard.state_of(self.row)
+        so = self._get("_source_offset")
+        if so is not None:
+            out["so"] = int(so)
+        return out
+
+    def __repr__(self) -> str:
+        return f"ContainerEntry({self.key!r}, decided_cpu={self.decided_cpu}, decided_mem={self.decided_mem})"
+
+
+class StateCache:
+    """Per-container state in memory (one :class:`VpaFleet` row each), loaded through *loader* on a miss.
+
+    *loader* maps a key to a stored state (or ``None``); the worker passes its
+    table's ``get``. Keys whose state changed enough to be persisted collect
+    in :attr:`dirty`; :meth:`pop_dirty` hands them out once.
+    """
+
+    _BOOK = ("_decided_cpu", "_decided_mem", "_next_ts", "_written_ts", "_source_offset")
+
+    def __init__(self, params: dict[str, Any] | None = None,
+                 loader: Callable[[str], Any] | None = None, guard: GuardConfig | None = None) -> None:
+        self.params = dict(params or {})
+        self.loader = loader
+        self.fleet = VpaFleet(capacity=256, **self.params)
+        #: the safety rules' per-container state, in the fleet's rows (None: rules off)
+        self.guard = None if guard is None else LimitGuard(guard, self.fleet.capacity)
+        self._index: dict[str, int] = {}
+        self._free: list[int] = []  # rows of expired containers, reused first
+        self._per_host: dict[str, int] = {}  # containers held per host (the key's part before its first "/")
+        for name in self._BOOK:
+            setattr(self, name, np.full(self.fleet.capacity, _NAN))
+        self.dirty: set[str] = set()
+        self.loaded = 0  # entries restored through the loader
+        self.load_errors = 0
+
+    def _new_rows(self, keys: list[str]) -> None:
+        """Rows for *keys* (distinct, none known yet): fresh, or loaded through the loader."""
+        fleet = self.fleet
+        reuse = [self._free.pop() for _ in range(min(len(keys), len(self._free)))]
+        rows = np.array(reuse, dtype=np.intp)
+        if reuse:
+            fleet.reset_rows(rows)
+        if len(keys) > len(reuse):
+            rows = np.concatenate([rows, fleet.add_rows(len(keys) - len(reuse))])
+        cap = fleet.capacity
+        if len(self._decided_cpu) < cap:
+            for name in self._BOOK:
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.full(cap - len(a), _NAN)]))
+        for name in self._BOOK:
+            getattr(self, name)[rows] = _NAN
+        guard = self.guard
+        if guard is not None:
+            guard.ensure(cap)
+            guard.reset(rows)
+        for key, row in zip(keys, rows.tolist()):
+            if self.loader is not None:
+                try:
+                    state = self.loader(key)
+                    if state is not None:
+                        self._load(row, state)
+                        self.loaded += 1
+                except (ValueError, TypeError) as err:  # VpaStateError, undecodable or foreign values
+                    self.load_errors += 1
+                    log.warning("discarding stored state of %s: %s", key, err)
+                    fleet.reset_rows(np.array([row]))
+                    for name in self._BOOK:
+                        getattr(self, name)[row] = _NAN
+                    if guard is not None:
+                        guard.reset(np.array([row]))
+            self._index[key] = row
+            host = key.split("/", 1)[0]
+            self._per_host[host] = self._per_host.get(host, 0) + 1
+
+    def _load(self, row: int, state: Any) -> None:
+        if not isinstance(state, dict) or state.get("v") != ENTRY_VERSION:
+            raise VpaStateError(f"unsupported container state {str(state)[:80]!r}")
+        if "vpa" not in state:
+            raise VpaStateError("container state has no 'vpa' (recommender state)")
+        book = [_num(state.get(k), k) for k in ("dc", "dm", "nx")]
+        # "pl" (the policy's last limits) is absent from states written before the
+        # worker ran VpaPolicy; the policy then starts with no last limits
+        self.fleet.load_recommender_state(row, state["vpa"], state.get("pl") or {})
+        self._decided_cpu[row], self._decided_mem[row], self._next_ts[row] = book
+        self._source_offset[row] = _num(state.get("so"), "so")  # absent: written before source offsets
+        # "g" (the safety rules' state) is absent from states written with the rules off or before
+        # them: the rules then start afresh (no history yet, so nothing is lowered for a while)
+        if self.guard is not None and state.get("g") is not None:
+            self.guard.load(row, state["g"])
+
+    def row(self, key: str) -> int:
+        """The fleet row of *key* (created, or loaded through the loader, on a miss)."""
+        r = self._index.get(key)
+        if r is None:
+            self._new_rows([key])
+            r = self._index[key]
+        return r
+
+    def rows(self, keys: Sequence[str]) -> list[int]:
+        """:meth:`row` of every key, in order."""
+        get = self._index.get
+        out = [get(k) for k in keys]
+        if None in out:  # allocate the new ones together, in order (a key twice gets one row)
+            self._new_rows(list(dict.fromkeys(k for k, r in zip(keys, out) if r is None)))
+            out = [get(k) for k in keys]
+        return out
+
+    def get(self, key: str) -> ContainerEntry:
+        return ContainerEntry(self, key, self.row(key))
+
+    def decided_limits(self, keys: Sequence[str]) -> np.ndarray:
+        """``(len(keys), 2)`` array of the decided CPU / memory limits (``NaN``: none yet).
+
+        The vectorised form of ``get(key).decided_cpu`` / ``.decided_mem``
+        (a miss creates or loads the entry, as :meth:`get` does).
+        """
+        rows = np.array(self.rows(keys), dtype=np.intp)
+        return np.stack([self._decided_cpu[rows], self._decided_mem[rows]], axis=1)
+
+    def state_of(self, key: str) -> dict[str, Any]:
+        """The table value of *key* (see :meth:`ContainerEntry.to_state`)."""
+        return ContainerEntry(self, key, self._index[key]).to_state()
+
+    def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
+        idx = self._index
+        out = [(k, ContainerEntry(self, k, idx[k]).to_state()) for k in self.dirty if k in idx]
+        self.dirty.clear()
+        return out
+
+    def expire(self, before_ts: float) -> list[str]:
+        """Forget every container whose newest sample is older than *before_ts* (event time).
+
+        Returns their keys, so the caller deletes them from its table too. A
+        container that never had a sample learned counts as expired. Their
+        rows are reused for new containers; pending writes of them are dropped.
+        """
+        if not self._index:
+            return []
+        keys = list(self._index)
+        rows = np.fromiter(self._index.values(), dtype=np.intp, count=len(keys))
+        last = self.fleet.last_sample_time(rows)
+        gone = np.flatnonzero(~(last >= before_ts))  # NaN (no sample) expires too
+        out = [keys[i] for i in gone.tolist()]
+        per_host = self._per_host
+        for k in out:
+            self._free.append(self._index.pop(k))
+            self.dirty.discard(k)
+            host = k.split("/", 1)[0]
+            per_host[host] -= 1
+            if not per_host[host]:
+                del per_host[host]
+        return out
+
+    def forget(self, keys: Iterable[str]) -> list[str]:
+        """Forget *keys* (evicted): their rows are reused, pending writes of them dropped; returns those held."""
+        out = []
+        per_host = self._per_host
+        for k in keys:
+            row = self._index.pop(k, None)
+            if row is None:
+                continue
+            self._free.append(row)
+            self.dirty.discard(k)
+            host = k.split("/", 1)[0]
+            per_host[host] -= 1
+            if not per_host[host]:
+                del per_host[host]
+            out.append(k)
+        return out
+
+    def clear(self) -> None:
+        """Forget every entry (after a rebalance the table is the truth)."""
+        self._index.clear()
+        self._free.clear()
+        self._per_host.clear()
+        self.fleet.clear()
+        self.dirty.clear()
+
+    def unlearned(self, msg: HostSamples, offset: int) -> HostSamples:
+        """*msg* without the containers whose state already learned its source message (at *offset*).
+
+        A host's messages come in order from one partition. A worker killed
+        after a commit's state reached the changelog but before its source
+        offsets were committed reads those messages again; the containers
+        whose stored state holds them (``"so"``, :meth:`learned`) skip them,
+        so no sample is learned twice.
+        """
+        keys = [f"{msg.host}/{c.container}" for c in msg.containers]
+        if not keys:
+            return msg
+        rows = np.array(self.rows(keys), dtype=np.intp)  # first: new rows may grow the arrays
+        src = self._source_offset[rows]
+        seen = src >= offset  # NaN (never noted) is False
+        if not count_true(seen):
+            return msg
+        return dataclasses.replace(msg, containers=tuple(c for c, s in zip(msg.containers, seen.tolist())
+                                                         if not s))
+
+    def learned(self, msg: HostSamples, offset: int) -> None:
+        """Note that the containers of *msg* learned the source message at *offset* (kept in their state)."""
+        idx = self._index
+        rows = [r for r in (idx.get(f"{msg.host}/{c.container}") for c in msg.containers) if r is not None]
+        if rows:
+            self._source_offset[np.array(rows, dtype=np.intp)] = offset
+
+    def host_count(self, host: str) -> int:
+        """How many containers of *host* the cache holds (keys ``host/...``)."""
+        return self._per_host.get(host, 0)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index
+
+
+def sample_usage(c: ContainerSample, per_s: float) -> dict[str, float]:
+    """What :meth:`VpaPolicy.observe` is shown for one container sample.
+
+    The limits in force are included only when the sample reports one; for an
+    unlimited resource the policy's own last limit stands in (as in replay).
+    The worker passes the same numbers to the fleet as arrays (missing = ``NaN``).
+    """
+    nr = c.nr_periods
+    usage = {
+        "cpu": c.cpu_cores, "mem": c.mem_bytes, "oom": c.oom_events,
+        "throttled_frac": c.throttled_periods / nr if nr else 0.0,
+        "throttled_cores": c.throttled_s * per_s,
+    }
+    if c.cpu_limit_cores is not None:
+        usage["cpu_limit"] = c.cpu_limit_cores
+    if c.mem_limit_bytes is not None:
+        usage["mem_limit"] = c.mem_limit_bytes
+    return usage
+
+
+def moved(new: np.ndarray, ref: np.ndarray, hysteresis: float) -> np.ndarray:
+    """Element-wise: is *new* a limit to hand out, given *ref*, the limit it would replace?
+
+    Yes when *new* is a limit (not ``NaN``) and there is no usable reference
+    (``NaN``: unlimited or unknown; ``<= 0``) or *new* differs from it by more
+    than *hysteresis* x *ref*.
+
+    >>> moved(np.array([1.0, 1.2, 1.0, np.nan]), np.array([1.05, 1.0, np.nan, 1.0]), 0.1).tolist()
+    [False, True, True, False]
+    """
+    return ~np.isnan(new) & (np.isnan(ref) | (ref <= 0) | (np.abs(new - ref) > hysteresis * ref))
+
+
+def outside(ref: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """Element-wise: does the limit in force *ref* lie outside the bounds [*lower*, *upper*]?
+
+    The VPA updater's test in ``bounds`` mode: an unlimited resource (``NaN``)
+    always does; an infinite bound does not bound.
+
+    >>> outside(np.array([0.5, 2.0, 5.0, np.nan]), np.array([1.0, 1.0, 1.0, 1.0]),
+    ...         np.array([3.0, 3.0, np.inf, 3.0])).tolist()
+    [True, False, False, True]
+    """
+    return np.isnan(ref) | (np.isfinite(lower) & (ref < lower)) | (np.isfinite(upper) & (ref > upper))
+
+
+def process_host_samples(state_cache: StateCache, msg: HostSamples, config: UpdaterConfig,
+                         shadow: list[Decision] | None = None) -> list[Decision]:
+    """Learn every container sample of *msg*; return the limit decisions due now.
+
+    *shadow*: where the decisions of containers decided with another policy go (the VPA's limits
+    there are the phase detector's fallback, scored but never published); ``None``: they are
+    returned with the others.
+    """
+    cs = msg.containers
+    if not cs:
+        return []
+    host = msg.host
+    keys = [f"{host}/{c.container}" for c in cs]
+    rows = state_cache.rows(keys)
+    if len(set(rows)) == len(rows):
+        return _split(_wave(state_cache, [msg], None, cs, keys, rows, config), shadow)
+    return process_many(state_cache, [msg], config, shadow)[0]
+
+
+def _split(got: list[tuple[int, Decision, bool]], shadow: list[Decision] | None) -> list[Decision]:
+    """The decisions of *got* to publish; the others appended to *shadow* (``None``: all are returned)."""
+    if shadow is None:
+        return [d for _, d, _ in got]
+    shadow += [d for _, d, pub in got if not pub]
+    return [d for _, d, pub in got if pub]
+
+
+def process_many(state_cache: StateCache, msgs: Sequence[HostSamples], config: UpdaterConfig,
+                 shadow: list[Decision] | None = None) -> list[list[Decision]]:
+    """:func:`process_host_samples` of each message in turn, computed together.
+
+    Returns each message's decisions (the same as one call per message, in
+    the same order). A container's samples are learned in message order;
+    different containers are independent, so the messages' containers go
+    through the fleet in waves of distinct containers (one wave when no
+    container repeats), which amortises the per-call cost of the vectorised
+    steps over the whole batch. The dirty set (:meth:`StateCache.pop_dirty`)
+    then holds every container any of the messages made dirty. *shadow*: see
+    :func:`process_host_samples`.
+    """
+    cs: list[ContainerSample] = []
+    keys: list[str] = []
+    mi: list[int] = []
+    for i, m in enumerate(msgs):
+        host = m.host
+        cs += m.containers
+        keys += [f"{host}/{c.container}" for c in m.containers]
+        mi += [i] * len(m.containers)
+    out: list[list[Decision]] = [[] for _ in msgs]
+    if not cs:
+        return out
+    rows = state_cache.rows(keys)
+    if len(set(rows)) == len(rows):
+        waves = [list(range(len(rows)))]
+    else:  # a container's k-th sample of the batch goes in wave k
+        seen: dict[int, int] = {}
+        waves = []
+        for e, r in enumerate(rows):
+            k = seen.get(r, 0)
+            seen[r] = k + 1
+            if k == len(waves):
+                waves.append([])
+            waves[k].append(e)
+    got: list[tuple[int, Decision, bool]] = []
+    for wave in waves:
+        if len(waves) == 1:
+            w_mi, w_cs, w_keys, w_rows = mi, cs, keys, rows
+        else:
+            w_mi, w_cs = [mi[e] for e in wave], [cs[e] for e in wave]
+            w_keys, w_rows = [keys[e] for e in wave], [rows[e] for e in wave]
+        one = len(msgs) == 1
+        got += [(wave[j], d, pub) for j, d, pub in _wave(state_cache, msgs, None if one else w_mi, w_cs, w_keys,
+                                                         w_rows, config)]
+    got.sort(key=lambda ed: ed[0])  # message order, container order within a message
+    for e, d, pub in got:
+        if pub or shadow is None:
+            out[mi[e]].append(d)
+        else:
+            shadow.append(d)
+    return out
+
+
+class RoundPhase(Protocol):
+    """The phase detector as a round sees it: decisions of messages with distinct hosts."""
+
+    #: the last :meth:`process_many`'s decisions of containers decided with another policy (scored, never
+    #: published)
+    shadow: list[Decision]
+
+    def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]:
+        """The decisions to publish: those of the containers decided with the phase policy."""
+        ...
+
+
+class RoundScorecard(Protocol):
+    """What a round shows the scorecard (:class:`~phasewise.models.scoring.scorecard.Scorecard`)."""
+
+    def observe_round(self, msgs: Sequence[HostSamples]) -> None: ...
+
+    def decide_many(self, decisions: Sequence[Decision]) -> None: ...
+
+
+def worker_round(cache: StateCache, msgs: Sequence[HostSamples], config: UpdaterConfig,
+                 phase: RoundPhase | None = None, scorecard: RoundScorecard | None = None) -> list[Decision]:
+    """The worker's step over one round of messages (distinct hosts): the decisions to publish.
+
+    Each container is decided with its workload's policy (``phasewise.io/policy``), else
+    ``config.default_policy`` (the worker's ``--policy``). The VPA learns every sample first (its
+    decided limits are the phase detector's fallback) and its decisions are published for the
+    containers decided with ``vpa``; with *phase* (a worker running the phase machinery) the
+    detector then steps every container of the round and its decisions are published for the
+    containers decided with ``phase``. Without *phase*, every container must be decided with
+    ``vpa`` (the samples agent refuses the others before this step). The samples agent runs this;
+    so does replay's in-process run of the worker. A *scorecard* records the round's samples under
+    the limits decided before them, then every decision of the round, the ones not published
+    included (what the other policy would have done).
+    """
+    if scorecard is not None:
+        scorecard.observe_round(msgs)
+    shadow: list[Decision] | None = None if phase is None else []
+    if len(msgs) == 1:
+        vpa = process_host_samples(cache, msgs[0], config, shadow)
+    else:
+        vpa = [d for ds in process_many(cache, msgs, config, shadow) for d in ds]
+    if phase is None:
+        out = vpa
+    else:
+        out = vpa + phase.process_many(msgs) if vpa else phase.process_many(msgs)
+    if scorecard is not None:
+        scorecard.decide_many(out if phase is None else out + shadow + phase.shadow)
+    return out
+
+
+def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, cs: Sequence[ContainerSample],
+          keys: list[str], row_list: list[int], config: UpdaterConfig) -> list[tuple[int, Decision, bool]]:
+    """One wave: distinct containers, each from ``msgs[mi[i]]`` (all from ``msgs[0]`` when *mi* is None).
+
+    Returns ``(position in the wave, decision, published)`` triples: *published* where the container
+    is decided with the VPA (its workload's policy, else the default), not where the VPA only moves
+    the phase detector's fallback.
+    """
+    fleet = cache.fleet
+    rows = np.array(row_list, dtype=np.intp)
+    if mi is None:
+        msg = msgs[0]
+        ts: float | np.ndarray = msg.ts
+        per_s: float | np.ndarray = 1.0 / msg.interval_s if msg.interval_s > 0 else 0.0
+    else:
+        ts = np.array([msgs[i].ts for i in mi], dtype=np.float64)
+        per_s = np.array([1.0 / msgs[i].interval_s if msgs[i].interval_s > 0 else 0.0 for i in mi])
+    x = np.array([(c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes, c.throttled_periods,
+                   c.nr_periods, c.throttled_s, c.oom_events) for c in cs], dtype=np.float64)
+    nr = x[:, 5]
+    throttled_frac = np.divide(x[:, 4], nr, out=np.zeros(len(nr)), where=nr != 0)
+    fleet.observe_many(ts, rows, x[:, 0], x[:, 1], cpu_limit=x[:, 2], mem_limit=x[:, 3], oom=x[:, 7],
+                       throttled_frac=throttled_frac, throttled_cores=x[:, 6] * per_s, check_rows=False)
+    # each container's policy (its workload's, else the default) and its workload's min/max
+    cols = step_columns(cs, config.default_policy)
+    uses = cols.uses(POLICY, config.default_policy)
+    pub: np.ndarray | None = None  # rows whose VPA decisions are published (None: all, or none)
+    if isinstance(uses, np.ndarray):
+        if uses.all():
+            uses = True
+        elif not uses.any():
+            uses = False
+        else:
+            pub = uses
+    # the safety rules see every sample; they bound the VPA's decisions of the containers decided
+    # with the VPA (for the others the phase detector bounds its own decisions with the same rules)
+    guard = cache.guard
+    if guard is not None:
+        guard.observe(rows, ts, mem=x[:, 1], throttled_frac=throttled_frac, oom=x[:, 7], mem_limit=x[:, 3])
+        if uses is False:
+            guard = None
+
+    interval = config.recommend_interval_s
+    nx = cache._next_ts[rows]
+    nx = np.where(np.isnan(nx), ts + interval, nx)  # first sample: the first recommendation one interval later
+    due = ts >= nx
+    if guard is not None:
+        pending = guard.pending(rows)  # an OOM kill is answered at once
+        due |= pending if pub is None else pending & pub
+    cache._next_ts[rows] = np.where(due, ts + interval, nx)
+    if not count_true(due):
+        _mark_writes(cache, rows, ts, keys, None, config.state_write_interval_s)
+        return []
+    if all_true(due):
+        at, dr, xd, tsd = np.arange(len(rows)), rows, x, ts
+    else:
+        at = np.flatnonzero(due)  # positions in the wave
+        dr, xd = rows[at], x[at]
+        tsd = ts if mi is None else ts[at]
+    rec = fleet.predict_many(dr)
+    lim_cpu, lim_mem = fleet.limits_many(dr, rec)  # the policy's limits from everything observed up to ts
+    cpu_t, mem_t = round_limits(lim_cpu, lim_mem)
+    dc, dm = cache._decided_cpu[dr], cache._decided_mem[dr]
+    ref_cpu = np.where(np.isnan(dc), xd[:, 2], dc)
+    ref_mem = np.where(np.isnan(dm), xd[:, 3], dm)
+    h = config.hysteresis
+    cpu_out = moved(cpu_t, ref_cpu, h)
+    mem_out = moved(mem_t, ref_mem, h)
+    act = cpu_out | mem_out
+    if config.update_mode == "bounds" and count_true(act):
+        # the VPA updater acts only on a limit outside the confidence bounds: with little
+        # history the upper bound is far above the target, so nothing is cut early
+        idx = np.flatnonzero(act)
+        fl, fu = rec.factors("lower", idx), rec.factors("upper", idx)
+        for out_mask, res, ref in ((cpu_out, "cpu", ref_cpu), (mem_out, "mem", ref_mem)):
+            out_mask[idx] &= outside(ref[idx], rec.estimate(res, "lower", idx, fl),
+                                     rec.estimate(res, "upper", idx, fu))
+        act = cpu_out | mem_out
+    g = None
+    gpos = None  # position of each due row in the guard's outcome (None: the same; -1: not guarded)
+    if guard is not None:  # every due container: the rules may also raise memory unasked (OOM, peak)
+        # in force: the limit this worker last decided, else the one the sample reports (as the VPA
+        # rule compares with): an actuator that lags, clamps or refuses causes no repeated decisions
+        in_force = np.stack([ref_cpu, ref_mem], 1)
+        proposed = np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1)
+        lo = None if cols.lo is None else cols.lo[at]
+        hi = None if cols.hi is None else cols.hi[at]
+        if pub is None:
+            g = guard.bound(dr, tsd, proposed, in_force, lo=lo, hi=hi)
+            cpu_g, mem_g = round_limits(g.limits[:, 0], g.limits[:, 1])
+            cpu_out = g.emit[:, 0] & ~(cpu_g == in_force[:, 0])
+            mem_out = g.emit[:, 1] & ~(mem_g == in_force[:, 1])
+            cpu_t, mem_t = np.where(cpu_out, cpu_g, cpu_t), np.where(mem_out, mem_g, mem_t)
+            guard.commit(dr, tsd, g, np.stack([np.where(cpu_out, cpu_t, _NAN), np.where(mem_out, mem_t, _NAN)], 1))
+        else:  # only the rows decided with the VPA; the others keep the bare VPA limits (the fallback)
+            gi = np.flatnonzero(pub[at])
+            tsg = tsd if np.ndim(tsd) == 0 else tsd[gi]
+            g = guard.bound(dr[gi], tsg, proposed[gi], in_force[gi], lo=None if lo is None else lo[gi],
+                            hi=None if hi is None else hi[gi])
+            cpu_g, mem_g = round_limits(g.limits[:, 0], g.limits[:, 1])
+            c_o = g.emit[:, 0] & ~(cpu_g == in_force[gi, 0])
+            m_o = g.emit[:, 1] & ~(mem_g == in_force[gi, 1])
+            cpu_out, mem_out = cpu_out.copy(), mem_out.copy()
+            cpu_t, mem_t = np.array(cpu_t, dtype=np.float64), np.array(mem_t, dtype=np.float64)
+            cpu_out[gi], mem_out[gi] = c_o, m_o
+            cpu_t[gi] = np.where(c_o, cpu_g, cpu_t[gi])
+            mem_t[gi] = np.where(m_o, mem_g, mem_t[gi])
+            guard.commit(dr[gi], tsg, g, np.stack([np.where(c_o, cpu_t[gi], _NAN), np.where(m_o, mem_t[gi], _NAN)], 1))
+            gpos = np.full(len(dr), -1, dtype=np.intp)
+            gpos[gi] = np.arange(len(gi))
+        act = cpu_out | mem_out
+    out: list[tuple[int, Decision, bool]] = []
+    if count_true(act):
+        idx = np.flatnonzero(act)
+        fs = {b: rec.factors(b, idx) for b in ("target", "lower", "upper")}
+        est = {res: {b: rec.estimate(res, b, idx, fs[b]) for b in fs} for res in ("cpu", "mem")}
+        bound, pct, margin = fleet.bound, fleet.target_percentile, fleet.safety_margin
+        for n, j in enumerate(idx.tolist()):
+            i, row = int(at[j]), int(dr[j])
+            c, msg = cs[i], msgs[0] if mi is None else msgs[mi[i]]
+            cpu = float(cpu_t[j]) if cpu_out[j] else None
+            mem = float(mem_t[j]) if mem_out[j] else None
+            # moved from: the last decided limit, else what the sample reports
+            dc, dm = nan_to_none(cache._decided_cpu[row]), nan_to_none(cache._decided_mem[row])
+            previous = (dc if dc is not None else c.cpu_limit_cores, dm if dm is not None else c.mem_limit_bytes)
+            if cpu is not None:
+                cache._decided_cpu[row] = cpu
+            if mem is not None:
+                cache._decided_mem[row] = mem
+            evidence = VpaEvidence(
+                stats=fleet.explain(row, rec, j),
+                estimates={res: {b: nan_to_none(v[n]) for b, v in est[res].items()} for res in ("cpu", "mem")},
+                limits={"cpu": nan_to_none(lim_cpu[j]), "mem": nan_to_none(lim_mem[j])}, bound=bound,
+                target_percentile=pct, safety_margin=margin, samples=fleet.samples(row),
+                hysteresis=config.hysteresis, update_mode=config.update_mode, worker_id=config.worker_id)
+            if g is None:
+                safety = None
+            elif gpos is None:
+                safety = g.explain(j)
+            else:
+                safety = g.explain(int(gpos[j])) if gpos[j] >= 0 else None
+            out.append((i, vpa_decision(msg.host, msg.ts, c, previous, (cpu, mem), evidence, safety),
+                        bool(uses) if pub is None else bool(pub[i])))
+    acted = np.zeros(len(rows), dtype=bool)
+    acted[at[act]] = True
+    _mark_writes(cache, rows, ts, keys, acted, config.state_write_interval_s)
+    return out
+
+
+def _mark_writes(cache: StateCache, rows: np.ndarray, ts: float | np.ndarray, keys: list[str],
+                 acted: np.ndarray | None, interval: float) -> None:
+    """Mark for persisting the wave's containers that decided (*acted*) or whose last write is *interval* old.
+
+    Every sample counts, not only recommendation steps: a container's stored
+    state is never more than *interval* of event time behind it (0: written at
+    every commit, so the changelog holds exactly the state at the commit).
+    """
+    wt = cache._written_ts[rows]
+    wt = np.where(np.isnan(wt), ts, wt)  # new or reloaded: first write at a decision or one interval on
+    write = ts - wt >= interval
+    if acted is not None:
+        write |= acted
+    cache._written_ts[rows] = np.where(write, ts, wt)
+    if count_true(write):
+        cache.dirty.update(keys[i] for i in np.flatnonzero(write).tolist())

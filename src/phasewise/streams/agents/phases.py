@@ -1,0 +1,273 @@
+"""The live phase path of ``phasewise worker --policy phase``: detectors, one learner, snapshots.
+
+With ``settings.worker.policy == "phase"`` the samples agent (see
+:mod:`phasewise.streams.agents.samples`) still runs the VPA recommenders (they are the
+fallback), then hands each round of ``HostSamples`` messages (distinct hosts)
+to :class:`~phasewise.models.phases.updater.PhaseHooks` (pure; this module
+wires it, the learner and the follower to Faust):
+
+- **detector** (every worker, for the hosts of its partitions): one batched
+  :meth:`~phasewise.models.phases.fleet.PhaseFleet.step` over the round's
+  containers with the worker's current snapshot, frozen (detectors never
+  train). Phase changes go to ``phasewise.phases.v1`` as ``PhaseChange``
+  (key: container). Limit decisions carry ``policy="phase"``; their
+  ``details["source"]`` says where the limits came from: ``"phase"`` (the
+  phase's quantile x (1 + margin), of usage relative to the container's level
+  with ``phase_statistics=relative``, the default; details add the phase id
+  and the statistics used), ``"fallback:vpa"`` (model cold, window not full or phase
+  new: the VPA's last decided limit for that resource), or ``"mixed"`` (one
+  resource each way; ``details["sources"]`` per resource). The VPA's own
+  decisions are NOT emitted in this mode: a VPA decision only moves the
+  fallback limit, which the phase decision then hands out when it applies.
+  Per container the detector keeps its window, phase and limit basis in the
+  changelogged table ``phase-state`` (key ``host/container``), marked for
+  writing on a phase change or every ``state_write_interval_s`` of event time
+  and written at the next offset commit (latest per container); a worker
+  that restarts or takes over a partition resumes from it. Decisions, phase
+  changes and learn windows go through the worker's output producer and are
+  delivered before the offsets of their source messages are committed
+  (:mod:`phasewise.streams.output`).
+- **learner split**: every ``phase_learn_every``-th ready window (with the
+  usage to credit to the phase that was in force) is sent to the internal
+  1-partition topic ``phasewise.learn-windows.v1``, in batches of
+  ``phase_learn_batch`` windows (a partial batch at every offset commit; the
+  learner makes one CD step per batch); ONE learner agent (the
+  worker owning that single partition) trains the shared model and, every
+  ``phase_snapshot_interval_s`` when it learned something, publishes a
+  ``ModelSnapshot`` (payload: base64 of ``PhaseModel.to_bytes()``, version =
+  newest known + 1) to the compacted ``phasewise.models.v1``, key = model name.
+  A learner that takes the partition over re-bases on the newest snapshot
+  (:class:`~phasewise.models.phases.learner.Learner`).
+- **snapshot follower** (:class:`~phasewise.streams.follower.SnapshotFollower`):
+  each worker reads ``phasewise.models.v1`` to its end at start-up with a
+  plain confluent consumer (assigned, no group: nothing to join, works the
+  same on the embedded broker) and keeps following it on a daemon thread that
+  decodes new snapshots off the event loop; detectors swap to a newer snapshot
+  between messages. With no snapshot, a worker starts
+  from the shipped pretrained model when its features are (cpu, mem) and
+  ``phase_pretrained`` is on (the default), else cold (phase limits then
+  start once the learner's first warm snapshot lands).
+
+Frames are the features of ``phase_features`` (default ``cpu,mem``; with
+``gpu,gpu_mem`` a sample's ``gpu_util`` / ``gpu_mem_bytes`` are columns too, a
+missing reading is NaN). Only ``cpu`` and ``mem`` get limits and decisions
+(:data:`~phasewise.models.phases.detector.LIMITED`); GPU columns shape the phases.
+The model's features name it on the models topic
+(:func:`~phasewise.models.phases.snapshots.model_name`), so each feature set is its
+own model.
+
+Learn-window batches are an internal format (JSON, versioned,
+:mod:`phasewise.kit.records.learn_batches`); one the learner cannot decode or learn from
+is dead-lettered with the reason, and so is a record of this worker's model
+on the models topic that is no usable snapshot (each worker follows the
+topic, so each dead-letters it).
+
+:func:`register_phase` adds the table, the learner agent, the snapshot timer
+and the follower to the worker's app and returns a :class:`PhaseAgents`, the
+handle the samples agent drives.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from phasewise.kit.records import Decision, HostSamples, ModelSnapshot, SchemaError, encode
+from phasewise.kit.records.learn_batches import decode_learn_batch
+from phasewise.kit.settings import Settings
+from phasewise.kit.topics import LEARN_WINDOWS, MODELS, PHASES
+from phasewise.models.phases.learner import Learner
+from phasewise.models.phases.snapshots import model_name
+from phasewise.models.phases.updater import PhaseHooks, PhaseOutput
+from phasewise.models.vpa.updater import StateCache
+from phasewise.streams.config import detector_config, initial_model
+from phasewise.streams.follower import SnapshotFollower
+
+__all__ = ["TABLE_NAME", "PhaseAgents", "ensure_phase_topics", "register_phase"]
+
+log = logging.getLogger(__name__)
+
+#: the changelogged table of the detectors' per-container state (key: host/container)
+TABLE_NAME = "phase-state"
+
+
+def ensure_phase_topics(settings: Settings) -> list[str]:
+    """Create the learn-windows topic with exactly one partition (whatever ``topic_partitions`` says)."""
+    from phasewise.kit.kafka.client import ensure_topics
+
+    return ensure_topics(settings.replace(topic_partitions=0), [LEARN_WINDOWS])
+
+
+class PhaseAgents:
+    """The phase side of a worker, as the samples agent drives it (what :func:`register_phase` returns).
+
+    :meth:`process_many` steps the detectors over a round of messages (distinct
+    hosts) and returns the decisions to publish; :meth:`flush` sends the phase
+    changes and full learn batches those rounds produced; :meth:`send_learn_batch`
+    sends the partial batch (run before every offset commit). The phase
+    table's marked states are collected by the commit barrier at each commit.
+
+    Attributes: :attr:`hooks` (the detectors), :attr:`learner` (trains only in
+    the worker owning the learn-windows partition), :attr:`follower`,
+    :attr:`table` (the Faust table) and :attr:`writes` (its writes held until
+    the next commit).
+    """
+
+    def __init__(self, hooks: PhaseHooks, learner: Learner, follower: SnapshotFollower, table: Any,
+                 writes: Any, outputs: Any, metrics: Any, name_key: bytes) -> None:
+        self.hooks, self.learner, self.follower, self.table, self.writes = hooks, learner, follower, table, writes
+        self.outputs, self.metrics, self.name_key = outputs, metrics, name_key
+        self._pending: list[PhaseOutput] = []
+        #: the last round's phase decisions of containers decided with the VPA (scored, never published)
+        self.shadow: list[Decision] = []
+
+    def process_many(self, msgs: Sequence[HostSamples]) -> list[Decision]:
+        """The detector over messages with distinct containers (one fleet step); their decisions."""
+        out = self.hooks.process_many(msgs)
+        self.shadow = out.shadow
+        self.metrics.model_version.set(self.hooks.version)
+        self._pending.append(out)
+        return out.decisions
+
+    def flush(self) -> None:
+        """Send the phase changes and full learn batches of the rounds stepped since the last flush."""
+        while self._pending:
+            out = self._pending.pop(0)
+            for c in out.changes:
+                self.outputs.send(PHASES.name, c.container.encode(), encode(c))
+                log.debug("phase change %s/%s: %s -> %s", c.host, c.container, c.old_phase, c.new_phase)
+            if out.changes:
+                self.metrics.phase_changes.inc(len(out.changes))
+            if out.learn_batch is not None:
+                self.outputs.send(LEARN_WINDOWS.name, self.name_key, out.learn_batch)
+
+    def send_learn_batch(self) -> None:
+        """Send the learn windows held so far (run before every offset commit)."""
+        batch = self.hooks.take_learn_batch()
+        if batch is not None:
+            self.outputs.send(LEARN_WINDOWS.name, self.name_key, batch)
+
+    def clear(self) -> None:
+        """Forget every container (after a rebalance the table is the truth)."""
+        self.hooks.clear()
+
+    def expire(self, cutoff: float) -> list[str]:
+        """Forget the detector's containers whose newest sample is older than *cutoff*."""
+        return self.hooks.fleet.expire(cutoff)
+
+    def forget(self, keys: Iterable[str]) -> list[str]:
+        """Forget the detector's state of *keys* (evicted by the intake); returns those it held."""
+        fleet = self.hooks.fleet
+        out = [k for k in keys if k in fleet]
+        for k in out:
+            fleet.forget(k)
+        return out
+
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete *keys* from the phase table (at the next commit), where it holds them."""
+        for k in keys:
+            if self.writes.get(k) is not None:
+                self.writes.delete(k)
+
+
+def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, partitions: int, metrics: Any,
+                   dead_letter: Callable[..., Any], outputs: Any, barrier: Any) -> PhaseAgents:
+    """Add the phase table, the learner agent, the snapshot timer and the follower to *app*.
+
+    *outputs*: the worker's :class:`~phasewise.streams.output.OutputSender`;
+    *barrier*: its :class:`~phasewise.streams.output.CommitBarrier` (the phase
+    table's writes are held there until the next commit).
+    Returns the :class:`PhaseAgents` the samples agent drives.
+    """
+    import faust
+
+    from phasewise.kit.kafka.client import make_producer, publish_dead_letter
+    from phasewise.kit.signing import keyring_of
+    from phasewise.streams.topics import raw_topic
+
+    name = model_name(settings.phase.feature_tuple())
+    name_key = name.encode()
+    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
+                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                      help="per-container phase detector state (key: host/container)")
+    models_t = raw_topic(app, MODELS)
+    learn_t = raw_topic(app, LEARN_WINDOWS, 1)
+    hooks_ref: list[PhaseHooks] = []
+    writes = barrier.table(table, lambda: hooks_ref[0].pop_dirty())  # marked states, collected at each commit
+
+    dl_producer: list[Any] = []
+
+    def on_bad(value: bytes | None, key: bytes | None, offset: int, reason: str) -> None:
+        if not dl_producer:
+            dl_producer.append(make_producer(settings))
+        publish_dead_letter(dl_producer[0], source_topic=MODELS.name, reason=reason, payload=value,
+                            key=key, partition=0, offset=offset,
+                            max_bytes=settings.kafka.dead_letter_max_bytes)
+        dl_producer[0].poll(0)
+        metrics.dead_letters.labels(kind="schema").inc()
+
+    def on_loaded(snap: ModelSnapshot) -> None:
+        metrics.snapshot_latest.set(snap.version)
+
+    keyring = keyring_of(settings)  # signs the snapshots, and the follower verifies them (None: off)
+    follower = SnapshotFollower(settings, name, on_bad=on_bad, on_loaded=on_loaded, keyring=keyring)
+    snap = follower.load_latest()
+    if snap is not None:
+        got = follower.latest()
+        assert got is not None
+        model, origin, version = got[1].clone(), f"snapshot v{snap.version}", snap.version
+        learner = Learner(got[1].clone(), snap.version, snap.samples_seen)
+    else:
+        model, origin = initial_model(settings)
+        version = 0
+        learner = Learner(model.clone(), 0, 0)
+    log.info("phase detector starts from %s (model %s, warm=%s)", origin, name, model.ready)
+    metrics.model_version.set(version)
+    follower.start()
+    hooks = PhaseHooks(detector_config(settings), vpa_cache, model=model, version=version,
+                       loader=writes.get_state, latest=follower.latest)
+    hooks_ref.append(hooks)
+
+    @app.agent(learn_t, name="phasewise.phase-learner")
+    async def on_learn_windows(stream: Any) -> None:
+        async for event in stream.events():
+            got = follower.latest()
+            if got is not None and learner.rebase(*got):
+                log.info("learner re-based on snapshot v%d", learner.version)
+            m = learner.model
+            try:
+                W, P, U, LV = decode_learn_batch(event.message.value, name, m.window_len, m.n_features, m.features)
+            except SchemaError as e:
+                await dead_letter(event, str(e), "schema")
+                continue
+            except Exception as e:  # noqa: BLE001 - decode raises SchemaError only; a record never stops the agent
+                log.exception("decoding a learn batch failed")
+                await dead_letter(event, f"could not decode: {type(e).__name__}: {e}", "schema")
+                continue
+            try:
+                metrics.windows_learned.inc(learner.learn(W, P, U, LV))
+            except Exception as e:  # noqa: BLE001 - a bug on valid input: keep the message, keep going
+                log.exception("learning a valid learn batch failed")
+                await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+
+    @app.timer(interval=settings.phase.snapshot_interval_s)
+    async def publish_snapshot() -> None:
+        snap = learner.snapshot(time.time())
+        if snap is None:
+            return
+        value = encode(snap)
+        await models_t.send(key=name_key, value=value,
+                            headers=None if keyring is None else keyring.headers(MODELS.name, name_key, value))
+        metrics.snapshots_published.inc()
+        log.info("published model snapshot %s v%d (%d windows learned, warm=%s)", name, snap.version,
+                 snap.samples_seen, learner.model.ready)
+
+    @app.on_before_shutdown.connect
+    async def _stop_follower(app: Any, **kwargs: Any) -> None:
+        follower.stop()
+
+    h = PhaseAgents(hooks, learner, follower, table, writes, outputs, metrics, name_key)
+    barrier.before.append(h.send_learn_batch)  # a partial batch goes out with every commit
+    return h

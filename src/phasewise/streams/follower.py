@@ -1,0 +1,166 @@
+"""The models-topic follower: each worker's view of the newest shared phase model.
+
+Each worker reads ``phasewise.models.v1`` to its end at start-up with a plain
+confluent consumer (assigned, no group: nothing to join, works the same on
+the embedded broker) and keeps following it on a daemon thread that decodes
+new snapshots off the event loop (:func:`~phasewise.models.phases.snapshots.model_of`);
+the detectors swap to a newer snapshot between messages
+(:meth:`phasewise.models.phases.updater.PhaseHooks.follow`). A record of this
+worker's model that is no usable snapshot is handed to *on_bad*, which
+dead-letters it (each worker follows the topic, so each dead-letters it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from phasewise.kit.records import ModelSnapshot, SchemaError, brief, decode
+from phasewise.kit.settings import Settings
+from phasewise.kit.signing import Keyring
+from phasewise.kit.topics import MODELS
+from phasewise.models.phases.detector import PhaseModel
+from phasewise.models.phases.snapshots import model_name, model_of
+
+__all__ = ["SnapshotFollower"]
+
+log = logging.getLogger(__name__)
+
+#: the largest snapshot version taken (integers above are not exact in every JSON reader)
+MAX_VERSION = 2**53
+
+
+class SnapshotFollower:
+    """The newest ``ModelSnapshot`` of one model name, read from the compacted models topic.
+
+    :meth:`load_latest` reads the topic to its end (blocking, at start-up);
+    :meth:`start` keeps following it on a daemon thread. :meth:`latest` is
+    safe to call from the event loop. A record of this model (its key, or no
+    key and its name) that cannot be decoded or loaded as a model (null value,
+    malformed JSON, a payload that is no PhaseModel checkpoint, or larger than
+    ``phase_snapshot_max_bytes`` packed or ``phase_snapshot_max_unpacked_bytes``
+    unpacked, a version more than ``phase_snapshot_max_version_step`` past the
+    one in use, and, with a *keyring*, a record unsigned or wrongly signed) goes
+    to *on_bad* (value, key, offset, reason), whatever its version; each newer
+    valid snapshot to *on_loaded*.
+    """
+
+    def __init__(self, settings: Settings, name: str,
+                 on_bad: Callable[[bytes | None, bytes | None, int, str], None] | None = None,
+                 on_loaded: Callable[[ModelSnapshot], None] | None = None,
+                 keyring: Keyring | None = None) -> None:
+        self.settings = settings
+        self.keyring = keyring
+        self.name = name
+        self.on_bad = on_bad
+        self.on_loaded = on_loaded
+        self._lock = threading.Lock()
+        self._latest: tuple[ModelSnapshot, PhaseModel] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+
+    def _make_consumer(self) -> Any:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        from phasewise.kit.kafka.client import make_consumer
+
+        c = make_consumer(self.settings, f"{self.settings.worker.id}-models-follower",
+                          **{"fetch.wait.max.ms": 200})
+        c.assign([TopicPartition(MODELS.name, 0, OFFSET_BEGINNING)])
+        return c
+
+    def _handle(self, msg: Any) -> None:
+        if msg is None or msg.error():
+            return
+        key = msg.key()
+        if key is not None and key.decode(errors="replace") != self.name:
+            return  # another model's snapshots share the topic
+        current = self._latest
+        phase = self.settings.phase
+        try:
+            if self.keyring is not None:
+                refused = self.keyring.verify(MODELS.name, key, msg.value(), msg.headers())
+                if refused is not None:
+                    raise SchemaError(f"ModelSnapshot refused: {refused}")
+            snap = decode(ModelSnapshot, msg.value())
+            if snap.name != self.name:
+                if key is None:
+                    return  # another model's snapshot, without a key
+                raise SchemaError(f"ModelSnapshot: name {brief(snap.name)} under the key of {self.name!r}")
+            if snap.version > MAX_VERSION:
+                raise SchemaError(f"ModelSnapshot {self.name} v{snap.version}: version above {MAX_VERSION}")
+            if current is not None and snap.version > current[0].version + phase.snapshot_max_version_step:
+                raise SchemaError(f"ModelSnapshot {self.name} v{snap.version}: more than "
+                                  f"phase_snapshot_max_version_step ({phase.snapshot_max_version_step}) past "
+                                  f"v{current[0].version} in use; a forged version would make every later "
+                                  f"snapshot look old")
+            # every snapshot of this name is checked, old ones too, within the size limits
+            model = model_of(snap, max_bytes=phase.snapshot_max_bytes,
+                             max_unpacked_bytes=phase.snapshot_max_unpacked_bytes)
+            if model_name(model.features) != self.name:
+                raise SchemaError(f"ModelSnapshot {self.name} v{snap.version}: the payload is a model of "
+                                  f"{model_name(model.features)!r}")
+        except Exception as e:  # noqa: BLE001 - decode and model_of raise SchemaError only; a record never stops this
+            reason = str(e) if isinstance(e, SchemaError) else f"could not decode: {type(e).__name__}: {e}"
+            log.warning("models topic offset %s: %s", msg.offset(), reason)
+            if self.on_bad is not None:
+                self.on_bad(msg.value(), key, msg.offset(), reason)
+            return
+        if current is not None and snap.version <= current[0].version:
+            return
+        with self._lock:
+            self._latest = (snap, model)
+        if self.on_loaded is not None:
+            self.on_loaded(snap)
+        log.info("model snapshot %s v%d available (%d windows learned)", snap.name, snap.version, snap.samples_seen)
+
+    def load_latest(self, timeout_s: float = 10.0) -> ModelSnapshot | None:
+        """Read the models topic to its current end; returns the newest snapshot of this name."""
+        from confluent_kafka import TopicPartition
+
+        if self._consumer is None:
+            self._consumer = self._make_consumer()
+        c = self._consumer
+        lo, hi = c.get_watermark_offsets(TopicPartition(MODELS.name, 0), timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        pos = lo - 1
+        while pos < hi - 1 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                pos = m.offset()
+                self._handle(m)
+        latest = self._latest
+        return None if latest is None else latest[0]
+
+    def start(self) -> None:
+        if self._consumer is None:
+            self._consumer = self._make_consumer()
+        self._thread = threading.Thread(target=self._run, name="phasewise-models-follower", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        c = self._consumer
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._handle(c.poll(0.5))
+                except Exception:  # keep following; a broken record must not stop snapshot updates
+                    log.exception("models follower: unexpected error")
+        finally:
+            c.close()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        elif self._consumer is not None:
+            self._consumer.close()
+        self._consumer = None
+
+    def latest(self) -> tuple[ModelSnapshot, PhaseModel] | None:
+        with self._lock:
+            return self._latest

@@ -1,0 +1,547 @@
+"""What the worker writes, and the order in which it becomes durable.
+
+``phasewise worker`` writes two kinds of records:
+
+- **outputs** (decisions, phase changes, learn windows, dead letters): sent
+  through ONE confluent-kafka producer (:class:`OutputSender`). librdkafka
+  batches them on its own thread; ``produce()`` costs a few microseconds.
+  (Faust's own producer runs with ``producer_max_batch_size=1`` for the
+  changelogs' sake, see :mod:`phasewise.streams.app`, so there every record is
+  its own produce request and an awaited ``send`` waits for the previous one
+  to drain: that made the worker wait on the network, not compute.)
+- **table state** (per-container recommender / detector state): Faust table
+  writes, i.e. changelog records. The decision logic marks a container for
+  persisting (on a decision or phase change, or once per write interval);
+  :class:`DeferredWrites` collects the marked containers' states at the next
+  offset commit and writes each once, latest state (at 50k samples/s a
+  container is marked many times per commit interval; its state is
+  serialised and written once).
+
+The guarantee, enforced by :class:`CommitBarrier` through :func:`attach`:
+Faust calls ``app.producer.flush()`` before it commits source offsets
+(periodic commit, rebalance, shutdown). The barrier runs first in that flush:
+
+1. it takes the states marked so far (synchronously: no message is handled
+   in between);
+2. it waits until librdkafka reported every output sent before the flush
+   began as delivered (outputs sent while it waits belong to the next
+   commit and do not delay this one);
+3. it writes the taken state to the tables (in chunks, so that Faust's
+   producer buffer never pauses the streams); Faust then flushes those
+   changelog records, and the barrier waits until each of them is reported
+   delivered (:meth:`CommitBarrier.changelog_delivered`) before Faust
+   commits.
+
+So when a source message's offset is committed, its decisions (and other
+outputs) are on their topics and the state it produced is in the
+changelog; and the changelog never holds state whose decisions were not
+delivered (a worker that dies between the two re-processes the message
+from the last commit, and decision ids are deterministic, so an actuator
+applies a repeated decision once). At least once, never lost.
+
+A record librdkafka fails to deliver (after its own retries, within
+``message.timeout.ms``) is counted in
+``phasewise_worker_delivery_errors_total{topic}``, logged with the reason,
+and makes every later flush raise :class:`DeliveryFailed`: this process
+commits no further offsets, Faust stops the worker, and a restart
+re-processes from the last commit.
+
+Except a record refused for itself (:data:`RECORD_ERRORS`: too large, invalid)
+that was sent with an ``on_refused`` handler: re-processing would refuse it
+again, forever. Its handler is called with the reason instead (the job roles
+dead-letter the input that caused the record, :func:`phasewise.streams.job_inputs.refused_output`),
+whether librdkafka refused it at ``produce()`` or the broker in its delivery
+report; a flush waits for what the handlers sent too, and the commit barrier
+takes the state they changed into the same commit. The records a role derives
+from its inputs are bounded (docs/security.md, "Record sizes"), so this is the
+net under those bounds, not the rule. An agent that dies does the same through
+:meth:`CommitBarrier.fail` (:class:`WorkerFailed`): Faust acks the events an
+agent held when it died, processed or not, and none of them may be committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+__all__ = ["CHANGELOG_DELIVERY_TIMEOUT_S", "RECORD_ERRORS", "CommitBarrier", "DeferredWrites", "DeliveryFailed",
+           "JobStateTable", "OutputSender", "PartitionMap", "WorkerFailed", "attach", "output_producer",
+           "record_refusal", "state_bytes"]
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryFailed(RuntimeError):
+    """An output record was not delivered; source offsets must not be committed."""
+
+
+class WorkerFailed(RuntimeError):
+    """An agent died (:meth:`CommitBarrier.fail`); source offsets must not be committed."""
+
+
+#: librdkafka / broker errors about the record itself, not the broker or the network: sent again, it is
+#: refused again (a record larger than ``message.max.bytes`` here or at the broker, an invalid record)
+RECORD_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+                           KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_MSG,
+                           KafkaError.INVALID_TIMESTAMP})
+
+
+def record_refusal(err: Any, topic: str, size: int) -> str | None:
+    """The reason when *err* (a ``KafkaError``) refuses a record for itself (:data:`RECORD_ERRORS`), else None."""
+    try:
+        code = err.code()
+    except AttributeError:
+        return None
+    if code not in RECORD_ERRORS:
+        return None
+    return f"{topic} refused a record of {size} bytes: {err.str()}"
+
+
+class _Epoch:
+    """Records sent between two flushes; librdkafka's delivery callback for each of them."""
+
+    __slots__ = ("outstanding", "sender")
+
+    def __init__(self, sender: OutputSender) -> None:
+        self.outstanding = 0
+        self.sender = sender
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        self.outstanding -= 1
+        if err is not None:
+            self.sender._on_error(err, msg)
+
+
+class _Refusable:
+    """The delivery callback of a record sent with an ``on_refused`` handler."""
+
+    __slots__ = ("epoch", "on_refused")
+
+    def __init__(self, epoch: _Epoch, on_refused: Callable[[str], None]) -> None:
+        self.epoch = epoch
+        self.on_refused = on_refused
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        self.epoch.outstanding -= 1
+        if err is None:
+            return
+        why = record_refusal(err, msg.topic() if msg is not None else "?", len(msg.value() or b"") if msg else 0)
+        if why is None:
+            self.epoch.sender._on_error(err, msg)
+        else:
+            self.epoch.sender._refused(why, self.on_refused)
+
+
+def output_producer(settings: Any) -> Any:
+    """The confluent-kafka producer for the worker's outputs.
+
+    Keys are hashed with murmur2 as Faust / aiokafka / Java clients do, so a
+    host's decisions land on the partition they always did, the one its
+    actuator reads (:mod:`phasewise.kit.kafka.partitions`).
+    """
+    from phasewise.kit.kafka.client import make_producer
+    from phasewise.kit.kafka.partitions import PARTITIONER
+
+    return make_producer(settings, **{"linger.ms": 2, "partitioner": PARTITIONER,
+                                      "message.timeout.ms": 60000})
+
+
+class OutputSender:
+    """Sends records through one confluent-kafka *producer* and tracks their delivery.
+
+    Call :meth:`send` from the event loop thread only (delivery callbacks run in
+    :meth:`poll` / :meth:`flush` on that thread). *metrics*: an object with a
+    ``delivery_errors`` counter labelled by ``topic`` (optional).
+    """
+
+    def __init__(self, producer: Any, metrics: Any = None, *, poll_interval_s: float = 0.002) -> None:
+        self.producer = producer
+        self.metrics = metrics
+        self.poll_interval_s = poll_interval_s
+        self._epoch = _Epoch(self)
+        self._closed: list[_Epoch] = []  # epochs handed to a flush, not yet fully reported
+        self.sent = 0
+        self.failed = 0
+        #: records refused for themselves and handed to their ``on_refused`` handler
+        self.refused = 0
+        self.failure: str | None = None  # first delivery error; sticky
+
+    def send(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None, *,
+             on_refused: Callable[[str], None] | None = None) -> None:
+        """Queue one record (blocks briefly, serving deliveries, while librdkafka's queue is full).
+
+        *on_refused*: called with the reason, instead of failing the worker, if the record is refused for
+        itself (:data:`RECORD_ERRORS`), now or in its delivery report. Without it such a refusal raises
+        ``KafkaException`` here, or fails every later flush.
+        """
+        epoch = self._epoch
+        cb = epoch if on_refused is None else _Refusable(epoch, on_refused)
+        extra = {} if headers is None else {"headers": headers}
+        while True:
+            try:
+                self.producer.produce(topic, value, key, on_delivery=cb, **extra)
+                break
+            except BufferError:
+                self.producer.poll(0.01)
+            except KafkaException as e:
+                why = record_refusal(e.args[0] if e.args else None, topic, len(value))
+                if why is None or on_refused is None:
+                    raise
+                self._refused(why, on_refused)
+                return
+        epoch.outstanding += 1
+        self.sent += 1
+
+    def _refused(self, why: str, on_refused: Callable[[str], None]) -> None:
+        self.refused += 1
+        log.warning("output record refused (%s): handed to its input's handler", why)
+        try:
+            on_refused(why)
+        except Exception as e:  # noqa: BLE001 - a handler that fails leaves the record undelivered: stop
+            self.failed += 1
+            if self.failure is None:
+                self.failure = f"a refused record's handler failed: {type(e).__name__}: {e} ({why})"
+            log.exception("the handler of a refused output record failed")
+
+    def poll(self) -> None:
+        """Serve delivery reports that arrived (non-blocking)."""
+        self.producer.poll(0)
+
+    @property
+    def in_flight(self) -> int:
+        return self._epoch.outstanding + sum(e.outstanding for e in self._closed)
+
+    def _on_error(self, err: Any, msg: Any) -> None:
+        topic = msg.topic() if msg is not None else "?"
+        reason = f"{topic}: {err}"
+        self.failed += 1
+        if self.failure is None:
+            self.failure = reason
+        if self.metrics is not None:
+            self.metrics.delivery_errors.labels(topic=topic).inc()
+        log.error("output record not delivered (%s); source offsets will not be committed", reason)
+
+    async def flush(self) -> None:
+        """Wait until every record sent before this call was reported delivered.
+
+        Raises :class:`DeliveryFailed` if any record of this process failed. What the
+        ``on_refused`` handlers of records refused meanwhile sent (dead letters) is waited for too.
+        """
+        while True:
+            refused = self.refused
+            if self._epoch.outstanding:
+                self._closed.append(self._epoch)
+                self._epoch = _Epoch(self)
+            waiting = list(self._closed)
+            while True:
+                self.producer.poll(0)
+                if all(e.outstanding <= 0 for e in waiting):
+                    break
+                await asyncio.sleep(self.poll_interval_s)
+            self._closed = [e for e in self._closed if e.outstanding > 0]
+            if self.refused == refused:
+                break
+        if self.failure is not None:
+            raise DeliveryFailed(f"{self.failed} output record(s) not delivered, first: {self.failure}")
+
+    def close(self, timeout_s: float = 10.0) -> int:
+        """Blocking flush for shutdown paths off the event loop; returns records still undelivered."""
+        return self.producer.flush(timeout_s)
+
+
+class PartitionMap:
+    """The changelog partition of a table key ``host/container``.
+
+    Faust tables are co-partitioned with their source topic: a key's state goes
+    to the changelog partition of the source message it came from, i.e. the
+    partition of its host's messages (samples are keyed by host). The agent
+    notes it for every message; at commit time there is no current event.
+    """
+
+    def __init__(self) -> None:
+        self._host: dict[str, int] = {}
+        self._key: dict[str, int] = {}  # hosts whose name holds a "/": per key
+
+    def note(self, host: str, partition: int, containers: Any = ()) -> None:
+        """*host*'s messages come from *partition*; *containers*: their names (used if host has a "/")."""
+        self._host[host] = partition
+        if "/" in host:
+            for c in containers:
+                self._key[f"{host}/{c.container}"] = partition
+
+    def of(self, key: str) -> int:
+        p = self._key.get(key)
+        if p is None:
+            p = self._host[key[:key.index("/")]]  # the host part ends at the first "/"
+        return p
+
+    def knows(self, key: str) -> bool:
+        """Whether :meth:`of` can place *key* (its host's messages were seen since the last clear)."""
+        return key in self._key or key[:key.find("/")] in self._host
+
+    def forget(self, key: str) -> None:
+        """*key* is gone (expired): drop its per-key entry, if any."""
+        self._key.pop(key, None)
+
+    def clear(self) -> None:
+        self._host.clear()
+        self._key.clear()
+
+
+def state_bytes(state: Any) -> bytes:
+    """A container state as stored in the tables: compact JSON."""
+    return json.dumps(state, separators=(",", ":")).encode()
+
+
+class DeferredWrites:
+    """Writes to one Faust *table*, held until the next commit (latest value per key).
+
+    *source*: called at each commit, returns ``(key, state)`` for the containers
+    marked for persisting since the last call (``StateCache.pop_dirty``,
+    ``PhaseFleet.pop_dirty``); their states are serialised then, once per
+    container per commit however often it was marked, and written with the
+    partition *partitions* gives. :meth:`put` holds one explicit write.
+    :meth:`get` reads a held value first, so a loader sees its own writes.
+    """
+
+    def __init__(self, table: Any, source: Callable[[], Any] | None = None,
+                 partitions: PartitionMap | None = None) -> None:
+        self.table = table
+        self.source = source
+        self.partitions = partitions
+        self._pending: dict[str, tuple[int, Any]] = {}
+        self._writing: dict[str, tuple[int, Any]] = {}
+        self.written = 0
+        #: the changelog records :meth:`write_taken` queued, each a future that resolves once the
+        #: record is delivered (the barrier awaits them before the offsets are committed)
+        self.sent: list[Any] = []
+
+    def put(self, key: str, value: Any, partition: int) -> None:
+        self._pending[key] = (partition, value)
+
+    def delete(self, key: str) -> None:
+        """Hold the deletion of *key* (a changelog tombstone at the next commit)."""
+        assert self.partitions is not None, "deleting needs a PartitionMap"
+        self._pending[key] = (self.partitions.of(key), None)
+
+    def get(self, key: str) -> Any:
+        v = self._pending.get(key)
+        if v is None:
+            v = self._writing.get(key)
+        return self.table.get(key) if v is None else v[1]
+
+    def get_state(self, key: str) -> Any:
+        """:meth:`get`, decoded: the container state, or None (a loader for the state caches).
+
+        Written as JSON bytes (:func:`state_bytes`); Faust hands values recovered
+        from the changelog back already decoded by its default (JSON) codec.
+        """
+        raw = self.get(key)
+        return json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def take(self) -> dict[str, Any]:
+        """Collect the source's marked states and hold everything for writing (synchronous)."""
+        if self.source is not None:
+            assert self.partitions is not None, "a source needs a PartitionMap"
+            of = self.partitions.of
+            for k, state in self.source():
+                self._pending[k] = (of(k), state_bytes(state))
+        if self._writing:  # taken again before it was written (the barrier after refused outputs): newer wins
+            self._writing.update(self._pending)
+            self._pending = {}
+        else:
+            self._writing, self._pending = self._pending, {}
+        return self._writing
+
+    async def write_taken(self, buffer: Any = None, chunk: int = 50, budget_s: float = 1.0) -> int:
+        """Write what :meth:`take` took: the table's store and its changelog (as ``table[k] = v`` does).
+
+        *buffer*: Faust's producer buffer. Faust's conductor pauses every stream
+        while that buffer holds more than 100 records, and each changelog record
+        is its own produce request here (~0.3 ms of the event loop), so a commit
+        with 1000 marked containers paused the streams for ~0.3 s (a latency
+        spike whenever many containers are marked together, e.g. their periodic
+        write interval). The records go in chunks of *chunk*, each sent before
+        the next is queued: the streams keep flowing while they go out. A
+        saturated worker (a backlog) leaves the buffer few turns; after
+        *budget_s* the rest is queued at once (a bounded pause) so that commits
+        keep coming.
+        """
+        taken, table = self._writing, self.table
+        data = table.data
+        queued = 0
+        deadline = time.monotonic() + budget_s
+        sent = self.sent
+        for k, (partition, v) in taken.items():
+            if v is None:  # a deletion: drop it here, a tombstone on the changelog (as Faust's del does)
+                data.pop(k, None)
+                fut = table.send_changelog(partition, k, None, value_serializer="raw")
+            else:
+                data[k] = v
+                fut = table.send_changelog(partition, k, v)
+            if fut is not None:
+                sent.append(fut)
+            queued += 1
+            if buffer is not None and queued >= chunk and time.monotonic() < deadline:
+                await buffer.flush_atmost(queued)
+                queued = 0
+        n = len(taken)
+        self._writing = {}
+        self.written += n
+        return n
+
+
+#: seconds a commit waits for its changelog records' delivery before it refuses to commit
+CHANGELOG_DELIVERY_TIMEOUT_S = 60.0
+
+
+class CommitBarrier:
+    """Runs before every Faust commit: outputs delivered, then held state written and delivered."""
+
+    def __init__(self, sender: OutputSender, metrics: Any = None, *,
+                 changelog_timeout_s: float = CHANGELOG_DELIVERY_TIMEOUT_S) -> None:
+        self.changelog_timeout_s = changelog_timeout_s
+        self.sender = sender
+        self.metrics = metrics
+        self.tables: list[DeferredWrites] = []
+        self.partitions = PartitionMap()
+        self.commits = 0
+        self._lock: asyncio.Lock | None = None  # one barrier at a time (a commit and a rebalance may overlap)
+        self.buffer: Any = None  # Faust's producer buffer (set by attach)
+        #: called (synchronously) at the start of every barrier, before the outputs' delivery is awaited:
+        #: last sends that belong to this commit (e.g. held learn windows)
+        self.before: list[Callable[[], None]] = []
+        self.failure: str | None = None  # set by fail(); sticky
+
+    def fail(self, reason: str) -> None:
+        """Refuse every later commit (an agent died: the events it held may be acked unprocessed)."""
+        if self.failure is None:
+            self.failure = reason
+
+    def table(self, table: Any, source: Callable[[], Any] | None = None) -> DeferredWrites:
+        """Hold *table*'s writes for the commits; *source*: see :class:`DeferredWrites`."""
+        d = DeferredWrites(table, source, self.partitions)
+        self.tables.append(d)
+        return d
+
+    async def before_commit(self) -> None:
+        if self.failure is not None:
+            raise WorkerFailed(f"no offsets are committed after a failure: {self.failure}")
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self.failure is not None:  # failed while this barrier waited for the previous one
+                raise WorkerFailed(f"no offsets are committed after a failure: {self.failure}")
+            for fn in self.before:
+                fn()
+            for d in self.tables:
+                d.take()
+            refused = self.sender.refused
+            await self.sender.flush()
+            if self.sender.refused != refused:  # their handlers changed state (a job forgotten): this commit's
+                for fn in self.before:
+                    fn()
+                for d in self.tables:
+                    d.take()
+                await self.sender.flush()
+            n = 0
+            for d in self.tables:
+                n += await d.write_taken(self.buffer)
+            if self.metrics is not None and n:
+                self.metrics.table_writes.inc(n)
+            self.commits += 1
+
+    async def changelog_delivered(self) -> None:
+        """Wait until every changelog record the barriers queued is delivered (after Faust's flush).
+
+        Faust's flush does not guarantee it: its producer buffer's flush returns once the
+        buffer's queue is empty (or after 0.1 s without a send), while the record its sending
+        task last took may not have reached the Kafka producer yet, so the offsets could be
+        committed ahead of the state they need. A record that fails or is not delivered within
+        ``changelog_timeout_s`` refuses this and every later commit (:class:`DeliveryFailed`).
+        """
+        futs = [f for d in self.tables for f in d.sent]
+        for d in self.tables:
+            d.sent = []
+        if not futs:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*futs), timeout=self.changelog_timeout_s)
+        except TimeoutError:
+            self.fail(f"{sum(not f.done() for f in futs)} changelog record(s) not delivered within "
+                      f"{self.changelog_timeout_s:g} s")
+            raise DeliveryFailed(self.failure) from None
+        except Exception as e:  # noqa: BLE001 - the producer's error, whatever its type
+            self.fail(f"a changelog record was not delivered: {type(e).__name__}: {e}")
+            raise DeliveryFailed(self.failure) from e
+
+
+class JobStateTable:
+    """A job agent's state in a changelogged Faust table (key: job, value: raw bytes).
+
+    *state* has ``writes()`` (``(key, partition, value)`` to write, taken at each commit before the
+    outputs' delivery is awaited) and ``restore(items)`` (the table's items; returns how many jobs).
+    The state is restored from the table on first use after the worker starts or takes partitions
+    back (:meth:`ensure_restored`, called by the agents before each record); a revocation makes the
+    table, restored on assignment, the truth again. *on_restored* gets the count when it is not 0.
+    """
+
+    def __init__(self, app: Any, barrier: CommitBarrier, name: str, *, partitions: int, help: str,
+                 state: Any, on_restored: Callable[[int], None]) -> None:
+        import faust
+
+        self.table = app.Table(name, default=None, partitions=partitions,
+                               schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                               help=help)
+        self.state = state
+        self.on_restored = on_restored
+        self.restored = False
+        writes = barrier.table(self.table)
+
+        def hold() -> None:
+            for key, p, value in state.writes():
+                writes.put(key, value, p)
+
+        barrier.before.append(hold)
+
+        @app.on_partitions_revoked.connect
+        async def _forget(app: Any, revoked: Any, **kwargs: Any) -> None:
+            self.restored = False
+
+    def ensure_restored(self) -> None:
+        if not self.restored:
+            n = self.state.restore(list(self.table.data.items()))
+            self.restored = True
+            if n:
+                self.on_restored(n)
+
+
+def attach(app: Any, barrier: CommitBarrier) -> Callable[[], Any]:
+    """Make *app*'s producer flush (which Faust awaits before committing offsets) run *barrier* first.
+
+    Returns the original flush.
+    """
+    producer = app.producer
+    original = producer.flush
+    metrics = barrier.metrics
+    barrier.buffer = getattr(producer, "buffer", None)
+
+    async def flush() -> None:
+        t0 = time.perf_counter()
+        await barrier.before_commit()
+        await original()
+        await barrier.changelog_delivered()
+        if metrics is not None:
+            metrics.commit_flush_seconds.inc(time.perf_counter() - t0)
+
+    producer.flush = flush
+    return original

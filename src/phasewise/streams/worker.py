@@ -1,0 +1,473 @@
+"""``phasewise worker``: the Faust stream processor (samples -> VPA limit decisions).
+
+Reads ``HostSamples`` from the samples topic, keeps a VPA recommender per
+container (state in a changelogged table, so a restarted worker recovers it),
+and writes a ``Decision`` to the decisions topic whenever a container's
+recommended limit moves by more than the hysteresis. A record it cannot
+decode or process (whatever its size, nesting or bytes) goes to the
+dead-letter topic with the reason. Start several workers with the same
+``worker_id`` to split the hosts between them.
+
+Start-up: print the settings, wait for the broker (saying so in one line
+every few seconds; SIGTERM or SIGINT end the wait, exit status 0), create
+missing topics, start a Faust worker in this process (log levels map to
+Faust's crit|error|warn|info|debug; the Kafka client's repeated lines are
+folded). SIGTERM and SIGINT stop it cleanly (Faust's worker installs those
+handlers; it also installs SIGUSR1 to log a stack dump). Exit status 0 after
+a clean stop; 1 when an agent died (on anything but a record, which is
+dead-lettered) or an output could not be delivered: nothing is committed
+after that, and a restarted worker takes over from the last commit. Also 1
+when it stayed not ready for ``ready_stall_s`` while the broker answered and
+its table recovery did not move (:class:`ReadyGuard`; one critical line says
+what it waited for). ``/readyz`` is not ready while no broker answers
+(:class:`~phasewise.kit.kafka.client.BrokerProbe`) and from a revocation to the end of
+the rebalance.
+
+The decision logic itself is pure and usable without Faust:
+:func:`phasewise.models.vpa.updater.process_host_samples` and
+:class:`phasewise.models.phases.updater.PhaseHooks`. Flags and settings are
+checked before torch loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from phasewise.kit.command import add_common, add_setting, settings_from_args, stop_on_signals
+from phasewise.kit.settings import Settings
+
+__all__ = ["FAUST_LEVELS", "add_arguments", "run"]
+
+log = logging.getLogger(__name__)
+
+#: phasewise log level -> Faust / mode log level
+FAUST_LEVELS = {"debug": "debug", "info": "info", "warning": "warn", "error": "error", "critical": "crit"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    for name in ("recommend_interval_s", "hysteresis", "data_dir", "web_port", "metrics_port", "worker_id",
+                 "policy", "phase_workloads", "phase_snapshot_interval_s", "phase_learn_every", "phase_learn_batch",
+                 "phase_warmup",
+                 "phase_statistics", "phase_features", "container_ttl_s", "vpa_time_scale", "targets_enabled",
+                 "targets_policy", "targets_shrink", "targets_share_alpha", "targets_share_interval_s",
+                 "targets_grace_s", "priority_agent", "priority_freeze_max_wait_s", "priority_grace_s",
+                 "priority_cpu_weights", "priority_cpu_weight_ratio", "priority_launcher", "ready_stall_s"):
+        add_setting(p, name, help={"data_dir": "Faust data directory"}.get(name))
+
+
+def samples_partitions(settings: Settings) -> int:
+    """The samples topic's real partition count (the state table must match it)."""
+    from phasewise.kit.kafka.client import make_admin
+    from phasewise.kit.topics import SAMPLES
+
+    md = make_admin(settings).list_topics(SAMPLES.name, timeout=10)
+    t = md.topics.get(SAMPLES.name)
+    if t is None or t.error is not None or not t.partitions:
+        return settings.kafka.topic_partitions or SAMPLES.partitions
+    return len(t.partitions)
+
+
+def single_threaded_torch() -> int:
+    """Run torch ops on the calling thread only (unless ``OMP_NUM_THREADS`` says otherwise).
+
+    The detector's CRBM multiplies ~100-row matrices once per message from one
+    event loop: intra-op threads cannot speed that up, and on a busy host their
+    spin-waits cost more than the maths (measured on 2 shared cores: the batched
+    step fell from ~70k to ~10k samples/s with torch's default 2 threads).
+    Returns the thread count in force.
+    """
+    import torch
+
+    if not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(1)
+    return torch.get_num_threads()
+
+
+def freeze_heap_when_ready(app: object) -> None:
+    """``gc.freeze()`` once, when the worker first has its partitions.
+
+    By then the process holds ~220k long-lived objects (torch, Faust, aiokafka,
+    the model); each full (generation 2) garbage collection traversed all of
+    them: ~100 ms with the event loop stopped, every few tens of seconds, a
+    p99 latency spike. Frozen objects are never collected (they live for the
+    process anyway); objects created afterwards, container state included, are
+    collected as before.
+    """
+    import gc
+
+    frozen = []
+
+    @app.on_rebalance_complete.connect  # type: ignore[attr-defined]
+    async def _freeze(app: object, **kwargs: object) -> None:
+        if not frozen:
+            gc.collect()
+            gc.freeze()
+            frozen.append(gc.get_freeze_count())
+            log.info("froze %d start-up objects out of garbage collection", frozen[0])
+
+
+def state_dir_problem(settings: Settings) -> str | None:
+    """Why the Faust worker's ``data_dir`` cannot be used (created 0700 when missing), or None."""
+    from phasewise.kit.statedir import StateDirError, ensure_state_dir
+
+    try:
+        ensure_state_dir(settings.data_dir)
+    except StateDirError as e:
+        return str(e)
+    return None
+
+
+#: seconds the worker's event loop may be silent before /healthz says it is not live
+LOOP_SILENCE_S = 30.0
+#: ... and before its first timer ran (start-up: imports, waiting for the broker, table recovery)
+LOOP_START_S = 600.0
+
+
+def watch(app: object, metrics: object, *, lag_every_s: float = 5.0, ready: str = "phasewise_worker_ready",
+          probe: object = None) -> object:
+    """A Faust worker's :class:`~phasewise.kit.observe.Health`, and its consumer lag metric where it has one.
+
+    Live while the event loop runs a 1 s timer (a wedged loop stops it);
+    ready while the broker answers (*probe*, a :class:`~phasewise.kit.kafka.client.BrokerProbe`:
+    aiokafka keeps no state a check could read) and the gauge *ready* is 1
+    (``phasewise_worker_ready``, ``phasewise_horus_ready``,
+    ``phasewise_place_ready``: partitions assigned, tables recovered, no agent
+    dead). The gauge drops to 0 when a rebalance revokes the partitions (as
+    after a broker outage) and is 1 again when it completes. With
+    ``metrics.consumer_lag``, every *lag_every_s* ``consumer_lag{topic}`` is
+    the sum over the assigned partitions of high watermark - position.
+    """
+    from phasewise.kit.observe import Health
+
+    def not_ready() -> str | None:
+        down = probe.outage() if probe is not None else None  # type: ignore[attr-defined]
+        if down is not None:
+            return down
+        if metrics.registry.get_sample_value(ready) != 1:  # type: ignore[attr-defined]
+            return f"{not_ready_reason(app)} (or an agent died)"
+        return None
+
+    health = Health(ready=not_ready)
+    health.beat("event", LOOP_START_S)  # until the app's timers run: torch, the broker, recovery
+
+    @app.on_partitions_revoked.connect  # type: ignore[attr-defined]
+    async def _unready(app: object, revoked: object, **kwargs: object) -> None:
+        metrics.ready.set(0)  # type: ignore[attr-defined]  # until the rebalance completes
+
+    @app.timer(1.0)  # type: ignore[attr-defined]
+    async def _beat() -> None:
+        health.beat("event", LOOP_SILENCE_S)
+
+    if not hasattr(metrics, "consumer_lag"):
+        return health
+
+    @app.timer(lag_every_s)  # type: ignore[attr-defined]
+    async def _lag() -> None:
+        consumer = app.consumer  # type: ignore[attr-defined]
+        lag: dict[str, int] = {}
+        for tp in list(consumer.assignment()):
+            try:
+                high = consumer.highwater(tp)
+                pos = await consumer.position(tp)
+            except Exception:  # noqa: BLE001 - a partition being revoked; the next round has it right
+                continue
+            if high is None or pos is None:
+                continue
+            lag[tp.topic] = lag.get(tp.topic, 0) + max(0, high - pos)
+        for topic, n in lag.items():
+            metrics.consumer_lag.labels(topic=topic).set(n)  # type: ignore[attr-defined]
+
+    return health
+
+
+def not_ready_reason(app: object) -> str:
+    """What a Faust worker that is not ready waits for: the group, its changelog recovery, or the rebalance's end."""
+    try:
+        assigned = len(app.consumer.assignment())  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - the consumer is not built yet
+        assigned = 0
+    if not assigned:
+        return "no partitions assigned yet (joining the consumer group)"
+    recovery = getattr(getattr(app, "tables", None), "recovery", None)
+    if recovery is not None and getattr(recovery, "in_recovery", False):
+        try:
+            left = recovery.active_remaining()
+            parts = ", ".join(f"{tp.topic}[{tp.partition}] at {recovery.active_offsets[tp]} of {hw}"
+                              for tp, hw in sorted(recovery.active_highwaters.items())[:4]
+                              if left.get(tp, 0) > 0)
+            return f"recovering tables from their changelogs: {sum(left.values())} records left ({parts})"
+        except Exception:  # noqa: BLE001 - read from another thread while it changes: say less
+            return "recovering tables from their changelogs"
+    return f"{assigned} partitions assigned; waiting for the table recovery and the rebalance to complete"
+
+
+def recovery_progress(app: object) -> tuple[int, int] | None:
+    """What moves while a Faust worker makes progress towards ready: its assigned partitions and the
+    offsets its recovery reached (None when they cannot be read now)."""
+    try:
+        recovery = app.tables.recovery  # type: ignore[attr-defined]
+        offsets = sum(v for v in list(recovery.active_offsets.values()) if v is not None)
+        offsets += sum(v for v in list(recovery.standby_offsets.values()) if v is not None)
+        return len(app.consumer.assignment()), offsets  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not built yet, or changing under us
+        return None
+
+
+class ReadyGuard:
+    """How long a Faust worker has been stuck: not ready, its broker answering, no progress.
+
+    Fed by :meth:`tick` (pure; the clock is injectable). The clock restarts
+    when the worker is ready, while the broker is gone (an outage is not the
+    worker's to end) and whenever *progress* changes (a long recovery that
+    moves is not stuck).
+    """
+
+    def __init__(self, stall_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stall_s = stall_s
+        self.clock = clock
+        self.since: float | None = None
+        self._progress: object = None
+        #: why the worker was stopped (set once, by the caller of :meth:`tick`)
+        self.fired: str | None = None
+
+    def tick(self, ready: bool, broker_down: bool, progress: object = None) -> float | None:
+        """Seconds stuck, once more than ``stall_s`` (0: never); else None."""
+        now = self.clock()
+        if ready or broker_down:
+            self.since, self._progress = None, None
+            return None
+        if self.since is None or (progress is not None and progress != self._progress):
+            self.since = now
+            if progress is not None:
+                self._progress = progress
+            return None
+        stuck = now - self.since
+        return stuck if self.stall_s and stuck > self.stall_s and self.fired is None else None
+
+
+def guard_readiness(app: object, metrics: object, guard: ReadyGuard, probe: object, *, role: str,
+                    ready: str = "phasewise_worker_ready", every_s: float = 1.0) -> threading.Thread:
+    """A daemon thread that stops this process (SIGTERM, so Faust stops as on a signal; the role's exit status
+    is then 1) once *guard* finds the worker stuck, with one critical line saying what it waited for.
+
+    A thread, not an app timer: Faust starts its timers only after the first table recovery."""
+
+    def loop() -> None:
+        while guard.fired is None:
+            time.sleep(every_s)
+            is_ready = metrics.registry.get_sample_value(ready) == 1  # type: ignore[attr-defined]
+            down = probe.outage() is not None  # type: ignore[attr-defined]
+            stuck = guard.tick(is_ready, down, recovery_progress(app))
+            if stuck is None:
+                continue
+            guard.fired = (f"not ready after {stuck:.0f} s without progress while the broker answers: "
+                           f"{not_ready_reason(app)}")
+            log.critical("phasewise %s: %s; exiting with status 1 so that it is started afresh (ready_stall_s=%g)",
+                         role, guard.fired, guard.stall_s)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    t = threading.Thread(target=loop, name="phasewise-ready-guard", daemon=True)
+    t.start()
+    return t
+
+
+#: seconds a stopping worker may take when its broker is unreachable (Faust's own
+#: shutdown then waits on the Kafka client indefinitely); with a broker, STOP_GRACE_S
+STOP_UNREACHABLE_S = 3.0
+STOP_GRACE_S = 60.0
+
+
+def make_worker(app: object, bootstrap: str, **kw: object) -> object:
+    """A ``faust.Worker`` that tames the Kafka client while the broker is away.
+
+    - its log handlers fold repeated lines (:class:`~phasewise.kit.kafka.client.FoldRepeats`):
+      aiokafka logs every failed reconnect, several a second;
+    - on SIGINT / SIGTERM it stops as Faust does, but if the process is still
+      there after :data:`STOP_UNREACHABLE_S` (nothing listens at *bootstrap*) or
+      :data:`STOP_GRACE_S`, it says so and exits with status 1. Nothing is lost
+      that a restart does not redo: offsets not committed are processed again
+      and decisions carry idempotency keys.
+    """
+    import faust
+
+    from phasewise.kit.kafka.client import FoldRepeats, listening
+
+    class Worker(faust.Worker):
+        def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+            super().on_setup_root_logger(logger, level)
+            for h in logger.handlers:
+                h.addFilter(FoldRepeats())
+
+        def _schedule_shutdown(self, signal: object) -> None:
+            if not getattr(self, "_phasewise_watchdog", None):
+                grace = STOP_GRACE_S if listening(bootstrap, 0.5) else STOP_UNREACHABLE_S
+                self._phasewise_watchdog = threading.Timer(grace, _stop_now, args=(grace,))
+                self._phasewise_watchdog.daemon = True
+                self._phasewise_watchdog.start()
+            super()._schedule_shutdown(signal)
+
+    return Worker(app, **kw)
+
+
+def _stop_now(grace: float) -> None:
+    log.warning("not stopped %g s after the signal (the Kafka client waits for an unreachable broker): "
+                "exiting now; uncommitted samples are processed again at the next start", grace)
+    logging.shutdown()
+    os._exit(1)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    from phasewise.kit.job_signing import JobSigningError, trusted_submitters
+    from phasewise.kit.kafka.client import BrokerUnavailable, ensure_topics, wait_for_broker
+    from phasewise.kit.signing import SigningError, keyring_of
+    from phasewise.streams.app import create_app
+    from phasewise.streams.metrics import WorkerMetrics
+
+    try:
+        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
+        trusted_submitters(settings.jobs.trusted_submitters)
+    except (SigningError, JobSigningError) as e:
+        print(f"phasewise worker: error: {e}", file=sys.stderr)
+        return 2
+    if (why := state_dir_problem(settings)) is not None:
+        print(f"phasewise worker: error: data_dir: {why}", file=sys.stderr)
+        return 2
+    print(settings.describe(), flush=True)
+    if keyring is None:
+        hints = settings.priority.agent and settings.priority.launcher == "place"
+        warn_unsigned("worker", "decisions and hints" if hints else "decisions",
+                      "actuators and placement workers" if hints else "actuators")
+    stop = threading.Event()
+    # until Faust runs (it installs its own handlers), a signal ends the wait for the broker
+    with stop_on_signals(stop) as received:
+        try:
+            if not wait_for_broker(settings, None, stop=stop):
+                log.info("signal %d: stopping before the broker answered", received[0])
+                return 0
+            if settings.kafka.create_topics:
+                ensure_topics(settings)
+            if "phase" in settings.worker.served_policies():
+                from phasewise.streams.agents.phases import ensure_phase_topics
+
+                ensure_phase_topics(settings)
+            partitions = samples_partitions(settings)
+        except BrokerUnavailable as e:
+            print(f"phasewise worker: {e}", file=sys.stderr)
+            return 1
+        if stop.is_set():
+            log.info("signal %d: stopping", received[0])
+            return 0
+    if "phase" in settings.worker.served_policies():
+        single_threaded_torch()
+    metrics = WorkerMetrics()
+    views: dict[str, Any] = {}
+    app = create_app(settings, samples_partitions=partitions, metrics=metrics, views=views)
+    freeze_heap_when_ready(app)
+    from phasewise.kit.topics import SAMPLES
+
+    return run_faust(app, settings, metrics, role="worker", ready="phasewise_worker_ready", inputs=(SAMPLES.name,),
+                     views=views)
+
+
+def run_faust(app: object, settings: Settings, metrics: object, *, role: str, ready: str,
+              inputs: tuple[str, ...], views: dict[str, Any] | None = None) -> int:
+    """Run a built Faust *app* as this process's worker until it stops; its exit status.
+
+    With its health (:func:`watch`) and *views* (the worker's ``/scorecard/``) on
+    ``metrics_port``, a broker probe on the *inputs* topics, and the guard that
+    stops a worker stuck not ready (``ready_stall_s``; exit status 1 then,
+    whatever Faust's).
+    """
+    from phasewise.kit.kafka.client import BrokerProbe
+
+    probe = BrokerProbe(settings, inputs).start()
+    health = watch(app, metrics, ready=ready, probe=probe)
+    if settings.metrics_port:
+        from phasewise.kit.observe import serve
+
+        serve(metrics.registry, settings.metrics_port, health, settings.bind_address,  # type: ignore[attr-defined]
+              views=views)
+        log.info("metrics and health on %s:%d (%s)", settings.bind_address, settings.metrics_port,
+                 ", ".join(["/metrics", "/healthz", "/readyz", *(views or {})]))
+    guard = ReadyGuard(settings.worker.ready_stall_s)
+    guard_readiness(app, metrics, guard, probe, role=role, ready=ready)
+    worker = make_worker(app, settings.kafka.bootstrap,
+                         loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
+                         quiet=True, redirect_stdouts=False)
+    # Faust's terminal spinner (levels warn and above) sets the root logger to DEBUG so that
+    # every debug record of faust/aiokafka reaches its handler: ~5% of the worker's CPU for
+    # nothing in a log file. No spinner: the root logger stays at the chosen level.
+    worker.spinner = None
+    code: int = 0
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        probe.close()
+    return 1 if guard.fired is not None else code
+
+
+def warn_unsigned(role: str, what: str, readers: str = "actuators") -> None:
+    """The one start-up warning of a role that publishes *what* without a cluster key (*readers* refuse them)."""
+    log.warning("phasewise %s: %s are published unsigned: %s with signing_key_file set refuse them "
+                "(set signing_key_file; docs/security.md)", role, what, readers)
+
+
+def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: object,
+                   register: Callable[[object, Settings], None]) -> int:
+    """A cluster-wide job worker (``phasewise horus``, ``phasewise place``): print the settings,
+    wait for the broker, create missing topics, run a Faust app with id *worker_id* whose agents
+    *register(app, settings)* adds, with *metrics* and its health on ``metrics_port`` at
+    ``bind_address`` (``/metrics``, ``/healthz``: the event loop runs; ``/readyz``: the broker
+    answers and ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
+    unavailable, an agent died, an output could not be delivered or it was stuck not ready
+    (``ready_stall_s``)."""
+    from phasewise.kit.job_signing import JobSigningError, trusted_submitters
+    from phasewise.kit.kafka.client import BrokerUnavailable, ensure_topics, wait_for_broker
+    from phasewise.kit.signing import SigningError, keyring_of
+    from phasewise.streams.app import create_app
+
+    try:
+        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
+        trusted_submitters(settings.jobs.trusted_submitters)
+    except (SigningError, JobSigningError) as e:
+        print(f"phasewise {role}: error: {e}", file=sys.stderr)
+        return 2
+    if (why := state_dir_problem(settings)) is not None:
+        print(f"phasewise {role}: error: data_dir: {why}", file=sys.stderr)
+        return 2
+    print(settings.describe(), flush=True)
+    if keyring is None:
+        if role == "horus":
+            warn_unsigned(role, "predictions", "placement workers")
+        else:
+            warn_unsigned(role, "decisions")
+    stop = threading.Event()
+    with stop_on_signals(stop) as received:
+        try:
+            if not wait_for_broker(settings, None, stop=stop):
+                log.info("signal %d: stopping before the broker answered", received[0])
+                return 0
+            if settings.kafka.create_topics:
+                ensure_topics(settings)
+        except BrokerUnavailable as e:
+            print(f"phasewise {role}: {e}", file=sys.stderr)
+            return 1
+        if stop.is_set():
+            return 0
+    app = create_app(settings.replace(worker_id=worker_id, web_port=0), register_agents=False)
+    register(app, settings)
+    from phasewise.kit.topics import JOB_EVENTS
+
+    return run_faust(app, settings, metrics, role=role, ready=f"phasewise_{role}_ready", inputs=(JOB_EVENTS.name,))

@@ -1,0 +1,39 @@
+"""``phasewise bench fuzz``: hostile messages at the real roles through Kafka (their own embedded broker)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from phasewise.apps.bench.fuzz import KINDS
+
+
+def fuzz(*argv: str, timeout_s: float = 600) -> tuple[int, dict]:
+    p = subprocess.run([sys.executable, "-m", "phasewise.cli", "bench", "fuzz", *argv, "--json"],
+                       capture_output=True, text=True, timeout=timeout_s)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    assert lines, p.stdout[-2000:] + p.stderr[-4000:]
+    return p.returncode, json.loads(lines[-1])
+
+
+def test_the_decoder_check_needs_no_broker_and_counts_every_kind():
+    rc, out = fuzz("--topic", "samples", "--messages", "3000", "--decoders-only", "--seed", "5")
+    assert rc == 0, out
+    assert out["rejected_with_reason"] == 3000 and out["decoder_crashes"] == 0 and out["generator_valid"] == {}
+    assert set(out["kinds"]) == set(KINDS["samples"])
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.parametrize("topic,policy", [("samples", "vpa"), ("samples", "phase"), ("decisions", "vpa"),
+                                          ("learn-windows", "phase"), ("models", "phase")])
+def test_every_hostile_message_is_dead_lettered_and_no_valid_one_is_lost(topic, policy):
+    rc, out = fuzz("--topic", topic, "--policy", policy, "--messages", "250", "--valid-every", "5", "--seed", "9")
+    assert out["messages"] == 250 and out["valid"] == 50
+    assert out["dead_lettered"] == 250 and out["not_dead_lettered"] == 0, out
+    assert out["valid_handled"] == 50 and out["valid_lost"] == 0 and out["valid_dead_lettered"] == 0, out
+    assert out["crashes"] == 0 and out["exit_code"] == 0 and out["decoder_crashes"] == 0, out
+    assert rc == 0

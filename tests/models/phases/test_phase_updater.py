@@ -1,0 +1,196 @@
+"""The phase detectors of a worker (PhaseHooks) without Kafka: phase changes, decisions, learn windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phasewise.kit.records import (
+    ContainerSample,
+    Decision,
+    HostSamples,
+    ModelSnapshot,
+    PhaseChange,
+    decode,
+    encode,
+)
+from phasewise.kit.records.learn_batches import decode_learn_batch
+from phasewise.kit.settings import Settings
+from phasewise.models.phases.detector import PhaseModel, learn
+from phasewise.models.phases.learner import Learner
+from phasewise.models.phases.snapshots import model_name
+from phasewise.models.phases.updater import PhaseHooks
+from phasewise.models.vpa.updater import process_host_samples, process_many
+from phasewise.streams.config import detector_config, state_cache, updater_config
+
+NAME = model_name()
+
+
+def msg(host: str, ts: float, usage: dict[str, tuple[float, float]]) -> HostSamples:
+    return HostSamples(host=host, ts=ts, interval_s=1.0, containers=tuple(
+        ContainerSample(container=c, cpu_cores=cpu, mem_bytes=mem, cpu_limit_cores=4.0, mem_limit_bytes=8e9,
+                        nr_periods=10) for c, (cpu, mem) in usage.items()))
+
+
+def regime(t: int, period: int = 20) -> tuple[float, float]:
+    return (1.5, 1.5e9) if (t // period) % 2 else (0.05, 2e8)
+
+
+def warm_model() -> PhaseModel:
+    m = PhaseModel(features=("cpu", "mem"), n_his=2, warmup=32, seed=0)
+    W = np.array([[regime(t + k) for k in range(3)] for t in range(160)])
+    for _ in range(4):
+        learn(m, W)
+    assert m.ready
+    return m
+
+
+def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback():
+    s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
+                           "safety_rules": False,
+                           "phase_learn_every": 2,
+                           "phase_learn_batch": 16}, env={})
+    cache = state_cache(s)
+    model = warm_model()
+    hooks = PhaseHooks(detector_config(s), cache, model=model, version=1)
+    decisions, changes, batches = [], [], 0
+    for t in range(80):
+        hs = msg("h1", 1000.0 + t, {"job": regime(t), "steady": (0.5, 5e8)})
+        out = hooks.process(hs, process_host_samples(cache, hs, updater_config(s)))
+        decisions += out.decisions
+        changes += out.changes
+        batches += out.learn_batch is not None
+        if t == 40:  # the learner's snapshot lands: statistics for the phases appear
+            W = np.array([[regime(k + j) for j in range(3)] for k in range(120)])
+            model.clusterer.update_stats(model.predict(W), W[:, -1])
+            # relative statistics (the worker's default): usage / the container's level
+            model.clusterer.update_rel_stats(model.predict(W), W[:, -1] / W[:, -1].max(axis=0))
+            hooks.latest = lambda m=model: (ModelSnapshot(name=NAME, ts=1.0, version=2, payload_b64="",
+                                                          samples_seen=0), m)
+    assert hooks.version == 2
+    job_changes = [c for c in changes if c.container == "job"]
+    assert all(isinstance(c, PhaseChange) and c.host == "h1" for c in job_changes)
+    assert sum(c.old_phase is not None for c in job_changes) >= 3  # a change per regime switch
+    assert all(d.policy == "phase" for d in decisions)
+    fb = [d for d in decisions if d.details["source"] == "fallback:vpa"]
+    ph = [d for d in decisions if d.details["source"] == "phase" and d.container == "job"]
+    assert fb and ph
+    d = ph[-1]
+    assert d.details["phase"] is not None and d.details["stats"]["cpu"]["count"] >= 10
+    assert d.details["stats"]["cpu"]["p95"] * 1.1 <= d.cpu_limit_cores + 1e-3
+    assert d.details["statistics"] == "relative" and d.details["stats"]["cpu"]["level_before"] > 0
+    assert batches > 0
+    for d in decisions:  # every decision is a valid record
+        assert decode(Decision, encode(d)) == d
+
+
+
+def test_hooks_hold_learn_windows_until_a_batch_is_full_and_hand_out_the_rest_on_request():
+    s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
+                           "safety_rules": False,
+                           "phase_learn_every": 1,
+                           "phase_learn_batch": 7}, env={})
+    cache = state_cache(s)
+    hooks = PhaseHooks(detector_config(s), cache, model=warm_model(), version=1)
+    L, F = hooks.fleet.model.window_len, hooks.fleet.model.n_features
+    sizes, ready = [], 0
+    for t in range(12):  # 3 containers per message: 3 ready windows per message once windows are full
+        hs = msg("h1", 1000.0 + t, {"a": regime(t), "b": (0.5, 5e8), "c": (0.2, 2e8)})
+        out = hooks.process(hs, process_host_samples(cache, hs, updater_config(s)))
+        ready += 3 if t >= L - 1 else 0
+        if out.learn_batch is not None:
+            W, P, U, LV = decode_learn_batch(out.learn_batch, NAME, L, F)
+            sizes.append(len(W))
+            assert P.shape == (len(W),) and U.shape == (len(W), F) and LV is not None and LV.shape == U.shape
+    assert sizes and all(n >= 7 for n in sizes) and all(n < 7 + 3 for n in sizes)  # full batches only
+    rest = hooks.take_learn_batch()
+    assert rest is not None and hooks.take_learn_batch() is None  # the hold is emptied
+    sizes.append(len(decode_learn_batch(rest, NAME, L, F)[0]))
+    assert sum(sizes) == ready  # every sampled window is sent exactly once
+
+
+
+def test_one_step_over_several_hosts_messages_decides_exactly_as_one_step_per_message():
+    s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
+                           "safety_rules": False,
+                           "phase_learn_every": 3,
+                           "phase_learn_batch": 1}, env={})
+    caches = [state_cache(s), state_cache(s)]
+    per_msg, batched = (PhaseHooks(detector_config(s), c, model=warm_model(), version=1) for c in caches)
+    got: list[list] = [[], []]
+    for t in range(60):  # 3 hosts per tick, each with a container changing regime at its own period
+        msgs = [msg(f"h{h}", 1000.0 + t + 0.1 * h, {"job": regime(t + 5 * h, 12 + 4 * h), "idle": (0.1, 1e8)})
+                for h in range(3)]
+        for m in msgs:
+            process_host_samples(caches[0], m, updater_config(s))
+            out = per_msg.process(m)
+            got[0].append((out.decisions, out.changes, out.learn_batch))
+        process_many(caches[1], msgs, updater_config(s))
+        out = batched.process_many(msgs)
+        got[1].append((out.decisions, out.changes, out.learn_batch))
+    flat = [[x for step in g for x in step[0]] for g in got]
+    assert flat[0] == flat[1] and len({d.host for d in flat[0]}) == 3  # decisions, in message order
+    changes = [[x for step in g for x in step[1]] for g in got]
+    assert changes[0] == changes[1] and {c.host for c in changes[0]} == {"h0", "h1", "h2"}
+    windows = [np.concatenate([decode_learn_batch(b, NAME, 3, 2)[0] for *_, b in g if b is not None]) for g in got]
+    assert np.array_equal(windows[0], windows[1])  # the same learn sample
+    with pytest.raises(ValueError, match="appears in two"):
+        batched.process_many([msgs[0], msgs[0]])
+
+
+GPU4 = ("cpu", "mem", "gpu", "gpu_mem")
+
+
+def gpu_regime(t: int, period: int = 20) -> tuple[float, float, float, float]:
+    """cpu and mem constant; only the GPU tells a busy phase from an idle one."""
+    return (0.5, 5e8, 90.0, 3e10) if (t // period) % 2 else (0.5, 5e8, 3.0, 2e9)
+
+
+def gpu_msg(host: str, ts: float, with_gpu: dict[str, tuple], cpu_only: dict[str, tuple[float, float]]
+            ) -> HostSamples:
+    cs = [ContainerSample(container=c, cpu_cores=u[0], mem_bytes=u[1], gpu_util=u[2], gpu_mem_bytes=u[3],
+                          nr_periods=10) for c, u in with_gpu.items()]
+    cs += [ContainerSample(container=c, cpu_cores=cpu, mem_bytes=mem, nr_periods=10)
+           for c, (cpu, mem) in cpu_only.items()]
+    return HostSamples(host=host, ts=ts, interval_s=1.0, containers=tuple(cs))
+
+
+def test_gpu_features_shape_the_phases_but_only_cpu_and_mem_get_limits():
+    s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
+                           "safety_rules": False,
+                           "phase_learn_every": 1,
+                           "phase_learn_batch": 1000, "phase_features": "gpu_mem,gpu,mem,cpu"}, env={})
+    assert s.phase.feature_tuple() == GPU4
+    model = PhaseModel(features=GPU4, n_his=2, warmup=32, seed=0)
+    W = np.array([[gpu_regime(t + k) for k in range(3)] for t in range(160)])
+    for _ in range(4):
+        learn(model, W)
+    cache = state_cache(s)
+    hooks = PhaseHooks(detector_config(s), cache, model=model, version=1)
+    decisions, changes = [], []
+    for t in range(100):
+        hs = gpu_msg("h1", 1000.0 + t, {"train": gpu_regime(t)}, {"web": (0.3, 4e8)})
+        process_host_samples(cache, hs, updater_config(s))
+        out = hooks.process_many([hs])
+        decisions += out.decisions
+        changes += out.changes
+        if t == 40:  # a snapshot with phase statistics lands
+            V = np.array([[gpu_regime(k + j) for j in range(3)] for k in range(120)])
+            model.clusterer.update_rel_stats(model.predict(V), V[:, -1] / V[:, -1].max(axis=0))
+            hooks.latest = lambda m=model: (ModelSnapshot(name=model_name(GPU4), ts=1.0, version=2,
+                                                          payload_b64="", samples_seen=0), m)
+    # cpu and mem never move: the train container's phase changes come from its GPU columns
+    train = [c for c in changes if c.container == "train"]
+    assert sum(c.old_phase is not None for c in train) >= 3
+    assert {d.container for d in decisions} == {"train", "web"}  # a GPU-less container is tracked too
+    assert any(d.details["source"] == "fallback:vpa" for d in decisions)  # cold phases: VPA's cpu/mem limits
+    ph = [d for d in decisions if d.details["source"] == "phase"]
+    assert ph
+    for d in decisions:
+        assert set(d.details["sources"]) <= {"cpu", "mem"} and set(d.details["stats"]) <= {"cpu", "mem"}
+        assert d.cpu_limit_cores is not None or d.mem_limit_bytes is not None
+        assert decode(Decision, encode(d)) == d
+    # the learner gets 4-feature windows; the GPU-less container's GPU readings are missing (NaN)
+    Wb, P, U, LV = decode_learn_batch(hooks.take_learn_batch(), model_name(GPU4), hooks.fleet.model.window_len, 4)
+    assert Wb.shape[2] == 4 and np.isnan(U[:, 2]).any() and (U[:, 2] >= 90).any()
+    assert Learner(model.clone(), 2, 0).learn(Wb, P, U, LV) == len(Wb)

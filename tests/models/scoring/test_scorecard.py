@@ -1,0 +1,193 @@
+"""The live scorecard: hand-computed windows, and agreement with ``phasewise replay`` on the same samples."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from phasewise.kit.records import ContainerSample, Decision, HostSamples
+from phasewise.models.scoring.measures import Score
+from phasewise.models.scoring.scorecard import Scorecard, ScorecardConfig, decision_limits
+
+INF = math.inf
+
+
+def feed(sc: Scorecard, key: str, t, cpu, limit=None, decisions=()):
+    """Samples of one container; *decisions* ``[(after_index, policy, limits)]`` come after that sample."""
+    dec = {}
+    for i, p, lim in decisions:
+        dec.setdefault(i, []).append((p, lim))
+    for i, (ti, ui) in enumerate(zip(t, cpu)):
+        lv = np.nan if limit is None else limit[i]
+        sc.observe([key], np.array([ti]), np.array([[ui, 1e9]]), np.array([[lv, np.nan]]))
+        for p, lim in dec.get(i, []):
+            sc.decide(key, p, lim)
+
+
+def test_hand_computed_windows():
+    sc = Scorecard(ScorecardConfig(windows_s=(INF, 20.0), capacity=16))
+    # t 0..40 every 10 s; cpu used 1,2,1,3,1; in force 2; vpa decides 1.5 after t=0 and 3 after t=20
+    feed(sc, "h/a", [0, 10, 20, 30, 40], [1, 2, 1, 3, 1], limit=[2] * 5,
+         decisions=[(0, "vpa", {"cpu": 1.5}), (2, "vpa", {"cpu": 3.0})])
+    got = sc.scores("h/a")
+    # whole series: vpa has a limit from index 1 on, so every policy is scored from there (dt 10 each)
+    cpu = got[INF]["cpu"]
+    assert cpu["limit"] == Score(alloc=80.0, used=70.0, fulfilled=3, steps=4)
+    assert cpu["vpa"] == Score(alloc=90.0, used=70.0, fulfilled=3, steps=4)
+    assert "phase" not in cpu  # no phase decision: no score, nothing held back
+    # last 20 s: t = 20, 30, 40; vpa 1.5, 3, 3
+    w = got[20.0]["cpu"]
+    assert w["limit"] == Score(alloc=60.0, used=50.0, fulfilled=2, steps=3)
+    assert w["vpa"] == Score(alloc=75.0, used=50.0, fulfilled=3, steps=3)
+    assert w["vpa"].alloc_over_used == 1.5 and w["limit"].fulfilment == pytest.approx(2 / 3)
+    # memory: only unlimited samples and no decision -> nothing to score
+    assert got[INF]["mem"] == {}
+
+
+def test_gap_counts_one_median_step_and_ring_keeps_capacity():
+    sc = Scorecard(ScorecardConfig(windows_s=(INF,), capacity=4))
+    feed(sc, "h/a", [0, 10, 20, 30, 200], [1, 1, 1, 1, 1], limit=[2] * 5)
+    t, used, _ = sc.series("h/a")
+    assert t.tolist() == [10, 20, 30, 200]  # the oldest sample left the ring
+    # gaps 10, 10, 170 -> median 10; 170 > 5 x 10 counts as 10; the last step gets 10
+    assert sc.scores("h/a")[INF]["cpu"]["limit"] == Score(alloc=80.0, used=40.0, fulfilled=4, steps=4)
+
+
+def test_stale_sample_ignored_and_forget():
+    sc = Scorecard(ScorecardConfig(windows_s=(INF,), capacity=4))
+    feed(sc, "h/a", [0, 10, 10, 5, 20], [1, 2, 9, 9, 3], limit=[2] * 5)
+    assert sc.series("h/a")[0].tolist() == [0, 10, 20]
+    sc.forget(["h/a"])
+    assert "h/a" not in sc and len(sc) == 0
+    feed(sc, "h/b", [0, 1], [1, 1], limit=[1, 1])
+    assert sc.series("h/b")[0].tolist() == [0, 1]
+
+
+def test_one_sample_window_and_many_containers_grow():
+    sc = Scorecard(ScorecardConfig(windows_s=(5.0,), capacity=2))
+    keys = [f"h/c{i}" for i in range(200)]  # more than the initial rows
+    sc.observe(keys, np.array([0.0]), np.ones((200, 2)), np.full((200, 2), 2.0))
+    sc.observe(keys, np.array([10.0]), np.ones((200, 2)), np.full((200, 2), 2.0))
+    assert len(sc) == 200
+    card = sc.card("h/c7")
+    assert all(r["note"] == "fewer than 2 samples" for r in card["scorecard"] if r["policy"] == "limit")
+    assert card["now"]["cpu"]["limit"] == 2.0 and card["now"]["cpu"]["vpa"] is None
+
+
+def test_decisions_use_the_policys_own_limits():
+    sc = Scorecard(ScorecardConfig(windows_s=(INF,)))
+    d = Decision(id="x", ts=1.0, host="h", container="a", action="limit", policy="vpa", reason="",
+                 cpu_limit_cores=0.6, details={"limits": {"cpu": 0.575}})
+    sc.observe_round([HostSamples(host="h", ts=1.0, interval_s=1.0,
+                                  containers=(ContainerSample(container="a", cpu_cores=0.5, mem_bytes=1e8),))])
+    sc.decide_many([d])
+    assert sc.card("h/a")["now"]["cpu"]["vpa"] == 0.575
+    assert decision_limits(None, None, {"limits": {"cpu": 1.0}}) == {}
+
+
+@pytest.mark.parametrize("bad", [{"windows_s": ()}, {"windows_s": (0.0,)}, {"capacity": 1},
+                                 {"max_gap_factor": 1.0}])
+def test_config_checks(bad):
+    with pytest.raises(ValueError):
+        ScorecardConfig(**bad)
+
+
+def test_agrees_with_replay_on_the_same_samples():
+    """The worker's rounds feed the scorecard; replay scores the same rounds' decisions: equal scores."""
+    from phasewise.apps.replay.driving import replay_trace
+    from phasewise.apps.replay.policies import PolicySpec
+    from phasewise.apps.replay.through_kafka import worker_in_process
+    from phasewise.apps.replay.traces import ContainerSeries, Trace
+
+    rng = np.random.default_rng(7)
+    series = []
+    for k in range(3):
+        n = 240 + 30 * k
+        t = np.cumsum(rng.choice([5.0, 5.0, 5.0, 10.0, 90.0], size=n))  # uneven steps and a few gaps
+        cpu = np.clip(1.0 + 0.5 * np.sin(t / 200 + k) + rng.normal(0, 0.15, n), 0.05, None)
+        mem = np.clip(2e9 + 5e8 * np.sin(t / 300) + rng.normal(0, 5e7, n), 1e8, None)
+        series.append(ContainerSeries(f"c{k}", t, {"cpu": cpu, "mem": mem}))
+    trace = Trace("synthetic", "-", {"cpu": "cores", "mem": "bytes"}, series)
+    sc = Scorecard(ScorecardConfig(windows_s=(INF,), capacity=400))
+    kr = worker_in_process(trace, family="vpa", host="h", scorecard=sc)
+    assert kr.decisions
+    result = replay_trace(trace, [PolicySpec("vpa", "vpa", None)], sequences={"vpa": kr.sequences})
+    totals = sc.totals()[INF]
+    for r in ("cpu", "mem"):
+        want = result.resources[r].scores["vpa"]
+        got = totals[r]["vpa"]
+        assert want.steps > 100 and (got.steps, got.fulfilled) == (want.steps, want.fulfilled), r
+        assert got.alloc == pytest.approx(want.alloc, rel=1e-12) and got.used == pytest.approx(want.used, rel=1e-12)
+    # per container too, with a window of the last 10 minutes scored on its own samples
+    one = sc.scores("h/c1")[INF]["cpu"]["vpa"]
+    assert 0 < one.steps < totals["cpu"]["vpa"].steps
+
+
+def test_vectorised_totals_equal_the_sum_of_per_container_scores():
+    """totals() (score_rows, many containers at once) == the sum of scores() (score_steps, one by one)."""
+    rng = np.random.default_rng(3)
+    sc = Scorecard(ScorecardConfig(windows_s=(30.0, 200.0, INF), capacity=50))
+    for k in range(40):
+        n = int(rng.integers(1, 90))  # some rings wrap, some hold one sample
+        t = np.cumsum(rng.choice([1.0, 2.0, 3.0, 40.0], size=n))
+        lim = np.where(rng.random(n) < 0.2, np.nan, 2.0) if k % 3 else None  # unlimited now and then
+        dec = [(int(i), "vpa", {"cpu": float(rng.uniform(0.5, 3)), "mem": 1.2e9})
+               for i in rng.choice(n, size=min(n, 3), replace=False)] if k % 4 else []
+        if k % 5 == 0 and n > 2:
+            dec.append((n // 2, "phase", {"cpu": 1.0}))
+        feed(sc, f"h/c{k}", t, rng.uniform(0.1, 3.0, n), limit=lim, decisions=dec)
+    want = {w: {r: {} for r in ("cpu", "mem")} for w in sc.config.windows_s}
+    for key in sc.keys():
+        for w, per_r in sc.scores(key).items():
+            for r, per_p in per_r.items():
+                for p, s in per_p.items():
+                    want[w][r][p] = want[w][r].get(p, Score()) + s
+    got = sc.totals(chunk=7)
+    for w in want:
+        for r in want[w]:
+            assert set(got[w][r]) == set(want[w][r]), (w, r)
+            for p, s in want[w][r].items():
+                g = got[w][r][p]
+                assert (g.steps, g.fulfilled) == (s.steps, s.fulfilled), (w, r, p)
+                assert g.alloc == pytest.approx(s.alloc, rel=1e-12) and g.used == pytest.approx(s.used, rel=1e-12)
+    assert any(got[w]["cpu"].get("phase") for w in got)
+
+
+def test_phase_and_vpa_together_agree_with_replay():
+    """--policy phase: the scorecard holds the phase policy's decisions and the VPA's unpublished ones;
+    replay scoring both sequences on the same samples gives the same scores."""
+    from phasewise.apps.replay.driving import replay_trace
+    from phasewise.apps.replay.policies import PolicySpec
+    from phasewise.apps.replay.through_kafka import rebuild_sequences, worker_in_process
+    from phasewise.apps.replay.traces import ContainerSeries, Trace
+
+    rng = np.random.default_rng(11)
+    series = []
+    for k in range(2):
+        n = 200
+        t = 5.0 * np.arange(n) + 1.0
+        cpu = np.clip(np.where((t // 150) % 2 == 0, 0.5, 2.0) + rng.normal(0, 0.05, n), 0.05, None)
+        mem = np.clip(np.where((t // 150) % 2 == 0, 1e9, 3e9) + rng.normal(0, 2e7, n), 1e8, None)
+        series.append(ContainerSeries(f"c{k}", t, {"cpu": cpu, "mem": mem}))
+    trace = Trace("synthetic", "-", {"cpu": "cores", "mem": "bytes"}, series)
+
+    class Tee(Scorecard):  # the decisions the scorecard is shown, kept for replay
+        def decide_many(self, decisions):
+            self.seen += [d for d in decisions if d.policy == "vpa"]
+            super().decide_many(decisions)
+
+    sc = Tee(ScorecardConfig(windows_s=(INF,), capacity=400))
+    sc.seen = []
+    kr = worker_in_process(trace, family="phase", host="h", frozen_model=True, scorecard=sc)
+    assert any(d.policy == "phase" for d in kr.decisions) and sc.seen
+    seqs = {"phase": kr.sequences, "vpa": rebuild_sequences(trace, sc.seen)}
+    result = replay_trace(trace, [PolicySpec("vpa", "vpa", None), PolicySpec("phase", "phase", None)],
+                          sequences=seqs)
+    totals = sc.totals()[INF]
+    for r in ("cpu", "mem"):
+        for p in ("vpa", "phase"):
+            want, got = result.resources[r].scores[p], totals[r][p]
+            assert want.steps > 100 and (got.steps, got.fulfilled) == (want.steps, want.fulfilled), (r, p)
+            assert got.alloc == pytest.approx(want.alloc, rel=1e-12), (r, p)
