@@ -180,7 +180,8 @@ def train(name: str, steps: int, report_every: int, seed: int, checkpoint_dir: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m phasewise.apps.experiment.workloads", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m phasewise.apps.experiment.workloads",
+                                description=__doc__.splitlines()[0])
     p.add_argument("name", choices=JOBS)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--report-every", type=int, default=10)

@@ -148,5 +148,6 @@ def classify_proc_cgroup(text: str, parent: str = "", prefix: str = "phasewise",
     return None
 
 
-#: a flat container's name (the rule of :func:`phasewise.kit.cgroups.fs.is_container_name`; fullmatch: no trailing newline)
+#: a flat container's name (the rule of :func:`phasewise.kit.cgroups.fs.is_container_name`; fullmatch:
+#: no trailing newline)
 _FLAT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}")
