@@ -353,7 +353,7 @@ def test_the_actuator_resizes_through_the_backend(serve, recorder):
 
     from prometheus_client import CollectorRegistry
 
-    from phasewise.actuators.consumer import Actuator
+    from phasewise.actuators.actuator import Actuator
     from phasewise.actuators.ledger import Ledger
     from phasewise.actuators.metrics import ActuatorMetrics
     from phasewise.kit.records import Decision, encode
@@ -380,7 +380,7 @@ def test_recommend_is_never_resized_apply_is_unannotated_ignored(serve, tmp_path
 
     from prometheus_client import CollectorRegistry
 
-    from phasewise.actuators.consumer import Actuator
+    from phasewise.actuators.actuator import Actuator
     from phasewise.actuators.ledger import Ledger
     from phasewise.actuators.metrics import ActuatorMetrics
     from phasewise.kit.cgroups.fs import CgroupLayout
