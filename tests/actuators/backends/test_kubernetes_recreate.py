@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry
 
+from phasewise.actuators.actuator import Actuator
 from phasewise.actuators.backends.kubernetes import (
     KubeApi,
     KubernetesBackend,
@@ -26,7 +27,6 @@ from phasewise.actuators.backends.kubernetes import (
     resize_state,
 )
 from phasewise.actuators.commands import SetLimits
-from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.kit.records import Decision, WorkloadPolicy, encode
