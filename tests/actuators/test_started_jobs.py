@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from phasewise.actuators.actuator import NOT_STARTING, Actuator
 from phasewise.actuators.backends import JOB_PATH, CgroupBackend, DryRunBackend, JobSetupError, job_runtime
-from phasewise.actuators.backends.jobs import child_setup
+from phasewise.actuators.backends.started_jobs import child_setup
 from phasewise.actuators.commands import StartJob
 from phasewise.actuators.consumer import make_backend
 from phasewise.actuators.ledger import Ledger

@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from phasewise.actuators.backends.jobs import Exited, JobRefused, JobRuntime, child_setup, job_files
+from phasewise.actuators.backends.started_jobs import Exited, JobRefused, JobRuntime, child_setup, job_files
 from phasewise.actuators.commands import Command, Freeze, Outcome, SetCpuWeight, SetLimits, StartJob, Terminate, Thaw
 from phasewise.kit.cgroups.fs import CgroupError, CgroupLayout
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 
 from phasewise.actuators.backends.cgroup import shares_of_weight
-from phasewise.actuators.backends.jobs import JobRuntime
+from phasewise.actuators.backends.started_jobs import JobRuntime
 from phasewise.actuators.commands import Command, Outcome, SetCpuWeight, SetLimits, StartJob, Terminate
 from phasewise.kit.cgroups.fs import is_container_name
 

@@ -1,6 +1,6 @@
 """``phasewise experiment targets``: TRADL's NA / AO / FT scenarios with real small training jobs on this machine.
 
-The jobs (:mod:`phasewise.apps.experiment.workloads`) run concurrently as processes, each
+The jobs (:mod:`phasewise.apps.experiment.targets_jobs`) run concurrently as processes, each
 in its own cgroup under one parent cgroup whose CPU quota is the "node"
 (``--capacity`` cores), so every scenario gets the same node whatever else the
 machine runs. Their progress lines are read as the sidecar reads them
@@ -200,7 +200,7 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
         r = JobRun(name, steps[name], container=f"{scenario.lower()}-{name}")
         node.layout.create(r.container)
         r.proc = subprocess.Popen(
-            [sys.executable, "-m", "phasewise.apps.experiment.workloads", name, "--steps", str(steps[name]),
+            [sys.executable, "-m", "phasewise.apps.experiment.targets_jobs", name, "--steps", str(steps[name]),
              "--report-every", str(REPORT_EVERY), "--checkpoint-dir", str(ckpt),
              "--wait-for-go"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
@@ -560,7 +560,7 @@ def run(args: argparse.Namespace) -> int:
                     "loadavg_after": [round(x, 2) for x in os.getloadavg()],
                     "wall_s": round(time.monotonic() - t_start, 1)}
     if args.report:
-        from phasewise.apps.experiment.report import write_targets_report
+        from phasewise.apps.experiment.targets_report import write_targets_report
 
         write_targets_report(args.report, out, results)
     if args.json:

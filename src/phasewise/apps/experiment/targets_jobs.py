@@ -1,6 +1,6 @@
 """The targets experiment's five small, real PyTorch training jobs (TRADL's model kinds), on one CPU thread.
 
-Run one as ``python -m phasewise.apps.experiment.workloads NAME --steps N``:
+Run one as ``python -m phasewise.apps.experiment.targets_jobs NAME --steps N``:
 
 ``cnn``   a causal 1-D convolutional next-byte model over the standard library's source text
 ``gru``   a GRU next-byte model over the same text
@@ -101,7 +101,7 @@ def build(name: str, seed: int) -> tuple[object, Callable[[], object], float]:
 
         path = ai4dl_path()
         if path is None:
-            raise SystemExit("phasewise.apps.experiment.workloads vae: the AI4DL trace is not installed")
+            raise SystemExit("phasewise.apps.experiment.targets_jobs vae: the AI4DL trace is not installed")
         series = [s for s in ai4dl_series(path).values() if len(s) > 40]
         w = 32
         windows = torch.tensor([[v for pair in s[i:i + w] for v in pair] for s in series
@@ -130,7 +130,7 @@ def build(name: str, seed: int) -> tuple[object, Callable[[], object], float]:
             return (rec + kl) / x.shape[1]
 
         return model, step_loss, 2e-3
-    raise SystemExit(f"phasewise.apps.experiment.workloads: unknown job {name!r} (one of {', '.join(JOBS)})")
+    raise SystemExit(f"phasewise.apps.experiment.targets_jobs: unknown job {name!r} (one of {', '.join(JOBS)})")
 
 
 def train(name: str, steps: int, report_every: int, seed: int, checkpoint_dir: Path | None, out=sys.stdout,
@@ -180,7 +180,7 @@ def train(name: str, steps: int, report_every: int, seed: int, checkpoint_dir: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m phasewise.apps.experiment.workloads",
+    p = argparse.ArgumentParser(prog="python -m phasewise.apps.experiment.targets_jobs",
                                 description=__doc__.splitlines()[0])
     p.add_argument("name", choices=JOBS)
     p.add_argument("--steps", type=int, required=True)
