@@ -372,3 +372,16 @@ def test_a_version_1_state_loads_into_the_fleet_as_into_the_recommender():
     want = VpaRecommender.from_state(v1, **params)
     assert fleet.recommender_state(row) == want.to_state()
     assert fleet.recommender_state(row)["v"] == 2
+
+
+def test_two_rows_of_the_fleet_equal_a_vpa_policy_each_after_ten_minutes_of_samples():
+    """The module's former example: the fleet's limit equals VpaPolicy's, number for number."""
+    fleet = VpaFleet(time_scale=0.001)
+    rows = fleet.add_rows(2)
+    ref = VpaPolicy(time_scale=0.001)
+    for t in range(600):
+        fleet.observe_many(float(t), rows, cpu=np.array([0.5, 1.0]), mem=np.array([3e8, 6e8]))
+        ref.observe(float(t), {"cpu": 0.5, "mem": 3e8})
+    cpu, _ = fleet.limits_many(rows)
+    assert float(cpu[0]) == ref.limits(600.0)["cpu"]
+    assert round(float(cpu[1]), 3) == 1.169

@@ -1,63 +1,10 @@
-"""Many containers' VPA recommenders as arrays: the worker's vectorised VPA.
+"""Many containers' VPA recommenders as arrays: the worker's vectorised VPA, equal to ``VpaPolicy`` bit for bit.
 
-:class:`VpaFleet` holds, for every row (one container), exactly the state of a
-:class:`~phasewise.models.vpa.recommender.VpaPolicy` (its :class:`~phasewise.models.vpa.recommender.
-VpaRecommender` plus the policy's last limits) as struct-of-arrays numpy
-state, and runs ``observe`` / ``limits`` / ``predict_one`` for many rows at
-once. It is the same recommender, not an approximation: for the same inputs
-every number equals the per-container classes' bit for bit, so the live
-worker (which runs the fleet) and ``phasewise replay`` (which runs
-``VpaPolicy``) decide alike. How the equality is kept:
-
-- each histogram row is dense (one float64 per bucket, ``0.0`` = no bucket);
-  updates are element-wise IEEE operations in the reference's order, so the
-  stored weights and running totals are identical; buckets under ``epsilon``
-  after a subtraction or a reference shift are zeroed as the reference drops
-  them;
-- percentiles use a sequential cumulative sum from the first non-empty
-  bucket (torch's CPU ``cumsum``: one loop per row in double precision, the
-  reference's additions in its order), so ties at a threshold resolve alike;
-- bucket indices come from a binary search of the exact bucket starts, which
-  is what the reference's log-and-correct yields (so no last-ulp difference
-  between numpy's and libm's ``log`` can move a value), except just below the
-  open last bucket, where the reference's clamp may answer the last bucket:
-  those values go through its own ``find_bucket``;
-- powers (the decay factor ``2 ** ((t - ref) / half_life)`` and the
-  confidence multipliers) are evaluated with Python's ``**`` on the distinct
-  arguments, because numpy's vectorised ``power`` may differ in the last ulp.
-
-Memory: per row two dense histograms of ``num_buckets`` float64 (176 each
-with VPA's bucketing) plus their bookkeeping (total, reference time, first /
-last non-empty bucket, cached percentiles) and 13 scalars: 3,044 bytes
-(:meth:`VpaFleet.bytes_per_row`), about what the per-container objects took.
-
-Speed: every step is a handful of numpy calls over all the rows of a batch,
-so the cost per row falls with the batch size (one ``HostSamples`` message,
-or several through :func:`phasewise.models.vpa.updater.process_many`).
-
-State: :meth:`VpaFleet.recommender_state` writes (and
-:meth:`VpaFleet.load_recommender_state` reads) exactly
-:meth:`VpaRecommender.to_state`'s format, so a table written by the
-per-container code loads here and vice versa. :meth:`VpaFleet.recommender`
-materialises an exact :class:`VpaRecommender` copy of a row.
-
-Missing values are ``NaN`` (the reference's ``None``); an optional per-row
-argument left out (``None``) means missing for every row. Nothing here does
-IO; time arrives as ``t``.
-
-Example
--------
->>> import numpy as np
->>> from phasewise.models.vpa.recommender import VpaPolicy
->>> fleet = VpaFleet(time_scale=0.001)
->>> rows = fleet.add_rows(2)
->>> ref = VpaPolicy(time_scale=0.001)
->>> for t in range(600):
-...     fleet.observe_many(float(t), rows, cpu=np.array([0.5, 1.0]), mem=np.array([3e8, 6e8]))
-...     ref.observe(float(t), {"cpu": 0.5, "mem": 3e8})
->>> cpu, mem = fleet.limits_many(rows)
->>> float(cpu[0]) == ref.limits(600.0)["cpu"], round(float(cpu[1]), 3)
-(True, 1.169)
+:class:`VpaFleet` holds, for every row (one container), exactly the state of
+a :class:`~phasewise.models.vpa.recommender.VpaPolicy` as struct-of-arrays
+and runs ``observe`` / ``limits`` / ``predict_one`` for many rows at once,
+reading and writing the per-container state format. How the equality is
+kept, memory and speed: docs/vpa.md, "VPA as the worker runs it".
 """
 
 from __future__ import annotations
