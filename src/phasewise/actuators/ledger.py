@@ -82,7 +82,7 @@ def ledger_path(data_dir: str | os.PathLike, host: str) -> Path:
 
 
 class Ledger:
-    """Decision ids this actuator handled; see the module doc."""
+    """Decision ids this actuator handled (docs/operations.md, "The ledger")."""
 
     def __init__(self, path: str | os.PathLike, *, max_age_s: float = 30 * 86400,
                  max_rows: int = 100_000, prune_every: int = 1000) -> None:

@@ -33,7 +33,7 @@ class CRBM:
     n_his
         History frames the model is conditioned on.
     sigma
-        Visible noise standard deviation, in normalised units (see module doc).
+        Visible noise standard deviation, in normalised units (docs/phases.md, "The model").
     lr
         Learning rate of each CD-k step.
     momentum
@@ -248,7 +248,7 @@ class CRBM:
         return float(((T[:, -self.n_vis :].numpy() - rec) ** 2).mean())
 
     def free_energy_many(self, X: Any) -> np.ndarray:
-        """Free energy ``F(u | d)`` of each window (scaled units, see module doc)."""
+        """Free energy ``F(u | d)`` of each window (scaled units, docs/phases.md, "The model")."""
         with torch.inference_mode():
             u, d = self._split(self._as_batch(X))
             quad = 0.5 * ((u - d @ self.A.T - self.b_v) ** 2).sum(1)
