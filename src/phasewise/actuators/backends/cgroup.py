@@ -283,7 +283,7 @@ class CgroupBackend:
             self._freeze(container, False)  # frozen processes die once thawed
         return "frozen first, so none could fork", len(pids)
 
-    # ------------------------------------------------------------------ freezer
+    # ------------------------------------------------------------------ started jobs (started_jobs.py: the child)
 
     def _start(self, cmd: StartJob) -> Outcome:
         self._reap()
@@ -363,6 +363,8 @@ class CgroupBackend:
                                f"{cpus}" + (" (its container again)" if reused else "")
                                + (f" with GPUs {list(cmd.gpus)}" if cmd.gpus else "")
                                + (f", limits {', '.join(limits)}" if limits else ""), pid=proc.pid)
+
+    # ------------------------------------------------------------------ freezer
 
     def _freeze(self, container: str, frozen: bool) -> Outcome:
         want = "FROZEN" if frozen else "THAWED"
