@@ -233,7 +233,7 @@ def kustomize(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
-#: every request the Kubernetes backend sends (actuators/backends/kubernetes.py), as the RBAC rule that allows it
+#: every request the Kubernetes backend sends (actuators/backends/kubernetes/), as the RBAC rule that allows it
 API_BACKEND_REQUESTS = {
     ("", "pods", "list"),  # GET /api/v1/pods?fieldSelector=spec.nodeName=<node> (backend and pod list)
     ("", "pods", "get"),  # GET .../pods/{pod} before a resize

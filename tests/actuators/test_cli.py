@@ -56,7 +56,8 @@ def test_the_actuate_role_applies_reports_metrics_and_stops_on_sigterm(settings,
     assert (tmp_path / f"actuator-{settings.host}.sqlite").exists()
 
 
-@pytest.mark.parametrize("module", ["phasewise.actuators.consumer", "phasewise.actuators.backends"])
+@pytest.mark.parametrize("module", ["phasewise.actuators.consumer", "phasewise.actuators.actuator",
+                                    "phasewise.actuators.backends", "phasewise.actuators.backends.kubernetes"])
 def test_the_actuator_imports_nothing_of_the_worker_s_extras(module):
     """The actuator image installs ``phasewise[actuator]`` only: no numpy, torch, river or faust."""
     import subprocess

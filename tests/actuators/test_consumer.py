@@ -9,9 +9,10 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
+from phasewise.actuators.actuator import Actuator
 from phasewise.actuators.backends import CgroupBackend, DryRunBackend
 from phasewise.actuators.commands import Outcome, SetLimits
-from phasewise.actuators.consumer import Actuator, group_id, run_actuator
+from phasewise.actuators.consumer import group_id, run_actuator
 from phasewise.actuators.ledger import Ledger, ledger_path
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.kit.kafka.partitions import PARTITIONER

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from phasewise.actuators.actuator import Actuator
 from phasewise.actuators.backends import CgroupBackend, DryRunBackend, shares_of_weight, weight_of_shares
 from phasewise.actuators.backends.kubernetes import KubeApi, KubernetesBackend, PodContainer
 from phasewise.actuators.commands import SetCpuWeight
-from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import Planned, Rejected, plan

@@ -14,9 +14,9 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
+from phasewise.actuators.actuator import Actuator
 from phasewise.actuators.backends import DryRunBackend
 from phasewise.actuators.commands import StartJob
-from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.job_trust import VerifiedJob, verify_start
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from phasewise.actuators.actuator import Actuator
 from phasewise.actuators.backends import DryRunBackend
 from phasewise.actuators.commands import StartJob
-from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import Rejected, plan

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from phasewise.actuators.consumer import Actuator
+from phasewise.actuators.actuator import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.kit.cgroups.fs import CgroupLayout

@@ -24,16 +24,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from phasewise.actuators.backends import (
-    JOB_PATH,
-    CgroupBackend,
-    DryRunBackend,
-    JobSetupError,
-    _child_setup,
-    job_runtime,
-)
+from phasewise.actuators.actuator import NOT_STARTING, Actuator
+from phasewise.actuators.backends import JOB_PATH, CgroupBackend, DryRunBackend, JobSetupError, job_runtime
+from phasewise.actuators.backends.started_jobs import child_setup
 from phasewise.actuators.commands import StartJob
-from phasewise.actuators.consumer import NOT_STARTING, Actuator, make_backend
+from phasewise.actuators.consumer import make_backend
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.kit.cgroups.fs import CgroupLayout
@@ -333,7 +328,7 @@ def test_a_failure_in_the_child_says_which_step_failed():
     r, w = os.pipe()
     work = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        setup = _child_setup(["/nonexistent-cgroup/cgroup.procs"], work, NOBODY.pw_uid, NOBODY.pw_gid, False, w)
+        setup = child_setup(["/nonexistent-cgroup/cgroup.procs"], work, NOBODY.pw_uid, NOBODY.pw_gid, False, w)
         with pytest.raises(subprocess.SubprocessError):
             subprocess.Popen(["/bin/true"], preexec_fn=setup)  # noqa: PLW1509
         os.close(w)

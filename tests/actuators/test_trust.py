@@ -9,8 +9,8 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
+from phasewise.actuators.actuator import Actuator
 from phasewise.actuators.backends import DryRunBackend
-from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.kit.records import Decision, encode

@@ -1,13 +1,8 @@
-"""What an actuator can do to a container, and what came of it.
-
-Commands are frozen dataclasses built by pure code (:mod:`phasewise.actuators.safety`)
-and carried out by a backend (:mod:`phasewise.actuators.backends`), which
-answers with an :class:`Outcome`. Nothing here does IO.
+"""What an actuator can do to a container (frozen commands built by :mod:`phasewise.actuators.safety`), and
+the :class:`Outcome` a backend answers with. Nothing here does IO.
 
 >>> SetLimits("job-a", cpu_cores=1.5, mem_bytes=2**30)
 SetLimits(container='job-a', cpu_cores=1.5, mem_bytes=1073741824, update_mode='in-place')
->>> Outcome.applied("set cpu", cpu_cores=1.5).status
-'applied'
 """
 
 from __future__ import annotations

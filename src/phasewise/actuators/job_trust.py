@@ -1,26 +1,9 @@
 """Whether a decision may start a job's command on this host: the submitter's signature and the rules around it.
 
-Pure: the caller passes the trusted keys (:class:`~phasewise.kit.job_signing.SubmitterKeys`,
-read from ``job_trusted_submitters``), the time and the settings, and gets
-back the :class:`VerifiedJob` (whose spec's command is the only argv the
-actuator may run) or the reason it is refused. Every rule must hold:
-
-1. this actuator trusts at least one submitter key;
-2. the decision carries the submitted event's fields
-   (:data:`~phasewise.kit.job_signing.START_FIELDS`): job, its submission time,
-   workload, priority, spec, spec digest and signature;
-3. the spec, as the schema normalises it, has that digest, and a trusted
-   submitter's Ed25519 signature covers the job, time, workload, priority and
-   digest (``phasewise submit`` signs; agents copy, and cannot sign);
-4. the container is the job's: named after it, or, for a resume, one the
-   caller says belongs to the job (*owned_by*, the actuator's registry);
-5. the job was submitted less than ``job_spec_max_age_s`` ago and not
-   ahead of this host's clock by more than ``decision_max_future_s``;
-6. the spec names a command, and with an allowlist
-   (``job_allowed_commands``) its executable is on it.
-
-The agents' own ``details.command`` (older decisions) is never read.
-See ``docs/security.md``, "Who may start a job".
+Pure: the caller passes the trusted keys (``job_trusted_submitters``), the
+time and the settings, and gets the :class:`VerifiedJob` (whose signed spec's
+command is the only argv the actuator may run) or the reason it is refused.
+The six rules, in order: docs/security.md, "Who may start a job".
 """
 
 from __future__ import annotations

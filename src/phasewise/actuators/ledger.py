@@ -1,48 +1,11 @@
-"""The actuator's ledger: which decision ids it has handled, kept across restarts.
+"""The actuator's ledger (SQLite, one file per host): which decision ids it handled, which containers it
+terminated, and the registry of the jobs it started, kept across restarts.
 
-Kafka delivers decisions at least once (a restart or rebalance replays
-everything after the last committed offset). The ledger turns that into
-"each decision id is applied at most once": before applying, the consumer
-*claims* the id (an atomic insert that fails if the id is known); after, it
-records the outcome. A crash between the two leaves a claim without an
-outcome, and the redelivered decision is reported as a duplicate rather than
-applied again.
-
-Stored in SQLite (stdlib) at ``<data_dir>/actuator-<host>.sqlite``, one file
-per host; ``":memory:"`` keeps it in memory for tests. Bounded: entries older
-than ``max_age_s`` and all but the newest ``max_rows`` are pruned on open and
-every ``prune_every`` claims. Keep ``max_age_s`` above the decisions topic's
-retention, or a replay older than the ledger could apply a decision again.
-
-It also remembers which containers this actuator terminated (and by which
-decision), until it starts a job in the container again: a container is
-terminated once, whichever policy asks again.
-
-And it is the registry of the job containers this actuator started
-(:class:`StartedJob`: container, job, spec digest, backend, decision, pid,
-when started and when ended, exit status): ``freeze``, ``thaw``,
-``terminate``, ``weight`` and resume decisions act only on containers listed
-here for the decision's job (or whose workload says it is that job's,
-:mod:`phasewise.actuators.consumer`). A resume starts the job again in its
-row (new pid, ``ended`` cleared); an ended job's row is pruned with the
-decisions, after ``max_age_s``. See docs/security.md.
-
-A ledger that this open created (none was there: a first start, or the
-file was deleted or its volume lost) is *unverified* until the actuator
-checked it against its consumer group (:func:`phasewise.actuators.ledger_loss.verify_ledger`):
-an actuator that ran before has committed offsets, and the decision ids it
-applied are then restored from its own actuations (:meth:`Ledger.restore`)
-before it applies anything. The mark is written before the tables, so a
-crash in between leaves the ledger unverified, not silently new.
-
->>> led = Ledger(":memory:")
->>> led.claim("d1", container="job-a", now=100.0)
-True
->>> led.claim("d1", container="job-a", now=101.0)
-False
->>> led.finish("d1", "applied", "set cpu 1 cores")
->>> led.get("d1").status
-'applied'
+An id is *claimed* before it is applied and its outcome recorded after, so a
+redelivered decision is applied at most once; the tables are bounded by age
+and rows. A ledger this open created is *unverified* until
+:func:`phasewise.actuators.ledger_loss.verify_ledger` checked it.
+docs/operations.md, "The ledger"; docs/security.md, "A lost ledger".
 """
 
 from __future__ import annotations
@@ -119,7 +82,7 @@ def ledger_path(data_dir: str | os.PathLike, host: str) -> Path:
 
 
 class Ledger:
-    """Decision ids this actuator handled; see the module doc."""
+    """Decision ids this actuator handled (docs/operations.md, "The ledger")."""
 
     def __init__(self, path: str | os.PathLike, *, max_age_s: float = 30 * 86400,
                  max_rows: int = 100_000, prune_every: int = 1000) -> None:

@@ -1,30 +1,11 @@
 """A lost ledger is noticed and rebuilt before the actuator applies anything.
 
-The ledger (:mod:`phasewise.actuators.ledger`) is what keeps a redelivered
-decision from being applied twice. If it is deleted (by hand, a wiped state
-volume, a node rebuilt with the same name), the actuator would open a new,
-empty one and apply again every decision that comes a second time: after a
-worker restart republishes decisions, or a crash before an offset commit.
-
-So a ledger that was just created is *unverified*, and before the consumer
-loop starts :func:`verify_ledger` asks the broker whether this host's
-consumer group (``phasewise-actuator-<host>``) has committed offsets on the
-decisions topic. None: a first start, the mark is cleared. Some: the
-actuator ran before and its ledger is gone. It says so loudly (an error
-line, ``phasewise_actuator_ledger_lost_timestamp_seconds``, the alert
-``PhasewiseActuatorLedgerLost``) and restores the ids it handled from its
-own actuations on ``phasewise.actuations.v1`` (key: host) published in the
-last ``decision_max_age_s`` + ``decision_max_future_s`` (+ a minute of
-clock skew): a decision older than that is refused by its age anyway.
-``phasewise_actuator_ledger_restored_total`` counts them. Only then is the
-mark cleared: an actuator stopped or failing meanwhile restores again at
-its next start.
-
-What this cannot restore: a decision claimed but whose actuation was never
-delivered (a crash between the two), and the ledger's other tables (which
-containers it terminated). A forged actuation on the topic can only keep a
-decision from being applied after a loss, never apply one. See
-docs/security.md, "State directories", and docs/runbooks.md.
+:func:`verify_ledger` asks the broker whether this host's consumer group has
+committed offsets on the decisions topic; if it has, the new ledger replaces
+a lost one: the actuator says so loudly (log, metric, alert) and restores
+the decision ids it handled from its own recent actuations before it
+applies anything. What this restores and what not: docs/security.md, "A
+lost ledger"; docs/runbooks.md, "PhasewiseActuatorLedgerLost".
 """
 
 from __future__ import annotations

@@ -1,36 +1,8 @@
-"""Prometheus metrics of the actuator (``phasewise actuate``).
+"""Prometheus metrics of the actuator (``phasewise actuate``), on the registry passed in (tests pass a fresh one).
 
-Every metric is registered on the registry passed in, so tests use a fresh
-``CollectorRegistry()``; the process uses the default one and serves it on
-``--metrics-port``.
-
-- ``phasewise_actuator_decisions_total{status}``: this host's decisions by
-  outcome (applied, clamped, duplicate, rejected, failed);
-- ``phasewise_actuator_apply_seconds``: time a backend took to apply a command
-  (retries included);
-- ``phasewise_actuator_dead_letters_total``: malformed decisions dead-lettered;
-- ``phasewise_actuator_ignored_total``: well-formed decisions for other hosts;
-- ``phasewise_actuator_retries_total``: retries after temporary backend errors;
-- ``phasewise_actuator_refused_total{reason}``: this host's decisions refused
-  before the safety rules: ``signature`` (unsigned or wrongly signed while
-  ``signing_key_file`` is set; dead-lettered), ``stale`` (older than
-  ``decision_max_age_s``) or ``future`` (stamped beyond
-  ``decision_max_future_s``), both reported as ``rejected`` actuations;
-  ``jobs_off`` (a ``place`` decision while ``actuator_start_jobs`` is off)
-  and ``not_owner`` (a freeze, thaw, terminate, weight or resume of a
-  container this actuator did not start for that job), ``rejected`` too.
-- ``phasewise_actuator_decision_to_actuation_seconds``: from the decision's
-  record time on the decisions topic (when the worker produced it) to its
-  outcome here (duplicates left out);
-- ``phasewise_actuator_consumer_lag{topic}``: decisions not yet read
-  (librdkafka's statistics, every 5 s);
-- ``phasewise_actuator_ledger_lost_timestamp_seconds``: when this actuator
-  found at start-up that its ledger had been lost (a new ledger while its
-  consumer group has committed offsets), Unix seconds; 0: not since it
-  started (:mod:`phasewise.actuators.ledger_loss`);
-- ``phasewise_actuator_ledger_restored_total``: decision ids entered into
-  such a new ledger from the actuator's own actuations;
-- ``phasewise_build_info{version,python,role="actuator"}``: 1.
+Each metric's help text says what it counts; the list, with the alerts that
+read them: docs/operations.md, "Metrics and alerts", and docs/deployment.md,
+"Metrics".
 """
 
 from __future__ import annotations

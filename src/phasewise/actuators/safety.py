@@ -1,61 +1,10 @@
-"""Safety rules: turn a Decision into a command the actuator may carry out, or refuse it.
+"""Safety rules of applying, pure: turn a Decision into a command the actuator may carry out, or refuse it.
 
-Pure: no IO. The caller passes in what it observed (does the container exist,
-its memory working set, the host's cores) and gets back either
-:class:`Planned` (a command, plus notes on every limit a rule changed, which
-make the actuation ``clamped``) or :class:`Rejected` (a reason).
-
-The rules, in order:
-
-1. the container id must be a managed container name (a single name relative
-   to the managed cgroup prefix, so it cannot point anywhere else) and the
-   container must exist now;
-2. the action must be one this actuator performs (``limit``, ``freeze``,
-   ``thaw``, ``terminate``, ``place``, ``weight``); a ``place`` decision
-   (:func:`plan_place`) starts a job a trusted submitter signed
-   (:mod:`phasewise.actuators.job_trust`: the command is the signed spec's),
-   in a container that does not exist yet (or, to resume a stopped job, its
-   container), on a cpuset within this host's CPUs (or none: all of them); a
-   ``weight`` decision
-   (:func:`plan_weight`) a CPU weight, held in ``[cpu_weight_min,
-   cpu_weight_max]``; a ``terminate`` decision
-   (:func:`plan_terminate`) names a container not terminated before and a
-   grace period (``details.grace_s``, else ``terminate_grace_s``) that is a
-   finite number >= 0, lowered to ``terminate_grace_max_s``;
-3. a ``limit`` decision must carry at least one limit, each a finite,
-   non-negative number;
-4. CPU is clamped into the workload's own ``[cpu-min, cpu-max]`` (when it
-   has them), then into ``[settings.actuator.cpu_floor_cores, host cores]``;
-5. memory is clamped into the workload's own ``[memory-min, memory-max]``,
-   but never set below ``settings.actuator.mem_floor_bytes`` nor below the
-   container's current usage, or its recent peak working set when higher,
-   plus ``settings.actuator.mem_margin_bytes`` (the worker's safety rules keep the same
-   floor; the actuator checks it again with the peak the decision declares and
-   the working sets it read itself over ``safety_peak_window_s``,
-   :class:`PeakTracker`); when the usage is unknown, a memory limit cannot be
-   checked and is dropped (the rest of the decision still applies, reported as
-   ``clamped``). A workload's ``memory-max`` under its usage + margin gives
-   way: a limit below what the container holds would be refused by the
-   kernel or kill it.
-
-The per-workload mode (``apply`` only is written) is checked before the plan
-(:func:`not_applied_reason` words the refusal).
-
-Limits are bounded by composing small rules by wrapping
-(``Floor(Cap(Requested(...), ...), ...)``), the way VPA composes estimators.
-
->>> from phasewise.kit.records import MAX_BYTES, Decision, WorkloadPolicy
->>> from phasewise.kit.settings import Settings
->>> s = Settings().replace(host="h1", cpu_floor_cores=0.1, mem_margin_bytes=0, mem_floor_bytes=0)
->>> d = Decision(id="d1", ts=1.0, host="h1", container="job-a", action="limit",
-...              policy="vpa", cpu_limit_cores=0.01)
->>> p = plan(d, exists=True, usage_mem_bytes=None, host_cores=8, settings=s)
->>> p.command, p.status
-(SetLimits(container='job-a', cpu_cores=0.1, mem_bytes=None, update_mode='in-place'), 'clamped')
->>> p.message
-'cpu 0.01 cores raised to the CPU floor (0.1 cores)'
->>> plan(d, exists=False, usage_mem_bytes=None, host_cores=8, settings=s).reason
-"container 'job-a' does not exist under the managed prefix"
+The caller passes what it observed (whether the container exists, its memory
+working set, the host's cores) and gets :class:`Planned` (a command, with a
+note for every limit a rule changed, which makes the actuation ``clamped``)
+or :class:`Rejected` (a reason). The rules in order: docs/operations.md,
+"Safety rules of applying".
 """
 
 from __future__ import annotations

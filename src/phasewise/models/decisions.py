@@ -1,23 +1,10 @@
-"""Limit decisions as records: what both worker policies hand to the actuators.
+"""Limit decisions as records: what both worker policies hand to the actuators, built the same way for both.
 
-The VPA updater (:mod:`phasewise.models.vpa.updater`) and the phase detector
-(:mod:`phasewise.models.phases.updater`) decide *which* limits to hand out;
-this module turns those limits into :class:`~phasewise.kit.records.Decision`
-records, the same way for both:
-
-- limits are rounded as handed out (:func:`round_limits`): CPU up to a
-  millicore (as VPA rounds CPU), memory up to a byte, neither above the
-  schema's maximum;
-- every decision has an idempotency key (:func:`decision_id`): a hash of the
-  policy, host, container, limits and event time, so replaying the same
-  samples yields the same ids and actuators apply each id once;
-- ``reason`` is one line of text; ``details`` holds the numbers behind it
-  (JSON-safe: non-finite numbers are ``None``), and ``details["safety"]``
-  what the safety rules did (:mod:`phasewise.models.safety.guard`).
-
-:func:`vpa_decision` builds one VPA decision from a :class:`VpaEvidence`;
-:func:`phase_decisions` builds the phase decisions of a
-:class:`~phasewise.models.phases.fleet.FleetStep`. Pure: no IO.
+Limits are rounded as handed out (:func:`round_limits`: CPU up to a
+millicore, memory up to a byte), every decision has an idempotency key
+(:func:`decision_id`: a hash of policy, host, container, limits and event
+time), a one-line ``reason`` and the numbers behind it in ``details``.
+:func:`vpa_decision` and :func:`phase_decisions` build them. Pure.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""The contract every limit policy meets, live and in replay.
-
-A policy keeps one container's state. At each step it is first asked for the
-limits that hold for the coming step (:meth:`LimitPolicy.limits`), using only
-what it has observed so far, and then shown the usage actually measured at
-that step (:meth:`LimitPolicy.observe`). Replay scores ``L_t`` against ``U_t``
-this way, so no policy ever sees the future; the live worker calls the same
-two methods as samples arrive and turns changed limits into decisions.
-
-Resources are named by the keys of :data:`RESOURCES`; a policy returns a limit
-for every resource it has seen usage of (``None`` while it has no opinion yet,
-which the caller treats as "leave the current limit").
-
-Policies are pure: no IO, no clocks (time comes in as ``t``), no globals.
+"""The contract every limit policy meets, live and in replay: asked :meth:`LimitPolicy.limits` for the coming
+step with what it has seen so far, then shown the usage measured (:meth:`LimitPolicy.observe`), so no policy
+sees the future. Pure: no IO, no clock (time comes in as ``t``), no globals.
 """
 
 from __future__ import annotations

@@ -1,40 +1,12 @@
 """Read one managed container's cumulative cgroup counters (cgroup v1 and v2).
 
-The host agent calls :func:`read_container` once per container per tick and
-turns two consecutive readings into rates (see :mod:`phasewise.producers.sampler`).
-What is read, per cgroup version:
-
-=================  ===========================================  ==========================================
-quantity           v1 (files in the cpu/cpuacct/memory trees)   v2 (files in the unified tree)
-=================  ===========================================  ==========================================
-CPU used           ``cpuacct.usage`` (ns)                        ``cpu.stat`` ``usage_usec``
-working set        ``memory.usage_in_bytes`` −                   ``memory.current`` −
-                   ``memory.stat`` ``total_inactive_file``       ``memory.stat`` ``inactive_file``
-CFS throttling     ``cpu.stat`` nr_periods, nr_throttled,        ``cpu.stat`` nr_periods, nr_throttled,
-                   throttled_time (ns)                           throttled_usec
-CPU limit          ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``  ``cpu.max`` ("max 100000" = unlimited)
-                   (quota -1 = unlimited)
-memory limit       ``memory.limit_in_bytes`` (>= 2**62, i.e.     ``memory.max`` ("max" = unlimited)
-                   the page-rounded max, = unlimited)
-OOM kills          ``memory.oom_control`` ``oom_kill``           ``memory.events`` ``oom_kill``
-=================  ===========================================  ==========================================
-
-The working set is never negative. Limits above the schema's bounds
-(:data:`phasewise.kit.records.MAX_CORES`, :data:`~phasewise.kit.records.MAX_BYTES`)
-are reported as unlimited (``None``).
-
 Parsing is pure (functions on strings, tested without a cgroup tree); file
-access is in :func:`read_container`. A container whose cgroup disappears
-while it is read (the job ended) gives ``None``, never an exception; a
-container that exists but lacks an essential file (controller not enabled)
-raises :class:`~phasewise.kit.cgroups.fs.CgroupError` saying which file.
+access is :func:`read_container`, which the host agent calls once per
+container per tick. Which file gives which quantity: docs/operations.md,
+"What it reads".
 
->>> parse_v2_cpu_max("50000 100000")
-0.5
->>> parse_v2_cpu_max("max 100000") is None
-True
->>> working_set(100, 30), working_set(10, 30)
-(70, 0)
+>>> parse_v2_cpu_max("50000 100000"), parse_v2_cpu_max("max 100000"), working_set(10, 30)
+(0.5, None, 0)
 """
 
 from __future__ import annotations

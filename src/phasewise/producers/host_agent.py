@@ -1,33 +1,10 @@
-"""``phasewise produce``: the host agent. Samples managed containers, publishes to Kafka.
+"""``phasewise produce``: the host agent. Samples the managed containers every interval, publishes one
+``HostSamples`` per host to Kafka.
 
-Every ``--interval`` seconds (a drift-free schedule: tick *k* is due at
-``start + k * interval``; ticks missed because sampling overran are skipped
-and logged, never bunched) the agent reads every container under the
-managed cgroup prefix (:class:`~phasewise.producers.sampler.HostSampler`)
-and publishes ONE :class:`~phasewise.kit.records.HostSamples` message for the
-host to ``phasewise.samples.v1``, keyed by host. The first reading after
-start is a baseline and is not published (rates need two readings).
-
-Broker outages: messages wait in a bounded in-memory buffer
-(:class:`SampleBuffer`, at most ``buffer_max_messages``; when full the
-OLDEST message is dropped and counted in ``phasewise_producer_dropped_total``).
-Messages are handed to librdkafka in order; any that fail (broker down past
-``message.timeout.ms``) go back to the front of the buffer in their original
-order and are retried, so when the broker returns the backlog arrives in
-order. A vanished container or an unreachable broker never stops the agent;
-an unreachable broker is reported in one line every few seconds.
-
-SIGTERM / SIGINT: stop sampling, flush what is buffered for up to
-``flush_timeout_s`` seconds (not at all when nothing listens at the bootstrap
-address), report what could not be sent, exit 0.
-
-``--once`` prints one HostSamples (JSON) to stdout after one interval and
-exits without touching Kafka: a quick check of what this host would publish.
-``--once --json`` prints only ``{"containers": [...]}``: every container of
-that round with its identity (layout, container id, pod) and its resolved
-per-workload policy; everything else goes to stderr.
-
-Metrics (``--metrics-port``): see :mod:`phasewise.producers.metrics`.
+A drift-free schedule, a bounded buffer that keeps order while the broker is
+away (dropping the oldest when full), a clean stop on SIGTERM, and
+``--once`` to print what this host would publish: docs/operations.md, "The
+host agent".
 """
 
 from __future__ import annotations

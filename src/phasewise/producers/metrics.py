@@ -1,18 +1,5 @@
-"""Prometheus metrics of the host agent (``phasewise produce``).
-
-All metrics register on the registry passed in (a fresh
-``CollectorRegistry()`` in tests, the default registry in the agent):
-
-- ``phasewise_producer_samples_total``   HostSamples messages built (one per tick)
-- ``phasewise_producer_delivered_total`` messages the broker acknowledged
-- ``phasewise_producer_buffered``        messages waiting for the broker (buffer + in flight)
-- ``phasewise_producer_dropped_total``   oldest messages dropped because the buffer was full
-- ``phasewise_producer_containers``      containers in the last message
-- ``phasewise_producer_sample_seconds``  time to read all cgroups/NVML for one tick
-- ``phasewise_producer_workloads{mode}``  containers in the last message by resolved mode (off, recommend, apply)
-- ``phasewise_producer_workloads_refused`` containers in the last message whose per-workload settings were
-  refused (bad annotation values: mode off, logged once)
-- ``phasewise_build_info{version,python,role="producer"}`` 1
+"""Prometheus metrics of the host agent (``phasewise produce``), on the registry passed in (tests pass a
+fresh one); each metric's help text says what it counts (docs/operations.md, "Metrics and alerts").
 """
 
 from __future__ import annotations

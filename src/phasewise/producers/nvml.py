@@ -1,43 +1,10 @@
-"""GPU sampling through NVML, with per-container attribution.
+"""GPU sampling through NVML, with each GPU's use attributed to the managed containers by their processes' memory.
 
-:class:`NvmlSampler` wraps an *nvml module object* — ``pynvml`` by default,
-any object with the same function names in tests — and returns, per tick,
-one :class:`~phasewise.kit.records.GpuSample` per GPU and the GPU usage of each
-managed container.
-
-Attribution rule
-----------------
-NVML reports per GPU its SM utilisation ``U_g`` (percent) and the compute
-processes running on it with their GPU memory ``m_p``. Each process is
-mapped to a managed container through ``/proc/<pid>/cgroup`` (the first
-path containing the managed prefix; v1 ``N:ctrl,...:/path`` and v2
-``0::/path`` lines both work; processes of nested cgroups belong to the
-top-level container). For container ``c``:
-
-* ``gpu_mem_bytes(c) = sum of m_p over c's processes, over all GPUs``
-* ``gpu_util(c) = sum over GPUs g of U_g * share(c, g)`` where
-  ``share(c, g) = (sum of m_p of c's processes on g) / (sum of m_p of all
-  processes on g)``, the denominator including unmanaged processes. NVML has
-  no per-process SM counter on most GPUs, so memory share is the proxy; if
-  no process on a GPU reports its memory (``usedGpuMemory`` is ``None``, e.g.
-  without permission), the GPU's utilisation is split equally per process.
-
-A container's ``gpu_util`` is thus a percent summed over GPUs (2 GPUs fully
-used = 200), matching :class:`~phasewise.kit.records.ContainerSample`.
-
-No GPU
-------
-When the library or driver is missing, or there is no device, the sampler
-logs once ``no NVIDIA GPU: NVML unavailable (<reason>); GPU fields omitted``
-and every later :meth:`NvmlSampler.sample` returns ``None``: samples then
-carry no GPU fields at all (not zeros).
-
-Verification
-------------
-The host this was written on has no GPU, so tests drive this module with a
-fake nvml object and a fixture ``/proc`` tree. Checking it against real
-hardware needs an NVIDIA host: run ``phasewise produce --once`` there with a
-CUDA process in a managed cgroup and compare with ``nvidia-smi``.
+:class:`NvmlSampler` wraps an *nvml module object* (``pynvml`` by default,
+a fake in tests) and returns per tick one ``GpuSample`` per GPU and each
+container's GPU use; without NVML or a device it returns ``None`` and
+samples carry no GPU fields. The attribution rule and how to check it on a
+GPU host: docs/operations.md, "GPUs".
 """
 
 from __future__ import annotations

@@ -1,40 +1,10 @@
 """The progress reporter: a training job's steps and losses to Kafka, and the control channel back.
 
-Two ways in:
-
-- **In the training loop** (:class:`ProgressReporter`)::
-
-      from phasewise.producers.progress import ProgressReporter
-
-      with ProgressReporter("job-a", bootstrap="127.0.0.1:9092",
-                            on_checkpoint_exit=save_and_exit) as rep:
-          for step, batch in enumerate(loader):
-              loss = train_step(batch)
-              rep.report(step=step, loss=loss.item())
-              rep.wait_while_paused()
-
-  ``rep.hook()`` returns a function to call after ``optimizer.step()`` or to
-  register with :meth:`torch.optim.Optimizer.register_step_post_hook`; give it the
-  loss tensor with ``rep.hook(loss_fn=lambda: last_loss)``.
-- **As a sidecar** (``phasewise progress -- COMMAND...``, or ``--file PATH`` /
-  stdin): it reads the job's ``job=... phase=train step=... loss=...`` lines
-  (the demo jobs' format) and reports each; with a command, the control
-  channel drives the child: ``checkpoint_exit`` → SIGTERM (then SIGKILL after
-  ``grace_s``), ``pause`` → SIGSTOP, ``resume`` → SIGCONT.
-
-:meth:`ProgressReporter.report` never blocks training: events go into a bounded
-queue (``queue_size``; when full the oldest event is dropped and counted in
-``dropped``) that a background thread sends in batches (up to ``batch_size``
-events, at least every ``flush_s``). While the broker is unreachable the
-events stay queued (still bounded) and are sent, in order, once it answers.
-
-The control channel (``phasewise.control.v1``, :class:`~phasewise.kit.records.JobControl`
-keyed by job) is read by a consumer thread; each record for this job is
-delivered once (by ``id``) to ``on_checkpoint_exit``, ``on_pause`` or
-``on_resume``. Without callbacks, ``pause`` and ``resume`` set and clear
-``paused`` (honoured by :meth:`ProgressReporter.wait_while_paused`) and
-``checkpoint_exit`` sets ``exit_requested``. A control record that cannot be
-parsed is dead-lettered with its reason.
+In the training loop (:class:`ProgressReporter`: ``report`` never blocks,
+a bounded queue sent in batches; control records delivered once to
+callbacks) or as a sidecar (``phasewise progress -- COMMAND``: the job's
+progress lines in, SIGTERM / SIGSTOP / SIGCONT out). docs/targets.md, "In a
+training loop" and "As a sidecar".
 """
 
 from __future__ import annotations

@@ -1,39 +1,9 @@
-"""Turn cumulative cgroup counters into one :class:`~phasewise.kit.records.HostSamples` per tick.
+"""Turn cumulative cgroup counters into one ``HostSamples`` per tick: rates since the previous reading.
 
-:class:`HostSampler` keeps the previous reading of every managed container
-and reports, per call of :meth:`HostSampler.sample`, what happened since the
-previous call:
-
-* ``cpu_cores`` = Δ CPU seconds / Δ monotonic seconds between the two reads
-  of that container;
-* ``throttled_periods``, ``nr_periods``, ``throttled_s``, ``oom_events`` are
-  deltas of the cumulative counters;
-* ``mem_bytes`` (working set) and the limits are the current values;
-* GPU fields come from :class:`~phasewise.producers.nvml.NvmlSampler`: 0 for
-  a container with no GPU process on a host with GPUs, absent (``None``) on
-  a host without NVML.
-
-Honest-data rules:
-
-* A container seen for the first time is **omitted** from that tick: with
-  one reading there is no interval to average over, and a 0 would read as
-  "idle". It appears from its second tick on.
-* If any cumulative counter went backwards (the cgroup was removed and
-  recreated under the same name between ticks), the reading becomes a new
-  baseline and the container is omitted for that tick, so no negative or
-  spurious values are ever published.
-* A container that vanishes is simply absent; its state is forgotten.
-* A container that cannot be read (error other than vanishing) is skipped
-  with one warning per container, never crashing the agent.
-
-Each sample carries the container's ``identity`` (layout, container id and,
-with a :class:`~phasewise.kit.cgroups.workloads.Workloads`, its pod and name) and its
-resolved per-workload policy (``workload``). A pod's sandbox (pause)
-container is not sampled.
-
-Host-wide fields: ``host_cpu_cores`` (busy CPU seconds per second from
-``psutil.cpu_times``, absent on the first call), ``host_cpu_count``,
-``host_mem_bytes`` (total − available) and ``host_mem_total_bytes``.
+:class:`HostSampler` keeps every container's previous reading; a container
+seen for the first time, or whose counters went backwards, is left out of
+that tick rather than reported as idle or negative. The rules and the host
+fields: docs/operations.md, "What it reads".
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ def test_the_dry_run_backend_reads_real_usage_when_the_cgroup_tree_is_there(v2, 
 def test_the_dry_run_actuator_rejects_a_missing_container_and_a_name_with_a_trailing_newline(v2, recorder):
     from prometheus_client import CollectorRegistry
 
-    from phasewise.actuators.consumer import Actuator, make_backend
+    from phasewise.actuators.actuator import Actuator
+    from phasewise.actuators.consumer import make_backend
     from phasewise.actuators.ledger import Ledger
     from phasewise.actuators.metrics import ActuatorMetrics
     from phasewise.kit.records import Decision, encode

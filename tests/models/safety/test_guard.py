@@ -291,3 +291,23 @@ def test_the_memory_max_caps_the_oom_bump_and_answers_the_kill():
     assert not out.emit.any()
     g2.commit(r2, 10.0, out)
     assert g2.pending(r2).tolist() == [False]
+
+
+def test_step_peak_cooldown_and_the_workloads_max_in_one_container_s_life():
+    """The module's former example: the step and the peak bound a cut, the cooldown holds the next, cpu-max caps."""
+    g = LimitGuard(GuardConfig(min_history_s=60, cooldown_s=30, max_decrease=0.5, peak_window_s=600,
+                               mem_margin_bytes=0))
+    rows = g.add_rows(1)
+    for t in range(0, 70, 10):
+        g.observe(rows, float(t), mem=np.array([2.5e9 if t == 20 else 1e9]), throttled_frac=np.zeros(1),
+                  oom=np.zeros(1), mem_limit=np.array([4e9]))
+    out = g.bound(rows, 60.0, proposed=np.array([[0.2, 1.0e9]]), in_force=np.array([[1.0, 4e9]]))
+    assert out.limits.tolist() == [[0.5, 2500000000.0]]
+    assert out.rules_of(0) == {"cpu": ["step"], "mem": ["step", "peak"]}
+    g.commit(rows, 60.0, out)
+    out = g.bound(rows, 70.0, proposed=np.array([[0.2, 1.0e9]]), in_force=np.array([[0.5, 2.5e9]]))
+    assert out.emit.tolist() == [[False, False]]
+    assert out.rules_of(0) == {"cpu": ["cooldown"], "mem": ["cooldown"]}
+    out = g.bound(rows, 200.0, proposed=np.array([[3.0, NAN]]), in_force=np.array([[0.5, 2.5e9]]),
+                  hi=np.array([[2.0, NAN]]))  # the workload's cpu-max is 2 cores
+    assert out.limits[0, 0] == 2.0 and out.rules_of(0) == {"cpu": ["workload_max"]}

@@ -232,3 +232,17 @@ def test_a_restarted_cache_skips_per_container_the_messages_its_stored_state_alr
     again = StateCache({"time_scale": 0.001}, loader=stored.get)
     assert [c.container for c in again.unlearned(msg(2), offset=2).containers] == ["c0"]
     assert len(again.unlearned(msg(3), offset=3).containers) == 300
+
+
+def test_the_refusals_say_why_in_the_words_of_their_settings():
+    """The module's former example: each refusal names the setting that made it."""
+    cfg = IntakeConfig(max_future_s=60, max_behind_s=600, max_per_message=3, max_per_host=2, max_per_worker=10)
+    assert (event_time_problem(1000.0 + 61, now=1000.0, newest=None, config=cfg)
+            == "event time 1061 is 61 s ahead of the worker clock (allowed: 60 s; intake_max_future_s)")
+    assert (event_time_problem(300.0, now=1000.0, newest=1000.0, config=cfg)
+            == "event time 300 is 700 s behind the host's newest sample (allowed: 600 s; intake_max_behind_s)")
+    occ = Occupancy(cfg)
+    occ.begin(now=0.0)
+    r = occ.admit("h", ["a", "b", "c"])
+    assert (r.kept, r.refused) == (["a", "b"], ["c"])
+    assert r.why == "host h holds 2 containers (intake_max_containers_per_host), every one seen in this batch"

@@ -181,3 +181,10 @@ def test_the_job_a_workload_says_it_is_reaches_its_policy():
     p = resolve(parse_settings(ann(mode="apply", job="train-42")), "kubepods-systemd")
     assert (p.mode, p.job) == ("apply", "train-42")
     assert resolve(None, "flat").job is None
+
+
+def test_an_annotated_pod_s_settings_resolve_to_its_policy():
+    """The module's former example: a mode and a cpu-max from annotations, in the record the agent publishes."""
+    got = resolve(parse_settings({"phasewise.io/mode": "recommend", "phasewise.io/cpu-max": "1500m"}), "flat")
+    assert (got.mode, got.source, got.cpu_max_cores, got.error) == ("recommend", "annotation", 1.5, None)
+    assert (got.cpu_min_cores, got.mem_min_bytes, got.mem_max_bytes, got.policy) == (None, None, None, None)

@@ -191,3 +191,14 @@ def test_phase_and_vpa_together_agree_with_replay():
             want, got = result.resources[r].scores[p], totals[r][p]
             assert want.steps > 100 and (got.steps, got.fulfilled) == (want.steps, want.fulfilled), (r, p)
             assert got.alloc == pytest.approx(want.alloc, rel=1e-12), (r, p)
+
+
+def test_a_decision_holds_from_the_next_sample_on_and_is_scored_against_the_usage_that_followed():
+    """The module's former example: vpa's 1.5 cores hold for the samples after its decision."""
+    sc = Scorecard(ScorecardConfig(windows_s=(100.0,), capacity=8))
+    sc.observe(["h/a"], np.array([0.0]), np.array([[1.0, 100.0]]), np.array([[2.0, np.nan]]))
+    sc.decide("h/a", "vpa", {"cpu": 1.5})
+    for t, u in ((10.0, 1.0), (20.0, 2.0)):
+        sc.observe(["h/a"], np.array([t]), np.array([[u, 100.0]]), np.array([[2.0, np.nan]]))
+    s = sc.scores("h/a")[100.0]["cpu"]
+    assert (s["limit"].alloc, s["vpa"].alloc, s["vpa"].fulfilled, s["vpa"].steps) == (40.0, 30.0, 1, 2)

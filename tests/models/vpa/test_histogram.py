@@ -176,3 +176,14 @@ def test_even_a_histogram_with_every_bucket_filled_stays_under_2_kib():
 def test_loading_a_broken_state_says_what_is_wrong(state, why):
     with pytest.raises(HistogramStateError, match=why):
         DecayingHistogram(SIMPLE, half_life=1.0).load_state(state)
+
+
+def test_buckets_grow_geometrically_and_a_percentile_is_the_end_of_its_bucket():
+    """The module's former example: bucket starts 0, 1, 3, 7, ...; a later sample weighs twice an hour on."""
+    b = ExponentialBuckets(first=1.0, ratio=2.0, max_value=100.0)
+    assert (b.num_buckets, b.find_bucket(0.5), b.find_bucket(1.0), b.find_bucket(2.9)) == (8, 0, 1, 1)
+    assert (b.start(1), b.start(2), b.start(3)) == (1.0, 3.0, 7.0)
+    h = DecayingHistogram(b, half_life=3600.0)
+    h.add(2.0, 1.0, t=0.0)  # bucket 1 = [1, 3)
+    h.add(5.0, 1.0, t=3600.0)  # bucket 2 = [3, 7), twice the weight an hour later
+    assert (h.percentile(0.3), h.percentile(0.5)) == (3.0, 7.0)

@@ -1,24 +1,5 @@
-"""Worker memory under a flood of new containers: resident bytes per container, and the cap holding.
-
-``phasewise bench flood [--containers N] [--per-message K] [--ticks T] [--beyond M] [--json]``
-starts an embedded broker and a real ``phasewise worker`` whose per-worker
-container limit is *N* (``intake_max_containers_per_worker``), then:
-
-1. sends *T* ticks of *N* containers (hosts of *K* containers, event times in
-   the past; one VPA recommendation per second of event time, so most
-   containers get a decision and a table write) and waits until every sample
-   is processed: the worker's resident memory over its idle start-up
-   resident memory, divided by *N*, is ``rss_bytes_per_container``;
-2. sends *M* more containers under new names (new hosts, sent once), which
-   the cap must refuse or make room for: ``rss_growth_beyond_cap_bytes`` is
-   what the worker's resident memory grew meanwhile, ``containers_refused``
-   and ``containers_evicted`` what it counted. With ``--ticks 1`` the
-   admitted containers were seen once too, so each new one evicts one of
-   them (the eviction path: rows reused, table entries deleted); with more
-   ticks they are established and the new ones are refused.
-
-Resident memory is the process's VmRSS: it includes the Python allocator's
-free lists and Faust's table (the changelog's values are held in memory).
+"""``phasewise bench flood``: a worker's resident memory per container under a flood of new containers, and
+its cap holding beyond them. docs/benchmarks.md, "What each bench measures".
 """
 
 from __future__ import annotations

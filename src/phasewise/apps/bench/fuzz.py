@@ -1,34 +1,10 @@
 """``phasewise bench fuzz``: hostile messages at a real consumer, valid ones in between.
 
-For one input topic (``--topic``) a seeded generator (:class:`Fuzzer`) makes
-``--messages`` hostile messages of the kinds in :data:`KINDS` (a null value,
-random bytes up to 600 kB, nesting up to 100,000 deep, integers of thousands
-of digits, NaN, wrong types, missing fields, values out of range, bad
-versions, truncated or non-UTF-8 JSON; learn batches and model snapshots also
-get broken arrays and checkpoints: bad base64, corrupt or inflating zlib
-bodies, a model of other features) and one valid message after every
-``--valid-every`` of them. Each hostile message is first given to the
-decoder its consumer runs, in this process: one it accepts is a bug of the
-generator and stops the run; one that raises anything but ``SchemaError`` is
-counted (``decoder_crashes``). Without ``--decoders-only`` the messages then
-go through Kafka (an embedded broker unless ``--bootstrap``) to the real
-role, started for the run:
-
-==============  ==========================================  ===========================================
-``--topic``     role                                        a valid message counts as handled when
-==============  ==========================================  ===========================================
-samples         ``worker --policy vpa|phase``               a Decision for its (new) container appears
-decisions       ``actuate --backend dry-run``               an Actuation with its decision id appears
-learn-windows   ``worker --policy phase`` (the learner)     ``windows_learned_total`` grew by all of them
-models          ``worker --policy phase`` (the follower)    ``model_snapshot_latest`` is the last version
-==============  ==========================================  ===========================================
-
-The JSON result: ``messages`` (hostile sent), ``dead_lettered`` (hostile
-ones whose dead letter, matched by source topic, partition and offset, has a
-reason), ``not_dead_lettered``, ``valid``, ``valid_handled``, ``valid_lost``,
-``valid_dead_lettered``, ``crashes`` (1 if the role exited before the end),
-``exit_code`` (after SIGTERM at the end; 0 = clean stop), ``kinds`` (hostile
-messages per kind), ``truncated_dead_letters`` and ``seconds``.
+A seeded :class:`Fuzzer` makes hostile messages of the :data:`KINDS` for one
+input topic; each goes first to the consumer's decoder in this process, then
+through Kafka to the real role, and the result counts what was dead-lettered,
+handled, lost or crashed. docs/benchmarks.md, "Hostile input" and "What each
+bench measures".
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Pieces the benchmarks share: message floods, scrapes (role subprocesses: :mod:`phasewise.kit.procs`).
-
-Benchmarks run the real roles as the operator would (``phasewise worker``
-etc. as subprocesses against a broker), so the figures include Kafka, Faust
-and JSON costs, not just the model maths.
+"""Pieces the benchmarks share: message floods and scrapes of the real roles, run as subprocesses
+(:mod:`phasewise.kit.procs`), so the figures include Kafka, Faust and JSON.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""How low GPU-utilisation error can go on GPUMemNet's jobs: offline learners against the online model.
-
-``phasewise bench horus-floor [--rows 3000] [--folds 10] [--repeats 10] [--json]``
-reads GPUMemNet's MLP training jobs (``phasewise predict profiles gpumemnet``),
-turns each into the online Horus model's own inputs (:func:`~phasewise.apps.horus.predict.parse_row`:
-the job's graph features; :func:`~phasewise.models.horus.model.feature_vector`) and
-predicts ``log1p`` of GPU utilisation, as a residual over the model's prior, with:
-
-- k-fold cross-validation (shuffled) of scikit-learn's HistGradientBoostingRegressor,
-  RandomForestRegressor, k-nearest neighbours (k = 5, standardised), ridge regression
-  and the training mean: each trained on (k-1)/k of the jobs, not 20;
-- a learning curve: each learner trained on n random jobs and scored on all the
-  others, ``--repeats`` draws per n (the random forest's mean and sd, the others' means);
-- the online model itself, prequentially (``phasewise predict eval``'s ``rmsle_after_20``).
-
-It prints RMSLE (pooled over all out-of-fold predictions) against the target
-0.15, how much of the best offline learner's squared error the worst 1 % of
-jobs make, and the same figures for GPU memory. Seeds are fixed (``--seed``):
-the same options give the same numbers. Needs scikit-learn (``pip install 'phasewise[analysis]'``),
-which phasewise itself does not.
+"""``phasewise bench horus-floor``: how low GPU-utilisation error can go on GPUMemNet's jobs, offline learners
+against the online Horus model (needs scikit-learn: ``phasewise[analysis]``). docs/benchmarks.md, "What each
+bench measures"; docs/horus.md.
 """
 
 from __future__ import annotations

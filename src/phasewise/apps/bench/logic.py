@@ -1,11 +1,7 @@
 """Cost of the worker's VPA decision logic alone, without Kafka or Faust.
 
-``phasewise bench logic [--containers N] [--per-host K] [--ticks T] [--recommend-interval S]``
-(or ``python -m phasewise.apps.bench.logic``) feeds
-:func:`~phasewise.models.vpa.updater.process_host_samples` T ticks of N
-containers (K per host message, usage that moves so decisions happen) and
-prints microseconds per container sample, with and without serialising the
-dirty state as the agent does.
+``phasewise bench logic`` (or ``python -m phasewise.apps.bench.logic``); docs/benchmarks.md, "What each bench
+measures".
 """
 
 from __future__ import annotations

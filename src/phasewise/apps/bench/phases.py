@@ -1,27 +1,5 @@
-"""``phasewise bench phases``: the phase detector with the CRBM in the loop, samples/s and memory.
-
-Two figures, per process:
-
-1. **pure_step_samples_per_s** — in this process, no Kafka: for every host
-   message (``--per-host`` containers) the JSON is decoded as the worker
-   decodes it (:func:`phasewise.kit.records.decode_host_samples`) and one batched
-   :meth:`~phasewise.models.phases.fleet.PhaseFleet.step` runs (one CRBM call,
-   one nearest-centroid call, the limit rule) with a warm model; container
-   samples per second of wall time.
-2. **samples_per_s** — a real ``phasewise worker --policy phase`` subprocess
-   (Faust, on an embedded broker unless ``--bootstrap``), started after a warm
-   ``ModelSnapshot`` was published so its detectors run the CRBM from the
-   first sample. A backlog of ``--seconds`` ticks of ``--containers``
-   containers is flooded onto the samples topic and the rate is read from the
-   worker's ``phasewise_worker_container_samples_total`` between 10 % and 90 %
-   of the backlog (the VPA fallback, decisions, phase changes, learn batches
-   and table writes are all in that figure).
-
-**bytes_per_container** is the detector's measured per-container state
-(:meth:`PhaseFleet.state_bytes`: window, phase, limit basis, id index) after
-``--containers`` containers; **worker_rss_bytes_per_container** is the
-worker's resident memory growth over the flood divided by the containers
-(VPA histograms included).
+"""``phasewise bench phases``: the phase detector with the CRBM in the loop, samples/s (the pure step in
+process, and a real ``worker --policy phase``) and memory per container. docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
-"""``phasewise bench pipeline``: the closed loop's throughput, latency and memory.
-
-What it does, in one run against one broker (embedded unless ``--bootstrap``):
-
-1. **raw_consume_per_s** — produces ``--raw-messages`` host messages of the
-   same shape as the benchmark's to a scratch topic, then times one
-   confluent-kafka consumer reading them back: the broker's own ceiling,
-   in messages/s, for comparison.
-2. **samples_per_s** — starts ``phasewise worker`` with the bench's
-   ``--policy`` (default vpa; a real Faust worker, subprocess) and floods
-   the samples topic with one message per host per
-   tick (``--containers`` split into hosts of ``--per-host``) for
-   ``--seconds``; the rate is read from the worker's own counter
-   ``phasewise_worker_container_samples_total`` (Prometheus endpoint) over the
-   steady part of the run: container samples per second through the worker,
-   with the worker's CPU per sample (``worker_cpu_us_per_sample``) and the
-   time its pre-commit flushes took (``worker_commit_flush_s_in_window``)
-   over the same window.
-3. **p50_ms / p99_ms** — with the backlog drained, starts a dry-run
-   ``phasewise actuate`` for the first host and ticks at 1 Hz with usage
-   that moves, samples sent with the host agent's producer settings. A
-   fresh actuator first reads the decisions topic's backlog (the flood's
-   decisions for every host), so the ticks until its first actuation of a
-   decision made after it started are warm-up (``latency_warmup_s``; that
-   actuation's latency is ``first_actuation_ms``); then ``--latency-seconds``
-   are measured: latency = actuation time − the sample's event time (both
-   stamped on this machine's clock) for every actuation of that host. **worker_p50_ms / worker_p99_ms**: the worker's
-   share, sample event time -> decision produced (the decision record's
-   CreateTime), over every host's decisions in that window.
-4. **bytes_per_container** — the worker's resident memory growth from
-   before the first sample to after all containers are tracked, divided by
-   the number of containers.
+"""``phasewise bench pipeline``: the closed loop's throughput, latency and memory, in one run against one
+broker (the broker's own ceiling, a real worker's samples/s, sample-to-actuation latency through a dry-run
+actuator, bytes per container). docs/benchmarks.md, "What each bench measures".
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
-"""Decision time of the placement policies at cluster scale (no Kafka).
-
-``phasewise bench placement [--nodes 1500] [--jobs 500] [--fill 0.5] [--policies ...] [--json]``
-builds a cluster of N nodes in openb's mix (8 x G2, 2 x T4, CPU-only, 4 x V100,
-8 x G3, 2 x P100 nodes; 16 GiB GPUs), fills it to about ``--fill`` of its GPUs
-with jobs of openb-like requests, then times each policy's decision and booking
-for ``--jobs`` more jobs (wall clock, and CPU time of this process, which a
-loaded machine does not inflate). Between two jobs a few nodes get new observations
-(GPU utilisation and memory, as samples arriving), which invalidates what a
-policy cached about them. fgd and horus measure fragmentation against the
-workload of all the jobs, or with ``--online`` against the jobs asked about so
-far, as the placement worker does (its distribution is recomputed at every job
-for the first 64 jobs, then every 64, each time emptying the policy's caches).
-Prints milliseconds per job (mean, p50, p99, max).
-
-``phasewise bench placement --waiting 3000,6000 [--nodes 1500] [--policies horus] [--json]`` times
-the placement agent's state (:class:`~phasewise.streams.agents.placement.PlacementState`, no Kafka)
-with that many jobs waiting: the cluster's GPUs are all booked, the waiting jobs are openb-like
-GPU jobs (so none fits) whose memory requests differ job by job, as predicted requirements make
-them (each job a type of its own for the policies' caches), then it times one decision round
-after each of: the waiting jobs'
-submission (``fill``); a CPU-only job submitted after ``--observe`` nodes sent new readings
-(``next_job``: the time to place the next job); the same with the policy's caches emptied, as the
-online workload's refresh does every 64 new jobs (``next_job_refresh``); a sample of one node
-(``sample``); one GPU booking freed (``freed``). Wall seconds, CPU seconds of this process, and
-how many jobs the policy was asked to place (``policy_calls``).
+"""``phasewise bench placement``: decision time of the placement policies at cluster scale, and of the
+placement agent's state with thousands of jobs waiting (no Kafka). docs/benchmarks.md, "What each bench
+measures".
 """
 
 from __future__ import annotations
@@ -147,7 +124,7 @@ def _submitted(j: Job, ts: float):
 
 
 def bench_waiting(policy: str, nodes: list[Node], waiting: int, observe: int = 10) -> dict:
-    """One decision round's time with *waiting* jobs waiting, after each kind of event (the module doc)."""
+    """One decision round's time with *waiting* jobs waiting, after each kind of event (docs/benchmarks.md)."""
     from phasewise.kit.settings import Settings
     from phasewise.streams.agents.placement import PlacementState
 

@@ -1,16 +1,5 @@
-"""Recovery after SIGKILL: a real worker killed several times, its decisions against an unkilled run's.
-
-``phasewise bench recovery [--kills K] [--runs R] [--state-write-interval S] [--json]``
-starts, R times, an embedded broker and a real ``phasewise worker``
-(``--policy vpa``) fed 240 ticks of 4 hosts x 6 containers (square-wave usage,
-~16 ticks/s, as host agents keep sending while the worker dies), SIGKILLed K
-times mid-stream and restarted each time; once every sample is processed and
-committed, the distinct decisions it published are compared with the same
-decision logic run in process over the same messages (no kill). Per run:
-``reference`` (decisions of the unkilled run), ``missing`` (reference
-decisions never published), ``extra`` (published decisions the unkilled run
-did not make), ``repeated`` (decisions published more than once: expected
-after a kill, applied once by the actuators' ledgers).
+"""``phasewise bench recovery``: a real worker SIGKILLed several times, its decisions against an unkilled run's.
+docs/benchmarks.md, "What each bench measures"; docs/security.md, "Exact recovery after SIGKILL".
 """
 
 from __future__ import annotations

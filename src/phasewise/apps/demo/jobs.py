@@ -1,43 +1,11 @@
 """Three small but real PyTorch training jobs for the demo, on the CPU.
 
-Run one as ``python -m phasewise.apps.demo.jobs NAME --seconds N [--threads 1]``:
-
-``charlstm``
-    A character-level LSTM language model trained on the source text of the
-    running interpreter's standard library (bytes as tokens, 256 symbols).
-``transformer``
-    A small causal Transformer encoder doing next-token prediction over
-    Python tokens: the standard library's sources are tokenised with the
-    :mod:`tokenize` module and the most frequent tokens form the vocabulary.
-``forecaster``
-    An MLP forecaster of a container's next CPU and memory use from a window
-    of its past use, trained on the real AI4DL (IBM DLaaS) trace shipped in
-    ``data/ai4dl_sample.csv``. If that file is missing, the job
-    trains a causal 1-D convolutional byte model on the standard library's
-    test sources instead (``convlm``), so the demo never depends on files
-    outside the project.
-
-Nothing is downloaded. Each job has the resource phases of a real training
-run, so CPU and memory use change over time:
-
-``load``        read and tokenise the corpus (single-threaded Python, memory grows)
-``train``       optimisation steps with the training batch size
-``eval``        every ``--eval-every`` seconds: held-out loss with a 4x batch,
-                no gradients (a memory step up while it lasts)
-``checkpoint``  every ``--checkpoint-every`` seconds: the model and optimiser
-                state serialised in memory, written to ``--checkpoint-dir``
-                and fsynced (a short memory spike, then IO wait)
-
-A job started with a ``--checkpoint-dir`` that already holds one of its
-checkpoints resumes from the newest (``phase=resume``), as a restarted
-training job does after being killed, e.g. for exceeding its memory limit.
-
-Every event is one ``key=value`` line on stdout, flushed at once, e.g.::
-
-    job=charlstm phase=train step=120 loss=2.3456 elapsed=3.10
-
-:func:`parse_progress` reads such a line back (for a progress reporter).
-SIGTERM and SIGINT end the job after the current step with exit status 0.
+``charlstm``, ``transformer`` and ``forecaster``; run one as
+``python -m phasewise.apps.demo.jobs NAME --seconds N``. Each has
+a real run's phases (load, train, eval, checkpoint), resumes from its newest
+checkpoint, prints one ``key=value`` line per event and ends after the
+current step on SIGTERM. Nothing is downloaded. docs/operations.md, "The
+demo".
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """``phasewise demo``: the whole closed loop on this machine, with real training jobs.
 
-What it starts, in order (everything is stopped and removed again on exit):
-
-1. an embedded Kafka-compatible broker (Tansu) on a free loopback port, and
-   the topics;
-2. one cgroup per training job under ``<cgroup-root>/<controller>/<prefix>/``
-   (v1) or ``<cgroup-root>/<prefix>/`` (v2), with a generous starting limit
-   (``--start-cpu`` cores, ``--start-mem`` bytes) for the loop to lower or raise;
-3. the roles, each a subprocess of the ordinary CLI with its log in the run
-   directory, all with one signing key made for this run (48 random bytes in a
-   private temporary directory, removed on exit; ``PHASEWISE_SIGNING_KEY_FILE``):
-   ``phasewise produce`` (samples the job cgroups),
-   ``phasewise worker`` (VPA recommender, demo-tuned: a short VPA time scale
-   and recommendation interval so decisions come within a minute) and
-   ``phasewise actuate --backend cgroup`` (applies them);
-4. the training jobs (:mod:`phasewise.apps.demo.jobs`: a character LSTM and a small
-   Transformer on the standard library's source, an MLP forecaster on the
-   AI4DL trace), each one thread. A job's process writes its own pid into its
-   cgroup's ``cgroup.procs`` (a ``/bin/sh`` wrapper) *before* it ``exec``\\ s
-   Python, so none of its CPU or memory use escapes the cgroup.
-
-The demo then reads the samples, decisions and actuations topics with its own
-consumer group and shows a live view (:mod:`phasewise.apps.demo.view`) until Ctrl-C,
-SIGTERM or ``--duration``. A job that dies (e.g. killed by the kernel for
-exceeding a lowered memory limit) is restarted, up to ``--max-restarts`` times,
-and counted. On exit it always stops the jobs, then the roles (SIGTERM to each
-process group, SIGKILL after a timeout), reads the final limits, removes the
-cgroups, stops the broker, and then checks that no process of any group it
-started is left and no cgroup directory remains; the summary says so
-(``"cleanup": true``). ``--json`` prints the summary as exactly one JSON object
-on stdout; logs go to stderr and the run directory
-(``<data_dir>/demo-<timestamp>/``), which is kept for inspection.
-
-Needs root (it creates cgroups). The summary is computed by the pure
-:func:`phasewise.apps.demo.summary.summarize` from the collected records.
+It starts a broker, a cgroup per job, the three roles and the jobs, shows
+the live view until Ctrl-C, SIGTERM or ``--duration``, restarts a job that
+dies, and on exit removes everything and checks that nothing is left. Needs
+root. The summary is :func:`phasewise.apps.demo.summary.summarize`'s.
+docs/operations.md, "The demo" and "The demo summary".
 """
 
 from __future__ import annotations

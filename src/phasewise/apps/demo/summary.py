@@ -1,10 +1,5 @@
-"""What the demo saw and what it says about it (pure): the records, the summary, the live view's input.
-
-The demo collects the samples, decisions, actuations and phase changes of its
-jobs, its own readings of their cgroups and the jobs' progress lines into
-:class:`Records`; :func:`summarize` turns them into the summary
-(``phasewise demo --json``), :func:`format_summary` into text for a terminal,
-and :func:`view_state` into the live view's input.
+"""What the demo saw and what it says about it (pure): the :class:`Records` it collects, :func:`summarize`
+(``phasewise demo --json``), :func:`format_summary` and :func:`view_state` (the live view's input).
 """
 
 from __future__ import annotations

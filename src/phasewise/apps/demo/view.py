@@ -1,18 +1,8 @@
-"""The demo's live terminal view: one table row per training job, redrawn ~1 Hz.
+"""The demo's live terminal view: one table row per training job, redrawn about once a second.
 
-:func:`render` is pure (a :class:`ViewState` in, the screen's text out), so it
-is tested directly; :class:`LiveView` only moves the cursor with ANSI escape
-codes (no curses): it switches to the terminal's alternate screen, redraws in
-place, and restores the screen on exit so the summary lands in the scrollback.
-When stdout is not a terminal it prints a plain frame every few seconds.
-
-Columns (each has a header; :data:`LEGEND` under the table says what they
-mean): the job's own training stage and the CRBM phase the worker assigned
-it, CPU used / limit (cores) and use as a share of the limit, the same for
-memory, step and loss, how many decisions and applied actuations it had,
-where its last limits came from (phase N, the VPA fallback or the VPA, and
-the safety rules that bounded them); under each row its last decision with
-the actuator's outcome and the policy's reason.
+:func:`render` is pure (a :class:`ViewState` in, the screen's text out);
+:class:`LiveView` only moves the cursor with ANSI escapes on the terminal's
+alternate screen. :data:`LEGEND` says what each column means.
 """
 
 from __future__ import annotations

@@ -1,5 +1,3 @@
-"""``phasewise experiment``: experiments that run real jobs under a policy and report what it changed.
-
-One subcommand per experiment (:data:`phasewise.apps.experiment.cli.EXPERIMENTS`); each
-module exposes ``add_arguments(parser)`` and ``run(args) -> int`` like a role.
+"""``phasewise experiment``: experiments that run real jobs under a policy and report what it changed; one
+module per experiment (``targets``, ``curves``, ``priorities``), dispatched by ``cli``.
 """

@@ -1,28 +1,6 @@
-"""``phasewise experiment curves``: target detection replayed over real training curves.
-
-Two sources of real curves (their provenance is in each folder's ``PROVENANCE.txt``):
-
-- MLPerf Training v1.0, NVIDIA DGX A100 submissions
-  (``mlperf_v1.0_nvidia_dgxa100_events.csv.gz``): ``eval_accuracy`` per evaluation of
-  every run, the objective is the benchmark's MLPerf quality target
-  (``quality_targets.csv``; direction from its ``direction`` column). A run stops at
-  its first evaluation at the target, so only the first crossing is seen. DLRM's
-  times are post hoc (its logger), so its x axis is the fractional epoch.
-- Pollux (OSDI'21) artifact, ``traces/<model>/validation-<batch>.csv``: one validation
-  metric per epoch of a full run (accuracy, F1, hit rate: higher is better; WER and
-  YOLOv3's validation loss: lower is better). The runs go on after their targets, so
-  whether a curve *stayed* past a target is seen. Their objective is set per model to
-  what every run of it reached: the worst run's best value, relaxed by 1 % of that
-  run's first-to-best range.
-
-Acceptable is the objective relaxed by ``--acceptable-gap`` (default 10 %) of the
-run's first-to-objective distance. Each curve is fed, in order, to
-:class:`~phasewise.models.jobs.targets.TargetTracker`; for each tier the output says when
-the curve first reached the target (``reached``), from when it stayed there to the
-end of the run (``stayed``), and when the tracker declared it (``declared``).
-A *false early stop* is an objective declared before the curve stayed past it; an
-objective declared before the curve reached it is a violation of the target
-(impossible by construction; counted anyway).
+"""``phasewise experiment curves``: target detection replayed over real training curves (MLPerf Training v1.0,
+Pollux), counting when each curve reached, stayed past and was declared at its targets, and the false early
+stops. docs/targets.md, "Replay over real curves".
 """
 
 from __future__ import annotations

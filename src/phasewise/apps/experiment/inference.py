@@ -1,32 +1,6 @@
-"""A real inference service: a small torch model behind HTTP on loopback, its replicas, and a bounded load.
-
-**The service** (``python -m phasewise.apps.experiment.inference --port P``): an
-MLP classifier (4 layers, 256 wide, fixed seed) served by the standard
-library's :class:`http.server.ThreadingHTTPServer` on ``127.0.0.1`` (a thread
-per connection; nothing to install, and the model's one inference at a time
-under a lock is the cost a request pays, so a thread per request is
-enough). ``POST /predict`` with ``{"x": [[...64 floats...], ...]}`` (at most
-64 rows) answers ``{"y": [class, ...]}``; ``GET /metrics`` answers JSON:
-``requests`` and ``errors`` (totals), and over the last ``window_s``
-seconds ``window_requests``, ``p99_ms`` / ``p50_ms`` (server-side: from
-reading the request to writing the answer, waiting for the model included;
-time a request waits to be accepted is not in it; the listen backlog is 128
-connections, so a burst does not lose connection requests to a full queue)
-and ``util`` (the
-fraction of the window the model was busy); ``cpu_seconds``, the process's
-CPU time so far (its CPU utilisation is the rate of that over its limit).
-
-**Replicas** (:class:`Replicas`): each a process of the service in its own
-managed cgroup, started and stopped by the caller (the autoscaler's local
-actuation); a stopping replica leaves the load balancer first. A replica may
-be pre-started as a warm standby (loaded, idle, sent nothing) so that
-scaling up is joining the balancer rather than a cold start.
-
-**The load** (:class:`Load`): open-loop arrivals at a rate that follows a
-schedule, each request sent by a bounded pool of worker threads to the
-replicas round-robin; a request that finds every worker busy is shed (counted,
-and counted as an SLO violation), and none waits longer than the client
-timeout. Client-side latencies are what the SLO is judged on.
+"""A real inference service for the priorities experiment: a small torch model behind HTTP on loopback
+(``python -m phasewise.apps.experiment.inference --port P``), its :class:`Replicas` and the open-loop
+:class:`Load`. docs/priorities.md, "The experiment".
 """
 
 from __future__ import annotations

@@ -1,47 +1,6 @@
-"""``phasewise experiment priorities``: DynamoML's preemption and autoscaling, static vs managed, for real.
-
-On this host, in managed cgroups (each container's CPU limit = its request,
-set by the actuator's cgroup backend), for ``--duration`` seconds per scenario:
-
-- the **inference service** (:mod:`phasewise.apps.experiment.inference`), priority
-  10, 0.5 core per replica, under an open-loop load of ``--rate-low``
-  requests/s that steps up to ``--rate-high`` at half time;
-- two low-priority **training jobs** (:mod:`phasewise.apps.experiment.trainer`):
-  ``train-a`` (priority 0) and ``train-b`` (priority 1), 0.5 core each;
-- a **high-priority training job** ``urgent`` (priority 5, 1 core) arriving at
-  one third and running for a third of the run (its expected time).
-
-The host offers ``--capacity`` cores (default 2) to these requests.
-
-``static``: fixed limits, no agent: everything runs from when it arrives, one
-replica. ``managed``: :class:`~phasewise.models.jobs.priorities.PriorityPolicy`
-admits, preempts (``urgent``'s known short holding time: its victim is
-frozen by the cgroup freezer; a new replica's unknown one: its victim gets
-checkpoint-and-exit, delivered as SIGUSR1, then a hard stop after the grace
-period), resumes in priority order and weights the CPU by priority (each job's
-:func:`~phasewise.models.jobs.priorities.cpu_weight` at ``--weight-ratio``, written
-as ``cpu.shares`` through the actuator's safety rule and cgroup backend, so the
-replicas outweigh the training jobs wherever they contend for a CPU);
-``unweighted``: the same without the weights (every container at the default
-weight), to see what the weights change; every second
-:class:`~phasewise.models.jobs.autoscaler.Autoscaler` reads the replicas'
-``/metrics`` (CPU time, server-side p99 against half the SLO: the server
-does not see the time a request waits to be accepted) and scales between 1 and
-``--max-replicas`` (utilisation: each replica's CPU time over the interval
-divided by its 0.5-core limit), each new replica being a job the priority
-policy admits; the replicas a scale-up may add are pre-started as warm
-standbys (loaded, idle, in the balancer only once admitted).
-
-Measured per scenario: ``slo_violation_share`` (client-side: answered later
-than ``--slo-ms``, failed, or shed / all requests), ``p99_ms`` (client-side,
-of the answered requests), ``training_steps_per_s`` (steps the three
-training jobs completed, per second of the run), ``preempt_to_frozen_ms``
-(decision made -> ``freezer.state`` reads FROZEN, the worst; null when no
-freeze), ``resume_lost_steps`` (completed steps a preempted job did not have
-when it went on: summed), ``replicas_max``. The report's ``results.json`` adds
-the CPU seconds each container got in each third of the run (``cpu.cpuacct``,
-read every second: the inference replicas against the training jobs before,
-during and after ``urgent``) and the weights written.
+"""``phasewise experiment priorities``: DynamoML's preemption, CPU weights and autoscaling, static vs managed,
+with a real inference service and real training jobs in managed cgroups. What runs, what is measured:
+docs/priorities.md, "The experiment".
 """
 
 from __future__ import annotations

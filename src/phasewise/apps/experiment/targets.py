@@ -1,49 +1,11 @@
-"""``phasewise experiment targets``: TRADL's NA / AO / FT scenarios with real small training jobs on this machine.
+"""``phasewise experiment targets``: TRADL's NA / AO / FT / SR scenarios with real small training jobs on this
+machine, and the oracle (the most any policy could cut the mean time to objective).
 
-The jobs (:mod:`phasewise.apps.experiment.workloads`) run concurrently as processes, each
-in its own cgroup under one parent cgroup whose CPU quota is the "node"
-(``--capacity`` cores), so every scenario gets the same node whatever else the
-machine runs. Their progress lines are read as the sidecar reads them
-(:func:`phasewise.producers.progress.parse_line`) and fed to
-:class:`~phasewise.models.jobs.targets.TargetTracker`; the decisions of
-:func:`~phasewise.models.jobs.targets.decide` are carried out by the actuator's cgroup
-backend (CPU limits) and by the sidecar's :class:`~phasewise.producers.progress.ChildControl`
-(checkpoint_exit as SIGTERM, SIGKILL after the grace period). No broker: the
-pieces are called in-process.
-
-1. **Calibration** (as TRADL set targets per model from a run): the jobs run
-   together, no policy, for ``--objective-at`` of their step budgets; a job's
-   *acceptable* is its smoothed loss at ``--acceptable-at`` of its budget, its
-   *objective* at ``--objective-at``.
-2. **NA** (no algorithm): the jobs run their whole step budgets.
-3. **AO** (acceptable only): a job past *acceptable* is shrunk to
-   ``--shrink`` x capacity / (jobs still running) while some job is short of its
-   acceptable (:func:`~phasewise.models.jobs.targets.acceptable_limits`), and released
-   when none is; it still runs its budget.
-4. **FT** (full two-tier): AO, and a job past *objective* gets checkpoint_exit
-   (grace ``--grace-s``, then a hard stop).
-5. **SR** (shortest estimated remaining work first): FT's stop at objective, but
-   the node goes to the job with the least estimated CPU work left to its objective
-   (:func:`~phasewise.models.jobs.targets.remaining_work` from its loss and the CPU its
-   cgroup used), the others held to ``--shrink`` x capacity / jobs
-   (:func:`~phasewise.models.jobs.targets.node_limits` with ``policy="nearest"``, as
-   ``phasewise worker --targets --targets-policy nearest``).
-
-Every job's CPU-seconds to its objective (``cpu_to_objective_s``) give the
-**oracle**: no policy that only divides the node and stops jobs at their
-objective beats shortest-remaining-work-first on that work, whose mean time to
-objective is ``sum_k (n - k + 1) W_(k) / (n C)`` (works ascending, node of C
-cores, each job able to use the whole node: the node is smaller than a core).
-``oracle_reduction`` is how far below NA's measured mean that lies: the most any
-policy could reduce the mean time to objective on this mix.
-
-Seeds are fixed and each job runs one torch thread, so a job's loss at step *k*
-is the same in every scenario; the scenarios differ only in CPU given and when a
-job stops. Times are wall seconds from the scenario's start barrier: every job
-first loads (imports torch, reads its data) outside the node, then all move into
-their cgroups and start training at once, so start-up under a busy machine's
-contention is not counted; CPU seconds are the job cgroup's from the barrier on. With ``--share-alpha A``
-the TRADL share rule caps the limits too (AO, FT, SR).
+The jobs run in cgroups under one parent whose CPU quota is the node; the
+tracker and the division are the worker's own pure code, the limits go
+through the actuator's cgroup backend, the stops through the sidecar's
+control; no broker. docs/targets.md, "Experiment: NA / AO / FT / SR with
+real jobs".
 """
 
 from __future__ import annotations
@@ -200,7 +162,7 @@ def run_scenario(scenario: str, jobs: list[str], steps: dict[str, int], node: No
         r = JobRun(name, steps[name], container=f"{scenario.lower()}-{name}")
         node.layout.create(r.container)
         r.proc = subprocess.Popen(
-            [sys.executable, "-m", "phasewise.apps.experiment.workloads", name, "--steps", str(steps[name]),
+            [sys.executable, "-m", "phasewise.apps.experiment.targets_jobs", name, "--steps", str(steps[name]),
              "--report-every", str(REPORT_EVERY), "--checkpoint-dir", str(ckpt),
              "--wait-for-go"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
@@ -560,7 +522,7 @@ def run(args: argparse.Namespace) -> int:
                     "loadavg_after": [round(x, 2) for x in os.getloadavg()],
                     "wall_s": round(time.monotonic() - t_start, 1)}
     if args.report:
-        from phasewise.apps.experiment.report import write_targets_report
+        from phasewise.apps.experiment.targets_report import write_targets_report
 
         write_targets_report(args.report, out, results)
     if args.json:

@@ -1,20 +1,6 @@
-"""A small real training job that honours checkpoint-and-exit, for the priorities experiment.
-
-``python -m phasewise.apps.experiment.trainer NAME --checkpoint-dir D [--seconds S]``
-trains an MLP regressor (64 -> 256 -> 256 -> 8, AdamW) on a fixed synthetic
-task (targets from a random two-layer network, seeded) on one CPU thread.
-It prints ``job=NAME phase=train step=N loss=L`` about every 0.2 s and:
-
-- on **SIGUSR1** (how the experiment delivers a ``checkpoint_exit``
-  :class:`~phasewise.kit.records.JobControl` to a local job) finishes the current
-  step, saves model, optimiser and step to the checkpoint folder (written to a
-  temporary file, fsynced, renamed), prints ``phase=exit step=N`` and exits 0;
-- on **SIGTERM** stops after the current step without a checkpoint;
-- at start resumes from the checkpoint when there is one
-  (``phase=resume step=N``), so a job stopped by checkpoint-and-exit loses
-  no completed step;
-- with ``--hold``, once loaded prints ``phase=ready`` and trains only after a
-  line on stdin (a job whose process is warm before it "arrives").
+"""A small real training job that honours checkpoint-and-exit (SIGUSR1), for the priorities experiment
+(``python -m phasewise.apps.experiment.trainer NAME --checkpoint-dir D``; docs/priorities.md, "The
+experiment").
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Measure real training jobs of catalog models on this machine: CPU cores and host memory over the steady phase.
-
-Each job is a child process training the real model (real weights, random
-batches of the dataset's shape, SGD or Adam as the catalog says) for
-*seconds*; its CPU time and resident memory are read from ``/proc`` every
-*interval*, after a *warmup*. With a CUDA device the child trains there and
-the GPU's utilisation and this process's GPU memory are read through NVML
-(``pynvml``) as well. A row per job, in the observed-jobs CSV form of
-``phasewise predict eval`` (plus ``cpu_cores`` and ``mem`` in MiB).
+"""``phasewise predict measure``: real training jobs of catalog models on this machine, their CPU cores and
+host memory over the steady phase (GPU utilisation and memory through NVML with a CUDA device), one row
+each in the observed-jobs CSV form of ``phasewise predict eval`` (docs/horus.md, "Results").
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""``phasewise predict``: score the Horus utilisation model on profiled jobs, and read the shared profiles.
-
-``phasewise predict eval OBSERVED.csv --json`` scores prequentially (each row
-predicted, then learned) a CSV with columns ``model,dataset,batchsize,amp,
-gpu_util,gmem`` (gpu_util in %, gmem in MiB; other columns ignored) and prints
-``{"rows", "scored", "rmsle", "rmsle_after_20", "rmsle_first_sight", "coverage", "errors"}``.
-A row whose model or dataset is unknown, or whose graph cannot be built, is an
-entry of ``errors`` (its row number and why), not a crash. A ``module:function``
-model is built as ``phasewise horus`` builds it: only when its module is in
-``horus_model_modules``, and in a child process.
-
-``phasewise predict profiles gpumemnet|hydro [--data DIR]`` writes the shared
-profiles in that CSV form; ``phasewise predict gavel`` compares the graph's
-FLOPs per step with Gavel's measured step times.
+"""``phasewise predict``: score the Horus utilisation model on profiled jobs (``eval``), write the shared
+profiles (``profiles``), measure jobs here (``measure``) and compare with Gavel (``gavel``). docs/horus.md,
+"Results".
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""``phasewise submit JOB.json|yaml``: publish a job-submitted event on ``phasewise.job-events.v1``.
-
-The file holds one job: ``job`` (id; made from the model's name when absent),
-``workload``, ``priority`` and the spec, either under ``spec`` or at the top
-level (``model``, ``dataset``, ``batch_size``, ``amp``, ``requests``,
-``targets``, ``command``, ``node_selector``). A bad spec (one that a
-consumer's decoder would refuse: an unknown field, a value out of its bounds,
-a command over 256 arguments or 16 KiB, a whole event over 64 KiB) is one line
-on stderr and exit status 2; nothing is published. A ``module:function`` model
-that this host's ``horus_model_modules`` does not list is published with a
-note: horus predicts it only where the operator allows its module. YAML is
-read when PyYAML is installed.
-
-With a submitter key (``--key``, ``job_submitter_key_file``; made by
-``phasewise keys submitter PATH``) the event is signed
-(:mod:`phasewise.kit.job_signing`): an actuator starts a job's command only when
-a submitter it trusts signed it. Without one the event is published unsigned,
-and a warning says so: the job is placed and predicted, never started.
+"""``phasewise submit JOB.json|yaml``: publish a job-submitted event on ``phasewise.job-events.v1``, signed
+with a submitter key when one is given; a bad spec is one line and exit status 2, nothing published
+(docs/horus.md, "Submitting a job").
 """
 
 from __future__ import annotations

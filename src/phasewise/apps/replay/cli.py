@@ -1,9 +1,5 @@
-"""``phasewise replay``: its flags, and the run from a trace to the table, the JSON lines and the report.
-
-``--json`` prints one JSON object per line, each with ``"type"``: one
-``setup`` line, a ``score`` line per policy family and resource, a
-``savings`` line per resource (schema: ``infra/schemas/ReplayOutput.v1.json``,
-:mod:`phasewise.kit.records.replay_output`).
+"""``phasewise replay``: its flags, and the run from a trace to the table, the JSON lines and the report
+(docs/results.md; the ``--json`` schema is :mod:`phasewise.kit.records.replay_output`).
 """
 
 from __future__ import annotations

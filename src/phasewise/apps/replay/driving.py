@@ -1,22 +1,6 @@
-"""Driving the policies through a trace, one container or a whole fleet at a time.
-
-Each container of the trace is replayed on its own, with a fresh instance of
-every policy. At each sample time ``t`` a policy is first asked for its limits
-(:meth:`LimitPolicy.limits`) and only then shown the usage measured at ``t``
-(:meth:`LimitPolicy.observe`), so no policy sees the step it limits. The one
-exception is the **oracle** (``L_t = U_t``), a reference computed by this
-harness from the measured usage and labelled as such everywhere it appears.
-
-All policies are scored on the same steps: a (container, resource) is scored
-from the first step at which every policy managing that resource has a
-limit. A policy manages a resource when it sets a limit for it (not ``None``)
-in some container of the run; one that never does (VPA has no GPU model) is
-not scored on that resource and its row says so.
-
-:func:`decision_sequence` exposes a policy's per-container decisions
-(``[(t, limits), ...]``) so the in-process path can be compared with the Kafka
-path (:mod:`phasewise.apps.replay.through_kafka`); :func:`fleet_sequences` runs the phase
-policy with one model shared by all containers.
+"""Driving the policies through a trace, one container or a whole fleet at a time: each policy asked for its
+limits before it is shown the usage of the step, all scored on the same steps. :func:`decision_sequence`
+exposes a policy's decisions for comparison with the Kafka path. docs/results.md, "How replay runs".
 """
 
 from __future__ import annotations

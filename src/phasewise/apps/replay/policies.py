@@ -1,12 +1,5 @@
-"""The policies a replay runs: the families, their specs and factories, and :class:`ScaledPolicy`.
-
-Policy families (``--policies``):
-
-- ``vpa``: :class:`phasewise.models.vpa.recommender.VpaPolicy` (VPA-style recommender);
-- ``window``: :func:`phasewise.models.scoring.baselines.window_family` (max x 1.0 and
-  p95 x 1.15 over several windows);
-- ``phase``: :class:`phasewise.models.phases.limits.PhasePolicy` (phase limits);
-- ``oracle``: harness special case, ``L_t = U_t``.
+"""The policies a replay runs: the families (``vpa``, ``window``, ``phase``; the ``oracle`` is the harness's
+special case), their specs and factories, and :class:`ScaledPolicy` for traces in fractions.
 """
 
 from __future__ import annotations

@@ -1,22 +1,5 @@
-"""Replay report: a trade-off plot, plots per container and a Markdown summary.
-
-:func:`write_report` writes into a folder:
-
-- ``tradeoff.png``: per resource, fulfilment against allocation over use
-  for every reactive baseline (vpa, each window member), the reactive
-  frontier through them (the least allocation of any baseline or mix of two
-  at each fulfilment, see :mod:`phasewise.models.scoring.frontier`), the phase
-  policy, the oracle at (1, 100 %) and the 97 % line;
-- ``container-<n>-<id>.png`` for the first few containers
-  (``--plot-containers``): one panel per resource in readable units with the
-  measured usage, the limit each policy set (the window family by its member
-  reported for that resource), the steps where the phase policy used its
-  fallback drawn apart, and its phases as keyed background bands;
-- ``summary.md``: the measure, the trade-off plot and one sentence per
-  resource on whether the phase policy beats the frontier, then the tables,
-  the data's provenance and units, the fairness rules and the exact command.
-
-Plots use matplotlib's Agg backend (no display needed).
+"""Replay report (``--report DIR``): ``tradeoff.png``, a plot per container and ``summary.md``, drawn with
+matplotlib's Agg backend (no display needed). What each shows: docs/results.md.
 """
 
 from __future__ import annotations

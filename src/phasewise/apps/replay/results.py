@@ -1,27 +1,6 @@
-"""What a replay found: the scores per resource, the rows it prints, the savings against the baselines.
-
-Per resource, scores are summed over containers (see
-:mod:`phasewise.models.scoring.measures`). :func:`result_rows` turns a
-:class:`ReplayResult` into one ``score`` row per policy family and resource
-and one ``savings`` row per resource (the lines of ``phasewise replay
---json``); :func:`format_table` into the text table.
-
-The ``window`` family is reported as its best member: the lowest
-``alloc_over_used`` among the members reaching the reference fulfilment (the
-phase policy's; without a phase score, vpa's; without either, 95 %), or the
-highest fulfilment when none reaches it.
-
-The phase policy is compared per resource with the **reactive frontier**
-``R(f)`` (:mod:`phasewise.models.scoring.frontier`): the least ``alloc_over_used``
-that any reactive member (vpa, each window member) or a linear mix of two
-reaches at fulfilment ``f`` >= the phase policy's (at the highest reactive
-fulfilment, said so, when the phase policy's is above every member's). The
-savings row leads with ``slack_cut_vs_frontier = 1 - (phase - 1) / (R - 1)``
-(the share of the slack, allocation - use, removed) and
-``alloc_cut_vs_frontier = 1 - phase / R``; next to them, against the
-cheapest single baseline reaching at least the phase policy's fulfilment
-(or, flagged ``matched_fulfilment: false``, the closest below):
-``savings_vs_best_reactive = 1 - phase_alloc_over_used / best_alloc_over_used``.
+"""What a replay found: the scores per resource, the ``score`` and ``savings`` rows it prints, and the text
+table; the window family as its best member, the phase policy against the reactive frontier.
+docs/results.md, "How replay runs".
 """
 
 from __future__ import annotations

@@ -1,78 +1,11 @@
-"""``phasewise replay --through-kafka``: replay a trace through the real pipeline.
+"""``phasewise replay --through-kafka``: the same trace through a broker and a real ``phasewise worker``.
 
-In-process replay (:mod:`phasewise.apps.replay.driving`) drives a policy object directly.
-This module drives the **same policy code** through the broker and a real
-``phasewise worker`` subprocess, then rebuilds each container's decision
-sequence ``[(t, limits), ...]`` from the decisions the worker published, so
-both paths can be scored (and compared) the same way:
-
-1. start an embedded broker (or use ``--bootstrap``) and create the topics;
-2. start ``phasewise worker`` configured for replay: recommendation after
-   every sample (``recommend_interval_s=0``), ``hysteresis=0`` (a decision
-   whenever the policy's limits change), VPA time scale 1 and VPA's default
-   floors and throttling parameters (those of :class:`~phasewise.models.vpa.recommender.
-   VpaPolicy` in-process), a unique consumer group (``worker_id``) and a
-   unique replay host name, no container expiry (``container_ttl_s=0``: in-process replay
-   never forgets a container); inherited ``PHASEWISE_*`` variables are dropped;
-3. produce the trace as :class:`~phasewise.kit.records.HostSamples`, one message
-   per timestamp in event-time order, key = the replay host; the trace's
-   containers are that host's containers; ``cpu`` -> ``cpu_cores``, ``mem`` ->
-   ``mem_bytes`` (a memory *fraction* is multiplied by
-   :data:`~phasewise.apps.replay.policies.NOMINAL_MEM_BYTES`, as in-process replay's
-   :class:`~phasewise.apps.replay.policies.ScaledPolicy` does, and decided limits are
-   divided back); then one end marker: a sample of container
-   :data:`END_CONTAINER` one second after the last timestamp;
-4. read the decisions topic from where it ended before step 3, keeping the
-   decisions of the run's policy for the replay host (vpa: made by this
-   worker, ``details.worker_id``);
-   the end marker's decision (a new container always gets one) comes after
-   every decision about the trace (same key, same partition, in order; the
-   phase worker hands a new container its VPA fallback limit at once), so
-   it says the worker has consumed everything;
-5. rebuild: the limit in force at sample ``t_i`` is the one last decided at
-   an event time ``< t_i`` (a decision at ``ts`` follows the sample at
-   ``ts``; in-process, ``limits(t_i)`` is asked after ``observe(t_{i-1})``),
-   ``None`` before the first decision. vpa limits are the policy's own
-   (``details.limits``); the enforced ``cpu_limit_cores`` / ``mem_limit_bytes``
-   are those rounded up to a millicore / a byte. phase limits are the
-   decided (rounded) ones.
-
-**vpa** goes through the very code in-process replay runs (the worker's step,
-:func:`phasewise.models.vpa.updater.process_host_samples`, drives
-:class:`~phasewise.models.vpa.recommender.VpaPolicy` with ``limits``/``observe``), so
-both paths decide the same limits at the same times (tests check it to 1e-9).
-
-**phase** (``phasewise worker --policy phase``, :mod:`phasewise.streams.
-phase_agents`) is the live phase design, not in-process replay's
-:class:`~phasewise.models.phases.limits.PhasePolicy`: frozen detectors over a
-shared model that ONE learner trains from every ``phase_learn_every``-th
-window and publishes as snapshots (asynchronously: which snapshot a detector
-uses at a given sample depends on timing), the newest snapshot already on
-the models topic as the start, and VPA fallback limits rounded to a
-millicore / a byte. Its decisions (``policy "phase"``, limits as decided)
-are scored like in-process ones, but are not expected to equal the default
-in-process phase replay (``--phase-model container``), nor, while the
-learner learns, to repeat exactly run to run.
-The worker starts cold unless ``pretrained`` (``--phase-pretrained``: the
-shipped model, which was trained on the AI4DL sample). With
-``frozen_model=True`` (``--phase-frozen``) the learner publishes nothing
-during the run; the detectors then keep their start model and the worker
-decides exactly what :func:`worker_in_process` (its own step in this
-process, ``replay --phase-model worker``) decides over the same messages
-(tested).
-
-Only the resources the worker's policy manages (``cpu``, ``mem``) are
-scored; a trace's GPU columns go along as the samples' ``gpu_util`` /
-``gpu_mem_bytes`` (the phase detector's extra frame features,
-:func:`trace_features`). The message schema requires both
-``cpu_cores`` and ``mem_bytes``: a trace without one of them sends 0 for it
-and ignores the decisions about it; a sample that has one of two present
-resources but not the other cannot be sent and is an error.
-
-Caution with ``--bootstrap``: the replay worker is a new consumer group that
-starts at the beginning of the samples topic, so it also reads other hosts'
-retained samples and publishes decisions for them (hysteresis 0). Point it
-at a broker no live actuator listens to.
+It produces the trace as ``HostSamples``, reads back the decisions the worker
+published and rebuilds each container's decision sequence, so both paths are
+scored alike (vpa's decisions equal in-process replay's; tested).
+:func:`worker_in_process` runs the worker's own step in this process
+(``--phase-model worker``). The procedure and its caveats: docs/results.md,
+"How replay runs".
 """
 
 from __future__ import annotations
@@ -299,7 +232,7 @@ def replay_settings_env(family: str, trace: Trace, *, frozen_model: bool = False
                         safety: bool = False) -> dict[str, str]:
     """The ``PHASEWISE_*`` settings of a replay worker (through Kafka and in-process alike).
 
-    Besides what the module doc lists: the phase detector's features are
+    Besides what docs/results.md, "How replay runs", lists: the phase detector's features are
     :func:`trace_features`; *pretrained*: start from the shipped model (else
     cold: the shipped model was trained on the AI4DL sample, which a replay
     may score); *frozen_model*: the learner publishes no snapshot;

@@ -1,42 +1,10 @@
-"""Load real usage traces into per-container time series for replay; the AI4DL sample phasewise ships.
+"""Load real usage traces (``ai4dl``, ``genai2026``) into per-container time series for replay; the AI4DL
+sample phasewise ships.
 
-Two public trace layouts are understood:
-
-``ai4dl``
-    The CSV of the AI4DL authors' IBM DLaaS sample (``data/ai4dl_sample.csv``):
-    one row per (container, timestamp) with columns ``timestamp``, ``service``,
-    ``pod.id``, ``cpu.usage.cores``, ``mem.working.set`` and others (ignored).
-    Some of their files carry an extra leading index column, either with an
-    empty header name (pandas) or with no header name at all (R: every data
-    row has one field more than the header); both are accepted.
-    A container is ``service/pod.id``. Resources: ``cpu`` (cores, from
-    ``cpu.usage.cores``) and ``mem`` (bytes, from ``mem.working.set``).
-
-``genai2026``
-    A folder holding the three per-pod files of Alibaba's GenAI 2026 trace
-    (``pod_gpu_duty_cycle_anon``, ``pod_gpu_memory_used_bytes_anon``,
-    ``pod_memory_util_anon``; each ``.csv`` or ``.csv.gz``) with columns
-    ``value``, ``timestamp_anon``, ``container_ip``. A container is a
-    ``container_ip``. Resources: ``gpu`` (duty cycle, percent of one GPU),
-    ``gpu_mem`` (bytes) and ``mem`` -- **a memory utilisation fraction (0-1)
-    as published, not bytes**; :attr:`Trace.units` says so and replay reports
-    carry it.
-
-Alignment and gaps: a container's timeline is the sorted union of the
-timestamps at which any of its resources has a value; a resource without a
-value at a timestamp holds ``NaN`` there (replay then scores that resource
-only at the steps where it has a value). Empty or ``NaN`` cells are missing
-values, never zeros. Rows repeating a (container, timestamp) are averaged,
-and genai2026 rows with an empty ``container_ip`` (the published memory file
-has some) are skipped; negative usage (the published memory file has one
-value of -1.2e-5, an artefact of the publisher's scaling) is clipped to 0;
-``NaN`` and infinite usage values (``nan``, ``inf``, ``-Infinity``, ...) are
-treated as missing. All of these are counted in :attr:`Trace.notes`, the
-negative and non-finite values also per file and column in
-:attr:`Trace.counts`.
-
-Loaders are pure file readers (no network); bad files raise
-:class:`TraceFormatError` naming the file and what is wrong.
+Loaders are pure file readers: missing, negative and non-finite values are
+counted in :attr:`Trace.notes`, and a bad file raises
+:class:`TraceFormatError` naming the file and what is wrong. The layouts and
+the alignment rules: docs/results.md, "How replay runs".
 """
 
 from __future__ import annotations
@@ -302,7 +270,7 @@ def _assemble(
 
 
 def load_ai4dl(path: str | Path) -> Trace:
-    """Read an AI4DL / IBM DLaaS CSV (see the module docstring).
+    """Read an AI4DL / IBM DLaaS CSV (docs/results.md, "How replay runs").
 
     >>> from importlib.resources import files
     >>> tr = load_ai4dl(files("phasewise") / "data" / "ai4dl_sample.csv")

@@ -1,9 +1,5 @@
-"""``phasewise simulate PODS.csv --format openb --nodes NODES.csv``: placement policies on a real pod list.
-
-Prints one line per policy, or with ``--json``
-``{"results": [{"policy", "gpu_alloc_ratio", "fragmented_gpus", "unplaced_pods", "mean_queue_delay_s"}]}``;
-``--report DIR`` writes plots and a summary. The measures are defined in
-:mod:`phasewise.apps.simulate.engine` and docs/placement.md.
+"""``phasewise simulate PODS.csv --format openb --nodes NODES.csv``: placement policies on a real pod list,
+one line per policy or ``--json``, ``--report DIR`` for plots (docs/placement.md, "Simulation on openb 2023").
 """
 
 from __future__ import annotations

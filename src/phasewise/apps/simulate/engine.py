@@ -1,42 +1,6 @@
-"""The simulation: pods arrive, the policy places them on the cluster, pods leave.
-
-Two modes (``--mode``):
-
-``timed``
-    the trace's clock. A pod arrives at its creation time; if no node can take
-    it, it waits in a queue (higher priority first, then arrival order) that is
-    tried again on the node a pod leaves. A placed pod runs for its trace
-    duration (deletion - creation) from when it was placed. A waiting pod whose
-    trace deletion time comes first gives up: it is unplaced.
-``fill``
-    the FGD paper's experiment (Weng et al., ATC'23 §6): the pods arrive in
-    creation order and none leaves, so the cluster fills; a pod no node can
-    take on arrival is unplaced. openb's pod lists are sampled so that their
-    GPU requests add up to about the cluster's GPUs.
-
-Measures (:class:`PolicyResult`), fragmentation being FGD's measure against
-the pod list's own distribution of task types (:func:`workload_types`):
-
-- ``gpu_alloc_ratio``: GPU milli allocated / GPU milli in the cluster; ``fill``:
-  after the last arrival; ``timed``: the time-weighted mean from the first
-  arrival to the last arrival.
-- ``fragmented_gpus``: F(M) / 1000 in GPUs, M being the pod list's GPU
-  pods (CPU-only pods left out: FGD counts every free GPU as a fragment for
-  them, a floor of their share times the free GPUs even in an empty cluster):
-  the unallocated GPU capacity those pods, weighted by popularity, cannot
-  use; same moments as above. (The ``fgd`` policy itself measures against
-  all pods, CPU-only ones included, as the paper defines it.)
-- ``unplaced_pods``: pods never placed.
-- ``mean_queue_delay_s``: mean over placed pods of placement time - creation
-  time (0 in ``fill``, where a pod is placed on arrival or never).
-
-When the pods carry a utilisation (``Job.util``, e.g. drawn by
-:mod:`phasewise.apps.simulate.utilisation`), two more, at the same moments:
-
-- ``overloaded_gpus``: GPUs whose co-located pods' utilisations add up to
-  more than 100 % (Horus's interference condition).
-- ``excess_util_gpus``: the utilisation above 100 % summed over GPUs, in GPUs
-  (two pods of 90 % on one GPU: 0.8).
+"""The simulation: pods arrive, the policy places them on the cluster, pods leave (``timed``) or not
+(``fill``), and :class:`PolicyResult` measures allocation, fragmentation, unplaced pods, queue delay and,
+with utilisations, overload. Modes and measures: docs/placement.md, "Simulation on openb 2023".
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""Reading the Alibaba openb 2023 pod and node lists (Weng et al., ATC'23) into placement records.
-
-Pods: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,
-creation_time,deletion_time,scheduled_time``. A pod of ``num_gpu`` 1 takes
-``gpu_milli``/1000 of one GPU (1000 = a whole GPU); ``num_gpu`` k > 1 takes k
-whole GPUs. ``gpu_spec`` (``V100M16|V100M32``) becomes the node selector
-``gpu_model``. ``qos`` becomes the priority: Guaranteed 3, LS 2, Burstable 1,
-BE 0. openb names no task type, so every pod is a ``training`` job, and it
-has no GPU memory or utilisation figures (see docs/placement.md).
-
-Nodes: ``sn,cpu_milli,memory_mib,gpu,model``; GPU memory unknown (0).
+"""Reading the Alibaba openb 2023 pod and node lists (Weng et al., ATC'23) into placement records
+(docs/placement.md, "Simulation on openb 2023").
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The simulation report: ``allocation.png``, ``fragmentation.png`` and ``summary.md``.
-
-Plots use matplotlib's Agg backend (no display needed).
+"""The simulation report: ``allocation.png``, ``fragmentation.png`` and ``summary.md`` (matplotlib's Agg
+backend).
 """
 
 from __future__ import annotations

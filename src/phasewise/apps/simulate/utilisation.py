@@ -1,20 +1,5 @@
-"""GPU utilisation for pods of a trace that has none, drawn from a measured distribution.
-
-openb records requests only. To see what the interference side of a policy
-does, ``phasewise simulate --util-cdf CSV:CLUSTER`` gives every GPU pod a
-utilisation (percent of one GPU, per GPU) drawn from a cluster's measured
-distribution of per-GPU utilisation: the long-format CDF list of
-``acmetrace-util-cdfs/util_cdfs.csv`` (``cluster,metric,source_pkl,x_value,
-cdf_percent``; the rows of ``metric`` ``gpu_util`` of the cluster whose name
-starts with CLUSTER, case-insensitively). The draw is inverse-transform
-sampling with a seeded generator in pod order, so every policy sees the same
-utilisations and a run is reproducible. The pod's ``util`` is what a
-prediction would be: policies that read predictions (horus) use it, the
-others ignore it; the simulator measures co-located utilisation above 100 %.
-
-What it assumes: a pod's utilisation is not capped by its requested share
-(GPU time-slicing without a compute limit, Horus's setting), and utilisation
-is independent of the pod's size.
+"""GPU utilisation for pods of a trace that has none, drawn (seeded, in pod order) from a cluster's measured
+distribution, as if it were each pod's prediction (docs/placement.md, "With utilisation known").
 """
 
 from __future__ import annotations

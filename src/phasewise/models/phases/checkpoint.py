@@ -1,23 +1,9 @@
-"""Versioned, pickle-free checkpoint format shared by the phase models.
-
-A checkpoint is ``MAGIC | u32 header length | JSON header | zlib(raw array bytes)``.
-The header names the model kind, its checkpoint version, its constructor
-arguments and learned scalars (``meta``), and where each numpy array lies in
-the payload. Loading checks the magic, the kind and the version and raises
-:class:`CheckpointError` with the reason, so a worker that reads a snapshot
-written by another build says so instead of running on garbage. No pickle:
-a snapshot read from a topic cannot execute code.
+"""Versioned, pickle-free checkpoint format shared by the phase models (docs/phases.md, "The model").
 
 >>> import numpy as np
->>> blob = pack("demo", 1, {"a": 2}, {"w": np.arange(3.0)})
->>> meta, arrays = unpack(blob, "demo", 1)
+>>> meta, arrays = unpack(pack("demo", 1, {"a": 2}, {"w": np.arange(3.0)}), "demo", 1)
 >>> meta["a"], arrays["w"].tolist()
 (2, [0.0, 1.0, 2.0])
->>> try:
-...     unpack(blob, "demo", 2)
-... except CheckpointError as e:
-...     print(e)
-demo checkpoint has version 1; this build reads version 2
 """
 
 from __future__ import annotations

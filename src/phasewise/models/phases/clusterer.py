@@ -1,27 +1,5 @@
-"""Online phases: clustering CRBM activations with stable ids, and per-phase usage statistics.
-
-:class:`PhaseClusterer` is an online k-means whose centroids keep their id
-while they drift:
-
-- a point goes to the nearest centroid; that centroid moves towards it with
-  a decaying rate ``max(1/n, eta_min)`` (``1/n`` is the exact running mean,
-  ``eta_min`` lets a phase follow slow drift);
-- a point farther than the *new-phase distance* from every centroid opens a
-  new phase with a fresh id, unless ``max_phases`` are open (then it joins
-  the nearest). The distance is scale-aware: ``new_phase_factor`` times the
-  running RMS distance of points to their centroid, never below
-  ``min_new_distance``;
-- two centroids that converge closer than ``merge_factor`` times the RMS
-  distance merge; the merged phase keeps the OLDER (smaller) id and the
-  statistics of both.
-
-Ids are never reused, so a subscriber can key anything on a phase id.
-
-:class:`PhaseStats` keeps, per phase and per resource, a log-bucketed
-histogram of usage (2 % wide buckets, optional exponential decay per phase
-sample), an exact max and a count. Quantiles (p50, p90, p95, p99, or any q)
-interpolate inside a bucket, so they are within about 1 % of the exact sample
-quantile. Histograms are vectorised (``np.add.at``), mergeable and serialisable.
+"""Online phases: clustering CRBM activations with stable ids (:class:`PhaseClusterer`), and per-phase usage
+statistics (:class:`PhaseStats`: log-bucketed, mergeable). docs/phases.md, "The model".
 """
 
 from __future__ import annotations

@@ -1,36 +1,9 @@
-"""Conditional Restricted Boltzmann Machine (CRBM) for usage windows, in torch (CPU).
+"""Conditional Restricted Boltzmann Machine (CRBM) for usage windows, in torch (CPU), learning online.
 
-AI4DL (Berral et al., HotCloud 2020) reads a sliding window of a container's
-usage with a Taylor-style CRBM and clusters its hidden activations into
-phases. This is that model, learning online:
-
-- Gaussian visible units ``v`` (the current frame, ``n_vis`` features),
-  Bernoulli hidden units ``h`` (``n_hid``), conditioned on the history ``c``
-  (the previous ``n_his`` frames concatenated, oldest first).
-- Inputs are frames already normalised (see :mod:`phasewise.models.phases.normalize`,
-  z-scores). ``sigma`` is the standard deviation of the visible units' noise in
-  those units; internally every visible and history value is divided by
-  ``sigma``, after which the paper's unit-variance equations hold exactly::
-
-      u = v / sigma,  d = c / sigma
-      p(h = 1 | u, d) = sigmoid(W u + B d + b_h)
-      E[u | h, d]     = W^T h + A d + b_v
-      F(u | d)        = 1/2 ||u - A d - b_v||^2 - sum_j softplus((W u + B d + b_h)_j)
-
-  Default ``sigma = 0.5``: with z-scored features the AI4DL example's 0.2
-  (chosen for min-max scaled data) drives the hidden units into saturation,
-  1.0 blurs phases together; 0.5 separates the AI4DL phases (idle, start-up,
-  training, tear-down) cleanly and keeps online learning stable.
-- Training is CD-k (``k`` Gibbs steps, mean-field visible reconstruction,
-  sampled hidden states unless ``sample_hidden=False``) with momentum and L2
-  weight decay on ``W``, ``A`` and ``B``. ``learn_many`` makes one gradient
-  step on the mean gradient of the batch.
-
-A window is a flat vector of ``(n_his + 1) * n_vis`` values, frames oldest
-first, the current frame last; a 2-D array ``(n_his + 1, n_vis)`` or a dict
-whose values are in that order are accepted too. Randomness (initial weights
-and hidden samples) comes only from ``seed`` through a private
-``torch.Generator``.
+Gaussian visible units (the current frame) and Bernoulli hidden units,
+conditioned on the previous frames, trained by CD-k; randomness only from
+``seed``. The equations, the choice of ``sigma`` and the window layout:
+docs/phases.md, "The model".
 """
 
 from __future__ import annotations
@@ -60,7 +33,7 @@ class CRBM:
     n_his
         History frames the model is conditioned on.
     sigma
-        Visible noise standard deviation, in normalised units (see module doc).
+        Visible noise standard deviation, in normalised units (docs/phases.md, "The model").
     lr
         Learning rate of each CD-k step.
     momentum
@@ -275,7 +248,7 @@ class CRBM:
         return float(((T[:, -self.n_vis :].numpy() - rec) ** 2).mean())
 
     def free_energy_many(self, X: Any) -> np.ndarray:
-        """Free energy ``F(u | d)`` of each window (scaled units, see module doc)."""
+        """Free energy ``F(u | d)`` of each window (scaled units, docs/phases.md, "The model")."""
         with torch.inference_mode():
             u, d = self._split(self._as_batch(X))
             quad = 0.5 * ((u - d @ self.A.T - self.b_v) ** 2).sum(1)

@@ -1,27 +1,9 @@
 """Pure, vectorised phase detection over many containers (used live and in replay).
 
-A :class:`PhaseModel` is the snapshot every detector shares: the usage
-normaliser, the CRBM and the phase clusterer with its per-phase statistics.
-A learner trains it on a sample of windows (:func:`learn`) and publishes it
-(:meth:`PhaseModel.to_bytes`); detectors load it and call :func:`detect`.
-
-:class:`Windows` holds each container's last ``n_his + 1`` raw frames in one
-compact float32 array (plus its current phase and when that phase began), so
-a container costs about a hundred bytes of array state.
-
-:func:`detect` is the hot path: for a batch of new frames (container ids,
-feature matrix, event time) it shifts the windows, normalises them, runs
-ONE batched CRBM call and ONE vectorised nearest-centroid call, and returns
-per-container phase, changed flag and since, plus ``PhaseChange``-shaped
-dicts for the containers whose phase changed. No per-container Python loop
-runs except the id -> row lookup and building the (rare) change dicts.
-
-Semantics shared by the live pipeline and replay: the phase returned for a
-frame at time ``t`` is the phase in force for the step after ``t``; the
-usage measured at the next step is credited to that phase's statistics
-(``DetectResult.prev_phase`` at the next call), so a phase's statistics are
-"usage one step after the model said: this phase" -- exactly what a limit
-set from the phase has to cover.
+:class:`PhaseModel` is the snapshot every detector shares (normaliser, CRBM,
+clusterer); :class:`Windows` holds each container's last frames; :func:`detect`
+is the hot path: one batched CRBM call and one nearest-centroid call per
+batch of frames. docs/phases.md, "Detection".
 """
 
 from __future__ import annotations

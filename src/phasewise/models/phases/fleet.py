@@ -1,55 +1,10 @@
-"""Phase limits for many containers sharing one phase model (the live detector).
+"""Phase limits for many containers sharing one phase model: the live detector (:class:`PhaseFleet`).
 
-AI4DL's phases are shared across containers: one :class:`PhaseModel`
-(normaliser + CRBM + phase clusterer with per-phase usage statistics) serves
-a whole fleet, and a phase's statistics pool every container that was in it.
-:class:`PhaseFleet` is the batched, pure detector a stream worker runs on each
-host message:
-
-- :meth:`PhaseFleet.step` takes the frames of many containers at one event
-  time, makes ONE batched :func:`~phasewise.models.phases.detector.detect` call
-  (one CRBM call, one nearest-centroid call) and returns, per container,
-  the phase, the limits for the next step, where each limit came from, the
-  statistics used, which limits changed since they were last handed out,
-  and ``PhaseChange``-shaped dicts for the containers whose phase changed;
-- the limit rule is :class:`~phasewise.models.phases.limits.PhasePolicy`'s,
-  vectorised: each resource's phase ``quantile`` x (1 + ``margin``), used once
-  the phase holds ``min_phase_samples`` samples of that resource, re-set
-  within a phase only when the quantile moved by more than
-  ``change_threshold`` (relative), never below ``floors``; otherwise (model
-  cold, container's window not full, phase new) the caller's fallback limit
-  (the worker passes the VPA's). The rule is written once, in
-  :func:`phase_limits`, which ``PhasePolicy.limits()`` calls too;
-- learning: every ``learn_every``-th ready window (a deterministic sample,
-  counted over the fleet's whole history) is picked; unless the fleet is
-  ``frozen`` it trains the shared model in place (:func:`learn`, crediting the
-  frame's usage to the phase that was in force for it). A worker's detectors
-  are frozen and ship the picked windows to one learner instead
-  (:attr:`FleetStep.sample`);
-- ``statistics="relative"`` (what replay scores and the live worker runs by
-  default, its ``phase_statistics`` setting; the constructor's default is
-  ``"absolute"``): each container keeps a **level** per resource, a decaying
-  max of its own usage (``level = max(usage, level x 2**(-1/level_half_life))``,
-  one float per resource), and the phase statistics used are those of usage / level
-  (:attr:`~phasewise.models.phases.clusterer.PhaseClusterer.rel_stats`), so the limit
-  is ``level x phase ratio quantile x (1 + margin)``: pooled absolute
-  quantiles mixed pods of very different size, pooled ratios do not. The
-  usage credited for learning is divided by the level the container had
-  just before the step (:attr:`FleetStep.levels`, shipped with the sample);
-- ``target_fulfilment`` (optional): each container adapts a multiplier of
-  its phase limits online from its own misses (a step whose usage exceeded
-  the phase limit in force): ``x exp(adapt_rate x (miss - (1 - target)))``
-  per step, so in equilibrium it misses ``1 - target`` of its steps; the
-  multiplier applied is rounded to powers of 1.05 (no decision per step for
-  a tiny change) and kept in [1/8, 8]. Causal: it only uses steps already seen;
-- per-container state is a few array rows (window, phase, since, limit basis,
-  limits last handed out, level, when it was last persisted): about two hundred
-  bytes (:meth:`PhaseFleet.state_bytes`), exported and imported as small
-  JSON-able dicts so a worker can keep them in a changelogged table
-  (:meth:`PhaseFleet.pop_dirty`: containers whose phase changed or whose
-  state was not written for ``state_write_interval_s`` of event time).
-
-Pure: no IO, no clock; time comes from the frames' event times.
+:meth:`PhaseFleet.step` runs one batched detection over a host message's
+containers and returns their phases, their limits for the next step (the
+phase's statistics, relative to each container's level by default, or the
+caller's fallback) and the windows picked for learning; per-container state
+is a few array rows. Pure. The limit rule: docs/phases.md, "Limits".
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""The phase learner: the one trainer of the model every worker's detectors share.
-
-Detectors never train; they sample windows (``phase_learn_every``) and ship
-them in learn batches (:mod:`phasewise.kit.records.learn_batches`). ONE learner (the
-worker that owns the learn-windows topic's single partition) trains the
-shared :class:`~phasewise.models.phases.detector.PhaseModel` on them and, when it
-learned something, publishes the next :class:`~phasewise.kit.records.ModelSnapshot`
-(:mod:`phasewise.models.phases.snapshots`; version = newest known + 1). A learner
-that takes the partition over re-bases on the newest snapshot.
-
-Pure: the agent decodes the batches and publishes the snapshots
-(:mod:`phasewise.streams.agents.phases`); replay drives the same class on
-event time.
+"""The phase learner: the one trainer of the model every worker's detectors share, publishing the next snapshot
+when it learned something. Pure: the agent decodes and publishes. docs/phases.md, "In the worker".
 """
 
 from __future__ import annotations

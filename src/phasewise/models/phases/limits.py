@@ -1,28 +1,6 @@
-"""Phase limits: set each resource's limit from the current phase's statistics.
-
-:class:`PhasePolicy` is the AI4DL limit policy behind the
-:class:`~phasewise.models.policy.LimitPolicy` contract. Per container it
-feeds each observed frame through the same pure detector step the live
-pipeline runs (:func:`phasewise.models.phases.detector.detect`, a batch of one), so
-replay and the batched detector agree on every phase. Then:
-
-- the usage measured at ``t`` is credited to the phase that was in force for
-  ``t`` (the phase decided from frames before ``t``), so a phase's statistics
-  are exactly what a limit set from that phase had to cover -- including
-  the jump that follows a start-up phase;
-- the model keeps learning from every window (normaliser, CRBM every
-  ``learn_every`` windows, clusterer);
-- limits for the next step: each resource's ``quantile`` (default p95) of the
-  current phase's statistics times ``1 + margin``, re-set only on a phase
-  change or when that number moved by more than ``change_threshold``
-  (relative), never below ``floors``;
-- until the model is warm (CRBM warm-up done, a phase known) and while the
-  current phase has fewer than ``min_phase_samples`` samples of a resource,
-  that resource's limit comes from the ``fallback`` reactive policy (VPA for
-  CPU and memory, a moving-window max for the other resources by default).
-
-:meth:`explain` returns the phase id, where the limits came from and the
-statistics used. Pure: no IO, no clock.
+"""Phase limits for one container (:class:`PhasePolicy`): the AI4DL limit policy behind the
+:class:`~phasewise.models.policy.LimitPolicy` contract, running the live detector's step on a batch of one,
+so replay and the worker agree on every phase. Pure. docs/phases.md, "Limits".
 """
 
 from __future__ import annotations

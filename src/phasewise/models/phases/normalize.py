@@ -1,16 +1,5 @@
-"""Online per-feature normaliser for usage frames (CPU, memory, GPU, ...).
-
-Usage spans orders of magnitude (a container's memory goes from megabytes to
-tens of gigabytes), so features flagged in ``log_features`` are first mapped
-through ``log1p`` and then standardised with running means and variances
-(Welford / Chan's parallel update, so a batch of frames from many containers
-costs one vectorised call). Standardised values are clipped to
-``[-clip, clip]`` so one absurd sample cannot saturate the CRBM. Missing values
-(``NaN``, e.g. GPU features of a CPU-only container) are skipped when learning
-and map to 0 (the running mean) when transforming.
-
-The normaliser is shared by all containers (one per model snapshot), not kept
-per container: phases are defined on absolute usage levels.
+"""Online per-feature normaliser for usage frames (``log1p`` where asked, running z-scores, clipped; NaN
+skipped), one per model. docs/phases.md, "The model".
 """
 
 from __future__ import annotations

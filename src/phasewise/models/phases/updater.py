@@ -1,36 +1,11 @@
 """The phase detectors of one worker: samples in, phase changes, phase decisions and learn windows out.
 
-With ``--policy phase`` the worker's samples agent runs the VPA updater
-first (its decided limits are the fallback), then hands each round of
-``HostSamples`` messages (distinct hosts) to :class:`PhaseHooks`:
-
-- one batched :meth:`~phasewise.models.phases.fleet.PhaseFleet.step` over the
-  round's containers with the worker's current model snapshot, frozen
-  (detectors never train);
-- phase changes become ``PhaseChange`` records; limits to hand out become
-  ``Decision`` records with ``policy="phase"``
-  (:func:`~phasewise.models.decisions.phase_decisions`), bounded by the
-  safety rules when they are on (the VPA cache's
-  :class:`~phasewise.models.safety.guard.LimitGuard`, with the workload's own
-  min/max), for the containers decided with the phase policy (their
-  workload's ``phasewise.io/policy``, else ``default_policy``). For those the
-  VPA's own decisions are not emitted: they only move the fallback limits.
-  The phase decisions of containers decided with the VPA are returned apart
-  (``shadow``), unbounded, for the scorecard;
-- every ``learn_every``-th ready window is held and handed out in learn
-  batches of ``learn_batch`` windows (:mod:`phasewise.kit.records.learn_batches`) for the
-  one learner (:mod:`phasewise.models.phases.learner`);
-- between messages the detectors swap to a newer snapshot, read through the
-  *latest* callable (the worker's follower of the models topic).
-
-Frames are the model's features (default ``cpu,mem``; with ``gpu,gpu_mem`` a
-sample's ``gpu_util`` / ``gpu_mem_bytes`` are columns too, a missing reading is
-NaN). Only ``cpu`` and ``mem`` get limits and decisions
-(:data:`~phasewise.models.phases.detector.LIMITED`); GPU columns shape the phases.
-
-Pure apart from reading the latest snapshot through *latest*: the agent
-(:mod:`phasewise.streams.agents.phases`) sends what a step returns and persists
-what :meth:`PhaseHooks.pop_dirty` hands out; replay runs the same class.
+:class:`PhaseHooks` runs one frozen :class:`~phasewise.models.phases.fleet.PhaseFleet`
+step per round of messages after the VPA updater (whose limits are the
+fallback), bounds the phase decisions by the safety rules, holds learn
+windows for the learner and swaps to newer snapshots between messages. Pure
+apart from reading the latest snapshot through a callable. docs/phases.md,
+"In the worker".
 """
 
 from __future__ import annotations

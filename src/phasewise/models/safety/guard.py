@@ -1,65 +1,10 @@
 """Safety rules every live limit decision passes, whatever policy proposed it.
 
-A policy (the VPA recommender, the CRBM phase policy, later ones) *proposes*
-limits; :class:`LimitGuard` decides what may be handed to the actuator. The
-rules, per container and resource (``cpu``, ``mem``):
-
-- **history** — no decrease until the container has ``min_history_s`` of
-  samples (event time since its first one). A container without a limit
-  counts as unlimited: it gets no limit at all before then;
-- **throttled** — no CPU decrease while the container was throttled in more
-  than ``throttle_threshold`` of its CFS periods in any sample of the last
-  ``throttle_window_s`` (its CPU samples are censored: it would use more);
-- **oom** — after an OOM kill, memory is raised at once to VPA's bump of the
-  limit in force (``max(ratio x limit, limit + min_bump)``: 1.2 x, +100 MiB)
-  and not lowered for ``cooldown_s``;
-- **cooldown** — at most one decrease per resource per ``cooldown_s``;
-- **step** — one decrease lowers a limit by at most ``max_decrease`` of it;
-- **workload_max**, **workload_min** — a limit handed out stays within the
-  workload's own ``[min, max]`` (``phasewise.io/cpu-max`` and the like,
-  :mod:`phasewise.models.safety.workload`), the bounds the actuator clamps every
-  decision into: the decision published is the one that will be applied. A
-  limit above the max is lowered to it at once (the step does not spread that
-  decrease: the actuator would cut it anyway); a limit held back by another
-  rule is left alone;
-- **peak** — memory is never set below the container's peak working set over
-  the last ``peak_window_s`` plus ``mem_margin_bytes``; a limit in force
-  below that is raised to it at the container's next decision step (its
-  working set pressed against the limit). A workload's memory max gives way
-  to this floor (a lower limit would be refused by the kernel or kill the
-  container, and the actuator keeps the same floor), but caps the OOM bump.
-
-Increases are never held back, except by the workload's own max. Each bounded limit names the rules that
-changed it (:meth:`GuardOutcome.rules_of`), so every decision says which rule
-bounded it.
-
-The peak is a sliding-window maximum kept in ``PEAK_BUCKETS`` buckets of
-``peak_window_s / PEAK_BUCKETS`` each, so it covers at least the last
-``(PEAK_BUCKETS - 1) / PEAK_BUCKETS`` of the window and at most all of it
-(a dozen floats per container).
-
-Pure and vectorised over rows the caller allocates (the worker's per-container
-rows); time is the samples' event time. :meth:`LimitGuard.bound` reads the
-state (and counts, in :attr:`LimitGuard.totals`, what each rule touched),
-:meth:`LimitGuard.commit` records what was actually handed out.
-
->>> g = LimitGuard(GuardConfig(min_history_s=60, cooldown_s=30, max_decrease=0.5,
-...                            peak_window_s=600, mem_margin_bytes=0))
->>> rows = g.add_rows(1)
->>> for t in range(0, 70, 10):
-...     g.observe(rows, float(t), mem=np.array([2.5e9 if t == 20 else 1e9]),
-...               throttled_frac=np.zeros(1), oom=np.zeros(1), mem_limit=np.array([4e9]))
->>> out = g.bound(rows, 60.0, proposed=np.array([[0.2, 1.0e9]]), in_force=np.array([[1.0, 4e9]]))
->>> out.limits.tolist(), out.rules_of(0)
-([[0.5, 2500000000.0]], {'cpu': ['step'], 'mem': ['step', 'peak']})
->>> g.commit(rows, 60.0, out)
->>> out = g.bound(rows, 70.0, proposed=np.array([[0.2, 1.0e9]]), in_force=np.array([[0.5, 2.5e9]]))
->>> out.emit.tolist(), out.rules_of(0)
-([[False, False]], {'cpu': ['cooldown'], 'mem': ['cooldown']})
->>> out = g.bound(rows, 200.0, proposed=np.array([[3.0, np.nan]]), in_force=np.array([[0.5, 2.5e9]]),
-...               hi=np.array([[2.0, np.nan]]))  # the workload's cpu-max is 2 cores
->>> out.limits[0, 0], out.rules_of(0)
-(np.float64(2.0), {'cpu': ['workload_max']})
+A policy proposes limits; :class:`LimitGuard` decides what may be handed to
+the actuator (history, throttled, oom, cooldown, step, the workload's own
+min/max, peak) and names the rules that bounded each limit. Pure and
+vectorised over rows the caller allocates; time is the samples' event time.
+The rules: docs/operations.md, "The worker's safety rules".
 """
 
 from __future__ import annotations

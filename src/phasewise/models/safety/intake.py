@@ -1,42 +1,12 @@
 """What the worker admits of a samples message before it reaches any per-container state (pure).
 
-Two rules, each answering *why* when it refuses, so the caller can
-dead-letter the refused part with that reason:
-
-1. **Event time** (:func:`event_time_problem`): a message stamped beyond the
-   worker's clock plus ``max_future_s`` would pin its containers' state in
-   the future (their next recommendation, their histograms' reference time,
-   their expiry) until the clock catches up; one stamped more than
-   ``max_behind_s`` before the newest sample of its host already admitted
-   would be learned out of order. Both are refused whole (the host's
-   containers share the message's event time). Refused, not clamped: a
-   clamped time is a wrong one that the VPA would learn silently, and a
-   host whose clock is off should be seen (the dead letters and their
-   metric), not quietly rewritten.
-2. **Capacity** (:class:`Occupancy`): a message holding more than
-   ``max_per_message`` containers is refused whole. Otherwise a new
-   container is admitted, and when the per-host or per-worker limit is full
-   the least recently seen container of its host, or of the worker, is
-   evicted for it, with per-host fairness: a host cannot take more than its
-   share of a full worker. Names sent once (an invented host's) age out of
-   the way of real new containers, instead of filling the limits until they
-   expire. Containers seen in the current batch are never evicted, so a host's
-   own message protects all of its containers.
-
-Nothing here reads a clock: the caller passes ``now``. Narrative and
-measurements: ``docs/security.md``, "Bounded state" and "Caps under a flood".
-
->>> cfg = IntakeConfig(max_future_s=60, max_behind_s=600, max_per_message=3, max_per_host=2,
-...                    max_per_worker=10)
->>> event_time_problem(1000.0 + 61, now=1000.0, newest=None, config=cfg)
-'event time 1061 is 61 s ahead of the worker clock (allowed: 60 s; intake_max_future_s)'
->>> event_time_problem(300.0, now=1000.0, newest=1000.0, config=cfg)
-"event time 300 is 700 s behind the host's newest sample (allowed: 600 s; intake_max_behind_s)"
->>> occ = Occupancy(cfg)
->>> occ.begin(now=0.0)
->>> r = occ.admit("h", ["a", "b", "c"])
->>> r.kept, r.refused, r.why
-(['a', 'b'], ['c'], 'host h holds 2 containers (intake_max_containers_per_host), every one seen in this batch')
+Two rules, each saying *why* when it refuses, so the caller dead-letters the
+refused part with that reason: the event time (:func:`event_time_problem`:
+not too far ahead of the worker's clock, nor behind the host's newest
+sample) and capacity (:class:`Occupancy`: caps per message, host and worker,
+with least-recently-seen eviction and per-host fairness). The caller passes
+``now``. docs/security.md, "Event time", "Bounded state" and "Caps under a
+flood".
 """
 
 from __future__ import annotations

@@ -1,51 +1,13 @@
 """Per-workload policy: what phasewise may do to each container, from annotations, a policy file or a default.
 
-Pure: no IO. The host agent and the actuator hand in what they know of a
-container (its identity, its pod's annotations, the policy file's rules) and
-get back one :class:`~phasewise.kit.records.WorkloadPolicy`.
+Pure: the host agent and the actuator hand in what they know of a container
+(its identity, its pod's annotations, the policy file's rules) and get one
+:class:`~phasewise.kit.records.WorkloadPolicy`; a workload with any bad value
+is refused as a whole (mode ``off``, with the reason). The keys, their
+values and the default mode: docs/kubernetes.md, "Per-workload policy".
 
-A workload's settings, as pod annotations (``phasewise.io/<key>``) or as the
-keys of a policy-file rule (``<key>``):
-
-============ ======================================= ===============================
-key          value                                   example
-============ ======================================= ===============================
-mode         ``off`` | ``recommend`` | ``apply``     ``recommend``
-policy       ``vpa`` | ``phase``                     ``phase``
-cpu-min      CPU quantity (cores, ``m`` = milli)     ``500m``
-cpu-max      CPU quantity                            ``4``
-memory-min   memory quantity (bytes, ``Ki``, ``G``)  ``512Mi``
-memory-max   memory quantity                         ``16Gi``
-priority     integer, higher is more important       ``10``
-class        a word (``training``, ``inference``)    ``training``
-update-mode  ``in-place`` | ``in-place-or-recreate`` ``in-place-or-recreate``
-job          a job id: the job the container is      ``train-42``
-             (an actuator acts on it for that
-             job's freeze/thaw/terminate/weight)
-============ ======================================= ===============================
-
-Pod annotations apply to every container of the pod;
-``<container>.phasewise.io/<key>`` sets one container's own value.
-``off`` ignores the workload, ``recommend`` decides and publishes but never
-writes, ``apply`` decides and writes. A workload whose settings hold any bad
-value (an unknown ``phasewise.io/`` key, a misspelt mode, ``cpu-min`` above
-``cpu-max``, a quantity that does not parse) is refused as a whole: its mode
-is ``off`` and ``error`` says why; it is never run with defaults in place of
-what the operator wrote.
-
-The mode of a workload with no settings of its own is the host's default:
-``auto`` means ``apply`` for containers in phasewise's own flat prefix (a
-process is there because someone put it there for phasewise) and ``off`` for
-every container a runtime made (Docker, Kubernetes: opt-in per workload).
-
->>> resolve(parse_settings({"phasewise.io/mode": "recommend", "phasewise.io/cpu-max": "1500m"}), "flat")
-WorkloadPolicy(mode='recommend', source='annotation', policy=None, cpu_min_cores=None, cpu_max_cores=1.5, \
-mem_min_bytes=None, mem_max_bytes=None, priority=None, workload_class=None, update_mode=None, error=None, \
-job=None)
 >>> resolve(None, "kubepods-systemd").mode, resolve(None, "flat").mode
 ('off', 'apply')
->>> resolve(parse_settings({"phasewise.io/mode": "Apply"}), "flat").error
-"phasewise.io/mode: 'Apply' is not one of off, recommend, apply"
 """
 
 from __future__ import annotations

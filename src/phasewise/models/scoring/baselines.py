@@ -1,17 +1,6 @@
-"""Reactive moving-window limit policies: the baselines phase limits must beat.
-
-A :class:`WindowPolicy` sets each resource's limit from the last ``window``
-samples of that resource's usage it has observed: either their maximum, or
-their 95th percentile, times a ``margin``. :func:`window_family` builds the
-family replay compares against (max x 1.0 and p95 x 1.15 over 5, 10, 30 and
-60 samples); replay reports the best member at matched fulfilment.
-
-The oracle (``L_t = U_t``) is deliberately not here: it is the only policy
-that sees the usage of the step it limits, so it cannot meet the
-:class:`~phasewise.models.policy.LimitPolicy` contract and lives in the replay
-harness as a clearly labelled special case.
-
-Pure: no IO, no clock; ``t`` is only recorded.
+"""Reactive moving-window limit policies (max or p95 of the last samples, times a margin): the baselines phase
+limits must beat. :func:`window_family` is replay's family; the oracle lives in the replay harness.
+docs/results.md, "How the scores are computed".
 """
 
 from __future__ import annotations

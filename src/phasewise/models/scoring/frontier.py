@@ -1,33 +1,12 @@
-"""The reactive frontier: the least allocation reactive baselines need for a fulfilment.
+"""The reactive frontier: the least allocation reactive baselines (or a mix of two) need for a fulfilment.
 
-Each reactive baseline of a replay (vpa, each window member) is a point
-``(alloc_over_used, fulfilment)`` on one resource. A user can also alternate
-two baselines (a share ``w`` of the time one, the rest the other), which
-reaches the straight line between their points. The **reactive frontier**
-``R(f)`` is the least ``alloc_over_used`` any member, or any mix of two
-members, reaches at fulfilment at least ``f``: the lower convex hull of the
-points, non-decreasing in ``f`` (no mix of more than two members does better:
-the least of a linear objective under one linear constraint sits on at most
-two points). Above the highest fulfilment any member reaches, ``R`` is
-undefined; :func:`frontier_at` then compares at that highest fulfilment and
-says so.
+:func:`frontier_at` finds it on the lower convex hull of the baselines'
+points; :func:`alloc_cut` and :func:`slack_cut` compare the phase policy
+with it. docs/results.md, "How the scores are computed".
 
-What an operator pays for beyond use is the *slack*, ``alloc_over_used - 1``
-(the oracle's is 0). At the phase policy's fulfilment ``f``:
-
-- ``alloc_cut = 1 - phase / R(f)``: the share of the frontier's allocation
-  the phase policy does without;
-- ``slack_cut = 1 - (phase - 1) / (R(f) - 1)``: the share of the frontier's
-  slack it removes (1 = no slack left; undefined when ``R(f) <= 1``).
-
-Pure Python; no IO.
-
->>> pts = {"a": (1.2, 0.90), "b": (1.6, 0.98)}
->>> at = frontier_at(pts, 0.94)
->>> round(at.alloc, 6), [(n, round(w, 6)) for n, w in at.mix]
-(1.4, [('a', 0.5), ('b', 0.5)])
->>> round(alloc_cut(1.3, at.alloc), 4), round(slack_cut(1.3, at.alloc), 4)
-(0.0714, 0.25)
+>>> at = frontier_at({"a": (1.2, 0.90), "b": (1.6, 0.98)}, 0.94)
+>>> round(at.alloc, 6), round(slack_cut(1.3, at.alloc), 4)
+(1.4, 0.25)
 """
 
 from __future__ import annotations

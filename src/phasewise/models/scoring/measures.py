@@ -1,28 +1,8 @@
-"""Score limits against measured usage: allocation over usage, and fulfilment.
+"""Score limits against measured usage: allocation over usage, and fulfilment, by the same rules for every policy.
 
-For one resource of one container, a replay produces, at each step ``t``, the
-limit ``L_t`` a policy set *before* seeing step ``t`` and the usage ``U_t``
-measured at ``t``. With ``dt_t`` the time to the next sample:
-
-- ``alloc_over_used = sum(L_t * dt_t) / sum(U_t * dt_t)`` -- how much was
-  allocated per unit used (1.0 is the oracle; lower than 1 means the policy
-  cut usage short);
-- ``fulfilment = #{t : U_t <= L_t} / #steps`` -- the share of steps whose
-  demand the limit covered (unweighted by time).
-
-Rules (the same for every policy, so none is flattered):
-
-- ``dt`` of the last step is the median step of that series; a gap longer
-  than ``max_gap_factor`` times the median step (the container reported
-  nothing for a while) counts as one median step, so neither allocation nor
-  usage is charged across time without data.
-- Warm-up: a policy may have no opinion yet (``None``/``NaN``). Scoring of a
-  (container, resource) starts at the first step at which **every** policy in
-  the run has a limit (:func:`common_start`); all policies are scored on the
-  same steps. After its first limit, a policy's ``None`` means "leave the
-  current limit", as in the live pipeline (:func:`hold_last`).
-
-Everything here is pure numpy; :class:`Score` parts add up across containers.
+Pure numpy; :class:`Score` parts add up across containers. The measures, the
+step durations and the common start: docs/results.md, "How the scores are
+computed".
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
-"""The live scorecard: what each policy would have allocated against the usage that followed.
+"""The live scorecard: what each policy would have allocated against the usage that followed, per container.
 
-For every container the worker sees, :class:`Scorecard` keeps its last
-``capacity`` samples in a ring: the time, the usage (CPU cores, memory bytes)
-and, per policy, the limit in force for that sample:
-
-- ``limit``: the limit the sample reports (what the container actually had;
-  ``None`` in the sample, unlimited, is no value);
-- ``vpa`` / ``phase``: the policy's last decision at an event time *before*
-  the sample (its ``details["limits"]``, the policy's own unrounded limit,
-  else the decision's rounded one: :func:`decision_limits`), exactly as
-  ``phasewise replay`` rebuilds a worker's decisions into limits
-  (:func:`phasewise.apps.replay.through_kafka.rebuild_sequences`).
-
-A window is the container's samples with ``t >= newest - window_s``. It is
-scored with :mod:`phasewise.models.scoring.measures`, the functions replay scores
-with (same ``alloc_over_used``, ``fulfilment``, step durations with the
-median-step rule for the last step and for gaps, :func:`common_start` over
-the policies compared): for one container and a window covering its whole
-trace, the scorecard's :class:`~phasewise.models.scoring.measures.Score` is replay's
-(tested). The policies compared in a (container, resource, window) are those
-with a limit at some sample of the window (replay's rule, applied per
-container: a policy never holding a limit there is reported without a score
-rather than holding the others back). A window with a single sample has no
-step duration and is not scored.
-
-The recording step is cheap and vectorised (one call per worker round:
-:meth:`observe`; decisions: :meth:`decide`); scoring happens when somebody
-asks (:meth:`card`, :meth:`totals`), off the worker's hot path. Memory: the
-ring holds ``8 + 8 * 2 * (1 + len(POLICIES))`` bytes per sample slot, 72 B,
-so ``capacity`` 300 is 21.6 kB per container. A window longer than the ring
-covers is scored on the samples the ring holds (the view says how many).
-
-Pure: no IO, no clock; time comes from the samples.
-
->>> sc = Scorecard(ScorecardConfig(windows_s=(100.0,), capacity=8))
->>> sc.observe(["h/a"], np.array([0.0]), np.array([[1.0, 100.0]]), np.array([[2.0, np.nan]]))
->>> sc.decide("h/a", "vpa", {"cpu": 1.5})
->>> for t, u in ((10.0, 1.0), (20.0, 2.0)):
-...     sc.observe(["h/a"], np.array([t]), np.array([[u, 100.0]]), np.array([[2.0, np.nan]]))
->>> s = sc.scores("h/a")[100.0]["cpu"]
->>> (s["limit"].alloc, s["vpa"].alloc, s["vpa"].fulfilled, s["vpa"].steps)
-(40.0, 30.0, 1, 2)
+:class:`Scorecard` records each container's last samples and each policy's
+limit in force in a ring (cheap, vectorised, on the worker's path) and
+scores windows when asked, with replay's measures, so a window covering a
+container's whole trace scores as replay does. docs/kubernetes.md,
+"Recommend mode and the live scorecard".
 """
 
 from __future__ import annotations

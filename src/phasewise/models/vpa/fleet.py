@@ -1,63 +1,10 @@
-"""Many containers' VPA recommenders as arrays: the worker's vectorised VPA.
+"""Many containers' VPA recommenders as arrays: the worker's vectorised VPA, equal to ``VpaPolicy`` bit for bit.
 
-:class:`VpaFleet` holds, for every row (one container), exactly the state of a
-:class:`~phasewise.models.vpa.recommender.VpaPolicy` (its :class:`~phasewise.models.vpa.recommender.
-VpaRecommender` plus the policy's last limits) as struct-of-arrays numpy
-state, and runs ``observe`` / ``limits`` / ``predict_one`` for many rows at
-once. It is the same recommender, not an approximation: for the same inputs
-every number equals the per-container classes' bit for bit, so the live
-worker (which runs the fleet) and ``phasewise replay`` (which runs
-``VpaPolicy``) decide alike. How the equality is kept:
-
-- each histogram row is dense (one float64 per bucket, ``0.0`` = no bucket);
-  updates are element-wise IEEE operations in the reference's order, so the
-  stored weights and running totals are identical; buckets under ``epsilon``
-  after a subtraction or a reference shift are zeroed as the reference drops
-  them;
-- percentiles use a sequential cumulative sum from the first non-empty
-  bucket (torch's CPU ``cumsum``: one loop per row in double precision, the
-  reference's additions in its order), so ties at a threshold resolve alike;
-- bucket indices come from a binary search of the exact bucket starts, which
-  is what the reference's log-and-correct yields (so no last-ulp difference
-  between numpy's and libm's ``log`` can move a value), except just below the
-  open last bucket, where the reference's clamp may answer the last bucket:
-  those values go through its own ``find_bucket``;
-- powers (the decay factor ``2 ** ((t - ref) / half_life)`` and the
-  confidence multipliers) are evaluated with Python's ``**`` on the distinct
-  arguments, because numpy's vectorised ``power`` may differ in the last ulp.
-
-Memory: per row two dense histograms of ``num_buckets`` float64 (176 each
-with VPA's bucketing) plus their bookkeeping (total, reference time, first /
-last non-empty bucket, cached percentiles) and 13 scalars: 3,044 bytes
-(:meth:`VpaFleet.bytes_per_row`), about what the per-container objects took.
-
-Speed: every step is a handful of numpy calls over all the rows of a batch,
-so the cost per row falls with the batch size (one ``HostSamples`` message,
-or several through :func:`phasewise.models.vpa.updater.process_many`).
-
-State: :meth:`VpaFleet.recommender_state` writes (and
-:meth:`VpaFleet.load_recommender_state` reads) exactly
-:meth:`VpaRecommender.to_state`'s format, so a table written by the
-per-container code loads here and vice versa. :meth:`VpaFleet.recommender`
-materialises an exact :class:`VpaRecommender` copy of a row.
-
-Missing values are ``NaN`` (the reference's ``None``); an optional per-row
-argument left out (``None``) means missing for every row. Nothing here does
-IO; time arrives as ``t``.
-
-Example
--------
->>> import numpy as np
->>> from phasewise.models.vpa.recommender import VpaPolicy
->>> fleet = VpaFleet(time_scale=0.001)
->>> rows = fleet.add_rows(2)
->>> ref = VpaPolicy(time_scale=0.001)
->>> for t in range(600):
-...     fleet.observe_many(float(t), rows, cpu=np.array([0.5, 1.0]), mem=np.array([3e8, 6e8]))
-...     ref.observe(float(t), {"cpu": 0.5, "mem": 3e8})
->>> cpu, mem = fleet.limits_many(rows)
->>> float(cpu[0]) == ref.limits(600.0)["cpu"], round(float(cpu[1]), 3)
-(True, 1.169)
+:class:`VpaFleet` holds, for every row (one container), exactly the state of
+a :class:`~phasewise.models.vpa.recommender.VpaPolicy` as struct-of-arrays
+and runs ``observe`` / ``limits`` / ``predict_one`` for many rows at once,
+reading and writing the per-container state format. How the equality is
+kept, memory and speed: docs/vpa.md, "VPA as the worker runs it".
 """
 
 from __future__ import annotations
@@ -67,10 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from phasewise.models.arrays import all_true, count_true, nan_to_none
-from phasewise.models.vpa.histogram import MAX_CHECKPOINT_WEIGHT, MAX_DECAY_EXPONENT, ExponentialBuckets
+from phasewise.models.vpa.histogram_rows import HistogramRows, pow_exact, time_at
 from phasewise.models.vpa.recommender import (
     BOUNDS,
     LOWER_CONFIDENCE,
@@ -86,277 +32,6 @@ __all__ = ["FleetRecommendation", "VpaFleet"]
 _NAN = math.nan
 _COL = {"lower": 0, "target": 1, "upper": 2}
 
-
-def _pow_exact_fn(fn: Any, x: np.ndarray) -> np.ndarray:
-    """``fn(v)`` (a Python power) for every element, evaluated once per distinct value."""
-    if x.size > 1 and not count_true(x != x[0]):
-        return np.full(x.shape, fn(float(x[0])))
-    if x.size > 8:
-        u, inv = np.unique(x, return_inverse=True)
-        return np.array([fn(v) for v in u.tolist()])[inv]
-    return np.array([fn(v) for v in x.tolist()])
-
-
-def _sub(t: float | np.ndarray, m: Any) -> float | np.ndarray:
-    """*t* at the selection *m* (a scalar time stays a scalar)."""
-    return t if isinstance(t, float) else t[m]
-
-
-class _Histograms:
-    """Dense rows of :class:`~phasewise.models.vpa.histogram.DecayingHistogram` state.
-
-    Besides the reference's state (weights, total, reference time) each row
-    keeps its first / last non-empty bucket (``lo`` / ``hi``; ``nb`` / ``-1``
-    when empty) and its percentiles as of its last change (``pc``, valid
-    where ``fresh``), both pure functions of the weights.
-    """
-
-    __slots__ = ("W", "Wf", "buckets", "ends", "eps", "fresh", "half_life", "hi", "last", "lo", "nb", "pc", "ref",
-                 "starts", "starts1", "subeps", "top_start", "total")
-
-    def __init__(self, buckets: ExponentialBuckets, half_life: float, capacity: int, nps: int) -> None:
-        self.buckets = buckets
-        self.half_life = half_life
-        self.eps = buckets.epsilon
-        self.nb = buckets.num_buckets
-        self.last = self.nb - 1
-        self.starts = np.array([buckets.start(i) for i in range(self.nb)])
-        self.ends = np.array([buckets.end(i) for i in range(self.nb)])
-        self.starts1 = self.starts[1:].copy()  # bucket of v = how many of these are <= v
-        self.top_start = float(self.starts[self.last - 1])
-        self.W = np.zeros((capacity, self.nb))
-        self.Wf = self.W.reshape(-1)  # flat view: W[r, b] is Wf[r * nb + b]
-        self.total = np.zeros(capacity)
-        self.ref = np.full(capacity, _NAN)
-        self.lo = np.full(capacity, self.nb, dtype=np.intp)
-        self.hi = np.full(capacity, -1, dtype=np.intp)
-        self.pc = np.zeros((capacity, nps))
-        self.fresh = np.zeros(capacity, dtype=bool)
-        self.subeps = np.zeros(capacity, dtype=bool)  # holds a weight in (0, eps): only a loaded state does
-
-    def grow(self, capacity: int) -> None:
-        k = capacity - len(self.total)
-        self.W = np.concatenate([self.W, np.zeros((k, self.nb))])
-        self.Wf = self.W.reshape(-1)
-        self.total = np.concatenate([self.total, np.zeros(k)])
-        self.ref = np.concatenate([self.ref, np.full(k, _NAN)])
-        self.lo = np.concatenate([self.lo, np.full(k, self.nb, dtype=np.intp)])
-        self.hi = np.concatenate([self.hi, np.full(k, -1, dtype=np.intp)])
-        self.pc = np.concatenate([self.pc, np.zeros((k, self.pc.shape[1]))])
-        self.fresh = np.concatenate([self.fresh, np.zeros(k, dtype=bool)])
-        self.subeps = np.concatenate([self.subeps, np.zeros(k, dtype=bool)])
-
-    def reset(self, rows: np.ndarray) -> None:
-        self.W[rows] = 0.0
-        self.total[rows] = 0.0
-        self.ref[rows] = _NAN
-        self.lo[rows] = self.nb
-        self.hi[rows] = -1
-        self.fresh[rows] = False
-        self.subeps[rows] = False
-
-    def rescan(self, rows: np.ndarray) -> None:
-        """Recompute ``lo`` / ``hi`` (and the sub-epsilon flag) of *rows* from their weights."""
-        W = self.W[rows]
-        ne = W >= self.eps
-        self.subeps[rows] = ((W > 0) & ~ne).any(axis=1)
-        some = ne.any(axis=1)
-        self.lo[rows] = np.where(some, ne.argmax(axis=1), self.nb)
-        self.hi[rows] = np.where(some, self.last - ne[:, ::-1].argmax(axis=1), -1)
-        self.fresh[rows] = False
-
-    # ------------------------------------------------------------ updates
-
-    def find(self, values: np.ndarray) -> np.ndarray:
-        """``ExponentialBuckets.find_bucket`` of every value.
-
-        The bucket whose ``[start, next start)`` holds the value, which is what
-        the reference's log-and-correct computes, except just below the open
-        last bucket, where its clamp may answer the last bucket: those go
-        through the reference's own code.
-        """
-        b = self.starts1.searchsorted(values, side="right")
-        if count_true(values >= self.top_start):
-            top = b == self.last - 1
-            if count_true(top):
-                b[top] = [self.buckets.find_bucket(v) for v in values[top].tolist()]
-        return b
-
-    def _factor(self, rows: np.ndarray, t: float | np.ndarray) -> np.ndarray | float:
-        """``DecayingHistogram._decay_factor`` of each row (fixes / shifts references)."""
-        hl = self.half_life
-        ref = self.ref[rows]
-        new = np.isnan(ref)
-        if count_true(new):  # rows without a reference take the one their sample gives
-            ref[new] = np.floor(_sub(t, new) / hl + 0.5) * hl
-            self.ref[rows[new]] = ref[new]
-        x = (t - ref) / hl
-        if count_true(x >= MAX_DECAY_EXPONENT - 1):  # maybe past the limit: the reference's own test
-            shift = t > ref + hl * MAX_DECAY_EXPONENT
-            if count_true(shift):
-                for i in np.flatnonzero(shift).tolist():
-                    ref[i] = self._shift(int(rows[i]), float(_sub(t, i)))
-                x = (t - ref) / hl
-        x0 = x[0]
-        if not count_true(x != x0):
-            return 2.0 ** float(x0)
-        return _pow_exact_fn(lambda v: 2.0 ** v, x)
-
-    def _shift(self, row: int, t: float) -> float:
-        hl = self.half_life
-        new_ref = math.floor(t / hl + 0.5) * hl
-        old_ref = float(self.ref[row])
-        factor = math.ldexp(1.0, math.floor((old_ref - new_ref) / hl + 0.5))
-        w = self.W[row]
-        w *= factor
-        w[w < self.eps] = 0.0
-        kept = w[w != 0.0]
-        self.total[row] = math.fsum(kept.tolist()) if kept.size else 0.0
-        self.ref[row] = new_ref
-        self.rescan(np.array([row]))
-        return new_ref
-
-    def add(self, rows: np.ndarray, values: np.ndarray, weights: np.ndarray | float,
-            t: float | np.ndarray, factored: bool = False) -> None:
-        """``DecayingHistogram.add`` on distinct *rows* (*factored*: *weights* are already decayed)."""
-        w = weights if factored else weights * self._factor(rows, t)
-        b = self.find(values)
-        fi = rows * self.nb + b
-        nw = self.Wf[fi] + w
-        self.Wf[fi] = nw
-        self.total[rows] += w
-        self.fresh[rows] = False
-        if count_true(nw < self.eps):  # weights only grow: the bucket joins the non-empty ones or nothing changes
-            ok = nw >= self.eps
-            self.subeps[rows[~ok & (nw > 0)]] = True
-            rows, b = rows[ok], b[ok]
-        self.lo[rows] = np.minimum(self.lo[rows], b)
-        self.hi[rows] = np.maximum(self.hi[rows], b)
-
-    def replace(self, rows: np.ndarray, old: np.ndarray, new: np.ndarray, weight: float, t: np.ndarray) -> None:
-        """``subtract(old, weight, t)`` then ``add(new, weight, t)`` on distinct *rows*.
-
-        The second decay factor equals the first (a reference shift, if any,
-        happened in the first), so it is computed once.
-        """
-        w = weight * self._factor(rows, t)
-        self.subtract(rows, old, w, t, factored=True)
-        self.add(rows, new, w, t, factored=True)
-
-    def subtract(self, rows: np.ndarray, values: np.ndarray, weight: float | np.ndarray, t: np.ndarray,
-                 factored: bool = False) -> None:
-        """``DecayingHistogram.subtract`` on distinct *rows* (*factored*: *weight* is already decayed)."""
-        w = weight if factored else weight * self._factor(rows, t)
-        b = self.find(values)
-        fi = rows * self.nb + b
-        have = self.Wf[fi]
-        w = np.where(w > have - self.eps, have, w)
-        left = have - w
-        self.total[rows] -= w
-        drop = left < self.eps
-        self.Wf[fi] = np.where(drop, 0.0, left)
-        self.fresh[rows] = False
-        if count_true(drop):  # a bucket emptied: the total's remainder goes, and lo / hi may move
-            dr, db = rows[drop], b[drop]
-            self.total[dr] -= left[drop]
-            lo, hi = self.lo[dr], self.hi[dr]
-            only = (lo == db) & (hi == db)  # its one non-empty bucket went
-            if count_true(only):
-                gone = dr[only]
-                self.lo[gone] = self.nb
-                self.hi[gone] = -1
-                sub = self.subeps[gone]  # else no weight is left at all: the reference's empty dict
-                if count_true(sub):
-                    sub[sub] = self.W[gone[sub]].any(axis=1)
-                self.total[gone[~sub]] = 0.0
-            edge = ~only & ((db == lo) | (db == hi))
-            if count_true(edge):
-                self.rescan(dr[edge])
-
-    # ------------------------------------------------------------ queries
-
-    def percentiles(self, rows: np.ndarray, ps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(values (len(rows), len(ps)), non-empty mask)``: ``DecayingHistogram.percentiles``.
-
-        The reference walks the buckets from the first non-empty one, adding
-        weights until the sum reaches ``p * total`` (or taking the last
-        non-empty bucket); here torch's ``cumsum`` (one sequential loop per
-        row in double precision: the same additions in the same order) over
-        the rows' bucket window and a batched binary search for the first
-        bucket whose running sum reaches each threshold.
-        """
-        ps_positive = min(ps.tolist()) > 0
-        hi = self.hi[rows]
-        nonempty = hi >= 0
-        need = nonempty & ~self.fresh[rows]
-        if count_true(need):
-            sel = rows if all_true(need) else rows[need]
-            lo, h = self.lo[sel], self.hi[sel]
-            c0, c1 = int(lo.min()), int(h.max())
-            W = self.W[sel, c0:c1 + 1]
-            total = self.total[sel]
-            n_threads = torch.get_num_threads()
-            if n_threads > 1:  # ~100 rows: a parallel region costs more than it saves (spin-waits on busy hosts)
-                torch.set_num_threads(1)
-            try:
-                if ps_positive and not count_true(self.subeps[sel]) and all_true(total > 0):
-                    cum = torch.cumsum(torch.from_numpy(W), 1)  # zeros before lo: below any positive threshold
-                else:
-                    before = np.arange(c0, c1 + 1) < lo[:, None]
-                    cum = torch.cumsum(torch.from_numpy(np.where(before, 0.0, W)), 1)
-                    cum[torch.from_numpy(before)] = -math.inf  # never reaches
-                # every row's running sum never decreases (weights are >= 0): the first bucket
-                # reaching each threshold by binary search; none before hi reaches: hi
-                thr = torch.from_numpy(total[:, None] * ps)  # p * total, as the reference
-                found = torch.searchsorted(cum, thr).numpy()
-            finally:
-                if n_threads > 1:
-                    torch.set_num_threads(n_threads)
-            chosen = np.minimum(found + c0, h[:, None])
-            vals = self.ends[chosen]
-            self.pc[sel] = vals
-            self.fresh[sel] = True
-            if sel is rows:
-                return vals, nonempty  # every row non-empty and recomputed
-            out = self.pc[rows]
-        else:
-            out = self.pc[rows]
-        if not all_true(nonempty):
-            out[~nonempty] = 0.0
-        return out, nonempty
-
-    # ------------------------------------------------------------ state
-
-    def to_state(self, row: int) -> dict[str, Any]:
-        """``DecayingHistogram.to_state`` of one row."""
-        w = self.W[row]
-        idx = np.flatnonzero(w >= self.eps)
-        flat: list[int] = []
-        if idx.size:
-            vals = w[idx].tolist()
-            ratio = MAX_CHECKPOINT_WEIGHT / max(vals)
-            prev = 0
-            for b, v in zip(idx.tolist(), vals):
-                n = math.floor(v * ratio + 0.5)
-                if n > 0:
-                    flat += (b - prev, n)
-                    prev = b
-        ref = float(self.ref[row])
-        return {"r": None if math.isnan(ref) else ref, "t": float(f"{float(self.total[row]):.9g}"), "b": flat}
-
-    def load(self, row: int, weights: Mapping[int, float], total: float, ref: float | None) -> None:
-        w = self.W[row]
-        w[:] = 0.0
-        for b, v in weights.items():
-            w[b] = v
-        self.total[row] = total
-        self.ref[row] = _NAN if ref is None else ref
-        self.rescan(np.array([row]))
-
-    def weights(self, row: int) -> dict[int, float]:
-        w = self.W[row]
-        idx = np.flatnonzero(w)
-        return dict(zip(idx.tolist(), w[idx].tolist()))
 
 
 class FleetRecommendation:
@@ -388,7 +63,7 @@ class FleetRecommendation:
         f = np.full(conf.shape, 0.0 if exp < 0 else math.inf)  # no history: 0 or inf
         pos = conf > 0
         if count_true(pos):
-            f[pos] = _pow_exact_fn(lambda c: (1.0 + mult / c) ** exp, conf[pos])
+            f[pos] = pow_exact(lambda c: (1.0 + mult / c) ** exp, conf[pos])
         return f
 
     def estimate(self, res: str, bound: str, idx: np.ndarray | None = None,
@@ -466,8 +141,8 @@ class VpaFleet:
         self._ps_arr = np.array(self._ps)
         self._mem_interval = proto._mem_interval
         self._conf_interval = proto.confidence_interval_s * proto.time_scale
-        self._cpu = _Histograms(proto._cpu.buckets, proto._cpu.half_life, self.capacity, 3)
-        self._mem = _Histograms(proto._mem.buckets, proto._mem.half_life, self.capacity, 3)
+        self._cpu = HistogramRows(proto._cpu.buckets, proto._cpu.half_life, self.capacity, 3)
+        self._mem = HistogramRows(proto._mem.buckets, proto._mem.half_life, self.capacity, 3)
         self._rows = 0
         for name in _ROW_FLOATS:
             setattr(self, "_" + name, np.full(self.capacity, _NAN if name in _NAN_INIT else 0.0))
@@ -603,7 +278,7 @@ class VpaFleet:
         else:
             has = ~np.isnan(mem)
             if count_true(has):
-                self._add_memory(rows[has], _sub(t, has), mem[has], is_oom=False)
+                self._add_memory(rows[has], time_at(t, has), mem[has], is_oom=False)
         if oom is not None:
             oom = np.asarray(oom, dtype=np.float64)
             if count_true(oom):  # NaN counts here, not below
@@ -612,7 +287,7 @@ class VpaFleet:
                     hr = rows[hit]
                     ml = self._last_mem[hr] if mem_limit is None else np.asarray(mem_limit, dtype=np.float64)[hit]
                     ml = np.where(np.isnan(ml), self._last_mem[hr], ml)
-                    self._record_oom(hr, _sub(t, hit), ml)
+                    self._record_oom(hr, time_at(t, hit), ml)
 
     def _add_cpu(self, rows: np.ndarray, t: float | np.ndarray, cpu: np.ndarray, cpu_nan: bool, limit: np.ndarray,
                  throttled: np.ndarray | None, throttled_cores: np.ndarray | None) -> None:
@@ -623,7 +298,7 @@ class VpaFleet:
             ok = ~skip
             if not count_true(ok):
                 return
-            rows, t, cpu, limit = rows[ok], _sub(t, ok), cpu[ok], limit[ok]
+            rows, t, cpu, limit = rows[ok], time_at(t, ok), cpu[ok], limit[ok]
             if throttled is not None:
                 throttled = np.asarray(throttled, dtype=np.float64)[ok]
             if throttled_cores is not None:
@@ -653,7 +328,7 @@ class VpaFleet:
             old = t < self._last_mem_t[rows]  # outdated samples are discarded
             if count_true(old):
                 ok = ~old
-                rows, t, usage = rows[ok], _sub(t, ok), usage[ok]
+                rows, t, usage = rows[ok], time_at(t, ok), usage[ok]
                 if rows.size == 0:
                     return
         self._last_mem_t[rows] = t
@@ -676,7 +351,7 @@ class VpaFleet:
                 we = np.where(unset, t, we)
             step = self._mem_interval
             wm = we[move]
-            we[move] = wm + (np.floor((_sub(t, move) - wm) / step) * step + step)  # the interval holding t
+            we[move] = wm + (np.floor((time_at(t, move) - wm) / step) * step + step)  # the interval holding t
             peak[move] = 0.0
             oom_peak[move] = 0.0
             self._n_mem[rows[move]] += 1
@@ -697,7 +372,7 @@ class VpaFleet:
         # kept unless an interval before the last memory sample (NaN: never a memory sample)
         ok = ~(t < self._last_mem_t[rows] - self._mem_interval)
         if not all_true(ok):
-            rows, t, mem_limit = rows[ok], _sub(t, ok), mem_limit[ok]
+            rows, t, mem_limit = rows[ok], time_at(t, ok), mem_limit[ok]
             if rows.size == 0:
                 return
         p = self._proto

@@ -1,56 +1,13 @@
-"""Decaying histograms with exponential buckets, as the Kubernetes VPA keeps them.
+"""Decaying histograms with exponential buckets, as the Kubernetes VPA keeps them (pure Python).
 
-The VPA recommender (kubernetes/autoscaler, ``vertical-pod-autoscaler/pkg/
-recommender/util``) summarises a container's usage in histograms whose bucket
-sizes grow geometrically and whose samples lose half their weight every
-*half-life*. This module reimplements that behaviour in pure Python:
+:class:`ExponentialBuckets` and :class:`LinearBuckets` are VPA's bucket
+schemes; :class:`DecayingHistogram` halves a sample's weight every
+half-life, answers VPA's percentile and serialises as VPA's checkpoint.
+The definitions and the small differences from upstream: docs/vpa.md,
+"Histograms".
 
-- :class:`ExponentialBuckets` — bucket ``0`` covers ``[0, first)``; bucket
-  ``n >= 1`` starts at ``first * (ratio**n - 1) / (ratio - 1)``; the last
-  bucket starts at or above ``max_value`` and is open-ended. Values below
-  ``first`` land in bucket 0, values above the range in the last bucket.
-  The recommender's CPU and memory histograms use these.
-- :class:`LinearBuckets` — VPA's other bucketing scheme: buckets of one
-  fixed size from 0, the last one starting at or above ``max_value``.
-- :class:`DecayingHistogram` — ``add(value, weight, t)`` stores
-  ``weight * 2**((t - reference) / half_life)``; the reference timestamp is
-  an integer multiple of the half-life and is shifted forward (rescaling every
-  stored weight by a power of two) when a sample arrives more than 100
-  half-lives after it, so weights never overflow. Only relative weights
-  matter, so the shift changes no percentile.
-- ``percentile(p)`` follows the VPA definition: walk the buckets from the
-  first non-empty one and return the END of the bucket where the cumulative
-  weight first reaches ``p * total`` (the START of the last bucket if it gets
-  there, as the last bucket has no end). An empty histogram answers ``0.0``.
-
-Differences from upstream, all deliberate and small:
-
-- Buckets are stored sparsely (``{index: weight}``) so a container's state
-  is a few hundred bytes. A bucket whose weight falls below ``epsilon``
-  after a subtraction or rescale is dropped together with its weight, where
-  VPA keeps the sub-epsilon remainder in its dense array and total.
-- ``find_bucket`` corrects the floating-point error of ``log`` at exact
-  bucket boundaries (a value equal to a bucket start falls into that bucket).
-
-Serialisation (:meth:`DecayingHistogram.to_state`) mirrors VPA's checkpoint:
-bucket weights rescaled so the heaviest is ``10000`` and rounded to integers
-(zeros dropped), plus the total weight and reference timestamp. Weights are
-thus kept to 1/10000 of the heaviest bucket (a percentile can move only when
-the cumulative weight sits that close to its threshold) and a histogram takes
-a few hundred bytes of JSON.
-
-Example
--------
->>> b = ExponentialBuckets(first=1.0, ratio=2.0, max_value=100.0)
->>> b.num_buckets, b.find_bucket(0.5), b.find_bucket(1.0), b.find_bucket(2.9)
-(8, 0, 1, 1)
->>> b.start(1), b.start(2), b.start(3)
-(1.0, 3.0, 7.0)
->>> h = DecayingHistogram(b, half_life=3600.0)
->>> h.add(2.0, 1.0, t=0.0)      # bucket 1 = [1, 3)
->>> h.add(5.0, 1.0, t=3600.0)   # bucket 2 = [3, 7), twice the weight an hour later
->>> h.percentile(0.3), h.percentile(0.5)
-(3.0, 7.0)
+>>> ExponentialBuckets(first=1.0, ratio=2.0, max_value=100.0).start(3)
+7.0
 """
 
 from __future__ import annotations

@@ -1,55 +1,11 @@
-"""A VPA-faithful reactive recommender for one container, and its limit policy.
+"""A VPA-faithful reactive recommender for one container (:class:`VpaRecommender`), and its limit policy.
 
-:class:`VpaRecommender` reproduces the Kubernetes Vertical Pod Autoscaler's
-recommender (kubernetes/autoscaler ``vertical-pod-autoscaler/pkg/recommender``)
-for a single container, in river's grammar (``learn_one`` / ``predict_one``).
-It matches upstream at commit ``55c37cd5eb550756c5ccc5a89e9068d77797e575``
-(2026-08-22; the last change to the recommender's model, its OOM rule,
-is ``18445abe``), whose tests ``tests/models/vpa/test_vpa_upstream.py`` ports:
-
-- **CPU**: every sample goes into a decaying histogram (first bucket 0.01
-  cores, buckets 5% wider each, up to 1000 cores; half-life 24 h) with the
-  same weight, 0.1 (VPA's ``minSampleWeight``; the request or limit in force
-  plays no part). Samples not newer than the last one are discarded, as VPA
-  does (replays are harmless).
-- **Memory**: one peak per aggregation interval (24 h): the first sample of an
-  interval is added at the interval's end time; a later, larger sample in the
-  same interval replaces it (subtract the old peak, add the new), as VPA's
-  ``ContainerState.addMemorySample``. Memory histogram: first bucket 1e7 bytes,
-  5% growth, up to 1e12 bytes, half-life 24 h.
-- **OOM**: an OOM kill adds an artificial peak of
-  ``max(used + 100 MiB, used * 1.2)`` where ``used = max(memory limit, current
-  peak)`` (VPA's ``RecordOOM``, with the limit standing in for the request).
-  An OOM more than one aggregation interval older than the last memory
-  sample is discarded; a fresh one just before an interval boundary is
-  recorded in the interval the last sample opened (its peak replaced).
-- **CPU throttling** (phasewise's own addition, not in VPA): a CFS-throttled
-  container hides its true demand, since usage cannot exceed the limit. When
-  it was throttled in more than ``throttle_threshold`` of its periods, the
-  sample is recorded as ``max(usage, limit * (1 + throttle_bump), usage +
-  throttled_cores)``, where ``throttled_cores`` is the CFS throttled time per
-  second of the interval (summed over CPUs, so it counts the cores that were
-  runnable but held back: a 1-core spinner under a 0.25-core quota shows 0.75).
-  The bump makes the recommendation climb geometrically until throttling
-  stops; the throttled time lets it jump to the demand in one step when the
-  sampler reports it.
-- **Estimators**, composed by wrapping as in VPA's ``logic/estimator.go`` and
-  ``logic/recommender.go``: percentile (target 0.9, lower 0.5, upper 0.95)
-  → safety margin (+15%) → confidence multiplier (lower bound
-  ``* (1 + 0.001/c)**-2``, upper bound ``* (1 + 1/c)``, where the confidence
-  ``c = min(history span / 24 h, samples / (24 h in minutes))``) → floor
-  (25 millicores, 250 MiB; configurable).
-
-Time: every duration above is a constructor argument in seconds with VPA's
-default, and ``time_scale`` multiplies all of them at once (half-lives, the
-memory aggregation interval and the confidence interval). ``time_scale=1``
-is VPA; ``time_scale=0.001`` makes a day last 86.4 s, which is how the demo
-and the tests exercise the behaviour in seconds. Explicit arguments and
-``time_scale`` combine (``cpu_half_life_s=3600, time_scale=0.5`` = 30 min).
-
-:class:`VpaPolicy` wraps the recommender in the :class:`~phasewise.models.policy.
-LimitPolicy` contract (limits = the target by default) for the live worker and
-for replay. Both are pure: no IO, no clocks; time arrives as ``t``.
+It reproduces the Kubernetes Vertical Pod Autoscaler's recommender at a
+pinned upstream commit, in river's grammar, plus one addition of
+phasewise's (throttled CPU samples are censored); :class:`VpaPolicy` wraps
+it in the :class:`~phasewise.models.policy.LimitPolicy` contract for the
+worker and for replay. The rules, the estimators and ``time_scale``:
+docs/vpa.md, "The recommender".
 """
 
 from __future__ import annotations

@@ -1,66 +1,13 @@
 """The VPA updater: samples in, VPA limit decisions out (the worker's step, pure).
 
-:func:`process_host_samples` is what the samples agent runs for every
-``HostSamples`` message (and what benchmarks and tests call directly), with
-the updater's rule in an :class:`UpdaterConfig`:
-
-1. each container of the message (key ``host/container``) gets its row of
-   the :class:`StateCache`'s :class:`~phasewise.models.vpa.fleet.VpaFleet`
-   (memory first; on a miss, the loader, i.e. the worker's changelogged table,
-   e.g. after a restart or a rebalance), which observes the sample (all the
-   message's containers at once, equal to
-   :meth:`~phasewise.models.vpa.recommender.VpaPolicy.observe` per container): CPU
-   cores, memory working set, OOM kills, the share of CFS periods throttled,
-   the throttled time per second of the message's interval and the limits in
-   force when the sample reports them
-   (what a throttled CPU sample is raised above, and the base of an OOM's
-   bumped peak, where the VPA takes the request; every CPU sample weighs the
-   same, as in the VPA; for an unlimited resource the policy's own last limit
-   stands in, as in replay);
-2. every ``recommend_interval_s`` of event time per container (the first after
-   one interval of history; ``0``: after every sample, the first included) it
-   asks for its limits (``VpaPolicy.limits(ts)``, vectorised) and emits a
-   ``Decision`` (action ``limit``, policy ``vpa``) for each resource whose
-   limit moved by more than ``hysteresis`` relative to the last decided limit,
-   or, before any decision, the limit the sample reports (an unlimited resource
-   always gets one): :func:`moved`. In ``bounds`` update mode it acts only on
-   a limit outside the recommender's confidence bounds (:func:`outside`), as
-   the VPA updater does. With the safety rules on (the cache's
-   :class:`~phasewise.models.safety.guard.LimitGuard`) they bound what is handed out.
-   Limits are rounded and decisions built by :mod:`phasewise.models.decisions`
-   (CPU up to a millicore, memory up to a byte); ``details["limits"]`` keeps
-   the policy's unrounded limits;
-3. the same step marks the container's state dirty, so the caller persists it,
-   when it emitted a decision or when ``state_write_interval_s`` of event time
-   passed since the last write, checked at every sample (a container's first
-   write comes with its first decision or one write interval after it
-   appears; 0: at every sample, so the caller writes every touched container
-   at its next commit): table writes are expensive (each changelog record is
-   its own produce request here). The caller notes which source message each
-   container learned last (:meth:`StateCache.learned`, stored as ``"so"``)
-   and, after a restart, drops samples a stored state already holds
-   (:meth:`StateCache.unlearned`).
-
-This is the code path ``phasewise replay`` runs in-process: the fleet is
-``VpaPolicy`` for many containers, number for number (tests/models/
-test_vpa_fleet.py), asked ``limits`` and shown ``observe`` in the same way
-(replay asks ``limits(t)`` before ``observe(t)``; a decision here at ``ts``
-follows ``observe(ts)``, so it is the limit replay uses from the next step).
-
-:func:`process_many` does the same for a batch of messages at once (the
-same decisions; the fixed cost of the vectorised steps is shared, so a batch
-of ~10 messages costs about half as much per sample as one message).
-
-Decision ids are a hash of policy, host, container, limits and event time
-(:func:`~phasewise.models.decisions.decision_id`): replaying the same samples
-yields the same ids, and actuators apply each id once.
-
-The table format is the per-container code's (:meth:`ContainerEntry.to_state`:
-``{"v": 1, "vpa": VpaRecommender.to_state(), "pl": last limits, "dc", "dm",
-"nx"}``), so a worker upgraded in place recovers its old changelog.
-
-Nothing here does IO; time comes from the samples' event times. The worker
-builds the configuration from its settings (:mod:`phasewise.streams.config`).
+:func:`process_host_samples` (and :func:`process_many`, for a batch of
+messages) is what the samples agent runs for every ``HostSamples`` message:
+each container's row of the :class:`StateCache`'s fleet observes the sample,
+limits are asked every ``recommend_interval_s`` of event time and become
+decisions where they moved (the :class:`UpdaterConfig` rule, bounded by the
+safety rules), and changed state is marked for the caller to persist. Replay
+runs the same step in-process. docs/vpa.md, "The updater: the worker's
+step".
 """
 
 from __future__ import annotations

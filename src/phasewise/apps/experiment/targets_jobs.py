@@ -1,22 +1,10 @@
 """The targets experiment's five small, real PyTorch training jobs (TRADL's model kinds), on one CPU thread.
 
-Run one as ``python -m phasewise.apps.experiment.workloads NAME --steps N``:
-
-``cnn``   a causal 1-D convolutional next-byte model over the standard library's source text
-``gru``   a GRU next-byte model over the same text
-``lstm``  an LSTM next-byte model over the same text
-``rnn``   an Elman (tanh) RNN next-byte model over the same text
-``vae``   a variational autoencoder of 32-sample windows of real container CPU and memory use
-          (the AI4DL trace shipped in ``phasewise/data``); loss = reconstruction + KL
-
-Nothing is downloaded. Seeds are fixed and torch runs one thread, so a job's loss at
-step *k* is the same in every run: the experiment's scenarios differ only in how
-much CPU each job gets and when it is stopped. Every ``--report-every`` steps the job
-prints ``job=NAME phase=train step=N loss=X`` (mean loss of those steps; the demo
-jobs' format, read by :func:`phasewise.producers.progress.parse_line`). With ``--wait-for-go`` it
-prints ``phase=ready`` after loading and waits for a line on stdin (the experiment's
-start barrier). SIGTERM is the control channel's ``checkpoint_exit``: the job saves its model and optimiser
-state to ``--checkpoint-dir`` and exits 0 (``phase=checkpoint``, then ``phase=done``).
+Run one as ``python -m phasewise.apps.experiment.targets_jobs NAME --steps N``
+(``cnn``, ``gru``, ``lstm``, ``rnn``: next-byte models over the standard
+library's source; ``vae``: windows of the AI4DL trace). Seeds are fixed, so a
+job's loss at step *k* is the same in every run; SIGTERM checkpoints and
+exits 0. docs/targets.md, "Experiment: NA / AO / FT / SR with real jobs".
 """
 
 from __future__ import annotations
@@ -101,7 +89,7 @@ def build(name: str, seed: int) -> tuple[object, Callable[[], object], float]:
 
         path = ai4dl_path()
         if path is None:
-            raise SystemExit("phasewise.apps.experiment.workloads vae: the AI4DL trace is not installed")
+            raise SystemExit("phasewise.apps.experiment.targets_jobs vae: the AI4DL trace is not installed")
         series = [s for s in ai4dl_series(path).values() if len(s) > 40]
         w = 32
         windows = torch.tensor([[v for pair in s[i:i + w] for v in pair] for s in series
@@ -130,7 +118,7 @@ def build(name: str, seed: int) -> tuple[object, Callable[[], object], float]:
             return (rec + kl) / x.shape[1]
 
         return model, step_loss, 2e-3
-    raise SystemExit(f"phasewise.apps.experiment.workloads: unknown job {name!r} (one of {', '.join(JOBS)})")
+    raise SystemExit(f"phasewise.apps.experiment.targets_jobs: unknown job {name!r} (one of {', '.join(JOBS)})")
 
 
 def train(name: str, steps: int, report_every: int, seed: int, checkpoint_dir: Path | None, out=sys.stdout,
@@ -180,7 +168,7 @@ def train(name: str, steps: int, report_every: int, seed: int, checkpoint_dir: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m phasewise.apps.experiment.workloads",
+    p = argparse.ArgumentParser(prog="python -m phasewise.apps.experiment.targets_jobs",
                                 description=__doc__.splitlines()[0])
     p.add_argument("name", choices=JOBS)
     p.add_argument("--steps", type=int, required=True)

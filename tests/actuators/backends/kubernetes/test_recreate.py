@@ -1,6 +1,6 @@
 """The resize -> evict fallback (``phasewise.io/update-mode: in-place-or-recreate``) at the HTTP boundary.
 
-Recorded-form answers (``fixtures/kubernetes/``) replayed by a local server, as in ``test_kubernetes.py``:
+Recorded-form answers (``fixtures/kubernetes/``) replayed by a local server, as in ``test_backend.py``:
 the fallback evicts, through the Eviction API, a pod whose resize is Infeasible, failed in the kubelet, or
 stays Deferred / in progress past its timeout; a disruption budget's 429 is tried again later; a pod no
 controller recreates is never evicted; ``in-place`` (the default) never evicts.
@@ -10,30 +10,26 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from phasewise.actuators.actuator import Actuator
 from phasewise.actuators.backends.kubernetes import (
     KubeApi,
     KubernetesBackend,
     PodDirectory,
     RecreatePolicy,
-    ResizeState,
-    recreatable,
-    recreate_reason,
     resize_state,
 )
 from phasewise.actuators.commands import SetLimits
-from phasewise.actuators.consumer import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.kit.records import Decision, WorkloadPolicy, encode
 from phasewise.kit.settings import Settings
 from phasewise.models.safety.workload import parse_policy_file, parse_settings, resolve
-from tests.actuators.backends.test_kubernetes import CID, LIST, MANAGED, METRICS, POD, fx
-from tests.actuators.backends.test_kubernetes import serve as serve  # noqa: F401 - the fixture
+from tests.actuators.backends.kubernetes.test_backend import CID, LIST, MANAGED, METRICS, POD, fx
+from tests.actuators.backends.kubernetes.test_backend import serve as serve  # noqa: F401 - the fixture
 
 RECREATE = "in-place-or-recreate"
 #: the fixtures' PodResizePending / PodResizeInProgress lastTransitionTime, 2026-11-24T10:01:12Z
@@ -50,31 +46,6 @@ def backend(r, now: list[float], **kw) -> KubernetesBackend:
 
 
 # --------------------------------------------------------------------------- the rule, pure
-
-
-def test_when_the_fallback_evicts():
-    p = RecreatePolicy(deferred_timeout_s=300, in_progress_timeout_s=3600)
-    # the condition's own clock
-    assert PENDING_SINCE == datetime(2026, 11, 24, 10, 1, 12, tzinfo=UTC).timestamp()
-    assert recreate_reason(ResizeState("infeasible", "no room"), 0.0, p).startswith("the node can never fit")
-    assert recreate_reason(ResizeState("error", "busy"), 0.0, p).startswith("the kubelet reported an error")
-    assert recreate_reason(ResizeState("deferred"), 300.0, p) is None
-    assert "Deferred for 301 s" in recreate_reason(ResizeState("deferred"), 301.0, p)
-    assert recreate_reason(ResizeState("in-progress"), 3600.0, p) is None
-    assert "in progress for 3601 s" in recreate_reason(ResizeState("in-progress"), 3601.0, p)
-    assert recreate_reason(ResizeState("deferred"), None, p) is None  # no start known: no timeout passed
-    assert recreate_reason(ResizeState("none"), 1e9, p) is None
-
-
-def test_only_a_pod_a_controller_recreates_elsewhere_is_evictable():
-    assert recreatable(fx("pod-deferred.json")) == (None, "ReplicaSet/trainer-7c9d5b8f6d")
-    assert "no controller" in recreatable(fx("pod-deferred-bare.json"))[0]
-    ds = {"metadata": {"ownerReferences": [{"kind": "DaemonSet", "name": "agent", "controller": True}]}}
-    assert "same node" in recreatable(ds)[0]
-    static = {"metadata": {"ownerReferences": [{"kind": "Node", "name": "gpu-node-3", "controller": True}]}}
-    assert "static pod" in recreatable(static)[0]
-    not_ctl = {"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "name": "x", "controller": False}]}}
-    assert "no controller" in recreatable(not_ctl)[0]
 
 
 def test_the_update_mode_is_a_workload_setting():

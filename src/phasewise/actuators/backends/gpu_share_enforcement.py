@@ -1,30 +1,12 @@
-"""GPU-share decisions carried to what can enforce them: CUDA MPS env, HAMi-style pod resources, else advisory.
+"""GPU-share decisions carried to what can enforce them: CUDA MPS environment, HAMi pod resources, else advisory.
 
-A ``share`` decision (:func:`share_decision`; ``details``: ``sm_percent``,
-``mem_limit_bytes``, ``device``) says what fraction of a GPU's SMs and how
-much of its memory a job may use. Who can enforce it:
-
-- **CUDA MPS**, for a job *started* under an MPS control daemon: the client's
-  environment ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (percent of the device's
-  threads, further constrained by the daemon's own default) and
-  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``<device>=<MiB>M``). CUDA reads both
-  when the client initialises, so :func:`mps_env` goes into the environment a
-  job is started with; a share for a job already running cannot be applied
-  to it (it takes effect at its next start, e.g. a restart after preemption).
-- **Kubernetes with HAMi**: the container's ``nvidia.com/gpucores``
-  (percent) and ``nvidia.com/gpumem`` (MiB) resource limits, next to
-  ``nvidia.com/gpu: 1`` (:func:`hami_resources`), plus the decision as the
-  annotation ``phasewise.io/gpu-share``; HAMi's device plugin and its
-  in-container library enforce them when the pod is (re)created.
-- anything else (a plain cgroup host, a GPU without MPS): the share is
-  **advisory**: reported, not enforced (:func:`carry`).
-
-Nothing here starts MPS or talks to a cluster; it builds what those take.
+Nothing here starts MPS or talks to a cluster: :func:`mps_env` and
+:func:`hami_resources` build what those take, :func:`carry` says which
+applies and reports the rest as advisory. Who enforces what, and when:
+docs/priorities.md, "Elastic GPU sharing".
 
 >>> mps_env(sm_percent=40, mem_limit_bytes=3 * 2**30, device=0)
 {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '40', 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT': '0=3072M'}
->>> hami_resources(sm_percent=40, mem_limit_bytes=3 * 2**30)
-{'nvidia.com/gpu': '1', 'nvidia.com/gpucores': '40', 'nvidia.com/gpumem': '3072'}
 """
 
 from __future__ import annotations

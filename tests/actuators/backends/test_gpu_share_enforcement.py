@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from phasewise.actuators.backends.gpu_share import carry, hami_resources, mps_env, share_decision
+from phasewise.actuators.backends.gpu_share_enforcement import carry, hami_resources, mps_env, share_decision
 from phasewise.kit.records import Decision, decode, encode
 from phasewise.models.jobs.gpu_share import ShareRequest, shares
 

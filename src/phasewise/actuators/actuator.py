@@ -1,0 +1,423 @@
+"""The actuator's step: one decisions-topic message to at most one applied command and its ``Actuation``.
+
+:class:`Actuator` decodes a decision (a bad one becomes a dead letter),
+claims its id in the ledger, checks the workload's mode, who owns the
+container and the job's signature, plans the command under the safety rules,
+applies it through the backend with retries and publishes the outcome. It is
+Kafka-free apart from ``producer.produce``; the loop around it is
+:mod:`phasewise.actuators.consumer`. The steps in order: docs/operations.md,
+"The actuator".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from phasewise.actuators.backends import Backend
+from phasewise.actuators.commands import Outcome, SetLimits, StartJob
+from phasewise.actuators.ledger import Ledger
+from phasewise.actuators.metrics import ActuatorMetrics
+from phasewise.actuators.safety import (
+    SUPPORTED_ACTIONS,
+    PeakTracker,
+    Planned,
+    declared_peak,
+    is_managed_name,
+    not_applied_reason,
+    plan,
+)
+from phasewise.kit.job_signing import SubmitterKeys
+from phasewise.kit.records import (
+    JOB_ID_PATTERN,
+    Actuation,
+    Decision,
+    JobEvent,
+    SchemaError,
+    WorkloadPolicy,
+    brief,
+    decode,
+    encode,
+)
+from phasewise.kit.settings import Settings
+from phasewise.kit.signing import Keyring
+from phasewise.kit.topics import ACTUATIONS, DECISIONS, JOB_EVENTS
+from phasewise.models.safety.workload import resolve
+
+__all__ = ["NOT_STARTING", "OWNED_ACTIONS", "Actuator", "job_of", "touches_a_job"]
+
+log = logging.getLogger("phasewise.actuator")
+
+
+class _Produces(Protocol):
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None: ...
+
+    def poll(self, timeout: float = ...) -> int: ...
+
+
+
+#: a place decision's refusal while ``actuator_start_jobs`` is off
+NOT_STARTING = "this actuator does not start jobs (actuator_start_jobs is off)"
+#: the actions that touch a job's container: taken only on a container the actuator owns for that job
+OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight")
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+
+
+def job_of(d: Decision) -> str:
+    """The job a decision is about: ``details.job`` where it names one, else its container."""
+    job = d.details.get("job") if isinstance(d.details, dict) else None
+    return job if isinstance(job, str) and job else d.container
+
+
+def touches_a_job(d: Decision) -> bool:
+    """Whether *d* acts on a job's existing container (freeze, thaw, terminate, weight, resume)."""
+    resume = isinstance(d.details, dict) and d.details.get("resume") is True
+    return d.action in OWNED_ACTIONS or (d.action == "place" and resume)
+
+
+
+class Actuator:
+    """Turns one decisions-topic message into at most one applied command and its Actuation.
+
+    Kafka-free apart from ``producer.produce`` (actuations, dead letters), so
+    :meth:`handle` is tested with any object that has ``produce`` and ``poll``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        ledger: Ledger,
+        producer: _Produces,
+        *,
+        metrics: ActuatorMetrics | None = None,
+        host_cores: float | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Any] = time.sleep,
+        workloads: Any = None,
+        keyring: Keyring | None = None,
+        submitters: SubmitterKeys | None = None,
+    ) -> None:
+        self.settings = settings
+        #: this host's :class:`~phasewise.kit.cgroups.workloads.Workloads`; None: every container takes the
+        #: default mode of the flat layout (``workload_default_mode``)
+        self.workloads = workloads
+        self.backend = backend
+        self.ledger = ledger
+        self.producer = producer
+        self.metrics = ActuatorMetrics() if metrics is None else metrics
+        self.host_cores = float(host_cores if host_cores is not None else (os.cpu_count() or 1))
+        #: the CPU ids place decisions may bind jobs to (this process's affinity)
+        self.host_cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset(
+            range(os.cpu_count() or 1))
+        self.clock = clock
+        self.sleep = sleep
+        #: the working sets this actuator read, for the memory floor's recent peak
+        self.peaks = PeakTracker(settings.safety.peak_window_s)
+        #: verifies the decisions' signatures (``signing_key_file``; ``None``: not checked)
+        self.keyring = keyring
+        #: the submitters whose signed jobs this actuator starts (``job_trusted_submitters``; ``None``: none)
+        self.submitters = submitters
+        #: the decision behind each resize the backend watches (update-mode in-place-or-recreate), whose
+        #: later outcome (:meth:`follow_up`) is published as a further actuation of that decision
+        self._resizes: dict[str, Decision] = {}
+        if hasattr(backend, "on_fallback"):
+            backend.on_fallback = lambda outcome: self.metrics.resize_fallbacks.labels(outcome=outcome).inc()
+
+    # ------------------------------------------------------------------ one message
+
+    def handle(self, decision_bytes: bytes | None, key: bytes | None, partition: int | None,
+               offset: int | None, *, topic: str = DECISIONS.name, headers: Any = None,
+               produced_at: float | None = None) -> Actuation | None:
+        """Handle one message; returns the published Actuation, or ``None`` (dead-lettered / other host).
+
+        *headers*: the message's Kafka headers (its signature, checked when a keyring is set).
+        *produced_at*: the record's Kafka timestamp (s), for the decision-to-actuation latency.
+        """
+        from phasewise.kit.kafka.client import (
+            publish_dead_letter,  # confluent_kafka only where a message is bad
+        )
+
+        try:
+            d = decode(Decision, decision_bytes)
+            reason = None
+        except SchemaError as e:
+            reason = str(e)
+        except Exception as e:  # noqa: BLE001 - decode raises SchemaError only; a record never stops the actuator
+            log.exception("decoding a decision failed")
+            reason = f"could not decode: {type(e).__name__}: {e}"
+        if reason is not None:
+            log.warning("malformed decision at %s[%s]@%s: %s", topic, partition, offset, brief(reason, 300))
+            publish_dead_letter(self.producer, source_topic=topic, reason=reason, payload=decision_bytes,
+                                key=key, partition=partition, offset=offset,
+                                max_bytes=self.settings.kafka.dead_letter_max_bytes)
+            self.metrics.dead_letters.inc()
+            return None
+        if d.host != self.settings.host:
+            log.debug("decision %s is for host %s, not %s: skipped", d.id, d.host, self.settings.host)
+            self.metrics.ignored.inc()
+            return None
+        if self.keyring is not None:
+            # before the ledger: an unsigned record must not claim the id of a genuine decision
+            refused = self.keyring.verify(topic, key, decision_bytes, headers, now=self.clock())
+            if refused is not None:
+                reason = f"decision {brief(d.id, 80)} refused: {refused}"
+                log.warning("%s[%s]@%s: %s", topic, partition, offset, reason)
+                publish_dead_letter(self.producer, source_topic=topic, reason=reason, payload=decision_bytes,
+                                    key=key, partition=partition, offset=offset,
+                                    max_bytes=self.settings.kafka.dead_letter_max_bytes)
+                self.metrics.refused.labels(reason="signature").inc()
+                return None
+        stale = self._stale(d)
+        if stale is not None:  # not claimed: the ledger holds only ids this actuator acted on
+            self.metrics.refused.labels(reason=stale[0]).inc()
+            return self._publish(d, Outcome("rejected", stale[1]))
+
+        if not self.ledger.claim(d.id, container=d.container, now=self.clock()):
+            prev = self.ledger.get(d.id)
+            what = (f"{prev.status}" if prev and prev.status else "interrupted before its outcome was recorded")
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(prev.claimed)) if prev else "?"
+            msg = f"decision already handled at {when}: {what}; not applied again"
+            return self._publish(d, Outcome("duplicate", msg))
+
+        try:
+            outcome = self._decide_and_apply(d)
+        except Exception as e:  # a bug must still leave a report and a ledger entry, not a silent claim
+            log.exception("error handling decision %s", d.id)
+            outcome = Outcome.failed(f"actuator error: {type(e).__name__}: {e}")
+        self.ledger.finish(d.id, outcome.status, outcome.message)
+        if produced_at is not None:
+            self.metrics.decision_latency.observe(max(0.0, self.clock() - produced_at))
+        return self._publish(d, outcome)
+
+    def _workload(self, container: str) -> WorkloadPolicy | str:
+        """The container's resolved policy, or why it is no workload at all."""
+        if self.workloads is None:
+            return resolve(None, "flat", self.settings.workload.default_mode)
+        who = self.workloads.describe(container)
+        if who is None:
+            return f"container {container!r} is a pod's sandbox (pause) container, not a workload"
+        return who[1]
+
+    def _stale(self, d: Decision) -> tuple[str, str] | None:
+        """``(metric reason, message)`` when *d*'s event time is outside the freshness limits."""
+        a = self.settings.actuator
+        age = self.clock() - d.ts
+        if a.decision_max_age_s and age > a.decision_max_age_s:
+            return "stale", (f"decision is {age:.0f} s old, more than decision_max_age_s ({a.decision_max_age_s:g} s); "
+                             "not applied")
+        if a.decision_max_future_s and -age > a.decision_max_future_s:
+            return "future", (f"decision is stamped {-age:.0f} s ahead of this host's clock, more than "
+                              f"decision_max_future_s ({a.decision_max_future_s:g} s); not applied")
+        return None
+
+    def _not_owned(self, d: Decision, workload: WorkloadPolicy | None) -> str | None:
+        """Why this actuator must not act on *d*'s existing container for *d*'s job; ``None``: it owns it.
+
+        It owns a container it started for that job (its registry; a dry run's "starts" own nothing
+        for another backend), or one whose workload says it is that job's (``phasewise.io/job``).
+        """
+        c, job = d.container, job_of(d)
+        started = self.ledger.started_job(c)
+        if started is not None and started.backend == self.backend.name:
+            if started.job == job:
+                return None
+            return (f"container {c!r} was started by this actuator for job {started.job!r}, not {job!r}: "
+                    f"{d.action} refused")
+        if workload is not None and workload.job is not None:
+            if workload.job == job:
+                return None
+            return (f"container {c!r} belongs to job {workload.job!r} (its workload's phasewise.io/job), "
+                    f"not {job!r}: {d.action} refused")
+        return (f"container {c!r} was not started by this actuator and its workload does not say it belongs to "
+                f"job {job!r} (phasewise.io/job): {d.action} refused")
+
+    def _decide_and_apply(self, d: Decision) -> Outcome:
+        if d.action == "place" and not self.settings.actuator.start_jobs:
+            self.metrics.refused.labels(reason="jobs_off").inc()
+            return Outcome("rejected", NOT_STARTING)
+        exists = is_managed_name(d.container) and self.backend.exists(d.container)
+        workload = None
+        if exists and d.action in SUPPORTED_ACTIONS:
+            w = self._workload(d.container)
+            if isinstance(w, str):
+                return Outcome("rejected", w)
+            if w.mode != "apply":
+                return Outcome("rejected", not_applied_reason(d.container, w))
+            workload = w
+        if exists and touches_a_job(d):
+            why = self._not_owned(d, workload)
+            if why is not None:
+                self.metrics.refused.labels(reason="not_owner").inc()
+                return Outcome("rejected", why)
+        usage = peak = None
+        if exists and d.action == "limit" and d.mem_limit_bytes is not None:
+            usage = self.backend.memory_usage(d.container)
+            now = self.clock()
+            if usage is not None and math.isfinite(usage) and usage >= 0:
+                self.peaks.add(d.container, now, usage)
+            own = self.peaks.peak(d.container, now)
+            peak = max((v for v in (own, declared_peak(d)) if v is not None), default=None)
+        terminated = None
+        if d.action == "terminate" and (t := self.ledger.terminated(d.container)) is not None:
+            terminated = f"by decision {t[0]} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t[1]))}"
+        p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
+                 peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus, now=self.clock(),
+                 terminated=terminated, submitters=self._trusted() if d.action == "place" else None,
+                 owned_by=self._owner(d.container, workload) if d.action == "place" and exists else None)
+        if not isinstance(p, Planned):
+            return Outcome("rejected", p.reason)
+        if isinstance(p.command, StartJob) and not p.command.job:
+            p = Planned(dataclasses.replace(p.command, job=job_of(d)), p.notes)
+        out = self._apply_with_retries(p)
+        watched = getattr(self.backend, "watched", None)
+        if watched is not None and isinstance(p.command, SetLimits):
+            if d.container in watched:
+                self._resizes[d.container] = d
+            else:
+                self._resizes.pop(d.container, None)
+        if out.status != "applied":
+            return out
+        if d.action == "terminate":
+            self.ledger.record_termination(d.container, d.id, self.clock())
+            self.record_exits()  # its process's exit status, where this actuator started it
+            self.ledger.record_end(d.container, now=self.clock())  # ended either way (the container is empty)
+        elif d.action == "place":  # a new job in the container: it may be terminated again
+            self.ledger.forget_termination(d.container)
+            self._started(d, p.command, out)
+        msg = "; ".join(m for m in (p.message, out.message) if m)
+        return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes, pid=out.pid)
+
+    def _started(self, d: Decision, cmd: Any, out: Outcome) -> None:
+        """Enter a job this actuator started in its registry and announce it (a ``started`` job event).
+
+        A dry run's start is entered (for the dry run's own later decisions) but not announced:
+        no process runs.
+        """
+        job = cmd.job if isinstance(cmd, StartJob) and cmd.job else job_of(d)
+        digest = d.details.get("spec_digest") if isinstance(d.details, dict) else None
+        self.ledger.record_start(d.container, job=job, decision=d.id, backend=self.backend.name, pid=out.pid,
+                                 spec_digest=digest if isinstance(digest, str) else "", now=self.clock())
+        if out.pid is None or not _JOB_ID.match(job):
+            return
+        details = d.details if isinstance(d.details, dict) else {}
+        workload, priority = details.get("workload"), details.get("priority")
+        ev = JobEvent(job=job, ts=self.clock(), kind="started", host=self.settings.host, container=d.container,
+                      pid=out.pid,
+                      workload=workload if workload in ("training", "inference", "interactive") else "training",
+                      priority=priority if isinstance(priority, int) and not isinstance(priority, bool)
+                      and abs(priority) <= 10**9 else 0)
+        key, value = job.encode(), encode(ev)
+        headers = None if self.keyring is None else self.keyring.headers(JOB_EVENTS.name, key, value)
+        self.producer.produce(JOB_EVENTS.name, key=key, value=value, headers=headers)
+        self.producer.poll(0)
+
+    def record_exits(self) -> int:
+        """Enter in the registry the jobs the backend saw exit (their end and exit status); how many."""
+        exited = getattr(self.backend, "exited", None)
+        if exited is None:
+            return 0
+        n = 0
+        for e in exited():
+            n += self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=self.clock())
+        return n
+
+    def _owner(self, container: str, workload: WorkloadPolicy | None) -> str | None:
+        """The job *container* belongs to: the one this actuator started in it, else its workload's ``job``."""
+        started = self.ledger.started_job(container)
+        if started is not None and started.backend == self.backend.name:
+            return started.job
+        return getattr(workload, "job", None) or None
+
+    def _trusted(self) -> SubmitterKeys | None:
+        """The trusted submitter keys, read again when their files changed (rotation, revocation)."""
+        if self.submitters is not None and self.submitters.refresh():
+            if self.submitters.error is not None:
+                log.error("trusted submitters: %s; no job is started until they can be read", self.submitters.error)
+            else:
+                log.info("trusted submitters read again: %s", self.submitters.describe())
+        return self.submitters
+
+    def _apply_with_retries(self, p: Planned) -> Outcome:
+        s = self.settings
+        t0 = time.perf_counter()
+        attempts = max(0, s.actuator.apply_retries) + 1
+        for attempt in range(attempts):
+            try:
+                out = self.backend.apply(p.command)
+            except Exception as e:  # a backend bug must not lose the decision's report
+                log.exception("backend %s raised on %r", self.backend.name, p.command)
+                out = Outcome.failed(f"backend {self.backend.name} raised {type(e).__name__}: {e}")
+            if out.status != "failed" or not out.temporary:
+                break
+            if attempt + 1 == attempts:
+                out = Outcome.failed(f"{out.message} (temporary error; gave up after {attempts} attempts)",
+                                     temporary=True, cpu_cores=out.cpu_cores, mem_bytes=out.mem_bytes)
+                break
+            delay = s.actuator.apply_retry_backoff_s * 2**attempt
+            log.warning("temporary error applying %r (attempt %d/%d), retrying in %.2fs: %s",
+                        p.command, attempt + 1, attempts, delay, out.message)
+            self.metrics.retries.inc()
+            self.sleep(delay)
+        self.metrics.apply_seconds.observe(time.perf_counter() - t0)
+        return out
+
+    def follow_up(self) -> list[Actuation]:
+        """Carry on with the resizes the backend watches (``update-mode: in-place-or-recreate``): each that
+        ended in an eviction, or could not, is published as a further actuation of the decision that asked
+        for it (its ledger entry updated). Called by the consumer loop between polls; cheap when nothing
+        is watched or due."""
+        check = getattr(self.backend, "follow_up", None)
+        if check is None or not self.backend.watched:  # type: ignore[attr-defined]
+            if self._resizes:
+                self._resizes.clear()
+            return []
+        acts = []
+        try:
+            done = check()
+        except Exception:  # a bug here must not stop the decisions from being applied
+            log.exception("checking the watched resizes failed")
+            return []
+        for container, out in done:
+            d = self._resizes.pop(container, None)
+            if d is None:
+                log.warning("container %s: %s", container, out.message)
+                continue
+            self.ledger.finish(d.id, out.status, out.message)
+            acts.append(self._publish(d, out, count=False))
+        if len(self._resizes) > len(self.backend.watched):  # type: ignore[attr-defined]
+            for c in [c for c in self._resizes if c not in self.backend.watched]:  # type: ignore[attr-defined]
+                del self._resizes[c]
+        return acts
+
+    def _publish(self, d: Decision, out: Outcome, *, count: bool = True) -> Actuation:
+        def finite(x: float | None) -> float | None:
+            return None if x is None or not math.isfinite(x) else float(x)
+
+        act = Actuation(
+            decision_id=d.id,
+            ts=self.clock(),
+            host=self.settings.host,
+            container=d.container,
+            status=out.status,
+            backend=self.backend.name,
+            message=out.message,
+            cpu_limit_cores=finite(out.cpu_cores),
+            mem_limit_bytes=finite(None if out.mem_bytes is None else float(out.mem_bytes)),
+            decision_ts=d.ts,
+        )
+        self.producer.produce(ACTUATIONS.name, key=self.settings.host.encode(), value=encode(act))
+        self.producer.poll(0)
+        if count:  # a follow-up of a decision already counted is not another decision
+            self.metrics.decisions.labels(status=out.status).inc()
+        level = logging.WARNING if out.status in ("failed", "rejected") else logging.INFO
+        log.log(level, "decision %s (%s %s, policy %s): %s %s", d.id, d.action, d.container, d.policy,
+                out.status, out.message)
+        return act
+
