@@ -26,7 +26,7 @@ phasewise need:
 - ``agent_supervisor=mode.CrashingSupervisor``: an agent that dies stops the
   worker (exit status 1) instead of being restarted or left dead while the
   worker looks healthy (see
-  :func:`phasewise.streams.agents.samples.fail_worker_on_agent_error`).
+  :func:`phasewise.streams.agents.scaffold.fail_worker_on_agent_error`).
 
 The samples agent and the state table are registered by
 :func:`phasewise.streams.agents.samples.register`.

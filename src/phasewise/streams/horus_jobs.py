@@ -43,7 +43,7 @@ from phasewise.models.horus.catalog import (
 )
 from phasewise.models.horus.graph_features import FeatureError, GraphFeatures, catalog_features
 
-__all__ = ["BuildRules", "spec_features", "spec_features_async", "model_key", "resolve_entry_point", "warm_up",
+__all__ = ["BuildRules", "spec_features", "spec_features_async", "resolve_entry_point", "warm_up",
            "CHILD_MODULE"]
 
 #: the child's entry point module (the fork server imports it, and torch with it, once)
@@ -77,11 +77,6 @@ class BuildRules:
     def refusal(self, model: str) -> str | None:
         """Why *model* (a ``module:function``) is not built here, or None."""
         return entry_point_refusal(model, self.modules)
-
-
-def model_key(name: str) -> str:
-    """The name jobs of this model share (catalog canonical name, or the entry point as given)."""
-    return canonical_model(name) or name
 
 
 def resolve_entry_point(name: str) -> Any:

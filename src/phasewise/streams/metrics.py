@@ -1,4 +1,4 @@
-"""Prometheus metrics of the stream worker (``phasewise worker``).
+"""Prometheus metrics of the stream workers (``phasewise worker``; ``horus`` and ``place``: below).
 
 Every metric is registered on the registry passed in (tests use a fresh
 ``CollectorRegistry()``); the process serves the default one on
@@ -55,7 +55,11 @@ the topics phasewise declares; never a host or container.
 first error is an increase.
 
 ``phasewise_worker_ready`` drops to 0 when an agent dies; the worker then
-stops with exit status 1 (see :func:`phasewise.streams.agents.samples.fail_worker_on_agent_error`).
+stops with exit status 1 (see :func:`phasewise.streams.agents.scaffold.fail_worker_on_agent_error`).
+
+The job workers' metrics (:class:`HorusMetrics`, :class:`PlacementMetrics`) are named
+``phasewise_<role>_*``, each on a registry of its own: the dead letters by kind, the output records not
+delivered, the table writes, the commit flushes' time and ``phasewise_<role>_ready``, and the role's own.
 """
 
 from __future__ import annotations
@@ -63,13 +67,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Summary, start_http_server
 
 from phasewise.kit.settings import POLICIES
-from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, LEARN_WINDOWS, PHASES
+from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, LEARN_WINDOWS, PHASES, PREDICTIONS, Topic
 
 __all__ = ["DEAD_LETTER_KINDS", "EVICTION_LIMITS", "LATENCY_BUCKETS", "OUTPUT_TOPICS", "REFUSAL_LIMITS",
-           "WorkerMetrics"]
+           "HorusMetrics", "JobWorkerMetrics", "PlacementMetrics", "WorkerMetrics"]
 
 DEAD_LETTER_KINDS = ("schema", "processing", "event_time", "capacity")
 #: the intake limits a container can be refused by (``intake_max_containers_per_<limit>``)
@@ -173,3 +177,53 @@ class WorkerMetrics:
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+class JobWorkerMetrics:
+    """What every job worker (``phasewise horus``, ``phasewise place``) counts, named ``phasewise_<role>_*``
+    on *registry* (default: one of its own); *output*: the topic it writes besides the dead letters."""
+
+    def __init__(self, role: str, output: Topic, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry = registry or CollectorRegistry()
+        self.dead_letters = Counter(f"phasewise_{role}_dead_letters", "records dead-lettered", ["kind"],
+                                    registry=registry)
+        self.delivery_errors = Counter(f"phasewise_{role}_delivery_errors", "output records not delivered",
+                                       ["topic"], registry=registry)
+        for t in (output, DEAD_LETTERS):  # zeros: a first error is an increase (rate() and increase() see it)
+            self.delivery_errors.labels(topic=t.name)
+        self.table_writes = Counter(f"phasewise_{role}_table_writes", "state table writes", registry=registry)
+        self.commit_flush_seconds = Counter(f"phasewise_{role}_commit_flush_seconds", "seconds in commit flushes",
+                                            registry=registry)
+        self.ready = Gauge(f"phasewise_{role}_ready", "1 once partitions are assigned and state restored",
+                           registry=registry)
+        from phasewise.kit.observe import build_info
+
+        self.build_info = build_info(registry, role)
+
+
+class HorusMetrics(JobWorkerMetrics):
+    """``phasewise horus``'s metrics."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__("horus", PREDICTIONS, registry)
+        registry = self.registry
+        self.predictions = Counter("phasewise_horus_predictions", "predictions published", registry=registry)
+        self.learned = Counter("phasewise_horus_jobs_learned", "jobs observed and learned", registry=registry)
+        self.error = Summary("phasewise_horus_prediction_log_error",
+                             "|log1p(predicted) - log1p(observed)| of learned jobs' predictions at submission",
+                             ["target"], registry=registry)
+        self.jobs = Gauge("phasewise_horus_jobs", "jobs held by the join", registry=registry)
+        self.model_jobs = Gauge("phasewise_horus_model_jobs", "jobs the model learned from", registry=registry)
+
+
+class PlacementMetrics(JobWorkerMetrics):
+    """``phasewise place``'s metrics."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__("place", DECISIONS, registry)
+        registry = self.registry
+        self.decisions = Counter("phasewise_place_decisions", "place decisions published", registry=registry)
+        self.decide_seconds = Summary("phasewise_place_decide_seconds", "policy time per decision",
+                                      registry=registry)
+        self.waiting = Gauge("phasewise_place_waiting_jobs", "jobs no node can take yet", registry=registry)
+        self.nodes = Gauge("phasewise_place_nodes", "nodes known", registry=registry)

@@ -486,13 +486,13 @@ class CommitBarrier:
 
 
 class JobStateTable:
-    """A job agent's state in a changelogged Faust table (key: job, value: raw bytes).
+    """A job agent's state in a changelogged Faust table (keys: strings, values: raw bytes).
 
     *state* has ``writes()`` (``(key, partition, value)`` to write, taken at each commit before the
     outputs' delivery is awaited) and ``restore(items)`` (the table's items; returns how many jobs).
     The state is restored from the table on first use after the worker starts or takes partitions
     back (:meth:`ensure_restored`, called by the agents before each record); a revocation makes the
-    table, restored on assignment, the truth again. *on_restored* gets the count when it is not 0.
+    table, restored on assignment, the truth again. *on_restored* gets the count after each restore.
     """
 
     def __init__(self, app: Any, barrier: CommitBarrier, name: str, *, partitions: int, help: str,
@@ -521,8 +521,7 @@ class JobStateTable:
         if not self.restored:
             n = self.state.restore(list(self.table.data.items()))
             self.restored = True
-            if n:
-                self.on_restored(n)
+            self.on_restored(n)
 
 
 def attach(app: Any, barrier: CommitBarrier) -> Callable[[], Any]:

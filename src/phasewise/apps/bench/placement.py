@@ -14,7 +14,7 @@ for the first 64 jobs, then every 64, each time emptying the policy's caches).
 Prints milliseconds per job (mean, p50, p99, max).
 
 ``phasewise bench placement --waiting 3000,6000 [--nodes 1500] [--policies horus] [--json]`` times
-the placement agent's state (:class:`~phasewise.streams.agents.placement.PlacementState`, no Kafka)
+the placement agent's state (:class:`~phasewise.models.jobs.placement.state.PlacementState`, no Kafka)
 with that many jobs waiting: the cluster's GPUs are all booked, the waiting jobs are openb-like
 GPU jobs (so none fits) whose memory requests differ job by job, as predicted requirements make
 them (each job a type of its own for the policies' caches), then it times one decision round
@@ -149,13 +149,15 @@ def _submitted(j: Job, ts: float):
 def bench_waiting(policy: str, nodes: list[Node], waiting: int, observe: int = 10) -> dict:
     """One decision round's time with *waiting* jobs waiting, after each kind of event (the module doc)."""
     from phasewise.kit.settings import Settings
-    from phasewise.streams.agents.placement import PlacementState
+    from phasewise.models.jobs.placement.state import PlacementState
+    from phasewise.streams.config import placement_state_config, submissions
 
-    logging.getLogger("phasewise.streams.agents.placement").setLevel(logging.WARNING)  # a line per waiting job
+    logging.getLogger("phasewise.models.jobs.placement.state").setLevel(logging.WARNING)  # a line per waiting job
     from phasewise.kit.settings import SPECS
 
     cap = {"place_max_waiting_jobs": waiting + 10} if "place_max_waiting_jobs" in SPECS else {}  # (before it existed)
-    s = PlacementState(Settings.from_env({"place_policy": policy, "place_prediction_wait_s": 0.0, **cap}, env={}))
+    settings = Settings.from_env({"place_policy": policy, "place_prediction_wait_s": 0.0, **cap}, env={})
+    s = PlacementState(placement_state_config(settings), submissions(settings))
     for n in nodes:
         s.samples(_samples(n, 1.0))
     holder = None  # one whole GPU booked through the agent (a job it can free); every other GPU booked directly
