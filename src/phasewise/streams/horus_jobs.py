@@ -1,18 +1,8 @@
-"""A job spec's graph features: the catalog's models here, a ``module:function`` only if allowed, in a child process.
-
-Catalog models (:mod:`phasewise.models.horus.zoo`) are phasewise's own code:
-they are built in this process and cached. A ``module:function`` is imported
-only when its module is in the operator's allowlist (``horus_model_modules``;
-empty, the default, means catalog models only), and then in a child process
-with time and memory limits (:mod:`phasewise.streams.horus_child`), whose
-answer comes back as plain data: nothing the model does — abort, fork, leak
-descriptors, switch logging off, loop, allocate without end — reaches the
-caller. Every failure (a module not allowed, no such module or function, an
-import that raises, a model that fails to build or to run a batch, a child
-that dies or runs out of time, an absurd batch size, an unknown dataset) is a
-:class:`~phasewise.models.horus.graph_features.FeatureError` with the reason.
-``phasewise horus``, ``phasewise predict`` and ``phasewise submit`` (which
-only warns) apply the same rule. Narrative: docs/horus.md, docs/security.md.
+"""A job spec's graph features: the catalog's models built here (cached), a ``module:function`` only if
+``horus_model_modules`` allows its module, and then in a child process with time and memory limits
+(:mod:`phasewise.streams.horus_child`); every failure is a
+:class:`~phasewise.models.horus.graph_features.FeatureError` with the reason. Narrative:
+docs/horus.md, "Models outside the catalog"; docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,65 +1,8 @@
-"""Prometheus metrics of the stream workers (``phasewise worker``; ``horus`` and ``place``: below).
-
-Every metric is registered on the registry passed in (tests use a fresh
-``CollectorRegistry()``); the process serves the default one on
-``--metrics-port`` (0 = no endpoint).
-
-- ``phasewise_worker_messages_total``: HostSamples messages processed;
-- ``phasewise_worker_container_samples_total``: container samples learned;
-- ``phasewise_worker_decisions_total``: limit decisions emitted;
-- ``phasewise_worker_dead_letters_total{kind}``: messages dead-lettered,
-  ``kind`` = ``schema`` (malformed input), ``processing`` (valid input the
-  worker failed on), ``event_time`` (stamped too far ahead of the worker's
-  clock or behind its host's newest sample) or ``capacity`` (containers
-  beyond the intake limits);
-- ``phasewise_worker_containers_refused_total{limit}``: container samples
-  refused by an intake capacity limit (``limit``: message, host, worker):
-  a whole message too large, or no other container could make room;
-- ``phasewise_worker_containers_evicted_total{limit}``: containers dropped
-  (state, table entries) to admit new ones when the per-host or per-worker
-  limit was full (``limit``: host, worker), least recently seen first;
-- ``phasewise_worker_delivery_errors_total{topic}``: output records (decisions,
-  phase changes, learn windows, dead letters) librdkafka failed to deliver;
-  after one, the worker commits no further offsets and stops (see
-  :mod:`phasewise.streams.output`);
-- ``phasewise_worker_table_writes_total``: container states written to the
-  changelogged tables (latest per container, at each offset commit);
-- ``phasewise_worker_commit_flush_seconds_total``: wall time of the flushes
-  Faust awaits before committing offsets (outputs delivered, container
-  states written to the changelogs);
-- ``phasewise_worker_process_seconds_total``: time spent in the decision logic;
-- ``phasewise_worker_containers``: containers held in memory;
-- ``phasewise_worker_safety_bounded_total{rule}``: proposed limits (per container
-  and resource, at each decision step) a safety rule changed or held back
-  (``rule``: history, throttled, oom, cooldown, step, peak);
-- ``phasewise_worker_ready``: 1 once the worker has its partitions and has
-  recovered its tables;
-- ``--policy phase`` only: ``phasewise_worker_phase_changes_total`` (PhaseChange
-  records sent), ``phasewise_worker_model_version`` (snapshot version the
-  detectors use, 0 = none yet), ``phasewise_worker_model_snapshot_latest``
-  (newest valid snapshot read from the models topic; the detectors move to it
-  at their next message), ``phasewise_worker_snapshots_published_total``
-  and ``phasewise_worker_windows_learned_total`` (this worker as the learner).
-
-- ``phasewise_worker_recommendations_total{policy}``: decisions emitted by
-  policy (``vpa``, ``phase``; anything else counts as ``other``);
-- ``phasewise_worker_sample_to_decision_seconds{policy}``: from a sample's
-  time (``ts``, the host agent's clock) to the decision it led to being sent;
-- ``phasewise_worker_consumer_lag{topic}``: records not yet fetched on the
-  partitions this worker is assigned (high watermark - position, every 5 s);
-- ``phasewise_build_info{version,python,role="worker"}``: 1.
-
-Labels are bounded: the policies, the dead-letter kinds, the safety rules and
-the topics phasewise declares; never a host or container.
-``delivery_errors_total{topic}`` starts at 0 for every output topic, so a
-first error is an increase.
-
-``phasewise_worker_ready`` drops to 0 when an agent dies; the worker then
-stops with exit status 1 (see :func:`phasewise.streams.agents.scaffold.fail_worker_on_agent_error`).
-
-The job workers' metrics (:class:`HorusMetrics`, :class:`PlacementMetrics`) are named
-``phasewise_<role>_*``, each on a registry of its own: the dead letters by kind, the output records not
-delivered, the table writes, the commit flushes' time and ``phasewise_<role>_ready``, and the role's own.
+"""Prometheus metrics of the stream workers: :class:`WorkerMetrics` (``phasewise worker``,
+``phasewise_worker_*``), :class:`HorusMetrics` and :class:`PlacementMetrics` (``phasewise_<role>_*``,
+on :class:`JobWorkerMetrics`). Labels are bounded (policies, dead-letter kinds, safety rules,
+phasewise's topics; never a host or container). The list and what each counts: docs/worker.md,
+"Metrics".
 """
 
 from __future__ import annotations

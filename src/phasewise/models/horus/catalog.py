@@ -1,9 +1,6 @@
 """The names a job spec may use: catalog models, datasets and their input shapes (pure data, no torch).
-
-A name matches case-insensitively ignoring ``-``, ``_`` and spaces
-(``ResNet-18`` = ``resnet18``), and a family name without a size means its
-usual member (``VGG`` = VGG-16, ``EfficientNet`` = B0, ``LSTM`` = the LSTM
-language model, ``Transformer`` = the seq2seq Transformer).
+Names match case-insensitively ignoring ``-``, ``_`` and spaces, and a family name means its usual
+member (docs/horus.md, "The catalog").
 
 >>> canonical_model("ResNet-18"), canonical_model("EfficientNet"), canonical_model("LM")
 ('resnet18', 'efficientnet_b0', 'lstm_lm')

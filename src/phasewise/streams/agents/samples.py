@@ -1,59 +1,11 @@
-"""The samples agent: HostSamples in, VPA limit decisions and dead letters out.
+"""The samples agent (``phasewise worker``): HostSamples in, limit decisions and dead letters out.
 
-The agent takes the samples topic up to ``worker_batch_max`` messages at a
-time (waiting at most ``worker_batch_wait_ms`` for them) and splits them into
-rounds of distinct hosts (:func:`rounds`: a host's next tick goes in the next
-round); each round is one vectorised step, which decides exactly what one
-step per message would. For every message on the samples topic (key: host):
-
-- parse it with :func:`phasewise.kit.records.decode_host_samples` (the strict
-  ``decode``'s answers, column-wise); a message it cannot decode (a null
-  value, bytes that are not JSON, nesting or numbers too large to parse,
-  another schema version, missing fields, wrong types, absurd values) goes to
-  the dead-letter topic with the parser's reason, its partition and offset
-  (:func:`phasewise.kit.kafka.client.dead_letter`: a payload too large for
-  ``dead_letter_max_bytes`` is cut and marked ``truncated``), and the agent
-  carries on;
-- run :func:`phasewise.models.vpa.updater.process_host_samples` (a round of
-  several messages: ``process_many``) over all of its containers in one
-  pass, with each container's recommender held in an in-memory cache
-  backed by the changelogged table ``vpa-state`` (key ``host/container``,
-  read on a cache miss, e.g. after a restart or a
-  rebalance); a state the logic marks for persisting (on a decision, or
-  once per ``state_write_interval_s``) is held and written at the next
-  offset commit, latest per container;
-- send the resulting decisions to the decisions topic, keyed by host,
-  through the worker's output producer (:mod:`phasewise.streams.output`:
-  every decision of a message is delivered before its offset is committed);
-- each container is decided with its workload's policy
-  (``phasewise.io/policy``), else the worker's ``--policy``: for those decided
-  with ``phase`` the VPA decisions only move the fallback limits, and the
-  message goes through the phase detector
-  (:mod:`phasewise.streams.agents.phases`, run with ``--policy phase`` or
-  ``--phase-workloads``), whose ``policy="phase"`` decisions and
-  ``PhaseChange`` records are sent for them instead. A container whose
-  workload asks for a policy the worker does not run is refused, not decided
-  (``phasewise_worker_policy_refused_total``, one warning per container,
-  ``phasewise explain`` says why).
-
-A valid message the logic fails on (a bug) is dead-lettered too, with kind
-``processing``, so one bad message never stops the stream (a round that
-fails is stepped again message by message, :func:`run_rounds`). An agent
-that dies on anything else stops the worker with exit status 1 and commits
-nothing after it (:func:`fail_worker_on_agent_error`). A worker
-that dies re-processes its partitions from the last commit, with the state written at
-that commit: samples the state had learned since its last marked write are
-not in it (at most ``state_write_interval_s`` of event time of them; with 0,
-none), and (``--policy vpa``) samples a container's stored state already
-learned, written by a commit whose offsets the dead worker did not commit,
-are not learned again (the state's source offset, ``"so"``). Before any of
-that, :mod:`phasewise.models.safety.intake` decides what is admitted: a message
-stamped too far ahead of the worker's clock or behind its host's newest
-sample is dead-lettered (kind ``event_time``); when a capacity limit is full a
-new container evicts the least recently seen one of its host or of the worker
-(per-host fairness; its state dropped from memory and both tables, counted per
-limit, logged), and one is dead-lettered (kind ``capacity``) only when no
-other may go.
+Batches of the samples topic are decoded, admitted by the intake, stepped in rounds of distinct
+hosts through the VPA updater (and, with ``--policy phase``, the phase detector), and their
+decisions sent through the worker's output producer; per-container state lives in the changelogged
+table ``vpa-state``. :class:`SamplesAgent` holds the agent's state and steps, :func:`register` wires
+it (and the priority and targets agents beside it) on the app. Narrative: docs/worker.md, "The
+samples agent".
 """
 
 from __future__ import annotations
