@@ -12,9 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.producers.metrics import ProducerMetrics
-from phasewise.streams.agents.horus import HorusMetrics
-from phasewise.streams.agents.placement import PlacementMetrics
-from phasewise.streams.metrics import WorkerMetrics
+from phasewise.streams.metrics import HorusMetrics, PlacementMetrics, WorkerMetrics
 
 RULES = Path(__file__).resolve().parents[1] / "infra" / "prometheus"
 promtool = shutil.which("promtool")

@@ -157,12 +157,14 @@ def test_a_place_decision_carrying_the_whole_signed_spec_stays_far_under_the_pro
 
 
 def test_the_priority_agent_s_decisions_and_state_from_the_largest_event_stay_under_the_limit():
+    from phasewise.kit.job_signing import start_details
     from phasewise.models.jobs.priorities import Capacity, PriorityConfig
-    from phasewise.streams.agents.priorities import PriorityStep
+    from phasewise.models.jobs.priority_step import PriorityStep, PriorityStepConfig
+    from phasewise.models.jobs.submissions import Submissions
 
     ev = largest_event()
-    step = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=4.0),
-                        Capacity(64, 2**40, 8), ev.host)
+    step = PriorityStep(PriorityStepConfig(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=4.0),
+                                           Capacity(64, 2**40, 8), ev.host, 8, "self"), Submissions(start_details))
     decisions, _ = step.handle(encode(ev), 0, 1)
     assert [d.action for d in decisions] == ["place", "weight"]
     assert decisions[0].details["spec"]["command"] == list(ev.spec.command)
@@ -174,11 +176,12 @@ def test_the_priority_agent_s_decisions_and_state_from_the_largest_event_stay_un
 
 def test_the_placement_agent_s_decision_and_state_from_the_largest_event_stay_under_the_limit():
     from phasewise.kit.settings import Settings
-    from phasewise.streams.agents.placement import PlacementState
+    from phasewise.models.jobs.placement.state import PlacementState
+    from phasewise.streams.config import placement_state_config, submissions
 
     ev = largest_event()
     s = Settings.from_env({"place_prediction_wait_s": 0.0}, env={})
-    state = PlacementState(s)
+    state = PlacementState(placement_state_config(s), submissions(s))
     labels = {k: v for k, v in ev.spec.node_selector.items()}
     assert state.samples(HostSamples(host="n1", ts=1.0, interval_s=1.0, host_cpu_count=64, host_cpu_cores=0.0,
                                      host_mem_bytes=0.0, host_mem_total_bytes=2.0**40,
@@ -189,7 +192,7 @@ def test_the_placement_agent_s_decision_and_state_from_the_largest_event_stay_un
     ((d, _),) = state.decide(now=1.0, ts=1.0)
     assert d.action == "place" and d.details["spec"]["command"] == list(ev.spec.command)
     assert max(sizes(d)) < PRODUCER_LIMIT // 3
-    ((_, value),) = state.writes.values()
+    ((_, _, value),) = state.writes()
     assert len(value) < PRODUCER_LIMIT // 3
 
 

@@ -24,11 +24,12 @@ from phasewise.actuators.actuator import Actuator
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.kit.cgroups.fs import CgroupLayout
-from phasewise.kit.job_signing import sign_event
+from phasewise.kit.job_signing import sign_event, start_details
 from phasewise.kit.records import JobEvent, JobRequests, JobSpec, encode
 from phasewise.models.jobs.priorities import Capacity, PriorityConfig
+from phasewise.models.jobs.priority_step import PriorityStep, PriorityStepConfig
+from phasewise.models.jobs.submissions import Submissions
 from phasewise.producers.progress import ChildControl
-from phasewise.streams.agents.priorities import PriorityStep
 from tests.actuators.conftest import Recorder, job_backend, job_python, job_settings, remove_started_jobs
 from tests.conftest import requires_root
 from tests.job_keys import KEY, TRUSTED
@@ -82,7 +83,8 @@ def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path)
     rec = Recorder()
     act = Actuator(s, backend, Ledger(tmp_path / "l.sqlite"), rec, metrics=ActuatorMetrics(CollectorRegistry()),
                    submitters=TRUSTED)
-    agent = PriorityStep(PriorityConfig(grace_s=10, cpu_weight_ratio=2.0), Capacity(1.0, 2**32), "h1")
+    agent = PriorityStep(PriorityStepConfig(PriorityConfig(grace_s=10, cpu_weight_ratio=2.0), Capacity(1.0, 2**32),
+                                            "h1", 8, "self"), Submissions(start_details))
     tag = uuid.uuid4().hex[:6]
     low, hi = f"low-{tag}", f"hi-{tag}"
     log = tmp_path / "job-logs" / f"{low}.log"

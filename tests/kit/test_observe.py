@@ -70,8 +70,7 @@ def test_the_server_answers_metrics_health_and_readiness_on_the_bound_address():
 
 
 def test_every_role_exports_build_info_and_the_worker_presets_its_labelled_series():
-    from phasewise.streams.agents.horus import HorusMetrics
-    from phasewise.streams.agents.placement import PlacementMetrics
+    from phasewise.streams.metrics import HorusMetrics, PlacementMetrics
 
     for cls, role in ((ProducerMetrics, "producer"), (WorkerMetrics, "worker"), (ActuatorMetrics, "actuator"),
                       (HorusMetrics, "horus"), (PlacementMetrics, "place")):
@@ -146,7 +145,7 @@ def test_the_actuator_times_decision_to_actuation_from_the_record_time(tmp_path)
 
 def test_a_job_worker_is_live_while_its_loop_beats_and_ready_with_its_own_gauge():
     """phasewise horus / place: streams.worker.watch on the role's ready gauge, served by phasewise.kit.observe."""
-    from phasewise.streams.agents.horus import HorusMetrics
+    from phasewise.streams.metrics import HorusMetrics
     from phasewise.streams.worker import watch
 
     class Signal:

@@ -115,7 +115,7 @@ def test_a_failed_delivery_is_counted_and_every_later_flush_refuses():
 
 
 def test_after_an_agent_died_no_commit_passes_the_barrier_and_ready_stays_0():
-    from phasewise.streams.agents.samples import fail_worker_on_agent_error
+    from phasewise.streams.agents.scaffold import fail_worker_on_agent_error
     from phasewise.streams.output import WorkerFailed
 
     p = FakeProducer()

@@ -1,7 +1,7 @@
 """``phasewise``: one CLI, one subcommand per role.
 
-Each role lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``; modules are imported only when their subcommand runs,
+Each role is a module (or ``module:object``) exposing ``add_arguments(parser)``
+and ``run(args) -> int``; modules are imported only when their subcommand runs,
 so a host agent never imports torch or Faust.
 
 Before any role runs, the ``PHASEWISE_*`` environment and the flags are read
@@ -24,7 +24,7 @@ from typing import Any
 from phasewise import __version__
 from phasewise.kit.command import settings_from_args
 
-#: subcommand -> (module, one-line help)
+#: subcommand -> (module or module:object, one-line help)
 ROLES: dict[str, tuple[str, str]] = {
     "demo": ("phasewise.apps.demo.run", "local demo: broker, worker, producer, actuator and 3 real training jobs"),
     "broker": ("phasewise.cli.broker", "run the embedded Kafka-compatible broker (Tansu) on loopback"),
@@ -42,9 +42,9 @@ ROLES: dict[str, tuple[str, str]] = {
     "topics": ("phasewise.cli.topics", "create the topics on a cluster (idempotent) and list them"),
     "keys": ("phasewise.cli.keys", "make a key pair: keys submitter PATH (a job submitter's Ed25519 key)"),
     "submit": ("phasewise.apps.horus.submit", "publish a job (JOB.json|yaml) on the job-events topic"),
-    "horus": ("phasewise.streams.horus_worker", "run the Horus worker (jobs + samples -> utilisation predictions)"),
-    "place": ("phasewise.streams.placement_worker", "run the placement worker (jobs + predictions + samples -> "
-                                                    "place decisions)"),
+    "horus": ("phasewise.streams.worker:HORUS", "run the Horus worker (jobs + samples -> utilisation predictions)"),
+    "place": ("phasewise.streams.worker:PLACE", "run the placement worker (jobs + predictions + samples -> "
+                                                "place decisions)"),
     "predict": ("phasewise.apps.horus.predict", "score the utilisation model on profiled jobs; read shared profiles"),
 }
 
@@ -67,6 +67,13 @@ def setup_logging(level: str) -> None:
     )
 
 
+def role_of(spec: str) -> Any:
+    """The object a :data:`ROLES` entry names: a module, or ``module:object``."""
+    module, _, name = spec.partition(":")
+    m = importlib.import_module(module)
+    return getattr(m, name) if name else m
+
+
 def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="phasewise", description=__doc__.splitlines()[0])
     if load in ROLES:
@@ -76,7 +83,7 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     for name, (module, help_) in ROLES.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if load in (name, "*"):
-            importlib.import_module(module).add_arguments(p)
+            role_of(module).add_arguments(p)
     return parser
 
 
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"phasewise {args.role}"
     for line in unknown_env(os.environ):
         print(f"{prog}: warning: {line}", file=sys.stderr)
-    module = importlib.import_module(ROLES[args.role][0])
+    module = role_of(ROLES[args.role][0])
     try:
         settings = settings_from_args(args)  # every role checks the whole environment
         from phasewise.kit.kafka.security import check_security

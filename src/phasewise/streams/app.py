@@ -1,35 +1,7 @@
-"""The Faust application of ``phasewise worker``.
-
-:func:`create_app` builds one ``faust.App`` from the process's
-:class:`~phasewise.kit.settings.Settings`, with what the embedded broker and
-phasewise need:
-
-- broker from ``settings.kafka.bootstrap`` (comma-separated list allowed);
-  consumer session timeout and heartbeat from settings (the embedded broker
-  completes a group join after about half the session timeout);
-- ``producer_max_batch_size=1``: the embedded broker reports a partition's
-  high watermark as the first offset of its last batch + 1, which breaks
-  changelog recovery unless every record is its own batch;
-- ``store="memory://"``: tables live in memory and are restored from their
-  changelog topics when a worker starts or takes over partitions;
-- no ``exactly_once`` (aiokafka's idempotent producer fails on the embedded
-  broker); decisions carry idempotency keys instead;
-- Faust's web server only when ``settings.worker.web_port`` is non-zero (off
-  by default: it serves Faust's own views, the tables' contents among them,
-  to anyone who reaches it), on ``settings.bind_address``; the worker's own
-  views (``/scorecard/``) are on its metrics server (``metrics_port``);
-- TLS and SASL from the ``kafka_*`` settings as Faust's ``broker_credentials``
-  (:func:`broker_credentials`), which Faust hands to every aiokafka client it
-  makes (consumer, producer, admin);
-- ``version=APP_VERSION``: bump it when a table's value format changes, so a
-  new worker starts from fresh changelogs instead of misreading old ones;
-- ``agent_supervisor=mode.CrashingSupervisor``: an agent that dies stops the
-  worker (exit status 1) instead of being restarted or left dead while the
-  worker looks healthy (see
-  :func:`phasewise.streams.agents.samples.fail_worker_on_agent_error`).
-
-The samples agent and the state table are registered by
-:func:`phasewise.streams.agents.samples.register`.
+"""The Faust application of the stream workers: :func:`create_app` builds one ``faust.App`` from
+settings (broker, credentials, in-memory tables restored from their changelogs, one record per
+producer batch, a crashing agent supervisor) and, for ``phasewise worker``, registers the samples
+agent (:func:`phasewise.streams.agents.samples.register`). Narrative: docs/worker.md, "The Faust app".
 """
 
 from __future__ import annotations

@@ -1,27 +1,40 @@
-"""The worker's settings as the pure models' configurations.
+"""The roles' settings as the pure models' configurations (settings -> configs, nowhere else).
 
-The decision logic in :mod:`phasewise.models` reads no settings: it takes
-small frozen configurations (:class:`~phasewise.models.vpa.updater.UpdaterConfig`,
-:class:`~phasewise.models.safety.guard.GuardConfig`, the recommender's parameters,
-:class:`~phasewise.models.phases.updater.DetectorConfig`) and a starting
-model. This module builds them from a :class:`~phasewise.kit.settings.Settings`
-for the agents, replay and the tests. No Faust: importing it starts nothing.
+The decision logic in :mod:`phasewise.models` reads no settings: it takes small frozen configurations
+(the VPA updater's, the safety rules', the phase detectors', the placement, priority, targets and Horus
+steps') and a starting model; this module builds them from a :class:`~phasewise.kit.settings.Settings`
+for the agents, replay, the benchmarks and the tests. No Faust: importing it starts nothing. The
+settings themselves: docs/configuration.md.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from phasewise.kit.records import JobEvent
 from phasewise.kit.settings import PhaseSettings, Settings
+from phasewise.kit.topics import JOB_EVENTS
+from phasewise.models.jobs.placement.cluster import PlacementConfig
+from phasewise.models.jobs.placement.state import PlacementStateConfig
+from phasewise.models.jobs.priorities import Capacity, PriorityConfig
+from phasewise.models.jobs.priority_step import PriorityStepConfig
+from phasewise.models.jobs.submissions import Submissions
+from phasewise.models.jobs.targets import TargetsConfig
+from phasewise.models.jobs.targets_step import TargetsStepConfig
 from phasewise.models.phases.detector import PhaseModel
 from phasewise.models.phases.updater import DetectorConfig
 from phasewise.models.safety.guard import GuardConfig
 from phasewise.models.safety.intake import IntakeConfig
 from phasewise.models.vpa.updater import StateCache, UpdaterConfig
 
-__all__ = ["detector_config", "guard_config", "initial_model", "intake_config", "recommender_params",
-           "state_cache", "updater_config"]
+if TYPE_CHECKING:  # (river: imported by the horus role alone)
+    from phasewise.models.horus.state import HorusStateConfig
+
+__all__ = ["detector_config", "guard_config", "horus_state_config", "initial_model", "intake_config",
+           "job_partitions", "parse_local_nodes", "placement_state_config", "priority_step_config",
+           "recommender_params", "state_cache", "submissions", "targets_step_config", "updater_config"]
 
 
 def recommender_params(settings: Settings) -> dict[str, Any]:
@@ -101,3 +114,91 @@ def initial_model(settings: Settings) -> tuple[PhaseModel, str]:
         if m is not None and m.features == features:
             return m, f"pretrained {PRETRAINED_AI4DL}"
     return PhaseModel(features=features, warmup=settings.phase.warmup), "cold"
+
+
+# -- the job roles ---------------------------------------------------------------------------------
+
+def job_partitions(settings: Settings) -> int:
+    """The job-events topic's partition count (the job agents' tables are co-partitioned with it)."""
+    return settings.kafka.topic_partitions or JOB_EVENTS.partitions
+
+
+def submissions(settings: Settings) -> Submissions:
+    """A submitted event's start details and, with ``job_trusted_submitters``, the trusted submitters'
+    check (their key files read again when they change)."""
+    from phasewise.kit.job_signing import start_details, trusted_submitters
+
+    keys = trusted_submitters(settings.jobs.trusted_submitters)
+    if keys is None:
+        return Submissions(start_details)
+
+    def check(event: JobEvent) -> str | None:
+        keys.refresh()
+        return keys.verify_event(event)
+
+    return Submissions(start_details, check)
+
+
+def parse_local_nodes(text: str) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """``place_local_nodes`` ``s0=0-1@0;s1=2-3`` -> ((name, cpuset, gpu indices), ...) (the setting's
+    check ran already).
+
+    >>> parse_local_nodes("s0=0-1@0;s1=2,4")
+    (('s0', '0-1', (0,)), ('s1', '2,4', ()))
+    """
+    out = []
+    for part in (x.strip() for x in text.split(";")):
+        if not part:
+            continue
+        name, rest = part.split("=", 1)
+        cpus, _, gpus = rest.partition("@")
+        out.append((name, cpus, tuple(int(g) for g in gpus.split(",")) if gpus else ()))
+    return tuple(out)
+
+
+def placement_state_config(settings: Settings, partitions: int | None = None) -> PlacementStateConfig:
+    """The placement agent's parameters from the ``place_*`` settings (and, after admission, the priority
+    agent's CPU weight rule); *partitions*: the job-events topic's (default: :func:`job_partitions`)."""
+    p, pr = settings.place, settings.priority
+    return PlacementStateConfig(
+        host=settings.host, policy=p.policy,
+        cluster=PlacementConfig(isolate_inference=p.isolate_inference, horus_frag_weight=p.horus_frag_weight),
+        prediction_wait_s=p.prediction_wait_s, max_waiting_jobs=p.max_waiting_jobs,
+        local_nodes=parse_local_nodes(p.local_nodes),
+        partitions=partitions if partitions is not None else job_partitions(settings),
+        after_admission=p.after_admission, weight_ratio=pr.cpu_weight_ratio if pr.cpu_weights else None)
+
+
+def priority_step_config(settings: Settings) -> PriorityStepConfig:
+    """The priority agent's parameters from the ``priority_*`` settings; every host's capacity is
+    ``priority_host_*`` (0: this host's cores and memory)."""
+    p = settings.priority
+    cpu = p.host_cpu_cores or float(os.cpu_count() or 1)
+    mem = float(p.host_mem_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return PriorityStepConfig(
+        policy=PriorityConfig(freeze_max_wait_s=p.freeze_max_wait_s, grace_s=p.grace_s,
+                              cpu_weight_ratio=p.cpu_weight_ratio if p.cpu_weights else None),
+        capacity=Capacity(cpu, mem, p.host_gpus), default_host=settings.host,
+        partitions=job_partitions(settings), launcher=p.launcher)
+
+
+def targets_step_config(settings: Settings) -> TargetsStepConfig:
+    """The targets agent's parameters from the ``targets_*`` settings (``targets_share_alpha`` 0: the
+    share rule off)."""
+    t = settings.targets
+    return TargetsStepConfig(
+        tracker=TargetsConfig(smoothing="ewma", alpha=t.ewma_alpha, patience=t.patience, grace_s=t.grace_s),
+        node_cores=t.node_cores, shrink=t.shrink, policy=t.policy, share_alpha=t.share_alpha or None,
+        share_interval_s=t.share_interval_s, default_host=settings.host, partitions=job_partitions(settings))
+
+
+def horus_state_config(settings: Settings) -> HorusStateConfig:
+    """The Horus agent's parameters from the ``horus_*`` settings."""
+    from phasewise.models.horus.join import JoinConfig
+    from phasewise.models.horus.model import HorusConfig
+    from phasewise.models.horus.state import HorusStateConfig
+
+    h = settings.horus
+    return HorusStateConfig(model=HorusConfig(coverage=h.coverage),
+                            join=JoinConfig(warmup_s=h.warmup_s, min_samples=h.min_samples, observe_s=h.observe_s),
+                            partitions=job_partitions(settings))

@@ -1,17 +1,7 @@
-"""``phasewise explain [CONTAINER]``: a container's limits, each policy's recommendation, its phase, the scorecard.
-
-Reads the worker's ``/scorecard/`` view (:mod:`phasewise.streams.scorecard`)
-on its metrics port (``metrics_port``: 9107 in the images and manifests; the
-worker's Faust web server, off by default, answers it too), like
-``kubectl describe vpa`` reads the VPA object. Without
-CONTAINER it lists the containers each worker holds. CONTAINER is
-``host/container`` or a container name (unique across hosts). With several
-workers, give each ``--worker`` URL: the one holding the container answers.
-
-Why an HTTP view rather than a topic: the scorecard is derived from the
-worker's memory and changes with every sample; publishing it per container
-would add a record, a producer on the worker and a consumer here for numbers
-the worker can compute when asked, and ``explain`` wants them as of now.
+"""``phasewise explain [CONTAINER]``: a container's limits, each policy's recommendation, its phase, the
+scorecard, read from the workers' ``/scorecard/`` view on their metrics port (without CONTAINER: the
+containers each worker holds; CONTAINER is ``host/container`` or a unique container name).
+Narrative: docs/worker.md, "The live scorecard".
 """
 
 from __future__ import annotations

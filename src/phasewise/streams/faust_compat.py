@@ -1,39 +1,8 @@
-"""The two changes phasewise makes to Faust's internals, fenced by the versions they were checked on.
-
-**Fetch wait.**
-
-Faust (faust-streaming) builds the worker's aiokafka consumer with a fixed
-``fetch_max_wait_ms=1500`` and offers no setting for it. The embedded broker
-does not answer a waiting fetch when data arrives, so each hop of the
-pipeline would add up to 1.5 s of latency; :func:`bound_fetch_wait` sets the
-consumer's wait to ``kafka_fetch_wait_max_ms`` after Faust builds it and
-before it starts (on Kafka a shorter wait only adds idle round trips).
-
-The change touches two private names: Faust's
-``AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's
-``AIOKafkaConsumer._fetch_max_wait_ms`` (read by its fetcher at ``start()``).
-It is made only on the Faust and aiokafka versions in :data:`CHECKED`; on
-any other the worker logs one warning and runs with Faust's 1.5 s wait
-(correct, slower on the embedded broker). ``tests/streams/test_faust_compat.py``
-fails when the installed versions are not in :data:`CHECKED` or the private
-names moved, so an upgrade is a deliberate step: check, then extend
-:data:`CHECKED`.
-
-**No record before the seek.** After a rebalance Faust reads the table
-changelogs with the source partitions paused in its own bookkeeping only:
-aiokafka goes on fetching them and Faust drops what it fetched, so their
-fetch positions move past the committed offsets. When recovery completes,
-Faust resumes the source partitions *with the flow running* and only then
-seeks them back to the committed offsets: in between, records from the
-advanced positions reach the agents. A restarted worker then learned, e.g.,
-offsets 143-145 of a partition before 21-142, and skipped 21-142 when the seek
-brought them back (its state already held offset 145): the differing
-decisions after a SIGKILL. :func:`seek_before_stream_flow` makes the resuming
-of any source partition stop the flow first; both of Faust's callers then
-seek to the committed offsets and resume the flow, and a consumer whose flow
-is stopped yields no record (it seeks back instead). It wraps the public
-``Consumer.resume_partitions`` and uses ``stop_flow``, ``flow_active`` and
-``_is_changelog_tp``; same version fence.
+"""The two changes phasewise makes to Faust's internals, fenced by the versions they were checked on
+(:data:`CHECKED`): :func:`bound_fetch_wait` (the consumer's fetch wait from
+``kafka_fetch_wait_max_ms``) and :func:`seek_before_stream_flow` (no record reaches an agent before a
+resumed partition is sought back to its committed offset). Why, and what they touch: docs/worker.md,
+"Two changes to Faust's internals".
 """
 
 from __future__ import annotations

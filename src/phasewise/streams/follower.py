@@ -1,13 +1,6 @@
-"""The models-topic follower: each worker's view of the newest shared phase model.
-
-Each worker reads ``phasewise.models.v1`` to its end at start-up with a plain
-confluent consumer (assigned, no group: nothing to join, works the same on
-the embedded broker) and keeps following it on a daemon thread that decodes
-new snapshots off the event loop (:func:`~phasewise.models.phases.snapshots.model_of`);
-the detectors swap to a newer snapshot between messages
-(:meth:`phasewise.models.phases.updater.PhaseHooks.follow`). A record of this
-worker's model that is no usable snapshot is handed to *on_bad*, which
-dead-letters it (each worker follows the topic, so each dead-letters it).
+"""The models-topic follower: each worker's view of the newest shared phase model, read to the end at
+start-up and followed on a daemon thread that decodes new snapshots off the event loop; a record that
+is no usable snapshot goes to *on_bad* (a dead letter). Narrative: docs/worker.md, "The phase path".
 """
 
 from __future__ import annotations

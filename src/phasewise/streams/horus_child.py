@@ -1,27 +1,11 @@
-"""The build server in which horus builds ``module:function`` models' graphs (docs/horus.md, "The child process").
+"""The build server in which horus builds ``module:function`` models' graphs, one forked, limited
+builder per request.
 
-``python -m phasewise.streams.horus_child`` is started by
-:mod:`phasewise.streams.horus_jobs` with a fresh environment (no
-``PHASEWISE_*`` variables) and no descriptor of its parent but its standard
-streams. It imports torch once, then serves one request per line on stdin
-(``{"model", "dataset", "batch", "amp", "memory_bytes", "timeout_s",
-"sys_path"}``: the caller's import path) with
-one JSON line on stdout: ``{"ok": features}`` or ``{"error": reason}``. It
-never runs a model's code itself: for each request it forks a builder that
-
-- puts itself in its own process group (the server stops the group: what the
-  model forks goes with it), points its standard streams at ``/dev/null``;
-- limits itself: address space (what the interpreter maps plus
-  ``memory_bytes``), CPU time (``timeout_s``), no core files, no file larger
-  than :data:`MAX_FILE_BYTES`;
-- imports the model's module, builds the graph and writes its answer, one
-  JSON line, on a pipe; then exits with ``os._exit`` (no handler the model
-  registered runs).
-
-The server waits for that line at most ``timeout_s``, reads at most
-:data:`MAX_ANSWER_BYTES`, then kills the builder's process group; a builder
-that dies without answering is reported by its signal or exit status. The
-server exits when its stdin closes (its parent is gone).
+``python -m phasewise.streams.horus_child`` (started by :mod:`phasewise.streams.horus_jobs`) reads one
+request per line on stdin (``{"model", "dataset", "batch", "amp", "memory_bytes", "timeout_s",
+"sys_path"}``) and answers one JSON line on stdout, ``{"ok": features}`` or ``{"error": reason}``;
+it never runs a model's code itself. Narrative: docs/horus.md, "Models outside the catalog", and
+docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""A job spec's graph features: the catalog's models here, a ``module:function`` only if allowed, in a child process.
-
-Catalog models (:mod:`phasewise.models.horus.zoo`) are phasewise's own code:
-they are built in this process and cached. A ``module:function`` is imported
-only when its module is in the operator's allowlist (``horus_model_modules``;
-empty, the default, means catalog models only), and then in a child process
-with time and memory limits (:mod:`phasewise.streams.horus_child`), whose
-answer comes back as plain data: nothing the model does — abort, fork, leak
-descriptors, switch logging off, loop, allocate without end — reaches the
-caller. Every failure (a module not allowed, no such module or function, an
-import that raises, a model that fails to build or to run a batch, a child
-that dies or runs out of time, an absurd batch size, an unknown dataset) is a
-:class:`~phasewise.models.horus.graph_features.FeatureError` with the reason.
-``phasewise horus``, ``phasewise predict`` and ``phasewise submit`` (which
-only warns) apply the same rule. Narrative: docs/horus.md, docs/security.md.
+"""A job spec's graph features: the catalog's models built here (cached), a ``module:function`` only if
+``horus_model_modules`` allows its module, and then in a child process with time and memory limits
+(:mod:`phasewise.streams.horus_child`); every failure is a
+:class:`~phasewise.models.horus.graph_features.FeatureError` with the reason. Narrative:
+docs/horus.md, "Models outside the catalog"; docs/security.md.
 """
 
 from __future__ import annotations
@@ -43,7 +33,7 @@ from phasewise.models.horus.catalog import (
 )
 from phasewise.models.horus.graph_features import FeatureError, GraphFeatures, catalog_features
 
-__all__ = ["BuildRules", "spec_features", "spec_features_async", "model_key", "resolve_entry_point", "warm_up",
+__all__ = ["BuildRules", "spec_features", "spec_features_async", "resolve_entry_point", "warm_up",
            "CHILD_MODULE"]
 
 #: the child's entry point module (the fork server imports it, and torch with it, once)
@@ -77,11 +67,6 @@ class BuildRules:
     def refusal(self, model: str) -> str | None:
         """Why *model* (a ``module:function``) is not built here, or None."""
         return entry_point_refusal(model, self.modules)
-
-
-def model_key(name: str) -> str:
-    """The name jobs of this model share (catalog canonical name, or the entry point as given)."""
-    return canonical_model(name) or name
 
 
 def resolve_entry_point(name: str) -> Any:

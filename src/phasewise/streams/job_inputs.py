@@ -1,15 +1,8 @@
-"""What a worker (``phasewise worker``, ``horus``, ``place``) does with a record it refuses.
-
-:func:`dead_letterer`: a refused record goes to ``phasewise.deadletters.v1``
-through the worker's outputs (so it is delivered before its offset is
-committed), counted by kind and logged. :func:`refused_output`: the handler
-that makes the input of an output record the producer or the broker refused
-for itself (too large) a dead letter of kind ``output_refused``, so that the
-role goes on instead of failing on it after every restart. :func:`event_time_gate` (the job
-workers; ``phasewise worker`` checks its samples in its batched intake): the
-event-time rule of :mod:`phasewise.models.safety.intake`, one
-:class:`~phasewise.models.safety.intake.EventClock` per kind of key (a job, a
-container, a host), a refused record dead-lettered with kind ``event_time``.
+"""What a worker does with a record it refuses: :func:`dead_letterer` (to ``phasewise.deadletters.v1``
+through the worker's outputs, counted by kind), :func:`refused_output` (an output refused for itself
+makes its input a dead letter of kind ``output_refused``) and :func:`event_time_gate` (the event-time
+rule of :mod:`phasewise.models.safety.intake` per kind of key). Narrative: docs/worker.md;
+docs/security.md, "Event time".
 """
 
 from __future__ import annotations

@@ -1,61 +1,8 @@
-"""Prometheus metrics of the stream worker (``phasewise worker``).
-
-Every metric is registered on the registry passed in (tests use a fresh
-``CollectorRegistry()``); the process serves the default one on
-``--metrics-port`` (0 = no endpoint).
-
-- ``phasewise_worker_messages_total``: HostSamples messages processed;
-- ``phasewise_worker_container_samples_total``: container samples learned;
-- ``phasewise_worker_decisions_total``: limit decisions emitted;
-- ``phasewise_worker_dead_letters_total{kind}``: messages dead-lettered,
-  ``kind`` = ``schema`` (malformed input), ``processing`` (valid input the
-  worker failed on), ``event_time`` (stamped too far ahead of the worker's
-  clock or behind its host's newest sample) or ``capacity`` (containers
-  beyond the intake limits);
-- ``phasewise_worker_containers_refused_total{limit}``: container samples
-  refused by an intake capacity limit (``limit``: message, host, worker):
-  a whole message too large, or no other container could make room;
-- ``phasewise_worker_containers_evicted_total{limit}``: containers dropped
-  (state, table entries) to admit new ones when the per-host or per-worker
-  limit was full (``limit``: host, worker), least recently seen first;
-- ``phasewise_worker_delivery_errors_total{topic}``: output records (decisions,
-  phase changes, learn windows, dead letters) librdkafka failed to deliver;
-  after one, the worker commits no further offsets and stops (see
-  :mod:`phasewise.streams.output`);
-- ``phasewise_worker_table_writes_total``: container states written to the
-  changelogged tables (latest per container, at each offset commit);
-- ``phasewise_worker_commit_flush_seconds_total``: wall time of the flushes
-  Faust awaits before committing offsets (outputs delivered, container
-  states written to the changelogs);
-- ``phasewise_worker_process_seconds_total``: time spent in the decision logic;
-- ``phasewise_worker_containers``: containers held in memory;
-- ``phasewise_worker_safety_bounded_total{rule}``: proposed limits (per container
-  and resource, at each decision step) a safety rule changed or held back
-  (``rule``: history, throttled, oom, cooldown, step, peak);
-- ``phasewise_worker_ready``: 1 once the worker has its partitions and has
-  recovered its tables;
-- ``--policy phase`` only: ``phasewise_worker_phase_changes_total`` (PhaseChange
-  records sent), ``phasewise_worker_model_version`` (snapshot version the
-  detectors use, 0 = none yet), ``phasewise_worker_model_snapshot_latest``
-  (newest valid snapshot read from the models topic; the detectors move to it
-  at their next message), ``phasewise_worker_snapshots_published_total``
-  and ``phasewise_worker_windows_learned_total`` (this worker as the learner).
-
-- ``phasewise_worker_recommendations_total{policy}``: decisions emitted by
-  policy (``vpa``, ``phase``; anything else counts as ``other``);
-- ``phasewise_worker_sample_to_decision_seconds{policy}``: from a sample's
-  time (``ts``, the host agent's clock) to the decision it led to being sent;
-- ``phasewise_worker_consumer_lag{topic}``: records not yet fetched on the
-  partitions this worker is assigned (high watermark - position, every 5 s);
-- ``phasewise_build_info{version,python,role="worker"}``: 1.
-
-Labels are bounded: the policies, the dead-letter kinds, the safety rules and
-the topics phasewise declares; never a host or container.
-``delivery_errors_total{topic}`` starts at 0 for every output topic, so a
-first error is an increase.
-
-``phasewise_worker_ready`` drops to 0 when an agent dies; the worker then
-stops with exit status 1 (see :func:`phasewise.streams.agents.samples.fail_worker_on_agent_error`).
+"""Prometheus metrics of the stream workers: :class:`WorkerMetrics` (``phasewise worker``,
+``phasewise_worker_*``), :class:`HorusMetrics` and :class:`PlacementMetrics` (``phasewise_<role>_*``,
+on :class:`JobWorkerMetrics`). Labels are bounded (policies, dead-letter kinds, safety rules,
+phasewise's topics; never a host or container). The list and what each counts: docs/worker.md,
+"Metrics".
 """
 
 from __future__ import annotations
@@ -63,13 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Summary, start_http_server
 
 from phasewise.kit.settings import POLICIES
-from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, LEARN_WINDOWS, PHASES
+from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, LEARN_WINDOWS, PHASES, PREDICTIONS, Topic
 
 __all__ = ["DEAD_LETTER_KINDS", "EVICTION_LIMITS", "LATENCY_BUCKETS", "OUTPUT_TOPICS", "REFUSAL_LIMITS",
-           "WorkerMetrics"]
+           "HorusMetrics", "JobWorkerMetrics", "PlacementMetrics", "WorkerMetrics"]
 
 DEAD_LETTER_KINDS = ("schema", "processing", "event_time", "capacity")
 #: the intake limits a container can be refused by (``intake_max_containers_per_<limit>``)
@@ -173,3 +120,53 @@ class WorkerMetrics:
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+class JobWorkerMetrics:
+    """What every job worker (``phasewise horus``, ``phasewise place``) counts, named ``phasewise_<role>_*``
+    on *registry* (default: one of its own); *output*: the topic it writes besides the dead letters."""
+
+    def __init__(self, role: str, output: Topic, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry = registry or CollectorRegistry()
+        self.dead_letters = Counter(f"phasewise_{role}_dead_letters", "records dead-lettered", ["kind"],
+                                    registry=registry)
+        self.delivery_errors = Counter(f"phasewise_{role}_delivery_errors", "output records not delivered",
+                                       ["topic"], registry=registry)
+        for t in (output, DEAD_LETTERS):  # zeros: a first error is an increase (rate() and increase() see it)
+            self.delivery_errors.labels(topic=t.name)
+        self.table_writes = Counter(f"phasewise_{role}_table_writes", "state table writes", registry=registry)
+        self.commit_flush_seconds = Counter(f"phasewise_{role}_commit_flush_seconds", "seconds in commit flushes",
+                                            registry=registry)
+        self.ready = Gauge(f"phasewise_{role}_ready", "1 once partitions are assigned and state restored",
+                           registry=registry)
+        from phasewise.kit.observe import build_info
+
+        self.build_info = build_info(registry, role)
+
+
+class HorusMetrics(JobWorkerMetrics):
+    """``phasewise horus``'s metrics."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__("horus", PREDICTIONS, registry)
+        registry = self.registry
+        self.predictions = Counter("phasewise_horus_predictions", "predictions published", registry=registry)
+        self.learned = Counter("phasewise_horus_jobs_learned", "jobs observed and learned", registry=registry)
+        self.error = Summary("phasewise_horus_prediction_log_error",
+                             "|log1p(predicted) - log1p(observed)| of learned jobs' predictions at submission",
+                             ["target"], registry=registry)
+        self.jobs = Gauge("phasewise_horus_jobs", "jobs held by the join", registry=registry)
+        self.model_jobs = Gauge("phasewise_horus_model_jobs", "jobs the model learned from", registry=registry)
+
+
+class PlacementMetrics(JobWorkerMetrics):
+    """``phasewise place``'s metrics."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__("place", DECISIONS, registry)
+        registry = self.registry
+        self.decisions = Counter("phasewise_place_decisions", "place decisions published", registry=registry)
+        self.decide_seconds = Summary("phasewise_place_decide_seconds", "policy time per decision",
+                                      registry=registry)
+        self.waiting = Gauge("phasewise_place_waiting_jobs", "jobs no node can take yet", registry=registry)
+        self.nodes = Gauge("phasewise_place_nodes", "nodes known", registry=registry)

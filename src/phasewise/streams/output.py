@@ -1,62 +1,11 @@
-"""What the worker writes, and the order in which it becomes durable.
+"""What a worker writes, and the order in which it becomes durable.
 
-``phasewise worker`` writes two kinds of records:
-
-- **outputs** (decisions, phase changes, learn windows, dead letters): sent
-  through ONE confluent-kafka producer (:class:`OutputSender`). librdkafka
-  batches them on its own thread; ``produce()`` costs a few microseconds.
-  (Faust's own producer runs with ``producer_max_batch_size=1`` for the
-  changelogs' sake, see :mod:`phasewise.streams.app`, so there every record is
-  its own produce request and an awaited ``send`` waits for the previous one
-  to drain: that made the worker wait on the network, not compute.)
-- **table state** (per-container recommender / detector state): Faust table
-  writes, i.e. changelog records. The decision logic marks a container for
-  persisting (on a decision or phase change, or once per write interval);
-  :class:`DeferredWrites` collects the marked containers' states at the next
-  offset commit and writes each once, latest state (at 50k samples/s a
-  container is marked many times per commit interval; its state is
-  serialised and written once).
-
-The guarantee, enforced by :class:`CommitBarrier` through :func:`attach`:
-Faust calls ``app.producer.flush()`` before it commits source offsets
-(periodic commit, rebalance, shutdown). The barrier runs first in that flush:
-
-1. it takes the states marked so far (synchronously: no message is handled
-   in between);
-2. it waits until librdkafka reported every output sent before the flush
-   began as delivered (outputs sent while it waits belong to the next
-   commit and do not delay this one);
-3. it writes the taken state to the tables (in chunks, so that Faust's
-   producer buffer never pauses the streams); Faust then flushes those
-   changelog records, and the barrier waits until each of them is reported
-   delivered (:meth:`CommitBarrier.changelog_delivered`) before Faust
-   commits.
-
-So when a source message's offset is committed, its decisions (and other
-outputs) are on their topics and the state it produced is in the
-changelog; and the changelog never holds state whose decisions were not
-delivered (a worker that dies between the two re-processes the message
-from the last commit, and decision ids are deterministic, so an actuator
-applies a repeated decision once). At least once, never lost.
-
-A record librdkafka fails to deliver (after its own retries, within
-``message.timeout.ms``) is counted in
-``phasewise_worker_delivery_errors_total{topic}``, logged with the reason,
-and makes every later flush raise :class:`DeliveryFailed`: this process
-commits no further offsets, Faust stops the worker, and a restart
-re-processes from the last commit.
-
-Except a record refused for itself (:data:`RECORD_ERRORS`: too large, invalid)
-that was sent with an ``on_refused`` handler: re-processing would refuse it
-again, forever. Its handler is called with the reason instead (the job roles
-dead-letter the input that caused the record, :func:`phasewise.streams.job_inputs.refused_output`),
-whether librdkafka refused it at ``produce()`` or the broker in its delivery
-report; a flush waits for what the handlers sent too, and the commit barrier
-takes the state they changed into the same commit. The records a role derives
-from its inputs are bounded (docs/security.md, "Record sizes"), so this is the
-net under those bounds, not the rule. An agent that dies does the same through
-:meth:`CommitBarrier.fail` (:class:`WorkerFailed`): Faust acks the events an
-agent held when it died, processed or not, and none of them may be committed.
+:class:`OutputSender` sends every output record through one confluent-kafka producer;
+:class:`DeferredWrites` holds table state for the next commit; :class:`CommitBarrier`, run before
+every Faust offset commit (:func:`attach`), waits until the outputs are delivered, then writes the
+held state and waits for its changelog records: when an offset is committed, what its record caused is
+on its topics and in the changelog. :class:`JobStateTable` is a job agent's table. Narrative:
+docs/worker.md, "What is durable when".
 """
 
 from __future__ import annotations
@@ -486,13 +435,13 @@ class CommitBarrier:
 
 
 class JobStateTable:
-    """A job agent's state in a changelogged Faust table (key: job, value: raw bytes).
+    """A job agent's state in a changelogged Faust table (keys: strings, values: raw bytes).
 
     *state* has ``writes()`` (``(key, partition, value)`` to write, taken at each commit before the
     outputs' delivery is awaited) and ``restore(items)`` (the table's items; returns how many jobs).
     The state is restored from the table on first use after the worker starts or takes partitions
     back (:meth:`ensure_restored`, called by the agents before each record); a revocation makes the
-    table, restored on assignment, the truth again. *on_restored* gets the count when it is not 0.
+    table, restored on assignment, the truth again. *on_restored* gets the count after each restore.
     """
 
     def __init__(self, app: Any, barrier: CommitBarrier, name: str, *, partitions: int, help: str,
@@ -521,8 +470,7 @@ class JobStateTable:
         if not self.restored:
             n = self.state.restore(list(self.table.data.items()))
             self.restored = True
-            if n:
-                self.on_restored(n)
+            self.on_restored(n)
 
 
 def attach(app: Any, barrier: CommitBarrier) -> Callable[[], Any]:

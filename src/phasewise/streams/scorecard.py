@@ -1,28 +1,6 @@
-"""The worker's live scorecard: the pure model behind a lock, its metrics, its HTTP view.
-
-The samples agent feeds :class:`LiveScorecard` through ``worker_round`` (one
-vectorised record per round, then the round's decisions). Scoring happens
-only when asked:
-
-- Prometheus scrapes (:meth:`LiveScorecard.collect`, a custom collector):
-  ``phasewise_worker_scorecard_alloc_over_used``, ``..._fulfilment`` and
-  ``..._steps`` with labels ``policy`` (limit, vpa, phase), ``resource``
-  (cpu, mem) and ``window`` (e.g. ``600s``): the windows' scores summed over
-  every container the worker holds, as replay sums over containers, scored
-  when scraped (vectorised, :meth:`~phasewise.models.scoring.scorecard.Scorecard.totals`)
-  at most once a second and at most 5 % of the time (a scoring that took
-  0.2 s is reused for 4 s); scrapes in between get the same numbers. No container id is ever a label
-  (bounded series: 3 policies x 2 resources x windows);
-- ``GET /scorecard/`` on the worker's web port (Faust's web server, bound to
-  127.0.0.1): the containers held, and those refused because their workload
-  asks for a policy the worker does not run; ``GET /scorecard/?container=<c>``: what
-  ``phasewise explain`` shows for ``<c>`` (``host/container`` or a container
-  name): the limits now, each policy's recommendation and the numbers behind
-  it, the phase, and the scorecard.
-
-The lock keeps a scrape or a view (another thread) from reading a ring the
-agent is writing; the agent holds it for one vectorised record per round, a
-scrape while it copies the rings (the scoring runs on the copies).
+"""The worker's live scorecard: the pure :class:`~phasewise.models.scoring.scorecard.Scorecard` behind a
+lock (:class:`LiveScorecard`), its Prometheus collector (scored when scraped) and its ``/scorecard/``
+view, which ``phasewise explain`` reads. Narrative: docs/worker.md, "The live scorecard".
 """
 
 from __future__ import annotations

@@ -1,37 +1,18 @@
-"""``phasewise worker``: the Faust stream processor (samples -> VPA limit decisions).
+"""The stream workers' entry: ``phasewise worker`` (samples -> limit decisions), ``phasewise horus`` and
+``phasewise place`` (the job workers).
 
-Reads ``HostSamples`` from the samples topic, keeps a VPA recommender per
-container (state in a changelogged table, so a restarted worker recovers it),
-and writes a ``Decision`` to the decisions topic whenever a container's
-recommended limit moves by more than the hysteresis. A record it cannot
-decode or process (whatever its size, nesting or bytes) goes to the
-dead-letter topic with the reason. Start several workers with the same
-``worker_id`` to split the hosts between them.
-
-Start-up: print the settings, wait for the broker (saying so in one line
-every few seconds; SIGTERM or SIGINT end the wait, exit status 0), create
-missing topics, start a Faust worker in this process (log levels map to
-Faust's crit|error|warn|info|debug; the Kafka client's repeated lines are
-folded). SIGTERM and SIGINT stop it cleanly (Faust's worker installs those
-handlers; it also installs SIGUSR1 to log a stack dump). Exit status 0 after
-a clean stop; 1 when an agent died (on anything but a record, which is
-dead-lettered) or an output could not be delivered: nothing is committed
-after that, and a restarted worker takes over from the last commit. Also 1
-when it stayed not ready for ``ready_stall_s`` while the broker answered and
-its table recovery did not move (:class:`ReadyGuard`; one critical line says
-what it waited for). ``/readyz`` is not ready while no broker answers
-(:class:`~phasewise.kit.kafka.client.BrokerProbe`) and from a revocation to the end of
-the rebalance.
-
-The decision logic itself is pure and usable without Faust:
-:func:`phasewise.models.vpa.updater.process_host_samples` and
-:class:`phasewise.models.phases.updater.PhaseHooks`. Flags and settings are
-checked before torch loads.
+Each prints its settings, waits for the broker (SIGTERM or SIGINT end the wait, exit status 0), creates
+missing topics and runs a Faust worker in this process with its agents (:mod:`phasewise.streams.agents`);
+flags and settings are checked before torch or Faust load. Exit status 0 after a clean stop; 1 when an
+agent died, an output could not be delivered (nothing is committed after that: a restart resumes from
+the last commit) or it stayed not ready for ``ready_stall_s`` while the broker answered
+(:class:`ReadyGuard`); 2 on a configuration error. Narrative: docs/operations.md and docs/deployment.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -39,12 +20,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from phasewise.kit.command import add_common, add_setting, settings_from_args, stop_on_signals
 from phasewise.kit.settings import Settings
 
-__all__ = ["FAUST_LEVELS", "add_arguments", "run"]
+__all__ = ["FAUST_LEVELS", "HORUS", "PLACE", "JobRole", "add_arguments", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -425,8 +407,9 @@ def warn_unsigned(role: str, what: str, readers: str = "actuators") -> None:
 
 
 def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: object,
-                   register: Callable[[object, Settings], None]) -> int:
-    """A cluster-wide job worker (``phasewise horus``, ``phasewise place``): print the settings,
+                   register: Callable[[object, Settings], object], publishes: str = "decisions",
+                   readers: str = "actuators") -> int:
+    """A cluster-wide job worker (:class:`JobRole`): print the settings,
     wait for the broker, create missing topics, run a Faust app with id *worker_id* whose agents
     *register(app, settings)* adds, with *metrics* and its health on ``metrics_port`` at
     ``bind_address`` (``/metrics``, ``/healthz``: the event loop runs; ``/readyz``: the broker
@@ -449,10 +432,7 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
         return 2
     print(settings.describe(), flush=True)
     if keyring is None:
-        if role == "horus":
-            warn_unsigned(role, "predictions", "placement workers")
-        else:
-            warn_unsigned(role, "decisions")
+        warn_unsigned(role, publishes, readers)
     stop = threading.Event()
     with stop_on_signals(stop) as received:
         try:
@@ -471,3 +451,44 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
     from phasewise.kit.topics import JOB_EVENTS
 
     return run_faust(app, settings, metrics, role=role, ready=f"phasewise_{role}_ready", inputs=(JOB_EVENTS.name,))
+
+
+@dataclass(frozen=True)
+class JobRole:
+    """A cluster-wide job worker's subcommand (``phasewise horus``, ``phasewise place``): its flags, its
+    agents' module (a :class:`~phasewise.streams.agents.scaffold.JobAgent` named ``agent``, imported when it
+    runs), its metrics, its worker id and what it publishes (the one warning without a cluster key)."""
+
+    name: str
+    flags: tuple[str, ...]
+    agents: str
+    metrics: str
+    worker_id: Callable[[Settings], str]
+    publishes: str = "decisions"
+    readers: str = "actuators"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        add_common(p)
+        for name in self.flags:
+            add_setting(p, name)
+
+    def run(self, args: argparse.Namespace) -> int:
+        settings = settings_from_args(args)
+        from phasewise.streams import metrics as worker_metrics
+
+        metrics = getattr(worker_metrics, self.metrics)()
+        agent = importlib.import_module(self.agents).agent
+        return run_job_worker(settings, self.name, self.worker_id(settings), metrics,
+                              lambda app, s: agent.register(app, s, metrics=metrics), self.publishes, self.readers)
+
+
+#: ``phasewise horus``: the Horus worker (job events + samples -> utilisation predictions; learns online)
+HORUS = JobRole("horus", ("data_dir", "metrics_port", "horus_coverage", "horus_warmup_s", "horus_observe_s",
+                          "horus_min_samples", "horus_worker_id", "ready_stall_s"),
+                "phasewise.streams.agents.horus", "HorusMetrics", lambda s: s.horus.worker_id,
+                "predictions", "placement workers")
+#: ``phasewise place``: the placement worker (job events + predictions + samples -> place decisions)
+PLACE = JobRole("place", ("data_dir", "metrics_port", "place_policy", "place_isolate_inference",
+                          "place_horus_frag_weight", "place_prediction_wait_s", "place_local_nodes",
+                          "place_worker_id", "place_after_admission", "ready_stall_s"),
+                "phasewise.streams.agents.placement", "PlacementMetrics", lambda s: s.place.worker_id)

@@ -18,12 +18,11 @@ from phasewise.models.jobs.placement import (
     Node,
     Placement,
     PlacementConfig,
-    _frag,
-    _FragModel,
     make_policy,
     place_many,
     workload_types,
 )
+from phasewise.models.jobs.placement.fragmentation import _frag, _FragModel
 
 GIB = 1 << 30
 

@@ -126,13 +126,15 @@ def _submitted(j: Job, ts: float):
 def bench_waiting(policy: str, nodes: list[Node], waiting: int, observe: int = 10) -> dict:
     """One decision round's time with *waiting* jobs waiting, after each kind of event (docs/benchmarks.md)."""
     from phasewise.kit.settings import Settings
-    from phasewise.streams.agents.placement import PlacementState
+    from phasewise.models.jobs.placement.state import PlacementState
+    from phasewise.streams.config import placement_state_config, submissions
 
-    logging.getLogger("phasewise.streams.agents.placement").setLevel(logging.WARNING)  # a line per waiting job
+    logging.getLogger("phasewise.models.jobs.placement.state").setLevel(logging.WARNING)  # a line per waiting job
     from phasewise.kit.settings import SPECS
 
     cap = {"place_max_waiting_jobs": waiting + 10} if "place_max_waiting_jobs" in SPECS else {}  # (before it existed)
-    s = PlacementState(Settings.from_env({"place_policy": policy, "place_prediction_wait_s": 0.0, **cap}, env={}))
+    settings = Settings.from_env({"place_policy": policy, "place_prediction_wait_s": 0.0, **cap}, env={})
+    s = PlacementState(placement_state_config(settings), submissions(settings))
     for n in nodes:
         s.samples(_samples(n, 1.0))
     holder = None  # one whole GPU booked through the agent (a job it can free); every other GPU booked directly

@@ -61,7 +61,8 @@ def parse_row(row: dict, columns: tuple[str, ...] = ("gpu_util", "gmem"), rules:
     row cannot be used.
     """
     from phasewise.kit.records import JobSpec
-    from phasewise.streams.horus_jobs import model_key, spec_features
+    from phasewise.models.horus.catalog import model_key
+    from phasewise.streams.horus_jobs import spec_features
 
     amp = (row.get("amp") or "").strip().lower()
     if amp not in _TRUE | _FALSE:

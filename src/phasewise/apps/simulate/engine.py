@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phasewise.apps.simulate.openb import Pod
-from phasewise.models.jobs.placement import Cluster, Node, PlacementConfig, _frag, make_policy, workload_types
+from phasewise.models.jobs.placement import Cluster, Node, PlacementConfig, make_policy, workload_types
+from phasewise.models.jobs.placement.fragmentation import _frag
 
 __all__ = ["MODES", "PolicyResult", "simulate", "speed_up"]
 

@@ -1,9 +1,6 @@
 """The names a job spec may use: catalog models, datasets and their input shapes (pure data, no torch).
-
-A name matches case-insensitively ignoring ``-``, ``_`` and spaces
-(``ResNet-18`` = ``resnet18``), and a family name without a size means its
-usual member (``VGG`` = VGG-16, ``EfficientNet`` = B0, ``LSTM`` = the LSTM
-language model, ``Transformer`` = the seq2seq Transformer).
+Names match case-insensitively ignoring ``-``, ``_`` and spaces, and a family name means its usual
+member (docs/horus.md, "The catalog").
 
 >>> canonical_model("ResNet-18"), canonical_model("EfficientNet"), canonical_model("LM")
 ('resnet18', 'efficientnet_b0', 'lstm_lm')
@@ -18,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["MODELS", "DATASETS", "DatasetShape", "normalise", "canonical_model", "canonical_dataset",
+__all__ = ["MODELS", "DATASETS", "DatasetShape", "normalise", "canonical_model", "model_key", "canonical_dataset",
            "dataset_shape", "is_entry_point", "default_dataset", "MlpSpec", "parse_mlp", "parse_module_list",
            "entry_point_refusal"]
 
@@ -189,6 +186,11 @@ def canonical_model(name: str) -> str | None:
     """The catalog model *name* means (an MLP's canonical ``mlp-...`` name), or None."""
     mlp = parse_mlp(name) if name[:3].lower() == "mlp" else None
     return mlp.name if mlp is not None else _MODEL_KEYS.get(normalise(name))
+
+
+def model_key(name: str) -> str:
+    """The name jobs of this model share (catalog canonical name, or the entry point as given)."""
+    return canonical_model(name) or name
 
 
 def canonical_dataset(name: str) -> str | None:

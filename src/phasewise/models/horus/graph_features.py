@@ -1,21 +1,7 @@
-"""Graph features of a training job, from its real model, without weights or activations.
-
-The model is built on PyTorch's ``meta`` device (shapes, no storage) and one
-training step (forward, a loss, backward) runs under
-``torch.utils.flop_counter.FlopCounterMode`` and a saved-tensor hook: the
-FLOPs of the step, the bytes autograd keeps for backward (the activation
-memory) and the layer counts come from the graph the job would run, so
-nothing is allocated and a ResNet-50 at batch 256 takes well under a second.
-
-Features (:class:`GraphFeatures`): FLOPs per step, parameters (count, bytes),
-activation bytes, optimizer-state bytes, counts by layer kind (conv, linear,
-recurrent, attention, norm, embedding), depth (weight layers), batch size,
-sequence length / image size, AMP, and an estimate of the GPU memory of
-training (parameters + gradients + optimizer state + activations).
-
-Under AMP the floating-point activations are counted at 2 bytes (autocast
-keeps matmul and convolution inputs in half precision); parameters, gradients
-and optimizer state stay fp32.
+"""Graph features of a training job, from its real model, without weights or activations: the model
+built on PyTorch's ``meta`` device runs one training step under ``FlopCounterMode`` and a saved-tensor
+hook, giving the step's FLOPs, parameters, activation and optimizer bytes, layer counts and an
+estimate of its training memory (:class:`GraphFeatures`). Narrative: docs/horus.md, "Graph features".
 
 >>> from phasewise.models.horus.catalog import DATASETS
 >>> f = catalog_features("ppo_mlp", "lunarlander", 64, False)

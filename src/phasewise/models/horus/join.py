@@ -1,20 +1,10 @@
-"""The join of job events with their container's samples: what a job used over its steady phase.
+"""The join of job events with their container's samples, pure: what a job used over its steady phase.
 
-A job is known from its ``submitted`` event (features, prediction), placed by
-its ``started`` event (host, container); from then on the samples of that
-container on that host are its usage. Its loading phase (imports, data
-loading, compilation) is left out: it ends at the container's first phase
-change after start (the CRBM detector's ``PhaseChange``, when the worker
-runs ``--policy phase``) or ``warmup_s`` seconds after start, whichever comes
-first; the samples after it are averaged. The job is observed, once, when
-``observe_s`` seconds of steady samples are in (at least ``min_samples``),
-or when it finishes with at least ``min_samples`` steady samples; an
-observation carries the mean CPU cores, host memory, GPU utilisation and GPU
-memory (the GPU ones only when the samples had them).
-
-Pure: the agent hands it decoded records and stores :meth:`HorusJoin.state`
-of the jobs :meth:`HorusJoin.pop_dirty` names; :meth:`HorusJoin.load` takes
-them back after a restart.
+:class:`HorusJoin` knows a job from its ``submitted`` event, where it runs from its ``started`` event,
+leaves out its loading phase (until the container's first phase change or ``warmup_s``), averages its
+steady samples and observes it once (``observe_s`` of them, or at ``finished`` with ``min_samples``);
+:meth:`HorusJoin.pop_dirty` / :meth:`HorusJoin.load` carry each job's state to a table and back.
+Narrative: docs/horus.md, "The worker".
 
 >>> from phasewise.kit.records import ContainerSample, HostSamples
 >>> j = HorusJoin(JoinConfig(warmup_s=0, min_samples=2, observe_s=2))

@@ -1,29 +1,9 @@
 """Horus, online: a job's utilisation predicted from its graph features, learned from every job observed.
 
-Four targets: mean GPU utilisation (percent of one GPU), GPU memory (bytes),
-CPU cores and host memory (bytes), each over the job's steady phase. Each
-target is learned on the log scale (``log1p``), where the error measure
-(RMSLE) lives, as the residual over a prior: a constant for utilisation and
-CPU, the step's own memory estimate (parameters, gradients, optimizer state,
-activations, plus a runtime allowance) for the two memories. The residual is
-predicted by the mean of two river regressors on standardised features:
-``neighbors.KNNRegressor`` (jobs like this one) and
-``linear_model.BayesianLinearRegression`` (the trend between them), both
-centred on the running mean residual. Until a target has observations its
-prediction is the prior.
-
-The uncertainty is a split-conformal interval: the *coverage* quantile of
-the absolute log errors of the last ``residual_window`` predictions made
-before learning (each error measured on a job before the model learned it),
-so ``[lo, hi]`` holds the observed value with about that probability once
-enough jobs were seen (a wide default before ``min_residuals``).
-
-A device type (GPU model), when known, is a one-hot feature, so jobs on an
-H100 and a T4 are neighbours only when nothing closer is known.
-
-State is the observations themselves (features and targets, at most
-``max_observations``, oldest dropped) and the residual windows: JSON-able,
-no pickle, and :meth:`HorusModel.from_state` replays them to the same model.
+:class:`HorusModel` predicts four targets (GPU utilisation, GPU memory, CPU cores, host memory) on the
+log scale as a residual over a prior, by two river regressors on standardised features, with a
+split-conformal interval; its state is the observations themselves, replayed by
+:meth:`HorusModel.from_state`. Narrative: docs/horus.md, "The model".
 
 >>> from phasewise.models.horus.graph_features import catalog_features
 >>> m = HorusModel()

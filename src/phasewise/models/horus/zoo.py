@@ -1,13 +1,7 @@
-"""The catalog's models as real ``torch.nn.Module`` builders, sized by the dataset they train on.
-
-Each builder takes a :class:`~phasewise.models.horus.catalog.DatasetShape`
-and returns the module; the architectures follow the reference
-implementations the cluster studies ran (torchvision's ImageNet models, the
-CIFAR variants with a 3x3 stem for 32x32 inputs, BERT-base, PyTorch's
-word_language_model LSTM, the base seq2seq Transformer, DCGAN's 64x64
-generator and discriminator, NeuMF, PointNet with its T-nets, and the usual
-PPO / TD3 MLP policies). Build them under ``torch.device("meta")`` to get
-shapes without weights (:mod:`phasewise.models.horus.graph_features`).
+"""The catalog's models as real ``torch.nn.Module`` builders, sized by the dataset they train on
+(:class:`~phasewise.models.horus.catalog.DatasetShape`), after the reference implementations the
+cluster studies ran; built under ``torch.device("meta")`` they give shapes without weights
+(:mod:`phasewise.models.horus.graph_features`). The catalog: docs/horus.md, "The catalog".
 
 >>> import torch
 >>> from phasewise.models.horus.catalog import DATASETS

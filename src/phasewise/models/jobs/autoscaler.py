@@ -1,22 +1,8 @@
-"""Inference replica autoscaling from utilisation and a latency SLO, pure (DynamoML's auto-scaling operator).
-
-Each step sees one service's current replica count, its utilisation (the
-mean busy fraction of its replicas over the last window, 0..1: time spent
-serving requests / wall time) and its p99 latency over that window. The rule,
-Kubernetes HPA's with a latency term:
-
-- ``by_util = ceil(replicas * util / target_util)``, left alone while
-  ``|util / target_util - 1| <= tolerance`` (HPA's 10 %);
-- the p99 over the SLO asks for at least one more replica (``up_step``);
-- scaling down needs the p99 under ``down_latency_fraction`` x SLO too
-  (a service near its SLO is not shrunk because it looks idle);
-- the result is clamped to ``[min_replicas, max_replicas]`` and moves at most
-  ``max_step`` at a time;
-- cool-downs: no scale-up within ``up_cooldown_s`` of the last change, no
-  scale-down within ``down_cooldown_s`` of the last change (HPA's
-  stabilisation window), so one burst cannot make it flap.
-
-Time comes in as ``now``; nothing here does IO.
+"""Inference replica autoscaling from utilisation and a latency SLO, pure (DynamoML's auto-scaling
+operator): Kubernetes HPA's rule (``ceil(replicas * util / target_util)`` outside a tolerance) with a
+latency term (a p99 over the SLO asks for a replica; no scale-down near the SLO), clamped, in steps of
+at most ``max_step``, with up and down cool-downs. Time comes in as ``now``. Narrative:
+docs/priorities.md, "Inference autoscaling".
 
 >>> a = Autoscaler(AutoscalerConfig(slo_p99_ms=100, min_replicas=1, max_replicas=4, up_cooldown_s=5,
 ...                                 down_cooldown_s=30))

@@ -1,22 +1,9 @@
 """Elastic GPU sharing, pure: SM fractions and memory caps for jobs co-located on one GPU (DynamoML).
 
-Each job on a GPU asks for a fraction of it (``JobRequest.gpus`` < 1, e.g.
-0.3) and a GPU memory amount. :func:`shares` hands out:
-
-- **memory** caps: each job's request, which must all fit the GPU's memory
-  (memory cannot be taken back from a running CUDA context, so an
-  oversubscribed GPU is refused rather than shared: :class:`DoesNotFit`);
-- **compute** (percent of SMs, 1-100): each job's request when they sum to
-  at most 100 %; the remainder is then handed out in proportion to the
-  requests (elastic: a job alone on a GPU may use it all, and a job that
-  leaves gives its share back to the others). When requests exceed 100 %,
-  jobs are served in priority order (the most important first, at their full
-  request) while each less important job keeps at least ``min_percent``;
-  the first priority level that does not fit shares what is left in
-  proportion to the requests, and the levels below it get the floor.
-
-Percentages are whole numbers (what CUDA MPS's active thread percentage
-takes) and never sum above 100.
+:func:`shares` gives each job its memory request (the set refused when it does not fit:
+:class:`DoesNotFit`) and a whole-number percent of SMs: its request plus a proportional part of what is
+left when the requests fit, else priority levels in order at their full request while every less
+important job keeps ``min_percent``. Narrative: docs/priorities.md, "Elastic GPU sharing".
 
 >>> s = shares([ShareRequest("a", 0.5, 4 * 2**30), ShareRequest("b", 0.25, 2 * 2**30)], mem_total_bytes=16 * 2**30)
 >>> [(x.job, x.sm_percent, x.mem_limit_bytes // 2**30) for x in s]

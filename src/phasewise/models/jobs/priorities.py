@@ -1,46 +1,12 @@
 """DynamoML's job preemption, pure: workload classes, priorities, victims, freeze or stop, resume order.
 
-Jobs of three workload classes (:data:`WORKLOADS`: ``inference``,
-``interactive``, ``training``) share the hosts' capacity (CPU cores, memory
-bytes, GPUs, fractions allowed). Each job has an integer priority, higher is
-more important; between equal priorities the class breaks the tie
-(inference before interactive before training), then the earlier
-submission, then the job id, so every order here is total and deterministic.
-
-The rules (:class:`PriorityPolicy`):
-
-1. **Admission in priority order.** Waiting jobs (new and preempted) are
-   considered highest first. A job that fits the free capacity of its host
-   starts (or resumes); one that does not may preempt running jobs of
-   *strictly* lower priority on its host; otherwise it and every job below it
-   waits (no backfill: a large important job is not starved by small
-   unimportant ones).
-2. **Victims.** Candidates are ordered least important first (lowest
-   priority, then class, then the most recently started: it has the least
-   work since its last checkpoint, then id). They are taken in that order
-   until the shortfall is covered, then any taken victim whose release is not
-   needed is spared again, most important first: the set is irreducible (no
-   victim can be left running and the preemptor still fit), not necessarily
-   the smallest possible set (that is a knapsack problem).
-3. **Freeze or stop.** A frozen job (the cgroup freezer) keeps its memory
-   and resumes at once; a stopped job (checkpoint-and-exit through the
-   control channel, then a hard stop after ``grace_s``) frees everything but
-   pays a restart. Victims are frozen when the preemptor's expected holding
-   time is known and at most ``freeze_max_wait_s`` *and* the shortfall is in
-   CPU and GPU compute only (freezing frees no memory); otherwise they are
-   stopped.
-4. **Resume in priority order.** When capacity frees (a job finishes),
-   the waiting jobs are considered again by rule 1: a frozen job is
-   thawed (it needs its CPU and GPU back; its memory never left), a stopped
-   one restarted from its checkpoint.
-5. **CPU weights by priority** (with ``cpu_weight_ratio``). Admission
-   decides who runs; among the jobs running on a host, the CPU they
-   contend for is divided by weight (:func:`cpu_weight`: cgroup
-   ``cpu.weight`` units). A job gets its weight when it starts or restarts
-   and whenever its priority changes (:meth:`PriorityPolicy.reprioritize`).
-
-Time comes in as ``now``; nothing here does IO. The actions it returns
-become :class:`~phasewise.kit.records.Decision` records with :func:`to_decision`.
+:class:`PriorityPolicy` admits jobs in priority order on their host's capacity, preempts running jobs
+of strictly lower priority when one does not fit (victims least important first, an irreducible set),
+freezes them when the preemptor's expected holding time is short and only compute is short, else
+stops them (checkpoint and exit), resumes them in priority order when capacity frees, and gives every
+running job a CPU weight by priority (:func:`cpu_weight`). Time comes in as ``now``; its actions become
+:class:`~phasewise.kit.records.Decision` records with :func:`to_decision`. The rules: docs/priorities.md,
+"What it does".
 
 >>> cfg = PriorityConfig(freeze_max_wait_s=60)
 >>> p = PriorityPolicy(cfg, {"n1": Capacity(cpu_cores=2, mem_bytes=8e9)})

@@ -1,27 +1,12 @@
-"""TRADL loss targets: a two-tier target per training job, and the TRADL share rule. Pure: no IO.
+"""TRADL loss targets, pure: a two-tier target per training job, the node policies and the TRADL share
+rule.
 
-A training job may carry targets ``<acceptable, objective>`` on its loss or on a
-metric, with a direction (``min``: lower is better, e.g. a loss or a WER;
-``max``: higher is better, e.g. an accuracy). :class:`TargetTracker` follows one
-job's progress reports:
-
-- it smooths the reported value (:class:`Smoother`: an EWMA with weight
-  ``alpha`` on the newest value, or a median of the last ``window`` values);
-- the smoothed value past *acceptable* for ``patience`` reports in a row is the
-  ``acceptable`` event (the job can be delivered: its limits shrink);
-- past *objective* for ``patience`` reports in a row is the ``objective`` event
-  (graceful terminate: checkpoint and exit); ``grace_s`` seconds later, if the
-  job has not finished, the ``hard_stop`` event.
-
-Both smoothers give a convex combination (EWMA) or an order statistic
-(median) of values the job reported, so a smoothed value past a target means
-at least one reported value was past it: no target is declared before the
-curve reached it.
-
-:func:`tradl_share` is the TRADL allocation among the ``n`` jobs of one node:
-while their summed use is at most ``alpha * capacity`` they compete freely (no
-limits); above it a job using more than ``capacity / n`` gets
-``capacity / (2n)`` and each other job ``capacity / (n + 1)``.
+:class:`TargetTracker` follows one job's progress reports: the smoothed value (:class:`Smoother`: EWMA
+or median, so no target is declared before the curve reached it) past *acceptable*, then *objective*,
+for ``patience`` reports in a row, then a hard stop ``grace_s`` after the objective;
+:class:`TargetsFleet` follows every job of a worker and divides each node among its jobs
+(:func:`node_limits`, :func:`tradl_share`). Narrative: docs/targets.md ("In the worker", "Smoothing",
+"The TRADL share rule").
 
 >>> t = TargetTracker(Targets(acceptable=1.0, objective=0.5), TargetsConfig(alpha=1.0, patience=1, grace_s=10))
 >>> [e.kind for e in t.update(ts=1, step=1, value=2.0)]

@@ -1,70 +1,10 @@
 """The live phase path of ``phasewise worker --policy phase``: detectors, one learner, snapshots.
 
-With ``settings.worker.policy == "phase"`` the samples agent (see
-:mod:`phasewise.streams.agents.samples`) still runs the VPA recommenders (they are the
-fallback), then hands each round of ``HostSamples`` messages (distinct hosts)
-to :class:`~phasewise.models.phases.updater.PhaseHooks` (pure; this module
-wires it, the learner and the follower to Faust):
-
-- **detector** (every worker, for the hosts of its partitions): one batched
-  :meth:`~phasewise.models.phases.fleet.PhaseFleet.step` over the round's
-  containers with the worker's current snapshot, frozen (detectors never
-  train). Phase changes go to ``phasewise.phases.v1`` as ``PhaseChange``
-  (key: container). Limit decisions carry ``policy="phase"``; their
-  ``details["source"]`` says where the limits came from: ``"phase"`` (the
-  phase's quantile x (1 + margin), of usage relative to the container's level
-  with ``phase_statistics=relative``, the default; details add the phase id
-  and the statistics used), ``"fallback:vpa"`` (model cold, window not full or phase
-  new: the VPA's last decided limit for that resource), or ``"mixed"`` (one
-  resource each way; ``details["sources"]`` per resource). The VPA's own
-  decisions are NOT emitted in this mode: a VPA decision only moves the
-  fallback limit, which the phase decision then hands out when it applies.
-  Per container the detector keeps its window, phase and limit basis in the
-  changelogged table ``phase-state`` (key ``host/container``), marked for
-  writing on a phase change or every ``state_write_interval_s`` of event time
-  and written at the next offset commit (latest per container); a worker
-  that restarts or takes over a partition resumes from it. Decisions, phase
-  changes and learn windows go through the worker's output producer and are
-  delivered before the offsets of their source messages are committed
-  (:mod:`phasewise.streams.output`).
-- **learner split**: every ``phase_learn_every``-th ready window (with the
-  usage to credit to the phase that was in force) is sent to the internal
-  1-partition topic ``phasewise.learn-windows.v1``, in batches of
-  ``phase_learn_batch`` windows (a partial batch at every offset commit; the
-  learner makes one CD step per batch); ONE learner agent (the
-  worker owning that single partition) trains the shared model and, every
-  ``phase_snapshot_interval_s`` when it learned something, publishes a
-  ``ModelSnapshot`` (payload: base64 of ``PhaseModel.to_bytes()``, version =
-  newest known + 1) to the compacted ``phasewise.models.v1``, key = model name.
-  A learner that takes the partition over re-bases on the newest snapshot
-  (:class:`~phasewise.models.phases.learner.Learner`).
-- **snapshot follower** (:class:`~phasewise.streams.follower.SnapshotFollower`):
-  each worker reads ``phasewise.models.v1`` to its end at start-up with a
-  plain confluent consumer (assigned, no group: nothing to join, works the
-  same on the embedded broker) and keeps following it on a daemon thread that
-  decodes new snapshots off the event loop; detectors swap to a newer snapshot
-  between messages. With no snapshot, a worker starts
-  from the shipped pretrained model when its features are (cpu, mem) and
-  ``phase_pretrained`` is on (the default), else cold (phase limits then
-  start once the learner's first warm snapshot lands).
-
-Frames are the features of ``phase_features`` (default ``cpu,mem``; with
-``gpu,gpu_mem`` a sample's ``gpu_util`` / ``gpu_mem_bytes`` are columns too, a
-missing reading is NaN). Only ``cpu`` and ``mem`` get limits and decisions
-(:data:`~phasewise.models.phases.detector.LIMITED`); GPU columns shape the phases.
-The model's features name it on the models topic
-(:func:`~phasewise.models.phases.snapshots.model_name`), so each feature set is its
-own model.
-
-Learn-window batches are an internal format (JSON, versioned,
-:mod:`phasewise.kit.records.learn_batches`); one the learner cannot decode or learn from
-is dead-lettered with the reason, and so is a record of this worker's model
-on the models topic that is no usable snapshot (each worker follows the
-topic, so each dead-letters it).
-
-:func:`register_phase` adds the table, the learner agent, the snapshot timer
-and the follower to the worker's app and returns a :class:`PhaseAgents`, the
-handle the samples agent drives.
+:func:`register_phase` adds the ``phase-state`` table, the learner agent on
+``phasewise.learn-windows.v1``, the snapshot timer and the models-topic follower to the worker's app
+and returns a :class:`PhaseAgents`, the handle the samples agent drives with each round
+(:class:`~phasewise.models.phases.updater.PhaseHooks` is the pure step). Narrative: docs/worker.md,
+"The phase path".
 """
 
 from __future__ import annotations

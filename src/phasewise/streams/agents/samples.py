@@ -1,59 +1,11 @@
-"""The samples agent: HostSamples in, VPA limit decisions and dead letters out.
+"""The samples agent (``phasewise worker``): HostSamples in, limit decisions and dead letters out.
 
-The agent takes the samples topic up to ``worker_batch_max`` messages at a
-time (waiting at most ``worker_batch_wait_ms`` for them) and splits them into
-rounds of distinct hosts (:func:`rounds`: a host's next tick goes in the next
-round); each round is one vectorised step, which decides exactly what one
-step per message would. For every message on the samples topic (key: host):
-
-- parse it with :func:`phasewise.kit.records.decode_host_samples` (the strict
-  ``decode``'s answers, column-wise); a message it cannot decode (a null
-  value, bytes that are not JSON, nesting or numbers too large to parse,
-  another schema version, missing fields, wrong types, absurd values) goes to
-  the dead-letter topic with the parser's reason, its partition and offset
-  (:func:`phasewise.kit.kafka.client.dead_letter`: a payload too large for
-  ``dead_letter_max_bytes`` is cut and marked ``truncated``), and the agent
-  carries on;
-- run :func:`phasewise.models.vpa.updater.process_host_samples` (a round of
-  several messages: ``process_many``) over all of its containers in one
-  pass, with each container's recommender held in an in-memory cache
-  backed by the changelogged table ``vpa-state`` (key ``host/container``,
-  read on a cache miss, e.g. after a restart or a
-  rebalance); a state the logic marks for persisting (on a decision, or
-  once per ``state_write_interval_s``) is held and written at the next
-  offset commit, latest per container;
-- send the resulting decisions to the decisions topic, keyed by host,
-  through the worker's output producer (:mod:`phasewise.streams.output`:
-  every decision of a message is delivered before its offset is committed);
-- each container is decided with its workload's policy
-  (``phasewise.io/policy``), else the worker's ``--policy``: for those decided
-  with ``phase`` the VPA decisions only move the fallback limits, and the
-  message goes through the phase detector
-  (:mod:`phasewise.streams.agents.phases`, run with ``--policy phase`` or
-  ``--phase-workloads``), whose ``policy="phase"`` decisions and
-  ``PhaseChange`` records are sent for them instead. A container whose
-  workload asks for a policy the worker does not run is refused, not decided
-  (``phasewise_worker_policy_refused_total``, one warning per container,
-  ``phasewise explain`` says why).
-
-A valid message the logic fails on (a bug) is dead-lettered too, with kind
-``processing``, so one bad message never stops the stream (a round that
-fails is stepped again message by message, :func:`run_rounds`). An agent
-that dies on anything else stops the worker with exit status 1 and commits
-nothing after it (:func:`fail_worker_on_agent_error`). A worker
-that dies re-processes its partitions from the last commit, with the state written at
-that commit: samples the state had learned since its last marked write are
-not in it (at most ``state_write_interval_s`` of event time of them; with 0,
-none), and (``--policy vpa``) samples a container's stored state already
-learned, written by a commit whose offsets the dead worker did not commit,
-are not learned again (the state's source offset, ``"so"``). Before any of
-that, :mod:`phasewise.models.safety.intake` decides what is admitted: a message
-stamped too far ahead of the worker's clock or behind its host's newest
-sample is dead-lettered (kind ``event_time``); when a capacity limit is full a
-new container evicts the least recently seen one of its host or of the worker
-(per-host fairness; its state dropped from memory and both tables, counted per
-limit, logged), and one is dead-lettered (kind ``capacity``) only when no
-other may go.
+Batches of the samples topic are decoded, admitted by the intake, stepped in rounds of distinct
+hosts through the VPA updater (and, with ``--policy phase``, the phase detector), and their
+decisions sent through the worker's output producer; per-container state lives in the changelogged
+table ``vpa-state``. :class:`SamplesAgent` holds the agent's state and steps, :func:`register` wires
+it (and the priority and targets agents beside it) on the app. Narrative: docs/worker.md, "The
+samples agent".
 """
 
 from __future__ import annotations
@@ -82,14 +34,14 @@ from phasewise.models.safety.guard import RULES
 from phasewise.models.safety.intake import Eviction, Occupancy, event_time_problem
 from phasewise.models.safety.workload import refusal_reason, unserved, without_off
 from phasewise.models.vpa.updater import StateCache, worker_round
+from phasewise.streams.agents.scaffold import worker_outputs
 from phasewise.streams.config import intake_config, state_cache, updater_config
-from phasewise.streams.job_inputs import dead_letterer
 from phasewise.streams.metrics import WorkerMetrics
-from phasewise.streams.output import CommitBarrier, OutputSender, attach, output_producer
+from phasewise.streams.output import OutputSender
 from phasewise.streams.scorecard import LiveScorecard
 from phasewise.streams.topics import worker_topics
 
-__all__ = ["TABLE_NAME", "register"]
+__all__ = ["TABLE_NAME", "SamplesAgent", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -270,36 +222,248 @@ def run_rounds(items: list[tuple[Any, HostSamples]], step: Callable[[list[HostSa
     return failed
 
 
-def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: WorkerMetrics) -> Callable[..., Any]:
-    """``on_error`` of every agent of the worker (the app's ``_on_agent_error``): a dead agent stops the
-    worker, and nothing is committed.
+class SamplesAgent:
+    """The samples agent on one app: its table, the VPA state cache, the intake, expiry, the scorecard,
+    the phase detector and the job agents it feeds, and the step of one batch (:meth:`batch`)."""
 
-    An agent dies only on something that is not a record (a record it cannot
-    decode or process becomes a dead letter). Faust's own handler commits the
-    offsets acked so far and restarts the agent; the events of the batch the
-    agent held are acked when its stream is closed, processed or not; and the
-    worker goes on reporting ready. So, before anything else can run:
-    the commit barrier refuses every later commit (the batch and everything
-    after it are read again by the next worker), ``phasewise_worker_ready``
-    drops to 0, and the agent's supervisor (``mode.CrashingSupervisor``, see
-    :func:`phasewise.streams.app.create_app`) crashes the app, so the process
-    exits with status 1.
-    """
+    def __init__(self, app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
+                 metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None,
+                 views: dict[str, Any] | None = None) -> None:
+        if metrics is None:
+            from prometheus_client import CollectorRegistry
 
-    async def on_agent_error(agent: Any, exc: BaseException) -> None:
-        reason = f"agent {getattr(agent, 'name', agent)} died: {type(exc).__name__}: {exc}"
-        barrier.fail(reason)
-        metrics.ready.set(0)
-        log.critical("%s; no further offsets are committed and the worker stops (exit status 1)", reason,
-                     exc_info=exc)
+            metrics = WorkerMetrics(CollectorRegistry())
+        self.metrics = metrics
+        self.topics = worker_topics(app, samples_partitions)
+        partitions = samples_partitions or settings.kafka.topic_partitions or SAMPLES.partitions
+        # values are the compact JSON of ContainerEntry.to_state(), kept as bytes:
+        # a few hundred bytes per container in memory and on the changelog
+        self.table = app.Table(TABLE_NAME, default=None, partitions=partitions,
+                               schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
+                               help="per-container VPA recommender state (key: host/container)")
+        self.outputs, self.barrier, self.dead_letter = outputs, barrier, dead_letter = worker_outputs(
+            app, settings, metrics, outputs)
+        # marked states, collected at each commit
+        self.writes = writes = barrier.table(self.table, lambda: self.cache.pop_dirty())
+        self.pmap = barrier.partitions
+        # a state held for the next commit is newer than the table's
+        self.cache = cache = state_cache(settings, loader=writes.get_state)
 
-    return on_agent_error
+        self.phase = None  # --policy phase or --phase-workloads: the phase detector runs after the VPA (its fallback)
+        self.served = served = settings.worker.served_policies()
+        if "phase" in served:
+            from phasewise.streams.agents.phases import register_phase
+
+            self.phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
+                                        dead_letter=dead_letter, outputs=outputs, barrier=barrier)
+        self.keyring = keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
+        job_wiring = {"metrics": metrics, "outputs": outputs, "barrier": barrier, "dead_letter": dead_letter,
+                      "keyring": keyring}
+        if settings.priority.agent:  # DynamoML preemption over the job events
+            from phasewise.streams.agents.priorities import register_priorities
+
+            register_priorities(app, settings, **job_wiring)
+        #: --targets: the TRADL targets agent on job events, fed the admitted samples here
+        self.targets: Callable[[HostSamples], None] | None = None
+        if settings.targets.enabled:
+            from phasewise.streams.agents.targets import register_targets
+
+            self.targets = register_targets(app, settings, **job_wiring)
+
+        self.only_hosts = settings.worker.host_set()
+        self.intake = intake_config(settings)
+        # the containers held, least recently seen first: who makes room for a new one
+        self.occupancy = Occupancy(self.intake)
+        self.expiry = Expiry(settings.worker.container_ttl_s, cache, self.table, writes, self.pmap, self.phase,
+                             metrics, occupancy=self.occupancy)
+        self.scorecard = live_scorecard(app, settings, metrics, cache, self.phase, views)
+        if self.phase is not None:  # the phase decisions of containers decided with the VPA feed the scorecard alone
+            self.phase.hooks.keep_shadow = self.scorecard is not None
+        self.activity = Activity()
+        self.default_policy = settings.worker.policy
+        self.refused_logged: set[str] = set()  # containers whose refusal was logged (once each; bounded)
+        self.guard = cache.guard
+        self.guard_seen = [0] * len(RULES)  # the rules' counts already added to the metric
+        self.batch_max = max(1, settings.worker.batch_max)
+        self.batch_wait_s = max(0.0, settings.worker.batch_wait_ms) / 1000.0
+        self.updater = updater_config(settings)
+        self.newest: dict[str, float] = {}  # event time of the newest admitted sample per host
+        self.evict_warned = -math.inf  # monotonic time of the last eviction warning (one a minute at most)
+
+    def refuse(self, host: str, refused: tuple[Any, ...]) -> None:
+        """Containers whose workload asks for a policy this worker does not run: counted, logged once
+        each, shown by ``phasewise explain``; never decided."""
+        for c in refused:
+            key = f"{host}/{c.container}"
+            reason = refusal_reason(c, self.default_policy, self.served)
+            self.metrics.policy_refused.labels(policy=c.workload.policy).inc()
+            if self.scorecard is not None:
+                self.scorecard.refuse(key, c, reason)
+            if key not in self.refused_logged:
+                if len(self.refused_logged) >= 10_000:
+                    self.refused_logged.clear()
+                self.refused_logged.add(key)
+                log.warning("container %s refused: %s", key, reason)
+
+    def evict(self, evicted: list[Eviction]) -> None:
+        """Drop the containers the intake evicted to admit new ones: state, tables, scorecard; counted."""
+        keys = [e.key for e in evicted]
+        self.expiry.drop(keys)
+        if self.scorecard is not None:
+            self.scorecard.forget(keys)
+        for limit in {e.limit for e in evicted}:
+            self.metrics.containers_evicted.labels(limit=limit).inc(sum(1 for e in evicted if e.limit == limit))
+        self.activity.evicted += len(evicted)
+        now = time.monotonic()
+        if now - self.evict_warned >= 60.0:
+            self.evict_warned = now
+            log.warning("evicted %d container(s) to admit new ones (counted in "
+                        "phasewise_worker_containers_evicted_total, summed in the activity line): %s%s",
+                        len(evicted), "; ".join(f"{e.key}: {e.reason}" for e in evicted[:3]),
+                        "; ..." if len(evicted) > 3 else "")
+
+    async def admitted(self, event: faust.types.EventT, hs: HostSamples
+                       ) -> tuple[HostSamples, tuple[Any, ...]] | None:
+        """*hs* with the containers the worker takes, and those whose workload asks for a policy it does
+        not run (refused apart); ``None``: nothing. The intake's refusals are dead-lettered, the
+        containers it evicted for new ones dropped; the workloads in mode off are left out before
+        the capacity limits see them (the worker holds nothing of theirs)."""
+        newest = self.newest
+        problem = event_time_problem(hs.ts, now=time.time(), newest=newest.get(hs.host), config=self.intake)
+        if problem is not None:
+            await self.dead_letter(event, problem, "event_time")
+            return None
+        n = len(hs.containers)
+        why = self.occupancy.too_many(n)
+        if why is not None:
+            self.metrics.containers_refused.labels(limit="message").inc(n)
+            await self.dead_letter(event, why, "capacity")
+            return None
+        hs = without_off(hs)  # workloads in mode off: nothing is decided for them
+        hs, other_policy = unserved(hs, self.default_policy, self.served)  # a policy this worker does not run
+        r = self.occupancy.admit(hs.host, [c.container for c in hs.containers])
+        if r.evicted:
+            self.evict(r.evicted)
+        if r.refused:
+            self.metrics.containers_refused.labels(limit=r.limit).inc(len(r.refused))
+            shown = ", ".join(r.refused[:5]) + (", ..." if len(r.refused) > 5 else "")
+            await self.dead_letter(event, f"{len(r.refused)} of {n} containers refused ({shown}): {r.why}",
+                                   "capacity")
+            keep = set(r.kept)
+            hs = dataclasses.replace(hs, containers=tuple(c for c in hs.containers if c.container in keep))
+        if len(r.refused) < n:
+            if hs.ts > newest.get(hs.host, -math.inf):
+                newest[hs.host] = hs.ts
+            if len(newest) > 2 * len(self.cache) + 1024:  # hosts gone from the cache (expired, revoked)
+                for h in [h for h in newest if not self.cache.host_count(h)]:
+                    del newest[h]
+        return hs, other_policy
+
+    def process_round(self, msgs: list[HostSamples]) -> list[Decision]:
+        """The VPA, then (--policy phase) the detector, over messages whose containers are distinct."""
+        return worker_round(self.cache, msgs, self.updater, self.phase, self.scorecard)
+
+    def emit(self, decisions: list[Decision]) -> None:
+        if self.phase is not None:
+            self.phase.flush()
+        if decisions:
+            outputs, keyring = self.outputs, self.keyring
+            for d in decisions:
+                key, value = d.host.encode(), encode(d)
+                outputs.send(DECISIONS.name, key, value,
+                             None if keyring is None else keyring.headers(DECISIONS.name, key, value))
+                log.debug("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
+            self.metrics.decisions.inc(len(decisions))
+            self.metrics.decided(decisions)
+            self.activity.decisions += len(decisions)
+
+    async def decoded(self, events: list[faust.types.EventT]) -> list[tuple[faust.types.EventT, HostSamples]]:
+        """The batch's messages decoded and admitted (the others dead-lettered or skipped), the targets agent
+        fed, each message's partition noted for its states' changelog records."""
+        got: list[tuple[faust.types.EventT, HostSamples]] = []
+        cache, phase, targets, only_hosts = self.cache, self.phase, self.targets, self.only_hosts
+        for event in events:
+            try:
+                hs = decode_host_samples(event.message.value)
+            except SchemaError as e:
+                await self.dead_letter(event, str(e), "schema")
+                continue
+            except Exception as e:  # noqa: BLE001 - decode raises SchemaError only; a record never stops the agent
+                log.exception("decoding a samples record failed")
+                await self.dead_letter(event, f"could not decode: {type(e).__name__}: {e}", "schema")
+                continue
+            if only_hosts and hs.host not in only_hosts:
+                continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
+            took = await self.admitted(event, hs)
+            if took is None:
+                continue
+            hs, refused = took
+            if targets is not None:  # the followed jobs' use and the host's cores
+                try:
+                    targets(dataclasses.replace(hs, containers=hs.containers + refused) if refused else hs)
+                except Exception:  # a bug of the targets agent must not stop the limits of every container
+                    log.exception("the targets agent failed on the samples of host %s", hs.host)
+            if refused:
+                self.refuse(hs.host, refused)
+            if phase is None:  # samples its stored state already learned (a restart after a kill)
+                hs = cache.unlearned(hs, event.message.offset)
+            self.pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' records go
+            got.append((event, hs))
+        return got
+
+    async def batch(self, events: list[faust.types.EventT]) -> None:
+        """One batch of the samples topic: admitted, stepped in rounds of distinct hosts, decisions sent,
+        failures dead-lettered, expiry and counters after."""
+        cache, phase, metrics = self.cache, self.phase, self.metrics
+        # the batch's containers are admitted before any is processed; none seen in it is evicted
+        self.occupancy.begin(time.monotonic())
+        got = await self.decoded(events)
+        t0 = time.perf_counter()
+        failed = run_rounds(got, self.process_round, self.emit)
+        if phase is None:
+            for event, hs in got:  # before any await: a commit takes state and offsets together
+                cache.learned(hs, event.message.offset)
+        for event, e in failed:  # a bug on valid input: keep the message, keep going
+            await self.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+        self.outputs.poll()
+        if failed:
+            bad = {id(event) for event, _ in failed}
+            got = [(event, hs) for event, hs in got if id(event) not in bad]
+        samples = 0
+        for _, hs in got:
+            gone = self.expiry.after(hs.host, hs.ts)
+            if gone and self.scorecard is not None:
+                self.scorecard.forget(gone)
+            samples += len(hs.containers)
+        guard = self.guard
+        if guard is not None and (totals := guard.totals.tolist()) != self.guard_seen:
+            for rule, now, before in zip(RULES, totals, self.guard_seen):
+                if now != before:
+                    metrics.safety_bounded.labels(rule=rule).inc(now - before)
+            self.guard_seen[:] = totals
+        self.occupancy.settle(cache.__contains__)  # admitted but not taken (a message that failed): not held
+        metrics.container_samples.inc(samples)
+        metrics.process_seconds.inc(time.perf_counter() - t0)
+        metrics.messages.inc(len(got))
+        metrics.containers.set(len(cache))
+        self.activity.tick(len(got), samples, len(cache))
+
+    def forget(self) -> None:
+        """Partitions were revoked: the table, restored on assignment, is the truth from here."""
+        self.expiry.reset()
+        self.cache.clear()
+        self.occupancy.clear()
+        if self.phase is not None:
+            self.phase.clear()
+        if self.scorecard is not None:
+            self.scorecard.clear()
+        self.metrics.containers.set(0)
 
 
 def register(app: faust.App, settings: Settings, *, samples_partitions: int | None = None,
              metrics: WorkerMetrics | None = None, outputs: OutputSender | None = None,
-             views: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Add the state table and the samples agent to *app*; returns the handles.
+             views: dict[str, Any] | None = None) -> SamplesAgent:
+    """Add the state table and the samples agent (and the agents it runs beside it) to *app*.
 
     *outputs*: where decisions, phase changes, learn windows and dead letters
     go (default: one confluent-kafka producer from *settings*); its delivery
@@ -307,246 +471,25 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     *views*: filled with the worker's JSON views (``/scorecard/``) for its
     metrics server (:func:`phasewise.kit.observe.serve`).
     """
-    if metrics is None:
-        from prometheus_client import CollectorRegistry
+    agent = SamplesAgent(app, settings, samples_partitions=samples_partitions, metrics=metrics, outputs=outputs,
+                         views=views)
 
-        metrics = WorkerMetrics(CollectorRegistry())
-    topics = worker_topics(app, samples_partitions)
-    partitions = samples_partitions or settings.kafka.topic_partitions or SAMPLES.partitions
-    # values are the compact JSON of ContainerEntry.to_state(), kept as bytes:
-    # a few hundred bytes per container in memory and on the changelog
-    table = app.Table(TABLE_NAME, default=None, partitions=partitions,
-                      schema=faust.Schema(key_type=str, key_serializer="json", value_serializer="raw"),
-                      help="per-container VPA recommender state (key: host/container)")
-
-    if outputs is None:
-        outputs = OutputSender(output_producer(settings), metrics)
-    barrier = CommitBarrier(outputs, metrics)
-    attach(app, barrier)
-    writes = barrier.table(table, lambda: cache.pop_dirty())  # marked states, collected at each commit
-    pmap = barrier.partitions
-
-    # a state held for the next commit is newer than the table's
-    cache = state_cache(settings, loader=writes.get_state)
-
-    dead_letter = dead_letterer(settings, outputs, metrics)
-
-    # Faust hands every agent the app's _on_agent_error, which commits the offsets acked so far
-    app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)  # type: ignore[method-assign]
-
-    phase = None  # --policy phase or --phase-workloads: the phase detector runs after the VPA (its fallback)
-    served = settings.worker.served_policies()
-    if "phase" in served:
-        from phasewise.streams.agents.phases import register_phase
-
-        phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
-                               dead_letter=dead_letter, outputs=outputs, barrier=barrier)
-
-    keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
-    if settings.priority.agent:  # DynamoML preemption over the job events
-        from phasewise.streams.agents.priorities import register_priorities
-
-        register_priorities(app, settings, outputs=outputs, dead_letter=dead_letter, barrier=barrier,
-                            sign=None if keyring is None else keyring.headers,
-                            verify=None if keyring is None else keyring.verify)
-
-    targets = None  # --targets: the TRADL targets agent on job events (and the samples, below)
-    if settings.targets.enabled:
-        from phasewise.streams.agents.targets import register_targets
-
-        targets = register_targets(app, settings, outputs=outputs, dead_letter=dead_letter, barrier=barrier,
-                                   sign=None if keyring is None else keyring.headers,
-                                   verify=None if keyring is None else keyring.verify)
-
-    only_hosts = settings.worker.host_set()
-    intake = intake_config(settings)
-    occupancy = Occupancy(intake)  # the containers held, least recently seen first: who makes room for a new one
-    expiry = Expiry(settings.worker.container_ttl_s, cache, table, writes, pmap, phase, metrics,
-                    occupancy=occupancy)
-    scorecard = live_scorecard(app, settings, metrics, cache, phase, views)
-    if phase is not None:  # the phase decisions of containers decided with the VPA feed the scorecard alone
-        phase.hooks.keep_shadow = scorecard is not None
-
-    activity = Activity()
-    default_policy = settings.worker.policy
-    refused_logged: set[str] = set()  # containers whose refusal was logged (once each; bounded)
-
-    def refuse(host: str, refused: tuple[Any, ...]) -> None:
-        """Containers whose workload asks for a policy this worker does not run: counted, logged once
-        each, shown by ``phasewise explain``; never decided."""
-        for c in refused:
-            key = f"{host}/{c.container}"
-            reason = refusal_reason(c, default_policy, served)
-            metrics.policy_refused.labels(policy=c.workload.policy).inc()
-            if scorecard is not None:
-                scorecard.refuse(key, c, reason)
-            if key not in refused_logged:
-                if len(refused_logged) >= 10_000:
-                    refused_logged.clear()
-                refused_logged.add(key)
-                log.warning("container %s refused: %s", key, reason)
-
-    guard = cache.guard
-    guard_seen = [0] * len(RULES)  # the rules' counts already added to the metric
-    batch_max = max(1, settings.worker.batch_max)
-    batch_wait_s = max(0.0, settings.worker.batch_wait_ms) / 1000.0
-
-    updater = updater_config(settings)
-    newest: dict[str, float] = {}  # event time of the newest admitted sample per host
-    evict_warned = [-math.inf]  # monotonic time of the last eviction warning (one a minute at most)
-
-    def evict(evicted: list[Eviction]) -> None:
-        """Drop the containers the intake evicted to admit new ones: state, tables, scorecard; counted."""
-        keys = [e.key for e in evicted]
-        expiry.drop(keys)
-        if scorecard is not None:
-            scorecard.forget(keys)
-        for limit in {e.limit for e in evicted}:
-            metrics.containers_evicted.labels(limit=limit).inc(sum(1 for e in evicted if e.limit == limit))
-        activity.evicted += len(evicted)
-        now = time.monotonic()
-        if now - evict_warned[0] >= 60.0:
-            evict_warned[0] = now
-            log.warning("evicted %d container(s) to admit new ones (counted in "
-                        "phasewise_worker_containers_evicted_total, summed in the activity line): %s%s",
-                        len(evicted), "; ".join(f"{e.key}: {e.reason}" for e in evicted[:3]),
-                        "; ..." if len(evicted) > 3 else "")
-
-    async def admitted(event: faust.types.EventT, hs: HostSamples
-                       ) -> tuple[HostSamples, tuple[Any, ...]] | None:
-        """*hs* with the containers the worker takes, and those whose workload asks for a policy it does
-        not run (refused apart); ``None``: nothing. The intake's refusals are dead-lettered, the
-        containers it evicted for new ones dropped; the workloads in mode off are left out before
-        the capacity limits see them (the worker holds nothing of theirs)."""
-        problem = event_time_problem(hs.ts, now=time.time(), newest=newest.get(hs.host), config=intake)
-        if problem is not None:
-            await dead_letter(event, problem, "event_time")
-            return None
-        n = len(hs.containers)
-        why = occupancy.too_many(n)
-        if why is not None:
-            metrics.containers_refused.labels(limit="message").inc(n)
-            await dead_letter(event, why, "capacity")
-            return None
-        hs = without_off(hs)  # workloads in mode off: nothing is decided for them
-        hs, other_policy = unserved(hs, default_policy, served)  # a policy this worker does not run
-        r = occupancy.admit(hs.host, [c.container for c in hs.containers])
-        if r.evicted:
-            evict(r.evicted)
-        if r.refused:
-            metrics.containers_refused.labels(limit=r.limit).inc(len(r.refused))
-            shown = ", ".join(r.refused[:5]) + (", ..." if len(r.refused) > 5 else "")
-            await dead_letter(event, f"{len(r.refused)} of {n} containers refused ({shown}): {r.why}", "capacity")
-            keep = set(r.kept)
-            hs = dataclasses.replace(hs, containers=tuple(c for c in hs.containers if c.container in keep))
-        if len(r.refused) < n:
-            if hs.ts > newest.get(hs.host, -math.inf):
-                newest[hs.host] = hs.ts
-            if len(newest) > 2 * len(cache) + 1024:  # hosts gone from the cache (expired, revoked)
-                for h in [h for h in newest if not cache.host_count(h)]:
-                    del newest[h]
-        return hs, other_policy
-
-    def process_round(msgs: list[HostSamples]) -> list[Decision]:
-        """The VPA, then (--policy phase) the detector, over messages whose containers are distinct."""
-        return worker_round(cache, msgs, updater, phase, scorecard)
-
-    def emit(decisions: list[Decision]) -> None:
-        if phase is not None:
-            phase.flush()
-        if decisions:
-            for d in decisions:
-                key, value = d.host.encode(), encode(d)
-                outputs.send(DECISIONS.name, key, value,
-                             None if keyring is None else keyring.headers(DECISIONS.name, key, value))
-                log.debug("decision %s %s/%s: %s", d.id, d.host, d.container, d.reason)
-            metrics.decisions.inc(len(decisions))
-            metrics.decided(decisions)
-            activity.decisions += len(decisions)
-
-    @app.agent(topics.samples, name="phasewise.vpa-samples")
+    @app.agent(agent.topics.samples, name="phasewise.vpa-samples")
     async def on_samples(stream: faust.StreamT) -> None:
         # up to batch_max messages at a time (waiting at most batch_wait_s for them): one vectorised
         # step over many hosts' containers costs about half as much per sample as one per message
-        async for events in stream.take_events(batch_max, within=batch_wait_s):
-            got: list[tuple[faust.types.EventT, HostSamples]] = []
-            # the batch's containers are admitted before any is processed; none seen in it is evicted
-            occupancy.begin(time.monotonic())
-            for event in events:
-                try:
-                    hs = decode_host_samples(event.message.value)
-                except SchemaError as e:
-                    await dead_letter(event, str(e), "schema")
-                    continue
-                except Exception as e:  # noqa: BLE001 - decode raises SchemaError only; a record never stops the agent
-                    log.exception("decoding a samples record failed")
-                    await dead_letter(event, f"could not decode: {type(e).__name__}: {e}", "schema")
-                    continue
-                if only_hosts and hs.host not in only_hosts:
-                    continue  # another worker's hosts (PHASEWISE_WORKER_HOSTS)
-                took = await admitted(event, hs)
-                if took is None:
-                    continue
-                hs, refused = took
-                if targets is not None:  # the followed jobs' use and the host's cores
-                    try:
-                        targets.samples(dataclasses.replace(hs, containers=hs.containers + refused)
-                                        if refused else hs)
-                    except Exception:  # a bug of the targets agent must not stop the limits of every container
-                        log.exception("the targets agent failed on the samples of host %s", hs.host)
-                if refused:
-                    refuse(hs.host, refused)
-                if phase is None:  # samples its stored state already learned (a restart after a kill)
-                    hs = cache.unlearned(hs, event.message.offset)
-                pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' changelog records go
-                got.append((event, hs))
-            t0 = time.perf_counter()
-            failed = run_rounds(got, process_round, emit)
-            if phase is None:
-                for event, hs in got:  # before any await: a commit takes state and offsets together
-                    cache.learned(hs, event.message.offset)
-            for event, e in failed:  # a bug on valid input: keep the message, keep going
-                await dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
-            outputs.poll()
-            if failed:
-                bad = {id(event) for event, _ in failed}
-                got = [(event, hs) for event, hs in got if id(event) not in bad]
-            samples = 0
-            for _, hs in got:
-                gone = expiry.after(hs.host, hs.ts)
-                if gone and scorecard is not None:
-                    scorecard.forget(gone)
-                samples += len(hs.containers)
-            if guard is not None and (totals := guard.totals.tolist()) != guard_seen:
-                for rule, now, before in zip(RULES, totals, guard_seen):
-                    if now != before:
-                        metrics.safety_bounded.labels(rule=rule).inc(now - before)
-                guard_seen[:] = totals
-            occupancy.settle(cache.__contains__)  # admitted but not taken (a message that failed): not held
-            metrics.container_samples.inc(samples)
-            metrics.process_seconds.inc(time.perf_counter() - t0)
-            metrics.messages.inc(len(got))
-            metrics.containers.set(len(cache))
-            activity.tick(len(got), samples, len(cache))
+        async for events in stream.take_events(agent.batch_max, within=agent.batch_wait_s):
+            await agent.batch(events)
 
     @app.on_partitions_revoked.connect
     async def _forget(app: faust.App, revoked: Any, **kwargs: Any) -> None:
-        expiry.reset()
-        cache.clear()  # the table, restored on assignment, is the truth from here
-        occupancy.clear()
-        if phase is not None:
-            phase.clear()
-        if scorecard is not None:
-            scorecard.clear()
-        metrics.containers.set(0)
+        agent.forget()
 
     @app.on_rebalance_complete.connect
     async def _ready(app: faust.App, **kwargs: Any) -> None:
-        metrics.ready.set(0 if barrier.failure is not None else 1)
+        agent.metrics.ready.set(0 if agent.barrier.failure is not None else 1)
 
-    return {"agent": on_samples, "table": table, "cache": cache, "topics": topics, "metrics": metrics,
-            "phase": phase, "outputs": outputs, "barrier": barrier, "expiry": expiry, "scorecard": scorecard,
-            "targets": targets, "occupancy": occupancy}
+    return agent
 
 
 def live_scorecard(app: faust.App, settings: Settings, metrics: WorkerMetrics, cache: StateCache,

@@ -1,4 +1,4 @@
-"""The placement agents' state without Kafka: nodes from samples, the prediction wait, priorities, restart."""
+"""The placement agent's state without Faust: nodes from samples, the prediction wait, priorities, restart."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from phasewise.kit.records import (
     UtilisationPrediction,
 )
 from phasewise.kit.settings import Settings
-from phasewise.streams.agents.placement import PlacementState
+from phasewise.models.jobs.placement.state import NotTrusted, PlacementState
+from phasewise.streams.config import placement_state_config, submissions
 from tests.job_keys import KEY, TRUSTED
 
 GIB = 1 << 30
@@ -41,7 +42,9 @@ def _pred(job: str, util: float) -> UtilisationPrediction:
 
 
 def _state(**kw) -> PlacementState:
-    return PlacementState(Settings.from_env({"host": "here", **kw}, env={}))
+    """The state the placement agent builds from these settings (``place_*``, ``priority_*``, ``job_*``)."""
+    settings = Settings.from_env({"host": "here", **kw}, env={})
+    return PlacementState(placement_state_config(settings), submissions(settings))
 
 
 def test_waits_for_the_prediction_then_places_with_it():
@@ -102,7 +105,7 @@ def test_restart_books_placed_jobs_again():
     s.samples(_sample("h1", gpus=1))
     s.submitted(_job("a", gpus=1), now=0.0)
     s.decide(now=0.0, ts=1.0)
-    table = {k: v for k, (_, v) in s.writes.items()}
+    table = {k: v for k, _p, v in s.writes()}
     s2 = _state(place_prediction_wait_s=0.0)
     s2.restore(table.items())
     assert s2.placed == {"a": {"node": "h1", "gpus": [0]}}
@@ -124,14 +127,14 @@ def test_a_prediction_before_its_job_means_no_wait():
 
 def test_horus_fragmentation_weight_setting_reaches_the_policy():
     s = _state(place_horus_frag_weight=0.0)
-    assert s.config.horus_frag_weight == 0.0 and s.cluster.config.horus_frag_weight == 0.0
+    assert s.config.cluster.horus_frag_weight == 0.0 and s.cluster.config.horus_frag_weight == 0.0
     s.samples(_sample("h1")), s.samples(_sample("h2", util=100.0))
     s.prediction(_pred("a", 40.0))
     s.submitted(_job("a"), now=0.0)
     [(d, _)] = s.decide(now=0.0, ts=10.0)
     # Horus's cost alone: the util term |0 + 40 - 100| / 100 = 0.6 on h1; |100 + 40 - 100| / 100 * 1.6 = 0.64 on h2
     assert d.host == "h1" and d.details["scores"]["h2"] - d.details["scores"]["h1"] == pytest.approx(0.04)
-    assert _state().config.horus_frag_weight == 1.0
+    assert _state().config.cluster.horus_frag_weight == 1.0
 
 
 # ------------------------------------------------------------------ after admission (priority_launcher=place)
@@ -212,7 +215,7 @@ def test_after_admission_the_state_keeps_the_admission_across_a_restart():
     s.admitted(_admitted("early", "h1"))  # admitted, not submitted yet
     [(d, _)] = s.decide(now=0.0, ts=1.0)
     assert d.container == "placed" and list(s.waiting) == ["admitted"]
-    table = {k: v for k, (_p, v) in s.writes.items()}
+    table = {k: v for k, _p, v in s.writes()}
     t = _state(place_prediction_wait_s=0.0, place_after_admission=True)
     t.restore(table.items())
     assert set(t.admission) == {"placed", "admitted", "early"} and set(t.placed) == {"placed"}
@@ -253,7 +256,6 @@ def test_after_admission_a_stale_stopped_hint_frees_nothing_and_each_placement_c
 
 
 def test_with_trusted_submitters_a_job_no_trusted_submitter_signed_books_nothing(tmp_path):
-    from phasewise.streams.agents.placement import NotTrusted
     from tests.job_keys import STRANGER, write_public
 
     write_public(tmp_path / "alice.pub", KEY)
@@ -367,7 +369,7 @@ def test_at_most_place_max_waiting_jobs_wait_and_the_one_of_lowest_rank_is_refus
     s.decide(now=0.0, ts=4.0)
     [(ev, why)] = s.take_refused()
     assert ev.job == "w1" and "job urgent, of higher priority or submitted earlier, came" in why
-    assert set(s.waiting) == {"w0", "w2", "urgent"} and ("job/w1", None) == ("job/w1", s.writes["job/w1"][1])
+    assert set(s.waiting) == {"w0", "w2", "urgent"} and {k: v for k, _p, v in s.writes()}["job/w1"] is None
     s.finished("running")
     [(d, _)] = s.decide(now=0.0, ts=5.0)
     assert d.container == "urgent"
