@@ -12,10 +12,8 @@ from tests.models.phases.test_phase_updater import warm_model
 
 
 def test_phase_features_are_checked_and_pick_the_starting_model():
-    from phasewise.kit.settings import PHASE_FEATURES, SettingsError
-    from phasewise.models.phases.detector import FEATURES as MODEL_FEATURES
+    from phasewise.kit.settings import SettingsError
 
-    assert PHASE_FEATURES == tuple(MODEL_FEATURES)
     for bad, why in (("cpu,gpu", "must hold cpu,mem"), ("cpu,mem,tpu", "unknown feature"),
                      ("cpu,mem,mem", "twice")):
         with pytest.raises(SettingsError, match=why):
@@ -32,13 +30,6 @@ def test_phase_features_are_checked_and_pick_the_starting_model():
     with pytest.raises(ValueError, match="must include"):
         PhaseHooks(detector_config(Settings.from_env({}, env={})), state_cache(Settings.from_env({}, env={})),
                    model=PhaseModel(features=("mem", "gpu")))
-
-
-def test_the_models_and_the_settings_agree_on_the_limited_features():
-    from phasewise.kit.settings import LIMITED_FEATURES
-    from phasewise.models.phases.detector import LIMITED
-
-    assert LIMITED == LIMITED_FEATURES
 
 
 def test_the_worker_vpa_defaults_are_the_in_process_vpa_defaults():

@@ -10,8 +10,8 @@ import argparse
 import logging
 import sys
 
-from phasewise.kit.command import add_common, add_setting, settings_from_args
-from phasewise.kit.settings import above, arg_type, parse_float
+from phasewise.kit.command import add_common, add_setting, arg_type, settings_from_args
+from phasewise.kit.settings import above, parse_float
 from phasewise.kit.topics import TOPICS
 
 

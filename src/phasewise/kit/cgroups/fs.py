@@ -25,15 +25,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phasewise.kit.cgroups.layouts import LAYOUTS, Match, classify, top_dirs
-from phasewise.kit.records import ContainerIdentity
-from phasewise.kit.settings import relative_cgroup_path
+from phasewise.kit.cgroups.layouts import Match, classify, top_dirs
+from phasewise.kit.records import LAYOUTS, ContainerIdentity
+from phasewise.kit.settings import CGROUP_LAYOUTS, relative_cgroup_path
 
-__all__ = ["CgroupLayout", "CgroupError", "Found", "LAYOUT_CHOICES", "detect_version", "is_container_name",
+__all__ = ["CgroupLayout", "CgroupError", "Found", "detect_version", "is_container_name",
            "V1_CONTROLLERS"]
 
-#: the ``cgroup_layout`` setting's values: one layout, or ``auto`` (every layout present)
-LAYOUT_CHOICES = ("auto", *LAYOUTS)
 #: how deep below a runtime layout's top directory its containers are (kubepods.slice/qos/pod/scope)
 _MAX_DEPTH = 3
 
@@ -108,8 +106,8 @@ class CgroupLayout:
             relative_cgroup_path(self.prefix)  # the rule of the cgroup_prefix setting
         except ValueError as e:
             raise CgroupError(f"invalid managed prefix: {e}") from None
-        if self.layout not in LAYOUT_CHOICES:
-            raise CgroupError(f"cgroup layout must be one of {', '.join(LAYOUT_CHOICES)}, got {self.layout!r}")
+        if self.layout not in CGROUP_LAYOUTS:
+            raise CgroupError(f"cgroup layout must be one of {', '.join(CGROUP_LAYOUTS)}, got {self.layout!r}")
         if self.parent:
             try:
                 relative_cgroup_path(self.parent)

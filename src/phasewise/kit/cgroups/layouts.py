@@ -38,10 +38,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["LAYOUTS", "RUNTIME_LAYOUTS", "Match", "classify", "classify_proc_cgroup", "top_dirs"]
+from phasewise.kit.records import LAYOUTS
 
-#: every layout (the ``layout`` of :class:`phasewise.kit.records.ContainerIdentity`)
-LAYOUTS = ("flat", "docker-cgroupfs", "docker-systemd", "kubepods-cgroupfs", "kubepods-systemd")
+__all__ = ["RUNTIME_LAYOUTS", "Match", "classify", "classify_proc_cgroup", "top_dirs"]
+
 #: layouts a container runtime makes (everything but phasewise's own flat prefix)
 RUNTIME_LAYOUTS = LAYOUTS[1:]
 

@@ -26,7 +26,7 @@ first (its decided limits are the fallback), then hands each round of
 Frames are the model's features (default ``cpu,mem``; with ``gpu,gpu_mem`` a
 sample's ``gpu_util`` / ``gpu_mem_bytes`` are columns too, a missing reading is
 NaN). Only ``cpu`` and ``mem`` get limits and decisions
-(:data:`~phasewise.models.phases.detector.LIMITED`); GPU columns shape the phases.
+(:data:`~phasewise.models.phases.features.LIMITED`); GPU columns shape the phases.
 
 Pure apart from reading the latest snapshot through *latest*: the agent
 (:mod:`phasewise.streams.agents.phases`) sends what a step returns and persists
@@ -46,7 +46,8 @@ import numpy as np
 from phasewise.kit.records import Decision, HostSamples, ModelSnapshot, PhaseChange
 from phasewise.kit.records.learn_batches import encode_learn_batch
 from phasewise.models.decisions import PHASE_POLICY, clean, phase_decisions, round_limits
-from phasewise.models.phases.detector import LIMITED, PhaseModel
+from phasewise.models.phases.detector import PhaseModel
+from phasewise.models.phases.features import LIMITED
 from phasewise.models.phases.fleet import FleetStep, PhaseFleet
 from phasewise.models.phases.snapshots import model_name
 from phasewise.models.safety.guard import GuardOutcome
