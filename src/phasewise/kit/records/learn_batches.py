@@ -30,7 +30,7 @@ try:  # learn batches are ~1 KB of numbers per window: orjson writes numpy array
 except ImportError:  # pragma: no cover
     _orjson = None
 
-from phasewise.kit.records import MAX_BYTES, MAX_CORES, MAX_MESSAGE_BYTES, MAX_PCT, SchemaError, brief
+from phasewise.kit.records.codec import MAX_BYTES, MAX_CORES, MAX_MESSAGE_BYTES, MAX_PCT, SchemaError, brief
 
 __all__ = ["LEARN_BATCH_VERSION", "decode_learn_batch", "encode_learn_batch"]
 
