@@ -30,6 +30,8 @@ from tests.test_poison import poison
 
 broker = private_broker_fixture()  # job events from other tests would change the placements
 
+#: the policy's parameters without CPU weights
+UNWEIGHTED = PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=None)
 GB = 1e9
 
 
@@ -203,7 +205,7 @@ def test_a_submitted_container_is_ignored_and_a_started_one_taken_only_when_sign
     ds, _, _ = run(s, [submitted("big", 3, cpu=2, priority=9)])
     assert [(d.action, d.container) for d in ds if d.action == "terminate"] == [("terminate", "a")]
     # the actuator's started event, signed with the cluster key: its container is taken
-    t = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB, 1), "n1",
+    t = PriorityStep(UNWEIGHTED, Capacity(2, 8 * GB, 1), "n1",
                      verify=ring.verify)
     run(t, [submitted("a", 1, cpu=2)])
     real = encode(JobEvent(job="a", ts=2, kind="started", host="n1", container="a-ctr"))
@@ -282,7 +284,7 @@ def test_with_the_placement_agent_as_launcher_starts_and_restarts_are_admitted_h
     run(u, [submitted("top", 1.0, cpu=2, priority=9)])
     assert [(h.kind, h.job, h.ts) for h in u.take_hints()] == [("stopped", "low", 2.002), ("admitted", "top", 1.0)]
     with pytest.raises(ValueError, match="launcher"):
-        PriorityStep(PriorityConfig(), Capacity(1, GB), "n1", launcher="kubernetes")
+        PriorityStep(UNWEIGHTED, Capacity(1, GB), "n1", launcher="kubernetes")
 
 
 # ------------------------------------------------------------------------------------- a real worker
@@ -456,11 +458,14 @@ def test_the_records_are_json():  # the fixtures' own sanity: valid events parse
 
 
 def test_job_events_stamped_far_ahead_or_behind_are_refused_and_change_nothing():
-    from phasewise.models.safety.intake import EventClock, IntakeConfig
+    from phasewise.kit.settings import Settings
+    from phasewise.models.safety.intake import EventClock
     from phasewise.streams.agents.priorities import EventTimeRefused
+    from phasewise.streams.config import intake_config
 
-    s = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB, 1), "n1",
-                     clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1000.0)
+    clock = EventClock(intake_config(Settings().replace(intake_max_future_s=60, intake_max_behind_s=600)))
+    s = PriorityStep(UNWEIGHTED, Capacity(2, 8 * GB, 1), "n1",
+                     clock=clock, now=lambda: 1000.0)
     ds, _, bad = run(s, [submitted("low", 900, cpu=2), finished("low", 1000 + 1e7), finished("low", 100)])
     assert [(d.action, d.container) for d in ds] == [("place", "low")]
     assert "ahead of the worker clock" in bad[0] and "behind the job's newest event" in bad[1]
@@ -474,7 +479,7 @@ def test_with_trusted_submitters_a_stranger_s_job_books_nothing_and_preempts_nob
     from phasewise.streams.agents.priorities import SignatureRefused
     from tests.job_keys import STRANGER
 
-    s = PriorityStep(PriorityConfig(freeze_max_wait_s=60, grace_s=20), Capacity(2, 8 * GB, 1), "n1",
+    s = PriorityStep(UNWEIGHTED, Capacity(2, 8 * GB, 1), "n1",
                      submitters=TRUSTED)
     ds, _, bad = run(s, [submitted("mine", 1, cpu=2)])
     assert bad == [] and [(d.action, d.container) for d in ds] == [("place", "mine")]

@@ -250,13 +250,15 @@ def test_the_worker_with_targets_through_the_broker(settings, tmp_path):
 
 
 def test_a_progress_event_stamped_far_ahead_is_a_dead_letter_and_pins_nothing():
-    from phasewise.models.safety.intake import EventClock, IntakeConfig
+    from phasewise.models.safety.intake import EventClock
+    from phasewise.streams.config import intake_config
 
     settings = Settings.from_env({"host": "h1", "targets_patience": 1, "targets_ewma_alpha": 1.0}, env={})
     sent, dead = [], []
+    clock = EventClock(intake_config(settings.replace(intake_max_future_s=60, intake_max_behind_s=600)))
     h = TargetsHandler(fleet_from_settings(settings), lambda t, k, v: sent.append((t, k, v)),
                        lambda ev, why, kind="schema": dead.append((ev, why, kind)),
-                       clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1100.0)
+                       clock=clock, now=lambda: 1100.0)
     h.handle("e0", submitted("job-a", ts=1000.0))
     h.handle("e1", started("job-a", ts=1001.0))
     h.handle("future", progress("job-a", 1, 0.4, ts=1100.0 + 1e7))  # would reach the objective at once
@@ -272,13 +274,15 @@ def test_a_progress_event_stamped_far_ahead_is_a_dead_letter_and_pins_nothing():
 def test_kinds_it_does_not_act_on_are_skipped_never_dead_lettered():
     """The priority agent's hints (stamped by another job's event) and new priorities: neither a dead letter
     nor the job's newest time, however they are stamped."""
-    from phasewise.models.safety.intake import EventClock, IntakeConfig
+    from phasewise.models.safety.intake import EventClock
+    from phasewise.streams.config import intake_config
 
     settings = Settings.from_env({"host": "h1", "targets_patience": 1, "targets_ewma_alpha": 1.0}, env={})
     sent, dead = [], []
+    clock = EventClock(intake_config(settings.replace(intake_max_future_s=60, intake_max_behind_s=600)))
     h = TargetsHandler(fleet_from_settings(settings), lambda t, k, v: sent.append((t, k, v)),
                        lambda ev, why, *kind: dead.append((ev, why)),
-                       clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1000.0)
+                       clock=clock, now=lambda: 1000.0)
     h.handle(0, submitted("job-a", ts=900.0))
     h.handle(1, started("job-a", ts=950.0))
     for i, ev in enumerate([JobEvent(job="job-a", ts=100.0, kind="admitted", host="node-7", resume=True),

@@ -67,7 +67,7 @@ Policies (:data:`POLICIES`):
 
 >>> nodes = [Node("a", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),) * 2),
 ...          Node("b", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),))]
->>> c = Cluster(nodes)
+>>> c = Cluster(nodes, PlacementConfig(isolate_inference=False, horus_frag_weight=1.0))
 >>> job = Job("j1", cpu_milli=1000, mem_bytes=1 << 30, gpus=0.5, gpu_mem_bytes=4 << 30)
 >>> p = FirstFit().place(job, c)
 >>> (p.node, p.gpus)
@@ -159,13 +159,16 @@ class Placement:
                 "scores": dict(self.scores)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlacementConfig:
-    isolate_inference: bool = False
+    """The hard rules' options and Horus's weights; the placement worker builds them from its ``place_*``
+    settings, which hold the defaults of the fields they feed (docs/architecture.md, "Defaults")."""
+
+    isolate_inference: bool
     top_k: int = 3  # runner-up nodes reported with each decision
     horus_mem_weight: float = 1.3
     horus_over_factor: float = 1.6
-    horus_frag_weight: float = 1.0  # horus: weight of FGD's fragmentation growth (GPUs) against over-capacity
+    horus_frag_weight: float  # horus: weight of FGD's fragmentation growth (GPUs) against over-capacity
 
 
 @dataclass
@@ -183,8 +186,8 @@ class _Alloc:
 class Cluster:
     """Nodes' capacity, allocation and observation, as arrays (row = node, column = GPU slot)."""
 
-    def __init__(self, nodes: Sequence[Node], config: PlacementConfig | None = None):
-        self.config = config or PlacementConfig()
+    def __init__(self, nodes: Sequence[Node], config: PlacementConfig):
+        self.config = config
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.labels: list[dict[str, str]] = []
@@ -873,7 +876,7 @@ class WaitingJobs:
     does not fit, none does. :meth:`worst` is the job of lowest rank (the first to go when the
     waiting jobs are capped).
 
-    >>> c = Cluster([Node("a", 4000, 8 << 30)])
+    >>> c = Cluster([Node("a", 4000, 8 << 30)], PlacementConfig(isolate_inference=False, horus_frag_weight=1.0))
     >>> w = WaitingJobs()
     >>> w.add("big", Job("big", 8000, 1 << 30), rank=(0, 1.0, "big"))
     >>> w.add("small", Job("small", 2000, 1 << 30), rank=(0, 2.0, "small"))

@@ -65,7 +65,7 @@ _FIELD = {"cpu": "cpu_cores", "mem": "mem_bytes", "gpu": "gpu_util", "gpu_mem": 
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """The live detectors' parameters (the worker builds them from its settings)."""
+    """The live detectors' parameters; the worker builds them from its settings (which hold their defaults)."""
 
     #: the lowest CPU (cores) and memory (bytes) limits handed out (the VPA's minimums)
     min_cpu_cores: float
@@ -82,7 +82,7 @@ class DetectorConfig:
     ratio_cap: float | None
     #: the policy of containers whose workload names none (the worker's ``--policy``): the phase
     #: decisions are published for the containers decided with ``phase``, the others' are scored only
-    default_policy: str = PHASE_POLICY
+    default_policy: str
 
 
 @dataclass
