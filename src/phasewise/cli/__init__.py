@@ -1,14 +1,8 @@
-"""``phasewise``: one CLI, one subcommand per role.
+"""``phasewise``: the one CLI, a subcommand per role, app and small command (:data:`ROLES`).
 
-Each role lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``; modules are imported only when their subcommand runs,
-so a host agent never imports torch or Faust.
-
-Before any role runs, the ``PHASEWISE_*`` environment and the flags are read
-into :class:`~phasewise.kit.settings.Settings` (every role checks all of them). A
-configuration error, from a flag or the environment, is one line on stderr,
-``phasewise ROLE: error: <setting>: <why>``, and exit status 2; a
-``PHASEWISE_*`` variable that is no setting gets a one-line warning.
+A subcommand's module is imported only when it runs, so a host agent never loads torch or Faust;
+the settings are read and checked before any role runs, and a refused one is a single line with exit
+status 2 (docs/operations.md, "Roles (the CLI)"; docs/configuration.md).
 """
 
 from __future__ import annotations

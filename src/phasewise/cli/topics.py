@@ -1,7 +1,7 @@
-"""``phasewise topics``: create phasewise's topics idempotently and list them.
+"""``phasewise topics``: create phasewise's topics idempotently and list them (docs/operations.md, "Topics").
 
-Exit status 0 when every topic exists; 1, with one line saying why, when no
-broker answered within ``--timeout`` seconds or the cluster refused a topic.
+Exit status 0 when every topic exists; 1, with one line saying why, when no broker answered within
+``--timeout`` seconds or the cluster refused a topic.
 """
 
 from __future__ import annotations

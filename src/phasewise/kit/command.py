@@ -1,7 +1,7 @@
-"""What every role's command shares: its settings as flags, its one Settings, a stop on SIGINT/SIGTERM.
+"""What every role's command shares: its settings as flags (argparse adapters), its one Settings, a stop on
+SIGINT/SIGTERM.
 
-The CLI (:mod:`phasewise.cli`) builds one subcommand per role from these; a
-role's ``add_arguments`` and ``run`` call them (docs/configuration.md).
+The CLI (:mod:`phasewise.cli`) builds a subcommand per role from these (docs/configuration.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""Where containers' cgroup files live, for cgroup v1 and v2, in every layout.
+"""Where containers' cgroup files are, on cgroup v1 and v2, in every layout (:class:`CgroupLayout`).
 
-In the ``flat`` layout a container is a cgroup directly under
-``<root>/<prefix>/`` (v2) or ``<root>/<controller>/<prefix>/`` (v1), and its
-id on the wire is its name relative to the prefix (``job-a``). The runtime
-layouts (:mod:`phasewise.kit.cgroups.layouts`: Docker's cgroupfs and systemd drivers,
-Kubernetes pods under either driver) are found under ``<parent>`` inside each
-hierarchy, and a container's id on the wire is the runtime's container id;
-``auto`` finds containers of every layout present. The root is a parameter
-so tests and unusual hosts (the cgroup2 tree at ``/sys/fs/cgroup/unified`` on
-a hybrid host) point elsewhere.
-
-Only the layout lives here; the sampler reads and the actuator writes through
-it, resolving a container id to its cgroup with the same discovery. Nothing
-but a discovered container (or a name under the flat prefix) is ever
-returned, so an actuator cannot be talked into touching another cgroup.
+The host agent reads and the actuator writes through it, resolving a container id to its cgroup with
+the same discovery, so nothing but a discovered container (or a name under the flat prefix) is ever
+returned (docs/kubernetes.md, "Container layouts").
 """
 
 from __future__ import annotations

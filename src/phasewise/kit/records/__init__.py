@@ -6,15 +6,6 @@ decoding, encoding), the worker's column-wise samples decoder (``columns``)
 and the JSON Schema writer (``json_schema``). Each record is a frozen
 dataclass carrying ``v`` (its schema version) and ``ts`` (event time);
 docs/architecture.md ("Records") says what decoding guarantees.
-
->>> s = ContainerSample(container="job-a", cpu_cores=1.5, mem_bytes=2**30)
->>> msg = HostSamples(host="h1", ts=1.0, interval_s=1.0, containers=(s,))
->>> decode(HostSamples, encode(msg)) == msg
-True
->>> decode(HostSamples, b'{"v": 1, "host": "h1"}')
-Traceback (most recent call last):
-...
-phasewise.kit.records.codec.SchemaError: HostSamples: missing field 'ts'
 """
 
 from phasewise.kit.records.codec import (

@@ -459,7 +459,15 @@ def encode_within(record: Any) -> bytes:
 def decode(cls: type[R], raw: bytes | str) -> R:
     """Parse and validate one message; :class:`SchemaError` says why not (and nothing else is raised).
 
-    >>> from phasewise.kit.records import Decision
+    >>> from phasewise.kit.records import ContainerSample, Decision, HostSamples
+    >>> s = ContainerSample(container="job-a", cpu_cores=1.5, mem_bytes=2**30)
+    >>> msg = HostSamples(host="h1", ts=1.0, interval_s=1.0, containers=(s,))
+    >>> decode(HostSamples, encode(msg)) == msg
+    True
+    >>> decode(HostSamples, b'{"v": 1, "host": "h1"}')
+    Traceback (most recent call last):
+    ...
+    phasewise.kit.records.codec.SchemaError: HostSamples: missing field 'ts'
     >>> decode(Decision, None)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
