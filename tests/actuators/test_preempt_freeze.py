@@ -60,7 +60,8 @@ def test_decision_to_frozen_within_a_second_and_no_step_lost(managed, recorder):
     assert p.stdout.readline().strip() == "ready"
     time.sleep(0.3)
 
-    pol = PriorityPolicy(PriorityConfig(freeze_max_wait_s=60), {"h1": Capacity(2, 8e9)})
+    pol = PriorityPolicy(PriorityConfig(freeze_max_wait_s=60, grace_s=30, cpu_weight_ratio=None),
+                         {"h1": Capacity(2, 8e9)})
     pol.submit(JobRequest("low", "h1", cpu_cores=2), now=0)
     act = actuator(managed, recorder)
     own(act, "low")  # as if this actuator had started it

@@ -83,7 +83,8 @@ def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path)
     rec = Recorder()
     act = Actuator(s, backend, Ledger(tmp_path / "l.sqlite"), rec, metrics=ActuatorMetrics(CollectorRegistry()),
                    submitters=TRUSTED)
-    agent = PriorityStep(PriorityStepConfig(PriorityConfig(grace_s=10, cpu_weight_ratio=2.0), Capacity(1.0, 2**32),
+    policy = PriorityConfig(freeze_max_wait_s=120, grace_s=10, cpu_weight_ratio=2.0)
+    agent = PriorityStep(PriorityStepConfig(policy, Capacity(1.0, 2**32),
                                             "h1", 8, "self"), Submissions(start_details))
     tag = uuid.uuid4().hex[:6]
     low, hi = f"low-{tag}", f"hi-{tag}"

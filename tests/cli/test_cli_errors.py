@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from phasewise.kit.broker import free_port
-from phasewise.kit.command import add_setting
-from phasewise.kit.settings import SPECS, Settings, SettingsError, WorkerSettings, arg_type
+from phasewise.kit.command import add_setting, arg_type
+from phasewise.kit.settings import SPECS, Settings, SettingsError, WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = str(ROOT / "infra" / "schemas")

@@ -20,6 +20,7 @@ The stream is real: the AI4DL IBM DLaaS sample's containers (CPU cores, working 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import pickle
 from collections.abc import Callable
@@ -199,9 +200,12 @@ def test_the_vpa_answers_alike_per_container_and_fleet_vectorised():
 
 
 def test_the_safety_rules_answer_alike_row_by_row_and_vectorised_on_the_real_stream():
-    from phasewise.models.safety.guard import GuardConfig, LimitGuard
+    from phasewise.kit.settings import Settings
+    from phasewise.models.safety.guard import LimitGuard
+    from phasewise.streams.config import guard_config
 
-    cfg = GuardConfig(min_history_s=600, cooldown_s=300, peak_window_s=3600)
+    cfg = dataclasses.replace(guard_config(Settings()), min_history_s=600, cooldown_s=300, peak_window_s=3600,
+                              throttle_window_s=5.0)
     many = LimitGuard(cfg)
     rows = many.add_rows(len(STREAMS))
     ones = [LimitGuard(cfg) for _ in STREAMS]

@@ -12,10 +12,8 @@ from tests.models.phases.test_phase_updater import warm_model
 
 
 def test_phase_features_are_checked_and_pick_the_starting_model():
-    from phasewise.kit.settings import PHASE_FEATURES, SettingsError
-    from phasewise.models.phases.detector import FEATURES as MODEL_FEATURES
+    from phasewise.kit.settings import SettingsError
 
-    assert PHASE_FEATURES == tuple(MODEL_FEATURES)
     for bad, why in (("cpu,gpu", "must hold cpu,mem"), ("cpu,mem,tpu", "unknown feature"),
                      ("cpu,mem,mem", "twice")):
         with pytest.raises(SettingsError, match=why):
@@ -32,13 +30,6 @@ def test_phase_features_are_checked_and_pick_the_starting_model():
     with pytest.raises(ValueError, match="must include"):
         PhaseHooks(detector_config(Settings.from_env({}, env={})), state_cache(Settings.from_env({}, env={})),
                    model=PhaseModel(features=("mem", "gpu")))
-
-
-def test_the_models_and_the_settings_agree_on_the_limited_features():
-    from phasewise.kit.settings import LIMITED_FEATURES
-    from phasewise.models.phases.detector import LIMITED
-
-    assert LIMITED == LIMITED_FEATURES
 
 
 def test_the_worker_vpa_defaults_are_the_in_process_vpa_defaults():
@@ -62,3 +53,55 @@ def test_the_faust_web_server_is_off_unless_a_port_is_set():
     assert app.conf.web_enabled is False
     app = create_app(Settings.from_env({"web_port": 6070}, env={}), register_agents=False)
     assert app.conf.web_enabled is True and app.conf.web_port == 6070 and app.conf.web_bind == "127.0.0.1"
+
+
+def _builds():
+    from phasewise.streams.agents.horus import HorusState
+    from phasewise.streams.agents.placement import PlacementState
+    from phasewise.streams.agents.priorities import priority_config
+    from phasewise.streams.agents.targets import fleet_from_settings
+    from phasewise.streams.config import guard_config, intake_config, updater_config
+
+    return {
+        "GuardConfig": guard_config, "IntakeConfig": intake_config, "UpdaterConfig": updater_config,
+        "DetectorConfig": detector_config, "PriorityConfig": lambda s: priority_config(s)[0],
+        "TargetsConfig": lambda s: fleet_from_settings(s).config, "PlacementConfig": lambda s: PlacementState(s).config,
+        "HorusConfig": lambda s: HorusState(s, 1).model_config, "JoinConfig": lambda s: HorusState(s, 1).join_config,
+    }
+
+
+#: each model configuration -> how the worker builds it from its settings
+BUILDS = _builds()
+#: fields fed by a setting that still take a default, and why: models/vpa is being split on another branch
+KNOWN = {"UpdaterConfig": {"default_policy"}}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_a_config_field_that_a_setting_feeds_has_no_default_of_its_own(name):
+    """Each default is written once: in the setting's declaration, not again in the model's config
+    (docs/architecture.md, "Defaults"). A field is fed by a setting when changing the setting alone
+    changes the field in the config the worker builds."""
+    import dataclasses
+
+    from phasewise.kit.settings import SPECS
+    from tests.kit.settings.test_settings import other_value
+
+    build = BUILDS[name]
+    base = build(Settings())
+    assert type(base).__name__ == name
+    fed: dict[str, str] = {}
+    for setting in SPECS:
+        try:
+            config = build(Settings().replace(**{setting: other_value(setting)}))
+        except Exception:  # noqa: BLE001 - a value the builder cannot use here (a key file named "other")
+            continue
+        if config is None:  # (safety_rules off: no rules at all)
+            continue
+        for f in dataclasses.fields(config):
+            if getattr(config, f.name) != getattr(base, f.name):
+                fed.setdefault(f.name, setting)
+    assert fed, f"no setting feeds {name}"
+    defaulted = {f.name: fed[f.name] for f in dataclasses.fields(base) if f.name in fed
+                 and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)}
+    assert set(defaulted) <= KNOWN.get(name, set()), (
+        f"{name} restates the default of the setting(s) that feed it: {defaulted}")

@@ -1,4 +1,4 @@
-"""``phasewise``: one CLI, one subcommand per role.
+"""``phasewise``: the one CLI, a subcommand per role, app and small command (:data:`ROLES`).
 
 Each role is a module (or ``module:object``) exposing ``add_arguments(parser)``
 and ``run(args) -> int``; modules are imported only when their subcommand runs,

@@ -7,7 +7,8 @@ import signal
 import sys
 
 from phasewise.kit.broker import BrokerError, EmbeddedBroker
-from phasewise.kit.settings import arg_type, in_range, parse_int
+from phasewise.kit.command import arg_type
+from phasewise.kit.settings import in_range, parse_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,9 +1,6 @@
-"""``phasewise keys submitter PATH``: make a submitter's Ed25519 key pair (``docs/security.md``).
+"""``phasewise keys submitter PATH``: make a submitter's Ed25519 key pair, PATH (private, mode 0600) and PATH.pub.
 
-Writes the private key to PATH (PEM, mode 0600: what ``phasewise submit
---key`` or ``job_submitter_key_file`` names) and the public key to PATH.pub
-(what an actuator's ``job_trusted_submitters`` names, or a directory holding
-it). Refuses to overwrite either file.
+Never overwrites a file; docs/security.md ("Who may start a job") says where each key goes.
 """
 
 from __future__ import annotations

@@ -7,12 +7,12 @@ import json
 import sys
 from pathlib import Path
 
-from phasewise.kit.records import json_schemas
+from phasewise.kit.records import RECORDS, json_schemas
 from phasewise.kit.records.replay_output import SCHEMA_NAME, replay_output_schema
 
 
 def render() -> dict[str, str]:
-    schemas = {**json_schemas(), SCHEMA_NAME: replay_output_schema()}
+    schemas = {**json_schemas(RECORDS), SCHEMA_NAME: replay_output_schema()}
     return {name: json.dumps(s, indent=2, sort_keys=True) + "\n" for name, s in schemas.items()}
 
 

@@ -1,7 +1,7 @@
-"""``phasewise topics``: create phasewise's topics idempotently and list them.
+"""``phasewise topics``: create phasewise's topics idempotently and list them (docs/operations.md, "Topics").
 
-Exit status 0 when every topic exists; 1, with one line saying why, when no
-broker answered within ``--timeout`` seconds or the cluster refused a topic.
+Exit status 0 when every topic exists; 1, with one line saying why, when no broker answered within
+``--timeout`` seconds or the cluster refused a topic.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import argparse
 import logging
 import sys
 
-from phasewise.kit.command import add_common, add_setting, settings_from_args
-from phasewise.kit.settings import above, arg_type, parse_float
+from phasewise.kit.command import add_common, add_setting, arg_type, settings_from_args
+from phasewise.kit.settings import above, parse_float
 from phasewise.kit.topics import TOPICS
 
 

@@ -1,0 +1,1 @@
+"""The kit: what every role shares (records, settings, Kafka, cgroups, topics, signing); docs/architecture.md."""

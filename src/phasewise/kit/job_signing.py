@@ -1,37 +1,8 @@
-"""Ed25519 submitter signatures on jobs: who may have a command started (``docs/security.md``).
+"""Ed25519 submitter signatures on jobs: who may have a command started, and the trusted keys.
 
-A job's command runs only if a trusted submitter signed it. ``phasewise
-submit`` signs the ``submitted`` event with the submitter's private key
-(``job_submitter_key_file``); the agents copy the signature into the
-decision that starts the job; the actuator checks it against the public keys
-it trusts (``job_trusted_submitters``). Asymmetric keys, unlike the cluster's
-HMAC key (:mod:`phasewise.kit.signing`): verifiers (actuators, workers) hold only
-public keys, so none of them, compromised, can sign a job.
-
-What is signed: the job id, its submission time, workload, priority and the
-digest of its spec (:func:`spec_digest`: sha256 of the canonical JSON of the
-schema-normalised spec, command included), each length-prefixed after the
-domain ``phasewise-job-v1``. The signature is ``ed25519:<key id>:<base64>``;
-the key id is 8 hex digits of the sha256 of the raw public key (not secret),
-so a refusal names the key ("signed by key 'ab12cd34', not trusted").
-
-Pure crypto and files, no Kafka. Key files: the private key is PKCS#8 PEM,
-mode 0600 (anything readable by group or others is refused); a public key is
-PEM (``SubjectPublicKeyInfo``) or an OpenSSH ``ssh-ed25519`` line. Trusted keys
-are files and/or directories of ``*.pub`` (:class:`SubmitterKeys`); rotation is
-adding the new ``.pub`` and later removing the old one: the set is read again
-when a file or directory named in it changes. A trusted file or directory
-writable by group or others is refused (whoever can write it can add a
-submitter).
-
->>> key = generate_key()
->>> spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32, command=("python", "train.py"))
->>> sig = sign_job(key, "j1", 1700000000.5, "training", 0, spec)
->>> keys = SubmitterKeys.of([key.public_key()])
->>> keys.verify("j1", 1700000000.5, "training", 0, spec, sig) is None
-True
->>> keys.verify("j1", 1700000000.5, "training", 5, spec, sig)[:21]
-'wrong job signature: '
+``phasewise submit`` signs, the agents carry the signature into the starting decision, the actuator
+checks it against ``job_trusted_submitters`` (docs/security.md, "Who may start a job": what is
+signed, key ids, key files, rotation). Pure crypto and files, no Kafka.
 """
 
 from __future__ import annotations
@@ -242,6 +213,15 @@ class SubmitterKeys:
     directories of ``*.pub``); :meth:`refresh` reads them again when one of
     those changed, and fails closed: while the set cannot be read, every job is
     refused with the reason.
+
+    >>> key = generate_key()
+    >>> spec = JobSpec(model="resnet18", dataset="cifar10", batch_size=32, command=("python", "train.py"))
+    >>> sig = sign_job(key, "j1", 1700000000.5, "training", 0, spec)
+    >>> keys = SubmitterKeys.of([key.public_key()])
+    >>> keys.verify("j1", 1700000000.5, "training", 0, spec, sig) is None
+    True
+    >>> keys.verify("j1", 1700000000.5, "training", 5, spec, sig)[:21]
+    'wrong job signature: '
     """
 
     def __init__(self, keys: dict[str, Ed25519PublicKey], paths: tuple[str, ...] = (),

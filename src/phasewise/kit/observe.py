@@ -1,23 +1,7 @@
-"""Every role's HTTP endpoint: ``/metrics``, ``/healthz`` (live) and ``/readyz`` (ready), and ``build_info``.
+"""Every role's HTTP endpoint on ``metrics_port``: ``/metrics``, ``/healthz``, ``/readyz``, its own JSON views.
 
-One small server per process on ``metrics_port`` (0 = none), listening on
-``bind_address`` (loopback by default; ``0.0.0.0`` in a pod, where the
-kubelet's probes and Prometheus come from outside the pod's network
-namespace).
-
-- ``/metrics``: the role's Prometheus registry, ``phasewise_build_info``
-  included;
-- ``/healthz``: 200 while the role's loop is alive (each loop reports a
-  heartbeat, :meth:`Health.beat`; a loop silent for longer than its allowance
-  is dead: 503 with the reason), so a wedged process is restarted;
-- ``/readyz``: 200 when the role is doing its job (the role's own test, e.g.
-  the broker answers, the worker has its partitions), 503 with the reason
-  otherwise;
-- a role's own JSON views (*views*: the worker's ``/scorecard/``, which
-  ``phasewise explain`` reads), each answering ``(status, body)`` for the
-  request's query.
-
-Both health answers are one line of plain text.
+:class:`Health` holds the loops' heartbeats and the role's readiness test; both health answers are
+one line of plain text (docs/deployment.md, "Metrics"; docs/runbooks.md).
 """
 
 from __future__ import annotations

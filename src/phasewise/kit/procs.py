@@ -1,9 +1,7 @@
-"""Subprocesses the demo, the benchmarks, replay and the tests start: one wrapper.
+"""Subprocesses of the demo, the benchmarks, replay and the tests: :class:`ManagedProcess`, :class:`RoleProcess`.
 
-:class:`ManagedProcess` runs a command in its own session with its output in a
-log file; ``stop`` signals the whole process group (SIGTERM, then SIGKILL after
-a timeout), also ends what the leader left behind in its session, and reaps it.
-:class:`RoleProcess` is one for ``phasewise ROLE ...``.
+Each runs in its own session with its output in a log file; ``stop`` ends the whole process group
+and reaps it.
 """
 
 from __future__ import annotations

@@ -1,39 +1,7 @@
-"""HMAC-SHA256 signatures on published records: who may write decisions and model snapshots.
+"""HMAC-SHA256 signatures on the decisions and model snapshots the worker publishes (:class:`Keyring`).
 
-Kafka ACLs say which principals may write a topic; a signature says the
-record came from a holder of the cluster key, whatever wrote it onto the
-topic (a mis-scoped ACL, a mirror, a compromised client without the key).
-The worker signs the decisions and model snapshots it publishes; the
-actuator and the snapshot follower verify them when a key is configured
-(``signing_key_file``) and refuse a record that is unsigned or wrongly
-signed, with the reason. Without a key, nothing is signed or checked.
-
-The signature is a Kafka header, :data:`HEADER`, holding
-``v1:<key id>:<hex HMAC-SHA256>``. It covers the topic's name, the record's
-key and the exact bytes of its value (the record's canonical compact JSON,
-:func:`phasewise.kit.records.encode`), each length-prefixed, so a signed record
-cannot be moved to another topic or key, nor its value changed by a byte. The
-key id (8 hex digits of a hash of the key) names which key signed, so a
-verifier says "signed with an unknown key" rather than "wrong signature".
-
-Rotation: a verifier holds the current key and, until
-``signing_previous_key_until`` (Unix time), the previous one; signers use
-the current key. Roll the new key out to every verifier first (new key as
-``signing_key_file``, old as ``signing_previous_key_file``), then to the
-signers; after the grace time the old key is refused.
-
-A signature proves origin and integrity, not freshness: replays of a signed
-record are stopped by the actuator's age limit (``decision_max_age_s``) and
-its ledger of applied ids, and a snapshot's by the follower's version rules.
-
->>> ring = Keyring(b"k" * 32)
->>> h = ring.sign("phasewise.decisions.v1", b"host-a", b'{"v":1}')
->>> ring.verify("phasewise.decisions.v1", b"host-a", b'{"v":1}', [(HEADER, h)], now=0.0) is None
-True
->>> ring.verify("phasewise.decisions.v1", b"host-a", b'{"v":2}', [(HEADER, h)], now=0.0)
-'wrong signature (phasewise-hmac): the record was changed or signed with another key'
->>> ring.verify("phasewise.decisions.v1", b"host-a", b'{"v":1}', None, now=0.0)
-'unsigned: no phasewise-hmac header, and signing_key_file is set'
+A verifier refuses what is unsigned or wrongly signed when a key is configured; what is signed, key
+ids, rotation and what a signature does not prove: docs/security.md.
 """
 
 from __future__ import annotations
@@ -104,7 +72,17 @@ def header_of(headers: Any) -> bytes | None:
 
 
 class Keyring:
-    """The key this process signs with and the keys it accepts (the previous one until *previous_until*)."""
+    """The key this process signs with and the keys it accepts (the previous one until *previous_until*).
+
+    >>> ring = Keyring(b"k" * 32)
+    >>> h = ring.sign("phasewise.decisions.v1", b"host-a", b'{"v":1}')
+    >>> ring.verify("phasewise.decisions.v1", b"host-a", b'{"v":1}', [(HEADER, h)], now=0.0) is None
+    True
+    >>> ring.verify("phasewise.decisions.v1", b"host-a", b'{"v":2}', [(HEADER, h)], now=0.0)
+    'wrong signature (phasewise-hmac): the record was changed or signed with another key'
+    >>> ring.verify("phasewise.decisions.v1", b"host-a", b'{"v":1}', None, now=0.0)
+    'unsigned: no phasewise-hmac header, and signing_key_file is set'
+    """
 
     def __init__(self, key: bytes, previous: bytes | None = None, previous_until: float = 0.0) -> None:
         if len(key) < MIN_KEY_BYTES or (previous is not None and len(previous) < MIN_KEY_BYTES):

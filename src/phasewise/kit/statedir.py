@@ -1,16 +1,6 @@
 """A role's state directory (``data_dir``): its default, and refusing one that another user could tamper with.
 
-The actuator's ledger of applied decisions, the logs and working directories
-of the jobs it starts, a worker's Faust data and the demo's run directories
-live under ``data_dir``. A directory that another local user created first,
-or may write, lets that user put a symbolic link where a root role writes
-(a job log), or delete the ledger so that a decision is applied twice. So
-the default is not under ``/tmp`` (:func:`default_data_dir`), and every role
-calls :func:`ensure_state_dir` at start-up: it creates the directory with a
-private mode when it is missing and refuses, in one line, one that is a
-symbolic link, not a directory, owned by another user, or writable by group
-or others, or that lies below a directory another user owns. See
-docs/security.md, "State directories".
+docs/security.md ("State directories") says why and what is refused.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Topic names, keys and partition counts: the contract with subscribers.
+"""The topics: names (with a format version), keys and partition counts, the contract with subscribers.
 
-Names carry a format version (``.v1``); a breaking change to a record gets a
-new topic rather than surprising old consumers. Partition counts are the
-defaults used when phasewise creates topics; on a real cluster an operator
-may pre-create them with more partitions (keys keep per-host order either way).
+docs/operations.md ("Topics") lists them; a breaking change to a record gets a new topic.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Cores and bytes as people read them: in a table column, or in words in a message.
-
-Reading sizes is :func:`phasewise.kit.settings.parse_size` (``64Mi``, ``1G``).
+"""Cores and bytes as people read them, in a table column or a message (reading sizes:
+:func:`phasewise.kit.settings.parse_size`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Summary, start_http_server
 
-from phasewise.kit.settings import POLICIES
+from phasewise.kit.records import WORKLOAD_POLICIES
 from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, LEARN_WINDOWS, PHASES, PREDICTIONS, Topic
 
 __all__ = ["DEAD_LETTER_KINDS", "EVICTION_LIMITS", "LATENCY_BUCKETS", "OUTPUT_TOPICS", "REFUSAL_LIMITS",
@@ -56,7 +56,7 @@ class WorkerMetrics:
         self.policy_refused = Counter("phasewise_worker_policy_refused",
                                       "container samples not decided: their workload asks for a policy this "
                                       "worker does not run (phasewise.io/policy)", ["policy"], registry=registry)
-        for pol in POLICIES:
+        for pol in WORKLOAD_POLICIES:
             self.policy_refused.labels(policy=pol)
         self.delivery_errors = Counter("phasewise_worker_delivery_errors",
                                        "output records not delivered (no offsets are committed after one)",
@@ -68,7 +68,7 @@ class WorkerMetrics:
         self.sample_to_decision = Histogram(
             "phasewise_worker_sample_to_decision_seconds", "sample time (ts) to its decision being sent",
             ["policy"], buckets=LATENCY_BUCKETS, registry=registry)
-        for pol in (*POLICIES, "other"):
+        for pol in (*WORKLOAD_POLICIES, "other"):
             self.recommendations.labels(policy=pol)
             self.sample_to_decision.labels(policy=pol)
         self.consumer_lag = Gauge("phasewise_worker_consumer_lag",
@@ -114,7 +114,7 @@ class WorkerMetrics:
         """Count *decisions* (``Decision`` records just sent) by policy, with their sample-to-decision time."""
         now = time.time() if now is None else now
         for d in decisions:
-            pol = d.policy if d.policy in POLICIES else "other"
+            pol = d.policy if d.policy in WORKLOAD_POLICIES else "other"
             self.recommendations.labels(policy=pol).inc()
             self.sample_to_decision.labels(policy=pol).observe(max(0.0, now - d.ts))
 

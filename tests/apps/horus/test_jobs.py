@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from phasewise.apps.horus.submit import SpecError, job_event
-from phasewise.kit.records import JobEvent, JobSpec, JobTargets, SchemaError, decode, encode, json_schemas
+from phasewise.kit.records import RECORDS, JobEvent, JobSpec, JobTargets, SchemaError, decode, encode, json_schemas
 
 GOOD = {"job": "rn18-a", "model": "ResNet-18", "dataset": "CIFAR-10", "batch_size": 128, "priority": 2,
         "workload": "inference", "requests": {"cpu_cores": 2, "gpus": 0.5},
@@ -58,7 +58,7 @@ def test_progress_and_started_events_decode_and_wrong_kinds_do_not():
 
 
 def test_the_json_schema_nests_the_spec():
-    s = json_schemas()["JobEvent.v1.json"]
+    s = json_schemas(RECORDS)["JobEvent.v1.json"]
     assert s["properties"]["spec"]["anyOf"][0] == {"$ref": "#/$defs/JobSpec"}
     assert s["$defs"]["JobSpec"]["properties"]["requests"] == {"$ref": "#/$defs/JobRequests"}
     assert s["$defs"]["JobSpec"]["properties"]["command"]["items"] == {"type": "string", "maxLength": 16384}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phasewise.kit.records import Interval, SchemaError, UtilisationPrediction, decode, encode, json_schemas
+from phasewise.kit.records import RECORDS, Interval, SchemaError, UtilisationPrediction, decode, encode, json_schemas
 
 
 def test_a_prediction_round_trips():
@@ -23,4 +23,5 @@ def test_a_prediction_without_an_interval_or_with_a_negative_one_is_refused():
            b'"mem_bytes":{"mean":1,"lo":0,"hi":1}}')
     with pytest.raises(SchemaError, match="gpu_util: Interval: field 'mean' = -1.0 is below the minimum 0"):
         decode(UtilisationPrediction, raw)
-    assert json_schemas()["UtilisationPrediction.v1.json"]["$defs"]["Interval"]["required"] == ["mean", "lo", "hi"]
+    schema = json_schemas(RECORDS)["UtilisationPrediction.v1.json"]
+    assert schema["$defs"]["Interval"]["required"] == ["mean", "lo", "hi"]

@@ -10,7 +10,10 @@ import pytest
 from phasewise.apps.simulate.engine import simulate, speed_up
 from phasewise.apps.simulate.openb import TraceError, load_nodes, load_pods
 from phasewise.cli import main
+from phasewise.models.jobs.placement import PlacementConfig
 
+#: the placement rules the simulations run with (the place_* settings' defaults)
+CONFIG = PlacementConfig(isolate_inference=False, horus_frag_weight=1.0)
 REPO = Path(__file__).resolve().parents[3]
 OPENB = REPO.parent / "shared" / "data" / "alibaba-openb-2023"
 POD_HEAD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
@@ -40,7 +43,7 @@ def small(tmp_path):
 def test_timed_queue_priorities_and_giving_up(small):
     pods, nodes = load_pods(small[0]), load_nodes(small[1])
     assert [p.job.priority for p in pods] == [2, 0, 0, 2, 2]
-    r = simulate(pods, nodes, "first-fit", "timed")
+    r = simulate(pods, nodes, "first-fit", "timed", config=CONFIG)
     # p2 gives up (deleted at 50 while waiting); p3 placed at 100 (delay 70), runs 370 s; p1 cannot share
     # the GPU with p3 (it wants all of it) and waits until 470 (delay 460); p4 runs at once on the CPU
     assert r.unplaced_pods == 1 and r.placed == 4
@@ -49,10 +52,10 @@ def test_timed_queue_priorities_and_giving_up(small):
 
 def test_fill_mode_and_determinism(small):
     pods, nodes = load_pods(small[0]), load_nodes(small[1])
-    r = simulate(pods, nodes, "fgd", "fill")
+    r = simulate(pods, nodes, "fgd", "fill", config=CONFIG)
     assert (r.placed, r.unplaced_pods, r.mean_queue_delay_s) == (2, 3, 0.0)  # p0 and p4; nothing leaves
     assert r.gpu_alloc_ratio == 1.0
-    again = simulate(pods, nodes, "fgd", "fill")
+    again = simulate(pods, nodes, "fgd", "fill", config=CONFIG)
     assert again.public() == r.public() and again.series == r.series
 
 
@@ -111,10 +114,10 @@ def test_real_openb_slice_fgd_beats_first_fit_on_fill():
     pods = load_pods(OPENB / "v2023_openb_pod_list_default.csv")[:1500]
     nodes = load_nodes(OPENB / "v2023_openb_node_list_all_node.csv")[:250]
     assert pods[0].job.gpus == 1.0 and any(0 < p.job.gpus < 1 for p in pods)
-    res = {name: simulate(pods, nodes, name, "fill") for name in ("first-fit", "fgd")}
+    res = {name: simulate(pods, nodes, name, "fill", config=CONFIG) for name in ("first-fit", "fgd")}
     assert res["fgd"].unplaced_pods > 0  # the slice overfills the nodes: placement decides
     assert res["fgd"].fragmented_gpus <= res["first-fit"].fragmented_gpus
-    assert simulate(pods, nodes, "fgd", "fill").public() == res["fgd"].public()
+    assert simulate(pods, nodes, "fgd", "fill", config=CONFIG).public() == res["fgd"].public()
 
 
 CDF_HEAD = "cluster,metric,source_pkl,x_value,cdf_percent"

@@ -10,20 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.kit.cgroups.fs import LAYOUT_CHOICES, CgroupError, CgroupLayout
+from phasewise.kit.cgroups.fs import CgroupError, CgroupLayout
 from phasewise.kit.cgroups.layouts import classify, classify_proc_cgroup
 from phasewise.kit.cgroups.workloads import PodList, Workloads, load_policy_file, parse_pod_list, read_pods
-from phasewise.kit.settings import CGROUP_LAYOUTS
 from phasewise.models.safety.workload import WorkloadError
 
 PODS = Path(__file__).resolve().parents[2] / "data" / "kubelet_pods.json"
 ID = "0123456789abcdef" * 4
 UID = "0d5a4c52-1f37-4a8e-b8a5-7c7f1f3a9d01"
 UID_ = UID.replace("-", "_")
-
-
-def test_layout_choices_are_one_list():
-    assert LAYOUT_CHOICES == CGROUP_LAYOUTS
 
 
 @pytest.mark.parametrize("rel, want", [

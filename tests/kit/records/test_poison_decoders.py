@@ -14,7 +14,6 @@ import zlib
 import numpy as np
 import pytest
 
-import phasewise.kit.records as schemas
 from phasewise.apps.bench.fuzz import KINDS, TOPICS, Fuzzer, check_decoders
 from phasewise.kit.kafka.client import KEY_MAX_BYTES, dead_letter
 from phasewise.kit.records import (
@@ -25,6 +24,7 @@ from phasewise.kit.records import (
     HostSamples,
     ModelSnapshot,
     SchemaError,
+    columns,
     decode,
     decode_host_samples,
     encode,
@@ -72,7 +72,7 @@ HOSTILE = [
 @pytest.mark.parametrize("raw,why", HOSTILE, ids=range(len(HOSTILE)))
 def test_samples_decoders_raise_only_schema_errors_with_a_reason(monkeypatch, fast, raw, why):
     if not fast:
-        monkeypatch.setattr(schemas, "_fast_loads", None)
+        monkeypatch.setattr(columns, "_fast_loads", None)
     if why is None:
         assert decode_host_samples(raw) == decode(HostSamples, raw)
         return

@@ -251,3 +251,11 @@ def test_group_helpers():
     assert WorkerSettings().host_set() == frozenset()
     assert PhaseSettings(features="gpu, mem,cpu").feature_tuple() == ("cpu", "mem", "gpu")
     assert KafkaSettings(bootstrap="k:1").common() == {"bootstrap.servers": "k:1"}
+
+
+def test_job_env_refuses_the_secrets_and_files_of_every_group():
+    """``job_env`` (the actuator's group) knows the other groups' secrets and file settings."""
+    for name in ("PHASEWISE_KAFKA_SASL_PASSWORD", "PHASEWISE_SIGNING_KEY_FILE", "PHASEWISE_JOB_SUBMITTER_KEY_FILE"):
+        with pytest.raises(SettingsError, match=f"^job_env: {name} is a secret"):
+            Settings().replace(job_env=f"{name}=x")
+    assert Settings().replace(job_env="PHASEWISE_HOST=h").actuator.job_env == "PHASEWISE_HOST=h"

@@ -9,16 +9,19 @@ from pathlib import Path
 import pytest
 
 from phasewise.kit.records import ContainerSample, HostSamples
+from phasewise.kit.settings import Settings
 from phasewise.models.horus.graph_features import catalog_features
 from phasewise.models.horus.join import HorusJoin, JoinConfig
 from phasewise.models.horus.model import HorusConfig, HorusModel, HorusStateError
 
+#: the model under the default settings (horus_coverage)
+CONFIG = HorusConfig(coverage=Settings().horus.coverage)
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
 GPUMEMNET = SHARED / "gpumemnet-mlp-profiles" / "mlp_data_step2.csv.gz"
 
 
 def test_before_any_job_the_prediction_is_the_prior_and_memory_follows_the_graph():
-    m = HorusModel()
+    m = HorusModel(CONFIG)
     small = m.predict_one(catalog_features("mlp-1024x1024x10", "vectors", 32, False))
     big = m.predict_one(catalog_features("mlp-1024x1024x10", "vectors", 65536, False))
     assert small["gpu_util"].mean == pytest.approx(50.0) and small["cpu_cores"].mean == pytest.approx(1.0)
@@ -28,7 +31,7 @@ def test_before_any_job_the_prediction_is_the_prior_and_memory_follows_the_graph
 
 
 def test_it_learns_what_it_observes_and_restores_from_its_state():
-    m = HorusModel(HorusConfig(min_residuals=3))
+    m = HorusModel(HorusConfig(coverage=CONFIG.coverage, min_residuals=3))
     jobs = [("mlp-64x256x10", "vectors", b, 0.5 + b / 64) for b in (16, 32, 64, 128)] + \
            [("mlp-64x512x512x10", "vectors", b, 0.8 + b / 64) for b in (16, 32, 64)]
     for model, ds, b, cores in jobs:
@@ -39,11 +42,11 @@ def test_it_learns_what_it_observes_and_restores_from_its_state():
     assert m.jobs == len(jobs) and m.seen("mlp-64x256x10-relu") and not m.seen("lstm_lm")
     assert m.observations("cpu_cores") == len(jobs) and m.observations("gpu_util") == 0
     state = json.loads(json.dumps(m.to_state()))
-    assert HorusModel.from_state(state, HorusConfig(min_residuals=3)).predict_one(f) == m.predict_one(f)
+    assert HorusModel.from_state(state, m.config).predict_one(f) == m.predict_one(f)
     with pytest.raises(HorusStateError, match="version"):
-        HorusModel.from_state({"v": 99})
+        HorusModel.from_state({"v": 99}, CONFIG)
     with pytest.raises(HorusStateError, match="malformed"):
-        HorusModel.from_state({"v": 1, "obs": [[{}, {"cpu_cores": 1}, None]], "jobs": 1})
+        HorusModel.from_state({"v": 1, "obs": [[{}, {"cpu_cores": 1}, None]], "jobs": 1}, CONFIG)
 
 
 def test_config_is_checked():
@@ -61,7 +64,7 @@ def test_on_real_profiled_jobs_it_beats_its_prior_and_its_intervals_cover():
     out = evaluate(rows)
     assert out["scored"] == 60 and not out["errors"]
     # the prior alone (50 %, the step's own memory estimate) on the same rows
-    prior = evaluate(rows, model=_Frozen())
+    prior = evaluate(rows, model=_Frozen(CONFIG))
     assert out["rmsle_after_20"]["gpu_util"] < 0.75 * prior["rmsle_after_20"]["gpu_util"]
     assert out["rmsle_after_20"]["gmem"] < 0.5 * prior["rmsle_after_20"]["gmem"]
     assert out["rmsle_after_20"]["gmem"] < 0.15
@@ -145,7 +148,7 @@ def test_on_real_cpu_jobs_measured_here_learning_beats_the_prior():
 
     rows = read_csv(str(Path(__file__).resolve().parents[2] / "apps" / "horus" / "data" / "measured_cpu_jobs.csv"))
     learned = evaluate(rows, columns=("cpu_cores", "mem"))
-    prior = evaluate(rows, model=_Frozen(), columns=("cpu_cores", "mem"))
+    prior = evaluate(rows, model=_Frozen(CONFIG), columns=("cpu_cores", "mem"))
     assert learned["scored"] == 18 and not learned["errors"]
     assert learned["rmsle"]["cpu_cores"] < 0.6 * prior["rmsle"]["cpu_cores"]
     assert learned["rmsle"]["mem"] < prior["rmsle"]["mem"] < 0.5

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from phasewise.kit.settings import Settings
 from phasewise.models.jobs.placement import (
     MILLI,
     POLICIES,
@@ -25,6 +26,16 @@ from phasewise.models.jobs.placement import (
 from phasewise.models.jobs.placement.fragmentation import _frag, _FragModel
 
 GIB = 1 << 30
+
+
+def config(**kw) -> PlacementConfig:
+    """The placement worker's rules under the default settings (``place_*``), with *kw* changed."""
+    p = Settings().place
+    return PlacementConfig(**{"isolate_inference": p.isolate_inference, "horus_frag_weight": p.horus_frag_weight,
+                              **kw})
+
+
+CONFIG = config()
 
 
 def _nodes(n=6, seed=0):
@@ -59,7 +70,7 @@ def test_never_overcommits_and_is_deterministic(name):
     nodes, jobs = _nodes(), _jobs()
     runs = []
     for _ in range(2):
-        c = Cluster(nodes)
+        c = Cluster(nodes, CONFIG)
         ps = place_many(jobs, c, make_policy(name))
         _check_not_overcommitted(c)
         runs.append([(p.node, p.gpus, p.cost) for p in ps])
@@ -75,7 +86,7 @@ def test_never_overcommits_and_is_deterministic(name):
 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_higher_priority_gets_the_scarce_gpu(name):
-    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),))])
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),))], CONFIG)
     low, high = Job("low", 1000, GIB, gpus=1, priority=0), Job("high", 1000, GIB, gpus=1, priority=5)
     ps = place_many([low, high], c, make_policy(name))
     assert ps[0].node is None and ps[1].node == "a"
@@ -87,16 +98,16 @@ def test_inference_isolated_from_training_when_configured(name):
              Node("b", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),) * 2)]
     jobs = [Job("t", 1000, GIB, gpus=0.5), Job("i", 1000, GIB, gpus=0.2, workload="inference"),
             Job("t2", 1000, GIB, gpus=0.2), Job("i2", 1000, GIB, gpus=0.2, workload="inference")]
-    c = Cluster(nodes, PlacementConfig(isolate_inference=True))
+    c = Cluster(nodes, config(isolate_inference=True))
     ps = {p.job: p.node for p in place_many(jobs, c, make_policy(name))}
     assert ps["t"] == ps["t2"] and ps["i"] == ps["i2"] and ps["t"] != ps["i"]
-    c2 = Cluster(nodes[:1], PlacementConfig(isolate_inference=True))
+    c2 = Cluster(nodes[:1], config(isolate_inference=True))
     ps2 = place_many(jobs[:2], c2, make_policy(name))
     assert ps2[1].node is None and "isolated" in ps2[1].reason
 
 
 def test_gpu_memory_never_overcommitted_even_with_room_in_milli():
-    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB, mem_used_bytes=10 * GIB),))])
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB, mem_used_bytes=10 * GIB),))], CONFIG)
     p = Horus().place(Job("j", 100, GIB, gpus=0.1, gpu_mem_bytes=8 * GIB), c)
     assert p.node is None and "GPU memory" in p.reason
     with pytest.raises(ValueError, match="over-commit"):
@@ -105,7 +116,8 @@ def test_gpu_memory_never_overcommitted_even_with_room_in_milli():
 
 
 def test_node_selector_alternatives():
-    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4"),)), Node("b", 8000, 8 * GIB, gpus=(Gpu("V100M32"),))])
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4"),)), Node("b", 8000, 8 * GIB, gpus=(Gpu("V100M32"),))],
+                CONFIG)
     job = Job("j", 100, GIB, gpus=0.5, node_selector=(("gpu_model", "V100M16|V100M32"),))
     assert {make_policy(n).place(job, c).node for n in POLICIES} == {"b"}
 
@@ -113,7 +125,7 @@ def test_node_selector_alternatives():
 def test_horus_cost_alone_by_hand():
     # horus_frag_weight 0: Horus's cost alone. One node, two 16 GiB GPUs: GPU 0 runs a job booked at
     # 60 % util and 8 GiB; GPU 1 is idle
-    c = Cluster([Node("a", 8000, 32 * GIB, gpus=(Gpu("T4", 16 * GIB),) * 2)], PlacementConfig(horus_frag_weight=0))
+    c = Cluster([Node("a", 8000, 32 * GIB, gpus=(Gpu("T4", 16 * GIB),) * 2)], config(horus_frag_weight=0))
     c.allocate(Job("old", 100, GIB, gpus=0.6, gpu_mem_bytes=8 * GIB, util=60.0),
                Horus().place(Job("old", 100, GIB, gpus=0.6, gpu_mem_bytes=8 * GIB, util=60.0), c))
     assert c.allocs["old"].gpus == (0,)
@@ -133,7 +145,7 @@ def test_horus_cost_alone_by_hand():
 _HALVES = workload_types([Job("w", 1000, GIB, gpus=1.0)] * 3 + [Job("h", 1000, GIB, gpus=0.5)] * 2)
 
 
-def _half_taken(first_util, config=None, observed=0.0):
+def _half_taken(first_util, config=CONFIG, observed=0.0):
     c = Cluster([Node("a", 8000, 32 * GIB, gpus=(Gpu("T4", 16 * GIB, util=observed), Gpu("T4", 16 * GIB)))],
                 config)
     first = Job("first", 1000, GIB, gpus=0.5, util=first_util)
@@ -154,7 +166,7 @@ def test_horus_separates_two_busy_jobs_and_packs_the_rest(util, gpu, over):
     assert p.reason.startswith("horus: fragmentation change " + ("-300" if gpu == 0 else "+300"))
     # FGD (no utilisation) packs even the busy pair; Horus's cost alone spreads even the light pair
     assert Fgd(_HALVES).place(job, c).gpus == (0,)
-    assert Horus(_HALVES).place(job, _half_taken(util, PlacementConfig(horus_frag_weight=0))).gpus == (1,)
+    assert Horus(_HALVES).place(job, _half_taken(util, config(horus_frag_weight=0))).gpus == (1,)
 
 
 def test_horus_by_hand_and_its_weight():
@@ -164,7 +176,7 @@ def test_horus_by_hand_and_its_weight():
     d = Horus(_HALVES)._frag.deltas(job, c)
     assert d[0].tolist() == [-300.0, 300.0]  # per GPU, milli-GPU
     for w, gpu in [(1.0, 1), (2.0, 1), (3.0, 0)]:  # GPU 0 wins once w * 0.6 GPU outweighs 1.28
-        p = Horus(_HALVES).place(job, _half_taken(90.0, PlacementConfig(horus_frag_weight=w)))
+        p = Horus(_HALVES).place(job, _half_taken(90.0, config(horus_frag_weight=w)))
         assert p.gpus == (gpu,)
         assert p.cost == pytest.approx(min(w * -0.3 + over, w * 0.3))
 
@@ -194,7 +206,7 @@ def test_fgd_places_where_fragmentation_grows_least():
     # mostly 0.5-GPU workload; node a's GPU has 600 free, node b's is empty. A 0.5 job on a leaves 100,
     # a fragment for the 0.5 tasks; on b it leaves 500, still usable. FGD prefers b; best-fit prefers a.
     nodes = [Node("a", 8000, 8 * GIB, gpus=(Gpu("T4"),)), Node("b", 8000, 8 * GIB, gpus=(Gpu("T4"),))]
-    c = Cluster(nodes)
+    c = Cluster(nodes, CONFIG)
     c.allocate(Job("x", 100, GIB, gpus=0.4), make_policy("first-fit").place(Job("x", 100, GIB, gpus=0.4), c))
     w = workload_types([Job("t", 100, GIB, gpus=0.5)] * 9 + [Job("u", 100, GIB, gpus=0.1)])
     job = Job("j", 100, GIB, gpus=0.5)
@@ -211,7 +223,7 @@ def test_fgd_cache_follows_changes():
     nodes = _nodes(8, seed=3)
     jobs = _jobs(80, seed=4)
     w = workload_types(jobs)
-    c1, c2 = Cluster(nodes), Cluster(nodes)
+    c1, c2 = Cluster(nodes, CONFIG), Cluster(nodes, CONFIG)
     cached = Fgd(w)
     for j in jobs:  # a fresh policy each time (no cache) decides the same as the cached one
         p1, p2 = cached.place(j, c1), Fgd(w).place(j, c2)
@@ -224,7 +236,7 @@ def test_fgd_cache_follows_changes():
 
 
 def test_release_and_observations():
-    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),))])
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4", 16 * GIB),))], CONFIG)
     j = Job("j", 4000, GIB, gpus=1)
     c.allocate(j, make_policy("first-fit").place(j, c))
     assert make_policy("first-fit").place(Job("k", 100, GIB, gpus=0.1), c).node is None
@@ -240,7 +252,7 @@ def test_fgd_online_workload_refreshes_and_stays_deterministic():
     nodes, jobs = _nodes(8, seed=5), _jobs(150, seed=6)
     runs = []
     for _ in range(2):
-        c, pol = Cluster(nodes), Fgd(refresh_every=16)
+        c, pol = Cluster(nodes, CONFIG), Fgd(refresh_every=16)
         runs.append([(p.node, p.gpus) for p in place_many(jobs, c, pol)])
         _check_not_overcommitted(c)
         # after 150 jobs the distribution in force is the one of the first 144 (the last refresh)
@@ -253,7 +265,7 @@ def test_fgd_online_workload_refreshes_and_stays_deterministic():
 
 @pytest.mark.parametrize("name", ["fgd", "horus"])
 def test_online_workload_counts_each_job_once(name):
-    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4"),))])
+    c = Cluster([Node("a", 8000, 8 * GIB, gpus=(Gpu("T4"),))], CONFIG)
     pol = make_policy(name)
     big, small = Job("big", 1000, GIB, gpus=1.0), Job("small", 1000, GIB, gpus=0.5)
     for _ in range(5):  # a waiting job asked about again and again counts once
@@ -351,7 +363,7 @@ def test_fgd_decides_as_the_definition_and_as_before_on_a_seeded_scenario():
     nodes = cluster_nodes(40, seed=12)  # openb's node mix: many nodes alike, so ties are common
     jobs = bench_jobs(220, seed=13)
     w = workload_types(jobs)
-    c, pol = Cluster(nodes), Fgd(w)
+    c, pol = Cluster(nodes, CONFIG), Fgd(w)
     n, same, ties = int(w.n.sum()), 0, 0
     for k, j in enumerate(jobs):
         if k % 7 == 3:  # a node's observed use changes (a sample arrives)
@@ -391,7 +403,7 @@ def test_the_waiting_index_finds_exactly_the_jobs_that_fit_the_nodes_asked_about
         nodes = [Node(f"n{i}", rng.choice([2000, 4000, 8000]), rng.choice([4, 8, 16]) << 30,
                       gpus=(Gpu("T4", 16 << 30),) * rng.choice([0, 1, 2, 4]),
                       labels=(("zone", rng.choice("ab")),)) for i in range(5)]
-        c = Cluster(nodes, PlacementConfig(isolate_inference=rng.random() < 0.5))
+        c = Cluster(nodes, config(isolate_inference=rng.random() < 0.5))
         pol = FirstFit()
         for k in range(12):  # some bookings: shares of GPUs, whole GPUs, CPU only
             j = Job(f"b{k}", rng.choice([500, 1000, 2000]), rng.choice([1, 2]) << 30,
@@ -424,7 +436,7 @@ def test_a_policy_places_a_job_exactly_when_some_node_is_feasible(name):
         nodes = [Node(f"n{i}", rng.choice([2000, 8000]), rng.choice([4, 16]) << 30,
                       gpus=(Gpu("T4", 16 << 30, util=rng.uniform(0, 100)),) * rng.choice([0, 1, 2, 4]))
                  for i in range(6)]
-        c = Cluster(nodes, PlacementConfig(isolate_inference=rng.random() < 0.5))
+        c = Cluster(nodes, config(isolate_inference=rng.random() < 0.5))
         pol = make_policy(name)
         for k in range(30):
             j = Job(f"j{k}", rng.choice([500, 1000, 4000]), rng.choice([1, 4]) << 30,

@@ -19,6 +19,7 @@ GB = 1e9
 
 
 def policy(cpu=4.0, mem=16 * GB, gpus=0.0, **cfg) -> PriorityPolicy:
+    cfg = {"freeze_max_wait_s": 120.0, "grace_s": 30.0, "cpu_weight_ratio": None, **cfg}
     return PriorityPolicy(PriorityConfig(**cfg), {"n1": Capacity(cpu, mem, gpus), "n2": Capacity(cpu, mem, gpus)})
 
 

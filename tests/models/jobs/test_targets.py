@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from phasewise.kit.settings import Settings
 from phasewise.models.jobs.targets import (
     Targets,
     TargetsConfig,
@@ -18,6 +19,12 @@ from phasewise.models.jobs.targets import (
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
 
 
+def config(**kw) -> TargetsConfig:
+    """The targets agent's parameters under the default settings (``targets_*``), with *kw* changed."""
+    t = Settings().targets
+    return TargetsConfig(**{"alpha": t.ewma_alpha, "patience": t.patience, "grace_s": t.grace_s, **kw})
+
+
 def kinds(tracker: TargetTracker, values, start_ts=0.0):
     out = []
     for i, v in enumerate(values):
@@ -26,14 +33,14 @@ def kinds(tracker: TargetTracker, values, start_ts=0.0):
 
 
 def test_min_direction_both_tiers_in_order_and_reasons_name_value_and_target():
-    t = TargetTracker(Targets(acceptable=1.0, objective=0.5), TargetsConfig(smoothing="none", patience=1))
+    t = TargetTracker(Targets(acceptable=1.0, objective=0.5), config(smoothing="none", patience=1))
     assert kinds(t, [2.0, 1.5, 0.9, 0.7, 0.4]) == [("acceptable", 2), ("objective", 4)]
     assert t.state == "objective"
 
 
 def test_max_direction_metric():
     t = TargetTracker(Targets(acceptable=0.7, objective=0.9, direction="max", metric="accuracy"),
-                      TargetsConfig(smoothing="none", patience=1))
+                      config(smoothing="none", patience=1))
     events = []
     for i, v in enumerate([0.2, 0.5, 0.75, 0.95]):
         events += t.update(ts=i, step=i, value=v)
@@ -43,37 +50,37 @@ def test_max_direction_metric():
 
 
 def test_one_report_past_both_tiers_gives_both_events():
-    t = TargetTracker(Targets(acceptable=1.0, objective=0.5), TargetsConfig(smoothing="none", patience=1))
+    t = TargetTracker(Targets(acceptable=1.0, objective=0.5), config(smoothing="none", patience=1))
     assert kinds(t, [2.0, 0.1]) == [("acceptable", 1), ("objective", 1)]
 
 
 def test_patience_ignores_a_single_noisy_dip():
-    t = TargetTracker(Targets(acceptable=1.0, objective=0.5), TargetsConfig(smoothing="none", patience=3))
+    t = TargetTracker(Targets(acceptable=1.0, objective=0.5), config(smoothing="none", patience=3))
     assert kinds(t, [2.0, 0.4, 2.0, 2.0, 0.9, 0.9, 0.9]) == [("acceptable", 6)]
 
 
 def test_ewma_lags_and_never_passes_a_target_no_value_reached():
-    cfg = TargetsConfig(smoothing="ewma", alpha=0.3, patience=1)
+    cfg = config(smoothing="ewma", alpha=0.3, patience=1)
     t = TargetTracker(Targets(acceptable=1.0, objective=0.5), cfg)
     # the raw values reach 0.9 (acceptable) at step 1, the EWMA only later
     got = kinds(t, [2.0] + [0.9] * 12)
     assert got and got[0][0] == "acceptable" and got[0][1] > 1
     # values that never pass the objective never declare it, whatever the smoothing
     for smoothing in ("ewma", "median", "none"):
-        t = TargetTracker(Targets(acceptable=1.0, objective=0.5), TargetsConfig(smoothing=smoothing, patience=1))
+        t = TargetTracker(Targets(acceptable=1.0, objective=0.5), config(smoothing=smoothing, patience=1))
         assert all(k != "objective" for k, _ in kinds(t, [2.0, 0.6, 0.51, 0.5000001] * 10))
 
 
 def test_median_ignores_an_outlier_the_ewma_would_follow():
     target = Targets(acceptable=1.0, objective=0.5)
-    med = TargetTracker(target, TargetsConfig(smoothing="median", window=5, patience=1))
+    med = TargetTracker(target, config(smoothing="median", window=5, patience=1))
     assert kinds(med, [2.0, 2.0, 2.0, 0.01, 2.0]) == []
-    ewma = TargetTracker(target, TargetsConfig(smoothing="ewma", alpha=0.9, patience=1))
+    ewma = TargetTracker(target, config(smoothing="ewma", alpha=0.9, patience=1))
     assert kinds(ewma, [2.0, 2.0, 2.0, 0.01, 2.0]) != []
 
 
 def test_grace_then_hard_stop_once_unless_finished():
-    cfg = TargetsConfig(smoothing="none", patience=1, grace_s=30)
+    cfg = config(smoothing="none", patience=1, grace_s=30)
     t = TargetTracker(Targets(acceptable=1.0, objective=0.5), cfg)
     t.update(ts=100.0, step=1, value=0.1)
     assert t.due(129.9) is None
@@ -87,7 +94,7 @@ def test_grace_then_hard_stop_once_unless_finished():
 
 
 def test_state_round_trip_continues_identically():
-    cfg = TargetsConfig(alpha=0.5, patience=2)
+    cfg = config(alpha=0.5, patience=2)
     target = Targets(acceptable=1.0, objective=0.5)
     a = TargetTracker(target, cfg)
     kinds(a, [2.0, 1.2, 0.9])
@@ -160,13 +167,13 @@ def test_tradl_share_rejects_bad_parameters(capacity, alpha):
 def test_real_curves_no_objective_declared_before_the_curve_reached_it():
     from phasewise.apps.experiment.curves import replay
 
-    result = replay(TargetsConfig())
+    result = replay(config())
     total = result["summary"]["total"]
     assert total["runs"] >= 140
     assert total["objective_before_reached"] == 0
     assert total["objective_declared"] >= 20  # Pollux's full-length curves are declared
     # unsmoothed with no patience, the noisy curves are stopped early more often than with the default
-    raw = replay(TargetsConfig(smoothing="none", patience=1))["summary"]["total"]
+    raw = replay(config(smoothing="none", patience=1))["summary"]["total"]
     assert raw["false_early_stops"] > total["false_early_stops"]
     for row in result["runs"]:
         o = row["objective"]
@@ -247,7 +254,7 @@ def test_nearest_gives_the_node_to_the_least_remaining_work_and_changes_hands_on
 def _fleet(**kw):
     from phasewise.models.jobs.targets import TargetsFleet
 
-    return TargetsFleet(TargetsConfig(smoothing="none", patience=1, grace_s=30), capacity=lambda host: 8.0, **kw)
+    return TargetsFleet(config(smoothing="none", patience=1, grace_s=30), capacity=lambda host: 8.0, **kw)
 
 
 def _ev(job, ts, kind, **kw):

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from phasewise.kit.settings import Settings
 from phasewise.models.safety.guard import MIB, RULES, GuardConfig, LimitGuard, bounded_text, oom_bump
+from phasewise.streams.config import guard_config
 
 NAN = np.nan
 
 
+def config(**kw) -> GuardConfig:
+    """The worker's rules under the default settings, with *kw* changed."""
+    return dataclasses.replace(guard_config(Settings()), **kw)
+
+
 def guard(**kw) -> tuple[LimitGuard, np.ndarray]:
-    cfg = {"min_history_s": 60.0, "cooldown_s": 30.0, "max_decrease": 0.25, "peak_window_s": 120.0,
-           "mem_margin_bytes": 0.0, "throttle_window_s": 5.0, **kw}
-    g = LimitGuard(GuardConfig(**cfg))
+    g = LimitGuard(config(**{"min_history_s": 60.0, "cooldown_s": 30.0, "max_decrease": 0.25, "peak_window_s": 120.0,
+                             "mem_margin_bytes": 0.0, "throttle_window_s": 5.0, **kw}))
     return g, g.add_rows(1)
 
 
@@ -143,7 +151,7 @@ def test_an_oom_kill_raises_memory_to_vpas_bump_at_once_and_holds_decreases_for_
 def test_rows_are_independent_and_vectorised_bounds_equal_one_row_at_a_time():
     rng = np.random.default_rng(7)
     cfg = GuardConfig(min_history_s=30.0, cooldown_s=20.0, max_decrease=0.3, peak_window_s=60.0,
-                      mem_margin_bytes=5 * MIB, throttle_window_s=3.0)
+                      mem_margin_bytes=5 * MIB, throttle_threshold=0.1, throttle_window_s=3.0)
     many = LimitGuard(cfg)
     rows = many.add_rows(6)
     ones = [LimitGuard(cfg) for _ in range(6)]
@@ -170,7 +178,7 @@ def test_rows_are_independent_and_vectorised_bounds_equal_one_row_at_a_time():
 
 def test_the_peak_is_the_max_over_the_buckets_of_the_window_for_any_sample_times():
     rng = np.random.default_rng(3)
-    g = LimitGuard(GuardConfig(peak_window_s=120.0))
+    g = LimitGuard(config(peak_window_s=120.0))
     r = g.add_rows(1)
     w = 120.0 / LimitGuard.PEAK_BUCKETS
     seen: list[tuple[float, float]] = []
@@ -201,7 +209,7 @@ def test_guard_state_round_trips_and_a_foreign_state_is_refused():
         with pytest.raises(ValueError):
             h.load(int(r2[0]), bad)
         assert h.state_of(int(r2[0]))["f"] is None  # reset
-    other = LimitGuard(GuardConfig(peak_window_s=600.0))  # other buckets: peaks restart, the rest stays
+    other = LimitGuard(config(peak_window_s=600.0))  # other buckets: peaks restart, the rest stays
     o = other.add_rows(1)
     other.load(int(o[0]), state)
     assert np.isnan(other.peak(o)[0]) and other.state_of(int(o[0]))["ot"] == 0.0
@@ -211,7 +219,7 @@ def test_configuration_is_checked():
     for bad in ({"max_decrease": 0.0}, {"max_decrease": 1.5}, {"peak_window_s": 0.0}, {"min_history_s": -1.0},
                 {"cooldown_s": float("nan")}, {"throttle_threshold": 2.0}, {"oom_bump_ratio": 0.5}):
         with pytest.raises(ValueError):
-            GuardConfig(**bad)
+            config(**bad)
 
 
 def test_the_reason_names_every_rule_that_bounded_a_decision():

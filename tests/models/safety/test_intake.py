@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from phasewise.kit.records import ContainerSample, HostSamples
+from phasewise.kit.settings import Settings
 from phasewise.models.safety.intake import IntakeConfig, Occupancy, event_time_problem
 from phasewise.models.vpa.updater import StateCache, UpdaterConfig, process_host_samples
+from phasewise.streams.config import intake_config
 
-CFG = IntakeConfig(max_future_s=60, max_behind_s=600, max_per_message=5, max_per_host=3, max_per_worker=4)
+
+def config(**kw) -> IntakeConfig:
+    """The worker's intake limits under the default settings, with *kw* changed."""
+    return dataclasses.replace(intake_config(Settings()), **kw)
+
+
+CFG = config(max_future_s=60, max_behind_s=600, max_per_message=5, max_per_host=3, max_per_worker=4)
 
 
 def test_event_time_ahead_of_the_clock_or_far_behind_the_host_is_refused_with_the_reason():
@@ -19,7 +28,7 @@ def test_event_time_ahead_of_the_clock_or_far_behind_the_host_is_refused_with_th
     why = event_time_problem(399.0, now=1000.0, newest=1000.0, config=CFG)
     assert why is not None and "behind the host's newest sample" in why
     assert event_time_problem(math.inf, now=1000.0, newest=None, config=CFG) is not None
-    off = IntakeConfig(max_future_s=0, max_behind_s=0)
+    off = config(max_future_s=0, max_behind_s=0)
     assert event_time_problem(1e300, now=0.0, newest=1e301, config=off) is None
 
 
@@ -49,7 +58,7 @@ def test_a_host_at_its_cap_replaces_its_own_least_recently_seen_container():
     assert "h1/a" not in occ and occ.host_count("h1") == 3
 
 
-FLOOD = IntakeConfig(max_per_message=1000, max_per_host=50, max_per_worker=100, host_active_s=120.0)
+FLOOD = config(max_per_message=1000, max_per_host=50, max_per_worker=100, host_active_s=120.0)
 
 
 def tick(occ: Occupancy, now: float, hosts: dict[str, list[str]]) -> dict[str, object]:
@@ -102,7 +111,7 @@ def test_names_sent_again_keep_real_new_containers_out_only_while_their_hosts_ar
 
 
 def test_one_host_flooding_new_names_cannot_push_out_the_containers_of_others():
-    occ = Occupancy(IntakeConfig(max_per_message=1000, max_per_host=80, max_per_worker=100, host_active_s=120.0))
+    occ = Occupancy(config(max_per_message=1000, max_per_host=80, max_per_worker=100, host_active_s=120.0))
     real = {f"r{i}": [f"c{j}" for j in range(10)] for i in range(4)}
     tick(occ, 0.0, real)
     tick(occ, 0.5, real)
@@ -131,7 +140,7 @@ def test_one_host_flooding_new_names_cannot_push_out_the_containers_of_others():
 
 
 def test_the_stalest_container_goes_first_and_nothing_seen_in_the_batch_is_evicted():
-    cfg = IntakeConfig(max_per_message=100, max_per_host=100, max_per_worker=6, host_active_s=10.0)
+    cfg = config(max_per_message=100, max_per_host=100, max_per_worker=6, host_active_s=10.0)
     occ = Occupancy(cfg)
     tick(occ, 0.0, {"old": ["a"]})
     tick(occ, 5.0, {"big": ["b1", "b2", "b3", "b4"]})
@@ -148,7 +157,7 @@ def test_the_occupancy_stays_bounded_and_consistent_under_random_traffic():
     import random
 
     rng = random.Random(7)
-    cfg = IntakeConfig(max_per_message=50, max_per_host=12, max_per_worker=40, host_active_s=5.0)
+    cfg = config(max_per_message=50, max_per_host=12, max_per_worker=40, host_active_s=5.0)
     occ = Occupancy(cfg)
     for t in range(400):
         occ.begin(float(t))

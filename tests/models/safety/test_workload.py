@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phasewise.kit.settings import WORKLOAD_DEFAULT_MODES
 from phasewise.models.safety.workload import (
-    DEFAULT_MODES,
     WorkloadError,
     match_rule,
     parse_policy_file,
@@ -111,8 +109,7 @@ def test_the_annotation_mode_beats_the_default():
     assert resolve(parse_settings(ann(mode="apply")), "kubepods-systemd", "off").mode == "apply"
 
 
-def test_the_default_modes_are_the_settings_choices():
-    assert DEFAULT_MODES == WORKLOAD_DEFAULT_MODES
+def test_a_default_mode_outside_the_choices_is_refused():
     with pytest.raises(ValueError):
         resolve(None, "flat", "on")
 

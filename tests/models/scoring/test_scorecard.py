@@ -77,7 +77,7 @@ def test_one_sample_window_and_many_containers_grow():
 
 
 def test_decisions_use_the_policys_own_limits():
-    sc = Scorecard(ScorecardConfig(windows_s=(INF,)))
+    sc = Scorecard(ScorecardConfig(windows_s=(INF,), capacity=300))
     d = Decision(id="x", ts=1.0, host="h", container="a", action="limit", policy="vpa", reason="",
                  cpu_limit_cores=0.6, details={"limits": {"cpu": 0.575}})
     sc.observe_round([HostSamples(host="h", ts=1.0, interval_s=1.0,
@@ -91,7 +91,7 @@ def test_decisions_use_the_policys_own_limits():
                                  {"max_gap_factor": 1.0}])
 def test_config_checks(bad):
     with pytest.raises(ValueError):
-        ScorecardConfig(**bad)
+        ScorecardConfig(**{"windows_s": (60.0,), "capacity": 300, **bad})
 
 
 def test_agrees_with_replay_on_the_same_samples():

@@ -649,13 +649,14 @@ def _through_kafka(args: argparse.Namespace, model: Any, host: str) -> dict[str,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from phasewise.kit.settings import POLICIES, Settings
+    from phasewise.kit.records import WORKLOAD_POLICIES
+    from phasewise.kit.settings import Settings
 
     p.add_argument("--topic", choices=TOPICS, required=True, help="the input topic to fuzz")
     p.add_argument("--messages", type=int, default=10_000, help="hostile messages (default 10000)")
     p.add_argument("--valid-every", type=int, default=5, help="one valid message after every N hostile ones")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--policy", choices=POLICIES, default=Settings.default("policy"),
+    p.add_argument("--policy", choices=WORKLOAD_POLICIES, default=Settings.default("policy"),
                    help="the worker's policy (--topic samples)")
     p.add_argument("--decoders-only", action="store_true",
                    help="only the in-process decoder check: no broker, no role (fast)")

@@ -128,6 +128,7 @@ def run(a: argparse.Namespace) -> int:
         return 2
 
     from phasewise.apps.horus.predict import evaluate, gpumemnet_rows, parse_row
+    from phasewise.kit.settings import Settings
     from phasewise.models.horus.graph_features import FeatureError
     from phasewise.models.horus.model import HorusConfig, feature_vector, prior
 
@@ -160,7 +161,7 @@ def run(a: argparse.Namespace) -> int:
     keep = X.std(axis=0) > 0
     names = [k for k, kept in zip(names, keep) if kept]
     X = X[:, keep]
-    cfg = HorusConfig()
+    cfg = HorusConfig(coverage=Settings.default("horus_coverage"))
     learners = _learners(a.seed, a.trees)
 
     t1 = time.perf_counter()

@@ -31,15 +31,8 @@ from phasewise.models.phases.fleet import PhaseFleet
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from phasewise.kit.settings import (
-        SPECS,
-        above,
-        arg_type,
-        at_least,
-        parse_float,
-        parse_int,
-        parse_str,
-    )
+    from phasewise.kit.command import arg_type
+    from phasewise.kit.settings import SPECS, above, at_least, parse_float, parse_int, parse_str
 
     count = arg_type(parse_int, at_least(1))
     p.add_argument("--containers", type=count, default=1000)

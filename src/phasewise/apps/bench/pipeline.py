@@ -28,10 +28,11 @@ from phasewise.apps.bench.harness import (
     wait_until,
 )
 from phasewise.kit.broker import EmbeddedBroker, free_port
+from phasewise.kit.command import arg_type
 from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
 from phasewise.kit.procs import RoleProcess
-from phasewise.kit.records import Actuation, Decision, SchemaError, decode
-from phasewise.kit.settings import POLICIES, Settings, above, arg_type, at_least, parse_float, parse_int
+from phasewise.kit.records import WORKLOAD_POLICIES, Actuation, Decision, SchemaError, decode
+from phasewise.kit.settings import Settings, above, at_least, parse_float, parse_int
 from phasewise.kit.topics import ACTUATIONS, DECISIONS, SAMPLES, Topic
 from phasewise.producers.host_agent import PRODUCER_CONFIG
 
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-host", type=count, default=100, help="containers per host message")
     p.add_argument("--latency-seconds", type=seconds, default=20.0)
     p.add_argument("--raw-messages", type=count, default=20000)
-    p.add_argument("--policy", choices=POLICIES, default=Settings.default("policy"),
+    p.add_argument("--policy", choices=WORKLOAD_POLICIES, default=Settings.default("policy"),
                    help="the worker's policy (phase: the CRBM detector with its VPA fallback, starting from the "
                         "shipped pretrained model)")
     p.add_argument("--safety", choices=["on", "off"], default="on",

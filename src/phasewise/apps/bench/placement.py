@@ -13,7 +13,17 @@ import time
 
 import numpy as np
 
-from phasewise.models.jobs.placement import POLICIES, Cluster, Gpu, Job, Node, make_policy, workload_types
+from phasewise.kit.settings import Settings
+from phasewise.models.jobs.placement import (
+    POLICIES,
+    Cluster,
+    Gpu,
+    Job,
+    Node,
+    PlacementConfig,
+    make_policy,
+    workload_types,
+)
 
 GIB = 1 << 30
 _MIX = [(8, "G2", 0.36), (2, "T4", 0.34), (0, "", 0.2), (4, "V100M16", 0.04), (8, "G3", 0.03), (2, "P100", 0.03)]
@@ -56,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def bench_policy(name: str, nodes: list[Node], n_jobs: int, fill: float, observe: int, online: bool = False) -> dict:
-    c = Cluster(nodes)
+    c = Cluster(nodes, PlacementConfig(isolate_inference=Settings.default("place_isolate_inference"),
+                                       horus_frag_weight=Settings.default("place_horus_frag_weight")))
     background = jobs(20 * len(nodes), seed=2, prefix="bg")
     timed = jobs(n_jobs, seed=3)
     pol = make_policy(name, None if online else workload_types(background + timed))

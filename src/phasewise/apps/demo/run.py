@@ -569,17 +569,9 @@ class Demo:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from phasewise.kit.command import add_setting
-    from phasewise.kit.settings import (
-        POLICIES,
-        SPECS,
-        above,
-        arg_type,
-        at_least,
-        parse_float,
-        parse_int,
-        parse_size,
-    )
+    from phasewise.kit.command import add_setting, arg_type
+    from phasewise.kit.records import WORKLOAD_POLICIES
+    from phasewise.kit.settings import SPECS, above, at_least, parse_float, parse_int, parse_size
 
     def like(name: str) -> object:  # a demo flag that becomes the roles' setting *name*
         return arg_type(SPECS[name].parse, SPECS[name].validate, name=SPECS[name].kind)
@@ -599,7 +591,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sampling interval, seconds")
     p.add_argument("--jobs", nargs="+", choices=JOBS, default=list(DEFAULT_JOBS), metavar="JOB",
                    help=f"training jobs to run (default: {' '.join(DEFAULT_JOBS)})")
-    p.add_argument("--policy", choices=POLICIES, default="phase",
+    p.add_argument("--policy", choices=WORKLOAD_POLICIES, default="phase",
                    help="the worker's limit policy: phase (CRBM phases, VPA as the fallback; default) or vpa")
     p.add_argument("--recommend-interval", type=like("recommend_interval_s"),
                    default=default("recommend_interval_s"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import gzip
 import json
 import math
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phasewise.kit.settings import Settings
 from phasewise.models.jobs.targets import Targets, TargetsConfig, TargetTracker, passed
 
 SHARED = Path(__file__).resolve().parents[5] / "shared" / "data"
@@ -187,12 +189,14 @@ def replay(config: TargetsConfig, root: Path = SHARED, acceptable_gap: float = 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = TargetsConfig()
+    own = {f.name: f.default for f in dataclasses.fields(TargetsConfig)}  # (the defaults no setting holds)
     p.add_argument("--data", type=Path, default=SHARED, help=f"folder holding {MLPERF}/ and {POLLUX}/")
-    p.add_argument("--smoothing", choices=("ewma", "median", "none"), default=d.smoothing)
-    p.add_argument("--alpha", type=float, default=d.alpha, help="EWMA weight of the newest value")
-    p.add_argument("--window", type=int, default=d.window, help="median window (reports)")
-    p.add_argument("--patience", type=int, default=d.patience, help="reports in a row past a target")
+    p.add_argument("--smoothing", choices=("ewma", "median", "none"), default=own["smoothing"])
+    p.add_argument("--alpha", type=float, default=Settings.default("targets_ewma_alpha"),
+                   help="EWMA weight of the newest value")
+    p.add_argument("--window", type=int, default=own["window"], help="median window (reports)")
+    p.add_argument("--patience", type=int, default=Settings.default("targets_patience"),
+                   help="reports in a row past a target")
     p.add_argument("--acceptable-gap", type=float, default=0.10,
                    help="acceptable = objective relaxed by this fraction of the first-to-objective distance")
     p.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
@@ -201,7 +205,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = TargetsConfig(smoothing=args.smoothing, alpha=args.alpha, window=args.window,
-                               patience=args.patience)
+                               patience=args.patience, grace_s=Settings.default("targets_grace_s"))
         result = replay(config, args.data, args.acceptable_gap)
     except (ValueError, CurveError) as e:
         print(f"phasewise experiment curves: error: {e}", file=sys.stderr)

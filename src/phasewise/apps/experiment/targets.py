@@ -26,6 +26,7 @@ from typing import Any
 from phasewise.actuators.backends import CgroupBackend
 from phasewise.actuators.commands import SetLimits
 from phasewise.kit.cgroups.fs import CgroupError, CgroupLayout
+from phasewise.kit.settings import Settings
 from phasewise.models.jobs.targets import (
     NodeJob,
     Smoother,
@@ -455,7 +456,6 @@ class Bar:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = TargetsConfig()
     p.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated, of {', '.join(JOBS)}")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of NA, AO, FT, SR")
     p.add_argument("--capacity", type=float, default=0.25,
@@ -468,8 +468,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shrink", type=float, default=0.25, help="a held job's limit = this x capacity / jobs")
     p.add_argument("--grace-s", type=float, default=5.0, help="checkpoint_exit grace before the hard stop")
     p.add_argument("--share-alpha", type=float, default=None, help="also apply the TRADL share rule at this alpha")
-    p.add_argument("--alpha", type=float, default=d.alpha, help="EWMA weight of the newest loss")
-    p.add_argument("--patience", type=int, default=d.patience, help="reports in a row past a target")
+    p.add_argument("--alpha", type=float, default=Settings.default("targets_ewma_alpha"),
+                   help="EWMA weight of the newest loss")
+    p.add_argument("--patience", type=int, default=Settings.default("targets_patience"),
+                   help="reports in a row past a target")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per scenario")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--report", type=Path, help="write plots and summary.md here")

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from phasewise.kit.settings import Settings
 from phasewise.models.horus.graph_features import FeatureError, GraphFeatures
 from phasewise.models.horus.model import HorusConfig, HorusModel
 
@@ -92,7 +93,7 @@ def evaluate(rows: Iterable[dict], *, model: HorusModel | None = None, columns: 
     *parsed*, when given, is :func:`parse_row` of each row already (a tuple, or the
     :class:`FeatureError` it raised), so that a caller that needs the features too builds them once.
     """
-    m = model or HorusModel()
+    m = model or HorusModel(HorusConfig(coverage=Settings.default("horus_coverage")))
 
     def parse(row: dict, i: int) -> tuple[GraphFeatures, dict[str, float], str, str | None]:
         if parsed is not None:
@@ -249,7 +250,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--limit", type=int, default=0, metavar="N", help="score the first N rows only")
     e.add_argument("--with-cpu", action="store_true",
                    help="also score columns cpu_cores and mem (MiB) where the CSV has them")
-    e.add_argument("--coverage", type=float, default=HorusConfig().coverage, help="nominal interval coverage")
+    e.add_argument("--coverage", type=float, default=Settings.default("horus_coverage"),
+                   help="nominal interval coverage")
     pr = sub.add_parser("profiles", help="write a shared profile set as an observed-jobs CSV")
     pr.add_argument("source", choices=("gpumemnet", "hydro"))
     pr.add_argument("--data", type=Path, default=SHARED, help=f"the shared data folder (default {SHARED})")

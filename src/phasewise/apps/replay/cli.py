@@ -41,13 +41,13 @@ from phasewise.apps.replay.traces import (
     sample_path,
     subtrace,
 )
+from phasewise.kit.command import arg_type
 from phasewise.kit.settings import (
     PHASE_STATISTICS,
     SPECS,
     PhaseSettings,
     Settings,
     above,
-    arg_type,
     at_least,
     in_range,
     parse_float,

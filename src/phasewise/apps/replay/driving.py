@@ -145,7 +145,8 @@ def pretrain_model(trace: Trace, opts: FleetOptions, min_windows: int = PRETRAIN
     per-container windows and levels restart each pass; the model carries
     over). Returns the model; it never sees a container it is not given.
     """
-    from phasewise.models.phases.detector import FEATURES, PhaseModel
+    from phasewise.models.phases.detector import PhaseModel
+    from phasewise.models.phases.features import FEATURES
     from phasewise.models.phases.fleet import PhaseFleet
 
     feats = tuple(f for f in FEATURES if f in trace.units)
@@ -208,7 +209,8 @@ def fleet_sequences(trace: Trace, learn_every: int = 1, options: FleetOptions | 
 
 def _fleet_run(trace: Trace, opts: FleetOptions, model: Any,
                detail: FleetDetail | None = None) -> dict[str, list[tuple[float, Limits]]]:
-    from phasewise.models.phases.detector import FEATURES, PhaseModel
+    from phasewise.models.phases.detector import PhaseModel
+    from phasewise.models.phases.features import FEATURES
     from phasewise.models.phases.fleet import PhaseFleet
     from phasewise.models.phases.limits import ReactiveFallback
 

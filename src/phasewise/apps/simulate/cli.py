@@ -15,6 +15,7 @@ from typing import TextIO
 from phasewise.apps.simulate.engine import MODES, simulate, speed_up
 from phasewise.apps.simulate.openb import TraceError, load_nodes, load_pods
 from phasewise.apps.simulate.utilisation import load_util_cdf, with_utilisation
+from phasewise.kit.settings import Settings
 from phasewise.models.jobs.placement import POLICIES, PlacementConfig
 
 FORMATS = ("openb",)
@@ -33,9 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="timed mode: arrivals this many times closer together, durations unchanged (default 1)")
     p.add_argument("--isolate-inference", action="store_true",
                    help="never put inference and training pods on one node")
-    p.add_argument("--horus-frag-weight", type=float, default=PlacementConfig.horus_frag_weight, metavar="W",
+    frag_weight = Settings.default("place_horus_frag_weight")
+    p.add_argument("--horus-frag-weight", type=float, default=frag_weight, metavar="W",
                    help="horus: weight of FGD's fragmentation growth (GPUs) against Horus's over-capacity term; "
-                        f"0 = Horus's cost alone (default {PlacementConfig.horus_frag_weight:g})")
+                        f"0 = Horus's cost alone (default {frag_weight:g})")
     p.add_argument("--util-cdf", metavar="CSV:CLUSTER",
                    help="give every GPU pod a utilisation drawn from a cluster's measured GPU utilisation CDF "
                         "(acmetrace-util-cdfs/util_cdfs.csv:Philly) and measure overloaded GPUs")
@@ -86,7 +88,7 @@ def _one(task):
         with _done.get_lock():
             _done.value += n - last[0]
         last[0] = n
-    return simulate(pods, nodes, name, mode, config, progress=bump)
+    return simulate(pods, nodes, name, mode, config=config, progress=bump)
 
 
 def _parallel(names, pods, nodes, mode, config, jobs, stream):
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if jobs <= 1 or len(names) == 1:
         results = []
         for name in names:
-            results.append(simulate(pods, nodes, name, args.mode, config,
+            results.append(simulate(pods, nodes, name, args.mode, config=config,
                                     progress=Progress(name, len(pods), stream)))
     else:
         results = _parallel(names, pods, nodes, args.mode, config, jobs, stream)

@@ -72,8 +72,8 @@ def speed_up(pods: Sequence[Pod], factor: float) -> list[Pod]:
     return [Pod(p.job, p.created / factor, p.created / factor + p.duration) for p in pods]
 
 
-def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str = "timed",
-             config: PlacementConfig | None = None, progress: Callable[[int], None] | None = None,
+def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str = "timed", *,
+             config: PlacementConfig, progress: Callable[[int], None] | None = None,
              max_points: int = 2000) -> PolicyResult:
     """Run *pods* against *nodes* under *policy*; deterministic for the same input. *config* sets the
     hard rules' options and horus's weights; fgd and horus measure fragmentation against the pods'

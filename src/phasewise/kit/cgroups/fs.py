@@ -1,19 +1,8 @@
-"""Where containers' cgroup files live, for cgroup v1 and v2, in every layout.
+"""Where containers' cgroup files are, on cgroup v1 and v2, in every layout (:class:`CgroupLayout`).
 
-In the ``flat`` layout a container is a cgroup directly under
-``<root>/<prefix>/`` (v2) or ``<root>/<controller>/<prefix>/`` (v1), and its
-id on the wire is its name relative to the prefix (``job-a``). The runtime
-layouts (:mod:`phasewise.kit.cgroups.layouts`: Docker's cgroupfs and systemd drivers,
-Kubernetes pods under either driver) are found under ``<parent>`` inside each
-hierarchy, and a container's id on the wire is the runtime's container id;
-``auto`` finds containers of every layout present. The root is a parameter
-so tests and unusual hosts (the cgroup2 tree at ``/sys/fs/cgroup/unified`` on
-a hybrid host) point elsewhere.
-
-Only the layout lives here; the sampler reads and the actuator writes through
-it, resolving a container id to its cgroup with the same discovery. Nothing
-but a discovered container (or a name under the flat prefix) is ever
-returned, so an actuator cannot be talked into touching another cgroup.
+The host agent reads and the actuator writes through it, resolving a container id to its cgroup with
+the same discovery, so nothing but a discovered container (or a name under the flat prefix) is ever
+returned (docs/kubernetes.md, "Container layouts").
 """
 
 from __future__ import annotations
@@ -25,15 +14,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phasewise.kit.cgroups.layouts import LAYOUTS, Match, classify, top_dirs
-from phasewise.kit.records import ContainerIdentity
-from phasewise.kit.settings import relative_cgroup_path
+from phasewise.kit.cgroups.layouts import Match, classify, top_dirs
+from phasewise.kit.records import LAYOUTS, ContainerIdentity
+from phasewise.kit.settings import CGROUP_LAYOUTS, relative_cgroup_path
 
-__all__ = ["CgroupLayout", "CgroupError", "Found", "LAYOUT_CHOICES", "detect_version", "is_container_name",
+__all__ = ["CgroupLayout", "CgroupError", "Found", "detect_version", "is_container_name",
            "V1_CONTROLLERS"]
 
-#: the ``cgroup_layout`` setting's values: one layout, or ``auto`` (every layout present)
-LAYOUT_CHOICES = ("auto", *LAYOUTS)
 #: how deep below a runtime layout's top directory its containers are (kubepods.slice/qos/pod/scope)
 _MAX_DEPTH = 3
 
@@ -108,8 +95,8 @@ class CgroupLayout:
             relative_cgroup_path(self.prefix)  # the rule of the cgroup_prefix setting
         except ValueError as e:
             raise CgroupError(f"invalid managed prefix: {e}") from None
-        if self.layout not in LAYOUT_CHOICES:
-            raise CgroupError(f"cgroup layout must be one of {', '.join(LAYOUT_CHOICES)}, got {self.layout!r}")
+        if self.layout not in CGROUP_LAYOUTS:
+            raise CgroupError(f"cgroup layout must be one of {', '.join(CGROUP_LAYOUTS)}, got {self.layout!r}")
         if self.parent:
             try:
                 relative_cgroup_path(self.parent)

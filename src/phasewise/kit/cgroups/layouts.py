@@ -1,35 +1,7 @@
-"""The cgroup layouts containers live in, and how a cgroup path names a container (pure, no IO).
+"""The cgroup layouts containers live in and how a cgroup path names a container (pure, no IO).
 
-Container runtimes and the kubelet each put a container's cgroup at a known
-place inside every hierarchy (cgroup v1) or the unified tree (v2), relative
-to where their tree starts (the kubelet's ``--cgroup-root``, Docker's
-``--cgroup-parent``; both default to the hierarchy's root):
-
-=================== ==============================================================================
-layout              a container's cgroup
-=================== ==============================================================================
-flat                ``<prefix>/<name>`` (phasewise's own managed prefix)
-docker-cgroupfs     ``docker/<id>``
-docker-systemd      ``system.slice/docker-<id>.scope``
-kubepods-cgroupfs   ``kubepods/<qos>/pod<uid>/<id>``; Guaranteed pods: ``kubepods/pod<uid>/<id>``
-kubepods-systemd    ``kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid_>.slice/<scope>``;
-                    Guaranteed pods: ``kubepods.slice/kubepods-pod<uid_>.slice/<scope>``; the scope is
-                    ``cri-containerd-<id>.scope``, ``crio-<id>.scope`` or ``docker-<id>.scope``
-=================== ==============================================================================
-
-``<id>`` is the runtime's 64-hex-digit container id, which is the
-container's name on the wire; ``<uid_>`` is the pod UID with ``_`` for
-``-`` (systemd slice names cannot hold dashes inside a component). CRI-O's
-``crio-conmon-<id>.scope`` (its monitor process) is not a container.
-
->>> m = classify("kubepods/burstable/pod0d5a4c52-1f37-4a8e-b8a5-7c7f1f3a9d01/" + "ab" * 32)
->>> m.layout, m.qos, m.pod_uid, m.container_id == "ab" * 32
-('kubepods-cgroupfs', 'burstable', '0d5a4c52-1f37-4a8e-b8a5-7c7f1f3a9d01', True)
->>> m = classify("kubepods.slice/kubepods-pod0d5a4c52_1f37.slice/cri-containerd-" + "cd" * 32 + ".scope")
->>> m.layout, m.qos, m.pod_uid, m.runtime
-('kubepods-systemd', 'guaranteed', '0d5a4c52-1f37', 'containerd')
->>> classify("system.slice/crio-conmon-" + "cd" * 32 + ".scope") is None
-True
+:func:`classify` reads a path below a runtime's parent; docs/kubernetes.md ("Container layouts")
+has the table of layouts.
 """
 
 from __future__ import annotations
@@ -38,10 +10,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["LAYOUTS", "RUNTIME_LAYOUTS", "Match", "classify", "classify_proc_cgroup", "top_dirs"]
+from phasewise.kit.records import LAYOUTS
 
-#: every layout (the ``layout`` of :class:`phasewise.kit.records.ContainerIdentity`)
-LAYOUTS = ("flat", "docker-cgroupfs", "docker-systemd", "kubepods-cgroupfs", "kubepods-systemd")
+__all__ = ["RUNTIME_LAYOUTS", "Match", "classify", "classify_proc_cgroup", "top_dirs"]
+
 #: layouts a container runtime makes (everything but phasewise's own flat prefix)
 RUNTIME_LAYOUTS = LAYOUTS[1:]
 
@@ -84,7 +56,17 @@ def top_dirs(layouts: Sequence[str]) -> dict[str, str]:
 
 
 def classify(rel: str, layouts: Sequence[str] = RUNTIME_LAYOUTS) -> Match | None:
-    """The container whose cgroup *rel* (relative to the runtime's parent) is or is inside, or ``None``."""
+    """The container whose cgroup *rel* (relative to the runtime's parent) is or is inside, or ``None``.
+
+    >>> m = classify("kubepods/burstable/pod0d5a4c52-1f37-4a8e-b8a5-7c7f1f3a9d01/" + "ab" * 32)
+    >>> m.layout, m.qos, m.pod_uid, m.container_id == "ab" * 32
+    ('kubepods-cgroupfs', 'burstable', '0d5a4c52-1f37-4a8e-b8a5-7c7f1f3a9d01', True)
+    >>> m = classify("kubepods.slice/kubepods-pod0d5a4c52_1f37.slice/cri-containerd-" + "cd" * 32 + ".scope")
+    >>> m.layout, m.qos, m.pod_uid, m.runtime
+    ('kubepods-systemd', 'guaranteed', '0d5a4c52-1f37', 'containerd')
+    >>> classify("system.slice/crio-conmon-" + "cd" * 32 + ".scope") is None
+    True
+    """
     rel = rel.strip("/")
     for layout, pattern in _PATTERNS:
         if layout not in layouts:

@@ -1,28 +1,9 @@
-"""Who each container is and what phasewise may do to it, on this host (the host agent and the actuator).
+"""Who each container is on this host and its per-workload policy (:class:`Workloads`), for the host agent
+and the actuator.
 
-:class:`Workloads` joins three sources to the containers a
-:class:`~phasewise.kit.cgroups.fs.CgroupLayout` discovers:
-
-* the cgroup path itself (layout, container id, pod UID, QoS class, runtime);
-* the pods of this node (the kubelet's ``GET /pods``, the API server's
-  ``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>``, or a file holding
-  the same PodList JSON), read every ``refresh_s`` and again when an unknown
-  container appears: pod namespace and name, the container's name, the pod's
-  annotations (``phasewise.io/...``);
-* Docker's own record of a container (``<docker_dir>/<id>/config.v2.json``):
-  its name, and the ``io.kubernetes.*`` labels where the kubelet runs pods
-  on Docker (pod, namespace, container name; a ``podsandbox`` is no
-  workload);
-* a policy file (JSON, or YAML when PyYAML is installed) of rules matched by
-  glob on the container's name, for hosts without Kubernetes.
-
-The resolution itself is pure (:mod:`phasewise.models.safety.workload`). A
-workload whose settings are refused is counted in :attr:`Workloads.refused`
-and logged once (per container and reason); its mode is ``off``.
-
-A pod's sandbox ("pause") container has a cgroup of its own; it is not a
-workload and is left out: a container whose processes are all ``pause``, or
-one under a pod the kubelet lists whose containers it does not include.
+It joins the cgroup path, this node's pod list, Docker's records and the policy file to the containers
+a :class:`~phasewise.kit.cgroups.fs.CgroupLayout` finds; the resolution itself is pure
+(:mod:`phasewise.models.safety.workload`). docs/kubernetes.md ("Identity", "Per-workload policy").
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The Kafka boundary for the confluent-kafka roles (producer, actuator, tools).
+"""The Kafka boundary of the confluent-kafka roles: clients, topics, dead letters, log folding, the broker probe.
 
-Everything here works against any Kafka-compatible cluster given by a
-bootstrap address; nothing assumes the embedded broker.
+Works against any Kafka-compatible cluster given by a bootstrap address (docs/operations.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""Which partition a keyed record goes to: Kafka's murmur2 partitioner, as the worker's producer uses it.
+"""Which partition a keyed record goes to: Kafka's murmur2 partitioner (:func:`partition_for`).
 
-The worker publishes decisions (key: host) through a confluent-kafka
-producer configured with librdkafka's ``murmur2_random`` partitioner
-(:data:`PARTITIONER`, :func:`phasewise.streams.output.output_producer`): for a
-non-null key that is the Java client's default, ``(murmur2(key) & 0x7fffffff)
-% partitions``; Faust's aiokafka producer hashes keys the same way. (librdkafka's
-own default, ``consistent_random``, is CRC32 and would place keys elsewhere.)
-An actuator computes its host's partition with :func:`partition_for` and
-reads only that one (a test checks against librdkafka's placement on a
-broker).
-
->>> murmur2(b"21")  # the Java client's test vector
--973932308
->>> [partition_for(k, 3) for k in (b"host-a", b"host-b", b"host-c")]
-[1, 0, 1]
+The same placement as the worker's producer (librdkafka ``murmur2_random``, the Java client's
+default), so an actuator reads only its host's decisions partition (docs/security.md, "One partition").
 """
 
 from __future__ import annotations
@@ -56,7 +44,13 @@ def murmur2(data: bytes) -> int:
 
 
 def partition_for(key: bytes, partitions: int) -> int:
-    """The partition of a record keyed *key* among *partitions* (``murmur2_random``, Java's default)."""
+    """The partition of a record keyed *key* among *partitions* (``murmur2_random``, Java's default).
+
+    >>> murmur2(b"21")  # the Java client's test vector
+    -973932308
+    >>> [partition_for(k, 3) for k in (b"host-a", b"host-b", b"host-c")]
+    [1, 0, 1]
+    """
     if partitions < 1:
         raise ValueError(f"a topic has at least one partition, got {partitions}")
     return (murmur2(key) & 0x7FFFFFFF) % partitions

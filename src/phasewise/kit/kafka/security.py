@@ -1,22 +1,7 @@
-"""TLS and SASL for every Kafka client, from the ``kafka_*`` settings.
+"""TLS and SASL for every Kafka client, librdkafka's and the worker's aiokafka, from the ``kafka_*`` settings.
 
-Two client libraries talk to the brokers: librdkafka (confluent-kafka: every
-role's producers, consumers and admin clients, through
-:func:`phasewise.kit.kafka.client.make_producer` and friends) and aiokafka (the worker's
-Faust app). Both are configured from the one :class:`KafkaSettings`:
-:func:`librdkafka_conf` for the first, :func:`ssl_context`,
-:func:`sasl_password` and :class:`OidcToken` for the worker's Faust
-credentials (``phasewise.streams.app``).
-
-Secrets come from their setting (``PHASEWISE_KAFKA_SASL_PASSWORD``, e.g. from
-a Kubernetes secret as an environment variable) or from a file
-(``PHASEWISE_KAFKA_SASL_PASSWORD_FILE``, e.g. a mounted secret), read when a
-client is made. They are never logged: settings print them as ``'***'`` and
-nothing here logs a configuration.
-
-OAUTHBEARER is the OpenID Connect client-credentials grant: librdkafka does it
-itself (``sasl.oauthbearer.method=oidc``); for aiokafka, :class:`OidcToken`
-asks the token endpoint and keeps the token until shortly before it expires.
+Secrets come from their setting or a file and are never logged; OAUTHBEARER is the OpenID Connect
+client-credentials grant (:class:`OidcToken` for aiokafka). docs/deployment.md, "Kafka security".
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""Learn batches: the phase detectors' sampled windows on their way to the one learner.
+"""Learn batches: the phase detectors' sampled windows on their way to the one learner (internal topic).
 
-An internal wire format (JSON, versioned) on the internal 1-partition topic
-:data:`phasewise.kit.topics.LEARN_WINDOWS` (key: model name). A batch carries ready detector
-windows ``(n, L, F)``, the phase in force for each (``prev_phase``, -1: none),
-the usage to credit to that phase and, with relative phase statistics, each
-container's level just before the frame. Missing (non-finite) numbers travel
-as null.
-
-:func:`encode_learn_batch` writes one (the detectors,
-:meth:`phasewise.models.phases.updater.PhaseHooks.take_learn_batch`);
-:func:`decode_learn_batch` parses one for a model and says why not with a
-:class:`~phasewise.kit.records.SchemaError`, whatever the bytes hold (the learner
-agent dead-letters it). Version 1 batches (no levels) are still read.
-
-Pure: no IO.
+:func:`encode_learn_batch` writes one; :func:`decode_learn_batch` reads one for a model or says why
+not with a :class:`~phasewise.kit.records.SchemaError`, whatever the bytes hold. Pure, no IO; the
+format: docs/architecture.md, "Records".
 """
 
 from __future__ import annotations
@@ -30,7 +19,7 @@ try:  # learn batches are ~1 KB of numbers per window: orjson writes numpy array
 except ImportError:  # pragma: no cover
     _orjson = None
 
-from phasewise.kit.records import MAX_BYTES, MAX_CORES, MAX_MESSAGE_BYTES, MAX_PCT, SchemaError, brief
+from phasewise.kit.records.codec import MAX_BYTES, MAX_CORES, MAX_MESSAGE_BYTES, MAX_PCT, SchemaError, brief
 
 __all__ = ["LEARN_BATCH_VERSION", "decode_learn_batch", "encode_learn_batch"]
 

@@ -1,16 +1,6 @@
-"""The JSON Schema of ``phasewise replay --json`` output: one JSON object per line.
+"""The JSON Schema of ``phasewise replay --json`` output (one object per line, each with a ``type``).
 
-Every line carries ``"type"``:
-
-- ``setup`` (first line): the command, the trace (size, units, what loading
-  changed), the policies and how the phase model ran and started;
-- ``score`` (one per policy family and resource): ``alloc_over_used`` and
-  ``fulfilment`` summed over containers;
-- ``savings`` (one per resource): the phase policy against the reactive
-  frontier (the slack cut leads) and against the cheapest single baseline.
-
-``phasewise schemas --write infra/schemas`` writes it next to the topics'
-schemas as ``ReplayOutput.v1.json``; a test validates real output against it.
+Written next to the topics' schemas as ``ReplayOutput.v1.json``; docs/results.md describes the lines.
 """
 
 from __future__ import annotations

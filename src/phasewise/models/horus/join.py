@@ -34,9 +34,12 @@ _SUMS = {"cpu_cores": "cpu_cores", "mem_bytes": "mem_bytes", "gpu_util": "gpu_ut
 
 @dataclass(frozen=True, slots=True)
 class JoinConfig:
-    warmup_s: float = 20.0  #: seconds after start left out (the loading phase)
-    min_samples: int = 5  #: steady samples needed for an observation
-    observe_s: float = 60.0  #: steady seconds after which the job is observed (it may run for days)
+    """When a job's samples make an observation; from the ``horus_*`` settings, which hold the defaults
+    (docs/architecture.md, "Defaults")."""
+
+    warmup_s: float  #: seconds after start left out (the loading phase)
+    min_samples: int  #: steady samples needed for an observation
+    observe_s: float  #: steady seconds after which the job is observed (it may run for days)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +54,8 @@ class Observation:
 
 
 class HorusJoin:
-    def __init__(self, config: JoinConfig | None = None) -> None:
-        self.config = config or JoinConfig()
+    def __init__(self, config: JoinConfig) -> None:
+        self.config = config
         self._jobs: dict[str, dict[str, Any]] = {}
         self._where: dict[tuple[str, str], str] = {}  # (host, container) -> job
         self._dirty: set[str] = set()

@@ -6,13 +6,13 @@ split-conformal interval; its state is the observations themselves, replayed by
 :meth:`HorusModel.from_state`. Narrative: docs/horus.md, "The model".
 
 >>> from phasewise.models.horus.graph_features import catalog_features
->>> m = HorusModel()
+>>> m = HorusModel(HorusConfig(coverage=0.8))
 >>> f = catalog_features("ppo_mlp", "lunarlander", 64, False)
 >>> p0 = m.predict_one(f)
 >>> m.learn_one(f, {"cpu_cores": 1.0, "mem_bytes": 3e8})
 >>> m.predict_one(f)["cpu_cores"].mean
 1.0
->>> m.jobs, HorusModel.from_state(m.to_state()).predict_one(f) == m.predict_one(f)
+>>> m.jobs, HorusModel.from_state(m.to_state(), m.config).predict_one(f) == m.predict_one(f)
 (1, True)
 """
 
@@ -41,7 +41,10 @@ class HorusStateError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class HorusConfig:
-    coverage: float = 0.8  #: nominal probability that [lo, hi] holds the observed value
+    """The model's parameters; ``coverage`` comes from the ``horus_coverage`` setting, which holds its default
+    (docs/architecture.md, "Defaults")."""
+
+    coverage: float  #: nominal probability that [lo, hi] holds the observed value
     neighbors: int = 5
     blr_alpha: float = 1.0  #: prior precision of the Bayesian linear regression's weights
     blr_beta: float = 10.0  #: its noise precision (on log-scale residuals)
@@ -138,8 +141,8 @@ class _Target:
 class HorusModel:
     """Predicts a job's four utilisation targets from its graph features; learns from observed jobs."""
 
-    def __init__(self, config: HorusConfig | None = None) -> None:
-        self.config = config or HorusConfig()
+    def __init__(self, config: HorusConfig) -> None:
+        self.config = config
         self._targets = {t: _Target(self.config) for t in TARGETS}
         self._obs: deque[tuple[dict, dict, str | None]] = deque(maxlen=self.config.max_observations)
         self._seen: set[str] = set()
@@ -214,7 +217,7 @@ class HorusModel:
                 "obs": [[g, o, d] for g, o, d in self._obs]}
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], config: HorusConfig | None = None) -> HorusModel:
+    def from_state(cls, state: Mapping[str, Any], config: HorusConfig) -> HorusModel:
         """The model *state* describes (its observations replayed in order)."""
         if not isinstance(state, Mapping) or state.get("v") != STATE_VERSION:
             got = state.get("v") if isinstance(state, Mapping) else type(state).__name__

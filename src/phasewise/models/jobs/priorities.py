@@ -8,7 +8,7 @@ running job a CPU weight by priority (:func:`cpu_weight`). Time comes in as ``no
 :class:`~phasewise.kit.records.Decision` records with :func:`to_decision`. The rules: docs/priorities.md,
 "What it does".
 
->>> cfg = PriorityConfig(freeze_max_wait_s=60)
+>>> cfg = PriorityConfig(freeze_max_wait_s=60, grace_s=30, cpu_weight_ratio=None)
 >>> p = PriorityPolicy(cfg, {"n1": Capacity(cpu_cores=2, mem_bytes=8e9)})
 >>> [a.kind for a in p.submit(JobRequest("a", "n1", cpu_cores=1, mem_bytes=1e9), now=0)]
 ['start']
@@ -113,12 +113,13 @@ class PriorityConfig:
     ``grace_s``: how long a checkpoint-and-exit is given before the hard stop
     (carried in the decision for the actuator); ``cpu_weight_ratio``: the
     weight factor of one priority level (:func:`cpu_weight`), ``None``: no
-    ``weight`` actions.
+    ``weight`` actions. The agent builds them from its ``priority_*`` settings, which hold their
+    defaults (docs/architecture.md, "Defaults").
     """
 
-    freeze_max_wait_s: float = 120.0
-    grace_s: float = 30.0
-    cpu_weight_ratio: float | None = None
+    freeze_max_wait_s: float
+    grace_s: float
+    cpu_weight_ratio: float | None
 
     def __post_init__(self) -> None:
         for name in ("freeze_max_wait_s", "grace_s"):

@@ -66,20 +66,22 @@ class Targets:
                              f"got acceptable {self.acceptable:g}, objective {self.objective:g}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TargetsConfig:
     """How values are smoothed and crossings confirmed.
 
     ``smoothing``: ``ewma`` (weight ``alpha`` on the newest value), ``median`` (of the last
     ``window`` values) or ``none``; ``patience``: reports in a row past a target before it is
-    declared; ``grace_s``: seconds between the graceful terminate and the hard stop.
+    declared; ``grace_s``: seconds between the graceful terminate and the hard stop. The agent
+    builds them from its ``targets_*`` settings, which hold the defaults of ``alpha``, ``patience``
+    and ``grace_s`` (docs/architecture.md, "Defaults").
     """
 
     smoothing: str = "ewma"
-    alpha: float = 0.3
+    alpha: float
     window: int = 5
-    patience: int = 3
-    grace_s: float = 30.0
+    patience: int
+    grace_s: float
 
     def __post_init__(self) -> None:
         if self.smoothing not in ("ewma", "median", "none"):
@@ -157,9 +159,9 @@ class TargetEvent:
 class TargetTracker:
     """One job's progress against its targets: ``running`` → ``acceptable`` → ``objective`` → ``stopped``."""
 
-    def __init__(self, targets: Targets, config: TargetsConfig | None = None) -> None:
+    def __init__(self, targets: Targets, config: TargetsConfig) -> None:
         self.targets = targets
-        self.config = config or TargetsConfig()
+        self.config = config
         self.smoother = Smoother(self.config)
         self.state = "running"
         self.smoothed: float | None = None
@@ -503,7 +505,8 @@ class TargetsFleet:
     node's cores). :meth:`pop_dirty` / :meth:`load` carry each job's state to a table and back.
 
     >>> from phasewise.kit.records import JobEvent, JobSpec, JobTargets
-    >>> f = TargetsFleet(TargetsConfig(smoothing="none", patience=1), capacity=lambda host: 4.0, shrink=0.25)
+    >>> cfg = TargetsConfig(smoothing="none", alpha=0.3, patience=1, grace_s=30)
+    >>> f = TargetsFleet(cfg, capacity=lambda host: 4.0, shrink=0.25)
     >>> spec = JobSpec(model="m", dataset="d", batch_size=8, targets=JobTargets(acceptable=1.0, objective=0.5))
     >>> for job in ("a", "b"):
     ...     _ = f.process(JobEvent(job=job, ts=1, kind="submitted", spec=spec))

@@ -19,20 +19,11 @@ import torch
 from phasewise.models.phases.checkpoint import pack, unpack
 from phasewise.models.phases.clusterer import DEFAULT_QUANTILES, PhaseClusterer
 from phasewise.models.phases.crbm import CRBM
+from phasewise.models.phases.features import FEATURES
 from phasewise.models.phases.normalize import OnlineNormalizer
 
-__all__ = ["FEATURES", "LIMITED", "PhaseModel", "Windows", "DetectResult", "detect", "learn", "relative_usage"]
+__all__ = ["PhaseModel", "Windows", "DetectResult", "detect", "learn", "relative_usage"]
 
-#: features a frame may carry, in this order, with their units
-FEATURES: dict[str, str] = {
-    "cpu": "cores",
-    "mem": "bytes",
-    "gpu": "percent",
-    "gpu_mem": "bytes",
-}
-#: the features phase decisions set limits for; the others only shape the phases
-#: (:data:`phasewise.kit.settings.LIMITED_FEATURES`, which the settings check; a test keeps the two equal)
-LIMITED = ("cpu", "mem")
 _LOG = {"cpu": True, "mem": True, "gpu": False, "gpu_mem": True}
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from phasewise.models.phases.detector import FEATURES, PhaseModel, Windows, detect, learn
+from phasewise.models.phases.detector import PhaseModel, Windows, detect, learn
+from phasewise.models.phases.features import FEATURES
 from phasewise.models.phases.fleet import phase_limits
 from phasewise.models.policy import LimitPolicy, Limits, Usage
 

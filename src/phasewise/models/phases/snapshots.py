@@ -13,7 +13,8 @@ import base64
 
 from phasewise.kit.records import ModelSnapshot, SchemaError, brief
 from phasewise.models.phases.checkpoint import MAX_BODY_BYTES, inflate_budget
-from phasewise.models.phases.detector import LIMITED, PhaseModel
+from phasewise.models.phases.detector import PhaseModel
+from phasewise.models.phases.features import LIMITED
 
 __all__ = ["FEATURES", "model_name", "model_of", "snapshot_of"]
 

@@ -21,7 +21,8 @@ import numpy as np
 from phasewise.kit.records import Decision, HostSamples, ModelSnapshot, PhaseChange
 from phasewise.kit.records.learn_batches import encode_learn_batch
 from phasewise.models.decisions import PHASE_POLICY, clean, phase_decisions, round_limits
-from phasewise.models.phases.detector import LIMITED, PhaseModel
+from phasewise.models.phases.detector import PhaseModel
+from phasewise.models.phases.features import LIMITED
 from phasewise.models.phases.fleet import FleetStep, PhaseFleet
 from phasewise.models.phases.snapshots import model_name
 from phasewise.models.safety.guard import GuardOutcome
@@ -39,7 +40,7 @@ _FIELD = {"cpu": "cpu_cores", "mem": "mem_bytes", "gpu": "gpu_util", "gpu_mem": 
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """The live detectors' parameters (the worker builds them from its settings)."""
+    """The live detectors' parameters; the worker builds them from its settings (which hold their defaults)."""
 
     #: the lowest CPU (cores) and memory (bytes) limits handed out (the VPA's minimums)
     min_cpu_cores: float
@@ -56,7 +57,7 @@ class DetectorConfig:
     ratio_cap: float | None
     #: the policy of containers whose workload names none (the worker's ``--policy``): the phase
     #: decisions are published for the containers decided with ``phase``, the others' are scored only
-    default_policy: str = PHASE_POLICY
+    default_policy: str
 
 
 @dataclass

@@ -39,23 +39,26 @@ def oom_bump(limit: np.ndarray | float, ratio: float = 1.2, min_bump: float = 10
 
 @dataclass(frozen=True, slots=True)
 class GuardConfig:
-    """The rules' parameters (the worker builds it from its ``safety_*`` settings)."""
+    """The rules' parameters; the worker builds them from its settings (:func:`phasewise.streams.config.guard_config`).
+
+    The fields a setting feeds have no default here: the setting holds it (docs/architecture.md, "Defaults").
+    """
 
     #: event-time seconds of samples before a limit may be lowered (or first set on an unlimited container)
-    min_history_s: float = 900.0
+    min_history_s: float
     #: at most one decrease per resource per this many seconds; no memory decrease this long after an OOM kill
-    cooldown_s: float = 300.0
+    cooldown_s: float
     #: one decrease lowers a limit by at most this fraction of it
-    max_decrease: float = 0.25
+    max_decrease: float
     #: memory limits cover the peak working set over this many seconds
-    peak_window_s: float = 3600.0
+    peak_window_s: float
     #: ... plus this many bytes
-    mem_margin_bytes: float = 64 * MIB
+    mem_margin_bytes: float
     #: share of throttled CFS periods above which a sample counts as throttled
-    throttle_threshold: float = 0.1
+    throttle_threshold: float
     #: no CPU decrease when a sample this recent (seconds) was throttled; 0 = only the current one
     #: (the worker uses its cooldown: a throttled container's CPU samples are censored)
-    throttle_window_s: float = 5.0
+    throttle_window_s: float
     #: VPA's OOM bump (``OOMBumpUpRatio``, ``OOMMinBumpUp``)
     oom_bump_ratio: float = 1.2
     oom_min_bump_bytes: float = 100 * MIB
@@ -142,8 +145,8 @@ class LimitGuard:
     PEAK_BUCKETS = 12
     _ROW = ("_first", "_epoch", "_thr_ts", "_oom_ts", "_oom_floor")
 
-    def __init__(self, config: GuardConfig | None = None, capacity: int = 64) -> None:
-        self.config = config or GuardConfig()
+    def __init__(self, config: GuardConfig, capacity: int = 64) -> None:
+        self.config = config
         self._bucket_s = self.config.peak_window_s / self.PEAK_BUCKETS
         self.capacity = 0
         self._n = 0

@@ -21,21 +21,22 @@ __all__ = ["Admitted", "EventClock", "Eviction", "IntakeConfig", "Occupancy", "e
 
 @dataclass(frozen=True)
 class IntakeConfig:
-    """The worker's intake limits (it builds them from its ``intake_*`` settings); 0 = no limit."""
+    """The worker's intake limits, 0 = no limit; the worker builds them from its ``intake_*`` settings
+    (:func:`phasewise.streams.config.intake_config`), which hold their defaults (docs/architecture.md, "Defaults")."""
 
     #: seconds a sample's event time may lie ahead of the worker's clock
-    max_future_s: float = 300.0
+    max_future_s: float
     #: seconds a sample's event time may lie behind the newest admitted sample of its host
-    max_behind_s: float = 3600.0
+    max_behind_s: float
     #: containers one message may hold
-    max_per_message: int = 10_000
+    max_per_message: int
     #: containers one host may have in the worker
-    max_per_host: int = 10_000
+    max_per_host: int
     #: containers the worker holds in all
-    max_per_worker: int = 200_000
+    max_per_worker: int
     #: seconds after its last admitted message a host still counts as active (it divides a full
     #: worker into shares) and a container still counts as seen (older: evicted first)
-    host_active_s: float = 120.0
+    host_active_s: float
 
 
 def event_time_problem(ts: float, *, now: float, newest: float | None, config: IntakeConfig,
@@ -69,7 +70,9 @@ class EventClock:
     After a restart the newest times start empty: the clock bound holds at once, the behind bound
     from each key's first admitted record on.
 
-    >>> clock = EventClock(IntakeConfig(max_future_s=60, max_behind_s=600), what="job", max_keys=2)
+    >>> cfg = IntakeConfig(max_future_s=60, max_behind_s=600, max_per_message=0, max_per_host=0, max_per_worker=0,
+    ...                    host_active_s=120)
+    >>> clock = EventClock(cfg, what="job", max_keys=2)
     >>> clock.admit("a", 1000.0, now=1000.0) is None
     True
     >>> clock.admit("a", 2000.0, now=1000.0)
@@ -160,7 +163,8 @@ class Occupancy:
     is bounded by ``max_per_worker`` entries; every operation is O(1) per
     container, except :meth:`forget`, O(keys).
 
-    >>> occ = Occupancy(IntakeConfig(max_per_host=2, max_per_worker=3, host_active_s=60))
+    >>> occ = Occupancy(IntakeConfig(max_future_s=0, max_behind_s=0, max_per_message=0, max_per_host=2,
+    ...                              max_per_worker=3, host_active_s=60))
     >>> occ.begin(now=0.0)
     >>> occ.admit("h", ["a", "b"]).kept
     ['a', 'b']

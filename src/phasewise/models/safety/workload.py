@@ -39,7 +39,6 @@ __all__ = [
     "ANNOTATION_PREFIX",
     "DEFAULT_MODES",
     "KEYS",
-    "POLICIES",
     "Rule",
     "Settings",
     "StepColumns",
@@ -60,8 +59,6 @@ __all__ = [
 ANNOTATION_PREFIX = "phasewise.io/"
 #: the host-level default mode's values
 DEFAULT_MODES = ("auto", *MODES)
-#: limit policies a workload may ask for (the worker's ``--policy`` choices)
-POLICIES = WORKLOAD_POLICIES
 KEYS = ("mode", "policy", "cpu-min", "cpu-max", "memory-min", "memory-max", "priority", "class", "update-mode",
         "job")
 _CLASS = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -198,8 +195,8 @@ def _parse(mine: Mapping[str, tuple[Any, str]], source: str) -> Settings:
                     raise ValueError(f"{value!r} is not one of {', '.join(MODES)}")
                 out["mode"] = value
             elif key == "policy":
-                if value not in POLICIES:
-                    raise ValueError(f"{value!r} is not one of {', '.join(POLICIES)}")
+                if value not in WORKLOAD_POLICIES:
+                    raise ValueError(f"{value!r} is not one of {', '.join(WORKLOAD_POLICIES)}")
                 out["policy"] = value
             elif key in ("cpu-min", "cpu-max"):
                 out["cpu_" + key[4:] + "_cores"] = parse_cpu(value)
@@ -446,7 +443,7 @@ def unserved(samples: HostSamples, default: str, served: Sequence[str]
     >>> [c.container for c in kept.containers], [c.container for c in refused]
     (['a', 'c'], ['b'])
     """
-    if all(p in served for p in POLICIES) or not any(
+    if all(p in served for p in WORKLOAD_POLICIES) or not any(
             (w := c.workload) is not None and w.policy is not None and w.policy not in served
             for c in samples.containers):
         return samples, ()

@@ -48,10 +48,14 @@ def decision_limits(cpu: float | None, mem: float | None, details: Mapping[str, 
 
 @dataclass(frozen=True)
 class ScorecardConfig:
-    """Windows scored (seconds of event time), samples kept per container, the gap rule."""
+    """Windows scored (seconds of event time), samples kept per container, the gap rule.
 
-    windows_s: tuple[float, ...] = (60.0, 300.0)
-    capacity: int = 300
+    The worker builds it from ``scorecard_windows`` and ``scorecard_samples``, which hold the
+    defaults of the fields they feed (docs/architecture.md, "Defaults").
+    """
+
+    windows_s: tuple[float, ...]
+    capacity: int
     max_gap_factor: float = 5.0
 
     def __post_init__(self) -> None:
@@ -66,8 +70,8 @@ class ScorecardConfig:
 class Scorecard:
     """Per-container rings of (t, usage, limit per policy); scores over sliding windows on demand."""
 
-    def __init__(self, config: ScorecardConfig | None = None) -> None:
-        self.config = config or ScorecardConfig()
+    def __init__(self, config: ScorecardConfig) -> None:
+        self.config = config
         self._index: dict[str, int] = {}
         self._free: list[int] = []
         self._grow(64)

@@ -80,13 +80,16 @@ class Placement:
                 "scores": dict(self.scores)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlacementConfig:
-    isolate_inference: bool = False
+    """The hard rules' options and Horus's weights; the placement worker builds them from its ``place_*``
+    settings, which hold the defaults of the fields they feed (docs/architecture.md, "Defaults")."""
+
+    isolate_inference: bool
     top_k: int = 3  # runner-up nodes reported with each decision
     horus_mem_weight: float = 1.3
     horus_over_factor: float = 1.6
-    horus_frag_weight: float = 1.0  # horus: weight of FGD's fragmentation growth (GPUs) against over-capacity
+    horus_frag_weight: float  # horus: weight of FGD's fragmentation growth (GPUs) against over-capacity
 
 
 @dataclass
@@ -104,8 +107,8 @@ class _Alloc:
 class Cluster:
     """Nodes' capacity, allocation and observation, as arrays (row = node, column = GPU slot)."""
 
-    def __init__(self, nodes: Sequence[Node], config: PlacementConfig | None = None):
-        self.config = config or PlacementConfig()
+    def __init__(self, nodes: Sequence[Node], config: PlacementConfig):
+        self.config = config
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.labels: list[dict[str, str]] = []

@@ -5,10 +5,10 @@ and returns a :class:`~phasewise.models.jobs.placement.cluster.Placement` (node,
 nodes' costs, a reason); same cluster and job in, same decision out, ties to the lower node index, then
 the lower GPU index. What each policy minimises: docs/placement.md, "The policies".
 
->>> from phasewise.models.jobs.placement.cluster import Gpu, Node
+>>> from phasewise.models.jobs.placement.cluster import Gpu, Node, PlacementConfig
 >>> nodes = [Node("a", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),) * 2),
 ...          Node("b", 8000, 32 << 30, gpus=(Gpu("T4", 16 << 30),))]
->>> c = Cluster(nodes)
+>>> c = Cluster(nodes, PlacementConfig(isolate_inference=False, horus_frag_weight=1.0))
 >>> job = Job("j1", cpu_milli=1000, mem_bytes=1 << 30, gpus=0.5, gpu_mem_bytes=4 << 30)
 >>> p = FirstFit().place(job, c)
 >>> (p.node, p.gpus)

@@ -32,7 +32,7 @@ class WaitingJobs:
     waiting jobs are capped).
 
     >>> from phasewise.models.jobs.placement.cluster import Node
-    >>> c = Cluster([Node("a", 4000, 8 << 30)])
+    >>> c = Cluster([Node("a", 4000, 8 << 30)], PlacementConfig(isolate_inference=False, horus_frag_weight=1.0))
     >>> w = WaitingJobs()
     >>> w.add("big", Job("big", 8000, 1 << 30), rank=(0, 1.0, "big"))
     >>> w.add("small", Job("small", 2000, 1 << 30), rank=(0, 2.0, "small"))

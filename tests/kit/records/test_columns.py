@@ -13,28 +13,28 @@ from phasewise.kit.records import (
     GpuSample,
     HostSamples,
     SchemaError,
-    _fast_containers,
+    codec,
+    columns,
     decode,
     decode_host_samples,
     encode,
 )
+from phasewise.kit.records.columns import _fast_containers
 
 
-def _use_orjson(monkeypatch, attr: str, which: str) -> str:
-    """Run with the worker's orjson function *attr* of phasewise.kit.records, or without it (orjson not installed)."""
-    import phasewise.kit.records as schemas
-
+def _use_orjson(monkeypatch, module, attr: str, which: str) -> str:
+    """Run with the worker's orjson function *attr* of *module*, or without it (orjson not installed)."""
     if which == "json":
-        monkeypatch.setattr(schemas, attr, None)
+        monkeypatch.setattr(module, attr, None)
     else:
-        assert getattr(schemas, attr) is not None, "orjson is part of the streams extra"
+        assert getattr(module, attr) is not None, "orjson is part of the streams extra"
     return which
 
 
 @pytest.fixture(autouse=True, params=["orjson", "json"])
 def parser(request, monkeypatch):
     """Every test runs with the worker's orjson parse and with the stdlib one."""
-    return _use_orjson(monkeypatch, "_fast_loads", request.param)
+    return _use_orjson(monkeypatch, columns, "_fast_loads", request.param)
 
 
 def _typed(record):
@@ -180,7 +180,7 @@ def test_random_mutations_of_valid_messages_agree_with_the_strict_parser():
 @pytest.fixture(params=["orjson", "json"])
 def writer(request, monkeypatch):
     """encode() with orjson (the worker) and with the stdlib."""
-    return _use_orjson(monkeypatch, "_fast_dumps", request.param)
+    return _use_orjson(monkeypatch, codec, "_fast_dumps", request.param)
 
 
 def _records():

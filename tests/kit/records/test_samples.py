@@ -5,17 +5,18 @@ import json
 import pytest
 
 from phasewise.kit.records import (
+    RECORDS,
     ContainerIdentity,
     ContainerSample,
     HostSamples,
     SchemaError,
     WorkloadPolicy,
-    _fast_containers,
     decode,
     decode_host_samples,
     encode,
     json_schemas,
 )
+from phasewise.kit.records.columns import _fast_containers
 
 
 def _msg(**cs):
@@ -67,7 +68,7 @@ def test_samples_without_identity_still_decode():
 
 
 def test_json_schema_refers_to_the_nested_records():
-    s = json_schemas()["HostSamples.v1.json"]
+    s = json_schemas(RECORDS)["HostSamples.v1.json"]
     ident = s["$defs"]["ContainerSample"]["properties"]["identity"]
     assert ident["anyOf"][0] == {"$ref": "#/$defs/ContainerIdentity"}
     assert s["$defs"]["ContainerIdentity"]["required"] == ["layout"]
@@ -84,7 +85,6 @@ def _outcome(fn, raw):
 def test_random_mutations_of_identity_and_policy_get_the_strict_answer():
     import random
 
-    from phasewise.kit.records import _fast_containers
 
     rng = random.Random(13)
     fields = {"identity": ["layout", "container_id", "pod_uid", "pod_namespace", "pod_name", "container_name",

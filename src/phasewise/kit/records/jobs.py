@@ -1,0 +1,150 @@
+"""A job's records: its spec (:class:`JobSpec`), its life (:class:`JobEvent`), instructions to it (:class:`JobControl`).
+
+docs/horus.md says how a job is submitted, docs/security.md how it is signed and bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from phasewise.kit.records.codec import MAX_BYTES, MAX_CORES, field
+
+__all__ = ["JOB_ID_PATTERN", "MAX_JOB_EVENT_BYTES", "JobControl", "JobEvent", "JobRequests", "JobSpec",
+           "JobTargets"]
+
+#: a job id: the characters of a managed container name (cgroupfs)
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$"
+
+#: the largest batch size a job spec may name (anything above is a typo, not a workload)
+MAX_BATCH = 2**20
+#: a job's command: at most this many arguments and this many UTF-8 bytes in all. A training job's
+#: command line is tens to hundreds of bytes (an interpreter, a script, its flags); 16 KiB leaves room
+#: for long flag lists and a JSON argument while a decision that carries the whole spec stays small
+#: (Linux itself takes up to 2 MiB of arguments: the limit is ours, see docs/security.md)
+MAX_COMMAND_ARGS = 256
+MAX_COMMAND_BYTES = 16 * 2**10
+#: a model name: a catalog name, an ``mlp-...`` name (65 widths of up to 6 digits and its suffixes take
+#: about 470 characters) or ``module:function``
+MAX_MODEL_NAME = 512
+#: a dataset name (the catalog's are at most 16 characters, with their aliases)
+MAX_DATASET_NAME = 64
+#: a node selector: entries; a key as long as a Kubernetes label key (a 253-character prefix, "/",
+#: a 63-character name); a value as long as 16 label values of 63 characters joined by "|"
+MAX_SELECTOR_ENTRIES = 64
+MAX_SELECTOR_KEY = 317
+MAX_SELECTOR_VALUE = 1024
+#: a metric's name (targets, progress)
+MAX_METRIC_NAME = 128
+#: a host name (a DNS name is at most 253 characters) and a container name (a cgroup path below the
+#: managed root) in a job event
+MAX_HOST_NAME = 255
+MAX_CONTAINER_NAME = 1024
+#: a whole job event as published: its fields' own bounds take about 40 KB at most; re-encoded (text
+#: escaped as ASCII grows at most threefold) inside a decision with the signature, a role's outputs
+#: stay far under the producers' 1,000,000-byte message limit (docs/security.md, "Record sizes")
+MAX_JOB_EVENT_BYTES = 64 * 2**10
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRequests:
+    """Resources a job asks for; null = not stated (the predictions stand in)."""
+
+    cpu_cores: float | None = field(default=None, minimum=0, maximum=MAX_CORES)
+    mem_bytes: float | None = field(default=None, minimum=0, maximum=MAX_BYTES)
+    gpus: float = field(default=0.0, minimum=0, maximum=64, doc="GPUs; fractional allowed, e.g. 0.5")
+    gpu_mem_bytes: float | None = field(default=None, minimum=0, maximum=MAX_BYTES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobTargets:
+    """A training job's two-tier target on a metric it reports (TRADL's <acceptable, objective>)."""
+
+    metric: str = field(default="loss", max_length=MAX_METRIC_NAME)
+    direction: str = field(default="min", enum=("min", "max"))
+    acceptable: float | None = field(default=None)
+    objective: float | None = field(default=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """What a submitted job runs: its model, data, batch, precision and requests."""
+
+    model: str = field(max_length=MAX_MODEL_NAME,
+                       doc="catalog name (e.g. resnet50) or module:function returning an nn.Module")
+    dataset: str = field(max_length=MAX_DATASET_NAME, doc="catalog dataset name (e.g. cifar10); gives the input shape")
+    batch_size: int = field(minimum=1, maximum=MAX_BATCH)
+    amp: bool = field(default=False, doc="automatic mixed precision")
+    requests: JobRequests = field(default=JobRequests())
+    targets: JobTargets | None = field(default=None)
+    command: tuple[str, ...] = field(default=(), max_items=MAX_COMMAND_ARGS, max_bytes=MAX_COMMAND_BYTES,
+                                     doc="argv that starts the job locally")
+    node_selector: dict[str, str] = field(default={}, max_items=MAX_SELECTOR_ENTRIES, key_max_length=MAX_SELECTOR_KEY,
+                                          max_length=MAX_SELECTOR_VALUE,
+                                          doc="node labels the job needs, e.g. a GPU model (a value may list "
+                                              "alternatives: a|b)")
+    expected_s: float | None = field(default=None, minimum=0, maximum=86400 * 365,
+                                     doc="seconds the job expects to run once started; null = unknown (long)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobEvent:
+    """A job's life: submitted (with its spec), started (where), progress, a new priority, finished (key: job).
+
+    ``admitted`` and ``stopped`` are the priority agent's hints to the placement
+    agent (``priority_launcher=place``): the job may start (or resume) now on
+    ``host``; the job was stopped by checkpoint-and-exit and holds nothing.
+    A consumer ignores the kinds it does not act on.
+    """
+
+    VERSION: ClassVar[int] = 1
+    #: the largest message :func:`decode` takes for this record (the others: :data:`MAX_MESSAGE_BYTES`)
+    MAX_BYTES: ClassVar[int] = MAX_JOB_EVENT_BYTES
+    job: str = field(pattern=JOB_ID_PATTERN, doc="job id (the characters of a container name)")
+    ts: float = field(minimum=0)
+    kind: str = field(enum=("submitted", "started", "progress", "priority", "finished", "admitted", "stopped"),
+                      doc="priority: the job's priority is now `priority` (its class stays the submitted one); "
+                          "admitted: the priority agent let the job start (or resume, `resume`) on `host` now, "
+                          "for the placement agent to place there; stopped: the priority agent stopped the job "
+                          "by checkpoint-and-exit (what it booked is free; a frozen job is not stopped)")
+    host: str | None = field(default=None, max_length=MAX_HOST_NAME,
+                             doc="where it runs (kind started), where it was admitted (kind admitted)")
+    container: str | None = field(default=None, max_length=MAX_CONTAINER_NAME,
+                                  doc="its container (kinds started, admitted)")
+    pid: int | None = field(default=None, minimum=1, maximum=2**31 - 1,
+                            doc="kind started: the process the actuator started (on `host`)")
+    workload: str = field(default="training", enum=("training", "inference", "interactive"))
+    priority: int = field(default=0, doc="higher is more important")
+    spec: JobSpec | None = field(default=None, doc="kind submitted only")
+    step: int | None = field(default=None, minimum=0)
+    loss: float | None = field(default=None)
+    metric: float | None = field(default=None)
+    metric_name: str | None = field(default=None, max_length=MAX_METRIC_NAME)
+    epoch: float | None = field(default=None, minimum=0)
+    resume: bool = field(default=False, doc="kind admitted: the job restarts from its checkpoint (it was stopped)")
+    signature: str | None = field(default=None, pattern=r"^[a-z0-9]{1,16}:[0-9a-f]{8}:[A-Za-z0-9+/=]{1,200}$",
+                                  doc="kind submitted: the submitter's signature, ed25519:<key id>:<base64>, over "
+                                      "job, ts, workload, priority and the spec's digest (phasewise.kit.job_signing); "
+                                      "an unsigned job is placed and predicted but never started by an actuator")
+    v: int = field(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobControl:
+    """An instruction to a running job, delivered by its progress reporter (key: job).
+
+    ``checkpoint_exit``: save a checkpoint and exit within ``grace_s`` seconds (after it,
+    the sender may stop the job hard); ``pause``: stop stepping until ``resume``.
+    A job's reporter runs each ``id`` at most once.
+    """
+
+    VERSION: ClassVar[int] = 1
+    id: str = field(doc="idempotency key: a reporter delivers each id at most once")
+    job: str = field(pattern=JOB_ID_PATTERN, doc="job id (the key; the characters of a container name)")
+    ts: float = field(minimum=0)
+    action: str = field(enum=("checkpoint_exit", "pause", "resume"))
+    policy: str = field(default="", doc="who sent it, e.g. targets, priorities")
+    reason: str = field(default="", doc="why, naming the rule or target behind it")
+    grace_s: float | None = field(default=None, minimum=0, maximum=86400,
+                                  doc="checkpoint_exit: seconds the job has before a hard stop")
+    v: int = field(default=1)
