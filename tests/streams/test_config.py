@@ -56,17 +56,25 @@ def test_the_faust_web_server_is_off_unless_a_port_is_set():
 
 
 def _builds():
-    from phasewise.streams.agents.horus import HorusState
-    from phasewise.streams.agents.placement import PlacementState
-    from phasewise.streams.agents.priorities import priority_config
-    from phasewise.streams.agents.targets import fleet_from_settings
-    from phasewise.streams.config import guard_config, intake_config, updater_config
+    from phasewise.streams.config import (
+        guard_config,
+        horus_state_config,
+        intake_config,
+        placement_state_config,
+        priority_step_config,
+        targets_step_config,
+        updater_config,
+    )
 
     return {
         "GuardConfig": guard_config, "IntakeConfig": intake_config, "UpdaterConfig": updater_config,
-        "DetectorConfig": detector_config, "PriorityConfig": lambda s: priority_config(s)[0],
-        "TargetsConfig": lambda s: fleet_from_settings(s).config, "PlacementConfig": lambda s: PlacementState(s).config,
-        "HorusConfig": lambda s: HorusState(s, 1).model_config, "JoinConfig": lambda s: HorusState(s, 1).join_config,
+        "DetectorConfig": detector_config,
+        "PriorityStepConfig": priority_step_config, "PriorityConfig": lambda s: priority_step_config(s).policy,
+        "TargetsStepConfig": targets_step_config, "TargetsConfig": lambda s: targets_step_config(s).tracker,
+        "PlacementStateConfig": lambda s: placement_state_config(s, 4),
+        "PlacementConfig": lambda s: placement_state_config(s, 4).cluster,
+        "HorusStateConfig": horus_state_config, "HorusConfig": lambda s: horus_state_config(s).model,
+        "JoinConfig": lambda s: horus_state_config(s).join,
     }
 
 

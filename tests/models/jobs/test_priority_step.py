@@ -210,7 +210,7 @@ def test_a_submitted_container_is_ignored_and_a_started_one_taken_only_when_sign
     ds, _, _ = run(s, [submitted("big", 3, cpu=2, priority=9)])
     assert [(d.action, d.container) for d in ds if d.action == "terminate"] == [("terminate", "a")]
     # the actuator's started event, signed with the cluster key: its container is taken
-    t = make(PriorityConfig(freeze_max_wait_s=60, grace_s=20), ring=ring)
+    t = make(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=None), ring=ring)
     run(t, [submitted("a", 1, cpu=2)])
     real = encode(JobEvent(job="a", ts=2, kind="started", host="n1", container="a-ctr"))
     t.handle(real, key=b"a", headers=ring.headers(JOB_EVENTS.name, b"a", real))
@@ -287,7 +287,8 @@ def test_with_the_placement_agent_as_launcher_starts_and_restarts_are_admitted_h
     run(u, [submitted("top", 1.0, cpu=2, priority=9)])
     assert [(h.kind, h.job, h.ts) for h in u.take_hints()] == [("stopped", "low", 2.002), ("admitted", "top", 1.0)]
     with pytest.raises(ValueError, match="launcher"):
-        make(PriorityConfig(), Capacity(1, GB), launcher="kubernetes")
+        make(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=None), Capacity(1, GB),
+             launcher="kubernetes")
 
 
 def test_the_records_are_json():  # the fixtures' own sanity: valid events parse as JSON objects
@@ -295,10 +296,11 @@ def test_the_records_are_json():  # the fixtures' own sanity: valid events parse
 
 
 def test_job_events_stamped_far_ahead_or_behind_are_refused_and_change_nothing():
-    from phasewise.models.safety.intake import EventClock, IntakeConfig
+    from phasewise.models.safety.intake import EventClock
+    from tests.models.safety.test_intake import config as intake
 
-    s = make(PriorityConfig(freeze_max_wait_s=60, grace_s=20),
-             clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1000.0)
+    s = make(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=None),
+             clock=EventClock(intake(max_future_s=60, max_behind_s=600)), now=lambda: 1000.0)
     ds, _, bad = run(s, [submitted("low", 900, cpu=2), finished("low", 1000 + 1e7), finished("low", 100)])
     assert [(d.action, d.container) for d in ds] == [("place", "low")]
     assert "ahead of the worker clock" in bad[0] and "behind the job's newest event" in bad[1]
@@ -311,7 +313,7 @@ def test_job_events_stamped_far_ahead_or_behind_are_refused_and_change_nothing()
 def test_with_trusted_submitters_a_stranger_s_job_books_nothing_and_preempts_nobody():
     from tests.job_keys import STRANGER
 
-    s = make(PriorityConfig(freeze_max_wait_s=60, grace_s=20), submitters=TRUSTED)
+    s = make(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=None), submitters=TRUSTED)
     ds, _, bad = run(s, [submitted("mine", 1, cpu=2)])
     assert bad == [] and [(d.action, d.container) for d in ds] == [("place", "mine")]
     spec = JobSpec(model="resnet50", dataset="cifar10", batch_size=32, expected_s=10,

@@ -235,9 +235,10 @@ def test_bad_settings_are_one_line_errors(env, why):
 
 
 def test_a_progress_event_stamped_far_ahead_is_a_dead_letter_and_pins_nothing():
-    from phasewise.models.safety.intake import EventClock, IntakeConfig
+    from phasewise.models.safety.intake import EventClock
+    from tests.models.safety.test_intake import config as intake
 
-    h = step(clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1100.0,
+    h = step(clock=EventClock(intake(max_future_s=60, max_behind_s=600)), now=lambda: 1100.0,
              targets_patience=1, targets_ewma_alpha=1.0)
     sent, dead = h.sent, h.dead
     h.handle("e0", submitted("job-a", ts=1000.0))
@@ -255,9 +256,10 @@ def test_a_progress_event_stamped_far_ahead_is_a_dead_letter_and_pins_nothing():
 def test_kinds_it_does_not_act_on_are_skipped_never_dead_lettered():
     """The priority agent's hints (stamped by another job's event) and new priorities: neither a dead letter
     nor the job's newest time, however they are stamped."""
-    from phasewise.models.safety.intake import EventClock, IntakeConfig
+    from phasewise.models.safety.intake import EventClock
+    from tests.models.safety.test_intake import config as intake
 
-    h = step(clock=EventClock(IntakeConfig(max_future_s=60, max_behind_s=600)), now=lambda: 1000.0,
+    h = step(clock=EventClock(intake(max_future_s=60, max_behind_s=600)), now=lambda: 1000.0,
              targets_patience=1, targets_ewma_alpha=1.0)
     sent, dead = h.sent, h.dead
     h.handle(0, submitted("job-a", ts=900.0))

@@ -303,8 +303,8 @@ def test_the_memory_max_caps_the_oom_bump_and_answers_the_kill():
 
 def test_step_peak_cooldown_and_the_workloads_max_in_one_container_s_life():
     """The module's former example: the step and the peak bound a cut, the cooldown holds the next, cpu-max caps."""
-    g = LimitGuard(GuardConfig(min_history_s=60, cooldown_s=30, max_decrease=0.5, peak_window_s=600,
-                               mem_margin_bytes=0))
+    g = LimitGuard(config(min_history_s=60, cooldown_s=30, max_decrease=0.5, peak_window_s=600,
+                          mem_margin_bytes=0))
     rows = g.add_rows(1)
     for t in range(0, 70, 10):
         g.observe(rows, float(t), mem=np.array([2.5e9 if t == 20 else 1e9]), throttled_frac=np.zeros(1),

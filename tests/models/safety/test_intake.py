@@ -245,7 +245,7 @@ def test_a_restarted_cache_skips_per_container_the_messages_its_stored_state_alr
 
 def test_the_refusals_say_why_in_the_words_of_their_settings():
     """The module's former example: each refusal names the setting that made it."""
-    cfg = IntakeConfig(max_future_s=60, max_behind_s=600, max_per_message=3, max_per_host=2, max_per_worker=10)
+    cfg = config(max_future_s=60, max_behind_s=600, max_per_message=3, max_per_host=2, max_per_worker=10)
     assert (event_time_problem(1000.0 + 61, now=1000.0, newest=None, config=cfg)
             == "event time 1061 is 61 s ahead of the worker clock (allowed: 60 s; intake_max_future_s)")
     assert (event_time_problem(300.0, now=1000.0, newest=1000.0, config=cfg)
