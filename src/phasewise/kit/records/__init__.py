@@ -26,10 +26,12 @@ from phasewise.kit.records.codec import (
 from phasewise.kit.records.columns import decode_host_samples
 from phasewise.kit.records.decisions import Actuation, DeadLetter, Decision
 from phasewise.kit.records.jobs import (
+    JOB_EVENT_KINDS,
     JOB_ID_PATTERN,
     MAX_COMMAND_ARGS,
     MAX_COMMAND_BYTES,
     MAX_JOB_EVENT_BYTES,
+    TERMINAL_KINDS,
     JobControl,
     JobEvent,
     JobRequests,
@@ -58,11 +60,13 @@ __all__ = [
     "MAX_COMMAND_ARGS",
     "MAX_COMMAND_BYTES",
     "MAX_CORES",
+    "JOB_EVENT_KINDS",
     "MAX_JOB_EVENT_BYTES",
     "MAX_MESSAGE_BYTES",
     "MAX_PCT",
     "MODES",
     "RECORDS",
+    "TERMINAL_KINDS",
     "UPDATE_MODES",
     "WORKLOAD_POLICIES",
     "Actuation",

@@ -10,7 +10,8 @@ from typing import ClassVar
 
 from phasewise.kit.records.codec import MAX_BYTES, MAX_CORES, field
 
-__all__ = ["JOB_ID_PATTERN", "MAX_JOB_EVENT_BYTES", "JobControl", "JobEvent", "JobRequests", "JobSpec",
+__all__ = ["JOB_EVENT_KINDS", "JOB_ID_PATTERN", "MAX_JOB_EVENT_BYTES", "TERMINAL_KINDS",
+           "JobControl", "JobEvent", "JobRequests", "JobSpec",
            "JobTargets"]
 
 #: a job id: the characters of a managed container name (cgroupfs)
@@ -40,6 +41,19 @@ MAX_METRIC_NAME = 128
 #: managed root) in a job event
 MAX_HOST_NAME = 255
 MAX_CONTAINER_NAME = 1024
+#: a cpuset list ("0-3,8,10-11"): 64 CPU ranges of up to 4 digits each
+MAX_CPUSET = 1024
+#: GPUs one job may be given, and a device's name (an index, or a UUID such as GPU-<36 hex and dashes>
+#: or MIG-<...>)
+MAX_DEVICES = 64
+MAX_DEVICE_NAME = 96
+#: a state's reason (a rejected placement, a failure, a lost booking), in words
+MAX_REASON = 1024
+#: a job's states (docs/jobs.md, "Lifecycle"); :data:`TERMINAL_KINDS` end it (``terminated`` does unless it
+#: is resumed, which only the agent that stopped it knows)
+JOB_EVENT_KINDS = ("submitted", "started", "progress", "priority", "finished", "admitted", "stopped",
+                   "rejected", "frozen", "thawed", "failed", "terminated", "lost")
+TERMINAL_KINDS = frozenset({"finished", "failed", "rejected", "lost"})
 #: a whole job event as published: its fields' own bounds take about 40 KB at most; re-encoded (text
 #: escaped as ASCII grows at most threefold) inside a decision with the signature, a role's outputs
 #: stay far under the producers' 1,000,000-byte message limit (docs/security.md, "Record sizes")
@@ -89,12 +103,17 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobEvent:
-    """A job's life: submitted (with its spec), started (where), progress, a new priority, finished (key: job).
+    """A job's life (key: job): submitted (with its spec), where it started, how it ended, progress, a new priority.
 
-    ``admitted`` and ``stopped`` are the priority agent's hints to the placement
-    agent (``priority_launcher=place``): the job may start (or resume) now on
-    ``host``; the job was stopped by checkpoint-and-exit and holds nothing.
-    A consumer ignores the kinds it does not act on.
+    The states and who writes each are in docs/jobs.md ("Lifecycle"): ``submitted``
+    by the submitter; ``started``, ``rejected``, ``frozen``, ``thawed``,
+    ``finished``, ``failed`` and ``terminated`` by the actuator that applied the
+    place, freeze, thaw or terminate decision; ``lost`` by the agent that released
+    a booking no actuator reported on; ``admitted`` and ``stopped`` are the
+    priority agent's hints to the placement agent (``priority_launcher=place``).
+    ``finished``, ``failed``, ``rejected`` and ``lost`` end a job; ``terminated``
+    ends it unless the priority agent resumes it. A consumer ignores the kinds it
+    does not act on.
     """
 
     VERSION: ClassVar[int] = 1
@@ -102,8 +121,15 @@ class JobEvent:
     MAX_BYTES: ClassVar[int] = MAX_JOB_EVENT_BYTES
     job: str = field(pattern=JOB_ID_PATTERN, doc="job id (the characters of a container name)")
     ts: float = field(minimum=0)
-    kind: str = field(enum=("submitted", "started", "progress", "priority", "finished", "admitted", "stopped"),
-                      doc="priority: the job's priority is now `priority` (its class stays the submitted one); "
+    kind: str = field(enum=JOB_EVENT_KINDS,
+                      doc="started: the actuator started it (host, container, pid, cgroup, cpuset, devices); "
+                          "rejected: the actuator refused its place decision (reason); frozen, thawed: a freeze "
+                          "or thaw decision was applied to it; finished: its process exited 0 on its own; "
+                          "failed: it exited non-zero, by a signal or OOM-killed without being asked to "
+                          "(exit_code, signal, oom, reason); terminated: a terminate decision ended it; lost: "
+                          "no actuator reported it within job_start_timeout_s of its placement and its booking "
+                          "was released (reason); "
+                          "priority: the job's priority is now `priority` (its class stays the submitted one); "
                           "admitted: the priority agent let the job start (or resume, `resume`) on `host` now, "
                           "for the placement agent to place there; stopped: the priority agent stopped the job "
                           "by checkpoint-and-exit (what it booked is free; a frozen job is not stopped)")
@@ -113,6 +139,21 @@ class JobEvent:
                                   doc="its container (kinds started, admitted)")
     pid: int | None = field(default=None, minimum=1, maximum=2**31 - 1,
                             doc="kind started: the process the actuator started (on `host`)")
+    cgroup: str | None = field(default=None, max_length=MAX_CONTAINER_NAME,
+                               doc="kind started: the job's cgroup on `host` (a path below the cgroup mount)")
+    cpuset: str | None = field(default=None, max_length=MAX_CPUSET,
+                               doc="kind started: the CPUs it may run on, in cpuset list form (e.g. 0-3,8)")
+    devices: tuple[str, ...] = field(default=(), max_items=MAX_DEVICES, max_length=MAX_DEVICE_NAME,
+                                     doc="kind started: the GPUs it was given (indices or UUIDs)")
+    exit_code: int | None = field(default=None, minimum=0, maximum=255,
+                                  doc="finished, failed, terminated: the process's exit status when it exited")
+    signal: str | None = field(default=None, pattern=r"^SIG[A-Z0-9+-]{1,12}$",
+                               doc="failed, terminated: the signal that ended it (e.g. SIGKILL)")
+    oom: bool = field(default=False, doc="failed: the kernel's OOM killer ended it in its memory limit")
+    run_s: float | None = field(default=None, minimum=0,
+                                doc="finished, failed, terminated: seconds from its start to its end")
+    reason: str | None = field(default=None, max_length=MAX_REASON,
+                               doc="rejected, failed, lost, terminated: why, in words")
     workload: str = field(default="training", enum=("training", "inference", "interactive"))
     priority: int = field(default=0, doc="higher is more important")
     spec: JobSpec | None = field(default=None, doc="kind submitted only")
