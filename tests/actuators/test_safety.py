@@ -72,7 +72,7 @@ REJECTIONS = [
     ("an empty container id", dict(container=""), {}, "not a managed container name"),
     ("a container that does not exist", {}, dict(exists=False), "does not exist"),
     ("a limit decision with no limits", {}, {}, "no limits"),
-    ("an action no actuator performs", dict(action="scale"), {}, "not performed by this actuator"),
+    ("an action no actuator performs", dict(action="share"), {}, "not performed by this actuator"),
     ("a terminate for a container that does not exist", dict(action="terminate"), dict(exists=False),
      "does not exist"),
     ("a place action for a container that exists", dict(action="place", details=start("job-a", ts=1.0)), {},

@@ -57,6 +57,7 @@ def test_the_faust_web_server_is_off_unless_a_port_is_set():
 
 def _builds():
     from phasewise.streams.config import (
+        autoscale_step_config,
         guard_config,
         horus_state_config,
         intake_config,
@@ -75,6 +76,8 @@ def _builds():
         "PlacementConfig": lambda s: placement_state_config(s, 4).cluster,
         "HorusStateConfig": horus_state_config, "HorusConfig": lambda s: horus_state_config(s).model,
         "JoinConfig": lambda s: horus_state_config(s).join,
+        "AutoscaleStepConfig": autoscale_step_config,
+        "AutoscalerConfig": lambda s: autoscale_step_config(s).scaler,
     }
 
 

@@ -18,10 +18,12 @@ import os
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
-from phasewise.actuators.backends import Backend
-from phasewise.actuators.commands import Outcome, SetLimits, StartJob
+from phasewise.actuators.backends import Backend, CgroupBackend
+from phasewise.actuators.backends.replicas import LocalReplicas
+from phasewise.actuators.commands import Outcome, ScaleReplicas, SetLimits, StartJob
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
@@ -33,7 +35,7 @@ from phasewise.actuators.safety import (
     not_applied_reason,
     plan,
 )
-from phasewise.kit.job_signing import SubmitterKeys
+from phasewise.kit.job_signing import SubmitterKeys, spec_of
 from phasewise.kit.records import (
     JOB_ID_PATTERN,
     Actuation,
@@ -64,6 +66,8 @@ class _Produces(Protocol):
 
 #: a place decision's refusal while ``actuator_start_jobs`` is off
 NOT_STARTING = "this actuator does not start jobs (actuator_start_jobs is off)"
+#: a scale decision's refusal where no replica can be started (``actuator_start_jobs`` off, a dry run)
+NOT_SCALING = "this actuator starts no replicas (actuator_start_jobs is off or its backend starts no process)"
 #: the actions that touch a job's container: taken only on a container the actuator owns for that job
 OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight")
 _JOB_ID = re.compile(JOB_ID_PATTERN)
@@ -127,6 +131,16 @@ class Actuator:
         #: the decision behind each resize the backend watches (update-mode in-place-or-recreate), whose
         #: later outcome (:meth:`follow_up`) is published as a further actuation of that decision
         self._resizes: dict[str, Decision] = {}
+        #: local inference replicas behind one endpoint each (a cgroup backend that starts jobs; else None)
+        self.replicas: LocalReplicas | None = None
+        self._deciding = ""  # the decision being applied (a replica's registry entry names it)
+        if isinstance(backend, CgroupBackend) and backend.jobs is not None:
+            self.replicas = LocalReplicas(
+                backend, state_file=Path(settings.data_dir) / "replica-services.json",
+                on_start=lambda c, job, pid: self.ledger.record_start(c, job=job, decision=self._deciding,
+                                                                      backend=self.backend.name, pid=pid,
+                                                                      now=self.clock()),
+                on_stop=lambda c: self.ledger.record_end(c, now=self.clock()))
         if hasattr(backend, "on_fallback"):
             backend.on_fallback = lambda outcome: self.metrics.resize_fallbacks.labels(outcome=outcome).inc()
 
@@ -242,6 +256,11 @@ class Actuator:
         if d.action == "place" and not self.settings.actuator.start_jobs:
             self.metrics.refused.labels(reason="jobs_off").inc()
             return Outcome("rejected", NOT_STARTING)
+        kubernetes = self.backend.name == "kubernetes"
+        if d.action == "scale" and not kubernetes and (self.replicas is None or not self.settings.actuator.start_jobs):
+            self.metrics.refused.labels(reason="jobs_off").inc()
+            return Outcome("rejected", NOT_SCALING)
+        self._deciding = d.id
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
         workload = None
         if exists and d.action in SUPPORTED_ACTIONS:
@@ -269,8 +288,9 @@ class Actuator:
             terminated = f"by decision {t[0]} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t[1]))}"
         p = plan(d, exists=exists, usage_mem_bytes=usage, host_cores=self.host_cores, settings=self.settings,
                  peak_mem_bytes=peak, workload=workload, host_cpus=self.host_cpus, now=self.clock(),
-                 terminated=terminated, submitters=self._trusted() if d.action == "place" else None,
-                 owned_by=self._owner(d.container, workload) if d.action == "place" and exists else None)
+                 terminated=terminated, submitters=self._trusted() if d.action in ("place", "scale") else None,
+                 owned_by=self._owner(d.container, workload) if d.action in ("place", "scale") and exists else None,
+                 kubernetes=kubernetes, started_spec=self._started_spec(d.container) if d.action == "scale" else None)
         if not isinstance(p, Planned):
             return Outcome("rejected", p.reason)
         if isinstance(p.command, StartJob) and not p.command.job:
@@ -286,11 +306,17 @@ class Actuator:
             return out
         if d.action == "terminate":
             self.ledger.record_termination(d.container, d.id, self.clock())
+            ended = self._service_ended(d.container)  # a service's other replicas and endpoint go with it
             self.record_exits()  # its process's exit status, where this actuator started it
             self.ledger.record_end(d.container, now=self.clock())  # ended either way (the container is empty)
+            if ended:
+                out = dataclasses.replace(out, message=f"{out.message}; {ended}")
         elif d.action == "place":  # a new job in the container: it may be terminated again
             self.ledger.forget_termination(d.container)
             self._started(d, p.command, out)
+            served = self._serve(d)
+            if served:
+                out = dataclasses.replace(out, message=f"{out.message}; {served}")
         msg = "; ".join(m for m in (p.message, out.message) if m)
         return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes, pid=out.pid)
 
@@ -319,14 +345,48 @@ class Actuator:
         self.producer.poll(0)
 
     def record_exits(self) -> int:
-        """Enter in the registry the jobs the backend saw exit (their end and exit status); how many."""
+        """Enter in the registry the jobs the backend saw exit (their end and exit status); how many. A
+        service's first replica that exited takes its other replicas and its endpoint with it."""
         exited = getattr(self.backend, "exited", None)
         if exited is None:
             return 0
         n = 0
         for e in exited():
             n += self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=self.clock())
+            self._service_ended(e.container)
         return n
+
+    def _serve(self, d: Decision) -> str | None:
+        """After a place decision started an inference service's first replica: open its endpoint."""
+        if self.replicas is None or not isinstance(d.details, dict):
+            return None
+        try:
+            svc = spec_of(d.details.get("spec")).service  # (verified before the start)
+        except ValueError:
+            return None
+        if svc is None:
+            return None
+        try:
+            self.replicas.serve(d.container, svc.port)
+        except OSError as e:
+            log.error("service %s: %s", d.container, e)
+            return f"its endpoint could not be opened: {e}"
+        return f"service endpoint 127.0.0.1:{svc.port} -> replica 1 on port {svc.port + 1}"
+
+    def _started_spec(self, container: str) -> str | None:
+        """The spec digest this actuator started *container*'s job with (``None``: it did not, or no digest)."""
+        started = self.ledger.started_job(container)
+        if started is None or started.backend != self.backend.name:
+            return None
+        return getattr(started, "spec_digest", None) or None
+
+    def _service_ended(self, container: str) -> str | None:
+        if self.replicas is None or container not in self.replicas.balancers:
+            return None
+        a = self.settings.actuator
+        ended = self.replicas.ended(container, min(a.terminate_grace_s, a.terminate_grace_max_s))
+        log.info("service %s ended: %s", container, ended)
+        return ended
 
     def _owner(self, container: str, workload: WorkloadPolicy | None) -> str | None:
         """The job *container* belongs to: the one this actuator started in it, else its workload's ``job``."""
@@ -348,9 +408,12 @@ class Actuator:
         s = self.settings
         t0 = time.perf_counter()
         attempts = max(0, s.actuator.apply_retries) + 1
+        backend: Any = self.backend
+        if isinstance(p.command, ScaleReplicas) and self.replicas is not None:
+            backend = self.replicas
         for attempt in range(attempts):
             try:
-                out = self.backend.apply(p.command)
+                out = backend.apply(p.command)
             except Exception as e:  # a backend bug must not lose the decision's report
                 log.exception("backend %s raised on %r", self.backend.name, p.command)
                 out = Outcome.failed(f"backend {self.backend.name} raised {type(e).__name__}: {e}")

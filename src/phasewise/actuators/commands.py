@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["STATUSES", "Bind", "Command", "Evict", "Freeze", "Outcome", "Scale", "SetCpuWeight", "SetLimits",
-           "StartJob", "Terminate", "Thaw"]
+__all__ = ["STATUSES", "Bind", "Command", "Evict", "Freeze", "Outcome", "Scale", "ScaleReplicas", "SetCpuWeight",
+           "SetLimits", "StartJob", "Terminate", "Thaw"]
 
 #: the statuses of :class:`phasewise.kit.records.Actuation`
 STATUSES = ("applied", "clamped", "duplicate", "rejected", "failed")
@@ -83,7 +83,8 @@ class StartJob:
     actuator's own value of the variable, if it has one). ``job``: the job's id
     (its ``PHASEWISE_JOB``; empty: the container's name). ``cpu_cores`` /
     ``mem_bytes``: the limits its cgroup gets before the process starts (the
-    job's requests; ``None``: none set).
+    job's requests; ``None``: none set). ``env``: variables the actuator adds
+    for this process (a service replica's ``PORT``).
     """
 
     container: str
@@ -94,6 +95,7 @@ class StartJob:
     job: str = ""
     cpu_cores: float | None = None
     mem_bytes: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,24 @@ class Scale:
         return f"{self.namespace}/{self.deployment}"
 
 
-Command = SetLimits | SetCpuWeight | Freeze | Thaw | Terminate | StartJob | Evict | Bind | Scale
+@dataclass(frozen=True, slots=True)
+class ScaleReplicas:
+    """Run *replicas* local replicas of the service whose first replica is the job in *container*, behind
+    one endpoint, 127.0.0.1:*port* (:mod:`phasewise.actuators.backends.replicas`).
+
+    Replica 1 is the placed job itself; replica k > 1 is *start* (the verified spec's command, cpuset,
+    GPUs and limits) in its own container, with ``PORT=port+k``. *grace_s*: a stopped replica's time
+    between SIGTERM and SIGKILL.
+    """
+
+    container: str
+    replicas: int
+    port: int
+    start: StartJob
+    grace_s: float
+
+
+Command = SetLimits | SetCpuWeight | Freeze | Thaw | Terminate | StartJob | Evict | Bind | Scale | ScaleReplicas
 
 
 @dataclass(frozen=True, slots=True)

@@ -231,6 +231,8 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
                         workloads=workloads, keyring=keyring, submitters=submitters)
     consumer = make_consumer(settings, group_id(settings.host), **lag_statistics(actuator.metrics))
     only = settings.host.encode() if settings.actuator.read_partitions == "host" else None
+    if actuator.replicas is not None and (n := actuator.replicas.reopen()):  # the endpoints it served before
+        log.info("reopened %d service endpoint(s)", n)
     try:
         # a new ledger that replaces a lost one is restored before anything is applied
         if not verify_ledger(settings, ledger, consumer, actuator.metrics, stop, group=group_id(settings.host)):
@@ -238,6 +240,8 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
         serve(actuator, consumer, producer, stop, only_key=only, health=health)
     finally:
         consumer.close()
+        if actuator.replicas is not None:  # (the replicas run on; their endpoints reopen at the next start)
+            actuator.replicas.close()
         left = producer.flush(FINAL_FLUSH_S)
         if left:
             # their decisions' offsets were not committed: they come again and the ledger answers "duplicate"

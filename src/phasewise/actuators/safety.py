@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from phasewise.actuators.commands import Command, Freeze, SetCpuWeight, SetLimits, StartJob, Terminate, Thaw
+from phasewise.actuators.commands import (
+    Command,
+    Freeze,
+    Scale,
+    ScaleReplicas,
+    SetCpuWeight,
+    SetLimits,
+    StartJob,
+    Terminate,
+    Thaw,
+)
 from phasewise.actuators.job_trust import verify_start
 from phasewise.kit.cgroups.fs import is_container_name  # the one definition of a managed name
 from phasewise.kit.job_signing import SubmitterKeys
@@ -44,13 +54,14 @@ __all__ = [
     "parse_cpuset",
     "plan",
     "plan_place",
+    "plan_scale",
     "plan_terminate",
     "plan_weight",
     "workload_cpu_rule",
     "workload_mem_rule",
 ]
 
-SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "terminate", "place", "weight")
+SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "terminate", "place", "weight", "scale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +303,8 @@ def plan(
     terminated: str | None = None,
     submitters: SubmitterKeys | None = None,
     owned_by: str | None = None,
+    kubernetes: bool = False,
+    started_spec: str | None = None,
 ) -> Planned | Rejected:
     """The command for *decision* under the safety rules, or why it is refused.
 
@@ -302,7 +315,8 @@ def plan(
     *workload*: the container's per-workload policy, whose min/max bound the limits.
     *host_cpus*: the CPU ids this host may bind jobs to (``place`` decisions).
     *now*, *terminated*: see :func:`plan_terminate` (``terminate`` decisions).
-    *submitters*, *owned_by*: see :func:`plan_place` (``place`` decisions; *now* too).
+    *submitters*, *owned_by*: see :func:`plan_place` (``place`` decisions; *now* too) and
+    :func:`plan_scale` (``scale`` decisions, with *kubernetes* and *started_spec*).
     """
     c = decision.container
     if not is_managed_name(c):
@@ -311,6 +325,10 @@ def plan(
     if decision.action == "place":
         return plan_place(decision, exists=exists, host_cpus=host_cpus, submitters=submitters, settings=settings,
                           now=now, owned_by=owned_by)
+    if decision.action == "scale":
+        return plan_scale(decision, exists=exists, submitters=submitters, settings=settings,
+                          now=decision.ts if now is None else now, owned_by=owned_by, kubernetes=kubernetes,
+                          started_spec=started_spec)
     if not exists:
         return Rejected(f"container {c!r} does not exist under the managed prefix")
     if decision.action == "freeze":
@@ -436,8 +454,80 @@ def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | 
             isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in dev)):
         return Rejected(f"place decision for {c!r}: details.device must be a list of GPU indices (or null)")
     r = job.spec.requests  # the job starts with its signed requests as limits (the limits policy moves them later)
+    svc = job.spec.service  # a service's first replica listens on its port + 1, behind the endpoint
     return Planned(StartJob(c, cpus, job.argv, None if dev is None else tuple(dev), resume=resume, job=job.job,
-                            cpu_cores=r.cpu_cores or None, mem_bytes=int(r.mem_bytes) if r.mem_bytes else None))
+                            cpu_cores=r.cpu_cores or None, mem_bytes=int(r.mem_bytes) if r.mem_bytes else None,
+                            env=(("PORT", str(svc.port + 1)),) if svc is not None else ()))
+
+
+def plan_scale(decision: Decision, *, exists: bool, submitters: SubmitterKeys | None, settings: Settings,
+               now: float, owned_by: str | None = None, kubernetes: bool = False,
+               started_spec: str | None = None) -> Planned | Rejected:
+    """A ``scale`` decision as a :class:`ScaleReplicas` (local replicas) or a :class:`Scale` (a Deployment's
+    scale subresource), or why not.
+
+    The replicas run the service's signed spec, so the decision carries its job's signed start details
+    and passes the same rules as a ``place`` (:func:`~phasewise.actuators.job_trust.verify_start`); locally
+    the service's container must be one this actuator started for that job (*owned_by*) from the same
+    spec (*started_spec*, the digest in its registry), whose age then no longer matters (it was fresh
+    when it started). The spec must have a ``service`` section
+    (on Kubernetes with its ``deployment``). ``details.replicas`` (an integer) is held in
+    ``[1, min(service.max_replicas, actuator_max_replicas)]`` locally (replica 1 is the job itself:
+    stopping it is a ``terminate``), in ``[0, ...]`` on Kubernetes; each bound that changed it is a note
+    (``clamped``).
+
+    The rules in order: docs/priorities.md, "Inference autoscaling".
+    """
+    c, d = decision.container, decision.details if isinstance(decision.details, dict) else {}
+    n = d.get("replicas")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        return Rejected(f"scale decision for {c!r}: details.replicas {n!r} is not an integer >= 0")
+    if not kubernetes:
+        if not exists:
+            return Rejected(f"scale decision for {c!r}: the service's container does not exist under the managed "
+                            "prefix (its first replica is started by its place decision)")
+        job = d.get("job")
+        if owned_by is None or owned_by != job:
+            return Rejected(f"scale decision for {c!r}: the container was not started by this actuator for job "
+                            f"{job!r}: its replicas are not started")
+        if started_spec is None or d.get("spec_digest") != started_spec:
+            return Rejected(f"scale decision for {c!r}: its spec is not the spec its first replica was started "
+                            "with: its replicas run that one command only")
+        settings = settings.replace(job_spec_max_age_s=0)  # the job started here when its spec was fresh
+    job = verify_start(decision, submitters=submitters, settings=settings, now=now, owned_by=owned_by)
+    if isinstance(job, str):
+        return Rejected(job.replace("place decision", "scale decision"))
+    svc = job.spec.service
+    if svc is None or d.get("workload") != "inference":
+        return Rejected(f"scale decision for {c!r}: job {job.job!r} is not an inference service (its signed spec "
+                        "has no service section)")
+    notes: list[str] = []
+    want = n
+    most = settings.actuator.max_replicas
+    cap = min(svc.max_replicas or most, most)
+    why = "its signed spec's service.max_replicas" if svc.max_replicas and svc.max_replicas < most else \
+        "actuator_max_replicas"
+    if want > cap:
+        notes.append(f"replicas {want} lowered to {why} ({cap})")
+        want = cap
+    if kubernetes:
+        if svc.deployment is None:
+            return Rejected(f"scale decision for {c!r}: job {job.job!r}'s service names no Kubernetes Deployment "
+                            "(service.deployment)")
+        namespace, _, name = svc.deployment.partition("/")
+        return Planned(Scale(name, want, namespace), tuple(notes))
+    if want < 1:
+        notes.append(f"replicas {want} raised to 1: replica 1 is the job itself (a terminate decision stops it)")
+        want = 1
+    dev = d.get("device", [])
+    if not (isinstance(dev, list) and all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in dev)):
+        return Rejected(f"scale decision for {c!r}: details.device must be a list of GPU indices")
+    r = job.spec.requests  # each replica: the first one's cpuset (the backend reads it), these GPUs, its requests
+    start = StartJob(c, "", job.argv, tuple(dev), job=job.job, cpu_cores=r.cpu_cores or None,
+                     mem_bytes=int(r.mem_bytes) if r.mem_bytes else None)
+    return Planned(ScaleReplicas(c, want, svc.port, start, float(min(settings.actuator.terminate_grace_s,
+                                                                     settings.actuator.terminate_grace_max_s))),
+                   tuple(notes))
 
 
 def plan_weight(decision: Decision, *, settings: Settings) -> Planned | Rejected:

@@ -159,6 +159,8 @@ def spec_digest(spec: JobSpec) -> str:
     """
     # through the schema once more: a spec built in Python may hold an int where the schema reads a float
     normal = to_dict(from_dict(JobSpec, to_dict(spec)))
+    if normal.get("service") is None:  # (added later: a spec without one keeps the digest it had before)
+        normal.pop("service", None)
     text = json.dumps(normal, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from phasewise.kit.records import JobEvent
 from phasewise.kit.settings import PhaseSettings, Settings
 from phasewise.kit.topics import JOB_EVENTS
+from phasewise.models.jobs.autoscaler import AutoscalerConfig, AutoscaleStepConfig
 from phasewise.models.jobs.placement.cluster import PlacementConfig
 from phasewise.models.jobs.placement.state import PlacementStateConfig
 from phasewise.models.jobs.priorities import Capacity, PriorityConfig
@@ -32,8 +33,8 @@ from phasewise.models.vpa.updater import StateCache, UpdaterConfig
 if TYPE_CHECKING:  # (river: imported by the horus role alone)
     from phasewise.models.horus.state import HorusStateConfig
 
-__all__ = ["detector_config", "guard_config", "horus_state_config", "initial_model", "intake_config",
-           "job_partitions", "parse_local_nodes", "placement_state_config", "priority_step_config",
+__all__ = ["autoscale_step_config", "detector_config", "guard_config", "horus_state_config", "initial_model",
+           "intake_config", "job_partitions", "parse_local_nodes", "placement_state_config", "priority_step_config",
            "recommender_params", "state_cache", "submissions", "targets_step_config", "updater_config"]
 
 
@@ -202,3 +203,15 @@ def horus_state_config(settings: Settings) -> HorusStateConfig:
     return HorusStateConfig(model=HorusConfig(coverage=h.coverage),
                             join=JoinConfig(warmup_s=h.warmup_s, min_samples=h.min_samples, observe_s=h.observe_s),
                             partitions=job_partitions(settings))
+
+
+def autoscale_step_config(settings: Settings) -> AutoscaleStepConfig:
+    """The autoscaler agent's parameters from the ``autoscale_*`` settings."""
+    a = settings.autoscale
+    return AutoscaleStepConfig(
+        scaler=AutoscalerConfig(slo_p99_ms=a.slo_p99_ms, target_util=a.target_util, tolerance=a.tolerance,
+                                down_latency_fraction=a.down_latency_fraction,
+                                min_replicas=a.min_replicas, max_replicas=a.max_replicas,
+                                max_step=a.max_step, up_step=a.up_step, up_cooldown_s=a.up_cooldown_s,
+                                down_cooldown_s=a.down_cooldown_s),
+        latency_metric=a.latency_metric, cpu_metric=a.cpu_metric, partitions=job_partitions(settings))

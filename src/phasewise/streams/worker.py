@@ -42,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  "phase_statistics", "phase_features", "container_ttl_s", "vpa_time_scale", "targets_enabled",
                  "targets_policy", "targets_shrink", "targets_share_alpha", "targets_share_interval_s",
                  "targets_grace_s", "priority_agent", "priority_freeze_max_wait_s", "priority_grace_s",
-                 "priority_cpu_weights", "priority_cpu_weight_ratio", "priority_launcher", "ready_stall_s"):
+                 "priority_cpu_weights", "priority_cpu_weight_ratio", "priority_launcher", "autoscale_enabled",
+                 "autoscale_interval_s", "autoscale_slo_p99_ms", "autoscale_min_replicas", "autoscale_max_replicas",
+                 "autoscale_up_cooldown_s", "autoscale_down_cooldown_s", "ready_stall_s"):
         add_setting(p, name, help={"data_dir": "Faust data directory"}.get(name))
 
 

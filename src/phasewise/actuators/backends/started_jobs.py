@@ -72,13 +72,13 @@ class JobRuntime:
         """A job's whole environment, built from scratch: nothing of the actuator's own is passed on.
 
         ``PATH`` (:data:`JOB_PATH`) and ``LANG`` (``C.UTF-8``) unless ``job_env`` sets them, the rest
-        of ``job_env``, then per job ``HOME`` (its working directory), ``TMPDIR`` (``$HOME/tmp``),
-        ``PHASEWISE_JOB`` (its id) and ``CUDA_VISIBLE_DEVICES``: the decided GPUs, or where the
-        decision names none (``gpus`` None) the actuator's own value, if it has one (the job sees
-        what the actuator sees, as before).
+        of ``job_env`` and the command's own ``env`` (a replica's ``PORT``), then per job ``HOME`` (its
+        working directory), ``TMPDIR`` (``$HOME/tmp``), ``PHASEWISE_JOB`` (its id) and
+        ``CUDA_VISIBLE_DEVICES``: the decided GPUs, or where the decision names none (``gpus`` None)
+        the actuator's own value, if it has one (the job sees what the actuator sees, as before).
         """
         home = str(self.workdir(cmd.container))
-        env = {"PATH": JOB_PATH, "LANG": "C.UTF-8", **dict(self.env)}
+        env = {"PATH": JOB_PATH, "LANG": "C.UTF-8", **dict(self.env), **dict(cmd.env)}
         env.update(HOME=home, TMPDIR=f"{home}/tmp", PHASEWISE_JOB=cmd.job or cmd.container)
         if cmd.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cmd.gpus)

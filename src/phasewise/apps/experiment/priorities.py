@@ -224,9 +224,12 @@ class Scenario:
                                                    cpu_weight_ratio=self.opt.weight_ratio if weighted else None),
                                     {HOST: Capacity(self.opt.capacity_cores, 64 * GiB)})
             # the server-side p99 misses the time a request waits to be accepted: the scaler aims at half the SLO
+            a = self.settings.autoscale  # the agent's defaults, where the experiment sets nothing of its own
             scaler = Autoscaler(AutoscalerConfig(slo_p99_ms=self.opt.slo_ms / 2, target_util=0.6, min_replicas=1,
                                                  max_replicas=self.opt.max_replicas if managed else 1,
-                                                 up_cooldown_s=3.0, down_cooldown_s=S, max_step=1))
+                                                 up_cooldown_s=3.0, down_cooldown_s=S, max_step=1,
+                                                 tolerance=a.tolerance, down_latency_fraction=a.down_latency_fraction,
+                                                 up_step=a.up_step))
             # the steady start: two training jobs and one replica, running before the clock starts
             for name, prio in (("train-a", 0), ("train-b", 1)):
                 if managed:

@@ -35,6 +35,7 @@ from phasewise.kit.records.jobs import (
     JobControl,
     JobEvent,
     JobRequests,
+    JobService,
     JobSpec,
     JobTargets,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "JobControl",
     "JobEvent",
     "JobRequests",
+    "JobService",
     "JobSpec",
     "JobTargets",
     "ModelSnapshot",
@@ -109,6 +111,7 @@ RECORDS: tuple[type, ...] = (
     JobEvent,
     JobSpec,
     JobRequests,
+    JobService,
     JobTargets,
     Interval,
     UtilisationPrediction,

@@ -11,7 +11,7 @@ from typing import ClassVar
 from phasewise.kit.records.codec import MAX_BYTES, MAX_CORES, field
 
 __all__ = ["JOB_EVENT_KINDS", "JOB_ID_PATTERN", "MAX_JOB_EVENT_BYTES", "TERMINAL_KINDS",
-           "JobControl", "JobEvent", "JobRequests", "JobSpec",
+           "JobControl", "JobEvent", "JobRequests", "JobService", "JobSpec",
            "JobTargets"]
 
 #: a job id: the characters of a managed container name (cgroupfs)
@@ -80,6 +80,37 @@ class JobTargets:
     objective: float | None = field(default=None)
 
 
+#: replicas of one service at most (a replica k listens on the service's port + k)
+MAX_REPLICAS = 64
+#: a Prometheus metric name
+METRIC_NAME_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,127}$"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobService:
+    """An inference job's service: one endpoint, replicas behind it, an SLO (docs/priorities.md,
+    "Inference autoscaling"). Null bounds take the ``autoscale_*`` settings."""
+
+    port: int = field(minimum=1024, maximum=65535 - MAX_REPLICAS,
+                      doc="the service's one endpoint, 127.0.0.1:port on its host (the actuator's balancer); "
+                          "replica k gets PORT=port+k")
+    metrics_path: str = field(default="/metrics", pattern=r"^/[A-Za-z0-9_./-]{0,200}$",
+                              doc="each replica's Prometheus endpoint (text exposition format)")
+    latency_metric: str | None = field(default=None, pattern=METRIC_NAME_PATTERN,
+                                       doc="the request latency histogram (seconds; null: autoscale_latency_metric)")
+    min_replicas: int | None = field(default=None, minimum=1, maximum=MAX_REPLICAS)
+    max_replicas: int | None = field(default=None, minimum=1, maximum=MAX_REPLICAS)
+    slo_p99_ms: float | None = field(default=None, minimum=0.001, maximum=3.6e6,
+                                     doc="p99 request latency the service must keep (null: autoscale_slo_p99_ms)")
+    deployment: str | None = field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/"
+                                                         r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+                                   doc="Kubernetes: the NAMESPACE/NAME Deployment whose scale subresource the "
+                                       "replicas are (null: local replicas)")
+    metrics_url: str | None = field(default=None, pattern=r"^https?://[^\s]{1,500}$",
+                                    doc="a Prometheus endpoint for the whole service, scraped instead of each "
+                                        "replica's (e.g. on Kubernetes)")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
     """What a submitted job runs: its model, data, batch, precision and requests."""
@@ -99,6 +130,7 @@ class JobSpec:
                                               "alternatives: a|b)")
     expected_s: float | None = field(default=None, minimum=0, maximum=86400 * 365,
                                      doc="seconds the job expects to run once started; null = unknown (long)")
+    service: JobService | None = field(default=None, doc="inference: the service its replicas make up")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,7 +16,13 @@ from phasewise.kit.settings.host import (
     WorkloadSettings,
     relative_cgroup_path,
 )
-from phasewise.kit.settings.jobs import HorusSettings, PlacementSettings, PrioritySettings, TargetsSettings
+from phasewise.kit.settings.jobs import (
+    AutoscaleSettings,
+    HorusSettings,
+    PlacementSettings,
+    PrioritySettings,
+    TargetsSettings,
+)
 from phasewise.kit.settings.kafka import KAFKA_SASL_MECHANISMS, KAFKA_SECURITY_PROTOCOLS, KafkaSettings
 from phasewise.kit.settings.process import GROUPS, LOG_LEVELS, SPECS, Settings, shown, unknown_env
 from phasewise.kit.settings.reference import default_text, reference
@@ -50,6 +56,7 @@ from phasewise.kit.settings.worker import (
 )
 
 __all__ = [
+    "AutoscaleSettings",
     "BACKENDS",
     "CGROUP_LAYOUTS",
     "ENV_PREFIX",

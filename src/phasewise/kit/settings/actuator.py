@@ -169,6 +169,10 @@ class ActuatorSettings(Group):
     job_group: str = setting("", check=account_name, flag="--job-group",
                              help="the group (name or gid) started jobs run as; empty: job_user's primary group")
     job_allow_root: bool = setting(False, help="let job_user / job_group be root (uid or gid 0)")
+    #: a scale decision never makes a service's replicas more than this (nor more than its signed spec's
+    #: max_replicas): each is a process of the submitter's command (docs/priorities.md)
+    max_replicas: int = setting(8, check=in_range(1, 64), name="actuator_max_replicas",
+                                help="scale: replicas of one service this actuator runs at most")
     job_env: str = setting("", check=_job_env,
                            help="NAME=VALUE;... added to a started job's environment (PATH, LANG, "
                                 "OMP_NUM_THREADS, ...); nothing else of the actuator's is passed on")

@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from phasewise.kit.settings.spec import Group, above, at_least, in_range, non_empty, parse_size, setting
+from phasewise.kit.settings.spec import Group, SettingsError, above, at_least, in_range, non_empty, parse_size, setting
 
-__all__ = ["HorusSettings", "PlacementSettings", "PrioritySettings", "TargetsSettings"]
+__all__ = ["AutoscaleSettings", "HorusSettings", "PlacementSettings", "PrioritySettings", "TargetsSettings"]
 
 _LOCAL_NODE = re.compile(r"^[A-Za-z0-9_.-]+=\d+(-\d+)?(,\d+(-\d+)?)*(@\d+(,\d+)*)?$")
 
@@ -153,3 +153,48 @@ class PrioritySettings(Group):
                             help="who starts an admitted job: self (the priority agent's place decision, the "
                                  "host's CPUs) or place (an admitted hint on the job events; phasewise place "
                                  "--place-after-admission chooses the CPUs and GPUs on that host)")
+
+
+def metric_name(v: str) -> None:
+    """A Prometheus metric name."""
+    if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,127}", v):
+        raise ValueError(f"{v!r} is not a Prometheus metric name")
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleSettings(Group):
+    """The autoscaler agent (``phasewise worker --autoscale``): inference replicas from each service's SLO.
+
+    :mod:`phasewise.models.jobs.autoscaler` decides; a service's own ``service`` section (its job spec) may
+    set its SLO and replica bounds, these are the defaults. docs/priorities.md, "Inference autoscaling".
+    """
+
+    PREFIX: ClassVar[str] = "autoscale_"
+
+    enabled: bool = setting(False, flag="--autoscale",
+                            help="run the autoscaler agent: scrape each inference service, publish scale decisions")
+    interval_s: float = setting(5.0, check=above(0), help="seconds between two scrapes of a service")
+    slo_p99_ms: float = setting(200.0, check=above(0), help="a service's p99 latency SLO where its spec names none")
+    target_util: float = setting(0.6, check=in_range(0, 1, lo_open=True),
+                                 help="CPU utilisation per replica (of its CPU request) the scaler aims at")
+    tolerance: float = setting(0.1, check=in_range(0, 1),
+                               help="relative distance from target_util within which utilisation changes nothing")
+    down_latency_fraction: float = setting(0.5, check=in_range(0, 1),
+                                           help="no scale-down while the p99 is above this fraction of the SLO")
+    min_replicas: int = setting(1, check=at_least(1), help="replicas of a service at least, where its spec names none")
+    max_replicas: int = setting(4, check=in_range(1, 64), help="replicas of a service at most, where its spec names "
+                                                               "none")
+    max_step: int = setting(2, check=at_least(1), help="replicas one decision adds or removes at most")
+    up_step: int = setting(1, check=at_least(1), help="replicas a p99 over the SLO adds at least")
+    up_cooldown_s: float = setting(15.0, check=at_least(0), help="seconds after a change before a scale-up")
+    down_cooldown_s: float = setting(120.0, check=at_least(0), help="seconds after a change before a scale-down")
+    scrape_timeout_s: float = setting(2.0, check=above(0), help="seconds a replica's metrics endpoint may take")
+    latency_metric: str = setting("http_request_duration_seconds", check=metric_name,
+                                  help="the request latency histogram (seconds) where a service's spec names none")
+    cpu_metric: str = setting("process_cpu_seconds_total", check=metric_name,
+                              help="the counter of CPU seconds each replica reports (prometheus_client's default)")
+
+    def _rules(self) -> None:
+        if self.min_replicas > self.max_replicas:
+            raise SettingsError("autoscale_min_replicas", f"must be <= autoscale_max_replicas ({self.max_replicas}), "
+                                f"got {self.min_replicas}")

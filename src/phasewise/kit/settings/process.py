@@ -16,7 +16,13 @@ from typing import Any
 
 from phasewise.kit.settings.actuator import ActuatorSettings
 from phasewise.kit.settings.host import CgroupSettings, ProducerSettings, WorkloadSettings
-from phasewise.kit.settings.jobs import HorusSettings, PlacementSettings, PrioritySettings, TargetsSettings
+from phasewise.kit.settings.jobs import (
+    AutoscaleSettings,
+    HorusSettings,
+    PlacementSettings,
+    PrioritySettings,
+    TargetsSettings,
+)
 from phasewise.kit.settings.kafka import KafkaSettings
 from phasewise.kit.settings.safety import IntakeSettings, SafetySettings
 from phasewise.kit.settings.spec import (
@@ -77,6 +83,7 @@ class Settings(Group):
     place: PlacementSettings = group(PlacementSettings)
     priority: PrioritySettings = group(PrioritySettings)
     targets: TargetsSettings = group(TargetsSettings)
+    autoscale: AutoscaleSettings = group(AutoscaleSettings)
     intake: IntakeSettings = group(IntakeSettings)
     signing: SigningSettings = group(SigningSettings)
     jobs: JobSettings = group(JobSettings)

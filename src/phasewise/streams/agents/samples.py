@@ -263,6 +263,10 @@ class SamplesAgent:
             from phasewise.streams.agents.priorities import register_priorities
 
             register_priorities(app, settings, **job_wiring)
+        if settings.autoscale.enabled:  # DynamoML autoscaling: inference replicas from each service's SLO
+            from phasewise.streams.agents.autoscaler import register_autoscaler
+
+            register_autoscaler(app, settings, **job_wiring)
         #: --targets: the TRADL targets agent on job events, fed the admitted samples here
         self.targets: Callable[[HostSamples], None] | None = None
         if settings.targets.enabled:
