@@ -103,6 +103,9 @@ class Balancer:
             return
         up_r, up_w = upstream
         await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer), return_exceptions=True)
+        for w in (writer, up_w):
+            with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+                w.close()
 
     def close(self) -> None:
         def stop() -> None:
