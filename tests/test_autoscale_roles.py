@@ -16,7 +16,6 @@ import http.client
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
