@@ -1,6 +1,8 @@
 """A real inference service for the priorities experiment: a small torch model behind HTTP on loopback
-(``python -m phasewise.apps.experiment.inference --port P``), its :class:`Replicas` and the open-loop
-:class:`Load`. docs/priorities.md, "The experiment".
+(``python -m phasewise.apps.experiment.inference --port P``, or ``$PORT`` as a service replica), its
+:class:`Replicas` and the open-loop :class:`Load`. ``GET /metrics`` is the experiment's JSON,
+``GET /metrics/prometheus`` the text exposition the autoscaler agent scrapes (a latency histogram
+``http_request_duration_seconds`` and ``process_cpu_seconds_total``). docs/priorities.md, "The experiment".
 """
 
 from __future__ import annotations
@@ -39,13 +41,19 @@ def build_model(seed: int = 0, width: int = 256):
     return torch.nn.Sequential(*layers).eval()
 
 
+#: the latency histogram's bucket bounds (seconds) in the Prometheus exposition
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
 class Stats:
-    """Totals and a sliding window of (end time, latency, busy seconds)."""
+    """Totals, a cumulative latency histogram and a sliding window of (end time, latency, busy seconds)."""
 
     def __init__(self, window_s: float = 5.0) -> None:
         self.window_s = window_s
         self.lock = threading.Lock()
         self.requests = self.errors = 0
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket (the last: above every bound)
+        self.latency_sum = 0.0
         self.recent: deque[tuple[float, float, float]] = deque()
         self.started = time.monotonic()
 
@@ -54,6 +62,8 @@ class Stats:
         with self.lock:
             self.requests += 1
             self.errors += 0 if ok else 1
+            self.buckets[next((i for i, b in enumerate(LATENCY_BUCKETS) if latency_s <= b), len(LATENCY_BUCKETS))] += 1
+            self.latency_sum += latency_s
             self.recent.append((now, latency_s, busy_s))
             self._trim(now)
 
@@ -72,6 +82,23 @@ class Stats:
                     "window_requests": len(lat), "p99_ms": _pct(lat, 0.99) * 1e3 if lat else None,
                     "p50_ms": _pct(lat, 0.5) * 1e3 if lat else None, "util": min(1.0, busy / span),
                     "cpu_seconds": time.process_time()}
+
+
+    def prometheus(self) -> str:
+        """The text exposition: every request's latency (a histogram, seconds) and this process's CPU seconds."""
+        with self.lock:
+            out = ["# HELP http_request_duration_seconds Request latency.",
+                   "# TYPE http_request_duration_seconds histogram"]
+            n = 0
+            for b, c in zip(LATENCY_BUCKETS, self.buckets, strict=False):
+                n += c
+                out.append(f'http_request_duration_seconds_bucket{{le="{b}"}} {n}')
+            n += self.buckets[-1]
+            out += [f'http_request_duration_seconds_bucket{{le="+Inf"}} {n}',
+                    f"http_request_duration_seconds_count {n}", f"http_request_duration_seconds_sum {self.latency_sum}"]
+        out += ["# HELP process_cpu_seconds_total CPU seconds of this process.",
+                "# TYPE process_cpu_seconds_total counter", f"process_cpu_seconds_total {time.process_time()}"]
+        return "\n".join(out) + "\n"
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -105,6 +132,13 @@ def make_server(port: int, *, threads: int = 1, window_s: float = 5.0, seed: int
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._answer(200, stats.snapshot())
+            elif self.path == "/metrics/prometheus":
+                data = stats.prometheus().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             else:
                 self._answer(404, {"error": f"no such path {self.path[:80]!r}"})
 
@@ -381,7 +415,8 @@ class Load:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m phasewise.apps.experiment.inference",
                                 description="serve the experiment's torch model over HTTP on 127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free one)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT") or 0),
+                   help="port on 127.0.0.1 (default: $PORT, a service replica's; 0: any free one)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--window", type=float, default=5.0, help="seconds of the p99 / utilisation window")
     p.add_argument("--ready-file", type=Path, help="write the bound port here once serving")
