@@ -312,6 +312,7 @@ class AutoscaleStep:
         self.last: dict[str, dict[str, Scrape]] = {}
         self.positions = JobPositions(config.partitions)
         self._dirty: set[str] = set()
+        #: submissions not followed, by why (two reasons: not a service, not signed by a trusted submitter)
         self.ignored: dict[str, int] = {}
         self.replayed = 0
 
@@ -325,6 +326,9 @@ class AutoscaleStep:
             return
         if ev.kind != "submitted" and ev.job not in self.services:
             return  # not a service this step follows
+        if ev.kind == "submitted" and (ev.workload != "inference" or ev.spec is None or ev.spec.service is None):
+            self._ignore("not an inference service", ev.job)  # (its time is none of this step's concern)
+            return
         if ev.kind == "started" and self.verify is not None:
             why = self.verify(key, raw, headers)
             if why is not None:  # only the actuator that started it says where the service runs
@@ -347,16 +351,17 @@ class AutoscaleStep:
         self.positions.note(ev.job, partition, offset)
         self._dirty.add(ev.job)
 
+    def _ignore(self, why: str, job: str) -> None:
+        self.ignored[why] = self.ignored.get(why, 0) + 1
+        if job in self.services:  # submitted again as something else
+            self._forget(job)
+
     def _submitted(self, ev: JobEvent) -> bool:
-        why = None
-        if ev.workload != "inference" or ev.spec is None or ev.spec.service is None:
-            why = "not an inference service"
-        elif self.submissions.check is not None:
-            why = self.submissions.check(ev)
+        assert ev.spec is not None and ev.spec.service is not None
+        why = self.submissions.check(ev) if self.submissions.check is not None else None
         if why is not None:
-            self.ignored[why] = self.ignored.get(why, 0) + 1
-            if ev.job in self.services:  # submitted again as something else
-                self._forget(ev.job)
+            log.info("autoscaler: service %s not followed: %s", ev.job, why)
+            self._ignore("no trusted submitter signed it", ev.job)
             return False
         self.services[ev.job] = {"sub": self.submissions.details(ev), "svc": to_dict(ev.spec.service),
                                  "cores": ev.spec.requests.cpu_cores, "host": None, "ctr": None, "n": None}
