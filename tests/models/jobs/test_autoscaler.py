@@ -229,3 +229,13 @@ def test_the_step_state_round_trips_through_the_table():
     assert again.decide(30.0, {"svc": quiet}) == []
     assert again.decide(40.0, {"svc": {u1: slow(40, 300), u2: slow(40, 300)}}) == []  # util 20 %: wants 1
     assert again.restore([("bad", b"{not json")]) == 0
+
+
+def test_a_service_with_a_metrics_url_is_scraped_there_and_no_answer_changes_nothing():
+    st = make_step()
+    st.handle(service_submitted(metrics_url="http://prometheus.example:9090/federate?match=svc",
+                                deployment="serving/svc"), 0, 1)
+    st.handle(started(), 0, 2)
+    (t,) = st.targets()
+    assert t.urls == ("http://prometheus.example:9090/federate?match=svc",)
+    assert st.decide(10.0, {"svc": {t.urls[0]: None}}) == [] and st.decide(20.0, {"svc": {t.urls[0]: None}}) == []
