@@ -130,7 +130,7 @@ def test_a_slow_service_gets_a_second_replica_through_the_real_roles_and_loses_i
                   {**signed, "PHASEWISE_PRIORITY_HOST_CPU_CORES": "4", "PHASEWISE_PRIORITY_HOST_MEM_BYTES": "8G",
                    "PHASEWISE_JOB_TRUSTED_SUBMITTERS": str(run.trusted)})
         run.actuator(signed)
-        run.wait(lambda: run.ready(wport, "phasewise_worker_ready"), 120, "the worker ready")
+        run.wait(lambda: run.ready(wport, "phasewise_worker_ready"), 240, "the worker ready")
         ev = submitted(job, (job_python(), "-c", SERVICE), key=KEY, host=run.host, ts=time.time(),
                        workload="inference", priority=5, requests=JobRequests(cpu_cores=0.5, mem_bytes=2**28),
                        service=JobService(port=port, max_replicas=2))
@@ -141,12 +141,12 @@ def test_a_slow_service_gets_a_second_replica_through_the_real_roles_and_loses_i
             ds = {d.id: d for d in topics.records(Decision, DECISIONS) if d.container == job and d.action == action}
             return [(ds[a.decision_id], a) for a in topics.records(Actuation, ACTUATIONS) if a.decision_id in ds]
 
-        run.wait(lambda: actuations("place"), 90, "the service placed and started")
+        run.wait(lambda: actuations("place"), 180, "the service placed and started")
         (_, placed), = actuations("place")
         assert placed.status == "applied" and f"service endpoint 127.0.0.1:{port}" in placed.message, placed
         load = Load(port)
         t_load = time.monotonic()
-        run.wait(lambda: actuations("scale"), 90, "a scale decision applied")
+        run.wait(lambda: actuations("scale"), 180, "a scale decision applied")
         (d, a), = actuations("scale")
         t_scaled = time.monotonic()
         assert (d.details["current"], d.details["replicas"], d.details["rule"]) == (1, 2, "slo"), d

@@ -90,7 +90,7 @@ def test_a_real_worker_scales_a_slow_signed_service_and_no_unsigned_one(broker, 
     svc, stranger = SlowService(), SlowService()
     role = RoleProcess("worker", args, env=env, log_path=tmp_path / "worker.log").start()
     try:
-        wait(lambda: _ready(scrape, port), 90, "worker ready", role)
+        wait(lambda: _ready(scrape, port), 240, "worker ready", role)  # (a busy machine: minutes)
         decisions = Reader(settings, DECISIONS.name, DECISIONS.partitions)
         letters = Reader(settings, DEAD_LETTERS.name, DEAD_LETTERS.partitions)
         sent = Sent(make_producer(settings), JOB_EVENTS.name)
@@ -108,7 +108,7 @@ def test_a_real_worker_scales_a_slow_signed_service_and_no_unsigned_one(broker, 
         def mine() -> list[Decision]:
             return [d for d in records(Decision, decisions.drain()) if d.host == host]
 
-        wait(lambda: mine(), 60, "a scale decision", role)
+        wait(lambda: mine(), 120, "a scale decision", role)
         d = mine()[0]
         assert (d.action, d.container, d.policy) == ("scale", f"{tag}-svc", "autoscaler")
         assert (d.details["current"], d.details["replicas"], d.details["rule"]) == (1, 2, "slo")
