@@ -134,7 +134,8 @@ def test_jobs_lists_each_job_with_its_state_host_use_progress_and_why(cluster, c
     assert "1.5->1.25" in rows["run"] and "1Gi->512Mi" in rows["run"]  # predicted -> used (mean of 6 samples)
     assert "loss 0.8 @900, acceptable 1 reached" in rows["run"]
     assert rows["oom"].split()[1] == "failed" and "OOM-killed in its memory limit" in rows["oom"]
-    assert rows["done"].split()[1] == "finished"
+    assert rows["done"].split()[1] == "finished" and rows["done"].endswith("exit code 0, ran 1m35s")
+    assert rows["oom"].endswith("SIGKILL, OOM-killed, ran 58s: OOM-killed in its memory limit")
     assert rows["rej"].split()[1] == "rejected" and rows["rej"].endswith("actuator_start_jobs is off")
     assert rows["wait"].split()[1] == "waiting"
     assert "dead letter (phasewise.job-events.v1): no node takes job wait now" in rows["wait"]
@@ -166,7 +167,7 @@ def test_describe_shows_the_timeline_with_ages_and_the_decisions(cluster, capsys
     assert rc == 0, err
     assert re.search(r"^State: +running \(since (9m5\ds|1\dm\d*s?) ago\)$", out, re.M)  # started 596 s back
     assert "Runs on:      host node-a, container run, pid 4321" in out
-    assert "Spec:         resnet18 on cifar10, batch 8; requests cpu 1 cores, mem 1Gi" in out
+    assert "Spec:         resnet18 on cifar10, batch 8; requests cpu 1 core, mem 1Gi" in out
     assert "observed over 6 samples" in out and "predicted by model v4" in out
     assert "Decisions:    place-run" in out
     events = out[out.index("Events:"):].splitlines()[1:]

@@ -129,6 +129,23 @@ def progress_text(v: Any) -> str:
     return text
 
 
+def ending_text(v: Any) -> str:
+    """How an ended job ended: exit code, signal, OOM kill, run time."""
+    from phasewise.models.jobs.view import age
+
+    how = [f"exit code {v.exit_code}" if v.exit_code is not None else None, v.signal,
+           "OOM-killed" if v.oom else None, f"ran {age(v.run_s)}" if v.run_s is not None else None]
+    return ", ".join(h for h in how if h)
+
+
+def why_text(v: Any) -> str:
+    """The WHY column: why a job waits; how and why an ended one ended."""
+    if v.state in ("finished", "failed", "terminated", "rejected", "lost"):
+        how = ending_text(v)
+        return f"{how}: {v.reason}" if how and v.reason else how or v.reason or ""
+    return v.reason or ""
+
+
 def table_text(views: list[Any], now: float) -> str:
     """The jobs as ``phasewise jobs`` lists them."""
     from phasewise.models.jobs.view import age, size
@@ -146,7 +163,7 @@ def table_text(views: list[Any], now: float) -> str:
         row += [_pair(v.prediction, v.observed, "cpu_cores", _num), _pair(v.prediction, v.observed, "mem_bytes", size)]
         if gpu:
             row.append(_pair(v.prediction, v.observed, "gpu_util", _num))
-        row += [progress_text(v), v.reason or ""]
+        row += [progress_text(v), why_text(v)]
         rows.append(row)
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in [head, *rows]]
@@ -155,12 +172,12 @@ def table_text(views: list[Any], now: float) -> str:
 
 def describe_text(v: Any, now: float) -> str:
     """One job as ``phasewise jobs describe`` shows it (ages back from *now*)."""
-    from phasewise.models.jobs.view import TARGETS, age, size
+    from phasewise.models.jobs.view import TARGETS, age, cores, size
 
     def ago(ts: float | None) -> str:
         return "-" if ts is None else f"{age(now - ts)} ago"
 
-    fmt = {"cpu_cores": lambda x: f"{x:.3g} cores", "mem_bytes": size, "gpu_util": lambda x: f"{x:.3g}%",
+    fmt = {"cpu_cores": cores, "mem_bytes": size, "gpu_util": lambda x: f"{x:.3g}%",
            "gpu_mem_bytes": size}
     out = [f"Job:          {v.job}",
            f"State:        {v.state}" + (f" (since {ago(v.since)})" if v.since is not None else ""),
@@ -181,10 +198,8 @@ def describe_text(v: Any, now: float) -> str:
         out.append(f"Runs on:      {', '.join(w for w in where if w)}")
     if v.cpuset or v.gpus:
         out.append(f"CPUs / GPUs:  {v.cpuset or '-'} / {','.join(v.gpus) or '-'}")
-    if v.exit_code is not None or v.signal or v.oom or v.run_s is not None:
-        how = [f"exit code {v.exit_code}" if v.exit_code is not None else None, v.signal,
-               "OOM-killed" if v.oom else None, f"ran {age(v.run_s)}" if v.run_s is not None else None]
-        out.append(f"Ended:        {', '.join(h for h in how if h)}")
+    if ending_text(v):
+        out.append(f"Ended:        {ending_text(v)}")
     out.append("Utilisation:  " + ("none predicted or observed" if not (v.prediction or v.observed) else ""))
     if v.prediction or v.observed:
         p, o = v.prediction, v.observed

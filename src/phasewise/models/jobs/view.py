@@ -478,8 +478,8 @@ def _clock(ts: float) -> str:
 
 
 def cores(v: float | None) -> str:
-    """CPU cores in words: ``1.5 cores``."""
-    return "-" if v is None else f"{v:.3g} cores"
+    """CPU cores in words: ``1.5 cores``, ``1 core``."""
+    return "-" if v is None else f"{v:.3g} core{'' if v == 1 else 's'}"
 
 
 def size(v: float | None) -> str:
