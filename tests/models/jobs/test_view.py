@@ -196,6 +196,21 @@ def test_a_dead_letter_about_a_waiting_job_is_its_reason():
     assert v.timeline[-1].kind == "dead letter"
 
 
+def test_dead_letters_of_its_other_records_are_not_why_it_waits():
+    """A second submission of its id and a refused progress event are in its timeline, not its reason."""
+    f = fold(wait_s=0.0)
+    f.job_event(ev("j", "submitted", 100.0))
+    again = ev("j", "submitted", 150.0, priority=4)
+    f.dead_letter(DeadLetter(ts=151.0, source_topic="phasewise.job-events.v1", key="j", payload=encode(again).decode(),
+                             reason="job id 'j' already submitted"))
+    f.dead_letter(DeadLetter(ts=152.0, source_topic="phasewise.job-events.v1", key="j",
+                             payload=encode(ev("j", "progress", 152.0, step=1)).decode(),
+                             reason="job 'j': progress carries no loss"))
+    v = view(f, "j", 200.0)
+    assert v.reason.startswith("no place decision yet")
+    assert [e.kind for e in v.timeline] == ["submitted", "dead letter", "dead letter"]
+
+
 def test_a_dead_letter_named_only_in_its_payload_is_found_and_unknown_jobs_are_not_made_up():
     f = fold()
     f.job_event(ev("j", "submitted", 1.0))
@@ -245,7 +260,8 @@ def test_observed_is_the_mean_of_the_steady_samples_of_its_container():
     f.samples(HostSamples(host="h2", ts=18.0, interval_s=1.0,
                           containers=(ContainerSample(container="j", cpu_cores=40.0, mem_bytes=1.0),)))
     v = view(f, "j", 20.0)
-    assert v.observed == {"samples": 2, "first": 16.0, "last": 17.0, "cpu_cores": 2.0, "mem_bytes": 2**29}
+    assert v.observed == {"source": "samples", "samples": 2, "first": 16.0, "last": 17.0, "cpu_cores": 2.0,
+                          "mem_bytes": 2**29}
     assert v.prediction["cpu_cores"] == {"mean": 2.0, "lo": 1.0, "hi": 4.0}
     assert v.prediction["model_version"] == 3
 
@@ -299,3 +315,23 @@ def test_to_dict_is_json_ready():
 def test_ages():
     assert [age(x) for x in (0, 59, 60, 61, 3600, 3661, 86400, 90000)] == [
         "0s", "59s", "1m", "1m1s", "1h", "1h1m", "1d", "1d1h"]
+
+
+LEARNED = "observed" in UtilisationPrediction.__dataclass_fields__
+
+
+@pytest.mark.skipif(not LEARNED, reason="UtilisationPrediction has no observed/log_error here (Horus's live learning)")
+def test_horus_learned_prediction_gives_observed_and_log_error_when_no_samples_were_read():
+    import dataclasses
+
+    f = fold()
+    f.job_event(ev("j", "submitted", 1.0))
+    first = prediction("j", 2.0, cpu=2.0)
+    f.prediction(first)
+    f.job_event(ev("j", "started", 3.0, host="h1", container="j", pid=5))
+    f.job_event(ev("j", "finished", 90.0, exit_code=0))
+    f.prediction(dataclasses.replace(first, ts=91.0, observed={"cpu_cores": 1.0}, log_error={"cpu_cores": 0.405}))
+    v = view(f, "j")
+    assert v.observed == {"source": "horus", "samples": None, "first": None, "last": 91.0, "cpu_cores": 1.0}
+    assert v.prediction["log_error"] == {"cpu_cores": 0.405} and v.prediction["cpu_cores"]["mean"] == 2.0
+    assert "learned, log error cpu_cores 0.405" in v.timeline[-1].text

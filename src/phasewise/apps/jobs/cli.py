@@ -203,16 +203,21 @@ def describe_text(v: Any, now: float) -> str:
     out.append("Utilisation:  " + ("none predicted or observed" if not (v.prediction or v.observed) else ""))
     if v.prediction or v.observed:
         p, o = v.prediction, v.observed
-        out.append(f"  {'':14}{'predicted (mean [lo, hi])':<36}observed (mean)")
+        errors = (p or {}).get("log_error") or {}
+        out.append(f"  {'':14}{'predicted (mean [lo, hi])':<36}{'observed (mean)':<16}"
+                   + ("Horus's log error" if errors else ""))
         for name in TARGETS:
             pt = "-" if p is None else (f"{fmt[name](p[name]['mean'])} [{fmt[name](p[name]['lo'])}, "
                                         f"{fmt[name](p[name]['hi'])}]")
             ot = "-" if o is None or o.get(name) is None else fmt[name](o[name])
-            out.append(f"  {name:<14}{pt:<36}{ot}")
+            et = f"{errors[name]:.3g}" if isinstance(errors.get(name), (int, float)) else ("-" if errors else "")
+            out.append(f"  {name:<14}{pt:<36}{ot:<16}{et}".rstrip())
         if p is not None:
             out.append(f"  predicted by model v{p['model_version']} {ago(p['ts'])}"
                        + (" (first job of its model)" if p["first_sight"] else ""))
-        if o is not None:
+        if o is not None and o.get("source") == "horus":
+            out.append(f"  observed by Horus when it learned the job, {ago(o['last'])}")
+        elif o is not None:
             out.append(f"  observed over {o['samples']} samples, {ago(o['first'])} to {ago(o['last'])}")
     out.append(f"Progress:     {progress_text(v)}")
     if v.decisions:

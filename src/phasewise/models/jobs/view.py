@@ -373,7 +373,8 @@ class _Walk:
 
         reason = s["reason"]
         if state == "waiting":
-            reason = self._why_waiting(now, submitted, prediction, letters, hint)
+            reason = self._why_waiting(now, submitted, prediction,
+                                       [dl for dl in letters if _about_submission(dl, submitted)], hint)
         elif state is None:  # only records about it, no state (e.g. a progress event, a decision)
             state, reason = "unknown", "no submitted event seen for this job"
         spec = None
@@ -390,7 +391,7 @@ class _Walk:
             pid=s["pid"], cpuset=s["cpuset"], gpus=s["gpus"], spec=spec, reason=reason,
             exit_code=s["exit_code"], signal=s["signal"], oom=s["oom"], run_s=s["run_s"],
             prediction=None if prediction is None else _prediction_dict(prediction),
-            observed=self._observed(), progress=_progress_dict(progress, targets), targets=targets,
+            observed=self._observed(prediction), progress=_progress_dict(progress, targets), targets=targets,
             decisions=tuple(decisions), timeline=tuple(timeline))
 
     def _why_waiting(self, now: float, submitted: JobEvent | None, prediction: UtilisationPrediction | None,
@@ -408,11 +409,18 @@ class _Walk:
                        f"`job {self.job} waits: ...`)")
         return "; ".join(why)
 
-    def _observed(self) -> dict[str, Any] | None:
+    def _observed(self, prediction: UtilisationPrediction | None) -> dict[str, Any] | None:
+        """The mean of its steady samples (source ``samples``); without samples read, what Horus observed
+        when it learned the job (source ``horus``, published again with its prediction), if it did."""
         j = self.j
         if not j.samples:
-            return None
-        out: dict[str, Any] = {"samples": j.samples, "first": j.first_sample, "last": j.last_sample}
+            learned = _learned(prediction)
+            if not learned:
+                return None
+            return {"source": "horus", "samples": None, "first": None, "last": prediction.ts if prediction else None,
+                    **{k: float(v) for k, v in learned.items() if k in TARGETS and isinstance(v, (int, float))}}
+        out: dict[str, Any] = {"source": "samples", "samples": j.samples, "first": j.first_sample,
+                               "last": j.last_sample}
         for name in TARGETS:
             if j.counts.get(name):
                 out[name] = j.sums[name] / j.counts[name]
@@ -430,6 +438,20 @@ class _Walk:
                     break
         return {"metric": t.metric, "direction": t.direction, "acceptable": t.acceptable,
                 "objective": t.objective, "value": value, "reached": reached}
+
+
+def _about_submission(dl: DeadLetter, submitted: JobEvent | None) -> bool:
+    """Is *dl* about the job's submission (its ``submitted`` event refused or dropped: a reason it waits)?
+    Not a dead letter of another of its records (a progress event, a second submission of its id)."""
+    if dl.truncated:
+        return True  # its payload cannot be told: it may be
+    try:
+        obj = json.loads(dl.payload)
+    except ValueError:
+        return True
+    if not isinstance(obj, dict) or "kind" not in obj:
+        return True
+    return submitted is not None and obj.get("kind") == "submitted" and obj.get("ts") == submitted.ts
 
 
 def _entry(ts: float, source: str, r: Any, ignored: str | None) -> Entry:
@@ -460,12 +482,21 @@ def _progress_dict(ev: JobEvent | None, targets: dict[str, Any] | None) -> dict[
     return {"ts": ev.ts, "step": ev.step, "epoch": ev.epoch, "metric": metric, "value": value}
 
 
+def _learned(p: UtilisationPrediction | None) -> dict[str, Any]:
+    """What Horus observed of the job when it learned it (a prediction published again with it), or {}."""
+    return dict(getattr(p, "observed", None) or {}) if p is not None else {}
+
+
 def _prediction_dict(p: UtilisationPrediction) -> dict[str, Any]:
+    """The prediction's means and intervals; once Horus learned the job, what it observed and its log error
+    per target (``observed``, ``log_error``)."""
     out: dict[str, Any] = {"ts": p.ts, "model_version": p.model_version, "first_sight": p.first_sight,
                            "device": p.device, "coverage": p.coverage}
     for name in TARGETS:
         iv = getattr(p, name)
         out[name] = {"mean": iv.mean, "lo": iv.lo, "hi": iv.hi}
+    out["observed"] = _learned(p)
+    out["log_error"] = dict(getattr(p, "log_error", None) or {})
     return out
 
 
@@ -541,11 +572,16 @@ def _decision_text(d: Decision) -> str:
 
 
 def _prediction_text(p: UtilisationPrediction) -> str:
-    return (f"model v{p.model_version}{' (first of its model)' if p.first_sight else ''}: "
+    text = (f"model v{p.model_version}{' (first of its model)' if p.first_sight else ''}: "
             f"cpu {p.cpu_cores.mean:.3g} [{p.cpu_cores.lo:.3g}, {p.cpu_cores.hi:.3g}] cores, "
             f"mem {size(p.mem_bytes.mean)} [{size(p.mem_bytes.lo)}, {size(p.mem_bytes.hi)}], "
             f"gpu {p.gpu_util.mean:.3g}% [{p.gpu_util.lo:.3g}, {p.gpu_util.hi:.3g}], "
             f"gpu mem {size(p.gpu_mem_bytes.mean)}")
+    errors = dict(getattr(p, "log_error", None) or {})
+    if errors:
+        text += "; learned, log error " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(errors.items())
+                                                   if isinstance(v, (int, float)))
+    return text
 
 
 def age(seconds: float | None) -> str:
