@@ -302,6 +302,21 @@ def test_decisions_and_actuations_about_its_container_are_in_its_timeline():
     assert v.state == "running"  # a freeze decision is not a state: the actuator's frozen event is
 
 
+def test_what_a_record_may_hold_does_not_break_the_view():
+    """Decision details are free-form; a dead letter's payload is whatever was refused."""
+    f = fold()
+    f.job_event(ev("j", "submitted", 1.0))
+    f.decision(Decision(id="p", ts=2.0, host="h1", container="j", action="place", policy="x",
+                        details={"job": "j", "cpuset": 7, "gpus": "0,1", "node": ["s0"]}))
+    f.dead_letter(DeadLetter(ts=3.0, source_topic="phasewise.decisions.v1", key="h1", reason="deep",
+                             payload="[" * 100_000))
+    f.dead_letter(DeadLetter(ts=3.0, source_topic="phasewise.job-events.v1", key="j", reason="deep",
+                             payload="[" * 100_000))
+    v = view(f, "j", 5.0)
+    assert (v.state, v.cpuset, v.gpus, v.node) == ("placed", None, (), None)
+    assert [e.kind for e in v.timeline] == ["submitted", "place", "dead letter"]
+
+
 def test_to_dict_is_json_ready():
     import json
 

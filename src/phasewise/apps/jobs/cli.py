@@ -148,6 +148,7 @@ def why_text(v: Any) -> str:
 
 def table_text(views: list[Any], now: float) -> str:
     """The jobs as ``phasewise jobs`` lists them."""
+    from phasewise.apps.jobs.tail import printable
     from phasewise.models.jobs.view import age, size
 
     gpu = any((v.prediction and v.prediction["gpu_util"]["mean"] > 0) or (v.observed and v.observed.get("gpu_util"))
@@ -165,6 +166,7 @@ def table_text(views: list[Any], now: float) -> str:
             row.append(_pair(v.prediction, v.observed, "gpu_util", _num))
         row += [progress_text(v), why_text(v)]
         rows.append(row)
+    rows = [[printable(c) for c in r] for r in rows]  # what records say, never a terminal's control sequence
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in [head, *rows]]
     return "\n".join(x.rstrip() for x in lines)
@@ -172,6 +174,7 @@ def table_text(views: list[Any], now: float) -> str:
 
 def describe_text(v: Any, now: float) -> str:
     """One job as ``phasewise jobs describe`` shows it (ages back from *now*)."""
+    from phasewise.apps.jobs.tail import printable
     from phasewise.models.jobs.view import TARGETS, age, cores, size
 
     def ago(ts: float | None) -> str:
@@ -228,7 +231,7 @@ def describe_text(v: Any, now: float) -> str:
         for e in v.timeline]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3] for r in rows]
-    return "\n".join(x.rstrip() for x in out)
+    return "\n".join(printable(x.rstrip()) for x in out)  # what records say, never a control sequence
 
 
 def run(args: argparse.Namespace) -> int:

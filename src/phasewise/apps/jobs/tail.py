@@ -37,7 +37,7 @@ from phasewise.kit.topics import (
 )
 
 __all__ = ["RECORD_OF", "add_arguments", "decoder", "matches", "parse_duration", "parse_filter", "parse_since",
-           "resolve_topic", "run"]
+           "printable", "resolve_topic", "run"]
 
 #: each topic's record (class name, in :mod:`phasewise.kit.records`)
 RECORD_OF: dict[str, str] = {
@@ -57,6 +57,18 @@ assert set(RECORD_OF) == {t.name for t in TOPICS}, "every topic has its record"
 TEXT_STRING_MAX = 200
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+
+
+def printable(text: str) -> str:
+    r"""*text* for a terminal: every character that is not printable (a control character, an escape
+    sequence's ESC, a newline inside a field) written as its escape, as ``repr`` writes it.
+
+    >>> printable("ok \x1b[2J\nnext")
+    'ok \\x1b[2J\\nnext'
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def short(t: Topic) -> str:
@@ -225,13 +237,13 @@ def line(msg: Any, value: dict | None, error: str | None, *, as_json: bool) -> s
             out["payload"] = payload_text(msg.value[:4096] if msg.value is not None else None)
             out["payload_bytes"] = None if msg.value is None else len(msg.value)
         return json.dumps(out, separators=(",", ":"), allow_nan=False)
-    head = f"{_when(msg.timestamp)} {msg.partition}@{msg.offset} key={key if key is not None else '-'}"
+    head = f"{_when(msg.timestamp)} {msg.partition}@{msg.offset} key={printable(key) if key is not None else '-'}"
     if error is None:
         return f"{head} {json.dumps(_shorten(value), separators=(',', ':'), allow_nan=False)}"
     from phasewise.kit.records import brief
 
     size = "no value" if msg.value is None else f"{len(msg.value)} bytes"
-    return f"{head} UNDECODABLE ({size}): {error}; payload {brief(msg.value, 120)}"
+    return f"{head} UNDECODABLE ({size}): {printable(error)}; payload {brief(msg.value, 120)}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -201,7 +201,7 @@ class JobsFold:
         if job is None and not dl.truncated:
             try:
                 obj = json.loads(dl.payload)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested too deep to read
                 obj = None
             if isinstance(obj, dict):
                 named = obj.get("job")
@@ -348,9 +348,10 @@ class _Walk:
                     if state in (None, "waiting", "terminated"):
                         node = d.details.get("node")
                         gpus = d.details.get("gpus") or ()
+                        cpuset = d.details.get("cpuset")
                         enter("placed", ts)
                         s.update(host=d.host, node=node if isinstance(node, str) and node != d.host else None,
-                                 container=d.container, cpuset=d.details.get("cpuset") or None,
+                                 container=d.container, cpuset=cpuset if isinstance(cpuset, str) and cpuset else None,
                                  gpus=tuple(str(g) for g in gpus) if isinstance(gpus, list) else (), pid=None,
                                  reason=None)
                     else:
@@ -447,7 +448,7 @@ def _about_submission(dl: DeadLetter, submitted: JobEvent | None) -> bool:
         return True  # its payload cannot be told: it may be
     try:
         obj = json.loads(dl.payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         return True
     if not isinstance(obj, dict) or "kind" not in obj:
         return True
