@@ -279,6 +279,22 @@ def test_tail_filters_on_dotted_fields_and_lists(cluster, capsys):
     assert rc == 2 and "--filter: 'kind' is not FIELD=VALUE" in err
 
 
+def test_tail_reads_every_record_of_a_batch(broker, capsys):
+    """The embedded broker reports a partition's high watermark as the first offset of its last batch + 1:
+    read to the partition's end, not to that mark, every record of a batch is printed."""
+    s = Settings.from_env({"bootstrap": broker.bootstrap, "host": "views-test"}, env={})
+    ensure_topics(s)
+    p = make_producer(s, **{"linger.ms": 200})  # one batch
+    now = time.time()
+    for step in range(50):
+        p.produce(JOB_EVENTS.name, key=b"batch", value=encode(JobEvent(job="batch", ts=now, kind="progress",
+                                                                        step=step, loss=1.0)))
+    assert p.flush(20) == 0
+    rc, out, err = run_cli(capsys, "tail", "job-events", "--key", "batch", "--json", "--bootstrap", broker.bootstrap)
+    assert rc == 0, err
+    assert [json.loads(ln)["value"]["step"] for ln in out.splitlines()] == list(range(50))
+
+
 def test_tail_since(cluster, capsys):
     bootstrap, now = cluster
     rc, out, _ = run_cli(capsys, "tail", "predictions", "--since", "1h", "--bootstrap", bootstrap)

@@ -78,8 +78,11 @@ def read_views(settings: Any, *, timeout_s: float, samples_s: float, now: float)
              (ACTUATIONS, R.Actuation, lambda m, a: fold.actuation(a)),
              (DEAD_LETTERS, R.DeadLetter, lambda m, dl: fold.dead_letter(dl))]
     with Reader(settings, timeout_s=timeout_s) as reader:
+        read: dict[str, list[Any]] = {topic.name: [] for topic, _cls, _add in steps}
+        for msg in reader.read(list(read)):  # all at once: one wait for the partitions' ends
+            read[msg.topic].append(msg)
         for topic, cls, add in steps:  # job events first: they say which containers are whose
-            for msg in reader.read([topic.name]):
+            for msg in read.pop(topic.name):
                 try:
                     rec = R.decode(cls, msg.value) if msg.value is not None else None
                 except R.SchemaError:
@@ -88,9 +91,11 @@ def read_views(settings: Any, *, timeout_s: float, samples_s: float, now: float)
                     bad[topic.name] += 1
                     continue
                 add(msg, rec)
-        first = fold.first_start()
+        first, hosts = fold.first_start(), {h.encode() for h in fold.hosts()}
         if samples_s > 0 and first is not None:
             for msg in reader.read([SAMPLES.name], since=max(first, now - samples_s)):
+                if msg.key is not None and msg.key not in hosts:
+                    continue  # (keyed by host) no job of ours ran there: not worth decoding
                 try:
                     fold.samples(R.decode_host_samples(msg.value))
                 except R.SchemaError:

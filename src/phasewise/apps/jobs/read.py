@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from phasewise.kit.kafka.client import kafka_log, make_consumer, wait_for_broker
 from phasewise.kit.settings import Settings
@@ -87,33 +87,20 @@ class Reader:
         tps = [TopicPartition(t, p) for t in topics for p in range(self.partitions(t) or 0)]
         if not tps:
             return
-        lows: dict[tuple[str, int], int] = {}
-        nonempty: set[tuple[str, int]] = set()
-        for tp in tps:
-            try:
-                low, high = self.consumer.get_watermark_offsets(tp, timeout=self.timeout_s)
-            except KafkaException as e:
-                raise ReadError(f"no offsets for {tp.topic}[{tp.partition}]: {_text(e)}") from None
-            lows[(tp.topic, tp.partition)] = low
-            if high > low:
-                nonempty.add((tp.topic, tp.partition))
-        starts = dict(lows)
+        starts = {(tp.topic, tp.partition): OFFSET_BEGINNING for tp in tps}
         if since is not None:
             asked = [TopicPartition(tp.topic, tp.partition, int(since * 1000)) for tp in tps]
             try:
                 found = self.consumer.offsets_for_times(asked, timeout=self.timeout_s)
             except KafkaException as e:
                 raise ReadError(f"no offsets for the time asked: {_text(e)}") from None
-            for tp in found:
-                # OFFSET_END (-1): no record at or after that time
-                starts[(tp.topic, tp.partition)] = OFFSET_END if tp.offset < 0 else max(tp.offset, lows[(tp.topic,
-                                                                                                        tp.partition)])
-        # the end of a partition is where the broker says so (partition EOF), not its high watermark as asked
-        # beforehand: a broker may report that below the last batch's records (Tansu, docs/operations.md)
-        due = set(nonempty)
-        assign = [TopicPartition(t, p, starts[(t, p)]) for t, p in lows if follow or (t, p) in due]
-        if not assign:
-            return
+            for tp in found:  # OFFSET_END (-1): no record at or after that time
+                starts[(tp.topic, tp.partition)] = OFFSET_END if tp.offset < 0 else tp.offset
+        # a partition ends where a fetch reaches its end (partition EOF, also for an empty one), not at a high
+        # watermark asked beforehand: a broker may report that below the last batch's records (Tansu,
+        # docs/operations.md), and asking costs a round trip per partition
+        due = set(starts)
+        assign = [TopicPartition(t, p, off) for (t, p), off in starts.items()]
         self.consumer.assign(assign)
         klog = kafka_log(self.settings.kafka.bootstrap)
         last = time.monotonic()

@@ -149,6 +149,10 @@ class JobsFold:
     def jobs(self) -> list[str]:
         return sorted(self._jobs)
 
+    def hosts(self) -> set[str]:
+        """The hosts the folded ``started`` events name (the only samples :meth:`samples` takes)."""
+        return {host for host, _container in self._where}
+
     def first_start(self) -> float | None:
         """The earliest ``started`` event time folded (samples before it belong to no job)."""
         return min((r[2] for j in self._jobs.values() for r in j.runs), default=None)
