@@ -131,7 +131,7 @@ def test_jobs_lists_each_job_with_its_state_host_use_progress_and_why(cluster, c
     rows = {ln.split()[0]: ln for ln in lines[1:] if ln.split()[0] in T}  # (other tests add jobs of their own)
     assert list(rows) == ["run", "done", "oom", "rej", "wait"]  # by submission
     assert rows["run"].split()[1:7] == ["running", rows["run"].split()[2], "training", "3", HOST, "0-1"]
-    assert "1.5->1.25" in rows["run"] and "1Gi->512Mi" in rows["run"]  # predicted -> used (mean of 6 samples)
+    assert "1.5/1.25" in rows["run"] and "1Gi/512Mi" in rows["run"]  # predicted/used (mean of 6 samples)
     assert "loss 0.8 @900, acceptable 1 reached" in rows["run"]
     assert rows["oom"].split()[1] == "failed" and "OOM-killed in its memory limit" in rows["oom"]
     assert rows["done"].split()[1] == "finished" and rows["done"].endswith("exit code 0, ran 1m35s")

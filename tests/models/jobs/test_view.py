@@ -266,6 +266,23 @@ def test_observed_is_the_mean_of_the_steady_samples_of_its_container():
     assert v.prediction["model_version"] == 3
 
 
+def test_samples_after_the_run_ended_are_not_its_use_in_whatever_order_read():
+    for order in ("ended first", "started first"):
+        f = fold()
+        f.job_event(ev("j", "submitted", 1.0))
+        end = ev("j", "finished", 30.0, exit_code=0)
+        if order == "ended first":
+            f.job_event(end)
+        f.job_event(ev("j", "started", 10.0, host="h1", container="j", pid=3))
+        if order == "started first":
+            f.job_event(end)
+        for t, cpu in ((20.0, 2.0), (30.0, 4.0), (31.0, 0.0), (40.0, 0.0)):  # the cgroup stays after the end
+            f.samples(HostSamples(host="h1", ts=t, interval_s=1.0,
+                                  containers=(ContainerSample(container="j", cpu_cores=cpu, mem_bytes=1.0),)))
+        v = view(f, "j", 50.0)
+        assert (v.observed["samples"], v.observed["cpu_cores"], v.observed["last"]) == (2, 3.0, 30.0), order
+
+
 @pytest.mark.parametrize("losses, reached", [((2.0,), None), ((2.0, 0.9), "acceptable"), ((0.9, 0.4), "objective")])
 def test_progress_against_targets(losses, reached):
     f = fold()

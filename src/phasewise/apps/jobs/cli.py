@@ -111,12 +111,12 @@ def _num(v: float | None) -> str:
 
 
 def _pair(pred: dict | None, obs: dict | None, name: str, fmt: Any) -> str:
-    """predicted -> observed, for one target."""
+    """predicted/used, for one target."""
     p = None if pred is None else pred[name]["mean"]
     o = None if obs is None else obs.get(name)
     if p is None and o is None:
         return "-"
-    return f"{fmt(p)}->{fmt(o)}"
+    return f"{fmt(p)}/{fmt(o)}"
 
 
 def progress_text(v: Any) -> str:
@@ -159,7 +159,7 @@ def table_text(views: list[Any], now: float) -> str:
     gpu = any((v.prediction and v.prediction["gpu_util"]["mean"] > 0) or (v.observed and v.observed.get("gpu_util"))
               or v.gpus for v in views)
     head = ["JOB", "STATE", "AGE", "CLASS", "PRI", "HOST", "CPUS"] + (["GPUS"] if gpu else []) + [
-        "CPU pred->used", "MEM pred->used"] + (["GPU% pred->used"] if gpu else []) + ["PROGRESS", "WHY"]
+        "CPU pred/used", "MEM pred/used"] + (["GPU% pred/used"] if gpu else []) + ["PROGRESS", "WHY"]
     rows = []
     for v in views:
         row = [v.job, v.state, age(None if v.since is None else now - v.since), v.workload, str(v.priority),

@@ -119,6 +119,7 @@ class _Job:
     #: (ts, order, seq, source, record, why it is refused or None)
     records: list[tuple[float, int, int, str, Any, str | None]] = field(default_factory=list)
     runs: list[list[Any]] = field(default_factory=list)  # [host, container, started ts] per start
+    ends: list[float] = field(default_factory=list)  # event times of the states that ended a run
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     samples: int = 0
@@ -163,11 +164,15 @@ class JobsFold:
         """A job event; *refused*: why it does not count (e.g. a state not signed with the cluster key): it is
         in the timeline, marked, and changes nothing."""
         j = self._add(ev.job, ev.ts, _ORDER.get(ev.kind, 5), "job-events", ev, refused)
-        if ev.kind == "started" and ev.host is not None and refused is None:
+        if refused is not None:
+            return
+        if ev.kind == "started" and ev.host is not None:
             container = ev.container or ev.job
             j.runs.append([ev.host, container, ev.ts])
             self._where[(ev.host, container)] = ev.job
             self._by_container[container] = ev.job
+        elif ev.kind in ("finished", "failed", "terminated", "lost", "rejected"):
+            j.ends.append(ev.ts)  # its container's samples after this are not the job's use
 
     def _job_of(self, host: str, container: str, details: dict | None = None) -> str | None:
         job = (details or {}).get("job")
@@ -229,6 +234,9 @@ class JobsFold:
             run = next((r for r in reversed(j.runs) if r[0] == hs.host and r[1] == cs.container), None)
             if run is None or hs.ts < run[2] + self.config.warmup_s:
                 continue  # its loading phase, left out as Horus leaves it out
+            end = min((e for e in j.ends if e >= run[2]), default=None)
+            if end is not None and hs.ts - hs.interval_s >= end:
+                continue  # sampled after the run ended (the cgroup stays, empty)
             j.samples += 1
             j.first_sample = hs.ts if j.first_sample is None else min(j.first_sample, hs.ts)
             j.last_sample = hs.ts if j.last_sample is None else max(j.last_sample, hs.ts)
