@@ -197,6 +197,8 @@ def test_describe_of_an_unknown_job_and_bad_arguments(cluster, capsys):
     assert rc == 1 and "no record names job 'nobody'" in err
     rc, _out, err = run_cli(capsys, "jobs", "describe", "--bootstrap", bootstrap)
     assert rc == 2 and err.strip() == "phasewise jobs: error: describe: which job? phasewise jobs describe JOB"
+    rc, _out, err = run_cli(capsys, "jobs", "run", "--bootstrap", bootstrap)
+    assert rc == 2 and err.strip() == "phasewise jobs: error: 'run': did you mean phasewise jobs describe run?"
     rc, _out, err = run_cli(capsys, "jobs", "--state", "sleeping", "--bootstrap", bootstrap)
     assert rc == 2 and "--state: unknown sleeping" in err
 

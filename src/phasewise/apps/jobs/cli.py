@@ -34,7 +34,7 @@ def _duration(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("describe", nargs="?", choices=["describe"],
+    p.add_argument("describe", nargs="?", metavar="describe",
                    help="describe JOB: its state, timeline (every event, decision, actuation, prediction and dead "
                         "letter about it) and decisions")
     p.add_argument("job", nargs="?", metavar="JOB", help="the job to describe")
@@ -246,11 +246,12 @@ def run(args: argparse.Namespace) -> int:
     from phasewise.kit.signing import SigningError
     from phasewise.models.jobs.view import STATES
 
+    if args.describe not in (None, "describe"):  # a job id alone, or a word jobs does not know
+        print(f"phasewise jobs: error: {args.describe!r}: did you mean phasewise jobs describe {args.describe}?",
+              file=sys.stderr)
+        return 2
     if args.describe and not args.job:
         print("phasewise jobs: error: describe: which job? phasewise jobs describe JOB", file=sys.stderr)
-        return 2
-    if args.job and not args.describe:
-        print(f"phasewise jobs: error: {args.job!r}: did you mean phasewise jobs describe {args.job}?", file=sys.stderr)
         return 2
     bad_states = sorted(set(args.state or ()) - set(STATES))
     if bad_states:
