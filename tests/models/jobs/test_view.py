@@ -100,14 +100,17 @@ def test_each_end_and_its_reason(kind, fields, shown):
     assert v.state in STATES
 
 
-def test_a_terminated_job_resumed_runs_again():
+def test_a_job_the_priority_agent_stops_waits_to_resume_and_runs_again():
     f = fold()
     f.job_event(ev("j", "submitted", 1.0))
     f.decision(place("j", 2.0, host="h1"))
     f.job_event(ev("j", "started", 3.0, host="h1", container="j", pid=9))
     f.job_event(ev("j", "stopped", 10.0, host="h1"))
-    f.job_event(ev("j", "terminated", 11.0, host="h1", signal="SIGTERM", reason="preempted"))
-    assert view(f, "j").state == "terminated"
+    f.job_event(ev("j", "terminated", 11.0, host="h1", signal="SIGTERM", run_s=8.0,
+                   reason="terminated by decision prio-1 (checkpoint_exit)"))
+    v = view(f, "j", 12.0)
+    assert (v.state, v.since, v.signal) == ("waiting", 10.0, "SIGTERM")
+    assert v.reason.startswith("stopped by the priority agent (checkpoint and exit), ended (terminated by decision")
     f.job_event(ev("j", "admitted", 20.0, host="h2", resume=True))
     v = view(f, "j", 21.0)
     assert v.state == "waiting" and "admitted on h2 (resume) by the priority agent" in v.reason
@@ -115,6 +118,18 @@ def test_a_terminated_job_resumed_runs_again():
     f.job_event(ev("j", "started", 23.0, host="h2", container="j", pid=10))
     v = view(f, "j")
     assert (v.state, v.host, v.pid, v.reason, v.signal) == ("running", "h2", 10, None, None)
+
+
+def test_a_terminate_not_the_priority_agents_stop_ends_the_job():
+    f = fold()
+    f.job_event(ev("j", "submitted", 1.0))
+    f.job_event(ev("j", "started", 3.0, host="h1", container="j", pid=9))
+    f.job_event(ev("j", "stopped", 5.0, host="h1"))
+    f.job_event(ev("j", "admitted", 6.0, host="h1", resume=True))
+    f.job_event(ev("j", "started", 7.0, host="h1", container="j", pid=11))  # resumed: the stop is over
+    f.job_event(ev("j", "terminated", 30.0, host="h1", exit_code=0, reason="objective reached"))
+    v = view(f, "j")
+    assert (v.state, v.reason, v.exit_code) == ("terminated", "objective reached", 0)
 
 
 # -- out of order, repeated, unknown ----------------------------------------------------------------------

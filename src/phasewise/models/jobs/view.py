@@ -286,6 +286,7 @@ class _Walk:
         decisions: list[str] = []
         letters: list[DeadLetter] = []  # since it last changed state
         hint: str | None = None  # the priority agent's word on a waiting job
+        stopped = False  # the priority agent stopped it since it last started (to resume it)
         timeline: list[Entry] = []
 
         def enter(new: str, ts: float) -> None:
@@ -323,6 +324,7 @@ class _Walk:
                 elif ev.kind == "stopped":
                     if state in ("running", "placed", "frozen", "waiting", None):
                         enter("waiting", ts)
+                        stopped = True
                         hint = "stopped by the priority agent (checkpoint and exit); waits to be admitted again"
                     else:
                         ignored = f"while {state}"
@@ -335,7 +337,12 @@ class _Walk:
                     priority = ev.priority
                 elif ev.kind in _STATE_OF:
                     new = _STATE_OF[ev.kind]
-                    if ev.kind == "thawed" and state != "frozen":
+                    if ev.kind == "terminated" and stopped and state == "waiting":
+                        # the exit of the priority agent's own stop: the job waits to be resumed
+                        s.update(exit_code=ev.exit_code, signal=ev.signal, run_s=ev.run_s)
+                        hint = ("stopped by the priority agent (checkpoint and exit), ended"
+                                + (f" ({ev.reason})" if ev.reason else "") + "; waits to be admitted again")
+                    elif ev.kind == "thawed" and state != "frozen":
                         ignored = f"while {state or 'unknown'} (not frozen)"
                     elif ev.kind == "frozen" and state not in ("running", "placed"):
                         ignored = f"while {state or 'unknown'}"
@@ -344,6 +351,7 @@ class _Walk:
                     else:
                         enter(new, ts)
                         if ev.kind == "started":
+                            stopped = False
                             s.update(host=ev.host, container=ev.container or job, pid=ev.pid,
                                      cpuset=ev.cpuset or s["cpuset"], gpus=tuple(ev.devices) or s["gpus"],
                                      reason=None, exit_code=None, signal=None, oom=False, run_s=None)
