@@ -62,6 +62,7 @@ def test_a_job_walks_submitted_placed_running_frozen_running_finished():
     f.decision(place("a", 12.0, host="h1", node="s0", cpuset="0-3", gpus=[0]))
     v = view(f, "a", 13.0)
     assert (v.state, v.host, v.node, v.cpuset, v.gpus, v.since) == ("placed", "h1", "s0", "0-3", ("0",), 12.0)
+    assert v.reason == "no started event from the actuator on h1 yet"
     f.job_event(ev("a", "started", 14.0, host="h1", container="a", pid=77, cpuset="0-3", devices=("0",)))
     v = view(f, "a", 15.0)
     assert (v.state, v.pid, v.container, v.workload, v.priority) == ("running", 77, "a", "inference", 5)

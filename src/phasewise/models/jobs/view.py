@@ -396,6 +396,8 @@ class _Walk:
         if state == "waiting":
             reason = self._why_waiting(now, submitted, prediction,
                                        [dl for dl in letters if _about_submission(dl, submitted)], hint)
+        elif state == "placed":
+            reason = f"no started event from the actuator on {s['host']} yet"
         elif state is None:  # only records about it, no state (e.g. a progress event, a decision)
             state, reason = "unknown", "no submitted event seen for this job"
         spec = None
