@@ -221,8 +221,9 @@ def unknown_field(data: dict, cls: type, where: str) -> str | None:
     naming the closest valid name; ``None`` when every key is known. The codec skips unknown keys (a newer
     writer's fields); a person's job file must not lose a request to a typo.
 
-    >>> unknown_field({"cpu": 2}, JobRequests, "spec.requests")
-    "spec.requests: unknown field 'cpu' (did you mean 'cpu_cores'? requests has cpu_cores, gpu_mem_bytes, gpus, mem_bytes)"
+    >>> print(unknown_field({"cpu": 2}, JobRequests, "spec.requests"))  # doctest: +NORMALIZE_WHITESPACE
+    spec.requests: unknown field 'cpu' (did you mean 'cpu_cores'? requests has cpu_cores, gpu_mem_bytes,
+    gpus, mem_bytes)
     """
     names = tuple(sorted(cls.__dataclass_fields__))  # type: ignore[attr-defined]
     extra = sorted(k for k in data if k not in names)
@@ -238,8 +239,10 @@ def targets_problem(t: JobTargets | None) -> str | None:
     """Why a job's two-tier target is in the wrong order for its metric's direction (``min``: the objective is
     at or below acceptable; ``max``: at or above), or ``None``.
 
-    >>> targets_problem(JobTargets(direction="min", acceptable=0.5, objective=1.0))
-    'targets: objective 1 is above acceptable 0.5, but direction min needs objective <= acceptable (swap them, or set direction max)'
+    >>> print(targets_problem(JobTargets(direction="min", acceptable=0.5, objective=1.0)))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    targets: objective 1 is above acceptable 0.5, but direction min needs objective <= acceptable
+    (swap them, or set direction max)
     >>> targets_problem(JobTargets(direction="max", metric="accuracy", acceptable=0.8, objective=0.9)) is None
     True
     """

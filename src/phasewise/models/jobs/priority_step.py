@@ -118,8 +118,8 @@ class PriorityStep:
         if ev.kind in SIGNED_KINDS and self.verify is not None and ev.job in self.jobs:
             why = self.verify(key, raw, headers)
             if why is not None:  # only the actuator that ran the job says where it runs and that it ended
-                raise SignatureRefused(f"JobEvent {ev.kind} {ev.job}: not signed by the cluster key ({why}): "
-                                       f"{'its container is not taken' if ev.kind == 'started' else 'it frees nothing'}")
+                what = "its container is not taken" if ev.kind == "started" else "it frees nothing"
+                raise SignatureRefused(f"JobEvent {ev.kind} {ev.job}: not signed by the cluster key ({why}): {what}")
         known = self.policy.state(ev.job) is not None
         if self.positions.seen(ev.job, partition, offset):
             self.replayed += 1  # its effect is in the restored state already

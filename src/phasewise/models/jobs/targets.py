@@ -494,7 +494,8 @@ class TargetsFleet:
     ``submitted`` with ``spec.targets`` starts following a job; ``started`` says where it runs
     (host, container); ``progress`` is checked (:func:`check_progress`) and learned;
     ``finished``, ``failed``, ``rejected``, ``lost`` stop following it, so does ``terminated`` once
-    the objective was reached (another's stop, a preemption, takes it off its node until it starts again). :meth:`process` returns the decisions and controls an
+    the objective was reached (another's stop, a preemption, takes it off its node until it starts
+    again). :meth:`process` returns the decisions and controls an
     event causes, or the reason it cannot be used (an unknown job, a NaN loss, steps going
     backwards, an absurd value): the caller dead-letters it and the job is unaffected.
     :meth:`samples` takes a host's samples: the use of the jobs' containers (for the share

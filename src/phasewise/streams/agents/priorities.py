@@ -6,8 +6,9 @@ weights) in the samples worker's app: each job event is handed to the step, what
 the worker's output producer (decisions keyed by host and signed with the cluster key, controls keyed by
 job, hints on the job events signed), a record it cannot take is a dead letter. A job it started itself
 (``priority_launcher=self``) with no ``started`` event within ``job_start_timeout_s`` is released as
-``lost`` (a signed job event, a dead letter, ``phasewise_worker_jobs_lost_total{agent="priorities"}``). State: the changelogged
-table ``priority-state`` (key: job). One worker runs ``--priorities``. Narrative: docs/priorities.md.
+``lost`` (a signed job event, a dead letter, ``phasewise_worker_jobs_lost_total{agent="priorities"}``).
+State: the changelogged table ``priority-state`` (key: job). One worker runs ``--priorities``. Narrative:
+docs/priorities.md.
 """
 
 from __future__ import annotations
