@@ -256,6 +256,10 @@ def test_a_job_the_priority_agent_started_itself_with_no_started_event_is_lost()
     q = _prio(launcher="place", start_timeout_s=30.0)
     q.handle(priority_submitted("a", 1, cpu=2))
     assert q.expire(1e9) == ([], [], [])
+    # an event stamped long ago and read late: its deadline runs from the worker's clock at the decision
+    late = _prio(start_timeout_s=30.0, now=lambda: 5000.0)
+    late.handle(priority_submitted("a", 1, cpu=2))
+    assert late.expire(5029.0) == ([], [], []) and late.expire(5030.0)[2][0].job == "a"
 
 
 # ---------------------------------------------------------------------------------------------- targets

@@ -236,7 +236,10 @@ class PriorityStep:
             info["stopping"] = True  # its process exits: that terminated is this stop's
             info.pop("start_by", None)
         elif a.kind in ("start", "restart") and self.launcher == "self" and self.config.start_timeout_s > 0:
-            info["start_by"] = ts + self.config.start_timeout_s
+            # from the decision's time: its event's, or the worker's clock where that is later (an event
+            # stamped long ago, read late, does not make its job lost at once)
+            at = ts if self.now is None else max(ts, self.now())
+            info["start_by"] = at + self.config.start_timeout_s
 
     def expire(self, now: float) -> tuple[list[Decision], list[JobControl], list[JobEvent]]:
         """Jobs this agent started (``self`` launcher) that no ``started`` event reached within
