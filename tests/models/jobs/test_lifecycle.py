@@ -59,7 +59,8 @@ def _three(s: PlacementState) -> None:
 def test_each_state_that_ends_a_job_frees_its_booking_and_the_waiting_job_takes_it(kind):
     s = _state()
     _three(s)
-    s.job_event(_ev("a", "started", 11.0, host="here", container="a"), now=0.0)
+    if kind != "rejected":  # (the actuator refused its decision: it never started)
+        s.job_event(_ev("a", "started", 11.0, host="here", container="a"), now=0.0)
     s.job_event(_ev("a", kind, 20.0, reason="why" if kind in ("rejected", "lost") else None), now=0.0)
     assert "a" not in s.placed and "a" not in s.events
     assert _place(s, 21.0) == ["c"] and not s.waiting
@@ -154,6 +155,20 @@ def test_a_stop_hint_read_before_the_started_event_still_keeps_the_job_for_its_r
     s.job_event(_ev("a", "terminated", 13.0, signal="SIGTERM"), now=0.0)
     assert s.holds("a") and "a" in s.events
     assert s.lifecycle.take_counts() == {"not_placed": 1}
+
+
+def test_a_rejected_of_a_job_whose_process_started_is_an_older_decision_refused_again():
+    s = _state()
+    _three(s)
+    s.job_event(_ev("a", "started", 11.0, host="here", container="a"), now=0.0)
+    s.job_event(_ev("a", "rejected", 12.0, reason="decision older than decision_max_age_s"), now=0.0)
+    s.job_event(_ev("b", "rejected", 12.0, reason="no command"), now=0.0)  # b never started: it ends
+    assert set(s.placed) == {"a"} and s.lifecycle.take_counts() == {"after_start": 1}
+    p = _prio()
+    p.handle(priority_submitted("a", 1, cpu=1))
+    p.handle(encode(_ev("a", "started", 2.0, host="n1", container="a")))
+    assert _decided(p.handle(encode(_ev("a", "rejected", 3.0, reason="stale")))) == []
+    assert p.policy.states() == {"a": "running"} and p.lifecycle.take_counts() == {"after_start": 1}
 
 
 def test_a_second_submission_of_a_known_id_is_refused_and_the_same_record_read_again_is_not():
