@@ -155,9 +155,7 @@ def test_v2_oom_kills_are_read_from_memory_events_and_decide_oom_at_the_end(v2):
     seen = []
     backend.on_exit = seen.append
     # the count at its start was 2: an end with the count still 2 is no OOM kill, with 3 it is one
-    backend._ended("job-a", 4242, ExitStatus(
-        None, 9, "waited"), 2, 100.0)
+    backend._ended("job-a", 4242, ExitStatus(None, 9, "waited"), 2, 100.0)
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 3\noom_group_kill 0\n")
-    backend._ended("job-a", 4243, ExitStatus(
-        None, 9, "waited"), 2, 101.0)
+    backend._ended("job-a", 4243, ExitStatus(None, 9, "waited"), 2, 101.0)
     assert [(e.pid, e.signal, e.oom, e.oom_kills) for e in seen] == [(4242, 9, False, 0), (4243, 9, True, 1)]
