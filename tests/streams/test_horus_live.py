@@ -23,7 +23,6 @@ from phasewise.kit.cgroups.fs import CgroupLayout
 from phasewise.kit.kafka.client import ensure_topics, make_consumer, make_producer
 from phasewise.kit.procs import ManagedProcess, RoleProcess
 from phasewise.kit.records import (
-    HostSamples,
     JobEvent,
     JobSpec,
     ModelSnapshot,

@@ -51,9 +51,8 @@ def test_bad_requests():
 def test_the_placement_agent_shares_a_gpu_between_fractional_jobs():
     """A job placed on a share of one GPU comes with the share decisions of every job booked on that GPU
     (its own first); a whole-GPU job with none."""
-    from tests.models.jobs.test_placement_state import GIB, _job, _pred, _sample, _state
-
     from phasewise.models.jobs.gpu_share import placement_shares
+    from tests.models.jobs.test_placement_state import GIB, _job, _pred, _sample, _state
 
     s = _state(place_prediction_wait_s=0.0)
     s.samples(_sample("h1", gpus=1))

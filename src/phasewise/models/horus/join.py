@@ -20,8 +20,8 @@ Narrative: docs/horus.md, "The worker".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-
 from typing import Any
 
 from phasewise.kit.records import Decision

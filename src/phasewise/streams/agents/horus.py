@@ -39,10 +39,10 @@ from phasewise.models.horus.graph_features import FeatureError
 from phasewise.models.horus.join import Observation
 from phasewise.models.horus.snapshot import SNAPSHOT_NAME, observations_of, snapshot_of
 from phasewise.models.horus.state import HorusState
-from phasewise.streams.job_inputs import Input
 from phasewise.streams.agents.scaffold import Context, JobAgent
 from phasewise.streams.config import horus_state_config
 from phasewise.streams.horus_jobs import BuildRules, spec_features_async, warm_up
+from phasewise.streams.job_inputs import Input
 from phasewise.streams.metrics import HorusMetrics
 
 __all__ = ["ENDS", "TABLE_NAME", "HorusMetrics", "HorusSnapshots", "agent", "register_horus"]
