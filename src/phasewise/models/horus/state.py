@@ -152,6 +152,12 @@ class HorusState:
         obs = self.join.finished(event.job, event.ts)
         return self.learn_all([obs] if obs is not None else [])
 
+    def ended(self, event: JobEvent) -> None:
+        """A job that never ran (``rejected``, ``lost``; signed, checked by the agent) is forgotten, nothing
+        learned from it (docs/jobs.md, "Who frees what"); one that ran and ended goes to :meth:`finished`."""
+        if event.job in self.join:
+            self.join.forget(event.job)
+
     def phase_change(self, pc: PhaseChange) -> None:
         """A container's phase change (the first after its job started ends the loading phase)."""
         self.join.phase_change(pc.host, pc.container, pc.ts)

@@ -270,7 +270,9 @@ async def on_jobs(ctx: Context, event: Any) -> None:
             ctx.metrics.predictions.inc()
         elif ev.kind == "started":
             state.started(ev)
-        else:  # a terminal state: learned now if it was not yet, and forgotten
+        elif ev.kind in ("rejected", "lost"):  # it never ran: nothing to learn
+            state.ended(ev)
+        else:  # finished, failed, terminated: learned now if it was not yet, and forgotten
             learned(ctx, state.finished(ev))
     except FeatureError as e:
         await ctx.dead_letter(event, f"JobEvent {ev.kind} {ev.job}: {e}", "job")
