@@ -174,6 +174,11 @@ class HorusMetrics(JobWorkerMetrics):
                                       "jobs learned from the model other horus workers shared", registry=registry)
         self.snapshots = Counter("phasewise_horus_snapshots_published", "shared model snapshots published",
                                  registry=registry)
+        self.job_states_ignored = Counter("phasewise_horus_job_states_ignored",
+                                          "job lifecycle states that changed nothing: repeated, after the job "
+                                          "ended, of a job it does not hold", ["why"], registry=registry)
+        for why in IGNORED_WHY:  # zeros: a first one is an increase
+            self.job_states_ignored.labels(why=why)
         self.jobs = Gauge("phasewise_horus_jobs", "jobs held by the join", registry=registry)
         self.model_jobs = Gauge("phasewise_horus_model_jobs", "jobs the model learned from", registry=registry)
 

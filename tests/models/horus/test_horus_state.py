@@ -116,3 +116,21 @@ def test_a_snapshot_that_is_no_horus_model_is_refused_with_the_reason():
     # an observation whose features do not make a feature vector is skipped, the others learned
     st = state()
     assert st.merge([{"job": "bad", "f": {"flops": 1}, "o": {"cpu_cores": 1.0}, "d": None}], 1) == 0
+
+
+def test_repeated_and_out_of_order_states_change_nothing_and_are_counted():
+    st = state()
+    run(st, "a", 0.3, 0.0, n=1)
+    end = JobEvent(job="a", ts=5.0, kind="failed", exit_code=1)
+    assert st.finished(end) == [] and "a" not in st.join  # one steady sample: not learned, forgotten
+    assert st.finished(end) == []  # the same record read again: not counted
+    st.finished(JobEvent(job="a", ts=6.0, kind="finished"))  # a second end
+    st.started(JobEvent(job="a", ts=7.0, kind="started", host="h", container="a"))  # started after its end
+    st.finished(JobEvent(job="never", ts=1.0, kind="finished"))
+    st.ended(JobEvent(job="never", ts=1.0, kind="lost"))
+    assert "a" not in st.join and len(st.join) == 0
+    assert st.lifecycle.take_counts() == {"repeated": 1, "after_end": 1, "unknown_job": 2}
+    # a job that never ran is forgotten and nothing is learned
+    st.predict(JobEvent(job="r", ts=1.0, kind="submitted", spec=SPEC), feats())
+    st.ended(JobEvent(job="r", ts=2.0, kind="rejected", reason="no command"))
+    assert "r" not in st.join and st.model.jobs == 0

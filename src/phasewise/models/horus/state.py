@@ -25,6 +25,7 @@ from phasewise.models.horus.catalog import model_key
 from phasewise.models.horus.graph_features import FeatureError, GraphFeatures
 from phasewise.models.horus.join import HorusJoin, JoinConfig, Observation
 from phasewise.models.horus.model import TARGETS, HorusConfig, HorusModel
+from phasewise.models.jobs.lifecycle import Lifecycle
 
 __all__ = ["DEVICE_KEYS", "HorusState", "HorusStateConfig", "device_of"]
 
@@ -80,6 +81,8 @@ class HorusState:
         self.seq = 0
         #: the observations the model holds, by job, in the order learned (what :meth:`shared` gives)
         self.kept: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        #: the jobs seen end, and the lifecycle states ignored (repeated, after the end, of an unknown job)
+        self.lifecycle = Lifecycle("horus")
         #: the newest shared snapshot version seen (this worker's next one is above it)
         self.snapshot_version = 0
 
@@ -141,21 +144,37 @@ class HorusState:
             coverage=self.model_config.coverage, first_sight=not self.model.seen(key), features=feats)
 
     def started(self, event: JobEvent) -> None:
-        """A ``started`` event (its signature checked by the agent): where the job runs."""
+        """A ``started`` event (its signature checked by the agent): where the job runs (ignored, and
+        counted, after the job's end)."""
         if event.host is None or event.container is None:
             raise FeatureError("a started event needs host and container")
+        if event.job in self.lifecycle.ended:
+            if (why := self.lifecycle.unheld(event.job, event.kind, event.ts)) is not None:
+                self.lifecycle.ignore(event.job, event.kind, why)
+            return
         self.join.started(event.job, event.host, event.container, event.ts)
 
+    def _end(self, event: JobEvent) -> bool:
+        """Whether *event* ends a job held here (else it is counted as ignored, unless read again)."""
+        if event.job not in self.join:
+            if (why := self.lifecycle.unheld(event.job, event.kind, event.ts)) is not None:
+                self.lifecycle.ignore(event.job, event.kind, why)
+            return False
+        self.lifecycle.end(event.job, event.kind, event.ts)
+        return True
+
     def finished(self, event: JobEvent) -> list[tuple[Observation, dict[str, float]]]:
-        """A terminal event (finished, failed, terminated, rejected, lost): the job observed (when it had
-        enough steady samples and was not learned yet) and forgotten; what it learned."""
+        """A job that ran and ended (``finished``, ``failed``, ``terminated``): observed (when it had enough
+        steady samples and was not learned yet) and forgotten; what it learned."""
+        if not self._end(event):
+            return []
         obs = self.join.finished(event.job, event.ts)
         return self.learn_all([obs] if obs is not None else [])
 
     def ended(self, event: JobEvent) -> None:
         """A job that never ran (``rejected``, ``lost``; signed, checked by the agent) is forgotten, nothing
         learned from it (docs/jobs.md, "Who frees what"); one that ran and ended goes to :meth:`finished`."""
-        if event.job in self.join:
+        if self._end(event):
             self.join.forget(event.job)
 
     def phase_change(self, pc: PhaseChange) -> None:

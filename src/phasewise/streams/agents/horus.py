@@ -281,6 +281,7 @@ async def on_jobs(ctx: Context, event: Any) -> None:
         log.exception("processing a job event failed")
         await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
         return
+    ctx.count_ignored(state.lifecycle.take_counts())
     ctx.metrics.jobs.set(len(state.join))
     ctx.outputs.poll()
 
