@@ -72,9 +72,7 @@ class HorusSnapshots:
         self.version = 0
         self.generation = 0  #: accepted snapshots so far
         self.bad: deque[tuple[Input, str, str]] = deque(maxlen=100)
-        self._stop = threading.Event()
         self._consumer: Any = None
-        self._thread: threading.Thread | None = None
 
     def _make_consumer(self) -> Any:
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -135,20 +133,14 @@ class HorusSnapshots:
     def start(self) -> None:
         if self._consumer is None:
             self._consumer = self._make_consumer()
-        self._thread = threading.Thread(target=self._run, name="phasewise-horus-snapshots", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name="phasewise-horus-snapshots", daemon=True).start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:  # a daemon thread: it ends with the worker
             try:
                 self._poll(0.5)
             except Exception:  # noqa: BLE001 - keep following; a broken record must not stop the updates
                 log.exception("horus snapshots: unexpected error")
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
 
     def take(self) -> tuple[int, int, list[dict[str, Any]], list[tuple[Input, str, str]]]:
         """``(generation, newest version, the union of shared observations, bad records since the last call)``."""
