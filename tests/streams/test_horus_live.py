@@ -1,14 +1,15 @@
 """Horus learning in the live flow, through the real roles on a private broker.
 
-Real jobs (processes burning a share of a CPU), submitted signed and placed by signed place decisions,
-are started by ``phasewise actuate`` (cgroup backend) in their own cgroups, which announces them
-(``started``) and reports how they end (``finished``, ``failed``, ``terminated``); ``phasewise produce``
-samples their cgroups. ``phasewise horus`` predicts each job at submission, joins its samples after
-the loading phase and learns it once: after ``horus_observe_s`` of running samples, or at its end when
-that comes first; each learned job's prediction is published again with what was observed and the
-log error, and the prediction error falls over the similar jobs. A second horus worker, started
-afterwards with its own group and no state, reads the shared snapshot and predicts the next job with
-what the first learned; a forged (unsigned) snapshot and an unsigned end are dead letters.
+Real jobs of two kinds (two models, each a process burning its own share of a CPU), submitted signed
+and placed by signed place decisions, are started by ``phasewise actuate`` (cgroup backend) in their
+own cgroups, which announces them (``started``) and reports how they end (``finished``, ``failed``,
+``terminated``); ``phasewise produce`` samples their cgroups. ``phasewise horus`` predicts each job at
+submission, joins its samples after the loading phase and learns it once: after ``horus_observe_s``
+of running samples, or at its end when that comes first; each learned job's prediction is published
+again with what was observed and the log error, and the prediction error falls over the similar
+jobs. A second horus worker, started afterwards with its own group and no state, reads the shared
+snapshot and predicts the next job with what the first learned; a forged (unsigned) snapshot and an
+unsigned end are dead letters.
 """
 
 from __future__ import annotations
@@ -94,10 +95,14 @@ def prediction(m) -> UtilisationPrediction | None:
         return None
 
 
-def submitted(job: str, command: tuple[str, ...]) -> JobEvent:
-    """A signed submission of *job* (one model for all: similar jobs)."""
+#: the two kinds of job: a model and the share of a CPU its process burns
+SMALL, LARGE = ("mlp-32x64x4", 0.15), ("mlp-256x512x10", 0.6)
+
+
+def submitted(job: str, model: str, command: tuple[str, ...]) -> JobEvent:
+    """A signed submission of *job*."""
     return sign_event(SUBMITTER, JobEvent(job=job, ts=time.time(), kind="submitted", spec=JobSpec(
-        model="mlp-32x64x4", dataset="vectors", batch_size=16, command=command)))
+        model=model, dataset="vectors", batch_size=16, command=command)))
 
 
 def job_event(m) -> JobEvent | None:
@@ -153,13 +158,14 @@ def test_horus_learns_each_job_once_in_the_live_flow_and_a_second_worker_predict
     def ended(job: str, kind: str):
         return lambda m: m.key() == job.encode() and (e := job_event(m)) is not None and e.kind == kind
 
-    def run_job(i: int, end: str, duty: float = 0.3) -> UtilisationPrediction:
+    def run_job(i: int, end: str, kind: tuple[str, float]) -> UtilisationPrediction:
         """Submit, predict, place; the actuator starts it and reports its end: ``finished`` (it runs
         8 s, learned at observe_s before it ends), ``failed`` (exit status 1 after 3.5 s: learned at its
         end) or ``terminated`` (a terminate decision after its fourth steady sample)."""
         job = f"j{i}-{tag}"
         run_s, code = {"finished": (8.0, 0), "failed": (3.5, 1), "terminated": (60.0, 0)}[end]
-        ev = submitted(job, (python, "-c", BURN, str(duty), str(run_s), str(code)))
+        model, duty = kind
+        ev = submitted(job, model, (python, "-c", BURN, str(duty), str(run_s), str(code)))
         send(JOB_EVENTS, job, encode(ev), sign=False)
         preds.until(lambda m: m.key() == job.encode(), f"{job}'s prediction", logs=roles)
         decide("place", job, {"cpuset": None, "device": [], **start_details(ev)})
@@ -181,27 +187,32 @@ def test_horus_learns_each_job_once_in_the_live_flow_and_a_second_worker_predict
         for r in roles[:2]:
             r.start()
         first.start()
-        ends = ["finished", "finished", "failed", "finished", "terminated"]
-        done = [run_job(i, e) for i, e in enumerate(ends)]
+        ends = ["finished", "finished", "failed", "finished", "terminated", "finished"]
+        kinds = [SMALL, LARGE] * 3
+        done = [run_job(i, e, k) for i, (e, k) in enumerate(zip(ends, kinds))]
         errors = [x.log_error["cpu_cores"] for x in done]
+        observed = [x.observed["cpu_cores"] for x in done]
         print("cpu_cores log error per job:", [round(e, 3) for e in errors],
-              "observed:", [round(x.observed["cpu_cores"], 3) for x in done])
-        assert [x.model_version for x in done] == [0, 1, 2, 3, 4]  # each predicted after the one before was learned
-        assert done[0].first_sight and not done[-1].first_sight
-        assert sum(errors[-2:]) / 2 < errors[0], errors  # the error falls over the similar jobs
-        # each learned once: 5 learned, one outcome each, signed
-        assert first.wait_metric("phasewise_horus_jobs_learned_total", 5) == 5
-        assert first.metric('phasewise_horus_prediction_log_error_count{target="cpu_cores"}') == 5
+              "observed:", [round(x, 3) for x in observed])
+        n = len(done)
+        assert [x.model_version for x in done] == list(range(n))  # each predicted after the one before was learned
+        assert [x.first_sight for x in done] == [True, True] + [False] * (n - 2)
+        small, large = observed[0::2], observed[1::2]
+        assert max(small) < min(large), observed  # the two levels
+        assert sum(errors[-2:]) < sum(errors[:2]), errors  # the error falls over the similar jobs
+        # each learned once: one outcome each, signed
+        assert first.wait_metric("phasewise_horus_jobs_learned_total", n) == n
+        assert first.metric('phasewise_horus_prediction_log_error_count{target="cpu_cores"}') == n
         assert first.metric('phasewise_horus_last_prediction_log_error{target="cpu_cores"}') == pytest.approx(
             errors[-1], abs=1e-9)
         outcomes = [m for m in preds.got if (x := prediction(m)) is not None and x.observed]
         assert sorted(prediction(m).job for m in outcomes) == sorted(x.job for x in done)
         assert all(ring.verify(PREDICTIONS.name, m.key(), m.value(), m.headers()) is None for m in outcomes)
 
-        # the shared model: signed snapshots on the models topic, the newest holding the five jobs in order
+        # the shared model: signed snapshots on the models topic, the newest holding the jobs in order
         snaps = Reader(s, MODELS)
         last = snaps.until(lambda m: m.key() == SNAPSHOT_NAME.encode()
-                           and decode(ModelSnapshot, m.value()).samples_seen == 5, "the snapshot of 5 jobs")
+                           and decode(ModelSnapshot, m.value()).samples_seen == n, f"the snapshot of {n} jobs")
         assert ring.verify(MODELS.name, last.key(), last.value(), last.headers()) is None
         assert [o["job"] for o in observations_of(decode(ModelSnapshot, last.value()))] == [x.job for x in done]
         snaps.c.close()
@@ -216,17 +227,17 @@ def test_horus_learns_each_job_once_in_the_live_flow_and_a_second_worker_predict
         second = Horus(s, tmp_path, f"pwtest-horus-b-{tag}", **horus_env)
         roles[2] = second.role
         second.start()
-        job = f"j5-{tag}"
-        ev = submitted(job, ("/bin/true",))
+        job = f"j{n}-{tag}"
+        ev = submitted(job, SMALL[0], ("/bin/true",))
         send(JOB_EVENTS, job, encode(ev), sign=False)
         send(JOB_EVENTS, job, encode(JobEvent(job=job, ts=time.time(), kind="finished", exit_code=0)), sign=False)
-        nxt = prediction(preds.until(lambda m: m.key() == job.encode() and prediction(m).model_version >= 5,
+        nxt = prediction(preds.until(lambda m: m.key() == job.encode() and prediction(m).model_version >= n,
                                      f"{job}'s prediction by the second worker", logs=roles))
-        assert nxt.model_version == 5 and not nxt.first_sight, nxt
-        mean_observed = sum(x.observed["cpu_cores"] for x in done) / 5
-        assert abs(nxt.cpu_cores.mean - mean_observed) < abs(done[0].cpu_cores.mean - mean_observed), (
-            nxt.cpu_cores, mean_observed)
-        assert second.metric("phasewise_horus_shared_jobs_learned_total") == 5
+        assert nxt.model_version == n and not nxt.first_sight, nxt
+        mean_small = sum(small) / len(small)
+        assert abs(nxt.cpu_cores.mean - mean_small) < abs(done[0].cpu_cores.mean - mean_small), (
+            nxt.cpu_cores, mean_small)
+        assert second.metric("phasewise_horus_shared_jobs_learned_total") == n
         assert second.metric("phasewise_horus_jobs_learned_total") == 0  # the replayed jobs are not learned again
         dls = Reader(s, DEAD_LETTERS)
         for why in ("Horus ModelSnapshot refused: unsigned", f"JobEvent finished {job} refused: unsigned"):
