@@ -21,10 +21,12 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from phasewise.actuators.backends import Backend, JobExit
+from phasewise.actuators.backends.gpu_share_enforcement import carry, start_environment
 from phasewise.actuators.backends.job_watch import signal_name
 from phasewise.actuators.commands import Outcome, SetLimits, StartJob
 from phasewise.actuators.ledger import Ledger, StartedJob
@@ -73,7 +75,9 @@ NOT_STARTING = "this actuator does not start jobs (actuator_start_jobs is off)"
 #: why a job that ended while no actuator watched it failed, when nothing recorded says more
 AWAY = "ended while the actuator was away (exit status unknown)"
 #: the actions that touch a job's container: taken only on a container the actuator owns for that job
-OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight")
+OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight", "share")
+#: share decisions held for jobs not started yet (the oldest go beyond this)
+MAX_HELD_SHARES = 10_000
 _JOB_ID = re.compile(JOB_ID_PATTERN)
 
 
@@ -140,6 +144,8 @@ class Actuator:
         #: the decision behind each resize the backend watches (update-mode in-place-or-recreate), whose
         #: later outcome (:meth:`follow_up`) is published as a further actuation of that decision
         self._resizes: dict[str, Decision] = {}
+        #: the share decisions of jobs not started yet, by container: their place decision starts them under it
+        self.shares: OrderedDict[str, Decision] = OrderedDict()
         if hasattr(backend, "on_fallback"):
             backend.on_fallback = lambda outcome: self.metrics.resize_fallbacks.labels(outcome=outcome).inc()
         #: one decision or one job's end at a time: the backend reports ends from its watcher's thread
@@ -285,6 +291,8 @@ class Actuator:
             if why is not None:
                 self.metrics.refused.labels(reason="not_owner").inc()
                 return Outcome("rejected", why)
+        if d.action == "share":
+            return self._share(d, exists)
         usage = peak = None
         if exists and d.action == "limit" and d.mem_limit_bytes is not None:
             usage = self.backend.memory_usage(d.container)
@@ -304,6 +312,10 @@ class Actuator:
             return Outcome("rejected", p.reason)
         if isinstance(p.command, StartJob) and not p.command.job:
             p = Planned(dataclasses.replace(p.command, job=job_of(d)), p.notes)
+        shared = None
+        if isinstance(p.command, StartJob) and (share := self.shares.pop(d.container, None)) is not None:
+            env, _enforced, shared = start_environment(share, visible=p.command.gpus)
+            p = Planned(dataclasses.replace(p.command, env=tuple(sorted(env.items()))), p.notes)
         if d.action == "terminate":  # an end seen from now on was asked for
             self._terminating[d.container] = (d.id, time.time())  # the watcher's clock
         out = self._apply_with_retries(p)
@@ -331,8 +343,38 @@ class Actuator:
             self._started(d, p.command, out)
         elif d.action in ("freeze", "thaw"):
             self._froze(d, "frozen" if d.action == "freeze" else "thawed")
-        msg = "; ".join(m for m in (p.message, out.message) if m)
+        msg = "; ".join(m for m in (p.message, out.message, shared) if m)
         return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes, pid=out.pid)
+
+    def _share(self, d: Decision, exists: bool) -> Outcome:
+        """A ``share`` decision: held for the job's start when its container does not exist yet (its place
+        decision starts it under the share: the CUDA MPS environment), else advisory (MPS reads the limits
+        when a client starts; HAMi when a pod is created)."""
+        if not is_managed_name(d.container):
+            return Outcome("rejected", f"container id {d.container!r} is not a managed container name")
+        where = "hami" if self.backend.name == "kubernetes" else "mps"
+        try:
+            c = carry(d, where, running=exists)
+        except ValueError as e:
+            return Outcome("rejected", str(e))
+        if exists:
+            annotate = getattr(self.backend, "annotate", None)
+            if where == "hami" and annotate is not None:
+                out = annotate(d.container, c.annotations)
+                if out.status != "applied":
+                    return out
+            carried = ", ".join(f"{k}={v}" for k, v in (c.resources or c.env).items())
+            return Outcome("rejected", f"{c.message} (the job runs already; {carried})")
+        if where == "hami":
+            return Outcome("rejected", f"no pod on this node holds container {d.container!r}: on Kubernetes the "
+                                       "share is carried by the job's pod (HAMi resources)")
+        self.shares.pop(d.container, None)
+        self.shares[d.container] = d
+        while len(self.shares) > MAX_HELD_SHARES:
+            self.shares.popitem(last=False)
+        return Outcome("applied", f"held for the start of job {job_of(d)}: its place decision starts it under "
+                                  f"{d.details['sm_percent']} % of GPU {d.details.get('device', 0)}'s threads and "
+                                  f"{d.details['mem_limit_bytes'] // 2**20} MiB (CUDA MPS)")
 
     def _started(self, d: Decision, cmd: Any, out: Outcome) -> None:
         """Enter a job this actuator started in its registry and announce it (a ``started`` job event).

@@ -83,7 +83,8 @@ class StartJob:
     actuator's own value of the variable, if it has one). ``job``: the job's id
     (its ``PHASEWISE_JOB``; empty: the container's name). ``cpu_cores`` /
     ``mem_bytes``: the limits its cgroup gets before the process starts (the
-    job's requests; ``None``: none set).
+    job's requests; ``None``: none set). ``env``: variables added to its environment (a GPU share's
+    CUDA MPS limits and directories).
     """
 
     container: str
@@ -94,6 +95,7 @@ class StartJob:
     job: str = ""
     cpu_cores: float | None = None
     mem_bytes: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

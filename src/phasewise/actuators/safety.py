@@ -50,7 +50,7 @@ __all__ = [
     "workload_mem_rule",
 ]
 
-SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "terminate", "place", "weight")
+SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "terminate", "place", "weight", "share")
 
 
 @dataclass(frozen=True, slots=True)

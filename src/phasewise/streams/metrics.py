@@ -167,6 +167,18 @@ class HorusMetrics(JobWorkerMetrics):
         self.error = Summary("phasewise_horus_prediction_log_error",
                              "|log1p(predicted) - log1p(observed)| of learned jobs' predictions at submission",
                              ["target"], registry=registry)
+        self.last_error = Gauge("phasewise_horus_last_prediction_log_error",
+                                "|log1p(predicted) - log1p(observed)| of the last job learned", ["target"],
+                                registry=registry)
+        self.shared_learned = Counter("phasewise_horus_shared_jobs_learned",
+                                      "jobs learned from the model other horus workers shared", registry=registry)
+        self.snapshots = Counter("phasewise_horus_snapshots_published", "shared model snapshots published",
+                                 registry=registry)
+        self.job_states_ignored = Counter("phasewise_horus_job_states_ignored",
+                                          "job lifecycle states that changed nothing: repeated, after the job "
+                                          "ended, of a job it does not hold", ["why"], registry=registry)
+        for why in IGNORED_WHY:  # zeros: a first one is an increase
+            self.job_states_ignored.labels(why=why)
         self.jobs = Gauge("phasewise_horus_jobs", "jobs held by the join", registry=registry)
         self.model_jobs = Gauge("phasewise_horus_model_jobs", "jobs the model learned from", registry=registry)
 

@@ -376,3 +376,18 @@ def test_at_most_place_max_waiting_jobs_wait_and_the_one_of_lowest_rank_is_refus
     s.finished("running")
     [(d, _)] = s.decide(now=0.0, ts=5.0)
     assert d.container == "urgent"
+
+
+def test_horus_outcome_of_an_ended_job_is_not_held():
+    """A learned job's prediction published again with what was observed (docs/horus.md): taken while the
+    job is held, left alone once it ended."""
+    import dataclasses
+
+    s = _state(place_prediction_wait_s=5.0)
+    s.samples(_sample("h1"))
+    s.submitted(_job("a"), now=0.0)
+    learned = dataclasses.replace(_pred("a", 40.0), observed={"gpu_util": 35.0}, log_error={"gpu_util": 0.13})
+    s.prediction(learned)
+    assert s.predictions["a"] == learned
+    s.prediction(dataclasses.replace(learned, job="gone"))
+    assert "gone" not in s.predictions

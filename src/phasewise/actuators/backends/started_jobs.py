@@ -75,7 +75,7 @@ class JobRuntime:
         of ``job_env``, then per job ``HOME`` (its working directory), ``TMPDIR`` (``$HOME/tmp``),
         ``PHASEWISE_JOB`` (its id) and ``CUDA_VISIBLE_DEVICES``: the decided GPUs, or where the
         decision names none (``gpus`` None) the actuator's own value, if it has one (the job sees
-        what the actuator sees, as before).
+        what the actuator sees, as before); last the command's own ``env`` (a GPU share's MPS limits).
         """
         home = str(self.workdir(cmd.container))
         env = {"PATH": JOB_PATH, "LANG": "C.UTF-8", **dict(self.env)}
@@ -84,6 +84,7 @@ class JobRuntime:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cmd.gpus)
         elif "CUDA_VISIBLE_DEVICES" in os.environ:
             env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        env.update(cmd.env)
         return env
 
 

@@ -28,6 +28,7 @@ from phasewise.kit.records import (
 )
 from phasewise.kit.topics import JOB_EVENTS, PREDICTIONS, SAMPLES
 from phasewise.models.jobs.events import Refused
+from phasewise.models.jobs.gpu_share import placement_shares
 from phasewise.models.jobs.placement.state import NotTrusted, PlacementState
 from phasewise.streams.agents.scaffold import Context, JobAgent
 from phasewise.streams.config import placement_state_config, submissions
@@ -62,7 +63,12 @@ def decide(ctx: Context) -> None:
     made = state.decide(time.monotonic(), time.time())
     for d, _p in made:
         job = d.details.get("job", d.container)
+        shares = placement_shares(state, d, d.ts)  # a share of one GPU: its share goes first, the others' after
+        for s in shares[:1]:
+            ctx.send_decision(s)
         ctx.send_decision(d, on_refused=refused_for(ctx, job))
+        for s in shares[1:]:
+            ctx.send_decision(s)
         if job not in state.placed:
             continue  # refused at once (too large for the producer): no weight follows
         metrics.decisions.inc()

@@ -142,6 +142,16 @@ class KubernetesBackend:
             return Outcome.failed(f"{type(command).__name__} on {command.container!r}: {e}", temporary=e.temporary)
         return Outcome.failed(f"unknown command {command!r}")
 
+    def annotate(self, container: str, annotations: dict[str, str]) -> Outcome:
+        """Set *annotations* on the pod holding *container* (a GPU share, for HAMi at the pod's next creation)."""
+        try:
+            pc = self._where(container)
+            path = f"/api/v1/namespaces/{_q(pc.namespace)}/pods/{_q(pc.pod)}"
+            self.api.request("PATCH", path, {"metadata": {"annotations": annotations}}, _STRATEGIC)
+        except ApiError as e:
+            return Outcome.failed(f"annotating the pod of {container!r}: {e}", temporary=e.temporary)
+        return Outcome.applied(f"pod {pc.namespace}/{pc.pod} annotated")
+
     # ------------------------------------------------------------------ commands
 
     def _where(self, container: str) -> PodContainer:

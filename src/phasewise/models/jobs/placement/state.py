@@ -246,6 +246,8 @@ class PlacementState:
         self.put(ev.job, self._record(ev.job))
 
     def prediction(self, p: UtilisationPrediction) -> None:
+        if p.observed and p.job not in self.events:
+            return  # horus's outcome of a learned job not held here (it ended): nothing to place
         self.predictions.pop(p.job, None)
         self.predictions[p.job] = p
         while len(self.predictions) > MAX_PREDICTIONS:  # predictions of jobs never submitted here: oldest go
