@@ -41,7 +41,9 @@ class Horus:
         self.metrics_port = free_port()
         env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_LOG_LEVEL": "info",
                "PHASEWISE_HORUS_WARMUP_S": "1000", "PHASEWISE_HORUS_OBSERVE_S": "2",
-               "PHASEWISE_HORUS_MIN_SAMPLES": "3", **extra_env}
+               "PHASEWISE_HORUS_MIN_SAMPLES": "3",
+               # the session broker's models topic holds what other tests' horus workers shared
+               "PHASEWISE_HORUS_SHARE_MODEL": "false", **extra_env}
         args = ["--horus-id", horus_id, "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
         self.role = RoleProcess("horus", args, env=env, log_path=tmp / f"horus-{uuid.uuid4().hex[:4]}.log")
 

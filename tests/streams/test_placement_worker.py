@@ -106,9 +106,15 @@ def test_place_decisions_between_hostile_records(broker, tmp_path):
         def for_ours(m) -> bool:
             return m.key() == host.encode() and decode(Decision, m.value()).container in (a, b)
 
-        got = read_all(s, DECISIONS.name, DECISIONS.partitions, for_ours, 2)
-        ds = {d.container: d for d in (decode(Decision, m.value()) for m in got)}
+        # each job takes half a GPU: its share decision comes before its place decision
+        got = [decode(Decision, m.value()) for m in read_all(s, DECISIONS.name, DECISIONS.partitions, for_ours, 4)]
+        shares = [d for d in got if d.action == "share"]
+        ds = {d.container: d for d in got if d.action == "place"}
         assert set(ds) == {a, b}, role.log_tail(80)
+        assert {d.container for d in shares} == {a, b} and all(d.details["sm_percent"] >= 50 for d in shares)
+        for d in shares:
+            assert got.index(d) < got.index(ds[d.container]) and d.details["device"] == ds[d.container].details[
+                "device"][0] and d.details["mem_limit_bytes"] == 4 * GIB
         assert all(d.action == "place" and d.host == host and len(d.details["device"]) == 1 for d in ds.values())
         assert "model v3" in ds[a].reason and "no prediction" in ds[b].reason
 

@@ -3,8 +3,11 @@
 :class:`Actuator` decodes a decision (a bad one becomes a dead letter),
 claims its id in the ledger, checks the workload's mode, who owns the
 container and the job's signature, plans the command under the safety rules,
-applies it through the backend with retries and publishes the outcome. It is
-Kafka-free apart from ``producer.produce``; the loop around it is
+applies it through the backend with retries and publishes the outcome. It
+also publishes the job states it is the source of: started, rejected, frozen,
+thawed, and, from the backend's watch, finished, failed and terminated
+(docs/jobs.md, "Actuator"). It is Kafka-free apart from
+``producer.produce``; the loop around it is
 :mod:`phasewise.actuators.consumer`. The steps in order: docs/operations.md,
 "The actuator".
 """
@@ -16,15 +19,19 @@ import logging
 import math
 import os
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from phasewise.actuators.backends import Backend, CgroupBackend
+from phasewise.actuators.backends import Backend, CgroupBackend, JobExit
+from phasewise.actuators.backends.gpu_share_enforcement import carry, start_environment
+from phasewise.actuators.backends.job_watch import signal_name
 from phasewise.actuators.backends.replicas import LocalReplicas
 from phasewise.actuators.commands import Outcome, ScaleReplicas, SetLimits, StartJob
-from phasewise.actuators.ledger import Ledger
+from phasewise.actuators.ledger import Ledger, StartedJob
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
     SUPPORTED_ACTIONS,
@@ -47,12 +54,13 @@ from phasewise.kit.records import (
     decode,
     encode,
 )
+from phasewise.kit.records.jobs import MAX_REASON
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring
 from phasewise.kit.topics import ACTUATIONS, DECISIONS, JOB_EVENTS
 from phasewise.models.safety.workload import resolve
 
-__all__ = ["NOT_STARTING", "OWNED_ACTIONS", "Actuator", "job_of", "touches_a_job"]
+__all__ = ["AWAY", "NOT_STARTING", "OWNED_ACTIONS", "Actuator", "job_of", "touches_a_job"]
 
 log = logging.getLogger("phasewise.actuator")
 
@@ -68,9 +76,18 @@ class _Produces(Protocol):
 NOT_STARTING = "this actuator does not start jobs (actuator_start_jobs is off)"
 #: a scale decision's refusal where no replica can be started (``actuator_start_jobs`` off, a dry run)
 NOT_SCALING = "this actuator starts no replicas (actuator_start_jobs is off or its backend starts no process)"
+#: why a job that ended while no actuator watched it failed, when nothing recorded says more
+AWAY = "ended while the actuator was away (exit status unknown)"
 #: the actions that touch a job's container: taken only on a container the actuator owns for that job
-OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight")
+OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight", "share")
+#: share decisions held for jobs not started yet (the oldest go beyond this)
+MAX_HELD_SHARES = 10_000
 _JOB_ID = re.compile(JOB_ID_PATTERN)
+
+
+def _clip(text: str, limit: int = MAX_REASON) -> str:
+    """*text* cut to *limit* characters (a job event's ``reason`` bound)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def job_of(d: Decision) -> str:
@@ -141,8 +158,17 @@ class Actuator:
                                                                       backend=self.backend.name, pid=pid,
                                                                       now=self.clock()),
                 on_stop=lambda c: self.ledger.record_end(c, now=self.clock()))
+        #: the share decisions of jobs not started yet, by container: their place decision starts them under it
+        self.shares: OrderedDict[str, Decision] = OrderedDict()
         if hasattr(backend, "on_fallback"):
             backend.on_fallback = lambda outcome: self.metrics.resize_fallbacks.labels(outcome=outcome).inc()
+        #: one decision or one job's end at a time: the backend reports ends from its watcher's thread
+        self.lock = threading.RLock()
+        #: containers a terminate decision is stopping: ``(decision id, when it began)``; an end seen after
+        #: that is ``terminated``, not ``failed``
+        self._terminating: dict[str, tuple[str, float]] = {}
+        if hasattr(backend, "on_exit"):
+            backend.on_exit = self.job_ended
 
     # ------------------------------------------------------------------ one message
 
@@ -154,6 +180,12 @@ class Actuator:
         *headers*: the message's Kafka headers (its signature, checked when a keyring is set).
         *produced_at*: the record's Kafka timestamp (s), for the decision-to-actuation latency.
         """
+        with self.lock:
+            return self._handle(decision_bytes, key, partition, offset, topic=topic, headers=headers,
+                                produced_at=produced_at)
+
+    def _handle(self, decision_bytes: bytes | None, key: bytes | None, partition: int | None,
+                offset: int | None, *, topic: str, headers: Any, produced_at: float | None) -> Actuation | None:
         from phasewise.kit.kafka.client import (
             publish_dead_letter,  # confluent_kafka only where a message is bad
         )
@@ -191,6 +223,7 @@ class Actuator:
         stale = self._stale(d)
         if stale is not None:  # not claimed: the ledger holds only ids this actuator acted on
             self.metrics.refused.labels(reason=stale[0]).inc()
+            self._rejected(d, stale[1])
             return self._publish(d, Outcome("rejected", stale[1]))
 
         if not self.ledger.claim(d.id, container=d.container, now=self.clock()):
@@ -206,6 +239,8 @@ class Actuator:
             log.exception("error handling decision %s", d.id)
             outcome = Outcome.failed(f"actuator error: {type(e).__name__}: {e}")
         self.ledger.finish(d.id, outcome.status, outcome.message)
+        if d.action == "place" and outcome.status not in ("applied", "clamped"):
+            self._rejected(d, outcome.message)
         if produced_at is not None:
             self.metrics.decision_latency.observe(max(0.0, self.clock() - produced_at))
         return self._publish(d, outcome)
@@ -275,6 +310,8 @@ class Actuator:
             if why is not None:
                 self.metrics.refused.labels(reason="not_owner").inc()
                 return Outcome("rejected", why)
+        if d.action == "share":
+            return self._share(d, exists)
         usage = peak = None
         if exists and d.action == "limit" and d.mem_limit_bytes is not None:
             usage = self.backend.memory_usage(d.container)
@@ -295,7 +332,15 @@ class Actuator:
             return Outcome("rejected", p.reason)
         if isinstance(p.command, StartJob) and not p.command.job:
             p = Planned(dataclasses.replace(p.command, job=job_of(d)), p.notes)
+        shared = None
+        if isinstance(p.command, StartJob) and (share := self.shares.pop(d.container, None)) is not None:
+            env, _enforced, shared = start_environment(share, visible=p.command.gpus)
+            p = Planned(dataclasses.replace(p.command, env=tuple(sorted(env.items()))), p.notes)
+        if d.action == "terminate":  # an end seen from now on was asked for
+            self._terminating[d.container] = (d.id, time.time())  # the watcher's clock
         out = self._apply_with_retries(p)
+        if d.action == "terminate" and out.status != "applied":
+            self._terminating.pop(d.container, None)
         watched = getattr(self.backend, "watched", None)
         if watched is not None and isinstance(p.command, SetLimits):
             if d.container in watched:
@@ -307,8 +352,13 @@ class Actuator:
         if d.action == "terminate":
             self.ledger.record_termination(d.container, d.id, self.clock())
             ended = self._service_ended(d.container)  # a service's other replicas and endpoint go with it
-            self.record_exits()  # its process's exit status, where this actuator started it
-            self.ledger.record_end(d.container, now=self.clock())  # ended either way (the container is empty)
+            row = self.ledger.started_job(d.container)
+            if row is None or row.pid is None or not hasattr(self.backend, "on_exit"):
+                # no process of its own is watched (a dry run, a container it did not start): ended here
+                if row is not None:
+                    self.ledger.record_end(d.container, now=self.clock())
+                self._terminating.pop(d.container, None)
+            # else its watcher reports the process's end (terminated), once this decision is done
             if ended:
                 out = dataclasses.replace(out, message=f"{out.message}; {ended}")
         elif d.action == "place":  # a new job in the container: it may be terminated again
@@ -317,8 +367,40 @@ class Actuator:
             served = self._serve(d)
             if served:
                 out = dataclasses.replace(out, message=f"{out.message}; {served}")
-        msg = "; ".join(m for m in (p.message, out.message) if m)
+        elif d.action in ("freeze", "thaw"):
+            self._froze(d, "frozen" if d.action == "freeze" else "thawed")
+        msg = "; ".join(m for m in (p.message, out.message, shared) if m)
         return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes, pid=out.pid)
+
+    def _share(self, d: Decision, exists: bool) -> Outcome:
+        """A ``share`` decision: held for the job's start when its container does not exist yet (its place
+        decision starts it under the share: the CUDA MPS environment), else advisory (MPS reads the limits
+        when a client starts; HAMi when a pod is created)."""
+        if not is_managed_name(d.container):
+            return Outcome("rejected", f"container id {d.container!r} is not a managed container name")
+        where = "hami" if self.backend.name == "kubernetes" else "mps"
+        try:
+            c = carry(d, where, running=exists)
+        except ValueError as e:
+            return Outcome("rejected", str(e))
+        if exists:
+            annotate = getattr(self.backend, "annotate", None)
+            if where == "hami" and annotate is not None:
+                out = annotate(d.container, c.annotations)
+                if out.status != "applied":
+                    return out
+            carried = ", ".join(f"{k}={v}" for k, v in (c.resources or c.env).items())
+            return Outcome("rejected", f"{c.message} (the job runs already; {carried})")
+        if where == "hami":
+            return Outcome("rejected", f"no pod on this node holds container {d.container!r}: on Kubernetes the "
+                                       "share is carried by the job's pod (HAMi resources)")
+        self.shares.pop(d.container, None)
+        self.shares[d.container] = d
+        while len(self.shares) > MAX_HELD_SHARES:
+            self.shares.popitem(last=False)
+        return Outcome("applied", f"held for the start of job {job_of(d)}: its place decision starts it under "
+                                  f"{d.details['sm_percent']} % of GPU {d.details.get('device', 0)}'s threads and "
+                                  f"{d.details['mem_limit_bytes'] // 2**20} MiB (CUDA MPS)")
 
     def _started(self, d: Decision, cmd: Any, out: Outcome) -> None:
         """Enter a job this actuator started in its registry and announce it (a ``started`` job event).
@@ -328,33 +410,36 @@ class Actuator:
         """
         job = cmd.job if isinstance(cmd, StartJob) and cmd.job else job_of(d)
         digest = d.details.get("spec_digest") if isinstance(d.details, dict) else None
+        ident = getattr(self.backend, "identity", None)
+        who = ident(d.container) if ident is not None and out.pid is not None else None
+        proc_start, oom_base = (who[1], who[2]) if who is not None and who[0] == out.pid else (None, None)
         self.ledger.record_start(d.container, job=job, decision=d.id, backend=self.backend.name, pid=out.pid,
-                                 spec_digest=digest if isinstance(digest, str) else "", now=self.clock())
+                                 spec_digest=digest if isinstance(digest, str) else "", now=self.clock(),
+                                 proc_start=proc_start, oom_base=oom_base)
         if out.pid is None or not _JOB_ID.match(job):
             return
         details = d.details if isinstance(d.details, dict) else {}
         workload, priority = details.get("workload"), details.get("priority")
+        cgroup = getattr(self.backend, "cgroup_of", None)
+        cpus = cmd.cpus if isinstance(cmd, StartJob) and cmd.cpus else None
+        gpus = cmd.gpus if isinstance(cmd, StartJob) and cmd.gpus else ()
         ev = JobEvent(job=job, ts=self.clock(), kind="started", host=self.settings.host, container=d.container,
-                      pid=out.pid,
+                      pid=out.pid, cgroup=cgroup(d.container) if cgroup is not None else None, cpuset=cpus,
+                      devices=tuple(str(g) for g in gpus),
                       workload=workload if workload in ("training", "inference", "interactive") else "training",
                       priority=priority if isinstance(priority, int) and not isinstance(priority, bool)
                       and abs(priority) <= 10**9 else 0)
-        key, value = job.encode(), encode(ev)
+        self._job_event(ev)
+
+    def _job_event(self, ev: JobEvent) -> None:
+        """Publish one of the job's states on the job-events topic, signed with the cluster key."""
+        key, value = ev.job.encode(), encode(ev)
         headers = None if self.keyring is None else self.keyring.headers(JOB_EVENTS.name, key, value)
         self.producer.produce(JOB_EVENTS.name, key=key, value=value, headers=headers)
         self.producer.poll(0)
-
-    def record_exits(self) -> int:
-        """Enter in the registry the jobs the backend saw exit (their end and exit status); how many. A
-        service's first replica that exited takes its other replicas and its endpoint with it."""
-        exited = getattr(self.backend, "exited", None)
-        if exited is None:
-            return 0
-        n = 0
-        for e in exited():
-            n += self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=self.clock())
-            self._service_ended(e.container)
-        return n
+        self.metrics.job_states.labels(kind=ev.kind).inc()
+        log.log(logging.WARNING if ev.kind in ("rejected", "failed") else logging.INFO, "job %s %s%s", ev.job,
+                ev.kind, f": {ev.reason}" if ev.reason else "")
 
     def _serve(self, d: Decision) -> str | None:
         """After a place decision started an inference service's first replica: open its endpoint."""
@@ -387,6 +472,187 @@ class Actuator:
         ended = self.replicas.ended(container, min(a.terminate_grace_s, a.terminate_grace_max_s))
         log.info("service %s ended: %s", container, ended)
         return ended
+
+    def _rejected(self, d: Decision, reason: str) -> None:
+        """A place decision this actuator refused or could not carry out: the job's ``rejected`` state."""
+        if d.action != "place":
+            return
+        job = job_of(d)
+        if not _JOB_ID.match(job):
+            return
+        self._job_event(JobEvent(job=job, ts=self.clock(), kind="rejected", host=self.settings.host,
+                                 container=d.container, reason=_clip(reason or "refused")))
+
+    def _froze(self, d: Decision, kind: str) -> None:
+        """A freeze or thaw decision was applied to a job's container: its ``frozen`` / ``thawed`` state."""
+        job = job_of(d)
+        if _JOB_ID.match(job):
+            self._job_event(JobEvent(job=job, ts=self.clock(), kind=kind, host=self.settings.host,
+                                     container=d.container, reason=_clip(d.reason) if d.reason else None))
+
+    # ------------------------------------------------------------------ the jobs' ends
+
+    def job_ended(self, e: JobExit) -> JobEvent | None:
+        """The backend saw a job process it started (or found again) end: record it and publish its
+        terminal state (``finished``, ``failed`` or ``terminated``) once; the event, or ``None`` when
+        the registry has no running job of that container and pid (already reported, or replaced). A
+        service replica's end (k > 1) is entered in the registry alone (the service's state is its first
+        replica's); a service's first replica's end takes the other replicas and the endpoint with it."""
+        if self.replicas is not None and self.replicas.is_replica(e.container):
+            with self.lock:
+                self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=e.ended)
+            self.replicas.names.discard(e.container)
+            return None
+        ev = self._job_ended(e)
+        if ev is not None:
+            self._service_ended(e.container)
+        return ev
+
+    def _job_ended(self, e: JobExit) -> JobEvent | None:
+        with self.lock:
+            row = self.ledger.started_job(e.container)
+            if row is None or row.pid != e.pid or row.ended is not None or row.backend != self.backend.name:
+                log.info("end of pid %d in %s: not a running job of this actuator's registry (already "
+                         "reported?)", e.pid, e.container)
+                self.metrics.job_ends_ignored.inc()
+                return None
+            ev = self._end_event(row, e)
+            self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=e.ended,
+                                   end_event=encode(ev))
+            self._terminating.pop(e.container, None)
+            self._job_event(ev)
+            self.ledger.record_published(e.container, pid=e.pid, now=self.clock())
+            return ev
+
+    def pod_seen(self, s: Any) -> JobEvent | None:
+        """A job pod's state from the Kubernetes backend's pod watch
+        (:class:`~phasewise.actuators.backends.kubernetes.pod_watch.PodJobState`): entered in the registry
+        (the pod's uid names it) and published once; the event, or ``None`` when already published."""
+        with self.lock:
+            row = self.ledger.started_job(s.container)
+            tag = f"pod {s.uid}"
+            same = row is not None and row.decision == tag and row.backend == self.backend.name
+            if s.kind == "started":
+                if same:
+                    return None
+                self.ledger.record_start(s.container, job=s.job, decision=tag, backend=self.backend.name, pid=None,
+                                         now=s.started if s.started is not None else self.clock())
+                ev = JobEvent(job=s.job, ts=self.clock(), kind="started", host=self.settings.host,
+                              container=s.container)
+                self._job_event(ev)
+                return ev
+            if not same:  # seen only once it had ended (between two looks, or before this actuator ran)
+                first = s.started if s.started is not None else s.ended
+                self.ledger.record_start(s.container, job=s.job, decision=tag, backend=self.backend.name, pid=None,
+                                         now=first if first is not None else self.clock())
+                row = self.ledger.started_job(s.container)
+            elif row.ended is not None:
+                self.metrics.job_ends_ignored.inc()
+                return None
+            assert row is not None
+            kind, reason = ("failed" if s.kind == "gone" else s.kind), s.reason
+            if s.uid in getattr(self.backend, "deleted", {}):
+                kind = "terminated"
+                reason = "its pod was deleted for a terminate decision" + (f" ({s.reason})" if s.reason else "")
+            ended = s.ended if s.ended is not None else self.clock()
+            run_s = s.run_s if s.run_s is not None else max(0.0, ended - row.started)
+            ev = JobEvent(job=s.job, ts=self.clock(), kind=kind, host=self.settings.host, container=s.container,
+                          exit_code=s.exit_code, signal=s.signal, oom=s.oom, run_s=run_s,
+                          reason=_clip(reason) if reason and kind != "finished" else None)
+            self.ledger.record_end(s.container, now=ended, end_event=encode(ev))
+            self._job_event(ev)
+            self.ledger.record_published(s.container, pid=None, now=self.clock())
+            return ev
+
+    def pods_listed(self, present: set[str]) -> int:
+        """The pod watch listed the node's job pods (*present*: ``namespace/name``): the registry's running
+        pods missing from it ended while nothing watched them (``failed``, :data:`AWAY`); how many."""
+        n = 0
+        with self.lock:
+            for row in self.ledger.running_jobs(self.backend.name):
+                if row.pid is not None or not row.decision.startswith("pod ") or row.container in present:
+                    continue
+                uid = row.decision[4:]
+                asked = uid in getattr(self.backend, "deleted", {})
+                now = self.clock()
+                ev = JobEvent(job=row.job, ts=now, kind="terminated" if asked else "failed", host=self.settings.host,
+                              container=row.container, run_s=max(0.0, now - row.started),
+                              reason=("its pod was deleted for a terminate decision (exit status unknown)" if asked
+                                      else f"{AWAY}: its pod is gone"))
+                self.ledger.record_end(row.container, now=now, end_event=encode(ev))
+                self._job_event(ev)
+                self.ledger.record_published(row.container, pid=None, now=now)
+                n += 1
+        return n
+
+    def _end_event(self, row: StartedJob, e: JobExit) -> JobEvent:
+        signame = signal_name(e.signal) if e.signal is not None else None
+        code = e.exit_code if e.exit_code is not None and 0 <= e.exit_code <= 255 else None
+        how = (f"killed by {signame}" if signame else f"exited with status {e.exit_code}" if e.known
+               else "exit status unknown")
+        run_s = max(0.0, e.ended - row.started)
+        asked = self._terminating.get(e.container)
+        by = asked[0] if asked is not None and e.ended >= asked[1] else None
+        if by is None and (t := self.ledger.terminated(e.container)) is not None and t[1] >= row.started:
+            by = t[0]
+        common = dict(job=row.job, ts=e.ended, host=self.settings.host, container=row.container, pid=row.pid,
+                      exit_code=code, signal=signame, oom=e.oom, run_s=run_s)
+        if by is not None:
+            return JobEvent(kind="terminated", reason=_clip(f"terminated by decision {by} ({how})"), **common)
+        if e.known and e.exit_code == 0 and not e.oom:
+            return JobEvent(kind="finished", **common)
+        why = []
+        if e.oom:
+            n = e.oom_kills or 1
+            why.append(f"OOM-killed: the kernel's OOM killer killed {n} process{'es' if n > 1 else ''} in its "
+                       "memory limit")
+        why.append(how if e.known else AWAY)
+        return JobEvent(kind="failed", reason=_clip("; ".join(why)), **common)
+
+    def watched_gauge(self) -> None:
+        """Set ``phasewise_actuator_jobs_watched`` from the backend (called by the loop between polls)."""
+        watching = getattr(self.backend, "watching", None)
+        if watching is not None:
+            self.metrics.jobs_watched.set(len(watching()))
+
+    def recover(self) -> dict[str, int]:
+        """After a restart: watch again the jobs of the registry still running, report those that ended
+        while no actuator watched them, and publish the ends decided but not published. Counts by what
+        came of each (``watched``, ``ended``, ``republished``)."""
+        counts = {"watched": 0, "ended": 0, "republished": 0}
+        with self.lock:
+            for row in self.ledger.unpublished_ends():
+                try:
+                    ev = decode(JobEvent, row.end_event)
+                except SchemaError as err:
+                    log.error("registry row of %s holds an undecodable end event (%s): not published", row.container,
+                              err)
+                    self.ledger.record_published(row.container, pid=row.pid, now=self.clock())
+                    continue
+                self._job_event(ev)
+                self.ledger.record_published(row.container, pid=row.pid, now=self.clock())
+                counts["republished"] += 1
+            watch_pods = getattr(self.backend, "watch_pods", None)
+            if watch_pods is not None:  # the Kubernetes backend: the states come from its pod watch
+                watch_pods(self.pod_seen, self.pods_listed)
+            adopt = getattr(self.backend, "adopt", None)
+            if adopt is None:
+                return counts
+            for row in self.ledger.running_jobs(self.backend.name):
+                if row.pid is None:
+                    continue
+                why = adopt(row.container, row.pid, row.proc_start, row.oom_base)
+                if why is None:
+                    counts["watched"] += 1
+                    log.info("job %s (pid %d in %s) runs: watched again", row.job, row.pid, row.container)
+                    continue
+                log.warning("job %s (pid %d in %s) is not running: %s", row.job, row.pid, row.container, why)
+                away = self.backend.ended_while_away  # type: ignore[attr-defined]
+                self.job_ended(away(row.container, row.pid, row.proc_start, row.oom_base))
+                counts["ended"] += 1
+        for k, n in counts.items():
+            self.metrics.jobs_recovered.labels(outcome=k).inc(n)
+        return counts
 
     def _owner(self, container: str, workload: WorkloadPolicy | None) -> str | None:
         """The job *container* belongs to: the one this actuator started in it, else its workload's ``job``."""
@@ -436,6 +702,10 @@ class Actuator:
         ended in an eviction, or could not, is published as a further actuation of the decision that asked
         for it (its ledger entry updated). Called by the consumer loop between polls; cheap when nothing
         is watched or due."""
+        with self.lock:
+            return self._follow_up()
+
+    def _follow_up(self) -> list[Actuation]:
         check = getattr(self.backend, "follow_up", None)
         if check is None or not self.backend.watched:  # type: ignore[attr-defined]
             if self._resizes:

@@ -83,8 +83,8 @@ class StartJob:
     actuator's own value of the variable, if it has one). ``job``: the job's id
     (its ``PHASEWISE_JOB``; empty: the container's name). ``cpu_cores`` /
     ``mem_bytes``: the limits its cgroup gets before the process starts (the
-    job's requests; ``None``: none set). ``env``: variables the actuator adds
-    for this process (a service replica's ``PORT``).
+    job's requests; ``None``: none set). ``env``: variables added to its environment (a GPU share's
+    CUDA MPS limits and directories, a service replica's ``PORT``).
     """
 
     container: str

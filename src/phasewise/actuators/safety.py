@@ -61,7 +61,7 @@ __all__ = [
     "workload_mem_rule",
 ]
 
-SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "terminate", "place", "weight", "scale")
+SUPPORTED_ACTIONS = ("limit", "freeze", "thaw", "terminate", "place", "weight", "share", "scale")
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,10 @@ ROLES: dict[str, tuple[str, str]] = {
     "place": ("phasewise.streams.worker:PLACE", "run the placement worker (jobs + predictions + samples -> "
                                                 "place decisions)"),
     "predict": ("phasewise.apps.horus.predict", "score the utilisation model on profiled jobs; read shared profiles"),
+    "jobs": ("phasewise.apps.jobs.cli", "the jobs: state, host, prediction vs use, progress, why one waits; "
+                                        "jobs describe JOB: its timeline"),
+    "tail": ("phasewise.apps.jobs.tail", "print a topic's records decoded (--key, --filter, --since, --json, "
+                                         "--follow)"),
 }
 
 

@@ -486,7 +486,7 @@ class JobRole:
 
 #: ``phasewise horus``: the Horus worker (job events + samples -> utilisation predictions; learns online)
 HORUS = JobRole("horus", ("data_dir", "metrics_port", "horus_coverage", "horus_warmup_s", "horus_observe_s",
-                          "horus_min_samples", "horus_worker_id", "ready_stall_s"),
+                          "horus_min_samples", "horus_worker_id", "horus_share_model", "ready_stall_s"),
                 "phasewise.streams.agents.horus", "HorusMetrics", lambda s: s.horus.worker_id,
                 "predictions", "placement workers")
 #: ``phasewise place``: the placement worker (job events + predictions + samples -> place decisions)

@@ -67,6 +67,7 @@ WHERE = {
     "workload_pods_ca_file": "workload.pods_ca_file",
     "horus_coverage": "horus.coverage", "horus_warmup_s": "horus.warmup_s", "horus_observe_s": "horus.observe_s",
     "horus_min_samples": "horus.min_samples", "horus_worker_id": "horus.worker_id",
+    "horus_share_model": "horus.share_model",
     "horus_model_modules": "horus.model_modules", "horus_build_timeout_s": "horus.build_timeout_s",
     "horus_build_memory_bytes": "horus.build_memory_bytes",
     "place_policy": "place.policy", "place_max_waiting_jobs": "place.max_waiting_jobs",
@@ -109,6 +110,7 @@ WHERE = {
     "signing_previous_key_until": "signing.previous_key_until",
     "job_submitter_key_file": "jobs.submitter_key_file", "job_trusted_submitters": "jobs.trusted_submitters",
     "job_spec_max_age_s": "jobs.spec_max_age_s", "job_allowed_commands": "jobs.allowed_commands",
+    "job_start_timeout_s": "jobs.start_timeout_s",
     "bind_address": "bind_address",
     **{f"kafka_{f}": f"kafka.{f}" for f in (
         "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file",

@@ -46,3 +46,32 @@ def test_bad_requests():
         ShareRequest("a", 0.0, 1)
     with pytest.raises(ValueError, match="twice"):
         shares([ShareRequest("a", 0.5, 1), ShareRequest("a", 0.5, 1)], mem_total_bytes=GiB)
+
+
+def test_the_placement_agent_shares_a_gpu_between_fractional_jobs():
+    """A job placed on a share of one GPU comes with the share decisions of every job booked on that GPU
+    (its own first); a whole-GPU job with none."""
+    from phasewise.models.jobs.gpu_share import placement_shares
+    from tests.models.jobs.test_placement_state import GIB, _job, _pred, _sample, _state
+
+    s = _state(place_prediction_wait_s=0.0)
+    s.samples(_sample("h1", gpus=1))
+    s.submitted(_job("a", gpus=0.5, priority=1), now=0.0)
+    s.prediction(_pred("a", 40.0))
+    [(da, _)] = s.decide(now=1.0, ts=10.0)
+    [alone] = placement_shares(s, da, 10.0)
+    assert (alone.action, alone.container, alone.host, alone.details["job"]) == ("share", "a", "h1", "a")
+    assert alone.details["sm_percent"] == 100 and alone.details["mem_limit_bytes"] == 4 * GIB
+    s.submitted(_job("b", gpus=0.25), now=1.0)
+    s.prediction(_pred("b", 20.0))
+    [(db, _)] = s.decide(now=2.0, ts=11.0)
+    assert db.details["device"] == da.details["device"]
+    both = placement_shares(s, db, 11.0)
+    assert [(d.container, d.details["sm_percent"]) for d in both] == [("b", 33), ("a", 67)]
+    assert all(d.details["device"] == da.details["device"][0] and d.policy == "gpu-share" for d in both)
+    assert "proportional part" in both[0].reason
+    s.submitted(_job("w", gpus=1.0), now=2.0)
+    s.samples(_sample("h2", gpus=1))
+    s.prediction(_pred("w", 90.0))
+    [(dw, _)] = s.decide(now=3.0, ts=12.0)
+    assert placement_shares(s, dw, 12.0) == []

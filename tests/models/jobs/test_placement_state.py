@@ -108,7 +108,8 @@ def test_restart_books_placed_jobs_again():
     table = {k: v for k, _p, v in s.writes()}
     s2 = _state(place_prediction_wait_s=0.0)
     s2.restore(table.items())
-    assert s2.placed == {"a": {"node": "h1", "gpus": [0]}}
+    assert s2.placed == {"a": {"node": "h1", "gpus": [0], "ts": 1.0, "start_by": 301.0}}  # its lost deadline too
+    assert s2.start_by == {"a": 301.0}
     s2.samples(_sample("h1", gpus=1))
     s2.submitted(_job("b", gpus=1), now=0.0)
     assert s2.decide(now=0.0, ts=2.0) == [] and list(s2.waiting) == ["b"]  # a's GPU stays booked
@@ -147,8 +148,10 @@ def _admitted(job: str, host: str, ts: float = 5.0, resume: bool = False, contai
 
 def test_after_admission_a_job_is_held_until_admitted_then_placed_on_that_host_only():
     s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
-    assert s.acts_on == {"submitted", "finished", "admitted", "stopped"}
-    assert _state().acts_on == {"submitted", "finished"}  # (without: the hints are not its concern)
+    assert s.acts_on == {"submitted", "started", "finished", "failed", "rejected", "lost", "terminated", "admitted",
+                         "stopped"}
+    # (without: the hints are not its concern)
+    assert _state().acts_on == {"submitted", "started", "finished", "failed", "rejected", "lost", "terminated"}
     s.samples(_sample("h1", gpus=1)), s.samples(_sample("h2", gpus=1, util=90.0))
     s.submitted(_job("a", gpus=1), now=0.0)
     assert s.decide(now=1.0, ts=10.0) == [] and not s.waiting and not s.pending(1.0)  # held, not waiting
@@ -373,3 +376,18 @@ def test_at_most_place_max_waiting_jobs_wait_and_the_one_of_lowest_rank_is_refus
     s.finished("running")
     [(d, _)] = s.decide(now=0.0, ts=5.0)
     assert d.container == "urgent"
+
+
+def test_horus_outcome_of_an_ended_job_is_not_held():
+    """A learned job's prediction published again with what was observed (docs/horus.md): taken while the
+    job is held, left alone once it ended."""
+    import dataclasses
+
+    s = _state(place_prediction_wait_s=5.0)
+    s.samples(_sample("h1"))
+    s.submitted(_job("a"), now=0.0)
+    learned = dataclasses.replace(_pred("a", 40.0), observed={"gpu_util": 35.0}, log_error={"gpu_util": 0.13})
+    s.prediction(learned)
+    assert s.predictions["a"] == learned
+    s.prediction(dataclasses.replace(learned, job="gone"))
+    assert "gone" not in s.predictions

@@ -2,8 +2,10 @@
 
 Nothing here starts MPS or talks to a cluster: :func:`mps_env` and
 :func:`hami_resources` build what those take, :func:`carry` says which
-applies and reports the rest as advisory. Who enforces what, and when:
-docs/priorities.md, "Elastic GPU sharing".
+applies and reports the rest as advisory, :func:`start_environment` is what
+a job started under a share gets (the MPS variables and directories) and
+whether an MPS control daemon is there to enforce it. Who enforces what, and
+when: docs/priorities.md, "Elastic GPU sharing".
 
 >>> mps_env(sm_percent=40, mem_limit_bytes=3 * 2**30, device=0)
 {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '40', 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT': '0=3072M'}
@@ -11,18 +13,26 @@ docs/priorities.md, "Elastic GPU sharing".
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from phasewise.kit.records import Decision
-from phasewise.models.jobs.gpu_share import GpuShare
+from phasewise.models.jobs.gpu_share import share_decision
 
-__all__ = ["BACKENDS", "Carried", "carry", "hami_resources", "mps_env", "share_decision"]
+__all__ = ["BACKENDS", "Carried", "MPS_LOG_DIR", "MPS_PIPE_DIR", "carry", "hami_resources", "mps_daemon", "mps_env",
+           "share_decision", "start_environment"]
 
 #: where a share can go: ``mps`` (a job started under CUDA MPS), ``hami`` (a Kubernetes pod), ``none``
 BACKENDS = ("mps", "hami", "none")
 ANNOTATION = "phasewise.io/gpu-share"
+#: CUDA's defaults, where the actuator's environment names no other (``CUDA_MPS_PIPE_DIRECTORY`` /
+#: ``CUDA_MPS_LOG_DIRECTORY``, as the control daemon was started with)
+MPS_PIPE_DIR = "/tmp/nvidia-mps"
+MPS_LOG_DIR = "/var/log/nvidia-mps"
 _MiB = 2**20
 
 
@@ -45,15 +55,6 @@ def hami_resources(*, sm_percent: int, mem_limit_bytes: int) -> dict[str, str]:
     _check(sm_percent, mem_limit_bytes)
     return {"nvidia.com/gpu": "1", "nvidia.com/gpucores": str(sm_percent),
             "nvidia.com/gpumem": str(mem_limit_bytes // _MiB)}
-
-
-def share_decision(share: GpuShare, *, host: str, device: int, ts: float) -> Decision:
-    """The ``share`` decision of one job's :class:`~phasewise.models.jobs.gpu_share.GpuShare`."""
-    raw = f"share|{host}|{share.job}|{device}|{share.sm_percent}|{share.mem_limit_bytes}|{ts!r}".encode()
-    return Decision(id=hashlib.blake2b(raw, digest_size=12).hexdigest(), ts=ts, host=host, container=share.job,
-                    action="share", policy="gpu-share", reason=share.reason,
-                    details={"sm_percent": share.sm_percent, "mem_limit_bytes": share.mem_limit_bytes,
-                             "device": device})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,3 +95,36 @@ def carry(decision: Decision, backend: str, *, running: bool) -> Carried:
                else f"enforced by HAMi: {sm} % cores, {mem // _MiB} MiB")
         return Carried(not running, backend, {}, res, ann, msg)
     return Carried(False, backend, {}, {}, {}, "advisory: no MPS or HAMi here to enforce the share")
+
+
+def mps_daemon(pipe_dir: str) -> bool:
+    """Whether an MPS control daemon serves *pipe_dir* (its ``control`` FIFO is there)."""
+    try:
+        return stat.S_ISFIFO(os.stat(Path(pipe_dir) / "control").st_mode)
+    except OSError:
+        return False
+
+
+def start_environment(decision: Decision, *, visible: tuple[int, ...] | None = None,
+                      environ: Mapping[str, str] = os.environ) -> tuple[dict[str, str], bool, str]:
+    """``(environment, enforced, message)`` of a job started under *decision*'s share on this host: the MPS
+    limits and the pipe and log directories (the actuator's own ``CUDA_MPS_*_DIRECTORY``, else CUDA's
+    defaults), enforced only where an MPS control daemon serves that pipe directory, else advisory.
+    *visible*: the GPUs the job sees (its ``CUDA_VISIBLE_DEVICES``): the memory limit names the share's
+    GPU by its ordinal among them, as the job's CUDA numbers it. :class:`ValueError` for a share
+    decision without valid limits."""
+    pipe = environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIR
+    logs = environ.get("CUDA_MPS_LOG_DIRECTORY") or MPS_LOG_DIR
+    up = mps_daemon(pipe)
+    c = carry(decision, "mps" if up else "none", running=False)
+    d = decision.details
+    dev = d.get("device", 0)
+    if visible and dev in visible:
+        dev = visible.index(dev)
+    env = {**mps_env(sm_percent=d["sm_percent"], mem_limit_bytes=d["mem_limit_bytes"], device=dev),
+           "CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": logs}
+    if up:
+        return env, True, c.message
+    return env, False, (f"GPU share advisory: no MPS control daemon serves {pipe} (no control pipe), so nothing "
+                        f"enforces {d['sm_percent']} % of threads and {d['mem_limit_bytes'] // _MiB} MiB; "
+                        "the job's environment carries them")

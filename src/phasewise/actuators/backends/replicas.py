@@ -153,9 +153,15 @@ class LocalReplicas:
         self.on_stop = on_stop or (lambda c: None)
         #: service container -> (port, its balancer)
         self.balancers: dict[str, Balancer] = {}
+        #: the replica containers (k > 1) started here and not seen to end: their end is no job's state
+        self.names: set[str] = set()
         self.lock = threading.Lock()
 
     # ------------------------------------------------------------------ which replicas run
+
+    def is_replica(self, container: str) -> bool:
+        """Whether *container* is a replica k > 1 of a service this actuator runs."""
+        return container in self.names
 
     def _running(self, container: str) -> bool:
         try:
@@ -208,7 +214,8 @@ class LocalReplicas:
             if not self._running(c):
                 continue
             try:
-                self.serve(c, port)
+                b = self.serve(c, port)
+                self.names.update(replica_container(c, k) for k in self.running(c, b.port) if k > 1)
                 n += 1
             except OSError as e:
                 log.error("service %s: %s", c, e)
@@ -284,6 +291,7 @@ class LocalReplicas:
                 self._point(balancer, c, port)
                 return Outcome.failed(f"service {c!r}: replica {k} did not start: {out.message}"
                                       + (f" ({'; '.join(said)})" if said else ""), temporary=out.temporary)
+            self.names.add(name)
             self.on_start(name, name, out.pid)
             said.append(f"replica {k} pid {out.pid} on port {port + k}")
         stopping = sorted((k for k in before if k > cmd.replicas), reverse=True)

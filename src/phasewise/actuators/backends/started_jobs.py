@@ -25,7 +25,7 @@ from typing import Any
 from phasewise.actuators.commands import StartJob
 from phasewise.kit.settings import parse_job_env
 
-__all__ = ["JOB_PATH", "Exited", "JobRefused", "JobRuntime", "JobSetupError", "child_setup", "job_files",
+__all__ = ["JOB_PATH", "JobExit", "JobRefused", "JobRuntime", "JobSetupError", "child_setup", "job_files",
            "job_runtime"]
 
 
@@ -72,18 +72,19 @@ class JobRuntime:
         """A job's whole environment, built from scratch: nothing of the actuator's own is passed on.
 
         ``PATH`` (:data:`JOB_PATH`) and ``LANG`` (``C.UTF-8``) unless ``job_env`` sets them, the rest
-        of ``job_env`` and the command's own ``env`` (a replica's ``PORT``), then per job ``HOME`` (its
-        working directory), ``TMPDIR`` (``$HOME/tmp``), ``PHASEWISE_JOB`` (its id) and
-        ``CUDA_VISIBLE_DEVICES``: the decided GPUs, or where the decision names none (``gpus`` None)
-        the actuator's own value, if it has one (the job sees what the actuator sees, as before).
+        of ``job_env``, then per job ``HOME`` (its working directory), ``TMPDIR`` (``$HOME/tmp``),
+        ``PHASEWISE_JOB`` (its id) and ``CUDA_VISIBLE_DEVICES``: the decided GPUs, or where the
+        decision names none (``gpus`` None) the actuator's own value, if it has one (the job sees
+        what the actuator sees, as before); last the command's own ``env`` (a GPU share's MPS limits).
         """
         home = str(self.workdir(cmd.container))
-        env = {"PATH": JOB_PATH, "LANG": "C.UTF-8", **dict(self.env), **dict(cmd.env)}
+        env = {"PATH": JOB_PATH, "LANG": "C.UTF-8", **dict(self.env)}
         env.update(HOME=home, TMPDIR=f"{home}/tmp", PHASEWISE_JOB=cmd.job or cmd.container)
         if cmd.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cmd.gpus)
         elif "CUDA_VISIBLE_DEVICES" in os.environ:
             env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        env.update(cmd.env)
         return env
 
 
@@ -306,9 +307,31 @@ def child_setup(procs: list[str], work_fd: int, uid: int, gid: int, switch: bool
 
 
 @dataclass(frozen=True, slots=True)
-class Exited:
-    """A job process this backend started has exited (``returncode`` as subprocess reports it: -N = signal N)."""
+class JobExit:
+    """A started job's process has ended, and what is known of how.
+
+    ``exit_code`` (it exited) or ``signal`` (the number of the signal that killed it); both ``None``:
+    not known (it ended while no actuator watched it). ``oom``: the kernel's OOM killer killed a
+    process in the job's memory cgroup during its run (``oom_kills`` of them; ``None``: the count
+    could not be read). ``source``: where the status came from (``waited``, ``pidfd``, ``zombie``,
+    ``unknown``; :class:`phasewise.actuators.backends.job_watch.ExitStatus`). ``ended``: when the end
+    was seen (wall clock).
+    """
 
     container: str
     pid: int
-    returncode: int
+    exit_code: int | None
+    signal: int | None
+    oom: bool
+    source: str
+    ended: float
+    oom_kills: int | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.exit_code is not None or self.signal is not None
+
+    @property
+    def returncode(self) -> int | None:
+        """As ``subprocess`` reports it (``-N``: signal N); ``None``: not known."""
+        return -self.signal if self.signal is not None else self.exit_code

@@ -34,4 +34,9 @@ class UtilisationPrediction:
     coverage: float = field(minimum=0, maximum=1, doc="nominal probability that [lo, hi] holds the observed value")
     first_sight: bool = field(default=True, doc="no job of this model had been observed")
     features: dict = field(default={}, doc="the graph features the prediction used")
+    observed: dict = field(default={}, max_items=8,
+                           doc="once the job is learned: target -> mean over its steady phase (the same prediction "
+                               "published again with what was observed)")
+    log_error: dict = field(default={}, max_items=8,
+                            doc="once the job is learned: target -> |log1p(predicted mean) - log1p(observed)|")
     v: int = field(default=1)

@@ -59,6 +59,9 @@ class HorusSettings(Group):
     build_memory_bytes: int = setting(4 * 2**30, parse=parse_size, check=at_least(64 * 2**20),
                                       help="address space a module:function model's child process may take beyond "
                                            "the interpreter's own, bytes")
+    share_model: bool = setting(True, flag="--share-model",
+                                help="share the learned model with every horus worker: publish it on the models "
+                                     "topic (key horus/utilisation, signed) and learn what the others published")
 
 
 @dataclass(frozen=True, slots=True)

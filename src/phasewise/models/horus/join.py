@@ -20,6 +20,7 @@ Narrative: docs/horus.md, "The worker".
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,9 @@ class Observation:
     device: str | None
     observed: dict  #: target -> mean over the steady samples
     predicted: dict  #: target -> the mean predicted at submission (for the error metric)
+    intervals: dict = dataclasses.field(default_factory=dict)  #: target -> [lo, hi] predicted at submission
+    first_sight: bool = False  #: the prediction's (no job of its model had been learned)
+    model_version: int = 0  #: the prediction's (jobs the model had learned)
 
 
 class HorusJoin:
@@ -85,9 +89,12 @@ class HorusJoin:
         return out
 
     def submitted(self, job: str, ts: float, features: dict, model: str, device: str | None,
-                  predicted: Mapping[str, float]) -> None:
+                  predicted: Mapping[str, float], intervals: Mapping[str, tuple[float, float]] | None = None,
+                  *, first_sight: bool = False, model_version: int = 0) -> None:
         old = self._jobs.get(job, {})
         self._jobs[job] = {"f": features, "m": model, "d": device, "p": dict(predicted), "ts": ts,
+                           "pi": {t: list(v) for t, v in (intervals or {}).items()}, "fs": first_sight,
+                           "mv": model_version,
                            "h": old.get("h"), "c": old.get("c"), "t0": old.get("t0"),
                            "n": 0, "s": {}, "ns": {}, "first": None, "last": None, "done": False}
         self._dirty.add(job)
@@ -166,4 +173,5 @@ class HorusJoin:
         self._dirty.add(job)
         observed = {t: s["s"][t] / s["ns"][t] for t in s["s"] if s["ns"].get(t)}
         return Observation(job=job, ts=ts, features=s["f"], model=s["m"], device=s["d"], observed=observed,
-                           predicted=dict(s["p"]))
+                           predicted=dict(s["p"]), intervals=dict(s.get("pi") or {}),
+                           first_sight=bool(s.get("fs")), model_version=int(s.get("mv") or 0))

@@ -4,8 +4,10 @@ samples, and the table records they make.
 :class:`HorusState` predicts a submitted job's utilisation from its graph features
 (:meth:`~HorusState.predict`), follows where it runs (:meth:`~HorusState.started`), averages its steady
 samples (:meth:`~HorusState.samples`, :meth:`~HorusState.phase_change`) and learns it once it has enough
-of them or finishes (:meth:`~HorusState.finished`). The model is rebuilt from the learned observations,
-in order, when the agent restores its table. Narrative: docs/horus.md, "The worker".
+of them or ends (:meth:`~HorusState.finished`, any terminal state), once per job. The model is rebuilt
+from the learned observations, in order, when the agent restores its table; :meth:`~HorusState.merge`
+learns those another horus worker shared (:mod:`phasewise.models.horus.snapshot`) and
+:meth:`~HorusState.shared` is what this one shares. Narrative: docs/horus.md, "The worker".
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import logging
 import math
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,7 @@ from phasewise.models.horus.catalog import model_key
 from phasewise.models.horus.graph_features import FeatureError, GraphFeatures
 from phasewise.models.horus.join import HorusJoin, JoinConfig, Observation
 from phasewise.models.horus.model import TARGETS, HorusConfig, HorusModel
+from phasewise.models.jobs.lifecycle import Lifecycle
 
 __all__ = ["DEVICE_KEYS", "HorusState", "HorusStateConfig", "device_of"]
 
@@ -75,6 +79,12 @@ class HorusState:
         self.join = HorusJoin(self.join_config)
         self._writes: dict[str, tuple[int, bytes | None]] = {}  # key -> (partition, value) for the next commit
         self.seq = 0
+        #: the observations the model holds, by job, in the order learned (what :meth:`shared` gives)
+        self.kept: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        #: the jobs seen end, and the lifecycle states ignored (repeated, after the end, of an unknown job)
+        self.lifecycle = Lifecycle("horus")
+        #: the newest shared snapshot version seen (this worker's next one is above it)
+        self.snapshot_version = 0
 
     # -- table ---------------------------------------------------------------------------
     def partition(self, key: str) -> int:
@@ -98,6 +108,7 @@ class HorusState:
         many records."""
         self.model = HorusModel(self.model_config)
         self.join = HorusJoin(self.join_config)
+        self.kept.clear()
         obs, jobs = [], []
         for k, raw in items:
             if raw is None:
@@ -106,8 +117,9 @@ class HorusState:
                 obs.append((int(k[4:]), _value(raw)))
             elif k.startswith("job/"):
                 jobs.append((k[4:], _value(raw)))
-        for _, o in sorted(obs):
+        for n, o in sorted(obs):
             self.model.learn_one(o["f"], o["o"], o.get("d"))
+            self._keep(o.get("job") or f"#{n}", o)
         self.seq = max((n for n, _ in obs), default=-1) + 1
         for job, s in jobs:
             self.join.load(job, s)
@@ -123,22 +135,47 @@ class HorusState:
         p = self.model.predict_one(f, device)
         key = model_key(spec.model)
         feats = f.to_dict()
-        self.join.submitted(event.job, event.ts, feats, key, device, {t: p[t].mean for t in TARGETS})
+        self.join.submitted(event.job, event.ts, feats, key, device, {t: p[t].mean for t in TARGETS},
+                            {t: (p[t].lo, p[t].hi) for t in TARGETS}, first_sight=not self.model.seen(key),
+                            model_version=self.model.jobs)
         return UtilisationPrediction(
             job=event.job, ts=event.ts, model_version=self.model.jobs, device=device,
             **{t: Interval(mean=p[t].mean, lo=p[t].lo, hi=p[t].hi) for t in TARGETS},
             coverage=self.model_config.coverage, first_sight=not self.model.seen(key), features=feats)
 
     def started(self, event: JobEvent) -> None:
-        """A ``started`` event (its signature checked by the agent): where the job runs."""
+        """A ``started`` event (its signature checked by the agent): where the job runs (ignored, and
+        counted, after the job's end)."""
         if event.host is None or event.container is None:
             raise FeatureError("a started event needs host and container")
+        if event.job in self.lifecycle.ended:
+            if (why := self.lifecycle.unheld(event.job, event.kind, event.ts)) is not None:
+                self.lifecycle.ignore(event.job, event.kind, why)
+            return
         self.join.started(event.job, event.host, event.container, event.ts)
 
+    def _end(self, event: JobEvent) -> bool:
+        """Whether *event* ends a job held here (else it is counted as ignored, unless read again)."""
+        if event.job not in self.join:
+            if (why := self.lifecycle.unheld(event.job, event.kind, event.ts)) is not None:
+                self.lifecycle.ignore(event.job, event.kind, why)
+            return False
+        self.lifecycle.end(event.job, event.kind, event.ts)
+        return True
+
     def finished(self, event: JobEvent) -> list[tuple[Observation, dict[str, float]]]:
-        """A ``finished`` event: the job observed (when it was long enough) and forgotten; what it learned."""
+        """A job that ran and ended (``finished``, ``failed``, ``terminated``): observed (when it had enough
+        steady samples and was not learned yet) and forgotten; what it learned."""
+        if not self._end(event):
+            return []
         obs = self.join.finished(event.job, event.ts)
         return self.learn_all([obs] if obs is not None else [])
+
+    def ended(self, event: JobEvent) -> None:
+        """A job that never ran (``rejected``, ``lost``; signed, checked by the agent) is forgotten, nothing
+        learned from it (docs/jobs.md, "Who frees what"); one that ran and ended goes to :meth:`finished`."""
+        if self._end(event):
+            self.join.forget(event.job)
 
     def phase_change(self, pc: PhaseChange) -> None:
         """A container's phase change (the first after its job started ends the loading phase)."""
@@ -149,22 +186,73 @@ class HorusState:
         return self.learn_all(self.join.samples(hs))
 
     # -- learning ------------------------------------------------------------------------
-    def learn(self, o: Observation) -> dict[str, float]:
-        """Learn one observation; its prediction's absolute log error per target."""
-        self.model.learn_one(o.features, o.observed, o.device)
-        self.put(f"obs/{self.seq:012d}", {"f": o.features, "o": o.observed, "d": o.device, "job": o.job})
+    def _keep(self, job: str, o: dict[str, Any]) -> None:
+        self.kept.pop(job, None)
+        self.kept[job] = {"job": job, "f": o["f"], "o": o["o"], "d": o.get("d")}
+        while len(self.kept) > self.model_config.max_observations:
+            self.kept.popitem(last=False)
+
+    def _record(self, job: str, features: dict, observed: dict, device: str | None, **extra: Any) -> None:
+        """Learn one observation and write it to the table (the oldest beyond the model's window goes)."""
+        self.model.learn_one(features, observed, device)
+        rec = {"f": features, "o": observed, "d": device, "job": job, **extra}
+        self.put(f"obs/{self.seq:012d}", rec)
+        self._keep(job, rec)
         old = self.seq - self.model_config.max_observations
         if old >= 0:
             self.put(f"obs/{old:012d}", None)
         self.seq += 1
+
+    def learn(self, o: Observation) -> dict[str, float] | None:
+        """Learn one observation; its prediction's absolute log error per target (``None``: the job was
+        learned already, here or by another horus worker, and is not learned again)."""
+        if o.job in self.kept:
+            return None
+        self._record(o.job, o.features, o.observed, o.device)
         return {t: abs(math.log1p(o.predicted[t]) - math.log1p(v)) for t, v in o.observed.items()
                 if t in o.predicted}
 
     def learn_all(self, observations: list[Observation]) -> list[tuple[Observation, dict[str, float]]]:
-        """:meth:`learn` each, in order: ``(observation, its absolute log error per target)``."""
+        """:meth:`learn` each, in order: ``(observation, its absolute log error per target)`` of those learned."""
         out = []
         for o in observations:
-            out.append((o, self.learn(o)))
+            errors = self.learn(o)
+            if errors is None:
+                log.info("job %s was learned already (a shared snapshot): not learned again", o.job)
+                continue
+            out.append((o, errors))
             log.info("learned job %s (%s): %s", o.job, o.model,
                      ", ".join(f"{t}={v:.4g}" for t, v in sorted(o.observed.items())))
         return out
+
+    def outcome(self, o: Observation, errors: dict[str, float]) -> UtilisationPrediction | None:
+        """The prediction *o*'s job got at submission, published again with what was observed and the log
+        error per target (``None`` for a job learned without its prediction's intervals: before this was kept)."""
+        if not all(t in o.predicted and t in o.intervals for t in TARGETS):
+            return None
+        return UtilisationPrediction(
+            job=o.job, ts=o.ts, model_version=o.model_version, device=o.device,
+            **{t: Interval(mean=o.predicted[t], lo=o.intervals[t][0], hi=o.intervals[t][1]) for t in TARGETS},
+            coverage=self.model_config.coverage, first_sight=o.first_sight, features=o.features,
+            observed={t: float(v) for t, v in o.observed.items()}, log_error=dict(errors))
+
+    # -- sharing -------------------------------------------------------------------------
+    def shared(self) -> list[dict[str, Any]]:
+        """The observations this worker shares (``{"job", "f", "o", "d"}``, in the order learned)."""
+        return list(self.kept.values())
+
+    def merge(self, observations: list[dict[str, Any]], version: int) -> int:
+        """Learn the shared *observations* (a snapshot's, :func:`~phasewise.models.horus.snapshot.observations_of`)
+        of jobs not learned here, in order; how many. *version*: the snapshot's (this worker's next is above)."""
+        self.snapshot_version = max(self.snapshot_version, version)
+        n = 0
+        for o in observations:
+            if o["job"] in self.kept:
+                continue
+            try:
+                self._record(o["job"], o["f"], o["o"], o["d"], shared=True)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+                log.warning("shared observation of job %s not learned: %s: %s", o["job"], type(e).__name__, e)
+                continue
+            n += 1
+        return n

@@ -3,7 +3,10 @@
 :func:`shares` gives each job its memory request (the set refused when it does not fit:
 :class:`DoesNotFit`) and a whole-number percent of SMs: its request plus a proportional part of what is
 left when the requests fit, else priority levels in order at their full request while every less
-important job keeps ``min_percent``. Narrative: docs/priorities.md, "Elastic GPU sharing".
+important job keeps ``min_percent``. :func:`share_decisions` turns the shares of one GPU into the
+``share`` decisions the placement agent sends (the actuator carries them:
+:mod:`phasewise.actuators.backends.gpu_share_enforcement`). Narrative: docs/priorities.md, "Elastic GPU
+sharing".
 
 >>> s = shares([ShareRequest("a", 0.5, 4 * 2**30), ShareRequest("b", 0.25, 2 * 2**30)], mem_total_bytes=16 * 2**30)
 >>> [(x.job, x.sm_percent, x.mem_limit_bytes // 2**30) for x in s]
@@ -12,10 +15,15 @@ important job keeps ``min_percent``. Narrative: docs/priorities.md, "Elastic GPU
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["DoesNotFit", "GpuShare", "ShareRequest", "shares"]
+from phasewise.kit.records import Decision
+
+__all__ = ["DoesNotFit", "GpuShare", "ShareRequest", "placement_shares", "share_decision", "share_decisions",
+           "shares"]
 
 
 class DoesNotFit(ValueError):
@@ -100,3 +108,59 @@ def shares(jobs: list[ShareRequest], *, mem_total_bytes: float, min_percent: int
                 pct[j.job], why[j.job] = p, f"oversubscribed ({asked:.0%}): {text}"
             left -= sum(got)
     return [GpuShare(j.job, pct[j.job], math.ceil(j.mem_bytes), why[j.job]) for j in jobs]
+
+
+def share_decision(share: GpuShare, *, host: str, device: int, ts: float, container: str | None = None) -> Decision:
+    """The ``share`` decision of one job's :class:`GpuShare` on GPU *device* of *host* (its container: the
+    job's id unless named; ``details.job`` names the job)."""
+    c = share.job if container is None else container
+    raw = f"share|{host}|{share.job}|{c}|{device}|{share.sm_percent}|{share.mem_limit_bytes}|{ts!r}".encode()
+    return Decision(id=hashlib.blake2b(raw, digest_size=12).hexdigest(), ts=ts, host=host, container=c,
+                    action="share", policy="gpu-share", reason=share.reason,
+                    details={"job": share.job, "sm_percent": share.sm_percent,
+                             "mem_limit_bytes": share.mem_limit_bytes, "device": device})
+
+
+def share_decisions(jobs: list[ShareRequest], *, mem_total_bytes: float, host: str, device: int, ts: float,
+                    containers: dict[str, str] | None = None, min_percent: int = 5) -> list[Decision]:
+    """The ``share`` decisions of the jobs sharing GPU *device* (:func:`shares`, in the order given; a job's
+    container from *containers*, else its id). A GPU whose memory is unknown (*mem_total_bytes* 0) is taken
+    to hold the requests. :class:`DoesNotFit` as :func:`shares`.
+
+    >>> ds = share_decisions([ShareRequest("a", 0.5, 2**30), ShareRequest("b", 0.5, 2**30)], mem_total_bytes=0,
+    ...                      host="h1", device=0, ts=1.0, containers={"a": "a-1"})
+    >>> [(d.container, d.details["sm_percent"]) for d in ds]
+    [('a-1', 50), ('b', 50)]
+    """
+    total = mem_total_bytes if mem_total_bytes > 0 else sum(j.mem_bytes for j in jobs)
+    containers = containers or {}
+    return [share_decision(s, host=host, device=device, ts=ts, container=containers.get(s.job))
+            for s in shares(jobs, mem_total_bytes=total, min_percent=min_percent)]
+
+
+def placement_shares(state: Any, place: Decision, ts: float) -> list[Decision]:
+    """The ``share`` decisions that go with *place*, a placement agent's decision (*state*: its
+    :class:`~phasewise.models.jobs.placement.state.PlacementState`): for a job that takes a share of one GPU
+    (0 < ``requests.gpus`` < 1), the shares of every job booked on that GPU, the placed job's first (its
+    actuator holds it until the place decision starts the job). Empty for any other job, or where the
+    GPU's memory requests do not fit (the booking allowed it: nothing to divide)."""
+    job = place.details.get("job", place.container)
+    gpus = place.details.get("device") or []
+    ev = state.events.get(job)
+    if ev is None or ev.spec is None or not 0 < ev.spec.requests.gpus < 1 or len(gpus) != 1:
+        return []
+    cluster, g = state.cluster, gpus[0]
+    node = cluster.index.get(place.details.get("node"))
+    if node is None:
+        return []
+    on_gpu = sorted((j for j, a in cluster.allocs.items() if a.node == node and g in a.gpus and 0 < a.milli < 1000),
+                    key=lambda j: (j != job, j))
+    reqs, containers = [], {job: place.container}
+    for j in on_gpu:
+        a, other = cluster.allocs[j], state.events.get(j)
+        reqs.append(ShareRequest(j, a.milli / 1000, float(a.gmem), other.priority if other is not None else 0))
+    try:
+        return share_decisions(reqs, mem_total_bytes=float(cluster.gmem_cap[node, g]), host=place.host, device=g,
+                               ts=ts, containers=containers)
+    except (DoesNotFit, ValueError):
+        return []

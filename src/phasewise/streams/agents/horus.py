@@ -4,31 +4,150 @@ The wiring of :class:`~phasewise.models.horus.state.HorusState`: a ``submitted``
 are extracted (:mod:`phasewise.streams.horus_jobs`: catalog models here, a ``module:function`` only in
 a child process) and its prediction goes to ``phasewise.predictions.v1`` (key: job), signed with the
 cluster key; a ``started`` event (signed with the cluster key, where there is one) says where it runs;
-phase changes and samples feed the join, and a job with enough steady samples is learned. A record that
-cannot be decoded or taken is a dead letter. State: the changelogged table ``horus-state`` (``job/<id>``,
-``obs/<n>``). Narrative: docs/horus.md, "The worker".
+phase changes and samples feed the join, and a job is learned once, after ``horus_observe_s`` of steady
+samples or at its terminal state (also signed), whichever comes first; its prediction is published again
+with what was observed and the log error. The model is shared: each learned job publishes the
+observations as a signed ``ModelSnapshot`` on the compacted models topic (key ``horus/utilisation``),
+and every horus worker follows that topic (:class:`HorusSnapshots`) and learns the jobs it has not. A
+record that cannot be decoded or taken is a dead letter. State: the changelogged table ``horus-state``
+(``job/<id>``, ``obs/<n>``). Narrative: docs/horus.md, "The worker" and "Sharing the model".
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import OrderedDict, deque
 from typing import Any
 
-from phasewise.kit.records import JobEvent, PhaseChange, SchemaError, decode, decode_host_samples, encode
-from phasewise.kit.topics import JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
+from phasewise.kit.records import (
+    TERMINAL_KINDS,
+    JobEvent,
+    ModelSnapshot,
+    PhaseChange,
+    SchemaError,
+    brief,
+    decode,
+    decode_host_samples,
+    encode,
+)
+from phasewise.kit.settings import Settings
+from phasewise.kit.signing import Keyring
+from phasewise.kit.topics import JOB_EVENTS, MODELS, PHASES, PREDICTIONS, SAMPLES
 from phasewise.models.horus.graph_features import FeatureError
 from phasewise.models.horus.join import Observation
+from phasewise.models.horus.snapshot import SNAPSHOT_NAME, observations_of, snapshot_of
 from phasewise.models.horus.state import HorusState
 from phasewise.streams.agents.scaffold import Context, JobAgent
 from phasewise.streams.config import horus_state_config
 from phasewise.streams.horus_jobs import BuildRules, spec_features_async, warm_up
+from phasewise.streams.job_inputs import Input
 from phasewise.streams.metrics import HorusMetrics
 
-__all__ = ["TABLE_NAME", "HorusMetrics", "agent", "register_horus"]
+__all__ = ["ENDS", "TABLE_NAME", "HorusMetrics", "HorusSnapshots", "agent", "register_horus"]
 
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "horus-state"
+#: the states after which a job is learned (if it was not yet) and forgotten
+ENDS = TERMINAL_KINDS | {"terminated"}
+#: the states only a role with the cluster key may publish (checked where there is a key)
+_SIGNED = ENDS | {"started"}
+
+
+class HorusSnapshots:
+    """The shared Horus model as the compacted models topic holds it, for one horus worker.
+
+    Reads the topic from its beginning (:meth:`load`, at start-up) and follows it on a daemon thread;
+    each snapshot of ``horus/utilisation`` (its signature checked with a keyring) is decoded there and its
+    observations kept (the union, newest last, at most *keep*); one that is no usable snapshot is kept as
+    a bad record for the event loop to dead-letter. The event loop takes both with :meth:`take`.
+    """
+
+    def __init__(self, settings: Settings, keyring: Keyring | None, keep: int) -> None:
+        self.settings, self.keyring, self.keep = settings, keyring, keep
+        self._lock = threading.Lock()
+        self.union: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.version = 0
+        self.generation = 0  #: accepted snapshots so far
+        self.bad: deque[tuple[Input, str, str]] = deque(maxlen=100)
+        self._consumer: Any = None
+
+    def _make_consumer(self) -> Any:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        from phasewise.kit.kafka.client import make_consumer
+
+        c = make_consumer(self.settings, f"{self.settings.horus.worker_id}-horus-snapshots",
+                          **{"fetch.wait.max.ms": 200})
+        c.assign([TopicPartition(MODELS.name, 0, OFFSET_BEGINNING)])
+        return c
+
+    def handle(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+               headers: Any) -> bool:
+        """One models-topic record: whether it was a usable Horus snapshot (others' keys are skipped)."""
+        if key != SNAPSHOT_NAME.encode():
+            return False
+        where = Input(topic, key, value, partition, offset)
+        if self.keyring is not None and (why := self.keyring.verify(topic, key, value, headers)) is not None:
+            self.bad.append((where, f"Horus ModelSnapshot refused: {why}", "signature"))
+            return False
+        try:
+            snap = decode(ModelSnapshot, value)
+            obs = observations_of(snap)
+        except SchemaError as e:
+            self.bad.append((where, str(e), "schema"))
+            return False
+        with self._lock:
+            for o in obs:
+                self.union.pop(o["job"], None)
+                self.union[o["job"]] = o
+            while len(self.union) > self.keep:
+                self.union.popitem(last=False)
+            self.version = max(self.version, snap.version)
+            self.generation += 1
+        log.info("Horus model snapshot v%d read: %d learned jobs", snap.version, len(obs))
+        return True
+
+    def _poll(self, timeout: float) -> None:
+        m = self._consumer.poll(timeout)
+        if m is not None and not m.error():
+            self.handle(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers())
+
+    def load(self, timeout_s: float = 10.0) -> int:
+        """Read the topic to its current end (blocking); the snapshots accepted."""
+        from confluent_kafka import TopicPartition
+
+        if self._consumer is None:
+            self._consumer = self._make_consumer()
+        lo, hi = self._consumer.get_watermark_offsets(TopicPartition(MODELS.name, 0), timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pos = self._consumer.position([TopicPartition(MODELS.name, 0)])[0].offset
+            if pos >= hi or hi <= lo:
+                break
+            self._poll(0.2)
+        return self.generation
+
+    def start(self) -> None:
+        if self._consumer is None:
+            self._consumer = self._make_consumer()
+        threading.Thread(target=self._run, name="phasewise-horus-snapshots", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:  # a daemon thread: it ends with the worker
+            try:
+                self._poll(0.5)
+            except Exception:  # noqa: BLE001 - keep following; a broken record must not stop the updates
+                log.exception("horus snapshots: unexpected error")
+
+    def take(self) -> tuple[int, int, list[dict[str, Any]], list[tuple[Input, str, str]]]:
+        """``(generation, newest version, the union of shared observations, bad records since the last call)``."""
+        with self._lock:
+            bad = list(self.bad)
+            self.bad.clear()
+            return self.generation, self.version, list(self.union.values()), bad
 
 
 def make_state(ctx: Context) -> HorusState:
@@ -38,12 +157,60 @@ def make_state(ctx: Context) -> HorusState:
             warm_up()
         except Exception as e:  # noqa: BLE001 - the first module:function job says it again, as its reason
             log.error("the build server for horus_model_modules did not start: %s", e)
-    return HorusState(horus_state_config(ctx.settings))
+    state = HorusState(horus_state_config(ctx.settings))
+    if ctx.settings.horus.share_model:
+        snaps = HorusSnapshots(ctx.settings, ctx.keyring, state.model_config.max_observations)
+        n = snaps.load()
+        log.info("the shared Horus model: %d snapshots read", n)
+        snaps.start()
+        ctx.extras["snapshots"] = snaps
+    ctx.extras["adopted"] = -1  # the snapshots generation merged (-1: none, or the state was restored since)
+    ctx.extras["published"] = set()  # the jobs of this worker's last published snapshot
+    return state
 
 
 def restored(ctx: Context, n: int) -> None:
+    ctx.extras["adopted"] = -1  # a restored state learns the shared observations again
+    adopt(ctx)
     ctx.metrics.model_jobs.set(ctx.state.model.jobs)
     ctx.metrics.jobs.set(len(ctx.state.join))
+
+
+def adopt(ctx: Context) -> None:
+    """Learn what the other horus workers shared since the last call, dead-letter what was no snapshot, and
+    share this worker's model where it holds jobs the shared one lacks."""
+    snaps: HorusSnapshots | None = ctx.extras.get("snapshots")
+    if snaps is None:
+        return
+    generation, version, union, bad = snaps.take()
+    for where, reason, kind in bad:
+        ctx.dead_letter.now(where, reason, kind)  # type: ignore[attr-defined]
+    if generation == ctx.extras["adopted"]:
+        return
+    ctx.extras["adopted"] = generation
+    state: HorusState = ctx.state
+    n = state.merge(union, version)
+    if n:
+        ctx.metrics.shared_learned.inc(n)
+        ctx.metrics.model_jobs.set(state.model.jobs)
+        log.info("learned %d jobs from the shared Horus model v%d", n, version)
+    theirs = {o["job"] for o in union} | ctx.extras["published"]
+    if any(j not in theirs for j in state.kept if not j.startswith("#")):
+        share(ctx)
+
+
+def share(ctx: Context) -> None:
+    """Publish this worker's observations as the shared model's next snapshot (signed)."""
+    if ctx.extras.get("snapshots") is None:
+        return
+    state: HorusState = ctx.state
+    state.snapshot_version += 1
+    snap = snapshot_of(state.shared(), state.snapshot_version, time.time())
+    ctx.send(MODELS.name, SNAPSHOT_NAME.encode(), encode(snap), signed=True,
+             on_refused=lambda why: log.error("the Horus model snapshot v%d was refused: %s",
+                                              snap.version, brief(why, 300)))
+    ctx.extras["published"] = set(state.kept)
+    ctx.metrics.snapshots.inc()
 
 
 agent = JobAgent("horus", TABLE_NAME, "horus: job join states and learned observations", state=make_state,
@@ -52,11 +219,20 @@ agent = JobAgent("horus", TABLE_NAME, "horus: job join states and learned observ
 
 
 def learned(ctx: Context, observations: list[tuple[Observation, dict[str, float]]]) -> None:
-    for _o, errors in observations:
+    """The jobs just learned: their errors measured and published with their predictions, the model shared."""
+    for o, errors in observations:
         for target, err in errors.items():
             ctx.metrics.error.labels(target=target).observe(err)
+            ctx.metrics.last_error.labels(target=target).set(err)
         ctx.metrics.learned.inc()
+        out = ctx.state.outcome(o, errors)
+        if out is not None:
+            ctx.send(PREDICTIONS.name, o.job.encode(), encode(out), signed=True,
+                     on_refused=lambda why, job=o.job: log.error("the outcome of job %s was refused: %s", job,
+                                                                 brief(why, 300)))
     ctx.metrics.model_jobs.set(ctx.state.model.jobs)
+    if observations:
+        share(ctx)
 
 
 @agent.on(JOB_EVENTS, "phasewise.horus-jobs")
@@ -67,16 +243,14 @@ async def on_jobs(ctx: Context, event: Any) -> None:
     except SchemaError as e:
         await ctx.dead_letter(event, str(e), "schema")
         return
-    if ev.kind not in ("submitted", "started", "finished"):
+    if ev.kind != "submitted" and ev.kind not in _SIGNED:
         return  # progress, priority, the priority agent's hints: not this agent's concern
     if await ctx.refused_time(event, "job", ev.job, ev.ts):
         return
-    if ev.kind == "started" and ctx.keyring is not None:
-        msg = event.message
-        why = ctx.keyring.verify(msg.topic, msg.key, msg.value, msg.headers)
-        if why is not None:  # only the actuator that started the job says where it runs
-            await ctx.dead_letter(event, f"JobEvent started {ev.job} refused: {why}", "signature")
-            return
+    # only the actuator that started the job says where it runs and when it ended (or the agent that lost it)
+    if ev.kind in _SIGNED and await ctx.unsigned(event, f"JobEvent {ev.kind} {ev.job}"):
+        return
+    adopt(ctx)
     try:
         if ev.kind == "submitted":
             if ev.spec is None:
@@ -88,7 +262,9 @@ async def on_jobs(ctx: Context, event: Any) -> None:
             ctx.metrics.predictions.inc()
         elif ev.kind == "started":
             state.started(ev)
-        else:  # finished
+        elif ev.kind in ("rejected", "lost"):  # it never ran: nothing to learn
+            state.ended(ev)
+        else:  # finished, failed, terminated: learned now if it was not yet, and forgotten
             learned(ctx, state.finished(ev))
     except FeatureError as e:
         await ctx.dead_letter(event, f"JobEvent {ev.kind} {ev.job}: {e}", "job")
@@ -97,6 +273,7 @@ async def on_jobs(ctx: Context, event: Any) -> None:
         log.exception("processing a job event failed")
         await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
         return
+    ctx.count_ignored(state.lifecycle.take_counts())
     ctx.metrics.jobs.set(len(state.join))
     ctx.outputs.poll()
 
@@ -123,11 +300,19 @@ async def on_samples(ctx: Context, event: Any) -> None:
         return
     if await ctx.refused_time(event, "host", hs.host, hs.ts):
         return
+    adopt(ctx)
     try:
         learned(ctx, ctx.state.samples(hs))
     except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
         log.exception("joining samples failed")
         await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+    ctx.outputs.poll()
+
+
+@agent.every(1.0, "phasewise.horus-shared-model")
+async def follow_shared_model(ctx: Context) -> None:
+    """What other horus workers learned, merged between records too."""
+    adopt(ctx)
     ctx.outputs.poll()
 
 
