@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.request
 
 from phasewise.apps.experiment.inference import IN_FEATURES, make_server
@@ -22,9 +23,13 @@ def test_the_service_serves_the_exposition_the_autoscaler_reads():
             req = urllib.request.Request(f"{url}/predict", body, {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=30) as r:
                 assert r.status == 200
-        with urllib.request.urlopen(f"{url}/metrics/prometheus", timeout=30) as r:
-            text = r.read().decode()
-        got = parse(text, 1.0, "http_request_duration_seconds", "process_cpu_seconds_total")
+        deadline = time.monotonic() + 30
+        while True:  # a request is counted just after its answer is sent: wait for the third one
+            with urllib.request.urlopen(f"{url}/metrics/prometheus", timeout=30) as r:
+                got = parse(r.read().decode(), 1.0, "http_request_duration_seconds", "process_cpu_seconds_total")
+            if got.count == 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert got.count == 3 and got.buckets[-1] == (float("inf"), 3.0) and got.cpu_seconds > 0
     finally:
         s.shutdown()
