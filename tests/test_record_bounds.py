@@ -164,7 +164,8 @@ def test_the_priority_agent_s_decisions_and_state_from_the_largest_event_stay_un
 
     ev = largest_event()
     step = PriorityStep(PriorityStepConfig(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=4.0),
-                                           Capacity(64, 2**40, 8), ev.host, 8, "self"), Submissions(start_details))
+                                           Capacity(64, 2**40, 8), ev.host, 8, "self", 300.0),
+                        Submissions(start_details))
     decisions, _ = step.handle(encode(ev), 0, 1)
     assert [d.action for d in decisions] == ["place", "weight"]
     assert decisions[0].details["spec"]["command"] == list(ev.spec.command)

@@ -2,22 +2,47 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from phasewise.kit.records import Actuation, DeadLetter, decode
-from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS
+from phasewise.kit.records import Actuation, DeadLetter, JobEvent, decode
+from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, JOB_EVENTS
 
 
 class Recorder:
-    """Collects what an Actuator produces, for tests of ``handle`` without a broker."""
+    """Collects what an Actuator produces, for tests of ``handle`` without a broker.
+
+    Thread-safe: the actuator publishes a job's end from its backend's watcher thread;
+    :meth:`wait_job_event` blocks until such a record arrives.
+    """
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes]] = []
         self.headers: list = []  # each record's headers, in the order of ``sent``
+        self._cond = threading.Condition()
 
     def produce(self, topic, value=None, key=None, **kw):
-        self.sent.append((topic, key, value))
-        self.headers.append(kw.get("headers"))
+        with self._cond:
+            self.sent.append((topic, key, value))
+            self.headers.append(kw.get("headers"))
+            self._cond.notify_all()
+
+    def job_events(self, job: str | None = None) -> list[JobEvent]:
+        with self._cond:
+            evs = [decode(JobEvent, v) for t, _, v in self.sent if t == JOB_EVENTS.name]
+        return [e for e in evs if job is None or e.job == job]
+
+    def wait_job_event(self, job: str, kind: str, timeout: float = 60.0) -> JobEvent:
+        """The first *kind* event of *job*, waiting for it (at most *timeout* s: then the test fails)."""
+        def found():
+            return next((e for e in self.job_events(job) if e.kind == kind), None)
+
+        with self._cond:
+            if not self._cond.wait_for(lambda: found() is not None, timeout):
+                raise AssertionError(f"no {kind} event of job {job} within {timeout:g} s; got "
+                                     f"{[(e.job, e.kind) for e in self.job_events()]}")
+        return found()
 
     def poll(self, timeout=0):
         return 0
@@ -37,7 +62,10 @@ def recorder() -> Recorder:
 def remove_started_jobs(backend, layout) -> None:
     """After a test that started real jobs through *backend*: kill them, remove their cgroups, the
     prefix's cpuset slices and the prefix itself (what a failed run would otherwise leave behind)."""
-    for p in backend.processes.values():
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+    for p in list(backend.processes.values()):
         p.kill()
         p.wait()
     for c in layout.containers():

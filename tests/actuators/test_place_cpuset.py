@@ -91,7 +91,9 @@ def test_placed_job_runs_in_its_cpuset(tmp_path):
     try:
         a = act.handle(encode(_decision(job, str(cpu), argv, device=(0, 1))), b"h1", 0, 1)
         assert a.status == "applied" and f"cpuset {cpu}" in a.message, a.message
-        backend.processes[job].wait(30)
+        running = backend.processes.get(job)  # gone from it once its end was reported
+        if running is not None:
+            running.wait(30)
         got = json.loads(report.read_text())
         assert got["cpus"] == [cpu] and got["gpus"] == "0,1"
         cg = dict(line.split(":", 2)[1:] for line in got["cg"].splitlines())

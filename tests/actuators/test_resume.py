@@ -85,7 +85,7 @@ def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path)
                    submitters=TRUSTED)
     policy = PriorityConfig(freeze_max_wait_s=120, grace_s=10, cpu_weight_ratio=2.0)
     agent = PriorityStep(PriorityStepConfig(policy, Capacity(1.0, 2**32),
-                                            "h1", 8, "self"), Submissions(start_details))
+                                            "h1", 8, "self", 300.0), Submissions(start_details))
     tag = uuid.uuid4().hex[:6]
     low, hi = f"low-{tag}", f"hi-{tag}"
     log = tmp_path / "job-logs" / f"{low}.log"

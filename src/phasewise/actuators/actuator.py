@@ -16,13 +16,15 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from phasewise.actuators.backends import Backend
+from phasewise.actuators.backends import Backend, JobExit
+from phasewise.actuators.backends.job_watch import signal_name
 from phasewise.actuators.commands import Outcome, SetLimits, StartJob
-from phasewise.actuators.ledger import Ledger
+from phasewise.actuators.ledger import Ledger, StartedJob
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
     SUPPORTED_ACTIONS,
@@ -45,12 +47,13 @@ from phasewise.kit.records import (
     decode,
     encode,
 )
+from phasewise.kit.records.jobs import MAX_REASON
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring
 from phasewise.kit.topics import ACTUATIONS, DECISIONS, JOB_EVENTS
 from phasewise.models.safety.workload import resolve
 
-__all__ = ["NOT_STARTING", "OWNED_ACTIONS", "Actuator", "job_of", "touches_a_job"]
+__all__ = ["AWAY", "NOT_STARTING", "OWNED_ACTIONS", "Actuator", "job_of", "touches_a_job"]
 
 log = logging.getLogger("phasewise.actuator")
 
@@ -64,9 +67,16 @@ class _Produces(Protocol):
 
 #: a place decision's refusal while ``actuator_start_jobs`` is off
 NOT_STARTING = "this actuator does not start jobs (actuator_start_jobs is off)"
+#: why a job that ended while no actuator watched it failed, when nothing recorded says more
+AWAY = "ended while the actuator was away (exit status unknown)"
 #: the actions that touch a job's container: taken only on a container the actuator owns for that job
 OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight")
 _JOB_ID = re.compile(JOB_ID_PATTERN)
+
+
+def _clip(text: str, limit: int = MAX_REASON) -> str:
+    """*text* cut to *limit* characters (a job event's ``reason`` bound)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def job_of(d: Decision) -> str:
@@ -129,6 +139,13 @@ class Actuator:
         self._resizes: dict[str, Decision] = {}
         if hasattr(backend, "on_fallback"):
             backend.on_fallback = lambda outcome: self.metrics.resize_fallbacks.labels(outcome=outcome).inc()
+        #: one decision or one job's end at a time: the backend reports ends from its watcher's thread
+        self.lock = threading.RLock()
+        #: containers a terminate decision is stopping: ``(decision id, when it began)``; an end seen after
+        #: that is ``terminated``, not ``failed``
+        self._terminating: dict[str, tuple[str, float]] = {}
+        if hasattr(backend, "on_exit"):
+            backend.on_exit = self.job_ended
 
     # ------------------------------------------------------------------ one message
 
@@ -140,6 +157,12 @@ class Actuator:
         *headers*: the message's Kafka headers (its signature, checked when a keyring is set).
         *produced_at*: the record's Kafka timestamp (s), for the decision-to-actuation latency.
         """
+        with self.lock:
+            return self._handle(decision_bytes, key, partition, offset, topic=topic, headers=headers,
+                                produced_at=produced_at)
+
+    def _handle(self, decision_bytes: bytes | None, key: bytes | None, partition: int | None,
+                offset: int | None, *, topic: str, headers: Any, produced_at: float | None) -> Actuation | None:
         from phasewise.kit.kafka.client import (
             publish_dead_letter,  # confluent_kafka only where a message is bad
         )
@@ -177,6 +200,7 @@ class Actuator:
         stale = self._stale(d)
         if stale is not None:  # not claimed: the ledger holds only ids this actuator acted on
             self.metrics.refused.labels(reason=stale[0]).inc()
+            self._rejected(d, stale[1])
             return self._publish(d, Outcome("rejected", stale[1]))
 
         if not self.ledger.claim(d.id, container=d.container, now=self.clock()):
@@ -192,6 +216,8 @@ class Actuator:
             log.exception("error handling decision %s", d.id)
             outcome = Outcome.failed(f"actuator error: {type(e).__name__}: {e}")
         self.ledger.finish(d.id, outcome.status, outcome.message)
+        if d.action == "place" and outcome.status not in ("applied", "clamped"):
+            self._rejected(d, outcome.message)
         if produced_at is not None:
             self.metrics.decision_latency.observe(max(0.0, self.clock() - produced_at))
         return self._publish(d, outcome)
@@ -275,7 +301,11 @@ class Actuator:
             return Outcome("rejected", p.reason)
         if isinstance(p.command, StartJob) and not p.command.job:
             p = Planned(dataclasses.replace(p.command, job=job_of(d)), p.notes)
+        if d.action == "terminate":  # an end seen from now on was asked for
+            self._terminating[d.container] = (d.id, self.clock())
         out = self._apply_with_retries(p)
+        if d.action == "terminate" and out.status != "applied":
+            self._terminating.pop(d.container, None)
         watched = getattr(self.backend, "watched", None)
         if watched is not None and isinstance(p.command, SetLimits):
             if d.container in watched:
@@ -286,11 +316,18 @@ class Actuator:
             return out
         if d.action == "terminate":
             self.ledger.record_termination(d.container, d.id, self.clock())
-            self.record_exits()  # its process's exit status, where this actuator started it
-            self.ledger.record_end(d.container, now=self.clock())  # ended either way (the container is empty)
+            row = self.ledger.started_job(d.container)
+            if row is None or row.pid is None or not hasattr(self.backend, "on_exit"):
+                # no process of its own is watched (a dry run, a container it did not start): ended here
+                if row is not None:
+                    self.ledger.record_end(d.container, now=self.clock())
+                self._terminating.pop(d.container, None)
+            # else its watcher reports the process's end (terminated), once this decision is done
         elif d.action == "place":  # a new job in the container: it may be terminated again
             self.ledger.forget_termination(d.container)
             self._started(d, p.command, out)
+        elif d.action in ("freeze", "thaw"):
+            self._froze(d, "frozen" if d.action == "freeze" else "thawed")
         msg = "; ".join(m for m in (p.message, out.message) if m)
         return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes, pid=out.pid)
 
@@ -302,31 +339,140 @@ class Actuator:
         """
         job = cmd.job if isinstance(cmd, StartJob) and cmd.job else job_of(d)
         digest = d.details.get("spec_digest") if isinstance(d.details, dict) else None
+        ident = getattr(self.backend, "identity", None)
+        who = ident(d.container) if ident is not None and out.pid is not None else None
+        proc_start, oom_base = (who[1], who[2]) if who is not None and who[0] == out.pid else (None, None)
         self.ledger.record_start(d.container, job=job, decision=d.id, backend=self.backend.name, pid=out.pid,
-                                 spec_digest=digest if isinstance(digest, str) else "", now=self.clock())
+                                 spec_digest=digest if isinstance(digest, str) else "", now=self.clock(),
+                                 proc_start=proc_start, oom_base=oom_base)
         if out.pid is None or not _JOB_ID.match(job):
             return
         details = d.details if isinstance(d.details, dict) else {}
         workload, priority = details.get("workload"), details.get("priority")
+        cgroup = getattr(self.backend, "cgroup_of", None)
+        cpus = cmd.cpus if isinstance(cmd, StartJob) and cmd.cpus else None
+        gpus = cmd.gpus if isinstance(cmd, StartJob) and cmd.gpus else ()
         ev = JobEvent(job=job, ts=self.clock(), kind="started", host=self.settings.host, container=d.container,
-                      pid=out.pid,
+                      pid=out.pid, cgroup=cgroup(d.container) if cgroup is not None else None, cpuset=cpus,
+                      devices=tuple(str(g) for g in gpus),
                       workload=workload if workload in ("training", "inference", "interactive") else "training",
                       priority=priority if isinstance(priority, int) and not isinstance(priority, bool)
                       and abs(priority) <= 10**9 else 0)
-        key, value = job.encode(), encode(ev)
+        self._job_event(ev)
+
+    def _job_event(self, ev: JobEvent) -> None:
+        """Publish one of the job's states on the job-events topic, signed with the cluster key."""
+        key, value = ev.job.encode(), encode(ev)
         headers = None if self.keyring is None else self.keyring.headers(JOB_EVENTS.name, key, value)
         self.producer.produce(JOB_EVENTS.name, key=key, value=value, headers=headers)
         self.producer.poll(0)
+        self.metrics.job_states.labels(kind=ev.kind).inc()
+        log.log(logging.WARNING if ev.kind in ("rejected", "failed") else logging.INFO, "job %s %s%s", ev.job,
+                ev.kind, f": {ev.reason}" if ev.reason else "")
 
-    def record_exits(self) -> int:
-        """Enter in the registry the jobs the backend saw exit (their end and exit status); how many."""
-        exited = getattr(self.backend, "exited", None)
-        if exited is None:
-            return 0
-        n = 0
-        for e in exited():
-            n += self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=self.clock())
-        return n
+    def _rejected(self, d: Decision, reason: str) -> None:
+        """A place decision this actuator refused or could not carry out: the job's ``rejected`` state."""
+        if d.action != "place":
+            return
+        job = job_of(d)
+        if not _JOB_ID.match(job):
+            return
+        self._job_event(JobEvent(job=job, ts=self.clock(), kind="rejected", host=self.settings.host,
+                                 container=d.container, reason=_clip(reason or "refused")))
+
+    def _froze(self, d: Decision, kind: str) -> None:
+        """A freeze or thaw decision was applied to a job's container: its ``frozen`` / ``thawed`` state."""
+        job = job_of(d)
+        if _JOB_ID.match(job):
+            self._job_event(JobEvent(job=job, ts=self.clock(), kind=kind, host=self.settings.host,
+                                     container=d.container, reason=_clip(d.reason) if d.reason else None))
+
+    # ------------------------------------------------------------------ the jobs' ends
+
+    def job_ended(self, e: JobExit) -> JobEvent | None:
+        """The backend saw a job process it started (or found again) end: record it and publish its
+        terminal state (``finished``, ``failed`` or ``terminated``) once; the event, or ``None`` when
+        the registry has no running job of that container and pid (already reported, or replaced)."""
+        with self.lock:
+            row = self.ledger.started_job(e.container)
+            if row is None or row.pid != e.pid or row.ended is not None or row.backend != self.backend.name:
+                log.info("end of pid %d in %s: not a running job of this actuator's registry (already "
+                         "reported?)", e.pid, e.container)
+                self.metrics.job_ends_ignored.inc()
+                return None
+            ev = self._end_event(row, e)
+            self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=e.ended,
+                                   end_event=encode(ev))
+            self._terminating.pop(e.container, None)
+            self._job_event(ev)
+            self.ledger.record_published(e.container, pid=e.pid, now=self.clock())
+            return ev
+
+    def _end_event(self, row: StartedJob, e: JobExit) -> JobEvent:
+        signame = signal_name(e.signal) if e.signal is not None else None
+        code = e.exit_code if e.exit_code is not None and 0 <= e.exit_code <= 255 else None
+        how = (f"killed by {signame}" if signame else f"exited with status {e.exit_code}" if e.known
+               else "exit status unknown")
+        run_s = max(0.0, e.ended - row.started)
+        asked = self._terminating.get(e.container)
+        by = asked[0] if asked is not None and e.ended >= asked[1] else None
+        if by is None and (t := self.ledger.terminated(e.container)) is not None and t[1] >= row.started:
+            by = t[0]
+        common = dict(job=row.job, ts=e.ended, host=self.settings.host, container=row.container, pid=row.pid,
+                      exit_code=code, signal=signame, oom=e.oom, run_s=run_s)
+        if by is not None:
+            return JobEvent(kind="terminated", reason=_clip(f"terminated by decision {by} ({how})"), **common)
+        if e.known and e.exit_code == 0 and not e.oom:
+            return JobEvent(kind="finished", **common)
+        why = []
+        if e.oom:
+            n = e.oom_kills or 1
+            why.append(f"OOM-killed: the kernel's OOM killer killed {n} process{'es' if n > 1 else ''} in its "
+                       "memory limit")
+        why.append(how if e.known else AWAY)
+        return JobEvent(kind="failed", reason=_clip("; ".join(why)), **common)
+
+    def watched_gauge(self) -> None:
+        """Set ``phasewise_actuator_jobs_watched`` from the backend (called by the loop between polls)."""
+        watching = getattr(self.backend, "watching", None)
+        if watching is not None:
+            self.metrics.jobs_watched.set(len(watching()))
+
+    def recover(self) -> dict[str, int]:
+        """After a restart: watch again the jobs of the registry still running, report those that ended
+        while no actuator watched them, and publish the ends decided but not published. Counts by what
+        came of each (``watched``, ``ended``, ``republished``)."""
+        counts = {"watched": 0, "ended": 0, "republished": 0}
+        with self.lock:
+            for row in self.ledger.unpublished_ends():
+                try:
+                    ev = decode(JobEvent, row.end_event)
+                except SchemaError as err:
+                    log.error("registry row of %s holds an undecodable end event (%s): not published", row.container,
+                              err)
+                    self.ledger.record_published(row.container, pid=row.pid, now=self.clock())
+                    continue
+                self._job_event(ev)
+                self.ledger.record_published(row.container, pid=row.pid, now=self.clock())
+                counts["republished"] += 1
+            adopt = getattr(self.backend, "adopt", None)
+            if adopt is None:
+                return counts
+            for row in self.ledger.running_jobs(self.backend.name):
+                if row.pid is None:
+                    continue
+                why = adopt(row.container, row.pid, row.proc_start, row.oom_base)
+                if why is None:
+                    counts["watched"] += 1
+                    log.info("job %s (pid %d in %s) runs: watched again", row.job, row.pid, row.container)
+                    continue
+                log.warning("job %s (pid %d in %s) is not running: %s", row.job, row.pid, row.container, why)
+                away = self.backend.ended_while_away  # type: ignore[attr-defined]
+                self.job_ended(away(row.container, row.pid, row.proc_start, row.oom_base))
+                counts["ended"] += 1
+        for k, n in counts.items():
+            self.metrics.jobs_recovered.labels(outcome=k).inc(n)
+        return counts
 
     def _owner(self, container: str, workload: WorkloadPolicy | None) -> str | None:
         """The job *container* belongs to: the one this actuator started in it, else its workload's ``job``."""
@@ -373,6 +519,10 @@ class Actuator:
         ended in an eviction, or could not, is published as a further actuation of the decision that asked
         for it (its ledger entry updated). Called by the consumer loop between polls; cheap when nothing
         is watched or due."""
+        with self.lock:
+            return self._follow_up()
+
+    def _follow_up(self) -> list[Actuation]:
         check = getattr(self.backend, "follow_up", None)
         if check is None or not self.backend.watched:  # type: ignore[attr-defined]
             if self._resizes:

@@ -97,7 +97,7 @@ def serve(actuator: Actuator, consumer: Any, producer: Any, stop: threading.Even
         if health is not None:
             health.beat("consume", live_s)
         actuator.follow_up()  # watched resizes (update-mode in-place-or-recreate) due a check
-        actuator.record_exits()  # the jobs it started that ended, into its registry
+        actuator.watched_gauge()
         # block for the first decision only, then take what is already there:
         # consume(n, timeout) alone would wait the whole timeout for n messages
         first = consumer.poll(poll_s)
@@ -235,8 +235,16 @@ def run_actuator(settings: Settings, backend: Backend, stop: threading.Event, *,
         # a new ledger that replaces a lost one is restored before anything is applied
         if not verify_ledger(settings, ledger, consumer, actuator.metrics, stop, group=group_id(settings.host)):
             return
+        # the jobs a previous actuator started: watched again, or reported as ended while it was away
+        found = actuator.recover()
+        if any(found.values()):
+            log.info("registry of started jobs: %d running (watched again), %d ended while no actuator watched, "
+                     "%d ends published now", found["watched"], found["ended"], found["republished"])
         serve(actuator, consumer, producer, stop, only_key=only, health=health)
     finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()  # stop watching its jobs: they run on, and the next actuator finds them again
         consumer.close()
         left = producer.flush(FINAL_FLUSH_S)
         if left:

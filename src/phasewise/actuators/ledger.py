@@ -46,9 +46,17 @@ CREATE TABLE IF NOT EXISTS jobs (
     pid         INTEGER,         -- NULL: a dry run
     started     REAL NOT NULL,
     ended       REAL,            -- NULL while it runs (as far as this actuator knows)
-    exit_status INTEGER          -- the process's wait status as subprocess reports it (-N: signal N)
+    exit_status INTEGER,         -- the process's wait status as subprocess reports it (-N: signal N)
+    proc_start  INTEGER,         -- /proc/<pid>/stat starttime: the same process, not a reused pid
+    oom_base    INTEGER,         -- the memory cgroup's OOM kill count when it started
+    end_event   BLOB,            -- the terminal job event (finished, failed, terminated), as published
+    published   REAL             -- when end_event was handed to the producer (NULL: not yet)
 );
 """
+#: columns added to ``jobs`` after it first shipped (a ledger from before gets them, empty)
+_JOBS_ADDED = (("proc_start", "INTEGER"), ("oom_base", "INTEGER"), ("end_event", "BLOB"), ("published", "REAL"))
+_JOB_COLUMNS = ("container, job, spec_digest, backend, decision, pid, started, ended, exit_status, proc_start, "
+                "oom_base, end_event, published")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,11 @@ class StartedJob:
     started: float
     ended: float | None
     exit_status: int | None
+    proc_start: int | None = None
+    oom_base: int | None = None
+    #: the terminal job event decided for its end (encoded), and when it was published
+    end_event: bytes | None = None
+    published: float | None = None
 
 
 def ledger_path(data_dir: str | os.PathLike, host: str) -> Path:
@@ -104,6 +117,10 @@ class Ledger:
             self._db.execute("INSERT OR IGNORE INTO ledger_state (key, value) VALUES ('unverified', ?)",
                              (repr(time.time()),))
         self._db.executescript(_SCHEMA)
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        for col, kind in _JOBS_ADDED:
+            if col not in have:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {kind}")
         self._claims = 0
         self.prune()
 
@@ -166,33 +183,57 @@ class Ledger:
     # ------------------------------------------------------------------ the jobs it started
 
     def record_start(self, container: str, *, job: str, decision: str, backend: str, pid: int | None,
-                     spec_digest: str = "", now: float | None = None) -> None:
-        """This actuator started *job* in *container* (a new start, or a resume: the row is replaced)."""
+                     spec_digest: str = "", now: float | None = None, proc_start: int | None = None,
+                     oom_base: int | None = None) -> None:
+        """This actuator started *job* in *container* (a new start, or a resume: the row is replaced).
+
+        *proc_start*: the process's ``/proc/<pid>/stat`` starttime (so that a restarted actuator tells
+        it from a later process under the same pid); *oom_base*: its memory cgroup's OOM kill count then.
+        """
         self._db.execute(
             "INSERT OR REPLACE INTO jobs (container, job, spec_digest, backend, decision, pid, started, ended, "
-            "exit_status) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
-            (container, job, spec_digest, backend, decision, pid, time.time() if now is None else now))
+            "exit_status, proc_start, oom_base, end_event, published) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, NULL, NULL)",
+            (container, job, spec_digest, backend, decision, pid, time.time() if now is None else now,
+             proc_start, oom_base))
 
     def started_job(self, container: str) -> StartedJob | None:
         """The registry row of *container*, if this actuator started a job in it."""
-        row = self._db.execute(
-            "SELECT container, job, spec_digest, backend, decision, pid, started, ended, exit_status FROM jobs "
-            "WHERE container = ?", (container,)).fetchone()
+        row = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE container = ?", (container,)).fetchone()
         return None if row is None else StartedJob(*row)
 
+    def running_jobs(self, backend: str) -> list[StartedJob]:
+        """The jobs *backend* started that have no recorded end (oldest first): a restarted actuator's
+        to find again."""
+        rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE backend = ? AND ended IS NULL "
+                                "ORDER BY started", (backend,)).fetchall()
+        return [StartedJob(*r) for r in rows]
+
+    def unpublished_ends(self) -> list[StartedJob]:
+        """The jobs whose terminal event was decided but not published (an actuator stopped in between)."""
+        rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE end_event IS NOT NULL AND published "
+                                "IS NULL ORDER BY ended").fetchall()
+        return [StartedJob(*r) for r in rows]
+
     def record_end(self, container: str, *, pid: int | None = None, exit_status: int | None = None,
-                   now: float | None = None) -> bool:
+                   now: float | None = None, end_event: bytes | None = None) -> bool:
         """The job in *container* ended (its process *pid*, when given, exited with *exit_status*).
 
         ``False`` when there is no running job of that container (and pid) to end: an exit reported
-        after a resume started a new process is not the new process's end.
+        after a resume started a new process is not the new process's end. *end_event*: the terminal
+        job event decided for it, to publish (:meth:`record_published` once it is).
         """
-        sql = "UPDATE jobs SET ended = ?, exit_status = ? WHERE container = ? AND ended IS NULL"
-        args: tuple = (time.time() if now is None else now, exit_status, container)
+        sql = "UPDATE jobs SET ended = ?, exit_status = ?, end_event = ? WHERE container = ? AND ended IS NULL"
+        args: tuple = (time.time() if now is None else now, exit_status, end_event, container)
         if pid is not None:
             sql += " AND pid = ?"
             args += (pid,)
         return self._db.execute(sql, args).rowcount == 1
+
+    def record_published(self, container: str, *, pid: int | None, now: float | None = None) -> None:
+        """The terminal event of *container*'s job (process *pid*) was handed to the producer."""
+        self._db.execute("UPDATE jobs SET published = ? WHERE container = ? AND pid IS ? AND end_event IS NOT NULL",
+                         (time.time() if now is None else now, container, pid))
 
     def __contains__(self, decision_id: str) -> bool:
         return self.get(decision_id) is not None
@@ -205,7 +246,8 @@ class Ledger:
         now = time.time() if now is None else now
         n = self._db.execute("DELETE FROM decisions WHERE claimed < ?", (now - self.max_age_s,)).rowcount
         self._db.execute("DELETE FROM terminations WHERE at < ?", (now - self.max_age_s,))
-        self._db.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended < ?", (now - self.max_age_s,))
+        self._db.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended < ? AND (end_event IS NULL OR "
+                         "published IS NOT NULL)", (now - self.max_age_s,))
         n += self._db.execute(
             "DELETE FROM decisions WHERE id NOT IN "
             "(SELECT id FROM decisions ORDER BY claimed DESC LIMIT ?)", (self.max_rows,)

@@ -12,7 +12,13 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from phasewise.actuators.commands import STATUSES
 from phasewise.kit.topics import DECISIONS
 
-__all__ = ["FALLBACK_OUTCOMES", "LATENCY_BUCKETS", "REFUSALS", "ActuatorMetrics"]
+__all__ = ["ACTUATOR_JOB_STATES", "FALLBACK_OUTCOMES", "LATENCY_BUCKETS", "RECOVERY_OUTCOMES", "REFUSALS",
+           "ActuatorMetrics"]
+
+#: the job states an actuator publishes (docs/jobs.md, "Lifecycle")
+ACTUATOR_JOB_STATES = ("started", "rejected", "frozen", "thawed", "finished", "failed", "terminated")
+#: what a restarted actuator found of each job of its registry (docs/jobs.md, "Actuator")
+RECOVERY_OUTCOMES = ("watched", "ended", "republished")
 
 #: why a decision is refused before the safety rules see it
 REFUSALS = ("signature", "stale", "future", "jobs_off", "not_owner")
@@ -65,6 +71,24 @@ class ActuatorMetrics:
         self.ledger_restored = Counter("phasewise_actuator_ledger_restored",
                                        "decision ids restored into a new ledger from this host's actuations",
                                        registry=registry)
+        self.job_states = Counter("phasewise_actuator_job_states",
+                                  "job states this actuator published on the job-events topic, by kind",
+                                  ["kind"], registry=registry)
+        for k in ACTUATOR_JOB_STATES:
+            self.job_states.labels(kind=k)
+        self.job_ends_ignored = Counter(
+            "phasewise_actuator_job_ends_ignored",
+            "process ends seen for no running job of the registry (reported already, or the container's job "
+            "replaced): nothing published", registry=registry)
+        self.jobs_recovered = Counter(
+            "phasewise_actuator_jobs_recovered",
+            "at start-up, the registry's jobs: watched (still running, watched again), ended (ended while no "
+            "actuator watched them: reported), republished (an end decided but not published before the stop)",
+            ["outcome"], registry=registry)
+        for o in RECOVERY_OUTCOMES:
+            self.jobs_recovered.labels(outcome=o)
+        self.jobs_watched = Gauge("phasewise_actuator_jobs_watched", "job processes whose end is watched now",
+                                  registry=registry)
         from phasewise.kit.observe import build_info
 
         self.build_info = build_info(registry, "actuator")

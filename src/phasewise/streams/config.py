@@ -166,7 +166,8 @@ def placement_state_config(settings: Settings, partitions: int | None = None) ->
         prediction_wait_s=p.prediction_wait_s, max_waiting_jobs=p.max_waiting_jobs,
         local_nodes=parse_local_nodes(p.local_nodes),
         partitions=partitions if partitions is not None else job_partitions(settings),
-        after_admission=p.after_admission, weight_ratio=pr.cpu_weight_ratio if pr.cpu_weights else None)
+        after_admission=p.after_admission, weight_ratio=pr.cpu_weight_ratio if pr.cpu_weights else None,
+        start_timeout_s=settings.jobs.start_timeout_s)
 
 
 def priority_step_config(settings: Settings) -> PriorityStepConfig:
@@ -179,7 +180,7 @@ def priority_step_config(settings: Settings) -> PriorityStepConfig:
         policy=PriorityConfig(freeze_max_wait_s=p.freeze_max_wait_s, grace_s=p.grace_s,
                               cpu_weight_ratio=p.cpu_weight_ratio if p.cpu_weights else None),
         capacity=Capacity(cpu, mem, p.host_gpus), default_host=settings.host,
-        partitions=job_partitions(settings), launcher=p.launcher)
+        partitions=job_partitions(settings), launcher=p.launcher, start_timeout_s=settings.jobs.start_timeout_s)
 
 
 def targets_step_config(settings: Settings) -> TargetsStepConfig:

@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from phasewise.kit.records import WORKLOAD_POLICIES
 from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, LEARN_WINDOWS, PHASES, PREDICTIONS, Topic
+from phasewise.models.jobs.lifecycle import IGNORED_WHY
 
 __all__ = ["DEAD_LETTER_KINDS", "EVICTION_LIMITS", "LATENCY_BUCKETS", "OUTPUT_TOPICS", "REFUSAL_LIMITS",
            "HorusMetrics", "JobWorkerMetrics", "PlacementMetrics", "WorkerMetrics"]
@@ -109,6 +110,17 @@ class WorkerMetrics:
             self.safety_bounded.labels(rule=r)
         self.ready = Gauge("phasewise_worker_ready", "1 once partitions are assigned and tables recovered, "
                            "0 again when an agent died", registry=registry)
+        # the job agents beside the samples agent (worker --priorities, --targets)
+        self.job_states_ignored = Counter("phasewise_worker_job_states_ignored",
+                                          "job lifecycle states that changed nothing: repeated, after the job "
+                                          "ended, of a job the agent does not hold", ["agent", "why"],
+                                          registry=registry)
+        self.jobs_lost = Counter("phasewise_worker_jobs_lost", "jobs started by the agent and released as lost: "
+                                 "no started event within job_start_timeout_s", ["agent"], registry=registry)
+        for agent in ("priorities", "targets"):
+            for why in IGNORED_WHY:
+                self.job_states_ignored.labels(agent=agent, why=why)
+        self.jobs_lost.labels(agent="priorities")
 
     def decided(self, decisions: Iterable, now: float | None = None) -> None:
         """Count *decisions* (``Decision`` records just sent) by policy, with their sample-to-decision time."""
@@ -170,3 +182,11 @@ class PlacementMetrics(JobWorkerMetrics):
                                       registry=registry)
         self.waiting = Gauge("phasewise_place_waiting_jobs", "jobs no node can take yet", registry=registry)
         self.nodes = Gauge("phasewise_place_nodes", "nodes known", registry=registry)
+        self.job_states_ignored = Counter("phasewise_place_job_states_ignored",
+                                          "job lifecycle states that changed nothing: repeated, after the job "
+                                          "ended, of a job it does not hold or did not place", ["why"],
+                                          registry=registry)
+        for why in IGNORED_WHY:  # zeros: a first one is an increase
+            self.job_states_ignored.labels(why=why)
+        self.jobs_lost = Counter("phasewise_place_jobs_lost", "placed jobs released as lost: no started event "
+                                 "within job_start_timeout_s of the place decision", registry=registry)

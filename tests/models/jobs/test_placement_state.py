@@ -108,7 +108,8 @@ def test_restart_books_placed_jobs_again():
     table = {k: v for k, _p, v in s.writes()}
     s2 = _state(place_prediction_wait_s=0.0)
     s2.restore(table.items())
-    assert s2.placed == {"a": {"node": "h1", "gpus": [0]}}
+    assert s2.placed == {"a": {"node": "h1", "gpus": [0], "ts": 1.0, "start_by": 301.0}}  # its lost deadline too
+    assert s2.start_by == {"a": 301.0}
     s2.samples(_sample("h1", gpus=1))
     s2.submitted(_job("b", gpus=1), now=0.0)
     assert s2.decide(now=0.0, ts=2.0) == [] and list(s2.waiting) == ["b"]  # a's GPU stays booked
@@ -147,8 +148,10 @@ def _admitted(job: str, host: str, ts: float = 5.0, resume: bool = False, contai
 
 def test_after_admission_a_job_is_held_until_admitted_then_placed_on_that_host_only():
     s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
-    assert s.acts_on == {"submitted", "finished", "admitted", "stopped"}
-    assert _state().acts_on == {"submitted", "finished"}  # (without: the hints are not its concern)
+    assert s.acts_on == {"submitted", "started", "finished", "failed", "rejected", "lost", "terminated", "admitted",
+                         "stopped"}
+    # (without: the hints are not its concern)
+    assert _state().acts_on == {"submitted", "started", "finished", "failed", "rejected", "lost", "terminated"}
     s.samples(_sample("h1", gpus=1)), s.samples(_sample("h2", gpus=1, util=90.0))
     s.submitted(_job("a", gpus=1), now=0.0)
     assert s.decide(now=1.0, ts=10.0) == [] and not s.waiting and not s.pending(1.0)  # held, not waiting

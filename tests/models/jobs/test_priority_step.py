@@ -69,10 +69,11 @@ HOST = Capacity(2, 8 * GB, 1)
 
 
 def make(policy: PriorityConfig, capacity: Capacity = HOST, *, launcher: str = "self",
-         ring: Keyring | None = None, submitters=None, clock=None, now=None) -> PriorityStep:
+         ring: Keyring | None = None, submitters=None, clock=None, now=None,
+         start_timeout_s: float = 300.0) -> PriorityStep:
     """A step on host n1 (*ring*: the cluster key that signs ``started`` events; *submitters*: the trusted ones)."""
     verify = None if ring is None else (lambda key, value, headers: ring.verify(JOB_EVENTS.name, key, value, headers))
-    return PriorityStep(PriorityStepConfig(policy, capacity, "n1", JOB_EVENTS.partitions, launcher),
+    return PriorityStep(PriorityStepConfig(policy, capacity, "n1", JOB_EVENTS.partitions, launcher, start_timeout_s),
                         Submissions(start_details, None if submitters is None else submitters.verify_event),
                         clock=clock, now=now, verify=verify)
 

@@ -15,9 +15,11 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from phasewise.actuators.backends.started_jobs import Exited, JobRefused, JobRuntime, child_setup, job_files
+from phasewise.actuators.backends.job_watch import ExitStatus, ExitWatcher, proc_identity, proc_start
+from phasewise.actuators.backends.started_jobs import JobExit, JobRefused, JobRuntime, child_setup, job_files
 from phasewise.actuators.commands import Command, Freeze, Outcome, SetCpuWeight, SetLimits, StartJob, Terminate, Thaw
 from phasewise.kit.cgroups.fs import CgroupError, CgroupLayout
 
@@ -74,8 +76,12 @@ class CgroupBackend:
         self.name = f"cgroup-v{layout.version}"
         #: how jobs are started; ``None``: this backend starts none (``actuator_start_jobs`` off)
         self.jobs = jobs
-        self.processes: dict[str, subprocess.Popen] = {}  # jobs started here (reaped as they end)
-        self._exited: list[Exited] = []
+        self.processes: dict[str, subprocess.Popen] = {}  # jobs started here, until they end
+        #: called on the watcher's thread with each watched job's end (the actuator's report)
+        self.on_exit: Callable[[JobExit], None] = lambda e: None
+        self._watcher: ExitWatcher | None = None
+        #: what a start recorded of each job process: ``(pid, /proc starttime, OOM kills at its start)``
+        self._identity: dict[str, tuple[int, int | None, int | None]] = {}
 
     # ------------------------------------------------------------------ protocol
 
@@ -206,24 +212,93 @@ class CgroupBackend:
             out.update(int(x) for x in text.split())
         return out
 
-    def _reap(self) -> None:
-        """Collect the exit of jobs this backend started (else they linger as zombies of the actuator)."""
-        for name, p in list(self.processes.items()):
-            if p.poll() is not None:
-                del self.processes[name]
-                self._exited.append(Exited(name, p.pid, p.returncode))
+    # ------------------------------------------------------------------ watching the jobs end (job_watch.py)
 
-    def exited(self) -> list[Exited]:
-        """The jobs started here that exited since the last call (collected now), oldest first."""
-        self._reap()
-        out, self._exited = self._exited, []
-        return out
+    def oom_kills(self, container: str) -> int | None:
+        """How many processes the kernel's OOM killer killed in the container's memory cgroup so far
+        (v1 ``memory.oom_control``, v2 ``memory.events``: ``oom_kill``); ``None``: not readable."""
+        f = "memory.oom_control" if self.layout.version == 1 else "memory.events"
+        try:
+            text = _read(self.layout.path(container, "memory") / f)
+        except (OSError, CgroupError):
+            return None
+        for line in text.splitlines():
+            k, _, v = line.partition(" ")
+            if k == "oom_kill":
+                try:
+                    return int(v)
+                except ValueError:
+                    return None
+        return None  # a kernel before 4.13 has no oom_kill count
+
+    def identity(self, container: str) -> tuple[int, int | None, int | None] | None:
+        """``(pid, /proc starttime, OOM kills at its start)`` of the job this backend last started in
+        *container* (for the registry: a restarted actuator finds the same process again)."""
+        return self._identity.get(container)
+
+    def watching(self) -> list[str]:
+        """The containers whose job process is watched now."""
+        return [] if self._watcher is None else self._watcher.keys()
+
+    def _watch(self) -> ExitWatcher:
+        if self._watcher is None:
+            self._watcher = ExitWatcher(self._ended)
+        return self._watcher
+
+    def adopt(self, container: str, pid: int, starttime: int | None, oom_base: int | None) -> str | None:
+        """Watch again a job process a previous actuator started (it is no longer this one's child):
+        ``None`` when it runs and is watched, else why not (it ended, or the pid is another process's)."""
+        def in_cgroup(p: int) -> bool:
+            try:
+                return p in self._pids(container)
+            except (OSError, CgroupError):
+                return False
+
+        why = self._watch().adopt(container, pid, starttime, data=oom_base, check=in_cgroup)
+        if why is None:
+            self._identity[container] = (pid, starttime, oom_base)
+        return why
+
+    def ended_while_away(self, container: str, pid: int, starttime: int | None, oom_base: int | None) -> JobExit:
+        """What is known of a job process that ended while no actuator watched it: its exit status if it
+        is still an unreaped zombie (the same process: its start time), whether it was OOM-killed."""
+        status = ExitStatus()
+        ident = proc_identity(pid)
+        if ident is not None and ident[0] == "Z" and starttime is not None and ident[1] == starttime:
+            status = ExitStatus.of_wait_status(ident[2], "zombie")
+        return self._exit_of(container, pid, status, oom_base, time.time())
+
+    def cgroup_of(self, container: str) -> str | None:
+        """The container's cgroup as a path below the cgroup mount (v1: in each hierarchy), for ``started``."""
+        try:
+            return str(self.layout.path(container, "cpu").relative_to(self.layout.controller_root("cpu")))
+        except (CgroupError, ValueError):
+            return None
+
+    def _exit_of(self, container: str, pid: int, status: ExitStatus, oom_base: int | None,
+                 ended: float) -> JobExit:
+        now = self.oom_kills(container)
+        oom = now is not None and now > (oom_base or 0)
+        return JobExit(container, pid, status.exit_code, status.signal, oom, status.source, ended,
+                       oom_kills=None if now is None else now - (oom_base or 0))
+
+    def _ended(self, container: str, pid: int, status: ExitStatus, oom_base: object, ended: float) -> None:
+        """The watcher's report of an exit: the process is forgotten, then the end handed on."""
+        if self.processes.get(container) is not None and self.processes[container].pid == pid:
+            del self.processes[container]
+        e = self._exit_of(container, pid, status, oom_base if isinstance(oom_base, int) else None, ended)
+        self.on_exit(e)
+
+    def close(self) -> None:
+        """Stop watching the jobs (they run on; a restarted actuator finds them again)."""
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
 
     def _wait_empty(self, container: str, seconds: float) -> set[int]:
         """Wait up to *seconds* for the container to hold no process; the pids still there."""
         deadline = time.monotonic() + seconds
         while True:
-            self._reap()
             left = self._pids(container)
             if not left or time.monotonic() >= deadline:
                 return left
@@ -286,7 +361,6 @@ class CgroupBackend:
     # ------------------------------------------------------------------ started jobs (started_jobs.py: the child)
 
     def _start(self, cmd: StartJob) -> Outcome:
-        self._reap()
         rt = self.jobs
         c = cmd.container
         if rt is None:
@@ -342,6 +416,7 @@ class CgroupBackend:
         except BaseException:
             undo()
             raise
+        oom_base = self.oom_kills(c)  # a resumed job's container counts its earlier kills too
         err_r, err_w = os.pipe()
         try:
             setup = child_setup([str(p) for p in procs], work_fd, rt.uid, rt.gid, os.geteuid() == 0, err_w)
@@ -359,6 +434,8 @@ class CgroupBackend:
                 os.close(err_w)
             os.close(err_r)
         self.processes[c] = proc
+        self._identity[c] = (proc.pid, proc_start(proc.pid), oom_base)
+        self._watch().watch_child(c, proc, data=oom_base)
         return Outcome.applied(f"{'resumed' if cmd.resume else 'started'} pid {proc.pid} as {rt.who()} in cpuset "
                                f"{cpus}" + (" (its container again)" if reused else "")
                                + (f" with GPUs {list(cmd.gpus)}" if cmd.gpus else "")

@@ -25,7 +25,7 @@ from typing import Any
 from phasewise.actuators.commands import StartJob
 from phasewise.kit.settings import parse_job_env
 
-__all__ = ["JOB_PATH", "Exited", "JobRefused", "JobRuntime", "JobSetupError", "child_setup", "job_files",
+__all__ = ["JOB_PATH", "JobExit", "JobRefused", "JobRuntime", "JobSetupError", "child_setup", "job_files",
            "job_runtime"]
 
 
@@ -306,9 +306,31 @@ def child_setup(procs: list[str], work_fd: int, uid: int, gid: int, switch: bool
 
 
 @dataclass(frozen=True, slots=True)
-class Exited:
-    """A job process this backend started has exited (``returncode`` as subprocess reports it: -N = signal N)."""
+class JobExit:
+    """A started job's process has ended, and what is known of how.
+
+    ``exit_code`` (it exited) or ``signal`` (the number of the signal that killed it); both ``None``:
+    not known (it ended while no actuator watched it). ``oom``: the kernel's OOM killer killed a
+    process in the job's memory cgroup during its run (``oom_kills`` of them; ``None``: the count
+    could not be read). ``source``: where the status came from (``waited``, ``pidfd``, ``zombie``,
+    ``unknown``; :class:`phasewise.actuators.backends.job_watch.ExitStatus`). ``ended``: when the end
+    was seen (wall clock).
+    """
 
     container: str
     pid: int
-    returncode: int
+    exit_code: int | None
+    signal: int | None
+    oom: bool
+    source: str
+    ended: float
+    oom_kills: int | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.exit_code is not None or self.signal is not None
+
+    @property
+    def returncode(self) -> int | None:
+        """As ``subprocess`` reports it (``-N``: signal N); ``None``: not known."""
+        return -self.signal if self.signal is not None else self.exit_code

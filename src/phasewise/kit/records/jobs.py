@@ -12,7 +12,7 @@ from phasewise.kit.records.codec import MAX_BYTES, MAX_CORES, field
 
 __all__ = ["JOB_EVENT_KINDS", "JOB_ID_PATTERN", "MAX_JOB_EVENT_BYTES", "TERMINAL_KINDS",
            "JobControl", "JobEvent", "JobRequests", "JobSpec",
-           "JobTargets"]
+           "JobTargets", "closest_name", "targets_problem", "unknown_field"]
 
 #: a job id: the characters of a managed container name (cgroupfs)
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,200}$"
@@ -189,3 +189,70 @@ class JobControl:
     grace_s: float | None = field(default=None, minimum=0, maximum=86400,
                                   doc="checkpoint_exit: seconds the job has before a hard stop")
     v: int = field(default=1)
+
+
+def closest_name(name: str, names: list[str] | tuple[str, ...] | frozenset[str] | set[str]) -> str | None:
+    """The name of *names* closest to *name* (a typo's, or one that names the same thing), or ``None``.
+
+    >>> closest_name("cpu", ("cpu_cores", "mem_bytes", "gpus", "gpu_mem_bytes"))
+    'cpu_cores'
+    >>> closest_name("memory", ("cpu_cores", "mem_bytes", "gpus", "gpu_mem_bytes"))
+    'mem_bytes'
+    >>> closest_name("zzz", ("cpu_cores", "gpus")) is None
+    True
+    """
+    import difflib
+
+    pool = sorted(names)
+    close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    # a prefix or an abbreviation of one name only ("cpu" -> cpu_cores, "mem" -> mem_bytes)
+    low = name.lower()
+    hits = [n for n in pool if n.startswith(low) or low.startswith(n.split("_")[0])]
+    if len(hits) == 1:
+        return hits[0]
+    hits = [n for n in pool if difflib.SequenceMatcher(None, low, n).ratio() >= 0.4]
+    return hits[0] if len(hits) == 1 else None
+
+
+def unknown_field(data: dict, cls: type, where: str) -> str | None:
+    """Why *data* (the JSON object of a *cls* record at *where*) is refused for a key *cls* does not have,
+    naming the closest valid name; ``None`` when every key is known. The codec skips unknown keys (a newer
+    writer's fields); a person's job file must not lose a request to a typo.
+
+    >>> print(unknown_field({"cpu": 2}, JobRequests, "spec.requests"))  # doctest: +NORMALIZE_WHITESPACE
+    spec.requests: unknown field 'cpu' (did you mean 'cpu_cores'? requests has cpu_cores, gpu_mem_bytes,
+    gpus, mem_bytes)
+    """
+    names = tuple(sorted(cls.__dataclass_fields__))  # type: ignore[attr-defined]
+    extra = sorted(k for k in data if k not in names)
+    if not extra:
+        return None
+    k = extra[0]
+    near = closest_name(str(k), names)
+    hint = f"did you mean {near!r}? " if near else ""
+    return f"{where}: unknown field {k!r} ({hint}{where.rpartition('.')[2]} has {', '.join(names)})"
+
+
+def targets_problem(t: JobTargets | None) -> str | None:
+    """Why a job's two-tier target is in the wrong order for its metric's direction (``min``: the objective is
+    at or below acceptable; ``max``: at or above), or ``None``.
+
+    >>> print(targets_problem(JobTargets(direction="min", acceptable=0.5, objective=1.0)))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    targets: objective 1 is above acceptable 0.5, but direction min needs objective <= acceptable
+    (swap them, or set direction max)
+    >>> targets_problem(JobTargets(direction="max", metric="accuracy", acceptable=0.8, objective=0.9)) is None
+    True
+    """
+    if t is None or t.acceptable is None or t.objective is None:
+        return None
+    a, o = t.acceptable, t.objective
+    if t.direction == "min" and o > a:
+        return (f"targets: objective {o:g} is above acceptable {a:g}, but direction min needs objective <= "
+                f"acceptable (swap them, or set direction max)")
+    if t.direction == "max" and o < a:
+        return (f"targets: objective {o:g} is below acceptable {a:g}, but direction max needs objective >= "
+                f"acceptable (swap them, or set direction min)")
+    return None

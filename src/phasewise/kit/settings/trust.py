@@ -62,6 +62,11 @@ class JobSettings(Group):
     spec_max_age_s: float = setting(7 * 86400.0, check=at_least(0),
                                     help="an actuator refuses to start a job submitted longer ago than this "
                                          "(0 = no limit)")
+    start_timeout_s: float = setting(300.0, check=at_least(0),
+                                     help="a placed job no actuator reports started within this many seconds of "
+                                          "its place decision (or, for worker --priorities placing itself, its "
+                                          "admission) is lost: its booking is released, with a lost job event, a "
+                                          "dead letter and phasewise_*_jobs_lost_total (0 = never)")
     allowed_commands: str = setting("", check=absolute_paths,
                                     help="executables (absolute paths, comma-separated) a started job's command "
                                          "may name first; empty = any command a trusted submitter signed")

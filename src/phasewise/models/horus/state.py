@@ -4,7 +4,8 @@ samples, and the table records they make.
 :class:`HorusState` predicts a submitted job's utilisation from its graph features
 (:meth:`~HorusState.predict`), follows where it runs (:meth:`~HorusState.started`), averages its steady
 samples (:meth:`~HorusState.samples`, :meth:`~HorusState.phase_change`) and learns it once it has enough
-of them or finishes (:meth:`~HorusState.finished`). The model is rebuilt from the learned observations,
+of them or finishes (:meth:`~HorusState.finished`); a job that fails, is rejected or lost is forgotten
+(:meth:`~HorusState.ended`). The model is rebuilt from the learned observations,
 in order, when the agent restores its table. Narrative: docs/horus.md, "The worker".
 """
 
@@ -139,6 +140,12 @@ class HorusState:
         """A ``finished`` event: the job observed (when it was long enough) and forgotten; what it learned."""
         obs = self.join.finished(event.job, event.ts)
         return self.learn_all([obs] if obs is not None else [])
+
+    def ended(self, event: JobEvent) -> None:
+        """A ``failed``, ``rejected`` or ``lost`` event (signed, checked by the agent): the job is forgotten,
+        nothing learned from it (docs/jobs.md, "Who frees what")."""
+        if event.job in self.join:
+            self.join.forget(event.job)
 
     def phase_change(self, pc: PhaseChange) -> None:
         """A container's phase change (the first after its job started ends the loading phase)."""

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from phasewise.kit.records import Decision, JobControl, JobEvent, decode
+from phasewise.kit.records import TERMINAL_KINDS, Decision, JobControl, JobEvent, decode
 from phasewise.models.jobs.events import EventTimeRefused, JobPositions, Refused, SignatureRefused
+from phasewise.models.jobs.lifecycle import Lifecycle, submission_problem
 from phasewise.models.jobs.priorities import Action, Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
 from phasewise.models.jobs.submissions import Submissions
 from phasewise.models.safety.intake import EventClock
@@ -31,7 +32,9 @@ __all__ = ["ACTS_ON", "HINT_STEP_S", "LAUNCHERS", "EventTimeRefused", "PriorityS
 log = logging.getLogger(__name__)
 
 #: the job-event kinds the agent acts on; the others (progress, its own hints) are skipped
-ACTS_ON = frozenset({"submitted", "started", "priority", "finished"})
+ACTS_ON = frozenset({"submitted", "started", "priority", "terminated"} | TERMINAL_KINDS)
+#: the states only a role holding the cluster key writes (the actuator's, the placement agent's lost)
+SIGNED_KINDS = frozenset({"started", "terminated"} | TERMINAL_KINDS)
 #: who starts an admitted job: this agent (its own ``place`` decision) or the placement agent (a hint)
 LAUNCHERS = ("self", "place")
 
@@ -55,6 +58,9 @@ class PriorityStepConfig:
     partitions: int
     #: who starts an admitted job (:data:`LAUNCHERS`): ``self`` (its ``place`` decision) or ``place`` (a hint)
     launcher: str
+    #: ``self`` launcher: seconds after a start or restart decision a job has to be reported ``started``
+    #: before it is released as ``lost`` (0: never; ``place`` launcher: the placement agent's timeout)
+    start_timeout_s: float
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -94,6 +100,8 @@ class PriorityStep:
         self.positions = JobPositions(config.partitions)
         self._dirty: set[str] = set()
         self.replayed = 0
+        #: the jobs seen ending, and the states ignored (counted by the agent)
+        self.lifecycle = Lifecycle("priorities")
 
     # ------------------------------------------------------------------ one record
 
@@ -107,11 +115,11 @@ class PriorityStep:
         ev = decode(JobEvent, raw)
         if ev.kind not in ACTS_ON:
             return [], []
-        if ev.kind == "started" and self.verify is not None and ev.job in self.jobs:
+        if ev.kind in SIGNED_KINDS and self.verify is not None and ev.job in self.jobs:
             why = self.verify(key, raw, headers)
-            if why is not None:  # only the actuator that started the job says where it runs
-                raise SignatureRefused(f"JobEvent started {ev.job}: not signed by the cluster key ({why}): its "
-                                       f"container is not taken")
+            if why is not None:  # only the actuator that ran the job says where it runs and that it ended
+                what = "its container is not taken" if ev.kind == "started" else "it frees nothing"
+                raise SignatureRefused(f"JobEvent {ev.kind} {ev.job}: not signed by the cluster key ({why}): {what}")
         known = self.policy.state(ev.job) is not None
         if self.positions.seen(ev.job, partition, offset):
             self.replayed += 1  # its effect is in the restored state already
@@ -126,9 +134,8 @@ class PriorityStep:
             if self.policy.state(ev.job) is None:
                 raise Refused(f"JobEvent: priority of unknown job {ev.job!r} (no submitted event)")
             actions = self.policy.reprioritize(ev.job, ev.priority, now=ev.ts)
-        else:  # finished
-            actions = self.policy.finish(ev.job, now=ev.ts)
-            self.jobs.pop(ev.job, None)
+        else:  # a state that ends it
+            actions = self._ended(ev)
         if self.policy.state(ev.job) is not None:
             self.positions.note(ev.job, partition, offset)
             self._dirty.add(ev.job)
@@ -138,6 +145,7 @@ class PriorityStep:
         decisions, hints = [], []
         hinted_starts = set()
         for a in actions:
+            self._note(a, ev.ts)
             if self.launcher == "place" and a.kind in ("start", "restart", "checkpoint_stop"):
                 hints.append(self._hint(a, ev.ts))
                 if a.kind != "checkpoint_stop":
@@ -164,7 +172,16 @@ class PriorityStep:
                 raise SignatureRefused(f"JobEvent: submitted job {ev.job!r} refused: {why}")
         host = ev.host or self.default_host
         if self.policy.state(ev.job) is not None:
-            raise Refused(f"JobEvent: job {ev.job!r} was already submitted")
+            raise Refused(f"JobEvent: job id {ev.job!r} already submitted: this submission is refused; submit it "
+                          f"under another id", "duplicate")
+        ended = self.lifecycle.ended_as(ev.job)
+        if ended is not None and ended[2] != ev.ts:
+            raise Refused(f"JobEvent: job id {ev.job!r} already submitted (it ended: {ended[0]} at {ended[1]:.3f}): "
+                          f"this submission is refused; submit it under another id", "duplicate")
+        if ended is not None:
+            return []  # its submission read again after it ended: not admitted a second time
+        if (why := submission_problem(ev)) is not None:
+            raise Refused(why)
         r = ev.spec.requests
         try:
             req = JobRequest(ev.job, host, cpu_cores=r.cpu_cores or 0.0, mem_bytes=r.mem_bytes or 0.0,
@@ -175,21 +192,87 @@ class PriorityStep:
         if not self.policy.knows_host(host):
             self.policy.add_host(host, self.capacity)
         # the submitter's container is not taken: a job's container is its id until an actuator says otherwise
-        self.jobs[ev.job] = {"sub": self.submissions.details(ev), "gpu": r.gpus > 0, "ctr": ev.job}
+        self.jobs[ev.job] = {"sub": self.submissions.details(ev), "gpu": r.gpus > 0, "ctr": ev.job, "sts": ev.ts}
         return self.policy.submit(req, now=ev.ts)
 
     def _started(self, ev: JobEvent) -> list[Action]:
         info = self.jobs.get(ev.job)
-        if info is None:
-            return []  # a job submitted before this agent, or never: not the policy's
+        if info is None:  # a job submitted before this agent, or never, or ended: not the policy's
+            if (why := self.lifecycle.unheld(ev.job, ev.kind, ev.ts)) is not None:
+                self.lifecycle.ignore(ev.job, ev.kind, why)
+            return []
         if ev.container:
             info["ctr"] = ev.container
+        info.pop("start_by", None)  # alive
+        info.pop("stopping", None)  # a terminated from now on ends this run
         if self.policy.state(ev.job) != "running":
             return []
         w = self.policy.weight_action(ev.job, why="started")
         if w is None or info.get("w") == w.details["cpu_weight"]:
             return []  # its weight went with (or right after) the decision that started it
         return [w]
+
+    def _ended(self, ev: JobEvent) -> list[Action]:
+        """A state that ends *ev.job* (:data:`~phasewise.kit.records.TERMINAL_KINDS`; ``terminated``
+        unless it is the exit of this agent's own checkpoint stop): it leaves the policy, whose capacity
+        it held frees."""
+        info = self.jobs.get(ev.job)
+        if self.policy.state(ev.job) is None:
+            if (why := self.lifecycle.unheld(ev.job, ev.kind, ev.ts)) is not None:
+                self.lifecycle.ignore(ev.job, ev.kind, why)
+            return []
+        if ev.kind == "terminated" and info is not None and info.pop("stopping", None):
+            return []  # the exit its own checkpoint stop asked for: it is restarted in priority order
+        self.lifecycle.end(ev.job, ev.kind, ev.ts, (info or {}).get("sts"))
+        self.jobs.pop(ev.job, None)
+        return self.policy.finish(ev.job, now=ev.ts)
+
+    def _note(self, a: Action, ts: float) -> None:
+        """What the step remembers of an action: a stop's exit to come, a start's lost deadline."""
+        info = self.jobs.get(a.job)
+        if info is None:
+            return
+        if a.kind == "checkpoint_stop":
+            info["stopping"] = True  # its process exits: that terminated is this stop's
+            info.pop("start_by", None)
+        elif a.kind in ("start", "restart") and self.launcher == "self" and self.config.start_timeout_s > 0:
+            info["start_by"] = ts + self.config.start_timeout_s
+
+    def expire(self, now: float) -> tuple[list[Decision], list[JobControl], list[JobEvent]]:
+        """Jobs this agent started (``self`` launcher) that no ``started`` event reached within
+        ``job_start_timeout_s`` of their start decision, by event time *now*: each leaves the policy as
+        ``lost``; the decisions and controls that frees, and the lost events to publish."""
+        lost_events: list[JobEvent] = []
+        actions: list[Action] = []
+        for job, info in sorted(self.jobs.items()):
+            t = info.get("start_by")
+            if t is None or t > now or self.policy.state(job) != "running":
+                continue
+            st = self.policy.job_state(job) or {}
+            host = (st.get("req") or {}).get("host") or self.default_host
+            reason = (f"no sign of life: no started event within job_start_timeout_s "
+                      f"{self.config.start_timeout_s:g} s of its start decision on {host}; what it held is freed")
+            log.warning("priorities: job %s lost: %s", job, reason)
+            req = st.get("req") or {}
+            lost_events.append(JobEvent(job=job, ts=now, kind="lost", host=host, container=info.get("ctr") or job,
+                                        reason=reason, workload=req.get("workload", "training"),
+                                        priority=int(req.get("priority", 0))))
+            self.lifecycle.end(job, "lost", now, info.get("sts"))
+            self.jobs.pop(job, None)
+            self._dirty.add(job)
+            actions += self.policy.finish(job, now=now)
+        self._dirty.update(a.job for a in actions)
+        decisions = []
+        for a in actions:
+            self._note(a, now)
+            decisions.append(self._decision(a, now))
+        controls = [self._control(d, now) for d in decisions if d.action == "terminate"]
+        return decisions, controls, lost_events
+
+    def _control(self, d: Decision, ts: float) -> JobControl:
+        return JobControl(id=hashlib.blake2b(f"priority|{d.id}".encode(), digest_size=12).hexdigest(),
+                          job=d.details.get("job", d.container), ts=ts, action="checkpoint_exit", policy="priority",
+                          reason=d.reason, grace_s=d.details.get("grace_s"))
 
     def _weighed(self, a: Action) -> None:
         """Remember the CPU weight sent for *a*'s job, so that its ``started`` event does not send it again."""

@@ -493,7 +493,9 @@ class TargetsFleet:
 
     ``submitted`` with ``spec.targets`` starts following a job; ``started`` says where it runs
     (host, container); ``progress`` is checked (:func:`check_progress`) and learned;
-    ``finished`` stops following it. :meth:`process` returns the decisions and controls an
+    ``finished``, ``failed``, ``rejected``, ``lost`` stop following it, so does ``terminated`` once
+    the objective was reached (another's stop, a preemption, takes it off its node until it starts
+    again). :meth:`process` returns the decisions and controls an
     event causes, or the reason it cannot be used (an unknown job, a NaN loss, steps going
     backwards, an absurd value): the caller dead-letters it and the job is unaffected.
     :meth:`samples` takes a host's samples: the use of the jobs' containers (for the share
@@ -581,13 +583,24 @@ class TargetsFleet:
             if before is not None and before != ev.host:
                 out += self._divide(before, ev.ts)
             return out, [], None
-        if ev.kind == "finished":
+        if ev.kind in ("finished", "failed", "rejected", "lost") or (
+                ev.kind == "terminated" and ev.job in self.jobs
+                and self.jobs[ev.job].tracker.state in ("objective", "stopped")):
+            # it ended (terminated: after the objective, the stop these targets asked for): no longer followed
             job = self.jobs.pop(ev.job, None)
             if job is None:
                 return [], [], None
             job.tracker.finished()
             self._dirty.add(ev.job)
             return (self._divide(job.host, ev.ts) if job.host is not None else []), [], None
+        if ev.kind == "terminated":
+            # stopped by another (a preemption): off its node until a started event puts it back (resumed)
+            job = self.jobs.get(ev.job)
+            if job is None or job.host is None:
+                return [], [], None
+            host, job.host, job.limit = job.host, None, None
+            self._dirty.add(ev.job)
+            return self._divide(host, ev.ts), [], None
         if ev.kind != "progress":  # e.g. a new priority: the priority agent's concern
             return [], [], None
         job = self.jobs.get(ev.job)

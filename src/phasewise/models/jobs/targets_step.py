@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from phasewise.kit.records import Decision, HostSamples, JobControl, JobEvent, decode
+from phasewise.kit.records import TERMINAL_KINDS, Decision, HostSamples, JobControl, JobEvent, decode
 from phasewise.models.jobs.events import EventTimeRefused, JobPositions, Refused, SignatureRefused
+from phasewise.models.jobs.lifecycle import END_KINDS, Lifecycle
 from phasewise.models.jobs.targets import TargetsConfig, TargetsFleet
 from phasewise.models.safety.intake import EventClock
 
@@ -30,7 +31,7 @@ __all__ = ["ACTS_ON", "TargetsStep", "TargetsStepConfig"]
 log = logging.getLogger(__name__)
 
 #: the job-event kinds the targets agent acts on; the others are skipped, never dead-lettered
-ACTS_ON = frozenset({"submitted", "started", "progress", "finished"})
+ACTS_ON = frozenset({"submitted", "started", "progress", "terminated"} | TERMINAL_KINDS)
 #: the dead-letter kind of every refusal but the event-time rule's (as this agent has always counted them)
 KIND = "schema"
 
@@ -81,6 +82,8 @@ class TargetsStep:
         #: each followed job's changelog partition and the last of its events the state holds
         self.positions = JobPositions(config.partitions)
         self.replayed = 0
+        #: the followed jobs seen ending, and the states ignored (counted by the agent)
+        self.lifecycle = Lifecycle("targets")
 
     def handle(self, raw: bytes | None, partition: int | None = None, offset: int | None = None, *,
                key: bytes | None = None, headers: Any = None) -> tuple[list[Decision], list[JobControl]]:
@@ -94,16 +97,26 @@ class TargetsStep:
             return [], []
         if ev.kind == "submitted" and ev.container is not None:
             ev = dataclasses.replace(ev, container=None)  # a job's container is its id until an actuator says
-        if ev.kind == "started" and self.verify is not None and ev.job in self.fleet.jobs:
+        if (ev.kind == "started" or ev.kind in END_KINDS) and self.verify is not None and ev.job in self.fleet.jobs:
             why = self.verify(key, raw, headers)
             if why is not None:
-                raise SignatureRefused(f"JobEvent started {ev.job}: not signed by the cluster key ({why}): its "
-                                       f"container is not taken", KIND)
+                raise SignatureRefused(f"JobEvent {ev.kind} {ev.job}: not signed by the cluster key ({why}): "
+                                       f"{'its container is not taken' if ev.kind == 'started' else 'nothing changes'}",
+                                       KIND)
+        if (ev.kind == "started" or ev.kind in END_KINDS) and ev.job not in self.fleet.jobs:
+            # a job it does not follow: one without targets (not its concern), or one that ended
+            if self.lifecycle.ended_as(ev.job) is not None and (
+                    why := self.lifecycle.unheld(ev.job, ev.kind, ev.ts)) is not None:
+                self.lifecycle.ignore(ev.job, ev.kind, why)
+            return [], []
         if self.positions.seen(ev.job, partition, offset):
             self.replayed += 1  # its effect is in the restored state already
             return [], []
         if self.clock is not None and (why := self.clock.admit(ev.job, ev.ts, now=self.now())) is not None:
             raise EventTimeRefused(f"JobEvent {ev.kind} {ev.job}: {why}")
+        if ev.kind == "submitted" and ev.job in self.fleet.jobs:
+            raise Refused(f"JobEvent: job id {ev.job!r} already submitted: this submission is refused; submit it "
+                          f"under another id", "duplicate")
         try:
             decisions, controls, why = self.fleet.process(ev)
         except Exception as e:  # a bug on a valid record: dead-letter it, keep going
@@ -111,6 +124,8 @@ class TargetsStep:
             raise Refused(f"processing failed: {type(e).__name__}: {e}", KIND) from e
         if why is not None:
             raise Refused(why, KIND)
+        if ev.kind in END_KINDS and ev.job not in self.fleet.jobs:
+            self.lifecycle.end(ev.job, ev.kind, ev.ts)
         if ev.job in self.fleet.jobs:  # (a job it does not follow leaves nothing behind)
             self.positions.note(ev.job, partition, offset)
         return decisions, controls

@@ -67,15 +67,15 @@ async def on_jobs(ctx: Context, event: Any) -> None:
     except SchemaError as e:
         await ctx.dead_letter(event, str(e), "schema")
         return
-    if ev.kind not in ("submitted", "started", "finished"):
+    if ev.kind not in ("submitted", "started", "finished", "failed", "rejected", "lost"):
         return  # progress, priority, the priority agent's hints: not this agent's concern
     if await ctx.refused_time(event, "job", ev.job, ev.ts):
         return
-    if ev.kind == "started" and ctx.keyring is not None:
+    if ev.kind != "submitted" and ctx.keyring is not None:
         msg = event.message
         why = ctx.keyring.verify(msg.topic, msg.key, msg.value, msg.headers)
         if why is not None:  # only the actuator that started the job says where it runs
-            await ctx.dead_letter(event, f"JobEvent started {ev.job} refused: {why}", "signature")
+            await ctx.dead_letter(event, f"JobEvent {ev.kind} {ev.job} refused: {why}", "signature")
             return
     try:
         if ev.kind == "submitted":
@@ -88,7 +88,9 @@ async def on_jobs(ctx: Context, event: Any) -> None:
             ctx.metrics.predictions.inc()
         elif ev.kind == "started":
             state.started(ev)
-        else:  # finished
+        elif ev.kind != "finished":  # failed, rejected, lost: forgotten
+            state.ended(ev)
+        else:
             learned(ctx, state.finished(ev))
     except FeatureError as e:
         await ctx.dead_letter(event, f"JobEvent {ev.kind} {ev.job}: {e}", "job")

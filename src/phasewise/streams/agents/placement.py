@@ -1,8 +1,11 @@
 """The placement agents (``phasewise place``): samples, job events and predictions in, ``place`` decisions out.
 
 The wiring of :class:`~phasewise.models.jobs.placement.state.PlacementState`: host samples become nodes,
-``submitted`` jobs wait for their prediction and are placed by the policy, ``finished`` frees them, the
-priority agent's signed ``admitted`` and ``stopped`` hints (``place_after_admission``) say when;
+``submitted`` jobs wait for their prediction and are placed by the policy, the states that end a job
+(``finished``, ``failed``, ``rejected``, ``lost``, ``terminated`` unless the priority agent stopped it to
+resume it) free them, a placed job with no ``started`` within ``job_start_timeout_s`` is released as
+``lost`` (a signed job event, a dead letter, ``phasewise_place_jobs_lost_total``), the priority agent's
+signed ``admitted`` and ``stopped`` hints (``place_after_admission``) say when;
 predictions and hints are taken only when signed with the cluster key, decisions are signed with it. A
 record that cannot be decoded or taken is a dead letter. State: the changelogged table ``place-state``
 (``job/<id>``). Narrative: docs/placement.md, "The placement worker".
@@ -15,6 +18,7 @@ import time
 from typing import Any
 
 from phasewise.kit.records import (
+    TERMINAL_KINDS,
     JobEvent,
     SchemaError,
     UtilisationPrediction,
@@ -23,6 +27,7 @@ from phasewise.kit.records import (
     encode,
 )
 from phasewise.kit.topics import JOB_EVENTS, PREDICTIONS, SAMPLES
+from phasewise.models.jobs.events import Refused
 from phasewise.models.jobs.placement.state import NotTrusted, PlacementState
 from phasewise.streams.agents.scaffold import Context, JobAgent
 from phasewise.streams.config import placement_state_config, submissions
@@ -34,6 +39,10 @@ __all__ = ["TABLE_NAME", "PlacementMetrics", "agent", "register_placement"]
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "place-state"
+
+#: the job-event kinds only a role with the cluster key writes (the priority agent's hints, the actuator's
+#: states, an agent's lost): with a key, taken only when signed with it
+SIGNED_KINDS = frozenset({"admitted", "stopped", "started", "terminated"} | TERMINAL_KINDS)
 
 agent = JobAgent(
     "place", TABLE_NAME, "place: submitted and placed jobs",
@@ -48,6 +57,7 @@ def decide(ctx: Context) -> None:
     jobs refused for want of room (``place_max_waiting_jobs``) to the dead letters."""
     state: PlacementState = ctx.state
     metrics = ctx.metrics
+    ctx.count_ignored(state.lifecycle.take_counts())
     t0 = time.perf_counter()
     made = state.decide(time.monotonic(), time.time())
     for d, _p in made:
@@ -90,13 +100,16 @@ async def on_jobs(ctx: Context, event: Any) -> None:
         ev = decode(JobEvent, event.message.value)
         if ev.kind not in state.acts_on:
             return  # progress, priority; the hints unless after admission: not this agent's concern
-        if ev.kind in ("admitted", "stopped") and await ctx.unsigned(event, f"JobEvent {ev.kind} {ev.job}"):
-            return  # the priority agent's hints: with a key, only those it signed
+        if ev.kind in SIGNED_KINDS and await ctx.unsigned(event, f"JobEvent {ev.kind} {ev.job}"):
+            return  # the priority agent's hints, the actuator's states: with a key, only those signed with it
         if await ctx.refused_time(event, "job", ev.job, ev.ts):
             return
         state.job_event(ev, time.monotonic())
     except NotTrusted as e:
         await ctx.dead_letter(event, str(e), "signature")
+        return
+    except Refused as e:  # a second submission of a known id, targets in the wrong order
+        await ctx.dead_letter(event, str(e), e.kind)
         return
     except (SchemaError, ValueError) as e:
         await ctx.dead_letter(event, str(e), "schema")
@@ -139,7 +152,11 @@ async def on_samples(ctx: Context, event: Any) -> None:
 
 @agent.every(0.25, "phasewise.place-tick")
 async def tick(ctx: Context) -> None:
-    if ctx.state.pending(time.monotonic()):
+    lost = ctx.state.expire(time.time())  # bookings with no started event within job_start_timeout_s
+    for ev, submitted in lost:
+        ctx.lost(ev, submitted)
+        ctx.metrics.jobs_lost.inc()
+    if lost or ctx.state.pending(time.monotonic()):
         decide(ctx)
 
 

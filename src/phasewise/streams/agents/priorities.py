@@ -4,8 +4,11 @@ weight decisions, checkpoint controls and admission hints out.
 The wiring of :class:`~phasewise.models.jobs.priority_step.PriorityStep` (DynamoML's preemption and CPU
 weights) in the samples worker's app: each job event is handed to the step, what it causes goes through
 the worker's output producer (decisions keyed by host and signed with the cluster key, controls keyed by
-job, hints on the job events signed), a record it cannot take is a dead letter. State: the changelogged
-table ``priority-state`` (key: job). One worker runs ``--priorities``. Narrative: docs/priorities.md.
+job, hints on the job events signed), a record it cannot take is a dead letter. A job it started itself
+(``priority_launcher=self``) with no ``started`` event within ``job_start_timeout_s`` is released as
+``lost`` (a signed job event, a dead letter, ``phasewise_worker_jobs_lost_total{agent="priorities"}``).
+State: the changelogged table ``priority-state`` (key: job). One worker runs ``--priorities``. Narrative:
+docs/priorities.md.
 """
 
 from __future__ import annotations
@@ -51,12 +54,18 @@ async def on_job_events(ctx: Context, event: Any) -> None:
     out = await step_outcome(ctx, event, lambda m: step.handle(m.value, m.partition, m.offset, key=m.key,
                                                                headers=m.headers),
                              "the priority policy failed on a job event")
+    ctx.count_ignored(step.lifecycle.take_counts(), "priorities")
     if out is None:
         return
     decisions, controls = out
     # an output refused for itself (too large for the producer or the broker) makes this event a dead
     # letter instead of failing the worker on it after every restart
-    refused = ctx.refused_output(event)
+    emit(ctx, decisions, controls, ctx.refused_output(event))
+
+
+def emit(ctx: Context, decisions: list, controls: list, refused: Any = None) -> None:
+    """Send what the step decided: decisions signed, checkpoint controls, then its hints, signed."""
+    step: PriorityStep = ctx.state
     for d in decisions:
         ctx.send_decision(d, on_refused=refused)
         log.info("priority decision %s %s/%s: %s", d.action, d.host, d.container, d.reason)
@@ -66,6 +75,19 @@ async def on_job_events(ctx: Context, event: Any) -> None:
         ctx.send(JOB_EVENTS.name, h.job.encode(), encode(h), signed=True, on_refused=refused)
         log.info("priority hint %s %s on %s%s", h.kind, h.job, h.host, " (resume)" if h.resume else "")
     ctx.outputs.poll()
+
+
+@agent.every(1.0, "phasewise.priorities-lost")
+async def lost(ctx: Context) -> None:
+    """The jobs this agent started (``priority_launcher=self``) that no ``started`` event reached within
+    ``job_start_timeout_s``: released as lost, and what that frees decided."""
+    step: PriorityStep = ctx.state
+    decisions, controls, lost_events = step.expire(time.time())
+    for ev in lost_events:
+        ctx.lost(ev, None)
+        ctx.metrics.jobs_lost.labels(agent="priorities").inc()
+    if decisions or controls or step.hints:
+        emit(ctx, decisions, controls)
 
 
 def register_priorities(app: Any, settings: Settings, *, metrics: Any, outputs: Any, barrier: Any,

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from phasewise.kit.kafka.client import dead_letter as make_dead_letter
-from phasewise.kit.records import Decision, SchemaError, encode
+from phasewise.kit.records import Decision, JobEvent, SchemaError, encode
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring, keyring_of
 from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, Topic
@@ -116,10 +116,33 @@ class Context:
     def capacity_letter(self, topic: Topic, key: bytes, payload: bytes, reason: str) -> None:
         """A record this agent drops for want of room (not the input at hand) to the dead letters, kind
         ``capacity``."""
+        self.letter(topic, key, payload, reason, "capacity")
+
+    def letter(self, topic: Topic, key: bytes, payload: bytes | None, reason: str, kind: str) -> None:
+        """A record this agent drops on its own (not the input at hand: a job refused for want of room, a
+        booking released as lost) to the dead letters, counted by *kind*."""
         k, v, _dl = make_dead_letter(source_topic=topic.name, reason=reason, payload=payload, key=key,
                                      max_bytes=self.settings.kafka.dead_letter_max_bytes)
         self.outputs.send(DEAD_LETTERS.name, k, v)
-        self.metrics.dead_letters.labels(kind="capacity").inc()
+        self.metrics.dead_letters.labels(kind=kind).inc()
+
+    def lost(self, lost: JobEvent, submitted: JobEvent | None) -> None:
+        """A booking released as lost (no ``started`` within ``job_start_timeout_s``): its ``lost`` event on
+        the job events, signed with the cluster key, and a dead letter of kind ``lost`` holding its
+        submitted event and the reason."""
+        key = lost.job.encode()
+        self.send(JOB_EVENTS.name, key, encode(lost), signed=True)
+        self.letter(JOB_EVENTS, key, encode(submitted) if submitted is not None else None,
+                    f"job {lost.job} lost: {lost.reason}", "lost")
+
+    def count_ignored(self, counts: dict[str, int], agent: str | None = None) -> None:
+        """Add a step's ignored lifecycle states (``{why: n}``) to the agent's counter (*agent*: its label,
+        beside the samples agent)."""
+        counter = getattr(self.metrics, "job_states_ignored", None)
+        if counter is None:
+            return
+        for why, n in counts.items():
+            (counter.labels(agent=agent, why=why) if agent else counter.labels(why=why)).inc(n)
 
     async def unsigned(self, event: Any, what: str) -> bool:
         """Whether *event* must be signed with the cluster key and is not (then it is dead-lettered)."""

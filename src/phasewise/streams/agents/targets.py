@@ -61,6 +61,7 @@ async def on_job_events(ctx: Context, event: Any) -> None:
     out = await step_outcome(ctx, event, lambda m: step.handle(m.value, m.partition, m.offset, key=m.key,
                                                                headers=m.headers),
                              "processing a job event failed")
+    ctx.count_ignored(step.lifecycle.take_counts(), "targets")
     if out is not None:  # an output refused for itself (too large) makes the job event a dead letter
         emit(ctx, *out, on_refused=ctx.refused_output(event))
     ctx.outputs.poll()

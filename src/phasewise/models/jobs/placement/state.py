@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from phasewise.kit.records import Decision, HostSamples, JobEvent, UtilisationPrediction, decode, encode
+from phasewise.kit.records import TERMINAL_KINDS, Decision, HostSamples, JobEvent, UtilisationPrediction, decode, encode
+from phasewise.models.jobs.events import Refused
+from phasewise.models.jobs.lifecycle import Lifecycle, submission_problem
 from phasewise.models.jobs.placement.cluster import Cluster, Gpu, Job, Node, Placement, PlacementConfig
 from phasewise.models.jobs.placement.policies import make_policy, why_not
 from phasewise.models.jobs.placement.waiting import WaitingJobs, need_of
@@ -59,6 +61,9 @@ class PlacementStateConfig:
     after_admission: bool
     #: the priority agent's CPU weight ratio, sent with an admitted job's place decision (``None``: no weight)
     weight_ratio: float | None
+    #: seconds after its place decision a placed job has to be reported ``started`` before its booking is
+    #: released as ``lost`` (0: never)
+    start_timeout_s: float
 
 
 def cpu_count(cpuset: str) -> int:
@@ -99,8 +104,11 @@ class PlacementState:
         #: the priority agent's CPU weight rule, sent with an admitted job's place decision
         self.weight_ratio = config.weight_ratio if config.after_admission else None
         #: the job-event kinds acted on (the others are skipped)
-        self.acts_on = frozenset({"submitted", "finished"}
+        self.acts_on = frozenset({"submitted", "started", "terminated"} | TERMINAL_KINDS
                                  | ({"admitted", "stopped"} if config.after_admission else set()))
+        self.start_timeout_s = config.start_timeout_s
+        #: the jobs seen ending (kept across restores: a state read again after one is not counted twice)
+        self.lifecycle = Lifecycle("place")
         #: the submitted event's start details, and the trusted submitters' check (``None``: every job)
         self.submissions = submissions
         self.reset()
@@ -116,6 +124,12 @@ class PlacementState:
         self.pending_bookings: dict[str, dict] = {}  # restored placements whose node is not known yet
         #: after admission: job -> its admitted hint {"host", "resume", "ts", "container"}, until stopped or finished
         self.admission: dict[str, dict] = {}
+        #: after admission: the jobs the priority agent stopped to resume later, whose ``terminated`` is theirs
+        self.resumable: set[str] = set()
+        #: placed jobs not reported started yet -> the event time their booking is released as lost
+        self.start_by: dict[str, float] = {}
+        #: the jobs released as lost since the agent last took them: (the lost event, the submitted event)
+        self.lost_jobs: list[tuple[JobEvent, JobEvent | None]] = []
         self.why: dict[str, str] = {}  # waiting job -> why no node takes it
         self.queue = WaitingJobs(self.config.cluster)  # the waiting jobs tried and not placed, by what they need
         self.retry: set[str] = set()  # waiting jobs to try again whatever the nodes (what they need changed)
@@ -134,6 +148,7 @@ class PlacementState:
     def _record(self, job: str) -> dict:
         return {"event": json.loads(encode(self.events[job])) if job in self.events else None,
                 "placed": self.placed.get(job), "admitted": self.admission.get(job),
+                "resumable": job in self.resumable,
                 "prediction": json.loads(encode(self.predictions[job])) if job in self.predictions else None}
 
     def writes(self) -> list[tuple[str, int, bytes | None]]:
@@ -150,6 +165,8 @@ class PlacementState:
             v = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
             if v.get("admitted"):
                 self.admission[k.removeprefix("job/")] = dict(v["admitted"])
+            if v.get("resumable"):
+                self.resumable.add(k.removeprefix("job/"))
             if v.get("event") is None:  # admitted before its submitted event was read
                 continue
             ev = decode(JobEvent, json.dumps(v["event"]))
@@ -159,6 +176,8 @@ class PlacementState:
             if v.get("placed"):
                 self.placed[ev.job] = v["placed"]
                 self.pending_bookings[ev.job] = v["placed"]
+                if v["placed"].get("start_by") is not None:
+                    self.start_by[ev.job] = float(v["placed"]["start_by"])
             elif self.after_admission and ev.job not in self.admission:
                 self.deadline[ev.job] = 0.0  # held: decided once admitted
             else:
@@ -208,8 +227,21 @@ class PlacementState:
         if self.submissions.check is not None:
             if (why := self.submissions.check(ev)) is not None:
                 raise NotTrusted(f"JobEvent: submitted job {ev.job!r} refused: {why}")
-        if ev.job in self.placed:
-            return  # already placed (a redelivered event)
+        if (why := submission_problem(ev)) is not None:
+            raise Refused(why)
+        old = self.events.get(ev.job)
+        if old is not None:
+            if old == ev:
+                return  # the same event read again (after a restart): nothing changes
+            raise Refused(f"JobEvent: job id {ev.job!r} already submitted (at {old.ts:.3f}, "
+                          f"{'placed' if ev.job in self.placed else 'waiting'}): this submission is refused; "
+                          f"submit it under another id", "duplicate")
+        ended = self.lifecycle.ended_as(ev.job)
+        if ended is not None:
+            if ended[2] == ev.ts:
+                return  # its submission read again after it ended: it is not placed a second time
+            raise Refused(f"JobEvent: job id {ev.job!r} already submitted (it ended: {ended[0]} at "
+                          f"{ended[1]:.3f}): this submission is refused; submit it under another id", "duplicate")
         self.events[ev.job] = ev
         # its prediction may have come first (another topic): then no wait
         self.deadline[ev.job] = 0.0 if ev.job in self.predictions else now + self.wait_s
@@ -231,13 +263,85 @@ class PlacementState:
             self.put(p.job, self._record(p.job))
 
     def finished(self, job: str) -> None:
+        """Forget *job*: what it booked frees, it is not decided again."""
         self._freed(self.cluster.release(job))
         for d in (self.events, self.predictions, self.deadline, self.waiting, self.placed, self.pending_bookings,
-                  self.admission, self.why):
+                  self.admission, self.why, self.start_by):
             d.pop(job, None)
+        self.resumable.discard(job)
         self.queue.remove(job)
         self.retry.discard(job)
         self.put(job, None)
+
+    def holds(self, job: str) -> bool:
+        return job in self.events or job in self.placed or job in self.admission
+
+    def _unheld(self, ev: JobEvent, why: str | None = None) -> None:
+        why = why or self.lifecycle.unheld(ev.job, ev.kind, ev.ts)
+        if why is not None:
+            self.lifecycle.ignore(ev.job, ev.kind, why)
+
+    def started(self, ev: JobEvent) -> None:
+        """The actuator started *ev.job*: its booking is alive (no lost timeout any more)."""
+        p = self.placed.get(ev.job)
+        if p is None:
+            self._unheld(ev, None if not self.holds(ev.job) else "not_placed")
+            return
+        if p.get("started") is not None:
+            if p["started"] != ev.ts:
+                self.lifecycle.ignore(ev.job, ev.kind, "repeated", f"started already at {p['started']:.3f}")
+            return
+        p["started"] = ev.ts
+        p.pop("start_by", None)
+        self.resumable.discard(ev.job)  # a terminated from now on ends this run
+        self.start_by.pop(ev.job, None)
+        self.put(ev.job, self._record(ev.job))
+
+    def ended(self, ev: JobEvent) -> None:
+        """A state that ends *ev.job* (:data:`~phasewise.kit.records.TERMINAL_KINDS`, or ``terminated`` not of
+        the priority agent's own stop): what it booked frees and it is forgotten."""
+        if not self.holds(ev.job):
+            self._unheld(ev)
+            return
+        if ev.kind == "terminated" and ev.job in self.resumable:
+            # the priority agent stopped it to resume it (its booking freed then): the exit it asked for
+            self.resumable.discard(ev.job)
+            self.put(ev.job, self._record(ev.job))
+            return
+        p = self.placed.get(ev.job)
+        if p is not None and p.get("started") is None and ev.kind in ("finished", "failed", "terminated"):
+            log.info("job %s: %s before its started event: its booking frees; a started event after it changes "
+                     "nothing", ev.job, ev.kind)
+        sub = self.events.get(ev.job)
+        self.lifecycle.end(ev.job, ev.kind, ev.ts, sub.ts if sub is not None else None)
+        log.info("job %s %s%s: %s", ev.job, ev.kind, f" ({ev.reason})" if ev.reason else "",
+                 f"its booking on {p['node']} frees" if p else "forgotten")
+        self.finished(ev.job)
+
+    def expire(self, now: float) -> list[tuple[JobEvent, JobEvent | None]]:
+        """Release the bookings of the placed jobs no ``started`` event reached within
+        ``job_start_timeout_s`` of their place decision, by event time *now*: ``(its lost event, its
+        submitted event)`` each, the lost event stamped *now* for the agent to publish."""
+        out = []
+        for job, t in sorted(self.start_by.items(), key=lambda x: (x[1], x[0])):
+            if t > now:
+                continue
+            p = self.placed.get(job) or {}
+            sub = self.events.get(job)
+            a = self.admission.get(job) or {}
+            node = p.get("node")
+            reason = (f"no sign of life: no started event within job_start_timeout_s {self.start_timeout_s:g} s "
+                      f"of its place decision at {float(p.get('ts', t - self.start_timeout_s)):.3f}"
+                      f"{f' on {node}' if node else ''}; its booking is released")
+            lost = JobEvent(job=job, ts=max(now, sub.ts if sub else 0.0), kind="lost",
+                            host=(self.host if self.local else node) or None, container=a.get("container") or job,
+                            reason=reason, workload=sub.workload if sub else "training",
+                            priority=sub.priority if sub else 0)
+            log.warning("job %s lost: %s", job, reason)
+            self.lifecycle.end(job, "lost", lost.ts, sub.ts if sub else None)
+            self.finished(job)
+            out.append((lost, sub))
+        return out
 
     def _freed(self, node: str | None) -> None:
         if node is not None:
@@ -276,8 +380,13 @@ class PlacementState:
         self.queue.remove(job)
         self.retry.discard(job)
         self.why.pop(job, None)
+        self.start_by.pop(job, None)
         if self.admission.pop(job, None) is None and was is None:
             return
+        if was is not None:
+            # its process exits as asked (or was never started): the terminated that follows is this stop's,
+            # up to the started event of its next placement
+            self.resumable.add(job)
         if job in self.events:
             self.deadline[job] = 0.0  # (decided once admitted again)
         self.put(job, self._record(job))
@@ -287,8 +396,10 @@ class PlacementState:
         :class:`ValueError` (:class:`NotTrusted`) when it cannot be taken."""
         if ev.kind == "submitted":
             self.submitted(ev, now)
-        elif ev.kind == "finished":
-            self.finished(ev.job)
+        elif ev.kind == "started":
+            self.started(ev)
+        elif ev.kind in TERMINAL_KINDS or ev.kind == "terminated":
+            self.ended(ev)
         elif ev.kind == "admitted":
             self.admitted(ev)
         else:  # stopped
@@ -383,7 +494,9 @@ class PlacementState:
             self.waiting.pop(job, None)
             self.queue.remove(job)
             self.why.pop(job, None)
-            self.placed[job] = {"node": p.node, "gpus": list(p.gpus)}
+            self.placed[job] = {"node": p.node, "gpus": list(p.gpus), "ts": ts}
+            if self.start_timeout_s > 0:
+                self.placed[job]["start_by"] = self.start_by[job] = ts + self.start_timeout_s
             self.put(job, self._record(job))
             out.append((self._decision(j, p, ts), p))
         return out
