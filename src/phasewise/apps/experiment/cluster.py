@@ -162,7 +162,7 @@ def summarize(jobs: list[PlannedJob], rec: Records, *, leaked: int | None, probe
     errs = prediction_errors(jobs, rec)
     dl_kinds: dict[str, int] = defaultdict(int)
     for d in rec.dead_letters:
-        dl_kinds[getattr(d, "kind", "?")] += 1
+        dl_kinds[f"{d.source_topic}: {d.reason[:100]}"] += 1
     waits = [started[j] - submitted[j] for j in started if j in submitted]
     runs = [ended[j] - started[j] for j in ended if j in started]
     return {
@@ -381,6 +381,7 @@ class Config:
     json: bool
     cgroup_prefix: str
     keep: bool
+    job_python: str | None = None
     host: str = "cluster"
 
 
@@ -412,6 +413,7 @@ class Cluster:
             raise ClusterError("experiment cluster starts jobs in cgroups as job_user: run it as root")
         if not Path("/sys/fs/cgroup/cpuset").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
             raise ClusterError("no cgroup hierarchy at /sys/fs/cgroup")
+        self._job_interpreter()
         broker = EmbeddedBroker(log_path=self.run_dir / "broker.log")
         broker.start()
         self.stack.callback(broker.stop)
@@ -440,7 +442,6 @@ class Cluster:
         self.ckpt = self.run_dir / "checkpoints"
         self.ckpt.mkdir()
         os.chmod(self.ckpt, 0o1777)
-        py = sys.executable
         self.env = {
             "PHASEWISE_BOOTSTRAP": broker.bootstrap, "PHASEWISE_HOST": cfg.host,
             "PHASEWISE_SIGNING_KEY_FILE": str(cluster_key), "PHASEWISE_JOB_TRUSTED_SUBMITTERS": str(trusted),
@@ -450,9 +451,10 @@ class Cluster:
         nodes = node_slices(sorted(os.sched_getaffinity(0)))
         self.nodes = [n.split("=")[0] for n in nodes.split(";")]
         self.node_cpus = {n.split("=")[0]: len(n.split("=")[1].split(",")) for n in nodes.split(";")}
-        job_env = ";".join([f"PATH={os.path.dirname(py)}:/usr/local/bin:/usr/bin:/bin", "OMP_NUM_THREADS=1",
-                            "MKL_NUM_THREADS=1", "HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1",
-                            f"PHASEWISE_DATA_DIR={self.run_dir / 'job-state'}"])
+        job_env = ";".join(["PATH=/usr/local/bin:/usr/bin:/bin", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1",
+                            "PYTHONDONTWRITEBYTECODE=1", f"PHASEWISE_DATA_DIR={self.run_dir / 'job-state'}",
+                            # the jobs run this installation's programs
+                            f"PYTHONPATH={self.job_pythonpath}"])
         roles = {
             "produce": (["--interval", "1"], {}),
             "horus": ([], {"PHASEWISE_HORUS_WARMUP_S": "3", "PHASEWISE_HORUS_OBSERVE_S": "10",
@@ -474,12 +476,50 @@ class Cluster:
         self.stack.callback(self._remove_cgroups)
         self._wait_ready()
 
-    def _wait_ready(self, timeout_s: float = 180.0) -> None:
+    def _job_interpreter(self) -> None:
+        """The interpreter and module path the jobs run with, as the actuator's job_user.
+
+        This interpreter where job_user may run it; else the same Python version's system interpreter
+        with this installation's packages on ``PYTHONPATH`` (an interpreter under a private home, as
+        pyenv's, is out of job_user's reach). :class:`ClusterError` where neither imports the trainer.
+        """
+        import site
+        import subprocess
+
+        import phasewise
+        from phasewise.kit.settings import Settings
+
+        user = Settings.from_env({}).actuator.job_user
+        paths = [*(os.environ.get("PYTHONPATH") or "").split(":"),
+                 str(Path(phasewise.__file__).resolve().parents[1]), *site.getsitepackages()]
+        self.job_pythonpath = ":".join(p for p in dict.fromkeys(paths) if p)
+        v = sys.version_info
+        candidates = [self.cfg.job_python] if self.cfg.job_python else [
+            sys.executable, f"/usr/bin/python{v.major}.{v.minor}", f"/usr/local/bin/python{v.major}.{v.minor}"]
+        why = ""
+        for py in candidates:
+            try:
+                r = subprocess.run([py, "-c", "import torch, phasewise.apps.experiment.trainer"], user=user,
+                                   env={"PATH": "/usr/bin:/bin", "PYTHONPATH": self.job_pythonpath}, cwd="/",
+                                   capture_output=True, text=True, timeout=300)
+                if r.returncode == 0:
+                    self.job_python = py
+                    return
+                why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+            except (OSError, subprocess.SubprocessError) as e:
+                why = str(e)
+        raise ClusterError(f"the jobs run as job_user {user!r}, who cannot run {' or '.join(candidates)} with "
+                           f"phasewise and torch: {why} (--job-python names another interpreter)")
+
+    def _wait_ready(self, stall_s: float = 60.0, tries: int = 3) -> None:
+        """Until the Faust roles say ready; one that stalls is restarted, as a supervisor would (a Faust
+        worker sometimes never joins its group on a loaded machine)."""
         from phasewise.apps.bench.harness import scrape
 
         gauges = {"worker": "phasewise_worker_ready", "horus": "phasewise_horus_ready",
                   "place": "phasewise_place_ready"}
-        deadline = time.monotonic() + timeout_s
+        since = dict.fromkeys(gauges, time.monotonic())
+        restarts = dict.fromkeys(gauges, 0)
         waiting = dict(gauges)
         while waiting:
             self.check_roles()
@@ -487,8 +527,19 @@ class Cluster:
                 with contextlib.suppress(OSError):
                     if scrape(f"http://127.0.0.1:{self.ports[role]}/metrics").get(g) == 1.0:
                         del waiting[role]
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{', '.join(waiting)} not ready within {timeout_s:.0f} s; logs in {self.run_dir}")
+                        continue
+                if time.monotonic() - since[role] > stall_s:
+                    if restarts[role] + 1 >= tries:
+                        raise ClusterError(f"phasewise {role} not ready after {tries} starts of {stall_s:.0f} s; "
+                                           f"logs in {self.run_dir}")
+                    restarts[role] += 1
+                    print(f"experiment cluster: phasewise {role} not ready within {stall_s:.0f} s: restarting it",
+                          file=sys.stderr)
+                    r = self.roles[role]
+                    r.stop()
+                    r.append = True
+                    r.start()
+                    since[role] = time.monotonic()
             time.sleep(0.5)
 
     def check_roles(self) -> None:
@@ -499,7 +550,7 @@ class Cluster:
     # ---------------------------------------------------------------- jobs
 
     def command(self, j: PlannedJob) -> list[str]:
-        py = sys.executable
+        py = self.job_python
         if j.kind == "train":
             prog = ["-m", "phasewise.apps.experiment.trainer", j.job, "--checkpoint-dir", str(self.ckpt),
                     "--seconds", str(j.seconds), "--hidden", str(j.hidden), "--seed", str(j.seed)]
@@ -541,12 +592,11 @@ class Cluster:
     def _service_load(self, j: PlannedJob) -> None:
         from phasewise.apps.experiment.inference import Load, scrape
 
-        deadline = time.monotonic() + j.seconds
-        while scrape(self.service_port) is None:  # until it serves
-            if time.monotonic() > deadline or self.stopping.is_set():
+        while scrape(self.service_port) is None:  # until it serves (it loads torch first), or the run ends
+            if self.stopping.is_set():
                 return
             time.sleep(0.5)
-        left = max(1.0, deadline - time.monotonic())
+        left = max(1.0, j.seconds - 1.0)  # it serves j.seconds from then on
 
         def rate(t: float) -> float:
             return next((r for share, r in LOAD_STEPS if t < share * left), LOAD_STEPS[-1][1])
@@ -711,6 +761,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "(a new or empty folder)")
     p.add_argument("--cgroup-prefix", default=None, help="cgroup folder of the run's jobs (default: a new one)")
     p.add_argument("--keep", action="store_true", help="keep the run's folder (role logs, job files)")
+    p.add_argument("--job-python", metavar="PATH", help="the interpreter the jobs run with as job_user (default: "
+                                                        "this one, else this Python version's in /usr/bin)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -731,7 +783,8 @@ def run(args: argparse.Namespace) -> int:
                 interactive_s=args.interactive_seconds, tag=f"{tag}-")
     cfg = Config(jobs=args.jobs, seed=args.seed, trace=trace, span_s=span, train_s=args.train_seconds,
                  service_s=service_s, interactive_s=args.interactive_seconds, timeout_s=args.timeout, report=report,
-                 json=args.json, cgroup_prefix=args.cgroup_prefix or f"pwcluster-{tag}", keep=args.keep)
+                 json=args.json, cgroup_prefix=args.cgroup_prefix or f"pwcluster-{tag}", keep=args.keep,
+                 job_python=args.job_python)
     progress = Progress(sys.stderr.isatty() and not args.json)
     c = Cluster(cfg, jobs)
     t0 = time.monotonic()
