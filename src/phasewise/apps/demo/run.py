@@ -136,6 +136,21 @@ def check_cgroups(root: str, prefix: str) -> CgroupLayout:
     return layout
 
 
+def _end_processes(layout: CgroupLayout, name: str, grace_s: float = 5.0) -> None:
+    """SIGTERM the processes of *name*'s cgroup, SIGKILL what is left after *grace_s*, wait until it is empty."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        pids = layout.pids(name)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while layout.pids(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not layout.pids(name):
+            return
+    raise DemoError(f"the processes of {name} did not end: {layout.pids(name)}")
+
+
 def _bases(layout: CgroupLayout) -> list[Path]:
     if layout.version == 2:
         return [layout.root / layout.prefix]
@@ -643,8 +658,9 @@ class Demo:
             except (OSError, CgroupError) as e:
                 log.warning("could not read the final limits of %s: %s", name, e)
             self._step(f"remove the cgroup of {name}", layout.remove, name, 10.0)
-        for name in layout.containers():  # the submitted jobs' cgroups, made by the actuator (they have ended)
+        for name in layout.containers():  # the submitted jobs' cgroups, made by this run's actuator
             if name not in self.cfg.jobs:
+                self._step(f"stop the submitted job {name}", _end_processes, layout, name)
                 self._step(f"remove the cgroup of {name}", layout.remove, name, 10.0)
         cpuset = layout.controller_root("cpuset") / layout.prefix if layout.version == 1 else None
         for base in [*_bases(layout), *([cpuset] if cpuset is not None and cpuset not in _bases(layout) else [])]:

@@ -46,7 +46,7 @@ __all__ = ["ClusterError", "Records", "add_arguments", "run", "summarize"]
 #: the service's latency objective: p99 of a window at most this (milliseconds)
 SLO_MS = 50.0
 #: the service's load steps: (share of its run, requests per second)
-LOAD_STEPS = ((0.25, 5.0), (0.5, 20.0), (0.75, 40.0), (1.0, 10.0))
+LOAD_STEPS = ((0.25, 4.0), (0.5, 8.0), (0.75, 16.0), (1.0, 8.0))
 #: job-event kinds that say where a job is in its life (progress and priority do not)
 LIFECYCLE = ("submitted", "admitted", "started", "rejected", "frozen", "thawed", "finished", "failed",
              "terminated", "lost", "stopped")
@@ -382,6 +382,7 @@ class Config:
     cgroup_prefix: str
     keep: bool
     job_python: str | None = None
+    priorities: bool = True
     host: str = "cluster"
 
 
@@ -459,8 +460,12 @@ class Cluster:
             "produce": (["--interval", "1"], {}),
             "horus": ([], {"PHASEWISE_HORUS_WARMUP_S": "3", "PHASEWISE_HORUS_OBSERVE_S": "10",
                            "PHASEWISE_HORUS_MIN_SAMPLES": "3"}),
-            "place": (["--local-nodes", nodes, "--prediction-wait", "5"], {}),
-            "worker": (["--targets"], {"PHASEWISE_TARGETS_GRACE_S": "10"}),
+            "place": (["--local-nodes", nodes, "--prediction-wait", "5",
+                       *(["--place-after-admission"] if cfg.priorities else [])], {}),
+            "worker": (["--targets", *(["--priorities", "--priority-launcher", "place"] if cfg.priorities else [])],
+                       {"PHASEWISE_TARGETS_GRACE_S": "10",
+                        "PHASEWISE_PRIORITY_HOST_CPU_CORES": str(len(os.sched_getaffinity(0))),
+                        "PHASEWISE_PRIORITY_GRACE_S": "10"}),
             "actuate": (["--backend", "cgroup", "--start-jobs"], {"PHASEWISE_JOB_ENV": job_env}),
         }
         from phasewise.kit.procs import RoleProcess
@@ -761,6 +766,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "(a new or empty folder)")
     p.add_argument("--cgroup-prefix", default=None, help="cgroup folder of the run's jobs (default: a new one)")
     p.add_argument("--keep", action="store_true", help="keep the run's folder (role logs, job files)")
+    p.add_argument("--no-priorities", dest="priorities", action="store_false",
+                   help="no priority agent: place admits every job itself (default: worker --priorities decides "
+                        "when, with checkpoint-and-stop, freeze and CPU weights; place decides where)")
     p.add_argument("--job-python", metavar="PATH", help="the interpreter the jobs run with as job_user (default: "
                                                         "this one, else this Python version's in /usr/bin)")
 
@@ -784,7 +792,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = Config(jobs=args.jobs, seed=args.seed, trace=trace, span_s=span, train_s=args.train_seconds,
                  service_s=service_s, interactive_s=args.interactive_seconds, timeout_s=args.timeout, report=report,
                  json=args.json, cgroup_prefix=args.cgroup_prefix or f"pwcluster-{tag}", keep=args.keep,
-                 job_python=args.job_python)
+                 job_python=args.job_python, priorities=args.priorities)
     progress = Progress(sys.stderr.isatty() and not args.json)
     c = Cluster(cfg, jobs)
     t0 = time.monotonic()
