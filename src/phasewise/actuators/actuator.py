@@ -408,6 +408,67 @@ class Actuator:
             self.ledger.record_published(e.container, pid=e.pid, now=self.clock())
             return ev
 
+    def pod_seen(self, s: Any) -> JobEvent | None:
+        """A job pod's state from the Kubernetes backend's pod watch
+        (:class:`~phasewise.actuators.backends.kubernetes.pod_watch.PodJobState`): entered in the registry
+        (the pod's uid names it) and published once; the event, or ``None`` when already published."""
+        with self.lock:
+            row = self.ledger.started_job(s.container)
+            tag = f"pod {s.uid}"
+            same = row is not None and row.decision == tag and row.backend == self.backend.name
+            if s.kind == "started":
+                if same:
+                    return None
+                self.ledger.record_start(s.container, job=s.job, decision=tag, backend=self.backend.name, pid=None,
+                                         now=s.started if s.started is not None else self.clock())
+                ev = JobEvent(job=s.job, ts=self.clock(), kind="started", host=self.settings.host,
+                              container=s.container)
+                self._job_event(ev)
+                return ev
+            if not same:  # seen only once it had ended (between two looks, or before this actuator ran)
+                first = s.started if s.started is not None else s.ended
+                self.ledger.record_start(s.container, job=s.job, decision=tag, backend=self.backend.name, pid=None,
+                                         now=first if first is not None else self.clock())
+                row = self.ledger.started_job(s.container)
+            elif row.ended is not None:
+                self.metrics.job_ends_ignored.inc()
+                return None
+            assert row is not None
+            kind, reason = ("failed" if s.kind == "gone" else s.kind), s.reason
+            if s.uid in getattr(self.backend, "deleted", {}):
+                kind = "terminated"
+                reason = "its pod was deleted for a terminate decision" + (f" ({s.reason})" if s.reason else "")
+            ended = s.ended if s.ended is not None else self.clock()
+            run_s = s.run_s if s.run_s is not None else max(0.0, ended - row.started)
+            ev = JobEvent(job=s.job, ts=self.clock(), kind=kind, host=self.settings.host, container=s.container,
+                          exit_code=s.exit_code, signal=s.signal, oom=s.oom, run_s=run_s,
+                          reason=_clip(reason) if reason and kind != "finished" else None)
+            self.ledger.record_end(s.container, now=ended, end_event=encode(ev))
+            self._job_event(ev)
+            self.ledger.record_published(s.container, pid=None, now=self.clock())
+            return ev
+
+    def pods_listed(self, present: set[str]) -> int:
+        """The pod watch listed the node's job pods (*present*: ``namespace/name``): the registry's running
+        pods missing from it ended while nothing watched them (``failed``, :data:`AWAY`); how many."""
+        n = 0
+        with self.lock:
+            for row in self.ledger.running_jobs(self.backend.name):
+                if row.pid is not None or not row.decision.startswith("pod ") or row.container in present:
+                    continue
+                uid = row.decision[4:]
+                asked = uid in getattr(self.backend, "deleted", {})
+                now = self.clock()
+                ev = JobEvent(job=row.job, ts=now, kind="terminated" if asked else "failed", host=self.settings.host,
+                              container=row.container, run_s=max(0.0, now - row.started),
+                              reason=("its pod was deleted for a terminate decision (exit status unknown)" if asked
+                                      else f"{AWAY}: its pod is gone"))
+                self.ledger.record_end(row.container, now=now, end_event=encode(ev))
+                self._job_event(ev)
+                self.ledger.record_published(row.container, pid=None, now=now)
+                n += 1
+        return n
+
     def _end_event(self, row: StartedJob, e: JobExit) -> JobEvent:
         signame = signal_name(e.signal) if e.signal is not None else None
         code = e.exit_code if e.exit_code is not None and 0 <= e.exit_code <= 255 else None
@@ -455,6 +516,9 @@ class Actuator:
                 self._job_event(ev)
                 self.ledger.record_published(row.container, pid=row.pid, now=self.clock())
                 counts["republished"] += 1
+            watch_pods = getattr(self.backend, "watch_pods", None)
+            if watch_pods is not None:  # the Kubernetes backend: the states come from its pod watch
+                watch_pods(self.pod_seen, self.pods_listed)
             adopt = getattr(self.backend, "adopt", None)
             if adopt is None:
                 return counts

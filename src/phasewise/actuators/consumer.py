@@ -182,7 +182,7 @@ def make_backend(settings: Settings) -> Backend:
         # the node's cgroup tree (CgroupError without one): a container is acted on only where it is
         # discovered there, so the per-workload mode is resolved from its real identity
         layout = layout_from_settings(settings)
-        return KubernetesBackend(api, PodDirectory(api, settings.host), present=layout.exists,
+        return KubernetesBackend(api, PodDirectory(api, settings.host), present=layout.exists, node=settings.host,
                                  recreate=RecreatePolicy(deferred_timeout_s=a.kube_resize_deferred_timeout_s,
                                                          in_progress_timeout_s=a.kube_resize_in_progress_timeout_s,
                                                          check_s=a.kube_resize_check_s))

@@ -122,7 +122,7 @@ class OutputSender:
         self.failure: str | None = None  # first delivery error; sticky
 
     def send(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None, *,
-             on_refused: Callable[[str], None] | None = None) -> None:
+             on_refused: Callable[[str], None] | None = None, partition: int | None = None) -> None:
         """Queue one record (blocks briefly, serving deliveries, while librdkafka's queue is full).
 
         *on_refused*: called with the reason, instead of failing the worker, if the record is refused for
@@ -131,7 +131,9 @@ class OutputSender:
         """
         epoch = self._epoch
         cb = epoch if on_refused is None else _Refusable(epoch, on_refused)
-        extra = {} if headers is None else {"headers": headers}
+        extra: dict[str, Any] = {} if headers is None else {"headers": headers}
+        if partition is not None:  # (a job's events: the partition its submitter's and actuator's go to)
+            extra["partition"] = partition
         while True:
             try:
                 self.producer.produce(topic, value, key, on_delivery=cb, **extra)

@@ -37,12 +37,31 @@ def test_a_submitted_job_round_trips_with_its_nested_spec():
     ({"command": "python train.py"}, "field 'command' must be an array of strings"),
     ({"requests": {"gpus": -1}}, "requests: JobRequests: field 'gpus' = -1.0 is below the minimum 0"),
     ({"targets": {"direction": "up"}}, "field 'direction' = 'up' is not one of"),
-    ({"batchsize": 4}, "unknown field 'batchsize'"),
+    ({"batchsize": 4}, "unknown field 'batchsize' (did you mean 'batch_size'?"),
+    # inside requests and targets too (the decoder would drop them): with the closest valid name
+    ({"requests": {"cpu": 2}}, "spec.requests: unknown field 'cpu' (did you mean 'cpu_cores'?"),
+    ({"requests": {"gpus": 1, "memory": 2**30}}, "spec.requests: unknown field 'memory' (did you mean 'mem_bytes'?"),
+    ({"targets": {"acceptable": 0.5, "objectve": 0.3}}, "spec.targets: unknown field 'objectve' (did you mean "
+                                                         "'objective'?"),
+    # loss targets in the wrong order for the metric's direction
+    ({"targets": {"acceptable": 0.3, "objective": 0.5}}, "spec.targets: objective 0.5 is above acceptable 0.3, but "
+                                                          "direction min needs objective <= acceptable"),
+    ({"targets": {"metric": "acc", "direction": "max", "acceptable": 0.9, "objective": 0.8}},
+     "spec.targets: objective 0.8 is below acceptable 0.9, but direction max needs objective >= acceptable"),
 ])
 def test_a_bad_spec_is_refused_with_its_reason(change, reason):
     with pytest.raises(SpecError, match=None) as e:
         job_event({**GOOD, **change}, ts=1.0)
     assert reason in str(e.value)
+
+
+def test_an_unknown_key_under_spec_is_refused_too():
+    nested = {"job": "j", "spec": {"model": "resnet18", "dataset": "cifar10", "batch_size": 8, "gpu": 1}}
+    with pytest.raises(SpecError, match=r"^spec: unknown field 'gpu' \(spec has amp, batch_size"):
+        job_event(nested, ts=1.0)
+    ok = {"requests": {"cpu_cores": 1}, "targets": {"metric": "acc", "direction": "max", "acceptable": 0.8,
+                                                   "objective": 0.9}}
+    assert job_event({**GOOD, **ok}, ts=1.0).spec.targets.objective == 0.9
 
 
 def test_progress_and_started_events_decode_and_wrong_kinds_do_not():
@@ -103,3 +122,12 @@ def test_submit_publishes_the_event_keyed_by_job(settings, tmp_path):
     finally:
         c.close()
     assert got is not None and got.kind == "submitted" and got.spec.model == "ResNet-18"
+    # the same id again: refused with one line, nothing published
+    r = _cli(str(f), "--bootstrap", settings.kafka.bootstrap, "--timeout", "20")
+    assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
+    *_warning, last = r.stderr.splitlines()  # (after the unsigned warning)
+    assert last.startswith(f"phasewise submit: error: job id sub-{settings.host} already submitted (at ")
+    assert last.endswith("submit it under another id (--job NAME)")
+    # another id from the same file goes through
+    r = _cli(str(f), "--job", f"sub2-{settings.host}", "--bootstrap", settings.kafka.bootstrap, "--timeout", "20")
+    assert r.returncode == 0, r.stderr

@@ -99,6 +99,7 @@ WHERE = {
     "signing_previous_key_until": "signing.previous_key_until",
     "job_submitter_key_file": "jobs.submitter_key_file", "job_trusted_submitters": "jobs.trusted_submitters",
     "job_spec_max_age_s": "jobs.spec_max_age_s", "job_allowed_commands": "jobs.allowed_commands",
+    "job_start_timeout_s": "jobs.start_timeout_s",
     "bind_address": "bind_address",
     **{f"kafka_{f}": f"kafka.{f}" for f in (
         "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file",

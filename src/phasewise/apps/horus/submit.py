@@ -1,6 +1,7 @@
 """``phasewise submit JOB.json|yaml``: publish a job-submitted event on ``phasewise.job-events.v1``, signed
-with a submitter key when one is given; a bad spec is one line and exit status 2, nothing published
-(docs/horus.md, "Submitting a job").
+with a submitter key when one is given; a bad spec (an unknown key at any level, loss targets in the wrong
+order for their direction) is one line and exit status 2, nothing published; an id the job events already
+hold is refused, exit status 1 (docs/horus.md, "Submitting a job"; docs/jobs.md).
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import json
 import os
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 from phasewise.kit.command import add_common, add_setting, settings_from_args
-from phasewise.kit.records import JobEvent, JobSpec, SchemaError, encode_within, from_dict
+from phasewise.kit.records import JobEvent, JobRequests, JobSpec, JobTargets, SchemaError, encode_within, from_dict
+from phasewise.kit.records.jobs import closest_name, targets_problem, unknown_field
 from phasewise.models.horus.catalog import (
     DATASETS,
     MODELS,
@@ -76,7 +79,9 @@ def job_event(data: Any, *, job: str | None = None, ts: float | None = None) -> 
         raise SpecError(f"expected an object (the job), got {type(data).__name__}")
     unknown = sorted(set(data) - _TOP - _SPEC)
     if unknown:
-        raise SpecError(f"unknown field {unknown[0]!r} (a job has {', '.join(sorted(_TOP | _SPEC))})")
+        near = closest_name(str(unknown[0]), _TOP | _SPEC)
+        raise SpecError(f"unknown field {unknown[0]!r} ({f'did you mean {near!r}? ' if near else ''}"
+                        f"a job has {', '.join(sorted(_TOP | _SPEC))})")
     if "spec" in data:
         inline = sorted(set(data) & _SPEC)
         if inline:
@@ -86,6 +91,11 @@ def job_event(data: Any, *, job: str | None = None, ts: float | None = None) -> 
         spec = {k: v for k, v in data.items() if k in _SPEC}
     if type(spec) is not dict:
         raise SpecError("spec: expected an object")
+    # the record's decoder skips keys it does not know (a newer writer's): a person's file must not lose one
+    for value, cls, where in ((spec, JobSpec, "spec"), (spec.get("requests"), JobRequests, "spec.requests"),
+                              (spec.get("targets"), JobTargets, "spec.targets")):
+        if type(value) is dict and (why := unknown_field(value, cls, where)) is not None:
+            raise SpecError(why)
     name = job or data.get("job")
     if name is None:
         model = str(spec.get("model", "job")).rpartition(":")[2]
@@ -98,7 +108,60 @@ def job_event(data: Any, *, job: str | None = None, ts: float | None = None) -> 
     except SchemaError as e:
         raise SpecError(str(e).removeprefix("JobEvent: ")) from None
     check_names(rec.spec)
+    if (why := targets_problem(rec.spec.targets)) is not None:
+        raise SpecError(f"spec.{why}")
     return rec
+
+
+def already_submitted(settings: Any, job: str, timeout_s: float) -> str | None:
+    """Whether the job events hold a ``submitted`` event of *job* (read back from the partition its key goes
+    to, to its end): the one-line reason it is refused, or ``None``. :class:`TimeoutError` when the partition
+    could not be read to its end within *timeout_s*."""
+    import uuid
+
+    from confluent_kafka import KafkaError, TopicPartition
+
+    from phasewise.kit.kafka.client import make_consumer
+    from phasewise.kit.records import decode
+    from phasewise.kit.topics import JOB_EVENTS
+
+    deadline = time.monotonic() + timeout_s
+    key = job.encode()
+    c = make_consumer(settings, f"phasewise-submit-{uuid.uuid4().hex[:12]}", **{"enable.partition.eof": True})
+    try:
+        meta = c.list_topics(JOB_EVENTS.name, timeout=max(1.0, timeout_s / 3)).topics.get(JOB_EVENTS.name)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return None  # no job events yet
+        # librdkafka's default partitioner (the producer below): CRC32 of the key
+        part = zlib.crc32(key) % len(meta.partitions)
+        lo, hi = c.get_watermark_offsets(TopicPartition(JOB_EVENTS.name, part), timeout=max(1.0, timeout_s / 3))
+        if hi <= lo:
+            return None
+        c.assign([TopicPartition(JOB_EVENTS.name, part, lo)])
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"could not read {JOB_EVENTS.name}[{part}] to its end within {timeout_s:g} s")
+            m = c.poll(min(left, 1.0))
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    return None
+                continue
+            if m.key() == key:
+                try:
+                    ev = decode(JobEvent, m.value())
+                except SchemaError:
+                    continue
+                if ev.kind == "submitted":
+                    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ev.ts))
+                    return (f"job id {job} already submitted (at {when}, {JOB_EVENTS.name}[{part}]@{m.offset()}): "
+                            f"submit it under another id (--job NAME)")
+            if m.offset() >= hi - 1:
+                return None
+    finally:
+        c.close()
 
 
 def model_note(spec: JobSpec, model_modules: str) -> str | None:
@@ -165,8 +228,17 @@ def run(args: argparse.Namespace) -> int:
     except BrokerUnavailable as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
+    try:
+        why = already_submitted(s, event.job, args.timeout)
+    except TimeoutError as e:  # (a long partition on a slow link): the agents still refuse a known id
+        print(f"{prog}: warning: {e}, to check that job id {event.job} is new: published unchecked (the agents "
+              f"refuse an id they know as a dead letter)", file=sys.stderr)
+        why = None
+    if why is not None:
+        print(f"{prog}: error: {why}", file=sys.stderr)
+        return 1
     errors: list[str] = []
-    producer = make_producer(s)
+    producer = make_producer(s, partitioner="consistent_random")  # (what already_submitted reads back)
     producer.produce(JOB_EVENTS.name, key=event.job.encode(), value=value,
                      on_delivery=lambda err, _msg: err and errors.append(err.str()))
     left = producer.flush(args.timeout)

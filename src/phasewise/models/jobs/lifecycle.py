@@ -3,10 +3,11 @@
 :class:`Lifecycle` remembers the jobs an agent saw end (bounded, newest kept) and counts the states it
 ignores: a second end (``repeated``), a state after the end (``after_end``, e.g. ``started`` after
 ``finished``), a state of a job it never held (``unknown_job``), a ``started`` of a job it did not place
-(``not_placed``). Each ignored state is logged once per job and reason and counted for the agent's
-``*_job_states_ignored_total{why}`` metric (:meth:`Lifecycle.take_counts`). :func:`submission_problem`
-is the check every agent makes of a ``submitted`` event before it books anything. Narrative:
-docs/jobs.md, "Who frees what".
+(``not_placed``), a ``rejected`` of a job whose process started on the placement it refers to (an old
+decision refused again: ``after_start``). Each ignored state is logged once per job and reason and
+counted for the agent's ``*_job_states_ignored_total{why}`` metric (:meth:`Lifecycle.take_counts`).
+:func:`submission_problem` is the check every agent makes of a ``submitted`` event before it books
+anything. Narrative: docs/jobs.md, "Who frees what".
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 #: the states that end a job's run (``terminated`` ends it unless the agent that stopped it resumes it)
 END_KINDS = TERMINAL_KINDS | {"terminated"}
 #: why a state was ignored (the metric's ``why`` label)
-IGNORED_WHY = ("repeated", "after_end", "unknown_job", "not_placed")
+IGNORED_WHY = ("repeated", "after_end", "unknown_job", "not_placed", "after_start")
 #: ended jobs remembered at most (those ended longest ago are forgotten first)
 MAX_ENDED = 10_000
 
@@ -91,7 +92,8 @@ class Lifecycle:
         said = {"repeated": f"it ended already ({e[0]} at {e[1]:.3f})" if e else "it ended already",
                 "after_end": f"it ended already ({e[0]} at {e[1]:.3f})" if e else "it ended already",
                 "unknown_job": "no submitted event for it reached this agent",
-                "not_placed": "this agent did not place it"}.get(why, why)
+                "not_placed": "this agent did not place it",
+                "after_start": "its process started: a place decision refused now is an older one"}.get(why, why)
         log.info("%s: job %s: %s state ignored (%s), nothing changes%s", self.agent, job, kind, said,
                  f"; {detail}" if detail else "")
 

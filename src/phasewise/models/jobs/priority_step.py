@@ -205,6 +205,7 @@ class PriorityStep:
             info["ctr"] = ev.container
         info.pop("start_by", None)  # alive
         info.pop("stopping", None)  # a terminated from now on ends this run
+        info["up"] = True  # (a rejected from now on is of an older decision)
         if self.policy.state(ev.job) != "running":
             return []
         w = self.policy.weight_action(ev.job, why="started")
@@ -223,6 +224,9 @@ class PriorityStep:
             return []
         if ev.kind == "terminated" and info is not None and info.pop("stopping", None):
             return []  # the exit its own checkpoint stop asked for: it is restarted in priority order
+        if ev.kind == "rejected" and info is not None and info.get("up"):
+            self.lifecycle.ignore(ev.job, ev.kind, "after_start", ev.reason or "")
+            return []
         self.lifecycle.end(ev.job, ev.kind, ev.ts, (info or {}).get("sts"))
         self.jobs.pop(ev.job, None)
         return self.policy.finish(ev.job, now=ev.ts)
@@ -235,8 +239,12 @@ class PriorityStep:
         if a.kind == "checkpoint_stop":
             info["stopping"] = True  # its process exits: that terminated is this stop's
             info.pop("start_by", None)
+            info.pop("up", None)
         elif a.kind in ("start", "restart") and self.launcher == "self" and self.config.start_timeout_s > 0:
-            info["start_by"] = ts + self.config.start_timeout_s
+            # from the decision's time: its event's, or the worker's clock where that is later (an event
+            # stamped long ago, read late, does not make its job lost at once)
+            at = ts if self.now is None else max(ts, self.now())
+            info["start_by"] = at + self.config.start_timeout_s
 
     def expire(self, now: float) -> tuple[list[Decision], list[JobControl], list[JobEvent]]:
         """Jobs this agent started (``self`` launcher) that no ``started`` event reached within

@@ -14,6 +14,7 @@ handler that stops the worker when an agent dies (:func:`fail_worker_on_agent_er
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -103,7 +104,10 @@ class Context:
         """*value* to *topic* through the worker's output producer; *signed*: with the cluster key's headers
         (none without a key); *on_refused*: see :meth:`~phasewise.streams.output.OutputSender.send`."""
         headers = self.keyring.headers(topic, key, value) if signed and self.keyring is not None else None
-        self.outputs.send(topic, key, value, headers, on_refused=on_refused)
+        # a job's events in one partition, in order: the one its submitter's and actuator's producers (librdkafka's
+        # default, CRC32 of the key) put them in, not this producer's murmur2 (kept for the decisions' hosts)
+        partition = zlib.crc32(key) % job_partitions(self.settings) if topic == JOB_EVENTS.name else None
+        self.outputs.send(topic, key, value, headers, on_refused=on_refused, partition=partition)
 
     def send_decision(self, d: Decision, on_refused: Callable[[str], None] | None = None) -> None:
         """A decision, keyed by host, signed."""

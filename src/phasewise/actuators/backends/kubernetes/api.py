@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,40 @@ class KubeApi:
             return json.loads(raw) if raw else None
         except ValueError as e:
             raise ApiError(0, "BadAnswer", f"{method} {path}: answer is not JSON") from e
+
+
+    def stream(self, path: str, *, read_timeout_s: float) -> Iterator[Any]:
+        """A watch: the decoded JSON of each line the server sends (``watch=true`` answers one JSON object
+        per line, chunked), until it ends the answer; :class:`ApiError` for an error answer."""
+        req = urllib.request.Request(self.base_url + path, method="GET")
+        req.add_header("Accept", "application/json")
+        try:
+            tok = self._bearer()
+        except OSError as e:
+            raise ApiError(0, "TokenUnreadable", f"cannot read the service account token: {e}") from e
+        if tok:
+            req.add_header("Authorization", f"Bearer {tok}")
+        try:
+            resp = urllib.request.urlopen(req, timeout=read_timeout_s, context=self._ssl)
+        except urllib.error.HTTPError as e:
+            raise _api_error(e.code, e.read(), e.headers.get("Retry-After")) from None
+        except (urllib.error.URLError, OSError) as e:
+            raise ApiError(0, "Unreachable", f"GET {path}: {getattr(e, 'reason', e)}") from e
+        with resp:
+            while True:
+                try:
+                    line = resp.readline()
+                except (OSError, ValueError) as e:  # a timeout, a reset, a broken chunk
+                    raise ApiError(0, "Unreachable", f"watch {path}: {e}") from e
+                if not line:
+                    return
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    yield json.loads(line)
+                except ValueError as e:
+                    raise ApiError(0, "BadAnswer", f"watch {path}: a line is not JSON") from e
 
 
 def _api_error(code: int, raw: bytes, retry_after: str | None) -> ApiError:

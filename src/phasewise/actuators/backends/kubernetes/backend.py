@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -72,7 +73,7 @@ class KubernetesBackend:
 
     def __init__(self, api: KubeApi, resolve: Callable[[str], PodContainer | None], *,
                  present: Callable[[str], bool] | None = None, recreate: RecreatePolicy | None = None,
-                 clock: Callable[[], float] = time.time, max_watched: int = 10_000) -> None:
+                 clock: Callable[[], float] = time.time, max_watched: int = 10_000, node: str = "") -> None:
         """*present*: whether the container is on this node (the cgroup layout's ``exists``, which also
         discovers it, so the actuator's per-workload check sees its real identity); ``None``: any pod
         container the API server lists on this node. *recreate*: the fallback's timeouts; *clock*: wall
@@ -85,6 +86,11 @@ class KubernetesBackend:
         self.watched: dict[str, _Watched] = {}
         #: called with each fallback's outcome (evicted, waiting, not_recreatable, failed): the actuator's metric
         self.on_fallback: Callable[[str], None] = lambda outcome: None
+        #: this node (its pods are watched for their jobs' states: :meth:`watch_pods`)
+        self.node = node or getattr(resolve, "node", "")
+        #: the uids of the pods this backend deleted for a terminate decision (their end is ``terminated``)
+        self.deleted: dict[str, float] = {}
+        self._pod_watch: tuple[threading.Thread, threading.Event] | None = None
 
     # ------------------------------------------------------------------ protocol
 
@@ -313,6 +319,9 @@ class KubernetesBackend:
         grace = max(0, math.ceil(cmd.grace_s))
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace,
                 "preconditions": {"uid": uid}}
+        self.deleted[uid] = self.clock()
+        if len(self.deleted) > self.max_watched:  # the oldest first
+            del self.deleted[next(iter(self.deleted))]
         got = self.api.request("DELETE", path, body) or {}
         gmd = got.get("metadata") or {}
         how = (f"the kubelet sends SIGTERM, then SIGKILL after {grace} s" if grace else "SIGKILL at once")
@@ -320,6 +329,28 @@ class KubernetesBackend:
         again = f"; its controller {owner.get('kind')}/{owner.get('name')} may start a new pod" if owner else ""
         since = f" (terminating since {gmd['deletionTimestamp']})" if gmd.get("deletionTimestamp") else ""
         return Outcome.applied(f"deleted pod {name} uid {uid}{since}: {how}{again}")
+
+    # ------------------------------------------------------------------ the jobs' states (pod_watch.py)
+
+    def watch_pods(self, on_state: Callable[[Any], Any], on_listed: Callable[[set[str]], Any]) -> bool:
+        """Follow this node's pods on a thread of their own, each job pod's state to *on_state*
+        (:class:`~phasewise.actuators.backends.kubernetes.pod_watch.PodWatch`); ``False`` without a node."""
+        from phasewise.actuators.backends.kubernetes.pod_watch import PodWatch
+
+        if not self.node or self._pod_watch is not None:
+            return self._pod_watch is not None
+        stop = threading.Event()
+        w = PodWatch(self.api, self.node, on_state, on_listed)
+        t = threading.Thread(target=w.run, args=(stop,), name="phasewise-pod-watch", daemon=True)
+        t.start()
+        self._pod_watch = (t, stop)
+        return True
+
+    def close(self) -> None:
+        """Stop following the pods (the thread ends with its watch request, a daemon until then)."""
+        if self._pod_watch is not None:
+            self._pod_watch[1].set()
+            self._pod_watch = None
 
     def _bind(self, cmd: Bind) -> Outcome:
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": cmd.pod, "namespace": cmd.namespace},

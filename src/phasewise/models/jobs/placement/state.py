@@ -309,6 +309,9 @@ class PlacementState:
             self.put(ev.job, self._record(ev.job))
             return
         p = self.placed.get(ev.job)
+        if ev.kind == "rejected" and p is not None and p.get("started") is not None:
+            self.lifecycle.ignore(ev.job, ev.kind, "after_start", ev.reason or "")
+            return
         if p is not None and p.get("started") is None and ev.kind in ("finished", "failed", "terminated"):
             log.info("job %s: %s before its started event: its booking frees; a started event after it changes "
                      "nothing", ev.job, ev.kind)
