@@ -383,6 +383,7 @@ class Config:
     keep: bool
     job_python: str | None = None
     priorities: bool = True
+    targets: bool = True
     host: str = "cluster"
 
 
@@ -462,7 +463,8 @@ class Cluster:
                            "PHASEWISE_HORUS_MIN_SAMPLES": "3"}),
             "place": (["--local-nodes", nodes, "--prediction-wait", "5",
                        *(["--place-after-admission"] if cfg.priorities else [])], {}),
-            "worker": (["--targets", *(["--priorities", "--priority-launcher", "place"] if cfg.priorities else [])],
+            "worker": ([*(["--targets"] if cfg.targets else []),
+                        *(["--priorities", "--priority-launcher", "place"] if cfg.priorities else [])],
                        {"PHASEWISE_TARGETS_GRACE_S": "10",
                         "PHASEWISE_PRIORITY_HOST_CPU_CORES": str(len(os.sched_getaffinity(0))),
                         "PHASEWISE_PRIORITY_GRACE_S": "10"}),
