@@ -8,7 +8,7 @@ one inference service under a stepped load and interactive sessions, at the
 inter-arrival times of a real trace scaled to minutes. Every figure it prints is
 computed from the topics (job events, decisions, predictions, samples); a job
 that never reached an end state is listed as stuck with its last state.
-docs/results.md, "experiment cluster".
+docs/results.md, "Jobs through every role".
 """
 
 from __future__ import annotations

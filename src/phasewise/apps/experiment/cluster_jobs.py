@@ -5,7 +5,7 @@ the experiment's torch inference service on loopback, printing a progress line
 per window with its p99 latency (``metric=``, milliseconds) and the requests
 served (``step=``); ``interactive JOB --seconds S``: a session of short bursts of
 work between pauses. Each ends on its own after ``--seconds`` (exit 0) or at
-SIGTERM. docs/results.md, "experiment cluster".
+SIGTERM. docs/results.md, "Jobs through every role".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Arrivals keep the inter-arrival times of a real trace (the Pollux artifact's
 workloads, sampled by its authors from Microsoft's Philly trace), scaled so the
 first *n* arrivals span a few minutes; the mix is training jobs with loss targets
 (small MLPs of different widths), one inference service and interactive
-sessions, with mixed priorities. docs/results.md, "experiment cluster".
+sessions, with mixed priorities. docs/results.md, "Jobs through every role".
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ configuration: NA runs ``worker`` without ``--targets`` (every job trains its
 whole budget), FT with it (a job is asked to checkpoint and exit at its
 objective, and its slice goes to the next). Time to objective is read from the
 job events (submission to the first progress report at or past the objective).
-docs/targets.md, "Through the roles".
+docs/results.md, "Jobs through every role".
 """
 
 from __future__ import annotations
