@@ -620,7 +620,8 @@ class Cluster:
         t_start = time.monotonic()
         pending = list(self.jobs)
         last_arrival = max(j.arrival_s for j in self.jobs)
-        timeout = self.cfg.timeout_s or (last_arrival + max(j.seconds for j in self.jobs) * 4 + 180)
+        # (default: the last arrival, then every job's run one after another, and three minutes more)
+        timeout = self.cfg.timeout_s or (last_arrival + sum(j.seconds for j in self.jobs) + 180)
         load_thread: threading.Thread | None = None
         svc = next((j for j in self.jobs if j.kind == "service"), None)
         while True:
@@ -699,10 +700,17 @@ class Cluster:
 
         with contextlib.suppress(Exception):
             layout = CgroupLayout("/sys/fs/cgroup", prefix=self.cfg.cgroup_prefix)
-            for c in layout.containers():
+            for c in layout.containers():  # (a job the priority agent froze takes SIGKILL only once thawed)
+                state = (layout.controller_root("freezer") / layout.prefix / c / "freezer.state" if layout.version == 1
+                         else layout.path(c) / "cgroup.freeze")
+                with contextlib.suppress(OSError):
+                    state.write_text("THAWED" if layout.version == 1 else "0")
                 for pid in layout.pids(c):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, 9)
+                deadline = time.monotonic() + 5
+                while layout.pids(c) and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 with contextlib.suppress(Exception):
                     layout.remove(c)
             roots = ([layout.root / layout.prefix] if layout.version == 2
