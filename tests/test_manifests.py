@@ -237,6 +237,7 @@ def kustomize(path: Path) -> list[dict]:
 API_BACKEND_REQUESTS = {
     ("", "pods", "list"),  # GET /api/v1/pods?fieldSelector=spec.nodeName=<node> (backend and pod list)
     ("", "pods", "get"),  # GET .../pods/{pod} before a resize
+    ("", "pods", "watch"),  # GET /api/v1/pods?fieldSelector=spec.nodeName=<node>&watch=true (job states)
     ("", "pods/resize", "patch"),  # PATCH .../pods/{pod}/resize
     ("", "pods/eviction", "create"),  # POST .../pods/{pod}/eviction (update-mode in-place-or-recreate)
     ("metrics.k8s.io", "pods", "get"),  # GET /apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods/{pod}

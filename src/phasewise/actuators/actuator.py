@@ -3,8 +3,11 @@
 :class:`Actuator` decodes a decision (a bad one becomes a dead letter),
 claims its id in the ledger, checks the workload's mode, who owns the
 container and the job's signature, plans the command under the safety rules,
-applies it through the backend with retries and publishes the outcome. It is
-Kafka-free apart from ``producer.produce``; the loop around it is
+applies it through the backend with retries and publishes the outcome. It
+also publishes the job states it is the source of: started, rejected, frozen,
+thawed, and, from the backend's watch, finished, failed and terminated
+(docs/jobs.md, "Actuator"). It is Kafka-free apart from
+``producer.produce``; the loop around it is
 :mod:`phasewise.actuators.consumer`. The steps in order: docs/operations.md,
 "The actuator".
 """
@@ -302,7 +305,7 @@ class Actuator:
         if isinstance(p.command, StartJob) and not p.command.job:
             p = Planned(dataclasses.replace(p.command, job=job_of(d)), p.notes)
         if d.action == "terminate":  # an end seen from now on was asked for
-            self._terminating[d.container] = (d.id, self.clock())
+            self._terminating[d.container] = (d.id, time.time())  # the watcher's clock
         out = self._apply_with_retries(p)
         if d.action == "terminate" and out.status != "applied":
             self._terminating.pop(d.container, None)

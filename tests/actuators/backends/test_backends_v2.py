@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phasewise.actuators.backends import CgroupBackend, DryRunBackend
+from phasewise.actuators.backends.job_watch import ExitStatus
 from phasewise.actuators.commands import Freeze, SetLimits, Thaw
 from phasewise.kit.cgroups.fs import CgroupLayout
 
@@ -143,3 +144,18 @@ def test_the_dry_run_actuator_rejects_a_missing_container_and_a_name_with_a_trai
     assert got["gone"].status == "rejected" and "does not exist" in got["gone"].message
     assert got["job-a\n"].status == "rejected" and "not a managed container name" in got["job-a\n"].message
     assert [type(c).__name__ for c in backend.commands] == ["Freeze"]
+
+
+def test_v2_oom_kills_are_read_from_memory_events_and_decide_oom_at_the_end(v2):
+    backend, d = v2
+    assert backend.oom_kills("job-a") is None  # no memory.events (a kernel before 4.13 has no oom_kill)
+    (d / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 2\noom_group_kill 0\n")
+    assert backend.oom_kills("job-a") == 2
+    assert backend.cgroup_of("job-a") == "pw/job-a"
+    seen = []
+    backend.on_exit = seen.append
+    # the count at its start was 2: an end with the count still 2 is no OOM kill, with 3 it is one
+    backend._ended("job-a", 4242, ExitStatus(None, 9, "waited"), 2, 100.0)
+    (d / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 3\noom_group_kill 0\n")
+    backend._ended("job-a", 4243, ExitStatus(None, 9, "waited"), 2, 101.0)
+    assert [(e.pid, e.signal, e.oom, e.oom_kills) for e in seen] == [(4242, 9, False, 0), (4243, 9, True, 1)]

@@ -1,8 +1,9 @@
 """Backends carry out the actuator's commands: the cgroup files, a dry run, or the Kubernetes API.
 
 One module each: ``base`` (the protocol), ``cgroup``, ``started_jobs`` (how
-the cgroup backend starts a job unprivileged), ``job_watch`` (how it sees them end), ``dry_run``, ``kubernetes/``
-(imported only when chosen) and ``gpu_share_enforcement``; the package
+the cgroup backend starts a job unprivileged), ``job_watch`` (how it sees
+them end), ``dry_run``, ``kubernetes/`` (imported only when chosen) and
+``gpu_share_enforcement``; the package
 re-exports what the actuator and the apps use. How each command is applied:
 docs/operations.md, "Backends".
 """

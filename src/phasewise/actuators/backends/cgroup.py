@@ -435,7 +435,10 @@ class CgroupBackend:
             os.close(err_r)
         self.processes[c] = proc
         self._identity[c] = (proc.pid, proc_start(proc.pid), oom_base)
-        self._watch().watch_child(c, proc, data=oom_base)
+        try:
+            self._watch().watch_child(c, proc, data=oom_base)
+        except (OSError, RuntimeError) as e:  # it runs: started, not failed; its end is found at the next start
+            log.error("job %s (pid %d) started but its end cannot be watched: %s", c, proc.pid, e)
         return Outcome.applied(f"{'resumed' if cmd.resume else 'started'} pid {proc.pid} as {rt.who()} in cpuset "
                                f"{cpus}" + (" (its container again)" if reused else "")
                                + (f" with GPUs {list(cmd.gpus)}" if cmd.gpus else "")

@@ -255,6 +255,9 @@ class ExitWatcher:
                 poller.unregister(fd)
                 try:
                     status = self._status(w)
+                except Exception:  # noqa: BLE001 - the end is still reported, its status unknown
+                    log.exception("reading the exit status of %s (pid %d) failed", w.key, w.pid)
+                    status = ExitStatus()
                 finally:
                     os.close(fd)
                 try:

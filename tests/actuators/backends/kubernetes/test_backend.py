@@ -205,8 +205,10 @@ def test_evict_created_and_disruption_budget(serve):
 
 def test_terminate_deletes_the_pod_holding_the_container_with_its_grace_and_uid(serve):
     r = serve(LIST, ("GET", POD, 200, "pod-guaranteed.json"), ("DELETE", POD, 200, "pod-terminating.json"))
-    out = backend(r).apply(Terminate(MANAGED, grace_s=12.4))
+    b = backend(r)
+    out = b.apply(Terminate(MANAGED, grace_s=12.4))
     assert out.status == "applied", out
+    assert list(b.deleted) == ["6a1f7b2c-3d4e-4f50-9a6b-7c8d9e0f1a2b"]  # its end is ``terminated`` (pod watch)
     assert r.seen[-1]["body"] == {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 13,
                                   "preconditions": {"uid": "6a1f7b2c-3d4e-4f50-9a6b-7c8d9e0f1a2b"}}
     assert r.seen[-1]["type"] == "application/json"
@@ -232,6 +234,7 @@ def test_terminate_never_deletes_twice_nor_another_pod(serve):
     out = b.apply(Terminate(MANAGED, grace_s=5))
     assert out.status == "applied" and "gone already" in out.message
     assert [s["method"] for s in r.seen].count("DELETE") == 1 and not r.script
+    assert b.deleted == {}  # no pod deleted: no end taken for a terminate decision's
 
 
 def test_bind_and_already_bound(serve):

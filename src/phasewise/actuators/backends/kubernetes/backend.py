@@ -319,10 +319,10 @@ class KubernetesBackend:
         grace = max(0, math.ceil(cmd.grace_s))
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace,
                 "preconditions": {"uid": uid}}
-        self.deleted[uid] = self.clock()
+        got = self.api.request("DELETE", path, body) or {}
+        self.deleted[uid] = self.clock()  # its end, when the pod watch sees it, was asked for
         if len(self.deleted) > self.max_watched:  # the oldest first
             del self.deleted[next(iter(self.deleted))]
-        got = self.api.request("DELETE", path, body) or {}
         gmd = got.get("metadata") or {}
         how = (f"the kubelet sends SIGTERM, then SIGKILL after {grace} s" if grace else "SIGKILL at once")
         owner = next((o for o in md.get("ownerReferences") or [] if o.get("controller")), None)
