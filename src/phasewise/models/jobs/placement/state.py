@@ -128,8 +128,6 @@ class PlacementState:
         self.resumable: set[str] = set()
         #: placed jobs not reported started yet -> the event time their booking is released as lost
         self.start_by: dict[str, float] = {}
-        #: the jobs released as lost since the agent last took them: (the lost event, the submitted event)
-        self.lost_jobs: list[tuple[JobEvent, JobEvent | None]] = []
         self.why: dict[str, str] = {}  # waiting job -> why no node takes it
         self.queue = WaitingJobs(self.config.cluster)  # the waiting jobs tried and not placed, by what they need
         self.retry: set[str] = set()  # waiting jobs to try again whatever the nodes (what they need changed)
