@@ -518,7 +518,7 @@ class Cluster:
         raise ClusterError(f"the jobs run as job_user {user!r}, who cannot run {' or '.join(candidates)} with "
                            f"phasewise and torch: {why} (--job-python names another interpreter)")
 
-    def _wait_ready(self, stall_s: float = 120.0, tries: int = 3) -> None:
+    def _wait_ready(self, stall_s: float = 90.0, tries: int = 5) -> None:
         """Until the Faust roles say ready; one that stalls is restarted, as a supervisor would (a Faust
         worker sometimes never joins its group on a loaded machine)."""
         from phasewise.apps.bench.harness import scrape
