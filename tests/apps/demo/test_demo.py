@@ -389,7 +389,7 @@ def test_the_demo_submits_jobs_that_are_placed_started_and_finish(tmp_path):
     prefix = f"pwtest-demo-{uuid.uuid4().hex[:8]}"
     r = subprocess.run(
         [sys.executable, "-m", "phasewise.cli", "demo", "--duration", "90", "--json", "--policy", "vpa",
-         "--jobs", "lstm", "--submit", "2", "--cgroup-prefix", prefix, "--data-dir", str(tmp_path)],
+         "--jobs", "forecaster", "--submit", "2", "--cgroup-prefix", prefix, "--data-dir", str(tmp_path)],
         check=False, capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stderr[-4000:]
