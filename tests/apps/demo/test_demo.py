@@ -376,3 +376,40 @@ def test_every_role_the_demo_starts_gets_this_runs_signing_key_which_is_gone_aft
         with contextlib.ExitStack() as other:  # another run, another key
             assert keyring_of(Settings.from_env({"signing_key_file": str(d._signing_key(other))}, env={})).id != ring.id
     assert not key.exists() and not key.parent.exists()
+
+
+@requires_root
+@pytest.mark.slow
+@pytest.mark.broker
+def test_the_demo_submits_jobs_that_are_placed_started_and_finish(tmp_path):
+    """``--submit``: the example job, submitted with the run's key, placed on a cpuset slice, started by the
+    actuator as job_user and reported finished, in the summary; nothing left behind."""
+    if _roles_missing():
+        pytest.skip("roles not in this checkout yet")
+    prefix = f"pwtest-demo-{uuid.uuid4().hex[:8]}"
+    r = subprocess.run(
+        [sys.executable, "-m", "phasewise.cli", "demo", "--duration", "90", "--json", "--policy", "vpa",
+         "--jobs", "forecaster", "--submit", "2", "--cgroup-prefix", prefix, "--data-dir", str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    s = json.loads(r.stdout)
+    assert s["error"] is None, s["error"]
+    assert set(s["submitted_jobs"]) == {"demo-submit-1", "demo-submit-2"}
+    for job, state in s["submitted_jobs"].items():
+        assert state.startswith("finished: exit 0"), (job, state, r.stderr[-3000:])
+    assert s["cleanup"] is True, s["cleanup_problems"]
+    assert not list(Path("/sys/fs/cgroup").glob(f"*/{prefix}"))
+
+
+def test_the_live_view_names_each_submitted_jobs_state():
+    d = demo.Demo.__new__(demo.Demo)
+    d.submitted = {"a": "submitting", "b": "submitting"}
+    from phasewise.kit.records import JobEvent
+
+    d._job_event(JobEvent(job="a", ts=1.0, kind="started", host="h", pid=7, cpuset="0"))
+    d._job_event(JobEvent(job="b", ts=1.0, kind="failed", exit_code=3, reason="exited with status 3"))
+    d._job_event(JobEvent(job="other", ts=1.0, kind="finished", exit_code=0))
+    assert d.submitted == {"a": "started on h (pid 7, cpuset 0)", "b": "failed: exited with status 3"}
+    d._job_event(JobEvent(job="a", ts=2.0, kind="finished", exit_code=0, run_s=6.5))
+    assert d.submitted["a"] == "finished: exit 0 after 6.5 s"

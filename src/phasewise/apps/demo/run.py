@@ -32,6 +32,7 @@ from phasewise.kit.records import (
     Actuation,
     Decision,
     HostSamples,
+    JobEvent,
     PhaseChange,
     SchemaError,
     decode,
@@ -42,6 +43,8 @@ __all__ = ["Demo", "DemoError", "add_arguments", "run"]
 log = logging.getLogger(__name__)
 
 NEED_ROOT = "the demo needs root to create cgroups; run `sudo make demo`"
+#: what ``--submit`` submits (a source checkout's example job)
+EXAMPLE_JOB = Path(__file__).resolve().parents[4] / "examples" / "jobs" / "train-small.json"
 #: the wrapper that puts itself into the job's cgroup(s), then becomes the job
 ATTACH_SH = 'pid=$$; while [ "$1" != "--" ]; do echo "$pid" > "$1" || exit 97; shift; done; shift; exec "$@"'
 
@@ -96,6 +99,17 @@ class JobProcess(ManagedProcess):
 # --------------------------------------------------------------------------- cgroups
 
 
+def local_nodes(cpus: list[int]) -> str:
+    """``place --local-nodes``: this host's CPUs as two cpuset slices (one where it has one CPU).
+
+    >>> local_nodes([0, 1]), local_nodes([0, 1, 2]), local_nodes([3])
+    ('s0=0;s1=1', 's0=0;s1=1,2', 's0=3')
+    """
+    half = len(cpus) // 2
+    parts = [cpus[:half], cpus[half:]] if half else [cpus]
+    return ";".join(f"s{i}=" + ",".join(map(str, p)) for i, p in enumerate(parts))
+
+
 def check_cgroups(root: str, prefix: str) -> CgroupLayout:
     """A layout under *root* we may write, or :class:`DemoError` saying why not."""
     if os.geteuid() != 0:
@@ -120,6 +134,21 @@ def check_cgroups(root: str, prefix: str) -> CgroupLayout:
         if not os.access(root, os.W_OK):
             raise DemoError(f"{root} is not writable; {NEED_ROOT}")
     return layout
+
+
+def _end_processes(layout: CgroupLayout, name: str, grace_s: float = 5.0) -> None:
+    """SIGTERM the processes of *name*'s cgroup, SIGKILL what is left after *grace_s*, wait until it is empty."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        pids = layout.pids(name)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while layout.pids(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not layout.pids(name):
+            return
+    raise DemoError(f"the processes of {name} did not end: {layout.pids(name)}")
 
 
 def _bases(layout: CgroupLayout) -> list[Path]:
@@ -188,6 +217,9 @@ class Config:
     policy: str
     #: the worker's vpa_throttle_threshold (the demo's roles read the same environment)
     throttle_threshold: float
+    #: jobs submitted with ``phasewise submit`` (examples/jobs/train-small.json) that ``place`` places and the
+    #: actuator starts and reports until they end; 0: none
+    submit: int = 0
 
 
 #: the worker's safety rules, scaled to a demo of minutes (live defaults: 900 s of history, one
@@ -238,6 +270,11 @@ class Demo:
         self.error: str | None = None
         self._cg_prev: dict[str, tuple[int, int]] = {}
         self.signals = _Signals()
+        #: the submitted jobs' states, in words (``--submit``)
+        self.submitted: dict[str, str] = {}
+        self.submitter_key: Path | None = None
+        self.place_port: int | None = None
+        self.role_env: dict[str, str] = {}
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -343,15 +380,27 @@ class Demo:
             set_limits(layout, name, cfg.start_cpu, cfg.start_mem)
 
         env = self._role_env(settings, self._signing_key(stack))
+        self.role_env = env
         stack.callback(self._stop_roles)
         roles = {
             "worker": [],
             "actuate": ["--backend", "cgroup"],
             "produce": [],
         }
+        role_env: dict[str, dict[str, str]] = {}
+        if cfg.submit:  # the jobs' half: place on cpuset slices of this host, the actuator starts signed jobs
+            from phasewise.kit.broker import free_port
+
+            trusted = self._submitter_key(stack)
+            self.place_port = free_port()
+            roles["place"] = ["--local-nodes", local_nodes(sorted(os.sched_getaffinity(0))), "--prediction-wait", "2"]
+            roles["actuate"].append("--start-jobs")
+            role_env["actuate"] = {"PHASEWISE_JOB_TRUSTED_SUBMITTERS": str(trusted)}
+            role_env["place"] = {"PHASEWISE_METRICS_PORT": str(self.place_port)}
         for role, extra in roles.items():
             log_path = self.run_dir / f"{role}.log"
-            p = RoleProcess(role, extra, env={**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role)},
+            p = RoleProcess(role, extra, env={**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role),
+                                              **role_env.get(role, {})},
                             log_path=log_path, python_flags=("-W", "ignore"))
             self.roles[role] = p
             self.all_procs.append(p)
@@ -360,10 +409,12 @@ class Demo:
 
         consumer = make_consumer(settings, f"phasewise-demo-{uuid.uuid4().hex[:8]}")
         stack.callback(self._step, "close the consumer", consumer.close)
-        consumer.subscribe([SAMPLES.name, DECISIONS.name, ACTUATIONS.name, PHASES.name])
+        from phasewise.kit.topics import JOB_EVENTS
+
+        consumer.subscribe([SAMPLES.name, DECISIONS.name, ACTUATIONS.name, PHASES.name, JOB_EVENTS.name])
         self.consumer = consumer
         self.topics = {SAMPLES.name: HostSamples, DECISIONS.name: Decision, ACTUATIONS.name: Actuation,
-                       PHASES.name: PhaseChange}
+                       PHASES.name: PhaseChange, JOB_EVENTS.name: JobEvent}
         self._stop_requested()
 
         stack.callback(self._stop_jobs)
@@ -390,6 +441,63 @@ class Demo:
             fh.write(key)
         log.info("decisions are signed with this run's key %s (%s, removed on exit)", key_id(key), path)
         return path
+
+    def _submitter_key(self, stack: contextlib.ExitStack) -> Path:
+        """This run's submitter key pair (``--submit``), removed on exit; returns the trusted keys' folder."""
+        import shutil
+        import tempfile
+
+        from phasewise.kit.job_signing import write_key_pair
+
+        if not EXAMPLE_JOB.is_file():
+            raise DemoError(f"--submit submits {EXAMPLE_JOB}, which this installation lacks (a source checkout "
+                            f"has it); run with --submit 0")
+        key_dir = Path(tempfile.mkdtemp(prefix="phasewise-demo-submitter-"))  # mode 0700
+        stack.callback(shutil.rmtree, key_dir, True)
+        self.submitter_key = key_dir / "demo"
+        kid = write_key_pair(str(self.submitter_key))
+        trusted = key_dir / "trusted"
+        trusted.mkdir(mode=0o755)
+        shutil.copy(f"{self.submitter_key}.pub", trusted / "demo.pub")
+        log.info("jobs are submitted with this run's submitter key %s, which the actuator trusts", kid)
+        return trusted
+
+    def _submit_tick(self) -> None:
+        """Once ``place`` is ready, submit the ``--submit`` jobs (each a ``phasewise submit``)."""
+        if not self.cfg.submit or self.submitted or self.place_port is None:
+            return
+        from phasewise.apps.bench.harness import scrape
+
+        try:
+            if scrape(f"http://127.0.0.1:{self.place_port}/metrics").get("phasewise_place_ready") != 1.0:
+                return
+        except OSError:
+            return
+        for i in range(self.cfg.submit):
+            job = f"demo-submit-{i + 1}"
+            p = RoleProcess("submit", ["--key", str(self.submitter_key), "--job", job, str(EXAMPLE_JOB)],
+                            env=self.role_env, log_path=self.run_dir / f"submit-{job}.log",
+                            python_flags=("-W", "ignore"))
+            self.all_procs.append(p)
+            p.start()
+            self.submitted[job] = "submitting"
+            log.info("submitting %s (%s)", job, EXAMPLE_JOB)
+
+    def _job_event(self, ev: JobEvent) -> None:
+        if ev.job not in self.submitted:
+            return
+        text = {
+            "submitted": "submitted",
+            "started": f"started on {ev.host} (pid {ev.pid}, cpuset {ev.cpuset})",
+            "finished": f"finished: exit {ev.exit_code} after {ev.run_s or 0:.1f} s",
+            "failed": f"failed: {ev.reason or ev.exit_code}",
+            "rejected": f"rejected: {ev.reason}",
+            "lost": f"lost: {ev.reason}",
+            "terminated": f"terminated: {ev.reason or ev.signal}",
+        }.get(ev.kind)
+        if text is not None:
+            self.submitted[ev.job] = text
+            log.info("job %s %s", ev.job, text)
 
     def _role_env(self, settings: Any, key_file: Path) -> dict[str, str]:
         cfg = self.cfg
@@ -441,6 +549,7 @@ class Demo:
                     continue
                 next_tick = now + cfg.interval_s
                 self._read_cgroups()
+                self._submit_tick()
                 for role, p in self.roles.items():
                     if not p.alive():
                         raise DemoError(f"phasewise {role} exited with {p.returncode()}; "
@@ -473,9 +582,12 @@ class Demo:
 
     def _view_state(self) -> ViewState:
         roles = {r: ("up" if p.alive() else f"exited {p.returncode()}") for r, p in self.roles.items()}
+        notes = [f"submitted job {j}: {s}" for j, s in self.submitted.items()]
+        if self.cfg.submit and not self.submitted:
+            notes.append(f"{self.cfg.submit} jobs to submit once phasewise place is ready")
         return view_state(self.records, elapsed_s=time.monotonic() - self.started, job_states=self.job_states,
                           host=self.cfg.host, bootstrap=self.bootstrap, run_dir=str(self.run_dir),
-                          roles=roles, duration_s=self.cfg.duration_s)
+                          roles=roles, duration_s=self.cfg.duration_s, notes=notes)
 
     def _handle(self, m: Any) -> None:
         if m.error():
@@ -489,6 +601,12 @@ class Demo:
         except SchemaError as e:  # the worker dead-letters bad input; the demo only watches
             log.warning("ignoring a malformed %s message: %s", m.topic(), e)
             return
+        if cls is JobEvent:
+            self._job_event(rec)
+            return
+        if cls is Decision and rec.action == "place" and self.submitted.get(rec.container) in ("submitting",
+                                                                                             "submitted"):
+            self.submitted[rec.container] = f"placed: {rec.reason}"
         if rec.host != self.cfg.host:
             return
         if cls is HostSamples:
@@ -519,7 +637,7 @@ class Demo:
 
     def _stop_roles(self) -> None:
         # the producer first (no new samples), then the actuator and the worker together
-        order = [["produce"], ["actuate", "worker"]]
+        order = [["produce"], ["actuate", "worker", "place"]]
         for group in order:
             procs = [self.roles[r] for r in group if r in self.roles]
             for p in procs:
@@ -540,7 +658,14 @@ class Demo:
             except (OSError, CgroupError) as e:
                 log.warning("could not read the final limits of %s: %s", name, e)
             self._step(f"remove the cgroup of {name}", layout.remove, name, 10.0)
-        for base in _bases(layout):
+        for name in layout.containers():  # the submitted jobs' cgroups, made by this run's actuator
+            if name not in self.cfg.jobs:
+                self._step(f"stop the submitted job {name}", _end_processes, layout, name)
+                self._step(f"remove the cgroup of {name}", layout.remove, name, 10.0)
+        cpuset = layout.controller_root("cpuset") / layout.prefix if layout.version == 1 else None
+        for base in [*_bases(layout), *([cpuset] if cpuset is not None and cpuset not in _bases(layout) else [])]:
+            for d in sorted((p for p in base.rglob("*") if p.is_dir()), reverse=True) if base.is_dir() else []:
+                self._step(f"remove {d}", d.rmdir)  # (the actuator's cpuset slices)
             if base.is_dir():
                 self._step(f"remove {base}", base.rmdir)
         ckpt = self.run_dir / "checkpoints"
@@ -606,6 +731,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="starting memory limit per job (a size: bytes, 512Mi, 1Gi; 1G = 10**9; default 1Gi)")
     p.add_argument("--max-restarts", type=arg_type(parse_int, at_least(0)), default=3,
                    help="restarts per job that dies")
+    p.add_argument("--submit", type=arg_type(parse_int, at_least(0)), default=3, metavar="N",
+                   help="also submit N jobs (examples/jobs/train-small.json) with this run's submitter key: "
+                        "phasewise place places them on cpuset slices, the actuator starts and reports them until "
+                        "they finish, the live view shows their states (default 3; 0: none)")
     add_setting(p, "host", help="host name on the wire")
     add_setting(p, "data_dir", help="where the run directory goes")
     add_setting(p, "log_level", help="log level of the demo and its roles; with the live view the demo logs only "
@@ -626,7 +755,7 @@ def run(args: argparse.Namespace) -> int:
                  recommend_interval_s=args.recommend_interval, vpa_time_scale=args.vpa_time_scale,
                  start_cpu=args.start_cpu, start_mem=args.start_mem, host=base.host, data_dir=base.data_dir,
                  max_restarts=args.max_restarts, log_level=args.log_level or "info", policy=args.policy,
-                 throttle_threshold=base.vpa.throttle_threshold)
+                 throttle_threshold=base.vpa.throttle_threshold, submit=args.submit)
     if os.geteuid() != 0:
         print(f"phasewise demo: {NEED_ROOT}", file=sys.stderr)
         return 2
@@ -640,10 +769,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     demo = Demo(cfg)
     summary = demo.run()
+    summary["submitted_jobs"] = dict(demo.submitted)
     if args.json:
         print(json.dumps(summary, allow_nan=False, default=_json_default))
     else:
         print(format_summary(summary))
+        for job, state in demo.submitted.items():
+            print(f"submitted job {job}: {state}")
     if summary["error"] and not summary["error"].startswith("stopped by"):
         return 1
     return 0 if summary["cleanup"] else 1

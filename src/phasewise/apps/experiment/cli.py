@@ -19,6 +19,8 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
                "target detection replayed over real training curves (MLPerf v1.0, Pollux)"),
     "priorities": ("phasewise.apps.experiment.priorities",
                    "DynamoML priorities: inference service, preemption, autoscaling, static vs managed"),
+    "cluster": ("phasewise.apps.experiment.cluster",
+                "a trace-driven mix of real jobs through every role: submit, place, start, end, leaks"),
 }
 
 

@@ -476,10 +476,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--report", type=Path, help="write plots and summary.md here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--through-roles", type=int, default=0, metavar="N",
+                   help="instead: N training jobs through every role of the product (submit, place, the cgroup "
+                        "actuator), NA (worker without --targets) against FT (with it)")
+    p.add_argument("--roles-seconds", type=float, default=40.0,
+                   help="--through-roles: each job's training budget, seconds (default 40)")
 
 
 def run(args: argparse.Namespace) -> int:
     prog = "phasewise experiment targets"
+    if args.through_roles:
+        from phasewise.apps.experiment.targets_roles import run_roles
+
+        return run_roles(args)
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
     scenarios = [s.strip().upper() for s in args.scenarios.split(",") if s.strip()]
     bad = [j for j in jobs if j not in JOBS] + [s for s in scenarios if s not in SCENARIOS]

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-dir", type=Path, required=True)
     p.add_argument("--seconds", type=float, default=0.0, help="training time, 0 = until stopped")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", type=int, default=256, help="the MLP's hidden width (64x<hidden>x<hidden>x8)")
     p.add_argument("--hold", action="store_true",
                    help="after loading, print phase=ready and wait for a line on stdin before training")
     a = p.parse_args(argv)
@@ -43,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     x_all = torch.randn(4096, 64)
     with torch.no_grad():
         y_all = teacher(x_all)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    h = a.hidden
+    model = torch.nn.Sequential(torch.nn.Linear(64, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
+                                torch.nn.ReLU(), torch.nn.Linear(h, 8))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ckpt = a.checkpoint_dir / f"{a.name}.pt"
     a.checkpoint_dir.mkdir(parents=True, exist_ok=True)
