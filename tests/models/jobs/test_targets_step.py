@@ -203,11 +203,12 @@ def test_jobs_without_targets_are_not_followed_and_bad_targets_are_reported():
     h, sent, dead = make()
     h.handle(0, encode(JobEvent(job="job-b", ts=1.0, kind="submitted",
                                 spec=JobSpec(model="m", dataset="d", batch_size=8))))
-    h.handle(1, progress("job-b", 1, 0.5))
+    h.handle(1, progress("job-b", 1, 0.5))  # submitted without targets: another agent's job, skipped
     h.handle(2, submitted("job-c", acceptable=0.5, objective=1.0))  # objective above acceptable for min
-    assert [why for _, why, _kind in dead] == ["unknown job 'job-b' (no submitted event with targets)",
-                                        "job 'job-c': targets: objective must be <= acceptable for direction min, "
-                                        "got acceptable 0.5, objective 1"]
+    h.handle(3, progress("job-x", 1, 0.5))  # never submitted: a dead letter
+    assert [why for _, why, _kind in dead] == ["job 'job-c': targets: objective must be <= acceptable for direction min, "
+                                        "got acceptable 0.5, objective 1",
+                                        "unknown job 'job-x' (no submitted event with targets)"]
     assert not sent
 
 

@@ -211,18 +211,25 @@ def shown(name: str, value: Any) -> Any:
     return "***" if SPECS[name].secret and value else value
 
 
+#: ``PHASEWISE_*`` variables that are no setting on purpose: the actuator sets ``PHASEWISE_JOB`` (the job's
+#: id) in the environment of a job it starts, where the job's own ``phasewise progress`` reads its settings
+NOT_SETTINGS = frozenset({"PHASEWISE_JOB"})
+
+
 def unknown_env(env: Mapping[str, str]) -> list[str]:
-    """One line per ``PHASEWISE_*`` variable that is no setting, naming the closest one.
+    """One line per ``PHASEWISE_*`` variable that is no setting (:data:`NOT_SETTINGS` aside), naming the closest one.
 
     >>> env = {"PHASEWISE_BOOTSTRP": "x", "PHASEWISE_HOST": "h", "PHASEWISE_ZZZ": ""}
     >>> for line in unknown_env(env):
     ...     print(line)
     PHASEWISE_BOOTSTRP is not a setting and is ignored (did you mean PHASEWISE_BOOTSTRAP?)
     PHASEWISE_ZZZ is not a setting and is ignored
+    >>> unknown_env({"PHASEWISE_JOB": "j1"})
+    []
     """
     out = []
     for k in sorted(env):
-        if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in SPECS:
+        if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in SPECS and k not in NOT_SETTINGS:
             close = difflib.get_close_matches(k[len(ENV_PREFIX):].lower(), SPECS, n=1, cutoff=0.6)
             out.append(f"{k} is not a setting and is ignored"
                        + (f" (did you mean {SPECS[close[0]].env}?)" if close else ""))

@@ -486,6 +486,8 @@ class _Job:
 
 
 FLEET_STATE_VERSION = 1
+#: jobs submitted without targets the fleet remembers, to skip their progress (:attr:`TargetsFleet.untargeted`)
+MAX_UNTARGETED = 10_000
 
 
 class TargetsFleet:
@@ -515,6 +517,9 @@ class TargetsFleet:
     ...     _ = f.process(JobEvent(job=job, ts=1, kind="started", host="h1", container=job))
     >>> f.process(JobEvent(job="c", ts=1, kind="progress", step=1, loss=0.3))[2]
     "unknown job 'c' (no submitted event with targets)"
+    >>> _ = f.process(JobEvent(job="n", ts=1, kind="submitted", spec=JobSpec(model="m", dataset="d", batch_size=8)))
+    >>> f.process(JobEvent(job="n", ts=2, kind="progress", step=1, loss=0.3))  # no targets: not this agent's
+    ([], [], None)
     >>> d, c, why = f.process(JobEvent(job="a", ts=2, kind="progress", step=1, loss=0.9))
     >>> [(x.action, x.container, x.cpu_limit_cores) for x in d], c, why
     ([('limit', 'a', 0.5)], [], None)
@@ -539,6 +544,9 @@ class TargetsFleet:
         self._favoured: dict[str, str] = {}
         self._share_at: dict[str, float] = {}
         self._dirty: set[str] = set()
+        #: jobs submitted without a two-tier target (the newest :data:`MAX_UNTARGETED`): their progress is
+        #: another agent's concern, skipped, not a dead letter as a job never submitted is
+        self.untargeted: dict[str, None] = {}
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -561,7 +569,10 @@ class TargetsFleet:
         if ev.kind == "submitted":
             t = getattr(getattr(ev, "spec", None), "targets", None)
             if t is None or t.acceptable is None or t.objective is None:
-                return [], [], None  # no two-tier target: nothing to follow
+                self.untargeted[ev.job] = None  # no two-tier target: nothing to follow
+                while len(self.untargeted) > MAX_UNTARGETED:
+                    del self.untargeted[next(iter(self.untargeted))]
+                return [], [], None
             try:
                 targets = Targets(acceptable=t.acceptable, objective=t.objective, direction=t.direction,
                                   metric=t.metric)
@@ -605,6 +616,8 @@ class TargetsFleet:
             return [], [], None
         job = self.jobs.get(ev.job)
         if job is None:
+            if ev.job in self.untargeted:
+                return [], [], None
             return [], [], f"unknown job {ev.job!r} (no submitted event with targets)"
         tracker = job.tracker
         metric = tracker.targets.metric
