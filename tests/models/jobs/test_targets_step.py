@@ -206,9 +206,9 @@ def test_jobs_without_targets_are_not_followed_and_bad_targets_are_reported():
     h.handle(1, progress("job-b", 1, 0.5))  # submitted without targets: another agent's job, skipped
     h.handle(2, submitted("job-c", acceptable=0.5, objective=1.0))  # objective above acceptable for min
     h.handle(3, progress("job-x", 1, 0.5))  # never submitted: a dead letter
-    assert [why for _, why, _kind in dead] == ["job 'job-c': targets: objective must be <= acceptable for direction min, "
-                                        "got acceptable 0.5, objective 1",
-                                        "unknown job 'job-x' (no submitted event with targets)"]
+    assert [why for _, why, _kind in dead] == [
+        "job 'job-c': targets: objective must be <= acceptable for direction min, got acceptable 0.5, objective 1",
+        "unknown job 'job-x' (no submitted event with targets)"]
     assert not sent
 
 
