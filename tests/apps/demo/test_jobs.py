@@ -79,11 +79,13 @@ def test_the_forecaster_trains_on_the_shipped_ai4dl_trace():
 
 
 def test_the_fallback_convolutional_model_trains_on_stdlib_tests(tmp_path):
+    # a number of steps, not of seconds: the same seeded steps however busy the host (the first step's loss
+    # is about 5.56; the mean of the next 19, about 4.4)
     out = io.StringIO()
-    stats = jobs.train("convlm", seconds=8, scale=0.05, report_every_s=0.2, eval_every_s=100,
-                       checkpoint_every_s=100, checkpoint_dir=tmp_path, out=out)
-    assert stats["steps"] >= 5, out.getvalue()
-    assert stats["last_loss"] < stats["first_loss"], out.getvalue()
+    stats = jobs.train("convlm", seconds=0, steps=20, scale=0.05, report_every_s=1e9, eval_every_s=1e9,
+                       checkpoint_every_s=1e9, checkpoint_dir=tmp_path, out=out)
+    assert stats["steps"] == 20, out.getvalue()
+    assert stats["last_loss"] < 0.9 * stats["first_loss"], out.getvalue()
 
 
 def test_stdlib_corpora_are_split_into_library_and_tests():
