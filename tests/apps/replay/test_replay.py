@@ -469,6 +469,24 @@ def test_the_fleet_tells_per_sample_its_phase_and_whether_its_limit_came_from_th
     assert any(detail.fallback[c.container]["cpu"].any() for c in trace.containers)
 
 
+@pytest.mark.parametrize("folds", [0, 2])
+def test_the_fleet_shows_its_progress_from_its_first_step_to_its_last(folds):
+    """The shared model's run (and its pretraining passes) can take minutes: a bar over every event time
+    it steps, drawn before the first one."""
+    from phasewise.apps.replay.driving import FleetOptions, fleet_sequences
+
+    trace = load_ai4dl(SAMPLE)
+    out = io.StringIO()
+    fleet_sequences(trace, options=FleetOptions(pretrain_folds=folds), progress=out)
+    frames = out.getvalue().split("\r")[1:]
+    first, last = frames[0], frames[-1]
+    total = int(last.split("/")[1].split()[0])
+    assert first.startswith("phase model [") and first.endswith(f" 0/{total} event times")
+    assert last == f"phase model [{'#' * 30}] {total}/{total} event times\n"
+    steps = len({t for c in trace.containers for t in c.t.tolist()})
+    assert total == steps if folds == 0 else total >= 2 * steps  # the pretraining passes counted too
+
+
 def test_phase_model_fleet_is_a_replay_option(capsys):
     assert main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--phase-model", "fleet", "--json",
                  "--quiet"]) == 0
