@@ -95,6 +95,9 @@ class JobProcess(ManagedProcess):
 
 # --------------------------------------------------------------------------- cgroups
 
+#: the demo's cgroup prefix (the roles' default is phasewise's own, ``phasewise``)
+DEFAULT_PREFIX = "phasewise-demo"
+
 
 def check_cgroups(root: str, prefix: str) -> CgroupLayout:
     """A layout under *root* we may write, or :class:`DemoError` saying why not."""
@@ -142,6 +145,20 @@ def clear_stale(layout: CgroupLayout) -> list[str]:
             d.rmdir()
             removed.append(str(d))
     return removed
+
+
+def owned_dirs(layout: CgroupLayout) -> list[Path]:
+    """The directories a run taking the prefix owns, deepest first: the prefix in each hierarchy, and
+    its parents that do not exist yet (a nested ``--cgroup-prefix a/b`` makes ``a`` too)."""
+    out: list[Path] = []
+    for top in [layout.root] if layout.version == 2 else [layout.controller_root(c) for c in layout.controllers()]:
+        base = top / layout.prefix
+        out.append(base)
+        d = base.parent
+        while d != top and not d.exists():
+            out.append(d)
+            d = d.parent
+    return out
 
 
 def set_limits(layout: CgroupLayout, name: str, cpu_cores: float, mem_bytes: int) -> None:
@@ -237,6 +254,11 @@ class Demo:
         self.ended: float | None = None
         self.error: str | None = None
         self._cg_prev: dict[str, tuple[int, int]] = {}
+        #: the cgroup directories this run owns (the prefix, and its parents it created), deepest first:
+        #: what cleanup removes and verifies; empty until the prefix was found free
+        self.owned: list[Path] = []
+        self.consumer: Any = None
+        self.worker_port: int | None = None
         self.signals = _Signals()
 
     # ---------------------------------------------------------------- lifecycle
@@ -337,7 +359,10 @@ class Demo:
         ensure_topics(settings)
         self._stop_requested()
 
+        self.owned = owned_dirs(layout)
         stack.callback(self._remove_cgroups)
+        # after the roles stopped (callbacks run last first): what they published meanwhile is read
+        stack.callback(self._step, "read the topics to their end", self._drain)
         for name in cfg.jobs:
             layout.create(name)
             set_limits(layout, name, cfg.start_cpu, cfg.start_mem)
@@ -349,17 +374,23 @@ class Demo:
             "actuate": ["--backend", "cgroup"],
             "produce": [],
         }
+        from phasewise.kit.broker import free_port
+
+        # the worker's metrics port, where `phasewise explain` reads its /scorecard/ view (the view says how)
+        self.worker_port = free_port()
         for role, extra in roles.items():
             log_path = self.run_dir / f"{role}.log"
-            p = RoleProcess(role, extra, env={**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role)},
-                            log_path=log_path, python_flags=("-W", "ignore"))
+            role_env = {**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role)}
+            if role == "worker":
+                role_env["PHASEWISE_METRICS_PORT"] = str(self.worker_port)
+            p = RoleProcess(role, extra, env=role_env, log_path=log_path, python_flags=("-W", "ignore"))
             self.roles[role] = p
             self.all_procs.append(p)
             p.start()
             log.info("started phasewise %s (pid %d), log %s", role, p.pid, log_path)
+        log.info("look inside: %s", "; ".join(self.hints()))
 
         consumer = make_consumer(settings, f"phasewise-demo-{uuid.uuid4().hex[:8]}")
-        stack.callback(self._step, "close the consumer", consumer.close)
         consumer.subscribe([SAMPLES.name, DECISIONS.name, ACTUATIONS.name, PHASES.name])
         self.consumer = consumer
         self.topics = {SAMPLES.name: HostSamples, DECISIONS.name: Decision, ACTUATIONS.name: Actuation,
@@ -475,7 +506,18 @@ class Demo:
         roles = {r: ("up" if p.alive() else f"exited {p.returncode()}") for r, p in self.roles.items()}
         return view_state(self.records, elapsed_s=time.monotonic() - self.started, job_states=self.job_states,
                           host=self.cfg.host, bootstrap=self.bootstrap, run_dir=str(self.run_dir),
-                          roles=roles, duration_s=self.cfg.duration_s)
+                          roles=roles, duration_s=self.cfg.duration_s, notes=self.hints())
+
+    def hints(self) -> list[str]:
+        """The commands that look inside this running demo, from another terminal."""
+        cfg = self.cfg
+        root = "" if cfg.cgroup_root == "/sys/fs/cgroup" else f" --cgroup-root {cfg.cgroup_root}"
+        out = []
+        if self.worker_port is not None:
+            out.append(f"why a limit: phasewise explain --worker http://127.0.0.1:{self.worker_port} {cfg.jobs[0]}")
+        out.append(f"what the host agent sees: phasewise produce --once --json --cgroup-prefix {cfg.cgroup_prefix}"
+                   + root)
+        return out
 
     def _handle(self, m: Any) -> None:
         if m.error():
@@ -540,24 +582,54 @@ class Demo:
             except (OSError, CgroupError) as e:
                 log.warning("could not read the final limits of %s: %s", name, e)
             self._step(f"remove the cgroup of {name}", layout.remove, name, 10.0)
-        for base in _bases(layout):
-            if base.is_dir():
-                self._step(f"remove {base}", base.rmdir)
+        for d in self.owned:
+            if d.is_dir():
+                self._step(f"remove {d}", d.rmdir)
         ckpt = self.run_dir / "checkpoints"
         if ckpt.is_dir():
             import shutil
 
             self._step("remove the checkpoints", shutil.rmtree, ckpt)
 
+    def _drain(self, timeout_s: float = 30.0) -> None:
+        """Read the topics to the end and close the consumer, once the roles stopped: the decisions and
+        actuations they published while stopping belong in the summary and ``records.jsonl``."""
+        c, self.consumer = self.consumer, None
+        if c is None:
+            return
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not c.assignment():  # a short run can end before its consumer joined its group
+                for m in c.consume(num_messages=500, timeout=0.2):
+                    self._handle(m)
+                if time.monotonic() > deadline:
+                    raise DemoError(f"the demo's consumer was given no partitions within {timeout_s:g} s")
+            parts = c.assignment()
+            ends = {}
+            for tp in parts:
+                lo, hi = c.get_watermark_offsets(tp, timeout=5.0)
+                if hi > lo:
+                    ends[(tp.topic, tp.partition)] = hi
+            while ends:
+                for m in c.consume(num_messages=500, timeout=0.2):
+                    self._handle(m)
+                for tp in c.position(parts):
+                    if ends.get((tp.topic, tp.partition), 0) <= tp.offset:
+                        ends.pop((tp.topic, tp.partition), None)
+                if ends and time.monotonic() > deadline:
+                    left = ", ".join(f"{t}[{p}] up to {o}" for (t, p), o in sorted(ends.items()))
+                    raise DemoError(f"not all records read within {timeout_s:g} s: {left}")
+        finally:
+            c.close()
+
     def _verify_clean(self) -> None:
         for p in self.all_procs:
             left = p.leftovers()
             if left:
                 self.problems.append(f"{p.name}: processes {left} still running")
-        if self.layout is not None:
-            for base in _bases(self.layout):
-                if base.exists():
-                    self.problems.append(f"cgroup directory {base} still exists")
+        for d in self.owned:  # only what this run made: another demo's cgroups are not ours to report
+            if d.exists():
+                self.problems.append(f"cgroup directory {d} still exists")
         if self.broker_port is not None:
             with socket.socket() as s:
                 s.settimeout(0.5)
@@ -585,7 +657,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no live view; print the summary as one JSON object on stdout")
     p.add_argument("--cgroup-root", default=default("cgroup_root"), type=like("cgroup_root"),
                    help="cgroup mount (v1 hierarchies or v2)")
-    p.add_argument("--cgroup-prefix", default="phasewise-demo", type=like("cgroup_prefix"),
+    p.add_argument("--cgroup-prefix", default=DEFAULT_PREFIX, type=like("cgroup_prefix"),
                    help="parent cgroup of the jobs")
     p.add_argument("--interval", type=like("interval_s"), default=default("interval_s"),
                    help="sampling interval, seconds")
