@@ -492,3 +492,35 @@ def test_phase_model_fleet_is_a_replay_option(capsys):
                  "--quiet"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert any(r.get("policy") == "phase" and r["steps"] > 0 for r in rows)
+
+
+def test_a_container_plot_with_one_resource_keeps_its_legends_inside_the_figure(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from phasewise.apps.replay.report import write_report
+
+    boxes: dict[str, tuple] = {}  # saved file -> (figure box, its legends' boxes) as drawn
+    save = Figure.savefig
+
+    def saving(self, path, *a, **kw):
+        save(self, path, *a, **kw)
+        r = self.canvas.get_renderer()
+        legends = [*self.legends, *(ax.get_legend() for ax in self.axes if ax.get_legend())]
+        boxes[Path(path).name] = (self.bbox, [leg.get_window_extent(r) for leg in legends])
+
+    monkeypatch.setattr(Figure, "savefig", saving)
+    tr = load_ai4dl(SAMPLE)
+    one = Trace(tr.format, tr.source, {"cpu": tr.units["cpu"]},
+                [ContainerSeries(c.container, c.t, {"cpu": c.usage["cpu"]}) for c in tr.containers[:2]])
+    phases = {c.container: (np.arange(len(c)) // 20) % 3 for c in one.containers}  # a phase key beside it
+    res = replay_trace(one, policy_specs(["vpa", "window", "oracle"], windows=(60,), units=one.units),
+                       plot_containers=1, phase_ids=phases)
+    rows, savings = result_rows(res)
+    write_report(res, rows, savings, tmp_path, command="phasewise replay")
+    [(fig_box, legends)] = [v for name, v in boxes.items() if name.startswith("container-")]
+    assert len(legends) == 2  # the policies' and the phase key
+    for box in legends:
+        assert fig_box.x0 <= box.x0 and box.x1 <= fig_box.x1 + 0.5, (box, fig_box)
