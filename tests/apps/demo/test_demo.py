@@ -283,6 +283,7 @@ def test_the_summary_holds_every_record_published_up_to_the_end(settings, tmp_pa
     d.consumer = make_consumer(settings, f"pwtest-demo-{uuid.uuid4().hex[:8]}")
     d.consumer.subscribe([DECISIONS.name, ACTUATIONS.name])
     d.topics = {DECISIONS.name: Decision, ACTUATIONS.name: Actuation}
+    d.looped = True  # as after the live loop
     p = make_producer(settings)
     for i in range(40):
         dec = Decision(id=f"{settings.host}-{i}", ts=100.0 + i, host=settings.host, container=JOBS[i % 3],
