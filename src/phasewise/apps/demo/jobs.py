@@ -419,8 +419,8 @@ def train(
     out: TextIO = sys.stdout,
     stop: Stop | None = None,
 ) -> dict[str, float]:
-    """Run job *name* for *seconds* of training after loading, or *steps* training steps (0 = no bound;
-    both 0: until stopped); returns first/last losses."""
+    """Run job *name* for *seconds* of training after loading and at least *steps* training steps (either
+    0: no such bound; both 0: until stopped); returns first/last losses."""
     import torch
 
     t0 = time.monotonic()
@@ -446,8 +446,11 @@ def train(
     run_steps = 0  # in this run (a resumed job counts from its checkpoint's step)
 
     def done() -> bool:
-        return (stop.requested or (seconds > 0 and time.monotonic() - t_train >= seconds)
-                or 0 < steps <= run_steps)
+        if stop.requested:
+            return True
+        if seconds <= 0 and steps <= 0:
+            return False
+        return (seconds <= 0 or time.monotonic() - t_train >= seconds) and run_steps >= steps
 
     first: float | None = None
     value: float | None = None  # the last step's loss in this run (None: no step yet, e.g. stopped after a resume)
@@ -554,7 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m phasewise.apps.demo.jobs", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=JOBS)
     p.add_argument("--seconds", type=float, default=0.0, help="training time after loading (0 = until SIGTERM)")
-    p.add_argument("--steps", type=int, default=0, help="training steps, then exit (0 = no bound)")
+    p.add_argument("--steps", type=int, default=0,
+                   help="at least this many training steps (with --seconds: and at least that long)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: about one core)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=float, default=10.0, help="seconds between evaluations")
