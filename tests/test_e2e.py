@@ -24,6 +24,9 @@ from tests.conftest import requires_root
 pytestmark = [requires_root, pytest.mark.broker, pytest.mark.slow]
 
 PERIOD = 100_000
+#: the starting quota: 0.02 cores, far below what the burner gets even on a busy host (a 0.25-core quota
+#: was no limit at all at load 9 on 2 cores: the burner got less than that anyway and was never throttled)
+START_QUOTA = PERIOD // 50
 BURN = "import time\nwhile True:\n    pass\n"
 
 
@@ -50,7 +53,7 @@ def burner_cgroup():
     layout.create("burner")
     cpu_dir = layout.path("burner", "cpu")
     (cpu_dir / "cpu.cfs_period_us").write_text(str(PERIOD))
-    (cpu_dir / "cpu.cfs_quota_us").write_text(str(PERIOD // 4))  # 0.25 cores: heavily throttled
+    (cpu_dir / "cpu.cfs_quota_us").write_text(str(START_QUOTA))  # heavily throttled
     proc = subprocess.Popen([sys.executable, "-c", BURN])
     layout.attach("burner", proc.pid)
     try:
@@ -69,7 +72,7 @@ def burner_cgroup():
 def test_the_loop_changes_a_real_cgroup_limit_and_its_throttling(settings, burner_cgroup, tmp_path):
     layout, cpu_dir = burner_cgroup
     before_rate = throttle_rate(cpu_dir, 2.0)
-    assert before_rate > 0.25, ("a 1-core burner under a 0.25-core quota must be throttled", before_rate)
+    assert before_rate > 0.25, ("a burner under a 0.02-core quota must be throttled", before_rate)
 
     env = {
         "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap,
@@ -95,7 +98,7 @@ def test_the_loop_changes_a_real_cgroup_limit_and_its_throttling(settings, burne
     try:
         for r in roles:
             r.start()
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240  # a guard against a hang, not a bound on a busy host
         def done() -> bool:  # an applied actuation and the decision behind it, both read back
             ids = {d.id for d in decisions}
             return any(a.status in ("applied", "clamped") and a.decision_id in ids for a in actuations)
@@ -114,7 +117,7 @@ def test_the_loop_changes_a_real_cgroup_limit_and_its_throttling(settings, burne
                 (decisions if isinstance(rec, Decision) else actuations).append(rec)
         applied = [a for a in actuations if a.status in ("applied", "clamped")]
         assert applied, (
-            "no applied actuation within 90 s\n--- worker\n" + roles[0].log_tail()
+            "no applied actuation within 240 s\n--- worker\n" + roles[0].log_tail()
             + "\n--- actuator\n" + roles[1].log_tail() + "\n--- producer\n" + roles[2].log_tail()
         )
         # the decision behind it is on the decisions topic, for this container, from the VPA policy
@@ -124,14 +127,16 @@ def test_the_loop_changes_a_real_cgroup_limit_and_its_throttling(settings, burne
         # the cgroup file now holds the applied limit
         quota = int((cpu_dir / "cpu.cfs_quota_us").read_text())
         assert quota == round(act.cpu_limit_cores * PERIOD)
-        assert quota != PERIOD // 4
+        assert quota != START_QUOTA
         # ... and the throttling counters follow the direction of the change
         roles[2].stop()  # freeze the loop so the limit under measurement stays put
         roles[0].stop()
         quota = int((cpu_dir / "cpu.cfs_quota_us").read_text())
         after_rate = throttle_rate(cpu_dir, 2.0)
-        print(f"throttled {before_rate:.2f} s/s at 0.25 cores, {after_rate:.2f} s/s at {quota / PERIOD:.3f} cores")
-        if quota > PERIOD // 4:
+        print(f"throttled {before_rate:.2f} s/s at {START_QUOTA / PERIOD:.3f} cores, {after_rate:.2f} s/s at "
+              f"{quota / PERIOD:.3f} cores")
+        # at a given share of the CPU, the time a period waits throttled falls as the quota grows
+        if quota > START_QUOTA:
             assert after_rate < before_rate, (before_rate, after_rate, quota)
         else:
             assert after_rate >= before_rate, (before_rate, after_rate, quota)

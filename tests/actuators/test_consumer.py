@@ -358,9 +358,15 @@ def test_a_stop_ends_the_wait_for_undelivered_actuations_without_committing():
     (the role stops within its 5 s), and the batch's offsets stay uncommitted (redelivered, then duplicates)."""
     from phasewise.actuators.consumer import COMMIT_FLUSH_S, _commit_handled
 
+    stop = threading.Event()
+
     class Stuck:
+        slices: list[float] = []
+
         def flush(self, timeout: float) -> int:
-            time.sleep(timeout)
+            self.slices.append(timeout)
+            if len(self.slices) == 2:  # a stop asked for while the second slice waits
+                stop.set()
             return 1
 
     class Consumer:
@@ -369,10 +375,7 @@ def test_a_stop_ends_the_wait_for_undelivered_actuations_without_committing():
         def commit(self, **kwargs) -> None:
             self.committed.append(kwargs)
 
-    stop = threading.Event()
-    threading.Timer(0.3, stop.set).start()
-    c = Consumer()
-    t0 = time.monotonic()
-    _commit_handled(c, Stuck(), {("phasewise.decisions.v1", 0): 5}, stop)
-    assert time.monotonic() - t0 < 1.5 < COMMIT_FLUSH_S
+    c, producer = Consumer(), Stuck()
+    _commit_handled(c, producer, {("phasewise.decisions.v1", 0): 5}, stop)
+    assert len(producer.slices) == 2 and all(0 < s <= 0.5 < COMMIT_FLUSH_S for s in producer.slices)
     assert c.committed == []

@@ -63,6 +63,9 @@ BAD = [
     (["actuate"], {"PHASEWISE_WORKLOAD_POLICY_FILE": "/nonexistent/policy.json"},
      "workload_policy_file: policy file /nonexistent/policy.json: No such file or directory"),
     (["topics"], {"PHASEWISE_BOOTSTRAP": ""}, "PHASEWISE_BOOTSTRAP: must not be empty"),
+    (["topics"], {"PHASEWISE_BOOTSTRAP": "localhost:9O92"},
+     "PHASEWISE_BOOTSTRAP: 'localhost:9O92': the port '9O92' is not a number in 1..65535"),
+    (["produce", "--bootstrap", "a:9092,[::1]:x"], {}, "--bootstrap: '[::1]:x': the port 'x' is not a number"),
     # every role checks every setting with a fixed set of values, also those it does not use
     (["schemas", "--check", SCHEMAS], {"PHASEWISE_LOG_LEVEL": "loud"}, "PHASEWISE_LOG_LEVEL: invalid choice: 'loud'"),
     (["replay", "--policies", "window"], {"PHASEWISE_POLICY": "oracle"}, "PHASEWISE_POLICY: invalid choice"),
@@ -91,6 +94,11 @@ BAD = [
     (["bench", "phases", "--features", "cpu"], {}, "--features: must hold cpu,mem"),
     (["bench", "pipeline", "--seconds", "inf"], {}, "--seconds: 'inf' is not a finite number"),
     (["schemas", "--write", "/proc/phasewise-schemas"], {}, "--write: No such file or directory"),
+    # --report DIR: refused before any work, not after the run
+    (["replay", "--report", "/proc/phasewise-report"], {}, "--report: cannot write a report in /proc/phasewise-report"),
+    (["simulate", "--report", str(ROOT / "README.md")], {}, f"--report: {ROOT / 'README.md'} is not a directory"),
+    (["experiment", "priorities", "--report", "/proc/x/y"], {}, "--report: cannot write a report in /proc/x/y"),
+    (["experiment", "targets", "--report", "/proc/x"], {}, "--report: cannot write a report in /proc/x"),
     # key files, read when the role starts
     (["actuate"], {"PHASEWISE_SIGNING_KEY_FILE": "/proc/no-such-key"}, "signing_key_file: cannot read"),
     (["worker"], {"PHASEWISE_SIGNING_KEY_FILE": "/proc/no-such-key"}, "signing_key_file: cannot read"),
@@ -124,6 +132,15 @@ def test_a_configuration_error_is_one_line_and_exit_status_2(args, env, says):
     # "phasewise bench phases: error: ..." for a flag of the bench's own sub-command
     assert re.match(rf"phasewise {args[0]}( [a-z]+)?: error: ", lines[0]), lines[0]
     assert says in lines[0]
+
+
+@pytest.mark.parametrize("args", [["bench", "--help"], ["predict", "--help"], ["predict", "eval", "--help"]])
+def test_help_comes_without_importing_torch(args):
+    code = f"import sys; from phasewise.cli import main; rc = main({args!r}); print('torch' in sys.modules, rc)"
+    r = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
+    assert r.stdout.splitlines()[-1] == "False 0", r.stderr
+    assert "usage: phasewise" in r.stdout
 
 
 def test_an_unknown_phasewise_variable_is_a_one_line_warning_naming_the_closest_setting():

@@ -20,20 +20,31 @@ from phasewise.producers.progress import ChildControl, ControlHandler, ProgressR
 
 
 class ListSink:
-    """A sink that records batches; while ``down`` it delivers nothing; ``delay_s`` makes each send slow."""
+    """A sink that records batches; while ``down`` it delivers nothing; while ``gate`` is clear each send
+    waits for it. ``calls`` counts the sends begun (``wait_calls`` waits for a number of them)."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self) -> None:
         self.batches: list[list[JobEvent]] = []
         self.down = False
-        self.delay_s = delay_s
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls = 0
+        self._called = threading.Condition()
         self.closed = False
 
     def send(self, batch):
-        time.sleep(self.delay_s)
+        with self._called:
+            self.calls += 1
+            self._called.notify_all()
+        self.gate.wait()
         if self.down:
             return [False] * len(batch)
         self.batches.append([decode(JobEvent, v) for _, v in batch])
         return [True] * len(batch)
+
+    def wait_calls(self, n: int, timeout_s: float = 30.0) -> bool:
+        with self._called:
+            return self._called.wait_for(lambda: self.calls >= n, timeout_s)
 
     def close(self):
         self.closed = True
@@ -43,15 +54,24 @@ class ListSink:
 
 
 def test_reports_are_batched_in_order_and_never_block_a_slow_sink():
-    sink = ListSink(delay_s=0.2)
+    sink = ListSink()
+    sink.gate.clear()  # the sink hangs until released: a report() that waited for it would never return
     rep = ProgressReporter("job-a", sink=sink, batch_size=50, flush_s=0.05, control=False)
-    worst = 0.0
-    for i in range(1000):
-        t = time.perf_counter()
-        rep.report(step=i, loss=1.0 / (i + 1))
-        worst = max(worst, time.perf_counter() - t)
-    assert worst < 0.05, f"report() blocked for {worst:.3f} s behind a sink taking 0.2 s per batch"
-    assert rep.flush(20.0)
+    reported = threading.Event()
+
+    def job():
+        for i in range(1000):
+            rep.report(step=i, loss=1.0 / (i + 1))
+        reported.set()
+
+    try:
+        threading.Thread(target=job, daemon=True).start()
+        assert sink.wait_calls(1), "the reporter never sent"
+        assert reported.wait(60), "report() blocked behind a sink that does not return"
+        assert sink.calls == 1 and not sink.batches  # all 1000 were queued while the one send hung
+    finally:
+        sink.gate.set()
+    assert rep.flush(30.0)
     rep.close()
     assert sink.steps() == list(range(1000))
     assert max(len(b) for b in sink.batches) <= 50 and len(sink.batches) >= 20
@@ -66,11 +86,13 @@ def test_full_queue_drops_the_oldest_and_counts_then_delivers_the_rest_in_order_
                            control=False)
     for i in range(25):
         rep.report(step=i, loss=2.0)
-    time.sleep(0.3)  # several failed sends while down
+    # the second send begun after the last report took its batch after a failed batch taken after the
+    # reports was given back: the queue has settled to the 10 newest events, 15 dropped
+    assert sink.wait_calls(sink.calls + 2), "no send was tried while down"
     assert rep.failed_sends >= 1 and rep.sent == 0
     assert rep.dropped == 15 and rep.queued == 10
     sink.down = False
-    assert rep.flush(10.0)
+    assert rep.flush(30.0)
     rep.close()
     assert sink.steps() == list(range(15, 25))
 
@@ -140,18 +162,24 @@ def _state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
+def _wait_state(pid: int, want: tuple[str, ...], timeout_s: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while (state := _state(pid)) not in want and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return state
+
+
 def test_child_control_pauses_resumes_and_terminates_a_real_process():
-    code = "import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\nwhile True: time.sleep(0.01)"
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    code = ("import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
+            "print('ready', flush=True)\nwhile True: time.sleep(0.01)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        assert proc.stdout.readline() == "ready\n"  # its SIGTERM handler is in place
         cc = ChildControl(proc, default_grace_s=5)
         cc.pause(JobControl(id="p", job="j", ts=1, action="pause"))
-        time.sleep(0.1)
-        assert _state(proc.pid) == "T"
+        assert _wait_state(proc.pid, ("T",)) == "T"  # the child stops once it next runs
         cc.resume(JobControl(id="r", job="j", ts=1, action="resume"))
-        time.sleep(0.1)
-        assert _state(proc.pid) in ("S", "R")
+        assert _wait_state(proc.pid, ("S", "R")) in ("S", "R")
         cc.checkpoint_exit(JobControl(id="x", job="j", ts=1, action="checkpoint_exit", grace_s=5))
         assert proc.wait(5) == 3  # the job's own SIGTERM handler ran (graceful)
         cc.cancel()
@@ -160,10 +188,11 @@ def test_child_control_pauses_resumes_and_terminates_a_real_process():
 
 
 def test_child_control_hard_stops_after_the_grace_period():
-    code = "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.01)"
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    code = ("import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+            "while True: time.sleep(0.01)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        assert proc.stdout.readline() == "ready\n"  # it ignores SIGTERM now
         t0 = time.monotonic()
         ChildControl(proc).checkpoint_exit(JobControl(id="x", job="j", ts=1, action="checkpoint_exit", grace_s=0.5))
         assert proc.wait(5) == -9
@@ -199,7 +228,7 @@ def test_reports_buffer_while_no_broker_answers_and_arrive_in_order_when_it_star
     try:
         for i in range(30):
             rep.report(step=i, loss=1.0)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while rep.failed_sends < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert rep.sent == 0 and rep.queued == 30 and rep.failed_sends >= 1
@@ -250,7 +279,7 @@ def test_control_channel_through_kafka_delivers_once_and_dead_letters_bad_record
         assert done.wait(30), calls
         assert calls == ["pause", "resume", "checkpoint_exit"]
         assert rep.exit_requested
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while rep._listener.dead_letters < 4 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert rep._listener.dead_letters == 4

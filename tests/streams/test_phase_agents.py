@@ -117,7 +117,7 @@ def test_a_phase_worker_publishes_snapshots_and_phase_changes_and_a_restart_resu
             snaps = read_until(settings, MODELS.name, 1, _snapshot, 5, "model snapshot")
             warm = next((s for s in reversed(snaps) if model_of(s).ready), None)
         assert warm is not None, "no warm snapshot:\n" + w.role.log_tail()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while w.metric("phasewise_worker_model_version") < warm.version and time.monotonic() < deadline:
             time.sleep(0.2)
         send(120, 240)  # now the detector knows the phases: the regime switches are phase changes

@@ -184,3 +184,30 @@ def test_explain_shows_the_phase_with_the_phase_policy():
     rows = {(r["resource"], r["policy"]): r for r in card["scorecard"]}
     assert rows[("cpu", "phase")]["steps"] > 0 and rows[("cpu", "vpa")]["steps"] == rows[("cpu", "phase")]["steps"]
     assert "phase: " in explain.format_card(card)
+
+
+def test_explain_reads_like_kubectl_describe_ages_units_and_the_vpa_target():
+    card = {"container": "h1/train", "policy": "phase", "worker_policy": "phase",
+            "now": {"t": 10_000.0, "cpu": {"used": 0.5, "limit": 0.75, "vpa": None, "phase": 0.6},
+                    "mem": {"used": 3 * 2**30, "limit": None, "vpa": None, "phase": 3.5 * 2**30}},
+            "vpa": {"recommendation": {"cpu": {"target": 0.61, "lower": 0.4, "upper": None},
+                                       "mem": {"target": 3.25 * 2**30, "lower": 3 * 2**30, "upper": 4 * 2**30}},
+                    "numbers": {"cpu_samples": 120, "mem_peaks": 2, "history_s": 599.0, "confidence": 0.5}},
+            "phase": {"phase": 2, "since": 10_000.0 - 80, "model_version": 3,
+                      "from_phase": {"cpu": True, "mem": False}, "basis_quantile": {"cpu": 0.52, "mem": None}},
+            "scorecard": []}
+    text = explain.format_card(card, now=10_000.0 + 3725)
+    assert "last sample 1h02m ago (02:46:40 UTC)" in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("  cpu") or
+            line.startswith("  memory")}
+    assert rows["cpu"][2:] == ["0.5", "0.75", "0.61", "0.6"]  # the VPA's target where it decides nothing
+    assert rows["memory"][1:] == ["3Gi", "-", "3.25Gi", "3.5Gi"]
+    assert "vpa cpu: target 0.61 cores, bounds 0.4 cores to no upper bound yet" in text
+    assert "vpa memory: target 3.25Gi, bounds 3Gi to 4Gi" in text
+    assert "vpa history: 120 cpu samples, 2 memory peaks over 9m59s, confidence 0.5" in text
+    assert "phase 2 for 1m20s (model v3):" in text
+    assert "  cpu: the limit comes from this phase's usage (basis 0.52 cores)" in text
+    assert "  memory: the limit comes from the VPA fallback" in text
+    assert "{" not in text and "10000" not in text  # no dict reprs, no raw event times
+    cold = explain.format_card({**card, "phase": {**card["phase"], "phase": -1, "since": 0.0}}, now=10_005.0)
+    assert "phase: none yet" in cold and "last sample 5s ago" in cold

@@ -202,7 +202,7 @@ def test_the_scorecard_of_the_real_worker_on_its_metrics_port(module_settings, w
     p.flush(10)
     decisions.wait_for(decision_for(host, "scored"), what="decision")
     url = f"http://127.0.0.1:{worker.metrics_port}"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while abs(((got := fetch(url, f"{host}/scored"))[1].get("now", {}).get("t") or 0) - (T0 + 9.5)) > 1e-3:
         assert time.monotonic() < deadline, got
         time.sleep(0.2)
@@ -212,7 +212,7 @@ def test_the_scorecard_of_the_real_worker_on_its_metrics_port(module_settings, w
     assert rows[(300.0, "cpu", "limit")]["steps"] > 0 and rows[(300.0, "cpu", "vpa")]["steps"] > 0
     assert fetch(url, f"{host}/nothing")[0] == 404
     want = 'phasewise_worker_scorecard_fulfilment{policy="limit",resource="cpu",window="300s"}'
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:  # rescored at most once a second
         with urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=5) as r:
             text = r.read().decode()
@@ -241,7 +241,7 @@ def test_a_workload_asking_for_a_policy_the_worker_does_not_run_is_refused_visib
     p.flush(10)
     decisions.wait_for(decision_for(host, "plain"), what="decision")
     assert not [m for m in decisions.seen if decision_for(host, "wants-phase")(m)]
-    deadline = time.monotonic() + 20  # the plain container's decision may come before the last of the 20 messages
+    deadline = time.monotonic() + 60  # the plain container's decision may come before the last of the 20 messages
     while worker.metric('phasewise_worker_policy_refused_total{policy="phase"}') < 20 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert worker.metric('phasewise_worker_policy_refused_total{policy="phase"}') >= 20
@@ -274,7 +274,7 @@ def test_bad_samples_are_dead_lettered_with_reasons_and_the_worker_carries_on(
         p.produce(SAMPLES.name, key=host.encode(), value=samples(host, "after", T0 + 0.5 * i, 0.1))
     p.flush(10)
     letters = dead_letters.wait_for(lambda m: _dead_letter_key(m) == host, what="dead letter")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while len(letters) < len(BAD) and time.monotonic() < deadline:
         letters = dead_letters.wait_for(lambda m: _dead_letter_key(m) == host)
     got = [decode(DeadLetter, m.value()) for m in letters]

@@ -11,6 +11,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -35,6 +36,26 @@ def arg_type(parse: Callable[[str], Any], check: Callable[[Any], None] | None = 
 
     convert.__name__ = name or getattr(parse, "__name__", "value")
     return convert
+
+
+def report_dir(text: str) -> Path:
+    """An argparse ``type=`` for ``--report DIR``: the folder, made if missing and written to once, when the
+    flags are read: a folder that cannot take the report is a one-line error before the run, not a
+    traceback after it."""
+    import os
+    import tempfile
+
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".phasewise-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write a report in {text}: {e.strerror or e}") from None
+    return path
 
 
 def add_setting(p: argparse.ArgumentParser, name: str, *, help: str | None = None,

@@ -379,6 +379,10 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"containers": [to_dict(c) for c in msg.containers]}), flush=True)
         else:
             print(encode(msg).decode(), flush=True)
+        if not msg.containers:
+            print(f"phasewise produce: no containers under prefix {layout.prefix!r} (layout {layout.layout}) in "
+                  f"{layout.root}; `phasewise demo` runs its jobs under --cgroup-prefix phasewise-demo",
+                  file=sys.stderr)
         sampler.close()
         return 0
 

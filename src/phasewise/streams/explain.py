@@ -47,12 +47,53 @@ def _n(v: Any, unit: str = "") -> str:
     if v is None:
         return "-"
     if unit == "bytes":
-        return f"{v / 2**20:,.0f}Mi"
+        return _bytes(v)
     return f"{v:.3g}"
 
 
-def format_card(card: dict[str, Any]) -> str:
-    """The text ``explain`` prints for one container."""
+def _bytes(v: float) -> str:
+    """Binary units as Kubernetes writes them: ``512Mi``, ``1.5Gi``."""
+    for unit, k in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if abs(v) >= k:
+            return f"{v / k:.3g}{unit}"
+    return f"{v:.0f}"
+
+
+def _cores(v: Any) -> str:
+    return "-" if v is None else f"{v:.3g} cores"
+
+
+def _age(seconds: float) -> str:
+    """A duration as ``kubectl`` shows ages: ``45s``, ``3m20s``, ``2h5m``, ``4d3h``."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def _when(t: Any, now: float) -> str:
+    """An event time as its age and its UTC time: ``3s ago (20:51:02 UTC)``."""
+    import time
+
+    if t is None:
+        return "-"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S" if abs(now - t) >= 86400 else "%H:%M:%S", time.gmtime(t))
+    return f"{_age(now - t)} ago ({stamp} UTC)"
+
+
+#: the resources as ``explain`` names them, with their unit
+_RESOURCES = (("cpu", "cpu (cores)", ""), ("mem", "memory", "bytes"))
+
+
+def format_card(card: dict[str, Any], now: float | None = None) -> str:
+    """The text ``explain`` prints for one container; ages are counted to *now* (default: the clock)."""
+    import time
+
+    now = time.time() if now is None else now
     wl = card.get("workload") or {}
     asked = wl.get("policy")
     worker = card.get("worker_policy", card.get("policy"))
@@ -69,30 +110,52 @@ def format_card(card: dict[str, Any]) -> str:
         out.append(f"refused: {card['refused']}")
         return "\n".join(out)
     if wl:
-        bounds = {k: v for k, v in wl.items() if k.endswith(("_min_cores", "_max_cores", "_min_bytes", "_max_bytes"))}
+        bounds = [f"{k.rsplit('_', 2)[0].replace('mem', 'memory')} {k.rsplit('_', 2)[1]} "
+                  f"{_bytes(v) if k.endswith('_bytes') else _cores(v)}"
+                  for k, v in wl.items() if k.endswith(("_min_cores", "_max_cores", "_min_bytes", "_max_bytes"))]
         out.append(f"mode {wl.get('mode')} (from {wl.get('source')})"
                    + (": decided and published, never written" if wl.get("mode") == "recommend" else "")
-                   + (f"; bounds {bounds}" if bounds else ""))
-    now = card.get("now") or {}
-    out.append(f"now (event time {now.get('t')}):")
-    out.append(f"  {'resource':<9}{'used':>10}{'limit':>10}{'vpa':>10}{'phase':>10}")
-    for r, unit in (("cpu", ""), ("mem", "bytes")):
-        v = now.get(r) or {}
-        out.append(f"  {r:<9}" + "".join(f"{_n(v.get(k), unit):>10}" for k in ("used", "limit", "vpa", "phase")))
-    vpa = card.get("vpa")
+                   + (f"; bounds: {', '.join(bounds)}" if bounds else ""))
+    vpa = card.get("vpa") or {}
+    rec = vpa.get("recommendation") or {}
+    now_ = card.get("now") or {}
+    out.append(f"last sample {_when(now_.get('t'), now)}")
+    out.append(f"  {'resource':<13}{'used':>10}{'limit':>10}{'vpa':>10}{'phase':>10}")
+    for r, label, unit in _RESOURCES:
+        v = dict(now_.get(r) or {})
+        if v.get("vpa") is None:  # the VPA decides nothing here (another policy does): its target
+            v["vpa"] = (rec.get(r) or {}).get("target")
+        out.append(f"  {label:<13}" + "".join(f"{_n(v.get(k), unit):>10}" for k in ("used", "limit", "vpa", "phase")))
+    out.append("  (limit: in force, - = none; vpa, phase: the limit each policy holds, the VPA's target where it "
+               "decides nothing)")
     if vpa:
-        rec = vpa.get("recommendation") or {}
-        for r, unit in (("cpu", ""), ("mem", "bytes")):
+        for r, label, unit in _RESOURCES:
             b = rec.get(r) or {}
-            out.append(f"vpa {r}: target {_n(b.get('target'), unit)}, bounds [{_n(b.get('lower'), unit)}, "
-                       f"{_n(b.get('upper'), unit)}]")
+            fmt = _cores if not unit else (lambda x: "-" if x is None else _bytes(x))
+            upper = "no upper bound yet" if b.get("target") is not None and b.get("upper") is None else None
+            out.append(f"vpa {label.split()[0]}: target {fmt(b.get('target'))}, bounds {fmt(b.get('lower'))} to "
+                       f"{upper or fmt(b.get('upper'))}")
         nums = vpa.get("numbers") or {}
-        out.append(f"vpa history: {nums.get('cpu_samples')} cpu samples, {nums.get('mem_peaks')} memory peaks, "
-                   f"{_n(nums.get('history_s'))} s, confidence {_n(nums.get('confidence'))}")
+        hist = nums.get("history_s")
+        out.append(f"vpa history: {nums.get('cpu_samples')} cpu samples, {nums.get('mem_peaks')} memory peaks"
+                   + (f" over {_age(hist)}" if hist is not None else "")
+                   + f", confidence {_n(nums.get('confidence'))}")
     ph = card.get("phase")
     if ph:
-        out.append(f"phase: {ph.get('phase')} since {ph.get('since')} (model v{ph.get('model_version')}); "
-                   f"limit from the phase: {ph.get('from_phase')}; basis quantile {ph.get('basis_quantile')}")
+        t, since, pid = now_.get("t"), ph.get("since"), ph.get("phase")
+        if pid is None or pid < 0:
+            out.append(f"phase: none yet (the detector has not put it in one; model v{ph.get('model_version')}):")
+        else:
+            span = f" for {_age(t - since)}" if t is not None and since else ""
+            out.append(f"phase {pid}{span} (model v{ph.get('model_version')}):")
+        for r, label, unit in _RESOURCES:
+            res = label.split()[0]
+            basis = (ph.get("basis_quantile") or {}).get(r)
+            if (ph.get("from_phase") or {}).get(r):
+                out.append(f"  {res}: the limit comes from this phase's usage "
+                           f"(basis {_n(basis, unit)}{'' if unit else ' cores'})")
+            else:
+                out.append(f"  {res}: the limit comes from the VPA fallback (the model is cold or the phase new)")
     out.append("scorecard (alloc/used: allocated per unit used, 1 = oracle; fulfilment: share of samples covered):")
     out.append(f"  {'window':>8} {'resource':<9}{'policy':<7}{'alloc/used':>11}{'fulfilment':>11}{'steps':>7}")
     for row in card.get("scorecard") or []:

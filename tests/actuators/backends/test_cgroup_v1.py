@@ -132,11 +132,9 @@ def test_a_memory_limit_below_usage_is_clamped_to_usage_plus_margin(managed, rec
 
 def test_the_kernel_refusing_a_limit_below_usage_is_a_permanent_failure(managed):
     managed.container("job", alloc_mib=100)
-    t0 = time.monotonic()
     out = CgroupBackend(managed.layout).apply(SetLimits("job", mem_bytes=10 * MiB))  # safety bypassed
-    assert out.status == "failed" and not out.temporary
+    assert out.status == "failed" and not out.temporary  # permanent: not retried
     assert "EBUSY" in out.message
-    assert time.monotonic() - t0 < 5
 
 
 def test_freeze_stops_a_process_accumulating_cpu_and_thaw_resumes_it(managed):

@@ -238,6 +238,69 @@ def test_stale_empty_cgroups_are_removed_but_busy_ones_stop_the_demo(tmp_path):
         clear_stale(layout)
 
 
+def test_a_run_owns_its_prefix_and_the_parents_it_creates_not_those_that_were_there(tmp_path):
+    root = v2_tree(tmp_path)
+    assert demo.owned_dirs(CgroupLayout(root, prefix="a/b/c", version=2)) == [root / "a/b/c", root / "a/b",
+                                                                              root / "a"]
+    (root / "a").mkdir()
+    assert demo.owned_dirs(CgroupLayout(root, prefix="a/b/c", version=2)) == [root / "a/b/c", root / "a/b"]
+    (root / "a/b/c").mkdir(parents=True)  # a stale prefix an earlier run left: still this run's to remove
+    assert demo.owned_dirs(CgroupLayout(root, prefix="a/b/c", version=2)) == [root / "a/b/c"]
+
+
+def test_a_demo_refused_because_the_prefix_is_in_use_reports_nothing_of_the_other_run(tmp_path, monkeypatch):
+    """The other demo's live cgroups are neither touched nor reported as left behind by this run."""
+    monkeypatch.setattr(demo.os, "geteuid", lambda: 0)
+    root = v2_tree(tmp_path)
+    busy = root / "nested" / "demo" / "charlstm"
+    busy.mkdir(parents=True)
+    (busy / "cgroup.procs").write_text("4242\n")
+    cfg = demo.Config(jobs=JOBS, duration_s=1.0, json=True, cgroup_root=str(root), cgroup_prefix="nested/demo",
+                      interval_s=1.0, recommend_interval_s=1.0, vpa_time_scale=0.001, start_cpu=1.0,
+                      start_mem=GiB, host="h", data_dir=str(tmp_path / "data"), max_restarts=0, log_level="info",
+                      policy="vpa", throttle_threshold=0.1)
+    s = demo.Demo(cfg).run()
+    assert "still has processes 4242" in s["error"] and "another demo" in s["error"]
+    assert s["cleanup"] is True and s["cleanup_problems"] == []
+    text = summary.format_summary(s)
+    assert "FAILED" not in text and str(busy) not in text.split("\n", 1)[1]
+    assert (busy / "cgroup.procs").read_text() == "4242\n"
+
+
+@pytest.mark.broker
+def test_the_summary_holds_every_record_published_up_to_the_end(settings, tmp_path):
+    """After the roles stopped, the demo reads its topics to their end: the decisions and actuations of
+    the last seconds (applied while the roles stop) are in the summary and records.jsonl."""
+    from phasewise.kit.kafka.client import make_consumer, make_producer
+    from phasewise.kit.records import encode
+    from phasewise.kit.topics import ACTUATIONS, DECISIONS
+
+    cfg = demo.Config(jobs=JOBS, duration_s=1.0, json=True, cgroup_root=str(tmp_path), cgroup_prefix="d",
+                      interval_s=1.0, recommend_interval_s=1.0, vpa_time_scale=0.001, start_cpu=1.0,
+                      start_mem=GiB, host=settings.host, data_dir=str(tmp_path), max_restarts=0,
+                      log_level="info", policy="vpa", throttle_threshold=0.1)
+    d = demo.Demo(cfg)
+    d.consumer = make_consumer(settings, f"pwtest-demo-{uuid.uuid4().hex[:8]}")
+    d.consumer.subscribe([DECISIONS.name, ACTUATIONS.name])
+    d.topics = {DECISIONS.name: Decision, ACTUATIONS.name: Actuation}
+    d.looped = True  # as after the live loop
+    p = make_producer(settings)
+    for i in range(40):
+        dec = Decision(id=f"{settings.host}-{i}", ts=100.0 + i, host=settings.host, container=JOBS[i % 3],
+                       action="limit", policy="vpa", reason="test", cpu_limit_cores=1.0)
+        act = Actuation(decision_id=dec.id, ts=101.0 + i, host=settings.host, container=dec.container,
+                        status="applied", backend="cgroup")
+        p.produce(DECISIONS.name, key=settings.host.encode(), value=encode(dec))
+        p.produce(ACTUATIONS.name, key=settings.host.encode(), value=encode(act))
+    assert p.flush(30) == 0
+    d._drain()  # nothing read yet: it joins the group, then reads everything
+    assert d.consumer is None
+    assert [x.id for x in d.records.decisions] == [f"{settings.host}-{i}" for i in range(40)]
+    assert len(d.records.actuations) == 40
+    s = d.summary()
+    assert s["decisions_made"] == 40 and s["decisions_applied"] == 40
+
+
 @requires_root
 def test_a_job_runs_inside_its_cgroup_from_its_first_instruction(tmp_path):
     layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}")
@@ -324,7 +387,8 @@ def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path,
     missing = _roles_missing()
     if missing:
         pytest.skip(f"roles not in this checkout yet: {', '.join(missing)}")
-    prefix = f"pwtest-demo-{uuid.uuid4().hex[:8]}"
+    top = f"pwtest-demo-{uuid.uuid4().hex[:8]}"
+    prefix = top if policy == "phase" else f"{top}/nested"  # a nested prefix: its parent goes too
     r = subprocess.run(
         [sys.executable, "-m", "phasewise.cli", "demo", "--duration", "45", "--json", "--policy", policy,
          "--cgroup-prefix", prefix, "--data-dir", str(tmp_path)],
@@ -344,9 +408,21 @@ def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path,
         assert j["samples"] > 10 and j["cpu_used"] > 0.05 and j["mem_used"] > 50e6, (name, j)
         assert j["last_loss"] is not None and j["last_loss"] < j["first_loss"], (name, j)
     assert s["cleanup"] is True, s["cleanup_problems"]
-    # nothing left: no cgroup directory under the prefix, no process of the run
-    assert not list(Path("/sys/fs/cgroup").glob(f"*/{prefix}"))
+    # nothing left: no cgroup directory of the prefix (or of its parent the run made), no process of the run
+    assert not list(Path("/sys/fs/cgroup").glob(f"*/{top}"))
     run_dir = Path(s["run_dir"])
+    # records.jsonl holds every decision the actuator handled (those of the last seconds too) and its outcome,
+    # and the summary counts them
+    import sqlite3
+
+    lines = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    decided = {r["id"] for r in lines if r["type"] == "decision"}
+    acted = {r["decision_id"] for r in lines if r["type"] == "actuation"}
+    [ledger] = (run_dir / "actuate").glob("actuator-*.sqlite")
+    with sqlite3.connect(ledger) as db:
+        handled = {row[0] for row in db.execute("SELECT id FROM decisions WHERE status IS NOT NULL")}
+    assert handled and handled <= acted and handled <= decided, (handled - acted, handled - decided)
+    assert s["decisions_made"] == len(decided)
     assert run_dir.is_dir() and (run_dir / "worker.log").exists() and not (run_dir / "checkpoints").exists()
     ps = subprocess.run(["ps", "-eo", "args"], check=False, capture_output=True, text=True).stdout
     assert prefix not in ps and str(run_dir) not in ps

@@ -16,11 +16,14 @@ from phasewise.apps.demo import jobs
 from phasewise.apps.demo.jobs import parse_progress
 
 RUN_S = 12.0
+#: and at least this many steps, however busy the host: the losses asserted come from seeded steps, not seconds
+MIN_STEPS = 40
 
 
 def run_job(name: str, tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-W", "ignore", "-m", "phasewise.apps.demo.jobs", name, "--seconds", str(RUN_S),
+         "--steps", str(MIN_STEPS),
          "--threads", "1", "--scale", "0.2", "--report-every", "0.3", "--eval-every", "4",
          "--checkpoint-every", "5", "--checkpoint-dir", str(tmp_path / name)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -34,7 +37,7 @@ def job_outputs(tmp_path_factory) -> dict[str, tuple[int, list[dict], str, Path]
     procs = {name: run_job(name, tmp) for name in jobs.DEFAULT_JOBS}
     out = {}
     for name, p in procs.items():
-        stdout, stderr = p.communicate(timeout=RUN_S + 90)
+        stdout, stderr = p.communicate(timeout=RUN_S + 600)  # a guard: torch's import alone takes minutes at load 18
         lines = [d for d in map(parse_progress, stdout.splitlines()) if d]
         out[name] = (p.returncode, lines, stderr + "\n" + stdout, tmp / name)
     return out
@@ -79,11 +82,13 @@ def test_the_forecaster_trains_on_the_shipped_ai4dl_trace():
 
 
 def test_the_fallback_convolutional_model_trains_on_stdlib_tests(tmp_path):
+    # a number of steps, not of seconds: the same seeded steps however busy the host (the first step's loss
+    # is about 5.56; the mean of the next 19, about 4.4)
     out = io.StringIO()
-    stats = jobs.train("convlm", seconds=8, scale=0.05, report_every_s=0.2, eval_every_s=100,
-                       checkpoint_every_s=100, checkpoint_dir=tmp_path, out=out)
-    assert stats["steps"] >= 5, out.getvalue()
-    assert stats["last_loss"] < stats["first_loss"], out.getvalue()
+    stats = jobs.train("convlm", seconds=0, steps=20, scale=0.05, report_every_s=1e9, eval_every_s=1e9,
+                       checkpoint_every_s=1e9, checkpoint_dir=tmp_path, out=out)
+    assert stats["steps"] == 20, out.getvalue()
+    assert stats["last_loss"] < 0.9 * stats["first_loss"], out.getvalue()
 
 
 def test_stdlib_corpora_are_split_into_library_and_tests():
@@ -112,12 +117,12 @@ def test_sigterm_ends_a_job_cleanly(tmp_path):
     p = subprocess.Popen([sys.executable, "-W", "ignore", "-m", "phasewise.apps.demo.jobs", "forecaster",
                           "--report-every", "0.2"], stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600
     for line in p.stdout:  # wait until it trains
         if "phase=train" in line or time.monotonic() > deadline:
             break
     p.send_signal(signal.SIGTERM)
-    rest = p.communicate(timeout=30)[0]
+    rest = p.communicate(timeout=300)[0]  # the step in progress ends first
     assert p.returncode == 0
     assert "phase=done" in rest
 

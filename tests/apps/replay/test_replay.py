@@ -469,8 +469,58 @@ def test_the_fleet_tells_per_sample_its_phase_and_whether_its_limit_came_from_th
     assert any(detail.fallback[c.container]["cpu"].any() for c in trace.containers)
 
 
+@pytest.mark.parametrize("folds", [0, 2])
+def test_the_fleet_shows_its_progress_from_its_first_step_to_its_last(folds):
+    """The shared model's run (and its pretraining passes) can take minutes: a bar over every event time
+    it steps, drawn before the first one."""
+    from phasewise.apps.replay.driving import FleetOptions, fleet_sequences
+
+    trace = load_ai4dl(SAMPLE)
+    out = io.StringIO()
+    fleet_sequences(trace, options=FleetOptions(pretrain_folds=folds), progress=out)
+    frames = out.getvalue().split("\r")[1:]
+    first, last = frames[0], frames[-1]
+    total = int(last.split("/")[1].split()[0])
+    assert first.startswith("phase model [") and first.endswith(f" 0/{total} event times")
+    assert last == f"phase model [{'#' * 30}] {total}/{total} event times\n"
+    steps = len({t for c in trace.containers for t in c.t.tolist()})
+    assert total == steps if folds == 0 else total >= 2 * steps  # the pretraining passes counted too
+
+
 def test_phase_model_fleet_is_a_replay_option(capsys):
     assert main(["replay", str(SAMPLE), "--policies", "vpa,phase", "--phase-model", "fleet", "--json",
                  "--quiet"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert any(r.get("policy") == "phase" and r["steps"] > 0 for r in rows)
+
+
+def test_a_container_plot_with_one_resource_keeps_its_legends_inside_the_figure(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from phasewise.apps.replay.report import write_report
+
+    boxes: dict[str, tuple] = {}  # saved file -> (figure box, its legends' boxes) as drawn
+    save = Figure.savefig
+
+    def saving(self, path, *a, **kw):
+        save(self, path, *a, **kw)
+        r = self.canvas.get_renderer()
+        legends = [*self.legends, *(ax.get_legend() for ax in self.axes if ax.get_legend())]
+        boxes[Path(path).name] = (self.bbox, [leg.get_window_extent(r) for leg in legends])
+
+    monkeypatch.setattr(Figure, "savefig", saving)
+    tr = load_ai4dl(SAMPLE)
+    one = Trace(tr.format, tr.source, {"cpu": tr.units["cpu"]},
+                [ContainerSeries(c.container, c.t, {"cpu": c.usage["cpu"]}) for c in tr.containers[:2]])
+    phases = {c.container: (np.arange(len(c)) // 20) % 3 for c in one.containers}  # a phase key beside it
+    res = replay_trace(one, policy_specs(["vpa", "window", "oracle"], windows=(60,), units=one.units),
+                       plot_containers=1, phase_ids=phases)
+    rows, savings = result_rows(res)
+    write_report(res, rows, savings, tmp_path, command="phasewise replay")
+    [(fig_box, legends)] = [v for name, v in boxes.items() if name.startswith("container-")]
+    assert len(legends) == 2  # the policies' and the phase key
+    for box in legends:
+        assert fig_box.x0 <= box.x0 and box.x1 <= fig_box.x1 + 0.5, (box, fig_box)

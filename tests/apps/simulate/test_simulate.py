@@ -182,3 +182,28 @@ def test_bad_util_cdf_is_a_one_line_error(tmp_path, capsys, small, spec, why):
     assert rc == 2 and why in err and len(err.strip().splitlines()) == 1
     assert main(["simulate", str(small[0]), "--nodes", str(small[1]), "--horus-frag-weight", "-1"]) == 2
     assert "--horus-frag-weight" in capsys.readouterr().err
+
+
+def test_the_plots_have_titles_and_say_which_policy_is_drawn_over_an_identical_one(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from phasewise.apps.simulate import report
+
+    figs = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **kw: (figs.append(self), save(self, *a, **kw))[1])
+    same = {"t": [0, 1, 2], "alloc": [0.1, 0.5, 0.9]}
+    results = [SimpleNamespace(policy="fgd", series=same), SimpleNamespace(policy="horus", series=dict(same)),
+               SimpleNamespace(policy="first-fit", series={"t": [0, 1, 2], "alloc": [0.1, 0.4, 0.8]})]
+    report._plot(tmp_path / "a.png", results, "alloc", "GPU allocated (%)", "pods arrived", 100.0, "the title")
+    [fig] = figs
+    ax = fig.axes[0]
+    assert ax.get_title() == "the title" and (tmp_path / "a.png").stat().st_size > 0
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "fgd", "horus (same as fgd: dashed on top of it)", "first-fit"]
+    assert [line.get_linestyle() for line in ax.get_lines()] == ["-", "--", "-"]

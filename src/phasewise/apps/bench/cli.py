@@ -19,14 +19,29 @@ BENCHES = {
 }
 
 
+def _lazy(base: type[argparse.ArgumentParser]) -> type[argparse.ArgumentParser]:
+    """A parser class whose flags come from its bench's module when it parses: the module (and what it
+    imports: numpy, torch, the broker client) is loaded only for the bench chosen, not for ``--help``."""
+
+    class LazyBench(base):  # type: ignore[misc, valid-type]
+        module: str | None = None
+
+        def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+            module, self.module = self.module, None
+            if module is not None:
+                try:
+                    importlib.import_module(module).add_arguments(self)
+                except ImportError as e:  # a bench whose module is missing says so when chosen
+                    self.set_defaults(_missing=str(e))
+            return super().parse_known_args(args, namespace)
+
+    return LazyBench
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True, parser_class=_lazy(type(p)))
     for name, (module, help_) in BENCHES.items():
-        sp = sub.add_parser(name, help=help_, description=help_)
-        try:
-            importlib.import_module(module).add_arguments(sp)
-        except ImportError as e:  # a bench whose module is missing says so when chosen
-            sp.set_defaults(_missing=str(e))
+        sub.add_parser(name, help=help_, description=help_).module = module
 
 
 def run(args: argparse.Namespace) -> int:

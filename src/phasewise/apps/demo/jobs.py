@@ -408,6 +408,7 @@ def train(
     name: str,
     *,
     seconds: float,
+    steps: int = 0,
     threads: int = 1,
     seed: int = 0,
     eval_every_s: float = 10.0,
@@ -418,7 +419,8 @@ def train(
     out: TextIO = sys.stdout,
     stop: Stop | None = None,
 ) -> dict[str, float]:
-    """Run job *name* for *seconds* of training after loading (0 = until stopped); returns first/last losses."""
+    """Run job *name* for *seconds* of training after loading and at least *steps* training steps (either
+    0: no such bound; both 0: until stopped); returns first/last losses."""
     import torch
 
     t0 = time.monotonic()
@@ -441,8 +443,14 @@ def train(
 
     t_train = time.monotonic()  # loading can be slow on a busy host: the budget is training time
 
+    run_steps = 0  # in this run (a resumed job counts from its checkpoint's step)
+
     def done() -> bool:
-        return stop.requested or (seconds > 0 and time.monotonic() - t_train >= seconds)
+        if stop.requested:
+            return True
+        if seconds <= 0 and steps <= 0:
+            return False
+        return (seconds <= 0 or time.monotonic() - t_train >= seconds) and run_steps >= steps
 
     first: float | None = None
     value: float | None = None  # the last step's loss in this run (None: no step yet, e.g. stopped after a resume)
@@ -469,6 +477,7 @@ def train(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # type: ignore[attr-defined]
             opt.step()
             step += 1
+            run_steps += 1
             value = float(loss.detach())
             if first is None:
                 first = value
@@ -548,6 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m phasewise.apps.demo.jobs", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=JOBS)
     p.add_argument("--seconds", type=float, default=0.0, help="training time after loading (0 = until SIGTERM)")
+    p.add_argument("--steps", type=int, default=0,
+                   help="at least this many training steps (with --seconds: and at least that long)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: about one core)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=float, default=10.0, help="seconds between evaluations")
@@ -567,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_interop_threads(1)
-        train(args.name, seconds=args.seconds, threads=args.threads, seed=args.seed,
+        train(args.name, seconds=args.seconds, steps=args.steps, threads=args.threads, seed=args.seed,
               eval_every_s=args.eval_every, checkpoint_every_s=args.checkpoint_every,
               report_every_s=args.report_every, checkpoint_dir=args.checkpoint_dir, scale=args.scale,
               stop=stop)

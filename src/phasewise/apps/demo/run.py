@@ -98,6 +98,9 @@ class JobProcess(ManagedProcess):
 
 # --------------------------------------------------------------------------- cgroups
 
+#: the demo's cgroup prefix (the roles' default is phasewise's own, ``phasewise``)
+DEFAULT_PREFIX = "phasewise-demo"
+
 
 def local_nodes(cpus: list[int]) -> str:
     """``place --local-nodes``: this host's CPUs as two cpuset slices (one where it has one CPU).
@@ -171,6 +174,26 @@ def clear_stale(layout: CgroupLayout) -> list[str]:
             d.rmdir()
             removed.append(str(d))
     return removed
+
+
+def owned_dirs(layout: CgroupLayout) -> list[Path]:
+    """The directories a run taking the prefix owns, deepest first: the prefix in each hierarchy, and
+    its parents that do not exist yet (a nested ``--cgroup-prefix a/b`` makes ``a`` too)."""
+    out: list[Path] = []
+    tops = [layout.root] if layout.version == 2 else [layout.controller_root(c) for c in layout.controllers()]
+    extra = []
+    if layout.version == 1 and "cpuset" not in layout.controllers():  # the actuator's cpuset slices (--submit)
+        cpuset = layout.controller_root("cpuset")
+        if cpuset.is_dir() and not (cpuset / layout.prefix).exists():
+            extra.append(cpuset)
+    for top in [*tops, *extra]:
+        base = top / layout.prefix
+        out.append(base)
+        d = base.parent
+        while d != top and not d.exists():
+            out.append(d)
+            d = d.parent
+    return out
 
 
 def set_limits(layout: CgroupLayout, name: str, cpu_cores: float, mem_bytes: int) -> None:
@@ -269,6 +292,12 @@ class Demo:
         self.ended: float | None = None
         self.error: str | None = None
         self._cg_prev: dict[str, tuple[int, int]] = {}
+        #: the cgroup directories this run owns (the prefix, and its parents it created), deepest first:
+        #: what cleanup removes and verifies; empty until the prefix was found free
+        self.owned: list[Path] = []
+        self.consumer: Any = None
+        self.worker_port: int | None = None
+        self.looped = False  #: the live loop ran (a demo stopped while starting has no records to wait for)
         self.signals = _Signals()
         #: the submitted jobs' states, in words (``--submit``)
         self.submitted: dict[str, str] = {}
@@ -374,7 +403,10 @@ class Demo:
         ensure_topics(settings)
         self._stop_requested()
 
+        self.owned = owned_dirs(layout)
         stack.callback(self._remove_cgroups)
+        # after the roles stopped (callbacks run last first): what they published meanwhile is read
+        stack.callback(self._drain)
         for name in cfg.jobs:
             layout.create(name)
             set_limits(layout, name, cfg.start_cpu, cfg.start_mem)
@@ -387,16 +419,19 @@ class Demo:
             "actuate": ["--backend", "cgroup"],
             "produce": [],
         }
+        from phasewise.kit.broker import free_port
+
         role_env: dict[str, dict[str, str]] = {}
         if cfg.submit:  # the jobs' half: place on cpuset slices of this host, the actuator starts signed jobs
-            from phasewise.kit.broker import free_port
-
             trusted = self._submitter_key(stack)
             self.place_port = free_port()
             roles["place"] = ["--local-nodes", local_nodes(sorted(os.sched_getaffinity(0))), "--prediction-wait", "2"]
             roles["actuate"].append("--start-jobs")
             role_env["actuate"] = {"PHASEWISE_JOB_TRUSTED_SUBMITTERS": str(trusted)}
             role_env["place"] = {"PHASEWISE_METRICS_PORT": str(self.place_port)}
+        # the worker's metrics port, where `phasewise explain` reads its /scorecard/ view (the view says how)
+        self.worker_port = free_port()
+        role_env["worker"] = {"PHASEWISE_METRICS_PORT": str(self.worker_port)}
         for role, extra in roles.items():
             log_path = self.run_dir / f"{role}.log"
             p = RoleProcess(role, extra, env={**env, "PHASEWISE_DATA_DIR": str(self.run_dir / role),
@@ -406,9 +441,9 @@ class Demo:
             self.all_procs.append(p)
             p.start()
             log.info("started phasewise %s (pid %d), log %s", role, p.pid, log_path)
+        log.info("look inside: %s", "; ".join(self.hints()))
 
         consumer = make_consumer(settings, f"phasewise-demo-{uuid.uuid4().hex[:8]}")
-        stack.callback(self._step, "close the consumer", consumer.close)
         from phasewise.kit.topics import JOB_EVENTS
 
         consumer.subscribe([SAMPLES.name, DECISIONS.name, ACTUATIONS.name, PHASES.name, JOB_EVENTS.name])
@@ -535,6 +570,7 @@ class Demo:
     # ---------------------------------------------------------------- running
 
     def _loop(self) -> None:
+        self.looped = True
         cfg = self.cfg
         deadline = None if cfg.duration_s is None else self.started + cfg.duration_s
         view = None if cfg.json else LiveView()
@@ -587,7 +623,18 @@ class Demo:
             notes.append(f"{self.cfg.submit} jobs to submit once phasewise place is ready")
         return view_state(self.records, elapsed_s=time.monotonic() - self.started, job_states=self.job_states,
                           host=self.cfg.host, bootstrap=self.bootstrap, run_dir=str(self.run_dir),
-                          roles=roles, duration_s=self.cfg.duration_s, notes=notes)
+                          roles=roles, duration_s=self.cfg.duration_s, notes=[*self.hints(), *notes])
+
+    def hints(self) -> list[str]:
+        """The commands that look inside this running demo, from another terminal."""
+        cfg = self.cfg
+        root = "" if cfg.cgroup_root == "/sys/fs/cgroup" else f" --cgroup-root {cfg.cgroup_root}"
+        out = []
+        if self.worker_port is not None:
+            out.append(f"why a limit: phasewise explain --worker http://127.0.0.1:{self.worker_port} {cfg.jobs[0]}")
+        out.append(f"what the host agent sees: phasewise produce --once --json --cgroup-prefix {cfg.cgroup_prefix}"
+                   + root)
+        return out
 
     def _handle(self, m: Any) -> None:
         if m.error():
@@ -662,27 +709,58 @@ class Demo:
             if name not in self.cfg.jobs:
                 self._step(f"stop the submitted job {name}", _end_processes, layout, name)
                 self._step(f"remove the cgroup of {name}", layout.remove, name, 10.0)
-        cpuset = layout.controller_root("cpuset") / layout.prefix if layout.version == 1 else None
-        for base in [*_bases(layout), *([cpuset] if cpuset is not None and cpuset not in _bases(layout) else [])]:
-            for d in sorted((p for p in base.rglob("*") if p.is_dir()), reverse=True) if base.is_dir() else []:
-                self._step(f"remove {d}", d.rmdir)  # (the actuator's cpuset slices)
-            if base.is_dir():
-                self._step(f"remove {base}", base.rmdir)
+        for d in self.owned:  # deepest first; below the prefix, what this run's actuator made (cpuset slices)
+            if d.is_dir():
+                for sub in sorted((p for p in d.rglob("*") if p.is_dir()), reverse=True):
+                    self._step(f"remove {sub}", sub.rmdir)
+                self._step(f"remove {d}", d.rmdir)
         ckpt = self.run_dir / "checkpoints"
         if ckpt.is_dir():
             import shutil
 
             self._step("remove the checkpoints", shutil.rmtree, ckpt)
 
+    def _drain(self, timeout_s: float = 30.0) -> None:
+        """Read the topics to the end and close the consumer, once the roles stopped: the decisions and
+        actuations they published while stopping belong in the summary and ``records.jsonl``."""
+        c, self.consumer = self.consumer, None
+        if c is None:
+            return
+        try:
+            deadline = time.monotonic() + timeout_s
+            while self.looped and not c.assignment():  # a short run can end before its consumer joined
+                for m in c.consume(num_messages=500, timeout=0.2):
+                    self._handle(m)
+                if time.monotonic() > deadline:
+                    raise DemoError(f"the demo's consumer was given no partitions within {timeout_s:g} s")
+            parts = c.assignment()
+            ends = {}
+            for tp in parts:
+                lo, hi = c.get_watermark_offsets(tp, timeout=5.0)
+                if hi > lo:
+                    ends[(tp.topic, tp.partition)] = hi
+            while ends:
+                for m in c.consume(num_messages=500, timeout=0.2):
+                    self._handle(m)
+                for tp in c.position(parts):
+                    if ends.get((tp.topic, tp.partition), 0) <= tp.offset:
+                        ends.pop((tp.topic, tp.partition), None)
+                if ends and time.monotonic() > deadline:
+                    left = ", ".join(f"{t}[{p}] up to {o}" for (t, p), o in sorted(ends.items()))
+                    raise DemoError(f"not all records read within {timeout_s:g} s: {left}")
+        except Exception as e:  # noqa: BLE001 - nothing is left behind by it: said, not a cleanup failure
+            log.warning("the summary and records.jsonl may miss the last records: %s", e)
+        finally:
+            c.close()
+
     def _verify_clean(self) -> None:
         for p in self.all_procs:
             left = p.leftovers()
             if left:
                 self.problems.append(f"{p.name}: processes {left} still running")
-        if self.layout is not None:
-            for base in _bases(self.layout):
-                if base.exists():
-                    self.problems.append(f"cgroup directory {base} still exists")
+        for d in self.owned:  # only what this run made: another demo's cgroups are not ours to report
+            if d.exists():
+                self.problems.append(f"cgroup directory {d} still exists")
         if self.broker_port is not None:
             with socket.socket() as s:
                 s.settimeout(0.5)
@@ -710,7 +788,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no live view; print the summary as one JSON object on stdout")
     p.add_argument("--cgroup-root", default=default("cgroup_root"), type=like("cgroup_root"),
                    help="cgroup mount (v1 hierarchies or v2)")
-    p.add_argument("--cgroup-prefix", default="phasewise-demo", type=like("cgroup_prefix"),
+    p.add_argument("--cgroup-prefix", default=DEFAULT_PREFIX, type=like("cgroup_prefix"),
                    help="parent cgroup of the jobs")
     p.add_argument("--interval", type=like("interval_s"), default=default("interval_s"),
                    help="sampling interval, seconds")

@@ -354,7 +354,7 @@ def view_state(records: Records, *, elapsed_s: float, job_states: dict[str, str]
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as text for a terminal."""
     if s.get("error") and not any(j["samples"] for j in s["jobs"].values()):
-        cleanup = ("nothing left behind" if s["cleanup"]
+        cleanup = ("cleanup: nothing this run made is left behind" if s["cleanup"]
                    else "cleanup FAILED: " + "; ".join(s["cleanup_problems"]))
         return f"phasewise demo failed: {s['error']}\n{cleanup}\nlogs: {s['run_dir']}"
     lines = [

@@ -505,7 +505,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cgroup-root", default=d.cgroup_root)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--report", type=Path, help="write results.json, summary.md and plots here")
+    from phasewise.kit.command import report_dir
+
+    p.add_argument("--report", type=report_dir, help="write results.json, summary.md and plots here")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -474,7 +474,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="reports in a row past a target")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per scenario")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--report", type=Path, help="write plots and summary.md here")
+    from phasewise.kit.command import report_dir
+
+    p.add_argument("--report", type=report_dir, help="write plots and summary.md here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--through-roles", type=int, default=0, metavar="N",
                    help="instead: N training jobs through every role of the product (submit, place, the cgroup "

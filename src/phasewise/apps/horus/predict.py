@@ -16,11 +16,14 @@ import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phasewise.kit.settings import Settings
-from phasewise.models.horus.graph_features import FeatureError, GraphFeatures
-from phasewise.models.horus.model import HorusConfig, HorusModel
+from phasewise.models.horus.catalog import FeatureError
+
+if TYPE_CHECKING:  # torch and river are imported when a command runs, not for --help
+    from phasewise.models.horus.graph_features import GraphFeatures
+    from phasewise.models.horus.model import HorusModel
 
 COLUMNS = ("model", "dataset", "batchsize", "amp", "gpu_util", "gmem")
 #: CSV column -> (model target, scale from the CSV's unit to the model's)
@@ -93,6 +96,8 @@ def evaluate(rows: Iterable[dict], *, model: HorusModel | None = None, columns: 
     *parsed*, when given, is :func:`parse_row` of each row already (a tuple, or the
     :class:`FeatureError` it raised), so that a caller that needs the features too builds them once.
     """
+    from phasewise.models.horus.model import HorusConfig, HorusModel
+
     m = model or HorusModel(HorusConfig(coverage=Settings.default("horus_coverage")))
 
     def parse(row: dict, i: int) -> tuple[GraphFeatures, dict[str, float], str, str | None]:
@@ -327,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
         rows = rows[:args.limit]
     cols = ("gpu_util", "gmem") + (tuple(c for c in ("cpu_cores", "mem") if c in rows[0]) if args.with_cpu
                                    and rows else ())
+    from phasewise.models.horus.model import HorusConfig, HorusModel
+
     out = evaluate(rows, model=HorusModel(HorusConfig(coverage=args.coverage)), columns=cols, bootstrap=boot,
                    rules=rules)
     if args.json:

@@ -41,7 +41,7 @@ from phasewise.apps.replay.traces import (
     sample_path,
     subtrace,
 )
-from phasewise.kit.command import arg_type
+from phasewise.kit.command import arg_type, report_dir
 from phasewise.kit.settings import (
     PHASE_STATISTICS,
     SPECS,
@@ -132,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay only the containers of this fixed split (md5 of the id: even last hex digit = "
                         "tune, odd = holdout)")
     p.add_argument("--json", action="store_true", help="print one JSON object per line instead of a table")
-    p.add_argument("--report", metavar="DIR", help="write PNG plots and summary.md into DIR")
+    p.add_argument("--report", metavar="DIR", type=report_dir, help="write PNG plots and summary.md into DIR")
     p.add_argument("--plot-containers", type=arg_type(parse_int, at_least(0)), default=6,
                    help="containers plotted in the report (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -223,7 +223,7 @@ def replay_command(args: argparse.Namespace) -> str:
     if o["json"]:
         parts.append("--json")
     if o["report"]:
-        parts += ["--report", o["report"]]
+        parts += ["--report", str(o["report"])]
     if o["plot_containers"] != d["plot_containers"]:
         parts += ["--plot-containers", str(o["plot_containers"])]
     return " ".join(shlex.quote(p) for p in parts)
@@ -248,6 +248,9 @@ def run(args: argparse.Namespace) -> int:
             print("phasewise replay: error: PATH: required for --format genai2026", file=sys.stderr)
             return 2
         path = str(sample_path())
+    show = None if args.quiet or not sys.stderr.isatty() else sys.stderr  # progress, on a terminal only
+    if show is not None:
+        print(f"replay: reading {path}", file=show, flush=True)
     try:
         trace = load_trace(path, args.format)
     except TraceFormatError as e:
@@ -327,12 +330,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
         try:
             detail = FleetDetail()
-            sequences = {**(sequences or {}), "phase": fleet_sequences(trace, options=opts, detail=detail)}
+            sequences = {**(sequences or {}), "phase": fleet_sequences(trace, options=opts, detail=detail,
+                                                                       progress=show)}
             phase_fallback, phase_ids = detail.fallback, detail.phases
         except ValueError as e:
             print(f"phasewise replay: {e}", file=sys.stderr)
             return 2
-    show = None if args.quiet or not sys.stderr.isatty() else sys.stderr
     phase_info = None
     if has_phase and (phase_model == "worker" or args.through_kafka):
         origin = worker_info.get("model_origin") or worker_origin(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -136,7 +136,20 @@ def _steps(trace: Trace) -> Iterator[tuple[float, list[tuple[ContainerSeries, in
 PRETRAIN_MIN_WINDOWS = 1024
 
 
-def pretrain_model(trace: Trace, opts: FleetOptions, min_windows: int = PRETRAIN_MIN_WINDOWS):
+def _pretrain_epochs(trace: Trace, n_his: int, min_windows: int = PRETRAIN_MIN_WINDOWS) -> int:
+    """The passes :func:`pretrain_model` makes over *trace*."""
+    n_windows = max(1, sum(max(0, len(c) - n_his) for c in trace.containers))
+    return max(1, math.ceil(min_windows / n_windows))
+
+
+def _n_steps(trace: Trace) -> int:
+    """How many event times :func:`_steps` yields."""
+    ts = [c.t for c in trace.containers if len(c)]
+    return len(np.unique(np.concatenate(ts))) if ts else 0
+
+
+def pretrain_model(trace: Trace, opts: FleetOptions, min_windows: int = PRETRAIN_MIN_WINDOWS,
+                   tick: Callable[[], None] | None = None):
     """A shared :class:`PhaseModel` trained on every container of *trace* (the training containers).
 
     Offline, as AI4DL trained its model: the containers are stepped through a
@@ -152,14 +165,14 @@ def pretrain_model(trace: Trace, opts: FleetOptions, min_windows: int = PRETRAIN
     feats = tuple(f for f in FEATURES if f in trace.units)
     model = PhaseModel(features=feats)
     fleet = PhaseFleet(model, learn_every=1, statistics=opts.statistics, level_half_life=opts.level_half_life)
-    n_windows = max(1, sum(max(0, len(c) - model.n_his) for c in trace.containers))
-    epochs = max(1, math.ceil(min_windows / n_windows))
-    for _ in range(epochs):
+    for _ in range(_pretrain_epochs(trace, model.n_his, min_windows)):
         fleet.clear()
         for t, batch in _steps(trace):
             ids = [series.container for series, _ in batch]
             frames = [[_usage_at(series, i).get(f, math.nan) for f in feats] for series, i in batch]
             fleet.step(t, ids, np.array(frames, dtype=np.float64))
+            if tick is not None:
+                tick()
     return model
 
 
@@ -174,7 +187,8 @@ class FleetDetail:
 
 
 def fleet_sequences(trace: Trace, learn_every: int = 1, options: FleetOptions | None = None,
-                    detail: FleetDetail | None = None) -> dict[str, list[tuple[float, Limits]]]:
+                    detail: FleetDetail | None = None,
+                    progress: TextIO | None = None) -> dict[str, list[tuple[float, Limits]]]:
     """The ``phase`` policy with ONE shared model for all containers (the live worker's code).
 
     :class:`~phasewise.models.phases.fleet.PhaseFleet` steps every container
@@ -192,23 +206,44 @@ def fleet_sequences(trace: Trace, learn_every: int = 1, options: FleetOptions | 
     (:func:`pretrain_model`) on the OTHER folds only, so no container is
     scored by a model that saw it. K = number of containers is leave-one-out.
 
-    *detail*, when given, is filled for every container (see :class:`FleetDetail`).
+    *detail*, when given, is filled for every container (see :class:`FleetDetail`). *progress*: a
+    terminal stream for a progress bar over the event times stepped (pretraining passes included).
     """
+    import inspect
+
+    from phasewise.models.phases.detector import PhaseModel
+
     opts = options or FleetOptions(learn_every=learn_every)
     fb_out = detail if detail is not None else FleetDetail()
     if opts.pretrain_folds >= 2:
         folds = fold_of((c.container for c in trace.containers), opts.pretrain_folds)
-        out: dict[str, list[tuple[float, Limits]]] = {}
+        parts = []
         for f in sorted(set(folds.values())):
             mine = {c for c, g in folds.items() if g == f}
-            model = pretrain_model(subtrace(trace, set(folds) - mine), opts)
-            out.update(_fleet_run(subtrace(trace, mine), opts, model, fb_out))
-        return out
-    return _fleet_run(trace, opts, None, fb_out)
+            parts.append((subtrace(trace, set(folds) - mine), subtrace(trace, mine)))
+    else:
+        parts = [(None, trace)]
+    bar = _Progress(0, progress, label="phase model", unit="event times")
+    if progress is not None:  # the work ahead, counted before it starts: the bar shows from the first second
+        n_his = inspect.signature(PhaseModel).parameters["n_his"].default  # pretrain_model's model's
+        bar.total = sum(_n_steps(run) + (0 if train is None else _pretrain_epochs(train, n_his) * _n_steps(train))
+                        for train, run in parts)
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        bar.update(done[0])
+
+    bar.update(0)
+    out: dict[str, list[tuple[float, Limits]]] = {}
+    for train, run in parts:
+        model = None if train is None else pretrain_model(train, opts, tick=tick)
+        out.update(_fleet_run(run, opts, model, fb_out, tick=tick))
+    return out
 
 
-def _fleet_run(trace: Trace, opts: FleetOptions, model: Any,
-               detail: FleetDetail | None = None) -> dict[str, list[tuple[float, Limits]]]:
+def _fleet_run(trace: Trace, opts: FleetOptions, model: Any, detail: FleetDetail | None = None,
+               tick: Callable[[], None] | None = None) -> dict[str, list[tuple[float, Limits]]]:
     from phasewise.models.phases.detector import PhaseModel
     from phasewise.models.phases.features import FEATURES
     from phasewise.models.phases.fleet import PhaseFleet
@@ -255,6 +290,8 @@ def _fleet_run(trace: Trace, opts: FleetOptions, model: Any,
             handed[c] = {f: (None if math.isnan(v) else float(v)) for f, v in zip(feats, lim_row)}
             handed_src[c] = {**handed_src.get(c, {}),
                              **{f: not p for f, v, p in zip(feats, lim_row, fp_row) if not math.isnan(v)}}
+        if tick is not None:
+            tick()
     detail = detail if detail is not None else FleetDetail()
     for c, per_step in srcs.items():
         detail.fallback[c] = {f: np.array([d.get(f, False) for d in per_step], dtype=bool) for f in feats}
@@ -310,8 +347,8 @@ def _phase_ids(exps: list[dict]) -> np.ndarray:
 class _Progress:
     """A one-line progress bar on a terminal stream; silent otherwise."""
 
-    def __init__(self, total: int, stream: TextIO | None, label: str = "replay") -> None:
-        self.total, self.stream, self.label = total, stream, label
+    def __init__(self, total: int, stream: TextIO | None, label: str = "replay", unit: str = "containers") -> None:
+        self.total, self.stream, self.label, self.unit = total, stream, label, unit
         self._last = -1.0
 
     def update(self, done: int) -> None:
@@ -323,7 +360,7 @@ class _Progress:
         self._last = now
         width = 30
         fill = int(width * done / max(self.total, 1))
-        self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} containers")
+        self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} {self.unit}")
         if done >= self.total:
             self.stream.write("\n")
         self.stream.flush()

@@ -274,8 +274,8 @@ def _plot_container(result: ReplayResult, c, members: dict[str, dict[str, str]],
         ax.set_xlim(t[0], t_end[-1])
         ax.set_ylabel(f"{r}\n[{y_unit}]", fontsize=9)
         ax.grid(alpha=0.3, zorder=1)
-        leg = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-                        borderaxespad=0, frameon=False)
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0,
+                  frameon=False)
     if phases_seen:
         shown = sorted(phases_seen)
         keys = [Patch(facecolor=_BANDS[ph % len(_BANDS)], alpha=0.55,
@@ -284,10 +284,11 @@ def _plot_container(result: ReplayResult, c, members: dict[str, dict[str, str]],
         if len(shown) > 16:
             keys.append(Patch(facecolor="white", label=f"+{len(shown) - 16} more phases"))
         keys.append(Patch(facecolor="white", edgecolor="lightgray", label="no phase yet"))
-        axes[-1, 0].add_artist(leg)  # the last panel keeps its own legend next to the phase key
-        axes[-1, 0].legend(handles=keys, loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=8,
-                           borderaxespad=0, frameon=False, title="background: phase", title_fontsize=8,
-                           ncol=2 if len(keys) > 8 else 1)
+        # the figure's own legend, so the layout makes room for it beside every panel's legend (a second
+        # legend added to the last panel as an artist was left out of the layout: with one resource, the
+        # panel's legend was cut at the right edge)
+        fig.legend(handles=keys, loc="outside right lower", fontsize=8, frameon=False, title="background: phase",
+                   title_fontsize=8, ncol=2 if len(keys) > 8 else 1)
     sub = []
     if "phase" not in families:
         sub.append("phase policy not in this run")

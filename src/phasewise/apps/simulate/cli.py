@@ -15,6 +15,7 @@ from typing import TextIO
 from phasewise.apps.simulate.engine import MODES, simulate, speed_up
 from phasewise.apps.simulate.openb import TraceError, load_nodes, load_pods
 from phasewise.apps.simulate.utilisation import load_util_cdf, with_utilisation
+from phasewise.kit.command import report_dir
 from phasewise.kit.settings import Settings
 from phasewise.models.jobs.placement import POLICIES, PlacementConfig
 
@@ -43,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(acmetrace-util-cdfs/util_cdfs.csv:Philly) and measure overloaded GPUs")
     p.add_argument("--util-seed", type=int, default=0, help="seed of the utilisation draw (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--report", metavar="DIR", help="write plots (allocation, fragmentation) and summary.md here")
+    p.add_argument("--report", metavar="DIR", type=report_dir,
+                   help="write plots (allocation, fragmentation) and summary.md here")
     p.add_argument("--jobs", type=int, default=0,
                    help="policies simulated in parallel processes (default: one per policy, at most the CPUs)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

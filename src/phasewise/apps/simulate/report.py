@@ -14,15 +14,23 @@ from phasewise.apps.simulate.engine import PolicyResult
 __all__ = ["write_report"]
 
 
-def _plot(path: Path, results: list[PolicyResult], key: str, ylabel: str, xlabel: str, scale: float) -> None:
+def _plot(path: Path, results: list[PolicyResult], key: str, ylabel: str, xlabel: str, scale: float,
+          title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    drawn: list[tuple[str, list, list[float]]] = []
     for r in results:
-        ax.plot(r.series["t"], [v * scale for v in r.series[key]], label=r.policy, lw=1.2)
+        t, y = list(r.series["t"]), [v * scale for v in r.series[key]]
+        # a policy that placed exactly like an earlier one would hide under its line: say so, dash it on top
+        same = next((name for name, t0, y0 in drawn if t0 == t and y0 == y), None)
+        ax.plot(t, y, label=r.policy if same is None else f"{r.policy} (same as {same}: dashed on top of it)",
+                lw=1.2, ls="-" if same is None else (0, (4, 3)), zorder=2 + len(drawn))
+        drawn.append((r.policy, t, y))
+    ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -37,9 +45,12 @@ def write_report(folder: str | Path, results: list[PolicyResult], *, args: argpa
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     xlabel = "pods arrived" if args.mode == "fill" else "trace time (s)"
-    _plot(out / "allocation.png", results, "alloc", "GPU allocated (%)", xlabel, 100.0)
-    _plot(out / "fragmentation.png", results, "frag", "fragmented GPUs (FGD measure)", xlabel, 1.0)
     gpus = sum(len(n.gpus) for n in nodes)
+    what = f"{len(pods)} pods on {len(nodes)} nodes ({gpus} GPUs), mode {args.mode}"
+    _plot(out / "allocation.png", results, "alloc", "GPU allocated (%)", xlabel, 100.0,
+          f"GPU allocation by placement policy: {what}")
+    _plot(out / "fragmentation.png", results, "frag", "fragmented GPUs (FGD measure)", xlabel, 1.0,
+          f"GPU fragmentation by placement policy: {what}")
     util = results and results[0].overloaded_gpus is not None
     lines = [
         "# Placement simulation", "",

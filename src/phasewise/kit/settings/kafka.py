@@ -17,11 +17,38 @@ KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
+def bootstrap_servers(v: str) -> None:
+    """Comma-separated ``host[:port]`` addresses (``[v6]:port``, a ``PROTOCOL://`` prefix allowed); a port
+    that is no number is refused here, at once (a client would try it for its whole timeout).
+
+    >>> bootstrap_servers("localhost:9O92")
+    Traceback (most recent call last):
+    ...
+    ValueError: 'localhost:9O92': the port '9O92' is not a number in 1..65535
+    """
+    non_empty(v)
+    for addr in v.split(","):
+        hostport = addr.strip().rpartition("://")[2]
+        if not hostport:
+            raise ValueError(f"{v!r}: an empty address")
+        if hostport.startswith("["):  # [v6]:port
+            host, _, rest = hostport[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else None
+        elif hostport.count(":") == 1:
+            host, _, port = hostport.partition(":")
+        else:  # a bare name (the client's default port) or an unbracketed v6 address
+            host, port = hostport, None
+        if not host:
+            raise ValueError(f"{addr.strip()!r}: no host before the port")
+        if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"{addr.strip()!r}: the port {port!r} is not a number in 1..65535")
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaSettings(Group):
     """Every Kafka client: the brokers, the consumer group's timing, topics, dead letters."""
 
-    bootstrap: str = setting("127.0.0.1:9092", check=non_empty, flag="--bootstrap",
+    bootstrap: str = setting("127.0.0.1:9092", check=bootstrap_servers, flag="--bootstrap",
                              help="Kafka bootstrap address(es), comma-separated")
     #: consumer session timeout; the embedded broker completes a group join
     #: after about half of it, so local runs keep it short

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 __all__ = ["MODELS", "DATASETS", "DatasetShape", "normalise", "canonical_model", "model_key", "canonical_dataset",
            "dataset_shape", "is_entry_point", "default_dataset", "MlpSpec", "parse_mlp", "parse_module_list",
-           "entry_point_refusal"]
+           "entry_point_refusal", "FeatureError"]
+
+
+class FeatureError(ValueError):
+    """The job's graph cannot be built or run; ``str(e)`` says why (a dead letter's reason). Declared here,
+    with the names, so that what only reads specs need not import torch (:mod:`.graph_features` uses it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,15 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from phasewise.models.horus.catalog import DATASETS, MODELS, DatasetShape, canonical_dataset, canonical_model, parse_mlp
+from phasewise.models.horus.catalog import (
+    DATASETS,
+    MODELS,
+    DatasetShape,
+    FeatureError,
+    canonical_dataset,
+    canonical_model,
+    parse_mlp,
+)
 
 __all__ = ["GraphFeatures", "FeatureError", "features", "catalog_features", "inputs_for", "MAX_STEP_BYTES"]
 
@@ -29,10 +37,6 @@ __all__ = ["GraphFeatures", "FeatureError", "features", "catalog_features", "inp
 MAX_STEP_BYTES = 2 * 2**40
 #: optimizer state bytes per parameter byte
 OPTIMIZER_STATE = {"sgd": 0.0, "sgd_momentum": 1.0, "adam": 2.0}
-
-
-class FeatureError(ValueError):
-    """The job's graph cannot be built or run; ``str(e)`` says why (a dead letter's reason)."""
 
 
 @dataclass(frozen=True, slots=True)
