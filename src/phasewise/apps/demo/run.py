@@ -654,16 +654,16 @@ class Demo:
         if cls is Decision and rec.action == "place" and self.submitted.get(rec.container) in ("submitting",
                                                                                              "submitted"):
             self.submitted[rec.container] = f"placed: {rec.reason}"
-        if rec.host != self.cfg.host:
-            return
-        if cls is HostSamples:
-            self.records.add_samples(rec)
-        elif cls is PhaseChange:
-            self.records.add_phase_change(rec)
-        elif cls is Decision:
+        if cls is Decision:  # every decision and actuation on this run's broker, a place decision's host a slice
             self.records.add_decision(rec)
-        else:
+        elif cls is Actuation:
             self.records.add_actuation(rec)
+        elif rec.host != self.cfg.host:
+            return
+        elif cls is HostSamples:
+            self.records.add_samples(rec)
+        else:
+            self.records.add_phase_change(rec)
 
     # ---------------------------------------------------------------- cleanup
 

@@ -90,6 +90,9 @@ class Records:
     #: the CRBM phase the worker's detector put each job in (``phasewise.phases.v1``; None: none yet)
     crbm_phase: dict[str, int | None] = field(default_factory=dict)
     cgroups: dict[str, list[CgroupPoint]] = field(default_factory=dict)
+    #: the decisions and actuations about other containers (the jobs the demo submits, their place
+    #: decisions): in ``records.jsonl``, not in the per-job figures
+    others: list[Decision | Actuation] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for j in self.jobs:
@@ -106,6 +109,9 @@ class Records:
                 f.write(json.dumps({"type": "decision", **json.loads(encode(d))}) + "\n")
             for a in self.actuations:
                 f.write(json.dumps({"type": "actuation", **json.loads(encode(a))}) + "\n")
+            for r in self.others:
+                kind = "decision" if isinstance(r, Decision) else "actuation"
+                f.write(json.dumps({"type": kind, **json.loads(encode(r))}) + "\n")
             for job in self.jobs:
                 for p in self.samples.get(job, []):
                     f.write(json.dumps({"type": "sample", "job": job, **dataclasses.asdict(p)}) + "\n")
@@ -130,15 +136,19 @@ class Records:
         return n
 
     def add_decision(self, d: Decision) -> bool:
+        """Keep *d*; True where it is about one of the demo's jobs."""
         if d.container in self.samples:
             self.decisions.append(d)
             return True
+        self.others.append(d)
         return False
 
     def add_actuation(self, a: Actuation) -> bool:
+        """Keep *a*; True where it is about one of the demo's jobs."""
         if a.container in self.samples:
             self.actuations.append(a)
             return True
+        self.others.append(a)
         return False
 
 
