@@ -89,9 +89,15 @@ def test_nine_one_cpu_jobs_on_two_one_cpu_nodes_all_end_and_every_booking_frees(
         rejected = [e for e in got[bare] if e.kind == "rejected"]
         assert rejected and rejected[0].reason, got[bare]
         assert not any(e.kind == "lost" for evs in got.values() for e in evs)
+        # the jobs that found no room were told why, by the placement agent, before they were placed
+        waited = [e for evs in got.values() for e in evs if e.kind == "waiting"]
+        assert waited and all("no node has enough CPU" in e.reason for e in waited), waited
+        for e in waited:
+            kinds = [x.kind for x in got[e.job]]
+            assert kinds.index("waiting") < kinds.index("started"), kinds
         # each state the actuator wrote is signed with the cluster key (the agents take no other)
         for k, v, h in topics.got[JOB_EVENTS.name]:
-            if json.loads(v)["kind"] in ("started", "finished", "rejected"):
+            if json.loads(v)["kind"] in ("started", "finished", "rejected", "waiting"):
                 assert ring.verify(JOB_EVENTS.name, k, v, h) is None, v
         # never more than the two one-CPU slices' worth running at once (by the actuator's clock)
         marks = sorted((e.ts, +1 if e.kind == "started" else -1) for j in jobs for e in got[j]

@@ -89,6 +89,21 @@ def test_priority_first_and_waiting_then_freed():
     assert d2.container == "low" and not s.waiting
 
 
+def test_a_waiting_job_gets_one_waiting_event_per_reason_and_none_once_placed():
+    s = _state(place_prediction_wait_s=0.0)
+    s.samples(_sample("h1", gpus=1))
+    s.submitted(_job("low", gpus=1, priority=0, ts=1.0), now=0.0)
+    s.submitted(_job("high", gpus=1, priority=9, ts=2.0), now=0.0)
+    s.decide(now=0.0, ts=10.0)
+    [w] = s.take_waits()
+    assert (w.job, w.kind, w.ts) == ("low", "waiting", 10.0) and "no node has enough 1 GPU(s)" in w.reason
+    s.retry.add("low")
+    assert s.decide(now=0.0, ts=12.0) == [] and s.take_waits() == []  # the same reason: said once
+    s.finished("high")
+    s.decide(now=0.0, ts=13.0)
+    assert s.take_waits() == [] and "low" in s.placed
+
+
 def test_local_mode_slices_and_cpusets():
     s = _state(place_prediction_wait_s=0.0, place_local_nodes="s0=0-1@0;s1=2-3@1", place_policy="first-fit")
     assert not s.samples(_sample("elsewhere"))  # another host's sample does not describe the slices

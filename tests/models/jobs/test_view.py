@@ -195,7 +195,21 @@ def test_a_waiting_job_says_it_waits_for_its_prediction_then_for_room():
     f.job_event(ev("j", "submitted", 100.0))
     assert "waits for Horus's prediction" in view(f, "j", 105.0).reason
     v = view(f, "j", 200.0)
-    assert "no place decision yet" in v.reason and "job j waits" in v.reason
+    assert "no place decision yet" in v.reason and "placement agent" in v.reason
+
+
+def test_the_placement_agents_waiting_event_is_why_it_waits_until_it_is_placed():
+    f = fold(wait_s=10.0)
+    f.job_event(ev("j", "submitted", 100.0))
+    f.job_event(ev("j", "waiting", 111.0, reason="no node has enough cpu"))
+    v = view(f, "j", 200.0)
+    assert v.state == "waiting" and "no node has enough cpu" in v.reason and v.reason.startswith("placement at ")
+    f.job_event(ev("j", "waiting", 150.0, reason="no node has enough mem"))
+    assert "enough mem" in view(f, "j", 200.0).reason
+    f.decision(place("j", 160.0))
+    f.job_event(ev("j", "waiting", 170.0, reason="late"))  # after its placement: in the timeline, ignored
+    v = view(f, "j", 200.0)
+    assert v.state == "placed" and v.timeline[-1].ignored == "while placed"
 
 
 def test_a_dead_letter_about_a_waiting_job_is_its_reason():

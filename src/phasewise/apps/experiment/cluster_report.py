@@ -22,7 +22,7 @@ __all__ = ["LIFECYCLE", "SLO_MS", "WARMUP_S", "Records", "format_summary", "is_t
 SLO_MS = 50.0
 #: job-event kinds that say where a job is in its life (progress and priority do not)
 LIFECYCLE = ("submitted", "admitted", "started", "rejected", "frozen", "thawed", "finished", "failed",
-             "terminated", "lost", "stopped")
+             "terminated", "lost", "stopped", "waiting")
 #: seconds after a job starts left out of its observed CPU use (its loading phase)
 WARMUP_S = 3.0
 
@@ -115,6 +115,7 @@ def summarize(jobs: list[PlannedJob], rec: Records, *, leaked: int | None, probe
             placed = [d for d in rec.decisions if d.action == "place" and d.container == j.job]
             what = last.kind if last else "never submitted"
             why = (f"last state {what}" + (f" on {last.host}" if last and last.host else "")
+                   + (f" ({last.reason})" if last and last.kind == "waiting" and last.reason else "")
                    + (f"; placed by {placed[-1].policy}" if placed else "; no place decision"))
             stuck.append({"job": j.job, "state": what, "reason": why})
     # time to objective: the first progress report at or past the job's objective, from its submission

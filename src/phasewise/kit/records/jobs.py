@@ -52,7 +52,7 @@ MAX_REASON = 1024
 #: a job's states (docs/jobs.md, "Lifecycle"); :data:`TERMINAL_KINDS` end it (``terminated`` does unless it
 #: is resumed, which only the agent that stopped it knows)
 JOB_EVENT_KINDS = ("submitted", "started", "progress", "priority", "finished", "admitted", "stopped",
-                   "rejected", "frozen", "thawed", "failed", "terminated", "lost")
+                   "rejected", "frozen", "thawed", "failed", "terminated", "lost", "waiting")
 TERMINAL_KINDS = frozenset({"finished", "failed", "rejected", "lost"})
 #: a whole job event as published: its fields' own bounds take about 40 KB at most; re-encoded (text
 #: escaped as ASCII grows at most threefold) inside a decision with the signature, a role's outputs
@@ -164,7 +164,8 @@ class JobEvent:
                           "priority: the job's priority is now `priority` (its class stays the submitted one); "
                           "admitted: the priority agent let the job start (or resume, `resume`) on `host` now, "
                           "for the placement agent to place there; stopped: the priority agent stopped the job "
-                          "by checkpoint-and-exit (what it booked is free; a frozen job is not stopped)")
+                          "by checkpoint-and-exit (what it booked is free; a frozen job is not stopped); waiting: the "
+                          "placement agent found no node for it (reason; sent when the reason changes)")
     host: str | None = field(default=None, max_length=MAX_HOST_NAME,
                              doc="where it runs (kind started), where it was admitted (kind admitted)")
     container: str | None = field(default=None, max_length=MAX_CONTAINER_NAME,
@@ -185,7 +186,7 @@ class JobEvent:
     run_s: float | None = field(default=None, minimum=0,
                                 doc="finished, failed, terminated: seconds from its start to its end")
     reason: str | None = field(default=None, max_length=MAX_REASON,
-                               doc="rejected, failed, lost, terminated: why, in words")
+                               doc="rejected, failed, lost, terminated: why, in words; waiting: why no node takes it")
     workload: str = field(default="training", enum=("training", "inference", "interactive"))
     priority: int = field(default=0, doc="higher is more important")
     spec: JobSpec | None = field(default=None, doc="kind submitted only")

@@ -328,6 +328,12 @@ class _Walk:
                         hint = "stopped by the priority agent (checkpoint and exit); waits to be admitted again"
                     else:
                         ignored = f"while {state}"
+                elif ev.kind == "waiting":  # the placement agent's word on why no node takes it
+                    if state in (None, "waiting"):
+                        enter("waiting", ts)
+                        hint = f"placement at {_clock(ts)}: {ev.reason or 'no node takes it'}"
+                    else:
+                        ignored = f"while {state}"
                 elif ev.kind == "progress":
                     if progress is None or ts >= progress.ts:
                         progress = ev
@@ -428,8 +434,8 @@ class _Walk:
             why.append(f"waits for Horus's prediction (placement waits {self.config.prediction_wait_s:g} s for "
                        "one, then places on the requests alone)")
         elif not letters:
-            why.append("no place decision yet: no node took it (the placement agent logs why: "
-                       f"`job {self.job} waits: ...`)")
+            why.append("no place decision yet, and no word from the placement agent on why (is `phasewise place` "
+                       "running, and are the job events' signatures its cluster key's?)")
         return "; ".join(why)
 
     def _observed(self, prediction: UtilisationPrediction | None) -> dict[str, Any] | None:
@@ -578,7 +584,7 @@ def _event_text(ev: JobEvent) -> str:
         return ", ".join(p for p in parts if p) or "progress"
     if k == "priority":
         return f"priority now {ev.priority}"
-    if k in ("admitted", "stopped", "frozen", "thawed"):
+    if k in ("admitted", "stopped", "frozen", "thawed", "waiting"):
         return " ".join(p for p in (f"on {ev.host}" if ev.host else None, "(resume)" if ev.resume else None,
                                     ev.reason) if p) or k
     return k

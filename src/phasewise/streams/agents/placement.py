@@ -79,6 +79,8 @@ def decide(ctx: Context) -> None:
             log.info("weight %s: %s", w.container, w.reason)
     if made:
         metrics.decide_seconds.observe((time.perf_counter() - t0) / len(made))
+    for ev in state.take_waits():  # why a job waits, for `phasewise jobs` and subscribers (signed)
+        ctx.send(JOB_EVENTS.name, ev.job.encode(), encode(ev), signed=True)
     for ev, why in state.take_refused():  # dropped, told on the dead-letter topic
         ctx.capacity_letter(JOB_EVENTS, ev.job.encode(), encode(ev), why)
     metrics.waiting.set(len(state.waiting))

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from phasewise.kit.records import TERMINAL_KINDS, Decision, HostSamples, JobEvent, UtilisationPrediction, decode, encode
+from phasewise.kit.records.jobs import MAX_REASON
 from phasewise.models.jobs.events import Refused
 from phasewise.models.jobs.lifecycle import Lifecycle, submission_problem
 from phasewise.models.jobs.placement.cluster import Cluster, Gpu, Job, Node, Placement, PlacementConfig
@@ -129,6 +130,8 @@ class PlacementState:
         #: placed jobs not reported started yet -> the event time their booking is released as lost
         self.start_by: dict[str, float] = {}
         self.why: dict[str, str] = {}  # waiting job -> why no node takes it
+        #: (job, why, event time) of each wait whose reason changed, for the agent to publish (:meth:`take_waits`)
+        self.waits: list[tuple[str, str, float]] = []
         self.queue = WaitingJobs(self.config.cluster)  # the waiting jobs tried and not placed, by what they need
         self.retry: set[str] = set()  # waiting jobs to try again whatever the nodes (what they need changed)
         self.gained: set[str] = set()  # nodes that may have gained room since the last decisions
@@ -490,7 +493,7 @@ class PlacementState:
                 if self.after_admission:
                     why = (f"no room on {self.admission[job]['host']}, where the priority agent admitted it "
                            f"(it is placed there only): {reason}")
-                self._wait(job, j, why)
+                self._wait(job, j, why, ts)
                 continue
             assert p is not None
             self.cluster.allocate(j, p)
@@ -504,7 +507,7 @@ class PlacementState:
             out.append((self._decision(j, p, ts), p))
         return out
 
-    def _wait(self, job: str, j: Job, why: str) -> None:
+    def _wait(self, job: str, j: Job, why: str, ts: float) -> None:
         """*job* (needing what *j* needs) waits for room, unless ``place_max_waiting_jobs`` wait already: then
         the job of lowest rank among them and it is refused (:attr:`refused`) and forgotten."""
         cap = self.max_waiting
@@ -522,6 +525,7 @@ class PlacementState:
                                    f"earlier, came; refused, not kept; submit it again later")
         if self.why.get(job) != why:
             log.info("job %s waits: %s", job, why)
+            self.waits.append((job, why, ts))
         self.waiting[job] = self.events[job].ts
         self.why[job] = why
         self.queue.add(job, j, self._rank(job))
@@ -535,6 +539,15 @@ class PlacementState:
         self.queue.remove(job)
         self.retry.discard(job)
         self.put(job, None)
+
+    def take_waits(self) -> list[JobEvent]:
+        """The ``waiting`` events of the jobs whose reason to wait changed since the last call (the agent
+        publishes them, signed, for ``phasewise jobs`` and subscribers); a job placed or refused since is
+        left out."""
+        out = [JobEvent(job=job, ts=ts, kind="waiting", reason=why[:MAX_REASON])
+               for job, why, ts in self.waits if self.why.get(job) == why]
+        self.waits = []
+        return out
 
     def take_refused(self) -> list[tuple[JobEvent, str]]:
         """The jobs refused since the last call (their submitted events and why), for the dead-letter topic."""
