@@ -241,6 +241,8 @@ API_BACKEND_REQUESTS = {
     ("", "pods/resize", "patch"),  # PATCH .../pods/{pod}/resize
     ("", "pods/eviction", "create"),  # POST .../pods/{pod}/eviction (update-mode in-place-or-recreate)
     ("metrics.k8s.io", "pods", "get"),  # GET /apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods/{pod}
+    ("", "pods/binding", "create"),  # POST .../pods/{pod}/binding (a job's place decision)
+    ("apps", "deployments/scale", "patch"),  # PATCH .../deployments/{name}/scale (worker --autoscale)
 }
 
 

@@ -109,3 +109,27 @@ def test_placed_job_runs_in_its_cpuset(tmp_path):
         assert not (layout.controller_root("cpuset") / layout.prefix / f"{job}-b").exists()
     finally:
         remove_started_jobs(backend, layout)
+
+
+def test_on_kubernetes_a_place_decision_binds_the_pod_its_signed_spec_names():
+    s = Settings().replace(host="gpu-node-3")
+
+    def plan_it(d):
+        return plan(d, exists=False, usage_mem_bytes=None, host_cores=2, settings=s, host_cpus=None,
+                    now=time.time(), submitters=TRUSTED, kubernetes=True)
+
+    def decision(job: str, **spec_kw) -> Decision:
+        return Decision(id=f"place-{job}", ts=time.time(), host="gpu-node-3", container=job, action="place",
+                        policy="horus", reason="test",
+                        details={"node": "gpu-node-3", **start(job, ts=time.time() - 1, **spec_kw)})
+
+    from phasewise.actuators.commands import Bind
+
+    ok = plan_it(decision("j", pod="ml/train-j"))
+    assert ok.command == Bind("train-j", "gpu-node-3", "ml", job="j")
+    r = plan_it(decision("j"))
+    assert isinstance(r, Rejected) and "names no pod (spec.pod" in r.reason
+    d = decision("j", pod="ml/train-j")  # an agent cannot aim the bind at another pod: the spec is signed
+    d.details["spec"]["pod"] = "kube-system/coredns"
+    r = plan_it(d)
+    assert isinstance(r, Rejected) and "changed after it was submitted" in r.reason

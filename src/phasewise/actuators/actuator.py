@@ -30,7 +30,7 @@ from phasewise.actuators.backends import Backend, CgroupBackend, JobExit
 from phasewise.actuators.backends.gpu_share_enforcement import carry, start_environment
 from phasewise.actuators.backends.job_watch import signal_name
 from phasewise.actuators.backends.replicas import LocalReplicas
-from phasewise.actuators.commands import Outcome, ScaleReplicas, SetLimits, StartJob
+from phasewise.actuators.commands import Bind, Outcome, ScaleReplicas, SetLimits, StartJob
 from phasewise.actuators.ledger import Ledger, StartedJob
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
@@ -408,6 +408,8 @@ class Actuator:
         A dry run's start is entered (for the dry run's own later decisions) but not announced:
         no process runs.
         """
+        if isinstance(cmd, Bind):  # the kubelet starts the pod: its watch enters and announces it (pod_seen)
+            return
         job = cmd.job if isinstance(cmd, StartJob) and cmd.job else job_of(d)
         digest = d.details.get("spec_digest") if isinstance(d.details, dict) else None
         ident = getattr(self.backend, "identity", None)

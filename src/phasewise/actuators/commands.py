@@ -113,6 +113,8 @@ class Bind:
     pod: str
     node: str
     namespace: str = "default"
+    #: the job the pod must name (``phasewise.io/job``); empty: not checked
+    job: str = ""
 
     @property
     def container(self) -> str:

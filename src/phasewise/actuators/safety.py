@@ -18,6 +18,7 @@ from functools import partial
 from typing import Protocol
 
 from phasewise.actuators.commands import (
+    Bind,
     Command,
     Freeze,
     Scale,
@@ -324,7 +325,7 @@ def plan(
                         "(a single cgroup name under the managed prefix)")
     if decision.action == "place":
         return plan_place(decision, exists=exists, host_cpus=host_cpus, submitters=submitters, settings=settings,
-                          now=now, owned_by=owned_by)
+                          now=now, owned_by=owned_by, kubernetes=kubernetes)
     if decision.action == "scale":
         return plan_scale(decision, exists=exists, submitters=submitters, settings=settings,
                           now=decision.ts if now is None else now, owned_by=owned_by, kubernetes=kubernetes,
@@ -412,8 +413,9 @@ def format_cpuset(cpus: frozenset[int] | set[int]) -> str:
 
 def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | None,
                submitters: SubmitterKeys | None = None, settings: Settings | None = None, now: float | None = None,
-               owned_by: str | None = None) -> Planned | Rejected:
-    """A ``place`` decision as a :class:`StartJob`, or why not.
+               owned_by: str | None = None, kubernetes: bool = False) -> Planned | Rejected:
+    """A ``place`` decision as a :class:`StartJob` (*kubernetes*: a :class:`Bind` of the job's pod to this
+    node), or why not.
 
     First the job must be one a trusted submitter signed
     (:func:`~phasewise.actuators.job_trust.verify_start`, with *submitters*,
@@ -431,9 +433,15 @@ def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | 
     c, d = decision.container, decision.details or {}
     settings = Settings() if settings is None else settings
     job = verify_start(decision, submitters=submitters, settings=settings,
-                       now=decision.ts if now is None else now, owned_by=owned_by)
+                       now=decision.ts if now is None else now, owned_by=owned_by, pod=kubernetes)
     if isinstance(job, str):
         return Rejected(job)
+    if kubernetes:  # the kubelet starts the pod's containers; the signed spec names the pod, never an agent
+        if job.spec.pod is None:
+            return Rejected(f"place decision for {c!r}: job {job.job!r} names no pod (spec.pod NAMESPACE/NAME): "
+                            "on Kubernetes a placed job is a pending pod that its place decision binds to the node")
+        namespace, _, pod = job.spec.pod.partition("/")
+        return Planned(Bind(pod, decision.host, namespace, job=job.job))
     resume = d.get("resume") is True
     if exists and not resume:
         return Rejected(f"container {c!r} already exists: a placed job is started once")

@@ -131,6 +131,11 @@ class JobSpec:
     expected_s: float | None = field(default=None, minimum=0, maximum=86400 * 365,
                                      doc="seconds the job expects to run once started; null = unknown (long)")
     service: JobService | None = field(default=None, doc="inference: the service its replicas make up")
+    pod: str | None = field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/"
+                                                  r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+                            doc="Kubernetes: the NAMESPACE/NAME pod that runs the job, left pending for phasewise "
+                                "(its schedulerName not the default scheduler's, its phasewise.io/job the job id); "
+                                "its place decision binds it to the node")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -247,6 +247,19 @@ def test_bind_and_already_bound(serve):
     assert out.status == "failed" and "already assigned" in out.message
 
 
+def test_a_jobs_bind_checks_the_pod_names_the_job_and_is_not_bound_elsewhere(serve):
+    pod = "/api/v1/namespaces/ml/pods/train-b"
+    r = serve(("GET", pod, 200, "pod-pending-job.json"), ("POST", pod + "/binding", 201, "status-201-success.json"),
+              ("GET", pod, 200, "pod-pending-job.json"), ("GET", pod, 404, "status-404-pod.json"))
+    b = backend(r)
+    out = b.apply(Bind("train-b", "gpu-node-3", "ml", job="job-b"))
+    assert out.status == "applied" and r.seen[1]["body"]["target"]["name"] == "gpu-node-3", out
+    out = b.apply(Bind("train-b", "gpu-node-3", "ml", job="job-x"))  # the pod names another job: no request
+    assert out.status == "rejected" and "names job 'job-b'" in out.message and len(r.seen) == 3
+    out = b.apply(Bind("train-b", "gpu-node-3", "ml", job="job-b"))
+    assert out.status == "rejected" and "does not exist" in out.message
+
+
 def test_scale_and_throttled(serve):
     path = "/apis/apps/v1/namespaces/serving/deployments/llm-server/scale"
     r = serve(("PATCH", path, 200, "scale-200.json"), ("PATCH", path, 429, "status-429-pdb.json", {"Retry-After": "2"}))

@@ -363,6 +363,29 @@ class KubernetesBackend:
             self._pod_watch = None
 
     def _bind(self, cmd: Bind) -> Outcome:
+        """Bind the pod to the node; with ``cmd.job``, only a pod that names that job (``phasewise.io/job``)
+        and is not bound yet (one bound to this node already: done)."""
+        if cmd.job:
+            from phasewise.actuators.backends.kubernetes.pod_watch import JOB_KEY, job_of
+
+            path = f"/api/v1/namespaces/{_q(cmd.namespace)}/pods/{_q(cmd.pod)}"
+            try:
+                pod = self.api.request("GET", path) or {}
+            except ApiError as e:
+                if e.status == 404:
+                    return Outcome("rejected", f"pod {cmd.container} of job {cmd.job!r} does not exist: nothing "
+                                               "to bind")
+                raise
+            named = job_of(pod)
+            if named != cmd.job:
+                return Outcome("rejected", f"pod {cmd.container} names job {named!r} ({JOB_KEY}), not "
+                                           f"{cmd.job!r}: not bound")
+            bound = (pod.get("spec") or {}).get("nodeName")
+            if bound == cmd.node:
+                return Outcome.applied(f"pod {cmd.container} is bound to node {cmd.node} already")
+            if bound:
+                return Outcome("rejected", f"pod {cmd.container} of job {cmd.job!r} is bound to node {bound} "
+                                           f"already, not {cmd.node}")
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": cmd.pod, "namespace": cmd.namespace},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": cmd.node}}
         self.api.request("POST", f"/api/v1/namespaces/{_q(cmd.namespace)}/pods/{_q(cmd.pod)}/binding", body)
