@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from phasewise.apps.experiment.targets_roles import ROLE_SCENARIOS, plan_jobs
+from phasewise.apps.experiment.cluster_report import OBJECTIVE, Records
+from phasewise.apps.experiment.targets_roles import ROLE_SCENARIOS, oracle_bound, plan_jobs
+from phasewise.kit.records import JobEvent
 from tests.conftest import is_root
 
 
@@ -19,6 +21,23 @@ def test_the_scenarios_differ_only_by_the_targets_setting_and_the_jobs_queue():
     assert [j.arrival_s for j in jobs] == [0.0, 1.0, 2.0, 3.0]
     assert all(j.kind == "train" and j.cpu == 1.0 and j.seconds == 30.0 for j in jobs)
     assert len({j.hidden for j in jobs}) == 4 and len({j.job for j in jobs}) == 4
+
+
+def test_the_oracle_runs_each_job_only_to_its_objective_on_the_slices_in_submission_order():
+    jobs = plan_jobs(3, "o", 30.0, 1.0)
+    a, b, c = (j.job for j in jobs)
+
+    def ev(job, kind, ts, loss=None):
+        return JobEvent(job=job, ts=ts, kind=kind, loss=loss, step=None if loss is None else 1)
+
+    # NA: each started when its slice freed at its budget's end, reaching its objective 10, 20 and 5 s in
+    events = [ev(a, "submitted", 100.0), ev(b, "submitted", 101.0), ev(c, "submitted", 102.0),
+              ev(a, "started", 100.5), ev(b, "started", 101.5), ev(a, "progress", 105.0, OBJECTIVE * 2),
+              ev(a, "progress", 110.5, OBJECTIVE), ev(b, "progress", 121.5, OBJECTIVE / 2),
+              ev(c, "started", 131.0), ev(c, "progress", 136.0, OBJECTIVE)]
+    # the oracle: a [0, 10], b [1, 21], c waits for a's slice: [10, 15] -> 10, 20, 13 from submission
+    assert oracle_bound(jobs, Records(events=events), slices=2) == pytest.approx(43 / 3, abs=0.01)
+    assert oracle_bound(jobs, Records(events=events[:-1]), slices=2) is None  # c never reached it
 
 
 @pytest.mark.broker
@@ -37,3 +56,4 @@ def test_ft_stops_each_job_at_its_objective_through_the_roles():
     # every FT job reached its objective (it is stopped there); NA's train their whole budget
     assert s["missed_objectives"]["FT"] == 0, s
     assert s["scenarios"]["FT"]["mean_run_s"] < s["scenarios"]["NA"]["mean_run_s"], s
+    assert s["oracle_mean_time_to_objective_s"] is None or s["oracle_mean_time_to_objective_s"] > 0, s
