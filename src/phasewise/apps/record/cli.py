@@ -43,6 +43,7 @@ def _since(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.kit.command import add_setting
+    from phasewise.kit.settings import SPECS
 
     add_common(p)
     p.add_argument("--out", metavar="FILE", required=True, help="the Parquet file to write")
@@ -65,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sample this host's containers directly with the host agent's sampler (its cgroup "
                         "settings; --host names it) instead of reading a topic: no Kafka")
     for name in ("interval_s", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent"):
-        add_setting(p, name, help=f"--sample-host: {name.replace('_', ' ')} as the host agent takes it")
+        add_setting(p, name, help=f"--sample-host: {SPECS[name].help}")
     p.add_argument("--timeout", type=arg_type(parse_float, above(0)), default=10.0, metavar="SECONDS",
                    help="give up when no broker answers, or no records come, for this long (default 10)")
 
