@@ -5,6 +5,8 @@ clock stepped back, gaps, containers the header does not describe)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -159,3 +161,23 @@ def test_negative_and_infinite_values_in_a_hand_edited_file_are_clipped_and_coun
     u = trace.containers[0].usage["cpu"]
     assert u[0] == 0.0 and np.isnan(u[1]) and u[2] == 1.0
     assert trace.counts == {"negative_clipped": {"run.parquet cpu": 1}, "non_finite_missing": {"run.parquet cpu": 1}}
+
+
+def test_without_pyarrow_record_and_replay_say_which_extra_in_one_line(tmp_path, capsys, monkeypatch):
+    path, _ = _recording(tmp_path, [_tick("h1", 100.0, train=1.0)])
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
+    assert main(["record", "--out", str(tmp_path / "x.parquet")]) == 2
+    assert main(["replay", str(path), "--format", "phasewise", "--policies", "vpa"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["phasewise record: error: pyarrow is not installed: pip install 'phasewise[record]' (Parquet "
+                   "recordings)",
+                   "phasewise replay: pyarrow is not installed: pip install 'phasewise[record]' (Parquet recordings)"]
+
+
+def test_record_help_imports_no_heavy_library():
+    code = ("import sys\nfrom phasewise.cli import main\nassert main(['record', '--help']) == 0\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'faust', 'confluent_kafka', "
+            "'river', 'pyarrow'}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"
