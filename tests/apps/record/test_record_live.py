@@ -20,7 +20,7 @@ import pytest
 
 from phasewise.kit.broker import free_port
 from phasewise.kit.kafka.client import ensure_topics, make_producer
-from phasewise.kit.records import JobEvent, JobRequests, JobSpec, encode
+from phasewise.kit.records import ContainerSample, HostSamples, JobEvent, JobRequests, JobSpec, encode
 from phasewise.kit.settings import Settings
 from phasewise.kit.topics import JOB_EVENTS, SAMPLES
 from tests.conftest import private_broker_fixture
@@ -163,3 +163,20 @@ def test_bad_flags_and_an_unreachable_broker_are_one_line(tmp_path, args, says, 
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(says), lines
     assert not (tmp_path / "x.parquet").exists()
+
+
+@pytest.mark.broker
+def test_until_before_every_record_writes_nothing_and_says_so(broker, tmp_path):
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    p = make_producer(s)
+    p.produce(SAMPLES.name, key=b"h-until", value=encode(HostSamples(host="h-until", ts=time.time(), interval_s=1.0,
+                                                                     containers=(ContainerSample(
+                                                                         container="c", cpu_cores=1.0,
+                                                                         mem_bytes=1e6),))))
+    assert p.flush(30) == 0
+    out = tmp_path / "none.parquet"
+    r = _cli("record", "--bootstrap", broker.bootstrap, "--until", "1h", "--out", str(out))
+    assert r.returncode == 1 and not out.exists()
+    assert r.stderr.strip() == (f"phasewise record: no container samples from {SAMPLES.name} (0 samples messages, "
+                                "0 undecodable): nothing written")
