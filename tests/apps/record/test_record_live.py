@@ -120,6 +120,9 @@ def test_a_recorded_run_replays_and_every_policy_is_scored(broker, tmp_path, ass
     assert by["train"]["job"] == "j-rec" and by["train"]["command"] == list(COMMAND)
     assert [st["step"] for st in by["train"]["stages"]] == [100, 200, 300]
     assert by["serve"]["job"] is None
+    table = pq.read_table(out)  # the rows name the job the started event placed in the container
+    assert set(zip(table.column("container").to_pylist(), table.column("job").to_pylist())) == {
+        ("train", "j-rec"), ("serve", None)}
 
     r = _cli("replay", str(out), "--format", "phasewise", "--json", "--quiet")
     assert r.returncode == 0, r.stderr

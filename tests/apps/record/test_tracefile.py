@@ -74,6 +74,9 @@ def test_the_header_names_hosts_span_interval_and_each_containers_identity_job_c
     assert train["samples"] == 5 and [e["kind"] for e in train["events"]] == ["submitted", "started"]
     assert by[("h1", "idle")]["job"] is None and "command" not in by[("h1", "idle")]
     assert header["records"]["jobs_described"] == 1  # other-job has no container in the recording
+    table = pq.read_table(path)
+    assert {(h, c, j) for h, c, j in zip(*(table.column(k).to_pylist() for k in ("host", "container", "job")))} == {
+        ("h1", "train", "j1"), ("h1", "idle", None), ("h2", "other", None)}
 
 
 def test_replay_reads_a_recording_back_as_one_series_per_host_and_container(tmp_path):

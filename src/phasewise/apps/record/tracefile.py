@@ -254,6 +254,9 @@ class Recorder:
         import pyarrow.parquet as pq
 
         header = self.provenance(source=source, command=command)
+        jobs = {(c["host"], c["container"]): c["job"] for c in header["containers"]}
+        self.columns["job"] = [job or jobs.get((h, c)) for h, c, job in  # the job a started event named, too
+                               zip(self.columns["host"], self.columns["container"], self.columns["job"])]
         schema = pa.schema([pa.field(name, getattr(pa, kind)(), nullable=nullable)
                             for name, (kind, nullable) in COLUMNS.items()],
                            metadata={METADATA_KEY: json.dumps(header, allow_nan=False).encode()})
