@@ -186,6 +186,32 @@ def test_explain_shows_the_phase_with_the_phase_policy():
     assert "phase: " in explain.format_card(card)
 
 
+def test_explain_names_the_phase_by_its_profile_with_the_shipped_model():
+    """A pretrained frozen model puts the container in one of its phases; the card and explain name it by its
+    profile against the model's other phases."""
+    from phasewise.apps.replay.through_kafka import _InProcessPhase, replay_settings_env, trace_messages
+    from phasewise.apps.replay.traces import ContainerSeries, Trace
+
+    t = 5.0 * np.arange(120) + 1.0
+    trace = Trace("synthetic", "-", {"cpu": "cores", "mem": "bytes"}, [ContainerSeries(
+        "c0", t, {"cpu": np.full(len(t), 1.05), "mem": np.full(len(t), 0.87e9)})])
+    settings = Settings.from_env({"bootstrap": "in-process", "host": "h"},
+                                 env=replay_settings_env("phase", trace, frozen_model=True, pretrained=True))
+    cache, cfg = state_cache(settings), updater_config(settings)
+    phase = _InProcessPhase(settings, cache, True)
+    sc = LiveScorecard(ScorecardConfig(windows_s=(300.0,), capacity=200), vpa_cache=cache, phase=phase,
+                       policy="phase")
+    for m in trace_messages(trace, "h"):
+        worker_round(cache, [m], cfg, phase, sc)
+    ph = sc.view("h/c0")[1]["phase"]
+    assert ph["phase"] >= 0, ph
+    ids = phase.hooks.fleet.model.clusterer.phase_ids
+    names = {p: sc._phase_name(p) for p in ids}
+    assert len(set(names.values())) == len(ids) >= 2, names  # the profiles tell the phases apart
+    assert ph["name"] == names[ph["phase"]] and ph["name"].startswith("CPU ")
+    assert f"phase {ph['phase']} ({ph['name']})" in explain.format_card(sc.view("h/c0")[1])
+
+
 def test_explain_reads_like_kubectl_describe_ages_units_and_the_vpa_target():
     card = {"container": "h1/train", "policy": "phase", "worker_policy": "phase",
             "now": {"t": 10_000.0, "cpu": {"used": 0.5, "limit": 0.75, "vpa": None, "phase": 0.6},
@@ -206,6 +232,9 @@ def test_explain_reads_like_kubectl_describe_ages_units_and_the_vpa_target():
     assert "vpa memory: target 3.25Gi, bounds 3Gi to 4Gi" in text
     assert "vpa history: 120 cpu samples, 2 memory peaks over 9m59s, confidence 0.5" in text
     assert "phase 2 for 1m20s (model v3):" in text
+    named = explain.format_card({**card, "phase": {**card["phase"], "name": "CPU high and flat, memory mid"}},
+                                now=10_000.0 + 3725)
+    assert "phase 2 (CPU high and flat, memory mid) for 1m20s (model v3):" in named
     assert "  cpu: the limit comes from this phase's usage (basis 0.52 cores)" in text
     assert "  memory: the limit comes from the VPA fallback" in text
     assert "{" not in text and "10000" not in text  # no dict reprs, no raw event times

@@ -35,6 +35,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "actuate": ("phasewise.actuators.consumer", "run the actuator: apply this host's decisions"),
     "explain": ("phasewise.streams.explain", "a container's limits, recommendations, phase and live scorecard"),
     "replay": ("phasewise.apps.replay.cli", "replay a real trace through the policies and score them"),
+    "record": ("phasewise.apps.record.cli", "record the samples topic (or this host) to a Parquet trace for replay"),
     "simulate": ("phasewise.apps.simulate.cli", "replay a pod list against a node list through the placement policies"),
     "bench": ("phasewise.apps.bench.cli", "throughput / latency / memory benchmarks"),
     "experiment": ("phasewise.apps.experiment.cli", "experiments with real jobs under a policy (targets, priorities)"),
@@ -130,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _extra_for(role: str | None) -> str:
-    return {"worker": "streams", "replay": "streams,report", "produce": "producer", "progress": "producer",
-            "horus": "streams", "predict": "streams", "place": "streams", "actuate": "actuator", "broker": "broker",
-            "bench": "all", "demo": "all", "simulate": "streams,report", "experiment": "all"}.get(role or "", "all")
+    return {"worker": "streams", "replay": "streams,report", "record": "record", "produce": "producer",
+            "progress": "producer", "horus": "streams", "predict": "streams", "place": "streams", "actuate": "actuator",
+            "broker": "broker", "bench": "all", "demo": "all", "simulate": "streams,report",
+            "experiment": "all"}.get(role or "", "all")
 
 
 if __name__ == "__main__":

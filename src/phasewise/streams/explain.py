@@ -147,7 +147,8 @@ def format_card(card: dict[str, Any], now: float | None = None) -> str:
             out.append(f"phase: none yet (the detector has not put it in one; model v{ph.get('model_version')}):")
         else:
             span = f" for {_age(t - since)}" if t is not None and since else ""
-            out.append(f"phase {pid}{span} (model v{ph.get('model_version')}):")
+            name = f" ({ph['name']})" if ph.get("name") else ""
+            out.append(f"phase {pid}{name}{span} (model v{ph.get('model_version')}):")
         for r, label, unit in _RESOURCES:
             res = label.split()[0]
             basis = (ph.get("basis_quantile") or {}).get(r)

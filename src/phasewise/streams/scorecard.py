@@ -196,9 +196,19 @@ class LiveScorecard:
             return None
         feats = list(self.phase.hooks.fleet.resources)
         return {"phase": st.get("p"), "since": st.get("s"), "model_version": self.phase.hooks.version,
+                "name": self._phase_name(st.get("p")),
                 "handed": dict(zip(feats, st.get("h") or [])),
                 "from_phase": dict(zip(feats, st.get("src") or [])),
                 "basis_quantile": dict(zip(feats, st.get("b") or []))}
+
+    def _phase_name(self, phase: int | None) -> str | None:
+        """The phase named by its profile against the other open phases (:mod:`phasewise.models.phases.names`)."""
+        if phase is None or phase < 0:
+            return None
+        from phasewise.models.phases.names import phase_names
+
+        clusterer = self.phase.hooks.fleet.model.clusterer
+        return phase_names({p: clusterer.phase_stats(p) for p in clusterer.phase_ids}).get(phase)
 
     def view(self, container: str | None) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON body) of ``GET /scorecard/[?container=...]``."""

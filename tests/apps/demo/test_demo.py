@@ -379,6 +379,27 @@ def test_the_view_names_the_crbm_phase_where_limits_came_from_and_the_rules_that
     assert "alloc/use: mean limit / mean use" in summary.format_summary(summarize(records, duration_s=5))
 
 
+def test_the_view_and_summary_name_the_crbm_phase_by_its_profile_and_the_stage_seen_in_it(records):
+    busy = {"cpu": {"p50": 1.9, "p90": 2.0, "count": 50}, "mem": {"p50": 1.0e9, "p90": 1.05e9, "count": 50}}
+    quiet = {"cpu": {"p50": 0.1, "p90": 0.4, "count": 20}, "mem": {"p50": 0.5e9, "p90": 0.9e9, "count": 20}}
+    records.add_phase_change(PhaseChange(ts=3.0, host="h1", container="not-ours", new_phase=1, since=1.0,
+                                          stats=quiet))
+    records.add_phase_change(PhaseChange(ts=4.0, host="h1", container="charlstm", old_phase=1, new_phase=0,
+                                          since=1.0, stats=busy))
+    for t in (4, 5, 6):  # charlstm reports train (its last progress line) while in phase 0
+        records.add_samples(host_samples(t, {"charlstm": (1.9, 1e9, 2.0, GiB)}))
+    assert records.phase_stages == {0: {"train": 3}}
+    name = "CPU high and flat, memory high and flat — like train"
+    assert records.phase_name(0) == name and records.phase_name(1) == "CPU low and bursty, memory mid"
+    assert records.phase_name(7) == "" and records.phase_name(None) == ""
+    row = next(j for j in view_state(records, elapsed_s=6).jobs if j.name == "charlstm")
+    assert row.crbm_name == name
+    assert f"crbm 0: {name};" in render(view_state(records, elapsed_s=6), width=200)
+    s = summarize(records, duration_s=6)
+    assert s["jobs"]["charlstm"]["crbm_phase_name"] == name and s["jobs"]["transformer"]["crbm_phase_name"] is None
+    assert f"charlstm     ended in CRBM phase 0: {name}" in summary.format_summary(s)
+
+
 @requires_root
 @pytest.mark.slow
 @pytest.mark.broker

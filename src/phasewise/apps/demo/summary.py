@@ -90,6 +90,10 @@ class Records:
     #: the CRBM phase the worker's detector put each job in (``phasewise.phases.v1``; None: none yet)
     crbm_phase: dict[str, int | None] = field(default_factory=dict)
     cgroups: dict[str, list[CgroupPoint]] = field(default_factory=dict)
+    #: each CRBM phase's usage statistics as its last phase change carried them (any container's), and how
+    #: often each stage a job reported was seen in it: the phase's name (:meth:`phase_name`)
+    phase_stats: dict[int, dict] = field(default_factory=dict)
+    phase_stages: dict[int, dict[str, int]] = field(default_factory=dict)
     #: the decisions and actuations about other containers (the jobs the demo submits, their place
     #: decisions): in ``records.jsonl``, not in the per-job figures
     others: list[Decision | Actuation] = field(default_factory=list)
@@ -119,6 +123,8 @@ class Records:
                     f.write(json.dumps({"type": "cgroup", "job": job, **dataclasses.asdict(c)}) + "\n")
 
     def add_phase_change(self, c: PhaseChange) -> bool:
+        if c.stats:
+            self.phase_stats[c.new_phase] = c.stats
         if c.container in self.crbm_phase:
             self.crbm_phase[c.container] = c.new_phase
             return True
@@ -133,7 +139,20 @@ class Records:
                 self.samples[c.container].append(SamplePoint(
                     msg.ts, c.cpu_cores, c.mem_bytes, c.cpu_limit_cores, c.mem_limit_bytes, c.oom_events))
                 n += 1
+                crbm, prog = self.crbm_phase.get(c.container), self.progress.get(c.container)
+                if crbm is not None and crbm >= 0 and prog is not None and prog.phase:
+                    seen = self.phase_stages.setdefault(crbm, {})
+                    seen[prog.phase] = seen.get(prog.phase, 0) + 1
         return n
+
+    def phase_name(self, phase: int | None) -> str:
+        """*phase* named by its profile against the other phases seen, and the stage seen most in it
+        (``CPU high and flat, memory mid — like train``); empty without its statistics."""
+        if phase is None or phase not in self.phase_stats:
+            return ""
+        from phasewise.models.phases.names import phase_names
+
+        return phase_names(self.phase_stats, self.phase_stages).get(phase, "")
 
     def add_decision(self, d: Decision) -> bool:
         """Keep *d*; True where it is about one of the demo's jobs."""
@@ -248,6 +267,7 @@ def summarize(
             "throttled_cuts": len(throttled_cuts(records, name, window_s=throttle_window_s,
                                                  threshold=throttle_threshold)),
             "crbm_phase": records.crbm_phase.get(name),
+            "crbm_phase_name": records.phase_name(records.crbm_phase.get(name)) or None,
             "steps": prog.step,
             "first_loss": prog.first_loss,
             "last_loss": prog.last_loss,
@@ -347,6 +367,7 @@ def view_state(records: Records, *, elapsed_s: float, job_states: dict[str, str]
             oom_kills=(records.cgroups[name][-1].oom_kills if records.cgroups.get(name)
                        else sum(x.oom_events for x in pts)),
             crbm_phase=records.crbm_phase.get(name),
+            crbm_name=records.phase_name(records.crbm_phase.get(name)),
             source=limit_source(d) if d else "",
             bounded=bounded_rules(d) if d else "",
         ))
@@ -389,6 +410,11 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{j['steps'] if j['steps'] is not None else '-':>6} {loss:>15}"
             + (f"  restarts {j['restarts']}, OOM kills {j['oom_kills']}" if j["restarts"] or j["oom_kills"] else "")
         )
+    named = [(name, j["crbm_phase"], j.get("crbm_phase_name")) for name, j in s["jobs"].items()
+             if j.get("crbm_phase_name")]
+    if named:
+        lines.append("")
+        lines += [f"{name:<12} ended in CRBM phase {p}: {text}" for name, p, text in named]
     lines.append("")
     lines.append("used: mean over the run; limit: at the end (none = unlimited); alloc/use: mean limit / mean use "
                  "(1.0 = no slack); dec/app: decisions made / applied")

@@ -18,7 +18,8 @@ __all__ = ["LEGEND", "JobRow", "LiveView", "ViewState", "render"]
 
 #: the lines under the table, so nothing on the screen needs the code to be read
 LEGEND = (
-    "stage: the job's own progress (load, train, eval, checkpoint); crbm: the phase the worker's CRBM put it in",
+    "stage: the job's own progress (load, train, eval, checkpoint); crbm: the phase the worker's CRBM put it in,",
+    "  named below by its profile against the other phases (like X: the stage its jobs reported most while in it)",
     "use%: use / limit; limit from: what set the last decision: phase N (that phase's statistics), vpa fallback",
     "  (the phase policy while its model is cold or the phase new) or vpa; +cpu:step: the safety rules that bounded it",
     "[applied]: the actuator set the limits; [clamped]: set after its own floors changed one; [rejected]: refused",
@@ -46,6 +47,7 @@ class JobRow:
     restarts: int = 0
     oom_kills: int = 0
     crbm_phase: int | None = None  #: the CRBM phase id the worker's detector assigned (None: none yet)
+    crbm_name: str = ""  #: that phase named by its profile: "CPU high and flat, memory mid — like train"
     source: str = ""  #: where the last decision's limits came from: "phase 3", "vpa fallback", "vpa"
     bounded: str = ""  #: the safety rules that bounded the last decision, e.g. "cpu:step mem:peak"
 
@@ -112,6 +114,8 @@ def render(state: ViewState, width: int = 120) -> str:
         if j.last_status:
             decision += f" [{j.last_status}]"
         extra = [f"last: {decision}"]
+        if j.crbm_name:
+            extra.insert(0, f"crbm {j.crbm_phase}: {j.crbm_name};")
         if j.last_reason:
             extra.append(f"why: {j.last_reason}")
         if j.restarts or j.oom_kills:

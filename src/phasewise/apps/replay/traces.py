@@ -1,5 +1,5 @@
-"""Load real usage traces (``ai4dl``, ``genai2026``) into per-container time series for replay; the AI4DL
-sample phasewise ships.
+"""Load real usage traces (``ai4dl``, ``genai2026``) and phasewise's own recordings (``phasewise``, written
+by ``phasewise record``) into per-container time series for replay; the AI4DL sample phasewise ships.
 
 Loaders are pure file readers: missing, negative and non-finite values are
 counted in :attr:`Trace.notes`, and a bad file raises
@@ -27,6 +27,7 @@ __all__ = [
     "TraceFormatError",
     "load_ai4dl",
     "load_genai2026",
+    "load_phasewise",
     "load_trace",
     "sample_path",
     "subtrace",
@@ -36,6 +37,7 @@ __all__ = [
 FORMATS: dict[str, str] = {
     "ai4dl": "AI4DL / IBM DLaaS CSV (timestamp, service, pod.id, cpu.usage.cores, mem.working.set)",
     "genai2026": "folder with Alibaba GenAI 2026 per-pod files (gpu duty cycle, gpu memory, memory util)",
+    "phasewise": "a Parquet file written by phasewise record (your own cluster's samples, with provenance)",
 }
 
 #: genai2026 resource -> file stem (each read as <stem>.csv or <stem>.csv.gz)
@@ -354,7 +356,56 @@ def load_genai2026(folder: str | Path) -> Trace:
                  time_unit="anonymised seconds (one sample every 57: about a minute)")
 
 
-_LOADERS: dict[str, Callable[[str | Path], Trace]] = {"ai4dl": load_ai4dl, "genai2026": load_genai2026}
+def load_phasewise(path: str | Path) -> Trace:
+    """Read a recording written by ``phasewise record`` (docs/results.md, "Record your own cluster").
+
+    Each container is ``host/container``; what the recording's reader dropped or doubts (clock steps back,
+    gaps, containers its header does not describe) is in the notes and counts, and so are negative
+    (clipped to 0) and infinite (missing) values a hand-edited file may hold.
+    """
+    from phasewise.apps.record.tracefile import RecordingError, read_recording
+
+    try:
+        rec = read_recording(path)
+    except RecordingError as e:
+        raise TraceFormatError(str(e)) from None
+    name = Path(path).name
+    negative: dict[str, int] = {}
+    non_finite: dict[str, int] = {}
+    containers = []
+    for cid, (t, usage) in rec.series.items():
+        clean = {}
+        for r, u in usage.items():
+            u = u.copy()
+            inf, neg = np.isinf(u), u < 0
+            if inf.any():
+                non_finite[f"{name} {r}"] = non_finite.get(f"{name} {r}", 0) + int(inf.sum())
+                u[inf] = np.nan
+            if neg.any():
+                negative[f"{name} {r}"] = negative.get(f"{name} {r}", 0) + int(neg.sum())
+                u[neg] = 0.0
+            clean[r] = u
+        if clean and len(t):
+            containers.append(ContainerSeries(cid, t, clean))
+    notes = list(rec.notes)
+    notes += [f"{k}: {n} negative value(s) clipped to 0" for k, n in negative.items()]
+    notes += [f"{k}: {n} infinite value(s) treated as missing" for k, n in non_finite.items()]
+    counts: dict[str, dict[str, int]] = {}
+    if negative:
+        counts["negative_clipped"] = negative
+    if non_finite:
+        counts["non_finite_missing"] = non_finite
+    units = {"cpu": "cores", "mem": "bytes (working set)", "gpu": "percent (SM utilisation, summed over its GPUs)",
+             "gpu_mem": "bytes (GPU memory used)"}
+    present = {r for c in containers for r in c.usage}
+    interval = rec.header.get("interval_s")
+    return Trace("phasewise", str(path), {r: u for r, u in units.items() if r in present or r in ("cpu", "mem")},
+                 containers, notes, counts,
+                 time_unit="Unix seconds" + (f" (one sample every {interval:.3g} s)" if interval else ""))
+
+
+_LOADERS: dict[str, Callable[[str | Path], Trace]] = {"ai4dl": load_ai4dl, "genai2026": load_genai2026,
+                                                      "phasewise": load_phasewise}
 
 
 def load_trace(path: str | Path, format: str) -> Trace:

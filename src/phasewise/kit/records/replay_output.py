@@ -41,7 +41,7 @@ def _setup() -> dict[str, Any]:
     counts = {"type": "object", "additionalProperties": _COUNT,
               "description": "file (and column) -> how many values"}
     trace = _obj({
-        "format": {"type": "string", "description": "trace layout (ai4dl, genai2026)"},
+        "format": {"type": "string", "description": "trace layout (ai4dl, genai2026, phasewise: a recording)"},
         "source": {"type": "string", "description": "the file or folder read"},
         "containers": _COUNT,
         "samples": _COUNT,
