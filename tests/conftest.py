@@ -10,7 +10,6 @@ import pytest
 from phasewise.kit.broker import EmbeddedBroker
 from phasewise.kit.settings import Settings
 
-
 #: the files that take longest (minutes: an image build, experiments through every role), begun first so
 #: that `make test`'s parallel workers do not end on one of them alone; then the other files with a slow test
 LONGEST_FIRST = ("tests/test_docker.py", "tests/apps/experiment/test_targets_roles.py",
