@@ -60,6 +60,20 @@ def test_the_guard_fires_once_after_the_stall_and_not_while_ready_moving_or_the_
     assert ReadyGuard(0.0, clock=clock).tick(False, False, None) is None  # 0: never
 
 
+def test_the_guard_remembers_a_worker_that_was_ready_once_and_only_that_one_starts_afresh():
+    from phasewise.streams.worker import start_afresh
+
+    g = ReadyGuard(10.0, clock=Clock())
+    g.tick(False, False, None)
+    assert not g.ready_once
+    g.tick(True, False, None)
+    g.tick(False, False, None)  # a rebalance later: it was ready once
+    assert g.ready_once
+    assert start_afresh(1, ready_once=False, asked_to_stop=False, attempt=2)
+    assert not start_afresh(0, ready_once=False, asked_to_stop=False, attempt=1)  # it ended as asked
+    assert not start_afresh(1, ready_once=False, asked_to_stop=True, attempt=1)  # a signal stopped it
+
+
 def test_the_guard_counts_unreadable_progress_as_none():
     clock = Clock()
     g = ReadyGuard(5.0, clock=clock)

@@ -222,10 +222,13 @@ class ReadyGuard:
         self._progress: object = None
         #: why the worker was stopped (set once, by the caller of :meth:`tick`)
         self.fired: str | None = None
+        #: whether the worker was ever ready
+        self.ready_once = False
 
     def tick(self, ready: bool, broker_down: bool, progress: object = None) -> float | None:
         """Seconds stuck, once more than ``stall_s`` (0: never); else None."""
         now = self.clock()
+        self.ready_once = self.ready_once or ready
         if ready or broker_down:
             self.since, self._progress = None, None
             return None
@@ -292,6 +295,7 @@ def make_worker(app: object, bootstrap: str, **kw: object) -> object:
                 h.addFilter(FoldRepeats())
 
         def _schedule_shutdown(self, signal: object) -> None:
+            _SIGNALLED.append(signal)
             if not getattr(self, "_phasewise_watchdog", None):
                 grace = STOP_GRACE_S if listening(bootstrap, 0.5) else STOP_UNREACHABLE_S
                 self._phasewise_watchdog = threading.Timer(grace, _stop_now, args=(grace,))
@@ -300,6 +304,41 @@ def make_worker(app: object, bootstrap: str, **kw: object) -> object:
             super()._schedule_shutdown(signal)
 
     return Worker(app, **kw)
+
+
+#: the signals a Faust worker of this process was stopped by (its own ready guard's SIGTERM included)
+_SIGNALLED: list[object] = []
+#: how many times a role that fails before it was ever ready starts afresh in its own process
+START_ATTEMPTS = 3
+#: the attempt this process is (set for the next one when it starts afresh)
+START_ATTEMPT_ENV = "_PHASEWISE_START_ATTEMPT"
+
+
+def start_afresh(code: int, *, ready_once: bool, asked_to_stop: bool, attempt: int,
+                 attempts: int = START_ATTEMPTS) -> bool:
+    """Whether a Faust role that ended with exit status *code* starts afresh: it failed before it was ever
+    ready, nobody asked it to stop, and attempts are left. A crash in Faust's
+    start (a consumer thread not started yet when the table manager starts, a task left pending) ends the
+    process before any work; starting again, as a supervisor would, is what recovers it.
+
+    >>> start_afresh(1, ready_once=False, asked_to_stop=False, attempt=1)
+    True
+    >>> start_afresh(1, ready_once=True, asked_to_stop=False, attempt=1)  # it worked: its supervisor decides
+    False
+    >>> start_afresh(1, ready_once=False, asked_to_stop=False, attempt=3)
+    False
+    """
+    return code != 0 and not ready_once and not asked_to_stop and attempt < attempts
+
+
+def _exec_afresh(role: str, attempt: int, why: str) -> None:
+    """Replace this process with the same command (its pid stays: a supervisor or a test sees one process)."""
+    log.critical("phasewise %s: %s before it was ever ready; starting afresh (attempt %d of %d)", role, why,
+                 attempt + 1, START_ATTEMPTS)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, list(sys.orig_argv), {**os.environ, START_ATTEMPT_ENV: str(attempt + 1)})
 
 
 def _stop_now(grace: float) -> None:
@@ -399,7 +438,17 @@ def run_faust(app: object, settings: Settings, metrics: object, *, role: str, re
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         probe.close()
-    return 1 if guard.fired is not None else code
+    code = 1 if guard.fired is not None else code
+    try:
+        attempt = max(1, int(os.environ.get(START_ATTEMPT_ENV, "1")))
+    except ValueError:
+        attempt = 1
+    # a crash before it was ever ready starts afresh here; a stall the guard stopped is its supervisor's to
+    # restart (the guard's line says why), as is anything after it was ready
+    if guard.fired is None and start_afresh(code, ready_once=guard.ready_once, asked_to_stop=bool(_SIGNALLED),
+                                            attempt=attempt):
+        _exec_afresh(role, attempt, f"Faust stopped with exit status {code}")
+    return code
 
 
 def warn_unsigned(role: str, what: str, readers: str = "actuators") -> None:
