@@ -14,7 +14,7 @@ import numpy as np
 
 from phasewise.apps.simulate.openb import Pod
 from phasewise.models.jobs.placement import Cluster, Node, PlacementConfig, make_policy, workload_types
-from phasewise.models.jobs.placement.fragmentation import _frag
+from phasewise.models.jobs.placement.fragmentation import _access, _frag
 
 __all__ = ["MODES", "PolicyResult", "simulate", "speed_up"]
 
@@ -53,14 +53,15 @@ class _Frag:
 
     def __init__(self, c: Cluster, w):
         self.c, self.w = c, w
-        self.per_node = _frag(w, c.cpu_free(), c.mem_free(), c._gfree())
+        self.per_node = _frag(w, c.cpu_free(), c.mem_free(), c._gfree(), _access(w.model, c))
         self.seen = c.version.copy()
 
     def total(self) -> float:
         changed = np.flatnonzero(self.seen != self.c.version)
         if len(changed):
             c = self.c
-            self.per_node[changed] = _frag(self.w, c.cpu_free(changed), c.mem_free(changed), c._gfree(changed))
+            self.per_node[changed] = _frag(self.w, c.cpu_free(changed), c.mem_free(changed), c._gfree(changed),
+                                           _access(self.w.model, c, changed))
             self.seen[changed] = c.version[changed]
         return float(self.per_node.sum())
 
