@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phasewise.apps.simulate.openb import Pod
-from phasewise.models.jobs.placement import Cluster, Node, PlacementConfig, make_policy, workload_types
+from phasewise.models.jobs.placement import (
+    Cluster,
+    Node,
+    PlacementConfig,
+    WorkloadTypes,
+    make_policy,
+    workload_types,
+)
 from phasewise.models.jobs.placement.fragmentation import _access, _frag
 
 __all__ = ["MODES", "PolicyResult", "simulate", "speed_up"]
@@ -75,15 +82,15 @@ def speed_up(pods: Sequence[Pod], factor: float) -> list[Pod]:
 
 def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str = "timed", *,
              config: PlacementConfig, progress: Callable[[int], None] | None = None,
-             max_points: int = 2000) -> PolicyResult:
+             max_points: int = 2000, workload: WorkloadTypes | None = None) -> PolicyResult:
     """Run *pods* against *nodes* under *policy*; deterministic for the same input. *config* sets the
-    hard rules' options and horus's weights; fgd and horus measure fragmentation against the pods'
-    own distribution of task types."""
+    hard rules' options and horus's weights; fgd and horus measure fragmentation against *workload*
+    (default: the pods' own distribution of task types)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
     t0 = time.perf_counter()
     c = Cluster(nodes, config)
-    w = workload_types(p.job for p in pods)
+    w = workload if workload is not None else workload_types(p.job for p in pods)
     pol = make_policy(policy, w)
     frag = _Frag(c, workload_types(p.job for p in pods if p.job.count))
     cap = max(c.gpu_capacity_milli(), 1)
