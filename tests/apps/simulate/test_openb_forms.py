@@ -16,6 +16,7 @@ from phasewise.models.jobs.placement import (
     Cluster,
     Fgd,
     Gpu,
+    Horus,
     Job,
     Node,
     Placement,
@@ -180,3 +181,25 @@ def test_workload_types_popular_keeps_the_commonest_types():
     assert sorted(w.n.tolist()) == [3, 6] and w.weight.sum() == pytest.approx(1.0)
     with pytest.raises(ValueError):
         workload_types(jobs, popular=0)
+
+
+def test_horus_charges_capacity_only_constrained_types_can_use():
+    # n0: a T4 node with one of its two GPUs taken; n1: a G2 node with four free GPUs (6 GPUs in all)
+    nodes = [Node("n0", 32000, 64 * GIB, gpus=(Gpu("T4"),) * 2), Node("n1", 32000, 64 * GIB, gpus=(Gpu("G2"),) * 4)]
+    c = Cluster(nodes, CONFIG)
+    c.allocate(Job("busy", 1000, GIB, gpus=1.0), Placement("busy", "n0", (1,), "test"))
+    t4 = (("gpu_model", "T4"),)
+    # target: 4 T4-only one-GPU tasks, 1 unconstrained one-GPU task, 1 unconstrained four-GPU task (N = 6)
+    w = workload_types([Job(f"a{i}", 1000, GIB, gpus=1.0, node_selector=t4) for i in range(4)]
+                       + [Job("b", 1000, GIB, gpus=1.0), Job("c", 1000, GIB, gpus=4.0)])
+    # the T4-only part asks for 4000 of 9000 milli (D = 4/9) and can use 2 of the 6 GPUs (S = 1/3): 4/3 on n0
+    assert _Fragmentation(w).contention(c).tolist() == pytest.approx([4 / 3, 0.0])
+    job = Job("free", 1000, GIB, gpus=1.0)
+    # FGD: on n0 the node fills (c's 1000 fragment goes): -1000/6; on n1 the four a's lose 1000 each, c no
+    # longer fits (3000): (12000 + 3000 - 16000) / 6 = -1000/6 too: a tie, to the lower index, the T4
+    assert _Fragmentation(w).deltas(job, c).tolist() == pytest.approx([-1000 / 6, -1000 / 6])
+    assert Fgd(w).place(job, c).node == "n0"
+    # horus adds 1 GPU x 4/3 on n0: the G2 goes to the unconstrained job, the T4 stays for the T4-only tasks
+    assert Horus(w).place(job, c).node == "n1"
+    unconstrained = workload_types([Job("b", 1000, GIB, gpus=1.0), Job("c", 1000, GIB, gpus=4.0)])
+    assert not _Fragmentation(unconstrained).contention(c).any()  # no constrained part: nothing charged

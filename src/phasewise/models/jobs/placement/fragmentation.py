@@ -251,6 +251,32 @@ class _Fragmentation:
             self._before[stale] = m.value(m.fitting(cpu, mem), s.total, s.whole, s.frag, _access(m, c, stale))
             self._stamp[stale] = c.version[stale]
 
+    def contention(self, c: Cluster) -> np.ndarray:
+        """Per node: sum over the target workload's constrained parts (selector s) whose selector the node
+        meets of D_s / S_s, D_s = the part's share of the workload's GPU demand (popularity x GPUs asked),
+        S_s = the share of the cluster's GPUs it can use; 0 everywhere without constrained parts. Taking a
+        GPU on a node uses capacity that only those parts, crowded D_s / S_s times the average, can use."""
+        m = self._w.model
+        out = np.zeros(len(c))
+        w = self._w
+        if not any(m.selectors):
+            return out
+        sel = list(w.selector)
+        demand = (w.n * w.milli * w.count).astype(float)
+        total = demand.sum()
+        gpus = c.ngpu.astype(float)
+        cap = gpus.sum()
+        if total <= 0 or cap <= 0:
+            return out
+        for s in m.selectors:
+            if not s:
+                continue
+            mask = c._selector(s)
+            supply = gpus[mask].sum() / cap
+            if supply > 0:
+                out[mask] += demand[np.array([x == s for x in sel], bool)].sum() / total / supply
+        return out
+
     def deltas(self, job: Job, c: Cluster) -> np.ndarray:
         """Growth of F_n(M) in milli-GPU if *job* goes there: (nodes,), or (nodes, GPU slots) for a share
         of one GPU (one value per GPU it could take); +inf where it cannot go."""
