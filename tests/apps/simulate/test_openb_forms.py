@@ -181,6 +181,9 @@ def test_workload_types_popular_keeps_the_commonest_types():
     assert sorted(w.n.tolist()) == [3, 6] and w.weight.sum() == pytest.approx(1.0)
     with pytest.raises(ValueError):
         workload_types(jobs, popular=0)
+    # FGD's task types have no memory: two memory sizes make one type
+    both = [Job("m1", 1000, GIB, gpus=0.5), Job("m2", 1000, 8 * GIB, gpus=0.5)]
+    assert len(workload_types(both).n) == 2 and workload_types(both, memory=False).n.tolist() == [2]
 
 
 def test_horus_charges_capacity_only_constrained_types_can_use():

@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="inflation: seeds, comma-separated or a range A-B (FGD's -tuneseed 42..51; default 42-51)")
     p.add_argument("--typical", type=float, default=None, metavar="SHARE",
                    help="fgd/horus target workload: the most common task types holding this share of the pods "
-                        "(FGD's simulator: 0.95; default 0.95 in inflation mode, 1 otherwise)")
+                        "(FGD's simulator: 0.95; default 0.95 in inflation mode, 1 otherwise); in inflation mode "
+                        "the task types leave memory out, as FGD's do")
     p.add_argument("--speed-up", type=float, default=1.0,
                    help="timed mode: arrivals this many times closer together, durations unchanged (default 1)")
     p.add_argument("--isolate-inference", action="store_true",
@@ -216,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
     if args.speed_up != 1.0:
         pods = speed_up(pods, args.speed_up)
     config = PlacementConfig(isolate_inference=args.isolate_inference, horus_frag_weight=args.horus_frag_weight)
-    w = workload_types((p.job for p in pods), popular=typical)
+    # inflation runs FGD's experiment: its simulator's task types have no memory
+    w = workload_types((p.job for p in pods), popular=typical, memory=args.mode != "inflation")
     t0 = time.perf_counter()
     jobs = args.jobs if args.jobs > 0 else min(len(names), os.cpu_count() or 1)
     stream = None if args.quiet else sys.stderr

@@ -45,19 +45,20 @@ class WorkloadTypes:
 _TaskType = tuple[int, int, int, int, tuple[tuple[str, str], ...]]
 
 
-def _task_type(j: Job) -> _TaskType:
-    return int(j.cpu_milli), int(j.mem_bytes), j.count, j.milli, tuple(sorted(j.node_selector))
+def _task_type(j: Job, memory: bool = True) -> _TaskType:
+    return int(j.cpu_milli), int(j.mem_bytes) if memory else 0, j.count, j.milli, tuple(sorted(j.node_selector))
 
 
-def workload_types(jobs: Iterable[Job], popular: float = 1.0) -> WorkloadTypes:
+def workload_types(jobs: Iterable[Job], popular: float = 1.0, memory: bool = True) -> WorkloadTypes:
     """The distribution of task types among *jobs* (popularity = share of jobs). With *popular* < 1, only
     the most common types that together hold that share of the jobs (FGD's simulator keeps 95 %), their
-    popularity renormalised; types of equal count in type order."""
+    popularity renormalised; types of equal count in type order. ``memory=False``: task types without
+    memory (as FGD's, CPU, GPUs and GPU model only), so memory never decides whether a task fits."""
     if not 0 < popular <= 1:
         raise ValueError(f"popular must be in (0, 1], not {popular}")
     counts: dict[_TaskType, int] = {}
     for j in jobs:
-        k = _task_type(j)
+        k = _task_type(j, memory)
         counts[k] = counts.get(k, 0) + 1
     if popular < 1 and counts:
         total, kept, cum = sum(counts.values()), {}, 0
