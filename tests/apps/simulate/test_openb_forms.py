@@ -121,7 +121,9 @@ def test_cli_inflation_json(capsys):
     assert doc["mode"] == "inflation" and doc["seeds"] == [1, 2, 5] and doc["gpus"] == 74
     assert [r["policy"] for r in doc["results"]] == ["fgd", "first-fit"]
     r = doc["results"][0]
-    assert {"unallocated_gpu_pct_at_100", "failed_pods", "frag_gpus", "alloc_ratio", "curve", "per_seed"} <= set(r)
+    assert {"unallocated_gpu_pct_at_100", "failed_pods", "failed_pods_at_100", "frag_gpus", "alloc_ratio", "curve",
+            "per_seed"} <= set(r)
+    assert all(x["failed_pods_at_100"] <= x["failed_pods"] for x in r["per_seed"])
     assert set(r["alloc_ratio"]) == {"milli_cpu", "memory", "gpu", "milli_gpu"} and len(r["per_seed"]) == 3
     assert main(args) == 0 and json.loads(capsys.readouterr().out)["results"] == doc["results"]
     assert main(args[:7] + ["x-1", "--quiet"]) == 2 and "--seeds" in capsys.readouterr().err

@@ -70,11 +70,13 @@ class SeedResult:
     alloc: dict[str, float]  # FGD's "Allocation Ratio": milli_cpu, memory, gpu (GPUs in use), milli_gpu
     idle_gpu_milli: int
     frag_gpu_milli: float  # FGD's fragmentation against the target workload, at the end
+    failed_pods_at_100: int = 0  # failed before arrived GPU demand reached the capacity
     wall_s: float = 0.0
     extra: dict = field(default_factory=dict)
 
     def public(self) -> dict:
         return {"seed": self.seed, "pods": self.pods, "failed_pods": self.failed_pods,
+                "failed_pods_at_100": self.failed_pods_at_100,
                 "failed_gpu_milli": self.failed_gpu_milli,
                 "alloc_ratio": {k: round(v, 6) for k, v in self.alloc.items()},
                 "idle_gpu_milli": self.idle_gpu_milli, "frag_gpu_milli": round(self.frag_gpu_milli, 1),
@@ -94,7 +96,7 @@ def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: 
     cap = max(c.gpu_capacity_milli(), 1)
     steps = int(math.floor(ratio * 100 + 1e-9)) + 1
     curve = np.full(steps, np.nan)
-    arrived, nxt, failed, failed_milli = 0, 0, 0, 0
+    arrived, nxt, failed, failed_milli, failed_at_100 = 0, 0, 0, 0, None
     for i, p in enumerate(ps):
         pl = pol.place(p.job, c)
         if pl.node is not None:
@@ -102,6 +104,8 @@ def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: 
         else:
             failed += 1
             failed_milli += _demand(p)
+        if failed_at_100 is None and arrived + _demand(p) > cap:  # this pod takes the demand past capacity
+            failed_at_100 = failed
         arrived += _demand(p)
         while nxt < steps and arrived * 100 >= nxt * cap:
             curve[nxt] = 100.0 - 100.0 * c.gpu_allocated_milli() / cap
@@ -115,7 +119,9 @@ def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: 
              "gpu": float(((c.milli_alloc > 0) & c.valid).sum() / max(gpus, 1)),
              "milli_gpu": c.gpu_allocated_milli() / cap}
     return SeedResult(policy, seed, len(ps), failed, failed_milli, [float(x) for x in curve], alloc,
-                      int(c._gfree().sum()), fragmentation(c, workload), wall_s=time.perf_counter() - t0)
+                      int(c._gfree().sum()), fragmentation(c, workload),
+                      failed_pods_at_100=failed if failed_at_100 is None else failed_at_100,
+                      wall_s=time.perf_counter() - t0)
 
 
 def summarise(policy: str, runs: Sequence[SeedResult]) -> dict:
@@ -131,6 +137,7 @@ def summarise(policy: str, runs: Sequence[SeedResult]) -> dict:
         "unallocated_gpu_pct_at_100": stat(curves[:, at100]),
         "unallocated_gpu_pct_at_end": stat(curves[:, -1]),
         "failed_pods": stat([r.failed_pods for r in runs]),
+        "failed_pods_at_100": stat([r.failed_pods_at_100 for r in runs]),
         "failed_gpus": stat([r.failed_gpu_milli / MILLI for r in runs]),
         "frag_gpus": stat([r.frag_gpu_milli / MILLI for r in runs]),
         "alloc_ratio": {k: stat([r.alloc[k] for r in runs]) for k in runs[0].alloc},
