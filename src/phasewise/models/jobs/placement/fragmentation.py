@@ -217,6 +217,8 @@ class _Fragmentation:
         self._max_types = max_types
         self._owner: tuple | None = None  # (cluster, nodes, GPU slots) the caches describe
         self._types: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._demand_of: WorkloadTypes | None = None  # the workload self._demand was computed for
+        self._demand: dict[tuple, float] = {}  # selector -> D_s
 
     def workload(self, job: Job) -> WorkloadTypes:
         if self._fixed is not None:
@@ -256,26 +258,26 @@ class _Fragmentation:
         """Per node: sum over the target workload's constrained parts (selector s) whose selector the node
         meets of D_s / S_s, D_s = the part's share of the workload's GPU demand (popularity x GPUs asked),
         S_s = the share of the cluster's GPUs it can use; 0 everywhere without constrained parts. Taking a
-        GPU on a node uses capacity that only those parts, crowded D_s / S_s times the average, can use."""
-        m = self._w.model
+        GPU on a node uses capacity that only those parts, crowded D_s / S_s times the average, can use.
+        The D_s are computed once per target workload; the node masks are the cluster's cached ones."""
         out = np.zeros(len(c))
         w = self._w
-        if not any(m.selectors):
+        if self._demand_of is not w:
+            self._demand_of, self._demand = w, {}
+            total = float((w.n * w.milli * w.count).sum())
+            if w.selector and total > 0:
+                for s, d in zip(w.selector, (w.n * w.milli * w.count).tolist(), strict=True):
+                    if s and d:
+                        self._demand[s] = self._demand.get(s, 0.0) + d / total
+        if not self._demand:
             return out
-        sel = list(w.selector)
-        demand = (w.n * w.milli * w.count).astype(float)
-        total = demand.sum()
-        gpus = c.ngpu.astype(float)
-        cap = gpus.sum()
-        if total <= 0 or cap <= 0:
-            return out
-        for s in m.selectors:
-            if not s:
-                continue
+        gpus = c.ngpu
+        cap = float(gpus.sum())
+        for s, d in self._demand.items():
             mask = c._selector(s)
-            supply = gpus[mask].sum() / cap
+            supply = float(gpus[mask].sum()) / cap if cap > 0 else 0.0
             if supply > 0:
-                out[mask] += demand[np.array([x == s for x in sel], bool)].sum() / total / supply
+                out[mask] += d / supply
         return out
 
     def deltas(self, job: Job, c: Cluster) -> np.ndarray:
