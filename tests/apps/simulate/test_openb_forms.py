@@ -113,7 +113,7 @@ def test_run_seed_is_deterministic_and_its_curve_is_unallocated_against_arrived(
                                                                     abs=1e-3)
 
 
-def test_cli_inflation_json(capsys):
+def test_cli_inflation_json(capsys, tmp_path):
     args = ["simulate", str(DATA / "pods_gpuspec33.csv"), "--nodes", str(DATA / "nodes_gpu.csv"), "--mode",
             "inflation", "--seeds", "1-2,5", "--policies", "fgd,first-fit", "--json", "--quiet", "--jobs", "1"]
     assert main(args) == 0
@@ -127,6 +127,10 @@ def test_cli_inflation_json(capsys):
     assert set(r["alloc_ratio"]) == {"milli_cpu", "memory", "gpu", "milli_gpu"} and len(r["per_seed"]) == 3
     assert main(args) == 0 and json.loads(capsys.readouterr().out)["results"] == doc["results"]
     assert main(args[:7] + ["x-1", "--quiet"]) == 2 and "--seeds" in capsys.readouterr().err
+    assert main(args + ["--report", str(tmp_path / "rep")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "rep" / "unallocated.png").stat().st_size > 0
+    assert "| fgd |" in (tmp_path / "rep" / "summary.md").read_text()
 
 
 # -- FGD's fragmentation on constrained nodes, by hand ------------------------------------------------

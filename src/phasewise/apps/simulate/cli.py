@@ -163,6 +163,10 @@ def _inflation(args, names, pods, nodes, config, w, jobs, stream) -> int:
                     stream.write(f"inflation: {k + 1}/{len(tasks)} runs ({r.policy}, seed {r.seed})\n")
     out = [summarise(n, [r for r in runs if r.policy == n]) for n in names]
     wall = time.perf_counter() - t0
+    if args.report:
+        from phasewise.apps.simulate.report import write_inflation_report
+
+        write_inflation_report(args.report, out, args=args, pods=pods, nodes=nodes, seeds=seeds)
     if args.json:
         print(json.dumps({"mode": "inflation", "inflation_ratio": args.inflation_ratio, "seeds": seeds,
                           "pods": len(pods), "nodes": len(nodes), "gpus": sum(len(n.gpus) for n in nodes),

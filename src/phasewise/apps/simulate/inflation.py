@@ -1,7 +1,7 @@
 """FGD's experiment (Weng et al., ATC'23, §6): the pod list inflated by Monte-Carlo sampling until the
 arrived GPU demand reaches a share of the cluster's GPU capacity, shuffled, placed once and never
 released; per seed, the unallocated-GPU ratio against arrived workload and the cluster figures FGD's
-simulator prints (docs/placement.md, "FGD's experiment: inflation").
+simulator prints (docs/placement.md, "FGD's experiment: `--mode inflation`").
 """
 
 from __future__ import annotations
