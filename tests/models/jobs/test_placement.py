@@ -305,9 +305,9 @@ def test_fast_fragmentation_equals_the_definition():
     w = workload_types(jobs)
     cpu, mem, gfree = _random_states(rng)
     want = _frag_definition(w, cpu, mem, gfree)
-    assert w.model.table is not None and (w.model.nodes(cpu, mem, gfree) == want).all()
+    assert all(p.table is not None for p in w.model.parts) and (w.model.nodes(cpu, mem, gfree) == want).all()
     small = _FragModel(w, max_cells=0)  # the comparison path, for workloads of many (CPU, memory) values
-    assert small.table is None and (small.nodes(cpu, mem, gfree) == want).all()
+    assert all(p.table is None for p in small.parts) and (small.nodes(cpu, mem, gfree) == want).all()
     assert _frag(w, cpu, mem, gfree) == pytest.approx(want / w.n.sum(), abs=1e-9)
     assert (_FragModel(workload_types([])).nodes(cpu, mem, gfree) == 0).all()
 

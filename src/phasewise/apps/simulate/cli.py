@@ -1,5 +1,6 @@
 """``phasewise simulate PODS.csv --format openb --nodes NODES.csv``: placement policies on a real pod list,
-one line per policy or ``--json``, ``--report DIR`` for plots (docs/placement.md, "Simulation on openb 2023").
+one line per policy or ``--json``, ``--report DIR`` for plots; ``--mode inflation`` runs FGD's experiment
+over seeds (docs/placement.md, "Simulation on openb 2023").
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import time
 from typing import TextIO
 
 from phasewise.apps.simulate.engine import MODES, simulate, speed_up
+from phasewise.apps.simulate.inflation import run_seed, summarise
 from phasewise.apps.simulate.openb import TraceError, load_nodes, load_pods
 from phasewise.apps.simulate.utilisation import load_util_cdf, with_utilisation
 from phasewise.kit.command import report_dir
 from phasewise.kit.settings import Settings
-from phasewise.models.jobs.placement import POLICIES, PlacementConfig
+from phasewise.models.jobs.placement import POLICIES, PlacementConfig, workload_types
 
 FORMATS = ("openb",)
 
@@ -28,9 +30,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", metavar="NODES.csv", required=True, help="node list (openb: openb_node_list_*.csv)")
     p.add_argument("--policies", default=",".join(POLICIES),
                    help=f"comma-separated placement policies among {', '.join(POLICIES)} (default all)")
-    p.add_argument("--mode", choices=MODES, default="timed",
-                   help="timed: the trace's clock, pods wait in a queue and leave; fill: the FGD paper's "
-                        "experiment, pods arrive in order and never leave (default timed)")
+    p.add_argument("--mode", choices=(*MODES, "inflation"), default="timed",
+                   help="timed: the trace's clock, pods wait in a queue and leave; fill: pods arrive in list "
+                        "order and never leave; inflation: FGD's experiment, the list inflated by sampling to "
+                        "--inflation-ratio x GPU capacity and shuffled, per seed (default timed)")
+    p.add_argument("--inflation-ratio", type=float, default=1.3,
+                   help="inflation: arrived GPU demand to reach, as a share of GPU capacity (FGD's -tune; default 1.3)")
+    p.add_argument("--seeds", default="42-51",
+                   help="inflation: seeds, comma-separated or a range A-B (FGD's -tuneseed 42..51; default 42-51)")
+    p.add_argument("--typical", type=float, default=None, metavar="SHARE",
+                   help="fgd/horus target workload: the most common task types holding this share of the pods "
+                        "(FGD's simulator: 0.95; default 0.95 in inflation mode, 1 otherwise); in inflation mode "
+                        "the task types leave memory out, as FGD's do")
     p.add_argument("--speed-up", type=float, default=1.0,
                    help="timed mode: arrivals this many times closer together, durations unchanged (default 1)")
     p.add_argument("--isolate-inference", action="store_true",
@@ -83,17 +94,17 @@ def _init(counter) -> None:
 
 
 def _one(task):
-    name, pods, nodes, mode, config = task
+    name, pods, nodes, mode, config, w = task
     last = [0]
 
     def bump(n: int) -> None:
         with _done.get_lock():
             _done.value += n - last[0]
         last[0] = n
-    return simulate(pods, nodes, name, mode, config=config, progress=bump)
+    return simulate(pods, nodes, name, mode, config=config, progress=bump, workload=w)
 
 
-def _parallel(names, pods, nodes, mode, config, jobs, stream):
+def _parallel(names, pods, nodes, mode, config, w, jobs, stream):
     """The policies in *jobs* processes (fork); one bar over all of them. Results in *names* order."""
     import multiprocessing as mp
 
@@ -101,13 +112,74 @@ def _parallel(names, pods, nodes, mode, config, jobs, stream):
     counter = ctx.Value("q", 0)
     bar = Progress(",".join(names), len(pods) * len(names), stream)
     with ctx.Pool(jobs, initializer=_init, initargs=(counter,)) as pool:
-        pending = pool.map_async(_one, [(n, pods, nodes, mode, config) for n in names])
+        pending = pool.map_async(_one, [(n, pods, nodes, mode, config, w) for n in names])
         while not pending.ready():
             pending.wait(0.2)
             bar(min(counter.value, bar.total))
         results = pending.get()
     bar(bar.total)
     return results
+
+
+def _seeds(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        a, sep, b = part.strip().partition("-")
+        lo, hi = int(a), int(b) if sep else int(a)
+        if hi < lo:
+            raise ValueError(part)
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def _one_seed(task):
+    name, pods, nodes, ratio, seed, config, w = task
+    return run_seed(pods, nodes, name, ratio=ratio, seed=seed, config=config, workload=w)
+
+
+def _inflation(args, names, pods, nodes, config, w, jobs, stream) -> int:
+    try:
+        seeds = _seeds(args.seeds)
+    except ValueError:
+        print(f"phasewise simulate: error: --seeds: {args.seeds!r} is not a list of seeds (42,43 or 42-51)",
+              file=sys.stderr)
+        return 2
+    tasks = [(n, pods, nodes, args.inflation_ratio, s, config, w) for n in names for s in seeds]
+    t0 = time.perf_counter()
+    if jobs <= 1:
+        runs = []
+        for k, t in enumerate(tasks):
+            runs.append(_one_seed(t))
+            if stream:
+                stream.write(f"inflation: {k + 1}/{len(tasks)} runs ({t[0]}, seed {t[4]})\n")
+    else:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(jobs) as pool:
+            runs = []
+            for k, r in enumerate(pool.imap(_one_seed, tasks)):
+                runs.append(r)
+                if stream:
+                    stream.write(f"inflation: {k + 1}/{len(tasks)} runs ({r.policy}, seed {r.seed})\n")
+    out = [summarise(n, [r for r in runs if r.policy == n]) for n in names]
+    wall = time.perf_counter() - t0
+    if args.report:
+        from phasewise.apps.simulate.report import write_inflation_report
+
+        write_inflation_report(args.report, out, args=args, pods=pods, nodes=nodes, seeds=seeds)
+    if args.json:
+        print(json.dumps({"mode": "inflation", "inflation_ratio": args.inflation_ratio, "seeds": seeds,
+                          "pods": len(pods), "nodes": len(nodes), "gpus": sum(len(n.gpus) for n in nodes),
+                          "results": out, "wall_s": round(wall, 1)}))
+    else:
+        for r in out:
+            u, e = r["unallocated_gpu_pct_at_100"], r["unallocated_gpu_pct_at_end"]
+            a = r["alloc_ratio"]["milli_gpu"]
+            print(f"{r['policy']:>10}: unallocated GPU {u['mean']:.2f} % (sd {u['sd']:.2f}) at 100 % arrived, "
+                  f"{e['mean']:.2f} % at {args.inflation_ratio:.0%}; GPU allocated {a['mean']:.2%}, "
+                  f"failed {r['failed_pods']['mean']:.0f} pods ({r['failed_gpus']['mean']:.0f} GPUs), "
+                  f"fragmented {r['frag_gpus']['mean']:.1f} GPUs; {r['seeds']} seeds")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,6 +196,13 @@ def run(args: argparse.Namespace) -> int:
     if not (args.horus_frag_weight >= 0 and math.isfinite(args.horus_frag_weight)):
         print(f"{prog}: error: --horus-frag-weight: must be a number >= 0", file=sys.stderr)
         return 2
+    if not (args.inflation_ratio > 0 and math.isfinite(args.inflation_ratio)):
+        print(f"{prog}: error: --inflation-ratio: must be a number > 0", file=sys.stderr)
+        return 2
+    typical = args.typical if args.typical is not None else (0.95 if args.mode == "inflation" else 1.0)
+    if not 0 < typical <= 1:
+        print(f"{prog}: error: --typical: must be in (0, 1]", file=sys.stderr)
+        return 2
     try:
         pods = load_pods(args.pods)
         nodes = load_nodes(args.nodes)
@@ -132,19 +211,31 @@ def run(args: argparse.Namespace) -> int:
     except TraceError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    if not pods:
+        print(f"{prog}: error: {args.pods}: no pods", file=sys.stderr)
+        return 2
+    if args.mode == "timed" and not pods[0].timed:
+        print(f"{prog}: error: {args.pods} has no creation_time and deletion_time: use --mode fill or inflation",
+              file=sys.stderr)
+        return 2
     if args.speed_up != 1.0:
         pods = speed_up(pods, args.speed_up)
     config = PlacementConfig(isolate_inference=args.isolate_inference, horus_frag_weight=args.horus_frag_weight)
+    # inflation runs FGD's experiment: its simulator's task types have no memory
+    w = workload_types((p.job for p in pods), popular=typical, memory=args.mode != "inflation")
     t0 = time.perf_counter()
     jobs = args.jobs if args.jobs > 0 else min(len(names), os.cpu_count() or 1)
     stream = None if args.quiet else sys.stderr
+    if args.mode == "inflation":
+        return _inflation(args, names, pods, nodes, config, w, args.jobs if args.jobs > 0 else (os.cpu_count() or 1),
+                          stream)
     if jobs <= 1 or len(names) == 1:
         results = []
         for name in names:
             results.append(simulate(pods, nodes, name, args.mode, config=config,
-                                    progress=Progress(name, len(pods), stream)))
+                                    progress=Progress(name, len(pods), stream), workload=w))
     else:
-        results = _parallel(names, pods, nodes, args.mode, config, jobs, stream)
+        results = _parallel(names, pods, nodes, args.mode, config, w, jobs, stream)
     wall = time.perf_counter() - t0
     if args.report:
         from phasewise.apps.simulate.report import write_report

@@ -13,8 +13,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phasewise.apps.simulate.openb import Pod
-from phasewise.models.jobs.placement import Cluster, Node, PlacementConfig, make_policy, workload_types
-from phasewise.models.jobs.placement.fragmentation import _frag
+from phasewise.models.jobs.placement import (
+    Cluster,
+    Node,
+    PlacementConfig,
+    WorkloadTypes,
+    make_policy,
+    workload_types,
+)
+from phasewise.models.jobs.placement.fragmentation import _access, _frag
 
 __all__ = ["MODES", "PolicyResult", "simulate", "speed_up"]
 
@@ -53,14 +60,15 @@ class _Frag:
 
     def __init__(self, c: Cluster, w):
         self.c, self.w = c, w
-        self.per_node = _frag(w, c.cpu_free(), c.mem_free(), c._gfree())
+        self.per_node = _frag(w, c.cpu_free(), c.mem_free(), c._gfree(), _access(w.model, c))
         self.seen = c.version.copy()
 
     def total(self) -> float:
         changed = np.flatnonzero(self.seen != self.c.version)
         if len(changed):
             c = self.c
-            self.per_node[changed] = _frag(self.w, c.cpu_free(changed), c.mem_free(changed), c._gfree(changed))
+            self.per_node[changed] = _frag(self.w, c.cpu_free(changed), c.mem_free(changed), c._gfree(changed),
+                                           _access(self.w.model, c, changed))
             self.seen[changed] = c.version[changed]
         return float(self.per_node.sum())
 
@@ -74,15 +82,15 @@ def speed_up(pods: Sequence[Pod], factor: float) -> list[Pod]:
 
 def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str = "timed", *,
              config: PlacementConfig, progress: Callable[[int], None] | None = None,
-             max_points: int = 2000) -> PolicyResult:
+             max_points: int = 2000, workload: WorkloadTypes | None = None) -> PolicyResult:
     """Run *pods* against *nodes* under *policy*; deterministic for the same input. *config* sets the
-    hard rules' options and horus's weights; fgd and horus measure fragmentation against the pods'
-    own distribution of task types."""
+    hard rules' options and horus's weights; fgd and horus measure fragmentation against *workload*
+    (default: the pods' own distribution of task types)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
     t0 = time.perf_counter()
     c = Cluster(nodes, config)
-    w = workload_types(p.job for p in pods)
+    w = workload if workload is not None else workload_types(p.job for p in pods)
     pol = make_policy(policy, w)
     frag = _Frag(c, workload_types(p.job for p in pods if p.job.count))
     cap = max(c.gpu_capacity_milli(), 1)

@@ -88,3 +88,49 @@ def write_report(folder: str | Path, results: list[PolicyResult], *, args: argpa
         "Command: `phasewise simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) + "`", "",
     ]
     (out / "summary.md").write_text("\n".join(lines))
+
+
+def write_inflation_report(folder: str | Path, results: list[dict], *, args: argparse.Namespace, pods, nodes,
+                           seeds: list[int]) -> None:
+    """``unallocated.png`` (FGD's figure: unallocated GPU share against arrived workload, mean over seeds)
+    and ``summary.md`` for ``--mode inflation``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    gpus = sum(len(n.gpus) for n in nodes)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in results:
+        ax.plot(r["curve"]["arrived_pct"], r["curve"]["unallocated_gpu_pct"], label=r["policy"], lw=1.2)
+    ax.plot([0, 100], [100, 0], ls=":", color="grey", label="ideal")
+    ax.set_xlim(70, args.inflation_ratio * 100)
+    ax.set_ylim(0, 30)
+    ax.set_xlabel("arrived workload (% of cluster GPU capacity)")
+    ax.set_ylabel("unallocated GPU (%)")
+    ax.set_title(f"FGD's experiment: {len(pods)} pods inflated to {args.inflation_ratio:g}x on {gpus} GPUs, "
+                 f"mean of {len(seeds)} seeds", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "unallocated.png", dpi=110)
+    plt.close(fig)
+    lines = [
+        "# Placement simulation: FGD's inflation experiment", "",
+        f"{len(pods)} pods from `{args.pods}` on {len(nodes)} nodes ({gpus} GPUs) from `{args.nodes}`, inflated to "
+        f"{args.inflation_ratio:g} x the GPU capacity and shuffled, seeds {', '.join(map(str, seeds))}.", "",
+        "| policy | unallocated GPU at 100 % arrived | at the end | failed pods by 100 % | failed pods "
+        "| GPU allocated |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        u, e = r["unallocated_gpu_pct_at_100"], r["unallocated_gpu_pct_at_end"]
+        lines.append(f"| {r['policy']} | {u['mean']:.2f} % ± {u['sd']:.2f} | {e['mean']:.2f} % ± {e['sd']:.2f} | "
+                     f"{r['failed_pods_at_100']['mean']:.0f} | {r['failed_pods']['mean']:.0f} | "
+                     f"{r['alloc_ratio']['milli_gpu']['mean']:.2%} |")
+    lines += ["", "![unallocated GPU](unallocated.png)", "",
+              "Mean ± sd over seeds. See docs/placement.md, \"FGD's experiment\".", "",
+              "Command: `phasewise simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) + "`", ""]
+    (out / "summary.md").write_text("\n".join(lines))

@@ -178,6 +178,7 @@ class Horus:
             gd[rows] = d[rows, order[:, 0]] if share else d[rows]
             if not share:
                 key[rows] += wf * d[rows] / MILLI
+            key[rows] += wf * job.count * job.milli / MILLI * self._frag.contention(c)[rows]
         return _decide(job, c, self.name, key, lambda i: np.sort(order[np.searchsorted(rows, i)]), "",
                        tie=tie, reason=lambda i: (f"fragmentation change {gd[i]:+.4g} milli-GPU x {wf:g} "
                                                   f"+ over capacity {ov[i]:.3g}, Horus cost {tie[i]:.4g}"))
