@@ -55,6 +55,27 @@ def test_without_an_enforcer_the_share_is_advisory():
     assert not c.enforced and c.message.startswith("advisory")
 
 
+def test_a_daemon_is_seen_by_its_control_fifo_or_its_control_socket(tmp_path):
+    """CUDA's older MPS daemons make ``control`` a FIFO; CUDA 13's (seen on an H100) a Unix socket."""
+    import os
+    import socket
+
+    from phasewise.actuators.backends.gpu_share_enforcement import mps_daemon
+
+    fifo, sock, none = tmp_path / "fifo", tmp_path / "sock", tmp_path / "none"
+    for d in (fifo, sock, none):
+        d.mkdir()
+    os.mkfifo(fifo / "control")
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(sock / "control"))
+        (none / "control").write_text("")  # a plain file is no daemon
+        assert mps_daemon(str(fifo)) and mps_daemon(str(sock))
+        assert not mps_daemon(str(none)) and not mps_daemon(str(tmp_path / "missing"))
+    finally:
+        s.close()
+
+
 def test_bad_values_are_refused():
     with pytest.raises(ValueError, match="sm_percent"):
         mps_env(sm_percent=0, mem_limit_bytes=GiB)

@@ -98,9 +98,11 @@ def carry(decision: Decision, backend: str, *, running: bool) -> Carried:
 
 
 def mps_daemon(pipe_dir: str) -> bool:
-    """Whether an MPS control daemon serves *pipe_dir* (its ``control`` FIFO is there)."""
+    """Whether an MPS control daemon serves *pipe_dir*: its ``control`` endpoint is there, a FIFO (older CUDA)
+    or a Unix socket (CUDA 13's daemon, seen on an H100)."""
     try:
-        return stat.S_ISFIFO(os.stat(Path(pipe_dir) / "control").st_mode)
+        mode = os.stat(Path(pipe_dir) / "control").st_mode
+        return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
     except OSError:
         return False
 
