@@ -26,8 +26,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from phasewise.actuators.backends.cgroup import CgroupBackend
-from phasewise.actuators.commands import Outcome, ScaleReplicas, Terminate
+from phasewise.actuators.backends.cgroup import CgroupBackend, weight_of_shares
+from phasewise.actuators.commands import Outcome, ScaleReplicas, SetCpuWeight, Terminate
 from phasewise.kit.cgroups.fs import CgroupError
 
 __all__ = ["Balancer", "LocalReplicas", "replica_container"]
@@ -293,7 +293,7 @@ class LocalReplicas:
                                       + (f" ({'; '.join(said)})" if said else ""), temporary=out.temporary)
             self.names.add(name)
             self.on_start(name, name, out.pid)
-            said.append(f"replica {k} pid {out.pid} on port {port + k}")
+            said.append(f"replica {k} pid {out.pid} on port {port + k}" + self._same_weight(c, name))
         stopping = sorted((k for k in before if k > cmd.replicas), reverse=True)
         if stopping:  # out of the balancer first: new connections go to the ones that stay
             balancer.set_ports([port + k for k in before if k <= cmd.replicas])
@@ -312,6 +312,21 @@ class LocalReplicas:
         now = self._point(balancer, c, port)
         what = "; ".join(said) if said else "no change"
         return Outcome.applied(f"service {c}: {len(now)} replica(s) {now} behind 127.0.0.1:{port} ({what})")
+
+    def _same_weight(self, container: str, name: str) -> str:
+        """Give replica *name* the CPU weight of the first replica in *container* (its priority's, when an
+        agent weighted it); what was done, for the actuation's message."""
+        layout = self.backend.layout
+        try:
+            d = layout.path(container, "cpu")
+            if layout.version == 1:
+                weight = round(weight_of_shares(int((d / "cpu.shares").read_text())))
+            else:
+                weight = int((d / "cpu.weight").read_text())
+        except (OSError, ValueError, CgroupError):
+            return ""
+        out = self.backend.apply(SetCpuWeight(name, weight))
+        return f", cpu weight {weight}" if out.status == "applied" else f", cpu weight not set: {out.message}"
 
     def _point(self, balancer: Balancer, container: str, port: int) -> list[int]:
         ks = self.running(container, port)
