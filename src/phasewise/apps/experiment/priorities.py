@@ -40,7 +40,7 @@ GiB = 2**30
 REPLICA_CORES = 0.5
 INFERENCE_PRIORITY = 10
 #: --through-roles: the service's low and high request rates (per second)
-ROLES_RATES = (20.0, 60.0)
+ROLES_RATES = (20.0, 100.0)
 
 
 @dataclass
@@ -499,10 +499,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-ms", type=float, default=d.slo_ms, help="inference latency SLO (client-side), ms")
     p.add_argument("--rate-low", type=float, default=None,
                    help=f"requests/s in the first half (default {d.rate_low:g}; --through-roles: the first and "
-                        f"last quarter, default {ROLES_RATES[0]:g})")
+                        f"last fifth, default {ROLES_RATES[0]:g})")
     p.add_argument("--rate-high", type=float, default=None,
-                   help=f"requests/s in the second half (default {d.rate_high:g}; --through-roles: the middle "
-                        f"half, default {ROLES_RATES[1]:g})")
+                   help=f"requests/s in the second half (default {d.rate_high:g}; --through-roles: 0.7 x this for "
+                        f"the second fifth, this for the two next, default {ROLES_RATES[1]:g})")
     p.add_argument("--capacity", type=float, default=d.capacity_cores, help="cores the host offers to the jobs")
     p.add_argument("--max-replicas", type=int, default=d.max_replicas)
     p.add_argument("--grace", type=float, default=d.grace_s, help="seconds a checkpoint-and-exit gets")
@@ -519,7 +519,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "worker, the cgroup actuator) instead of this process's own control loop; "
                         "docs/priorities.md, \"Through the roles\"")
     p.add_argument("--roles-seconds", type=float, default=120.0,
-                   help="--through-roles: seconds the service runs in each scenario (default 120)")
+                   help="--through-roles: seconds of the service's load in each scenario (default 120)")
     p.add_argument("--keep", action="store_true", help="--through-roles: keep each scenario's folder (role logs)")
 
 

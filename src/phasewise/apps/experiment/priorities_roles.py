@@ -46,21 +46,30 @@ TRAIN_CORES = 0.75
 SERVICE_CORES = 0.5
 SERVICE_PRIORITY = 10
 MAX_REPLICAS = 3
-#: training runs this much longer than the service (it starts first and must outlast the load)
-TRAIN_EXTRA_S = 45.0
+#: the load starts once the service answers and every training job reports steps, within this many seconds
+#: of the service's start (the service runs this much longer than the load; training, which starts before
+#: the load, this much longer again)
+START_SLACK_S = 40.0
 
 
 def plan_jobs(tag: str, seconds: float, trainers: int = 2) -> list[PlannedJob]:
-    """*trainers* training jobs (priority 0) at once, the service (priority 10) a second later."""
-    jobs = [PlannedJob(f"train-{tag}-{i}", "train", 0.0, 0, TRAIN_CORES, 500 * 2**20, seconds + TRAIN_EXTRA_S,
+    """*trainers* training jobs (priority 0) at once, the service (priority 10) a second later; the load
+    runs *seconds*."""
+    jobs = [PlannedJob(f"train-{tag}-{i}", "train", 0.0, 0, TRAIN_CORES, 500 * 2**20, seconds + START_SLACK_S,
                        hidden=256, seed=i) for i in range(trainers)]
-    jobs.append(PlannedJob(f"svc-{tag}", "service", 1.0, SERVICE_PRIORITY, SERVICE_CORES, 600 * 2**20, seconds))
+    jobs.append(PlannedJob(f"svc-{tag}", "service", 1.0, SERVICE_PRIORITY, SERVICE_CORES, 600 * 2**20,
+                           seconds + START_SLACK_S))
     return jobs
 
 
 def rate_steps(low: float, high: float) -> tuple[tuple[float, float], ...]:
-    """(share of the load's run, requests per second): low, high for half the run, low again."""
-    return ((0.25, low), (0.75, high), (1.0, low))
+    """(share of the load's run, requests per second): low, 0.7 x high (where one replica's CPU limit is
+    nearly all used), high (more than one replica's limit serves), low again.
+
+    >>> rate_steps(20, 100)
+    ((0.2, 20), (0.4, 70.0), (0.8, 100), (1.0, 20))
+    """
+    return ((0.2, low), (0.4, round(0.7 * high, 1)), (0.8, high), (1.0, low))
 
 
 def free_port_block(n: int, rnd: random.Random) -> int:
@@ -143,11 +152,14 @@ class PriorityCluster(Cluster):
     def _service_load(self, j: PlannedJob) -> None:
         from phasewise.apps.experiment.inference import Load, scrape
 
-        while scrape(self.service_port) is None:  # until it serves through its endpoint, or the run ends
+        # until it serves through its endpoint and every training job trains, or the run ends
+        while scrape(self.service_port) is None or not self.training():
             if self.stopping.is_set():
                 return
             time.sleep(0.5)
-        left = max(1.0, j.seconds - (time.time() - self.started_at(j.job)) - 2.0)
+        left = min(self.cfg.service_s, j.seconds - (time.time() - self.started_at(j.job)) - 2.0)
+        if left < 1.0:
+            return  # (no load: the figures say so)
         steps = self.steps
 
         def rate(t: float) -> float:
@@ -158,6 +170,13 @@ class PriorityCluster(Cluster):
         t0 = time.time()
         self.load_result = load.run(left)
         self.load_wall = (t0, time.time())
+
+    def training(self) -> bool:
+        """Every training job has reported a step."""
+        assert self.collector is not None
+        rec = self.collector.snapshot()
+        stepping = {e.job for e in rec.events if e.kind == "progress" and e.step}
+        return all(j.job in stepping for j in self.jobs if j.kind == "train")
 
     def started_at(self, job: str) -> float:
         assert self.collector is not None
