@@ -161,6 +161,8 @@ class Config:
     host: str = "cluster"
     #: the worker's further flags (e.g. ``--autoscale`` and its settings)
     worker_flags: tuple[str, ...] = ()
+    #: the worker's further settings (``PHASEWISE_*`` variables)
+    worker_env: tuple[tuple[str, str], ...] = ()
     #: the place worker's local nodes: this host's CPUs cut into this many cpuset slices
     slices: int = 2
 
@@ -246,7 +248,7 @@ class Cluster:
                         *cfg.worker_flags],
                        {"PHASEWISE_TARGETS_GRACE_S": "10",
                         "PHASEWISE_PRIORITY_HOST_CPU_CORES": str(len(os.sched_getaffinity(0))),
-                        "PHASEWISE_PRIORITY_GRACE_S": "10"}),
+                        "PHASEWISE_PRIORITY_GRACE_S": "10", **dict(cfg.worker_env)}),
             "actuate": (["--backend", "cgroup", "--start-jobs"], {"PHASEWISE_JOB_ENV": job_env}),
         }
         from phasewise.kit.procs import RoleProcess

@@ -40,7 +40,7 @@ GiB = 2**30
 REPLICA_CORES = 0.5
 INFERENCE_PRIORITY = 10
 #: --through-roles: the service's low and high request rates (per second)
-ROLES_RATES = (20.0, 100.0)
+ROLES_RATES = (20.0, 80.0)
 
 
 @dataclass

@@ -35,30 +35,33 @@ from phasewise.apps.experiment.cluster_plan import PlannedJob, default_trace
 
 __all__ = ["ROLE_SCENARIOS", "PriorityCluster", "plan_jobs", "run_roles", "steps_per_s"]
 
-#: the scenarios and their configuration: (worker --priorities, the worker's further flags)
-ROLE_SCENARIOS: dict[str, tuple[bool, tuple[str, ...]]] = {
-    "static": (False, ()),
+#: the scenarios and their configuration: (worker --priorities, the worker's further flags and settings)
+ROLE_SCENARIOS: dict[str, tuple[bool, tuple[str, ...], tuple[tuple[str, str], ...]]] = {
+    "static": (False, (), ()),
+    # (the scaler aims at 0.4 of a replica's CPU limit: a second replica at the ramp's middle step, before
+    # the high one)
     "managed": (True, ("--autoscale", "--autoscale-interval-s", "1", "--autoscale-up-cooldown-s", "3",
-                       "--autoscale-down-cooldown-s", "30")),
+                       "--autoscale-down-cooldown-s", "30"), (("PHASEWISE_AUTOSCALE_TARGET_UTIL", "0.4"),)),
 }
 #: the requests: each training job, the service (each replica's CPU limit)
 TRAIN_CORES = 0.75
 SERVICE_CORES = 0.5
 SERVICE_PRIORITY = 10
 MAX_REPLICAS = 3
-#: the load starts once the service answers and every training job reports steps, within this many seconds
-#: of the service's start (the service runs this much longer than the load; training, which starts before
-#: the load, this much longer again)
-START_SLACK_S = 40.0
+#: the load starts once the service answers and every training job reports steps, at most this many seconds
+#: after the service started (on a loaded host, loading torch takes tens of seconds); when it ends the
+#: experiment ends the jobs (SIGTERM to each job's program: it exits 0), and each job ends on its own at the
+#: latest this long after the load's run
+START_WAIT_S = 180.0
 
 
 def plan_jobs(tag: str, seconds: float, trainers: int = 2) -> list[PlannedJob]:
     """*trainers* training jobs (priority 0) at once, the service (priority 10) a second later; the load
     runs *seconds*."""
-    jobs = [PlannedJob(f"train-{tag}-{i}", "train", 0.0, 0, TRAIN_CORES, 500 * 2**20, seconds + START_SLACK_S,
-                       hidden=256, seed=i) for i in range(trainers)]
-    jobs.append(PlannedJob(f"svc-{tag}", "service", 1.0, SERVICE_PRIORITY, SERVICE_CORES, 600 * 2**20,
-                           seconds + START_SLACK_S))
+    bound = seconds + START_WAIT_S + 30.0
+    jobs = [PlannedJob(f"train-{tag}-{i}", "train", 0.0, 0, TRAIN_CORES, 500 * 2**20, bound, hidden=256, seed=i)
+            for i in range(trainers)]
+    jobs.append(PlannedJob(f"svc-{tag}", "service", 1.0, SERVICE_PRIORITY, SERVICE_CORES, 600 * 2**20, bound))
     return jobs
 
 
@@ -130,6 +133,7 @@ class PriorityCluster(Cluster):
         self.slo_ms, self.steps = slo_ms, rate_steps(low, high)
         self.service_port = free_port_block(MAX_REPLICAS, random.Random(cfg.seed ^ os.getpid() ^ time.time_ns()))
         self.load_wall: tuple[float, float] | None = None
+        self.no_load: str | None = None
 
     def command(self, j: PlannedJob) -> list[str]:
         if j.kind != "service":
@@ -156,10 +160,13 @@ class PriorityCluster(Cluster):
         while scrape(self.service_port) is None or not self.training():
             if self.stopping.is_set():
                 return
+            if time.time() - self.started_at(j.job) > START_WAIT_S:
+                self.no_load = (f"no load: the service or a training job not running {START_WAIT_S:.0f} s after "
+                                "the service started")
+                self.end_jobs()
+                return
             time.sleep(0.5)
-        left = min(self.cfg.service_s, j.seconds - (time.time() - self.started_at(j.job)) - 2.0)
-        if left < 1.0:
-            return  # (no load: the figures say so)
+        left = self.cfg.service_s
         steps = self.steps
 
         def rate(t: float) -> float:
@@ -170,6 +177,28 @@ class PriorityCluster(Cluster):
         t0 = time.time()
         self.load_result = load.run(left)
         self.load_wall = (t0, time.time())
+        self.end_jobs()
+
+    def end_jobs(self) -> None:
+        """SIGTERM to each job's program (not its progress reporter, which then exits as its program did):
+        the trainer and the service exit 0 on it, as at the end of their time."""
+        import signal
+
+        from phasewise.kit.cgroups.fs import CgroupError, CgroupLayout
+
+        assert self.collector is not None
+        started = {e.job: e.pid for e in self.collector.snapshot().events if e.kind == "started"}
+        layout = CgroupLayout("/sys/fs/cgroup", prefix=self.cfg.cgroup_prefix)
+        for j in self.jobs:
+            try:
+                pids = layout.pids(j.job)
+            except (OSError, CgroupError):
+                continue
+            for pid in [p for p in pids if p != started.get(j.job)] if len(pids) > 1 else pids:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
     def training(self) -> bool:
         """Every training job has reported a step."""
@@ -213,6 +242,9 @@ def scenario_figures(c: PriorityCluster, jobs: list[PlannedJob], rec: Any, wall_
     weights = [d for d in rec.decisions if d.action == "weight"]
     out["weights"] = {d.container: d.details.get("cpu_weight") for d in weights}
     out["dead_letters"] = s["dead_letters"]
+    out["submits_failed"] = list(c.problems)
+    if c.no_load:
+        out["no_load"] = c.no_load
     return out
 
 
@@ -228,13 +260,14 @@ def run_roles(args: argparse.Namespace) -> int:
                            "rate_steps": rate_steps(args.rate_low, args.rate_high),
                            "requests_cores": {"training": TRAIN_CORES, "service_replica": SERVICE_CORES},
                            "scenarios": {}}
-    for scenario, (priorities, flags) in ROLE_SCENARIOS.items():
+    for scenario, (priorities, flags, env) in ROLE_SCENARIOS.items():
         tag = f"{scenario[:2]}{uuid.uuid4().hex[:4]}"
         jobs = plan_jobs(tag, args.roles_seconds)
         cfg = Config(jobs=len(jobs), seed=0, trace=default_trace(), span_s=1.0, train_s=args.roles_seconds,
-                     service_s=args.roles_seconds, interactive_s=0.0, timeout_s=None, report=None, json=args.json,
+                     service_s=args.roles_seconds, interactive_s=0.0, timeout_s=args.roles_seconds + START_WAIT_S + 300,
+                     report=None, json=args.json,
                      cgroup_prefix=f"pwprio-{tag}", keep=args.keep, priorities=priorities, targets=False,
-                     worker_flags=flags, slices=1)
+                     worker_flags=flags, worker_env=env, slices=1)
         progress = Progress(sys.stderr.isatty() and not args.json and not args.no_progress)
         c = PriorityCluster(cfg, jobs, slo_ms=args.slo_ms, low=args.rate_low, high=args.rate_high)
         t0 = time.monotonic()
