@@ -39,9 +39,10 @@ __all__ = ["ROLE_SCENARIOS", "PriorityCluster", "plan_jobs", "run_roles", "steps
 ROLE_SCENARIOS: dict[str, tuple[bool, tuple[str, ...], tuple[tuple[str, str], ...]]] = {
     "static": (False, (), ()),
     # (the scaler aims at 0.4 of a replica's CPU limit: a second replica at the ramp's middle step, before
-    # the high one)
+    # the high one; no scale-down within two minutes of a change: a replica's cold start costs more here
+    # than its CPU while idle)
     "managed": (True, ("--autoscale", "--autoscale-interval-s", "1", "--autoscale-up-cooldown-s", "3",
-                       "--autoscale-down-cooldown-s", "30"), (("PHASEWISE_AUTOSCALE_TARGET_UTIL", "0.4"),)),
+                       "--autoscale-down-cooldown-s", "120"), (("PHASEWISE_AUTOSCALE_TARGET_UTIL", "0.4"),)),
 }
 #: the requests: each training job, the service (each replica's CPU limit)
 TRAIN_CORES = 0.75
@@ -94,6 +95,11 @@ def free_port_block(n: int, rnd: random.Random) -> int:
     raise ClusterError(f"no {n + 1} free consecutive ports on loopback")
 
 
+#: a training job reports its step this often (at most); a window's end closer than this to its last report is
+#: covered
+REPORT_EVERY_S = 1.0
+
+
 def steps_per_s(events: list[Any], jobs: list[str], t0: float, t1: float) -> tuple[float | None, list[str]]:
     """The training jobs' steps per second over [t0, t1] (wall time), from their progress events: each job's
     last step reported by t1 less its last by t0. And the jobs whose reports do not span the window (the
@@ -117,7 +123,7 @@ def steps_per_s(events: list[Any], jobs: list[str], t0: float, t1: float) -> tup
             short.append(f"{job} (no reports)")
             continue
         gaps = ([f"reports start {prog[0][0] - t0:.1f} s late"] if prog[0][0] > t0 else []) + \
-               ([f"reports end {t1 - prog[-1][0]:.1f} s early"] if prog[-1][0] < t1 else [])
+               ([f"reports end {t1 - prog[-1][0]:.1f} s early"] if prog[-1][0] < t1 - REPORT_EVERY_S else [])
         if gaps:
             short.append(f"{job} ({', '.join(gaps)})")
         total += (max(upto) if upto else 0) - (max(before) if before else 0)
