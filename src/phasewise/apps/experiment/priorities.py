@@ -1,6 +1,8 @@
 """``phasewise experiment priorities``: DynamoML's preemption, CPU weights and autoscaling, static vs managed,
-with a real inference service and real training jobs in managed cgroups. What runs, what is measured:
-docs/priorities.md, "The experiment".
+with a real inference service and real training jobs in managed cgroups. ``--through-roles`` runs it with
+the product's roles (:mod:`.priorities_roles`); without it, this module's own in-process control loop (the
+policy, the scaler and the cgroup backend called directly, no broker). What runs, what is measured:
+docs/priorities.md, "The experiment" and "Through the roles".
 """
 
 from __future__ import annotations
