@@ -523,6 +523,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--roles-seconds", type=float, default=120.0,
                    help="--through-roles: seconds of the service's load in each scenario (default 120)")
     p.add_argument("--keep", action="store_true", help="--through-roles: keep each scenario's folder (role logs)")
+    p.add_argument("--prefix-cpu-shares", type=int, default=None, metavar="N",
+                   help="--through-roles: the run's cgroup prefix's cpu.shares (v2: cpu.weight) against the host's "
+                        "other processes, in both scenarios (default: the kernel's, 1024)")
 
 
 def run(args: argparse.Namespace) -> int:

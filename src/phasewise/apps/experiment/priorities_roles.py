@@ -134,12 +134,27 @@ class PriorityCluster(Cluster):
     """:class:`Cluster` with this experiment's service: the inference replica program behind its signed
     ``service`` section, under the stepped rate."""
 
-    def __init__(self, cfg: Config, jobs: list[PlannedJob], *, slo_ms: float, low: float, high: float) -> None:
+    def __init__(self, cfg: Config, jobs: list[PlannedJob], *, slo_ms: float, low: float, high: float,
+                 prefix_shares: int | None = None) -> None:
         super().__init__(cfg, jobs)
+        self.prefix_shares = prefix_shares
         self.slo_ms, self.steps = slo_ms, rate_steps(low, high)
         self.service_port = free_port_block(MAX_REPLICAS, random.Random(cfg.seed ^ os.getpid() ^ time.time_ns()))
         self.load_wall: tuple[float, float] | None = None
         self.no_load: str | None = None
+
+    def start(self) -> None:
+        if self.prefix_shares is not None:  # the run's cgroup prefix against the host's other processes
+            from phasewise.kit.cgroups.fs import CgroupError, CgroupLayout
+
+            try:
+                base = CgroupLayout("/sys/fs/cgroup", prefix=self.cfg.cgroup_prefix).base("cpu")
+                base.mkdir(parents=True, exist_ok=True)
+                (base / ("cpu.shares" if (base / "cpu.shares").exists() else "cpu.weight")).write_text(
+                    str(self.prefix_shares))
+            except (OSError, CgroupError) as e:
+                raise ClusterError(f"--prefix-cpu-shares: {e}") from None
+        super().start()
 
     def command(self, j: PlannedJob) -> list[str]:
         if j.kind != "service":
@@ -259,10 +274,14 @@ def run_roles(args: argparse.Namespace) -> int:
     if not (args.roles_seconds >= 20 and args.rate_low > 0 and args.rate_high > 0 and args.slo_ms > 0):
         print(f"{prog}: error: --through-roles needs --roles-seconds >= 20, positive rates and SLO", file=sys.stderr)
         return 2
+    if args.prefix_cpu_shares is not None and not 2 <= args.prefix_cpu_shares <= 262144:
+        print(f"{prog}: error: --prefix-cpu-shares must be in [2, 262144]", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print(f"{prog}: error: --through-roles starts jobs in cgroups as job_user: run it as root", file=sys.stderr)
         return 2
     out: dict[str, Any] = {"seconds": args.roles_seconds, "slo_ms": args.slo_ms,
+                           "prefix_cpu_shares": args.prefix_cpu_shares,
                            "rate_steps": rate_steps(args.rate_low, args.rate_high),
                            "requests_cores": {"training": TRAIN_CORES, "service_replica": SERVICE_CORES},
                            "scenarios": {}}
@@ -275,7 +294,8 @@ def run_roles(args: argparse.Namespace) -> int:
                      cgroup_prefix=f"pwprio-{tag}", keep=args.keep, priorities=priorities, targets=False,
                      worker_flags=flags, worker_env=env, slices=1)
         progress = Progress(sys.stderr.isatty() and not args.json and not args.no_progress)
-        c = PriorityCluster(cfg, jobs, slo_ms=args.slo_ms, low=args.rate_low, high=args.rate_high)
+        c = PriorityCluster(cfg, jobs, slo_ms=args.slo_ms, low=args.rate_low, high=args.rate_high,
+                            prefix_shares=args.prefix_cpu_shares)
         t0 = time.monotonic()
         try:
             c.start()
