@@ -3,8 +3,8 @@
 A service is a placed inference job whose signed spec has a ``service`` section with a ``port`` P.
 Replica 1 is the placed job itself, in its container C, started with ``PORT=P+1``; replica k > 1 is the
 same signed command in its own container ``C@rk`` (a sibling cgroup: its own limits, freezer, OOM
-accounting; the first replica's CPU weight), started through the cgroup backend exactly as a placed job (as ``job_user``, no new
-privileges, an environment built from scratch) with ``PORT=P+k``. The service's one endpoint,
+accounting; the first replica's CPU weight), started through the cgroup backend exactly as a placed job
+(as ``job_user``, no new privileges, an environment built from scratch) with ``PORT=P+k``. The service's one endpoint,
 127.0.0.1:P, is a TCP balancer (:class:`Balancer`, a thread running an asyncio server) that hands each
 new connection to the next replica in turn, skipping one that refuses. :class:`LocalReplicas` carries
 out :class:`~phasewise.actuators.commands.ScaleReplicas`: it starts the missing replicas, stops the
