@@ -141,9 +141,16 @@ def test_a_service_scales_from_one_to_three_real_replicas_behind_one_endpoint_an
         assert first == act.ledger.started_job(job).pid
         assert cgroup_of(first).endswith(f"/{layout.prefix}/{job}")
 
+        from phasewise.actuators.commands import SetCpuWeight
+
+        assert backend.apply(SetCpuWeight(job, 3200)).status == "applied"  # (the service's priority weight)
         a = act.handle(decision(job, "scale", {**start, "replicas": 3}), None, 0, 2)
         assert a.status == "applied", a.message
         assert f"3 replica(s) [1, 2, 3] behind 127.0.0.1:{port}" in a.message
+        # the new replicas run at the service's weight, not the default one
+        assert a.message.count("cpu weight 3200") == 2, a.message
+        for k in (2, 3):
+            assert (layout.path(replica_container(job, k), "cpu") / "cpu.shares").read_text().strip() == "32768"
         pids = answering(port, 3)
         assert len(pids) == 3 and first in pids
         groups = {cgroup_of(p) for p in pids}

@@ -3,8 +3,8 @@
 A service is a placed inference job whose signed spec has a ``service`` section with a ``port`` P.
 Replica 1 is the placed job itself, in its container C, started with ``PORT=P+1``; replica k > 1 is the
 same signed command in its own container ``C@rk`` (a sibling cgroup: its own limits, freezer, OOM
-accounting), started through the cgroup backend exactly as a placed job (as ``job_user``, no new
-privileges, an environment built from scratch) with ``PORT=P+k``. The service's one endpoint,
+accounting; the first replica's CPU weight), started through the cgroup backend exactly as a placed job
+(as ``job_user``, no new privileges, an environment built from scratch) with ``PORT=P+k``. The service's one endpoint,
 127.0.0.1:P, is a TCP balancer (:class:`Balancer`, a thread running an asyncio server) that hands each
 new connection to the next replica in turn, skipping one that refuses. :class:`LocalReplicas` carries
 out :class:`~phasewise.actuators.commands.ScaleReplicas`: it starts the missing replicas, stops the
@@ -26,8 +26,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from phasewise.actuators.backends.cgroup import CgroupBackend
-from phasewise.actuators.commands import Outcome, ScaleReplicas, Terminate
+from phasewise.actuators.backends.cgroup import CgroupBackend, weight_of_shares
+from phasewise.actuators.commands import Outcome, ScaleReplicas, SetCpuWeight, Terminate
 from phasewise.kit.cgroups.fs import CgroupError
 
 __all__ = ["Balancer", "LocalReplicas", "replica_container"]
@@ -293,7 +293,7 @@ class LocalReplicas:
                                       + (f" ({'; '.join(said)})" if said else ""), temporary=out.temporary)
             self.names.add(name)
             self.on_start(name, name, out.pid)
-            said.append(f"replica {k} pid {out.pid} on port {port + k}")
+            said.append(f"replica {k} pid {out.pid} on port {port + k}" + self._same_weight(c, name))
         stopping = sorted((k for k in before if k > cmd.replicas), reverse=True)
         if stopping:  # out of the balancer first: new connections go to the ones that stay
             balancer.set_ports([port + k for k in before if k <= cmd.replicas])
@@ -312,6 +312,21 @@ class LocalReplicas:
         now = self._point(balancer, c, port)
         what = "; ".join(said) if said else "no change"
         return Outcome.applied(f"service {c}: {len(now)} replica(s) {now} behind 127.0.0.1:{port} ({what})")
+
+    def _same_weight(self, container: str, name: str) -> str:
+        """Give replica *name* the CPU weight of the first replica in *container* (its priority's, when an
+        agent weighted it); what was done, for the actuation's message."""
+        layout = self.backend.layout
+        try:
+            d = layout.path(container, "cpu")
+            if layout.version == 1:
+                weight = round(weight_of_shares(int((d / "cpu.shares").read_text())))
+            else:
+                weight = int((d / "cpu.weight").read_text())
+        except (OSError, ValueError, CgroupError):
+            return ""
+        out = self.backend.apply(SetCpuWeight(name, weight))
+        return f", cpu weight {weight}" if out.status == "applied" else f", cpu weight not set: {out.message}"
 
     def _point(self, balancer: Balancer, container: str, port: int) -> list[int]:
         ks = self.running(container, port)

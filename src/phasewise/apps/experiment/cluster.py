@@ -159,6 +159,12 @@ class Config:
     priorities: bool = True
     targets: bool = True
     host: str = "cluster"
+    #: the worker's further flags (e.g. ``--autoscale`` and its settings)
+    worker_flags: tuple[str, ...] = ()
+    #: the worker's further settings (``PHASEWISE_*`` variables)
+    worker_env: tuple[tuple[str, str], ...] = ()
+    #: the place worker's local nodes: this host's CPUs cut into this many cpuset slices
+    slices: int = 2
 
 
 class Cluster:
@@ -224,7 +230,7 @@ class Cluster:
             "PHASEWISE_CGROUP_PREFIX": cfg.cgroup_prefix, "PHASEWISE_INTERVAL_S": "1",
             "PHASEWISE_LOG_LEVEL": "info",
         }
-        nodes = node_slices(sorted(os.sched_getaffinity(0)))
+        nodes = node_slices(sorted(os.sched_getaffinity(0)), cfg.slices)
         self.nodes = [n.split("=")[0] for n in nodes.split(";")]
         self.node_cpus = {n.split("=")[0]: len(n.split("=")[1].split(",")) for n in nodes.split(";")}
         job_env = ";".join(["PATH=/usr/local/bin:/usr/bin:/bin", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1",
@@ -238,10 +244,11 @@ class Cluster:
             "place": (["--local-nodes", nodes, "--prediction-wait", "5",
                        *(["--place-after-admission"] if cfg.priorities else [])], {}),
             "worker": ([*(["--targets"] if cfg.targets else []),
-                        *(["--priorities", "--priority-launcher", "place"] if cfg.priorities else [])],
+                        *(["--priorities", "--priority-launcher", "place"] if cfg.priorities else []),
+                        *cfg.worker_flags],
                        {"PHASEWISE_TARGETS_GRACE_S": "10",
                         "PHASEWISE_PRIORITY_HOST_CPU_CORES": str(len(os.sched_getaffinity(0))),
-                        "PHASEWISE_PRIORITY_GRACE_S": "10"}),
+                        "PHASEWISE_PRIORITY_GRACE_S": "10", **dict(cfg.worker_env)}),
             "actuate": (["--backend", "cgroup", "--start-jobs"], {"PHASEWISE_JOB_ENV": job_env}),
         }
         from phasewise.kit.procs import RoleProcess

@@ -185,8 +185,9 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-def serve(port: int, *, threads: int = 1, window_s: float = 5.0, ready_file: Path | None = None) -> int:
-    """Run the service until SIGTERM / SIGINT (then finish the requests in flight and exit 0)."""
+def serve(port: int, *, threads: int = 1, window_s: float = 5.0, ready_file: Path | None = None,
+          seconds: float | None = None) -> int:
+    """Run the service until SIGTERM / SIGINT or for *seconds* (then finish the requests in flight and exit 0)."""
     server = make_server(port, threads=threads, window_s=window_s)
     stop = threading.Event()
 
@@ -201,7 +202,7 @@ def serve(port: int, *, threads: int = 1, window_s: float = 5.0, ready_file: Pat
     print(f"serving on 127.0.0.1:{port}", flush=True)
     if ready_file is not None:
         ready_file.write_text(str(port))
-    stop.wait()
+    stop.wait(seconds)
     server.shutdown()
     server.server_close()
     return 0
@@ -420,8 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--window", type=float, default=5.0, help="seconds of the p99 / utilisation window")
     p.add_argument("--ready-file", type=Path, help="write the bound port here once serving")
+    p.add_argument("--seconds", type=float, default=None, help="serve this long, then exit 0 (default: until "
+                                                                "SIGTERM)")
     a = p.parse_args(argv)
-    return serve(a.port, threads=a.threads, window_s=a.window, ready_file=a.ready_file)
+    return serve(a.port, threads=a.threads, window_s=a.window, ready_file=a.ready_file, seconds=a.seconds)
 
 
 if __name__ == "__main__":

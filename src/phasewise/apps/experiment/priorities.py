@@ -1,6 +1,8 @@
 """``phasewise experiment priorities``: DynamoML's preemption, CPU weights and autoscaling, static vs managed,
-with a real inference service and real training jobs in managed cgroups. What runs, what is measured:
-docs/priorities.md, "The experiment".
+with a real inference service and real training jobs in managed cgroups. ``--through-roles`` runs it with
+the product's roles (:mod:`.priorities_roles`); without it, this module's own in-process control loop (the
+policy, the scaler and the cgroup backend called directly, no broker). What runs, what is measured:
+docs/priorities.md, "The experiment" and "Through the roles".
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ PHASES = ("steady", "urgent", "after")
 GiB = 2**30
 REPLICA_CORES = 0.5
 INFERENCE_PRIORITY = 10
+#: --through-roles: the service's low and high request rates (per second)
+ROLES_RATES = (20.0, 80.0)
 
 
 @dataclass
@@ -495,8 +499,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated: static, managed (the agent, CPU weights by priority), unweighted (the "
                         "agent without the weights)")
     p.add_argument("--slo-ms", type=float, default=d.slo_ms, help="inference latency SLO (client-side), ms")
-    p.add_argument("--rate-low", type=float, default=d.rate_low, help="requests/s in the first half")
-    p.add_argument("--rate-high", type=float, default=d.rate_high, help="requests/s in the second half")
+    p.add_argument("--rate-low", type=float, default=None,
+                   help=f"requests/s in the first half (default {d.rate_low:g}; --through-roles: the first and "
+                        f"last fifth, default {ROLES_RATES[0]:g})")
+    p.add_argument("--rate-high", type=float, default=None,
+                   help=f"requests/s in the second half (default {d.rate_high:g}; --through-roles: 0.7 x this for "
+                        f"the second fifth, this for the two next, default {ROLES_RATES[1]:g})")
     p.add_argument("--capacity", type=float, default=d.capacity_cores, help="cores the host offers to the jobs")
     p.add_argument("--max-replicas", type=int, default=d.max_replicas)
     p.add_argument("--grace", type=float, default=d.grace_s, help="seconds a checkpoint-and-exit gets")
@@ -508,9 +516,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from phasewise.kit.command import report_dir
 
     p.add_argument("--report", type=report_dir, help="write results.json, summary.md and plots here")
+    p.add_argument("--through-roles", action="store_true",
+                   help="run static and managed with every role of the product (broker, produce, horus, place, "
+                        "worker, the cgroup actuator) instead of this process's own control loop; "
+                        "docs/priorities.md, \"Through the roles\"")
+    p.add_argument("--roles-seconds", type=float, default=120.0,
+                   help="--through-roles: seconds of the service's load in each scenario (default 120)")
+    p.add_argument("--keep", action="store_true", help="--through-roles: keep each scenario's folder (role logs)")
+    p.add_argument("--prefix-cpu-shares", type=int, default=None, metavar="N",
+                   help="--through-roles: the run's cgroup prefix's cpu.shares (v2: cpu.weight) against the host's "
+                        "other processes, in both scenarios (default: the kernel's, 1024)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.through_roles:
+        from phasewise.apps.experiment.priorities_roles import run_roles
+
+        args.rate_low = ROLES_RATES[0] if args.rate_low is None else args.rate_low
+        args.rate_high = ROLES_RATES[1] if args.rate_high is None else args.rate_high
+        return run_roles(args)
+    d = Options()
+    args.rate_low = d.rate_low if args.rate_low is None else args.rate_low
+    args.rate_high = d.rate_high if args.rate_high is None else args.rate_high
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     bad = [s for s in scenarios if s not in SCENARIOS]
     if bad or not scenarios:
