@@ -227,7 +227,8 @@ class HorusModel:
     def predict_one(self, f: GraphFeatures | Mapping[str, Any], device: str | None = None) -> dict[str, Estimate]:
         """``{target: Estimate(mean, lo, hi)}`` in natural units (percent, bytes, cores)."""
         g = f.to_dict() if isinstance(f, GraphFeatures) else f
-        x, xt = feature_vector(g, device), transfer_vector(g, device)
+        x = feature_vector(g, device)
+        xt = {**x, **transfer_vector(g, device)}
         novelty = self.novelty(str(g.get("model")))
         out = {}
         for t in TARGETS:
@@ -254,7 +255,8 @@ class HorusModel:
         self._obs.append((g, obs, device))
 
     def _learn(self, g: dict, obs: dict[str, float], device: str | None) -> None:
-        x, xt = feature_vector(g, device), transfer_vector(g, device)
+        x = feature_vector(g, device)
+        xt = {**x, **transfer_vector(g, device)}
         novelty = self.novelty(str(g.get("model")))
         for t, y in obs.items():
             ly = _l(y)
