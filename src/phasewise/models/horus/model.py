@@ -1,9 +1,10 @@
 """Horus, online: a job's utilisation predicted from its graph features, learned from every job observed.
 
 :class:`HorusModel` predicts four targets (GPU utilisation, GPU memory, CPU cores, host memory) on the
-log scale as a residual over a prior, by two river regressors on standardised features, with a
-split-conformal interval; its state is the observations themselves, replayed by
-:meth:`HorusModel.from_state`. Narrative: docs/horus.md, "The model".
+log scale as a residual over a prior (for GPU utilisation the roofline of
+:mod:`~phasewise.models.horus.roofline`), by two river regressors on standardised features (for a family it
+has not learned, the device's mean residual only), with a conformal interval per novelty; its state is the
+observations themselves, replayed by :meth:`HorusModel.from_state`. Narrative: docs/horus.md, "The model".
 
 >>> from phasewise.models.horus.graph_features import catalog_features
 >>> m = HorusModel(HorusConfig(coverage=0.8))
