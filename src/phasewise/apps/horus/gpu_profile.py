@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import pynvml
 import torch
 
 from phasewise.models.horus.catalog import DATASETS, MODELS
@@ -24,6 +23,8 @@ B = dict(resnet18=(32, 128, 512), resnet50=(16, 64, 128), vgg16=(32, 128, 512), 
 
 
 def job(key, batch, amp, seconds, warmup, h):
+    import pynvml
+
     d = DATASETS[MODELS[key]]
     net = build(key, d).cuda()
     P = net.parameters()
@@ -63,6 +64,8 @@ def job(key, batch, amp, seconds, warmup, h):
 
 
 def main(path, seconds=2.0, warmup=1.0):
+    import pynvml  # nvidia-ml-py: where a GPU is
+
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     gpu = torch.cuda.get_device_name()
