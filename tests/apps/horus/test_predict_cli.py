@@ -60,3 +60,50 @@ def test_eval_builds_a_module_function_only_as_horus_would(tmp_path, capsys, mon
     assert main(["predict", "eval", str(f), "--json"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "PHASEWISE_HORUS_MODEL_MODULES" in err and "is not a module name" in err
+
+
+FAMILIES_CSV = """model,dataset,batchsize,amp,gpu_util,gmem,device
+mlp-64x128x10,vectors,64,false,20,1400,h100
+ppo_mlp,lunarlander,64,false,13,1370,h100
+mlp-64x128x10,vectors,256,false,24,1420,h100
+neumf,movielens,256,false,16,1375,h100
+ppo_mlp,lunarlander,1024,true,16,1371,h100
+mlp-32x64x64x10,vectors,64,false,18,1400,h100
+neumf,movielens,2048,false,25,1375,h100
+"""
+
+
+def test_eval_scores_each_family_and_each_family_left_out(tmp_path, capsys):
+    import math
+
+    from phasewise.apps.horus.predict import parse_row, read_csv
+    from phasewise.models.horus.model import HorusConfig, HorusModel
+
+    f = tmp_path / "observed.csv"
+    f.write_text(FAMILIES_CSV)
+    assert main(["predict", "eval", str(f), "--by-family", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    fams = out["families"]
+    assert set(fams) == {"mlp", "rl-mlp", "recommender"} and sum(v["jobs"] for v in fams.values()) == 7
+    assert fams["mlp"]["jobs"] == 3 and set(fams["mlp"]) >= {"rmsle", "rmsle_first_sight", "coverage"}
+
+    assert main(["predict", "eval", str(f), "--leave-family-out", "--json", "--coverage", "0.8"]) == 0
+    lfo = json.loads(capsys.readouterr().out)["families"]
+    assert {k: (v["jobs"], v["trained_on"]) for k, v in lfo.items()} == {
+        "mlp": (3, 4), "rl-mlp": (2, 5), "recommender": (2, 5)}
+    # unseen: the recommender's rows predicted by a model that learned only the five others
+    rows = [parse_row(r) for r in read_csv(str(f))]
+    m = HorusModel(HorusConfig(coverage=0.8))
+    for feats, obs, key, dev in rows:
+        if key != "neumf":
+            m.learn_one(feats, obs, dev)
+    errs = [(math.log1p(m.predict_one(feats, dev)["gpu_util"].mean) - math.log1p(obs["gpu_util"])) ** 2
+            for feats, obs, key, dev in rows if key == "neumf"]
+    assert lfo["recommender"]["unseen"]["gpu_util"] == round(math.sqrt(sum(errs) / 2), 4)
+    assert lfo["recommender"]["within"]["gpu_util"] is not None  # its second row, after its first was learned
+
+    assert main(["predict", "eval", str(f), "--leave-family-out", "--train-limit", "2"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].split()[:3] == ["family", "jobs", "learned"] and len(text) == 4
+    assert [line.split()[:3] for line in text[1:]] == [["mlp", "3", "2"], ["recommender", "2", "2"],
+                                                       ["rl-mlp", "2", "2"]]

@@ -13,6 +13,7 @@ from phasewise.kit.settings import Settings
 from phasewise.models.horus.graph_features import catalog_features
 from phasewise.models.horus.join import HorusJoin, JoinConfig
 from phasewise.models.horus.model import HorusConfig, HorusModel, HorusStateError
+from phasewise.models.horus.roofline import utilisation
 
 #: the model under the default settings (horus_coverage)
 CONFIG = HorusConfig(coverage=Settings().horus.coverage)
@@ -24,7 +25,10 @@ def test_before_any_job_the_prediction_is_the_prior_and_memory_follows_the_graph
     m = HorusModel(CONFIG)
     small = m.predict_one(catalog_features("mlp-1024x1024x10", "vectors", 32, False))
     big = m.predict_one(catalog_features("mlp-1024x1024x10", "vectors", 65536, False))
-    assert small["gpu_util"].mean == pytest.approx(50.0) and small["cpu_cores"].mean == pytest.approx(1.0)
+    # GPU utilisation: the roofline prior; a small batch of a small MLP is launch-bound, a big one is not
+    assert small["gpu_util"].mean == pytest.approx(utilisation(catalog_features(
+        "mlp-1024x1024x10", "vectors", 32, False).to_dict())) and small["gpu_util"].mean < 20
+    assert big["gpu_util"].mean > 50 and small["cpu_cores"].mean == pytest.approx(1.0)
     assert big["gpu_mem_bytes"].mean > small["gpu_mem_bytes"].mean + 2**28 > 500 * 2**20
     e = small["gpu_util"]
     assert e.lo < e.mean < e.hi <= 100.0
@@ -63,7 +67,7 @@ def test_on_real_profiled_jobs_it_beats_its_prior_and_its_intervals_cover():
     rows = gpumemnet_rows(SHARED)[:60]
     out = evaluate(rows)
     assert out["scored"] == 60 and not out["errors"]
-    # the prior alone (50 %, the step's own memory estimate) on the same rows
+    # the prior alone (the roofline's figure, the step's own memory estimate) on the same rows
     prior = evaluate(rows, model=_Frozen(CONFIG))
     assert out["rmsle_after_20"]["gpu_util"] < 0.75 * prior["rmsle_after_20"]["gpu_util"]
     assert out["rmsle_after_20"]["gmem"] < 0.5 * prior["rmsle_after_20"]["gmem"]
@@ -81,7 +85,8 @@ class _Frozen(HorusModel):
 def test_eval_reports_unknown_names_per_row_and_scores_the_rest():
     from phasewise.apps.horus.predict import evaluate
 
-    rows = [{"model": "ResNet-18", "dataset": "CIFAR-10", "batchsize": "32", "amp": "False", "gpu_util": "50",
+    first = utilisation(catalog_features("resnet18", "cifar10", 32, False).to_dict())
+    rows = [{"model": "ResNet-18", "dataset": "CIFAR-10", "batchsize": "32", "amp": "False", "gpu_util": str(first),
              "gmem": "2000"},
             {"model": "CycleGAN", "dataset": "monet2photo", "batchsize": "1", "amp": "False", "gpu_util": "60",
              "gmem": "3000"},
@@ -93,7 +98,7 @@ def test_eval_reports_unknown_names_per_row_and_scores_the_rest():
     assert out["rows"] == 4 and out["scored"] == 2
     assert [e["row"] for e in out["errors"]] == [2, 3]
     assert "unknown" in out["errors"][0]["error"] and "batchsize" in out["errors"][1]["error"]
-    # first row: the prior's 50 % exactly; the fourth: seen model, so not first sight; gmem missing there
+    # first row: the prior's figure exactly; the fourth: seen model, so not first sight; gmem missing there
     assert out["rmsle_first_sight"]["gpu_util"] == pytest.approx(0.0, abs=1e-9)
     assert out["rmsle"]["gpu_util"] > 0 and out["rmsle_after_20"]["gpu_util"] is None
 
@@ -164,3 +169,22 @@ def test_the_first_phase_change_after_start_ends_the_loading_phase_early():
     j.phase_change("h1", "c1", 16.0)  # only the first counts
     out = j.samples(_hs(13.5, cpu=5.0)) + j.samples(_hs(14, cpu=1.0)) + j.samples(_hs(15, cpu=3.0))
     assert len(out) == 1 and out[0].observed["cpu_cores"] == 2.0
+
+
+def test_a_job_of_a_family_never_learned_gets_the_prior_and_the_device_bias_and_wider_intervals():
+    """The learners fit the families they saw; a new family gets the prior plus the device's mean residual, and
+    the spread of the errors made on jobs of families new at the time (Mondrian conformal)."""
+    m = HorusModel(HorusConfig(coverage=0.8, min_residuals=2))
+    jobs = [("resnet18", "cifar10", b) for b in (16, 32, 64, 128)] + [("vgg16", "cifar10", b) for b in (16, 32, 64)]
+    for model, ds, b in jobs:
+        f = catalog_features(model, ds, b, False)
+        m.learn_one(f, {"gpu_util": 0.5 * utilisation(f.to_dict(), "h100")}, "h100")
+    assert m.novelty("resnet50") == "model" and m.novelty("bert_base") == "family" and m.novelty("vgg16") == "seen"
+    new = catalog_features("bert_base", "squad", 4, False)
+    p = m.predict_one(new, "h100")["gpu_util"]
+    bias = sum(math.log1p(0.5 * u) - math.log1p(u) for u in
+               [utilisation(catalog_features(mo, d, b, False).to_dict(), "h100") for mo, d, b in jobs]) / len(jobs)
+    assert math.log1p(p.mean) == pytest.approx(math.log1p(utilisation(new.to_dict(), "h100")) + bias)
+    # two jobs were of a new family when predicted (resnet's first, vgg's first): their errors set the spread
+    seen = m.predict_one(catalog_features("vgg16", "cifar10", 48, False), "h100")["gpu_util"]
+    assert math.log(p.hi + 1) - math.log(p.mean + 1) >= math.log(seen.hi + 1) - math.log(seen.mean + 1)

@@ -89,70 +89,125 @@ def parse_row(row: dict, columns: tuple[str, ...] = ("gpu_util", "gmem"), rules:
     return f, obs, model_key(name), (row.get("device") or "").strip() or None
 
 
+def _score(m: HorusModel, f: GraphFeatures, obs: dict[str, float], device: str | None,
+           columns: tuple[str, ...]) -> tuple[dict[str, float], dict[str, bool]]:
+    """Squared log errors and interval hits of *m*'s prediction of one job, per scored column."""
+    p = m.predict_one(f, device)
+    errs, inside = {}, {}
+    for col in columns:
+        target, scale = SCORED[col]
+        if target not in obs:
+            continue
+        y, e = obs[target] / scale, p[target]
+        errs[col] = (math.log1p(e.mean / scale) - math.log1p(y)) ** 2
+        inside[col] = e.lo / scale <= y <= e.hi / scale
+    return errs, inside
+
+
+def _summary(recs: list[dict], columns: tuple[str, ...], after: int = 20) -> dict[str, Any]:
+    """RMSLE (all, after the *after*-th scored job, first sight of a model) and coverage of scored rows *recs*."""
+    def col(c: str, keep: Any = lambda r: True) -> list[float]:
+        return [r["errs"][c] for r in recs if c in r["errs"] and keep(r)]
+
+    return {
+        "rmsle": {c: _rmsle(col(c)) for c in columns},
+        "rmsle_after_20": {c: _rmsle(col(c, lambda r: r["n"] > after)) for c in columns},
+        "rmsle_first_sight": {c: _rmsle(col(c, lambda r: r["novel"])) for c in columns},
+        "coverage": {c: (round(sum(v) / len(v), 3) if (v := [r["inside"][c] for r in recs if c in r["inside"]])
+                         else None) for c in columns},
+    }
+
+
+def _parsed(rows: list[dict], columns: tuple[str, ...], rules: Any, parsed: list | None = None) -> list:
+    out = []
+    for i, row in enumerate(rows):
+        got = parsed[i] if parsed is not None else None
+        if got is None:
+            try:
+                got = parse_row(row, columns, rules)
+            except FeatureError as e:
+                got = e
+        out.append(got)
+    return out
+
+
 def evaluate(rows: Iterable[dict], *, model: HorusModel | None = None, columns: tuple[str, ...] = ("gpu_util", "gmem"),
-             bootstrap: Iterable[dict] = (), parsed: list | None = None, rules: Any = None) -> dict[str, Any]:
+             bootstrap: Iterable[dict] = (), parsed: list | None = None, rules: Any = None,
+             by_family: bool = False) -> dict[str, Any]:
     """Prequential scores of *rows* (dicts with :data:`COLUMNS`); the model learns each row after predicting it.
 
     *parsed*, when given, is :func:`parse_row` of each row already (a tuple, or the
     :class:`FeatureError` it raised), so that a caller that needs the features too builds them once.
+    *by_family* adds ``families``: the same scores per architecture family (:func:`~phasewise.models.horus.
+    families.family`; a ``family`` column, where the CSV has one, names it instead).
     """
+    from phasewise.models.horus.families import family
     from phasewise.models.horus.model import HorusConfig, HorusModel
 
+    rows = list(rows)
     m = model or HorusModel(HorusConfig(coverage=Settings.default("horus_coverage")))
-
-    def parse(row: dict, i: int) -> tuple[GraphFeatures, dict[str, float], str, str | None]:
-        if parsed is not None:
-            got = parsed[i - 1]
-            if isinstance(got, FeatureError):
-                raise got
-            return got
-        return parse_row(row, columns, rules)
-
     for row in bootstrap:
         try:
             f, obs, _, device = parse_row(row, columns, rules)
         except FeatureError:
             continue
         m.learn_one(f, obs, device)
-    sq: dict[str, list[float]] = {c: [] for c in columns}
-    after: dict[str, list[float]] = {c: [] for c in columns}
-    first: dict[str, list[float]] = {c: [] for c in columns}
-    inside: dict[str, list[bool]] = {c: [] for c in columns}
-    errors, n_rows, scored = [], 0, 0
-    for i, row in enumerate(rows, start=1):
-        n_rows += 1
-        try:
-            f, obs, key, device = parse(row, i)
-        except FeatureError as e:
-            errors.append({"row": i, "model": (row.get("model") or "")[:80], "error": str(e)[:300]})
+    recs, errors = [], []
+    for i, (row, got) in enumerate(zip(rows, _parsed(rows, columns, rules, parsed)), start=1):
+        if isinstance(got, FeatureError):
+            errors.append({"row": i, "model": (row.get("model") or "")[:80], "error": str(got)[:300]})
             continue
-        p = m.predict_one(f, device)
-        novel = not m.seen(key)
-        scored += 1
-        for col in columns:
-            target, scale = SCORED[col]
-            if target not in obs:
-                continue
-            y = obs[target] / scale
-            e = p[target]
-            err = (math.log1p(e.mean / scale) - math.log1p(y)) ** 2
-            sq[col].append(err)
-            if scored > 20:
-                after[col].append(err)
-            if novel:
-                first[col].append(err)
-            inside[col].append(e.lo / scale <= y <= e.hi / scale)
+        f, obs, key, device = got
+        errs, inside = _score(m, f, obs, device, columns)
+        recs.append({"n": len(recs) + 1, "novel": not m.seen(key), "errs": errs, "inside": inside,
+                     "family": (row.get("family") or "").strip() or family(key)})
         m.learn_one(f, obs, device)
-    return {
-        "rows": n_rows,
-        "scored": scored,
-        "rmsle": {c: _rmsle(v) for c, v in sq.items()},
-        "rmsle_after_20": {c: _rmsle(v) for c, v in after.items()},
-        "rmsle_first_sight": {c: _rmsle(v) for c, v in first.items()},
-        "coverage": {c: (round(sum(v) / len(v), 3) if v else None) for c, v in inside.items()},
-        "nominal_coverage": m.config.coverage,
-        "errors": errors,
-    }
+    out = {"rows": len(rows), "scored": len(recs), **_summary(recs, columns),
+           "nominal_coverage": m.config.coverage, "errors": errors}
+    if by_family:
+        out["families"] = {fam: {"jobs": len(sub), **_summary(sub, columns)}  # after_20: of the whole run
+                           for fam in sorted({r["family"] for r in recs})
+                           if (sub := [r for r in recs if r["family"] == fam])}
+    return out
+
+
+def leave_family_out(rows: list[dict], *, config: Any, columns: tuple[str, ...] = ("gpu_util", "gmem"),
+                     rules: Any = None, parsed: list | None = None, train_limit: int = 0) -> dict[str, Any]:
+    """Each family scored by a model that learned only the other families' rows (at most *train_limit* of
+    them, in file order; 0: all), then prequentially within the family.
+
+    Per family: ``unseen`` (RMSLE and interval coverage of its rows predicted before any of them was
+    learned), ``within`` (RMSLE of its rows after its first, each predicted before being learned, the
+    others learned too) and ``trained_on`` (jobs of other families learned).
+    """
+    from phasewise.models.horus.families import family
+    from phasewise.models.horus.model import HorusModel
+
+    ok = [(row, got) for row, got in zip(rows, _parsed(rows, columns, rules, parsed))
+          if not isinstance(got, FeatureError)]
+    fam_of = [(row.get("family") or "").strip() or family(got[2]) for row, got in ok]
+    out: dict[str, Any] = {}
+    for fam in sorted(set(fam_of)):
+        m = HorusModel(config)
+        train = [got for (_, got), fa in zip(ok, fam_of) if fa != fam]
+        for f, obs, _, device in train[:train_limit or None]:
+            m.learn_one(f, obs, device)
+        test = [got for (_, got), fa in zip(ok, fam_of) if fa == fam]
+        unseen = [dict(zip(("errs", "inside"), _score(m, f, obs, d, columns))) for f, obs, _, d in test]
+        within = []
+        for k, (f, obs, _, d) in enumerate(test):
+            if k:
+                within.append(_score(m, f, obs, d, columns)[0])
+            m.learn_one(f, obs, d)
+        out[fam] = {
+            "jobs": len(test), "trained_on": min(len(train), train_limit or len(train)),
+            "unseen": {c: _rmsle([u["errs"][c] for u in unseen if c in u["errs"]]) for c in columns},
+            "unseen_coverage": {c: (round(sum(v) / len(v), 3) if (v := [u["inside"][c] for u in unseen
+                                                                          if c in u["inside"]]) else None)
+                                for c in columns},
+            "within": {c: _rmsle([w[c] for w in within if c in w]) for c in columns},
+        }
+    return out
 
 
 def read_csv(path: str) -> list[dict]:
@@ -248,7 +303,8 @@ def gavel_check(data: Path, gpu: str = "v100") -> dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
     e = sub.add_parser("eval", help="score the model prequentially on a CSV of profiled jobs")
-    e.add_argument("csv", metavar="OBSERVED.csv", help="columns model,dataset,batchsize,amp,gpu_util,gmem ('-': stdin)")
+    e.add_argument("csv", metavar="OBSERVED.csv", nargs="+",
+                   help="columns model,dataset,batchsize,amp,gpu_util,gmem ('-': stdin); several are read in turn")
     e.add_argument("--json", action="store_true", help="print the scores as one JSON object")
     e.add_argument("--learn-first", metavar="CSV", action="append", default=[],
                    help="learn these rows first, unscored (repeatable)")
@@ -257,6 +313,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also score columns cpu_cores and mem (MiB) where the CSV has them")
     e.add_argument("--coverage", type=float, default=Settings.default("horus_coverage"),
                    help="nominal interval coverage")
+    e.add_argument("--by-family", action="store_true", help="also score each architecture family")
+    e.add_argument("--leave-family-out", action="store_true",
+                   help="score each family by a model that learned only the other families' jobs")
+    e.add_argument("--train-limit", type=int, default=0, metavar="N",
+                   help="--leave-family-out: learn at most N jobs of the other families (default: all)")
+    e.add_argument("--shuffle", type=int, default=None, metavar="SEED", help="score the rows in a seeded random order")
     pr = sub.add_parser("profiles", help="write a shared profile set as an observed-jobs CSV")
     pr.add_argument("source", choices=("gpumemnet", "hydro"))
     pr.add_argument("--data", type=Path, default=SHARED, help=f"the shared data folder (default {SHARED})")
@@ -315,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: error: --coverage: must be in (0, 1), got {args.coverage}", file=sys.stderr)
         return 2
     try:
-        rows = read_csv(args.csv)
+        rows = [r for path in args.csv for r in read_csv(path)]
         boot = [r for b in args.learn_first for r in read_csv(b)]
     except EvalError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
@@ -334,14 +396,34 @@ def run(args: argparse.Namespace) -> int:
                                    and rows else ())
     from phasewise.models.horus.model import HorusConfig, HorusModel
 
-    out = evaluate(rows, model=HorusModel(HorusConfig(coverage=args.coverage)), columns=cols, bootstrap=boot,
-                   rules=rules)
+    if args.shuffle is not None:
+        import random
+
+        random.Random(args.shuffle).shuffle(rows)
+    config = HorusConfig(coverage=args.coverage)
+    if args.leave_family_out:
+        fams = leave_family_out(rows, config=config, columns=cols, rules=rules, train_limit=args.train_limit)
+        if args.json:
+            print(json.dumps({"rows": len(rows), "nominal_coverage": args.coverage, "families": fams}))
+            return 0
+        print(f"{'family':14s} {'jobs':>5s} {'learned':>7s}  " + "  ".join(
+            f"{c + ' ' + k:>20s}" for c in cols for k in ("unseen", "coverage", "within")))
+        for fam, v in fams.items():
+            print(f"{fam[:14]:14s} {v['jobs']:5d} {v['trained_on']:7d}  " + "  ".join(
+                f"{str(v[k][c]):>20s}" for c in cols for k in ("unseen", "unseen_coverage", "within")))
+        return 0
+    out = evaluate(rows, model=HorusModel(config), columns=cols, bootstrap=boot, rules=rules,
+                   by_family=args.by_family)
     if args.json:
         print(json.dumps(out))
-    else:
-        for k in ("rmsle", "rmsle_after_20", "rmsle_first_sight", "coverage"):
-            print(f"{k:18s} " + "  ".join(f"{c}={v}" for c, v in out[k].items()))
-        print(f"rows {out['rows']}, scored {out['scored']}, errors {len(out['errors'])}")
-        for e in out["errors"][:10]:
-            print(f"  row {e['row']}: {e['error']}")
+        return 0
+    for k in ("rmsle", "rmsle_after_20", "rmsle_first_sight", "coverage"):
+        print(f"{k:18s} " + "  ".join(f"{c}={v}" for c, v in out[k].items()))
+    print(f"rows {out['rows']}, scored {out['scored']}, errors {len(out['errors'])}")
+    for e in out["errors"][:10]:
+        print(f"  row {e['row']}: {e['error']}")
+    for fam, v in out.get("families", {}).items():
+        print(f"  {fam[:14]:14s} jobs {v['jobs']:5d}  " + "  ".join(
+            f"{k.removeprefix('rmsle_')} " + "/".join(str(v[k][c]) for c in cols)
+            for k in ("rmsle", "rmsle_first_sight", "rmsle_after_20", "coverage")))
     return 0

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from phasewise.models.horus.catalog import (
@@ -62,6 +63,13 @@ class GraphFeatures:
     seq_len: int
     image_size: int
     input_elements: int  #: elements of one sample's input
+    kernels: int = 0  #: operators a training step runs that launch work (forward, backward), views left out
+
+    @property
+    def step_kernels(self) -> int:
+        """:attr:`kernels`, or where unknown (features from before it was counted) an estimate from the layers:
+        about 3 forward and 6 backward operators per weight layer, 4 and 8 per norm layer."""
+        return self.kernels or 9 * self.depth + 12 * self.norm + 8
 
     @property
     def train_mem_bytes(self) -> int:
@@ -115,6 +123,27 @@ def _layer_counts(model: nn.Module) -> dict[str, int]:
     return c
 
 
+#: operators that launch no kernel (metadata and allocation only)
+_NO_KERNEL = {"detach", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
+              "_to_copy_meta", "alias", "unsqueeze", "squeeze", "t", "transpose", "permute", "expand", "view",
+              "_unsafe_view", "reshape", "slice", "select", "as_strided", "split", "chunk", "unbind", "flatten",
+              "_reshape_alias", "sym_size", "sym_stride", "sym_numel", "is_same_size", "numel", "dim"}
+
+
+class _KernelCount(TorchDispatchMode):
+    """Counts the operators dispatched that would launch a kernel on a GPU (views and allocations left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
+        name = func.overloadpacket.__name__.rstrip("_")
+        if name not in _NO_KERNEL and not func.is_view:
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -153,7 +182,8 @@ def features(build: Callable[[], nn.Module], *, name: str, shape: DatasetShape, 
         return t
 
     try:
-        with FlopCounterMode(display=False) as counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with (FlopCounterMode(display=False) as counter, _KernelCount() as kernels,
+              torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)):
             out = model(*inputs)
             outs = out if isinstance(out, (tuple, list)) else (out,)
             losses = [o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()]
@@ -177,6 +207,7 @@ def features(build: Callable[[], nn.Module], *, name: str, shape: DatasetShape, 
         optimizer_bytes=int(OPTIMIZER_STATE.get(optimizer, 2.0) * param_bytes), **counts,
         depth=counts["conv"] + counts["linear"] + counts["recurrent"] + counts["attention"],
         seq_len=shape.seq_len, image_size=shape.image_size, input_elements=math.prod(sample.shape) or 1,
+        kernels=kernels.n,
     )
     if f.train_mem_bytes > MAX_STEP_BYTES:
         raise FeatureError(f"batch size {batch} of {name} on {shape.name} needs about "

@@ -1,9 +1,10 @@
 """Horus, online: a job's utilisation predicted from its graph features, learned from every job observed.
 
 :class:`HorusModel` predicts four targets (GPU utilisation, GPU memory, CPU cores, host memory) on the
-log scale as a residual over a prior, by two river regressors on standardised features, with a
-split-conformal interval; its state is the observations themselves, replayed by
-:meth:`HorusModel.from_state`. Narrative: docs/horus.md, "The model".
+log scale as a residual over a prior (for GPU utilisation the roofline of
+:mod:`~phasewise.models.horus.roofline`), by two river regressors on standardised features (for a family it
+has not learned, the device's mean residual only), with a conformal interval per novelty; its state is the
+observations themselves, replayed by :meth:`HorusModel.from_state`. Narrative: docs/horus.md, "The model".
 
 >>> from phasewise.models.horus.graph_features import catalog_features
 >>> m = HorusModel(HorusConfig(coverage=0.8))
@@ -26,12 +27,19 @@ from typing import Any
 
 from river import linear_model, neighbors, preprocessing, stats
 
+from phasewise.models.horus import roofline
+from phasewise.models.horus.families import family
 from phasewise.models.horus.graph_features import GraphFeatures
 
-__all__ = ["HorusConfig", "HorusModel", "Estimate", "TARGETS", "feature_vector", "prior", "HorusStateError"]
+__all__ = ["HorusConfig", "HorusModel", "Estimate", "TARGETS", "feature_vector", "transfer_vector", "prior",
+           "HorusStateError"]
 
 TARGETS = ("gpu_util", "gpu_mem_bytes", "cpu_cores", "mem_bytes")
 STATE_VERSION = 1
+#: how new a job is to the model: of a family it has not learned, of a model it has not, or neither
+NOVELTY = ("family", "model", "seen")
+_FALLBACK = {"family": ("family", "model", "seen"), "model": ("model", "family", "seen"),
+             "seen": ("seen", "model", "family")}
 _MIB = 2**20
 
 
@@ -52,9 +60,8 @@ class HorusConfig:
     min_residuals: int = 5
     default_spread: float = 1.0  #: log-scale half-width before min_residuals errors (x e = 2.7)
     max_observations: int = 2000
-    gpu_util_prior: float = 50.0  #: percent
     cpu_cores_prior: float = 1.0
-    gpu_runtime_bytes: float = 500.0 * _MIB  #: CUDA context and allocator slack on top of the step
+    gpu_runtime_bytes: float = 1200.0 * _MIB  #: CUDA context, cuDNN/cuBLAS and allocator slack beside the step
     host_runtime_bytes: float = 700.0 * _MIB  #: a torch process's own resident memory beside a GPU
     cpu_runtime_bytes: float = 300.0 * _MIB  #: a bare torch process's resident memory (device "cpu")
 
@@ -94,6 +101,33 @@ def feature_vector(f: GraphFeatures | Mapping[str, Any], device: str | None = No
     return x
 
 
+_MIX = ("conv", "linear", "recurrent", "attention", "norm", "embedding")
+
+
+def transfer_vector(f: GraphFeatures | Mapping[str, Any], device: str | None = None) -> dict[str, float]:
+    """The GPU-utilisation residual's inputs, chosen to mean the same across architectures: the analytic prior's
+    step times and their balance (:mod:`~phasewise.models.horus.roofline`), arithmetic intensity, FLOPs per
+    kernel, parameters x batch, the layer mix as fractions, AMP and the device type."""
+    g = f.to_dict() if isinstance(f, GraphFeatures) else dict(f)
+    t = roofline.step_times(g, device)
+    moved = 3.0 * g["activation_bytes"] + 5.0 * g["param_bytes"] + 2.0 * g["optimizer_bytes"]
+    kernels = t["kernels"] / roofline.KERNEL_S
+    layers = sum(float(g[k]) for k in _MIX) or 1.0
+    x = {
+        "gpu_over_host": math.log(t["gpu"] / t["host"]), "compute_share": t["compute"] / t["gpu"],
+        "memory_share": t["memory"] / t["gpu"], "log_gpu_s": math.log10(t["gpu"]),
+        "intensity": math.log10(1.0 + g["flops"] / max(1.0, moved)), "kernels": math.log10(1.0 + kernels),
+        "flops_per_kernel": math.log10(1.0 + g["flops"] / kernels),
+        "params_x_batch": math.log10(1.0 + g["params"] * max(1, int(g["batch_size"]))),
+        "amp": float(bool(g["amp"])),
+    }
+    for k in _MIX:
+        x[f"mix_{k}"] = float(g[k]) / layers
+    if device:
+        x[f"device={device.lower()}"] = 1.0
+    return x
+
+
 def prior(target: str, f: Mapping[str, Any], cfg: HorusConfig, device: str | None = None) -> float:
     """What the model says of *target* before it has observed any job (natural units).
 
@@ -102,7 +136,7 @@ def prior(target: str, f: Mapping[str, Any], cfg: HorusConfig, device: str | Non
     GPU it holds the runtime, the weights once more and a couple of batches.
     """
     if target == "gpu_util":
-        return cfg.gpu_util_prior
+        return min(100.0, max(1.0, roofline.utilisation(f, device)))
     if target == "cpu_cores":
         return cfg.cpu_cores_prior
     if target == "gpu_mem_bytes":
@@ -123,16 +157,26 @@ class _Target:
         self.blr = preprocessing.StandardScaler() | linear_model.BayesianLinearRegression(
             alpha=cfg.blr_alpha, beta=cfg.blr_beta)
         self.mean = stats.Mean()
-        self.errors: deque[float] = deque(maxlen=cfg.residual_window)
+        self.by_device: dict[str, stats.Mean] = {}
+        #: absolute log errors of the jobs learned, by how new each job was when predicted (Mondrian
+        #: conformal: a job of a family never seen gets the spread of the errors on such jobs)
+        self.errors: dict[str, deque[float]] = {k: deque(maxlen=cfg.residual_window) for k in NOVELTY}
 
-    def residual(self, x: dict[str, float]) -> float:
+    def residual(self, x: dict[str, float], novelty: str, device: str | None) -> float:
+        """The log-scale residual over the prior: the mean residual of *device*'s jobs (of all jobs before
+        any of it), plus, for a family already learned, what the learners make of *x*: they fit the
+        families they saw and do not carry to a new one (docs/horus.md, "Across architectures")."""
         if self.mean.n == 0:
             return 0.0
-        base = self.mean.get()
+        dev = self.by_device.get((device or "").lower())
+        base = dev.get() if dev is not None and dev.n >= 3 else self.mean.get()
+        if novelty == "family":
+            return base
         return base + 0.5 * ((self.knn.predict_one(x) or 0.0) + (self.blr.predict_one(x) or 0.0))
 
-    def learn(self, x: dict[str, float], r: float) -> None:
+    def learn(self, x: dict[str, float], r: float, device: str | None) -> None:
         self.mean.update(r)
+        self.by_device.setdefault((device or "").lower(), stats.Mean()).update(r)
         c = r - self.mean.get()
         self.knn.learn_one(x, c)
         self.blr.learn_one(x, c)
@@ -146,6 +190,7 @@ class HorusModel:
         self._targets = {t: _Target(self.config) for t in TARGETS}
         self._obs: deque[tuple[dict, dict, str | None]] = deque(maxlen=self.config.max_observations)
         self._seen: set[str] = set()
+        self._families: set[str] = set()
         self._jobs = 0
 
     @property
@@ -157,28 +202,39 @@ class HorusModel:
         """Whether a job of *model* (canonical name) was learned from."""
         return model in self._seen
 
+    def novelty(self, model: str) -> str:
+        """How new a job of *model* (canonical name) is: one of :data:`NOVELTY`."""
+        if model in self._seen:
+            return "seen"
+        return "model" if family(model) in self._families else "family"
+
     def observations(self, target: str) -> int:
         return self._targets[target].mean.n
 
-    def _spread(self, target: str) -> float:
-        errs = self._targets[target].errors
-        if len(errs) < self.config.min_residuals:
+    def _spread(self, target: str, novelty: str) -> float:
+        pools = self._targets[target].errors
+        errs = next((pools[k] for k in _FALLBACK[novelty] if len(pools[k]) >= self.config.min_residuals), None)
+        if errs is None:
             return self.config.default_spread
         s = sorted(errs)
         k = min(len(s) - 1, math.ceil(self.config.coverage * (len(s) + 1)) - 1)
         return s[k]
 
-    def _log_mean(self, target: str, g: Mapping[str, Any], x: dict[str, float], device: str | None) -> float:
-        return _l(prior(target, g, self.config, device)) + self._targets[target].residual(x)
+    def _log_mean(self, target: str, g: Mapping[str, Any], x: dict[str, float], xt: dict[str, float],
+                  device: str | None) -> float:
+        return _l(prior(target, g, self.config, device)) + self._targets[target].residual(
+            xt if target == "gpu_util" else x, self.novelty(str(g.get("model"))), device)
 
     def predict_one(self, f: GraphFeatures | Mapping[str, Any], device: str | None = None) -> dict[str, Estimate]:
         """``{target: Estimate(mean, lo, hi)}`` in natural units (percent, bytes, cores)."""
         g = f.to_dict() if isinstance(f, GraphFeatures) else f
         x = feature_vector(g, device)
+        xt = {**x, **transfer_vector(g, device)}
+        novelty = self.novelty(str(g.get("model")))
         out = {}
         for t in TARGETS:
-            m = self._log_mean(t, g, x, device)
-            s = self._spread(t)
+            m = self._log_mean(t, g, x, xt, device)
+            s = self._spread(t, novelty)
             hi = math.expm1(m + s)
             if t == "gpu_util":
                 hi = min(hi, 100.0)
@@ -201,12 +257,15 @@ class HorusModel:
 
     def _learn(self, g: dict, obs: dict[str, float], device: str | None) -> None:
         x = feature_vector(g, device)
+        xt = {**x, **transfer_vector(g, device)}
+        novelty = self.novelty(str(g.get("model")))
         for t, y in obs.items():
             ly = _l(y)
             tgt = self._targets[t]
-            tgt.errors.append(abs(ly - self._log_mean(t, g, x, device)))
-            tgt.learn(x, ly - _l(prior(t, g, self.config, device)))
+            tgt.errors[novelty].append(abs(ly - self._log_mean(t, g, x, xt, device)))
+            tgt.learn(xt if t == "gpu_util" else x, ly - _l(prior(t, g, self.config, device)), device)
         self._seen.add(str(g.get("model")))
+        self._families.add(family(str(g.get("model"))))
         self._jobs += 1
 
     # ------------------------------------------------------------------ state
