@@ -12,7 +12,8 @@ from phasewise.kit.settings import Settings
 
 #: the files that take longest (minutes: an image build, experiments through every role), begun first so
 #: that `make test`'s parallel workers do not end on one of them alone; then the other files with a slow test
-LONGEST_FIRST = ("tests/test_docker.py", "tests/apps/experiment/test_targets_roles.py",
+LONGEST_FIRST = ("tests/test_docker.py", "tests/apps/experiment/test_priorities_roles.py",
+                 "tests/apps/experiment/test_targets_roles.py",
                  "tests/apps/experiment/test_cluster.py", "tests/apps/experiment/test_priorities_experiment.py",
                  "tests/test_record_bounds.py", "tests/apps/demo/test_demo.py")
 
