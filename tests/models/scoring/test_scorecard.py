@@ -9,12 +9,16 @@ import pytest
 
 from phasewise.kit.records import ContainerSample, Decision, HostSamples
 from phasewise.models.scoring.measures import Score
-from phasewise.models.scoring.scorecard import Scorecard, ScorecardConfig, decision_limits
+from phasewise.models.scoring.scorecard import ExactScorecard, Scorecard, ScorecardConfig, decision_limits
 
 INF = math.inf
 
 
-def feed(sc: Scorecard, key: str, t, cpu, limit=None, decisions=()):
+def exact(*windows: float, samples: int) -> ScorecardConfig:
+    return ScorecardConfig(windows_s=tuple(windows), buckets=5, samples=samples)
+
+
+def feed(sc: Scorecard | ExactScorecard, key: str, t, cpu, limit=None, decisions=()):
     """Samples of one container; *decisions* ``[(after_index, policy, limits)]`` come after that sample."""
     dec = {}
     for i, p, lim in decisions:
@@ -27,7 +31,7 @@ def feed(sc: Scorecard, key: str, t, cpu, limit=None, decisions=()):
 
 
 def test_hand_computed_windows():
-    sc = Scorecard(ScorecardConfig(windows_s=(INF, 20.0), capacity=16))
+    sc = ExactScorecard(exact(INF, 20.0, samples=16))
     # t 0..40 every 10 s; cpu used 1,2,1,3,1; in force 2; vpa decides 1.5 after t=0 and 3 after t=20
     feed(sc, "h/a", [0, 10, 20, 30, 40], [1, 2, 1, 3, 1], limit=[2] * 5,
          decisions=[(0, "vpa", {"cpu": 1.5}), (2, "vpa", {"cpu": 3.0})])
@@ -47,7 +51,7 @@ def test_hand_computed_windows():
 
 
 def test_gap_counts_one_median_step_and_ring_keeps_capacity():
-    sc = Scorecard(ScorecardConfig(windows_s=(INF,), capacity=4))
+    sc = ExactScorecard(exact(INF, samples=4))
     feed(sc, "h/a", [0, 10, 20, 30, 200], [1, 1, 1, 1, 1], limit=[2] * 5)
     t, used, _ = sc.series("h/a")
     assert t.tolist() == [10, 20, 30, 200]  # the oldest sample left the ring
@@ -56,7 +60,7 @@ def test_gap_counts_one_median_step_and_ring_keeps_capacity():
 
 
 def test_stale_sample_ignored_and_forget():
-    sc = Scorecard(ScorecardConfig(windows_s=(INF,), capacity=4))
+    sc = ExactScorecard(exact(INF, samples=4))
     feed(sc, "h/a", [0, 10, 10, 5, 20], [1, 2, 9, 9, 3], limit=[2] * 5)
     assert sc.series("h/a")[0].tolist() == [0, 10, 20]
     sc.forget(["h/a"])
@@ -66,7 +70,7 @@ def test_stale_sample_ignored_and_forget():
 
 
 def test_one_sample_window_and_many_containers_grow():
-    sc = Scorecard(ScorecardConfig(windows_s=(5.0,), capacity=2))
+    sc = ExactScorecard(exact(5.0, samples=2))
     keys = [f"h/c{i}" for i in range(200)]  # more than the initial rows
     sc.observe(keys, np.array([0.0]), np.ones((200, 2)), np.full((200, 2), 2.0))
     sc.observe(keys, np.array([10.0]), np.ones((200, 2)), np.full((200, 2), 2.0))
@@ -77,7 +81,7 @@ def test_one_sample_window_and_many_containers_grow():
 
 
 def test_decisions_use_the_policys_own_limits():
-    sc = Scorecard(ScorecardConfig(windows_s=(INF,), capacity=300))
+    sc = ExactScorecard(exact(INF, samples=300))
     d = Decision(id="x", ts=1.0, host="h", container="a", action="limit", policy="vpa", reason="",
                  cpu_limit_cores=0.6, details={"limits": {"cpu": 0.575}})
     sc.observe_round([HostSamples(host="h", ts=1.0, interval_s=1.0,
@@ -87,11 +91,11 @@ def test_decisions_use_the_policys_own_limits():
     assert decision_limits(None, None, {"limits": {"cpu": 1.0}}) == {}
 
 
-@pytest.mark.parametrize("bad", [{"windows_s": ()}, {"windows_s": (0.0,)}, {"capacity": 1},
+@pytest.mark.parametrize("bad", [{"windows_s": ()}, {"windows_s": (0.0,)}, {"samples": 1}, {"buckets": 0},
                                  {"max_gap_factor": 1.0}])
 def test_config_checks(bad):
     with pytest.raises(ValueError):
-        ScorecardConfig(**{"windows_s": (60.0,), "capacity": 300, **bad})
+        ScorecardConfig(**{"windows_s": (60.0,), "buckets": 5, "samples": 0, **bad})
 
 
 def test_agrees_with_replay_on_the_same_samples():
@@ -110,7 +114,7 @@ def test_agrees_with_replay_on_the_same_samples():
         mem = np.clip(2e9 + 5e8 * np.sin(t / 300) + rng.normal(0, 5e7, n), 1e8, None)
         series.append(ContainerSeries(f"c{k}", t, {"cpu": cpu, "mem": mem}))
     trace = Trace("synthetic", "-", {"cpu": "cores", "mem": "bytes"}, series)
-    sc = Scorecard(ScorecardConfig(windows_s=(INF,), capacity=400))
+    sc = ExactScorecard(exact(INF, samples=400))
     kr = worker_in_process(trace, family="vpa", host="h", scorecard=sc)
     assert kr.decisions
     result = replay_trace(trace, [PolicySpec("vpa", "vpa", None)], sequences={"vpa": kr.sequences})
@@ -128,7 +132,7 @@ def test_agrees_with_replay_on_the_same_samples():
 def test_vectorised_totals_equal_the_sum_of_per_container_scores():
     """totals() (score_rows, many containers at once) == the sum of scores() (score_steps, one by one)."""
     rng = np.random.default_rng(3)
-    sc = Scorecard(ScorecardConfig(windows_s=(30.0, 200.0, INF), capacity=50))
+    sc = ExactScorecard(exact(30.0, 200.0, INF, samples=50))
     for k in range(40):
         n = int(rng.integers(1, 90))  # some rings wrap, some hold one sample
         t = np.cumsum(rng.choice([1.0, 2.0, 3.0, 40.0], size=n))
@@ -173,12 +177,12 @@ def test_phase_and_vpa_together_agree_with_replay():
         series.append(ContainerSeries(f"c{k}", t, {"cpu": cpu, "mem": mem}))
     trace = Trace("synthetic", "-", {"cpu": "cores", "mem": "bytes"}, series)
 
-    class Tee(Scorecard):  # the decisions the scorecard is shown, kept for replay
+    class Tee(ExactScorecard):  # the decisions the scorecard is shown, kept for replay
         def decide_many(self, decisions):
             self.seen += [d for d in decisions if d.policy == "vpa"]
             super().decide_many(decisions)
 
-    sc = Tee(ScorecardConfig(windows_s=(INF,), capacity=400))
+    sc = Tee(exact(INF, samples=400))
     sc.seen = []
     kr = worker_in_process(trace, family="phase", host="h", frozen_model=True, scorecard=sc)
     assert any(d.policy == "phase" for d in kr.decisions) and sc.seen
@@ -195,7 +199,7 @@ def test_phase_and_vpa_together_agree_with_replay():
 
 def test_a_decision_holds_from_the_next_sample_on_and_is_scored_against_the_usage_that_followed():
     """The module's former example: vpa's 1.5 cores hold for the samples after its decision."""
-    sc = Scorecard(ScorecardConfig(windows_s=(100.0,), capacity=8))
+    sc = ExactScorecard(exact(100.0, samples=8))
     sc.observe(["h/a"], np.array([0.0]), np.array([[1.0, 100.0]]), np.array([[2.0, np.nan]]))
     sc.decide("h/a", "vpa", {"cpu": 1.5})
     for t, u in ((10.0, 1.0), (20.0, 2.0)):
