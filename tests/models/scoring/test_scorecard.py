@@ -206,3 +206,110 @@ def test_a_decision_holds_from_the_next_sample_on_and_is_scored_against_the_usag
         sc.observe(["h/a"], np.array([t]), np.array([[u, 100.0]]), np.array([[2.0, np.nan]]))
     s = sc.scores("h/a")[100.0]["cpu"]
     assert (s["limit"].alloc, s["vpa"].alloc, s["vpa"].fulfilled, s["vpa"].steps) == (40.0, 30.0, 1, 2)
+
+
+# ---------------------------------------------------------------------- the fixed-size summary (Scorecard)
+
+
+def summary(*windows: float, buckets: int = 5) -> ScorecardConfig:
+    return ScorecardConfig(windows_s=tuple(windows), buckets=buckets, samples=0)
+
+
+def both(*windows: float, buckets: int = 5, samples: int = 2000) -> tuple[Scorecard, ExactScorecard]:
+    return Scorecard(summary(*windows, buckets=buckets)), ExactScorecard(exact(*windows, samples=samples))
+
+
+def test_the_summary_costs_at_most_a_kib_per_container_at_the_defaults():
+    sc = Scorecard(summary(60.0, 300.0))
+    per_row = sum(getattr(sc, a).nbytes for a in ("_sums", "_nsamp", "_first", "_last", "_pu", "_pl", "_held",
+                                                   "_diffs", "_nd")) / len(sc._last)
+    assert per_row == Scorecard.nbytes_per_container(2, 5) == 1020 <= 1024
+    feed(sc, "h/a", np.arange(0.0, 5000.0, 1.0), np.ones(5000), limit=[2.0] * 5000)
+    assert len(sc._last) == 64  # as many samples as it sees: no growth
+
+
+@pytest.mark.parametrize("cls", [Scorecard, ExactScorecard])
+def test_hand_computed_windows_both(cls):
+    """The hand-computed windows above, on both: window edges fall between buckets, so the summary is exact."""
+    sc = cls(summary(INF, 20.0) if cls is Scorecard else exact(INF, 20.0, samples=16))
+    feed(sc, "h/a", [0, 10, 20, 30, 40], [1, 2, 1, 3, 1], limit=[2] * 5,
+         decisions=[(0, "vpa", {"cpu": 1.5}), (2, "vpa", {"cpu": 3.0})])
+    got = sc.scores("h/a")
+    assert got[INF]["cpu"]["vpa"] == Score(alloc=90.0, used=70.0, fulfilled=3, steps=4)
+    assert got[INF]["cpu"]["limit"] == Score(alloc=80.0, used=70.0, fulfilled=3, steps=4)
+    assert got[20.0]["cpu"]["vpa"] == Score(alloc=75.0, used=50.0, fulfilled=3, steps=3)
+    assert got[20.0]["cpu"]["limit"] == Score(alloc=60.0, used=50.0, fulfilled=2, steps=3)
+    assert got[INF]["mem"] == {}
+    card = sc.card("h/a")
+    assert card["now"] == {"t": 40.0, "cpu": {"used": 1.0, "vpa": 3.0, "phase": None, "limit": 2.0},
+                           "mem": {"used": 1e9, "vpa": None, "phase": None, "limit": None}}
+    row = next(r for r in card["scorecard"] if (r["window_s"], r["resource"], r["policy"]) == (20.0, "cpu", "vpa"))
+    assert (row["samples"], row["steps"], row["fulfilled"], row["alloc_over_used"]) == (3, 3, 3, 1.5)
+
+
+def test_summary_gap_rule_stale_samples_and_forget():
+    sc = Scorecard(summary(INF))
+    feed(sc, "h/a", [0, 10, 20, 30, 200], [1, 1, 1, 1, 1], limit=[2] * 5)
+    # intervals 10, 10, 10, 170 -> median 10; 170 > 5 x 10 counts as 10; the last step gets 10
+    assert sc.scores("h/a")[INF]["cpu"]["limit"] == Score(alloc=100.0, used=50.0, fulfilled=5, steps=5)
+    feed(sc, "h/a", [200, 150], [9, 9], limit=[1, 1])  # not newer: ignored
+    assert sc.scores("h/a")[INF]["cpu"]["limit"].steps == 5
+    sc.forget(["h/a"])
+    assert "h/a" not in sc and len(sc) == 0 and sc.totals()[INF]["cpu"] == {}
+    feed(sc, "h/b", [0, 1], [1, 1], limit=[1, 1])  # reuses the row: nothing of h/a left
+    assert sc.scores("h/b")[INF]["cpu"]["limit"] == Score(alloc=2.0, used=2.0, fulfilled=2, steps=2)
+
+
+def test_summary_one_sample_window_and_many_containers_grow():
+    sc = Scorecard(summary(5.0))
+    keys = [f"h/c{i}" for i in range(200)]  # more than the initial rows
+    sc.observe(keys, np.array([0.0]), np.ones((200, 2)), np.full((200, 2), 2.0))
+    sc.observe(keys, np.array([10.0]), np.ones((200, 2)), np.full((200, 2), 2.0))
+    assert len(sc) == 200
+    card = sc.card("h/c7")
+    assert all(r["note"] == "fewer than 2 samples" and r["samples"] == 1 for r in card["scorecard"])
+    assert sc.totals()[5.0]["cpu"] == {}
+
+
+def test_summary_keeps_the_common_start_exactly():
+    """A policy's first limit restarts its resource's scores (replay compares policies from there on)."""
+    sc, ex = both(INF, 100.0)
+    for s in (sc, ex):
+        feed(s, "h/a", np.arange(0.0, 200.0, 5.0), np.linspace(0.5, 2.0, 40), limit=[2.0] * 40,
+             decisions=[(17, "vpa", {"cpu": 1.5}), (25, "phase", {"cpu": 1.0, "mem": 2e9})])
+    for w in (INF, 100.0):
+        for r in ("cpu", "mem"):
+            want, got = ex.scores("h/a")[w][r], sc.scores("h/a")[w][r]
+            assert set(got) == set(want), (w, r)
+            for p, s in want.items():
+                assert (got[p].steps, got[p].fulfilled) == (s.steps, s.fulfilled), (w, r, p)
+                assert got[p].alloc == pytest.approx(s.alloc, rel=1e-6)
+                assert got[p].used == pytest.approx(s.used, rel=1e-6)
+    assert ex.scores("h/a")[INF]["cpu"]["limit"].steps == 40 - 26  # from phase's first limit on
+
+
+def test_summary_steady_sampling_counts_exactly_and_totals_add_up():
+    """Sampled every 7 s (not a divisor of the buckets): the oldest bucket's samples in the window are
+    counted exactly (its sums shared pro rata); the totals are the per-container scores summed."""
+    rng = np.random.default_rng(5)
+    sc, ex = both(60.0, 300.0)
+    for k in range(12):
+        t = 3.0 * k + 7.0 * np.arange(150)
+        u = rng.uniform(0.2, 2.0, 150)
+        for s in (sc, ex):
+            feed(s, f"h/c{k}", t[: 100 + 4 * k], u, limit=[1.5] * 150, decisions=[(10, "vpa", {"cpu": 1.2})])
+    want = {w: {r: {} for r in ("cpu", "mem")} for w in (60.0, 300.0)}
+    for key in sc.keys():
+        for w, per_r in sc.scores(key).items():
+            for r, per_p in per_r.items():
+                for p, s in per_p.items():
+                    want[w][r][p] = want[w][r].get(p, Score()) + s
+                    e = ex.scores(key)[w][r][p]
+                    assert s.steps == e.steps, (key, w, p)
+                    # the oldest bucket's covered steps pro rata: off by less than its samples (2 or 9)
+                    assert abs(s.fulfilled - e.fulfilled) < math.ceil(w / 5 / 7.0), (key, w, p)
+    got = sc.totals()
+    for w in want:
+        for p, s in want[w]["cpu"].items():
+            assert got[w]["cpu"][p].steps == pytest.approx(s.steps)
+            assert got[w]["cpu"][p].alloc == pytest.approx(s.alloc, rel=1e-9)
