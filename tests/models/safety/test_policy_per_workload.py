@@ -106,7 +106,8 @@ def test_one_policy_per_container_whatever_the_others():
 
 
 def test_the_policy_not_published_is_scored_as_the_bare_policy():
-    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), buckets=5, samples=0), policy="phase", served=("vpa", "phase"))
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), buckets=5, samples=0), policy="phase",
+                       served=("vpa", "phase"))
     run("phase", {"wants-vpa": ASKS["vpa"], "plain": None}, scorecard=sc)
     for key in ("h1/wants-vpa", "h1/plain"):
         rows = {(r["resource"], r["policy"]): r for r in sc.explain(key)["scorecard"]}

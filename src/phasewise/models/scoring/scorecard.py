@@ -497,11 +497,12 @@ class Scorecard:
         return [self._copy(rows_all[c0:c0 + chunk]) for c0 in range(0, len(rows_all), chunk)]
 
     def _copy(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        return (self._sums[rows], self._nsamp[rows], self._first[rows], self._last[rows], self._pu[rows], self._pl[rows],
-                self._held[rows], self._diffs[rows], self._nd[rows])
+        return (self._sums[rows], self._nsamp[rows], self._first[rows], self._last[rows], self._pu[rows],
+                self._pl[rows], self._held[rows], self._diffs[rows], self._nd[rows])
 
-    def windows_of(self, sums: np.ndarray, nsamp: np.ndarray, first: np.ndarray, last: np.ndarray, pu: np.ndarray, pl: np.ndarray,
-                   held: np.ndarray, diffs: np.ndarray, nd: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def windows_of(self, sums: np.ndarray, nsamp: np.ndarray, first: np.ndarray, last: np.ndarray,
+                   pu: np.ndarray, pl: np.ndarray, held: np.ndarray, diffs: np.ndarray, nd: np.ndarray
+                   ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per window: samples in it ``(N,)``, its channels ``(N, R, C)`` and the policies compared
         ``(N, P, R)`` (the rows of a copy taken by :meth:`chunks`)."""
         S, t0 = self._slots, self._t0 if self._t0 is not None else 0.0
@@ -511,9 +512,8 @@ class Scorecard:
         # the kept intervals newest first, and when each began
         j = np.arange(_DIFFS)
         nd = np.asarray(nd)
-        recent = np.where(j[None, :] < np.minimum(nd, _DIFFS)[:, None],
-                          np.take_along_axis(diffs.astype(np.float64), (nd[:, None] - 1 - j[None, :]) % _DIFFS, axis=1),
-                          np.nan)
+        ring = np.take_along_axis(diffs.astype(np.float64), (nd[:, None] - 1 - j[None, :]) % _DIFFS, axis=1)
+        recent = np.where(j[None, :] < np.minimum(nd, _DIFFS)[:, None], ring, np.nan)
         began = last[:, None] - np.nancumsum(recent, axis=1)
         out = []
         for wi, (w, b) in enumerate(zip(self.config.windows_s, self._width)):
