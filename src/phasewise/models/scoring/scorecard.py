@@ -312,6 +312,8 @@ _USED, _STEPS = 0, 1
 _ALLOC = slice(2, 2 + len(POLICIES))
 _FULL = slice(2 + len(POLICIES), 2 + 2 * len(POLICIES))
 _C = 2 + 2 * len(POLICIES)
+#: then, after every resource's channels, the bucket's samples and its first sample's time after its start
+_NS, _FIRST = len(RESOURCES) * _C, len(RESOURCES) * _C + 1
 #: recent sample intervals kept per container, whose median is the step (as the exact window's median)
 _DIFFS = 8
 
@@ -337,6 +339,9 @@ class Scorecard:
         #: bucket width per window (inf: one bucket that never turns)
         self._width = ws / config.buckets
         self._slots = config.buckets + 1
+        self._wi = np.arange(len(ws))[None, :]
+        #: bucket starts are t0 + q x this (an infinite window's one bucket starts at t0)
+        self._wfin = np.where(np.isinf(self._width), 0.0, self._width)
         self._t0: float | None = None
         self._index: dict[str, int] = {}
         self._free: list[int] = []
@@ -350,8 +355,7 @@ class Scorecard:
 
     def _grow(self, n: int) -> None:
         W, S, P, R = len(self.config.windows_s), self._slots, len(POLICIES), len(RESOURCES)
-        new = {"_sums": np.zeros((n, W, S, R, _C), np.float32), "_nsamp": np.zeros((n, W, S), np.float32),
-               "_first": np.zeros((n, W, S), np.float32),
+        new = {"_b": np.zeros((n, W, S, R * _C + 2), np.float32),
                "_last": np.full(n, -np.inf), "_pu": np.full((n, R), np.nan), "_pl": np.full((n, P, R), np.nan),
                "_held": np.full((n, P, R), np.nan), "_diffs": np.full((n, _DIFFS), np.nan, np.float32),
                "_nd": np.zeros(n, np.int32)}
@@ -393,66 +397,76 @@ class Scorecard:
             return
         if self._t0 is None:
             self._t0 = float(ts.min())
-        L = _P["limit"]
+        L, S, t0 = _P["limit"], self._slots, self._t0
+        q_new = self._buckets(ts)
         prev = last > -np.inf
-        if prev.any():  # the previous sample's step is known now: add it to its buckets
-            pr = rows_a[prev]
-            d = ts[prev] - last[prev]
-            nd = self._nd[pr]
-            self._diffs[pr, nd % _DIFFS] = d
-            self._nd[pr] = nd + 1
-            med = _median(self._diffs[pr])
-            d = np.where(d > self.config.max_gap_factor * med, med, d)
-            lim = self._pl[pr].copy()
-            lim[:, L] = self._held[pr, L]  # the limit in force held over unlimited samples
-            self._add(pr, last[prev], ts[prev], self._step(self._pu[pr], lim, d))
+        if prev.all():
+            self._record(rows_a, last, ts, q_new)
+        else:
+            if prev.any():
+                self._record(rows_a[prev], last[prev], ts[prev], q_new[prev])
+            fresh = ~prev  # a container's first sample: its buckets start with it
+            self._b[rows_a[fresh][:, None], self._wi, q_new[fresh] % S, _FIRST] = \
+                ts[fresh][:, None] - (t0 + q_new[fresh] * self._wfin)
         # a policy with its first limit on a resource: that resource's scores start here (the common start)
+        held = self._held[rows_a]
         before = ~np.isnan(self._pl[rows_a])
-        before[:, L] = ~np.isnan(self._held[rows_a, L])
-        held_l = np.where(np.isnan(in_force), self._held[rows_a, L], in_force)
-        self._held[rows_a, L] = held_l
-        now = ~np.isnan(self._held[rows_a])
-        start = (now & ~before).any(axis=1)  # (n, R)
+        before[:, L] = ~np.isnan(held[:, L])
+        held[:, L] = np.where(np.isnan(in_force), held[:, L], in_force)
+        self._held[rows_a, L] = held[:, L]
+        start = (~np.isnan(held) & ~before).any(axis=1)  # (n, R)
         if start.any():
-            n_i, r_i = np.nonzero(start)
-            self._sums[rows_a[n_i], :, :, r_i] = 0.0
-        lim = self._held[rows_a].copy()
-        lim[:, L] = in_force
-        self._pl[rows_a] = lim
+            for r in range(len(RESOURCES)):
+                rr = rows_a[start[:, r]]
+                if len(rr):
+                    self._b[rr, :, :, r * _C:(r + 1) * _C] = 0.0
+        held[:, L] = in_force
+        self._pl[rows_a] = held
         self._pu[rows_a] = used
         self._last[rows_a] = ts
 
-    def _step(self, u: np.ndarray, lim: np.ndarray, dt: np.ndarray) -> np.ndarray:
-        """Channels ``(n, R, C)`` of one step per row: usage *u* ``(n, R)``, limits ``(n, P, R)`` (NaN: none),
-        its duration *dt* ``(n,)``."""
-        n, R = u.shape
-        out = np.empty((n, R, _C))
-        out[:, :, _USED] = u * dt[:, None]
-        out[:, :, _STEPS] = 1.0
-        has = ~np.isnan(lim)
-        out[:, :, _ALLOC] = np.where(has, lim, 0.0).transpose(0, 2, 1) * dt[:, None, None]
-        with np.errstate(invalid="ignore"):
-            out[:, :, _FULL] = (has & (u[:, None, :] <= lim)).transpose(0, 2, 1)
-        return out
+    def _buckets(self, t: np.ndarray) -> np.ndarray:
+        """Bucket numbers ``(n, W)`` of event times *t* (0 in an infinite window)."""
+        return np.floor((t[:, None] - self._t0) / self._width[None, :]).astype(np.int64)
 
-    def _add(self, rows: np.ndarray, t: np.ndarray, t_next: np.ndarray, step: np.ndarray) -> None:
-        """Add *step* (samples at *t*) to each window's bucket of *t*, then turn the buckets to *t_next*'s
-        (clearing those passed over)."""
-        S, t0 = self._slots, self._t0
-        for wi, b in enumerate(self._width):
-            q = _bucket(t, t0, b)
-            slot = q % S
-            self._sums[rows, wi, slot] += step
-            ns = self._nsamp[rows, wi, slot]
-            if not math.isinf(b):  # the bucket's first sample, after the bucket's start
-                self._first[rows, wi, slot] = np.where(ns == 0, t - (t0 + q * b), self._first[rows, wi, slot])
-            self._nsamp[rows, wi, slot] = ns + 1.0
-            adv = np.minimum(_bucket(t_next, t0, b) - q, S)
-            for k in range(1, int(adv.max(initial=0)) + 1):
-                m = adv >= k
-                rr, ss = rows[m], (q[m] + k) % S
-                self._sums[rr, wi, ss] = 0.0
-                self._nsamp[rr, wi, ss] = 0.0
+    def _record(self, rows: np.ndarray, last: np.ndarray, ts: np.ndarray, q_new: np.ndarray) -> None:
+        """The previous sample's step is known now: add it to its buckets, then turn them to *ts*'s."""
+        S, L, g = self._slots, _P["limit"], self.config.max_gap_factor
+        d = ts - last
+        nd = self._nd[rows]
+        self._diffs[rows, nd % _DIFFS] = d
+        self._nd[rows] = nd + 1
+        big = d > g * np.fmin.reduce(self._diffs[rows], axis=1)  # a gap only where above the smallest's
+        if big.any():
+            med = _median(self._diffs[rows[big]])
+            d[big] = np.where(d[big] > g * med, med, d[big])
+        lim = self._pl[rows]
+        lim[:, L] = self._held[rows, L]  # the limit in force held over unlimited samples
+        q = self._buckets(last)
+        self._b[rows[:, None], self._wi, q % S] += self._step(self._pu[rows], lim, d)[:, None, :]
+        adv = q_new - q
+        if adv.any():
+            top = int(adv.max())
+            for k in range(1, min(top - 1, S) + 1):  # buckets passed over (the one just added to, after S)
+                ri, wi = np.nonzero(adv > k)
+                self._b[rows[ri], wi, (q[ri, wi] + k) % S] = 0.0
+            ri, wi = np.nonzero(adv > 0)  # the new bucket: empty but for its first sample's time
+            fresh = np.zeros((len(ri), self._b.shape[-1]), np.float32)
+            fresh[:, _FIRST] = ts[ri] - (self._t0 + q_new[ri, wi] * self._wfin[wi])
+            self._b[rows[ri], wi, q_new[ri, wi] % S] = fresh
+
+    def _step(self, u: np.ndarray, lim: np.ndarray, dt: np.ndarray) -> np.ndarray:
+        """Channels ``(n, R x C + 2)`` of one step per row: usage *u* ``(n, R)``, limits ``(n, P, R)``
+        (NaN: none), its duration *dt* ``(n,)``; one sample, and 0 for the first sample's time."""
+        n, R = u.shape
+        out = np.zeros((n, R * _C + 2))
+        o = out[:, :R * _C].reshape(n, R, _C)
+        o[:, :, _USED] = u * dt[:, None]
+        o[:, :, _STEPS] = 1.0
+        o[:, :, _ALLOC] = (np.where(np.isnan(lim), 0.0, lim) * dt[:, None, None]).transpose(0, 2, 1)
+        o[:, :, _FULL] = (u[:, None, :] <= lim).transpose(0, 2, 1)  # NaN (no limit): False
+        out[:, R * _C] = 1.0
+        return out
 
     observe_round = ExactScorecard.observe_round
     decide_many = ExactScorecard.decide_many
@@ -469,8 +483,7 @@ class Scorecard:
         for k in keys:
             r = self._index.pop(k, None)
             if r is not None:
-                self._sums[r] = 0.0
-                self._nsamp[r] = self._first[r] = 0.0
+                self._b[r] = 0.0
                 self._last[r] = -np.inf
                 self._pu[r] = self._pl[r] = self._held[r] = np.nan
                 self._diffs[r] = np.nan
@@ -497,15 +510,17 @@ class Scorecard:
         return [self._copy(rows_all[c0:c0 + chunk]) for c0 in range(0, len(rows_all), chunk)]
 
     def _copy(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        return (self._sums[rows], self._nsamp[rows], self._first[rows], self._last[rows], self._pu[rows],
-                self._pl[rows], self._held[rows], self._diffs[rows], self._nd[rows])
+        return (self._b[rows], self._last[rows], self._pu[rows], self._pl[rows], self._held[rows],
+                self._diffs[rows], self._nd[rows])
 
-    def windows_of(self, sums: np.ndarray, nsamp: np.ndarray, first: np.ndarray, last: np.ndarray,
-                   pu: np.ndarray, pl: np.ndarray, held: np.ndarray, diffs: np.ndarray, nd: np.ndarray
-                   ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def windows_of(self, b_all: np.ndarray, last: np.ndarray, pu: np.ndarray, pl: np.ndarray, held: np.ndarray,
+                   diffs: np.ndarray, nd: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per window: samples in it ``(N,)``, its channels ``(N, R, C)`` and the policies compared
         ``(N, P, R)`` (the rows of a copy taken by :meth:`chunks`)."""
         S, t0 = self._slots, self._t0 if self._t0 is not None else 0.0
+        N, R = pu.shape
+        sums = b_all[..., :R * _C].reshape(N, -1, S, R, _C)
+        nsamp, first = b_all[..., _NS], b_all[..., _FIRST]
         seen = last > -np.inf
         lim = pl.copy()
         lim[:, _P["limit"]] = held[:, _P["limit"]]
@@ -520,7 +535,7 @@ class Scorecard:
             # the step of the newest sample: the median interval in the window (of the last 8 at most)
             with np.errstate(invalid="ignore"):
                 med = _median(np.where(began >= last[:, None] - w, recent, np.nan))
-            newest = self._step(pu, lim, np.nan_to_num(med))  # no interval: one sample, not scored
+            newest = self._step(pu, lim, np.nan_to_num(med))[:, :R * _C].reshape(N, R, _C)  # none: not scored
             if math.isinf(w):
                 wt = np.ones((len(last), S))
             else:
