@@ -221,7 +221,8 @@ def both(*windows: float, buckets: int = 5, samples: int = 2000) -> tuple[Scorec
 
 def test_the_summary_costs_at_most_a_kib_per_container_at_the_defaults():
     sc = Scorecard(summary(60.0, 300.0))
-    per_row = sum(getattr(sc, a).nbytes for a in ("_b", "_last", "_pu", "_pl", "_held", "_diffs", "_nd")) / len(sc._last)
+    arrays = ("_b", "_last", "_pu", "_pl", "_held", "_diffs", "_nd")
+    per_row = sum(getattr(sc, a).nbytes for a in arrays) / len(sc._last)
     assert per_row == Scorecard.nbytes_per_container(2, 5) == 1020 <= 1024
     feed(sc, "h/a", np.arange(0.0, 5000.0, 1.0), np.ones(5000), limit=[2.0] * 5000)
     assert len(sc._last) == 64  # as many samples as it sees: no growth

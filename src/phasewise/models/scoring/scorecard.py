@@ -1,10 +1,11 @@
 """The live scorecard: what each policy would have allocated against the usage that followed, per container.
 
-:class:`Scorecard` records each container's last samples and each policy's
-limit in force in a ring (cheap, vectorised, on the worker's path) and
-scores windows when asked, with replay's measures, so a window covering a
-container's whole trace scores as replay does. docs/kubernetes.md,
-"Recommend mode and the live scorecard".
+:class:`Scorecard` keeps a fixed-size summary per container (time buckets of
+the sums the scores add up, ~1 kB) on the worker's path, vectorised, and
+scores sliding windows when asked with replay's rules, within the bounds
+tested against :class:`ExactScorecard`, which keeps each container's last
+samples in a ring and scores them exactly (a window covering a container's
+whole trace scores as replay does). docs/worker.md, "The live scorecard".
 """
 
 from __future__ import annotations
@@ -324,11 +325,12 @@ class Scorecard:
 
     Per window of *w* seconds it keeps ``buckets + 1`` time buckets of ``w / buckets`` seconds, each
     the sums the scores add up (usage x dt, limit x dt and covered steps per policy, steps, samples;
-    float32). A sample is added to its bucket when the next one gives its step; the newest is added
-    when scored, with the median of the container's last 8 intervals (the gap rule: a step longer
-    than ``max_gap_factor`` x that median counts as the median). A window sums its buckets, the
-    oldest (cut by the window's start) pro rata of its time: the only approximation beyond the
-    median, at most one bucket's worth (docs/worker.md, "The live scorecard"). The common start
+    float32). A sample is added to its bucket when the next one gives its step (the gap rule: a step
+    longer than ``max_gap_factor`` x the median of the container's last 8 intervals counts as that
+    median); the newest is added when scored, with the median of the window's intervals among those
+    8. A window sums its buckets, the oldest (cut by the window's start) in the share of its samples
+    in the window (counted from its first at the median interval; pro rata of its sums): the one
+    approximation beyond the medians, at most one bucket's worth (docs/worker.md). The common start
     (policies compared from the first sample at which each has a limit) is kept exactly: when a
     policy first has a limit on a resource, that resource's sums restart.
     """
