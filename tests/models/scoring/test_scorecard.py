@@ -402,3 +402,16 @@ def test_summary_against_the_exact_windows_on_genai_pods():
     err = _trace_gaps(tr, every=10)
     for (scope, w, k), v in err.items():
         assert v <= GENAI_BOUNDS[w, k] + 1e-6, (scope, w, k, v)
+
+
+def test_summary_of_a_container_decided_before_its_first_sample(recwarn):
+    sc, ex = both(60.0, INF)
+    for s in (sc, ex):
+        s.decide("h/a", "vpa", {"cpu": 1.0})
+        feed(s, "h/b", [5.0, 500.0, 5000.0], [1.0, 1.0, 1.0], limit=[np.nan, 1.0, 1.0])
+    card = sc.card("h/a")
+    assert card["now"]["t"] is None and card["now"]["cpu"]["vpa"] == 1.0
+    assert all(r["samples"] == 0 and r["note"] == "fewer than 2 samples" for r in card["scorecard"])
+    # 'limit' scored from its first limit on (t = 500), the steps by the gap rule, as the exact window
+    assert sc.totals()[INF]["cpu"]["limit"] == ex.totals()[INF]["cpu"]["limit"] == Score(6997.5, 6997.5, 2, 2)
+    assert sc.totals()[60.0]["cpu"] == {} and not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -524,6 +524,7 @@ class Scorecard:
         sums = b_all[..., :R * _C].reshape(N, -1, S, R, _C)
         nsamp, first = b_all[..., _NS], b_all[..., _FIRST]
         seen = last > -np.inf
+        last = np.where(seen, last, t0)  # a container decided but not yet sampled: nothing to score
         lim = pl.copy()
         lim[:, _P["limit"]] = held[:, _P["limit"]]
         # the kept intervals newest first, and when each began
