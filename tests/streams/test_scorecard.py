@@ -23,7 +23,7 @@ def run_worker(n: int = 120, hosts=("h1", "h2")) -> LiveScorecard:
                                           "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",
                                           "PHASEWISE_SAFETY_RULES": "false"})
     cache, cfg = state_cache(settings), updater_config(settings)
-    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0, 600.0), capacity=200), vpa_cache=cache)
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0, 600.0), buckets=5, samples=0), vpa_cache=cache)
     for i in range(n):
         msgs = [HostSamples(host=h, ts=1000.0 + 5 * i, interval_s=5.0, containers=(
             ContainerSample(container="train", cpu_cores=1.0 + (i % 7) / 10, mem_bytes=2e9 + 1e7 * (i % 5),
@@ -113,7 +113,7 @@ def test_explain_command_over_two_workers(sc, capsys):
 
 def test_scrapes_within_every_s_reuse_the_last_scoring():
     now = [0.0]
-    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), capacity=10), every_s=10.0, share=1e-9,
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), buckets=5, samples=0), every_s=10.0, share=1e-9,
                        clock=lambda: now[0])
     reg = CollectorRegistry()
     reg.register(sc)
@@ -144,7 +144,7 @@ def test_explain_shows_identity_and_mode_and_off_is_not_scored(capsys):
     cid = "3f1c2a9e8b7d6c5f4e3d2c1b0a99887766554433221100ffeeddccbbaa998877"
     who = ContainerIdentity(layout="kubepods-systemd", container_id=cid, pod_namespace="ml", pod_name="trainer-0",
                             container_name="worker", runtime="containerd", qos="burstable")
-    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), capacity=10))
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), buckets=5, samples=0))
     for i in range(3):
         sc.observe_round([HostSamples(host="n1", ts=10.0 + i, interval_s=1.0, containers=(
             ContainerSample(container=cid, cpu_cores=1.0, mem_bytes=1e9, cpu_limit_cores=2.0, identity=who,
@@ -172,7 +172,7 @@ def test_explain_shows_the_phase_with_the_phase_policy():
                                  env=replay_settings_env("phase", trace, frozen_model=True))
     cache, cfg = state_cache(settings), updater_config(settings)
     phase = _InProcessPhase(settings, cache, True)
-    sc = LiveScorecard(ScorecardConfig(windows_s=(300.0,), capacity=200), vpa_cache=cache, phase=phase,
+    sc = LiveScorecard(ScorecardConfig(windows_s=(300.0,), buckets=5, samples=0), vpa_cache=cache, phase=phase,
                        policy="phase")
     for m in trace_messages(trace, "h"):
         worker_round(cache, [m], cfg, phase, sc)
@@ -199,7 +199,7 @@ def test_explain_names_the_phase_by_its_profile_with_the_shipped_model():
                                  env=replay_settings_env("phase", trace, frozen_model=True, pretrained=True))
     cache, cfg = state_cache(settings), updater_config(settings)
     phase = _InProcessPhase(settings, cache, True)
-    sc = LiveScorecard(ScorecardConfig(windows_s=(300.0,), capacity=200), vpa_cache=cache, phase=phase,
+    sc = LiveScorecard(ScorecardConfig(windows_s=(300.0,), buckets=5, samples=0), vpa_cache=cache, phase=phase,
                        policy="phase")
     for m in trace_messages(trace, "h"):
         worker_round(cache, [m], cfg, phase, sc)

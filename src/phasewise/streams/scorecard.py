@@ -12,7 +12,7 @@ from typing import Any
 
 from phasewise.kit.records import ContainerSample, Decision, HostSamples
 from phasewise.models.safety.workload import policy_of
-from phasewise.models.scoring.scorecard import POLICIES, RESOURCES, Scorecard, ScorecardConfig
+from phasewise.models.scoring.scorecard import POLICIES, RESOURCES, ScorecardConfig, make_scorecard
 
 __all__ = ["LiveScorecard", "window_label"]
 
@@ -23,7 +23,8 @@ def window_label(w: float) -> str:
 
 
 class LiveScorecard:
-    """:class:`~phasewise.models.scoring.scorecard.Scorecard` for the worker (thread-safe, with views)."""
+    """:class:`~phasewise.models.scoring.scorecard.Scorecard` (or its exact variant) for the worker
+    (thread-safe, with views)."""
 
     #: refused containers remembered for ``explain`` at most (the oldest are forgotten first)
     MAX_REFUSED = 10_000
@@ -31,7 +32,7 @@ class LiveScorecard:
     def __init__(self, config: ScorecardConfig, *, vpa_cache: Any = None, phase: Any = None,
                  policy: str = "vpa", served: Sequence[str] = ("vpa",), every_s: float = 1.0, share: float = 0.05,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.model = Scorecard(config)
+        self.model = make_scorecard(config)
         self.lock = threading.Lock()
         #: *policy*: the worker's default (``--policy``); *served*: every policy it decides with
         self.vpa_cache, self.phase, self.policy, self.served = vpa_cache, phase, policy, tuple(served)
@@ -103,7 +104,7 @@ class LiveScorecard:
         now = self.clock()
         if self._totals is None or now - self._totals[0] >= max(self.every_s, self._took / self.share):
             t0 = time.perf_counter()
-            with self.lock:  # copy the rings (a memcpy), score outside the lock
+            with self.lock:  # copy the summaries (a memcpy), score outside the lock
                 chunks = self.model.chunks()
             self._totals = (now, self.model.totals_of(chunks))
             self._took = time.perf_counter() - t0

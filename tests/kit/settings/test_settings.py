@@ -32,6 +32,7 @@ WHERE = {
     "interval_s": "producer.interval_s", "buffer_max_messages": "producer.buffer_max_messages",
     "flush_timeout_s": "producer.flush_timeout_s", "proc_root": "producer.proc_root",
     "worker_id": "worker.id", "web_port": "worker.web_port", "scorecard_samples": "worker.scorecard_samples",
+    "scorecard_buckets": "worker.scorecard_buckets",
     "scorecard_windows": "worker.scorecard_windows", "policy": "worker.policy",
     "phase_workloads": "worker.phase_workloads",
     "recommend_interval_s": "worker.recommend_interval_s", "hysteresis": "worker.hysteresis",
@@ -140,7 +141,7 @@ def other_value(name: str):
                       "scorecard_windows": ["30,120"], "job_env": ["OMP_NUM_THREADS=1"],
                       "job_allowed_commands": ["/usr/bin/python3"]}.get(name, ["other"])
     elif spec.kind == "int":
-        candidates = [default + 1, default - 1]
+        candidates = [default + 1, default - 1, default + 2]
     else:
         candidates = [default / 2, 0.5, default + 1.0]
     for v in candidates:

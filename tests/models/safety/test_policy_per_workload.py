@@ -106,7 +106,8 @@ def test_one_policy_per_container_whatever_the_others():
 
 
 def test_the_policy_not_published_is_scored_as_the_bare_policy():
-    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), capacity=120), policy="phase", served=("vpa", "phase"))
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), buckets=5, samples=0), policy="phase",
+                       served=("vpa", "phase"))
     run("phase", {"wants-vpa": ASKS["vpa"], "plain": None}, scorecard=sc)
     for key in ("h1/wants-vpa", "h1/plain"):
         rows = {(r["resource"], r["policy"]): r for r in sc.explain(key)["scorecard"]}
@@ -128,7 +129,7 @@ def test_a_vpa_worker_without_the_phase_machinery_refuses_a_phase_workload_visib
     why = refusal_reason(refused[0], "vpa", ("vpa",))
     assert "asks for policy phase (from annotation)" in why and "not decided" in why and "--phase-workloads" in why
     # what explain shows for it
-    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), capacity=10), policy="vpa")
+    sc = LiveScorecard(ScorecardConfig(windows_s=(60.0,), buckets=5, samples=0), policy="vpa")
     sc.observe_round([kept])
     sc.refuse("h1/wants-phase", refused[0], why)
     status, body = sc.view(None)

@@ -48,6 +48,11 @@ def feature_tuple(text: str) -> tuple[str, ...]:
     return tuple(f for f in FEATURES if f in got)
 
 
+def _samples(v: int) -> None:
+    if v != 0 and not v >= 2:
+        raise ValueError(f"must be 0 (the summary) or >= 2, got {v!r}")
+
+
 def _windows(text: str) -> tuple[float, ...]:
     """Comma-separated positive seconds, e.g. ``600,3600``."""
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
@@ -117,11 +122,15 @@ class WorkerSettings(Group):
                                         "broker answers and its table recovery makes no progress, before it says "
                                         "why and exits with status 1, 0 = wait forever")
 
-    #: the live scorecard (docs/kubernetes.md): samples kept per container (0 = no scorecard)
-    #: and the sliding windows of event time it scores
-    scorecard_samples: int = setting(300, check=at_least(0), flag="--scorecard-samples",
-                                     help="samples kept per container for the live scorecard (72 bytes each), "
-                                          "0 = none")
+    #: the live scorecard (docs/worker.md): a fixed-size summary per container of time buckets per window
+    #: (0 = no scorecard), or the last samples of each container scored exactly, and the windows of event time
+    scorecard_buckets: int = setting(5, check=at_least(0), flag="--scorecard-buckets",
+                                     help="time buckets per window in the live scorecard's summary of each "
+                                          "container (1020 bytes at 5 with two windows), 0 = no scorecard")
+    scorecard_samples: int = setting(0, check=_samples,
+                                     flag="--scorecard-samples",
+                                     help="keep each container's last N samples instead of the summary and score "
+                                          "the windows exactly (72 bytes a sample), 0 = the summary")
     scorecard_windows: str = setting("60,300", check=lambda v: _windows(v) and None,
                                      flag="--scorecard-windows",
                                      help="the scorecard's sliding windows, seconds of event time, comma-separated")

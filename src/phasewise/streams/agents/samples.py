@@ -498,15 +498,16 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
 
 def live_scorecard(app: faust.App, settings: Settings, metrics: WorkerMetrics, cache: StateCache,
                    phase: Any, views: dict[str, Any] | None = None) -> LiveScorecard | None:
-    """The worker's live scorecard (``scorecard_samples`` 0: none): its collector on the metrics
+    """The worker's live scorecard (``scorecard_buckets`` 0: none): its collector on the metrics
     registry and its view at ``/scorecard/``, in *views* (the metrics server's: ``metrics_port``)
     and on Faust's web server where one runs (``web_port``, off by default)."""
-    if settings.worker.scorecard_samples <= 0:
+    if settings.worker.scorecard_buckets <= 0:
         return None
     from phasewise.models.scoring.scorecard import ScorecardConfig
 
     sc = LiveScorecard(ScorecardConfig(windows_s=settings.worker.scorecard_windows_s(),
-                                       capacity=max(2, settings.worker.scorecard_samples)),
+                                       buckets=settings.worker.scorecard_buckets,
+                                       samples=settings.worker.scorecard_samples),
                        vpa_cache=cache, phase=phase, policy=settings.worker.policy,
                        served=settings.worker.served_policies())
     metrics.registry.register(sc)
