@@ -258,7 +258,8 @@ def test_a_role_without_a_broker_says_so_every_few_seconds_and_stops_soon_after_
             p.wait()
     text = log_path.read_text()
     assert rc == 0, text
-    assert stopped_s < 5.0, f"stopped {stopped_s:.1f} s after SIGINT"
+    # at once, not after a connect timeout (30 s): the bound leaves room for a loaded machine's slow exit
+    assert stopped_s < 20.0, f"stopped {stopped_s:.1f} s after SIGINT"
     said = NO_BROKER.findall(text)
     assert {addr for addr, _ in said} == {env["PHASEWISE_BOOTSTRAP"]}
     assert {why for _, why in said} == {"Connection refused"}
@@ -312,5 +313,6 @@ def test_a_worker_whose_broker_goes_away_logs_little_and_stops_soon_after_sigint
     assert len(during) < 40, f"{len(during)} lines in 15 s without a broker:\n{text}"
     assert "Traceback" not in text and "Logging error" not in text
     assert any("more like this" in ln for ln in during), "aiokafka's repeated lines are folded"
-    assert stopped_s < 5.0, f"stopped {stopped_s:.1f} s after SIGINT:\n" + log_path.read_text()[-3000:]
+    # the unreachable-broker watchdog (3 s), not STOP_GRACE_S (60 s); room for a loaded machine's slow exit
+    assert stopped_s < 20.0, f"stopped {stopped_s:.1f} s after SIGINT:\n" + log_path.read_text()[-3000:]
     assert rc in (0, 1)
