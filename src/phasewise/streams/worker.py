@@ -273,7 +273,8 @@ STOP_UNREACHABLE_S = 3.0
 STOP_GRACE_S = 60.0
 
 
-def make_worker(app: object, bootstrap: str, **kw: object) -> object:
+def make_worker(app: object, bootstrap: str, *, on_start_crash: Callable[[BaseException], None] | None = None,
+                **kw: object) -> object:
     """A ``faust.Worker`` that tames the Kafka client while the broker is away.
 
     - its log handlers fold repeated lines (:class:`~phasewise.kit.kafka.client.FoldRepeats`):
@@ -282,7 +283,9 @@ def make_worker(app: object, bootstrap: str, **kw: object) -> object:
       there after :data:`STOP_UNREACHABLE_S` (nothing listens at *bootstrap*) or
       :data:`STOP_GRACE_S`, it says so and exits with status 1. Nothing is lost
       that a restart does not redo: offsets not committed are processed again
-      and decisions carry idempotency keys.
+      and decisions carry idempotency keys;
+    - an exception out of Faust's start goes to *on_start_crash* first (which may replace the process:
+      Faust's own shutdown after such a crash can hang on a future of another loop).
     """
     import faust
 
@@ -293,6 +296,14 @@ def make_worker(app: object, bootstrap: str, **kw: object) -> object:
             super().on_setup_root_logger(logger, level)
             for h in logger.handlers:
                 h.addFilter(FoldRepeats())
+
+        async def start(self) -> None:
+            try:
+                await super().start()
+            except Exception as e:
+                if on_start_crash is not None:
+                    on_start_crash(e)
+                raise
 
         def _schedule_shutdown(self, signal: object) -> None:
             _SIGNALLED.append(signal)
@@ -424,7 +435,16 @@ def run_faust(app: object, settings: Settings, metrics: object, *, role: str, re
                  ", ".join(["/metrics", "/healthz", "/readyz", *(views or {})]))
     guard = ReadyGuard(settings.worker.ready_stall_s)
     guard_readiness(app, metrics, guard, probe, role=role, ready=ready)
-    worker = make_worker(app, settings.kafka.bootstrap,
+    try:
+        attempt = max(1, int(os.environ.get(START_ATTEMPT_ENV, "1")))
+    except ValueError:
+        attempt = 1
+
+    def crashed(e: BaseException) -> None:  # before Faust's shutdown, which such a crash can hang
+        if start_afresh(1, ready_once=guard.ready_once, asked_to_stop=bool(_SIGNALLED), attempt=attempt):
+            _exec_afresh(role, attempt, f"Faust's start failed: {type(e).__name__}: {str(e)[:300]}")
+
+    worker = make_worker(app, settings.kafka.bootstrap, on_start_crash=crashed,
                          loglevel=FAUST_LEVELS.get(settings.log_level, "info"),
                          quiet=True, redirect_stdouts=False)
     # Faust's terminal spinner (levels warn and above) sets the root logger to DEBUG so that
@@ -439,10 +459,6 @@ def run_faust(app: object, settings: Settings, metrics: object, *, role: str, re
     finally:
         probe.close()
     code = 1 if guard.fired is not None else code
-    try:
-        attempt = max(1, int(os.environ.get(START_ATTEMPT_ENV, "1")))
-    except ValueError:
-        attempt = 1
     # a crash before it was ever ready starts afresh here; a stall the guard stopped is its supervisor's to
     # restart (the guard's line says why), as is anything after it was ready
     if guard.fired is None and start_afresh(code, ready_once=guard.ready_once, asked_to_stop=bool(_SIGNALLED),
