@@ -10,28 +10,6 @@ import pytest
 from phasewise.kit.broker import EmbeddedBroker
 from phasewise.kit.settings import Settings
 
-#: the files that take longest (minutes: an image build, experiments through every role), begun first so
-#: that `make test`'s parallel workers do not end on one of them alone; then the other files with a slow test
-LONGEST_FIRST = ("tests/test_docker.py", "tests/apps/experiment/test_priorities_roles.py",
-                 "tests/apps/experiment/test_targets_roles.py",
-                 "tests/apps/experiment/test_cluster.py", "tests/apps/experiment/test_priorities_experiment.py",
-                 "tests/test_record_bounds.py", "tests/apps/demo/test_demo.py")
-
-
-def pytest_collection_modifyitems(session, config, items) -> None:
-    """Order the files longest first (each file's tests stay together and in order: ``--dist loadfile``)."""
-    root = config.rootpath
-
-    def rank(path) -> int:
-        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
-        return LONGEST_FIRST.index(rel) if rel in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    first = {}
-    for i, item in enumerate(items):
-        first.setdefault(item.path, i)
-    items.sort(key=lambda it: (rank(it.path), it.path not in slow_files, first[it.path]))
-
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
