@@ -62,8 +62,10 @@ def test_a_placed_job_no_actuator_starts_is_lost_and_its_slice_goes_to_the_next(
             assert ev.reason.startswith("no sign of life: no started event within job_start_timeout_s 3 s of its "
                                         "place decision at ") and " on s0; its booking is released" in ev.reason
         placed = [d for d in topics.records(Decision, DECISIONS) if d.action == "place" and d.host == run.host]
-        assert [d.container for d in placed] == [first, second]  # b only once a's slice was released
-        assert placed[1].ts >= lost[first][0].ts
+        # the two submissions may sit in different partitions: either is placed first, the other only once
+        # the first one's slice was released
+        assert sorted(d.container for d in placed) == sorted([first, second])
+        assert placed[1].ts >= lost[placed[0].container][0].ts
         letters = [dl for dl in topics.records(DeadLetter, DEAD_LETTERS) if dl.source_topic == JOB_EVENTS.name]
         assert sorted(dl.key for dl in letters) == sorted([first, second])
         assert all(dl.reason.startswith(f"job {dl.key} lost: no sign of life") for dl in letters)
