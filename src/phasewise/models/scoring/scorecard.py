@@ -78,7 +78,28 @@ def make_scorecard(config: ScorecardConfig) -> Scorecard | ExactScorecard:
     return ExactScorecard(config) if config.samples else Scorecard(config)
 
 
-class ExactScorecard:
+class _Containers:
+    """The container keys of a scorecard (its ``_index``: key -> row) and their removal (``forget``)."""
+
+    _index: dict[str, int]
+
+    def forget(self, keys: Iterable[str]) -> None:  # pragma: no cover - each scorecard defines it
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        self.forget(list(self._index))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+class ExactScorecard(_Containers):
     """Per-container rings of (t, usage, limit per policy); scores over sliding windows on demand, exactly
     as replay does (``scorecard_samples`` > 0; 72 bytes a sample). The reference :class:`Scorecard` is
     tested against."""
@@ -187,18 +208,6 @@ class ExactScorecard:
                 self._pos[r] = self._count[r] = 0
                 self._last[r] = -np.inf
                 self._free.append(r)
-
-    def clear(self) -> None:
-        self.forget(list(self._index))
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._index
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def keys(self) -> list[str]:
-        return list(self._index)
 
     # ------------------------------------------------------------------ scoring (on demand)
 
@@ -319,7 +328,7 @@ _NS, _FIRST = len(RESOURCES) * _C, len(RESOURCES) * _C + 1
 _DIFFS = 8
 
 
-class Scorecard:
+class Scorecard(_Containers):
     """A fixed-size summary per container (1020 bytes with the two default windows and 5 buckets);
     the same scores as :class:`ExactScorecard` within the interpolation of one bucket.
 
@@ -491,18 +500,6 @@ class Scorecard:
                 self._diffs[r] = np.nan
                 self._nd[r] = 0
                 self._free.append(r)
-
-    def clear(self) -> None:
-        self.forget(list(self._index))
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._index
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def keys(self) -> list[str]:
-        return list(self._index)
 
     # ------------------------------------------------------------------ scoring (on demand)
 
