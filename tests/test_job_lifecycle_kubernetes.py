@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -25,6 +24,7 @@ from phasewise.kit.topics import DECISIONS, JOB_EVENTS, SAMPLES
 from tests.actuators.backends.kubernetes.apiserver import ApiServer
 from tests.conftest import private_broker_fixture
 from tests.job_keys import KEY, write_private
+from tests.test_job_lifecycle_roles import _job_file
 from tests.test_job_trust_roles import Run, Topics, _key
 
 broker = private_broker_fixture()  # the placement agent reads the job events from their start
@@ -32,16 +32,6 @@ broker = private_broker_fixture()  # the placement agent reads the job events fr
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 MIB = 1 << 20
 GB = 1e9
-
-
-def _job_file(tmp_path: Path, job: str, pod: str | None) -> Path:
-    f = tmp_path / f"{job}.json"
-    body = {"job": job, "model": "resnet18", "dataset": "cifar10", "batch_size": 8,
-            "requests": {"cpu_cores": 1, "mem_bytes": 64 * MIB}}
-    if pod:
-        body["pod"] = pod
-    f.write_text(json.dumps(body))
-    return f
 
 
 def test_jobs_on_kubernetes_are_bound_watched_and_their_bookings_freed(broker, tmp_path):
@@ -76,7 +66,7 @@ def test_jobs_on_kubernetes_are_bound_watched_and_their_bookings_freed(broker, t
         pods = {job: f"ml/train-{i}-{tag}" for i, job in enumerate(jobs)}
         for job, pod in [*pods.items(), (nopod, None), (stolen, f"ml/other-{tag}")]:
             rc = phasewise(["submit", "--bootstrap", run.settings.kafka.bootstrap, "--key", str(submitter),
-                            "--timeout", "30", str(_job_file(tmp_path, job, pod))])
+                            "--timeout", "30", str(_job_file(tmp_path, job, None, pod))])
             assert rc == 0, job
 
         def states() -> dict[str, list[JobEvent]]:

@@ -33,12 +33,15 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow,
 MIB = 1 << 20
 
 
-def _job_file(tmp_path: Path, job: str, command: list[str] | None) -> Path:
+def _job_file(tmp_path: Path, job: str, command: list[str] | None, pod: str | None = None) -> Path:
+    """A one-CPU job file; its command (a host's actuator runs it) or its pod (Kubernetes binds it), if any."""
     f = tmp_path / f"{job}.json"
     body = {"job": job, "model": "resnet18", "dataset": "cifar10", "batch_size": 8,
             "requests": {"cpu_cores": 1, "mem_bytes": 64 * MIB}}
     if command:
         body["command"] = command
+    if pod:
+        body["pod"] = pod
     f.write_text(json.dumps(body))
     return f
 
