@@ -191,7 +191,7 @@ def start_worker(settings: Settings, tmp_path, policy: str, worker_id: str, *, f
         except OSError:
             return False
 
-    wait(ready, 90, "worker ready", role)
+    wait(ready, 150, "worker ready", role)
     return role, url
 
 

@@ -47,7 +47,7 @@ class Horus:
         args = ["--horus-id", horus_id, "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
         self.role = RoleProcess("horus", args, env=env, log_path=tmp / f"horus-{uuid.uuid4().hex[:4]}.log")
 
-    def start(self, timeout_s: float = 90.0) -> Horus:
+    def start(self, timeout_s: float = 150.0) -> Horus:
         self.role.start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

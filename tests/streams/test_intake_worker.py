@@ -39,7 +39,7 @@ def env(broker, tmp_path_factory):
            "PHASEWISE_INTAKE_MAX_CONTAINERS_PER_MESSAGE": str(PER_MESSAGE)}
     worker = RoleProcess("worker", [], env=env, log_path=tmp / "worker.log").start()
     url = f"http://127.0.0.1:{port}/metrics"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 150
     while True:
         assert worker.alive() and time.monotonic() < deadline, worker.log_tail()
         try:
@@ -162,7 +162,7 @@ def full(broker, tmp_path_factory):
            "PHASEWISE_INTAKE_MAX_CONTAINERS_PER_WORKER": str(FULL), "PHASEWISE_WORKER_HOSTS": ",".join([REAL, *FAKES])}
     worker = RoleProcess("worker", [], env=env, log_path=tmp / "worker.log").start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 150
     while True:
         assert worker.alive() and time.monotonic() < deadline, worker.log_tail()
         try:

@@ -43,7 +43,7 @@ class Worker:
         self.env = env
         self.role: RoleProcess | None = None
 
-    def start(self, timeout_s: float = 60.0) -> Worker:
+    def start(self, timeout_s: float = 150.0) -> Worker:
         self.role = RoleProcess("worker", self.args, env=self.env,
                                 log_path=self.tmp / f"worker-{uuid.uuid4().hex[:4]}.log").start()
         deadline = time.monotonic() + timeout_s

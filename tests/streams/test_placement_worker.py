@@ -59,7 +59,7 @@ def test_place_decisions_between_hostile_records(broker, tmp_path):
     role = RoleProcess("place", ["--place-id", f"pwtest-place-{tag}", "--data-dir", str(tmp_path / "d"),
                                  "--metrics-port", str(port)], env=env, log_path=tmp_path / "place.log")
     role.start()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 150
     while True:
         assert role.alive() and time.monotonic() < deadline, "place not ready:\n" + role.log_tail()
         try:
@@ -151,7 +151,7 @@ def test_beyond_place_max_waiting_jobs_the_job_of_lowest_rank_is_dead_lettered_n
                                  "--metrics-port", str(port)], env=env, log_path=tmp_path / "place.log")
     role.start()
     url = f"http://127.0.0.1:{port}/metrics"
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 150
     while True:
         assert role.alive() and time.monotonic() < deadline, "place not ready:\n" + role.log_tail()
         try:

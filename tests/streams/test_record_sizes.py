@@ -157,15 +157,16 @@ def test_a_1mb_command_is_a_dead_letter_and_worker_priorities_goes_on_after_rest
 def test_a_1mb_command_is_a_dead_letter_and_place_goes_on_after_restarts(kit, tmp_path):
     tag = uuid.uuid4().hex[:6]
     host = f"node-{tag}"
-    # a node for every job (the worker reads the samples from the start too)
-    kit.send(SAMPLES.name, host, encode(HostSamples(
-        host=host, ts=time.time(), interval_s=1.0, host_cpu_count=1024, host_cpu_cores=1.0, host_mem_bytes=GIB,
-        host_mem_total_bytes=4096 * GIB,
-        gpus=(GpuSample(index=0, uuid="GPU-0", util=0.0, mem_used_bytes=0, mem_total_bytes=16 * GIB),))))
     env = {"PHASEWISE_BOOTSTRAP": kit.settings.kafka.bootstrap, "PHASEWISE_LOG_LEVEL": "info",
            "PHASEWISE_PLACE_PREDICTION_WAIT_S": "0"}
 
     def start(label: str, worker_id: str) -> RoleProcess:
+        # a node for every job; a live host samples every second, so a restarted worker hears of it again
+        # (one that resumes after the first run's commit does not read the first sample again)
+        kit.send(SAMPLES.name, host, encode(HostSamples(
+            host=host, ts=time.time(), interval_s=1.0, host_cpu_count=1024, host_cpu_cores=1.0, host_mem_bytes=GIB,
+            host_mem_total_bytes=4096 * GIB,
+            gpus=(GpuSample(index=0, uuid="GPU-0", util=0.0, mem_used_bytes=0, mem_total_bytes=16 * GIB),))))
         args = ["--place-id", worker_id, "--data-dir", str(tmp_path / worker_id)]
         return _start("place", args, env, tmp_path / f"{label}.log", "phasewise_place_ready")
 

@@ -48,7 +48,7 @@ class Worker:
                 "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
         self.role = RoleProcess("worker", args, env=env, log_path=tmp / f"worker-{uuid.uuid4().hex[:4]}.log")
 
-    def start(self, timeout_s: float = 60.0) -> Worker:
+    def start(self, timeout_s: float = 150.0) -> Worker:
         self.role.start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

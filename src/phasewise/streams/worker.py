@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  "targets_grace_s", "priority_agent", "priority_freeze_max_wait_s", "priority_grace_s",
                  "priority_cpu_weights", "priority_cpu_weight_ratio", "priority_launcher", "autoscale_enabled",
                  "autoscale_interval_s", "autoscale_slo_p99_ms", "autoscale_min_replicas", "autoscale_max_replicas",
-                 "autoscale_up_cooldown_s", "autoscale_down_cooldown_s", "ready_stall_s"):
+                 "autoscale_up_cooldown_s", "autoscale_down_cooldown_s", "ready_stall_s", "start_stall_s"):
         add_setting(p, name, help={"data_dir": "Faust data directory"}.get(name))
 
 
@@ -241,10 +241,67 @@ class ReadyGuard:
         return stuck if self.stall_s and stuck > self.stall_s and self.fired is None else None
 
 
+#: the signals a Faust worker of this process was stopped by (its own ready guard's SIGTERM included)
+_SIGNALLED: list[object] = []
+#: how many times a role that fails before it was ever ready starts afresh in its own process
+START_ATTEMPTS = 3
+#: the attempt this process is (set for the next one when it starts afresh)
+START_ATTEMPT_ENV = "_PHASEWISE_START_ATTEMPT"
+
+
+class StartGuard:
+    """How long a Faust worker that was never ready has gone without its consumer subscribing to its topics.
+
+    Faust subscribes in its own start, before any group join, as soon as its agents and tables are set up:
+    a worker past that step is waiting for the broker or the group (:class:`ReadyGuard`'s watch), one short
+    of it for long is stuck in its start (a call to the consumer thread that never returns), which only a
+    fresh process ends. Pure, like :class:`ReadyGuard`; the clock restarts while the broker is gone.
+
+    >>> t = [0.0]
+    >>> g = StartGuard(30.0, clock=lambda: t[0])
+    >>> g.tick(False, False, False), t.__setitem__(0, 31.0), g.tick(False, False, False)
+    (None, None, 31.0)
+    >>> g.tick(False, False, True), t.__setitem__(0, 99.0), g.tick(False, False, False)  # subscribed once: done
+    (None, None, None)
+    """
+
+    def __init__(self, stall_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stall_s = stall_s
+        self.clock = clock
+        self.since: float | None = None
+        self.done = not stall_s
+
+    def tick(self, ready: bool, broker_down: bool, subscribed: bool) -> float | None:
+        """Seconds without a subscription, once more than ``stall_s``; else None (and always None once the
+        worker subscribed or was ready, or with ``stall_s`` 0)."""
+        now = self.clock()
+        self.done = self.done or ready or subscribed
+        if self.done or broker_down:
+            self.since = None
+            return None
+        if self.since is None:
+            self.since = now
+            return None
+        stuck = now - self.since
+        return stuck if stuck > self.stall_s else None
+
+
+def consumer_subscribed(app: object) -> bool:
+    """Whether the Faust worker's Kafka consumer has subscribed to its topics (read from another thread)."""
+    try:
+        consumer = app.consumer._thread._consumer  # type: ignore[attr-defined]
+        return consumer is not None and bool(consumer.subscription())
+    except Exception:  # noqa: BLE001 - not built yet
+        return False
+
+
 def guard_readiness(app: object, metrics: object, guard: ReadyGuard, probe: object, *, role: str,
-                    ready: str = "phasewise_worker_ready", every_s: float = 1.0) -> threading.Thread:
+                    ready: str = "phasewise_worker_ready", every_s: float = 1.0,
+                    start: StartGuard | None = None, attempt: int = START_ATTEMPTS) -> threading.Thread:
     """A daemon thread that stops this process (SIGTERM, so Faust stops as on a signal; the role's exit status
-    is then 1) once *guard* finds the worker stuck, with one critical line saying what it waited for.
+    is then 1) once *guard* finds the worker stuck, with one critical line saying what it waited for; and
+    that replaces it with a fresh start of the same command (:func:`_exec_afresh`, start *attempt* of
+    :data:`START_ATTEMPTS`) once *start* finds Faust's own start stuck.
 
     A thread, not an app timer: Faust starts its timers only after the first table recovery."""
 
@@ -253,6 +310,12 @@ def guard_readiness(app: object, metrics: object, guard: ReadyGuard, probe: obje
             time.sleep(every_s)
             is_ready = metrics.registry.get_sample_value(ready) == 1  # type: ignore[attr-defined]
             down = probe.outage() is not None  # type: ignore[attr-defined]
+            if start is not None and not start.done:
+                late = start.tick(is_ready, down, consumer_subscribed(app))
+                if late is not None and start_afresh(1, ready_once=guard.ready_once, asked_to_stop=bool(_SIGNALLED),
+                                                     attempt=attempt):
+                    _exec_afresh(role, attempt, f"its consumer had not subscribed to its topics {late:.0f} s into "
+                                                f"Faust's start (start_stall_s={start.stall_s:g})")
             stuck = guard.tick(is_ready, down, recovery_progress(app))
             if stuck is None:
                 continue
@@ -316,13 +379,6 @@ def make_worker(app: object, bootstrap: str, *, on_start_crash: Callable[[BaseEx
 
     return Worker(app, **kw)
 
-
-#: the signals a Faust worker of this process was stopped by (its own ready guard's SIGTERM included)
-_SIGNALLED: list[object] = []
-#: how many times a role that fails before it was ever ready starts afresh in its own process
-START_ATTEMPTS = 3
-#: the attempt this process is (set for the next one when it starts afresh)
-START_ATTEMPT_ENV = "_PHASEWISE_START_ATTEMPT"
 
 
 def start_afresh(code: int, *, ready_once: bool, asked_to_stop: bool, attempt: int,
@@ -433,12 +489,13 @@ def run_faust(app: object, settings: Settings, metrics: object, *, role: str, re
               views=views)
         log.info("metrics and health on %s:%d (%s)", settings.bind_address, settings.metrics_port,
                  ", ".join(["/metrics", "/healthz", "/readyz", *(views or {})]))
-    guard = ReadyGuard(settings.worker.ready_stall_s)
-    guard_readiness(app, metrics, guard, probe, role=role, ready=ready)
     try:
         attempt = max(1, int(os.environ.get(START_ATTEMPT_ENV, "1")))
     except ValueError:
         attempt = 1
+    guard = ReadyGuard(settings.worker.ready_stall_s)
+    guard_readiness(app, metrics, guard, probe, role=role, ready=ready,
+                    start=StartGuard(settings.worker.start_stall_s), attempt=attempt)
 
     def crashed(e: BaseException) -> None:  # before Faust's shutdown, which such a crash can hang
         if start_afresh(1, ready_once=guard.ready_once, asked_to_stop=bool(_SIGNALLED), attempt=attempt):
@@ -551,11 +608,12 @@ class JobRole:
 
 #: ``phasewise horus``: the Horus worker (job events + samples -> utilisation predictions; learns online)
 HORUS = JobRole("horus", ("data_dir", "metrics_port", "horus_coverage", "horus_warmup_s", "horus_observe_s",
-                          "horus_min_samples", "horus_worker_id", "horus_share_model", "ready_stall_s"),
+                          "horus_min_samples", "horus_worker_id", "horus_share_model", "ready_stall_s",
+                          "start_stall_s"),
                 "phasewise.streams.agents.horus", "HorusMetrics", lambda s: s.horus.worker_id,
                 "predictions", "placement workers")
 #: ``phasewise place``: the placement worker (job events + predictions + samples -> place decisions)
 PLACE = JobRole("place", ("data_dir", "metrics_port", "place_policy", "place_isolate_inference",
                           "place_horus_frag_weight", "place_prediction_wait_s", "place_local_nodes",
-                          "place_worker_id", "place_after_admission", "ready_stall_s"),
+                          "place_worker_id", "place_after_admission", "ready_stall_s", "start_stall_s"),
                 "phasewise.streams.agents.placement", "PlacementMetrics", lambda s: s.place.worker_id)

@@ -122,6 +122,13 @@ class WorkerSettings(Group):
                                         "broker answers and its table recovery makes no progress, before it says "
                                         "why and exits with status 1, 0 = wait forever")
 
+    #: a Faust worker that was never ready and whose consumer has not subscribed to its topics this long (its
+    #: broker answering) is stuck in Faust's own start, not waiting for the group: it starts afresh in place
+    start_stall_s: float = setting(30.0, check=at_least(0), flag="--start-stall",
+                                   help="seconds a Faust worker (worker, horus, place) that was never ready may go "
+                                        "without subscribing to its topics while its broker answers, before it "
+                                        "starts afresh in its own process (at most 3 starts), 0 = never")
+
     #: the live scorecard (docs/worker.md): a fixed-size summary per container of time buckets per window
     #: (0 = no scorecard), or the last samples of each container scored exactly, and the windows of event time
     scorecard_buckets: int = setting(5, check=at_least(0), flag="--scorecard-buckets",
