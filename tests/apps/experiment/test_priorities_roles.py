@@ -93,7 +93,8 @@ def test_static_and_managed_run_to_the_end_through_the_roles():
     s = json.loads(r.stdout)
     assert set(s["scenarios"]) == {"static", "managed"}
     for name, sc in s["scenarios"].items():
-        assert sc["stuck"] == [] and sc["terminal"] == 3 and sc["outcomes"] == {"finished": 3}, (name, sc)
+        assert sc["stuck"] == [] and sc["terminal"] == 3 and sc["outcomes"] == {"finished": 3}, \
+            (name, sc["outcomes"], sc["failures"], sc)
         assert sc["leaked_bookings"] == 0, (name, sc)
         assert sc["requests"]["sent"] > 0 and sc["training_steps_per_s"] > 0, (name, sc)
         assert set(s["targets"]) >= {"managed_violations_at_most_1pct", "training_throughput_ratio"}

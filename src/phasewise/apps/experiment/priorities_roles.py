@@ -264,6 +264,10 @@ def scenario_figures(c: PriorityCluster, jobs: list[PlannedJob], rec: Any, wall_
     out["weights"] = {d.container: d.details.get("cpu_weight") for d in weights}
     out["dead_letters"] = s["dead_letters"]
     out["submits_failed"] = list(c.problems)
+    # how each job that did not finish ended, as its actuator reported it
+    out["failures"] = {e.job: {k: getattr(e, k) for k in ("kind", "exit_code", "signal", "oom", "reason")
+                               if getattr(e, k, None) is not None}
+                       for e in rec.events if e.kind in ("failed", "lost", "rejected")}
     if c.no_load:
         out["no_load"] = c.no_load
     return out
