@@ -23,7 +23,7 @@ demo: install
 # parallel processes, a test file per process at a time (files share module fixtures).
 TEST_WORKERS ?= 4
 test: install tools
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # Test tools from Debian, best effort (root + apt): promtool (`prometheus`) for the
 # alert-rule tests; dockerd (`docker.io`) and a static busybox (`busybox-static`) for the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -111,10 +112,13 @@ def test_a_phase_worker_publishes_snapshots_and_phase_changes_and_a_restart_resu
 
     try:
         send(0, 120)  # the learner warms the shared model up on the detectors' windows
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 90
         warm = None
         while warm is None and time.monotonic() < deadline:
-            snaps = read_until(settings, MODELS.name, 1, _snapshot, 5, "model snapshot")
+            try:
+                snaps = read_until(settings, MODELS.name, 1, _snapshot, 5, "model snapshot")
+            except TimeoutError:  # none yet: read again from the start
+                continue
             warm = next((s for s in reversed(snaps) if model_of(s).ready), None)
         assert warm is not None, "no warm snapshot:\n" + w.role.log_tail()
         deadline = time.monotonic() + 60
@@ -187,9 +191,10 @@ def test_a_vpa_worker_with_phase_workloads_decides_each_container_with_its_workl
                 got.setdefault(d.container, set()).add(d.policy)
             return d if d.host == host else None
 
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # each pass reads the topic from its start; none may hold ours yet
         while set(got) != {"plain", "wants-phase"} and time.monotonic() < deadline:
-            read_until(settings, DECISIONS.name, DECISIONS.partitions, decision, 5, "decision")
+            with contextlib.suppress(TimeoutError):
+                read_until(settings, DECISIONS.name, DECISIONS.partitions, decision, 5, "decision")
         assert got == {"plain": {"vpa"}, "wants-phase": {"phase"}}, (got, w.role.log_tail())
         assert w.metric('phasewise_worker_policy_refused_total{policy="phase"}') == 0
     finally:
