@@ -182,7 +182,9 @@ def container_sample(hs: HostSamples, cid: str):
 def test_the_host_agent_reports_a_docker_container_by_its_id(settings, dockerd, spinner, tmp_path):
     c = container_sample(sample_once(settings, dockerd.parent, tmp_path), spinner)
     assert len(c.container) == 64  # Docker's full id, as `docker inspect` names it
-    assert c.cpu_cores > 0.3, c  # one spinning core on a 2-core machine, shared with the test run
+    # a spinning core (an idle container reads ~0): on a 2-core machine shared with the whole test run it gets
+    # what the scheduler leaves it, 0.24 core in one loaded run
+    assert c.cpu_cores > 0.05, c
     assert c.cpu_limit_cores is None and c.mem_limit_bytes is None  # docker run without limits
 
 
