@@ -254,8 +254,9 @@ class StartGuard:
 
     Faust subscribes in its own start, before any group join, as soon as its agents and tables are set up:
     a worker past that step is waiting for the broker or the group (:class:`ReadyGuard`'s watch), one short
-    of it for long is stuck in its start (a call to the consumer thread that never returns), which only a
-    fresh process ends. Pure, like :class:`ReadyGuard`; the clock restarts while the broker is gone.
+    of it for long is stuck in its start (declaring its internal topics or handing the subscription to its
+    consumer thread, a call that never returned), which only a fresh process ends. Pure, like
+    :class:`ReadyGuard`; the clock restarts while the broker is gone.
 
     >>> t = [0.0]
     >>> g = StartGuard(30.0, clock=lambda: t[0])
