@@ -111,12 +111,32 @@ def test_consumer_subscribed_reads_the_kafka_consumer_and_is_false_before_it_exi
     from phasewise.streams.worker import consumer_subscribed
 
     def app(consumer):
-        return NS(consumer=NS(_thread=NS(_consumer=consumer)))
+        return NS(_consumer=NS(_thread=NS(_consumer=consumer)))
 
-    assert not consumer_subscribed(NS())  # no consumer built yet
+    assert not consumer_subscribed(NS(_consumer=None))  # no consumer built yet
     assert not consumer_subscribed(app(None))
     assert not consumer_subscribed(app(NS(subscription=lambda: frozenset())))
     assert consumer_subscribed(app(NS(subscription=lambda: frozenset({"phasewise.samples.v1"}))))
+
+
+def test_the_watching_threads_never_build_the_faust_consumer_or_the_recovery_they_read(tmp_path):
+    """``app.consumer`` and ``app.tables.recovery`` build on first use; built in a guard's or ``/readyz``'s
+    thread they bind to that thread's event loop, and Faust's start then failed with a future "attached to a
+    different loop" or hung (the CI flakes). The watchers read only what Faust has built."""
+    import threading
+
+    from phasewise.streams.app import create_app
+    from phasewise.streams.worker import consumer_subscribed, not_ready_reason, recovery_progress
+
+    s = Settings.from_env({"bootstrap": "127.0.0.1:1", "data_dir": str(tmp_path)}, env={})
+    app = create_app(s)
+    got: list = []
+    t = threading.Thread(target=lambda: got.extend([not_ready_reason(app), recovery_progress(app),
+                                                   consumer_subscribed(app)]))
+    t.start()
+    t.join()
+    assert got == ["no partitions assigned yet (joining the consumer group)", None, False]
+    assert app._consumer is None and app.tables._recovery is None  # still Faust's to build, in its loop
 
 
 # --------------------------------------------------------------------------- real roles, a broker of our own

@@ -173,15 +173,31 @@ def watch(app: object, metrics: object, *, lag_every_s: float = 5.0, ready: str 
     return health
 
 
+def built_consumer(app: object) -> Any:
+    """*app*'s Faust consumer, or None while Faust has not built it yet.
+
+    For the threads that watch the worker (the guards, ``/readyz``): ``app.consumer`` builds the consumer on
+    first use, and one built in such a thread binds its consumer thread to that thread's event loop, not
+    the worker's (Faust's start then fails with a future "attached to a different loop", or hangs).
+    """
+    return getattr(app, "_consumer", None)
+
+
+def built_recovery(app: object) -> Any:
+    """*app*'s table recovery service, or None while Faust has not built it (as :func:`built_consumer`)."""
+    tables = getattr(app, "__dict__", {}).get("tables")  # Faust's cached property, once built
+    return getattr(tables, "_recovery", None)
+
+
 def not_ready_reason(app: object) -> str:
     """What a Faust worker that is not ready waits for: the group, its changelog recovery, or the rebalance's end."""
     try:
-        assigned = len(app.consumer.assignment())  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - the consumer is not built yet
+        assigned = len(built_consumer(app).assignment())
+    except Exception:  # noqa: BLE001 - the consumer is not built or not started yet
         assigned = 0
     if not assigned:
         return "no partitions assigned yet (joining the consumer group)"
-    recovery = getattr(getattr(app, "tables", None), "recovery", None)
+    recovery = built_recovery(app)
     if recovery is not None and getattr(recovery, "in_recovery", False):
         try:
             left = recovery.active_remaining()
@@ -198,10 +214,10 @@ def recovery_progress(app: object) -> tuple[int, int] | None:
     """What moves while a Faust worker makes progress towards ready: its assigned partitions and the
     offsets its recovery reached (None when they cannot be read now)."""
     try:
-        recovery = app.tables.recovery  # type: ignore[attr-defined]
+        recovery = built_recovery(app)
         offsets = sum(v for v in list(recovery.active_offsets.values()) if v is not None)
         offsets += sum(v for v in list(recovery.standby_offsets.values()) if v is not None)
-        return len(app.consumer.assignment()), offsets  # type: ignore[attr-defined]
+        return len(built_consumer(app).assignment()), offsets
     except Exception:  # noqa: BLE001 - not built yet, or changing under us
         return None
 
@@ -290,7 +306,7 @@ class StartGuard:
 def consumer_subscribed(app: object) -> bool:
     """Whether the Faust worker's Kafka consumer has subscribed to its topics (read from another thread)."""
     try:
-        consumer = app.consumer._thread._consumer  # type: ignore[attr-defined]
+        consumer = built_consumer(app)._thread._consumer
         return consumer is not None and bool(consumer.subscription())
     except Exception:  # noqa: BLE001 - not built yet
         return False
