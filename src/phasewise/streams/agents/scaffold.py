@@ -14,6 +14,9 @@ handler that stops the worker when an agent dies (:func:`fail_worker_on_agent_er
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,6 +42,26 @@ Timer = Callable[["Context"], Awaitable[None]]
 _OWN_KEYRING: Any = object()
 
 
+#: seconds a worker whose agent died may take to stop before it exits anyway: Faust's stop waits for its streams
+#: to drain ("Wait for streams..."), and the dead agent's never does; nothing is committed after the death
+DEAD_AGENT_EXIT_S = 15.0
+
+
+def exit_after(delay_s: float, reason: str) -> threading.Thread:
+    """A daemon thread that ends this process with status 1 after *delay_s* unless it ended by then."""
+
+    def run() -> None:
+        time.sleep(delay_s)
+        log.critical("%s; still stopping %g s later (Faust waits for the dead agent's stream): exiting now",
+                     reason, delay_s)
+        logging.shutdown()
+        os._exit(1)
+
+    t = threading.Thread(target=run, name="phasewise-dead-agent-exit", daemon=True)
+    t.start()
+    return t
+
+
 def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: Any) -> Callable[..., Any]:
     """``on_error`` of every agent of a worker (the app's ``_on_agent_error``): a dead agent stops the
     worker, and nothing is committed.
@@ -52,7 +75,7 @@ def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: Any) -> Callable
     after it are read again by the next worker), the ready gauge
     drops to 0, and the agent's supervisor (``mode.CrashingSupervisor``, see
     :func:`phasewise.streams.app.create_app`) crashes the app, so the process
-    exits with status 1.
+    exits with status 1 (after :data:`DEAD_AGENT_EXIT_S` at the latest).
     """
 
     async def on_agent_error(agent: Any, exc: BaseException) -> None:
@@ -61,6 +84,7 @@ def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: Any) -> Callable
         metrics.ready.set(0)
         log.critical("%s; no further offsets are committed and the worker stops (exit status 1)", reason,
                      exc_info=exc)
+        exit_after(DEAD_AGENT_EXIT_S, reason)
 
     return on_agent_error
 
