@@ -127,7 +127,10 @@ def test_after_an_agent_died_no_commit_passes_the_barrier_and_ready_stays_0():
     class Agent:
         name = "phasewise.vpa-samples"
 
-    run(fail_worker_on_agent_error(barrier, metrics)(Agent(), RuntimeError("boom")))
+    exits: list = []  # the real one would end this process (pytest's) after the grace
+    run(fail_worker_on_agent_error(barrier, metrics, exit_later=lambda s, why: exits.append((s, why)))(
+        Agent(), RuntimeError("boom")))
+    assert exits == [(15.0, "agent phasewise.vpa-samples died: RuntimeError: boom")]
     assert metrics.registry.get_sample_value("phasewise_worker_ready") == 0
     for _ in range(2):  # sticky
         with pytest.raises(WorkerFailed, match="agent phasewise.vpa-samples died: RuntimeError: boom"):

@@ -62,7 +62,8 @@ def exit_after(delay_s: float, reason: str) -> threading.Thread:
     return t
 
 
-def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: Any) -> Callable[..., Any]:
+def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: Any,
+                               exit_later: Callable[[float, str], object] = exit_after) -> Callable[..., Any]:
     """``on_error`` of every agent of a worker (the app's ``_on_agent_error``): a dead agent stops the
     worker, and nothing is committed.
 
@@ -75,7 +76,8 @@ def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: Any) -> Callable
     after it are read again by the next worker), the ready gauge
     drops to 0, and the agent's supervisor (``mode.CrashingSupervisor``, see
     :func:`phasewise.streams.app.create_app`) crashes the app, so the process
-    exits with status 1 (after :data:`DEAD_AGENT_EXIT_S` at the latest).
+    exits with status 1 (after :data:`DEAD_AGENT_EXIT_S` at the latest: *exit_later(seconds, reason)*,
+    by default :func:`exit_after`).
     """
 
     async def on_agent_error(agent: Any, exc: BaseException) -> None:
@@ -84,7 +86,7 @@ def fail_worker_on_agent_error(barrier: CommitBarrier, metrics: Any) -> Callable
         metrics.ready.set(0)
         log.critical("%s; no further offsets are committed and the worker stops (exit status 1)", reason,
                      exc_info=exc)
-        exit_after(DEAD_AGENT_EXIT_S, reason)
+        exit_later(DEAD_AGENT_EXIT_S, reason)
 
     return on_agent_error
 
