@@ -21,7 +21,7 @@ import pytest
 
 from phasewise.actuators.backends.replicas import replica_container
 from phasewise.kit.broker import free_port
-from phasewise.kit.records import Actuation, Decision, JobRequests, JobService, encode
+from phasewise.kit.records import Actuation, Decision, JobEvent, JobRequests, JobService, encode
 from phasewise.kit.topics import ACTUATIONS, DECISIONS, JOB_EVENTS
 from tests.actuators.conftest import job_python
 from tests.actuators.test_replicas import cgroup_of, free_ports
@@ -116,7 +116,7 @@ class Load:
 def test_a_slow_service_gets_a_second_replica_through_the_real_roles_and_loses_it_when_idle(broker, tmp_path):
     run = Run(broker, tmp_path, f"as-{uuid.uuid4().hex[:6]}")
     key_file, ring = _key(tmp_path)
-    topics = Topics(run.settings, ACTUATIONS, DECISIONS)
+    topics = Topics(run.settings, ACTUATIONS, DECISIONS, JOB_EVENTS)
     tag = uuid.uuid4().hex[:6]
     signed = {"PHASEWISE_SIGNING_KEY_FILE": str(key_file)}
     wport, port = free_port(), free_ports(4)
@@ -170,6 +170,14 @@ def test_a_slow_service_gets_a_second_replica_through_the_real_roles_and_loses_i
         (d2, a2) = actuations("scale")[1]
         assert d2.details["replicas"] == 1 and a2.status == "applied" and "replica 2 stopped" in a2.message, a2
         assert not run.layout.exists(replica_container(job, 2))
+
+        def scaled() -> list[JobEvent]:
+            topics.drain()
+            return [e for e in topics.records(JobEvent, JOB_EVENTS) if e.job == job and e.kind == "scaled"]
+
+        # the actuator's count of each change, with the most it runs (the spec's max_replicas, 2)
+        run.wait(lambda: len(scaled()) >= 2, 30, "the service's scaled states")
+        assert [(e.replicas, e.max_replicas) for e in scaled()] == [(2, 2), (1, 2)]
     finally:
         if load is not None:
             load.close()

@@ -44,6 +44,12 @@ class Recorder:
                                      f"{[(e.job, e.kind) for e in self.job_events()]}")
         return found()
 
+    def wait_for(self, found, timeout: float = 60.0) -> None:
+        """Until *found()* is true (at most *timeout* s: then the test fails)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(found()), timeout):
+                raise AssertionError(f"not within {timeout:g} s; got {[(e.job, e.kind) for e in self.job_events()]}")
+
     def poll(self, timeout=0):
         return 0
 

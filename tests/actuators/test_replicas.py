@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import signal
 import socket
 import time
 import uuid
@@ -129,7 +130,7 @@ def make_actuator(settings, backend, tmp_path) -> tuple[Actuator, Recorder]:
 def test_a_service_scales_from_one_to_three_real_replicas_behind_one_endpoint_and_back(tmp_path, layout):
     s = job_settings(tmp_path)
     backend = job_backend(layout, s)
-    act, _rec = make_actuator(s, backend, tmp_path)
+    act, rec = make_actuator(s, backend, tmp_path)
     port = free_ports(5)
     job = f"svc-{uuid.uuid4().hex[:6]}"
     start = service_start(job, port, [job_python(), "-c", SERVE], max_replicas=4)
@@ -167,9 +168,24 @@ def test_a_service_scales_from_one_to_three_real_replicas_behind_one_endpoint_an
             assert row is not None and row.ended is None and row.pid in pids
             assert (layout.path(replica_container(job, k), "cpuset") / "cpuset.cpus").read_text() == \
                 (layout.path(job, "cpuset") / "cpuset.cpus").read_text()
+        # the service's scaled state says how many run and the most this actuator runs
+        (sc,) = [e for e in rec.job_events(job) if e.kind == "scaled"]
+        assert (sc.replicas, sc.max_replicas, sc.host, sc.container) == (3, 4, "h1", job) and sc.reason is None
+        # replica 3 dies on its own: the service's scaled state says 2 run now
+        third = act.ledger.started_job(replica_container(job, 3)).pid
+        os.kill(third, signal.SIGKILL)
+        rec.wait_for(lambda: [e for e in rec.job_events(job) if e.kind == "scaled" and e.replicas == 2])
+        (sc,) = [e for e in rec.job_events(job) if e.kind == "scaled" and e.replicas == 2]
+        assert "ended on its own" in sc.reason and replica_container(job, 3) in sc.reason
+        pids = answering(port, 2)
+        assert len(pids) == 2
+        a = act.handle(decision(job, "scale", {**start, "replicas": 3}), None, 0, 21)
+        assert a.status == "applied" and "3 replica(s)" in a.message, a.message
+        pids = answering(port, 3)
 
         a = act.handle(decision(job, "scale", {**start, "replicas": 1}), None, 0, 3)
         assert a.status == "applied" and "1 replica(s) [1]" in a.message and "replica 3 stopped" in a.message
+        assert [e.replicas for e in rec.job_events(job) if e.kind == "scaled"] == [3, 2, 3, 1]
         assert {ask(port) for _ in range(6)} == {first}
         for p in pids - {first}:
             assert not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text()
@@ -201,7 +217,7 @@ def test_a_service_scales_from_one_to_three_real_replicas_behind_one_endpoint_an
 def test_scale_decisions_pass_the_trust_rules_of_starting_a_job(tmp_path, layout):
     s = job_settings(tmp_path)
     backend = job_backend(layout, s)
-    act, _ = make_actuator(s, backend, tmp_path)
+    act, rec = make_actuator(s, backend, tmp_path)
     port = free_ports(4)
     job = f"svc-{uuid.uuid4().hex[:6]}"
     start = service_start(job, port, [job_python(), "-c", SERVE], max_replicas=2)
@@ -222,6 +238,8 @@ def test_scale_decisions_pass_the_trust_rules_of_starting_a_job(tmp_path, layout
         a = act.handle(decision(job, "scale", {**start, "replicas": 9}), None, 0, 5)
         assert a.status == "clamped" and "lowered to its signed spec's service.max_replicas (2)" in a.message
         assert len(answering(port, 2)) == 2
+        (sc,) = [e for e in rec.job_events(job) if e.kind == "scaled"]   # (the refused ones changed nothing)
+        assert (sc.replicas, sc.max_replicas) == (2, 2) and "lowered to" in sc.reason
         a = act.handle(decision(job, "scale", {**start, "replicas": 0}), None, 0, 6)
         assert a.status == "clamped" and "raised to 1" in a.message
         bad = act.handle(decision(job, "scale", {**start, "replicas": "3"}), None, 0, 7)

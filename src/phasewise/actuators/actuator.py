@@ -30,7 +30,7 @@ from phasewise.actuators.backends import Backend, CgroupBackend, JobExit
 from phasewise.actuators.backends.gpu_share_enforcement import carry, start_environment
 from phasewise.actuators.backends.job_watch import signal_name
 from phasewise.actuators.backends.replicas import LocalReplicas
-from phasewise.actuators.commands import Bind, Outcome, ScaleReplicas, SetLimits, StartJob
+from phasewise.actuators.commands import Bind, Outcome, Scale, ScaleReplicas, SetLimits, StartJob
 from phasewise.actuators.ledger import Ledger, StartedJob
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
@@ -54,7 +54,7 @@ from phasewise.kit.records import (
     decode,
     encode,
 )
-from phasewise.kit.records.jobs import MAX_REASON
+from phasewise.kit.records.jobs import MAX_REASON, MAX_REPLICAS
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring
 from phasewise.kit.topics import ACTUATIONS, DECISIONS, JOB_EVENTS
@@ -339,6 +339,8 @@ class Actuator:
         if d.action == "terminate":  # an end seen from now on was asked for
             self._terminating[d.container] = (d.id, time.time())  # the watcher's clock
         out = self._apply_with_retries(p)
+        if isinstance(p.command, (Scale, ScaleReplicas)) and out.replicas is not None:
+            self._scaled(d, p.command, out.replicas, "; ".join(p.notes) or None)
         if d.action == "terminate" and out.status != "applied":
             self._terminating.pop(d.container, None)
         watched = getattr(self.backend, "watched", None)
@@ -370,7 +372,7 @@ class Actuator:
         elif d.action in ("freeze", "thaw"):
             self._froze(d, "frozen" if d.action == "freeze" else "thawed")
         msg = "; ".join(m for m in (p.message, out.message, shared) if m)
-        return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes, pid=out.pid)
+        return Outcome(p.status, msg, out.cpu_cores, out.mem_bytes, pid=out.pid, replicas=out.replicas)
 
     def _share(self, d: Decision, exists: bool) -> Outcome:
         """A ``share`` decision: held for the job's start when its container does not exist yet (its place
@@ -485,6 +487,34 @@ class Actuator:
         self._job_event(JobEvent(job=job, ts=self.clock(), kind="rejected", host=self.settings.host,
                                  container=d.container, reason=_clip(reason or "refused")))
 
+    def _scaled(self, d: Decision, cmd: Scale | ScaleReplicas, replicas: int, notes: str | None) -> None:
+        """A scale command ran (or failed half-way): the service's ``scaled`` state, with the replicas running
+        now and the most this actuator runs (the autoscaler counts on them; the placement agent books the
+        local replicas on the first one's node). A Deployment's pods are placed by Kubernetes: no host."""
+        job = job_of(d)
+        if _JOB_ID.match(job):
+            self._job_event(JobEvent(job=job, ts=self.clock(), kind="scaled", workload="inference",
+                                     host=None if isinstance(cmd, Scale) else self.settings.host,
+                                     container=d.container, replicas=min(replicas, MAX_REPLICAS),
+                                     max_replicas=cmd.most, reason=_clip(notes) if notes else None))
+
+    def _replica_ended(self, e: JobExit) -> None:
+        """A service's replica k > 1 ended on its own (not stopped by a scale command): the service's
+        ``scaled`` state with the replicas still running."""
+        service = e.container.rpartition("@r")[0]
+        started = self.ledger.started_job(service)
+        if self.replicas is None or not service or started is None or started.ended is not None:
+            return
+        ports = self.replicas.balancers.get(service)
+        n = len(self.replicas.running(service, ports.port)) if ports is not None else 0
+        why = f"replica {e.container} ended on its own" + (f" (exit status {e.returncode})"
+                                                            if e.returncode is not None else "")
+        if _JOB_ID.match(started.job):
+            self._job_event(JobEvent(job=started.job, ts=self.clock(), kind="scaled", workload="inference",
+                                     host=self.settings.host, container=service, replicas=min(n, MAX_REPLICAS),
+                                     max_replicas=min(self.settings.actuator.max_replicas, MAX_REPLICAS),
+                                     reason=_clip(why)))
+
     def _froze(self, d: Decision, kind: str) -> None:
         """A freeze or thaw decision was applied to a job's container: its ``frozen`` / ``thawed`` state."""
         job = job_of(d)
@@ -502,8 +532,12 @@ class Actuator:
         replica's); a service's first replica's end takes the other replicas and the endpoint with it."""
         if self.replicas is not None and self.replicas.is_replica(e.container):
             with self.lock:
+                row = self.ledger.started_job(e.container)
+                on_its_own = row is not None and row.ended is None  # (a scale command's stop ended it first)
                 self.ledger.record_end(e.container, pid=e.pid, exit_status=e.returncode, now=e.ended)
-            self.replicas.names.discard(e.container)
+                self.replicas.names.discard(e.container)
+                if on_its_own:
+                    self._replica_ended(e)
             return None
         ev = self._job_ended(e)
         if ev is not None:
@@ -689,7 +723,8 @@ class Actuator:
                 break
             if attempt + 1 == attempts:
                 out = Outcome.failed(f"{out.message} (temporary error; gave up after {attempts} attempts)",
-                                     temporary=True, cpu_cores=out.cpu_cores, mem_bytes=out.mem_bytes)
+                                     temporary=True, cpu_cores=out.cpu_cores, mem_bytes=out.mem_bytes,
+                                     replicas=out.replicas)
                 break
             delay = s.actuator.apply_retry_backoff_s * 2**attempt
             log.warning("temporary error applying %r (attempt %d/%d), retrying in %.2fs: %s",

@@ -128,6 +128,8 @@ class Scale:
     deployment: str
     replicas: int
     namespace: str = "default"
+    #: the most replicas the actuator runs of this service (reported with its ``scaled`` state)
+    most: int | None = None
 
     @property
     def container(self) -> str:
@@ -149,6 +151,8 @@ class ScaleReplicas:
     port: int
     start: StartJob
     grace_s: float
+    #: the most replicas the actuator runs of this service (reported with its ``scaled`` state)
+    most: int | None = None
 
 
 Command = SetLimits | SetCpuWeight | Freeze | Thaw | Terminate | StartJob | Evict | Bind | Scale | ScaleReplicas
@@ -163,7 +167,8 @@ class Outcome:
     ``temporary`` marks a failure a retry may fix (the consumer decides
     whether to retry); it is meaningless for other statuses. ``pid``: the
     process a :class:`StartJob` started (``None`` for everything else, and
-    for a dry run).
+    for a dry run). ``replicas``: a service's replicas running after a scale command (also after one
+    that failed half-way), ``None`` for everything else.
     """
 
     status: str
@@ -172,6 +177,7 @@ class Outcome:
     mem_bytes: int | None = None
     temporary: bool = False
     pid: int | None = None
+    replicas: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -179,10 +185,10 @@ class Outcome:
 
     @classmethod
     def applied(cls, message: str = "", *, cpu_cores: float | None = None,
-                mem_bytes: int | None = None, pid: int | None = None) -> Outcome:
-        return cls("applied", message, cpu_cores, mem_bytes, pid=pid)
+                mem_bytes: int | None = None, pid: int | None = None, replicas: int | None = None) -> Outcome:
+        return cls("applied", message, cpu_cores, mem_bytes, pid=pid, replicas=replicas)
 
     @classmethod
     def failed(cls, message: str, *, temporary: bool = False, cpu_cores: float | None = None,
-               mem_bytes: int | None = None) -> Outcome:
-        return cls("failed", message, cpu_cores, mem_bytes, temporary)
+               mem_bytes: int | None = None, replicas: int | None = None) -> Outcome:
+        return cls("failed", message, cpu_cores, mem_bytes, temporary, replicas=replicas)

@@ -16,7 +16,7 @@ __all__ = ["ACTUATOR_JOB_STATES", "FALLBACK_OUTCOMES", "LATENCY_BUCKETS", "RECOV
            "ActuatorMetrics"]
 
 #: the job states an actuator publishes (docs/jobs.md, "Lifecycle")
-ACTUATOR_JOB_STATES = ("started", "rejected", "frozen", "thawed", "finished", "failed", "terminated")
+ACTUATOR_JOB_STATES = ("started", "rejected", "frozen", "thawed", "finished", "failed", "terminated", "scaled")
 #: what a restarted actuator found of each job of its registry (docs/jobs.md, "Actuator")
 RECOVERY_OUTCOMES = ("watched", "ended", "republished")
 

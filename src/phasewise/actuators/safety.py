@@ -523,7 +523,7 @@ def plan_scale(decision: Decision, *, exists: bool, submitters: SubmitterKeys | 
             return Rejected(f"scale decision for {c!r}: job {job.job!r}'s service names no Kubernetes Deployment "
                             "(service.deployment)")
         namespace, _, name = svc.deployment.partition("/")
-        return Planned(Scale(name, want, namespace), tuple(notes))
+        return Planned(Scale(name, want, namespace, most=cap), tuple(notes))
     if want < 1:
         notes.append(f"replicas {want} raised to 1: replica 1 is the job itself (a terminate decision stops it)")
         want = 1
@@ -534,8 +534,8 @@ def plan_scale(decision: Decision, *, exists: bool, submitters: SubmitterKeys | 
     start = StartJob(c, "", job.argv, tuple(dev), job=job.job, cpu_cores=r.cpu_cores or None,
                      mem_bytes=int(r.mem_bytes) if r.mem_bytes else None)
     return Planned(ScaleReplicas(c, want, svc.port, start, float(min(settings.actuator.terminate_grace_s,
-                                                                     settings.actuator.terminate_grace_max_s))),
-                   tuple(notes))
+                                                                     settings.actuator.terminate_grace_max_s)),
+                                 most=cap), tuple(notes))
 
 
 def plan_weight(decision: Decision, *, settings: Settings) -> Planned | Rejected:

@@ -239,3 +239,58 @@ def test_a_service_with_a_metrics_url_is_scraped_there_and_no_answer_changes_not
     (t,) = st.targets()
     assert t.urls == ("http://prometheus.example:9090/federate?match=svc",)
     assert st.decide(10.0, {"svc": {t.urls[0]: None}}) == [] and st.decide(20.0, {"svc": {t.urls[0]: None}}) == []
+
+
+def scaled(replicas, most=None, job="svc", ts=130.0):
+    from phasewise.kit.records import JobEvent, encode
+
+    return encode(JobEvent(job=job, ts=ts, kind="scaled", host=HOST, container=job, replicas=replicas,
+                           max_replicas=most, workload="inference"))
+
+
+def test_the_actuators_scaled_state_sets_the_replica_count_and_caps_what_is_asked_after():
+    """Asked for 3, the actuator runs 2 (its actuator_max_replicas): the step scrapes 2, asks for no more."""
+    st = make_step(max_replicas=4, max_step=2)
+    st.handle(service_submitted(), 0, 1)
+    st.handle(started(), 0, 2)
+    u1, u2, u3 = (f"http://127.0.0.1:{21000 + k}/metrics" for k in (1, 2, 3))
+    st.decide(10.0, {"svc": {u1: slow(10, 100)}})
+    (d,) = st.decide(20.0, {"svc": {u1: slow(20, 300)}})
+    assert d.details["replicas"] == 2
+    # slower still: 2 -> 3 asked (the step believes what it asked for until the actuator says otherwise)
+    st.decide(30.0, {"svc": {u1: slow(30, 300), u2: slow(30, 100)}})
+    (d,) = st.decide(40.0, {"svc": {u1: slow(40, 600), u2: slow(40, 400)}})
+    assert d.details["replicas"] == 3 and st.targets()[0].urls[-1] == u3
+    st.handle(scaled(2, most=2), 0, 3)                           # the actuator runs 2 at most
+    assert st.services["svc"]["n"] == 2 and st.targets()[0].urls == (u1, u2)
+    # still slow: nothing more is asked (the service is at the most its actuator runs)
+    st.decide(50.0, {"svc": {u1: slow(50, 600), u2: slow(50, 400)}})
+    assert st.decide(60.0, {"svc": {u1: slow(60, 900), u2: slow(60, 700)}}) == []
+    # a replica ended on its own: one runs, the step asks for the second again (up to the cap)
+    st.handle(scaled(1, most=2, ts=131.0), 0, 4)
+    st.decide(70.0, {"svc": {u1: slow(70, 900)}})
+    (d,) = st.decide(80.0, {"svc": {u1: slow(80, 1200)}})
+    assert (d.details["current"], d.details["replicas"]) == (1, 2)
+    assert u3 not in st.targets()[0].urls
+    # the cap is part of the state: a restored step keeps it
+    (w,) = st.writes()
+    again = make_step(max_replicas=4, max_step=2)
+    again.restore([(w[0], w[2])])
+    assert again.services["svc"]["most"] == 2
+    assert again._scaler("svc").config.max_replicas == 2
+
+
+def test_a_scaled_state_needs_the_cluster_keys_signature_and_one_before_started_changes_nothing():
+    from phasewise.kit.job_signing import start_details
+    from phasewise.models.jobs.autoscaler import AutoscaleStep
+    from phasewise.models.jobs.events import SignatureRefused
+    from phasewise.models.jobs.submissions import Submissions
+
+    st = AutoscaleStep(step_config(), Submissions(start_details), verify=lambda k, raw, h: "no signature")
+    st.handle(service_submitted(), 0, 1)
+    with pytest.raises(SignatureRefused, match="scaled svc: not signed by the cluster key"):
+        st.handle(scaled(3), 0, 2)
+    plain = make_step()
+    plain.handle(service_submitted(), 0, 1)
+    plain.handle(scaled(3), 0, 2)                                # before its started event: nothing to count
+    assert plain.services["svc"]["n"] is None and plain.targets() == []

@@ -163,10 +163,11 @@ def _admitted(job: str, host: str, ts: float = 5.0, resume: bool = False, contai
 
 def test_after_admission_a_job_is_held_until_admitted_then_placed_on_that_host_only():
     s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
-    assert s.acts_on == {"submitted", "started", "finished", "failed", "rejected", "lost", "terminated", "admitted",
-                         "stopped"}
+    assert s.acts_on == {"submitted", "started", "scaled", "finished", "failed", "rejected", "lost", "terminated",
+                         "admitted", "stopped"}
     # (without: the hints are not its concern)
-    assert _state().acts_on == {"submitted", "started", "finished", "failed", "rejected", "lost", "terminated"}
+    assert _state().acts_on == {"submitted", "started", "scaled", "finished", "failed", "rejected", "lost",
+                                "terminated"}
     s.samples(_sample("h1", gpus=1)), s.samples(_sample("h2", gpus=1, util=90.0))
     s.submitted(_job("a", gpus=1), now=0.0)
     assert s.decide(now=1.0, ts=10.0) == [] and not s.waiting and not s.pending(1.0)  # held, not waiting
@@ -406,3 +407,37 @@ def test_horus_outcome_of_an_ended_job_is_not_held():
     assert s.predictions["a"] == learned
     s.prediction(dataclasses.replace(learned, job="gone"))
     assert "gone" not in s.predictions
+
+
+def test_a_services_replicas_are_booked_on_its_node_and_freed_with_it_across_a_restart():
+    s = _state(place_prediction_wait_s=0.0)
+    s.samples(_sample("h1", cpus=8, gpus=0))
+    s.submitted(_job("svc", gpus=0, cpu=2.0), now=0.0)
+    [(d, _)] = s.decide(now=0.0, ts=1.0)
+    i = s.cluster.index["h1"]
+    s.job_event(JobEvent(job="svc", ts=2.0, kind="started", host="h1", container="svc", pid=7), now=0.0)
+    assert s.cluster.cpu_alloc[i] == 2000
+    scaled = lambda n, ts, host="h1": JobEvent(job="svc", ts=ts, kind="scaled", host=host,  # noqa: E731
+                                               container="svc", replicas=n, max_replicas=4, workload="inference")
+    s.job_event(scaled(3, 3.0), now=0.0)
+    assert s.cluster.cpu_alloc[i] == 6000 and s.cluster.mem_alloc[i] == 6 * GIB
+    s.job_event(scaled(3, 3.5), now=0.0)                      # the same count again: nothing more
+    assert s.cluster.cpu_alloc[i] == 6000
+    s.job_event(scaled(5, 3.6, host=None), now=0.0)            # a Deployment's pods: Kubernetes places them
+    assert s.cluster.cpu_alloc[i] == 6000
+    # a job of 3 cores no longer fits beside the three replicas (8 - 6 = 2 cores free)
+    s.submitted(_job("big", gpus=0, cpu=3.0), now=0.0)
+    assert s.decide(now=0.0, ts=4.0) == [] and "big" in s.waiting
+    # restarted: the three replicas are booked again
+    table = {k: v for k, _p, v in s.writes()}
+    s2 = _state(place_prediction_wait_s=0.0)
+    s2.restore(table.items())
+    s2.samples(_sample("h1", cpus=8, gpus=0))
+    assert s2.cluster.cpu_alloc[s2.cluster.index["h1"]] == 6000
+    # one replica again: two replicas' room frees and the waiting job is placed
+    s.job_event(scaled(1, 5.0), now=0.0)
+    assert s.cluster.cpu_alloc[i] == 2000
+    [(d, _)] = s.decide(now=0.0, ts=6.0)
+    assert d.container == "big"
+    s.job_event(JobEvent(job="svc", ts=7.0, kind="finished", exit_code=0), now=0.0)
+    assert s.cluster.cpu_alloc[i] == 3000                       # only big's booking left

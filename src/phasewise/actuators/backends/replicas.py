@@ -288,9 +288,10 @@ class LocalReplicas:
                                         env=(*cmd.start.env, ("PORT", str(port + k))))
             out = self.backend.apply(start)
             if out.status != "applied":
-                self._point(balancer, c, port)
+                ks = self._point(balancer, c, port)
                 return Outcome.failed(f"service {c!r}: replica {k} did not start: {out.message}"
-                                      + (f" ({'; '.join(said)})" if said else ""), temporary=out.temporary)
+                                      + (f" ({'; '.join(said)})" if said else ""), temporary=out.temporary,
+                                      replicas=len(ks))
             self.names.add(name)
             self.on_start(name, name, out.pid)
             said.append(f"replica {k} pid {out.pid} on port {port + k}" + self._same_weight(c, name))
@@ -301,8 +302,8 @@ class LocalReplicas:
             name = replica_container(c, k)
             out = self.backend.apply(Terminate(name, cmd.grace_s))
             if out.status != "applied":
-                self._point(balancer, c, port)
-                return Outcome.failed(f"service {c!r}: replica {k} did not stop: {out.message}")
+                ks = self._point(balancer, c, port)
+                return Outcome.failed(f"service {c!r}: replica {k} did not stop: {out.message}", replicas=len(ks))
             try:
                 self._remove(name)
             except (OSError, CgroupError) as e:
@@ -311,7 +312,8 @@ class LocalReplicas:
             said.append(f"replica {k} stopped")
         now = self._point(balancer, c, port)
         what = "; ".join(said) if said else "no change"
-        return Outcome.applied(f"service {c}: {len(now)} replica(s) {now} behind 127.0.0.1:{port} ({what})")
+        return Outcome.applied(f"service {c}: {len(now)} replica(s) {now} behind 127.0.0.1:{port} ({what})",
+                               replicas=len(now))
 
     def _same_weight(self, container: str, name: str) -> str:
         """Give replica *name* the CPU weight of the first replica in *container* (its priority's, when an

@@ -52,7 +52,7 @@ MAX_REASON = 1024
 #: a job's states (docs/jobs.md, "Lifecycle"); :data:`TERMINAL_KINDS` end it (``terminated`` does unless it
 #: is resumed, which only the agent that stopped it knows)
 JOB_EVENT_KINDS = ("submitted", "started", "progress", "priority", "finished", "admitted", "stopped",
-                   "rejected", "frozen", "thawed", "failed", "terminated", "lost", "waiting")
+                   "rejected", "frozen", "thawed", "failed", "terminated", "lost", "waiting", "scaled")
 TERMINAL_KINDS = frozenset({"finished", "failed", "rejected", "lost"})
 #: a whole job event as published: its fields' own bounds take about 40 KB at most; re-encoded (text
 #: escaped as ASCII grows at most threefold) inside a decision with the signature, a role's outputs
@@ -170,7 +170,10 @@ class JobEvent:
                           "admitted: the priority agent let the job start (or resume, `resume`) on `host` now, "
                           "for the placement agent to place there; stopped: the priority agent stopped the job "
                           "by checkpoint-and-exit (what it booked is free; a frozen job is not stopped); waiting: the "
-                          "placement agent found no node for it (reason; sent when the reason changes)")
+                          "placement agent found no node for it (reason; sent when the reason changes); scaled: "
+                          "an inference service's replicas running now (replicas), after a scale decision or a "
+                          "replica's own end, and the most its actuator runs (max_replicas); host: where they run "
+                          "(the first replica's host), none where Kubernetes' scheduler places a Deployment's pods")
     host: str | None = field(default=None, max_length=MAX_HOST_NAME,
                              doc="where it runs (kind started), where it was admitted (kind admitted)")
     container: str | None = field(default=None, max_length=MAX_CONTAINER_NAME,
@@ -200,6 +203,11 @@ class JobEvent:
     metric: float | None = field(default=None)
     metric_name: str | None = field(default=None, max_length=MAX_METRIC_NAME)
     epoch: float | None = field(default=None, minimum=0)
+    replicas: int | None = field(default=None, minimum=0, maximum=MAX_REPLICAS,
+                                 doc="kind scaled: the service's replicas running now (the first one included)")
+    max_replicas: int | None = field(default=None, minimum=0, maximum=MAX_REPLICAS,
+                                     doc="kind scaled: the most replicas of this service its actuator runs "
+                                         "(the lower of its spec's service.max_replicas and actuator_max_replicas)")
     resume: bool = field(default=False, doc="kind admitted: the job restarts from its checkpoint (it was stopped)")
     signature: str | None = field(default=None, pattern=r"^[a-z0-9]{1,16}:[0-9a-f]{8}:[A-Za-z0-9+/=]{1,200}$",
                                   doc="kind submitted: the submitter's signature, ed25519:<key id>:<base64>, over "

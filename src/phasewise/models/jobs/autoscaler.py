@@ -46,7 +46,7 @@ __all__ = ["ACTS_ON", "ENDS", "Autoscaler", "AutoscalerConfig", "AutoscaleStep",
 log = logging.getLogger(__name__)
 
 #: the job-event kinds the step acts on
-ACTS_ON = frozenset({"submitted", "started", "finished", "failed", "terminated", "rejected", "lost"})
+ACTS_ON = frozenset({"submitted", "started", "scaled", "finished", "failed", "terminated", "rejected", "lost"})
 #: the kinds after which a service is forgotten (its replicas are the actuator's to stop)
 ENDS = frozenset({"finished", "failed", "terminated", "rejected", "lost"})
 
@@ -83,10 +83,13 @@ class AutoscalerConfig:
         if self.max_step < 1 or self.up_step < 1:
             raise ValueError("AutoscalerConfig.max_step and up_step must be >= 1")
 
-    def for_service(self, svc: JobService) -> AutoscalerConfig:
-        """This configuration with what *svc*'s spec sets itself (SLO, replica bounds)."""
+    def for_service(self, svc: JobService, most: int | None = None) -> AutoscalerConfig:
+        """This configuration with what *svc*'s spec sets itself (SLO, replica bounds), its maximum no more than
+        *most* (the replicas its actuator runs at most, when it said)."""
         lo = svc.min_replicas if svc.min_replicas is not None else self.min_replicas
         hi = svc.max_replicas if svc.max_replicas is not None else self.max_replicas
+        if most is not None:
+            hi = min(hi, most)
         return dataclasses.replace(self, slo_p99_ms=svc.slo_p99_ms if svc.slo_p99_ms is not None else self.slo_p99_ms,
                                    min_replicas=min(lo, hi), max_replicas=hi)
 
@@ -329,10 +332,10 @@ class AutoscaleStep:
         if ev.kind == "submitted" and (ev.workload != "inference" or ev.spec is None or ev.spec.service is None):
             self._ignore("not an inference service", ev.job)  # (its time is none of this step's concern)
             return
-        if ev.kind == "started" and self.verify is not None:
+        if ev.kind in ("started", "scaled") and self.verify is not None:
             why = self.verify(key, raw, headers)
-            if why is not None:  # only the actuator that started it says where the service runs
-                raise SignatureRefused(f"JobEvent started {ev.job}: not signed by the cluster key ({why}): where "
+            if why is not None:  # only the actuator that started it says where the service runs, and how many
+                raise SignatureRefused(f"JobEvent {ev.kind} {ev.job}: not signed by the cluster key ({why}): where "
                                        f"the service runs is not taken", "signature")
         if self.positions.seen(ev.job, partition, offset):
             self.replayed += 1
@@ -345,11 +348,27 @@ class AutoscaleStep:
         elif ev.kind == "started":
             s = self.services[ev.job]
             s["host"], s["ctr"], s["n"] = ev.host, ev.container or ev.job, 1
+        elif ev.kind == "scaled":
+            self._scaled(ev)
         elif ev.kind in ENDS:
             self._forget(ev.job)
             return
         self.positions.note(ev.job, partition, offset)
         self._dirty.add(ev.job)
+
+    def _scaled(self, ev: JobEvent) -> None:
+        """The actuator's count of the replicas running now, and the most it runs: they replace what the
+        last decision asked for (a cap, a replica that did not start or ended on its own)."""
+        s = self.services[ev.job]
+        if s["host"] is None:
+            return  # (a scaled state before its started one: the started one says where it runs)
+        if ev.replicas is not None and ev.replicas != s["n"]:
+            log.info("autoscaler: service %s runs %d replica(s), not %s%s", ev.job, ev.replicas, s["n"],
+                     f" ({ev.reason})" if ev.reason else "")
+            s["n"] = ev.replicas
+        if ev.max_replicas is not None and ev.max_replicas != s.get("most"):
+            s["most"] = ev.max_replicas
+            self.scalers.pop(ev.job, None)  # its bounds change (its last change stays in the state)
 
     def _ignore(self, why: str, job: str) -> None:
         self.ignored[why] = self.ignored.get(why, 0) + 1
@@ -396,7 +415,7 @@ class AutoscaleStep:
     def _scaler(self, job: str) -> Autoscaler:
         a = self.scalers.get(job)
         if a is None:
-            cfg = self.config.scaler.for_service(self.service(job))
+            cfg = self.config.scaler.for_service(self.service(job), most=self.services[job].get("most"))
             st = self.services[job].get("sc")
             a = self.scalers[job] = Autoscaler.from_state(cfg, st) if st else Autoscaler(cfg)
         return a

@@ -584,6 +584,10 @@ def _event_text(ev: JobEvent) -> str:
         return ", ".join(p for p in parts if p) or "progress"
     if k == "priority":
         return f"priority now {ev.priority}"
+    if k == "scaled":
+        return " ".join(p for p in (f"{ev.replicas} replica(s)" if ev.replicas is not None else None,
+                                    f"(at most {ev.max_replicas})" if ev.max_replicas is not None else None,
+                                    f"on {ev.host}" if ev.host else None, ev.reason) if p) or k
     if k in ("admitted", "stopped", "frozen", "thawed", "waiting"):
         return " ".join(p for p in (f"on {ev.host}" if ev.host else None, "(resume)" if ev.resume else None,
                                     ev.reason) if p) or k

@@ -49,6 +49,11 @@ def test_a_scale_decision_patches_the_deployments_scale_subresource(serve):  # n
     assert a.status == "clamped" and "replicas 12 lowered to its signed spec's service.max_replicas (5)" in a.message
     assert r.seen[1]["body"] == {"spec": {"replicas": 5}}
     assert [x.decision_id for x in rec.actuations()] and len(rec.actuations()) == 2  # audited as every decision
+    # each a scaled state: the count the API answered (the recorded response says 3), the most, no host (the
+    # Deployment's pods are placed by Kubernetes)
+    evs = [e for e in rec.job_events("llm") if e.kind == "scaled"]
+    assert [(e.replicas, e.max_replicas, e.host) for e in evs] == [(3, 8, None), (3, 5, None)]
+    assert evs[1].reason == "replicas 12 lowered to its signed spec's service.max_replicas (5)"
 
 
 def test_a_throttled_patch_is_retried_and_a_service_without_a_deployment_is_refused(serve):  # noqa: F811

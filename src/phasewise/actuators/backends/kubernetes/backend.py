@@ -398,7 +398,9 @@ class KubernetesBackend:
                                         f"{_q(cmd.deployment)}/scale", {"spec": {"replicas": int(cmd.replicas)}},
                                _MERGE)
         n = ((got or {}).get("spec") or {}).get("replicas")
-        return Outcome.applied(f"deployment {cmd.namespace}/{cmd.deployment} scaled to {n} replicas")
+        ok = isinstance(n, int) and not isinstance(n, bool) and n >= 0
+        return Outcome.applied(f"deployment {cmd.namespace}/{cmd.deployment} scaled to {n} replicas",
+                               replicas=n if ok else cmd.replicas)
 
 
 def weight_advisory(weight: int) -> str:

@@ -102,6 +102,7 @@ class _Alloc:
     gmem: int
     util: float
     workload: str
+    replicas: int = 1
 
 
 class Cluster:
@@ -206,6 +207,21 @@ class Cluster:
         a = _Alloc(i, gpus, job.cpu_milli, job.mem_bytes, job.milli, job.gpu_mem_bytes, _job_util(job), job.workload)
         self._book(a, +1)
         self.allocs[job.job] = a
+
+    def rescale(self, job: str, replicas: int) -> str | None:
+        """Book *replicas* times the CPU and memory *job* booked for one (an inference service's local
+        replicas share its node and GPUs), without the feasibility check (they run already); its node's
+        name (``None``: *job* has no booking here)."""
+        a = self.allocs.get(job)
+        if a is None:
+            return None
+        k = max(1, int(replicas))
+        one_cpu, one_mem = a.cpu // a.replicas, a.mem // a.replicas
+        if k != a.replicas:
+            self._book(a, -1)
+            a.cpu, a.mem, a.replicas = one_cpu * k, one_mem * k, k
+            self._book(a, +1)
+        return self.names[a.node]
 
     def release(self, job: str) -> str | None:
         """Free what *job* had booked; its node's name (None when it had nothing)."""

@@ -105,7 +105,7 @@ class PlacementState:
         #: the priority agent's CPU weight rule, sent with an admitted job's place decision
         self.weight_ratio = config.weight_ratio if config.after_admission else None
         #: the job-event kinds acted on (the others are skipped)
-        self.acts_on = frozenset({"submitted", "started", "terminated"} | TERMINAL_KINDS
+        self.acts_on = frozenset({"submitted", "started", "scaled", "terminated"} | TERMINAL_KINDS
                                  | ({"admitted", "stopped"} if config.after_admission else set()))
         self.start_timeout_s = config.start_timeout_s
         #: the jobs seen ending (kept across restores: a state read again after one is not counted twice)
@@ -219,6 +219,8 @@ class PlacementState:
         for job, b in list(self.pending_bookings.items()):
             if b["node"] in self.cluster.index:
                 self.cluster.restore(self._job(job), b["node"], tuple(b["gpus"]))
+                if int(b.get("replicas", 1)) > 1:
+                    self.cluster.rescale(job, int(b["replicas"]))
                 del self.pending_bookings[job]
         return True
 
@@ -298,6 +300,25 @@ class PlacementState:
         p.pop("start_by", None)
         self.resumable.discard(ev.job)  # a terminated from now on ends this run
         self.start_by.pop(ev.job, None)
+        self.put(ev.job, self._record(ev.job))
+
+    def scaled(self, ev: JobEvent) -> None:
+        """An inference service's actuator runs *ev.replicas* of it now: its booking is that many times one
+        replica's (local replicas share the first one's node). A Deployment's pods (no host) are placed by
+        Kubernetes and are not booked here."""
+        p = self.placed.get(ev.job)
+        if p is None:
+            self._unheld(ev, None if not self.holds(ev.job) else "not_placed")
+            return
+        if ev.replicas is None or not ev.host or ev.host != (self.host if self.local else p["node"]):
+            return
+        n = max(1, ev.replicas)
+        if int(p.get("replicas", 1)) == n:
+            return
+        if (node := self.cluster.rescale(ev.job, n)) is not None and n < int(p.get("replicas", 1)):
+            self._freed(node)
+        log.info("job %s runs %d replica(s) on %s: booked %d times", ev.job, n, p["node"], n)
+        p["replicas"] = n
         self.put(ev.job, self._record(ev.job))
 
     def ended(self, ev: JobEvent) -> None:
@@ -404,6 +425,8 @@ class PlacementState:
             self.submitted(ev, now)
         elif ev.kind == "started":
             self.started(ev)
+        elif ev.kind == "scaled":
+            self.scaled(ev)
         elif ev.kind in TERMINAL_KINDS or ev.kind == "terminated":
             self.ended(ev)
         elif ev.kind == "admitted":
