@@ -20,7 +20,7 @@ from phasewise.actuators.backends.gpu_share_enforcement import mps_daemon, start
 from phasewise.actuators.ledger import Ledger
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.kit.cgroups.fs import CgroupLayout
-from phasewise.kit.records import Decision, encode
+from phasewise.kit.records import Decision, decode, encode
 from phasewise.kit.settings import Settings
 from phasewise.models.jobs.gpu_share import GpuShare, share_decision
 from tests.actuators.conftest import Recorder, job_backend, job_python, job_settings, remove_started_jobs
@@ -63,11 +63,13 @@ def test_share_decisions_are_held_for_the_start_and_advisory_for_a_running_job(t
                    submitters=TRUSTED)
     a = act.handle(encode(share("j1")), b"h1", 0, 1)
     assert a.status == "applied" and "held for the start of job j1" in a.message and "40 %" in a.message
-    assert act.shares["j1"].details["sm_percent"] == 40
+    assert act.ledger.held_shares() == 1
     bad = Decision(id="s-bad", ts=time.time(), host="h1", container="j2", action="share", policy="gpu-share",
                    details={"sm_percent": 0, "mem_limit_bytes": GiB})
     r = act.handle(encode(bad), b"h1", 0, 2)
-    assert r.status == "rejected" and "sm_percent" in r.message and "j2" not in act.shares
+    assert r.status == "rejected" and "sm_percent" in r.message and act.ledger.take_share("j2") is None
+    assert decode(Decision, act.ledger.take_share("j1")).details["sm_percent"] == 40
+    assert act.ledger.held_shares() == 0
     other = Decision(id="s-x", ts=time.time(), host="h1", container="../x", action="share", policy="gpu-share",
                      details={"sm_percent": 10, "mem_limit_bytes": GiB})
     assert "not a managed container name" in act.handle(encode(other), b"h1", 0, 3).message
@@ -87,9 +89,13 @@ def test_a_placed_job_with_a_share_starts_under_the_mps_environment(tmp_path):
     try:
         held = act.handle(encode(share(job, sm=25, mem=2 * GiB, device=1)), b"h1", 0, 1)
         assert held.status == "applied", held.message
+        # the actuator restarts between the share and the place decision: the share is in its ledger
+        act.ledger.close()
+        act = Actuator(s, backend, Ledger(tmp_path / "ledger.sqlite"), rec,
+                       metrics=ActuatorMetrics(CollectorRegistry()), submitters=TRUSTED)
         a = act.handle(encode(_decision(job, str(cpu), [job_python(), "-c", ENV], device=(1,))), b"h1", 0, 2)
         assert a.status == "applied" and "GPU share advisory: no MPS control daemon" in a.message, a.message
-        assert job not in act.shares
+        assert act.ledger.held_shares() == 0
         backend.processes[job].wait(30)
         env = json.loads((tmp_path / "jobs" / job / "env.json").read_text())
         assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["PHASEWISE_JOB"] == job

@@ -150,3 +150,16 @@ def test_ended_jobs_are_pruned_with_old_decisions_and_running_ones_are_kept():
         led.record_end("done", now=10.0)
         led.prune(now=200.0)
         assert led.started_job("done") is None and led.started_job("running") is not None
+
+
+def test_held_shares_are_kept_across_an_open_bounded_and_taken_once(tmp_path):
+    path, t = tmp_path / "l.sqlite", time.time()
+    with Ledger(path) as led:
+        for i in range(5):
+            led.hold_share(f"j{i}", f"share {i}".encode(), most=3, now=t + i)
+        led.hold_share("j4", b"share 4 again", most=3, now=t + 10)   # a newer share replaces the held one
+    with Ledger(path) as led:
+        assert led.held_shares() == 3 and led.take_share("j0") is None and led.take_share("j1") is None
+        assert led.take_share("j4") == b"share 4 again" and led.take_share("j4") is None
+        led.prune(now=t + led.max_age_s + 4)                         # older than max_age_s: dropped
+        assert led.held_shares() == 0

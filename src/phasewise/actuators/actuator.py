@@ -21,7 +21,6 @@ import os
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -158,8 +157,6 @@ class Actuator:
                                                                       backend=self.backend.name, pid=pid,
                                                                       now=self.clock()),
                 on_stop=lambda c: self.ledger.record_end(c, now=self.clock()))
-        #: the share decisions of jobs not started yet, by container: their place decision starts them under it
-        self.shares: OrderedDict[str, Decision] = OrderedDict()
         if hasattr(backend, "on_fallback"):
             backend.on_fallback = lambda outcome: self.metrics.resize_fallbacks.labels(outcome=outcome).inc()
         #: one decision or one job's end at a time: the backend reports ends from its watcher's thread
@@ -333,7 +330,7 @@ class Actuator:
         if isinstance(p.command, StartJob) and not p.command.job:
             p = Planned(dataclasses.replace(p.command, job=job_of(d)), p.notes)
         shared = None
-        if isinstance(p.command, StartJob) and (share := self.shares.pop(d.container, None)) is not None:
+        if isinstance(p.command, StartJob) and (share := self._held_share(d.container)) is not None:
             env, _enforced, shared = start_environment(share, visible=p.command.gpus)
             p = Planned(dataclasses.replace(p.command, env=tuple(sorted(env.items()))), p.notes)
         if d.action == "terminate":  # an end seen from now on was asked for
@@ -396,13 +393,21 @@ class Actuator:
         if where == "hami":
             return Outcome("rejected", f"no pod on this node holds container {d.container!r}: on Kubernetes the "
                                        "share is carried by the job's pod (HAMi resources)")
-        self.shares.pop(d.container, None)
-        self.shares[d.container] = d
-        while len(self.shares) > MAX_HELD_SHARES:
-            self.shares.popitem(last=False)
+        self.ledger.hold_share(d.container, encode(d), most=MAX_HELD_SHARES, now=self.clock())
         return Outcome("applied", f"held for the start of job {job_of(d)}: its place decision starts it under "
                                   f"{d.details['sm_percent']} % of GPU {d.details.get('device', 0)}'s threads and "
                                   f"{d.details['mem_limit_bytes'] // 2**20} MiB (CUDA MPS)")
+
+    def _held_share(self, container: str) -> Decision | None:
+        """The share decision held in the ledger (across restarts) for *container*'s start, taken."""
+        raw = self.ledger.take_share(container)
+        if raw is None:
+            return None
+        try:
+            return decode(Decision, raw)
+        except SchemaError as e:  # (written by this actuator from a verified decision: a version it cannot read)
+            log.error("the share held for %s cannot be read (%s): it starts without one", container, e)
+            return None
 
     def _started(self, d: Decision, cmd: Any, out: Outcome) -> None:
         """Enter a job this actuator started in its registry and announce it (a ``started`` job event).

@@ -1,5 +1,6 @@
 """The actuator's ledger (SQLite, one file per host): which decision ids it handled, which containers it
-terminated, and the registry of the jobs it started, kept across restarts.
+terminated, the GPU shares held for jobs not started yet, and the registry of the jobs it started, kept
+across restarts.
 
 An id is *claimed* before it is applied and its outcome recorded after, so a
 redelivered decision is applied at most once; the tables are bounded by age
@@ -51,6 +52,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     oom_base    INTEGER,         -- the memory cgroup's OOM kill count when it started
     end_event   BLOB,            -- the terminal job event (finished, failed, terminated), as published
     published   REAL             -- when end_event was handed to the producer (NULL: not yet)
+);
+CREATE TABLE IF NOT EXISTS held_shares (
+    container TEXT PRIMARY KEY,  -- a job not started yet: its place decision starts it under this share
+    decision  BLOB NOT NULL,     -- the share decision, as verified
+    held      REAL NOT NULL
 );
 """
 #: columns added to ``jobs`` after it first shipped (a ledger from before gets them, empty)
@@ -180,6 +186,27 @@ class Ledger:
         """*container* was started again: it may be terminated again."""
         self._db.execute("DELETE FROM terminations WHERE container = ?", (container,))
 
+    # ------------------------------------------------------------------ GPU shares held for a start
+
+    def hold_share(self, container: str, decision: bytes, *, most: int, now: float | None = None) -> None:
+        """Keep *decision* (a verified ``share``) for *container*'s start, replacing an earlier one; at most
+        *most* are held (the oldest beyond go)."""
+        self._db.execute("INSERT OR REPLACE INTO held_shares (container, decision, held) VALUES (?, ?, ?)",
+                         (container, decision, time.time() if now is None else now))
+        self._db.execute("DELETE FROM held_shares WHERE container NOT IN "
+                         "(SELECT container FROM held_shares ORDER BY held DESC LIMIT ?)", (most,))
+
+    def take_share(self, container: str) -> bytes | None:
+        """The share held for *container*'s start, no longer held (``None``: none)."""
+        row = self._db.execute("SELECT decision FROM held_shares WHERE container = ?", (container,)).fetchone()
+        if row is None:
+            return None
+        self._db.execute("DELETE FROM held_shares WHERE container = ?", (container,))
+        return bytes(row[0])
+
+    def held_shares(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM held_shares").fetchone()[0]
+
     # ------------------------------------------------------------------ the jobs it started
 
     def record_start(self, container: str, *, job: str, decision: str, backend: str, pid: int | None,
@@ -246,6 +273,7 @@ class Ledger:
         now = time.time() if now is None else now
         n = self._db.execute("DELETE FROM decisions WHERE claimed < ?", (now - self.max_age_s,)).rowcount
         self._db.execute("DELETE FROM terminations WHERE at < ?", (now - self.max_age_s,))
+        self._db.execute("DELETE FROM held_shares WHERE held < ?", (now - self.max_age_s,))
         self._db.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended < ? AND (end_event IS NULL OR "
                          "published IS NOT NULL)", (now - self.max_age_s,))
         n += self._db.execute(
