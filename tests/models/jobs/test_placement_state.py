@@ -164,7 +164,7 @@ def _admitted(job: str, host: str, ts: float = 5.0, resume: bool = False, contai
 def test_after_admission_a_job_is_held_until_admitted_then_placed_on_that_host_only():
     s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
     assert s.acts_on == {"submitted", "started", "scaled", "finished", "failed", "rejected", "lost", "terminated",
-                         "admitted", "stopped"}
+                         "admitted", "stopped", "frozen", "thawed"}
     # (without: the hints are not its concern)
     assert _state().acts_on == {"submitted", "started", "scaled", "finished", "failed", "rejected", "lost",
                                 "terminated"}
@@ -441,3 +441,33 @@ def test_a_services_replicas_are_booked_on_its_node_and_freed_with_it_across_a_r
     assert d.container == "big"
     s.job_event(JobEvent(job="svc", ts=7.0, kind="finished", exit_code=0), now=0.0)
     assert s.cluster.cpu_alloc[i] == 3000                       # only big's booking left
+
+
+def test_after_admission_a_frozen_job_keeps_its_memory_booked_and_frees_its_cpus_and_gpus():
+    s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
+    s.samples(_sample("h1", cpus=4, gpus=1))
+    s.submitted(_job("low", gpus=1, cpu=3.0), now=0.0)
+    s.admitted(_admitted("low", "h1"))
+    [(d, _)] = s.decide(now=1.0, ts=10.0)
+    s.job_event(JobEvent(job="low", ts=11.0, kind="started", host="h1", container="low", pid=9), now=1.0)
+    i = s.cluster.index["h1"]
+    # the priority agent freezes low and admits high on h1: placement must see low's CPUs and GPU free
+    s.submitted(_job("high", gpus=1, cpu=3.0, priority=9, ts=2.0), now=0.0)
+    s.admitted(_admitted("high", "h1", ts=12.0, priority=9))
+    assert s.decide(now=1.0, ts=12.5) == [] and list(s.waiting) == ["high"]   # (before the freeze: no room)
+    s.job_event(JobEvent(job="low", ts=13.0, kind="frozen", host="h1", container="low"), now=1.0)
+    assert (s.cluster.cpu_alloc[i], s.cluster.mem_alloc[i], s.cluster.milli_alloc[i, 0]) == (0, 2 * GIB, 0)
+    [(d, _)] = s.decide(now=1.0, ts=14.0)
+    assert (d.container, d.host) == ("high", "h1")
+    assert (s.cluster.cpu_alloc[i], s.cluster.mem_alloc[i]) == (3000, 4 * GIB)
+    # restarted: low is still booked as frozen (memory only)
+    table = {k: v for k, _p, v in s.writes()}
+    s2 = _state(place_prediction_wait_s=0.0, place_after_admission=True)
+    s2.restore(table.items())
+    s2.samples(_sample("h1", cpus=4, gpus=1))
+    assert (s2.cluster.cpu_alloc[i], s2.cluster.mem_alloc[i], s2.cluster.milli_alloc[i, 0]) == (3000, 4 * GIB, 1000)
+    # high ends and low is thawed: all of low is booked again
+    s.job_event(JobEvent(job="high", ts=20.0, kind="finished", exit_code=0), now=1.0)
+    s.job_event(JobEvent(job="low", ts=21.0, kind="thawed", host="h1", container="low"), now=1.0)
+    s.job_event(JobEvent(job="low", ts=21.5, kind="thawed", host="h1", container="low"), now=1.0)  # (again)
+    assert (s.cluster.cpu_alloc[i], s.cluster.mem_alloc[i], s.cluster.milli_alloc[i, 0]) == (3000, 2 * GIB, 1000)

@@ -43,7 +43,8 @@ TABLE_NAME = "place-state"
 
 #: the job-event kinds only a role with the cluster key writes (the priority agent's hints, the actuator's
 #: states, an agent's lost): with a key, taken only when signed with it
-SIGNED_KINDS = frozenset({"admitted", "stopped", "started", "scaled", "terminated"} | TERMINAL_KINDS)
+SIGNED_KINDS = frozenset({"admitted", "stopped", "started", "scaled", "frozen", "thawed", "terminated"}
+                         | TERMINAL_KINDS)
 
 agent = JobAgent(
     "place", TABLE_NAME, "place: submitted and placed jobs",

@@ -103,6 +103,8 @@ class _Alloc:
     util: float
     workload: str
     replicas: int = 1
+    #: a frozen job's (gpus, cpu, milli, gmem, util) while it holds its memory only
+    held: tuple | None = None
 
 
 class Cluster:
@@ -221,6 +223,29 @@ class Cluster:
             self._book(a, -1)
             a.cpu, a.mem, a.replicas = one_cpu * k, one_mem * k, k
             self._book(a, +1)
+        return self.names[a.node]
+
+    def freeze(self, job: str) -> str | None:
+        """*job* is frozen: it keeps its memory booked and nothing else (its CPUs and GPUs are free, as the
+        priority policy counts a frozen job); its node's name (``None``: not booked here, or frozen already)."""
+        a = self.allocs.get(job)
+        if a is None or a.held is not None:
+            return None
+        self._book(a, -1)
+        a.held = (a.gpus, a.cpu, a.milli, a.gmem, a.util)
+        a.gpus, a.cpu, a.milli, a.gmem, a.util = (), 0, 0, 0, 0.0
+        self._book(a, +1)
+        return self.names[a.node]
+
+    def thaw(self, job: str) -> str | None:
+        """*job* runs again: all it booked is booked again, without the feasibility check (the priority agent
+        thawed it where it fits); its node's name (``None``: not booked here, or not frozen)."""
+        a = self.allocs.get(job)
+        if a is None or a.held is None:
+            return None
+        self._book(a, -1)
+        (a.gpus, a.cpu, a.milli, a.gmem, a.util), a.held = a.held, None
+        self._book(a, +1)
         return self.names[a.node]
 
     def release(self, job: str) -> str | None:

@@ -106,7 +106,7 @@ class PlacementState:
         self.weight_ratio = config.weight_ratio if config.after_admission else None
         #: the job-event kinds acted on (the others are skipped)
         self.acts_on = frozenset({"submitted", "started", "scaled", "terminated"} | TERMINAL_KINDS
-                                 | ({"admitted", "stopped"} if config.after_admission else set()))
+                                 | ({"admitted", "stopped", "frozen", "thawed"} if config.after_admission else set()))
         self.start_timeout_s = config.start_timeout_s
         #: the jobs seen ending (kept across restores: a state read again after one is not counted twice)
         self.lifecycle = Lifecycle("place")
@@ -221,6 +221,8 @@ class PlacementState:
                 self.cluster.restore(self._job(job), b["node"], tuple(b["gpus"]))
                 if int(b.get("replicas", 1)) > 1:
                     self.cluster.rescale(job, int(b["replicas"]))
+                if b.get("frozen"):
+                    self.cluster.freeze(job)
                 del self.pending_bookings[job]
         return True
 
@@ -319,6 +321,28 @@ class PlacementState:
             self._freed(node)
         log.info("job %s runs %d replica(s) on %s: booked %d times", ev.job, n, p["node"], n)
         p["replicas"] = n
+        self.put(ev.job, self._record(ev.job))
+
+    def frozen(self, ev: JobEvent) -> None:
+        """After admission: the actuator froze *ev.job* (the priority agent's freeze) or thawed it. A frozen
+        job keeps its memory booked and frees its CPUs and GPUs, as the priority policy counts it, so that
+        the job admitted in its place is placed; thawed, it books them again."""
+        p = self.placed.get(ev.job)
+        if p is None:
+            self._unheld(ev, None if not self.holds(ev.job) else "not_placed")
+            return
+        frozen = ev.kind == "frozen"
+        if bool(p.get("frozen")) == frozen:
+            return  # (read again, or a thaw of a job not frozen here)
+        node = self.cluster.freeze(ev.job) if frozen else self.cluster.thaw(ev.job)
+        if frozen:
+            self._freed(node)
+        if frozen:
+            p["frozen"] = True
+        else:
+            p.pop("frozen", None)
+        log.info("job %s %s on %s: %s", ev.job, ev.kind, p["node"],
+                 "its memory stays booked, its CPUs and GPUs are free" if frozen else "all it booked is booked again")
         self.put(ev.job, self._record(ev.job))
 
     def ended(self, ev: JobEvent) -> None:
@@ -431,6 +455,8 @@ class PlacementState:
             self.ended(ev)
         elif ev.kind == "admitted":
             self.admitted(ev)
+        elif ev.kind in ("frozen", "thawed"):
+            self.frozen(ev)
         else:  # stopped
             self.stopped(ev.job, ev.ts)
 
