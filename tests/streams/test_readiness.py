@@ -74,6 +74,25 @@ def test_the_guard_remembers_a_worker_that_was_ready_once_and_only_that_one_star
     assert not start_afresh(1, ready_once=False, asked_to_stop=True, attempt=1)  # a signal stopped it
 
 
+def test_a_readiness_shorter_than_the_guards_tick_is_remembered_by_the_ready_gauge():
+    """An agent that dies within a second of the worker's readiness: the guard never sampled the gauge at 1,
+    but the worker was ready, so it is not started afresh as one that never was (its supervisor decides)."""
+    from prometheus_client import CollectorRegistry
+
+    from phasewise.streams.metrics import ReadyGauge
+    from phasewise.streams.worker import start_afresh
+
+    gauge = ReadyGauge("phasewise_test_ready", "test", registry=CollectorRegistry())
+    g = ReadyGuard(10.0, clock=Clock(), ever_ready=lambda: gauge.ever)
+    gauge.set(0)
+    g.tick(False, False, None)
+    assert not g.ready_once
+    gauge.set(1)
+    gauge.set(0)  # (the agent died before the next tick)
+    g.tick(False, False, None)
+    assert g.ready_once and not start_afresh(1, ready_once=g.ready_once, asked_to_stop=False, attempt=1)
+
+
 def test_the_guard_counts_unreadable_progress_as_none():
     clock = Clock()
     g = ReadyGuard(5.0, clock=clock)

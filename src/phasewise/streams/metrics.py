@@ -16,6 +16,18 @@ from phasewise.kit.records import WORKLOAD_POLICIES
 from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, LEARN_WINDOWS, PHASES, PREDICTIONS, Topic
 from phasewise.models.jobs.lifecycle import IGNORED_WHY
 
+
+class ReadyGauge(Gauge):
+    """A role's ready gauge that remembers whether it was ever set to 1 (:attr:`ever`), where readiness is
+    reached: a watcher sampling it could miss a readiness that lasted less than its period."""
+
+    ever = False
+
+    def set(self, value: float) -> None:
+        if value == 1:
+            self.ever = True
+        super().set(value)
+
 __all__ = ["DEAD_LETTER_KINDS", "EVICTION_LIMITS", "LATENCY_BUCKETS", "OUTPUT_TOPICS", "REFUSAL_LIMITS",
            "HorusMetrics", "JobWorkerMetrics", "PlacementMetrics", "WorkerMetrics"]
 
@@ -108,8 +120,8 @@ class WorkerMetrics:
                                       registry=registry)
         for r in RULES:
             self.safety_bounded.labels(rule=r)
-        self.ready = Gauge("phasewise_worker_ready", "1 once partitions are assigned and tables recovered, "
-                           "0 again when an agent died", registry=registry)
+        self.ready = ReadyGauge("phasewise_worker_ready", "1 once partitions are assigned and tables recovered, "
+                                "0 again when an agent died", registry=registry)
         # the job agents beside the samples agent (worker --priorities, --targets)
         self.job_states_ignored = Counter("phasewise_worker_job_states_ignored",
                                           "job lifecycle states that changed nothing: repeated, after the job "
@@ -149,8 +161,8 @@ class JobWorkerMetrics:
         self.table_writes = Counter(f"phasewise_{role}_table_writes", "state table writes", registry=registry)
         self.commit_flush_seconds = Counter(f"phasewise_{role}_commit_flush_seconds", "seconds in commit flushes",
                                             registry=registry)
-        self.ready = Gauge(f"phasewise_{role}_ready", "1 once partitions are assigned and state restored",
-                           registry=registry)
+        self.ready = ReadyGauge(f"phasewise_{role}_ready", "1 once partitions are assigned and state restored",
+                                registry=registry)
         from phasewise.kit.observe import build_info
 
         self.build_info = build_info(registry, role)

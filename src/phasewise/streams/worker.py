@@ -231,20 +231,27 @@ class ReadyGuard:
     moves is not stuck).
     """
 
-    def __init__(self, stall_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, stall_s: float, clock: Callable[[], float] = time.monotonic,
+                 ever_ready: Callable[[], bool] | None = None) -> None:
         self.stall_s = stall_s
         self.clock = clock
         self.since: float | None = None
         self._progress: object = None
         #: why the worker was stopped (set once, by the caller of :meth:`tick`)
         self.fired: str | None = None
-        #: whether the worker was ever ready
-        self.ready_once = False
+        self._ready_once = False
+        self._ever_ready = ever_ready
+
+    @property
+    def ready_once(self) -> bool:
+        """Whether the worker was ever ready: seen by :meth:`tick`, or said by *ever_ready* (the ready gauge,
+        which knows of a readiness shorter than the ticks' period)."""
+        return self._ready_once or (self._ever_ready is not None and self._ever_ready())
 
     def tick(self, ready: bool, broker_down: bool, progress: object = None) -> float | None:
         """Seconds stuck, once more than ``stall_s`` (0: never); else None."""
         now = self.clock()
-        self.ready_once = self.ready_once or ready
+        self._ready_once = self._ready_once or ready
         if ready or broker_down:
             self.since, self._progress = None, None
             return None
@@ -510,7 +517,8 @@ def run_faust(app: object, settings: Settings, metrics: object, *, role: str, re
         attempt = max(1, int(os.environ.get(START_ATTEMPT_ENV, "1")))
     except ValueError:
         attempt = 1
-    guard = ReadyGuard(settings.worker.ready_stall_s)
+    guard = ReadyGuard(settings.worker.ready_stall_s,
+                       ever_ready=lambda: bool(getattr(metrics.ready, "ever", False)))  # type: ignore[attr-defined]
     guard_readiness(app, metrics, guard, probe, role=role, ready=ready,
                     start=StartGuard(settings.worker.start_stall_s), attempt=attempt)
 
