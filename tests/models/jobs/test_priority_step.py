@@ -340,3 +340,27 @@ def test_the_actuator_s_started_event_does_not_send_the_weight_a_second_time():
     t.jobs["c"].pop("w", None)  # as restored from a state written before weights were remembered
     ds, _, _ = run(t, [encode(JobEvent(job="c", ts=2, kind="started", host="n1", container="c"))])
     assert [(d.action, d.details["cpu_weight"]) for d in ds] == [("weight", 100)]
+
+
+def test_a_services_replicas_hold_their_requests_and_what_waits_is_admitted_when_they_go():
+    s = make(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=None), Capacity(4, 8 * GB, 1))
+    scaled = lambda n, ts, host="n1": encode(JobEvent(job="svc", ts=ts, kind="scaled", host=host,  # noqa: E731
+                                                      container="svc", replicas=n, max_replicas=4,
+                                                      workload="inference"))
+    ds, _, bad = run(s, [submitted("svc", 1, cpu=1, priority=9, workload="inference"), scaled(3, 2),
+                         submitted("train", 3, cpu=2)])
+    assert bad == [] and [(d.action, d.container) for d in ds] == [("place", "svc")]
+    assert s.policy.used("n1").cpu_cores == 3          # three replicas of one core; train (2) waits
+    ds, _, _ = run(s, [scaled(3, 4), scaled(5, 4.5, host=None)])   # the same count; a Deployment's pods
+    assert ds == [] and s.policy.used("n1").cpu_cores == 3
+    ds, _, _ = run(s, [scaled(1, 5)])                    # back to one: train fits beside it now
+    assert [(d.action, d.container) for d in ds] == [("place", "train")]
+    # the count is part of the job's state: restored, it holds again
+    run(s, [scaled(2, 6)])
+    again = make(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=None), Capacity(4, 8 * GB, 1))
+    again.restore([(k, v) for k, _p, v in s.writes()])
+    assert again.policy.used("n1").cpu_cores == 4
+    signed = make(PriorityConfig(freeze_max_wait_s=60, grace_s=20, cpu_weight_ratio=None), ring=Keyring(b"c" * 40))
+    run(signed, [submitted("svc", 1, cpu=1, workload="inference")])
+    with pytest.raises(SignatureRefused, match="scaled svc"):
+        signed.handle(scaled(2, 2))

@@ -204,6 +204,9 @@ class _Entry:
     submitted: float
     started: float | None = None
     preempted_by: str | None = None
+    #: an inference service's replicas running (its actuator's ``scaled`` state): each holds its CPU and
+    #: memory request; they share its GPUs, and a freeze or stop reaches the first one only
+    replicas: int = 1
 
 
 def _importance(e: _Entry) -> tuple:
@@ -253,6 +256,17 @@ class PriorityPolicy:
             return []
         return self._schedule(now)
 
+    def rescale(self, job: str, replicas: int, now: float) -> list[Action]:
+        """*job* (an inference service) runs *replicas* replicas now: what it holds is that many requests (its
+        GPUs once); fewer free capacity, which the waiting jobs may take. More are not preempted for: they run
+        already (the autoscaler started them), and only what waits is held back by them."""
+        e = self._jobs.get(job)
+        n = max(1, int(replicas))
+        if e is None or e.replicas == n:
+            return []
+        fewer, e.replicas = n < e.replicas, n
+        return self._schedule(now) if fewer else []
+
     def reprioritize(self, job: str, priority: int, now: float) -> list[Action]:
         """*job*'s priority is now *priority*: its new CPU weight (when it holds a container) and whatever the
         new order admits or preempts (rule 1 runs again). KeyError for an unknown job, ValueError for a
@@ -294,10 +308,11 @@ class PriorityPolicy:
         for e in self._jobs.values():
             if e.req.host != host:
                 continue
+            k = e.replicas
             if e.state == "running":
-                cpu, mem, gpu = cpu + e.req.cpu_cores, mem + e.req.mem_bytes, gpu + e.req.gpus
+                cpu, mem, gpu = cpu + k * e.req.cpu_cores, mem + k * e.req.mem_bytes, gpu + e.req.gpus
             elif e.state == "frozen":
-                mem += e.req.mem_bytes
+                cpu, mem = cpu + (k - 1) * e.req.cpu_cores, mem + k * e.req.mem_bytes
         return Capacity(cpu, mem, gpu)
 
     # ------------------------------------------------------------------ the rules
@@ -414,7 +429,7 @@ class PriorityPolicy:
         if e is None:
             return None
         return {"v": self.VERSION, "req": asdict(e.req), "state": e.state, "submitted": e.submitted,
-                "started": e.started, "preempted_by": e.preempted_by}
+                "started": e.started, "preempted_by": e.preempted_by, "replicas": e.replicas}
 
     def load_job(self, state: Mapping) -> str:
         """Take back one job from :meth:`job_state` (its host must be known); returns the job id.
@@ -429,7 +444,7 @@ class PriorityPolicy:
         if state["state"] not in ("pending", "running", "frozen", "stopped"):
             raise ValueError(f"job state {state['state']!r} is not pending, running, frozen or stopped")
         self._jobs[req.job] = _Entry(req, state["state"], float(state["submitted"]), state["started"],
-                                     state["preempted_by"])
+                                     state["preempted_by"], max(1, int(state.get("replicas", 1))))
         return req.job
 
     def to_state(self) -> dict[str, Any]:

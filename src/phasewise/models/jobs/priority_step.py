@@ -32,9 +32,9 @@ __all__ = ["ACTS_ON", "HINT_STEP_S", "LAUNCHERS", "EventTimeRefused", "PriorityS
 log = logging.getLogger(__name__)
 
 #: the job-event kinds the agent acts on; the others (progress, its own hints) are skipped
-ACTS_ON = frozenset({"submitted", "started", "priority", "terminated"} | TERMINAL_KINDS)
+ACTS_ON = frozenset({"submitted", "started", "scaled", "priority", "terminated"} | TERMINAL_KINDS)
 #: the states only a role holding the cluster key writes (the actuator's, the placement agent's lost)
-SIGNED_KINDS = frozenset({"started", "terminated"} | TERMINAL_KINDS)
+SIGNED_KINDS = frozenset({"started", "scaled", "terminated"} | TERMINAL_KINDS)
 #: who starts an admitted job: this agent (its own ``place`` decision) or the placement agent (a hint)
 LAUNCHERS = ("self", "place")
 
@@ -130,6 +130,8 @@ class PriorityStep:
             actions = self._submitted(ev)
         elif ev.kind == "started":
             actions = self._started(ev)
+        elif ev.kind == "scaled":
+            actions = self._scaled(ev)
         elif ev.kind == "priority":
             if self.policy.state(ev.job) is None:
                 raise Refused(f"JobEvent: priority of unknown job {ev.job!r} (no submitted event)")
@@ -212,6 +214,17 @@ class PriorityStep:
         if w is None or info.get("w") == w.details["cpu_weight"]:
             return []  # its weight went with (or right after) the decision that started it
         return [w]
+
+    def _scaled(self, ev: JobEvent) -> list[Action]:
+        """An inference service's local replicas running now: the policy counts each one's request on its host
+        (a Deployment's pods, no host: placed by Kubernetes, not counted)."""
+        if ev.job not in self.jobs:
+            if (why := self.lifecycle.unheld(ev.job, ev.kind, ev.ts)) is not None:
+                self.lifecycle.ignore(ev.job, ev.kind, why)
+            return []
+        if ev.replicas is None or not ev.host:
+            return []
+        return self.policy.rescale(ev.job, ev.replicas, now=ev.ts)
 
     def _ended(self, ev: JobEvent) -> list[Action]:
         """A state that ends *ev.job* (:data:`~phasewise.kit.records.TERMINAL_KINDS`; ``terminated``
