@@ -1,16 +1,19 @@
-"""The two changes phasewise makes to Faust's internals, fenced by the versions they were checked on
+"""The three changes phasewise makes to Faust's internals, fenced by the versions they were checked on
 (:data:`CHECKED`): :func:`bound_fetch_wait` (the consumer's fetch wait from
-``kafka_fetch_wait_max_ms``) and :func:`seek_before_stream_flow` (no record reaches an agent before a
-resumed partition is sought back to its committed offset). Why, and what they touch: docs/worker.md,
-"Two changes to Faust's internals".
+``kafka_fetch_wait_max_ms``), :func:`seek_before_stream_flow` (no record reaches an agent before a
+resumed partition is sought back to its committed offset) and :func:`hold_commits` (a source offset is
+committed no further than the state that learned its records is stored). Why, and what they touch:
+docs/worker.md, "Changes to Faust's internals".
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-__all__ = ["CHECKED", "bound_fetch_wait", "patch_applies", "seek_before_stream_flow"]
+__all__ = ["CHECKED", "bound_fetch_wait", "hold_commits", "patch_applies", "seek_before_stream_flow"]
 
 log = logging.getLogger(__name__)
 
@@ -91,3 +94,68 @@ def seek_before_stream_flow() -> bool:
     Consumer._phasewise_original_resume = original
     Consumer.resume_partitions = resume_partitions
     return True
+
+
+def hold_commits(app: object, topic: str, hold_back: Callable[[], Mapping[int, int]]) -> bool:
+    """Commit *topic*'s offsets on *app* no further than *hold_back* says, per partition, when they are sent.
+
+    Faust picks the offsets to commit from the records its agents acknowledged, then awaits its producer's
+    flush (where the commit barrier hands out the state to store), then commits. *hold_back* is asked
+    after that flush: ``{partition: the oldest offset the stored state does not hold yet}``; an offset
+    beyond it is lowered to it, and a partition whose lowered offset is not beyond the one this consumer
+    last committed is left out. Faust's own bookkeeping keeps the offsets it chose (it does not read
+    them again), so only a restarted or rebalanced worker reads the held-back records, and the state
+    skips what it holds. False (and one warning) when not applied.
+    """
+    if not _applies("a killed worker's state may miss up to state_write_interval_s of samples (exact "
+                    "recovery needs state_write_interval_s=0)"):
+        return False
+    from faust.transport.consumer import ThreadDelegateConsumer
+
+    original = getattr(ThreadDelegateConsumer, "_phasewise_original_commit", None) or ThreadDelegateConsumer._commit
+
+    async def _commit(self, offsets):  # type: ignore[no-untyped-def]
+        holds = getattr(self.app, "_phasewise_holds", None)
+        if holds:
+            offsets = held_offsets(offsets, holds, getattr(self, "_phasewise_sent", None))
+            if not offsets:
+                return True
+        done = await original(self, offsets)
+        if done and holds:
+            sent = self.__dict__.setdefault("_phasewise_sent", {})
+            sent.update(offsets)
+        return done
+
+    ThreadDelegateConsumer._phasewise_original_commit = original
+    ThreadDelegateConsumer._commit = _commit
+    holds = getattr(app, "_phasewise_holds", None)
+    if holds is None:
+        holds = {}
+        app._phasewise_holds = holds  # type: ignore[attr-defined]
+    holds[topic] = hold_back
+    return True
+
+
+def held_offsets(offsets: Mapping[Any, int], holds: Mapping[str, Callable[[], Mapping[int, int]]],
+                 sent: Mapping[Any, int] | None = None) -> dict[Any, int]:
+    """*offsets* (``TP -> offset``) lowered to the holds of their topics; those not beyond what was *sent*
+    before (the committed offsets) left out.
+
+    >>> from collections import namedtuple
+    >>> TP = namedtuple("TP", "topic partition")
+    >>> a0, a1, b0 = TP("a", 0), TP("a", 1), TP("b", 0)
+    >>> out = held_offsets({a0: 50, a1: 70, b0: 9}, {"a": lambda: {0: 40, 1: 90}}, {a0: 40})
+    >>> sorted((tp.topic, tp.partition, o) for tp, o in out.items())   # a0 held at 40, committed already
+    [('a', 1, 70), ('b', 0, 9)]
+    """
+    cache = {t: dict(fn()) for t, fn in holds.items()}
+    out = {}
+    for tp, offset in offsets.items():
+        h = cache.get(tp.topic, {}).get(tp.partition)
+        if h is not None and h < offset:
+            offset = h
+        prev = (sent or {}).get(tp)
+        if prev is not None and offset <= prev:
+            continue
+        out[tp] = offset
+    return out

@@ -243,6 +243,47 @@ def test_a_restarted_cache_skips_per_container_the_messages_its_stored_state_alr
     assert len(again.unlearned(msg(3), offset=3).containers) == 300
 
 
+def test_the_commits_are_held_back_to_the_oldest_sample_no_stored_state_holds():
+    """``hold_back``: per source partition, the first offset learned since a container's state was handed out;
+    a container whose samples stopped is handed out once ``max_unwritten_s`` passed, releasing the hold."""
+    cfg = UpdaterConfig(recommend_interval_s=1.0, hysteresis=0.1, update_mode="hysteresis",
+                        state_write_interval_s=30.0, worker_id="w")
+
+    def msg(host: str, t: int, names=("a", "b")) -> HostSamples:
+        return HostSamples(host=host, ts=1.7e9 + t, interval_s=1.0, containers=tuple(
+            ContainerSample(container=n, cpu_cores=0.5, mem_bytes=3e8) for n in names))
+
+    cache = StateCache({"time_scale": 0.001})
+    for t, (host, part) in enumerate([("h1", 0), ("h2", 1), ("h1", 0), ("h2", 1)]):
+        m = msg(host, t)
+        process_host_samples(cache, m, cfg)
+        cache.learned(m, offset=10 * t, partition=part, now=100.0 + t)
+    assert cache.hold_back() == {0: 0, 1: 10}                   # (marked or not, nothing handed out yet)
+    cache.dirty.update({"h1/a", "h1/b", "h2/a", "h2/b"})
+    assert len(cache.pop_dirty(now=104.0, max_unwritten_s=30.0)) == 4
+    assert cache.hold_back() == {}                              # every learned sample is in a handed-out state
+    m = msg("h1", 5, names=("a",))
+    process_host_samples(cache, m, cfg)
+    cache.learned(m, offset=50, partition=0, now=105.0)
+    m = msg("h2", 6)
+    process_host_samples(cache, m, cfg)
+    cache.learned(m, offset=60, partition=1, now=106.0)
+    cache.dirty.discard("h1/a"), cache.dirty.discard("h2/a"), cache.dirty.discard("h2/b")
+    held = cache.hold_back()
+    assert held[0] == 50 and held[1] == 60
+    # h2's containers written: partition 1 free; h1/a's samples stopped: handed out after 30 s
+    cache.dirty.update({"h2/a", "h2/b"})
+    assert {k for k, _ in cache.pop_dirty(now=110.0, max_unwritten_s=30.0)} == {"h2/a", "h2/b"}
+    assert cache.hold_back() == {0: 50}
+    assert {k for k, _ in cache.pop_dirty(now=135.5, max_unwritten_s=30.0)} == {"h1/a"}
+    assert cache.hold_back() == {}
+    # without a partition (the phase worker's caller): nothing is held
+    m = msg("h3", 7)
+    process_host_samples(cache, m, cfg)
+    cache.learned(m, offset=70)
+    assert cache.hold_back() == {}
+
+
 def test_the_refusals_say_why_in_the_words_of_their_settings():
     """The module's former example: each refusal names the setting that made it."""
     cfg = config(max_future_s=60, max_behind_s=600, max_per_message=3, max_per_host=2, max_per_worker=10)

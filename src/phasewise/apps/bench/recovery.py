@@ -37,18 +37,27 @@ def worker_env(state_write_interval_s: float) -> dict[str, str]:
             "PHASEWISE_STATE_WRITE_INTERVAL_S": str(state_write_interval_s), "PHASEWISE_HYSTERESIS": "0.05"}
 
 
-def messages(run: str, t0: float) -> list[HostSamples]:
-    """TICKS ticks of HOSTS hosts from *t0*: usage in square waves, so limits move and decisions keep coming."""
+#: how the containers use what they have: ``square`` waves (limits move and decisions keep coming), or the
+#: same with ``noisy`` samples (each one moves the recommendation a little, so a sample lost to a kill
+#: shows as a different decision)
+USAGES = ("square", "noisy")
+
+
+def messages(run: str, t0: float, usage: str = "square") -> list[HostSamples]:
+    """TICKS ticks of HOSTS hosts from *t0* (:data:`USAGES`); seeded."""
     rng = np.random.default_rng(7)
     base = rng.uniform(0.2, 1.0, (HOSTS, CONTAINERS))
     period = rng.integers(6, 30, (HOSTS, CONTAINERS))
+    noise = rng.lognormal(0.0, 0.35, (TICKS, HOSTS, CONTAINERS)) if usage == "noisy" else \
+        np.ones((TICKS, HOSTS, CONTAINERS))
     out = []
     for t in range(TICKS):
         for h in range(HOSTS):
             high = (t // period[h]) % 2
+            n = noise[t, h]
             out.append(HostSamples(host=f"{run}-h{h}", ts=t0 + t, interval_s=1.0, containers=tuple(
-                ContainerSample(container=f"c{c}", cpu_cores=float(base[h, c] * (1 + 2 * high[c])),
-                                mem_bytes=float(3e8 * base[h, c] * (1 + high[c])), cpu_limit_cores=4.0,
+                ContainerSample(container=f"c{c}", cpu_cores=float(base[h, c] * (1 + 2 * high[c]) * n[c]),
+                                mem_bytes=float(3e8 * base[h, c] * (1 + high[c]) * n[c]), cpu_limit_cores=4.0,
                                 mem_limit_bytes=8e9, nr_periods=10) for c in range(CONTAINERS))))
     return out
 
@@ -60,11 +69,11 @@ def reference(msgs: list[HostSamples], env: dict[str, str]) -> dict[str, Decisio
     return {d.id: d for m in msgs for d in process_host_samples(cache, m, cfg)}
 
 
-def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: float) -> dict:
+def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: float, usage: str = "square") -> dict:
     s = Settings.from_env({"bootstrap": bootstrap}, env={})
     run = f"kill-{uuid.uuid4().hex[:6]}"
     env0 = worker_env(state_write_interval_s)
-    msgs = messages(run, time.time() - TICKS - 120)
+    msgs = messages(run, time.time() - TICKS - 120, usage)
     want = reference(msgs, env0)
     port = free_port()
     worker_id = f"recovery-{uuid.uuid4().hex[:6]}"
@@ -153,19 +162,24 @@ def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: flo
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kills", type=int, default=3, help="SIGKILLs per run")
     p.add_argument("--runs", type=int, default=3, help="runs, each with a fresh worker group")
-    p.add_argument("--state-write-interval", type=float, default=0.0,
-                   help="the worker's state_write_interval_s (0: every touched container at every commit)")
+    p.add_argument("--state-write-interval", type=float, default=None,
+                   help="the worker's state_write_interval_s (default: the setting's default; 0: every touched "
+                        "container at every commit)")
+    p.add_argument("--usage", choices=USAGES, default="square",
+                   help="square waves, or the same with noisy samples (each sample moves the decisions)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(a: argparse.Namespace) -> int:
+    interval = Settings().worker.state_write_interval_s if a.state_write_interval is None else \
+        a.state_write_interval
     work = Path(tempfile.mkdtemp(prefix="phasewise-recovery-"))
     runs = []
     for i in range(a.runs):  # a broker per run: a run's worker reads no earlier run's samples
         with EmbeddedBroker(log_path=work / f"broker-{i}.log") as broker:
             ensure_topics(Settings.from_env({"bootstrap": broker.bootstrap}, env={}))
-            runs.append(run_once(broker.bootstrap, work, a.kills, a.state_write_interval))
-    out = {"state_write_interval_s": a.state_write_interval, "runs": runs,
+            runs.append(run_once(broker.bootstrap, work, a.kills, interval, a.usage))
+    out = {"state_write_interval_s": interval, "usage": a.usage, "runs": runs,
            "exact_runs": sum(1 for r in runs if not r["missing"] and not r["extra"])}
     print(json.dumps(out) if a.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
     return 0

@@ -158,7 +158,10 @@ class StateCache:
     in :attr:`dirty`; :meth:`pop_dirty` hands them out once.
     """
 
-    _BOOK = ("_decided_cpu", "_decided_mem", "_next_ts", "_written_ts", "_source_offset")
+    #: per row: ``_unwritten_from`` the source offset of the first sample learned since its state was last
+    #: handed out (NaN: none), ``_unwritten_since`` when (the caller's clock), ``_source_partition`` its partition
+    _BOOK = ("_decided_cpu", "_decided_mem", "_next_ts", "_written_ts", "_source_offset", "_unwritten_from",
+             "_unwritten_since", "_source_partition")
 
     def __init__(self, params: dict[str, Any] | None = None,
                  loader: Callable[[str], Any] | None = None, guard: GuardConfig | None = None) -> None:
@@ -264,10 +267,43 @@ class StateCache:
         """The table value of *key* (see :meth:`ContainerEntry.to_state`)."""
         return ContainerEntry(self, key, self._index[key]).to_state()
 
-    def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
+    def pop_dirty(self, now: float | None = None, max_unwritten_s: float | None = None
+                  ) -> list[tuple[str, dict[str, Any]]]:
+        """The states to persist, once each: the containers marked, and (given *now* and *max_unwritten_s*)
+        those holding samples learned more than *max_unwritten_s* ago and not persisted since (a container
+        whose samples stopped is not marked by a sample again)."""
         idx = self._index
-        out = [(k, ContainerEntry(self, k, idx[k]).to_state()) for k in self.dirty if k in idx]
+        if now is not None and max_unwritten_s is not None and idx:
+            keys = list(idx)
+            rows = np.fromiter(idx.values(), dtype=np.intp, count=len(keys))
+            old = np.flatnonzero(self._unwritten_since[rows] <= now - max_unwritten_s)  # NaN: none
+            self.dirty.update(keys[i] for i in old.tolist())
+        out = []
+        for k in self.dirty:
+            r = idx.get(k)
+            if r is None:
+                continue
+            out.append((k, ContainerEntry(self, k, r).to_state()))
+            self._unwritten_from[r] = self._unwritten_since[r] = _NAN
         self.dirty.clear()
+        return out
+
+    def hold_back(self) -> dict[int, int]:
+        """Per source partition, the offset of the oldest sample a held container learned and no state handed
+        out by :meth:`pop_dirty` holds yet: committing no further than it, a worker killed now and restarted
+        reads those samples again (and :meth:`unlearned` skips what a stored state holds), so it learns
+        exactly what an unkilled one did. Partitions without such a sample are absent."""
+        if not self._index:
+            return {}
+        rows = np.fromiter(self._index.values(), dtype=np.intp, count=len(self._index))
+        uf, part = self._unwritten_from[rows], self._source_partition[rows]
+        keep = ~np.isnan(uf) & ~np.isnan(part)
+        if not count_true(keep):
+            return {}
+        out: dict[int, int] = {}
+        for p, o in zip(part[keep].astype(np.int64).tolist(), uf[keep].astype(np.int64).tolist()):
+            if p not in out or o < out[p]:
+                out[p] = o
         return out
 
     def expire(self, before_ts: float) -> list[str]:
@@ -339,12 +375,19 @@ class StateCache:
         return dataclasses.replace(msg, containers=tuple(c for c, s in zip(msg.containers, seen.tolist())
                                                          if not s))
 
-    def learned(self, msg: HostSamples, offset: int) -> None:
-        """Note that the containers of *msg* learned the source message at *offset* (kept in their state)."""
+    def learned(self, msg: HostSamples, offset: int, partition: int | None = None, now: float | None = None) -> None:
+        """Note that the containers of *msg* learned the source message at *offset* (kept in their state), of
+        *partition* at *now* (the caller's clock; both given: counted in :meth:`hold_back` until handed out)."""
         idx = self._index
         rows = [r for r in (idx.get(f"{msg.host}/{c.container}") for c in msg.containers) if r is not None]
         if rows:
-            self._source_offset[np.array(rows, dtype=np.intp)] = offset
+            r = np.array(rows, dtype=np.intp)
+            self._source_offset[r] = offset
+            if partition is not None and now is not None:
+                fresh = r[np.isnan(self._unwritten_from[r])]
+                self._unwritten_from[fresh] = offset
+                self._unwritten_since[fresh] = now
+                self._source_partition[r] = partition
 
     def host_count(self, host: str) -> int:
         """How many containers of *host* the cache holds (keys ``host/...``)."""

@@ -36,6 +36,7 @@ from phasewise.models.safety.workload import refusal_reason, unserved, without_o
 from phasewise.models.vpa.updater import StateCache, worker_round
 from phasewise.streams.agents.scaffold import worker_outputs
 from phasewise.streams.config import intake_config, state_cache, updater_config
+from phasewise.streams.faust_compat import hold_commits
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import OutputSender
 from phasewise.streams.scorecard import LiveScorecard
@@ -244,7 +245,8 @@ class SamplesAgent:
         self.outputs, self.barrier, self.dead_letter = outputs, barrier, dead_letter = worker_outputs(
             app, settings, metrics, outputs)
         # marked states, collected at each commit
-        self.writes = writes = barrier.table(self.table, lambda: self.cache.pop_dirty())
+        interval = settings.worker.state_write_interval_s
+        self.writes = writes = barrier.table(self.table, lambda: self.cache.pop_dirty(time.monotonic(), interval))
         self.pmap = barrier.partitions
         # a state held for the next commit is newer than the table's
         self.cache = cache = state_cache(settings, loader=writes.get_state)
@@ -256,6 +258,8 @@ class SamplesAgent:
 
             self.phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
                                         dead_letter=dead_letter, outputs=outputs, barrier=barrier)
+        else:  # exact recovery: no sample offset is committed before the state that learned it is stored
+            hold_commits(app, self.topics.samples.get_topic_name(), cache.hold_back)
         self.keyring = keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
         job_wiring = {"metrics": metrics, "outputs": outputs, "barrier": barrier, "dead_letter": dead_letter,
                       "keyring": keyring}
@@ -425,8 +429,9 @@ class SamplesAgent:
         t0 = time.perf_counter()
         failed = run_rounds(got, self.process_round, self.emit)
         if phase is None:
+            now = time.monotonic()
             for event, hs in got:  # before any await: a commit takes state and offsets together
-                cache.learned(hs, event.message.offset)
+                cache.learned(hs, event.message.offset, event.message.partition, now)
         for event, e in failed:  # a bug on valid input: keep the message, keep going
             await self.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
         self.outputs.poll()
