@@ -27,3 +27,94 @@ def test_three_sigkills_mid_stream_give_the_unkilled_run_s_decisions(broker, tmp
     assert r["reference"] > 30  # the scenario decides enough to compare
     assert (r["missing"], r["extra"]) == (0, 0), r
     assert r["published"] == r["reference"], r
+
+
+def test_at_the_default_write_interval_no_offset_is_committed_past_a_sample_the_stored_state_lacks(
+        broker, tmp_path):
+    """The guarantee itself: every sample below a committed offset is in its container's stored state (its
+    ``so``), at ``state_write_interval_s`` 30 (the default), where steady containers are written only
+    every 30 s of event time. A restarted worker reads the rest again."""
+    import json
+    import time
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from phasewise.apps.bench.harness import scrape, wait_until
+    from phasewise.kit.broker import free_port
+    from phasewise.kit.kafka.client import ensure_topics, make_producer
+    from phasewise.kit.procs import RoleProcess
+    from phasewise.kit.records import ContainerSample, HostSamples, encode
+    from phasewise.kit.settings import Settings
+    from phasewise.kit.topics import SAMPLES
+    from tests.streams.test_expiry_worker import changelog_records
+
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    host, worker_id, port = f"hold-{uuid.uuid4().hex[:6]}", f"hold-{uuid.uuid4().hex[:6]}", free_port()
+    env = {"PHASEWISE_BOOTSTRAP": broker.bootstrap, "PHASEWISE_WORKER_ID": worker_id, "PHASEWISE_WEB_PORT": "0",
+           "PHASEWISE_METRICS_PORT": str(port), "PHASEWISE_DATA_DIR": str(tmp_path / "w"),
+           "PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_WORKER_HOSTS": host}
+    w = RoleProcess("worker", [], env=env, log_path=tmp_path / "worker.log").start()
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    p = make_producer(s)
+    t0 = time.time() - 300
+
+    def send(ticks) -> None:
+        for t in ticks:
+            p.produce(SAMPLES.name, key=host.encode(), value=encode(HostSamples(
+                host=host, ts=t0 + t, interval_s=1.0, containers=tuple(
+                    ContainerSample(container=f"c{c}", cpu_cores=0.5 + 0.1 * c, mem_bytes=3e8, cpu_limit_cores=4.0,
+                                    mem_limit_bytes=8e9, nr_periods=10) for c in range(3)))))
+        p.flush(10)
+
+    def processed() -> float:
+        try:
+            return scrape(metrics).get("phasewise_worker_container_samples_total", 0.0)
+        except OSError:
+            return 0.0
+
+    def check(sent: int) -> int:
+        """Kill-free check after *sent* ticks were processed and a commit came after: the committed offset
+        against each container's stored source offset; returns the committed offset."""
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": worker_id})
+        try:
+            parts = [TopicPartition(SAMPLES.name, q) for q in range(SAMPLES.partitions)]
+            committed = {tp.partition: tp.offset for tp in c.committed(parts, timeout=10)}
+        finally:
+            c.close()
+        part = next(q for q, o in committed.items() if o >= 0) if any(o >= 0 for o in committed.values()) \
+            else None
+        state = {k: json.loads(v) for k, v in changelog_records(s, f"{worker_id}-vpa-state-changelog") if v}
+        mine = [k for k in state if k.startswith(f"{host}/")]
+        if part is None:
+            return -1  # nothing committed yet: nothing to hold
+        for k in (f"{host}/c{i}" for i in range(3)):  # each message holds every container: offsets 0, 1, ...
+            so = state[k]["so"] if k in state else None
+            assert committed[part] == 0 or (so is not None and so >= committed[part] - 1), \
+                (k, so, committed[part], mine, w.log_tail())
+        return committed[part]
+
+    try:
+        wait_until(lambda: w.alive() and scrape_ready(metrics), 150, 0.2, "the worker ready")
+        send(range(20))  # 20 s of event time: no container reaches its 30-s write
+        wait_until(lambda: processed() >= 60, 60, 0.2, "the first 20 ticks processed")
+        time.sleep(8)  # several commit intervals
+        first = check(20)
+        send(range(20, 60))  # past 30 s: every container's state is written, the commits move on
+        wait_until(lambda: processed() >= 180, 60, 0.2, "the next 40 ticks processed")
+        deadline = time.monotonic() + 60
+        while (last := check(60)) <= max(first, 0) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        assert last > max(first, 0), "no commit after the containers' states were written"
+    finally:
+        w.stop()
+
+
+def scrape_ready(url: str) -> bool:
+    from phasewise.apps.bench.harness import scrape
+
+    try:
+        return scrape(url).get("phasewise_worker_ready") == 1.0
+    except OSError:
+        return False

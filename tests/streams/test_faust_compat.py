@@ -1,4 +1,5 @@
-"""The one change to Faust's internals (the fetch wait) holds on the installed versions, or fails loudly.
+"""The changes to Faust's internals (the fetch wait, the seek before the flow, the held-back commits) hold
+on the installed versions, or fail loudly.
 
 An upgrade of faust-streaming or aiokafka fails here first: check that the
 private names still do what :mod:`phasewise.streams.faust_compat` says, then
@@ -88,3 +89,44 @@ def test_faust_resumes_source_partitions_before_its_seek_and_resumes_the_flow_af
     for fn in (Recovery.on_recovery_completed, Recovery._resume_streams):
         src = inspect.getsource(fn)
         assert src.index("resume_partitions") < src.index("perform_seek") < src.index("resume_flow()"), fn
+
+
+def test_faust_flushes_its_producer_between_choosing_offsets_and_sending_them():
+    """The hold is asked in ``_commit``, after the flush that runs the commit barrier (which hands out the
+    state): the order the change relies on."""
+    from faust.transport.consumer import Consumer, ThreadDelegateConsumer
+
+    src = inspect.getsource(Consumer._commit_offsets)
+    assert src.index("self.app.producer.flush()") < src.index("self._commit(committable_offsets)")
+    original = getattr(ThreadDelegateConsumer, "_phasewise_original_commit", ThreadDelegateConsumer._commit)
+    assert "self._thread.commit(offsets)" in inspect.getsource(original)
+
+
+def test_the_offsets_sent_are_held_back_and_never_behind_what_was_sent_before():
+    import asyncio
+    from types import SimpleNamespace
+
+    from faust.transport.consumer import ThreadDelegateConsumer
+    from faust.types import TP
+
+    sent: list[dict] = []
+
+    async def commit(offsets):
+        sent.append(dict(offsets))
+        return True
+
+    app = SimpleNamespace()
+    hold = {0: 40}
+    assert faust_compat.hold_commits(app, "samples", lambda: hold)
+    consumer = SimpleNamespace(app=app, _thread=SimpleNamespace(commit=commit))
+    s0, s1, d0 = TP("samples", 0), TP("samples", 1), TP("decisions", 0)
+    run = lambda offsets: asyncio.run(ThreadDelegateConsumer._commit(consumer, offsets))  # noqa: E731
+    assert run({s0: 50, s1: 70, d0: 5})
+    assert sent[-1] == {s0: 40, s1: 70, d0: 5}
+    assert run({s0: 60})                       # still held at 40, sent already: nothing to send
+    assert len(sent) == 1
+    hold.clear()
+    assert run({s0: 61}) and sent[-1] == {s0: 61}
+    plain = SimpleNamespace(app=SimpleNamespace(), _thread=SimpleNamespace(commit=commit))  # another app: untouched
+    asyncio.run(ThreadDelegateConsumer._commit(plain, {s0: 3}))
+    assert sent[-1] == {s0: 3}
