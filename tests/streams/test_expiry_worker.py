@@ -21,8 +21,9 @@ from tests.streams.test_phase_agents import Worker, msg
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
-def changelog_records(settings, topic: str, timeout_s: float = 10.0) -> list[tuple[str, bytes | None]]:
-    """Every (key, value) on *topic* (all partitions), from the beginning."""
+def changelog_records(settings, topic: str, timeout_s: float = 10.0, with_positions: bool = False) -> list:
+    """Every (key, value) on *topic* (all partitions), from the beginning; with *with_positions*,
+    (key, value, partition, offset)."""
     c = make_consumer(settings, f"pwtest-{uuid.uuid4().hex[:6]}")
     md = c.list_topics(topic, timeout=10)
     parts = list(md.topics[topic].partitions) if topic in md.topics and md.topics[topic].partitions else []
@@ -35,7 +36,8 @@ def changelog_records(settings, topic: str, timeout_s: float = 10.0) -> list[tup
             if m is None or m.error():
                 continue
             idle_since = time.monotonic()
-            out.append((m.key().decode().strip('"'), m.value()))
+            key = m.key().decode().strip('"') if m.key() is not None else None
+            out.append((key, m.value(), m.partition(), m.offset()) if with_positions else (key, m.value()))
     finally:
         c.close()
     return out
