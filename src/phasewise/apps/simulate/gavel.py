@@ -31,10 +31,10 @@ def read_gavel(path: str | Path, gpu: str = "v100") -> CoLocationTable:
         opener = gzip.open if p.suffix == ".gz" else open
         with opener(p, "rt") as fh:
             raw = json.load(fh)
+    except (ValueError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise TraceError(f"{p}: not a Gavel throughput file: {str(e).splitlines()[0][:120]}") from None
     except OSError as e:
         raise TraceError(f"{p}: {e.strerror or e}") from None
-    except (ValueError, EOFError, zlib.error) as e:
-        raise TraceError(f"{p}: not a Gavel throughput file: {str(e).splitlines()[0][:120]}") from None
     if not isinstance(raw, dict) or gpu not in raw:
         have = ", ".join(sorted(raw)) if isinstance(raw, dict) else "none"
         raise TraceError(f"{p}: no GPU type {gpu!r} (types: {have})")
