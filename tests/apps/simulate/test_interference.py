@@ -144,3 +144,21 @@ def test_bad_interference_is_a_one_line_error(tmp_path, capsys, spec, extra, why
     assert rc == 2 and why in err and len(err.strip().splitlines()) == 1
     with pytest.raises(TraceError, match="expected gavel"):
         load_gavel("gavel-ish", files["tiny"])
+
+
+def test_horus_measured_only_with_interference(tmp_path, capsys):
+    p, n = _lists(tmp_path, ["s0,100,64,1,600,,LS,Running,0,10,0", "s1,100,64,1,400,,LS,Running,1,10,0"])
+    assert main(["simulate", str(p), "--nodes", str(n), "--quiet", "--policies", "horus-measured"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown horus-measured" in err and "horus-measured with --interference" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["simulate", str(p), "--nodes", str(n), "--quiet", "--json", "--mode", "fill", "--jobs", "1",
+                 "--policies", "horus-measured,horus", "--interference", "gavel", "--gavel-file",
+                 str(_gavel(tmp_path))]) == 0
+    res = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    # 0.6 + 0.4 fill one GPU exactly: horus packs them (FGD's growth); two X on one GPU lose 1.2 GPUs,
+    # more than the fragmentation of keeping them apart: horus-measured does
+    assert res["horus"]["interference"]["colocated_jobs"] == 2
+    assert res["horus-measured"]["interference"]["colocated_jobs"] == 0
+    with pytest.raises(ValueError, match="needs measured co-location"):
+        simulate(load_pods(p), load_nodes(n), "horus-measured", "fill", config=CONFIG)

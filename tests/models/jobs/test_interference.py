@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from phasewise.models.jobs.placement import Cluster, Gpu, Job, Node, Placement, PlacementConfig, make_policy
 from phasewise.models.jobs.placement.interference import (
     CoLocationTable,
     InterferenceMeter,
+    MeasuredHorus,
     gpu_throughputs,
     parse_gavel,
     score,
@@ -117,3 +119,28 @@ def test_parse_gavel_keys_and_errors():
         parse_gavel({"x": {"'LM'": {"null": 1.0}}}, "x")
     with pytest.raises(ValueError, match="pair"):
         parse_gavel({"x": {"('A', 1)": {"null": 1.0, "('B', 1)": 3.0}}}, "x")
+
+
+def test_measured_horus_puts_a_job_where_the_measured_loss_is_least():
+    # one node, two GPUs: an A on GPU 0, a B on GPU 1; the new job is another A (0.3 GPU each)
+    c = Cluster([Node("n", 8000, 8 << 30, gpus=(Gpu("V100"),) * 2)],
+                PlacementConfig(isolate_inference=False, horus_frag_weight=1.0))
+    wl = {"a0": A, "b0": B, "new": A, "d0": D}
+    jobs = {k: Job(k, 100, 1 << 20, gpus=0.3) for k in wl}
+    c.allocate(jobs["a0"], Placement("a0", "n", (0,)))
+    c.allocate(jobs["b0"], Placement("b0", "n", (1,)))
+    pol = MeasuredHorus(TABLE, wl)
+    # next to A both keep 0.5: 1.0 lost; next to B, A keeps 0.6 and B 0.5: 0.9 lost -> GPU 1
+    p = pol.place(jobs["new"], c)
+    assert (p.node, p.gpus) == ("n", (1,))
+    # plain horus (requests as utilisation: never over 100 %) ranks both GPUs alike and takes the lower index
+    assert make_policy("horus").place(jobs["new"], c).gpus == (0,)
+    # B leaves and D comes: the policy follows the cluster's bookings; next to D nothing is measured, so
+    # Horus's own term (0 here) stands against 1.0 measured next to A
+    c.release("b0")
+    c.allocate(jobs["d0"], Placement("d0", "n", (1,)))
+    assert pol.place(jobs["new"], c).gpus == (1,)
+    assert pol._on == {(0, 0): ["a0"], (0, 1): ["d0"]}
+    # a job without a workload is placed as horus places it
+    assert pol.place(Job("x", 100, 1 << 20, gpus=0.3), c).gpus == make_policy("horus").place(
+        Job("x", 100, 1 << 20, gpus=0.3), c).gpus

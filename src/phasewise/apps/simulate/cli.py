@@ -22,7 +22,7 @@ from phasewise.apps.simulate.utilisation import load_util_cdf, with_utilisation
 from phasewise.kit.command import report_dir
 from phasewise.kit.settings import Settings
 from phasewise.models.jobs.placement import POLICIES, PlacementConfig, workload_types
-from phasewise.models.jobs.placement.interference import SLOWED
+from phasewise.models.jobs.placement.interference import SLOWED, MeasuredHorus
 
 FORMATS = ("openb",)
 
@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="openb", help="pod and node list format (default openb)")
     p.add_argument("--nodes", metavar="NODES.csv", required=True, help="node list (openb: openb_node_list_*.csv)")
     p.add_argument("--policies", default=",".join(POLICIES),
-                   help=f"comma-separated placement policies among {', '.join(POLICIES)} (default all)")
+                   help=f"comma-separated placement policies among {', '.join(POLICIES)} (default all), and "
+                        f"{MeasuredHorus.name} (horus scoring by the measured slowdown) with --interference")
     p.add_argument("--mode", choices=(*MODES, "inflation"), default="timed",
                    help="timed: the trace's clock, pods wait in a queue and leave; fill: pods arrive in list "
                         "order and never leave; inflation: FGD's experiment, the list inflated by sampling to "
@@ -195,10 +196,12 @@ def _inflation(args, names, pods, nodes, config, w, jobs, stream) -> int:
 def run(args: argparse.Namespace) -> int:
     prog = "phasewise simulate"
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    bad = [n for n in names if n not in POLICIES]
+    known = [*POLICIES, MeasuredHorus.name] if args.interference else list(POLICIES)
+    bad = [n for n in names if n not in known]
     if bad or not names:
+        more = "" if args.interference else f"; {MeasuredHorus.name} with --interference"
         print(f"{prog}: error: --policies: unknown {', '.join(bad) or '(none given)'} "
-              f"(choose among {', '.join(POLICIES)})", file=sys.stderr)
+              f"(choose among {', '.join(known)}{more})", file=sys.stderr)
         return 2
     if not args.speed_up > 0:
         print(f"{prog}: error: --speed-up: must be > 0", file=sys.stderr)

@@ -23,7 +23,12 @@ from phasewise.models.jobs.placement import (
     workload_types,
 )
 from phasewise.models.jobs.placement.fragmentation import _access, _frag
-from phasewise.models.jobs.placement.interference import CoLocationTable, InterferenceMeter, Workload
+from phasewise.models.jobs.placement.interference import (
+    CoLocationTable,
+    InterferenceMeter,
+    MeasuredHorus,
+    Workload,
+)
 
 __all__ = ["MODES", "PolicyResult", "simulate", "speed_up"]
 
@@ -99,7 +104,12 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
     t0 = time.perf_counter()
     c = Cluster(nodes, config)
     w = workload if workload is not None else workload_types(p.job for p in pods)
-    pol = make_policy(policy, w)
+    if policy == MeasuredHorus.name:
+        if interference is None:
+            raise ValueError(f"{policy} needs measured co-location throughputs (interference)")
+        pol = MeasuredHorus(*interference, workload=w)
+    else:
+        pol = make_policy(policy, w)
     frag = _Frag(c, workload_types(p.job for p in pods if p.job.count))
     cap = max(c.gpu_capacity_milli(), 1)
     decide = 0.0

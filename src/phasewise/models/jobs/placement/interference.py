@@ -11,8 +11,14 @@ import ast
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["SLOWED", "CoLocationTable", "InterferenceMeter", "Workload", "gpu_throughputs", "parse_gavel",
-           "score"]
+import numpy as np
+
+from phasewise.models.jobs.placement.cluster import Cluster, Job
+from phasewise.models.jobs.placement.fragmentation import WorkloadTypes
+from phasewise.models.jobs.placement.policies import Horus
+
+__all__ = ["SLOWED", "CoLocationTable", "InterferenceMeter", "MeasuredHorus", "Workload", "gpu_throughputs",
+           "parse_gavel", "score"]
 
 #: a workload: (Gavel's job type, e.g. "ResNet-50 (batch size 64)", scale factor = GPUs it runs on)
 Workload = tuple[str, int]
@@ -250,3 +256,66 @@ def score(table: CoLocationTable, placement: Mapping[str, Sequence[Hashable]], w
         m.place(job, gpus)
     m.advance(1.0)
     return m.summary()
+
+
+def _lost(table: CoLocationTable, occupants: tuple[Workload | None, ...]) -> float | None:
+    """The slowdowns of one GPU's jobs summed (product rule); None when one is not measured."""
+    if len(occupants) < 2:
+        return 0.0
+    vals = gpu_throughputs(table, occupants)
+    if any(v is None for v in vals):
+        return None
+    return sum(1.0 - v[0] for v in vals)
+
+
+class MeasuredHorus(Horus):
+    """horus with the measured table in place of its utilisation-sum proxy: for a job whose workload is
+    known, a GPU's over-capacity term becomes the throughput the GPU's jobs would lose by its coming (the
+    rise of their summed slowdowns, in isolated GPUs); where the job or a neighbour is not measured, Horus's
+    term stays. Everything else (fragmentation weight, ties) is horus's (docs/placement.md, "Interference
+    measured")."""
+
+    name = "horus-measured"
+
+    def __init__(self, table: CoLocationTable, workloads: Mapping[str, Workload],
+                 workload: WorkloadTypes | None = None, refresh_every: int = 64):
+        super().__init__(workload, refresh_every)
+        self.table, self.workloads = table, workloads
+        self._on: dict[tuple[int, int], list[str]] = {}  # (node row, GPU) -> jobs, from the cluster's bookings
+        self._booked: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._lost: dict[tuple, float | None] = {}
+
+    def _sync(self, c: Cluster) -> None:
+        allocs = c.allocs
+        for job in self._booked.keys() - allocs.keys():
+            for g in self._booked.pop(job):
+                self._on[g].remove(job)
+        for job in allocs.keys() - self._booked.keys():
+            a = allocs[job]
+            gs = tuple((a.node, j) for j in a.gpus)
+            self._booked[job] = gs
+            for g in gs:
+                self._on.setdefault(g, []).append(job)
+
+    def _lost_of(self, occupants: tuple[Workload | None, ...]) -> float | None:
+        key = tuple(sorted(occupants, key=lambda w: ("", 0) if w is None else w))
+        if key not in self._lost:
+            self._lost[key] = _lost(self.table, key)
+        return self._lost[key]
+
+    def _gpu_terms(self, job: Job, c: Cluster, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h, over = super()._gpu_terms(job, c, rows)
+        w = self.workloads.get(job.job)
+        if w is None or job.count == 0:
+            return h, over
+        self._sync(c)
+        over = over.copy()
+        for r, g in zip(*np.nonzero(c._gpu_ok(job, rows) & (c.gjobs[rows] > 0))):
+            jobs = self._on.get((int(rows[r]), int(g)), ())
+            if not jobs:
+                continue
+            now = tuple(self.workloads.get(j) for j in jobs)
+            before, after = self._lost_of(now), self._lost_of((*now, w))
+            if before is not None and after is not None:
+                over[r, g] = after - before
+        return h, over
