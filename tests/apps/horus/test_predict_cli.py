@@ -107,3 +107,20 @@ def test_eval_scores_each_family_and_each_family_left_out(tmp_path, capsys):
     assert text[0].split()[:3] == ["family", "jobs", "learned"] and len(text) == 4
     assert [line.split()[:3] for line in text[1:]] == [["mlp", "3", "2"], ["recommender", "2", "2"],
                                                        ["rl-mlp", "2", "2"]]
+
+
+def test_gavel_reads_the_shared_loader_and_a_missing_file_is_one_line(tmp_path, capsys):
+    import gzip
+
+    d = tmp_path / "gavel-throughputs"
+    d.mkdir()
+    raw = {"v100": {"('ResNet-18 (batch size 32)', 1)": {"null": 20.0}, "('ResNet-18 (batch size 64)', 1)":
+                    {"null": 10.0}, "('ResNet-18 (batch size 64)', 2)": {"null": 15.0}, "('A3C', 1)": {"null": 5.0}}}
+    with gzip.open(d / "physical_cluster_throughputs.json.gz", "wt") as fh:
+        json.dump(raw, fh)
+    assert main(["predict", "gavel", "--data", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)  # single-GPU catalog models only: not the 2-GPU entry, not A3C
+    assert out["configs"] == 2 and [p["step_s"] for p in out["points"]] == [0.05, 0.1]
+    assert main(["predict", "gavel", "--data", str(tmp_path / "absent")]) == 2
+    err = capsys.readouterr().err
+    assert "No such file" in err and len(err.strip().splitlines()) == 1

@@ -260,7 +260,7 @@ def hydro_rows(data: Path) -> list[dict]:
     return out
 
 
-_GAVEL = re.compile(r"\('(?P<model>[A-Za-z0-9-]+) \(batch size (?P<batch>\d+)\)', 1\)")
+_GAVEL = re.compile(r"(?P<model>[A-Za-z0-9-]+) \(batch size (?P<batch>\d+)\)")
 #: Gavel's job names -> (catalog model, dataset)
 GAVEL_MODELS = {"ResNet-18": ("resnet18", "cifar10"), "ResNet-50": ("resnet50", "imagenet"),
                 "Transformer": ("transformer", "multi30k"), "LM": ("lstm_lm", "wikitext2")}
@@ -268,18 +268,18 @@ GAVEL_MODELS = {"ResNet-18": ("resnet18", "cifar10"), "ResNet-50": ("resnet50", 
 
 def gavel_check(data: Path, gpu: str = "v100") -> dict[str, Any]:
     """Rank correlation of the graph's FLOPs per step with Gavel's measured seconds per step (one GPU)."""
+    from phasewise.apps.simulate.gavel import read_gavel
     from phasewise.models.horus.graph_features import catalog_features
 
-    with gzip.open(data / "gavel-throughputs" / "physical_cluster_throughputs.json.gz", "rt") as fh:
-        table = json.load(fh)[gpu]
+    table = read_gavel(data / "gavel-throughputs" / "physical_cluster_throughputs.json.gz", gpu)
     pts = []
-    for key, entry in table.items():
-        m = _GAVEL.fullmatch(key)
-        if m is None or m["model"] not in GAVEL_MODELS or not entry.get("null"):
+    for (name, scale), tput in table.isolated.items():
+        m = _GAVEL.fullmatch(name)
+        if scale != 1 or m is None or m["model"] not in GAVEL_MODELS or not tput:
             continue
         model, ds = GAVEL_MODELS[m["model"]]
         f = catalog_features(model, ds, int(m["batch"]), False)
-        step_s = 1.0 / float(entry["null"])
+        step_s = 1.0 / float(tput)
         pts.append({"model": model, "batch": int(m["batch"]), "flops": f.flops, "step_s": round(step_s, 5),
                     "achieved_tflops": round(f.flops / step_s / 1e12, 3)})
 
@@ -367,10 +367,12 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         return 0
     if args.what == "gavel":
+        from phasewise.apps.simulate.openb import TraceError
+
         try:
             print(json.dumps(gavel_check(args.data, args.gpu), indent=1))
-        except OSError as e:
-            print(f"{prog}: error: {e.strerror or e}: {e.filename}", file=sys.stderr)
+        except TraceError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
             return 2
         return 0
     if not 0 < args.coverage < 1:

@@ -1,6 +1,7 @@
 """``phasewise simulate PODS.csv --format openb --nodes NODES.csv``: placement policies on a real pod list,
 one line per policy or ``--json``, ``--report DIR`` for plots; ``--mode inflation`` runs FGD's experiment
-over seeds (docs/placement.md, "Simulation on openb 2023").
+over seeds; ``--interference gavel[:GPU]`` scores the placements by Gavel's measured co-location slowdown
+(docs/placement.md, "Simulation on openb 2023", "Interference measured").
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import time
 from typing import TextIO
 
 from phasewise.apps.simulate.engine import MODES, simulate, speed_up
+from phasewise.apps.simulate.gavel import GAVEL_FILE, GPU_TYPES, draw_workloads, load_gavel
 from phasewise.apps.simulate.inflation import run_seed, summarise
 from phasewise.apps.simulate.openb import TraceError, load_nodes, load_pods
 from phasewise.apps.simulate.utilisation import load_util_cdf, with_utilisation
 from phasewise.kit.command import report_dir
 from phasewise.kit.settings import Settings
 from phasewise.models.jobs.placement import POLICIES, PlacementConfig, workload_types
+from phasewise.models.jobs.placement.interference import SLOWED, MeasuredHorus
 
 FORMATS = ("openb",)
 
@@ -29,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="openb", help="pod and node list format (default openb)")
     p.add_argument("--nodes", metavar="NODES.csv", required=True, help="node list (openb: openb_node_list_*.csv)")
     p.add_argument("--policies", default=",".join(POLICIES),
-                   help=f"comma-separated placement policies among {', '.join(POLICIES)} (default all)")
+                   help=f"comma-separated placement policies among {', '.join(POLICIES)} (default all), and "
+                        f"{MeasuredHorus.name} (horus scoring by the measured slowdown) with --interference")
     p.add_argument("--mode", choices=(*MODES, "inflation"), default="timed",
                    help="timed: the trace's clock, pods wait in a queue and leave; fill: pods arrive in list "
                         "order and never leave; inflation: FGD's experiment, the list inflated by sampling to "
@@ -54,6 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="give every GPU pod a utilisation drawn from a cluster's measured GPU utilisation CDF "
                         "(acmetrace-util-cdfs/util_cdfs.csv:Philly) and measure overloaded GPUs")
     p.add_argument("--util-seed", type=int, default=0, help="seed of the utilisation draw (default 0)")
+    p.add_argument("--interference", metavar="gavel[:GPU]",
+                   help="give every GPU pod a workload drawn from Gavel's measured ones and report the co-located "
+                        f"pods' measured slowdown (GPU among {', '.join(GPU_TYPES)}; default v100; not with "
+                        "--mode inflation)")
+    p.add_argument("--interference-seed", type=int, default=0, help="seed of the workload draw (default 0)")
+    p.add_argument("--gavel-file", metavar="JSON.gz", default=str(GAVEL_FILE),
+                   help="Gavel's throughput file (default: the shared physical_cluster_throughputs.json.gz)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--report", metavar="DIR", type=report_dir,
                    help="write plots (allocation, fragmentation) and summary.md here")
@@ -94,17 +105,17 @@ def _init(counter) -> None:
 
 
 def _one(task):
-    name, pods, nodes, mode, config, w = task
+    name, pods, nodes, mode, config, w, inter = task
     last = [0]
 
     def bump(n: int) -> None:
         with _done.get_lock():
             _done.value += n - last[0]
         last[0] = n
-    return simulate(pods, nodes, name, mode, config=config, progress=bump, workload=w)
+    return simulate(pods, nodes, name, mode, config=config, progress=bump, workload=w, interference=inter)
 
 
-def _parallel(names, pods, nodes, mode, config, w, jobs, stream):
+def _parallel(names, pods, nodes, mode, config, w, jobs, stream, inter=None):
     """The policies in *jobs* processes (fork); one bar over all of them. Results in *names* order."""
     import multiprocessing as mp
 
@@ -112,7 +123,7 @@ def _parallel(names, pods, nodes, mode, config, w, jobs, stream):
     counter = ctx.Value("q", 0)
     bar = Progress(",".join(names), len(pods) * len(names), stream)
     with ctx.Pool(jobs, initializer=_init, initargs=(counter,)) as pool:
-        pending = pool.map_async(_one, [(n, pods, nodes, mode, config, w) for n in names])
+        pending = pool.map_async(_one, [(n, pods, nodes, mode, config, w, inter) for n in names])
         while not pending.ready():
             pending.wait(0.2)
             bar(min(counter.value, bar.total))
@@ -185,10 +196,12 @@ def _inflation(args, names, pods, nodes, config, w, jobs, stream) -> int:
 def run(args: argparse.Namespace) -> int:
     prog = "phasewise simulate"
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    bad = [n for n in names if n not in POLICIES]
+    known = [*POLICIES, MeasuredHorus.name] if args.interference else list(POLICIES)
+    bad = [n for n in names if n not in known]
     if bad or not names:
+        more = "" if args.interference else f"; {MeasuredHorus.name} with --interference"
         print(f"{prog}: error: --policies: unknown {', '.join(bad) or '(none given)'} "
-              f"(choose among {', '.join(POLICIES)})", file=sys.stderr)
+              f"(choose among {', '.join(known)}{more})", file=sys.stderr)
         return 2
     if not args.speed_up > 0:
         print(f"{prog}: error: --speed-up: must be > 0", file=sys.stderr)
@@ -203,11 +216,19 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < typical <= 1:
         print(f"{prog}: error: --typical: must be in (0, 1]", file=sys.stderr)
         return 2
+    if args.interference and args.mode == "inflation":
+        print(f"{prog}: error: --interference: not available with --mode inflation (use fill or timed)",
+              file=sys.stderr)
+        return 2
+    inter = None
     try:
         pods = load_pods(args.pods)
         nodes = load_nodes(args.nodes)
         if args.util_cdf:
             pods = with_utilisation(pods, load_util_cdf(args.util_cdf), args.util_seed)
+        if args.interference:
+            table = load_gavel(args.interference, args.gavel_file)
+            inter = (table, draw_workloads(pods, table, args.interference_seed))
     except TraceError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -233,21 +254,40 @@ def run(args: argparse.Namespace) -> int:
         results = []
         for name in names:
             results.append(simulate(pods, nodes, name, args.mode, config=config,
-                                    progress=Progress(name, len(pods), stream), workload=w))
+                                    progress=Progress(name, len(pods), stream), workload=w, interference=inter))
     else:
-        results = _parallel(names, pods, nodes, args.mode, config, w, jobs, stream)
+        results = _parallel(names, pods, nodes, args.mode, config, w, jobs, stream, inter)
     wall = time.perf_counter() - t0
     if args.report:
         from phasewise.apps.simulate.report import write_report
 
-        write_report(args.report, results, args=args, pods=pods, nodes=nodes, wall_s=wall)
+        write_report(args.report, results, args=args, pods=pods, nodes=nodes, wall_s=wall,
+                     interference=_about(args, inter))
     if args.json:
-        print(json.dumps({"results": [r.public() for r in results]}))
+        doc = {"results": [r.public() for r in results]}
+        if inter is not None:
+            doc["interference"] = _about(args, inter)
+        print(json.dumps(doc))
     else:
         for r in results:
             over = (f", overloaded {r.overloaded_gpus:.1f} GPUs ({r.excess_util_gpus:.1f} GPUs above 100 %)"
                     if r.overloaded_gpus is not None else "")
+            if r.interference is not None:
+                m = r.interference
+                mean = "n/a" if m["slowdown_mean"] is None else f"{m['slowdown_mean']:.1%}"
+                over += (f", co-located {m['colocated_jobs']:.1f} pods, measured slowdown mean {mean}, "
+                         f"{m['slowed_jobs']:.1f} pods slowed > 20 %, lost {m['lost_gpus']:.1f} GPUs")
             print(f"{r.policy:>10}: GPU allocated {r.gpu_alloc_ratio:.2%}, fragmented {r.fragmented_gpus:.1f} GPUs, "
                   f"unplaced {r.unplaced_pods}/{r.pods} pods, mean queue delay {r.mean_queue_delay_s:.1f} s"
                   f"{over} ({r.wall_s:.1f} s)")
     return 0
+
+
+def _about(args: argparse.Namespace, inter) -> dict | None:
+    """What the interference figures were measured with (None without ``--interference``)."""
+    if inter is None:
+        return None
+    table, drawn = inter
+    return {"source": "gavel", "gpu": table.gpu, "file": args.gavel_file, "seed": args.interference_seed,
+            "workloads": len(table.workloads(1)), "pods_with_workload": len(drawn), "slowed_above": SLOWED,
+            "rule": "product of pairwise normalised throughputs (worst pair: slowdown_mean_worst_pair)"}

@@ -1,13 +1,14 @@
 """The simulation: pods arrive, the policy places them on the cluster, pods leave (``timed``) or not
-(``fill``), and :class:`PolicyResult` measures allocation, fragmentation, unplaced pods, queue delay and,
-with utilisations, overload. Modes and measures: docs/placement.md, "Simulation on openb 2023".
+(``fill``), and :class:`PolicyResult` measures allocation, fragmentation, unplaced pods, queue delay,
+with utilisations overload and, with measured co-location throughputs, the co-located pods' slowdown.
+Modes and measures: docs/placement.md, "Simulation on openb 2023".
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +23,12 @@ from phasewise.models.jobs.placement import (
     workload_types,
 )
 from phasewise.models.jobs.placement.fragmentation import _access, _frag
+from phasewise.models.jobs.placement.interference import (
+    CoLocationTable,
+    InterferenceMeter,
+    MeasuredHorus,
+    Workload,
+)
 
 __all__ = ["MODES", "PolicyResult", "simulate", "speed_up"]
 
@@ -44,6 +51,7 @@ class PolicyResult:
     decide_s: float = 0.0  # wall time in the policy
     wall_s: float = 0.0
     series: dict[str, list[float]] = field(default_factory=dict)  # t, alloc, frag
+    interference: dict | None = None  # only with measured co-location throughputs
 
     def public(self) -> dict:
         out = {"policy": self.policy, "gpu_alloc_ratio": round(self.gpu_alloc_ratio, 6),
@@ -52,6 +60,8 @@ class PolicyResult:
         if self.overloaded_gpus is not None:
             out |= {"overloaded_gpus": round(self.overloaded_gpus, 3),
                     "excess_util_gpus": round(float(self.excess_util_gpus or 0.0), 3)}
+        if self.interference is not None:
+            out["interference"] = dict(self.interference)
         return out
 
 
@@ -82,16 +92,24 @@ def speed_up(pods: Sequence[Pod], factor: float) -> list[Pod]:
 
 def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str = "timed", *,
              config: PlacementConfig, progress: Callable[[int], None] | None = None,
-             max_points: int = 2000, workload: WorkloadTypes | None = None) -> PolicyResult:
+             max_points: int = 2000, workload: WorkloadTypes | None = None,
+             interference: tuple[CoLocationTable, Mapping[str, Workload]] | None = None) -> PolicyResult:
     """Run *pods* against *nodes* under *policy*; deterministic for the same input. *config* sets the
     hard rules' options and horus's weights; fgd and horus measure fragmentation against *workload*
-    (default: the pods' own distribution of task types)."""
+    (default: the pods' own distribution of task types). With *interference* (a co-location table and
+    each pod's workload) the result carries the co-located pods' measured slowdown: after the last
+    arrival in ``fill``, time-weighted over the arrivals' span in ``timed``."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
     t0 = time.perf_counter()
     c = Cluster(nodes, config)
     w = workload if workload is not None else workload_types(p.job for p in pods)
-    pol = make_policy(policy, w)
+    if policy == MeasuredHorus.name:
+        if interference is None:
+            raise ValueError(f"{policy} needs measured co-location throughputs (interference)")
+        pol = MeasuredHorus(*interference, workload=w)
+    else:
+        pol = make_policy(policy, w)
     frag = _Frag(c, workload_types(p.job for p in pods if p.job.count))
     cap = max(c.gpu_capacity_milli(), 1)
     decide = 0.0
@@ -102,6 +120,8 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
     area_alloc = area_frag = area_over = area_excess = 0.0
     last_t: float | None = None
     first_t = pods[0].created if pods else 0.0
+    meter = InterferenceMeter(*interference) if interference is not None else None
+    meter_t = first_t
 
     end_t = pods[-1].created if pods else 0.0  # measures are averaged over the arrivals' span
 
@@ -133,8 +153,18 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
         if p.node is None:
             return False
         c.allocate(job, p)
+        if meter is not None:
+            i_node = c.index[p.node]
+            meter.place(job.job, [(i_node, g) for g in p.gpus])
         placed_at[i] = t
         return True
+
+    def tick(t: float) -> None:
+        """Timed: add the co-location state that held from the last event until *t* (before it changes)."""
+        nonlocal meter_t
+        if meter is not None and t > meter_t and meter_t < end_t:
+            meter.advance(min(t, end_t) - meter_t)
+            meter_t = min(t, end_t)
 
     if mode == "fill":
         for i, pod in enumerate(pods):
@@ -153,6 +183,7 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
         arrived = 0
         while events:
             t, kind, i = heapq.heappop(events)
+            tick(t)
             if kind == _ARRIVE:
                 arrived += 1
                 if try_place(i, t):
@@ -171,6 +202,8 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
                     unplaced.append(i)
             else:
                 node = c.release(pods[i].job.job)
+                if meter is not None:
+                    meter.release(pods[i].job.job)
                 if queue and node is not None:
                     row = np.array([c.index[node]])
                     for q in list(queue):
@@ -185,6 +218,8 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
         frag_gpus = area_frag / span if span > 0 else (frags[-1] if frags else 0.0)
         over_gpus = area_over / span if span > 0 else (overs[-1] if overs else 0.0)
         excess_gpus = area_excess / span if span > 0 else (excess[-1] if excess else 0.0)
+    if meter is not None and meter.acc.weight == 0:  # fill, or a timed list whose pods all arrive at once
+        meter.advance(1.0)
     delays = [placed_at[i] - pods[i].created for i in placed_at]
     step = max(1, len(ts) // max_points)
     return PolicyResult(
@@ -196,4 +231,5 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
         unplaced_gpu_milli=sum(pods[i].job.milli * pods[i].job.count for i in unplaced),
         decide_s=decide, wall_s=time.perf_counter() - t0,
         series={"t": ts[::step], "alloc": allocs[::step], "frag": frags[::step]},
+        interference=meter.summary() if meter is not None else None,
     )

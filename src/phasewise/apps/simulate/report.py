@@ -40,8 +40,40 @@ def _plot(path: Path, results: list[PolicyResult], key: str, ylabel: str, xlabel
     plt.close(fig)
 
 
+def _interference_lines(results: list[PolicyResult], about: dict, mode: str) -> list[str]:
+    """The measured-slowdown table beside Horus's utilisation-sum proxy (when the pods carry utilisations)."""
+    util = results[0].overloaded_gpus is not None
+    pct = lambda v: "n/a" if v is None else f"{v:.1%}"  # noqa: E731
+    when = "after the last arrival" if mode == "fill" else "time-weighted over the arrivals' span"
+    lines = [
+        "## Interference: measured slowdown" + (" and the utilisation-sum proxy" if util else ""), "",
+        f"Every GPU pod carries a workload drawn uniformly among Gavel's {about['workloads']} single-GPU "
+        f"workloads measured on {about['gpu']} (multi-GPU pods: among those on as many GPUs; seed {about['seed']}); "
+        "a pod's slowdown on a shared GPU is 1 - its measured co-located throughput / its isolated throughput, "
+        f"the product over its neighbours' pairs when a GPU holds three or more pods ({when}).", "",
+        "| policy | " + ("overloaded GPUs (proxy) | utilisation above 100 % (GPUs) | " if util else "")
+        + "shared GPUs | co-located pods | of them on 3+ | mean slowdown | p95 slowdown | worst-pair mean "
+        f"| slowed > {about['slowed_above']:.0%} | lost (GPUs) | combined throughput per shared GPU |",
+        "|---|" + ("---:|---:|" if util else "") + "---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        m = r.interference or {}
+        proxy = f" {r.overloaded_gpus:.1f} | {r.excess_util_gpus:.1f} |" if util else ""
+        comb = "n/a" if m.get("combined_tput_mean") is None else f"{m['combined_tput_mean']:.2f}"
+        lines.append(f"| {r.policy} |{proxy} {m['shared_gpus']:.1f} | {m['colocated_jobs']:.1f} | "
+                     f"{m['extrapolated_jobs']:.1f} | {pct(m['slowdown_mean'])} | {pct(m['slowdown_p95'])} | "
+                     f"{pct(m['slowdown_mean_worst_pair'])} | {m['slowed_jobs']:.1f} ({pct(m['slowed_share'])}) | "
+                     f"{m['lost_gpus']:.1f} | {comb} |")
+    lines += ["", "Lost = the co-located pods' slowdowns summed, in isolated GPUs' worth of throughput; combined "
+              "throughput = the normalised throughputs of a shared GPU's pods summed (above 1: sharing did more "
+              "than one pod alone). Worst-pair mean: each pod's slowest single pair, a lower bound on its "
+              "slowdown." + ("" if util else " Add `--util-cdf` for Horus's utilisation-sum proxy beside these."),
+              ""]
+    return lines
+
+
 def write_report(folder: str | Path, results: list[PolicyResult], *, args: argparse.Namespace, pods, nodes,
-                 wall_s: float) -> None:
+                 wall_s: float, interference: dict | None = None) -> None:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     xlabel = "pods arrived" if args.mode == "fill" else "trace time (s)"
@@ -84,6 +116,7 @@ def write_report(folder: str | Path, results: list[PolicyResult], *, args: argpa
         + "; fragmented GPUs = FGD's fragmentation against the pod list's GPU pods; unplaced = never placed; "
         "queue delay = placement time - creation time over placed pods.", "",
         horus + ". " + source, "",
+        *(_interference_lines(results, interference, args.mode) if interference and results else []),
         f"Total wall time {wall_s:.1f} s.", "",
         "Command: `phasewise simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) + "`", "",
     ]
