@@ -100,8 +100,9 @@ class WorkerSettings(Group):
     #: restarted worker decides exactly as an unkilled one (docs/security.md)
     state_write_interval_s: float = setting(30.0, check=at_least(0),
                                             help="seconds of event time between a container's "
-                                                 "table writes (0 = at every commit: exact "
-                                                 "recovery after a kill)")
+                                                 "table writes (0 = at every commit); the samples since "
+                                                 "are read again after a kill (--policy vpa), so recovery "
+                                                 "is exact either way")
     #: a container with no sample for this long (event time) is dropped from the
     #: worker's memory and tables (VPA garbage-collects after 8 days); 0 = never
     container_ttl_s: float = setting(691_200.0, check=at_least(0), flag="--container-ttl",
