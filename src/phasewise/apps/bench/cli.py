@@ -11,6 +11,8 @@ BENCHES = {
     "fuzz": ("phasewise.apps.bench.fuzz", "hostile messages at a real consumer: dead letters, crashes, valid lost"),
     "logic": ("phasewise.apps.bench.logic", "the VPA decision logic alone, no Kafka: us per container sample"),
     "placement": ("phasewise.apps.bench.placement", "placement decision time per job at cluster scale (1,500 nodes)"),
+    "scaling": ("phasewise.apps.bench.scaling",
+                "1, 2, 4 ... workers of one group over the samples topic's partitions: samples/s in total and each"),
     "recovery": ("phasewise.apps.bench.recovery",
                  "a worker SIGKILLed mid-stream: its decisions against an unkilled run's"),
     "flood": ("phasewise.apps.bench.flood", "a flood of new containers: worker resident bytes per container, the cap"),

@@ -121,15 +121,18 @@ class BacklogWindow:
     seconds: float  #: wall time
     cpu_s: float  #: the worker's CPU seconds, all threads
     flush_s: float  #: the worker's pre-commit flush seconds
+    #: with several workers: each one's container samples and CPU seconds in the window
+    per_worker: tuple[tuple[float, float], ...] = ()
 
     @property
     def cpu_us_per_sample(self) -> float:
         return self.cpu_s / max(1.0, self.samples) * 1e6
 
 
-def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], ticks: int, metrics_url: str,
-                  pid: int, gpu: bool = False) -> BacklogWindow:
-    """Flood *ticks* ticks of every host's message onto *topic* and time worker *pid* draining them.
+def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], ticks: int,
+                  metrics_url: str | list[str], pid: int | list[int], gpu: bool = False) -> BacklogWindow:
+    """Flood *ticks* ticks of every host's message onto *topic* and time worker *pid* draining them
+    (several workers of one group: a list of their metrics URLs and pids, their counters summed).
 
     One message per host per tick (:func:`square_wave_usage` seeded by the
     host's index, limits 2 cores / 4 GB, event times in the past). The window
@@ -140,8 +143,17 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
     of it), so a backlog that drains in less than that has no window.
     *gpu*: the samples also carry GPU use (:func:`square_wave_gpu`).
     """
+    urls = [metrics_url] if isinstance(metrics_url, str) else list(metrics_url)
+    pids = [pid] if isinstance(pid, int) else list(pid)
+
+    def each(name: str = SAMPLES_COUNTER) -> list[float]:
+        return [scrape(u).get(name, 0.0) for u in urls]
+
     def counter(name: str = SAMPLES_COUNTER) -> float:
-        return scrape(metrics_url).get(name, 0.0)
+        return sum(each(name))
+
+    def cpu() -> list[float]:
+        return [cpu_seconds(p) for p in pids]
 
     t_base = time.time() - ticks - 60
     start = counter()
@@ -160,11 +172,13 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
     expected = start + sum(len(cs) for _, cs in hosts) * ticks
     lo, hi = start + 0.1 * (expected - start), start + 0.9 * (expected - start)
     wait_until(lambda: counter() >= lo, 600, 0.1, "10% of the backlog")
-    c_lo, t_lo, cpu_lo, fl_lo = counter(), time.perf_counter(), cpu_seconds(pid), counter(FLUSH_COUNTER)
+    c_lo, t_lo, cpu_lo, fl_lo = each(), time.perf_counter(), cpu(), counter(FLUSH_COUNTER)
     wait_until(lambda: counter() >= hi, 600, 0.1, "90% of the backlog")
-    c_hi, t_hi, cpu_hi, fl_hi = counter(), time.perf_counter(), cpu_seconds(pid), counter(FLUSH_COUNTER)
+    c_hi, t_hi, cpu_hi, fl_hi = each(), time.perf_counter(), cpu(), counter(FLUSH_COUNTER)
     wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
-    return BacklogWindow(c_hi - c_lo, t_hi - t_lo, cpu_hi - cpu_lo, fl_hi - fl_lo)
+    per = tuple((b - a, y - x) for a, b, x, y in zip(c_lo, c_hi, cpu_lo, cpu_hi, strict=True))
+    return BacklogWindow(sum(c_hi) - sum(c_lo), t_hi - t_lo, sum(cpu_hi) - sum(cpu_lo), fl_hi - fl_lo,
+                         per if len(per) > 1 else ())
 
 
 def dumps(obj: dict) -> str:
