@@ -107,7 +107,9 @@ def test_a_stopped_job_is_resumed_from_its_checkpoint_in_its_container(tmp_path)
         got = apply(submitted(hi, priority=3))
         assert [(a, c) for a, c, _, _ in got] == [("terminate", low), ("place", hi), ("weight", hi)]
         stop, start_hi, weight_hi = (x for _, _, x, _ in got)
-        assert stop.status == "applied" and "all exited" in stop.message, stop.message
+        # (its checkpoint_exit control came first: the job may have exited before the terminate arrived)
+        assert stop.status == "applied" and ("all exited" in stop.message
+                                             or "no process in the container" in stop.message), stop.message
         assert start_hi.status == "rejected" and "names no command" in start_hi.message  # its submitter starts it
         assert weight_hi.status == "rejected" and "does not exist" in weight_hi.message
         exited = int(next(ln for ln in lines(log) if ln[0] == "exit")[1])
