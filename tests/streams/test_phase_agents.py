@@ -59,7 +59,8 @@ class Worker:
         raise TimeoutError("worker not ready:\n" + self.role.log_tail())
 
     def metric(self, name: str) -> float:
-        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics").get(name, 0.0)
+        # (a generous timeout: a loaded machine can hold the worker's metrics thread for seconds)
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout_s=30.0).get(name, 0.0)
 
     def log(self) -> str:
         assert self.role is not None
