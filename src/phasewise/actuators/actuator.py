@@ -496,12 +496,16 @@ class Actuator:
         """A scale command ran (or failed half-way): the service's ``scaled`` state, with the replicas running
         now and the most this actuator runs (the autoscaler counts on them; the placement agent books the
         local replicas on the first one's node). A Deployment's pods are placed by Kubernetes: no host."""
-        job = job_of(d)
+        self._publish_scaled(job_of(d), None if isinstance(cmd, Scale) else self.settings.host, d.container,
+                             replicas, cmd.most, notes)
+
+    def _publish_scaled(self, job: str, host: str | None, container: str, replicas: int, most: int | None,
+                        reason: str | None) -> None:
         if _JOB_ID.match(job):
-            self._job_event(JobEvent(job=job, ts=self.clock(), kind="scaled", workload="inference",
-                                     host=None if isinstance(cmd, Scale) else self.settings.host,
-                                     container=d.container, replicas=min(replicas, MAX_REPLICAS),
-                                     max_replicas=cmd.most, reason=_clip(notes) if notes else None))
+            self._job_event(JobEvent(job=job, ts=self.clock(), kind="scaled", workload="inference", host=host,
+                                     container=container, replicas=min(replicas, MAX_REPLICAS),
+                                     max_replicas=None if most is None else min(most, MAX_REPLICAS),
+                                     reason=_clip(reason) if reason else None))
 
     def _replica_ended(self, e: JobExit) -> None:
         """A service's replica k > 1 ended on its own (not stopped by a scale command): the service's
@@ -514,11 +518,7 @@ class Actuator:
         n = len(self.replicas.running(service, ports.port)) if ports is not None else 0
         why = f"replica {e.container} ended on its own" + (f" (exit status {e.returncode})"
                                                             if e.returncode is not None else "")
-        if _JOB_ID.match(started.job):
-            self._job_event(JobEvent(job=started.job, ts=self.clock(), kind="scaled", workload="inference",
-                                     host=self.settings.host, container=service, replicas=min(n, MAX_REPLICAS),
-                                     max_replicas=min(self.settings.actuator.max_replicas, MAX_REPLICAS),
-                                     reason=_clip(why)))
+        self._publish_scaled(started.job, self.settings.host, service, n, self.settings.actuator.max_replicas, why)
 
     def _froze(self, d: Decision, kind: str) -> None:
         """A freeze or thaw decision was applied to a job's container: its ``frozen`` / ``thawed`` state."""

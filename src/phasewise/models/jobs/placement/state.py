@@ -334,12 +334,11 @@ class PlacementState:
         frozen = ev.kind == "frozen"
         if bool(p.get("frozen")) == frozen:
             return  # (read again, or a thaw of a job not frozen here)
-        node = self.cluster.freeze(ev.job) if frozen else self.cluster.thaw(ev.job)
         if frozen:
-            self._freed(node)
-        if frozen:
+            self._freed(self.cluster.freeze(ev.job))
             p["frozen"] = True
         else:
+            self.cluster.thaw(ev.job)
             p.pop("frozen", None)
         log.info("job %s %s on %s: %s", ev.job, ev.kind, p["node"],
                  "its memory stays booked, its CPUs and GPUs are free" if frozen else "all it booked is booked again")
