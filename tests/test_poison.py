@@ -399,6 +399,26 @@ def test_an_actuator_dead_letters_every_poison_kind_and_reports_every_valid_deci
     assert rc == 0, role.log_tail(40)
 
 
+def _where_it_stood(settings: Settings, group: str, sent: Sent, missing: set[str], metrics_url: str) -> str:
+    """The group's committed offsets and the watermarks of the partitions the test wrote to, the first
+    missing samples' offsets and the second worker's message counters: what a failure needs to be read."""
+    c = make_consumer(settings, group)
+    try:
+        parts = sorted({p for p, _ in sent.at})
+        committed = c.committed([TopicPartition(SAMPLES.name, p) for p in parts], timeout=10)
+        marks = {p: c.get_watermark_offsets(TopicPartition(SAMPLES.name, p), timeout=10) for p in parts}
+    finally:
+        c.close()
+    where = {label.split(":", 1)[1]: at for at, label in sent.at.items() if label.startswith("valid:")}
+    first = sorted((where[m], m) for m in missing)[:5]
+    try:
+        counters = {k: v for k, v in scrape(metrics_url).items() if "messages" in k or "samples" in k}
+    except OSError as e:
+        counters = {"scrape failed": str(e)}
+    return (f"committed {[(t.partition, t.offset) for t in committed]}, watermarks {marks}, "
+            f"{len(missing)} missing, first {first}; role2 counters {counters}")
+
+
 #: a worker whose samples agent fails (not on a record) at the 25th valid message of this test, mid-batch
 FAULT = """
 import sys
@@ -433,14 +453,17 @@ def test_a_dead_agent_stops_the_worker_with_status_1_and_the_next_worker_loses_n
         log = role.log_path.read_text(errors="replace")
         assert "agent phasewise.vpa-samples died: RuntimeError: injected failure" in log
         # the same consumer group takes over: every valid sample is decided (none was committed unhandled)
-        role2, _ = start_worker(s, tmp_path, "vpa", worker_id)
+        role2, url2 = start_worker(s, tmp_path, "vpa", worker_id)
         want = {label.split(":", 1)[1] for label in sent.where("valid").values()}
 
         def decided() -> set[str]:
             return {f"{d.host}/{d.container}" for d in records(Decision, decisions_r.drain())}
 
         try:
-            wait(lambda: want <= decided(), 120, "a decision for every valid sample", role2)
+            try:
+                wait(lambda: want <= decided(), 120, "a decision for every valid sample", role2)
+            except TimeoutError as e:  # say where the group stood, what was missing and what role2 counted
+                raise AssertionError(f"{e}\n{_where_it_stood(s, worker_id, sent, want - decided(), url2)}") from None
         finally:
             assert role2.stop(30) == 0
     finally:
