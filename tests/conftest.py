@@ -1,4 +1,4 @@
-"""Shared fixtures: one embedded broker per test session, fresh settings per test."""
+"""Shared fixtures: an embedded broker per test module, fresh settings per test."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from phasewise.kit.settings import Settings
 os.environ.setdefault("PHASEWISE_START_STALL_S", "20")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    """A real Tansu broker on loopback, shared by the session's tests."""
+    """A real Tansu broker on loopback, shared by one module's tests. Each module has its own (it starts in
+    ~50 ms): roles that read a topic from its start (a new worker's samples, the job events) see only their
+    module's records, not the tens of thousands other modules left before them."""
     log = tmp_path_factory.mktemp("broker") / "tansu.log"
     with EmbeddedBroker(log_path=log) as b:
         yield b
@@ -26,7 +28,7 @@ def broker(tmp_path_factory):
 
 @pytest.fixture
 def settings(broker, tmp_path) -> Settings:
-    """Settings pointing at the session broker, with a private data dir."""
+    """Settings pointing at the module's broker, with a private data dir."""
     from phasewise.kit.kafka.client import ensure_topics
 
     s = Settings.from_env(
@@ -62,16 +64,3 @@ def assert_replay_output():
             assert not errors, (line.get("type"), errors[:3])
 
     return check
-
-
-def private_broker_fixture():
-    """A module's own broker: for tests whose roles read shared topics from their start (job events),
-    where records other tests left on the session broker would change what they decide."""
-
-    @pytest.fixture(scope="module")
-    def broker(tmp_path_factory):
-        log = tmp_path_factory.mktemp("broker") / "tansu.log"
-        with EmbeddedBroker(log_path=log) as b:
-            yield b
-
-    return broker

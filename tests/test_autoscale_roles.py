@@ -25,11 +25,10 @@ from phasewise.kit.records import Actuation, Decision, JobEvent, JobRequests, Jo
 from phasewise.kit.topics import ACTUATIONS, DECISIONS, JOB_EVENTS
 from tests.actuators.conftest import job_python
 from tests.actuators.test_replicas import cgroup_of, free_ports
-from tests.conftest import is_root, private_broker_fixture
+from tests.conftest import is_root
 from tests.job_keys import KEY, submitted
 from tests.test_job_trust_roles import REAL, Run, Topics, _key
 
-broker = private_broker_fixture()
 pytestmark = [pytest.mark.broker, pytest.mark.slow,
               pytest.mark.skipif(not (is_root() and REAL), reason="needs root and cgroup v1 (real replicas)")]
 

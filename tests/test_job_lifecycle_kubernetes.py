@@ -22,12 +22,9 @@ from phasewise.kit.broker import free_port
 from phasewise.kit.records import Decision, GpuSample, HostSamples, JobEvent, encode
 from phasewise.kit.topics import DECISIONS, JOB_EVENTS, SAMPLES
 from tests.actuators.backends.kubernetes.apiserver import ApiServer
-from tests.conftest import private_broker_fixture
 from tests.job_keys import KEY, write_private
 from tests.test_job_lifecycle_roles import _job_file
 from tests.test_job_trust_roles import Run, Topics, _key
-
-broker = private_broker_fixture()  # the placement agent reads the job events from their start
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 MIB = 1 << 20

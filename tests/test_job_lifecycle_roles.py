@@ -21,11 +21,8 @@ from phasewise.apps.bench.harness import scrape
 from phasewise.kit.broker import free_port
 from phasewise.kit.records import DeadLetter, Decision, JobEvent
 from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, SAMPLES
-from tests.conftest import private_broker_fixture
 from tests.job_keys import KEY, write_private
 from tests.test_job_trust_roles import CPUS, REAL, Run, Topics, _key, _sample
-
-broker = private_broker_fixture()  # the placement agent reads the job events from their start
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow,
               pytest.mark.skipif(not REAL or len(CPUS) < 2,

@@ -49,10 +49,8 @@ from phasewise.kit.records import (
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring
 from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
-from tests.conftest import is_root, private_broker_fixture
+from tests.conftest import is_root
 from tests.job_keys import KEY, STRANGER, start, submitted, write_public
-
-broker = private_broker_fixture()  # the job workers read the job events from their start
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 GB = 1e9

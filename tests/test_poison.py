@@ -45,13 +45,8 @@ from phasewise.kit.records import (
 )
 from phasewise.kit.settings import Settings
 from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, MODELS, SAMPLES
-from tests.conftest import private_broker_fixture
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
-
-# a broker of this module's own: the phase worker's model follower reads the models topic from its start,
-# and on the session broker other tests' snapshots (each one checked) can keep it past the waits below
-broker = private_broker_fixture()
 
 T0 = time.time() - 3600
 _PLACEHOLDER = "__number__"

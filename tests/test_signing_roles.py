@@ -1,4 +1,4 @@
-"""Signed decisions end to end on the session broker: a real worker signs, a real actuator verifies.
+"""Signed decisions end to end on the module's broker: a real worker signs, a real actuator verifies.
 
 The worker and the actuator share a key file; decisions the worker makes are
 applied, while unsigned, wrongly signed (another key, or changed after

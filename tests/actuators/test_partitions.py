@@ -20,12 +20,8 @@ from phasewise.kit.kafka.partitions import partition_for
 from phasewise.kit.records import Decision, encode
 from phasewise.kit.topics import DECISIONS
 from phasewise.streams.output import output_producer
-from tests.conftest import private_broker_fixture
 
 pytestmark = [pytest.mark.broker]
-
-# decisions other tests send for their own hosts can land on this host's partition and be read (ignored)
-broker = private_broker_fixture()
 
 
 def test_the_worker_producer_places_keys_where_partition_for_says(settings):

@@ -1,6 +1,6 @@
 """``phasewise actuate`` killed (SIGKILL) while its jobs run, and started again (issue #23, bad input).
 
-The real role on the session broker, the cgroup backend on the host's cgroup
+The real role on the module's broker, the cgroup backend on the host's cgroup
 v1 hierarchies, real jobs: the first actuator starts three, is killed, one job
 ends with status 0 and one is killed while no actuator runs, and the second
 actuator (not their parent) reports both, watches the third again and reports

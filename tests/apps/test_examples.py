@@ -1,7 +1,7 @@
 """The shipped example job files (examples/jobs/): each parses, and ``phasewise submit`` publishes it signed.
 
 docs/placement.md's "A local run, end to end" submits them; here each is submitted with a submitter
-key to the session broker and read back as the ``submitted`` event a trusted actuator would start,
+key to the module's broker and read back as the ``submitted`` event a trusted actuator would start,
 and its command runs to the end on this machine.
 """
 

@@ -13,9 +13,6 @@ import uuid
 import pytest
 
 from phasewise.kit.records import DeadLetter, Decision, GpuSample, HostSamples, JobEvent, JobRequests, JobSpec, encode
-from tests.conftest import private_broker_fixture
-
-broker = private_broker_fixture()  # both roles read the job events from their start
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 GB = 1e9

@@ -14,10 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from phasewise.kit.records import Decision, JobEvent, JobRequests, JobService, encode
-from tests.conftest import private_broker_fixture
 from tests.job_keys import STRANGER, submitted, write_public
-
-broker = private_broker_fixture()
 
 
 class SlowService:

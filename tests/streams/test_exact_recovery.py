@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import private_broker_fixture
-
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
-
-broker = private_broker_fixture()  # the worker reads the samples topic from its start
 
 
 def test_three_sigkills_mid_stream_give_the_unkilled_run_s_decisions(broker, tmp_path):

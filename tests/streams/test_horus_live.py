@@ -42,14 +42,12 @@ from phasewise.kit.signing import Keyring
 from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, MODELS, PREDICTIONS, SAMPLES
 from phasewise.models.horus.snapshot import SNAPSHOT_NAME, observations_of, snapshot_of
 from tests.actuators.conftest import job_python
-from tests.conftest import private_broker_fixture, requires_root
+from tests.conftest import requires_root
 from tests.job_keys import KEY as SUBMITTER
 from tests.job_keys import write_public
 from tests.streams.test_horus_worker import Horus
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
-
-broker = private_broker_fixture()
 
 KEY = b"h" * 48
 #: a share of one CPU (argv 1), busy then idle every 50 ms, for argv 2 seconds, then exit status argv 3

@@ -24,12 +24,9 @@ from phasewise.kit.settings import Settings
 from phasewise.kit.topics import DEAD_LETTERS, JOB_EVENTS, PREDICTIONS
 from phasewise.models.horus.catalog import DATASETS
 from phasewise.models.horus.graph_features import features
-from tests.conftest import private_broker_fixture
 from tests.streams import hostile_models
 from tests.streams.test_horus_worker import Horus
 from tests.test_poison import Reader
-
-broker = private_broker_fixture()  # horus reads the job events from the start
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

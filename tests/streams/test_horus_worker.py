@@ -1,4 +1,4 @@
-"""``phasewise horus`` for real: a Faust worker subprocess on the session broker.
+"""``phasewise horus`` for real: a Faust worker subprocess on the module's broker.
 
 Job events and samples go in with confluent-kafka; predictions and dead letters
 are read back from their topics; the join of a job with its container's
@@ -42,7 +42,7 @@ class Horus:
         env = {"PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_LOG_LEVEL": "info",
                "PHASEWISE_HORUS_WARMUP_S": "1000", "PHASEWISE_HORUS_OBSERVE_S": "2",
                "PHASEWISE_HORUS_MIN_SAMPLES": "3",
-               # the session broker's models topic holds what other tests' horus workers shared
+               # the module's models topic holds what its other tests' horus workers shared
                "PHASEWISE_HORUS_SHARE_MODEL": "false", **extra_env}
         args = ["--horus-id", horus_id, "--data-dir", str(tmp / "data"), "--metrics-port", str(self.metrics_port)]
         self.role = RoleProcess("horus", args, env=env, log_path=tmp / f"horus-{uuid.uuid4().hex[:4]}.log")

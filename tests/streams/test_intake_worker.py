@@ -1,4 +1,4 @@
-"""The intake limits in a real ``phasewise worker`` on the session broker: event time and capacity.
+"""The intake limits in a real ``phasewise worker`` on the module's broker: event time and capacity.
 
 One worker with small capacity limits serves the module; samples go in with
 confluent-kafka; decisions, dead letters and the metrics are read back.
@@ -150,7 +150,7 @@ FAKES = [f"fake-{uuid.uuid4().hex[:8]}" for _ in range(2 * FULL)]  # together tw
 @pytest.fixture(scope="module")
 def full(broker, tmp_path_factory):
     """A worker whose per-worker limit is small: a flood of invented hosts fills it (it reads only this
-    test's hosts: the session broker's samples topic holds every other test's too)."""
+    test's hosts: the module's samples topic holds the other tests' too)."""
     s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
     ensure_topics(s)
     tmp = tmp_path_factory.mktemp("intake-full")

@@ -12,10 +12,7 @@ import pytest
 
 from phasewise.kit.records import DeadLetter, Decision, JobEvent, JobRequests, JobSpec, decode, encode
 from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, SAMPLES
-from tests.conftest import private_broker_fixture
 from tests.test_job_trust_roles import Run, Topics, _key, _sample
-
-broker = private_broker_fixture()  # the placement agent reads the job events from their start
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""``phasewise worker --policy phase`` for real: snapshots, phase changes and a restart, on the session broker."""
+"""``phasewise worker --policy phase`` for real: snapshots, phase changes and a restart, on the module's broker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``phasewise place`` for real: a Faust worker subprocess on the session broker, hostile records between valid ones."""
+"""``phasewise place`` for real: a Faust worker subprocess, hostile records between valid ones."""
 
 from __future__ import annotations
 
@@ -26,10 +26,7 @@ from phasewise.kit.records import (
 )
 from phasewise.kit.settings import Settings
 from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
-from tests.conftest import private_broker_fixture
 from tests.streams.test_horus_worker import read_all
-
-broker = private_broker_fixture()  # job events from other tests would change the placements
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 GIB = 1 << 30

@@ -11,10 +11,7 @@ import uuid
 import pytest
 
 from phasewise.kit.records import Decision, JobControl
-from tests.conftest import private_broker_fixture
 from tests.models.jobs.test_priority_step import EXPECTED_WEIGHTED, JOB_POISON, finished, submitted, valid_stream
-
-broker = private_broker_fixture()  # job events from other tests would change the placements
 
 
 @pytest.mark.broker

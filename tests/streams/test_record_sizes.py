@@ -35,10 +35,7 @@ from phasewise.kit.records import (
 )
 from phasewise.kit.settings import Settings
 from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, SAMPLES
-from tests.conftest import private_broker_fixture
 from tests.test_poison import Reader, records, wait
-
-broker = private_broker_fixture()  # the roles read the job events from the start
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

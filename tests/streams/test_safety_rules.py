@@ -1,4 +1,4 @@
-"""The safety rules in a real ``phasewise worker`` (both policies), on the session broker.
+"""The safety rules in a real ``phasewise worker`` (both policies), on the module's broker.
 
 The rules themselves, in the worker's step under both policies, are checked in
 a simulated closed loop by tests/models/safety/test_safety_rules.py.

@@ -30,9 +30,6 @@ from phasewise.kit.records import (
     JobTargets,
     encode,
 )
-from tests.conftest import private_broker_fixture
-
-broker = private_broker_fixture()  # the agent reads the job events from the start: other tests' jobs would count
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""``phasewise worker`` for real: a Faust worker subprocess on the session broker.
+"""``phasewise worker`` for real: a Faust worker subprocess on a broker of its own.
 
 One worker serves the module (start-up costs ~5 s). Samples go in with
 confluent-kafka; decisions and dead letters are read back from their topics.
@@ -73,16 +73,19 @@ class Reader:
         self.c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         self.seen: list = []
 
-    def wait_for(self, pred, timeout_s: float = 30.0, what: str = "a message") -> list:
+    def wait_for(self, pred, timeout_s: float = 60.0, what: str = "a message") -> list:
+        """The messages *pred* takes, read so far or within *timeout_s*; each message is tested once per call
+        (a topic other tests filled: thousands of messages)."""
+        hits = [m for m in self.seen if pred(m)]
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            m = self.c.poll(0.2)
-            if m is not None and not m.error():
-                self.seen.append(m)
-            hits = [m for m in self.seen if pred(m)]
-            if hits:
+        while True:
+            got = [m for m in self.c.consume(500, 0 if hits else 0.2) if not m.error()]
+            self.seen += got
+            hits += [m for m in got if pred(m)]
+            if hits and not got:  # what has arrived is read
                 return hits
-        raise TimeoutError(f"no {what} within {timeout_s:.0f}s")
+            if not hits and time.monotonic() >= deadline:
+                raise TimeoutError(f"no {what} within {timeout_s:.0f}s ({len(self.seen)} messages read)")
 
     def close(self) -> None:
         self.c.close()

@@ -36,11 +36,8 @@ from phasewise.kit.records import (
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring
 from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, JOB_EVENTS, PREDICTIONS, SAMPLES
-from tests.conftest import private_broker_fixture
 
 pytestmark = [pytest.mark.broker]
-
-broker = private_broker_fixture()
 
 ROOT = Path(__file__).resolve().parents[3]
 HOST = "node-a"

@@ -23,12 +23,9 @@ from phasewise.kit.kafka.client import ensure_topics, make_producer
 from phasewise.kit.records import ContainerSample, HostSamples, JobEvent, JobRequests, JobSpec, encode
 from phasewise.kit.settings import Settings
 from phasewise.kit.topics import JOB_EVENTS, SAMPLES
-from tests.conftest import private_broker_fixture
 from tests.producers.conftest import CgTree
 
 pytest.importorskip("pyarrow")
-
-broker = private_broker_fixture()
 
 ROOT = Path(__file__).resolve().parents[3]
 HOST = "rec-host"
