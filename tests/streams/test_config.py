@@ -116,3 +116,17 @@ def test_a_config_field_that_a_setting_feeds_has_no_default_of_its_own(name):
                  and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)}
     assert set(defaulted) <= KNOWN.get(name, set()), (
         f"{name} restates the default of the setting(s) that feed it: {defaulted}")
+
+
+def test_a_vpa_worker_does_not_load_torch(tmp_path):
+    # a fresh interpreter: this test process has torch already (~200 MB resident a VPA worker does not need;
+    # the phase detector and horus load it)
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom phasewise.kit.settings import Settings\nfrom phasewise.streams.app import create_app\n"
+            f"s = Settings.from_env({{'bootstrap': '127.0.0.1:1', 'data_dir': {str(tmp_path)!r}}}, env={{}})\n"
+            "create_app(s)\nprint(s.worker.policy, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "vpa False"

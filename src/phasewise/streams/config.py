@@ -24,14 +24,14 @@ from phasewise.models.jobs.priority_step import PriorityStepConfig
 from phasewise.models.jobs.submissions import Submissions
 from phasewise.models.jobs.targets import TargetsConfig
 from phasewise.models.jobs.targets_step import TargetsStepConfig
-from phasewise.models.phases.detector import PhaseModel
-from phasewise.models.phases.updater import DetectorConfig
 from phasewise.models.safety.guard import GuardConfig
 from phasewise.models.safety.intake import IntakeConfig
 from phasewise.models.vpa.updater import StateCache, UpdaterConfig
 
-if TYPE_CHECKING:  # (river: imported by the horus role alone)
+if TYPE_CHECKING:  # (river: imported by the horus role alone; torch by the phase detector alone)
     from phasewise.models.horus.state import HorusStateConfig
+    from phasewise.models.phases.detector import PhaseModel
+    from phasewise.models.phases.updater import DetectorConfig
 
 __all__ = ["autoscale_step_config", "detector_config", "guard_config", "horus_state_config", "initial_model",
            "intake_config", "job_partitions", "parse_local_nodes", "placement_state_config", "priority_step_config",
@@ -91,6 +91,8 @@ def state_cache(settings: Settings, loader: Callable[[str], Any] | None = None) 
 
 def detector_config(settings: Settings) -> DetectorConfig:
     """The phase detectors' parameters from settings (``phase_ratio_cap`` 0: no cap)."""
+    from phasewise.models.phases.updater import DetectorConfig
+
     phase = settings.phase
     return DetectorConfig(
         min_cpu_cores=settings.vpa.min_cpu_cores, min_mem_bytes=float(settings.vpa.min_mem_bytes),
@@ -103,6 +105,8 @@ def detector_config(settings: Settings) -> DetectorConfig:
 def initial_model(settings: Settings) -> tuple[PhaseModel, str]:
     """The shipped pretrained model when its features match (and ``phase_pretrained``), else a cold one;
     with where it came from."""
+    from phasewise.models.phases.detector import PhaseModel
+
     features = settings.phase.feature_tuple()
     try:
         from phasewise.models.phases.limits import PRETRAINED_AI4DL, load_pretrained

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from phasewise.models.arrays import all_true, count_true
 from phasewise.models.vpa.histogram import MAX_CHECKPOINT_WEIGHT, MAX_DECAY_EXPONENT, ExponentialBuckets
@@ -218,10 +217,10 @@ class HistogramRows:
 
         The reference walks the buckets from the first non-empty one, adding
         weights until the sum reaches ``p * total`` (or taking the last
-        non-empty bucket); here torch's ``cumsum`` (one sequential loop per
-        row in double precision: the same additions in the same order) over
-        the rows' bucket window and a batched binary search for the first
-        bucket whose running sum reaches each threshold.
+        non-empty bucket); here numpy's ``cumsum`` (a sequential loop per row in
+        double precision: the same additions in the same order) over the rows'
+        bucket window, and for each threshold the count of buckets whose running
+        sum stays below it: the first bucket that reaches it.
         """
         ps_positive = min(ps.tolist()) > 0
         hi = self.hi[rows]
@@ -233,23 +232,16 @@ class HistogramRows:
             c0, c1 = int(lo.min()), int(h.max())
             W = self.W[sel, c0:c1 + 1]
             total = self.total[sel]
-            n_threads = torch.get_num_threads()
-            if n_threads > 1:  # ~100 rows: a parallel region costs more than it saves (spin-waits on busy hosts)
-                torch.set_num_threads(1)
-            try:
-                if ps_positive and not count_true(self.subeps[sel]) and all_true(total > 0):
-                    cum = torch.cumsum(torch.from_numpy(W), 1)  # zeros before lo: below any positive threshold
-                else:
-                    before = np.arange(c0, c1 + 1) < lo[:, None]
-                    cum = torch.cumsum(torch.from_numpy(np.where(before, 0.0, W)), 1)
-                    cum[torch.from_numpy(before)] = -math.inf  # never reaches
-                # every row's running sum never decreases (weights are >= 0): the first bucket
-                # reaching each threshold by binary search; none before hi reaches: hi
-                thr = torch.from_numpy(total[:, None] * ps)  # p * total, as the reference
-                found = torch.searchsorted(cum, thr).numpy()
-            finally:
-                if n_threads > 1:
-                    torch.set_num_threads(n_threads)
+            if ps_positive and not count_true(self.subeps[sel]) and all_true(total > 0):
+                cum = np.cumsum(W, axis=1)  # zeros before lo: below any positive threshold
+            else:
+                before = np.arange(c0, c1 + 1) < lo[:, None]
+                cum = np.cumsum(np.where(before, 0.0, W), axis=1)
+                cum[before] = -math.inf  # never reaches
+            # every row's running sum never decreases (weights are >= 0): the buckets below a threshold come
+            # first, and their count is the first bucket reaching it; none before hi reaches: hi
+            thr = total[:, None] * ps  # p * total, as the reference
+            found = (cum[:, None, :] < thr[:, :, None]).sum(axis=2)
             chosen = np.minimum(found + c0, h[:, None])
             vals = self.ends[chosen]
             self.pc[sel] = vals
