@@ -504,7 +504,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"last fifth, default {ROLES_RATES[0]:g})")
     p.add_argument("--rate-high", type=float, default=None,
                    help=f"requests/s in the second half (default {d.rate_high:g}; --through-roles: 0.7 x this for "
-                        f"the second fifth, this for the two next, default {ROLES_RATES[1]:g})")
+                        "the second fifth, this for the two next; without either rate, one replica's capacity "
+                        "measured first sets both: 0.7 x high is that capacity, low a quarter of it)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help=f"--through-roles without rates: the fixed rates {ROLES_RATES[0]:g} and {ROLES_RATES[1]:g} "
+                        "instead of measuring one replica's capacity first")
     p.add_argument("--capacity", type=float, default=d.capacity_cores, help="cores the host offers to the jobs")
     p.add_argument("--max-replicas", type=int, default=d.max_replicas)
     p.add_argument("--grace", type=float, default=d.grace_s, help="seconds a checkpoint-and-exit gets")
@@ -532,8 +536,11 @@ def run(args: argparse.Namespace) -> int:
     if args.through_roles:
         from phasewise.apps.experiment.priorities_roles import run_roles
 
-        args.rate_low = ROLES_RATES[0] if args.rate_low is None else args.rate_low
-        args.rate_high = ROLES_RATES[1] if args.rate_high is None else args.rate_high
+        # neither rate given: one replica's capacity on this host sets them (priorities_calibrate)
+        args.calibrate = args.rate_low is None and args.rate_high is None and not args.no_calibrate
+        if not args.calibrate:
+            args.rate_low = ROLES_RATES[0] if args.rate_low is None else args.rate_low
+            args.rate_high = ROLES_RATES[1] if args.rate_high is None else args.rate_high
         return run_roles(args)
     d = Options()
     args.rate_low = d.rate_low if args.rate_low is None else args.rate_low

@@ -275,6 +275,9 @@ def scenario_figures(c: PriorityCluster, jobs: list[PlannedJob], rec: Any, wall_
 
 def run_roles(args: argparse.Namespace) -> int:
     prog = "phasewise experiment priorities"
+    calibrate = getattr(args, "calibrate", False)
+    if calibrate:  # checked as given rates are below, with placeholders until the capacity is measured
+        args.rate_low = args.rate_high = 1.0
     if not (args.roles_seconds >= 20 and args.rate_low > 0 and args.rate_high > 0 and args.slo_ms > 0):
         print(f"{prog}: error: --through-roles needs --roles-seconds >= 20, positive rates and SLO", file=sys.stderr)
         return 2
@@ -284,7 +287,22 @@ def run_roles(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         print(f"{prog}: error: --through-roles starts jobs in cgroups as job_user: run it as root", file=sys.stderr)
         return 2
+    calibration = None
+    if calibrate:
+        from phasewise.apps.experiment.priorities_calibrate import calibrate as measure
+        from phasewise.apps.experiment.priorities_calibrate import rates_from
+
+        if not (args.json or args.no_progress):
+            print(f"{prog}: measuring one replica's capacity ({SERVICE_CORES:g} core, SLO {args.slo_ms:g} ms; "
+                  "--no-calibrate or rates skip it)", file=sys.stderr)
+        calibration = measure(cores=SERVICE_CORES, slo_ms=args.slo_ms)
+        if not calibration.capacity_rps:
+            print(f"{prog}: error: one replica served not even {calibration.steps[0][0]:g} requests/s within the "
+                  f"{args.slo_ms:g} ms SLO on this host: give --rate-low and --rate-high", file=sys.stderr)
+            return 1
+        args.rate_low, args.rate_high = rates_from(calibration.capacity_rps)
     out: dict[str, Any] = {"seconds": args.roles_seconds, "slo_ms": args.slo_ms,
+                           "calibration": calibration.to_dict() if calibration else None,
                            "prefix_cpu_shares": args.prefix_cpu_shares,
                            "rate_steps": rate_steps(args.rate_low, args.rate_high),
                            "requests_cores": {"training": TRAIN_CORES, "service_replica": SERVICE_CORES},
