@@ -22,7 +22,9 @@ from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS
 from tests.conftest import requires_root
 
 MiB = 2**20
-NOW = time.time()  # the actuators' clock in handle() tests (the ledger prunes against real time)
+NOW = time.time()  # the actuators' clock in handle() tests (the ledger prunes against real time); the loop
+# tests run on the real clock and stamp their decisions when they send them (a module may run minutes after
+# it was imported)
 
 
 def mk_settings(**kw) -> Settings:
@@ -231,8 +233,8 @@ def test_the_loop_publishes_actuations_and_dead_letters_and_skips_other_hosts(se
 
     host = settings.host
     key = host.encode()
-    other = decision_bytes(host=f"other-{host}")
-    mine = decision_bytes(host=host, mem_limit_bytes=None)
+    other = decision_bytes(ts=time.time() - 1.0, host=f"other-{host}")
+    mine = decision_bytes(ts=time.time() - 1.0, host=host, mem_limit_bytes=None)
     malformed = b'{"v": 1, "id": "broken", "host": "' + key + b'"}'
     p = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
     # the other host's decision is (mis)keyed with this host, so it shares the partition and is
@@ -268,7 +270,7 @@ def test_a_restarted_loop_resumes_after_its_committed_offset(settings, tmp_path)
     from phasewise.kit.kafka.client import make_producer
 
     p = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
-    first = decision_bytes(host=settings.host)
+    first = decision_bytes(ts=time.time() - 1.0, host=settings.host)
     p.produce(DECISIONS.name, key=settings.host.encode(), value=first)
     assert p.flush(10) == 0
     backend = DryRunBackend()
@@ -286,7 +288,7 @@ def test_a_restarted_loop_resumes_after_its_committed_offset(settings, tmp_path)
         return got
 
     assert [a.status for a in once(lambda a, d: len(a) >= 1)] == ["applied"]
-    second = decision_bytes(host=settings.host, cpu_limit_cores=2.0)
+    second = decision_bytes(ts=time.time() - 1.0, host=settings.host, cpu_limit_cores=2.0)
     p.produce(DECISIONS.name, key=settings.host.encode(), value=second)
     assert p.flush(10) == 0
     acts = once(lambda a, d: len(a) >= 2)
@@ -312,7 +314,7 @@ def test_the_loop_applies_a_decision_to_a_real_cgroup(settings):
         from phasewise.kit.kafka.client import make_producer
 
         p = make_producer(settings, partitioner=PARTITIONER)  # as the worker: the host's partition
-        raw = decision_bytes(host=settings.host, cpu_limit_cores=0.3, mem_limit_bytes=256 * MiB)
+        raw = decision_bytes(ts=time.time() - 1.0, host=settings.host, cpu_limit_cores=0.3, mem_limit_bytes=256 * MiB)
         p.produce(DECISIONS.name, key=settings.host.encode(), value=raw)
         assert p.flush(10) == 0
         stop, thread, errors = run_in_thread(settings, CgroupBackend(layout), CollectorRegistry(),
