@@ -50,3 +50,17 @@ def test_a_real_replica_is_ramped_in_its_own_cgroup_and_nothing_is_left_behind(t
     after = {p.name for p in Path("/sys/fs/cgroup/cpu").iterdir() if p.name.startswith("pwcal-")}
     assert after == before  # its cgroups removed
     assert "calibrate-1.log" in {p.name for p in tmp_path.iterdir()}  # the replica's own log, where asked
+    assert len(c.cores_used) >= 2 and all(0 <= u < 1.0 for u in c.cores_used), c  # within its half core (+ noise)
+
+
+def test_the_bound_is_the_replica_s_limit_only_when_it_used_it_in_the_first_step_past_the_slo():
+    from phasewise.apps.experiment.priorities_calibrate import Calibration
+
+    steps = ((10.0, 50, 0.0), (20.0, 90, 0.05), (30.0, 100, 0.0), (40.0, 120, 0.3), (50.0, 1, 1.0))
+    # (the late step at 20/s is noise: the capacity is 30; the first step past it is 40/s)
+    assert Calibration(30.0, steps, 0.5, 300.0, (0.1, 0.2, 0.3, 0.48, 0.5)).bound == "replica"
+    assert Calibration(30.0, steps, 0.5, 300.0, (0.1, 0.5, 0.3, 0.2, 0.5)).bound == "host"
+    assert Calibration(30.0, steps, 0.5, 300.0, (0.1, 0.2, 0.3)).bound == "unknown"
+    assert Calibration(50.0, steps[:3], 0.5, 300.0, (0.1, 0.2, 0.3)).bound == "none"
+    d = Calibration(30.0, steps, 0.5, 300.0, (0.1, 0.2, 0.3, 0.48, math.nan)).to_dict()
+    assert d["bound"] == "replica" and d["steps"][3]["cores_used"] == 0.48 and d["steps"][4]["cores_used"] is None

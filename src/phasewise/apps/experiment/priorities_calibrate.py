@@ -8,7 +8,9 @@ request rates, and returns the highest rate it served within the SLO (at most 1 
 later than the SLO, failed or shed) before two steps in a row were not (one late step alone is the host's
 noise: another process took the CPUs for a moment). :func:`rates_from` turns it into the run's low and high
 rates. The load generator shares the host: what is measured is one replica's capacity as the run's own
-load generator reaches it.
+load generator reaches it, and the calibration says which bound it (``bound``): the replica's CPU limit
+(it used at least 90 % of it in the first step past the SLO) or the host (it used less: it waited for a CPU
+or the requests waited for the generator), where more replicas cannot help.
 docs/priorities.md, "Through the roles".
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,16 +34,34 @@ MAX_STEPS = 24
 LATE_SHARE = 0.01
 
 
+#: the replica's limit bound the capacity when it used at least this share of it in the first step past the SLO
+LIMIT_BOUND = 0.9
+
+
 @dataclass(frozen=True)
 class Calibration:
     capacity_rps: float  #: the highest rate served within the SLO (0: not even the first)
     steps: tuple[tuple[float, int, float], ...]  #: (rate, requests, share later than the SLO) per step
     cores: float
     slo_ms: float
+    cores_used: tuple[float, ...] = ()  #: the replica's CPU per step (cores; NaN: not read)
+
+    @property
+    def bound(self) -> str:
+        """``replica`` (its CPU limit), ``host`` (less than LIMIT_BOUND of it used) or ``none`` (no step
+        missed the SLO)."""
+        late = next((k for k, (rate, n, share) in enumerate(self.steps)
+                     if rate > self.capacity_rps and (not n or share > LATE_SHARE)), None)
+        if late is None or late >= len(self.cores_used) or not math.isfinite(self.cores_used[late]):
+            return "none" if late is None else "unknown"
+        return "replica" if self.cores_used[late] >= LIMIT_BOUND * self.cores else "host"
 
     def to_dict(self) -> dict:
-        return {"capacity_rps": self.capacity_rps, "cores": self.cores, "slo_ms": self.slo_ms,
-                "steps": [{"rate": r, "requests": n, "late_share": round(s, 4)} for r, n, s in self.steps]}
+        return {"capacity_rps": self.capacity_rps, "cores": self.cores, "slo_ms": self.slo_ms, "bound": self.bound,
+                "steps": [{"rate": r, "requests": n, "late_share": round(s, 4),
+                           "cores_used": round(self.cores_used[k], 3) if k < len(self.cores_used)
+                           and math.isfinite(self.cores_used[k]) else None}
+                          for k, (r, n, s) in enumerate(self.steps)]}
 
 
 def capacity_from(timeline: list[tuple[float, float]], rates: list[float], *, step_s: float, slo_ms: float
@@ -102,6 +123,16 @@ def calibrate(*, cores: float, slo_ms: float, cgroup_root: str = "/sys/fs/cgroup
         if out.status not in ("applied", "clamped"):
             raise CgroupError(f"cannot limit the calibration replica: {out.message}")
 
+    def cpu_s(name: str) -> float:
+        """The replica's CPU time so far (s; NaN: not readable)."""
+        try:
+            if layout.version == 1:
+                return int((layout.path(name, "cpuacct") / "cpuacct.usage").read_text()) / 1e9
+            stat = dict(ln.split() for ln in (layout.path(name) / "cpu.stat").read_text().splitlines())
+            return int(stat["usage_usec"]) / 1e6
+        except (OSError, ValueError, KeyError, CgroupError):
+            return math.nan
+
     def unplace(name: str) -> None:
         try:
             layout.remove(name)
@@ -111,7 +142,10 @@ def calibrate(*, cores: float, slo_ms: float, cgroup_root: str = "/sys/fs/cgroup
     with tempfile.TemporaryDirectory(prefix="phasewise-calibrate-") as tmp:
         replicas = Replicas("calibrate", place, unplace, log_dir or Path(tmp))
         try:
-            port = replicas.start().port
+            replica = replicas.start()
+            port = replica.port
+            # the replica's CPU time at each step's start (monotonic time, CPU s)
+            marks = [(time.monotonic(), cpu_s(replica.name))]
             rates = [round(first_rate * factor ** k, 1) for k in range(max_steps)]
             load = Load(lambda: [port], lambda t: rates[min(int(t // step_s), len(rates) - 1)], workers=64,
                         timeout_s=2.0, seed=seed)
@@ -122,6 +156,7 @@ def calibrate(*, cores: float, slo_ms: float, cgroup_root: str = "/sys/fs/cgroup
                 k = min(int(t // step_s), len(rates) - 1)
                 if k > done["k"]:
                     done["k"] = k
+                    marks.append((time.monotonic(), cpu_s(replica.name)))
                     _, steps = capacity_from(list(load.result.timeline), rates[:k], step_s=step_s, slo_ms=slo_ms)
                     if len(steps) >= 2 and all(n == 0 or share > LATE_SHARE for _, n, share in steps[-2:]):
                         load.stop.set()
@@ -138,4 +173,5 @@ def calibrate(*, cores: float, slo_ms: float, cgroup_root: str = "/sys/fs/cgroup
                     pass
     done_steps = max(1, math.ceil(max((t for t, _ in result.timeline), default=0.0) / step_s))
     capacity, steps = capacity_from(result.timeline, rates[:done_steps], step_s=step_s, slo_ms=slo_ms)
-    return Calibration(capacity, steps, cores, slo_ms)
+    used = tuple((c1 - c0) / (t1 - t0) if t1 > t0 else math.nan for (t0, c0), (t1, c1) in zip(marks, marks[1:]))
+    return Calibration(capacity, steps, cores, slo_ms, used)
