@@ -1,5 +1,5 @@
 """What every role's command shares: its settings as flags (argparse adapters), its one Settings, a stop on
-SIGINT/SIGTERM.
+SIGINT/SIGTERM, and the exit of last resort.
 
 The CLI (:mod:`phasewise.cli`) builds a subcommand per role from these (docs/configuration.md).
 """
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -114,3 +116,12 @@ def stop_on_signals(stop: threading.Event) -> Iterator[list[int]]:
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+
+
+def exit_now(logger: logging.Logger, level: int, message: str, *args: Any) -> None:
+    """Log *message*, flush the logs and end this process with status 1 at once (no clean-up, no
+    ``finally``, no atexit: for a role whose stop cannot finish; what it did not commit is done again at
+    its next start)."""
+    logger.log(level, message, *args)
+    logging.shutdown()
+    os._exit(1)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from phasewise.kit.command import add_common, add_setting, settings_from_args, stop_on_signals
+from phasewise.kit.command import add_common, add_setting, exit_now, settings_from_args, stop_on_signals
 from phasewise.kit.settings import Settings
 
 __all__ = ["FAUST_LEVELS", "HORUS", "PLACE", "JobRole", "add_arguments", "run"]
@@ -433,10 +433,8 @@ def _exec_afresh(role: str, attempt: int, why: str) -> None:
 
 
 def _stop_now(grace: float) -> None:
-    log.warning("not stopped %g s after the signal (the Kafka client waits for an unreachable broker): "
-                "exiting now; uncommitted samples are processed again at the next start", grace)
-    logging.shutdown()
-    os._exit(1)
+    exit_now(log, logging.WARNING, "not stopped %g s after the signal (the Kafka client waits for an unreachable "
+             "broker): exiting now; uncommitted samples are processed again at the next start", grace)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,13 +14,13 @@ handler that stops the worker when an agent dies (:func:`fail_worker_on_agent_er
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from phasewise.kit.command import exit_now
 from phasewise.kit.kafka.client import dead_letter as make_dead_letter
 from phasewise.kit.records import Decision, JobEvent, SchemaError, encode
 from phasewise.kit.settings import Settings
@@ -52,10 +52,8 @@ def exit_after(delay_s: float, reason: str) -> threading.Thread:
 
     def run() -> None:
         time.sleep(delay_s)
-        log.critical("%s; still stopping %g s later (Faust waits for the dead agent's stream): exiting now",
-                     reason, delay_s)
-        logging.shutdown()
-        os._exit(1)
+        exit_now(log, logging.CRITICAL, "%s; still stopping %g s later (Faust waits for the dead agent's stream): "
+                 "exiting now", reason, delay_s)
 
     t = threading.Thread(target=run, name="phasewise-dead-agent-exit", daemon=True)
     t.start()
