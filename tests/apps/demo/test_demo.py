@@ -430,7 +430,10 @@ def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path,
         # each job is running and reporting (its loss falling is test_jobs' check, on seeded steps: here the
         # 45 s are wall-clock time, and on a busy host a job may still be loading or on its first steps)
         assert all(v is None or 0 < v < 100 for v in (j["first_loss"], j["last_loss"])), (name, j)
-    assert any(j["last_loss"] is not None for j in s["jobs"].values()), s["jobs"]  # progress lines reach the demo
+    # progress lines reach the demo (from each job's start; on a host loaded past its cores a job may still
+    # be loading at the end: 0.07 core each in one run)
+    phases = {"load", "resume", "train", "eval", "checkpoint", "done"}
+    assert all(j["progress_phase"] in phases for j in s["jobs"].values()), s["jobs"]
     assert s["cleanup"] is True, s["cleanup_problems"]
     # nothing left: no cgroup directory of the prefix (or of its parent the run made), no process of the run
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{top}"))

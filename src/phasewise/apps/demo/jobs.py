@@ -421,10 +421,7 @@ def train(
 ) -> dict[str, float]:
     """Run job *name* for *seconds* of training after loading and at least *steps* training steps (either
     0: no such bound; both 0: until stopped); returns first/last losses."""
-    import torch
-
     t0 = time.monotonic()
-    torch.set_num_threads(max(1, threads))
     stop = stop or Stop()
 
     def emit(phase: str, **kv: object) -> None:
@@ -432,7 +429,10 @@ def train(
         out.write(line + "\n")
         out.flush()
 
-    emit("load", mb=rss_mb())
+    emit("load", mb=rss_mb())  # before torch loads: loading torch is the load phase's first part
+    import torch
+
+    torch.set_num_threads(max(1, threads))
     task = build_task(name, seed, scale)
     if task.name != name:
         emit("load", note=f"no-ai4dl-trace-using-{task.name}")

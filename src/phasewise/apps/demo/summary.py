@@ -268,6 +268,7 @@ def summarize(
                                                  threshold=throttle_threshold)),
             "crbm_phase": records.crbm_phase.get(name),
             "crbm_phase_name": records.phase_name(records.crbm_phase.get(name)) or None,
+            "progress_phase": prog.phase or None,  # the last phase the job's own progress lines reported
             "steps": prog.step,
             "first_loss": prog.first_loss,
             "last_loss": prog.last_loss,
