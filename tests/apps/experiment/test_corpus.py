@@ -18,6 +18,7 @@ from phasewise.apps.experiment.corpus_plan import (
     HELD_OUT_KIND,
     KINDS,
     ManifestError,
+    canonical_stage,
     check_manifest,
     plan,
     split_of,
@@ -113,7 +114,7 @@ def test_the_shipped_corpus_has_every_recording_its_manifest_lists_with_provenan
         assert ctx["execution"]["id"] == e["id"] and ctx["load_avg_1m"]["mean"] is not None
         mine = [c for c in rec.header["containers"] if c["job"] == e["id"]]
         assert len(mine) == 1 and mine[0]["command"][:4] == ["phasewise", "progress", "--stages", "--job"]
-        assert {"load", "train"} <= {s.get("stage") for s in mine[0]["stages"]}
+        assert {"load", "train"} <= {canonical_stage(s.get("stage")) for s in mine[0]["stages"]}
     assert sum((folder / e["file"]).stat().st_size for e in execs) < 5 * 2**20
 
 

@@ -89,6 +89,20 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
+def tally(manifest: dict[str, Any]) -> None:
+    """Write into *manifest* what it holds per kind and split, and what its plan leaves to record."""
+    planned = manifest["planned"]
+    got: dict[str, dict[str, int]] = {}
+    for e in manifest["executions"]:
+        got.setdefault(e["kind"], {"train": 0, "heldout": 0})[e["split"]] += 1
+    manifest["recorded"] = {k: got.get(k, {"train": 0, "heldout": 0}) for k in planned["kinds"]}
+    want = len(planned["kinds"]) * planned["runs_per_kind"]
+    have = len(manifest["executions"])
+    manifest["left"] = (f"{want - have} of the {want} planned executions ({len(planned['kinds'])} kinds x "
+                        f"{planned['runs_per_kind']} runs) are not recorded yet: phasewise experiment corpus record "
+                        "--out DIR continues the plan" if have < want else "none: every planned execution is recorded")
+
+
 def _write_json(path: Path, value: Any) -> None:
     tmp = path.with_name(path.name + ".part")
     tmp.write_text(json.dumps(value, indent=1, allow_nan=False) + "\n")
@@ -360,6 +374,7 @@ def record(args: argparse.Namespace) -> int:
             print(f"[{i + 1}/{len(todo)}] {e.id} ({e.split}): {' '.join(e.argv('…'))}", file=sys.stderr, flush=True)
             entry = rec.execute(e, command)
             manifest["executions"].append(entry)
+            tally(manifest)
             _write_json(out / MANIFEST, manifest)
             recorded += 1
             print(f"    {entry['seconds']:.0f} s, {entry['samples']} samples, {entry['stages_reported']} stage "
@@ -372,6 +387,7 @@ def record(args: argparse.Namespace) -> int:
         return 130
     finally:
         rec.close()
+        tally(manifest)
         _write_json(out / MANIFEST, manifest)
     print(f"recorded {recorded} execution(s) to {out}; the corpus holds {len(manifest['executions'])}")
     return 0

@@ -97,7 +97,9 @@ class Execution:
 
 
 def execution_id(kind: str, run: int) -> str:
-    """>>> execution_id("charlstm", 3)
+    """The execution's id: its job id and its container's name.
+
+    >>> execution_id("charlstm", 3)
     'charlstm-r03'
     """
     return f"{kind}-r{run:02d}"
