@@ -167,7 +167,8 @@ def test_a_short_real_recording_round_trips_through_replay(tmp_path, assert_repl
     header = read_recording(out / e["file"]).header
     [c] = [c for c in header["containers"] if c["job"] == "mlp-r00"]
     stages = [s["stage"] for s in c["stages"]]
-    assert stages[0] in ("load", "start") and {"train", "eval", "checkpoint", "done"} <= set(stages), stages
+    # (its drawn checkpoint interval, 20 s, is longer than this run's 12 s of training)
+    assert stages[0] in ("load", "start") and {"train", "eval", "done"} <= set(stages), stages
     assert c["command"][-len(e["command"]):] == e["command"] and header["context"]["execution"]["id"] == "mlp-r00"
     rp = subprocess.run([sys.executable, "-W", "ignore", "-m", "phasewise.cli", "replay", str(out / e["file"]),
                          "--format", "phasewise", "--policies", "vpa,phase", "--json"],
