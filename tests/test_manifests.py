@@ -391,7 +391,7 @@ def test_the_key_file_never_reaches_git_an_image_or_a_package():
     import tomllib
 
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert data == {"phasewise": ["data/*"]}  # the package holds src/phasewise only: infra/ is never in it
+    assert data == {"phasewise": ["data/*", "data/corpus/*"]}  # src/phasewise only: infra/ is never in it
 
 
 

@@ -74,6 +74,7 @@ def test_each_bound_is_refused_at_decode_with_a_one_line_reason(spec, reason):
     ({"host": "h" * 256}, "field 'host' is 256 characters long, more than 255"),
     ({"container": "c" * 1025}, "field 'container' is 1025 characters long, more than 1024"),
     ({"metric_name": "m" * 129}, "field 'metric_name' is 129 characters long, more than 128"),
+    ({"stage": "s" * 65}, "field 'stage' = 'sss"), ({"stage": "eval/1"}, "field 'stage' = 'eval/1' does not match"),
 ])
 def test_the_event_s_own_names_are_bounded(top, reason):
     with pytest.raises(SchemaError, match=reason.replace("(", r"\(")):

@@ -157,6 +157,30 @@ def test_sidecar_parses_the_demo_jobs_lines():
     assert parse_line("job=x phase=train step=2 loss=abc") is None
 
 
+def test_with_stages_every_phase_line_is_reported_with_its_stage_and_the_last_step():
+    text = ("job=charlstm phase=load mb=120.00 elapsed=0.50\n"
+            "job=charlstm phase=train step=1 loss=5.5000 elapsed=1.00\n"
+            "job=charlstm phase=eval step=1 elapsed=1.05\n"
+            "job=charlstm phase=eval step=1 eval_loss=5.4 elapsed=1.10\n"
+            "job=charlstm phase=train step=2 loss=nan elapsed=1.20\n"
+            "job=charlstm phase=checkpoint mb=130 elapsed=1.25\n"
+            "job=charlstm phase=bad/word step=3\n"
+            "job=charlstm phase=done step=3 loss=4.2500 elapsed=1.30\n"
+            "garbage line\n")
+    sink = ListSink()
+    with ProgressReporter("charlstm", sink=sink, flush_s=0.02, control=False) as rep:
+        assert tail(io.StringIO(text), rep, stages=True) == 6
+    got = [(e.stage, e.step, e.loss) for b in sink.batches for e in b]
+    # an eval line's own figures and the done line's loss are not training losses; a line without a step
+    # carries the last one; a NaN loss and a stage that is no word are rejected and counted
+    assert got == [("load", 0, None), ("train", 1, 5.5), ("eval", 1, None), ("eval", 1, None),
+                   ("checkpoint", 1, None), ("done", 3, None)]
+    assert rep.rejected == 2
+    with ProgressReporter("charlstm", sink=(plain := ListSink()), flush_s=0.02, control=False) as rep:
+        assert tail(io.StringIO(text), rep) == 1  # without --stages: the train lines only, no stage
+    assert [(e.stage, e.step) for b in plain.batches for e in b] == [(None, 1)]
+
+
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]

@@ -13,6 +13,7 @@ import argparse
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,11 +26,14 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from phasewise.kit.records import JobControl, JobEvent, SchemaError, decode, encode
+from phasewise.kit.records.jobs import STAGE_PATTERN
 from phasewise.kit.topics import CONTROL, JOB_EVENTS
 
-__all__ = ["ControlHandler", "KafkaSink", "ProgressReporter", "Sink", "parse_line"]
+__all__ = ["ControlHandler", "KafkaSink", "ProgressReporter", "Sink", "parse_line", "parse_stage_line"]
 
 log = logging.getLogger(__name__)
+
+_STAGE = re.compile(STAGE_PATTERN)
 
 
 class Sink(Protocol):
@@ -232,7 +236,7 @@ class ProgressReporter:
     # -- the job's side
 
     def report(self, *, step: int, loss: float | None = None, metric: float | None = None,
-               epoch: float | None = None, metric_name: str | None = None) -> None:
+               epoch: float | None = None, metric_name: str | None = None, stage: str | None = None) -> None:
         """Queue one progress event; returns at once (drops the oldest event when the queue is full)."""
         def num(v: Any) -> float | None:
             if v is None:
@@ -242,13 +246,14 @@ class ProgressReporter:
         try:
             ev = JobEvent(job=self.job, ts=self.clock(), kind="progress", host=self.host, container=self.container,
                           step=int(step), loss=num(loss), metric=num(metric), epoch=num(epoch),
-                          metric_name=metric_name or self.metric_name if metric is not None else None)
+                          metric_name=metric_name or self.metric_name if metric is not None else None,
+                          stage=stage)
             value = encode(ev)
         except (ValueError, TypeError):  # NaN / inf loss or a broken value: the targets agent would reject it
             self.rejected += 1
             return
-        if ev.step is not None and ev.step < 0:
-            self.rejected += 1
+        if (ev.step is not None and ev.step < 0) or (stage is not None and not _STAGE.match(stage)):
+            self.rejected += 1  # (a stage that is no word: every consumer would refuse the record)
             return
         with self._lock:
             if len(self._q) >= self.queue_size:
@@ -389,22 +394,60 @@ def parse_line(line: str) -> dict[str, Any] | None:
     return {"job": kv["job"], "step": step, "loss": loss, "metric": metric}
 
 
-def tail(lines: Iterable[str], reporter: ProgressReporter, *, echo: TextIO | None = None) -> int:
-    """Report every progress line of *lines*; returns how many were reported."""
+def parse_stage_line(line: str) -> dict[str, Any] | None:
+    """Any ``job=NAME phase=STAGE [step=N] [loss=X] [metric=Y] ...`` line as a dict (``--stages``), else None.
+
+    The loss and metric are kept for ``phase=train`` only (an eval line's own figures are not a training
+    loss); a step or number that does not parse makes the line not progress.
+
+    >>> parse_stage_line("job=charlstm phase=eval step=12 eval_loss=2.6")
+    {'job': 'charlstm', 'stage': 'eval', 'step': 12, 'loss': None, 'metric': None}
+    >>> parse_stage_line("job=charlstm phase=load mb=80.5")["step"], parse_stage_line("hello")
+    (None, None)
+    """
+    kv: dict[str, str] = {}
+    for token in line.split():
+        k, sep, v = token.partition("=")
+        if not sep or not k:
+            return None
+        kv[k] = v
+    if "job" not in kv or not kv.get("phase"):
+        return None
+    train = kv["phase"] == "train"
+    try:
+        step = int(kv["step"]) if "step" in kv else None
+        loss = float(kv["loss"]) if train and "loss" in kv else None
+        metric = float(kv["metric"]) if train and "metric" in kv else None
+    except ValueError:
+        return None
+    return {"job": kv["job"], "stage": kv["phase"], "step": step, "loss": loss, "metric": metric}
+
+
+def tail(lines: Iterable[str], reporter: ProgressReporter, *, echo: TextIO | None = None,
+         stages: bool = False) -> int:
+    """Report every progress line of *lines*; returns how many were reported.
+
+    *stages*: every ``phase=`` line is reported with its stage (``JobEvent.stage``), a line without a step
+    at the job's last step (0 before any); otherwise only ``phase=train`` lines, without a stage.
+    """
     n = 0
+    last_step = 0
     for line in lines:
         if echo is not None:
             echo.write(line)
             echo.flush()
-        p = parse_line(line)
+        p = parse_stage_line(line) if stages else parse_line(line)
         if p is None:
             continue
         loss, metric = p["loss"], p["metric"]
         if (loss is not None and not math.isfinite(loss)) or (metric is not None and not math.isfinite(metric)):
             reporter.rejected += 1
             continue
-        reporter.report(step=p["step"], loss=loss, metric=metric)
-        n += 1
+        step = p["step"] if p["step"] is not None else last_step
+        last_step = max(last_step, step)
+        before = reporter.rejected
+        reporter.report(step=step, loss=loss, metric=metric, stage=p.get("stage"))
+        n += reporter.rejected == before
     return n
 
 
@@ -449,6 +492,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", required=True, help="the job's id (the events' key)")
     p.add_argument("--file", type=Path, help="read progress lines from this file (default: the command's stdout, "
                                              "else stdin)")
+    p.add_argument("--stages", action="store_true",
+                   help="report every phase= line (load, eval, checkpoint, ...) with its stage, not only the "
+                        "phase=train ones (phasewise record keeps each job's stages)")
     p.add_argument("--grace-s", type=float, default=30.0,
                    help="checkpoint_exit: seconds between SIGTERM and SIGKILL when the record names none")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...: start it and read its stdout")
@@ -467,9 +513,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             if args.file:
                 with open(args.file, encoding="utf-8", errors="replace") as f:
-                    tail(f, rep)
+                    tail(f, rep, stages=args.stages)
             else:
-                tail(sys.stdin, rep)
+                tail(sys.stdin, rep, stages=args.stages)
         except OSError as e:
             print(f"phasewise progress: error: {e}", file=sys.stderr)
             return 2
@@ -487,7 +533,7 @@ def run(args: argparse.Namespace) -> int:
                            on_pause=child.pause, on_resume=child.resume)
     try:
         assert proc.stdout is not None
-        tail(proc.stdout, rep, echo=sys.stdout)
+        tail(proc.stdout, rep, echo=sys.stdout, stages=args.stages)
         rc = proc.wait()
     finally:
         child.cancel()

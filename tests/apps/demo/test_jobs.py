@@ -65,7 +65,9 @@ def test_each_job_goes_through_load_eval_checkpoint_and_done_phases(job_outputs,
     phases = [d["phase"] for d in lines]
     assert phases[0] == "load" and phases[-1] == "done", text
     assert "eval" in phases and "checkpoint" in phases, text
-    assert all(d["eval_loss"] > 0 for d in lines if d["phase"] == "eval")
+    evals = [d for d in lines if d["phase"] == "eval"]  # each evaluation: a line when it begins, one when it ends
+    assert len(evals) % 2 == 0 and all("eval_loss" not in d for d in evals[::2]), text
+    assert all(d["eval_loss"] > 0 for d in evals[1::2]), text
     # checkpoints are real files, the newest two kept
     saved = sorted(ckpt_dir.glob("*.pt"))
     assert 1 <= len(saved) <= 2 and all(p.stat().st_size > 10_000 for p in saved)

@@ -156,6 +156,10 @@ def test_sample_host_records_this_hosts_containers_without_kafka(tmp_path):
     (["--duration", "1m", "--until", "1h"], "phasewise record: error: --duration: goes with --since", 2),
     (["--max-records", "0"], "phasewise record: error: --max-records: must be >= 1", 2),
     (["--timeout", "1"], "phasewise record: no Kafka broker answered at 127.0.0.1:", 1),
+    (["--context", "/nonexistent/ctx.json"], "phasewise record: error: --context: /nonexistent/ctx.json: No such", 2),
+    (["--context", str(ROOT / "pyproject.toml")], "phasewise record: error: --context: ", 2),
+    (["--context", str(ROOT / "infra" / "schemas" / "JobEvent.v1.json"), "--timeout", "1"],
+     "phasewise record: no Kafka broker answered", 1),  # (a JSON object: taken)
 ])
 def test_bad_flags_and_an_unreachable_broker_are_one_line(tmp_path, args, says, rc):
     r = _cli("record", "--out", str(tmp_path / "x.parquet"), "--bootstrap", f"127.0.0.1:{free_port()}", *args)

@@ -79,6 +79,25 @@ def test_the_header_names_hosts_span_interval_and_each_containers_identity_job_c
         ("h1", "train", "j1"), ("h1", "idle", None), ("h2", "other", None)}
 
 
+def test_the_stages_a_job_reported_and_a_context_are_kept_in_the_header(tmp_path):
+    ticks = [_tick("h1", 100.0 + i, train=2.0) for i in range(3)]
+    events = [JobEvent(job="j1", ts=100.2, kind="progress", step=0, stage="load"),
+              JobEvent(job="j1", ts=101.0, kind="progress", step=1, loss=2.5, stage="train"),
+              JobEvent(job="j1", ts=101.5, kind="progress", step=1, stage="eval")]
+    r = Recorder()
+    for t in ticks:
+        r.add_samples(t)
+    for e in events:
+        r.add_job_event(e)
+    context = {"machine": {"gpu": "none"}, "load_avg_1m": {"mean": 1.5}}
+    header = r.write(tmp_path / "run.parquet", source={"kind": "test"}, command=["phasewise", "record"],
+                     context=context)
+    [train] = header["containers"]
+    assert [(s["stage"], s["step"]) for s in train["stages"]] == [("load", 0), ("train", 1), ("eval", 1)]
+    assert header["context"] == context == read_recording(tmp_path / "run.parquet").header["context"]
+    assert "context" not in r.provenance(source={}, command=[])  # none given: none written
+
+
 def test_replay_reads_a_recording_back_as_one_series_per_host_and_container(tmp_path):
     path, _ = _recording(tmp_path, [_tick("h1", 100.0 + i, train=1.0 + i, idle=0.1) for i in range(4)])
     trace = load_trace(path, "phasewise")

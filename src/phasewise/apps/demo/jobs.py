@@ -416,11 +416,18 @@ def train(
     report_every_s: float = 1.0,
     checkpoint_dir: Path | None = None,
     scale: float = 1.0,
+    batch_size: int = 0,
+    eval_batches: int = 4,
     out: TextIO = sys.stdout,
     stop: Stop | None = None,
 ) -> dict[str, float]:
     """Run job *name* for *seconds* of training after loading and at least *steps* training steps (either
-    0: no such bound; both 0: until stopped); returns first/last losses."""
+    0: no such bound; both 0: until stopped); returns first/last losses.
+
+    *batch_size*: 0 keeps the job's own; *eval_batches*: held-out batches (of 4x the batch) per evaluation.
+    An evaluation and a checkpoint print a line when they begin and one when they end, and the first
+    training step after them is reported at once, so the lines mark where each stage begins.
+    """
     t0 = time.monotonic()
     stop = stop or Stop()
 
@@ -437,7 +444,9 @@ def train(
     if task.name != name:
         emit("load", note=f"no-ai4dl-trace-using-{task.name}")
         name = task.name
-    emit("load", mb=rss_mb(), **{k: v for k, v in task.info.items()})
+    if batch_size > 0:
+        task.batch_size = batch_size
+    emit("load", mb=rss_mb(), batch=task.batch_size, **{k: v for k, v in task.info.items()})
     model = task.model
     opt = torch.optim.AdamW(model.parameters(), lr=task.lr)  # type: ignore[attr-defined]
 
@@ -489,15 +498,19 @@ def train(
                 next_report = now + report_every_s
                 reported = True
             if now >= next_eval and not done():
-                eval_loss = evaluate(task, batches=4)
+                emit("eval", step=step)
+                eval_loss = evaluate(task, batches=eval_batches)
                 emit("eval", step=step, eval_loss=eval_loss, mb=rss_mb())
                 next_eval = time.monotonic() + eval_every_s
+                next_report = time.monotonic()  # training goes on: say so with the next step
             if now >= next_ckpt and not done():
+                emit("checkpoint", step=step)
                 size = save_checkpoint(model, opt, step, ckpt_dir / f"{name}-{step:07d}.pt")
                 for old in sorted(ckpt_dir.glob(f"{name}-*.pt"))[:-2]:
                     old.unlink(missing_ok=True)
                 emit("checkpoint", step=step, mb=rss_mb(), bytes=size)
                 next_ckpt = time.monotonic() + checkpoint_every_s
+                next_report = time.monotonic()
     if recent:
         last = sum(recent) / len(recent)
     else:
@@ -567,6 +580,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between progress lines (each carries the mean training loss since the last)")
     p.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (default: a temporary folder)")
     p.add_argument("--scale", type=float, default=1.0, help="corpus size factor (smaller loads faster)")
+    p.add_argument("--batch-size", type=int, default=0, help="training batch size (default 0: the job's own)")
+    p.add_argument("--eval-batches", type=int, default=4,
+                   help="held-out batches (4x the training batch) per evaluation (default 4)")
     return p
 
 
@@ -581,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         train(args.name, seconds=args.seconds, steps=args.steps, threads=args.threads, seed=args.seed,
               eval_every_s=args.eval_every, checkpoint_every_s=args.checkpoint_every,
               report_every_s=args.report_every, checkpoint_dir=args.checkpoint_dir, scale=args.scale,
-              stop=stop)
+              batch_size=args.batch_size, eval_batches=max(1, args.eval_batches), stop=stop)
     except JobError as e:
         print(f"phasewise.apps.demo.jobs {args.name}: {e}", file=sys.stderr)
         return 2

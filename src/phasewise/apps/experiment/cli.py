@@ -21,6 +21,8 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
                    "DynamoML priorities: inference service, preemption, autoscaling, static vs managed"),
     "cluster": ("phasewise.apps.experiment.cluster",
                 "a trace-driven mix of real jobs through every role: submit, place, start, end, leaks"),
+    "corpus": ("phasewise.apps.experiment.corpus",
+               "record repeated real training executions with their stages; phase/stage agreement (AMI, ARI)"),
 }
 
 

@@ -122,7 +122,7 @@ def build(name: str, seed: int) -> tuple[object, Callable[[], object], float]:
 
 
 def train(name: str, steps: int, report_every: int, seed: int, checkpoint_dir: Path | None, out=sys.stdout,
-          wait_for_go: bool = False) -> int:
+          wait_for_go: bool = False, seconds: float = 0.0) -> int:
     import torch
 
     torch.set_num_threads(1)
@@ -146,7 +146,8 @@ def train(name: str, steps: int, report_every: int, seed: int, checkpoint_dir: P
     t0 = time.monotonic()
     acc, n = 0.0, 0
     step = 0
-    while step < steps and not stop["requested"]:
+    while (steps <= 0 or step < steps) and not (seconds > 0 and time.monotonic() - t0 >= seconds) \
+            and not stop["requested"]:
         loss = step_loss()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -171,13 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m phasewise.apps.experiment.targets_jobs",
                                 description=__doc__.splitlines()[0])
     p.add_argument("name", choices=JOBS)
-    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--steps", type=int, default=0, help="training steps (0: no bound; give it or --seconds)")
+    p.add_argument("--seconds", type=float, default=0.0, help="training time (0: no bound)")
     p.add_argument("--report-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", type=Path)
     p.add_argument("--wait-for-go", action="store_true", help="after loading, wait for a line on stdin")
     a = p.parse_args(argv)
-    return train(a.name, a.steps, a.report_every, a.seed, a.checkpoint_dir, wait_for_go=a.wait_for_go)
+    if a.steps <= 0 and a.seconds <= 0:
+        p.error("give --steps or --seconds")
+    return train(a.name, a.steps, a.report_every, a.seed, a.checkpoint_dir, wait_for_go=a.wait_for_go,
+                 seconds=a.seconds)
 
 
 if __name__ == "__main__":

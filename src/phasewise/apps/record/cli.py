@@ -67,13 +67,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "settings; --host names it) instead of reading a topic: no Kafka")
     for name in ("interval_s", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent"):
         add_setting(p, name, help=f"--sample-host: {SPECS[name].help}")
+    p.add_argument("--context", metavar="JSON_FILE",
+                   help="a JSON object kept in the header as 'context': what the recording is for and where it "
+                        "was made (the machine, its load, the experiment)")
     p.add_argument("--timeout", type=arg_type(parse_float, above(0)), default=10.0, metavar="SECONDS",
                    help="give up when no broker answers, or no records come, for this long (default 10)")
 
 
 #: the flags record_command writes, in order (the cgroup ones only with --sample-host)
-_FLAGS = ("out", "topic", "jobs_topic", "since", "until", "duration", "max_records", "sample_host", "bootstrap",
-          "host", "interval_s", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent")
+_FLAGS = ("out", "topic", "jobs_topic", "since", "until", "duration", "max_records", "sample_host", "context",
+          "bootstrap", "host", "interval_s", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent")
 
 
 def record_command(args: argparse.Namespace, raw: dict[str, str] | None = None) -> list[str]:
@@ -138,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.until is not None:
         print(f"{prog}: error: --duration: goes with --since, not --until", file=sys.stderr)
         return 2
+    context = None
+    if getattr(args, "context", None):
+        try:
+            context = _read_context(Path(args.context).expanduser())
+        except ValueError as e:
+            print(f"{prog}: error: --context: {e}", file=sys.stderr)
+            return 2
     settings = settings_from_args(args)
     if settings.log_level != "debug":
         logging.getLogger("phasewise.kafka.client").setLevel(logging.ERROR)
@@ -160,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
               f"{recorder.undecodable} undecodable): nothing written", file=sys.stderr)
         return 1
     try:
-        header = recorder.write(out, source=source, command=record_command(args, _raw_flags()))
+        header = recorder.write(out, source=source, command=record_command(args, _raw_flags()), context=context)
     except RecordingError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
@@ -175,6 +185,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: {recorder.undecodable} record(s) did not decode and are not in the file (counted in its "
               f"header): {reasons}", file=sys.stderr)
     return 0
+
+
+def _read_context(path: Path) -> dict[str, Any]:
+    """The ``--context`` file's JSON object; ValueError (one line) when it is not one."""
+    import json
+
+    try:
+        value = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not JSON (nested too deeply)") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise ValueError(f"{path}: holds NaN or infinity, which the header's JSON cannot") from None
+    return value
 
 
 def _read(settings: Any, args: argparse.Namespace, recorder: Any, stop: threading.Event,

@@ -188,8 +188,8 @@ class Recorder:
         elif ev.kind == "progress":
             j.stages_total += 1
             if len(j.stages) < MAX_STAGES:
-                point = {"ts": ev.ts, "step": ev.step, "epoch": ev.epoch, "loss": ev.loss, "metric": ev.metric,
-                         "metric_name": ev.metric_name}
+                point = {"ts": ev.ts, "stage": ev.stage, "step": ev.step, "epoch": ev.epoch, "loss": ev.loss,
+                         "metric": ev.metric, "metric_name": ev.metric_name}
                 j.stages.append({k: v for k, v in point.items() if v is not None})
             return
         if ev.kind == "started" and ev.host and ev.container:
@@ -214,8 +214,10 @@ class Recorder:
                 return job
         return None
 
-    def provenance(self, *, source: dict[str, Any], command: list[str]) -> dict[str, Any]:
-        """The header: what was recorded, from where, by which command."""
+    def provenance(self, *, source: dict[str, Any], command: list[str],
+                   context: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The header: what was recorded, from where, by which command; *context*: what the person recording
+        adds (the machine, its load, the experiment), kept as it is under ``context``."""
         ts = self.columns["ts"]
         start, end = (min(ts), max(ts)) if ts else (None, None)
         intervals = [i for h in self.hosts.values() for i in h.intervals]
@@ -234,6 +236,7 @@ class Recorder:
             containers.append(entry)
         return {
             "format": FORMAT, "version": VERSION, "phasewise_version": __version__, "command": list(command),
+            **({"context": context} if context is not None else {}),
             "created": _iso(datetime.now(UTC).timestamp()), "source": source,
             "hosts": {name: {"ticks": h.ticks, "first_ts": h.first, "last_ts": h.last,
                              "interval_s": statistics.median(h.intervals) if h.intervals else None,
@@ -248,12 +251,13 @@ class Recorder:
                         "undecodable_reasons": dict(self.reasons)},
         }
 
-    def write(self, path: str | Path, *, source: dict[str, Any], command: list[str]) -> dict[str, Any]:
+    def write(self, path: str | Path, *, source: dict[str, Any], command: list[str],
+              context: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the rows and the header to *path* (Parquet, zstd); returns the header."""
         pa = pyarrow_or_error()
         import pyarrow.parquet as pq
 
-        header = self.provenance(source=source, command=command)
+        header = self.provenance(source=source, command=command, context=context)
         jobs = {(c["host"], c["container"]): c["job"] for c in header["containers"]}
         self.columns["job"] = [job or jobs.get((h, c)) for h, c, job in  # the job a started event named, too
                                zip(self.columns["host"], self.columns["container"], self.columns["job"])]

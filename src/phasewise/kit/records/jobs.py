@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from phasewise.kit.records.codec import MAX_BYTES, MAX_CORES, field
 
-__all__ = ["JOB_EVENT_KINDS", "JOB_ID_PATTERN", "MAX_JOB_EVENT_BYTES", "TERMINAL_KINDS",
+__all__ = ["JOB_EVENT_KINDS", "JOB_ID_PATTERN", "MAX_JOB_EVENT_BYTES", "STAGE_PATTERN", "TERMINAL_KINDS",
            "JobControl", "JobEvent", "JobRequests", "JobService", "JobSpec",
            "JobTargets", "closest_name", "targets_problem", "unknown_field"]
 
@@ -37,6 +37,8 @@ MAX_SELECTOR_KEY = 317
 MAX_SELECTOR_VALUE = 1024
 #: a metric's name (targets, progress)
 MAX_METRIC_NAME = 128
+#: a stage a job reports (``phase=eval`` in its progress lines): a word
+STAGE_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$"
 #: a host name (a DNS name is at most 253 characters) and a container name (a cgroup path below the
 #: managed root) in a job event
 MAX_HOST_NAME = 255
@@ -203,6 +205,10 @@ class JobEvent:
     metric: float | None = field(default=None)
     metric_name: str | None = field(default=None, max_length=MAX_METRIC_NAME)
     epoch: float | None = field(default=None, minimum=0)
+    stage: str | None = field(default=None, pattern=STAGE_PATTERN,
+                              doc="kind progress: the stage of its run the job says it is in (load, train, eval, "
+                                  "checkpoint, done, or its own word), from `phasewise progress --stages`; null: "
+                                  "not said (a training step's report)")
     replicas: int | None = field(default=None, minimum=0, maximum=MAX_REPLICAS,
                                  doc="kind scaled: the service's replicas running now (the first one included)")
     max_replicas: int | None = field(default=None, minimum=0, maximum=MAX_REPLICAS,

@@ -1,0 +1,532 @@
+"""``phasewise experiment corpus``: record a corpus of repeated real training executions through the
+product's own roles, and measure how well the phase detector's phases agree with the jobs' stages.
+
+``corpus record --out DIR``: the embedded broker, the host agent (``phasewise produce --interval 1``,
+every container each second), and one execution at a time, unlimited, in a cgroup of its own named by
+its id, wrapped by ``phasewise progress --stages`` (its load, train, eval and checkpoint lines reach the
+job-events topic); after each, ``phasewise record`` writes its Parquet file with the provenance header
+and a ``context`` (the machine, the load average during the execution, no GPU). A ``manifest.json``
+lists every execution with its kind, run, flags, split and file; a folder already holding some is
+continued. ``corpus agreement [DIR]``: the phase detector as the worker runs it (replay's in-process
+worker, the shipped model, frozen) over the held-out executions, and the adjusted mutual information
+and adjusted Rand index between its phases and the reported stages. docs/phases.md, "The corpus".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from phasewise.apps.experiment.corpus_plan import (
+    FORMAT,
+    HELD_OUT_KIND,
+    HELD_OUT_RUNS,
+    KINDS,
+    STAGES,
+    VERSION,
+    Execution,
+    ManifestError,
+    check_manifest,
+    plan,
+    stage_series,
+)
+
+__all__ = ["CorpusError", "add_arguments", "agreement", "read_manifest", "run", "shipped_corpus"]
+
+#: the wrapper that puts itself into the execution's cgroup(s), then becomes the job (as the demo's)
+ATTACH_SH = 'pid=$$; while [ "$1" != "--" ]; do echo "$pid" > "$1" || exit 97; shift; done; shift; exec "$@"'
+MANIFEST = "manifest.json"
+#: after an execution ends and its cgroup is removed: the host agent's last samples of it reach the topic
+SETTLE_S = 2.5
+
+
+class CorpusError(RuntimeError):
+    """The corpus cannot be recorded or read; ``str(e)`` says why in one line."""
+
+
+def shipped_corpus() -> Path:
+    """The corpus shipped with phasewise (package data)."""
+    return Path(__file__).resolve().parents[2] / "data" / "corpus"
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The corpus folder's manifest, checked (:func:`~.corpus_plan.check_manifest`); :class:`CorpusError`."""
+    path = folder / MANIFEST
+    if folder.is_file():
+        raise CorpusError(f"{folder}: a file; a corpus is a folder with {MANIFEST} (phasewise experiment corpus "
+                          "record --out DIR)")
+    if not folder.is_dir():
+        raise CorpusError(f"{folder}: no such folder")
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CorpusError(f"{folder}: no {MANIFEST}: not a corpus folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorpusError(f"{path}: not readable JSON ({e})") from None
+    try:
+        check_manifest(manifest)
+    except ManifestError as e:
+        raise CorpusError(f"{path}: {e}") from None
+    return manifest
+
+
+def tally(manifest: dict[str, Any]) -> None:
+    """Write into *manifest* what it holds per kind and split, and what its plan leaves to record."""
+    planned = manifest["planned"]
+    got: dict[str, dict[str, int]] = {}
+    for e in manifest["executions"]:
+        got.setdefault(e["kind"], {"train": 0, "heldout": 0})[e["split"]] += 1
+    manifest["recorded"] = {k: got.get(k, {"train": 0, "heldout": 0}) for k in planned["kinds"]}
+    want = len(planned["kinds"]) * planned["runs_per_kind"]
+    have = len(manifest["executions"])
+    manifest["left"] = (f"{want - have} of the {want} planned executions ({len(planned['kinds'])} kinds x "
+                        f"{planned['runs_per_kind']} runs) are not recorded yet: phasewise experiment corpus record "
+                        "--out DIR continues the plan" if have < want else "none: every planned execution is recorded")
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(value, indent=1, allow_nan=False) + "\n")
+    tmp.replace(path)
+
+
+def machine() -> dict[str, Any]:
+    """What the provenance says about this machine: CPUs, memory, kernel, Python, torch, GPU (none here)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    cpu_model = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    mem = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:
+        torch = None
+    gpu = [str(p) for p in Path("/dev").glob("nvidia[0-9]*")]
+    return {"hostname": socket.gethostname(), "cpu_model": cpu_model, "logical_cpus": os.cpu_count(),
+            "cpus_allowed": len(os.sched_getaffinity(0)), "mem_bytes": mem, "kernel": platform.release(),
+            "python": platform.python_version(), "torch": torch,
+            "gpu": (f"NVIDIA device files {gpu}" if gpu else
+                    "none: no GPU on this machine (no /dev/nvidia*), so no GPU job was recorded and the "
+                    "recordings' gpu columns are empty")}
+
+
+def _new_manifest(kinds: list[str], runs: int, command: list[str]) -> dict[str, Any]:
+    return {
+        "format": FORMAT, "version": VERSION, "created": _iso(time.time()), "command": command,
+        "machine": machine(), "interval_s": 1.0, "stages": list(STAGES),
+        "stage_words": "each job's own stage words map onto the stages: start, ready, resume -> load; error -> "
+                       "train; exit -> checkpoint; a sample before the job's first line is load (the interpreter "
+                       "starting and importing)",
+        "split": {"held_out_kind": HELD_OUT_KIND,
+                  "held_out_runs": f"run r with r % {HELD_OUT_RUNS[0]} == {HELD_OUT_RUNS[1]} of every other kind",
+                  "rule": "phasewise.apps.experiment.corpus_plan.split_of(kind, run); each execution's split is "
+                          "written below and checked against it when the manifest is read"},
+        "kinds": {k: {"program": f"python -m {KINDS[k].module}", "data": KINDS[k].data,
+                      "varies": sorted(KINDS[k].grid) + ["--seed"]} for k in kinds},
+        "planned": {"kinds": kinds, "runs_per_kind": runs},
+        "executions": [],
+    }
+
+
+# --------------------------------------------------------------------------- recording
+
+
+class Recorder:
+    """One recording session: the broker, the host agent, one execution at a time; ``close`` undoes it."""
+
+    def __init__(self, out: Path, todo: list[Execution], *, cgroup_root: str, log: Any) -> None:
+        self.out, self.todo, self.log = out, todo, log
+        self.stack = contextlib.ExitStack()
+        self.run_dir = Path(tempfile.mkdtemp(prefix="phasewise-corpus-"))
+        self.stack.callback(shutil.rmtree, self.run_dir, True)
+        self.prefix = f"pwcorpus-{uuid.uuid4().hex[:6]}"
+        self.cgroup_root = cgroup_root
+        self.host = socket.gethostname()
+
+    def start(self) -> None:
+        from phasewise.apps.demo.cgroups import DemoError, check_cgroups
+        from phasewise.kit.broker import EmbeddedBroker, free_port
+        from phasewise.kit.kafka.client import ensure_topics, make_producer
+        from phasewise.kit.procs import RoleProcess
+        from phasewise.kit.settings import Settings
+
+        try:
+            self.layout = check_cgroups(self.cgroup_root, self.prefix)
+        except DemoError as e:
+            raise CorpusError(str(e).replace("the demo", "corpus record").replace("sudo make demo", "it as root")) \
+                from None
+        self.stack.callback(self._remove_prefix)
+        broker = EmbeddedBroker(log_path=self.run_dir / "broker.log")
+        broker.start()
+        self.stack.callback(broker.stop)
+        self.bootstrap = broker.bootstrap
+        self.settings = Settings.from_env({"bootstrap": broker.bootstrap, "host": self.host}, env={})
+        ensure_topics(self.settings)
+        self.producer = make_producer(self.settings)
+        # each execution's container names its job (phasewise.io/job, through the host agent's policy file)
+        policy = self.run_dir / "workloads.json"
+        policy.write_text(json.dumps({"workloads": [{"match": e.id, "job": e.id, "mode": "recommend"}
+                                                    for e in self.todo]}))
+        self.env = {"PHASEWISE_BOOTSTRAP": broker.bootstrap, "PHASEWISE_HOST": self.host,
+                    "PHASEWISE_CGROUP_ROOT": self.cgroup_root, "PHASEWISE_CGROUP_PREFIX": self.prefix,
+                    "PHASEWISE_WORKLOAD_POLICY_FILE": str(policy), "PHASEWISE_INTERVAL_S": "1",
+                    "PHASEWISE_LOG_LEVEL": "warning"}
+        agent = RoleProcess("produce", ["--interval", "1"],
+                            env={**self.env, "PHASEWISE_METRICS_PORT": str(free_port()),
+                                 "PHASEWISE_DATA_DIR": str(self.run_dir / "produce")},
+                            log_path=self.run_dir / "produce.log", python_flags=("-W", "ignore")).start()
+        self.agent = agent
+        self.stack.callback(agent.stop)
+        time.sleep(2.0)
+        if not agent.alive():
+            raise CorpusError(f"phasewise produce exited with {agent.returncode()}: {agent.log_tail(5)}")
+
+    def _remove_prefix(self) -> None:
+        layout = getattr(self, "layout", None)
+        if layout is None:
+            return
+        from phasewise.apps.demo.cgroups import _end_processes
+
+        for name in layout.containers():
+            with contextlib.suppress(Exception):
+                _end_processes(layout, name)
+                layout.remove(name)
+        tops = [layout.root] if layout.version == 2 else [layout.controller_root(c) for c in layout.controllers()]
+        for top in tops:
+            with contextlib.suppress(OSError):
+                (top / self.prefix).rmdir()
+
+    def _submit(self, e: Execution, command: list[str]) -> None:
+        """The execution's job, as ``phasewise submit`` makes it (unsigned: nothing starts it but this run)."""
+        from phasewise.apps.horus.submit import job_event
+        from phasewise.kit.records import encode_within
+        from phasewise.kit.topics import JOB_EVENTS
+
+        batch = int(e.params.get("--batch-size") or 0) or 1
+        text = KINDS[e.kind].module != "phasewise.apps.experiment.trainer" and e.kind != "forecaster"
+        ev = job_event({"job": e.id, "model": f"{KINDS[e.kind].module}:{e.kind}",
+                        "dataset": "wikitext2" if text else "vectors", "batch_size": batch, "command": command,
+                        "expected_s": float(e.params["--seconds"])})
+        self.producer.produce(JOB_EVENTS.name, key=e.id.encode(), value=encode_within(ev))
+        if self.producer.flush(10.0):
+            raise CorpusError(f"the broker did not take the job event of {e.id}")
+
+    def execute(self, e: Execution, corpus_command: list[str]) -> dict[str, Any]:
+        """Run *e* to its end in its cgroup, then record it; its manifest entry."""
+        from phasewise.apps.demo.cgroups import _end_processes
+        from phasewise.kit.procs import ManagedProcess, RoleProcess
+
+        layout = self.layout
+        ckpt = f"checkpoints/{e.id}"
+        job = ["python", "-W", "ignore", "-m", KINDS[e.kind].module, *e.argv(ckpt)]
+        command = ["phasewise", "progress", "--stages", "--job", e.id, "--", *job]
+        self._submit(e, command)
+        layout.create(e.id)
+        procs = ([layout.path(e.id) / "cgroup.procs"] if layout.version == 2
+                 else [layout.path(e.id, c) / "cgroup.procs" for c in layout.controllers()])
+        real = [sys.executable, "-m", "phasewise.cli", "progress", "--stages", "--job", e.id, "--",
+                sys.executable, *job[1:]]
+        env = {**os.environ, "PHASEWISE_BOOTSTRAP": self.bootstrap, "PHASEWISE_LOG_LEVEL": "warning",
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        log_path = self.run_dir / f"{e.id}.log"
+        proc = ManagedProcess(e.id, ["/bin/sh", "-c", ATTACH_SH, "sh", *map(str, procs), "--", *real], env=env,
+                              log_path=log_path, cwd=str(self.run_dir))
+        limit_s = float(e.params["--seconds"]) + 240.0  # loading on a busy machine, and teardown
+        loads: list[float] = []
+        t0 = time.time()
+        proc.start()
+        timed_out = False
+        while proc.alive():
+            loads.append(os.getloadavg()[0])
+            if time.time() - t0 > limit_s:
+                timed_out = True
+                proc.stop()
+                break
+            time.sleep(1.0)
+        t1 = time.time()
+        rc = proc.returncode()
+        proc.stop()
+        try:
+            _end_processes(layout, e.id)
+            layout.remove(e.id)
+        except Exception as err:  # (DemoError, CgroupError, OSError: a process that would not end)
+            raise CorpusError(f"execution {e.id}: its cgroup could not be emptied and removed: {err}") from None
+        time.sleep(SETTLE_S)
+        if rc != 0 or timed_out:
+            what = f"ran past {limit_s:.0f} s" if timed_out else f"exited {rc}"
+            raise CorpusError(f"execution {e.id} {what}: {proc.log_tail(5)}")
+        load = {"start": round(loads[0], 2) if loads else None,
+                "mean": round(sum(loads) / len(loads), 2) if loads else None,
+                "max": round(max(loads), 2) if loads else None, "samples": len(loads),
+                "note": "the 1-minute load average of the whole machine, read each second during the execution "
+                        f"(the execution itself adds about 1; the machine has {os.cpu_count()} CPUs and was shared)"}
+        entry: dict[str, Any] = {
+            "id": e.id, "kind": e.kind, "run": e.run, "split": e.split, "file": f"{e.id}.parquet",
+            "params": dict(e.params), "command": command, "start_utc": _iso(t0), "end_utc": _iso(t1),
+            "seconds": round(t1 - t0, 1), "exit_code": rc, "load_avg_1m": load}
+        context = {"experiment": "phasewise experiment corpus", "corpus_command": corpus_command,
+                   "execution": {k: entry[k] for k in ("id", "kind", "run", "split", "params", "command")},
+                   "unlimited": "no CPU or memory limit was set on the execution's cgroup",
+                   "machine": machine(), "load_avg_1m": load}
+        ctx = self.run_dir / f"{e.id}.context.json"
+        _write_json(ctx, context)
+        part = self.out / f"{e.id}.parquet.part"
+        rec = RoleProcess("record", ["--out", str(part), "--since", _iso(t0 - 1.0), "--until", _iso(t1 + SETTLE_S),
+                                     "--context", str(ctx), "--timeout", "30"],
+                          env=self.env, log_path=self.run_dir / f"{e.id}.record.log", python_flags=("-W", "ignore"))
+        rec.start()
+        try:
+            rrc = rec.proc.wait(300) if rec.proc is not None else 1
+        except Exception:
+            rrc = None
+        rec.stop()
+        if rrc != 0 or not part.is_file():
+            part.unlink(missing_ok=True)
+            raise CorpusError(f"phasewise record of {e.id} failed ({rrc}): {rec.log_tail(5)}")
+        part.replace(self.out / entry["file"])
+        from phasewise.apps.record.tracefile import read_recording
+
+        header = read_recording(self.out / entry["file"]).header
+        mine = [c for c in header.get("containers", []) if c.get("job") == e.id]
+        entry["samples"] = sum(c.get("samples", 0) for c in mine)
+        entry["stages_reported"] = sum(c.get("stages_total", 0) for c in mine)
+        return entry
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def record(args: argparse.Namespace) -> int:
+    prog = "phasewise experiment corpus record"
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    try:
+        planned = plan(kinds, args.runs)
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    for flag, value in (("--max-executions", args.max_executions), ("--budget", args.budget),
+                        ("--seconds", args.seconds)):
+        if value is not None and not value > 0:
+            print(f"{prog}: error: {flag}: must be above 0, got {value:g}", file=sys.stderr)
+            return 2
+    out = Path(args.out).expanduser()
+    if out.exists() and not out.is_dir():
+        print(f"{prog}: error: --out {out}: not a folder", file=sys.stderr)
+        return 2
+    command = ["phasewise", "experiment", "corpus", "record", *sys.argv[sys.argv.index("record") + 1:]] \
+        if "record" in sys.argv else ["phasewise", "experiment", "corpus", "record", "--out", str(args.out)]
+    if (out / MANIFEST).exists():
+        try:
+            manifest = read_manifest(out)
+        except CorpusError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
+        manifest["planned"] = {"kinds": list(dict.fromkeys([*manifest["planned"]["kinds"], *kinds])),
+                               "runs_per_kind": max(args.runs, manifest["planned"]["runs_per_kind"])}
+        manifest.setdefault("sessions", []).append({"command": command, "started": _iso(time.time())})
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        manifest = _new_manifest(kinds, args.runs, command)
+        manifest["sessions"] = [{"command": command, "started": _iso(time.time())}]
+    done = {e["id"] for e in manifest["executions"]}
+    todo = [e for e in planned if e.id not in done][: args.max_executions]
+    if args.seconds is not None:  # (a quick check; the manifest keeps the seconds each execution trained)
+        todo = [Execution(e.id, e.kind, e.run, {**e.params, "--seconds": args.seconds}) for e in todo]
+    if not todo:
+        print(f"{prog}: every planned execution is already in {out}")
+        return 0
+    deadline = time.time() + args.budget if args.budget else None
+    rec = Recorder(out, todo, cgroup_root=args.cgroup_root, log=sys.stderr)
+    recorded = 0
+    try:
+        rec.start()
+        for i, e in enumerate(todo):
+            if deadline is not None and time.time() + float(e.params["--seconds"]) + 30 > deadline:
+                print(f"{prog}: the budget leaves no time for {e.id}: stopping", file=sys.stderr)
+                break
+            print(f"[{i + 1}/{len(todo)}] {e.id} ({e.split}): {' '.join(e.argv('…'))}", file=sys.stderr, flush=True)
+            entry = rec.execute(e, command)
+            manifest["executions"].append(entry)
+            tally(manifest)
+            _write_json(out / MANIFEST, manifest)
+            recorded += 1
+            print(f"    {entry['seconds']:.0f} s, {entry['samples']} samples, {entry['stages_reported']} stage "
+                  f"reports, load {entry['load_avg_1m']['mean']} (max {entry['load_avg_1m']['max']})",
+                  file=sys.stderr, flush=True)
+    except CorpusError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        rec.close()
+        tally(manifest)
+        _write_json(out / MANIFEST, manifest)
+    print(f"recorded {recorded} execution(s) to {out}; the corpus holds {len(manifest['executions'])}")
+    return 0
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def _metrics() -> tuple[Any, Any]:
+    try:
+        from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score
+    except ImportError:
+        raise CorpusError("scikit-learn is not installed: pip install 'phasewise[analysis]'") from None
+    return adjusted_mutual_info_score, adjusted_rand_score
+
+
+def agreement(folder: Path, split: str = "heldout") -> dict[str, Any]:
+    """AMI and ARI between the worker's phases (the shipped model, frozen) and the reported stages, per kind
+    and overall, over the executions of *split* (``heldout``, ``train`` or ``all``)."""
+    from phasewise.apps.record.tracefile import RecordingError, read_recording
+    from phasewise.apps.replay.through_kafka import KafkaReplayError, phase_series, worker_in_process
+    from phasewise.apps.replay.traces import TraceFormatError, load_trace
+
+    ami, ari = _metrics()
+    manifest = read_manifest(folder)
+    execs = [e for e in manifest["executions"] if split == "all" or e["split"] == split]
+    if not execs:
+        raise CorpusError(f"{folder}: no execution in the {split} split")
+    per_kind: dict[str, dict[str, list]] = {}
+    rows = []
+    origin = None
+    for e in execs:
+        path = folder / e["file"]
+        try:
+            trace = load_trace(path, "phasewise")
+            header = read_recording(path).header
+            got = worker_in_process(trace, family="phase", pretrained=True, frozen_model=True)
+        except (TraceFormatError, RecordingError, KafkaReplayError) as err:
+            raise CorpusError(f"execution {e['id']}: {err}") from None
+        origin = got.model_origin
+        ids = phase_series(trace, got.phase_changes)
+        by_cid = {f"{c.get('host')}/{c.get('container')}": c for c in header.get("containers", [])}
+        for series in trace.containers:
+            entry = by_cid.get(series.container) or {}
+            if entry.get("job") != e["id"]:
+                continue  # (another container sampled at the time: not this execution)
+            stages = stage_series(series.t, entry.get("stages") or [])
+            phases = ids[series.container]
+            k = per_kind.setdefault(e["kind"], {"phase": [], "stage": [], "samples": [0], "executions": []})
+            k["samples"][0] += len(phases)
+            k["executions"].append(e["id"])
+            keep = phases >= 0
+            k["phase"] += phases[keep].tolist()
+            k["stage"] += [s for s, ok in zip(stages, keep.tolist()) if ok]
+            rows.append(e["id"])
+    if not rows:
+        raise CorpusError(f"{folder}: no recording of the {split} split holds its execution's container")
+
+    def score(phase: list[int], stage: list[str], samples: int, executions: list[str]) -> dict[str, Any]:
+        if len(set(stage)) < 2:  # (sklearn gives 1.0 for two constant labelings: no agreement is measured)
+            return {"executions": executions, "samples": samples, "samples_with_phase": len(phase), "ami": None,
+                    "ari": None, "note": "fewer than two stages among the samples with a phase: undefined"}
+        pairs: dict[str, dict[str, int]] = {}
+        for p, s in zip(phase, stage):
+            pairs.setdefault(s, {}).setdefault(str(p), 0)
+            pairs[s][str(p)] += 1
+        return {"executions": executions, "samples": samples, "samples_with_phase": len(phase),
+                "ami": round(float(ami(stage, phase)), 4), "ari": round(float(ari(stage, phase)), 4),
+                "stages": {s: sum(v.values()) for s, v in sorted(pairs.items())},
+                "phases": len(set(phase)),
+                "phase_by_stage": {s: dict(sorted(v.items())) for s, v in sorted(pairs.items())}}
+
+    kinds = {k: score(v["phase"], v["stage"], v["samples"][0], v["executions"]) for k, v in sorted(per_kind.items())}
+    allp = [p for v in per_kind.values() for p in v["phase"]]
+    alls = [s for v in per_kind.values() for s in v["stage"]]
+    overall = score(allp, alls, sum(v["samples"][0] for v in per_kind.values()), rows)
+    return {"type": "corpus-agreement", "corpus": str(folder), "split": split,
+            "model": f"the worker's phase detector, {origin}, frozen (replay --phase-model worker "
+                     "--phase-pretrained --phase-frozen)",
+            "labels": "per sample: the stage of the job's last report at or before it (load before its first); "
+                      "samples before the detector's first phase are left out",
+            "overall": overall, "kinds": kinds}
+
+
+def format_agreement(res: dict[str, Any]) -> str:
+    lines = [f"corpus {res['corpus']}, {res['split']} executions; {res['model']}",
+             f"{'kind':<12} {'execs':>5} {'samples':>7} {'phased':>6} {'phases':>6} {'AMI':>7} {'ARI':>7}"]
+
+    def f(v: float | None) -> str:
+        return "—" if v is None else f"{v:.3f}"
+
+    def row(name: str, r: dict[str, Any]) -> str:
+        return (f"{name:<12} {len(r['executions']):>5} {r['samples']:>7} {r['samples_with_phase']:>6} "
+                f"{r.get('phases', 0):>6} {f(r['ami']):>7} {f(r['ari']):>7}")
+
+    lines += [row(k, r) for k, r in res["kinds"].items()]
+    lines.append(row("overall", res["overall"]))
+    lines.append("stages (samples with a phase): " + ", ".join(f"{s} {n}" for s, n in
+                                                               res["overall"].get("stages", {}).items()))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="corpus_command", metavar="COMMAND", required=True)
+    r = sub.add_parser("record", help="run and record executions one at a time (root: a cgroup each)",
+                       description="Run real training executions one at a time, unlimited, each in its own cgroup "
+                                   "under phasewise progress --stages, sampled each second by phasewise produce, "
+                                   "and record each with phasewise record into DIR (manifest.json lists them).")
+    r.add_argument("--out", required=True, metavar="DIR", help="the corpus folder (new, or one to continue)")
+    r.add_argument("--kinds", default=",".join(KINDS), help="job kinds (default %(default)s)")
+    r.add_argument("--runs", type=int, default=8, help="runs of each kind (default 8)")
+    r.add_argument("--max-executions", type=int, default=None, metavar="N", help="record at most N new executions")
+    r.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="start no execution that might not end within this long of the start")
+    r.add_argument("--seconds", type=float, default=None,
+                   help="train each execution this long instead of its drawn 30, 45 or 60 s (a quick check)")
+    r.add_argument("--cgroup-root", default="/sys/fs/cgroup")
+    a = sub.add_parser("agreement", help="AMI and ARI between the worker's phases and the jobs' stages",
+                       description="The worker's phase detector (the shipped model, frozen: replay's in-process "
+                                   "worker) over the corpus's executions of a split; the adjusted mutual information "
+                                   "and adjusted Rand index between its phases and the stages the jobs reported.")
+    a.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
+    a.add_argument("--split", choices=("heldout", "train", "all"), default="heldout",
+                   help="the executions scored (default: heldout)")
+    a.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.corpus_command == "record":
+        return record(args)
+    prog = "phasewise experiment corpus agreement"
+    folder = Path(args.path).expanduser() if args.path else shipped_corpus()
+    try:
+        res = agreement(folder, args.split)
+    except CorpusError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(res, allow_nan=False) if args.json else format_agreement(res))
+    return 0
