@@ -370,3 +370,13 @@ def test_a_new_priority_is_not_progress_for_the_targets_fleet():
     before = f.jobs["a"].tracker.last_step
     assert f.process(_ev("a", 2.0, "priority", priority=7)) == ([], [], None)  # the priority agent's, not a loss
     assert f.jobs["a"].tracker.last_step == before
+
+
+def test_a_stage_report_without_a_loss_is_not_progress_but_a_bare_report_is_refused():
+    f = _fleet()
+    f.process(_ev("a", 1.0, "submitted"))
+    before = f.jobs["a"].tracker.last_step
+    # `phasewise progress --stages`: an eval or checkpoint line carries its stage and no training loss
+    assert f.process(_ev("a", 2.0, "progress", step=3, stage="eval")) == ([], [], None)
+    assert f.jobs["a"].tracker.last_step == before
+    assert f.process(_ev("a", 3.0, "progress", step=3))[2] == "job 'a': progress carries no loss"

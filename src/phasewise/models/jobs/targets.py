@@ -623,6 +623,8 @@ class TargetsFleet:
         metric = tracker.targets.metric
         value = ev.loss if metric == "loss" else (ev.metric if ev.metric_name in (None, metric) else None)
         if value is None:
+            if ev.stage is not None:  # a stage report (``progress --stages``: load, eval, checkpoint ...)
+                return [], [], None
             return [], [], f"job {ev.job!r}: progress carries no {metric}"
         why = check_progress(value, ev.step, tracker.last_step)
         if why is not None:
