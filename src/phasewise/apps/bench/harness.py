@@ -140,7 +140,9 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
     ``phasewise_worker_container_samples_total`` (scraped from *metrics_url*);
     returns once the whole backlog is processed. The counters are scraped every
     100 ms (each scrape costs the worker ~2 ms of CPU; at 20 ms they took ~10 %
-    of it), so a backlog that drains in less than that has no window.
+    of it), so a backlog that drains in less than that has no window; where
+    the scrapes were too slow to see it (a worker starved of CPU answers them
+    late), the window runs from the end of the flood to the whole backlog.
     *gpu*: the samples also carry GPU use (:func:`square_wave_gpu`).
     """
     urls = [metrics_url] if isinstance(metrics_url, str) else list(metrics_url)
@@ -169,6 +171,7 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
                                                   gpu_mem=None if gm is None else gm.tolist())
 
     produce_messages(producer, topic, flood())
+    c_0, t_0, cpu_0, fl_0 = each(), time.perf_counter(), cpu(), counter(FLUSH_COUNTER)
     expected = start + sum(len(cs) for _, cs in hosts) * ticks
     lo, hi = start + 0.1 * (expected - start), start + 0.9 * (expected - start)
     wait_until(lambda: counter() >= lo, 600, 0.1, "10% of the backlog")
@@ -176,6 +179,10 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
     wait_until(lambda: counter() >= hi, 600, 0.1, "90% of the backlog")
     c_hi, t_hi, cpu_hi, fl_hi = each(), time.perf_counter(), cpu(), counter(FLUSH_COUNTER)
     wait_until(lambda: counter() >= expected, 600, 0.1, "the whole backlog")
+    if sum(c_hi) == sum(c_lo):  # scrapes slower than the drain (a worker starved of CPU answers late): the
+        # 10-90 % window closed; the window is then from the end of the flood to the whole backlog
+        c_lo, t_lo, cpu_lo, fl_lo = c_0, t_0, cpu_0, fl_0
+        c_hi, t_hi, cpu_hi, fl_hi = each(), time.perf_counter(), cpu(), counter(FLUSH_COUNTER)
     per = tuple((b - a, y - x) for a, b, x, y in zip(c_lo, c_hi, cpu_lo, cpu_hi, strict=True))
     return BacklogWindow(sum(c_hi) - sum(c_lo), t_hi - t_lo, sum(cpu_hi) - sum(cpu_lo), fl_hi - fl_lo,
                          per if len(per) > 1 else ())
