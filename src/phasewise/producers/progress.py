@@ -377,21 +377,10 @@ def parse_line(line: str) -> dict[str, Any] | None:
     >>> parse_line("job=charlstm phase=eval step=12 eval_loss=2.6"), parse_line("hello")
     (None, None)
     """
-    kv: dict[str, str] = {}
-    for token in line.split():
-        k, sep, v = token.partition("=")
-        if not sep or not k:
-            return None
-        kv[k] = v
-    if kv.get("phase") != "train" or "job" not in kv or "step" not in kv:
+    p = parse_stage_line(line)
+    if p is None or p["stage"] != "train" or p["step"] is None:
         return None
-    try:
-        step = int(kv["step"])
-        loss = float(kv["loss"]) if "loss" in kv else None
-        metric = float(kv["metric"]) if "metric" in kv else None
-    except ValueError:
-        return None
-    return {"job": kv["job"], "step": step, "loss": loss, "metric": metric}
+    return {"job": p["job"], "step": p["step"], "loss": p["loss"], "metric": p["metric"]}
 
 
 def parse_stage_line(line: str) -> dict[str, Any] | None:

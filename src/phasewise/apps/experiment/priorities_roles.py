@@ -275,10 +275,8 @@ def scenario_figures(c: PriorityCluster, jobs: list[PlannedJob], rec: Any, wall_
 
 def run_roles(args: argparse.Namespace) -> int:
     prog = "phasewise experiment priorities"
-    calibrate = getattr(args, "calibrate", False)
-    if calibrate:  # checked as given rates are below, with placeholders until the capacity is measured
-        args.rate_low = args.rate_high = 1.0
-    if not (args.roles_seconds >= 20 and args.rate_low > 0 and args.rate_high > 0 and args.slo_ms > 0):
+    calibrate = getattr(args, "calibrate", False)  # the rates come from the measured capacity
+    if not (args.roles_seconds >= 20 and args.slo_ms > 0 and (calibrate or (args.rate_low > 0 and args.rate_high > 0))):
         print(f"{prog}: error: --through-roles needs --roles-seconds >= 20, positive rates and SLO", file=sys.stderr)
         return 2
     if args.prefix_cpu_shares is not None and not 2 <= args.prefix_cpu_shares <= 262144:
