@@ -36,6 +36,7 @@ from phasewise.kit.records import (
     ContainerSample,
     DeadLetter,
     Decision,
+    ExecutionProfile,
     HostSamples,
     ModelSnapshot,
     SchemaError,
@@ -44,7 +45,7 @@ from phasewise.kit.records import (
     to_dict,
 )
 from phasewise.kit.settings import Settings
-from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, MODELS, SAMPLES
+from phasewise.kit.topics import ACTUATIONS, DEAD_LETTERS, DECISIONS, MODELS, PROFILES, SAMPLES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -226,9 +227,11 @@ def test_a_worker_dead_letters_every_poison_kind_and_decides_every_valid_record(
         host = f"poison-{uuid.uuid4().hex[:6]}"
         samples = Sent(make_producer(s), SAMPLES.name)
         send_samples(samples, host, 60)
-        learn = models = None
+        learn = models = profiles = None
         if policy == "phase":
             learn, models, learned, last_version = _phase_inputs(s)
+        else:  # the known-job priors' follower reads the profiles topic
+            profiles = _profile_inputs(s)
         m0 = scrape(url)
 
         want = {label.split(":", 1)[1] for label in samples.where("valid").values()}
@@ -256,9 +259,16 @@ def test_a_worker_dead_letters_every_poison_kind_and_decides_every_valid_record(
                     role)
                 check_dead_letters(dead_letters(letters_r.values, topic), sent.where("poison"), kinds)
                 assert not set(sent.where("valid")) & set(dead_letters(letters_r.values, topic))
+        if profiles is not None:
+            wait(lambda: set(profiles.where("poison")) <= set(dead_letters(letters_r.drain(), PROFILES.name)), 60,
+                 "dead letter for every poison record on the profiles topic", role)
+            check_dead_letters(dead_letters(letters_r.values, PROFILES.name), profiles.where("poison"),
+                               profile_poison())
+            assert not set(profiles.where("valid")) & set(dead_letters(letters_r.values, PROFILES.name))
         assert not set(samples.where("valid")) & set(dead_letters(letters_r.values, SAMPLES.name))
         m = scrape(url)
         n_bad = len(poisoned) + (0 if learn is None else len(learn.where("poison")) + len(models.where("poison")))
+        n_bad += 0 if profiles is None else len(profiles.where("poison"))
         # (the worker also reads what other tests left on the topics: at least ours)
         assert m['phasewise_worker_dead_letters_total{kind="schema"}'] >= n_bad
         assert m["phasewise_worker_ready"] == 1.0 and role.alive()
@@ -269,6 +279,26 @@ def test_a_worker_dead_letters_every_poison_kind_and_decides_every_valid_record(
         rc = role.stop(30)
     assert rc == 0, role.log_tail(40)
     assert "died" not in role.log_path.read_text(errors="replace")
+
+
+def _valid_profile(i: int) -> ExecutionProfile:
+    return ExecutionProfile(signature="poison-job", host="poison-profiles", container=f"run-{i}", ts=T0 + 60,
+                            start=T0, samples=60, cpu_peak_cores=1.0, mem_peak_bytes=3e8)
+
+
+def profile_poison() -> dict[str, tuple[bytes | None, str]]:
+    return poison(to_dict(_valid_profile(0)), "ts", {"samples": "many", "cpu_peak_cores": [1]})
+
+
+def _profile_inputs(s: Settings) -> Sent:
+    """Valid profiles with every poison kind between them, on the profiles topic."""
+    sent = Sent(make_producer(s), PROFILES.name)
+    for i, (kind, (value, _)) in enumerate(profile_poison().items()):
+        p = _valid_profile(i)
+        sent.send(f"{p.host}/{p.container}".encode(), encode(p), "valid:profile")
+        sent.send(b"poison-profiles/x", value, f"poison:{kind}")
+    assert sent.p.flush(60) == 0
+    return sent
 
 
 @functools.cache

@@ -26,6 +26,8 @@ PREDICTIONS = Topic("phasewise.predictions.v1", "job", 4, doc="UtilisationPredic
 DECISIONS = Topic("phasewise.decisions.v1", "host", 8, doc="Decision, in order per host")
 ACTUATIONS = Topic("phasewise.actuations.v1", "host", 8, doc="Actuation results, audit")
 MODELS = Topic("phasewise.models.v1", "model name", 1, compacted=True, doc="ModelSnapshot")
+PROFILES = Topic("phasewise.profiles.v1", "host/container", 8, compacted=True,
+                 doc="ExecutionProfile: what each run of a signed workload used (the priors of its next runs)")
 CONTROL = Topic("phasewise.control.v1", "job", 8, doc="JobControl: checkpoint_exit, pause, resume to a job")
 DEAD_LETTERS = Topic("phasewise.deadletters.v1", "source key", 4, doc="DeadLetter")
 #: internal (not in :data:`TOPICS`; ``phasewise worker --policy phase`` creates it with exactly one
@@ -43,6 +45,7 @@ TOPICS: tuple[Topic, ...] = (
     MODELS,
     CONTROL,
     DEAD_LETTERS,
+    PROFILES,
 )
 
 

@@ -111,6 +111,9 @@ class VpaEvidence:
     hysteresis: float
     update_mode: str
     worker_id: str
+    #: the signature's prior the limits came from (:meth:`~phasewise.models.priors.book.Prior.explain`;
+    #: ``None``: the recommender's own)
+    prior: Mapping[str, Any] | None = None
 
 
 def vpa_decision(host: str, ts: float, sample: ContainerSample, previous: tuple[float | None, float | None],
@@ -142,8 +145,13 @@ def vpa_decision(host: str, ts: float, sample: ContainerSample, previous: tuple[
     details["update_mode"] = ev.update_mode
     details["worker_id"] = ev.worker_id
     details["confidence"] = _finite(details["confidence"])
-    reason = (f"vpa {ev.bound} (p{ev.target_percentile * 100:g} of {ev.samples} samples "
-              f"+{ev.safety_margin * 100:g}%): " + "; ".join(why))
+    if ev.prior is not None:
+        details["prior"] = dict(ev.prior)
+        reason = (f"prior of {ev.prior['runs']} earlier runs of {ev.prior['signature']} (highest peaks "
+                  f"+{ev.prior['margin'] * 100:g}%, {ev.samples} samples of this run): " + "; ".join(why))
+    else:
+        reason = (f"vpa {ev.bound} (p{ev.target_percentile * 100:g} of {ev.samples} samples "
+                  f"+{ev.safety_margin * 100:g}%): " + "; ".join(why))
     if safety is not None:
         details["safety"] = safety
         reason += bounded_text(safety)

@@ -24,6 +24,7 @@ from phasewise.models.jobs.priority_step import PriorityStepConfig
 from phasewise.models.jobs.submissions import Submissions
 from phasewise.models.jobs.targets import TargetsConfig
 from phasewise.models.jobs.targets_step import TargetsStepConfig
+from phasewise.models.priors.book import PriorBook, PriorConfig
 from phasewise.models.safety.guard import GuardConfig
 from phasewise.models.safety.intake import IntakeConfig
 from phasewise.models.vpa.updater import StateCache, UpdaterConfig
@@ -34,8 +35,9 @@ if TYPE_CHECKING:  # (river: imported by the horus role alone; torch by the phas
     from phasewise.models.phases.updater import DetectorConfig
 
 __all__ = ["autoscale_step_config", "detector_config", "guard_config", "horus_state_config", "initial_model",
-           "intake_config", "job_partitions", "parse_local_nodes", "placement_state_config", "priority_step_config",
-           "recommender_params", "state_cache", "submissions", "targets_step_config", "updater_config"]
+           "intake_config", "job_partitions", "parse_local_nodes", "placement_state_config", "prior_config",
+           "priority_step_config", "recommender_params", "state_cache", "submissions", "targets_step_config",
+           "updater_config"]
 
 
 def recommender_params(settings: Settings) -> dict[str, Any]:
@@ -81,12 +83,23 @@ def updater_config(settings: Settings) -> UpdaterConfig:
         recommend_interval_s=worker.recommend_interval_s, hysteresis=worker.hysteresis,
         update_mode=settings.vpa.update_mode, state_write_interval_s=worker.state_write_interval_s,
         worker_id=worker.id, default_policy=worker.policy,
+        # a signed run's prior stands in for the history the safety rules ask of it (none without the rules)
+        prior_until_s=settings.safety.min_history_s if settings.safety.rules and worker.prior_min_runs else 0.0,
+        profile_interval_s=worker.prior_profile_interval_s,
     )
+
+
+def prior_config(settings: Settings) -> PriorConfig:
+    """The known-job priors' rule from settings (``prior_min_runs`` 0: off)."""
+    worker = settings.worker
+    return PriorConfig(min_runs=worker.prior_min_runs, margin=worker.prior_margin,
+                       min_run_s=worker.prior_min_run_s, keep=max(8, worker.prior_min_runs))
 
 
 def state_cache(settings: Settings, loader: Callable[[str], Any] | None = None) -> StateCache:
     """The VPA updater's per-container state, configured from settings; *loader*: see :class:`StateCache`."""
-    return StateCache(recommender_params(settings), loader, guard_config(settings))
+    priors = PriorBook(prior_config(settings)) if settings.worker.prior_min_runs else None
+    return StateCache(recommender_params(settings), loader, guard_config(settings), priors)
 
 
 def detector_config(settings: Settings) -> DetectorConfig:

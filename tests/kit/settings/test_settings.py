@@ -35,6 +35,8 @@ WHERE = {
     "scorecard_buckets": "worker.scorecard_buckets",
     "scorecard_windows": "worker.scorecard_windows", "policy": "worker.policy",
     "phase_workloads": "worker.phase_workloads",
+    "prior_min_runs": "worker.prior_min_runs", "prior_margin": "worker.prior_margin",
+    "prior_min_run_s": "worker.prior_min_run_s", "prior_profile_interval_s": "worker.prior_profile_interval_s",
     "recommend_interval_s": "worker.recommend_interval_s", "hysteresis": "worker.hysteresis",
     "worker_hosts": "worker.hosts", "state_write_interval_s": "worker.state_write_interval_s",
     "container_ttl_s": "worker.container_ttl_s", "worker_batch_max": "worker.batch_max",

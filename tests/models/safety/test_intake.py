@@ -199,7 +199,8 @@ def _msg(ts: float, cpu: float = 0.5) -> HostSamples:
 def test_one_future_sample_learned_pins_a_container_which_is_what_the_intake_check_prevents():
     """Without the check, one sample 116 days ahead stops the container's decisions (why the check exists)."""
     cfg = UpdaterConfig(recommend_interval_s=1.0, hysteresis=0.1, update_mode="hysteresis",
-                        state_write_interval_s=30.0, worker_id="w")
+                        state_write_interval_s=30.0, worker_id="w", prior_until_s=0.0,
+                        profile_interval_s=60.0)
     pinned, guarded = StateCache({"time_scale": 0.001}), StateCache({"time_scale": 0.001})
     t0, future = 1.7e9, 1.7e9 + 116 * 86400
     got = {"pinned": 0, "guarded": 0}
@@ -222,7 +223,8 @@ def test_a_restarted_cache_skips_per_container_the_messages_its_stored_state_alr
     import json
 
     cfg = UpdaterConfig(recommend_interval_s=1.0, hysteresis=0.1, update_mode="hysteresis",
-                        state_write_interval_s=0.0, worker_id="w")
+                        state_write_interval_s=0.0, worker_id="w", prior_until_s=0.0,
+                        profile_interval_s=60.0)
     names = [f"c{i}" for i in range(300)]  # more than the fleet's first 256 rows: the arrays grow
 
     def msg(t: int, which=names) -> HostSamples:
@@ -247,7 +249,8 @@ def test_the_commits_are_held_back_to_the_oldest_sample_no_stored_state_holds():
     """``hold_back``: per source partition, the first offset learned since a container's state was handed out;
     a container whose samples stopped is handed out once ``max_unwritten_s`` passed, releasing the hold."""
     cfg = UpdaterConfig(recommend_interval_s=1.0, hysteresis=0.1, update_mode="hysteresis",
-                        state_write_interval_s=30.0, worker_id="w")
+                        state_write_interval_s=30.0, worker_id="w", prior_until_s=0.0,
+                        profile_interval_s=60.0)
 
     def msg(host: str, t: int, names=("a", "b")) -> HostSamples:
         return HostSamples(host=host, ts=1.7e9 + t, interval_s=1.0, containers=tuple(

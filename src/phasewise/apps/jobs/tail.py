@@ -31,6 +31,7 @@ from phasewise.kit.topics import (
     MODELS,
     PHASES,
     PREDICTIONS,
+    PROFILES,
     SAMPLES,
     TOPICS,
     Topic,
@@ -50,6 +51,7 @@ RECORD_OF: dict[str, str] = {
     MODELS.name: "ModelSnapshot",
     CONTROL.name: "JobControl",
     DEAD_LETTERS.name: "DeadLetter",
+    PROFILES.name: "ExecutionProfile",
 }
 assert set(RECORD_OF) == {t.name for t in TOPICS}, "every topic has its record"
 

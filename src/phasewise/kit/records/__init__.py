@@ -49,6 +49,7 @@ from phasewise.kit.records.samples import (
     WORKLOAD_POLICIES,
     ContainerIdentity,
     ContainerSample,
+    ExecutionProfile,
     GpuSample,
     HostSamples,
     WorkloadPolicy,
@@ -75,6 +76,7 @@ __all__ = [
     "ContainerSample",
     "DeadLetter",
     "Decision",
+    "ExecutionProfile",
     "GpuSample",
     "HostSamples",
     "Interval",
@@ -121,4 +123,5 @@ RECORDS: tuple[type, ...] = (
     ModelSnapshot,
     DeadLetter,
     JobControl,
+    ExecutionProfile,
 )

@@ -13,7 +13,7 @@ from phasewise.kit.records.codec import MAX_BYTES, MAX_CORES, MAX_PCT, field
 from phasewise.kit.records.jobs import JOB_ID_PATTERN
 
 __all__ = ["LAYOUTS", "MODES", "UPDATE_MODES", "WORKLOAD_POLICIES", "ContainerIdentity", "ContainerSample",
-           "GpuSample", "HostSamples", "WorkloadPolicy"]
+           "ExecutionProfile", "GpuSample", "HostSamples", "WorkloadPolicy"]
 
 #: where a container's cgroup was found (:mod:`phasewise.kit.cgroups.layouts`)
 LAYOUTS = ("flat", "docker-cgroupfs", "docker-systemd", "kubepods-cgroupfs", "kubepods-systemd")
@@ -63,6 +63,9 @@ class WorkloadPolicy:
     job: str | None = field(default=None, pattern=JOB_ID_PATTERN,
                             doc="the job this container belongs to (phasewise.io/job): an actuator freezes, "
                                 "weights or terminates it for that job's decisions")
+    signature: str | None = field(default=None, pattern=JOB_ID_PATTERN,
+                                  doc="what makes runs of this workload the same job (phasewise.io/signature): "
+                                      "a new run starts from the limits its earlier runs needed")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,4 +122,22 @@ class HostSamples:
     host_cpu_count: int | None = field(default=None, minimum=0)
     host_mem_bytes: float | None = field(default=None, minimum=0, maximum=MAX_BYTES)
     host_mem_total_bytes: float | None = field(default=None, minimum=0, maximum=MAX_BYTES)
+    v: int = field(default=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutionProfile:
+    """What one run of a signed workload used so far (key: ``host/container``; a compacted topic keeps the
+    newest per run). Workers publish it for containers whose workload has a ``signature`` and read every
+    one back: the runs of a signature are the prior of its next run (docs/priors.md)."""
+
+    VERSION: ClassVar[int] = 1
+    signature: str = field(pattern=JOB_ID_PATTERN, doc="the workload's signature (phasewise.io/signature)")
+    host: str = field(max_length=253)
+    container: str = field(max_length=1024, doc="container id on the host")
+    ts: float = field(minimum=0, doc="event time of the newest sample counted")
+    start: float = field(minimum=0, doc="event time of the run's first sample the worker saw")
+    samples: int = field(minimum=1, doc="samples counted")
+    cpu_peak_cores: float = field(minimum=0, maximum=MAX_CORES, doc="the highest CPU use of one sample")
+    mem_peak_bytes: float = field(minimum=0, maximum=MAX_BYTES, doc="the highest working set of one sample")
     v: int = field(default=1)

@@ -143,6 +143,21 @@ class WorkerSettings(Group):
                                      flag="--scorecard-windows",
                                      help="the scorecard's sliding windows, seconds of event time, comma-separated")
 
+    #: known-job priors (docs/priors.md): a run of a workload with a signature (phasewise.io/signature) whose
+    #: signature has this many earlier runs starts from their peaks instead of running unlimited until its own
+    #: history is min_history_s long; 0 = off
+    prior_min_runs: int = setting(3, check=at_least(0), flag="--prior-min-runs",
+                                  help="earlier runs of a signature (phasewise.io/signature) a new run's limits may "
+                                       "start from before its own history is long enough, 0 = no priors")
+    prior_margin: float = setting(0.05, check=in_range(0, 4), flag="--prior-margin",
+                                  help="a prior is the highest peak of the earlier runs times 1 + this")
+    prior_min_run_s: float = setting(30.0, check=at_least(0), flag="--prior-min-run",
+                                     help="seconds of event time a run must have been seen to count as an "
+                                          "earlier run")
+    prior_profile_interval_s: float = setting(15.0, check=above(0), flag="--prior-profile-interval",
+                                              help="seconds of event time between two profiles of a signed run "
+                                                   "(phasewise.profiles.v1)")
+
     def scorecard_windows_s(self) -> tuple[float, ...]:
         """``scorecard_windows`` as seconds."""
         return _windows(self.scorecard_windows)

@@ -272,10 +272,13 @@ class LimitGuard:
 
     # ------------------------------------------------------------------ the rules
     def bound(self, rows: np.ndarray, ts: float | np.ndarray, proposed: np.ndarray,
-              in_force: np.ndarray, *, lo: np.ndarray | None = None, hi: np.ndarray | None = None) -> GuardOutcome:
+              in_force: np.ndarray, *, lo: np.ndarray | None = None, hi: np.ndarray | None = None,
+              known: np.ndarray | None = None) -> GuardOutcome:
         """The rules over a policy's *proposed* limits ``(n, 2)`` (NaN: nothing proposed) for containers
         whose limits in force are *in_force* ``(n, 2)`` (NaN: unlimited). *lo* / *hi* ``(n, 2)``: the
-        workloads' own minimum and maximum limits (NaN or ``None``: none). Reads the state only."""
+        workloads' own minimum and maximum limits (NaN or ``None``: none). *known* ``(n,)``: rows whose
+        proposal rests on earlier runs of the same job (a prior): the history rule counts those runs as
+        history (every other rule holds). Reads the state only."""
         c = self.config
         n = len(rows)
         t = np.broadcast_to(np.asarray(ts, dtype=np.float64), (n,))
@@ -297,6 +300,8 @@ class LimitGuard:
 
         down = p < L  # NaN proposals compare False
         young = ~(t - self._first[rows] >= c.min_history_s)
+        if known is not None:
+            young &= ~known
         hold = np.zeros((n, 2), dtype=bool)
 
         def block(mask: np.ndarray, rule: str) -> None:

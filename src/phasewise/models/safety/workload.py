@@ -60,7 +60,7 @@ ANNOTATION_PREFIX = "phasewise.io/"
 #: the host-level default mode's values
 DEFAULT_MODES = ("auto", *MODES)
 KEYS = ("mode", "policy", "cpu-min", "cpu-max", "memory-min", "memory-max", "priority", "class", "update-mode",
-        "job")
+        "job", "signature")
 _CLASS = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _JOB = re.compile(JOB_ID_PATTERN)
 
@@ -140,6 +140,7 @@ class Settings:
     workload_class: str | None = None
     update_mode: str | None = None
     job: str | None = None
+    signature: str | None = None
     error: str | None = None
 
 
@@ -216,6 +217,10 @@ def _parse(mine: Mapping[str, tuple[Any, str]], source: str) -> Settings:
                 if not isinstance(value, str) or not _JOB.match(value):
                     raise ValueError(f"{value!r} is not a job id (the characters of a container name)")
                 out["job"] = value
+            elif key == "signature":
+                if not isinstance(value, str) or not _JOB.match(value):
+                    raise ValueError(f"{value!r} is not a signature (letters, digits and _.:@-, at most 201)")
+                out["signature"] = value
         except ValueError as e:
             raise WorkloadError(f"{where}: {e}") from None
     for lo, hi, what in (("cpu_min_cores", "cpu_max_cores", "cpu"), ("mem_min_bytes", "mem_max_bytes", "memory")):
@@ -322,7 +327,7 @@ def resolve(own: Settings | None, layout: str, default_mode: str = "auto") -> Wo
                           cpu_min_cores=own.cpu_min_cores, cpu_max_cores=own.cpu_max_cores,
                           mem_min_bytes=own.mem_min_bytes, mem_max_bytes=own.mem_max_bytes,
                           priority=own.priority, workload_class=own.workload_class, update_mode=own.update_mode,
-                          job=own.job)
+                          job=own.job, signature=own.signature)
 
 
 def without_off(samples: HostSamples) -> HostSamples:

@@ -21,9 +21,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from phasewise.kit.records import ContainerSample, Decision, HostSamples
+from phasewise.kit.records import ContainerSample, Decision, ExecutionProfile, HostSamples
 from phasewise.models.arrays import all_true, count_true, nan_to_none
 from phasewise.models.decisions import PHASE_POLICY, VPA_POLICY, VpaEvidence, round_limits, vpa_decision
+from phasewise.models.priors.book import Prior, PriorBook
+from phasewise.models.priors.runs import apply_priors, signatures, track_runs
 from phasewise.models.safety.guard import GuardConfig, LimitGuard
 from phasewise.models.safety.workload import step_columns
 from phasewise.models.vpa.fleet import VpaFleet
@@ -70,6 +72,12 @@ class UpdaterConfig:
     state_write_interval_s: float
     #: recorded in every decision's details
     worker_id: str
+    #: a run of a signed workload younger than this (event-time seconds since its first sample) is decided
+    #: from its signature's prior where the cache's :class:`PriorBook` has one (0: never; the worker sets
+    #: the safety rules' ``min_history_s``: the prior stands in for the history the run lacks)
+    prior_until_s: float
+    #: a signed run's :class:`ExecutionProfile` is handed out this often (event-time seconds)
+    profile_interval_s: float
     #: the policy of containers whose workload names none (the worker's ``--policy``). The VPA's
     #: decisions are handed out for containers decided with ``vpa`` (the safety rules bound them);
     #: for those decided with ``phase`` they only move the phase detector's fallback limits (the
@@ -81,7 +89,8 @@ class UpdaterConfig:
             raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {self.update_mode!r}")
         if self.default_policy not in (VPA_POLICY, PHASE_POLICY):
             raise ValueError(f"default_policy must be {VPA_POLICY} or {PHASE_POLICY}, got {self.default_policy!r}")
-        for name in ("recommend_interval_s", "hysteresis", "state_write_interval_s"):
+        for name in ("recommend_interval_s", "hysteresis", "state_write_interval_s", "prior_until_s",
+                     "profile_interval_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
@@ -141,6 +150,9 @@ class ContainerEntry:
                "dc": self.decided_cpu, "dm": self.decided_mem, "nx": self.next_ts}
         if self._cache.guard is not None:
             out["g"] = self._cache.guard.state_of(self.row)
+        start = self._get("_x_start")
+        if start is not None:  # a signed run's profile so far
+            out["x"] = [start, self._get("_x_n"), self._get("_x_cpu"), self._get("_x_mem")]
         so = self._get("_source_offset")
         if so is not None:
             out["so"] = int(so)
@@ -160,11 +172,14 @@ class StateCache:
 
     #: per row: ``_unwritten_from`` the source offset of the first sample learned since its state was last
     #: handed out (NaN: none), ``_unwritten_since`` when (the caller's clock), ``_source_partition`` its partition
+    #: ``_x_start`` / ``_x_n`` / ``_x_cpu`` / ``_x_mem``: a signed run's first sample time, samples and peaks
+    #: (its :class:`ExecutionProfile`), ``_x_pub`` when its next profile is handed out
     _BOOK = ("_decided_cpu", "_decided_mem", "_next_ts", "_written_ts", "_source_offset", "_unwritten_from",
-             "_unwritten_since", "_source_partition")
+             "_unwritten_since", "_source_partition", "_x_start", "_x_n", "_x_cpu", "_x_mem", "_x_pub")
 
     def __init__(self, params: dict[str, Any] | None = None,
-                 loader: Callable[[str], Any] | None = None, guard: GuardConfig | None = None) -> None:
+                 loader: Callable[[str], Any] | None = None, guard: GuardConfig | None = None,
+                 priors: PriorBook | None = None) -> None:
         self.params = dict(params or {})
         self.loader = loader
         self.fleet = VpaFleet(capacity=256, **self.params)
@@ -176,6 +191,10 @@ class StateCache:
         for name in self._BOOK:
             setattr(self, name, np.full(self.fleet.capacity, _NAN))
         self.dirty: set[str] = set()
+        #: the signatures' earlier runs (None: no priors; no profiles are made either)
+        self.priors = priors
+        #: profiles of signed runs made by the step, for the caller to publish (:meth:`pop_profiles`)
+        self.profiles: list[ExecutionProfile] = []
         self.loaded = 0  # entries restored through the loader
         self.load_errors = 0
 
@@ -233,6 +252,12 @@ class StateCache:
         # them: the rules then start afresh (no history yet, so nothing is lowered for a while)
         if self.guard is not None and state.get("g") is not None:
             self.guard.load(row, state["g"])
+        x = state.get("x")  # a signed run's profile (absent: none, or written before priors)
+        if x is not None:
+            if not isinstance(x, list) or len(x) != 4:
+                raise VpaStateError(f"container state: x must be a list of 4 numbers, got {x!r:.40}")
+            self._x_start[row], self._x_n[row], self._x_cpu[row], self._x_mem[row] = (
+                _num(v, "x") for v in x)
 
     def row(self, key: str) -> int:
         """The fleet row of *key* (created, or loaded through the loader, on a miss)."""
@@ -286,6 +311,11 @@ class StateCache:
             out.append((k, ContainerEntry(self, k, r).to_state()))
             self._unwritten_from[r] = self._unwritten_since[r] = _NAN
         self.dirty.clear()
+        return out
+
+    def pop_profiles(self) -> list[ExecutionProfile]:
+        """The profiles the step made since the last call, once each."""
+        out, self.profiles = self.profiles, []
         return out
 
     def hold_back(self) -> dict[int, int]:
@@ -620,6 +650,10 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
         guard.observe(rows, ts, mem=x[:, 1], throttled_frac=throttled_frac, oom=x[:, 7], mem_limit=x[:, 3])
         if uses is False:
             guard = None
+    # signed runs (phasewise.io/signature): their profiles, and the prior of a young one
+    sig = signatures(cs) if cache.priors is not None else None
+    if sig is not None:
+        track_runs(cache, msgs, mi, cs, rows, ts, x, sig, config.profile_interval_s)
 
     interval = config.recommend_interval_s
     nx = cache._next_ts[rows]
@@ -640,6 +674,13 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
         tsd = ts if mi is None else ts[at]
     rec = fleet.predict_many(dr)
     lim_cpu, lim_mem = fleet.limits_many(dr, rec)  # the policy's limits from everything observed up to ts
+    known: np.ndarray | None = None  # due rows decided from their signature's prior
+    priors: list[Prior | None] = []
+    if sig is not None and config.prior_until_s > 0 and uses is not False:
+        lim_cpu, lim_mem = np.array(lim_cpu, dtype=np.float64), np.array(lim_mem, dtype=np.float64)
+        known, priors = apply_priors(cache, sig, at, dr, tsd, keys, pub, lim_cpu, lim_mem, config.prior_until_s)
+        if not count_true(known):
+            known = None
     cpu_t, mem_t = round_limits(lim_cpu, lim_mem)
     dc, dm = cache._decided_cpu[dr], cache._decided_mem[dr]
     ref_cpu = np.where(np.isnan(dc), xd[:, 2], dc)
@@ -650,12 +691,17 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
     act = cpu_out | mem_out
     if config.update_mode == "bounds" and count_true(act):
         # the VPA updater acts only on a limit outside the confidence bounds: with little
-        # history the upper bound is far above the target, so nothing is cut early
+        # history the upper bound is far above the target, so nothing is cut early (a prior's
+        # limits rest on earlier runs, not on these bounds: they are handed out as they moved)
+        by_prior = None if known is None else (cpu_out & known, mem_out & known)
         idx = np.flatnonzero(act)
         fl, fu = rec.factors("lower", idx), rec.factors("upper", idx)
         for out_mask, res, ref in ((cpu_out, "cpu", ref_cpu), (mem_out, "mem", ref_mem)):
             out_mask[idx] &= outside(ref[idx], rec.estimate(res, "lower", idx, fl),
                                      rec.estimate(res, "upper", idx, fu))
+        if by_prior is not None:
+            cpu_out |= by_prior[0]
+            mem_out |= by_prior[1]
         act = cpu_out | mem_out
     g = None
     gpos = None  # position of each due row in the guard's outcome (None: the same; -1: not guarded)
@@ -667,7 +713,7 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
         lo = None if cols.lo is None else cols.lo[at]
         hi = None if cols.hi is None else cols.hi[at]
         if pub is None:
-            g = guard.bound(dr, tsd, proposed, in_force, lo=lo, hi=hi)
+            g = guard.bound(dr, tsd, proposed, in_force, lo=lo, hi=hi, known=known)
             cpu_g, mem_g = round_limits(g.limits[:, 0], g.limits[:, 1])
             cpu_out = g.emit[:, 0] & ~(cpu_g == in_force[:, 0])
             mem_out = g.emit[:, 1] & ~(mem_g == in_force[:, 1])
@@ -677,7 +723,7 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
             gi = np.flatnonzero(pub[at])
             tsg = tsd if np.ndim(tsd) == 0 else tsd[gi]
             g = guard.bound(dr[gi], tsg, proposed[gi], in_force[gi], lo=None if lo is None else lo[gi],
-                            hi=None if hi is None else hi[gi])
+                            hi=None if hi is None else hi[gi], known=None if known is None else known[gi])
             cpu_g, mem_g = round_limits(g.limits[:, 0], g.limits[:, 1])
             c_o = g.emit[:, 0] & ~(cpu_g == in_force[gi, 0])
             m_o = g.emit[:, 1] & ~(mem_g == in_force[gi, 1])
@@ -713,7 +759,8 @@ def _wave(cache: StateCache, msgs: Sequence[HostSamples], mi: list[int] | None, 
                 estimates={res: {b: nan_to_none(v[n]) for b, v in est[res].items()} for res in ("cpu", "mem")},
                 limits={"cpu": nan_to_none(lim_cpu[j]), "mem": nan_to_none(lim_mem[j])}, bound=bound,
                 target_percentile=pct, safety_margin=margin, samples=fleet.samples(row),
-                hysteresis=config.hysteresis, update_mode=config.update_mode, worker_id=config.worker_id)
+                hysteresis=config.hysteresis, update_mode=config.update_mode, worker_id=config.worker_id,
+                prior=None if known is None or priors[j] is None else priors[j].explain())
             if g is None:
                 safety = None
             elif gpos is None:

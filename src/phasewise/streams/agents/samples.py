@@ -29,7 +29,7 @@ from phasewise.kit.records import (
 )
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import keyring_of
-from phasewise.kit.topics import DECISIONS, SAMPLES
+from phasewise.kit.topics import DECISIONS, PROFILES, SAMPLES
 from phasewise.models.safety.guard import RULES
 from phasewise.models.safety.intake import Eviction, Occupancy, event_time_problem
 from phasewise.models.safety.workload import refusal_reason, unserved, without_off
@@ -297,6 +297,36 @@ class SamplesAgent:
         self.updater = updater_config(settings)
         self.newest: dict[str, float] = {}  # event time of the newest admitted sample per host
         self.evict_warned = -math.inf  # monotonic time of the last eviction warning (one a minute at most)
+        #: every worker's profiles of signed runs, for the known-job priors (None: priors off)
+        self.profiles = self._follow_profiles(app, settings) if cache.priors is not None else None
+
+    def _follow_profiles(self, app: faust.App, settings: Settings) -> Any:
+        """The profiles follower, started with the worker (other workers' runs; its own are learned at once)."""
+        from phasewise.kit.kafka.client import make_producer, publish_dead_letter
+        from phasewise.streams.profiles import ProfileFollower
+
+        dl: list[Any] = []
+        metrics = self.metrics
+
+        def on_bad(value: bytes | None, key: bytes | None, partition: int, offset: int, reason: str) -> None:
+            if not dl:
+                dl.append(make_producer(settings))
+            publish_dead_letter(dl[0], source_topic=PROFILES.name, reason=reason, payload=value, key=key,
+                                partition=partition, offset=offset, max_bytes=settings.kafka.dead_letter_max_bytes)
+            dl[0].poll(0)
+            metrics.dead_letters.labels(kind="schema").inc()
+
+        follower = ProfileFollower(settings, on_bad=on_bad, keyring=self.keyring)
+
+        @app.task
+        async def _start_profiles() -> None:
+            follower.start()
+
+        @app.on_before_shutdown.connect
+        async def _stop_profiles(app: Any, **kwargs: Any) -> None:
+            follower.stop()
+
+        return follower
 
     def refuse(self, host: str, refused: tuple[Any, ...]) -> None:
         """Containers whose workload asks for a policy this worker does not run: counted, logged once
@@ -374,6 +404,8 @@ class SamplesAgent:
     def emit(self, decisions: list[Decision]) -> None:
         if self.phase is not None:
             self.phase.flush()
+        if self.cache.profiles:
+            self.publish_profiles()
         if decisions:
             outputs, keyring = self.outputs, self.keyring
             for d in decisions:
@@ -384,6 +416,14 @@ class SamplesAgent:
             self.metrics.decisions.inc(len(decisions))
             self.metrics.decided(decisions)
             self.activity.decisions += len(decisions)
+
+    def publish_profiles(self) -> None:
+        """The signed runs' profiles the step made, to ``phasewise.profiles.v1`` (key: ``host/container``)."""
+        outputs, keyring = self.outputs, self.keyring
+        for p in self.cache.pop_profiles():
+            key, value = f"{p.host}/{p.container}".encode(), encode(p)
+            outputs.send(PROFILES.name, key, value,
+                         None if keyring is None else keyring.headers(PROFILES.name, key, value))
 
     async def decoded(self, events: list[faust.types.EventT]) -> list[tuple[faust.types.EventT, HostSamples]]:
         """The batch's messages decoded and admitted (the others dead-lettered or skipped), the targets agent
@@ -425,6 +465,9 @@ class SamplesAgent:
         cache, phase, metrics = self.cache, self.phase, self.metrics
         # the batch's containers are admitted before any is processed; none seen in it is evicted
         self.occupancy.begin(time.monotonic())
+        if self.profiles is not None and (book := cache.priors) is not None:
+            for p in self.profiles.drain():  # the runs every worker published since the last batch
+                book.learn(p)
         got = await self.decoded(events)
         t0 = time.perf_counter()
         failed = run_rounds(got, self.process_round, self.emit)
