@@ -34,12 +34,14 @@ from phasewise.apps.experiment.corpus_plan import (
     HELD_OUT_KIND,
     HELD_OUT_RUNS,
     KINDS,
+    MANIFEST,
     STAGES,
     VERSION,
+    CorpusError,
     Execution,
-    ManifestError,
-    check_manifest,
     plan,
+    read_manifest,
+    shipped_corpus,
     stage_series,
 )
 
@@ -47,18 +49,8 @@ __all__ = ["CorpusError", "add_arguments", "agreement", "read_manifest", "run", 
 
 #: the wrapper that puts itself into the execution's cgroup(s), then becomes the job (as the demo's)
 ATTACH_SH = 'pid=$$; while [ "$1" != "--" ]; do echo "$pid" > "$1" || exit 97; shift; done; shift; exec "$@"'
-MANIFEST = "manifest.json"
 #: after an execution ends and its cgroup is removed: the host agent's last samples of it reach the topic
 SETTLE_S = 2.5
-
-
-class CorpusError(RuntimeError):
-    """The corpus cannot be recorded or read; ``str(e)`` says why in one line."""
-
-
-def shipped_corpus() -> Path:
-    """The corpus shipped with phasewise (package data)."""
-    return Path(__file__).resolve().parents[2] / "data" / "corpus"
 
 
 def _iso(ts: float) -> str:
@@ -66,27 +58,6 @@ def _iso(ts: float) -> str:
 
 
 # --------------------------------------------------------------------------- the manifest
-
-
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The corpus folder's manifest, checked (:func:`~.corpus_plan.check_manifest`); :class:`CorpusError`."""
-    path = folder / MANIFEST
-    if folder.is_file():
-        raise CorpusError(f"{folder}: a file; a corpus is a folder with {MANIFEST} (phasewise experiment corpus "
-                          "record --out DIR)")
-    if not folder.is_dir():
-        raise CorpusError(f"{folder}: no such folder")
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CorpusError(f"{folder}: no {MANIFEST}: not a corpus folder") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorpusError(f"{path}: not readable JSON ({e})") from None
-    try:
-        check_manifest(manifest)
-    except ManifestError as e:
-        raise CorpusError(f"{path}: {e}") from None
-    return manifest
 
 
 def tally(manifest: dict[str, Any]) -> None:
@@ -516,17 +487,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--split", choices=("heldout", "train", "all"), default="heldout",
                    help="the executions scored (default: heldout)")
     a.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    pr = sub.add_parser("prior", help="the known-job prior on executions of known kinds, against VPA and the windows",
+                        description="Each execution of the split through the worker's step (the live safety rules "
+                                    "and known-job priors) after the train split's runs of its kind (same "
+                                    "signature); its limits scored on the steps the prior limited, beside VPA "
+                                    "without the safety rules and the window family on the same steps "
+                                    "(docs/priors.md).")
+    pr.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
+    pr.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                    help="the executions scored (train: each after the other train runs of its kind; default: "
+                         "heldout)")
+    pr.add_argument("--margins", default=None, metavar="M,M,...",
+                    help="prior margins scored (default: 0.05, the setting's default, then 0, 0.1, 0.2)")
+    pr.add_argument("--min-runs", type=int, default=3, help="earlier runs a prior needs (default 3)")
+    pr.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.corpus_command == "record":
         return record(args)
-    prog = "phasewise experiment corpus agreement"
+    prog = f"phasewise experiment corpus {args.corpus_command}"
     folder = Path(args.path).expanduser() if args.path else shipped_corpus()
     try:
-        res = agreement(folder, args.split)
+        if args.corpus_command == "prior":
+            from phasewise.apps.experiment.corpus_prior import MARGINS, format_priors, priors
+
+            margins = MARGINS
+            if args.margins:
+                try:
+                    margins = tuple(float(m) for m in args.margins.split(","))
+                except ValueError:
+                    raise CorpusError(f"--margins {args.margins!r}: give numbers >= 0, e.g. 0.05,0.1") from None
+                if not all(0 <= m <= 4 for m in margins):
+                    raise CorpusError(f"--margins {args.margins!r}: each must be in [0, 4]")
+            if args.min_runs < 1:
+                raise CorpusError(f"--min-runs {args.min_runs}: at least 1")
+            res = priors(folder, args.split, margins, args.min_runs)
+            text = format_priors(res)
+        else:
+            res = agreement(folder, args.split)
+            text = format_agreement(res)
     except CorpusError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(res, allow_nan=False) if args.json else format_agreement(res))
+    print(json.dumps(res, allow_nan=False) if args.json else text)
     return 0

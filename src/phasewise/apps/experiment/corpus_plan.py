@@ -1,6 +1,7 @@
 """The corpus of repeated real executions: which executions (:func:`plan`), their fixed split
 (:func:`split_of`), the manifest's checks (:func:`check_manifest`) and each sample's stage
-(:func:`stage_series`). Pure: no IO. docs/phases.md, "The corpus".
+(:func:`stage_series`), pure; and the corpus folder's manifest read and checked (:func:`read_manifest`).
+docs/phases.md, "The corpus".
 
 An execution is one run of one job *kind* with its own seed, batch size, data size and
 eval/checkpoint intervals, drawn from the kind's grid by a generator seeded with the kind and
@@ -9,17 +10,20 @@ the run index only, so run *r* of a kind is the same execution in every plan tha
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT", "HELD_OUT_KIND", "HELD_OUT_RUNS", "KINDS", "STAGES", "VERSION", "Execution", "ManifestError",
-           "canonical_stage", "check_manifest", "execution_id", "plan", "split_of", "stage_series"]
+__all__ = ["FORMAT", "HELD_OUT_KIND", "HELD_OUT_RUNS", "KINDS", "MANIFEST", "STAGES", "VERSION", "CorpusError",
+           "Execution", "ManifestError", "canonical_stage", "check_manifest", "execution_id", "plan", "read_manifest",
+           "shipped_corpus", "split_of", "stage_series"]
 
 FORMAT = "phasewise-corpus"
 VERSION = 1
@@ -200,3 +204,38 @@ def stage_series(t: np.ndarray, reports: Iterable[dict[str, Any]]) -> list[str]:
     ts = np.array([p for p, _ in points])
     k = np.searchsorted(ts, np.asarray(t, dtype=np.float64), side="right") - 1
     return ["load" if i < 0 else points[i][1] for i in k.tolist()]
+
+
+# --------------------------------------------------------------------------- the folder
+
+MANIFEST = "manifest.json"
+
+
+class CorpusError(RuntimeError):
+    """The corpus cannot be recorded or read; ``str(e)`` says why in one line."""
+
+
+def shipped_corpus() -> Path:
+    """The corpus shipped with phasewise (package data)."""
+    return Path(__file__).resolve().parents[2] / "data" / "corpus"
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The corpus folder's manifest, checked (:func:`~.corpus_plan.check_manifest`); :class:`CorpusError`."""
+    path = folder / MANIFEST
+    if folder.is_file():
+        raise CorpusError(f"{folder}: a file; a corpus is a folder with {MANIFEST} (phasewise experiment corpus "
+                          "record --out DIR)")
+    if not folder.is_dir():
+        raise CorpusError(f"{folder}: no such folder")
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CorpusError(f"{folder}: no {MANIFEST}: not a corpus folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorpusError(f"{path}: not readable JSON ({e})") from None
+    try:
+        check_manifest(manifest)
+    except ManifestError as e:
+        raise CorpusError(f"{path}: {e}") from None
+    return manifest
