@@ -15,17 +15,9 @@ and adjusted Rand index between its phases and the reported stages. docs/phases.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import platform
-import shutil
-import socket
 import sys
-import tempfile
 import time
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +36,9 @@ from phasewise.apps.experiment.corpus_plan import (
     shipped_corpus,
     stage_series,
 )
+from phasewise.apps.experiment.corpus_recorder import Recorder, iso, machine, write_json
 
 __all__ = ["CorpusError", "add_arguments", "agreement", "read_manifest", "run", "shipped_corpus"]
-
-#: the wrapper that puts itself into the execution's cgroup(s), then becomes the job (as the demo's)
-ATTACH_SH = 'pid=$$; while [ "$1" != "--" ]; do echo "$pid" > "$1" || exit 97; shift; done; shift; exec "$@"'
-#: after an execution ends and its cgroup is removed: the host agent's last samples of it reach the topic
-SETTLE_S = 2.5
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
 
 # --------------------------------------------------------------------------- the manifest
 
@@ -74,43 +57,9 @@ def tally(manifest: dict[str, Any]) -> None:
                         "--out DIR continues the plan" if have < want else "none: every planned execution is recorded")
 
 
-def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(json.dumps(value, indent=1, allow_nan=False) + "\n")
-    tmp.replace(path)
-
-
-def machine() -> dict[str, Any]:
-    """What the provenance says about this machine: CPUs, memory, kernel, Python, torch, GPU (none here)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    cpu_model = None
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    mem = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) * 1024
-    try:
-        torch = version("torch")
-    except PackageNotFoundError:
-        torch = None
-    gpu = [str(p) for p in Path("/dev").glob("nvidia[0-9]*")]
-    return {"hostname": socket.gethostname(), "cpu_model": cpu_model, "logical_cpus": os.cpu_count(),
-            "cpus_allowed": len(os.sched_getaffinity(0)), "mem_bytes": mem, "kernel": platform.release(),
-            "python": platform.python_version(), "torch": torch,
-            "gpu": (f"NVIDIA device files {gpu}" if gpu else
-                    "none: no GPU on this machine (no /dev/nvidia*), so no GPU job was recorded and the "
-                    "recordings' gpu columns are empty")}
-
-
 def _new_manifest(kinds: list[str], runs: int, command: list[str]) -> dict[str, Any]:
     return {
-        "format": FORMAT, "version": VERSION, "created": _iso(time.time()), "command": command,
+        "format": FORMAT, "version": VERSION, "created": iso(time.time()), "command": command,
         "machine": machine(), "interval_s": 1.0, "stages": list(STAGES),
         "stage_words": "each job's own stage words map onto the stages: start, ready, resume -> load; error -> "
                        "train; exit -> checkpoint; a sample before the job's first line is load (the interpreter "
@@ -124,174 +73,6 @@ def _new_manifest(kinds: list[str], runs: int, command: list[str]) -> dict[str, 
         "planned": {"kinds": kinds, "runs_per_kind": runs},
         "executions": [],
     }
-
-
-# --------------------------------------------------------------------------- recording
-
-
-class Recorder:
-    """One recording session: the broker, the host agent, one execution at a time; ``close`` undoes it."""
-
-    def __init__(self, out: Path, todo: list[Execution], *, cgroup_root: str, log: Any) -> None:
-        self.out, self.todo, self.log = out, todo, log
-        self.stack = contextlib.ExitStack()
-        self.run_dir = Path(tempfile.mkdtemp(prefix="phasewise-corpus-"))
-        self.stack.callback(shutil.rmtree, self.run_dir, True)
-        self.prefix = f"pwcorpus-{uuid.uuid4().hex[:6]}"
-        self.cgroup_root = cgroup_root
-        self.host = socket.gethostname()
-
-    def start(self) -> None:
-        from phasewise.apps.demo.cgroups import DemoError, check_cgroups
-        from phasewise.kit.broker import EmbeddedBroker, free_port
-        from phasewise.kit.kafka.client import ensure_topics, make_producer
-        from phasewise.kit.procs import RoleProcess
-        from phasewise.kit.settings import Settings
-
-        try:
-            self.layout = check_cgroups(self.cgroup_root, self.prefix)
-        except DemoError as e:
-            raise CorpusError(str(e).replace("the demo", "corpus record").replace("sudo make demo", "it as root")) \
-                from None
-        self.stack.callback(self._remove_prefix)
-        broker = EmbeddedBroker(log_path=self.run_dir / "broker.log")
-        broker.start()
-        self.stack.callback(broker.stop)
-        self.bootstrap = broker.bootstrap
-        self.settings = Settings.from_env({"bootstrap": broker.bootstrap, "host": self.host}, env={})
-        ensure_topics(self.settings)
-        self.producer = make_producer(self.settings)
-        # each execution's container names its job (phasewise.io/job, through the host agent's policy file)
-        policy = self.run_dir / "workloads.json"
-        policy.write_text(json.dumps({"workloads": [{"match": e.id, "job": e.id, "mode": "recommend"}
-                                                    for e in self.todo]}))
-        self.env = {"PHASEWISE_BOOTSTRAP": broker.bootstrap, "PHASEWISE_HOST": self.host,
-                    "PHASEWISE_CGROUP_ROOT": self.cgroup_root, "PHASEWISE_CGROUP_PREFIX": self.prefix,
-                    "PHASEWISE_WORKLOAD_POLICY_FILE": str(policy), "PHASEWISE_INTERVAL_S": "1",
-                    "PHASEWISE_LOG_LEVEL": "warning"}
-        agent = RoleProcess("produce", ["--interval", "1"],
-                            env={**self.env, "PHASEWISE_METRICS_PORT": str(free_port()),
-                                 "PHASEWISE_DATA_DIR": str(self.run_dir / "produce")},
-                            log_path=self.run_dir / "produce.log", python_flags=("-W", "ignore")).start()
-        self.agent = agent
-        self.stack.callback(agent.stop)
-        time.sleep(2.0)
-        if not agent.alive():
-            raise CorpusError(f"phasewise produce exited with {agent.returncode()}: {agent.log_tail(5)}")
-
-    def _remove_prefix(self) -> None:
-        layout = getattr(self, "layout", None)
-        if layout is None:
-            return
-        from phasewise.apps.demo.cgroups import _end_processes
-
-        for name in layout.containers():
-            with contextlib.suppress(Exception):
-                _end_processes(layout, name)
-                layout.remove(name)
-        tops = [layout.root] if layout.version == 2 else [layout.controller_root(c) for c in layout.controllers()]
-        for top in tops:
-            with contextlib.suppress(OSError):
-                (top / self.prefix).rmdir()
-
-    def _submit(self, e: Execution, command: list[str]) -> None:
-        """The execution's job, as ``phasewise submit`` makes it (unsigned: nothing starts it but this run)."""
-        from phasewise.apps.horus.submit import job_event
-        from phasewise.kit.records import encode_within
-        from phasewise.kit.topics import JOB_EVENTS
-
-        batch = int(e.params.get("--batch-size") or 0) or 1
-        text = KINDS[e.kind].module != "phasewise.apps.experiment.trainer" and e.kind != "forecaster"
-        ev = job_event({"job": e.id, "model": f"{KINDS[e.kind].module}:{e.kind}",
-                        "dataset": "wikitext2" if text else "vectors", "batch_size": batch, "command": command,
-                        "expected_s": float(e.params["--seconds"])})
-        self.producer.produce(JOB_EVENTS.name, key=e.id.encode(), value=encode_within(ev))
-        if self.producer.flush(10.0):
-            raise CorpusError(f"the broker did not take the job event of {e.id}")
-
-    def execute(self, e: Execution, corpus_command: list[str]) -> dict[str, Any]:
-        """Run *e* to its end in its cgroup, then record it; its manifest entry."""
-        from phasewise.apps.demo.cgroups import _end_processes
-        from phasewise.kit.procs import ManagedProcess, RoleProcess
-
-        layout = self.layout
-        ckpt = f"checkpoints/{e.id}"
-        job = ["python", "-W", "ignore", "-m", KINDS[e.kind].module, *e.argv(ckpt)]
-        command = ["phasewise", "progress", "--stages", "--job", e.id, "--", *job]
-        self._submit(e, command)
-        layout.create(e.id)
-        procs = ([layout.path(e.id) / "cgroup.procs"] if layout.version == 2
-                 else [layout.path(e.id, c) / "cgroup.procs" for c in layout.controllers()])
-        real = [sys.executable, "-m", "phasewise.cli", "progress", "--stages", "--job", e.id, "--",
-                sys.executable, *job[1:]]
-        env = {**os.environ, "PHASEWISE_BOOTSTRAP": self.bootstrap, "PHASEWISE_LOG_LEVEL": "warning",
-               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-        log_path = self.run_dir / f"{e.id}.log"
-        proc = ManagedProcess(e.id, ["/bin/sh", "-c", ATTACH_SH, "sh", *map(str, procs), "--", *real], env=env,
-                              log_path=log_path, cwd=str(self.run_dir))
-        limit_s = float(e.params["--seconds"]) + 240.0  # loading on a busy machine, and teardown
-        loads: list[float] = []
-        t0 = time.time()
-        proc.start()
-        timed_out = False
-        while proc.alive():
-            loads.append(os.getloadavg()[0])
-            if time.time() - t0 > limit_s:
-                timed_out = True
-                proc.stop()
-                break
-            time.sleep(1.0)
-        t1 = time.time()
-        rc = proc.returncode()
-        proc.stop()
-        try:
-            _end_processes(layout, e.id)
-            layout.remove(e.id)
-        except Exception as err:  # (DemoError, CgroupError, OSError: a process that would not end)
-            raise CorpusError(f"execution {e.id}: its cgroup could not be emptied and removed: {err}") from None
-        time.sleep(SETTLE_S)
-        if rc != 0 or timed_out:
-            what = f"ran past {limit_s:.0f} s" if timed_out else f"exited {rc}"
-            raise CorpusError(f"execution {e.id} {what}: {proc.log_tail(5)}")
-        load = {"start": round(loads[0], 2) if loads else None,
-                "mean": round(sum(loads) / len(loads), 2) if loads else None,
-                "max": round(max(loads), 2) if loads else None, "samples": len(loads),
-                "note": "the 1-minute load average of the whole machine, read each second during the execution "
-                        f"(the execution itself adds about 1; the machine has {os.cpu_count()} CPUs and was shared)"}
-        entry: dict[str, Any] = {
-            "id": e.id, "kind": e.kind, "run": e.run, "split": e.split, "file": f"{e.id}.parquet",
-            "params": dict(e.params), "command": command, "start_utc": _iso(t0), "end_utc": _iso(t1),
-            "seconds": round(t1 - t0, 1), "exit_code": rc, "load_avg_1m": load}
-        context = {"experiment": "phasewise experiment corpus", "corpus_command": corpus_command,
-                   "execution": {k: entry[k] for k in ("id", "kind", "run", "split", "params", "command")},
-                   "unlimited": "no CPU or memory limit was set on the execution's cgroup",
-                   "machine": machine(), "load_avg_1m": load}
-        ctx = self.run_dir / f"{e.id}.context.json"
-        _write_json(ctx, context)
-        part = self.out / f"{e.id}.parquet.part"
-        rec = RoleProcess("record", ["--out", str(part), "--since", _iso(t0 - 1.0), "--until", _iso(t1 + SETTLE_S),
-                                     "--context", str(ctx), "--timeout", "30"],
-                          env=self.env, log_path=self.run_dir / f"{e.id}.record.log", python_flags=("-W", "ignore"))
-        rec.start()
-        try:
-            rrc = rec.proc.wait(300) if rec.proc is not None else 1
-        except Exception:
-            rrc = None
-        rec.stop()
-        if rrc != 0 or not part.is_file():
-            part.unlink(missing_ok=True)
-            raise CorpusError(f"phasewise record of {e.id} failed ({rrc}): {rec.log_tail(5)}")
-        part.replace(self.out / entry["file"])
-        from phasewise.apps.record.tracefile import read_recording
-
-        header = read_recording(self.out / entry["file"]).header
-        mine = [c for c in header.get("containers", []) if c.get("job") == e.id]
-        entry["samples"] = sum(c.get("samples", 0) for c in mine)
-        entry["stages_reported"] = sum(c.get("stages_total", 0) for c in mine)
-        return entry
-
-    def close(self) -> None:
-        self.stack.close()
 
 
 def record(args: argparse.Namespace) -> int:
@@ -321,11 +102,11 @@ def record(args: argparse.Namespace) -> int:
             return 2
         manifest["planned"] = {"kinds": list(dict.fromkeys([*manifest["planned"]["kinds"], *kinds])),
                                "runs_per_kind": max(args.runs, manifest["planned"]["runs_per_kind"])}
-        manifest.setdefault("sessions", []).append({"command": command, "started": _iso(time.time())})
+        manifest.setdefault("sessions", []).append({"command": command, "started": iso(time.time())})
     else:
         out.mkdir(parents=True, exist_ok=True)
         manifest = _new_manifest(kinds, args.runs, command)
-        manifest["sessions"] = [{"command": command, "started": _iso(time.time())}]
+        manifest["sessions"] = [{"command": command, "started": iso(time.time())}]
     done = {e["id"] for e in manifest["executions"]}
     todo = [e for e in planned if e.id not in done][: args.max_executions]
     if args.seconds is not None:  # (a quick check; the manifest keeps the seconds each execution trained)
@@ -346,7 +127,7 @@ def record(args: argparse.Namespace) -> int:
             entry = rec.execute(e, command)
             manifest["executions"].append(entry)
             tally(manifest)
-            _write_json(out / MANIFEST, manifest)
+            write_json(out / MANIFEST, manifest)
             recorded += 1
             print(f"    {entry['seconds']:.0f} s, {entry['samples']} samples, {entry['stages_reported']} stage "
                   f"reports, load {entry['load_avg_1m']['mean']} (max {entry['load_avg_1m']['max']})",
@@ -359,7 +140,7 @@ def record(args: argparse.Namespace) -> int:
     finally:
         rec.close()
         tally(manifest)
-        _write_json(out / MANIFEST, manifest)
+        write_json(out / MANIFEST, manifest)
     print(f"recorded {recorded} execution(s) to {out}; the corpus holds {len(manifest['executions'])}")
     return 0
 
@@ -501,14 +282,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="prior margins scored (default: 0.05, the setting's default, then 0, 0.1, 0.2)")
     pr.add_argument("--min-runs", type=int, default=3, help="earlier runs a prior needs (default 3)")
     pr.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    lv = sub.add_parser("live", help="known-job priors through produce, worker and actuate on real runs (root)",
+                        description="Runs of one kind through the roles a user runs (the embedded broker, produce "
+                                    "with the kind as each run's signature, worker, actuate --backend cgroup): the "
+                                    "first --earlier runs have no prior, the --new ones start from theirs; the "
+                                    "limits in force, OOM kills and CPU cuts while throttled, read from the topics "
+                                    "(docs/priors.md).")
+    lv.add_argument("--kind", default="charlstm", help="the job kind (default %(default)s)")
+    lv.add_argument("--earlier", type=int, default=3, help="runs before the prior applies (default 3)")
+    lv.add_argument("--new", type=int, default=2, help="runs after them (default 2)")
+    lv.add_argument("--seconds", type=float, default=None,
+                    help="train each run this long instead of its drawn 30, 45 or 60 s")
+    lv.add_argument("--cgroup-root", default="/sys/fs/cgroup")
+    lv.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.corpus_command == "record":
         return record(args)
     prog = f"phasewise experiment corpus {args.corpus_command}"
-    folder = Path(args.path).expanduser() if args.path else shipped_corpus()
+    folder = Path(args.path).expanduser() if getattr(args, "path", None) else shipped_corpus()
     try:
+        if args.corpus_command == "live":
+            from phasewise.apps.experiment.corpus_live import format_live, live
+
+            res = live(args.kind, args.earlier, args.new, seconds=args.seconds, cgroup_root=args.cgroup_root)
+            print(json.dumps(res, allow_nan=False) if args.json else format_live(res))
+            return 0
         if args.corpus_command == "prior":
             from phasewise.apps.experiment.corpus_prior import MARGINS, format_priors, priors
 

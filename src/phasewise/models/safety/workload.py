@@ -159,7 +159,7 @@ def parse_settings(values: Mapping[str, Any] | None, *, container: str | None = 
     True
     >>> print(parse_settings({"phasewise.io/cpu_max": "2"}).error)
     phasewise.io/cpu_max: unknown key (known: mode, policy, cpu-min, cpu-max, memory-min, memory-max, priority, \
-class, update-mode, job)
+class, update-mode, job, signature)
     >>> a = {"phasewise.io/mode": "apply", "logger.phasewise.io/mode": "off"}
     >>> parse_settings(a, container="logger").mode, parse_settings(a, container="trainer").mode
     ('off', 'apply')
