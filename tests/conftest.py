@@ -27,6 +27,7 @@ FIRST = (
     "tests/apps/experiment/test_targets_experiment.py", "tests/test_poison.py", "tests/streams/test_worker.py",
     "tests/streams/test_record_sizes.py", "tests/streams/test_horus_live.py",
     "tests/apps/experiment/test_priorities_experiment.py", "tests/streams/test_horus_worker.py",
+    "tests/apps/experiment/test_corpus_live.py",
 )
 
 
