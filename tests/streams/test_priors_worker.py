@@ -70,6 +70,7 @@ def test_a_run_of_a_known_job_starts_from_the_runs_another_worker_saw(broker, tm
         got = [decode(ExecutionProfile, m.value()) for m in profiles.seen if profile_of("run-2")(m)]
         assert max(g.mem_peak_bytes for g in got) == 500 * MIB and got[0].signature == sig
         profiles.close()
+        assert first.metric('phasewise_worker_profiles_total{way="published"}') >= 2
     finally:
         first.role.stop()
     # a record on the profiles topic that is no profile: the next worker dead-letters it and goes on
@@ -98,6 +99,8 @@ def test_a_run_of_a_known_job_starts_from_the_runs_another_worker_saw(broker, tm
         assert d.details["prior"]["runs"] == 2 and d.details["prior"]["signature"] == sig
         assert d.cpu_limit_cores == pytest.approx(1.65) and d.mem_limit_bytes == pytest.approx(550 * MIB, abs=1)
         assert d.reason.startswith(f"prior of 2 earlier runs of {sig}")
+        assert second.metric("phasewise_worker_prior_decisions_total") >= 1
+        assert second.metric('phasewise_worker_profiles_total{way="read"}') >= 2
         dead = Reader(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions)
         letters = dead.wait_for(lambda m: decode(DeadLetter, m.value()).source_topic == PROFILES.name,
                                 what="the bad profile's dead letter")

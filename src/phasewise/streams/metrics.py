@@ -129,6 +129,13 @@ class WorkerMetrics:
                                           registry=registry)
         self.jobs_lost = Counter("phasewise_worker_jobs_lost", "jobs started by the agent and released as lost: "
                                  "no started event within job_start_timeout_s", ["agent"], registry=registry)
+        self.profiles = Counter("phasewise_worker_profiles", "run profiles of signed workloads: published by this "
+                                "worker, read from the profiles topic (all workers')", ["way"], registry=registry)
+        self.prior_decisions = Counter("phasewise_worker_prior_decisions",
+                                       "decisions whose limits came from a signature's prior (known-job priors)",
+                                       registry=registry)
+        for way in ("published", "read"):
+            self.profiles.labels(way=way)
         for agent in ("priorities", "targets"):
             for why in IGNORED_WHY:
                 self.job_states_ignored.labels(agent=agent, why=why)
@@ -140,6 +147,8 @@ class WorkerMetrics:
         for d in decisions:
             pol = d.policy if d.policy in WORKLOAD_POLICIES else "other"
             self.recommendations.labels(policy=pol).inc()
+            if d.details and "prior" in d.details:
+                self.prior_decisions.inc()
             self.sample_to_decision.labels(policy=pol).observe(max(0.0, now - d.ts))
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:

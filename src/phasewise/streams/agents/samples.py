@@ -420,10 +420,12 @@ class SamplesAgent:
     def publish_profiles(self) -> None:
         """The signed runs' profiles the step made, to ``phasewise.profiles.v1`` (key: ``host/container``)."""
         outputs, keyring = self.outputs, self.keyring
-        for p in self.cache.pop_profiles():
+        profiles = self.cache.pop_profiles()
+        for p in profiles:
             key, value = f"{p.host}/{p.container}".encode(), encode(p)
             outputs.send(PROFILES.name, key, value,
                          None if keyring is None else keyring.headers(PROFILES.name, key, value))
+        self.metrics.profiles.labels(way="published").inc(len(profiles))
 
     async def decoded(self, events: list[faust.types.EventT]) -> list[tuple[faust.types.EventT, HostSamples]]:
         """The batch's messages decoded and admitted (the others dead-lettered or skipped), the targets agent
@@ -466,8 +468,11 @@ class SamplesAgent:
         # the batch's containers are admitted before any is processed; none seen in it is evicted
         self.occupancy.begin(time.monotonic())
         if self.profiles is not None and (book := cache.priors) is not None:
-            for p in self.profiles.drain():  # the runs every worker published since the last batch
+            read = self.profiles.drain()  # the runs every worker published since the last batch
+            for p in read:
                 book.learn(p)
+            if read:
+                metrics.profiles.labels(way="read").inc(len(read))
         got = await self.decoded(events)
         t0 = time.perf_counter()
         failed = run_rounds(got, self.process_round, self.emit)
