@@ -20,6 +20,7 @@ from phasewise.kit.records import ExecutionProfile, SchemaError, decode
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring
 from phasewise.kit.topics import PROFILES
+from phasewise.streams.follower import Following
 
 __all__ = ["ProfileFollower"]
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 MAX_WAITING = 100_000
 
 
-class ProfileFollower:
+class ProfileFollower(Following):
     """Every partition of ``phasewise.profiles.v1`` from its beginning; :meth:`drain` hands out what came."""
 
     def __init__(self, settings: Settings,
@@ -99,15 +100,7 @@ class ProfileFollower:
             self.failed = str(e)
             log.warning("known-job priors: other workers' runs are not read: %s", e)
             return
-        c = self._consumer
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._handle(c.poll(0.5))
-                except Exception:  # keep following; a broken record must not stop the priors
-                    log.exception("profiles follower: unexpected error")
-        finally:
-            c.close()
+        self._follow("profiles follower")
 
     def drain(self) -> list[ExecutionProfile]:
         """The profiles read since the last call, in the order read."""
@@ -119,11 +112,3 @@ class ProfileFollower:
             except IndexError:
                 break
         return out
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        elif self._consumer is not None:
-            self._consumer.close()
-        self._consumer = None
