@@ -133,8 +133,8 @@ class ExecutionProfile:
 
     VERSION: ClassVar[int] = 1
     signature: str = field(pattern=JOB_ID_PATTERN, doc="the workload's signature (phasewise.io/signature)")
-    host: str = field(max_length=253)
-    container: str = field(max_length=1024, doc="container id on the host")
+    host: str = field()
+    container: str = field(doc="container id on the host")
     ts: float = field(minimum=0, doc="event time of the newest sample counted")
     start: float = field(minimum=0, doc="event time of the run's first sample the worker saw")
     samples: int = field(minimum=1, doc="samples counted")
