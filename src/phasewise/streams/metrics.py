@@ -147,7 +147,8 @@ class WorkerMetrics:
         for d in decisions:
             pol = d.policy if d.policy in WORKLOAD_POLICIES else "other"
             self.recommendations.labels(policy=pol).inc()
-            if d.details and "prior" in d.details:
+            details = getattr(d, "details", None)
+            if details and "prior" in details:
                 self.prior_decisions.inc()
             self.sample_to_decision.labels(policy=pol).observe(max(0.0, now - d.ts))
 
