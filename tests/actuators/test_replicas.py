@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import random
 import signal
 import socket
 import time
@@ -48,12 +49,14 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve
 
 
 def free_ports(n: int) -> int:
-    """A port P with P .. P+n-1 free on loopback now."""
+    """A port P with P .. P+n-1 free on loopback now, below the kernel's ephemeral range: the suite's many
+    client connections take ephemeral ports, and one taken between this check and a replica's bind made a
+    replica fail to start (a flake of the full suite)."""
+    lo, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    rng = random.Random()
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65535 - 64:
+        base = rng.randrange(10_000, max(10_001, lo - n - 1))
+        if base + n >= lo:
             continue
         ok = True
         for p in range(base, base + n):

@@ -20,7 +20,7 @@ from phasewise.kit.records import ExecutionProfile, SchemaError, decode
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring
 from phasewise.kit.topics import PROFILES
-from phasewise.streams.follower import Following
+from phasewise.streams.following import Following
 
 __all__ = ["ProfileFollower"]
 
