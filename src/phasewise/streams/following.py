@@ -4,6 +4,7 @@ Faust: a VPA worker's profiles follower loads nothing it does not need.
 
 from __future__ import annotations
 
+import abc
 import logging
 import threading
 from typing import Any
@@ -13,7 +14,7 @@ __all__ = ["Following"]
 log = logging.getLogger(__name__)
 
 
-class Following:
+class Following(abc.ABC):
     """A topic followed on a daemon thread: :meth:`_follow` polls the consumer into ``_handle`` until
     :meth:`stop`; an error on one record is logged and the following goes on."""
 
@@ -21,8 +22,9 @@ class Following:
     _thread: threading.Thread | None
     _stop: threading.Event
 
+    @abc.abstractmethod
     def _handle(self, msg: Any) -> None:
-        raise NotImplementedError
+        """Take one polled message (``None`` when the poll timed out)."""
 
     def _follow(self, what: str) -> None:
         c = self._consumer

@@ -27,36 +27,19 @@ THROTTLED = 0.1
 
 
 def _read_all(settings: Any, topic: Any, cls: type) -> list[Any]:
-    """Every record of *topic* that decodes as *cls*, read from its beginning to its end now."""
-    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-    from phasewise.kit.kafka.client import make_consumer
+    """Every record of *topic* that decodes as *cls*, from its beginning to its end now (the subscribers'
+    reader: a partition ends at its EOF, not at a high watermark a broker may report short)."""
+    from phasewise.apps.jobs.read import Reader
     from phasewise.kit.records import SchemaError, decode
 
-    c = make_consumer(settings, f"pw-live-{topic.name}-{time.monotonic_ns()}")
-    try:
-        parts = [TopicPartition(topic.name, p, OFFSET_BEGINNING) for p in range(topic.partitions)]
-        c.assign(parts)
-        ends = {}
-        for p in range(topic.partitions):
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic.name, p), timeout=10.0)
-            if hi > lo:
-                ends[p] = hi - 1
-        out = []
-        deadline = time.monotonic() + 60.0
-        while ends and time.monotonic() < deadline:
-            for m in c.consume(500, 0.5):
-                if m.error():
-                    continue
-                try:
-                    out.append(decode(cls, m.value()))
-                except SchemaError:
-                    pass
-                if m.offset() >= ends.get(m.partition(), -1):
-                    ends.pop(m.partition(), None)
-        return out
-    finally:
-        c.close()
+    out = []
+    with Reader(settings) as reader:
+        for m in reader.read([topic.name]):
+            try:
+                out.append(decode(cls, m.value))
+            except SchemaError:
+                pass
+    return out
 
 
 def execution_figures(samples: list[tuple[float, Any]], decisions: list[Any]) -> dict[str, Any]:

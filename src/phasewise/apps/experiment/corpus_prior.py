@@ -109,6 +109,8 @@ def priors(folder: Path, split: str = "heldout", margins: Sequence[float] = MARG
     from phasewise.models.scoring.frontier import frontier_at, slack_cut
     from phasewise.models.scoring.measures import Score, score_steps
 
+    if not margins:
+        raise CorpusError("no margin to score")
     manifest = read_manifest(folder)
     execs = manifest["executions"]
     train = [e for e in execs if e["split"] == "train"]
@@ -177,7 +179,7 @@ def priors(folder: Path, split: str = "heldout", margins: Sequence[float] = MARG
             "earlier_runs": "the train split's runs of the same kind" + (" but the one scored" if split == "train"
                                                                           else ""),
             "cold_start": "under the safety rules a run without a prior gets no limit before safety_min_history_s "
-                          f"({_settings(0.1, min_runs, overrides).safety.min_history_s:g} s): every step unlimited",
+                          f"({s.safety.min_history_s:g} s): every step unlimited",
             "results": results}
 
 
