@@ -316,3 +316,14 @@ def test_a_worker_whose_broker_goes_away_logs_little_and_stops_soon_after_sigint
     # the unreachable-broker watchdog (3 s), not STOP_GRACE_S (60 s); room for a loaded machine's slow exit
     assert stopped_s < 20.0, f"stopped {stopped_s:.1f} s after SIGINT:\n" + log_path.read_text()[-3000:]
     assert rc in (0, 1)
+
+
+def test_every_flag_a_setting_declares_is_taken_by_a_role():
+    # a flag the reference (docs/configuration.md) lists but no role's parser takes is "unrecognized arguments"
+    from phasewise.cli import build_parser
+    from phasewise.kit.settings import SPECS
+
+    parser = build_parser("*")
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    taken = {o for p in sub.choices.values() for a in p._actions for o in a.option_strings}
+    assert sorted(n for n, s in SPECS.items() if s.flag and s.flag not in taken) == []

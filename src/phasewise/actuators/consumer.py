@@ -293,7 +293,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_common(p)
     for name in ("backend", "kube_api", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent",
-                 "cpu_floor_cores", "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "data_dir",
+                 "cpu_floor_cores", "mem_margin_bytes", "mem_floor_bytes", "metrics_port", "bind_address", "data_dir",
                  "workload_default_mode", "workload_policy_file", "workload_pods", "terminate_grace_s",
                  "terminate_grace_max_s", "cpu_weight_min", "cpu_weight_max", "actuator_start_jobs", "job_user",
                  "job_group", "job_trusted_submitters", "job_spec_max_age_s", "job_allowed_commands"):

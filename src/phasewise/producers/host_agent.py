@@ -329,7 +329,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_common(p)
     for name in ("interval_s", "cgroup_root", "cgroup_prefix", "cgroup_layout", "cgroup_parent", "metrics_port",
-                 "flush_timeout_s", "workload_default_mode", "workload_policy_file", "workload_pods"):
+                 "bind_address", "flush_timeout_s", "workload_default_mode", "workload_policy_file", "workload_pods"):
         add_setting(p, name)
     p.add_argument("--once", action="store_true",
                    help="print one HostSamples JSON (after one interval) to stdout and exit; no Kafka")

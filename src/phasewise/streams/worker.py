@@ -36,15 +36,17 @@ FAUST_LEVELS = {"debug": "debug", "info": "info", "warning": "warn", "error": "e
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
-    for name in ("recommend_interval_s", "hysteresis", "data_dir", "web_port", "metrics_port", "worker_id",
-                 "policy", "phase_workloads", "phase_snapshot_interval_s", "phase_learn_every", "phase_learn_batch",
-                 "phase_warmup",
+    for name in ("recommend_interval_s", "hysteresis", "data_dir", "web_port", "metrics_port", "bind_address",
+                 "worker_id", "policy", "phase_workloads", "phase_snapshot_interval_s", "phase_learn_every",
+                 "phase_learn_batch", "phase_warmup",
                  "phase_statistics", "phase_features", "container_ttl_s", "vpa_time_scale", "targets_enabled",
                  "targets_policy", "targets_shrink", "targets_share_alpha", "targets_share_interval_s",
                  "targets_grace_s", "priority_agent", "priority_freeze_max_wait_s", "priority_grace_s",
                  "priority_cpu_weights", "priority_cpu_weight_ratio", "priority_launcher", "autoscale_enabled",
                  "autoscale_interval_s", "autoscale_slo_p99_ms", "autoscale_min_replicas", "autoscale_max_replicas",
-                 "autoscale_up_cooldown_s", "autoscale_down_cooldown_s", "ready_stall_s", "start_stall_s"):
+                 "autoscale_up_cooldown_s", "autoscale_down_cooldown_s", "ready_stall_s", "start_stall_s",
+                 "prior_min_runs", "prior_margin", "prior_min_run_s", "prior_profile_interval_s",
+                 "scorecard_buckets", "scorecard_samples", "scorecard_windows"):
         add_setting(p, name, help={"data_dir": "Faust data directory"}.get(name))
 
 
@@ -630,13 +632,13 @@ class JobRole:
 
 
 #: ``phasewise horus``: the Horus worker (job events + samples -> utilisation predictions; learns online)
-HORUS = JobRole("horus", ("data_dir", "metrics_port", "horus_coverage", "horus_warmup_s", "horus_observe_s",
-                          "horus_min_samples", "horus_worker_id", "horus_share_model", "ready_stall_s",
-                          "start_stall_s"),
+HORUS = JobRole("horus", ("data_dir", "metrics_port", "bind_address", "horus_coverage", "horus_warmup_s",
+                          "horus_observe_s", "horus_min_samples", "horus_worker_id", "horus_share_model",
+                          "ready_stall_s", "start_stall_s"),
                 "phasewise.streams.agents.horus", "HorusMetrics", lambda s: s.horus.worker_id,
                 "predictions", "placement workers")
 #: ``phasewise place``: the placement worker (job events + predictions + samples -> place decisions)
-PLACE = JobRole("place", ("data_dir", "metrics_port", "place_policy", "place_isolate_inference",
+PLACE = JobRole("place", ("data_dir", "metrics_port", "bind_address", "place_policy", "place_isolate_inference",
                           "place_horus_frag_weight", "place_prediction_wait_s", "place_local_nodes",
                           "place_worker_id", "place_after_admission", "ready_stall_s", "start_stall_s"),
                 "phasewise.streams.agents.placement", "PlacementMetrics", lambda s: s.place.worker_id)
