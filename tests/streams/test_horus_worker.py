@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+import zlib
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -31,7 +32,7 @@ from phasewise.kit.records import (
     encode,
 )
 from phasewise.kit.settings import Settings
-from phasewise.kit.topics import DEAD_LETTERS, JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
+from phasewise.kit.topics import DEAD_LETTERS, HORUS_ROUTES, JOB_EVENTS, PHASES, PREDICTIONS, SAMPLES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -159,7 +160,8 @@ def test_predictions_dead_letters_and_a_join_across_a_restart(broker, tmp_path):
 
     p.produce(JOB_EVENTS.name, key=a.encode(), value=job(a, "started", t0, host=host, container="ca"), partition=0)
     p.flush(10)
-    time.sleep(1.0)  # the started event before the phase change and the samples (different topics)
+    # the started event routed and joined (a and b booked, a joined) before the phase change and the samples
+    h.wait_metric("phasewise_horus_jobs", 3)
     # the detector says the container left its loading phase at t0 + 0.5 (the warm-up is 1000 s);
     # a null and a record of wrong types on the phases topic around it are dead letters
     pkey = f"ca-{tag}".encode()
@@ -225,3 +227,81 @@ def test_with_a_cluster_key_predictions_are_signed_and_only_a_signed_started_eve
         assert "are published unsigned" not in h.role.log_tail(400)
     finally:
         h.role.stop()
+
+
+def _named(prefix: str, partition: int, n: int = 8) -> str:
+    """A name whose CRC32 partition of *n* is *partition* (librdkafka's default partitioner)."""
+    for i in range(100_000):
+        name = f"{prefix}{i}"
+        if zlib.crc32(name.encode()) % n == partition:
+            return name
+    raise AssertionError("no name")
+
+
+def test_two_workers_of_one_group_learn_every_job_once_wherever_its_events_and_samples_are(broker, tmp_path):
+    """Two horus workers share one horus_worker_id: they split the job events by job and the samples by
+    host. Eight jobs whose event partitions and host partitions form a cycle (job partition p, host partition
+    p + 1) cross between the workers wherever the split falls, so at least two jobs have their events on
+    one worker and their samples on the other; each job is learned exactly once, and both workers learn."""
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    ensure_topics(s)
+    tag = uuid.uuid4().hex[:6]
+    horus_id = f"pwtest-horus-pair-{tag}"
+    env = {"PHASEWISE_HORUS_WARMUP_S": "0"}
+    for i in range(2):
+        (tmp_path / f"w{i}").mkdir()
+    workers = [Horus(s, tmp_path / f"w{i}", horus_id, **env) for i in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        p = make_producer(s)
+        spec = JobSpec(model="mlp-32x64x4", dataset="vectors", batch_size=16)
+        jobs = [(_named(f"pair-{tag}-", i), _named(f"hp-{tag}-", (i + 1) % 8)) for i in range(8)]
+        t0 = time.time() - 60
+        # bad records on the internal routes topic, in the partition the first job's start is routed to
+        rkey = f"r-{tag}"
+        route_poison = [None, b"[" * 60_000, bytes(range(256)) * 240,
+                        json.dumps({"v": 1, "host": "h", "kind": "started", "ts": 1.0, "event": 5}).encode(),
+                        json.dumps({"v": 1, "host": "h", "kind": "teleported", "ts": 1.0}).encode()]
+        for v in route_poison:
+            p.produce(HORUS_ROUTES.name, key=rkey.encode(), value=v,
+                      partition=zlib.crc32(jobs[0][1].encode()) % 8)
+        for job, host in jobs:
+            p.produce(JOB_EVENTS.name, key=job.encode(), partition=zlib.crc32(job.encode()) % 8,
+                      value=encode(JobEvent(job=job, ts=t0, kind="submitted", spec=spec)))
+            p.produce(JOB_EVENTS.name, key=job.encode(), partition=zlib.crc32(job.encode()) % 8,
+                      value=encode(JobEvent(job=job, ts=t0 + 0.5, kind="started", host=host, container="c0")))
+        p.flush(10)
+
+        def learned_by() -> list[list[str]]:
+            logs = [w.role.log_tail(4000) for w in workers]
+            return [[job for job, _h in jobs if f"learned job {job} " in log] for log in logs]
+
+        # samples each second of event time until every job is learned (those before its route joined it on
+        # its host's worker are not counted: nothing waits on a topic's order)
+        for i in range(1, 120):
+            for _job, host in jobs:
+                p.produce(SAMPLES.name, key=host.encode(), partition=zlib.crc32(host.encode()) % 8,
+                          value=encode(HostSamples(host=host, ts=t0 + i, interval_s=1.0, containers=(
+                              ContainerSample(container="c0", cpu_cores=0.5, mem_bytes=5e8),))))
+            p.flush(10)
+            if sum(map(len, learned_by())) >= 8:
+                break
+            time.sleep(0.5)
+        by = learned_by()
+        assert sorted(by[0] + by[1]) == sorted(job for job, _h in jobs), [w.role.log_tail(60) for w in workers]
+        assert by[0] and by[1], by  # both workers hold partitions: each learned the jobs on its hosts
+        logs = "".join(w.role.log_tail(4000) for w in workers)
+        for job, _host in jobs:
+            assert logs.count(f"learned job {job} ") == 1, job
+        assert sum(w.metric("phasewise_horus_samples_off_route_total") for w in workers) == 0
+        dls = [decode(DeadLetter, m.value()) for m in
+               read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, lambda m: _dl_key(m) == rkey, 5)]
+        reasons = sorted(d.reason for d in dls)
+        assert len(dls) == 5 and all(d.source_topic == HORUS_ROUTES.name for d in dls), reasons
+        assert any("no value" in r for r in reasons) and any("nested too deeply" in r for r in reasons)
+        assert any("event: JobEvent: expected a JSON object" in r for r in reasons)
+        assert any("'teleported'" in r for r in reasons)
+    finally:
+        for w in workers:
+            w.role.stop()

@@ -34,6 +34,11 @@ DEAD_LETTERS = Topic("phasewise.deadletters.v1", "source key", 4, doc="DeadLette
 #: partition, one owner): sampled detector windows for the phase learner (:mod:`phasewise.kit.records.learn_batches`)
 LEARN_WINDOWS = Topic("phasewise.learn-windows.v1", "model name", 1,
                       doc="internal: sampled detector windows for the phase learner")
+#: internal (not in :data:`TOPICS`; ``phasewise horus`` creates it with the samples topic's partition count):
+#: job events and phase changes routed to the horus worker reading their host's samples
+#: (:mod:`phasewise.kit.records.routes`)
+HORUS_ROUTES = Topic("phasewise.horus-routes.v1", "host", 8,
+                     doc="internal: HorusRoute, to the horus worker reading the host's samples")
 
 TOPICS: tuple[Topic, ...] = (
     SAMPLES,

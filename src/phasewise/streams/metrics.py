@@ -201,7 +201,14 @@ class HorusMetrics(JobWorkerMetrics):
                                           "ended, of a job it does not hold", ["why"], registry=registry)
         for why in IGNORED_WHY:  # zeros: a first one is an increase
             self.job_states_ignored.labels(why=why)
-        self.jobs = Gauge("phasewise_horus_jobs", "jobs held by the join", registry=registry)
+        self.jobs = Gauge("phasewise_horus_jobs", "jobs held: booked (their events read here) and joined (their "
+                          "host's samples read here)", registry=registry)
+        self.routes = Counter("phasewise_horus_routes", "job starts, ends and phase changes routed to the worker "
+                              "reading their host's samples", ["kind"], registry=registry)
+        for kind in ("started", "end", "phase"):
+            self.routes.labels(kind=kind)
+        self.off_route = Counter("phasewise_horus_samples_off_route", "host samples read on another partition than "
+                                 "their host's routes (not CRC32-partitioned by host)", registry=registry)
         self.model_jobs = Gauge("phasewise_horus_model_jobs", "jobs the model learned from", registry=registry)
 
 

@@ -595,8 +595,14 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
             return 1
         if stop.is_set():
             return 0
+    from phasewise.streams.agents.scaffold import SetupError
+
     app = create_app(settings.replace(worker_id=worker_id, web_port=0), register_agents=False)
-    register(app, settings)
+    try:
+        register(app, settings)
+    except SetupError as e:
+        print(f"phasewise {role}: error: {e}", file=sys.stderr)
+        return 2
     from phasewise.kit.topics import JOB_EVENTS
 
     return run_faust(app, settings, metrics, role=role, ready=f"phasewise_{role}_ready", inputs=(JOB_EVENTS.name,))

@@ -339,12 +339,12 @@ def test_horus_forgets_a_job_that_fails_is_rejected_or_lost():
     for i, kind in enumerate(("failed", "rejected", "lost")):
         job = f"j{i}"
         h.join.submitted(job, 1.0, {}, "resnet18", "cpu", {})
-        h.started(_ev(job, "started", 2.0, host="n1", container=job))
-        assert job in h.join
-        h.ended(_ev(job, kind, 3.0, reason="why"))
-        assert job not in h.join
-    h.ended(_ev("never", "lost", 3.0))  # unknown: nothing written
-    assert {k for k, _p, v in h.writes()} == {"job/j0", "job/j1", "job/j2"}
+        assert h.route(h.started(_ev(job, "started", 2.0, host="n1", container=job))) == []
+        assert job in h.join and job in h.book
+        assert h.route(h.end(_ev(job, kind, 3.0, reason="why"))) == []  # too few samples, or it never ran
+        assert job not in h.join and job not in h.book
+    assert h.end(_ev("never", "lost", 3.0)) is None  # unknown: nothing routed, nothing written
+    assert {k for k, _p, v in h.writes()} == {f"{side}/j{i}" for side in ("job", "run") for i in range(3)}
 
 
 def test_lifecycle_memory_is_bounded():

@@ -3,14 +3,19 @@
 The wiring of :class:`~phasewise.models.horus.state.HorusState`: a ``submitted`` job's graph features
 are extracted (:mod:`phasewise.streams.horus_jobs`: catalog models here, a ``module:function`` only in
 a child process) and its prediction goes to ``phasewise.predictions.v1`` (key: job), signed with the
-cluster key; a ``started`` event (signed with the cluster key, where there is one) says where it runs;
-phase changes and samples feed the join, and a job is learned once, after ``horus_observe_s`` of steady
-samples or at its terminal state (also signed), whichever comes first; its prediction is published again
-with what was observed and the log error. The model is shared: each learned job publishes the
+cluster key; a ``started`` event (signed with the cluster key, where there is one) says where it runs.
+Workers sharing one ``horus_worker_id`` read the job events by job and the samples by host, so a job's
+``started`` event (with its prediction), its end and every phase change are routed (signed) on the
+internal topic ``phasewise.horus-routes.v1`` to the partition of their host, which the worker reading
+that host's samples reads too (Faust assigns the same partitions of topics with as many partitions);
+there the join averages the job's steady samples and the job is learned once, after ``horus_observe_s``
+of them or at its end, whichever comes first; its prediction is published again with what was observed
+and the log error. The model is shared: each learned job publishes the
 observations as a signed ``ModelSnapshot`` on the compacted models topic (key ``horus/utilisation``),
 and every horus worker follows that topic (:class:`HorusSnapshots`) and learns the jobs it has not. A
 record that cannot be decoded or taken is a dead letter. State: the changelogged table ``horus-state``
-(``job/<id>``, ``obs/<n>``). Narrative: docs/horus.md, "The worker" and "Sharing the model".
+(``job/<id>``, ``run/<id>``, ``obs/<n>``). Narrative: docs/horus.md, "The worker", "Sharing the model" and
+"More than one worker".
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -32,20 +38,21 @@ from phasewise.kit.records import (
     decode_host_samples,
     encode,
 )
+from phasewise.kit.records.routes import HorusRoute
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring
-from phasewise.kit.topics import JOB_EVENTS, MODELS, PHASES, PREDICTIONS, SAMPLES
+from phasewise.kit.topics import HORUS_ROUTES, JOB_EVENTS, MODELS, PHASES, PREDICTIONS, SAMPLES
 from phasewise.models.horus.graph_features import FeatureError
 from phasewise.models.horus.join import Observation
 from phasewise.models.horus.snapshot import SNAPSHOT_NAME, observations_of, snapshot_of
 from phasewise.models.horus.state import HorusState
-from phasewise.streams.agents.scaffold import Context, JobAgent
-from phasewise.streams.config import horus_state_config
+from phasewise.streams.agents.scaffold import Context, JobAgent, SetupError
+from phasewise.streams.config import horus_state_config, job_partitions
 from phasewise.streams.horus_jobs import BuildRules, spec_features_async, warm_up
 from phasewise.streams.job_inputs import Input
 from phasewise.streams.metrics import HorusMetrics
 
-__all__ = ["ENDS", "TABLE_NAME", "HorusMetrics", "HorusSnapshots", "agent", "register_horus"]
+__all__ = ["ENDS", "TABLE_NAME", "HorusMetrics", "HorusSnapshots", "agent", "ensure_routes", "register_horus"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,44 @@ TABLE_NAME = "horus-state"
 ENDS = TERMINAL_KINDS | {"terminated"}
 #: the states only a role with the cluster key may publish (checked where there is a key)
 _SIGNED = ENDS | {"started"}
+#: hosts whose samples came on another partition than their routes go to, warned about once each (at most)
+_OFF_ROUTE_WARNED_MAX = 1000
+
+
+def ensure_routes(settings: Settings) -> int:
+    """The routes topic's partition count, the samples topic's: created with it where missing (with
+    ``create_topics``); :class:`SetupError` when it cannot be used (one line)."""
+    from phasewise.kit.kafka.client import ensure_topics, make_admin
+
+    topics = make_admin(settings).list_topics(timeout=10).topics
+    samples = topics.get(SAMPLES.name)
+    n = (len(samples.partitions) if samples is not None and samples.partitions
+         else settings.kafka.topic_partitions or SAMPLES.partitions)
+    routes = topics.get(HORUS_ROUTES.name)
+    if routes is None or not routes.partitions:
+        if not settings.kafka.create_topics:
+            raise SetupError(f"topic {HORUS_ROUTES.name} does not exist and create_topics is off: create it "
+                             f"with {n} partitions (the samples topic's)")
+        ensure_topics(settings.replace(topic_partitions=n), [HORUS_ROUTES])
+    elif len(routes.partitions) != n:
+        raise SetupError(f"topic {HORUS_ROUTES.name} has {len(routes.partitions)} partitions and the samples topic "
+                         f"{n}: they must be equal (stop the horus workers, delete it: horus creates it again)")
+    if n != job_partitions(settings):
+        log.warning("the samples topic has %d partitions and the job events %d: run one horus worker per "
+                    "horus_worker_id (workers sharing one need equal counts)", n, job_partitions(settings))
+    return n
+
+
+def _owned(app: Any) -> Any:
+    """``() -> the partitions of the job-events and samples topics assigned to this worker`` (None: unknown)."""
+    def owned() -> set[int] | None:
+        try:
+            tps = app.assignor.assigned_actives()
+        except Exception:  # noqa: BLE001 - no assignment to read: keep every record
+            return None
+        parts = {tp.partition for tp in tps if tp.topic in (JOB_EVENTS.name, SAMPLES.name)}
+        return parts or None
+    return owned
 
 
 class HorusSnapshots:
@@ -157,7 +202,10 @@ def make_state(ctx: Context) -> HorusState:
             warm_up()
         except Exception as e:  # noqa: BLE001 - the first module:function job says it again, as its reason
             log.error("the build server for horus_model_modules did not start: %s", e)
+    ctx.extras["routes"] = ensure_routes(ctx.settings)
+    ctx.extras["off_route"] = set()  # hosts warned about
     state = HorusState(horus_state_config(ctx.settings))
+    state.owned = _owned(ctx.app)
     if ctx.settings.horus.share_model:
         snaps = HorusSnapshots(ctx.settings, ctx.keyring, state.model_config.max_observations)
         n = snaps.load()
@@ -173,7 +221,7 @@ def restored(ctx: Context, n: int) -> None:
     ctx.extras["adopted"] = -1  # a restored state learns the shared observations again
     adopt(ctx)
     ctx.metrics.model_jobs.set(ctx.state.model.jobs)
-    ctx.metrics.jobs.set(len(ctx.state.join))
+    ctx.metrics.jobs.set(len(ctx.state.book) + len(ctx.state.join))
 
 
 def adopt(ctx: Context) -> None:
@@ -260,12 +308,8 @@ async def on_jobs(ctx: Context, event: Any) -> None:
             ctx.send(PREDICTIONS.name, ev.job.encode(), encode(pred), signed=True,
                      on_refused=ctx.refused_output(event))
             ctx.metrics.predictions.inc()
-        elif ev.kind == "started":
-            state.started(ev)
-        elif ev.kind in ("rejected", "lost"):  # it never ran: nothing to learn
-            state.ended(ev)
-        else:  # finished, failed, terminated: learned now if it was not yet, and forgotten
-            learned(ctx, state.finished(ev))
+        else:  # started, or an end: to the worker reading the job's host (where it ran)
+            send_route(ctx, state.started(ev) if ev.kind == "started" else state.end(ev), event)
     except FeatureError as e:
         await ctx.dead_letter(event, f"JobEvent {ev.kind} {ev.job}: {e}", "job")
         return
@@ -274,7 +318,41 @@ async def on_jobs(ctx: Context, event: Any) -> None:
         await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
         return
     ctx.count_ignored(state.lifecycle.take_counts())
-    ctx.metrics.jobs.set(len(state.join))
+    ctx.metrics.jobs.set(len(state.book) + len(state.join))
+    ctx.outputs.poll()
+
+
+def send_route(ctx: Context, route: HorusRoute | None, event: Any) -> None:
+    """*route* (signed) to its host's partition of the routes topic: the samples topic's partition of that
+    host (CRC32 of the key, librdkafka's default partitioner, which phasewise's producers use)."""
+    if route is None:
+        return
+    key = route.host.encode()
+    ctx.send(HORUS_ROUTES.name, key, encode(route), signed=True, on_refused=ctx.refused_output(event),
+             partition=zlib.crc32(key) % ctx.extras["routes"])
+    ctx.metrics.routes.labels(kind=route.kind).inc()
+
+
+@agent.on(HORUS_ROUTES, "phasewise.horus-routes")
+async def on_routes(ctx: Context, event: Any) -> None:
+    try:
+        r = decode(HorusRoute, event.message.value)
+    except SchemaError as e:
+        await ctx.dead_letter(event, str(e), "schema")
+        return
+    # only a horus worker routes (with the cluster key, where there is one)
+    if await ctx.unsigned(event, f"HorusRoute {r.kind} {r.host}"):
+        return
+    try:
+        learned(ctx, ctx.state.route(r))
+    except FeatureError as e:
+        await ctx.dead_letter(event, f"HorusRoute {r.kind} {r.host}: {e}", "job")
+        return
+    except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
+        log.exception("processing a route failed")
+        await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+        return
+    ctx.metrics.jobs.set(len(ctx.state.book) + len(ctx.state.join))
     ctx.outputs.poll()
 
 
@@ -287,7 +365,7 @@ async def on_phases(ctx: Context, event: Any) -> None:
         return
     if await ctx.refused_time(event, "container", f"{pc.host}/{pc.container}", pc.ts):
         return
-    ctx.state.phase_change(pc)
+    send_route(ctx, HorusRoute(host=pc.host, kind="phase", ts=pc.ts, phase=pc), event)
     ctx.outputs.poll()
 
 
@@ -300,6 +378,7 @@ async def on_samples(ctx: Context, event: Any) -> None:
         return
     if await ctx.refused_time(event, "host", hs.host, hs.ts):
         return
+    off_route(ctx, hs.host, event.message.partition)
     adopt(ctx)
     try:
         learned(ctx, ctx.state.samples(hs))
@@ -307,6 +386,21 @@ async def on_samples(ctx: Context, event: Any) -> None:
         log.exception("joining samples failed")
         await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
     ctx.outputs.poll()
+
+
+def off_route(ctx: Context, host: str, partition: int) -> None:
+    """Count (and say once per host) samples on another partition than their host's routes: written by a
+    producer whose partitioner is not CRC32 of the key, they meet their jobs only with one worker per id."""
+    if partition == zlib.crc32(host.encode()) % ctx.extras["routes"]:
+        return
+    ctx.metrics.off_route.inc()
+    warned = ctx.extras["off_route"]
+    if host not in warned and len(warned) < _OFF_ROUTE_WARNED_MAX:
+        warned.add(host)
+        log.warning("samples of host %s came on partition %d, its routes go to %d (CRC32 of the key): with more "
+                    "than one horus worker per horus_worker_id its jobs are not learned; produce the samples "
+                    "with librdkafka's default partitioner (phasewise produce does)", host, partition,
+                    zlib.crc32(host.encode()) % ctx.extras["routes"])
 
 
 @agent.every(1.0, "phasewise.horus-shared-model")
@@ -317,5 +411,5 @@ async def follow_shared_model(ctx: Context) -> None:
 
 
 def register_horus(app: Any, settings: Any, *, metrics: HorusMetrics | None = None, outputs: Any = None) -> Context:
-    """Add the state table and the three agents to *app*."""
+    """Add the state table and the four agents to *app*."""
     return agent.register(app, settings, metrics=metrics or HorusMetrics(), outputs=outputs)

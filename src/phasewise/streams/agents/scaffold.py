@@ -32,7 +32,7 @@ from phasewise.streams.job_inputs import DeadLetter, dead_letterer, event_time_g
 from phasewise.streams.output import CommitBarrier, JobStateTable, OutputSender, attach, output_producer
 from phasewise.streams.topics import raw_topic
 
-__all__ = ["Context", "JobAgent", "fail_worker_on_agent_error", "step_outcome", "worker_outputs"]
+__all__ = ["Context", "JobAgent", "SetupError", "fail_worker_on_agent_error", "step_outcome", "worker_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,10 @@ Handler = Callable[["Context", Any], Awaitable[None]]
 Timer = Callable[["Context"], Awaitable[None]]
 #: ``keyring=`` unset: the agent reads ``signing_key_file`` itself
 _OWN_KEYRING: Any = object()
+
+
+class SetupError(RuntimeError):
+    """An agent cannot run on this cluster as it is (a topic it needs is missing or unusable): one line."""
 
 
 #: seconds a worker whose agent died may take to stop before it exits anyway: Faust's stop waits for its streams
@@ -124,13 +128,15 @@ class Context:
             self.table.ensure_restored()
 
     def send(self, topic: str, key: bytes, value: bytes, *, signed: bool = False,
-             on_refused: Callable[[str], None] | None = None) -> None:
+             on_refused: Callable[[str], None] | None = None, partition: int | None = None) -> None:
         """*value* to *topic* through the worker's output producer; *signed*: with the cluster key's headers
-        (none without a key); *on_refused*: see :meth:`~phasewise.streams.output.OutputSender.send`."""
+        (none without a key); *on_refused*: see :meth:`~phasewise.streams.output.OutputSender.send`;
+        *partition*: this one (else the job-events topic's rule below, or the producer's)."""
         headers = self.keyring.headers(topic, key, value) if signed and self.keyring is not None else None
         # a job's events in one partition, in order: the one its submitter's and actuator's producers (librdkafka's
         # default, CRC32 of the key) put them in, not this producer's murmur2 (kept for the decisions' hosts)
-        partition = zlib.crc32(key) % job_partitions(self.settings) if topic == JOB_EVENTS.name else None
+        if partition is None and topic == JOB_EVENTS.name:
+            partition = zlib.crc32(key) % job_partitions(self.settings)
         self.outputs.send(topic, key, value, headers, on_refused=on_refused, partition=partition)
 
     def send_decision(self, d: Decision, on_refused: Callable[[str], None] | None = None) -> None:
