@@ -242,7 +242,9 @@ def test_two_workers_of_one_group_learn_every_job_once_wherever_its_events_and_s
     """Two horus workers share one horus_worker_id: they split the job events by job and the samples by
     host. Eight jobs whose event partitions and host partitions form a cycle (job partition p, host partition
     p + 1) cross between the workers wherever the split falls, so at least two jobs have their events on
-    one worker and their samples on the other; each job is learned exactly once, and both workers learn."""
+    one worker and their samples on the other; each job is learned exactly once, and both workers learn.
+    Then eight more are joined, have two samples each, and one worker stops: the other takes its
+    partitions, restores their join states and learns every job with the samples read before the stop."""
     s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
     ensure_topics(s)
     tag = uuid.uuid4().hex[:6]
@@ -256,44 +258,54 @@ def test_two_workers_of_one_group_learn_every_job_once_wherever_its_events_and_s
     try:
         p = make_producer(s)
         spec = JobSpec(model="mlp-32x64x4", dataset="vectors", batch_size=16)
-        jobs = [(_named(f"pair-{tag}-", i), _named(f"hp-{tag}-", (i + 1) % 8)) for i in range(8)]
         t0 = time.time() - 60
+
+        def cycle(name: str) -> list[tuple[str, str]]:
+            return [(_named(f"{name}-{tag}-", i), _named(f"h{name}-{tag}-", (i + 1) % 8)) for i in range(8)]
+
+        def submit_and_start(jobs: list[tuple[str, str]]) -> None:
+            for job, host in jobs:
+                for ev in (JobEvent(job=job, ts=t0, kind="submitted", spec=spec),
+                           JobEvent(job=job, ts=t0 + 0.5, kind="started", host=host, container="c0")):
+                    p.produce(JOB_EVENTS.name, key=job.encode(), partition=zlib.crc32(job.encode()) % 8,
+                              value=encode(ev))
+            p.flush(10)
+
+        def sample(jobs: list[tuple[str, str]], i: int, cpu: float) -> None:
+            for _job, host in jobs:
+                p.produce(SAMPLES.name, key=host.encode(), partition=zlib.crc32(host.encode()) % 8,
+                          value=encode(HostSamples(host=host, ts=t0 + i, interval_s=1.0, containers=(
+                              ContainerSample(container="c0", cpu_cores=cpu, mem_bytes=5e8),))))
+            p.flush(10)
+
+        def logged(jobs: list[tuple[str, str]], what: str, among: list[Horus]) -> list[list[str]]:
+            """Per worker, the jobs of whom it logged *what* ("learned job {}", "job {} joined")."""
+            logs = [w.role.log_tail(4000) for w in among]
+            return [[job for job, _h in jobs if what.format(job) in log] for log in logs]
+
+        def wait_logged(jobs: list[tuple[str, str]], what: str, among: list[Horus], feed=None) -> list[list[str]]:
+            deadline = time.monotonic() + 120
+            while sum(map(len, logged(jobs, what, among))) < len(jobs) and time.monotonic() < deadline:
+                if feed is not None:
+                    feed()
+                time.sleep(0.5)
+            return logged(jobs, what, among)
+
         # bad records on the internal routes topic, in the partition the first job's start is routed to
+        first = cycle("pair")
         rkey = f"r-{tag}"
         route_poison = [None, b"[" * 60_000, bytes(range(256)) * 240,
                         json.dumps({"v": 1, "host": "h", "kind": "started", "ts": 1.0, "event": 5}).encode(),
                         json.dumps({"v": 1, "host": "h", "kind": "teleported", "ts": 1.0}).encode()]
         for v in route_poison:
-            p.produce(HORUS_ROUTES.name, key=rkey.encode(), value=v,
-                      partition=zlib.crc32(jobs[0][1].encode()) % 8)
-        for job, host in jobs:
-            p.produce(JOB_EVENTS.name, key=job.encode(), partition=zlib.crc32(job.encode()) % 8,
-                      value=encode(JobEvent(job=job, ts=t0, kind="submitted", spec=spec)))
-            p.produce(JOB_EVENTS.name, key=job.encode(), partition=zlib.crc32(job.encode()) % 8,
-                      value=encode(JobEvent(job=job, ts=t0 + 0.5, kind="started", host=host, container="c0")))
-        p.flush(10)
-
-        def learned_by() -> list[list[str]]:
-            logs = [w.role.log_tail(4000) for w in workers]
-            return [[job for job, _h in jobs if f"learned job {job} " in log] for log in logs]
-
+            p.produce(HORUS_ROUTES.name, key=rkey.encode(), value=v, partition=zlib.crc32(first[0][1].encode()) % 8)
+        submit_and_start(first)
         # samples each second of event time until every job is learned (those before its route joined it on
         # its host's worker are not counted: nothing waits on a topic's order)
-        for i in range(1, 120):
-            for _job, host in jobs:
-                p.produce(SAMPLES.name, key=host.encode(), partition=zlib.crc32(host.encode()) % 8,
-                          value=encode(HostSamples(host=host, ts=t0 + i, interval_s=1.0, containers=(
-                              ContainerSample(container="c0", cpu_cores=0.5, mem_bytes=5e8),))))
-            p.flush(10)
-            if sum(map(len, learned_by())) >= 8:
-                break
-            time.sleep(0.5)
-        by = learned_by()
-        assert sorted(by[0] + by[1]) == sorted(job for job, _h in jobs), [w.role.log_tail(60) for w in workers]
+        ticks = iter(range(1, 1000))
+        by = wait_logged(first, "learned job {} ", workers, feed=lambda: sample(first, next(ticks), 0.5))
+        assert sorted(by[0] + by[1]) == sorted(job for job, _h in first), [w.role.log_tail(60) for w in workers]
         assert by[0] and by[1], by  # both workers hold partitions: each learned the jobs on its hosts
-        logs = "".join(w.role.log_tail(4000) for w in workers)
-        for job, _host in jobs:
-            assert logs.count(f"learned job {job} ") == 1, job
         assert sum(w.metric("phasewise_horus_samples_off_route_total") for w in workers) == 0
         dls = [decode(DeadLetter, m.value()) for m in
                read_all(s, DEAD_LETTERS.name, DEAD_LETTERS.partitions, lambda m: _dl_key(m) == rkey, 5)]
@@ -302,6 +314,27 @@ def test_two_workers_of_one_group_learn_every_job_once_wherever_its_events_and_s
         assert any("no value" in r for r in reasons) and any("nested too deeply" in r for r in reasons)
         assert any("event: JobEvent: expected a JSON object" in r for r in reasons)
         assert any("'teleported'" in r for r in reasons)
+
+        # eight more, joined, two samples each (one short of an observation), then worker 1 stops
+        second = cycle("take")
+        submit_and_start(second)
+        joined = wait_logged(second, "job {} joined", workers)
+        assert sorted(joined[0] + joined[1]) == sorted(job for job, _h in second), joined
+        assert joined[1], joined  # worker 1 joined some: the survivor must restore them
+        sample(second, 1, 1.0)
+        sample(second, 2, 1.0)
+        time.sleep(4.0)  # a commit interval: the join states are written with the offsets
+        assert workers[1].role.stop(timeout_s=30) == 0, workers[1].role.log_tail()
+        ticks = iter(range(3, 1000))
+        (by,) = wait_logged(second, "learned job {} ", workers[:1], feed=lambda: sample(second, next(ticks), 4.0))
+        assert sorted(by) == sorted(job for job, _h in second), workers[0].role.log_tail(80)
+        log = workers[0].role.log_tail(4000)
+        for job, _host in second:  # (1 + 1 + 4) / 3: the two samples read before the stop were kept
+            line = next(x for x in log.splitlines() if f"learned job {job} " in x)
+            assert "cpu_cores=2," in line, line
+        logs = "".join(w.role.log_tail(4000) for w in workers)
+        for job, _host in first + second:
+            assert logs.count(f"learned job {job} ") == 1, job
     finally:
         for w in workers:
             w.role.stop()

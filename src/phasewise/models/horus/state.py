@@ -248,6 +248,8 @@ class HorusState:
                                     {t: (getattr(pr, t).lo, getattr(pr, t).hi) for t in TARGETS},
                                     first_sight=pr.first_sight, model_version=pr.model_version)
             self.join.started(ev.job, ev.host, ev.container, ev.ts)
+            log.info("job %s joined: %s/%s%s", ev.job, ev.host, ev.container,
+                     "" if pr is not None or st is not None else " (no prediction: nothing to learn)")
             return []
         if ev.kind in LEARNED_AT_END:
             obs = self.join.finished(ev.job, ev.ts)
