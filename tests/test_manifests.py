@@ -148,21 +148,27 @@ def deployment(name: str) -> dict:
     return dep
 
 
-def test_the_worker_has_a_disruption_budget_and_no_more_replicas_than_partitions():
-    dep = deployment("phasewise-worker")
+@pytest.mark.parametrize("name", ["phasewise-worker", "phasewise-horus"])
+def test_the_workers_that_share_a_group_have_a_disruption_budget_and_no_more_replicas_than_partitions(name):
+    dep = deployment(name)
     assert 1 <= dep["spec"]["replicas"] <= SAMPLES.partitions
-    (pdb,) = by_kind("PodDisruptionBudget")
-    assert pdb["spec"]["selector"] == dep["spec"]["selector"]
+    (pdb,) = [p for p in by_kind("PodDisruptionBudget") if p["metadata"]["name"] == name]
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"] and pdb["spec"]["maxUnavailable"] == 1
 
 
 @pytest.mark.parametrize("role,port", [("horus", 9109), ("place", 9110)])
-def test_the_job_workers_are_singletons_with_probes_on_their_health_endpoints(role, port):
-    """phasewise horus and phasewise place: one replica, never two at once (Recreate), no disruption budget
-    (it would block node drains), the worker image with the role's command, health on phasewise.kit.observe."""
+def test_the_job_workers_never_overlap_versions_with_probes_on_their_health_endpoints(role, port):
+    """phasewise horus (replicas sharing a group) and phasewise place (one replica, no disruption budget: it
+    would block node drains): never two versions at once (Recreate), the worker image with the role's
+    command, health on phasewise.kit.observe."""
     dep = deployment(f"phasewise-{role}")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
     sel = dep["spec"]["selector"]
-    assert not [p for p in by_kind("PodDisruptionBudget") if p["spec"]["selector"] == sel]
+    budgets = [p for p in by_kind("PodDisruptionBudget") if p["spec"]["selector"] == sel]
+    if role == "place":
+        assert dep["spec"]["replicas"] == 1 and not budgets
+    else:
+        assert dep["spec"]["replicas"] == 2 and len(budgets) == 1
     (c,) = containers(dep)
     assert c["command"] == ["phasewise", role] and c["image"] == containers(deployment("phasewise-worker"))[0]["image"]
     env = env_of(c)
