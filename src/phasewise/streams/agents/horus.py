@@ -286,10 +286,7 @@ def learned(ctx: Context, observations: list[tuple[Observation, dict[str, float]
 @agent.on(JOB_EVENTS, "phasewise.horus-jobs")
 async def on_jobs(ctx: Context, event: Any) -> None:
     state: HorusState = ctx.state
-    try:
-        ev = decode(JobEvent, event.message.value)
-    except SchemaError as e:
-        await ctx.dead_letter(event, str(e), "schema")
+    if (ev := await ctx.decoded(event, lambda raw: decode(JobEvent, raw))) is None:
         return
     if ev.kind != "submitted" and ev.kind not in _SIGNED:
         return  # progress, priority, the priority agent's hints: not this agent's concern
@@ -314,8 +311,7 @@ async def on_jobs(ctx: Context, event: Any) -> None:
         await ctx.dead_letter(event, f"JobEvent {ev.kind} {ev.job}: {e}", "job")
         return
     except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
-        log.exception("processing a job event failed")
-        await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+        await ctx.failed(event, "processing a job event failed", e)
         return
     ctx.count_ignored(state.lifecycle.take_counts())
     ctx.metrics.jobs.set(len(state.book) + len(state.join))
@@ -335,10 +331,7 @@ def send_route(ctx: Context, route: HorusRoute | None, event: Any) -> None:
 
 @agent.on(HORUS_ROUTES, "phasewise.horus-routes")
 async def on_routes(ctx: Context, event: Any) -> None:
-    try:
-        r = decode(HorusRoute, event.message.value)
-    except SchemaError as e:
-        await ctx.dead_letter(event, str(e), "schema")
+    if (r := await ctx.decoded(event, lambda raw: decode(HorusRoute, raw))) is None:
         return
     # only a horus worker routes (with the cluster key, where there is one)
     if await ctx.unsigned(event, f"HorusRoute {r.kind} {r.host}"):
@@ -349,8 +342,7 @@ async def on_routes(ctx: Context, event: Any) -> None:
         await ctx.dead_letter(event, f"HorusRoute {r.kind} {r.host}: {e}", "job")
         return
     except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
-        log.exception("processing a route failed")
-        await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+        await ctx.failed(event, "processing a route failed", e)
         return
     ctx.metrics.jobs.set(len(ctx.state.book) + len(ctx.state.join))
     ctx.outputs.poll()
@@ -358,10 +350,7 @@ async def on_routes(ctx: Context, event: Any) -> None:
 
 @agent.on(PHASES, "phasewise.horus-phases")
 async def on_phases(ctx: Context, event: Any) -> None:
-    try:
-        pc = decode(PhaseChange, event.message.value)
-    except SchemaError as e:
-        await ctx.dead_letter(event, str(e), "schema")
+    if (pc := await ctx.decoded(event, lambda raw: decode(PhaseChange, raw))) is None:
         return
     if await ctx.refused_time(event, "container", f"{pc.host}/{pc.container}", pc.ts):
         return
@@ -371,10 +360,7 @@ async def on_phases(ctx: Context, event: Any) -> None:
 
 @agent.on(SAMPLES, "phasewise.horus-samples")
 async def on_samples(ctx: Context, event: Any) -> None:
-    try:
-        hs = decode_host_samples(event.message.value)
-    except SchemaError as e:
-        await ctx.dead_letter(event, str(e), "schema")
+    if (hs := await ctx.decoded(event, decode_host_samples)) is None:
         return
     if await ctx.refused_time(event, "host", hs.host, hs.ts):
         return
@@ -383,8 +369,7 @@ async def on_samples(ctx: Context, event: Any) -> None:
     try:
         learned(ctx, ctx.state.samples(hs))
     except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
-        log.exception("joining samples failed")
-        await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+        await ctx.failed(event, "joining samples failed", e)
     ctx.outputs.poll()
 
 

@@ -128,10 +128,7 @@ async def on_jobs(ctx: Context, event: Any) -> None:
 
 @agent.on(PREDICTIONS, "phasewise.place-predictions")
 async def on_predictions(ctx: Context, event: Any) -> None:
-    try:
-        pred = decode(UtilisationPrediction, event.message.value)
-    except SchemaError as e:
-        await ctx.dead_letter(event, str(e), "schema")
+    if (pred := await ctx.decoded(event, lambda raw: decode(UtilisationPrediction, raw))) is None:
         return
     if await ctx.unsigned(event, f"prediction for {pred.job}"):
         return
@@ -143,10 +140,7 @@ async def on_predictions(ctx: Context, event: Any) -> None:
 
 @agent.on(SAMPLES, "phasewise.place-samples")
 async def on_samples(ctx: Context, event: Any) -> None:
-    try:
-        hs = decode_host_samples(event.message.value)
-    except SchemaError as e:
-        await ctx.dead_letter(event, str(e), "schema")
+    if (hs := await ctx.decoded(event, decode_host_samples)) is None:
         return
     if await ctx.refused_time(event, "host", hs.host, hs.ts):
         return

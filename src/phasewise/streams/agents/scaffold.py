@@ -178,6 +178,21 @@ class Context:
         for why, n in counts.items():
             (counter.labels(agent=agent, why=why) if agent else counter.labels(why=why)).inc(n)
 
+    async def decoded(self, event: Any, read: Callable[[Any], Any]) -> Any:
+        """*read* (``lambda raw: decode(Record, raw)``, or a columnar decoder) of the event's value, or
+        ``None`` once it is a dead letter (kind ``schema``, with the decoder's reason)."""
+        try:
+            return read(event.message.value)
+        except SchemaError as e:
+            await self.dead_letter(event, str(e), "schema")
+            return None
+
+    async def failed(self, event: Any, what: str, e: Exception) -> None:
+        """A valid record the agent's step failed on (a bug): logged with *what*, kept as a dead letter (kind
+        ``processing``); the agent goes on."""
+        log.exception("%s", what)
+        await self.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+
     async def unsigned(self, event: Any, what: str) -> bool:
         """Whether *event* must be signed with the cluster key and is not (then it is dead-lettered)."""
         if self.keyring is None:
@@ -305,6 +320,5 @@ async def step_outcome(ctx: Context, event: Any, step: Callable[[Any], Any], fai
     except Refused as e:
         await ctx.dead_letter(event, str(e), e.kind)
     except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
-        log.exception("%s", failed)
-        await ctx.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
+        await ctx.failed(event, failed, e)
     return None
