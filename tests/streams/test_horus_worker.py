@@ -338,3 +338,30 @@ def test_two_workers_of_one_group_learn_every_job_once_wherever_its_events_and_s
     finally:
         for w in workers:
             w.role.stop()
+
+
+def test_a_routes_topic_with_another_partition_count_than_the_samples_is_one_line_and_exit_2(tmp_path):
+    """horus routes to the samples topic's partition of a host: a routes topic with another count (made by
+    hand, or before the samples topic was resized) is refused at start-up in one line, nothing started."""
+    import subprocess
+    import sys
+
+    from confluent_kafka.admin import NewTopic
+
+    from phasewise.kit.broker import EmbeddedBroker
+    from phasewise.kit.kafka.client import make_admin
+
+    with EmbeddedBroker(log_path=tmp_path / "tansu.log") as b:
+        s = Settings.from_env({"bootstrap": b.bootstrap}, env={})
+        ensure_topics(s)
+        admin = make_admin(s)
+        for fut in admin.create_topics([NewTopic(HORUS_ROUTES.name, num_partitions=3)]).values():
+            fut.result(30)
+        env = {"PATH": "/usr/bin:/bin", "PHASEWISE_BOOTSTRAP": b.bootstrap}
+        r = subprocess.run([sys.executable, "-m", "phasewise.cli", "horus", "--data-dir", str(tmp_path / "d"),
+                            "--metrics-port", "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    (line,) = [x for x in r.stderr.splitlines() if "error:" in x]
+    assert line == (f"phasewise horus: error: topic {HORUS_ROUTES.name} has 3 partitions and the samples topic 8: "
+                    "they must be equal (stop the horus workers, delete it: horus creates it again)")
+    assert "Traceback" not in r.stderr
