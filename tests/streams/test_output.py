@@ -30,8 +30,8 @@ from phasewise.streams.output import CommitBarrier, DeliveryFailed, OutputSender
 
 
 class FakeMsg:
-    def __init__(self, topic: str, key, value) -> None:
-        self._topic, self.key, self.value = topic, key, value
+    def __init__(self, topic: str, key, value, partition: int | None = None) -> None:
+        self._topic, self.key, self.value, self.partition = topic, key, value, partition
 
     def topic(self) -> str:
         return self._topic
@@ -47,10 +47,10 @@ class FakeProducer:
         self.fail_topics: set[str] = set()
         self.queue_max = queue_max
 
-    def produce(self, topic, value, key, on_delivery):
+    def produce(self, topic, value, key, on_delivery, partition=None, headers=None):
         if len(self.queued) >= self.queue_max:
             raise BufferError("queue full")
-        self.queued.append((FakeMsg(topic, key, value), on_delivery))
+        self.queued.append((FakeMsg(topic, key, value, partition), on_delivery))
 
     def poll(self, timeout: float) -> int:
         n = 0
@@ -149,23 +149,36 @@ def test_a_full_queue_serves_deliveries_until_the_record_fits():
 
 
 class FakeTable:
-    def __init__(self, log: list) -> None:
+    """What the barrier uses of a Faust table: its store, its key serialiser and its changelog topic's name."""
+
+    key_serializer = "json"
+
+    class changelog_topic:  # noqa: N801 - Faust's attribute
+        @staticmethod
+        def get_topic_name() -> str:
+            return CHANGELOG
+
+    def __init__(self) -> None:
         self.data: dict = {}
-        self.log = log
 
     def get(self, key):
         return self.data.get(key)
 
-    def send_changelog(self, partition, key, value):
-        self.log.append(("changelog", partition, key, value))
+
+CHANGELOG = "w-tbl-changelog"
+
+
+def changelog(msgs) -> list[tuple[int, bytes, bytes | None]]:
+    """``(partition, key, value)`` of the changelog records among *msgs* (FakeMsg, or (FakeMsg, callback))."""
+    ms = [m[0] if isinstance(m, tuple) else m for m in msgs]
+    return [(m.partition, m.key, m.value) for m in ms if m.topic() == CHANGELOG]
 
 
 def test_the_barrier_writes_held_state_only_after_the_outputs_are_delivered():
-    log: list = []
     p = FakeProducer()
     out = OutputSender(p, poll_interval_s=0.001)
     barrier = CommitBarrier(out)
-    table = FakeTable(log)
+    table = FakeTable()
     writes = barrier.table(table)
 
     async def scenario():
@@ -177,15 +190,18 @@ def test_the_barrier_writes_held_state_only_after_the_outputs_are_delivered():
         commit = asyncio.ensure_future(barrier.before_commit())
         await asyncio.sleep(0.01)
         writes.put("h/a", b"s3", 3)  # a later message's state: the next commit's
-        assert log == [] and not commit.done()  # no state before its decision is delivered
+        assert changelog(p.queued) == [] and not commit.done()  # no state before its decision is delivered
         p.releasable = 1
-        await asyncio.wait_for(commit, 1.0)
-        assert log == [("changelog", 3, "h/a", b"s2"), ("changelog", 3, "h/b", b"t1")]
+        await asyncio.sleep(0.01)
+        # the state records, keys as the table's JSON key serialiser writes them, in the held partitions;
+        # the commit waits for their delivery too
+        assert changelog(p.queued) == [(3, b'"h/a"', b"s2"), (3, b'"h/b"', b"t1")] and not commit.done()
         assert table.data == {"h/a": b"s2", "h/b": b"t1"}
+        p.releasable = 2
+        await asyncio.wait_for(commit, 1.0)
         assert writes.get("h/a") == b"s3" and len(writes) == 1
 
     run(scenario())
-
 
 
 def test_what_the_barriers_before_callbacks_send_is_delivered_within_the_same_commit():
@@ -203,8 +219,8 @@ def test_what_the_barriers_before_callbacks_send_is_delivered_within_the_same_co
 
     run(scenario())
 
+
 def test_marked_states_are_collected_once_per_commit_with_their_hosts_partition():
-    log: list = []
     p = FakeProducer()
     out = OutputSender(p, poll_interval_s=0.001)
     barrier = CommitBarrier(out)
@@ -217,42 +233,31 @@ def test_marked_states_are_collected_once_per_commit_with_their_hosts_partition(
         marked.clear()
         return got
 
-    table = FakeTable(log)
-    barrier.table(table, pop_dirty)
+    barrier.table(FakeTable(), pop_dirty)
     barrier.partitions.note("h1", 5)
     barrier.partitions.note("odd/host", 2, [ContainerSample(container="x/y", cpu_cores=0.1, mem_bytes=1.0)])
     marked["h1/a"] = {"n": 1}
     marked["h1/a"] = {"n": 2}  # marked again before the commit: one write, latest state
     marked["odd/host/x/y"] = {"n": 3}
+    p.releasable = 10
     run(barrier.before_commit())
-    assert log == [("changelog", 5, "h1/a", b'{"n":2}'), ("changelog", 2, "odd/host/x/y", b'{"n":3}')]
+    assert changelog(p.delivered) == [(5, b'"h1/a"', b'{"n":2}'), (2, b'"odd/host/x/y"', b'{"n":3}')]
     assert pops == [{"h1/a": {"n": 2}, "odd/host/x/y": {"n": 3}}]
     run(barrier.before_commit())
-    assert len(log) == 2  # nothing marked since
+    assert len(p.delivered) == 2  # nothing marked since
 
 
-def test_held_states_go_to_fausts_buffer_in_chunks_so_streams_are_never_paused():
-    class Buffer:  # Faust's conductor pauses the streams while the buffer holds > 100 records
-        def __init__(self, log) -> None:
-            self.log, self.sent, self.most = log, 0, 0
-
-        @property
-        def size(self) -> int:
-            return sum(1 for e in self.log if e[0] == "changelog") - self.sent
-
-        async def flush_atmost(self, n: int) -> int:
-            self.most = max(self.most, self.size)
-            self.sent += n
-            return n
-
-    log: list = []
-    barrier = CommitBarrier(OutputSender(FakeProducer()))
-    barrier.buffer = buf = Buffer(log)
-    writes = barrier.table(FakeTable(log))
-    for i in range(230):
-        writes.put(f"h/c{i}", b"s", 0)
+def test_a_deletion_is_a_tombstone_and_leaves_the_store():
+    p = FakeProducer()
+    barrier = CommitBarrier(OutputSender(p, poll_interval_s=0.001))
+    table = FakeTable()
+    writes = barrier.table(table)
+    writes.put("job/a", b"x", 1)
+    p.releasable = 10
     run(barrier.before_commit())
-    assert len(log) == 230 and buf.most == 50
+    writes.put("job/a", None, 1)
+    run(barrier.before_commit())
+    assert changelog(p.delivered) == [(1, b'"job/a"', b"x"), (1, b'"job/a"', None)] and table.data == {}
 
 
 def test_attach_runs_the_barrier_before_fausts_own_flush():
@@ -271,55 +276,34 @@ def test_attach_runs_the_barrier_before_fausts_own_flush():
         async def before_commit(self):
             order.append("barrier")
 
-        async def changelog_delivered(self):
-            order.append("changelog delivered")
-
     app = App()
     attach(app, Barrier())
     run(app.producer.flush())
-    assert order == ["barrier", "faust flush", "changelog delivered"]
+    assert order == ["barrier", "faust flush"]
 
 
-def test_offsets_wait_for_the_changelog_records_delivery_not_only_fausts_flush():
-    """Faust's flush can return while a changelog record is still on its way to the Kafka producer:
-    the commit waits for each record's own future; a failed one refuses this and every later commit."""
-    order: list = []
-
-    class Table(FakeTable):
-        def send_changelog(self, partition, key, value):
-            super().send_changelog(partition, key, value)
-            fut = asyncio.get_running_loop().create_future()
-            futures.append(fut)
-            return fut
-
-    class Producer:
-        async def flush(self):  # returns at once, as Faust's may with a record still in flight
-            order.append("faust flush")
-
-    class App:
-        producer = Producer()
-
-    futures: list = []
-    barrier = CommitBarrier(OutputSender(FakeProducer()), changelog_timeout_s=5)
-    writes = barrier.table(Table([]))
-    app = App()
-    attach(app, barrier)
+def test_a_changelog_record_not_delivered_refuses_this_and_every_later_commit():
+    """The state records go through the output producer: the commit waits for their delivery, and one
+    that fails refuses this commit and every later one (no offset past state that was not written)."""
+    p = FakeProducer()
+    barrier = CommitBarrier(OutputSender(p, poll_interval_s=0.001))
+    writes = barrier.table(FakeTable())
 
     async def scenario():
         writes.put("h/a", b"1", 0)
-        commit = asyncio.ensure_future(app.producer.flush())
+        commit = asyncio.ensure_future(barrier.before_commit())
         await asyncio.sleep(0.05)
-        assert order == ["faust flush"] and not commit.done()  # the record is not delivered yet
-        futures[0].set_result("metadata")
+        assert changelog(p.queued) == [(0, b'"h/a"', b"1")] and not commit.done()  # not delivered yet
+        p.releasable = 1
         await asyncio.wait_for(commit, 1)
+        p.fail_topics = {CHANGELOG}
         writes.put("h/a", b"2", 0)
-        commit = asyncio.ensure_future(app.producer.flush())
-        await asyncio.sleep(0.05)
-        futures[1].set_exception(RuntimeError("broker says no"))
+        p.releasable = 1
         with pytest.raises(DeliveryFailed, match="broker says no"):
-            await asyncio.wait_for(commit, 1)
-        with pytest.raises(Exception, match="no offsets are committed after a failure"):
-            await app.producer.flush()
+            await asyncio.wait_for(barrier.before_commit(), 1)
+        p.fail_topics = set()
+        with pytest.raises(DeliveryFailed):
+            await barrier.before_commit()
 
     run(scenario())
 

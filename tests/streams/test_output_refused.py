@@ -18,12 +18,7 @@ from phasewise.kit.settings import Settings
 from phasewise.streams.job_inputs import Input, dead_letterer, refused_output
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import CommitBarrier, DeliveryFailed, OutputSender, record_refusal
-from tests.streams.test_output import FakeProducer, FakeTable
-
-
-class Table(FakeTable):
-    def send_changelog(self, partition, key, value, **kw):
-        self.log.append(("changelog", partition, key, value))
+from tests.streams.test_output import FakeProducer, FakeTable, changelog
 
 
 class BrokerRefuses(FakeProducer):
@@ -42,7 +37,7 @@ class BrokerRefuses(FakeProducer):
             self.releasable -= 1
             if msg.topic() in self.down:
                 err = KafkaError(KafkaError._TRANSPORT)
-            elif len(msg.value) > self.limit:
+            elif len(msg.value or b"") > self.limit:
                 err = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
             else:
                 err = None
@@ -125,12 +120,11 @@ def test_the_input_of_a_refused_output_is_a_dead_letter_and_its_state_change_goe
     delivered their dead letters; a handler's dead letter names the input and why."""
     from phasewise.kit.records import DeadLetter, decode
 
-    log: list = []
     p = BrokerRefuses(limit=700)  # (the dead letter, ~400 bytes, fits)
     metrics = WorkerMetrics(CollectorRegistry())
     out = OutputSender(p, metrics, poll_interval_s=0.001)
     barrier = CommitBarrier(out, metrics)
-    writes = barrier.table(Table(log))
+    writes = barrier.table(FakeTable())
     state: dict[str, bytes | None] = {"job/a": b"placed"}
     held: dict[str, bytes | None] = dict(state)
 
@@ -158,7 +152,8 @@ def test_the_input_of_a_refused_output_is_a_dead_letter_and_its_state_change_goe
         await asyncio.wait_for(commit, 1.0)
 
     asyncio.run(scenario())
-    assert [(k, v) for _, _, k, v in log] == [("job/a", None)]  # the forgetting, not the stale "placed"
+    # the forgetting, not the stale "placed"
+    assert [(k, v) for _, k, v in changelog(p.delivered)] == [(b'"job/a"', None)]
     (dl,) = [decode(DeadLetter, m.value) for m in p.delivered if m.topic() == "phasewise.deadletters.v1"]
     assert (dl.source_topic, dl.key, dl.offset) == ("phasewise.job-events.v1", "a", 7)
     assert dl.reason.startswith("an output record this input caused was refused: phasewise.decisions.v1 "

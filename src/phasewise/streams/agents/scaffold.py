@@ -29,7 +29,14 @@ from phasewise.kit.topics import DEAD_LETTERS, DECISIONS, JOB_EVENTS, Topic
 from phasewise.models.jobs.events import Refused
 from phasewise.streams.config import job_partitions
 from phasewise.streams.job_inputs import DeadLetter, dead_letterer, event_time_gate, refused_output
-from phasewise.streams.output import CommitBarrier, JobStateTable, OutputSender, attach, output_producer
+from phasewise.streams.output import (
+    CommitBarrier,
+    JobStateTable,
+    OutputSender,
+    attach,
+    changelog_producer,
+    output_producer,
+)
 from phasewise.streams.topics import raw_topic
 
 __all__ = ["Context", "JobAgent", "SetupError", "fail_worker_on_agent_error", "step_outcome", "worker_outputs"]
@@ -99,7 +106,7 @@ def worker_outputs(app: Any, settings: Settings, metrics: Any,
     commits, its dead letters (counted in *metrics*), and the handler that stops it when an agent dies."""
     if outputs is None:
         outputs = OutputSender(output_producer(settings), metrics)
-    barrier = CommitBarrier(outputs, metrics)
+    barrier = CommitBarrier(outputs, metrics, changelog=OutputSender(changelog_producer(settings), metrics))
     attach(app, barrier)
     # Faust hands every agent the app's _on_agent_error, which commits the offsets acked so far
     app._on_agent_error = fail_worker_on_agent_error(barrier, metrics)
