@@ -58,6 +58,10 @@ def test_the_server_answers_metrics_health_and_readiness_on_the_bound_address():
         assert status == 200
         assert 'phasewise_build_info{python="' in text and f'version="{__version__}"' in text
         assert 'role="actuator"' in text
+        # ?name[]=: only those samples (what a bench polling one counter asks for)
+        status, only = get(base + "/metrics?name[]=phasewise_actuator_decisions_total&name[]=nope")
+        samples = [x for x in only.splitlines() if x and not x.startswith("#")]
+        assert status == 200 and samples and all(x.startswith("phasewise_actuator_decisions_total") for x in samples)
         assert get(base + "/healthz") == (200, "ok\n")
         assert get(base + "/readyz") == (503, "waiting for the broker at k:9092\n")
         ready[0] = None

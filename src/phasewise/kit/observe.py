@@ -113,8 +113,10 @@ def serve(registry: CollectorRegistry, port: int, health: Health, addr: str = "1
                 except Exception as e:  # noqa: BLE001 - a view answers, it does not crash the server
                     status, body = 500, {"error": f"{type(e).__name__}: {e}"}
                 self._send(status, json.dumps(body).encode(), "application/json")
-            elif path == "/metrics":
-                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/metrics":  # ?name[]=S&name[]=...: only those samples (prometheus_client's own filter)
+                names = urllib.parse.parse_qs(query).get("name[]")
+                self._send(200, generate_latest(registry.restricted_registry(names) if names else registry),
+                           CONTENT_TYPE_LATEST)
             elif path in ("/healthz", "/livez"):
                 self._answer(health.live())
             elif path == "/readyz":

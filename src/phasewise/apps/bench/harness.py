@@ -139,8 +139,8 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
     runs from 10 % to 90 % of the backlog by the worker's
     ``phasewise_worker_container_samples_total`` (scraped from *metrics_url*);
     returns once the whole backlog is processed. The counters are scraped every
-    100 ms (each scrape costs the worker ~2 ms of CPU; at 20 ms they took ~10 %
-    of it), so a backlog that drains in less than that has no window; where
+    100 ms, each alone (``?name[]=``: a whole scrape costs the worker milliseconds
+    of CPU, ~7 % of it at this rate), so a backlog that drains in less than that has no window; where
     the scrapes were too slow to see it (a worker starved of CPU answers them
     late), the window runs from the end of the flood to the whole backlog.
     *gpu*: the samples also carry GPU use (:func:`square_wave_gpu`).
@@ -148,8 +148,8 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
     urls = [metrics_url] if isinstance(metrics_url, str) else list(metrics_url)
     pids = [pid] if isinstance(pid, int) else list(pid)
 
-    def each(name: str = SAMPLES_COUNTER) -> list[float]:
-        return [scrape(u).get(name, 0.0) for u in urls]
+    def each(name: str = SAMPLES_COUNTER) -> list[float]:  # that counter alone: a whole scrape costs ms of CPU
+        return [scrape(f"{u}?name[]={name}").get(name, 0.0) for u in urls]
 
     def counter(name: str = SAMPLES_COUNTER) -> float:
         return sum(each(name))
