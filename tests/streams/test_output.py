@@ -198,6 +198,11 @@ def test_the_barrier_writes_held_state_only_after_the_outputs_are_delivered():
         assert changelog(p.queued) == [(3, b'"h/a"', b"s2"), (3, b'"h/b"', b"t1")] and not commit.done()
         assert table.data == {"h/a": b"s2", "h/b": b"t1"}
         p.releasable = 2
+        await asyncio.sleep(0.01)
+        # once they are delivered, each partition's last record again, alone: the partition ends with a batch
+        # of one (the embedded broker's high watermark is then exact for Faust's recovery)
+        assert changelog(p.queued) == [(3, b'"h/b"', b"t1")] and not commit.done()
+        p.releasable = 1
         await asyncio.wait_for(commit, 1.0)
         assert writes.get("h/a") == b"s3" and len(writes) == 1
 
@@ -241,10 +246,11 @@ def test_marked_states_are_collected_once_per_commit_with_their_hosts_partition(
     marked["odd/host/x/y"] = {"n": 3}
     p.releasable = 10
     run(barrier.before_commit())
-    assert changelog(p.delivered) == [(5, b'"h1/a"', b'{"n":2}'), (2, b'"odd/host/x/y"', b'{"n":3}')]
+    written = [(5, b'"h1/a"', b'{"n":2}'), (2, b'"odd/host/x/y"', b'{"n":3}')]
+    assert changelog(p.delivered) == written + written  # (each partition's last, sealed)
     assert pops == [{"h1/a": {"n": 2}, "odd/host/x/y": {"n": 3}}]
     run(barrier.before_commit())
-    assert len(p.delivered) == 2  # nothing marked since
+    assert len(p.delivered) == 4  # nothing marked since: nothing written, nothing sealed
 
 
 def test_a_deletion_is_a_tombstone_and_leaves_the_store():
@@ -257,7 +263,8 @@ def test_a_deletion_is_a_tombstone_and_leaves_the_store():
     run(barrier.before_commit())
     writes.put("job/a", None, 1)
     run(barrier.before_commit())
-    assert changelog(p.delivered) == [(1, b'"job/a"', b"x"), (1, b'"job/a"', None)] and table.data == {}
+    assert changelog(p.delivered) == [(1, b'"job/a"', b"x")] * 2 + [(1, b'"job/a"', None)] * 2
+    assert table.data == {}
 
 
 def test_attach_runs_the_barrier_before_fausts_own_flush():
@@ -294,6 +301,9 @@ def test_a_changelog_record_not_delivered_refuses_this_and_every_later_commit():
         commit = asyncio.ensure_future(barrier.before_commit())
         await asyncio.sleep(0.05)
         assert changelog(p.queued) == [(0, b'"h/a"', b"1")] and not commit.done()  # not delivered yet
+        p.releasable = 1
+        await asyncio.sleep(0.05)
+        assert not commit.done()  # its seal is not delivered yet
         p.releasable = 1
         await asyncio.wait_for(commit, 1)
         p.fail_topics = {CHANGELOG}
@@ -423,3 +433,48 @@ def test_a_killed_worker_committed_no_offset_whose_decisions_were_not_delivered_
         assert not missing, f"{len(missing)} containers never got their decision, e.g. {sorted(missing)[:5]}"
     finally:
         again.stop()
+
+
+@pytest.mark.broker
+def test_a_commits_changelog_ends_each_partition_with_one_record_so_the_embedded_brokers_watermark_is_exact(
+        broker, tmp_path):
+    """The embedded broker reports a partition's high watermark as the first offset of its last batch + 1,
+    and Faust's recovery reads a changelog up to that watermark. A commit's state records go batched (250
+    here, one partition), then the last one again alone: the watermark covers every record written."""
+    from confluent_kafka.admin import NewTopic
+
+    from phasewise.kit.kafka.client import make_admin
+    from phasewise.streams.output import changelog_producer
+
+    s = Settings.from_env({"bootstrap": broker.bootstrap}, env={})
+    topic = f"pwtest-{uuid.uuid4().hex[:6]}-state-changelog"
+    admin = make_admin(s)
+    for fut in admin.create_topics([NewTopic(topic, num_partitions=1)]).values():
+        fut.result(30)
+
+    class Table(FakeTable):
+        class changelog_topic:  # noqa: N801 - Faust's attribute
+            @staticmethod
+            def get_topic_name() -> str:
+                return topic
+
+    sender = OutputSender(changelog_producer(s), poll_interval_s=0.001)
+    barrier = CommitBarrier(OutputSender(make_producer(s)), changelog=sender)
+    writes = barrier.table(Table())
+    for i in range(250):
+        writes.put(f"h/c{i}", b'{"n":%d}' % i, 0)
+    run(barrier.before_commit())
+    c = make_consumer(s, f"pwtest-{uuid.uuid4().hex[:6]}")
+    try:
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        keys: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(keys) < 251 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                keys.append(m.key())
+    finally:
+        c.close()
+    assert len(keys) == 251 and keys[-1] == keys[-2] == b'"h/c249"'  # 250 states, the last sealed
+    assert hi == 251  # a recovery that reads up to the watermark reads them all

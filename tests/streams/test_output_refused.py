@@ -153,7 +153,7 @@ def test_the_input_of_a_refused_output_is_a_dead_letter_and_its_state_change_goe
 
     asyncio.run(scenario())
     # the forgetting, not the stale "placed"
-    assert [(k, v) for _, k, v in changelog(p.delivered)] == [(b'"job/a"', None)]
+    assert [(k, v) for _, k, v in changelog(p.delivered)] == [(b'"job/a"', None)] * 2  # (and its seal)
     (dl,) = [decode(DeadLetter, m.value) for m in p.delivered if m.topic() == "phasewise.deadletters.v1"]
     assert (dl.source_topic, dl.key, dl.offset) == ("phasewise.job-events.v1", "a", 7)
     assert dl.reason.startswith("an output record this input caused was refused: phasewise.decisions.v1 "

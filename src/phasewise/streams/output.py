@@ -102,16 +102,11 @@ def output_producer(settings: Any) -> Any:
 
 
 def changelog_producer(settings: Any) -> Any:
-    """The confluent-kafka producer for the worker's table changelogs: one record per batch.
-
-    A broker that reports a partition's high watermark as the first offset of its last batch + 1 (the
-    embedded Tansu broker) would end Faust's changelog recovery before the rest of that batch; with one
-    record per batch the watermark is exact there too. librdkafka still pipelines the requests, and a
-    commit sends each key at most once, so a retry cannot reorder two states of one container.
-    """
+    """The confluent-kafka producer for the worker's table changelogs (its own connection: a commit's
+    burst of state records does not queue the next decisions behind it)."""
     from phasewise.kit.kafka.client import make_producer
 
-    return make_producer(settings, **{"linger.ms": 0, "batch.num.messages": 1, "message.timeout.ms": 60000})
+    return make_producer(settings, **{"linger.ms": 2, "message.timeout.ms": 60000})
 
 
 class OutputSender:
@@ -283,6 +278,7 @@ class DeferredWrites:
         self._writing: dict[str, tuple[int, Any]] = {}
         self.written = 0
         self._changelog: str | None = None  # the changelog topic's name (on the first write)
+        self._last: dict[int, tuple[bytes, Any]] = {}  # partition -> the last record sent there (for seal)
         self._key_bytes: Callable[[Any], bytes] = lambda k: k
 
     def put(self, key: str, value: Any, partition: int) -> None:
@@ -332,9 +328,9 @@ class DeferredWrites:
 
         Faust's own changelog path costs ~0.3 ms of the event loop per record (one produce request of
         its aiokafka producer each): at a commit with 1,000 marked containers, 0.3 s of stopped streams.
-        Through the output producer a record costs a few microseconds, and its delivery is awaited with
-        the commit's other outputs. Recovery reads the same records (key and value as the table's
-        serialisers make them) from the same changelog topic and partition.
+        Through a confluent-kafka producer a record costs a few microseconds and librdkafka batches them.
+        Recovery reads the same records (key and value as the table's serialisers make them) from the
+        same changelog topic and partition (see :meth:`seal`).
         """
         taken, table = self._writing, self.table
         if not taken:
@@ -347,16 +343,30 @@ class DeferredWrites:
             self._key_bytes = ((lambda k: codecs.dumps(key_serializer, k)) if key_serializer not in (None, "raw")
                                else (lambda k: k if isinstance(k, bytes) else str(k).encode()))
         topic, key_bytes, data, send = self._changelog, self._key_bytes, table.data, sender.send
+        last = self._last
         for k, (partition, v) in taken.items():
             if v is None:  # a deletion: drop it here, a tombstone on the changelog (as Faust's del does)
                 data.pop(k, None)
             else:
                 data[k] = v
-            send(topic, key_bytes(k), v, partition=partition)
+            kb = key_bytes(k)
+            send(topic, kb, v, partition=partition)
+            last[partition] = (kb, v)
         n = len(taken)
         self._writing = {}
         self.written += n
         return n
+
+    def seal(self, sender: OutputSender) -> int:
+        """Send again, alone, the last record :meth:`send_taken` sent to each partition (once those were
+        delivered): each changelog partition then ends with a batch of one record, which a broker that
+        reports a partition's high watermark as the first offset of its last batch + 1 (the embedded Tansu
+        broker) reports exactly, so that Faust's recovery reads the whole changelog. The record is the
+        key's latest state already written: reading it twice changes nothing."""
+        last, self._last = self._last, {}
+        for partition, (kb, v) in last.items():
+            sender.send(self._changelog, kb, v, partition=partition)  # (one partition each: one batch each)
+        return len(last)
 
 
 class CommitBarrier:
@@ -411,6 +421,8 @@ class CommitBarrier:
             for d in self.tables:
                 n += d.send_taken(self.changelog)
             await self.changelog.flush()  # the state records: delivered before the offsets are committed
+            if sum(d.seal(self.changelog) for d in self.tables):
+                await self.changelog.flush()
             if self.metrics is not None and n:
                 self.metrics.table_writes.inc(n)
             self.commits += 1
