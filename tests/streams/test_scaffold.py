@@ -1,4 +1,5 @@
-"""The job agents' scaffold without Faust: a step's outcome or its record's dead letter, by kind."""
+"""The job agents' scaffold without Faust: a step's outcome or its record's dead letter, by kind; a record
+that does not decode is a dead letter of kind schema (``Context.decoded``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from types import SimpleNamespace
 
 from phasewise.kit.records import JobEvent, SchemaError, decode
 from phasewise.models.jobs.events import EventTimeRefused, Refused, SignatureRefused
-from phasewise.streams.agents.scaffold import step_outcome
+from phasewise.streams.agents.scaffold import Context, step_outcome
 
 
 def outcome(step):
@@ -16,7 +17,7 @@ def outcome(step):
     async def dead_letter(event, reason, kind):
         dead.append((reason, kind))
 
-    ctx = SimpleNamespace(dead_letter=dead_letter)
+    ctx = Context(None, None, None, None, None, None, dead_letter, None)  # (only its dead letters are used)
     event = SimpleNamespace(message=SimpleNamespace(value=b"{}"))
     return asyncio.run(step_outcome(ctx, event, step, "the step failed")), dead
 
@@ -42,3 +43,20 @@ def test_each_refusal_is_a_dead_letter_of_its_kind_and_a_bug_one_of_kind_process
         got, dead = outcome(raising(e))
         assert got is None and [k for _, k in dead] == [kind], (e, dead)
     assert outcome(raising(KeyError("x")))[1][0][0] == "processing failed: KeyError: 'x'"
+
+
+def test_a_record_that_does_not_decode_is_a_schema_dead_letter_and_a_good_one_is_returned():
+    dead: list[tuple[str, str]] = []
+
+    async def dead_letter(event, reason, kind):
+        dead.append((reason, kind))
+
+    ctx = Context(None, None, None, None, None, None, dead_letter, None)
+
+    def read(raw):
+        return decode(JobEvent, raw)
+
+    bad = SimpleNamespace(message=SimpleNamespace(value=b"["))
+    good = SimpleNamespace(message=SimpleNamespace(value=b'{"v": 1, "job": "a", "ts": 1.0, "kind": "finished"}'))
+    assert asyncio.run(ctx.decoded(bad, read)) is None and [k for _, k in dead] == ["schema"]
+    assert asyncio.run(ctx.decoded(good, read)).job == "a" and len(dead) == 1
