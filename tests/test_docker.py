@@ -260,8 +260,13 @@ def test_the_actuator_limits_freezes_and_thaws_a_docker_container(settings, dock
         a = outcome(decide("thaw"))
         assert a.status == "applied", a
         assert freezer.read_text().strip() == "THAWED"
-        c = container_sample(sample_once(settings, dockerd.parent, tmp_path), spinner)
-        assert c.cpu_cores > 0.1, c
+        # running again: it uses CPU (frozen, it used none; how much it gets of its 0.2 depends on the machine's
+        # load: 0.055 of a core in one sample of a loaded run)
+        for _ in range(10):
+            c = container_sample(sample_once(settings, dockerd.parent, tmp_path), spinner)
+            if c.cpu_cores > 0.05:
+                break
+        assert c.cpu_cores > 0.05, c
         # Docker itself still reports the container running (phasewise worked below it)
         state = json.loads(dockerd.docker("inspect", spinner).stdout)[0]["State"]
         assert state["Running"] and not state["Paused"]
