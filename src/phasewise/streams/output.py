@@ -279,7 +279,6 @@ class DeferredWrites:
         self.written = 0
         self._changelog: str | None = None  # the changelog topic's name (on the first write)
         self._last: dict[int, tuple[bytes, Any]] = {}  # partition -> the last record sent there (for seal)
-        self._key_bytes: Callable[[Any], bytes] = lambda k: k
 
     def put(self, key: str, value: Any, partition: int) -> None:
         self._pending[key] = (partition, value)
@@ -335,21 +334,18 @@ class DeferredWrites:
         taken, table = self._writing, self.table
         if not taken:
             return 0
-        if self._changelog is None:
-            from faust.serializers import codecs
+        from faust.serializers import codecs
 
+        if self._changelog is None:
             self._changelog = table.changelog_topic.get_topic_name()
-            key_serializer = table.key_serializer
-            self._key_bytes = ((lambda k: codecs.dumps(key_serializer, k)) if key_serializer not in (None, "raw")
-                               else (lambda k: k if isinstance(k, bytes) else str(k).encode()))
-        topic, key_bytes, data, send = self._changelog, self._key_bytes, table.data, sender.send
+        topic, serializer, data, send = self._changelog, table.key_serializer, table.data, sender.send
         last = self._last
         for k, (partition, v) in taken.items():
             if v is None:  # a deletion: drop it here, a tombstone on the changelog (as Faust's del does)
                 data.pop(k, None)
             else:
                 data[k] = v
-            kb = key_bytes(k)
+            kb = codecs.dumps(serializer, k)  # the key as the table's key serialiser writes it
             send(topic, kb, v, partition=partition)
             last[partition] = (kb, v)
         n = len(taken)
