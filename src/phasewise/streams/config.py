@@ -36,8 +36,8 @@ if TYPE_CHECKING:  # (river: imported by the horus role alone; torch by the phas
 
 __all__ = ["autoscale_step_config", "detector_config", "guard_config", "horus_state_config", "initial_model",
            "intake_config", "job_partitions", "parse_local_nodes", "placement_state_config", "prior_config",
-           "priority_step_config", "recommender_params", "state_cache", "submissions", "targets_step_config",
-           "updater_config"]
+           "priority_step_config", "recommender_params", "samples_partitions", "state_cache", "submissions",
+           "targets_step_config", "updater_config"]
 
 
 def recommender_params(settings: Settings) -> dict[str, Any]:
@@ -135,6 +135,19 @@ def initial_model(settings: Settings) -> tuple[PhaseModel, str]:
 
 
 # -- the job roles ---------------------------------------------------------------------------------
+
+def samples_partitions(settings: Settings) -> int:
+    """The samples topic's real partition count, asked of the broker (the state tables and the horus routes
+    must match it); the configured one where the broker does not say."""
+    from phasewise.kit.kafka.client import make_admin
+    from phasewise.kit.topics import SAMPLES
+
+    md = make_admin(settings).list_topics(SAMPLES.name, timeout=10)
+    t = md.topics.get(SAMPLES.name)
+    if t is None or t.error is not None or not t.partitions:
+        return settings.kafka.topic_partitions or SAMPLES.partitions
+    return len(t.partitions)
+
 
 def job_partitions(settings: Settings) -> int:
     """The job-events topic's partition count (the job agents' tables are co-partitioned with it)."""

@@ -50,18 +50,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         add_setting(p, name, help={"data_dir": "Faust data directory"}.get(name))
 
 
-def samples_partitions(settings: Settings) -> int:
-    """The samples topic's real partition count (the state table must match it)."""
-    from phasewise.kit.kafka.client import make_admin
-    from phasewise.kit.topics import SAMPLES
-
-    md = make_admin(settings).list_topics(SAMPLES.name, timeout=10)
-    t = md.topics.get(SAMPLES.name)
-    if t is None or t.error is not None or not t.partitions:
-        return settings.kafka.topic_partitions or SAMPLES.partitions
-    return len(t.partitions)
-
-
 def single_threaded_torch() -> int:
     """Run torch ops on the calling thread only (unless ``OMP_NUM_THREADS`` says otherwise).
 
@@ -474,6 +462,8 @@ def run(args: argparse.Namespace) -> int:
                 from phasewise.streams.agents.phases import ensure_phase_topics
 
                 ensure_phase_topics(settings)
+            from phasewise.streams.config import samples_partitions
+
             partitions = samples_partitions(settings)
         except BrokerUnavailable as e:
             print(f"phasewise worker: {e}", file=sys.stderr)

@@ -25,6 +25,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from phasewise.kit.records import (
@@ -47,7 +48,7 @@ from phasewise.models.horus.join import Observation
 from phasewise.models.horus.snapshot import SNAPSHOT_NAME, observations_of, snapshot_of
 from phasewise.models.horus.state import HorusState
 from phasewise.streams.agents.scaffold import Context, JobAgent, SetupError
-from phasewise.streams.config import horus_state_config, job_partitions
+from phasewise.streams.config import horus_state_config, job_partitions, samples_partitions
 from phasewise.streams.horus_jobs import BuildRules, spec_features_async, warm_up
 from phasewise.streams.job_inputs import Input
 from phasewise.streams.metrics import HorusMetrics
@@ -70,11 +71,9 @@ def ensure_routes(settings: Settings) -> int:
     ``create_topics``); :class:`SetupError` when it cannot be used (one line)."""
     from phasewise.kit.kafka.client import ensure_topics, make_admin
 
-    topics = make_admin(settings).list_topics(timeout=10).topics
-    samples = topics.get(SAMPLES.name)
-    n = (len(samples.partitions) if samples is not None and samples.partitions
-         else settings.kafka.topic_partitions or SAMPLES.partitions)
-    routes = topics.get(HORUS_ROUTES.name)
+    n = samples_partitions(settings)
+    # every topic listed, not the routes topic by name: the embedded broker creates a topic a request names
+    routes = make_admin(settings).list_topics(timeout=10).topics.get(HORUS_ROUTES.name)
     if routes is None or not routes.partitions:
         if not settings.kafka.create_topics:
             raise SetupError(f"topic {HORUS_ROUTES.name} does not exist and create_topics is off: create it "
@@ -221,7 +220,7 @@ def restored(ctx: Context, n: int) -> None:
     ctx.extras["adopted"] = -1  # a restored state learns the shared observations again
     adopt(ctx)
     ctx.metrics.model_jobs.set(ctx.state.model.jobs)
-    ctx.metrics.jobs.set(len(ctx.state.book) + len(ctx.state.join))
+    held(ctx)
 
 
 def adopt(ctx: Context) -> None:
@@ -296,7 +295,8 @@ async def on_jobs(ctx: Context, event: Any) -> None:
     if ev.kind in _SIGNED and await ctx.unsigned(event, f"JobEvent {ev.kind} {ev.job}"):
         return
     adopt(ctx)
-    try:
+
+    async def step() -> None:
         if ev.kind == "submitted":
             if ev.spec is None:
                 raise FeatureError("a submitted event needs a spec")
@@ -307,15 +307,32 @@ async def on_jobs(ctx: Context, event: Any) -> None:
             ctx.metrics.predictions.inc()
         else:  # started, or an end: to the worker reading the job's host (where it ran)
             send_route(ctx, state.started(ev) if ev.kind == "started" else state.end(ev), event)
-    except FeatureError as e:
-        await ctx.dead_letter(event, f"JobEvent {ev.kind} {ev.job}: {e}", "job")
-        return
-    except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
-        await ctx.failed(event, "processing a job event failed", e)
+
+    if not await taken(ctx, event, f"JobEvent {ev.kind} {ev.job}", "processing a job event failed", step):
         return
     ctx.count_ignored(state.lifecycle.take_counts())
-    ctx.metrics.jobs.set(len(state.book) + len(state.join))
+    held(ctx)
     ctx.outputs.poll()
+
+
+async def taken(ctx: Context, event: Any, what: str, failed: str, step: Callable[[], Awaitable[None]]) -> bool:
+    """``await step()`` for *event*; whether it went through. A :class:`FeatureError` makes the event a dead
+    letter of kind ``job`` (its reason after *what*), any other error one of kind ``processing`` (logged as
+    *failed*: a bug on a valid record; the agent goes on)."""
+    try:
+        await step()
+    except FeatureError as e:
+        await ctx.dead_letter(event, f"{what}: {e}", "job")
+        return False
+    except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
+        await ctx.failed(event, failed, e)
+        return False
+    return True
+
+
+def held(ctx: Context) -> None:
+    """The jobs held: booked (their events read here) and joined (their host's samples read here)."""
+    ctx.metrics.jobs.set(len(ctx.state.book) + len(ctx.state.join))
 
 
 def send_route(ctx: Context, route: HorusRoute | None, event: Any) -> None:
@@ -336,15 +353,12 @@ async def on_routes(ctx: Context, event: Any) -> None:
     # only a horus worker routes (with the cluster key, where there is one)
     if await ctx.unsigned(event, f"HorusRoute {r.kind} {r.host}"):
         return
-    try:
+    async def step() -> None:
         learned(ctx, ctx.state.route(r))
-    except FeatureError as e:
-        await ctx.dead_letter(event, f"HorusRoute {r.kind} {r.host}: {e}", "job")
+
+    if not await taken(ctx, event, f"HorusRoute {r.kind} {r.host}", "processing a route failed", step):
         return
-    except Exception as e:  # noqa: BLE001 - a bug on a valid record: keep it, keep going
-        await ctx.failed(event, "processing a route failed", e)
-        return
-    ctx.metrics.jobs.set(len(ctx.state.book) + len(ctx.state.join))
+    held(ctx)
     ctx.outputs.poll()
 
 
