@@ -294,7 +294,7 @@ def test_two_workers_of_one_group_learn_every_job_once_wherever_its_events_and_s
         # bad records on the internal routes topic, in the partition the first job's start is routed to
         first = cycle("pair")
         rkey = f"r-{tag}"
-        route_poison = [None, b"[" * 60_000, bytes(range(256)) * 240,
+        route_poison = [None, b"[" * 100_000, bytes(range(256)) * 2400,
                         json.dumps({"v": 1, "host": "h", "kind": "started", "ts": 1.0, "event": 5}).encode(),
                         json.dumps({"v": 1, "host": "h", "kind": "teleported", "ts": 1.0}).encode()]
         for v in route_poison:
