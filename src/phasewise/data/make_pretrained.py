@@ -1,6 +1,13 @@
-"""Rebuild ``ai4dl_cpu_mem.pwck``, the phase model phasewise ships pretrained (run from the repository root).
+"""Rebuild the phase models phasewise ships pretrained (run from the repository root).
 
-    .venv/bin/python data/make_pretrained.py
+    .venv/bin/python src/phasewise/data/make_pretrained.py
+
+``corpus_cpu_mem.pwck`` (the default start of a live worker, ``phase_pretrained_model corpus``): the
+same training on the TRAIN split of the shipped corpus (``corpus/``: 30 real executions of five kinds of
+training job recorded here at 1 s; the held-out runs and the held-out kind are never seen), the
+executions one after the other in the order they were recorded.
+
+``ai4dl_cpu_mem.pwck`` (``phase_pretrained_model ai4dl``):
 
 Trains a shared :class:`~phasewise.models.phases.detector.PhaseModel` (cpu, mem) on
 ALL FOUR containers of ``ai4dl_sample.csv`` (the Apache-2.0 AI4DL IBM DLaaS
@@ -23,19 +30,34 @@ import sys
 from pathlib import Path
 
 from phasewise.apps.replay.driving import FleetOptions, pretrain_model
-from phasewise.apps.replay.traces import load_trace
+from phasewise.apps.replay.traces import ContainerSeries, Trace, load_trace
 
 HERE = Path(__file__).resolve().parent
 
 
+def corpus_train_trace() -> Trace:
+    """The shipped corpus's train-split executions as one trace (cpu, mem; one container per execution)."""
+    from phasewise.apps.experiment.corpus_plan import read_manifest
+    from phasewise.apps.experiment.corpus_prior import execution_series
+
+    folder = HERE / "corpus"
+    train = [e for e in read_manifest(folder)["executions"] if e["split"] == "train"]
+    series = []
+    for e in train:
+        s = execution_series(folder, e)
+        series.append(ContainerSeries(e["id"], s.t, {"cpu": s.usage["cpu"], "mem": s.usage["mem"]}))
+    return Trace("phasewise", str(folder), {"cpu": "cores", "mem": "bytes"}, series)
+
+
 def main() -> int:
-    trace = load_trace(HERE / "ai4dl_sample.csv", "ai4dl")
-    model = pretrain_model(trace, FleetOptions())
-    data = model.to_bytes()
-    out = HERE / "ai4dl_cpu_mem.pwck"
-    out.write_bytes(data)
-    print(f"{out}: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}, ready={model.ready}, "
-          f"phases {model.clusterer.phase_ids}, CRBM windows seen {model.crbm.n_seen}")
+    for name, trace in (("ai4dl_cpu_mem.pwck", load_trace(HERE / "ai4dl_sample.csv", "ai4dl")),
+                        ("corpus_cpu_mem.pwck", corpus_train_trace())):
+        model = pretrain_model(trace, FleetOptions())
+        data = model.to_bytes()
+        out = HERE / name
+        out.write_bytes(data)
+        print(f"{out}: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}, ready={model.ready}, "
+              f"phases {model.clusterer.phase_ids}, CRBM windows seen {model.crbm.n_seen}")
     return 0
 
 

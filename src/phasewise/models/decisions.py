@@ -201,6 +201,9 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
         details = {**ex, "source": source, "sources": srcs, "quantile": quantile, "margin": margin,
                    "changed": changed[k]}
         reason = f"{head}: " + "; ".join(why)
+        if (ah := ex.get("anticipated")) is not None:
+            reason += (f"; ahead of phase {ah['phase']} -> {ah['next_phase']} ({ah['probability']:.0%} of "
+                       f"{ah['exits']} earlier exits of {ah['signature']} within {ah['within_s']:g} s)")
         sx = None if safety is None else safety.explain(i)
         if sx is not None:
             details["safety"] = sx

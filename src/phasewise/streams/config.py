@@ -104,6 +104,7 @@ def state_cache(settings: Settings, loader: Callable[[str], Any] | None = None) 
 
 def detector_config(settings: Settings) -> DetectorConfig:
     """The phase detectors' parameters from settings (``phase_ratio_cap`` 0: no cap)."""
+    from phasewise.models.phases.transitions import TransitionConfig
     from phasewise.models.phases.updater import DetectorConfig
 
     phase = settings.phase
@@ -112,25 +113,26 @@ def detector_config(settings: Settings) -> DetectorConfig:
         learn_every=phase.learn_every, learn_batch=phase.learn_batch, statistics=phase.statistics,
         state_write_interval_s=settings.worker.state_write_interval_s,
         ratio_cap=PhaseSettings.cap(phase.ratio_cap), default_policy=settings.worker.policy,
+        anticipate=TransitionConfig(horizon_s=phase.anticipate_horizon_s,
+                                    min_probability=phase.anticipate_min_probability,
+                                    min_exits=phase.anticipate_min_exits,
+                                    keep=max(32, phase.anticipate_min_exits)),
     )
 
 
 def initial_model(settings: Settings) -> tuple[PhaseModel, str]:
-    """The shipped pretrained model when its features match (and ``phase_pretrained``), else a cold one;
-    with where it came from."""
+    """The shipped pretrained model ``phase_pretrained_model`` when its features match (and
+    ``phase_pretrained``), else a cold one; with where it came from."""
     from phasewise.models.phases.detector import PhaseModel
 
     features = settings.phase.feature_tuple()
-    try:
-        from phasewise.models.phases.limits import PRETRAINED_AI4DL, load_pretrained
-    except ImportError:  # the policy module is optional for the live path
-        load_pretrained = None  # type: ignore[assignment]
-    if not settings.phase.pretrained:
-        load_pretrained = None  # type: ignore[assignment]
-    if load_pretrained is not None:
-        m = load_pretrained()
+    if settings.phase.pretrained:
+        from phasewise.models.phases.limits import PRETRAINED, load_pretrained
+
+        name = settings.phase.pretrained_model
+        m = load_pretrained(PRETRAINED[name])
         if m is not None and m.features == features:
-            return m, f"pretrained {PRETRAINED_AI4DL}"
+            return m, f"pretrained {PRETRAINED[name]}"
     return PhaseModel(features=features, warmup=settings.phase.warmup), "cold"
 
 

@@ -38,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     for name in ("recommend_interval_s", "hysteresis", "data_dir", "web_port", "metrics_port", "bind_address",
                  "worker_id", "policy", "phase_workloads", "phase_snapshot_interval_s", "phase_learn_every",
-                 "phase_learn_batch", "phase_warmup",
+                 "phase_learn_batch", "phase_warmup", "phase_pretrained_model", "phase_anticipate_horizon_s",
+                 "phase_anticipate_min_probability", "phase_anticipate_min_exits",
                  "phase_statistics", "phase_features", "container_ttl_s", "vpa_time_scale", "targets_enabled",
                  "targets_policy", "targets_shrink", "targets_share_alpha", "targets_share_interval_s",
                  "targets_grace_s", "priority_agent", "priority_freeze_max_wait_s", "priority_grace_s",

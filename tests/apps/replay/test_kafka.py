@@ -132,7 +132,8 @@ def test_the_report_says_what_a_through_kafka_phase_worker_starts_from():
 
     ai4dl, gpu = small_trace(), regime_trace()
     assert worker_origin(ai4dl, pretrained=False) == "cold"
-    assert worker_origin(ai4dl, pretrained=True).startswith("pretrained ai4dl_cpu_mem")
+    assert worker_origin(ai4dl, pretrained=True).startswith("pretrained corpus_cpu_mem")  # the default
+    assert worker_origin(ai4dl, pretrained="ai4dl").startswith("pretrained ai4dl_cpu_mem")
     assert worker_origin(gpu, pretrained=True) == "cold"  # the shipped model has no GPU features
     assert worker_origin(ai4dl, pretrained=False, bootstrap="k:9092").endswith("already on the models topic")
 
@@ -155,9 +156,16 @@ def test_replay_runs_the_workers_phase_code_in_process(capsys, tmp_path, assert_
     assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-model", "worker", "--phase-frozen"]) == 2
     assert "needs --phase-pretrained" in capsys.readouterr().err
     assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-model", "worker", "--phase-pretrained",
-                 "--quiet", "--report", str(tmp_path / "warm")]) == 0
+                 "ai4dl", "--quiet", "--report", str(tmp_path / "warm")]) == 0
     summary = (tmp_path / "warm" / "summary.md").read_text()
     assert "pretrained ai4dl_cpu_mem.pwck" in summary and "read its numbers on this trace as in-sample" in summary
+    assert "--phase-pretrained ai4dl" in summary  # the command that reproduces the run
+    # the default model never saw the AI4DL sample: no in-sample warning
+    assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-model", "worker", "--phase-pretrained",
+                 "--quiet", "--report", str(tmp_path / "corpus")]) == 0
+    summary = (tmp_path / "corpus" / "summary.md").read_text()
+    assert "pretrained corpus_cpu_mem.pwck" in summary and "train split of its corpus" in summary
+    assert "in-sample" not in summary
     assert main(["replay", str(SAMPLE), "--policies", "phase", "--phase-pretrained"]) == 2
     assert "apply to --phase-model worker" in capsys.readouterr().err
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from phasewise.models.phases.detector import PhaseModel, Windows, detect, learn
 from phasewise.models.phases.limits import PhasePolicy, ReactiveFallback
@@ -141,13 +142,20 @@ def _ai4dl():
     return load_trace(sample_path(), "ai4dl")
 
 
-def test_the_shipped_pretrained_model_loads_warm_with_both_kinds_of_phase_statistics():
-    from phasewise.models.phases.limits import load_pretrained
+@pytest.mark.parametrize("name", ["corpus", "ai4dl"])
+def test_each_shipped_pretrained_model_loads_warm_with_both_kinds_of_phase_statistics(name):
+    from phasewise.models.phases.limits import PRETRAINED, load_pretrained
 
-    m = load_pretrained()
+    m = load_pretrained(PRETRAINED[name])
     assert m is not None and m.ready and m.features == ("cpu", "mem")
     counts = [m.clusterer.rel_stats.count(m.clusterer.slot_of(p)).sum() for p in m.clusterer.phase_ids]
     assert sum(counts) > 0  # relative statistics shipped, not only absolute ones
+
+
+def test_the_default_start_is_the_corpus_model_and_an_unknown_one_is_refused():
+    assert PhasePolicy().pretrained_model == "corpus"
+    with pytest.raises(ValueError, match="pretrained_model must be one of"):
+        PhasePolicy(pretrained_model="imagenet")
 
 
 def test_on_the_ai4dl_sample_the_phase_policy_runs_warm_from_the_pretrained_model_and_stays_causal():
@@ -157,7 +165,7 @@ def test_on_the_ai4dl_sample_the_phase_policy_runs_warm_from_the_pretrained_mode
     c = max(trace.containers, key=len)
     policy = PhasePolicy()
     seq, exps = decision_sequence(policy, c, explain=True)
-    assert policy.warm_start.startswith("pretrained ai4dl_cpu_mem.pwck")
+    assert policy.warm_start.startswith("pretrained corpus_cpu_mem.pwck")  # (it never saw the AI4DL sample)
     assert exps[1]["warm"]  # warm from the first observation on (the model is built on it)
     assert any(e["source"] == "phase" for e in exps)  # phase statistics set limits from the start of the run
     # causal: change the usage from step k on; every limit up to and including step k is the same

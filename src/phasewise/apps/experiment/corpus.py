@@ -37,6 +37,7 @@ from phasewise.apps.experiment.corpus_plan import (
     stage_series,
 )
 from phasewise.apps.experiment.corpus_recorder import Recorder, iso, machine, write_json
+from phasewise.models.phases.features import PRETRAINED_MODELS
 
 __all__ = ["CorpusError", "add_arguments", "agreement", "read_manifest", "run", "shipped_corpus"]
 
@@ -156,8 +157,8 @@ def _metrics() -> tuple[Any, Any]:
     return adjusted_mutual_info_score, adjusted_rand_score
 
 
-def agreement(folder: Path, split: str = "heldout") -> dict[str, Any]:
-    """AMI and ARI between the worker's phases (the shipped model, frozen) and the reported stages, per kind
+def agreement(folder: Path, split: str = "heldout", model: str = "corpus") -> dict[str, Any]:
+    """AMI and ARI between the worker's phases (the shipped *model*, frozen) and the reported stages, per kind
     and overall, over the executions of *split* (``heldout``, ``train`` or ``all``)."""
     from phasewise.apps.record.tracefile import RecordingError, read_recording
     from phasewise.apps.replay.through_kafka import KafkaReplayError, phase_series, worker_in_process
@@ -176,7 +177,7 @@ def agreement(folder: Path, split: str = "heldout") -> dict[str, Any]:
         try:
             trace = load_trace(path, "phasewise")
             header = read_recording(path).header
-            got = worker_in_process(trace, family="phase", pretrained=True, frozen_model=True)
+            got = worker_in_process(trace, family="phase", pretrained=model, frozen_model=True)
         except (TraceFormatError, RecordingError, KafkaReplayError) as err:
             raise CorpusError(f"execution {e['id']}: {err}") from None
         origin = got.model_origin
@@ -218,7 +219,7 @@ def agreement(folder: Path, split: str = "heldout") -> dict[str, Any]:
     overall = score(allp, alls, sum(v["samples"][0] for v in per_kind.values()), rows)
     return {"type": "corpus-agreement", "corpus": str(folder), "split": split,
             "model": f"the worker's phase detector, {origin}, frozen (replay --phase-model worker "
-                     "--phase-pretrained --phase-frozen)",
+                     f"--phase-pretrained {model} --phase-frozen)",
             "labels": "per sample: the stage of the job's last report at or before it (load before its first); "
                       "samples before the detector's first phase are left out",
             "overall": overall, "kinds": kinds}
@@ -267,7 +268,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
     a.add_argument("--split", choices=("heldout", "train", "all"), default="heldout",
                    help="the executions scored (default: heldout)")
+    a.add_argument("--phase-pretrained", choices=PRETRAINED_MODELS, default=PRETRAINED_MODELS[0], metavar="MODEL",
+                   dest="start_model",
+                   help="the shipped model the detector runs: corpus (default; it learned on the train split) or "
+                        "ai4dl")
     a.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    an = sub.add_parser("anticipate", help="anticipated phase transitions on executions of known kinds, by horizon",
+                        description="Each execution of the split through the worker's round (phase policy, the "
+                                    "shipped model frozen, no safety rules) after the train split's runs of its kind "
+                                    "(same signature), once per horizon (0: off): the limits in force scored on the "
+                                    "same steps, beside VPA and the window family, and the transition book scored "
+                                    "as a predictor (docs/phases.md, \"Anticipated transitions\").")
+    an.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
+    an.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                    help="the executions scored (train: each after the other train runs of its kind; default: "
+                         "heldout)")
+    an.add_argument("--horizons", default=None, metavar="S,S,...",
+                    help="horizons scored, seconds (default: 0, 5, 10, 20; 0 is anticipation off)")
+    an.add_argument("--phase-pretrained", choices=PRETRAINED_MODELS, default=PRETRAINED_MODELS[0], metavar="MODEL",
+                   dest="start_model",
+                    help="the shipped model the detector runs (default corpus)")
+    an.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     pr = sub.add_parser("prior", help="the known-job prior on executions of known kinds, against VPA and the windows",
                         description="Each execution of the split through the worker's step (the live safety rules "
                                     "and known-job priors) after the train split's runs of its kind (same "
@@ -309,7 +330,20 @@ def run(args: argparse.Namespace) -> int:
             res = live(args.kind, args.earlier, args.new, seconds=args.seconds, cgroup_root=args.cgroup_root)
             print(json.dumps(res, allow_nan=False) if args.json else format_live(res))
             return 0
-        if args.corpus_command == "prior":
+        if args.corpus_command == "anticipate":
+            from phasewise.apps.experiment.corpus_anticipate import HORIZONS, anticipate, format_anticipate
+
+            horizons = HORIZONS
+            if args.horizons:
+                try:
+                    horizons = tuple(float(h) for h in args.horizons.split(","))
+                except ValueError:
+                    raise CorpusError(f"--horizons {args.horizons!r}: give seconds >= 0, e.g. 0,10") from None
+                if not all(0 <= h <= 3600 for h in horizons):
+                    raise CorpusError(f"--horizons {args.horizons!r}: each must be in [0, 3600] seconds")
+            res = anticipate(folder, args.split, horizons, model=args.start_model)
+            text = format_anticipate(res)
+        elif args.corpus_command == "prior":
             from phasewise.apps.experiment.corpus_prior import MARGINS, format_priors, priors
 
             margins = MARGINS
@@ -325,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
             res = priors(folder, args.split, margins, args.min_runs)
             text = format_priors(res)
         else:
-            res = agreement(folder, args.split)
+            res = agreement(folder, args.split, args.start_model)
             text = format_agreement(res)
     except CorpusError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

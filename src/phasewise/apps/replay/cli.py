@@ -54,6 +54,7 @@ from phasewise.kit.settings import (
     parse_int,
     parse_str,
 )
+from phasewise.models.phases.features import PRETRAINED_MODELS
 
 __all__ = [
     "add_arguments",
@@ -87,9 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "containers (fleet: the worker's detector with replay's own fallback and knobs); or "
                         "the worker's own code in-process (worker: VPA fallback, decisions, learner; what "
                         "--through-kafka runs through a broker)")
-    p.add_argument("--phase-pretrained", action="store_true",
-                   help="--phase-model worker / --through-kafka: start from the shipped model pretrained on the "
-                        "AI4DL sample (default: cold; a trace must not be scored by a model that saw it)")
+    p.add_argument("--phase-pretrained", nargs="?", const=PRETRAINED_MODELS[0], default=None, dest="phase_start_model",
+                   choices=PRETRAINED_MODELS, metavar="MODEL",
+                   help="--phase-model worker / --through-kafka: start from a shipped pretrained model: corpus (the "
+                        "default: the train split of phasewise's corpus) or ai4dl (the AI4DL sample) (default: "
+                        "cold; a trace must not be scored by a model that saw it)")
     p.add_argument("--phase-frozen", action="store_true",
                    help="--phase-model worker / --through-kafka: the learner never updates the detectors' model "
                         "(needs --phase-pretrained); the two paths then decide identically")
@@ -203,7 +206,11 @@ def replay_command(args: argparse.Namespace) -> str:
         parts.append("--through-kafka")
         if o["bootstrap"]:
             parts += ["--bootstrap", o["bootstrap"]]
-    for flag in ("phase_pretrained", "phase_frozen", "safety"):
+    if o["phase_start_model"]:
+        parts.append("--phase-pretrained")
+        if o["phase_start_model"] != PRETRAINED_MODELS[0]:
+            parts.append(o["phase_start_model"])
+    for flag in ("phase_frozen", "safety"):
         if o[flag]:
             parts.append("--" + flag.replace("_", "-"))
     if o["phase_model"] == "worker" or o["through_kafka"]:
@@ -281,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"phasewise replay: error: --policies: {e}", file=sys.stderr)
         return 2
     phase_model = o["phase_model"]
-    pretrained, frozen = o["phase_pretrained"], o["phase_frozen"]
+    pretrained, frozen = o["phase_start_model"], o["phase_frozen"]
     safety = bool(o["safety"])
     if (pretrained or frozen or safety) and phase_model != "worker" and not args.through_kafka:
         print("phasewise replay: error: --phase-pretrained/--phase-frozen/--safety: apply to --phase-model worker "
@@ -360,7 +367,8 @@ def run(args: argparse.Namespace) -> int:
                              "split": split, "windows": list(windows), "through_kafka": bool(args.through_kafka),
                              "elapsed_s": round(result.elapsed_s, 3)}
     if setup["phase_model"] == "worker" and has_phase:
-        setup.update({"pretrained": pretrained, "frozen": frozen, "safety_rules": safety,
+        setup.update({"pretrained": bool(pretrained), "pretrained_model": pretrained or None,
+                      "frozen": frozen, "safety_rules": safety,
                       "statistics": o["phase_stats"],
                       **worker_info})
     if setup["phase_model"] == "fleet":

@@ -624,13 +624,21 @@ def _phase_statement(result: ReplayResult) -> str:
                 "treat it as cold unless its documentation says otherwise.")
     parts = "; ".join(f"{n} container(s): {s}" for s, n in starts.items())
     text = f"How the phase model ({info.get('class')}) started, per container: {parts}."
-    warm = [s for s in starts if s.startswith(("pretrained ai4dl", "model given"))]
-    if warm:
+    ai4dl = [s for s in starts if s.startswith(("pretrained ai4dl", "model given"))]
+    corpus = [s for s in starts if s.startswith("pretrained corpus")]
+    if ai4dl:
         text += (" A warm start uses the checkpoint shipped with phasewise, trained only on the Apache-2.0 "
                  "AI4DL sample (`data/ai4dl_sample.csv`)")
         if result.trace.format == "ai4dl" and Path(result.trace.source).resolve() == sample_path().resolve():
             text += ("; that is the replayed trace, so the phase model saw this data before the replay: "
                      "read its numbers on this trace as in-sample")
+        text += "."
+    elif corpus:
+        text += (" A warm start uses the checkpoint shipped with phasewise, trained only on the train split of "
+                 "its corpus (`data/corpus/`, the executions whose split is train in its manifest)")
+        if Path(result.trace.source).resolve().parent == (sample_path().parent / "corpus").resolve():
+            text += ("; if the replayed execution is one of those, the phase model saw it before the replay: "
+                     "read its numbers as in-sample")
         text += "."
     elif any(s.startswith("pretrained on the other") for s in starts):
         text += " Each container was scored by a model pretrained only on the other folds' containers."

@@ -228,12 +228,12 @@ def trace_features(trace: Trace) -> str:
 
 
 def replay_settings_env(family: str, trace: Trace, *, frozen_model: bool = False,
-                        pretrained: bool = False, statistics: str = STATISTICS,
+                        pretrained: bool | str = False, statistics: str = STATISTICS,
                         safety: bool = False) -> dict[str, str]:
     """The ``PHASEWISE_*`` settings of a replay worker (through Kafka and in-process alike).
 
     Besides what docs/results.md, "How replay runs", lists: the phase detector's features are
-    :func:`trace_features`; *pretrained*: start from the shipped model (else
+    :func:`trace_features`; *pretrained*: start from the shipped model (a name: that one; else
     cold: the shipped model was trained on the AI4DL sample, which a replay
     may score); *frozen_model*: the learner publishes no snapshot;
     *statistics*: ``phase_statistics`` (relative, the worker's default, or absolute);
@@ -252,6 +252,8 @@ def replay_settings_env(family: str, trace: Trace, *, frozen_model: bool = False
         "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",
         "PHASEWISE_PHASE_FEATURES": trace_features(trace),
         "PHASEWISE_PHASE_PRETRAINED": "true" if pretrained else "false",
+        # True: the settings' default model; a name: that shipped model
+        **({"PHASEWISE_PHASE_PRETRAINED_MODEL": pretrained} if isinstance(pretrained, str) else {}),
         "PHASEWISE_PHASE_STATISTICS": statistics,
         "PHASEWISE_SAFETY_RULES": "true" if safety else "false",
     }
@@ -283,7 +285,7 @@ FROZEN_SNAPSHOT_INTERVAL_S = 1e7
 
 def replay_through_kafka(trace: Trace, *, family: str = "vpa", bootstrap: str | None = None,
                          workdir: str | Path | None = None, timeout_s: float = 300.0,
-                         frozen_model: bool = False, pretrained: bool = False,
+                         frozen_model: bool = False, pretrained: bool | str = False,
                          statistics: str = STATISTICS, safety: bool = False) -> KafkaReplayResult:
     """Send *trace* through a broker and a ``phasewise worker``; rebuild its decision sequences.
 
@@ -447,7 +449,7 @@ class _InProcessPhase:
 
 
 def worker_in_process(trace: Trace, *, family: str = "phase", host: str = "replay", frozen_model: bool = False,
-                      pretrained: bool = False, statistics: str = STATISTICS,
+                      pretrained: bool | str = False, statistics: str = STATISTICS,
                       safety: bool = False, scorecard: Any = None) -> KafkaReplayResult:
     """What :func:`replay_through_kafka` does, without Kafka: the worker's own step in this process.
 
@@ -600,7 +602,7 @@ def through_kafka(trace: Trace, specs: list[PolicySpec], bootstrap: str | None,
     return {s.name: seqs[s.family] for s in specs if s.family in seqs}
 
 
-def worker_origin(trace: Trace, *, pretrained: bool, statistics: str = STATISTICS,
+def worker_origin(trace: Trace, *, pretrained: bool | str, statistics: str = STATISTICS,
                   bootstrap: str | None = None) -> str:
     """What a replay's phase worker starts from (for the report), by the worker's own rule.
 

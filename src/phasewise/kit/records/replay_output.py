@@ -68,6 +68,8 @@ def _setup() -> dict[str, Any]:
         "elapsed_s": {"type": "number", "minimum": 0, "description": "replay time in-process"},
         # --phase-model worker / --through-kafka with phase
         "pretrained": {"type": "boolean"},
+        "pretrained_model": {"enum": ["corpus", "ai4dl", None],
+                             "description": "the shipped model the worker started from; null: cold"},
         "frozen": {"type": "boolean"},
         "safety_rules": {"type": "boolean", "description": "the worker's live safety rules bounded its decisions"},
         "statistics": {"enum": ["relative", "absolute"]},

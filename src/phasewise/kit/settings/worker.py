@@ -20,7 +20,7 @@ from phasewise.kit.settings.spec import (
     port,
     setting,
 )
-from phasewise.models.phases.features import FEATURES, LIMITED
+from phasewise.models.phases.features import FEATURES, LIMITED, PRETRAINED_MODELS
 
 __all__ = ["PHASE_STATISTICS", "VPA_UPDATE_MODES", "PhaseSettings", "VpaSettings", "WorkerSettings", "feature_tuple"]
 
@@ -250,12 +250,30 @@ class PhaseSettings(Group):
     #: cold (replay sets it so, unless asked: a trace must not be scored by a
     #: model that saw it)
     pretrained: bool = setting(True, help="--policy phase: start from the shipped pretrained model")
+    #: which shipped model: corpus (learned on the train split of the shipped corpus of real training
+    #: executions at 1 s, as a host agent samples) or ai4dl (the AI4DL IBM DLaaS sample, 10-50 s steps)
+    pretrained_model: str = setting("corpus", choices=PRETRAINED_MODELS, flag="--phase-pretrained-model",
+                                    help="--policy phase: the shipped model a worker starts from: corpus "
+                                         "(real training executions at 1 s) or ai4dl (the AI4DL sample)")
     #: relative statistics: a phase's quantile of usage/level is used up to this,
     #: so a limit is at most level x cap x (1 + margin); 0 = no cap (uncapped,
     #: start-up ramps made limits several times the use in replay)
     ratio_cap: float = setting(1.5, check=at_least(0),
                                help="--policy phase: cap on a phase's quantile of usage/level "
                                     "(0 = no cap)")
+    #: anticipated transitions (docs/phases.md): a container whose workload has a signature
+    #: (phasewise.io/signature) gets the limit of the phase its signature's earlier phase exits say comes
+    #: next, this many seconds ahead of it; 0 = off (the default: on the corpus's executions it cost more
+    #: slack than it saved overruns, docs/phases.md)
+    anticipate_horizon_s: float = setting(0.0, check=in_range(0, 3600), flag="--anticipate-horizon",
+                                          help="--policy phase: seconds ahead of a likely phase transition of a "
+                                               "signed container its limit is raised to the next phase's, 0 = off")
+    anticipate_min_probability: float = setting(0.5, check=in_range(0.01, 1), flag="--anticipate-min-probability",
+                                                help="--policy phase: raise ahead only of a transition at least "
+                                                     "this likely within the horizon")
+    anticipate_min_exits: int = setting(3, check=at_least(1), flag="--anticipate-min-exits",
+                                        help="--policy phase: earlier exits of a phase of a signature (that lasted "
+                                             "longer than the current one) a prediction needs")
     #: a model snapshot's checkpoint may take this many bytes compressed, and unpack to at most this
     #: many (checked before inflating, and by a bounded inflater: a small bomb never grows in memory)
     snapshot_max_bytes: int = setting(4 * 2**20, parse=parse_size, check=at_least(1024),

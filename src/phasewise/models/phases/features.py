@@ -7,7 +7,7 @@ names the detector reads.
 
 from __future__ import annotations
 
-__all__ = ["FEATURES", "LIMITED"]
+__all__ = ["FEATURES", "LIMITED", "PRETRAINED_MODELS"]
 
 #: features a frame may carry, in this order, with their units
 FEATURES: dict[str, str] = {
@@ -18,3 +18,7 @@ FEATURES: dict[str, str] = {
 }
 #: the features phase decisions set limits for (always features); the others only shape the phases
 LIMITED = ("cpu", "mem")
+#: the pretrained phase models phasewise ships (``phase_pretrained_model``), the default first: ``corpus``
+#: learned on the train split of the shipped corpus of real training executions sampled each second,
+#: ``ai4dl`` on the AI4DL IBM DLaaS sample (docs/phases.md, "The starting model")
+PRETRAINED_MODELS = ("corpus", "ai4dl")

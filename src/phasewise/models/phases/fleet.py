@@ -18,6 +18,7 @@ import numpy as np
 
 from phasewise.models.phases.clusterer import DEFAULT_QUANTILES
 from phasewise.models.phases.detector import PhaseModel, Windows, detect, learn
+from phasewise.models.phases.transitions import Transition, TransitionBook
 
 __all__ = ["STATE_VERSION", "FleetStep", "PhaseFleet", "phase_limits", "pick_every_k"]
 
@@ -113,6 +114,8 @@ class FleetStep:
     levels: np.ndarray | None = None  #: (n, R) each row's level just before this frame (learn: usage / level)
     statistics: str = "absolute"  #: which phase statistics set the limits (``quantile`` is in usage units)
     rows: np.ndarray | None = None  #: the fleet's rows of the containers (for :meth:`PhaseFleet.hand_out`)
+    #: rows whose limits were raised ahead of a likely transition: the transition and the resources raised
+    ahead: dict[int, tuple[Transition, tuple[str, ...]]] = field(default_factory=dict)
 
     def rows_to_decide(self) -> np.ndarray:
         """Rows with at least one limit to hand out."""
@@ -132,6 +135,7 @@ class FleetStep:
         # relative statistics: the quantile is level x the phase's quantile of usage/level
         lv = self.levels[idx].tolist() if self.statistics == "relative" and self.levels is not None else None
         out = []
+        ahead = self.ahead
         for k, p in enumerate(self.phase[idx].tolist()):
             f = fp[k]
             stats = {}
@@ -149,6 +153,9 @@ class FleetStep:
                 "stats": stats,
                 "statistics": self.statistics,
             })
+            got = ahead.get(int(idx[k])) if ahead else None
+            if got is not None:
+                out[-1]["anticipated"] = {**got[0].explain(), "raised": list(got[1])}
         return out
 
 
@@ -237,6 +244,10 @@ class PhaseFleet:
     target_fulfilment, adapt_rate
         ``None``: off. Else the share of steps each container's phase limits
         should cover; its multiplier moves by ``adapt_rate`` (log units) per step.
+    transitions
+        A :class:`~phasewise.models.phases.transitions.TransitionBook` (``None``: no anticipation): the
+        phase changes of containers stepped with a signature are learned into it, and a limit is raised
+        to the next phase's limit ahead of a transition it predicts (:meth:`step`'s ``signatures``).
 
     Examples
     --------
@@ -275,6 +286,7 @@ class PhaseFleet:
         resource_quantiles: Mapping[str, float] | None = None,
         resource_margins: Mapping[str, float] | None = None,
         limited: Sequence[str] | None = None,
+        transitions: TransitionBook | None = None,
     ) -> None:
         if not 0.0 < quantile <= 1.0:
             raise ValueError(f"quantile must be in (0, 1], got {quantile}")
@@ -317,6 +329,7 @@ class PhaseFleet:
         self.ratio_cap = math.inf if ratio_cap is None else float(ratio_cap)
         self._level_decay = 0.5 ** (1.0 / self.level_half_life)
         self.model = model
+        self.transitions = transitions
         self.floors = dict(floors or {})
         self.quantile = float(quantile)
         self.margin = float(margin)
@@ -558,6 +571,7 @@ class PhaseFleet:
         frames: np.ndarray,
         fallback_limits: FallbackLimits = None,
         host: str = "",
+        signatures: Sequence[str | None] | None = None,
     ) -> FleetStep:
         """One batched detector step at event time *t* for *containers* (one frame each).
 
@@ -569,6 +583,9 @@ class PhaseFleet:
         ``(n, R)`` array (NaN = none), a mapping container -> {resource: limit},
         or a callable taking the row indices that need a fallback and
         returning their ``(k, R)`` limits (only called when some row does).
+        ``signatures``: each row's workload signature (``None``: none); with the fleet's
+        ``transitions`` book, signed rows' phase changes are learned and their limits raised ahead of
+        a likely transition (:meth:`_anticipate`).
         """
         X = np.asarray(frames, dtype=np.float64)
         n = len(containers)
@@ -630,9 +647,13 @@ class PhaseFleet:
             self._floors, margin=self._margins(), min_phase_samples=self.min_phase_samples,
             change_threshold=self.change_threshold,
         )
+        mult = None
         if self.target_fulfilment is not None:
             mult = np.exp(_LOG_Q * np.round(self._lscale[rows] / _LOG_Q))
             limits = np.where(from_phase, np.maximum(basis * (1.0 + self._margins()) * mult, self._floors), limits)
+        ahead: dict[int, tuple[Transition, tuple[str, ...]]] = {}
+        if self.transitions is not None and signatures is not None:
+            ahead = self._anticipate(t, signatures, res, limits, level, mult)
         if self._unlimited.any():  # features only: no limit, so nothing to hand out or to explain
             limits = np.where(self._unlimited, np.nan, limits)
             from_phase = from_phase & ~self._unlimited
@@ -657,8 +678,52 @@ class PhaseFleet:
             containers=containers, resources=m.features, phase=phase, changed=res.changed, limits=limits,
             from_phase=from_phase, decide=decide, quantile=q, counts=cnt, basis=basis, windows=res.windows,
             prev_phase=res.prev_phase, frames=X, sample=sel, changes=res.changes, levels=level_prev,
-            statistics=self.statistics, rows=rows,
+            statistics=self.statistics, rows=rows, ahead=ahead,
         )
+
+    def _anticipate(self, t: float | np.ndarray, signatures: Sequence[str | None], res: Any, limits: np.ndarray,
+                    level: np.ndarray, mult: np.ndarray | None) -> dict[int, tuple[Transition, tuple[str, ...]]]:
+        """Learn the signed rows' phase changes of this step; raise *limits* (in place) of signed rows to
+        the limit of the phase the book predicts next, where that is higher than the limit in force.
+
+        The next phase's limit follows the step's own rule (its statistics, the row's level with relative
+        statistics, the margins, the fulfilment multiplier, the floors); a resource without a finite limit
+        now, or whose next phase has too few samples, is left as it is. The raise holds while the book
+        predicts the transition; afterwards the row's own phase limit applies again (lowered after)."""
+        book = self.transitions
+        assert book is not None
+        if res.changes:
+            for i, ch in zip(np.flatnonzero(res.changed).tolist(), res.changes):
+                s, old = signatures[i], ch["old_phase"]
+                if s is not None and old is not None:
+                    book.learn(s, old, ch["new_phase"], ch["ts"] - ch["since"])
+        out: dict[int, tuple[Transition, tuple[str, ...]]] = {}
+        if not book.config.on or not self.model.ready:
+            return out
+        tt = np.broadcast_to(np.asarray(t, dtype=np.float64), (len(signatures),))
+        phase, since = res.phase, res.since
+        margins = 1.0 + self._margins()
+        relative = self.statistics == "relative"
+        feats = self.model.features
+        for i, s in enumerate(signatures):
+            if s is None or phase[i] < 0 or not book.knows(s):
+                continue
+            tr = book.predict(s, int(phase[i]), float(tt[i] - since[i]))
+            if tr is None:
+                continue
+            Q, C, ok = self._phase_q(tr.next_phase)
+            if not ok:
+                continue
+            if relative:
+                Q = np.minimum(Q, self.ratio_cap) * level[i]
+            lim = Q * margins if mult is None else Q * margins * mult[i]
+            lim = np.maximum(lim, self._floors)
+            cur = limits[i]
+            use = (C >= self.min_phase_samples) & np.isfinite(lim) & np.isfinite(cur) & (lim > cur) & ~self._unlimited
+            if use.any():
+                limits[i] = np.where(use, lim, cur)
+                out[i] = (tr, tuple(r for r, u in zip(feats, use.tolist()) if u))
+        return out
 
     def hand_out(self, step: FleetStep, limits: np.ndarray, mask: np.ndarray) -> None:
         """Record, where *mask* ``(n, R)``, what was really handed out for *step*'s rows instead of the

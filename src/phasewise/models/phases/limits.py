@@ -13,18 +13,37 @@ from typing import Any
 import numpy as np
 
 from phasewise.models.phases.detector import PhaseModel, Windows, detect, learn
-from phasewise.models.phases.features import FEATURES
+from phasewise.models.phases.features import FEATURES, PRETRAINED_MODELS
 from phasewise.models.phases.fleet import phase_limits
 from phasewise.models.policy import LimitPolicy, Limits, Usage
 
-__all__ = ["PhasePolicy", "ReactiveFallback", "load_pretrained", "PRETRAINED_AI4DL"]
+__all__ = ["PhasePolicy", "ReactiveFallback", "load_pretrained", "PRETRAINED", "PRETRAINED_AI4DL",
+           "PRETRAINED_CORPUS", "pretrained_origin"]
 
 #: file name (in ``phasewise/data/``) of the model pretrained on all 4 containers of the Apache-2.0
 #: AI4DL sample (cpu, mem); how it was made: ``data/make_pretrained.py`` and PROVENANCE.md
 PRETRAINED_AI4DL = "ai4dl_cpu_mem.pwck"
+#: file name of the model pretrained on the train split of the shipped corpus (cpu, mem; the default)
+PRETRAINED_CORPUS = "corpus_cpu_mem.pwck"
+#: the shipped pretrained models by name (``phase_pretrained_model``), the default first
+PRETRAINED = {"corpus": PRETRAINED_CORPUS, "ai4dl": PRETRAINED_AI4DL}
+assert tuple(PRETRAINED) == PRETRAINED_MODELS
+_ORIGIN = {
+    "corpus": "phasewise's corpus, train split: 30 real executions of 5 kinds of training job, 1 s samples",
+    "ai4dl": "AI4DL IBM DLaaS sample, Apache-2.0",
+}
 
 
-def load_pretrained(name: str = PRETRAINED_AI4DL) -> PhaseModel | None:
+def pretrained_origin(name: str) -> str:
+    """How a warm start from the shipped model *name* is described (``"pretrained FILE (what it saw)"``).
+
+    >>> pretrained_origin("ai4dl")
+    'pretrained ai4dl_cpu_mem.pwck (AI4DL IBM DLaaS sample, Apache-2.0)'
+    """
+    return f"pretrained {PRETRAINED[name]} ({_ORIGIN[name]})"
+
+
+def load_pretrained(name: str = PRETRAINED_CORPUS) -> PhaseModel | None:
     """The shipped pretrained snapshot *name* (``phasewise/data/``), or ``None`` if it is not installed.
 
     A snapshot written by an older build raises ``CheckpointError`` (rebuild it with
@@ -96,6 +115,8 @@ class PhasePolicy:
         and ``pretrained`` is true, else a fresh model.
     pretrained
         Whether ``model=None`` may use the shipped pretrained model.
+    pretrained_model
+        Which one (:data:`PRETRAINED`: ``corpus``, the default, or ``ai4dl``).
     quantile, margin
         Limit = phase ``quantile`` x (1 + ``margin``).
     min_phase_samples
@@ -142,6 +163,7 @@ class PhasePolicy:
         floors: Mapping[str, float] | None = None,
         model: PhaseModel | bytes | None = None,
         pretrained: bool = True,
+        pretrained_model: str = "corpus",
         quantile: float = 0.95,
         margin: float = 0.10,
         min_phase_samples: int = 10,
@@ -158,6 +180,9 @@ class PhasePolicy:
         self.floors = dict(floors or {})
         self.model = model
         self.pretrained = pretrained
+        if pretrained_model not in PRETRAINED:
+            raise ValueError(f"pretrained_model must be one of {sorted(PRETRAINED)}, got {pretrained_model!r}")
+        self.pretrained_model = pretrained_model
         self.quantile = float(quantile)
         self.margin = float(margin)
         self.min_phase_samples = int(min_phase_samples)
@@ -190,9 +215,9 @@ class PhasePolicy:
             m = self.model.clone()
             self.warm_start = "model given"
         elif self.pretrained and feats == ("cpu", "mem"):
-            m = load_pretrained()
+            m = load_pretrained(PRETRAINED[self.pretrained_model])
             if m is not None:
-                self.warm_start = f"pretrained {PRETRAINED_AI4DL} (AI4DL IBM DLaaS sample, Apache-2.0)"
+                self.warm_start = pretrained_origin(self.pretrained_model)
         if m is None:
             m = PhaseModel(features=feats, **self.model_params)
             self.warm_start = "cold (fresh model)"

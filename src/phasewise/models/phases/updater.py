@@ -25,6 +25,8 @@ from phasewise.models.phases.detector import PhaseModel
 from phasewise.models.phases.features import LIMITED
 from phasewise.models.phases.fleet import FleetStep, PhaseFleet
 from phasewise.models.phases.snapshots import model_name
+from phasewise.models.phases.transitions import TransitionBook, TransitionConfig
+from phasewise.models.priors.runs import signatures
 from phasewise.models.safety.guard import GuardOutcome
 from phasewise.models.safety.workload import StepColumns, step_columns
 from phasewise.models.vpa.updater import StateCache
@@ -58,6 +60,8 @@ class DetectorConfig:
     #: the policy of containers whose workload names none (the worker's ``--policy``): the phase
     #: decisions are published for the containers decided with ``phase``, the others' are scored only
     default_policy: str
+    #: anticipated transitions of signed containers (``None`` or a zero horizon: off)
+    anticipate: TransitionConfig | None = None
 
 
 @dataclass
@@ -103,6 +107,9 @@ class PhaseHooks:
         feats = model.features
         if any(r not in feats for r in LIMITED):
             raise ValueError(f"the phase model's features {feats} must include {LIMITED}")
+        #: the signed containers' phase exits, per signature (kept across snapshot swaps)
+        self.transitions = (TransitionBook(config.anticipate) if config.anticipate is not None
+                            and config.anticipate.on else None)
         self.fleet = self._fleet(model)
         self._fields = [_FIELD[f] for f in feats]
         self._cpu_mem_only = feats == LIMITED
@@ -120,7 +127,7 @@ class PhaseHooks:
         return PhaseFleet(model, floors={"cpu": c.min_cpu_cores, "mem": float(c.min_mem_bytes)},
                           learn_every=c.learn_every, frozen=True, statistics=c.statistics,
                           state_write_interval_s=c.state_write_interval_s, loader=self.loader, limited=LIMITED,
-                          ratio_cap=c.ratio_cap)
+                          ratio_cap=c.ratio_cap, transitions=self.transitions)
 
     def follow(self) -> bool:
         """Swap to the follower's newest snapshot if it is newer; True if swapped."""
@@ -212,8 +219,11 @@ class PhaseHooks:
         wcols = step_columns([c for m in msgs for c in m.containers] if not one_msg else msgs[0].containers,
                              self.config.default_policy)
         one = len(msgs) == 1
+        sig = None
+        if self.transitions is not None:
+            sig = signatures([c for m in msgs for c in m.containers] if not one_msg else msgs[0].containers)
         out = self.fleet.step(msgs[0].ts if one else np.array(ts), keys, X, fallback_limits=fallback,
-                              host=msgs[0].host)
+                              host=msgs[0].host, signatures=sig)
         safety = None
         if guarded:
             if observed is None:
