@@ -163,7 +163,8 @@ def vpa_decision(host: str, ts: float, sample: ContainerSample, previous: tuple[
 
 
 def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], ts: Sequence[float], *,
-                    quantile: float, margin: float, safety: Any = None) -> list[Decision]:
+                    quantile: float, margin: float, safety: Any = None,
+                    priors: Mapping[int, Any] | None = None) -> list[Decision]:
     """``Decision`` (policy ``phase``) for each row of *out* with a limit to hand out (*hosts*, *names*,
     *ts*: per row); *safety*: the safety rules' outcome over the same rows (a
     :class:`~phasewise.models.safety.guard.GuardOutcome`, or anything whose ``explain(row)`` gives
@@ -171,7 +172,9 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
 
     ``details["source"]`` says where the limits came from: ``"phase"`` (the
     phase's statistics), ``"fallback:vpa"`` (the VPA's last decided limit) or
-    ``"mixed"`` (one resource each way; ``details["sources"]`` per resource).
+    ``"mixed"`` (one resource each way; ``details["sources"]`` per resource). *priors*: the rows
+    limited from their signature's known-job prior (a :class:`~phasewise.models.priors.book.Prior`
+    each): their source is ``"prior"`` and ``details["prior"]`` says which runs.
     """
     rows = out.rows_to_decide()
     if not len(rows):
@@ -187,11 +190,14 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
         mem = mems[k] if decide[k][mi] else None
         srcs = {}
         why = []
+        prior = priors.get(i) if priors else None
         if cpu is not None:
-            srcs["cpu"] = src = "phase" if ex["sources"]["cpu"] == "phase" else "fallback:vpa"
+            srcs["cpu"] = src = ("prior" if prior is not None else
+                                 "phase" if ex["sources"]["cpu"] == "phase" else "fallback:vpa")
             why.append(f"cpu -> {cpu:g} cores ({src})")
         if mem is not None:
-            srcs["mem"] = src = "phase" if ex["sources"]["mem"] == "phase" else "fallback:vpa"
+            srcs["mem"] = src = ("prior" if prior is not None else
+                                 "phase" if ex["sources"]["mem"] == "phase" else "fallback:vpa")
             why.append(f"mem -> {mem / 2**20:.0f} MiB ({src})")
         kinds = set(srcs.values())
         source = kinds.pop() if len(kinds) == 1 else "mixed"
@@ -201,6 +207,9 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
         details = {**ex, "source": source, "sources": srcs, "quantile": quantile, "margin": margin,
                    "changed": changed[k]}
         reason = f"{head}: " + "; ".join(why)
+        if prior is not None:
+            details["prior"] = prior.explain()
+            reason = f"prior of {prior.runs} earlier runs of {prior.signature}, {reason}"
         if (ah := ex.get("anticipated")) is not None:
             reason += (f"; ahead of phase {ah['phase']} -> {ah['next_phase']} ({ah['probability']:.0%} of "
                        f"{ah['exits']} earlier exits of {ah['signature']} within {ah['within_s']:g} s)")

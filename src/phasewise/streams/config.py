@@ -117,6 +117,8 @@ def detector_config(settings: Settings) -> DetectorConfig:
                                     min_probability=phase.anticipate_min_probability,
                                     min_exits=phase.anticipate_min_exits,
                                     keep=max(32, phase.anticipate_min_exits)),
+        prior_until_s=(settings.safety.min_history_s if settings.safety.rules and settings.worker.prior_min_runs
+                       else 0.0),
     )
 
 

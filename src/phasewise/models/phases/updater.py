@@ -26,7 +26,8 @@ from phasewise.models.phases.features import LIMITED
 from phasewise.models.phases.fleet import FleetStep, PhaseFleet
 from phasewise.models.phases.snapshots import model_name
 from phasewise.models.phases.transitions import TransitionBook, TransitionConfig
-from phasewise.models.priors.runs import signatures
+from phasewise.models.priors.book import Prior
+from phasewise.models.priors.runs import apply_priors, signatures
 from phasewise.models.safety.guard import GuardOutcome
 from phasewise.models.safety.workload import StepColumns, step_columns
 from phasewise.models.vpa.updater import StateCache
@@ -62,6 +63,9 @@ class DetectorConfig:
     default_policy: str
     #: anticipated transitions of signed containers (``None`` or a zero horizon: off)
     anticipate: TransitionConfig | None = None
+    #: a young signed run (younger than this, seconds) whose signature has a prior in the VPA cache's
+    #: book is limited from the prior, as the VPA's containers are (0: no priors; docs/priors.md)
+    prior_until_s: float = 0.0
 
 
 @dataclass
@@ -110,6 +114,8 @@ class PhaseHooks:
         #: the signed containers' phase exits, per signature (kept across snapshot swaps)
         self.transitions = (TransitionBook(config.anticipate) if config.anticipate is not None
                             and config.anticipate.on else None)
+        #: young signed runs start from their signature's prior (the VPA cache's book, shared with the VPA)
+        self._priors_on = config.prior_until_s > 0 and vpa_cache.priors is not None and vpa_cache.guard is not None
         self.fleet = self._fleet(model)
         self._fields = [_FIELD[f] for f in feats]
         self._cpu_mem_only = feats == LIMITED
@@ -220,16 +226,17 @@ class PhaseHooks:
                              self.config.default_policy)
         one = len(msgs) == 1
         sig = None
-        if self.transitions is not None:
+        if self.transitions is not None or self._priors_on:
             sig = signatures([c for m in msgs for c in m.containers] if not one_msg else msgs[0].containers)
         out = self.fleet.step(msgs[0].ts if one else np.array(ts), keys, X, fallback_limits=fallback,
                               host=msgs[0].host, signatures=sig)
         safety = None
+        priors: dict[int, Prior] = {}
         if guarded:
             if observed is None:
                 observed = np.array([(c.cpu_limit_cores, c.mem_limit_bytes) for m in msgs for c in m.containers],
                                     dtype=np.float64)
-            safety = self._guard(out, observed, keys, ts, wcols)
+            safety, priors = self._guard(out, observed, keys, ts, wcols, sig)
         phase_rows = wcols.uses(POLICY, self.config.default_policy)
         if not self.keep_shadow and phase_rows is not True:  # nobody scores the others' decisions: none built
             if phase_rows is False:
@@ -237,7 +244,7 @@ class PhaseHooks:
             else:
                 out.decide[~phase_rows] = False
         decisions = phase_decisions(out, hosts, names, ts, quantile=self.fleet.quantile, margin=self.fleet.margin,
-                                    safety=safety)
+                                    safety=safety, priors=priors)
         shadow: list[Decision] = []
         if phase_rows is False:
             decisions, shadow = [], decisions
@@ -262,21 +269,25 @@ class PhaseHooks:
         return PhaseOutput(decisions, changes, batch, shadow)
 
     def _guard(self, out: FleetStep, observed: np.ndarray, keys: list[str], ts: list[float],
-               columns: StepColumns) -> GuardOutcome | _Rows | None:
+               columns: StepColumns, sig: list[str | None] | None
+               ) -> tuple[GuardOutcome | _Rows | None, dict[int, Prior]]:
         """The safety rules over the step's proposed limits (the VPA learned the samples, so the
         rules saw them), with *observed* ``(n, 2)`` the limits the samples report and the
         workloads' own min/max (*columns*): *out*'s ``decide`` / ``limits`` become what may be
         handed out, the fleet records it, and the VPA entries of containers with a decision are
         marked for persisting. Only the containers decided with the phase policy are bounded (the
         rules' state follows the decisions published); the others keep the bare policy's limits.
+        A young signed run whose signature has a prior (*sig*: each row's signature) is proposed
+        the prior's limits, never under its own peaks x (1 + margin), and the history rule counts
+        the earlier runs (:func:`~phasewise.models.priors.runs.apply_priors`, as for the VPA's rows).
         Returns what :func:`phase_decisions` reads each row's ``details.safety`` from (None: no row
-        is bounded)."""
+        is bounded), and the prior of each step row limited from one."""
         cache = self.vpa_cache
         guard = cache.guard
         cols = [out.resources.index(r) for r in LIMITED]
         uses = columns.uses(POLICY, self.config.default_policy)
         if uses is False or (uses is not True and not uses.any()):
-            return None
+            return None, {}
         sub = None if uses is True or uses.all() else np.flatnonzero(uses)
         if sub is None:
             cells: Any = (slice(None), cols)
@@ -293,7 +304,20 @@ class PhaseHooks:
         last = guard.last_limits(rows)
         in_force = np.where(np.isnan(last), sobs, last)
         t = np.array(sts, dtype=np.float64)
-        g = guard.bound(rows, t, proposed, in_force, lo=lo, hi=hi)
+        known = None
+        prior_rows: dict[int, Prior] = {}
+        if sig is not None and self._priors_on:
+            ssig = sig if sub is None else [sig[i] for i in sub.tolist()]
+            lim_cpu, lim_mem = proposed[:, 0].copy(), proposed[:, 1].copy()
+            known, got = apply_priors(cache, ssig, np.arange(len(sk)), rows, t, sk, None, lim_cpu, lim_mem,
+                                      self.config.prior_until_s)
+            if known.any():
+                proposed = np.where(known[:, None], np.stack([lim_cpu, lim_mem], 1), proposed)
+                at = np.arange(len(keys)) if sub is None else sub
+                prior_rows = {int(at[j]): p for j, p in enumerate(got) if p is not None}
+            else:
+                known = None
+        g = guard.bound(rows, t, proposed, in_force, lo=lo, hi=hi, known=known)
         cpu, mem = round_limits(g.limits[:, 0], g.limits[:, 1])
         given = np.stack([cpu, mem], 1)
         emit = g.emit & ~(given == in_force)
@@ -312,8 +336,8 @@ class PhaseHooks:
         if emit.any():
             cache.dirty.update(sk[i] for i in np.flatnonzero(emit.any(axis=1)).tolist())
         if sub is None:
-            return g
-        return _Rows(g, sub, len(keys))
+            return g, prior_rows
+        return _Rows(g, sub, len(keys)), prior_rows
 
     def take_learn_batch(self) -> bytes | None:
         """The learn windows held so far as one learn batch (None if none); the hold is emptied.
