@@ -286,8 +286,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     an.add_argument("--horizons", default=None, metavar="S,S,...",
                     help="horizons scored, seconds (default: 0, 5, 10, 20; 0 is anticipation off)")
     an.add_argument("--phase-pretrained", choices=PRETRAINED_MODELS, default=PRETRAINED_MODELS[0], metavar="MODEL",
-                   dest="start_model",
-                    help="the shipped model the detector runs (default corpus)")
+                    dest="start_model", help="the shipped model the detector runs (default corpus)")
     an.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     pr = sub.add_parser("prior", help="the known-job prior on executions of known kinds, against VPA and the windows",
                         description="Each execution of the split through the worker's step (the live safety rules "
@@ -318,6 +317,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lv.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
 
+def _numbers(flag: str, text: str, hi: float, example: str) -> tuple[float, ...]:
+    """A comma list of numbers in [0, *hi*] given to *flag*; :class:`CorpusError` in one line otherwise."""
+    try:
+        got = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise CorpusError(f"{flag} {text!r}: give numbers >= 0, e.g. {example}") from None
+    if not all(0 <= v <= hi for v in got):
+        raise CorpusError(f"{flag} {text!r}: each must be in [0, {hi:g}]")
+    return got
+
+
 def run(args: argparse.Namespace) -> int:
     if args.corpus_command == "record":
         return record(args)
@@ -333,27 +343,13 @@ def run(args: argparse.Namespace) -> int:
         if args.corpus_command == "anticipate":
             from phasewise.apps.experiment.corpus_anticipate import HORIZONS, anticipate, format_anticipate
 
-            horizons = HORIZONS
-            if args.horizons:
-                try:
-                    horizons = tuple(float(h) for h in args.horizons.split(","))
-                except ValueError:
-                    raise CorpusError(f"--horizons {args.horizons!r}: give seconds >= 0, e.g. 0,10") from None
-                if not all(0 <= h <= 3600 for h in horizons):
-                    raise CorpusError(f"--horizons {args.horizons!r}: each must be in [0, 3600] seconds")
+            horizons = _numbers("--horizons", args.horizons, 3600, "0,10") if args.horizons else HORIZONS
             res = anticipate(folder, args.split, horizons, model=args.start_model)
             text = format_anticipate(res)
         elif args.corpus_command == "prior":
             from phasewise.apps.experiment.corpus_prior import MARGINS, format_priors, priors
 
-            margins = MARGINS
-            if args.margins:
-                try:
-                    margins = tuple(float(m) for m in args.margins.split(","))
-                except ValueError:
-                    raise CorpusError(f"--margins {args.margins!r}: give numbers >= 0, e.g. 0.05,0.1") from None
-                if not all(0 <= m <= 4 for m in margins):
-                    raise CorpusError(f"--margins {args.margins!r}: each must be in [0, 4]")
+            margins = _numbers("--margins", args.margins, 4, "0.05,0.1") if args.margins else MARGINS
             if args.min_runs < 1:
                 raise CorpusError(f"--min-runs {args.min_runs}: at least 1")
             res = priors(folder, args.split, margins, args.min_runs)

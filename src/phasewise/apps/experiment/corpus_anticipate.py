@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from phasewise.apps.experiment.corpus_plan import CorpusError, read_manifest
-from phasewise.apps.experiment.corpus_prior import RESOURCES, _baselines, execution_series
+from phasewise.apps.experiment.corpus_plan import CorpusError
+from phasewise.apps.experiment.corpus_prior import RESOURCES, _baselines, in_force, split_series
 from phasewise.kit.records import ContainerSample, HostSamples, WorkloadPolicy
 
 __all__ = ["HORIZONS", "anticipate", "format_anticipate", "run_with_transitions"]
@@ -79,13 +79,7 @@ def run_with_transitions(settings: Any, earlier: Sequence[Any], series: Any, sig
         feed(f"earlier-{i}", s)
     start = clock[0]
     got = feed("run", series)
-    n = len(series.t)
-    limits = {r: np.full(n, np.nan) for r in RESOURCES}
-    for k, d in got:  # decided at step k: in force from step k + 1
-        for r, v in (("cpu", d.cpu_limit_cores), ("mem", d.mem_limit_bytes)):
-            if v is not None:
-                limits[r][k + 1:] = v
-    return limits, [d for _, d in got], phase.changes, start + (series.t - float(series.t[0]))
+    return in_force(len(series.t), got), [d for _, d in got], phase.changes, start + (series.t - float(series.t[0]))
 
 
 def prediction_quality(config: Any, changes: Sequence[Any], steps: dict[str, np.ndarray], signature: str,
@@ -153,13 +147,7 @@ def anticipate(folder: Path, split: str = "heldout", horizons: Sequence[float] =
 
     if not horizons:
         raise CorpusError("no horizon to score")
-    manifest = read_manifest(folder)
-    execs = manifest["executions"]
-    train = [e for e in execs if e["split"] == "train"]
-    scored = [e for e in execs if e["split"] == split]
-    if not scored:
-        raise CorpusError(f"{folder}: no execution in the {split} split")
-    series = {e["id"]: execution_series(folder, e) for e in execs if e in train or e in scored}
+    train, scored, series = split_series(folder, split)
     tot: dict[float, dict[str, Score]] = {h: {} for h in horizons}
     base_tot: dict[str, dict[str, Score]] = {r: {} for r in RESOURCES}
     overruns = {h: {r: 0 for r in RESOURCES} for h in horizons}

@@ -22,7 +22,8 @@ from phasewise.apps.experiment.corpus_plan import CorpusError, read_manifest
 from phasewise.kit.records import ContainerSample, HostSamples, WorkloadPolicy
 from phasewise.kit.settings import Settings
 
-__all__ = ["MARGINS", "execution_series", "format_priors", "priors", "run_with_prior"]
+__all__ = ["MARGINS", "execution_series", "format_priors", "priors", "in_force", "run_with_prior",
+           "split_series"]
 
 #: the margins scored by default (the first figure is the setting's default)
 MARGINS = (0.05, 0.0, 0.10, 0.20)
@@ -45,6 +46,16 @@ def execution_series(folder: Path, e: dict[str, Any]) -> Any:
         if jobs.get(s.container) == e["id"]:
             return s
     raise CorpusError(f"execution {e['id']}: its recording holds no container of the job")
+
+
+def split_series(folder: Path, split: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """The train executions, those of *split* (scored), and the recorded container of each, by id."""
+    execs = read_manifest(folder)["executions"]
+    train = [e for e in execs if e["split"] == "train"]
+    scored = [e for e in execs if e["split"] == split]
+    if not scored:
+        raise CorpusError(f"{folder}: no execution in the {split} split")
+    return train, scored, {e["id"]: execution_series(folder, e) for e in execs if e in train or e in scored}
 
 
 def run_with_prior(settings: Settings, earlier: Sequence[Any], series: Any, signature: str
@@ -73,13 +84,18 @@ def run_with_prior(settings: Settings, earlier: Sequence[Any], series: Any, sign
     for i, s in enumerate(earlier):
         feed(f"earlier-{i}", s)
     got = feed("run", series)
-    n = len(series.t)
+    return in_force(len(series.t), got), [d for _, d in got]
+
+
+def in_force(n: int, got: Sequence[tuple[int, Any]]) -> dict[str, np.ndarray]:
+    """Per resource, the limit in force at each of *n* steps from *got*'s ``(step, decision)`` pairs: a
+    decision at step k holds from step k + 1 on (NaN: none yet)."""
     limits = {r: np.full(n, np.nan) for r in RESOURCES}
-    for k, d in got:  # decided at step k: in force from step k + 1
+    for k, d in got:
         for r, v in (("cpu", d.cpu_limit_cores), ("mem", d.mem_limit_bytes)):
             if v is not None:
                 limits[r][k + 1:] = v
-    return limits, [d for _, d in got]
+    return limits
 
 
 def _baselines(series: Any) -> dict[str, dict[str, np.ndarray]]:
@@ -111,13 +127,7 @@ def priors(folder: Path, split: str = "heldout", margins: Sequence[float] = MARG
 
     if not margins:
         raise CorpusError("no margin to score")
-    manifest = read_manifest(folder)
-    execs = manifest["executions"]
-    train = [e for e in execs if e["split"] == "train"]
-    scored = [e for e in execs if e["split"] == split]
-    if not scored:
-        raise CorpusError(f"{folder}: no execution in the {split} split")
-    series = {e["id"]: execution_series(folder, e) for e in execs if e in train or e in scored}
+    train, scored, series = split_series(folder, split)
     base = {e["id"]: _baselines(series[e["id"]]) for e in scored}
     results = []
     for margin in margins:
