@@ -132,7 +132,6 @@ def test_the_engine_scores_every_policy_the_same_pods(tmp_path):
     ("gavel", ["--gavel-file", "{junk}"], "not a Gavel throughput file"),
     ("gavel:p100", ["--gavel-file", "{tiny}"], "no GPU type 'p100' (types: k80, v100)"),
     ("gavel:k80", ["--gavel-file", "{tiny}"], "has no single-GPU workload"),
-    ("gavel", ["--mode", "inflation"], "not available with --mode inflation"),
 ])
 def test_bad_interference_is_a_one_line_error(tmp_path, capsys, spec, extra, why):
     p, n = _lists(tmp_path, ["s0,100,64,1,500,,LS,Running,0,10,0"])
@@ -144,6 +143,28 @@ def test_bad_interference_is_a_one_line_error(tmp_path, capsys, spec, extra, why
     assert rc == 2 and why in err and len(err.strip().splitlines()) == 1
     with pytest.raises(TraceError, match="expected gavel"):
         load_gavel("gavel-ish", files["tiny"])
+
+
+def test_fgd_inflation_scores_the_measured_slowdown_and_a_copy_runs_its_pods_workload(tmp_path, capsys):
+    # six 0.3-GPU shares on 3 GPUs, inflated to 100 % of capacity: four copies; 3 fit on a GPU (0.9)
+    p, n = _lists(tmp_path, [f"s{i},100,64,1,300,,LS,Running,{i},1000,0" for i in range(6)])
+    args = ["simulate", str(p), "--nodes", str(n), "--quiet", "--json", "--mode", "inflation", "--jobs", "1",
+            "--inflation-ratio", "1.0", "--seeds", "1-2", "--policies", "first-fit,horus-measured",
+            "--interference", "gavel", "--gavel-file", str(_gavel(tmp_path))]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["interference"]["pods_with_workload"] == 6 and doc["interference"]["source"] == "gavel"
+    for r in doc["results"]:
+        m = r["interference"]
+        assert set(m) <= KEYS and m["colocated_jobs"]["mean"] == 9  # 10 pods, 9 placed, 3 on each GPU
+        assert m["unmeasured_jobs"]["mean"] == 0  # the copies carry their pods' workloads
+        assert m["slowdown_mean"]["mean"] == pytest.approx(1 - 0.4 * 0.4) and m["slowdown_mean"]["sd"] == 0
+        assert r["failed_pods"]["mean"] == 1
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["results"] == doc["results"]  # deterministic per seed
+    # without the flag no interference key, and horus-measured is refused in one line
+    assert main([a for a in args[:-6]] + ["--policies", "first-fit"]) == 0
+    assert "interference" not in json.loads(capsys.readouterr().out)["results"][0]
 
 
 def test_horus_measured_only_with_interference(tmp_path, capsys):

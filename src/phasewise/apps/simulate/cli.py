@@ -144,18 +144,18 @@ def _seeds(text: str) -> list[int]:
 
 
 def _one_seed(task):
-    name, pods, nodes, ratio, seed, config, w = task
-    return run_seed(pods, nodes, name, ratio=ratio, seed=seed, config=config, workload=w)
+    name, pods, nodes, ratio, seed, config, w, inter = task
+    return run_seed(pods, nodes, name, ratio=ratio, seed=seed, config=config, workload=w, interference=inter)
 
 
-def _inflation(args, names, pods, nodes, config, w, jobs, stream) -> int:
+def _inflation(args, names, pods, nodes, config, w, jobs, stream, inter) -> int:
     try:
         seeds = _seeds(args.seeds)
     except ValueError:
         print(f"phasewise simulate: error: --seeds: {args.seeds!r} is not a list of seeds (42,43 or 42-51)",
               file=sys.stderr)
         return 2
-    tasks = [(n, pods, nodes, args.inflation_ratio, s, config, w) for n in names for s in seeds]
+    tasks = [(n, pods, nodes, args.inflation_ratio, s, config, w, inter) for n in names for s in seeds]
     t0 = time.perf_counter()
     if jobs <= 1:
         runs = []
@@ -179,9 +179,12 @@ def _inflation(args, names, pods, nodes, config, w, jobs, stream) -> int:
 
         write_inflation_report(args.report, out, args=args, pods=pods, nodes=nodes, seeds=seeds)
     if args.json:
-        print(json.dumps({"mode": "inflation", "inflation_ratio": args.inflation_ratio, "seeds": seeds,
-                          "pods": len(pods), "nodes": len(nodes), "gpus": sum(len(n.gpus) for n in nodes),
-                          "results": out, "wall_s": round(wall, 1)}))
+        doc = {"mode": "inflation", "inflation_ratio": args.inflation_ratio, "seeds": seeds,
+               "pods": len(pods), "nodes": len(nodes), "gpus": sum(len(n.gpus) for n in nodes),
+               "results": out, "wall_s": round(wall, 1)}
+        if inter is not None:
+            doc["interference"] = _about(args, inter)
+        print(json.dumps(doc))
     else:
         for r in out:
             u, e = r["unallocated_gpu_pct_at_100"], r["unallocated_gpu_pct_at_end"]
@@ -189,8 +192,18 @@ def _inflation(args, names, pods, nodes, config, w, jobs, stream) -> int:
             print(f"{r['policy']:>10}: unallocated GPU {u['mean']:.2f} % (sd {u['sd']:.2f}) at 100 % arrived, "
                   f"{e['mean']:.2f} % at {args.inflation_ratio:.0%}; GPU allocated {a['mean']:.2%}, "
                   f"failed {r['failed_pods']['mean']:.0f} pods ({r['failed_gpus']['mean']:.0f} GPUs), "
-                  f"fragmented {r['frag_gpus']['mean']:.1f} GPUs; {r['seeds']} seeds")
+                  f"fragmented {r['frag_gpus']['mean']:.1f} GPUs; {r['seeds']} seeds"
+                  + _inflation_interference(r.get("interference")))
     return 0
+
+
+def _inflation_interference(m: dict | None) -> str:
+    """The measured co-location figures of an inflation summary, for the text line ('' without)."""
+    if not m:
+        return ""
+    mean = m.get("slowdown_mean")
+    return (f"; co-located {m['colocated_jobs']['mean']:.1f} pods, measured slowdown mean "
+            f"{'n/a' if mean is None else format(mean['mean'], '.1%')}, lost {m['lost_gpus']['mean']:.1f} GPUs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,10 +228,6 @@ def run(args: argparse.Namespace) -> int:
     typical = args.typical if args.typical is not None else (0.95 if args.mode == "inflation" else 1.0)
     if not 0 < typical <= 1:
         print(f"{prog}: error: --typical: must be in (0, 1]", file=sys.stderr)
-        return 2
-    if args.interference and args.mode == "inflation":
-        print(f"{prog}: error: --interference: not available with --mode inflation (use fill or timed)",
-              file=sys.stderr)
         return 2
     inter = None
     try:
@@ -249,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     stream = None if args.quiet else sys.stderr
     if args.mode == "inflation":
         return _inflation(args, names, pods, nodes, config, w, args.jobs if args.jobs > 0 else (os.cpu_count() or 1),
-                          stream)
+                          stream, inter)
     if jobs <= 1 or len(names) == 1:
         results = []
         for name in names:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +17,7 @@ import numpy as np
 from phasewise.apps.simulate.openb import Pod
 from phasewise.models.jobs.placement import MILLI, Cluster, Node, PlacementConfig, make_policy
 from phasewise.models.jobs.placement.fragmentation import WorkloadTypes, fragmentation
+from phasewise.models.jobs.placement.interference import CoLocationTable, InterferenceMeter, MeasuredHorus, Workload
 
 __all__ = ["SeedResult", "inflate", "run_seed", "summarise"]
 
@@ -26,11 +27,13 @@ def _demand(p: Pod) -> int:
     return p.job.milli * p.job.count
 
 
-def inflate(pods: Sequence[Pod], nodes: Sequence[Node], ratio: float, seed: int) -> list[Pod]:
+def inflate(pods: Sequence[Pod], nodes: Sequence[Node], ratio: float, seed: int,
+            origin: dict[str, str] | None = None) -> list[Pod]:
     """FGD's workload tuning: keep every pod and add copies of pods drawn uniformly (with replacement) until
     the next draw would take the total GPU demand past *ratio* x the nodes' GPU capacity (or, when the
     list already asks for more, drop pods drawn uniformly until it does not); then order by name and
-    shuffle. Deterministic per *seed*; copies are named ``<name>-tuned-<k>``; ``created`` = position."""
+    shuffle. Deterministic per *seed*; copies are named ``<name>-tuned-<k>``; ``created`` = position.
+    *origin*: filled with each copy's name -> the name of the pod it copies."""
     if not ratio > 0:
         raise ValueError(f"inflation ratio must be > 0, not {ratio}")
     if not pods:
@@ -48,7 +51,10 @@ def inflate(pods: Sequence[Pod], nodes: Sequence[Node], ratio: float, seed: int)
             p = pods[int(rng.integers(len(pods)))]
             if total + _demand(p) > target:
                 break
-            out.append(Pod(dataclasses.replace(p.job, job=f"{p.job.job}-tuned-{k}"), 0.0, 0.0, p.timed))
+            name = f"{p.job.job}-tuned-{k}"
+            out.append(Pod(dataclasses.replace(p.job, job=name), 0.0, 0.0, p.timed))
+            if origin is not None:
+                origin[name] = p.job.job
             total += _demand(p)
             k += 1
     out.sort(key=lambda p: p.job.job)
@@ -86,13 +92,28 @@ class SeedResult:
 
 def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: float, seed: int,
              config: PlacementConfig, workload: WorkloadTypes,
-             progress: Callable[[int], None] | None = None) -> SeedResult:
+             progress: Callable[[int], None] | None = None,
+             interference: tuple[CoLocationTable, Mapping[str, Workload]] | None = None) -> SeedResult:
     """Inflate *pods* with *seed* and place them in order under *policy*; fgd and horus (and the
-    fragmentation measure) use *workload* as the target workload."""
+    fragmentation measure) use *workload* as the target workload. With *interference* (a co-location
+    table and the workload of each pod of the list; a copy runs its pod's) ``extra["interference"]``
+    holds the co-located pods' measured slowdown once every pod has arrived, and ``horus-measured``
+    may be the policy."""
     t0 = time.perf_counter()
-    ps = inflate(pods, nodes, ratio, seed)
+    origin: dict[str, str] = {}
+    ps = inflate(pods, nodes, ratio, seed, origin)
     c = Cluster(nodes, config)
-    pol = make_policy(policy, workload)
+    meter = None
+    if interference is not None:
+        table, drawn = interference
+        runs = {p.job.job: w for p in ps if (w := drawn.get(origin.get(p.job.job, p.job.job))) is not None}
+        meter = InterferenceMeter(table, runs)
+    if policy == MeasuredHorus.name:
+        if meter is None:
+            raise ValueError(f"{policy} needs measured co-location throughputs (interference)")
+        pol = MeasuredHorus(meter.table, meter.workloads, workload=workload)
+    else:
+        pol = make_policy(policy, workload)
     cap = max(c.gpu_capacity_milli(), 1)
     steps = int(math.floor(ratio * 100 + 1e-9)) + 1
     curve = np.full(steps, np.nan)
@@ -101,6 +122,9 @@ def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: 
         pl = pol.place(p.job, c)
         if pl.node is not None:
             c.allocate(p.job, pl)
+            if meter is not None:
+                i_node = c.index[pl.node]
+                meter.place(p.job.job, [(i_node, g) for g in pl.gpus])
         else:
             failed += 1
             failed_milli += _demand(p)
@@ -118,10 +142,14 @@ def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: 
              "memory": float(c.mem_alloc.sum() / max(c.mem_cap.sum(), 1)),
              "gpu": float(((c.milli_alloc > 0) & c.valid).sum() / max(gpus, 1)),
              "milli_gpu": c.gpu_allocated_milli() / cap}
+    extra = {}
+    if meter is not None:  # one snapshot: every pod arrived, nothing released
+        meter.advance(1.0)
+        extra["interference"] = meter.summary()
     return SeedResult(policy, seed, len(ps), failed, failed_milli, [float(x) for x in curve], alloc,
                       int(c._gfree().sum()), fragmentation(c, workload),
                       failed_pods_at_100=failed if failed_at_100 is None else failed_at_100,
-                      wall_s=time.perf_counter() - t0)
+                      wall_s=time.perf_counter() - t0, extra=extra)
 
 
 def summarise(policy: str, runs: Sequence[SeedResult]) -> dict:
@@ -144,4 +172,8 @@ def summarise(policy: str, runs: Sequence[SeedResult]) -> dict:
         "curve": {"arrived_pct": list(range(curves.shape[1])),
                   "unallocated_gpu_pct": [round(float(x), 3) for x in curves.mean(axis=0)]},
         "per_seed": [r.public() for r in runs],
+        **({"interference": {k: stat([r.extra["interference"][k] for r in runs])
+                             for k in runs[0].extra["interference"]
+                             if all(r.extra["interference"][k] is not None for r in runs)}}
+           if all("interference" in r.extra for r in runs) else {}),
     }
