@@ -142,7 +142,8 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
     100 ms, each alone (``?name[]=``: a whole scrape costs the worker milliseconds
     of CPU, ~7 % of it at this rate), so a backlog that drains in less than that has no window; where
     the scrapes were too slow to see it (a worker starved of CPU answers them
-    late), the window runs from the end of the flood to the whole backlog.
+    late), the window runs from the end of the flood to the whole backlog, and where the worker kept up
+    with the flood itself (a slow producer on a loaded machine), from the flood's start (a lower bound).
     *gpu*: the samples also carry GPU use (:func:`square_wave_gpu`).
     """
     urls = [metrics_url] if isinstance(metrics_url, str) else list(metrics_url)
@@ -158,7 +159,8 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
         return [cpu_seconds(p) for p in pids]
 
     t_base = time.time() - ticks - 60
-    start = counter()
+    start_each, t_start, cpu_start, fl_start = each(), time.perf_counter(), cpu(), counter(FLUSH_COUNTER)
+    start = sum(start_each)
 
     def flood():
         for k in range(ticks):
@@ -183,6 +185,9 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
         # 10-90 % window closed; the window is then from the end of the flood to the whole backlog
         c_lo, t_lo, cpu_lo, fl_lo = c_0, t_0, cpu_0, fl_0
         c_hi, t_hi, cpu_hi, fl_hi = each(), time.perf_counter(), cpu(), counter(FLUSH_COUNTER)
+        if sum(c_hi) == sum(c_lo):  # and the worker kept up with a slow flood (a loaded machine): from the
+            # flood's start, its producing included (a lower bound on the worker's rate)
+            c_lo, t_lo, cpu_lo, fl_lo = start_each, t_start, cpu_start, fl_start
     per = tuple((b - a, y - x) for a, b, x, y in zip(c_lo, c_hi, cpu_lo, cpu_hi, strict=True))
     return BacklogWindow(sum(c_hi) - sum(c_lo), t_hi - t_lo, sum(cpu_hi) - sum(cpu_lo), fl_hi - fl_lo,
                          per if len(per) > 1 else ())

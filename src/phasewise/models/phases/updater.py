@@ -62,10 +62,10 @@ class DetectorConfig:
     #: decisions are published for the containers decided with ``phase``, the others' are scored only
     default_policy: str
     #: anticipated transitions of signed containers (``None`` or a zero horizon: off)
-    anticipate: TransitionConfig | None = None
+    anticipate: TransitionConfig | None
     #: a young signed run (younger than this, seconds) whose signature has a prior in the VPA cache's
     #: book is limited from the prior, as the VPA's containers are (0: no priors; docs/priors.md)
-    prior_until_s: float = 0.0
+    prior_until_s: float
 
 
 @dataclass
