@@ -30,23 +30,18 @@ import sys
 from pathlib import Path
 
 from phasewise.apps.replay.driving import FleetOptions, pretrain_model
-from phasewise.apps.replay.traces import ContainerSeries, Trace, load_trace
+from phasewise.apps.replay.traces import Trace, load_trace
 
 HERE = Path(__file__).resolve().parent
 
 
 def corpus_train_trace() -> Trace:
     """The shipped corpus's train-split executions as one trace (cpu, mem; one container per execution)."""
-    from phasewise.apps.experiment.corpus_plan import read_manifest
-    from phasewise.apps.experiment.corpus_prior import execution_series
+    from phasewise.apps.experiment.corpus_models import train_trace
+    from phasewise.apps.experiment.corpus_prior import split_series
 
-    folder = HERE / "corpus"
-    train = [e for e in read_manifest(folder)["executions"] if e["split"] == "train"]
-    series = []
-    for e in train:
-        s = execution_series(folder, e)
-        series.append(ContainerSeries(e["id"], s.t, {"cpu": s.usage["cpu"], "mem": s.usage["mem"]}))
-    return Trace("phasewise", str(folder), {"cpu": "cores", "mem": "bytes"}, series)
+    train, _, series = split_series(HERE / "corpus", "train")
+    return train_trace(series, train)
 
 
 def main() -> int:

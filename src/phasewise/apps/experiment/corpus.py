@@ -288,6 +288,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     an.add_argument("--phase-pretrained", choices=PRETRAINED_MODELS, default=PRETRAINED_MODELS[0], metavar="MODEL",
                     dest="start_model", help="the shipped model the detector runs (default corpus)")
     an.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    mo = sub.add_parser("models", help="the starting phase model judged on the train split: leave one kind out",
+                        description="Per kind of the train split, a model learned on the other kinds' train "
+                                    "executions (make_pretrained's procedure) against the shipped AI4DL model on "
+                                    "this kind's: phase/stage agreement and the bare phase policy through the "
+                                    "worker's round, against VPA, the windows and the frontier (docs/phases.md, "
+                                    "\"The starting model\").")
+    mo.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
+    mo.add_argument("--min-windows", type=int, default=None, metavar="N",
+                    help="windows the CRBM learns at least, in passes over the executions (default: 1024, as the "
+                         "shipped models)")
+    mo.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     pr = sub.add_parser("prior", help="the known-job prior on executions of known kinds, against VPA and the windows",
                         description="Each execution of the split through the worker's step (the live safety rules "
                                     "and known-job priors) after the train split's runs of its kind (same "
@@ -340,7 +351,12 @@ def run(args: argparse.Namespace) -> int:
             res = live(args.kind, args.earlier, args.new, seconds=args.seconds, cgroup_root=args.cgroup_root)
             print(json.dumps(res, allow_nan=False) if args.json else format_live(res))
             return 0
-        if args.corpus_command == "anticipate":
+        if args.corpus_command == "models":
+            from phasewise.apps.experiment.corpus_models import format_models, models
+
+            res = models(folder, args.min_windows)
+            text = format_models(res)
+        elif args.corpus_command == "anticipate":
             from phasewise.apps.experiment.corpus_anticipate import HORIZONS, anticipate, format_anticipate
 
             horizons = _numbers("--horizons", args.horizons, 3600, "0,10") if args.horizons else HORIZONS

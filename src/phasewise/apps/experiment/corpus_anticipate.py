@@ -43,18 +43,19 @@ def _settings(horizon: float, model: str, overrides: dict[str, Any] | None) -> A
 
 
 def run_with_transitions(settings: Any, earlier: Sequence[Any], series: Any, signature: str,
-                         workload: WorkloadPolicy | None = None
+                         workload: WorkloadPolicy | None = None, model: Any = None
                          ) -> tuple[dict[str, np.ndarray], list[Any], list[Any], np.ndarray]:
     """*series* through the worker's round after *earlier* (runs of *signature*, one after the other); per
     resource the phase limit in force at each of its steps (NaN: none), its decisions, the phase changes of
     every run fed (containers ``earlier-<i>`` and ``run``) and its steps' event times as fed. *workload*:
-    every run's workload settings (default: mode ``apply`` and the signature)."""
+    every run's workload settings (default: mode ``apply`` and the signature); *model*: a PhaseModel to run
+    instead of the settings' shipped one."""
     from phasewise.apps.replay.through_kafka import _InProcessPhase
     from phasewise.models.vpa.updater import worker_round
     from phasewise.streams.config import state_cache, updater_config
 
     cache, config = state_cache(settings), updater_config(settings)
-    phase = _InProcessPhase(settings, cache, frozen=True)
+    phase = _InProcessPhase(settings, cache, frozen=True, model=model)
     workload = workload or WorkloadPolicy(mode="apply", signature=signature)
     clock = [0.0]
 

@@ -403,12 +403,13 @@ class _InProcessPhase:
     same code, on a deterministic clock.
     """
 
-    def __init__(self, settings: Any, cache: Any, frozen: bool) -> None:
+    def __init__(self, settings: Any, cache: Any, frozen: bool, model: Any = None) -> None:
         from phasewise.models.phases.learner import Learner
         from phasewise.models.phases.updater import PhaseHooks
         from phasewise.streams.config import detector_config, initial_model
 
-        model, self.origin = initial_model(settings)
+        # *model*: a PhaseModel to start from instead of the settings' (an experiment's own)
+        model, self.origin = initial_model(settings) if model is None else (model, "given")
         self.interval = float(settings.phase.snapshot_interval_s)
         self.frozen = frozen
         self.latest: tuple[Any, Any] | None = None
