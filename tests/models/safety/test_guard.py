@@ -319,3 +319,15 @@ def test_step_peak_cooldown_and_the_workloads_max_in_one_container_s_life():
     out = g.bound(rows, 200.0, proposed=np.array([[3.0, NAN]]), in_force=np.array([[0.5, 2.5e9]]),
                   hi=np.array([[2.0, NAN]]))  # the workload's cpu-max is 2 cores
     assert out.limits[0, 0] == 2.0 and out.rules_of(0) == {"cpu": ["workload_max"]}
+
+
+def test_a_cpu_cut_waits_for_a_sample_throttled_above_half_the_threshold():
+    # one throttled CFS period of ~10 in a 1 s sample is the whole 0.1 threshold: another reading of the same
+    # counters over another second can see 1 of 9 (0.11) where this sample saw 1 of 11 (0.09)
+    g, r = guard(min_history_s=0.0, throttle_threshold=0.1)
+    see(g, r, 10.0, thr=1 / 11)
+    assert bound(g, r, 10.0, cpu=0.5, in_cpu=1.0).rules_of(0) == {"cpu": ["throttled"]}
+    g, r = guard(min_history_s=0.0, throttle_threshold=0.1)
+    see(g, r, 10.0, thr=0.04)  # under half the threshold: not throttled
+    out = bound(g, r, 10.0, cpu=0.8, in_cpu=1.0)
+    assert out.emit[0, 0] and out.limits[0, 0] == 0.8 and "cpu" not in out.rules_of(0)

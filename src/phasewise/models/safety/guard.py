@@ -22,6 +22,12 @@ __all__ = ["GuardConfig", "GuardOutcome", "LimitGuard", "RESOURCES", "RULES", "b
 RESOURCES = ("cpu", "mem")
 #: the rules, in the order they apply; bit i of an outcome's rule mask is RULES[i]
 RULES = ("history", "throttled", "oom", "cooldown", "step", "workload_max", "workload_min", "peak")
+#: the CPU-cut rule counts a sample as throttled above this share of the threshold: a host agent's sample
+#: and any other reading of the same counters (the kernel's own second, a monitor's) do not cover the same
+#: periods, and at 1 s samples one throttled period of ~10 is the whole threshold — a burst just under it in
+#: one window is just over it in another (measured: the demo read 1 of 9 periods throttled where the agent's
+#: sample stayed at or under 0.1, and a cut went through). Half the threshold covers a window twice as long.
+THROTTLE_CUT_SHARE = 0.5
 _BIT = {r: 1 << i for i, r in enumerate(RULES)}
 _CPU, _MEM = 0, 1
 STATE_VERSION = 1
@@ -54,7 +60,8 @@ class GuardConfig:
     peak_window_s: float
     #: ... plus this many bytes
     mem_margin_bytes: float
-    #: share of throttled CFS periods above which a sample counts as throttled
+    #: share of throttled CFS periods above which the VPA censors a sample; for the CPU-cut rule a
+    #: sample counts as throttled above half of it (:data:`THROTTLE_CUT_SHARE`)
     throttle_threshold: float
     #: no CPU decrease when a sample this recent (seconds) was throttled; 0 = only the current one
     #: (the worker uses its cooldown: a throttled container's CPU samples are censored)
@@ -209,7 +216,7 @@ class LimitGuard:
         c = self.config
         t = np.broadcast_to(np.asarray(ts, dtype=np.float64), rows.shape)
         self._first[rows] = np.fmin(self._first[rows], t)
-        thr = throttled_frac > c.throttle_threshold
+        thr = throttled_frac > c.throttle_threshold * THROTTLE_CUT_SHARE
         if thr.any():
             r = rows[thr]
             self._thr_ts[r] = np.fmax(self._thr_ts[r], t[thr])
