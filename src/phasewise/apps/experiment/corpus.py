@@ -31,6 +31,7 @@ from phasewise.apps.experiment.corpus_plan import (
     VERSION,
     CorpusError,
     Execution,
+    agreement_metrics,
     plan,
     read_manifest,
     shipped_corpus,
@@ -149,14 +150,6 @@ def record(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- agreement
 
 
-def _metrics() -> tuple[Any, Any]:
-    try:
-        from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score
-    except ImportError:
-        raise CorpusError("scikit-learn is not installed: pip install 'phasewise[analysis]'") from None
-    return adjusted_mutual_info_score, adjusted_rand_score
-
-
 def agreement(folder: Path, split: str = "heldout", model: str = "corpus") -> dict[str, Any]:
     """AMI and ARI between the worker's phases (the shipped *model*, frozen) and the reported stages, per kind
     and overall, over the executions of *split* (``heldout``, ``train`` or ``all``)."""
@@ -164,7 +157,7 @@ def agreement(folder: Path, split: str = "heldout", model: str = "corpus") -> di
     from phasewise.apps.replay.through_kafka import KafkaReplayError, phase_series, worker_in_process
     from phasewise.apps.replay.traces import TraceFormatError, load_trace
 
-    ami, ari = _metrics()
+    ami, ari = agreement_metrics()
     manifest = read_manifest(folder)
     execs = [e for e in manifest["executions"] if split == "all" or e["split"] == split]
     if not execs:

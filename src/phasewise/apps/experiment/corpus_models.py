@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from phasewise.apps.experiment.corpus_plan import CorpusError, stage_series
+from phasewise.apps.experiment.corpus_plan import CorpusError, agreement_metrics, stage_series
 from phasewise.apps.experiment.corpus_prior import RESOURCES, _baselines, split_series
 
 __all__ = ["format_models", "models", "train_trace"]
@@ -56,14 +56,13 @@ def _phases(changes: list[Any], fed: np.ndarray) -> np.ndarray:
 def models(folder: Path, min_windows: int | None = None) -> dict[str, Any]:
     """Leave-one-kind-out on the train split: per kind and pooled, the model learned on the other kinds
     against the shipped AI4DL model (see the module)."""
-    from phasewise.apps.experiment.corpus import _metrics
     from phasewise.apps.experiment.corpus_anticipate import _settings, run_with_transitions
     from phasewise.apps.replay.driving import PRETRAIN_MIN_WINDOWS, FleetOptions, pretrain_model
     from phasewise.models.phases.limits import PRETRAINED, load_pretrained
     from phasewise.models.scoring.frontier import frontier_at, slack_cut
     from phasewise.models.scoring.measures import Score, score_steps
 
-    ami, ari = _metrics()
+    ami, ari = agreement_metrics()
     windows = PRETRAIN_MIN_WINDOWS if min_windows is None else int(min_windows)
     if windows < 1:
         raise CorpusError(f"--min-windows {windows}: at least 1")

@@ -215,6 +215,15 @@ class CorpusError(RuntimeError):
     """The corpus cannot be recorded or read; ``str(e)`` says why in one line."""
 
 
+def agreement_metrics() -> tuple[Any, Any]:
+    """scikit-learn's adjusted mutual information and adjusted Rand index (the ``analysis`` extra)."""
+    try:
+        from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score
+    except ImportError:
+        raise CorpusError("scikit-learn is not installed: pip install 'phasewise[analysis]'") from None
+    return adjusted_mutual_info_score, adjusted_rand_score
+
+
 def shipped_corpus() -> Path:
     """The corpus shipped with phasewise (package data)."""
     return Path(__file__).resolve().parents[2] / "data" / "corpus"
