@@ -12,7 +12,8 @@ import math
 import os
 import sys
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from phasewise.apps.simulate.engine import MODES, simulate, speed_up
 from phasewise.apps.simulate.gavel import GAVEL_FILE, GPU_TYPES, draw_workloads, load_gavel
@@ -193,17 +194,19 @@ def _inflation(args, names, pods, nodes, config, w, jobs, stream, inter) -> int:
                   f"{e['mean']:.2f} % at {args.inflation_ratio:.0%}; GPU allocated {a['mean']:.2%}, "
                   f"failed {r['failed_pods']['mean']:.0f} pods ({r['failed_gpus']['mean']:.0f} GPUs), "
                   f"fragmented {r['frag_gpus']['mean']:.1f} GPUs; {r['seeds']} seeds"
-                  + _inflation_interference(r.get("interference")))
+                  + _interference_text(r.get("interference"), lambda v: v["mean"]))
     return 0
 
 
-def _inflation_interference(m: dict | None) -> str:
-    """The measured co-location figures of an inflation summary, for the text line ('' without)."""
+def _interference_text(m: dict | None, stat: Callable[[Any], float] = lambda v: v) -> str:
+    """The measured co-location figures for a result's text line ('' without); *stat* reads a figure (an
+    inflation summary holds each as {"mean", "sd"} over seeds: its mean)."""
     if not m:
         return ""
     mean = m.get("slowdown_mean")
-    return (f"; co-located {m['colocated_jobs']['mean']:.1f} pods, measured slowdown mean "
-            f"{'n/a' if mean is None else format(mean['mean'], '.1%')}, lost {m['lost_gpus']['mean']:.1f} GPUs")
+    return (f", co-located {stat(m['colocated_jobs']):.1f} pods, measured slowdown mean "
+            f"{'n/a' if mean is None else format(stat(mean), '.1%')}, {stat(m['slowed_jobs']):.1f} pods slowed "
+            f"> 20 %, lost {stat(m['lost_gpus']):.1f} GPUs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -281,11 +284,7 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             over = (f", overloaded {r.overloaded_gpus:.1f} GPUs ({r.excess_util_gpus:.1f} GPUs above 100 %)"
                     if r.overloaded_gpus is not None else "")
-            if r.interference is not None:
-                m = r.interference
-                mean = "n/a" if m["slowdown_mean"] is None else f"{m['slowdown_mean']:.1%}"
-                over += (f", co-located {m['colocated_jobs']:.1f} pods, measured slowdown mean {mean}, "
-                         f"{m['slowed_jobs']:.1f} pods slowed > 20 %, lost {m['lost_gpus']:.1f} GPUs")
+            over += _interference_text(r.interference)
             print(f"{r.policy:>10}: GPU allocated {r.gpu_alloc_ratio:.2%}, fragmented {r.fragmented_gpus:.1f} GPUs, "
                   f"unplaced {r.unplaced_pods}/{r.pods} pods, mean queue delay {r.mean_queue_delay_s:.1f} s"
                   f"{over} ({r.wall_s:.1f} s)")

@@ -10,6 +10,7 @@ import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,16 @@ def speed_up(pods: Sequence[Pod], factor: float) -> list[Pod]:
     return [Pod(p.job, p.created / factor, p.created / factor + p.duration) for p in pods]
 
 
+def placement_policy(policy: str, workload: WorkloadTypes,
+                     interference: tuple[CoLocationTable, Mapping[str, Workload]] | None) -> Any:
+    """The policy named *policy* (``horus-measured`` needs *interference*: a table and the pods' workloads)."""
+    if policy == MeasuredHorus.name:
+        if interference is None:
+            raise ValueError(f"{policy} needs measured co-location throughputs (interference)")
+        return MeasuredHorus(*interference, workload=workload)
+    return make_policy(policy, workload)
+
+
 def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str = "timed", *,
              config: PlacementConfig, progress: Callable[[int], None] | None = None,
              max_points: int = 2000, workload: WorkloadTypes | None = None,
@@ -104,12 +115,7 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
     t0 = time.perf_counter()
     c = Cluster(nodes, config)
     w = workload if workload is not None else workload_types(p.job for p in pods)
-    if policy == MeasuredHorus.name:
-        if interference is None:
-            raise ValueError(f"{policy} needs measured co-location throughputs (interference)")
-        pol = MeasuredHorus(*interference, workload=w)
-    else:
-        pol = make_policy(policy, w)
+    pol = placement_policy(policy, w, interference)
     frag = _Frag(c, workload_types(p.job for p in pods if p.job.count))
     cap = max(c.gpu_capacity_milli(), 1)
     decide = 0.0

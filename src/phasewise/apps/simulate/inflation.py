@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phasewise.apps.simulate.engine import placement_policy
 from phasewise.apps.simulate.openb import Pod
-from phasewise.models.jobs.placement import MILLI, Cluster, Node, PlacementConfig, make_policy
+from phasewise.models.jobs.placement import MILLI, Cluster, Node, PlacementConfig
 from phasewise.models.jobs.placement.fragmentation import WorkloadTypes, fragmentation
-from phasewise.models.jobs.placement.interference import CoLocationTable, InterferenceMeter, MeasuredHorus, Workload
+from phasewise.models.jobs.placement.interference import CoLocationTable, InterferenceMeter, Workload
 
 __all__ = ["SeedResult", "inflate", "run_seed", "summarise"]
 
@@ -103,17 +104,12 @@ def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: 
     origin: dict[str, str] = {}
     ps = inflate(pods, nodes, ratio, seed, origin)
     c = Cluster(nodes, config)
-    meter = None
-    if interference is not None:
+    meter = copies = None
+    if interference is not None:  # a copy runs the workload of the pod it copies
         table, drawn = interference
-        runs = {p.job.job: w for p in ps if (w := drawn.get(origin.get(p.job.job, p.job.job))) is not None}
-        meter = InterferenceMeter(table, runs)
-    if policy == MeasuredHorus.name:
-        if meter is None:
-            raise ValueError(f"{policy} needs measured co-location throughputs (interference)")
-        pol = MeasuredHorus(meter.table, meter.workloads, workload=workload)
-    else:
-        pol = make_policy(policy, workload)
+        copies = (table, {p.job.job: w for p in ps if (w := drawn.get(origin.get(p.job.job, p.job.job))) is not None})
+        meter = InterferenceMeter(*copies)
+    pol = placement_policy(policy, workload, copies)
     cap = max(c.gpu_capacity_milli(), 1)
     steps = int(math.floor(ratio * 100 + 1e-9)) + 1
     curve = np.full(steps, np.nan)
