@@ -210,9 +210,8 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
         if prior is not None:
             details["prior"] = prior.explain()
             reason = f"prior of {prior.runs} earlier runs of {prior.signature}, {reason}"
-        if (ah := ex.get("anticipated")) is not None:
-            reason += (f"; ahead of phase {ah['phase']} -> {ah['next_phase']} ({ah['probability']:.0%} of "
-                       f"{ah['exits']} earlier exits of {ah['signature']} within {ah['within_s']:g} s)")
+        if (ahead := out.ahead.get(i)) is not None:
+            reason += "; " + ahead[0].text()
         sx = None if safety is None else safety.explain(i)
         if sx is not None:
             details["safety"] = sx

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from phasewise.apps.experiment.corpus import agreement, read_manifest, shipped_corpus
-from phasewise.apps.experiment.corpus_anticipate import _settings, anticipate, run_with_transitions
+from phasewise.apps.experiment.corpus_anticipate import anticipate, run_with_transitions, worker_settings
 from phasewise.apps.experiment.corpus_prior import execution_series
 from phasewise.kit.records import WorkloadPolicy
 from tests.apps.experiment.test_corpus import _cli
@@ -24,8 +24,8 @@ def _runs(eid: str) -> tuple[list, object, str]:
 
 def test_on_a_recorded_run_limits_rise_only_ahead_of_a_predicted_transition_and_fall_back_after():
     train, run, kind = _runs("forecaster-r05")
-    off, none, changes, _ = run_with_transitions(_settings(0.0, "corpus", None), train, run, kind)
-    on, decisions, changes_on, _ = run_with_transitions(_settings(10.0, "corpus", None), train, run, kind)
+    off, none, changes, _ = run_with_transitions(worker_settings(0.0, "corpus", None), train, run, kind)
+    on, decisions, changes_on, _ = run_with_transitions(worker_settings(10.0, "corpus", None), train, run, kind)
     assert not any("anticipated" in d.details for d in none)
     assert [(c.container, c.ts, c.new_phase) for c in changes] == [(c.container, c.ts, c.new_phase)
                                                                    for c in changes_on]  # the same phases
@@ -48,7 +48,7 @@ def test_on_a_recorded_run_limits_rise_only_ahead_of_a_predicted_transition_and_
             assert (np.isclose(on[r][after:], off[r][after:]) & both[after:]).any()
     assert raised_any
     # a workload without a signature is never anticipated: the same limits as with anticipation off
-    plain, unsigned, _, _ = run_with_transitions(_settings(10.0, "corpus", None), train, run, kind,
+    plain, unsigned, _, _ = run_with_transitions(worker_settings(10.0, "corpus", None), train, run, kind,
                                                  WorkloadPolicy(mode="apply"))
     assert not any("anticipated" in d.details for d in unsigned)
     for r in ("cpu", "mem"):
@@ -59,7 +59,7 @@ def test_a_raise_ahead_stays_inside_the_safety_rules():
     train, run, kind = _runs("forecaster-r05")
     rules = {"safety_rules": True, "safety_min_history_s": 0}
     cap = 1.15  # below the CPU limit a raise ahead asks for (1.23 cores)
-    on, decisions, _, fed = run_with_transitions(_settings(10.0, "corpus", rules), train, run, kind,
+    on, decisions, _, fed = run_with_transitions(worker_settings(10.0, "corpus", rules), train, run, kind,
                                                  WorkloadPolicy(mode="apply", signature=kind, cpu_max_cores=cap))
     assert np.nanmax(on["cpu"]) <= cap + 1e-9
     ahead = [d for d in decisions if "anticipated" in d.details]

@@ -71,11 +71,11 @@ def test_the_command_prints_json():
 
 
 def test_a_recorded_run_decided_with_the_phase_policy_starts_from_its_prior_too():
-    from phasewise.apps.experiment.corpus_anticipate import _settings, run_with_transitions
+    from phasewise.apps.experiment.corpus_anticipate import run_with_transitions, worker_settings
 
     train, run = _runs("charlstm")
     rules = {"safety_rules": True}  # the live rules: 15 minutes of history before a first limit
-    lim, decisions, _, fed = run_with_transitions(_settings(0.0, "corpus", rules), train, run, "charlstm")
+    lim, decisions, _, fed = run_with_transitions(worker_settings(0.0, "corpus", rules), train, run, "charlstm")
     assert decisions and all(d.policy == "phase" for d in decisions)
     assert decisions[0].reason.startswith(f"prior of {len(train)} earlier runs of charlstm")
     assert decisions[0].details["source"] == "prior" and decisions[0].details["prior"]["runs"] == len(train)
@@ -87,6 +87,6 @@ def test_a_recorded_run_decided_with_the_phase_policy_starts_from_its_prior_too(
         k = int(np.flatnonzero(np.isclose(fed, d.ts))[0])
         if d.mem_limit_bytes is not None:
             assert d.mem_limit_bytes >= np.nanmax(run.usage["mem"][:k + 1]) + 64 * MIB - 1
-    none, cold, _, _ = run_with_transitions(_settings(0.0, "corpus", {**rules, "prior_min_runs": 0}), train, run,
+    none, cold, _, _ = run_with_transitions(worker_settings(0.0, "corpus", {**rules, "prior_min_runs": 0}), train, run,
                                             "charlstm")
     assert cold == [] and np.isnan(none["mem"]).all()  # no prior: the history rule holds every limit back

@@ -239,6 +239,13 @@ def format_agreement(res: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- CLI
 
 
+def _model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--phase-pretrained", choices=PRETRAINED_MODELS, default=PRETRAINED_MODELS[0], metavar="MODEL",
+                   dest="start_model",
+                   help="the shipped model the detector runs: corpus (default; it learned on the train split) or "
+                        "ai4dl")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="corpus_command", metavar="COMMAND", required=True)
     r = sub.add_parser("record", help="run and record executions one at a time (root: a cgroup each)",
@@ -261,10 +268,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
     a.add_argument("--split", choices=("heldout", "train", "all"), default="heldout",
                    help="the executions scored (default: heldout)")
-    a.add_argument("--phase-pretrained", choices=PRETRAINED_MODELS, default=PRETRAINED_MODELS[0], metavar="MODEL",
-                   dest="start_model",
-                   help="the shipped model the detector runs: corpus (default; it learned on the train split) or "
-                        "ai4dl")
+    _model_arg(a)
     a.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     an = sub.add_parser("anticipate", help="anticipated phase transitions on executions of known kinds, by horizon",
                         description="Each execution of the split through the worker's round (phase policy, the "
@@ -278,8 +282,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          "heldout)")
     an.add_argument("--horizons", default=None, metavar="S,S,...",
                     help="horizons scored, seconds (default: 0, 5, 10, 20; 0 is anticipation off)")
-    an.add_argument("--phase-pretrained", choices=PRETRAINED_MODELS, default=PRETRAINED_MODELS[0], metavar="MODEL",
-                    dest="start_model", help="the shipped model the detector runs (default corpus)")
+    _model_arg(an)
     an.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     mo = sub.add_parser("models", help="the starting phase model judged on the train split: leave one kind out",
                         description="Per kind of the train split, a model learned on the other kinds' train "

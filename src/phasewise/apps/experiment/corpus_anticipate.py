@@ -31,7 +31,9 @@ HORIZONS = (0.0, 5.0, 10.0, 20.0)
 GAP_S = 30.0
 
 
-def _settings(horizon: float, model: str, overrides: dict[str, Any] | None) -> Any:
+def worker_settings(horizon: float, model: str, overrides: dict[str, Any] | None) -> Any:
+    """A replay phase worker's settings (the shipped *model*, frozen, no safety rules unless *overrides*
+    say so) with anticipation at *horizon* seconds (0: off)."""
     from phasewise.apps.replay.through_kafka import replay_settings_env
     from phasewise.apps.replay.traces import Trace
     from phasewise.kit.settings import Settings
@@ -145,6 +147,7 @@ def anticipate(folder: Path, split: str = "heldout", horizons: Sequence[float] =
     limit."""
     from phasewise.models.scoring.frontier import frontier_at, slack_cut
     from phasewise.models.scoring.measures import Score, score_steps
+    from phasewise.streams.config import detector_config
 
     if not horizons:
         raise CorpusError("no horizon to score")
@@ -162,11 +165,9 @@ def anticipate(folder: Path, split: str = "heldout", horizons: Sequence[float] =
         earlier = [series[t["id"]] for t in train if t["kind"] == e["kind"] and t["id"] != e["id"]]
         lims = {}
         for h in horizons:
-            st = _settings(h, model, overrides)
+            st = worker_settings(h, model, overrides)
             lims[h], ds, changes, fed_t = run_with_transitions(st, earlier, sr, e["kind"])
             if h > 0:
-                from phasewise.streams.config import detector_config
-
                 q = prediction_quality(detector_config(st).anticipate, changes, {"run": fed_t}, e["kind"])
                 acc = quality[h]
                 for k, v in q.items():

@@ -56,7 +56,7 @@ def _phases(changes: list[Any], fed: np.ndarray) -> np.ndarray:
 def models(folder: Path, min_windows: int | None = None) -> dict[str, Any]:
     """Leave-one-kind-out on the train split: per kind and pooled, the model learned on the other kinds
     against the shipped AI4DL model (see the module)."""
-    from phasewise.apps.experiment.corpus_anticipate import _settings, run_with_transitions
+    from phasewise.apps.experiment.corpus_anticipate import run_with_transitions, worker_settings
     from phasewise.apps.replay.driving import PRETRAIN_MIN_WINDOWS, FleetOptions, pretrain_model
     from phasewise.models.phases.limits import PRETRAINED, load_pretrained
     from phasewise.models.scoring.frontier import frontier_at, slack_cut
@@ -70,7 +70,7 @@ def models(folder: Path, min_windows: int | None = None) -> dict[str, Any]:
     kinds = sorted({e["kind"] for e in train})
     if len(kinds) < 2:
         raise CorpusError(f"{folder}: leaving one kind out needs train executions of two kinds at least")
-    settings = _settings(0.0, "corpus", None)
+    settings = worker_settings(0.0, "corpus", None)
     ai4dl = load_pretrained(PRETRAINED["ai4dl"])
     names = ("left_out", "ai4dl")
     pooled: dict[str, dict[str, Any]] = {n: {"phase": [], "stage": [], "score": {r: Score() for r in RESOURCES}}

@@ -234,8 +234,7 @@ def replay_settings_env(family: str, trace: Trace, *, frozen_model: bool = False
 
     Besides what docs/results.md, "How replay runs", lists: the phase detector's features are
     :func:`trace_features`; *pretrained*: start from the shipped model (a name: that one; else
-    cold: the shipped model was trained on the AI4DL sample, which a replay
-    may score); *frozen_model*: the learner publishes no snapshot;
+    cold: a shipped model may have seen the trace a replay scores); *frozen_model*: the learner publishes no snapshot;
     *statistics*: ``phase_statistics`` (relative, the worker's default, or absolute);
     *safety*: the live safety rules bound the decisions (``safety_rules``; off by
     default, so replay scores what the bare policy decides).

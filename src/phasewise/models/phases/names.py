@@ -12,6 +12,7 @@ statistics are :meth:`~phasewise.models.phases.clusterer.PhaseStats.summary`'s (
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 __all__ = ["BURSTY", "FLAT", "HIGH", "IDLE_FLOOR", "LOW", "UNSEEN", "phase_names"]
@@ -79,7 +80,7 @@ def phase_names(stats: Mapping[int, Mapping[str, Mapping[str, float]]],
                  if refs.get(r, 0.0) > IDLE_FLOOR.get(r, 0.0) and "p50" in s]
         has = any("p50" in s for s in per.values())
         words[p] = ", ".join(parts) if parts else "idle" if has else UNSEEN
-    twice = {w for w in words.values() if w != UNSEEN and list(words.values()).count(w) > 1}
+    twice = {w for w, n in Counter(words.values()).items() if n > 1 and w != UNSEEN}
     out: dict[int, str] = {}
     for p, per in stats.items():
         name = words[p]

@@ -222,13 +222,10 @@ class PhaseHooks:
             out[:, cols] = got  # features that are not limited have no fallback
             return out
 
-        wcols = step_columns([c for m in msgs for c in m.containers] if not one_msg else msgs[0].containers,
-                             self.config.default_policy)
-        one = len(msgs) == 1
-        sig = None
-        if self.transitions is not None or self._priors_on:
-            sig = signatures([c for m in msgs for c in m.containers] if not one_msg else msgs[0].containers)
-        out = self.fleet.step(msgs[0].ts if one else np.array(ts), keys, X, fallback_limits=fallback,
+        cs = [c for m in msgs for c in m.containers] if not one_msg else msgs[0].containers
+        wcols = step_columns(cs, self.config.default_policy)
+        sig = signatures(cs) if self.transitions is not None or self._priors_on else None
+        out = self.fleet.step(msgs[0].ts if one_msg else np.array(ts), keys, X, fallback_limits=fallback,
                               host=msgs[0].host, signatures=sig)
         safety = None
         priors: dict[int, Prior] = {}
