@@ -33,20 +33,29 @@ while True:
 """
 
 
-def _last_count(p, wait_s: float = 0.0) -> int:
-    """The last count printed so far, after waiting up to *wait_s* for a first one (None: nothing printed)."""
+def _last_count(p, wait_s: float = 0.0) -> int | None:
+    """With *wait_s*: the first count printed within it (None: none). Without: the last count printed so far.
+
+    Reads whole lines only (a read may end inside a line); the child's end is an error, not "no count".
+    """
     import os
     import select
 
-    last = None
-    if wait_s and not select.select([p.stdout], [], [], wait_s)[0]:
-        return None
-    while select.select([p.stdout], [], [], 0.2)[0]:
-        line = os.read(p.stdout.fileno(), 1 << 16).decode().split()
-        if not line:
-            break
-        last = int(line[-1])
-    return last
+    last, pending = None, b""
+    deadline = time.monotonic() + wait_s
+    while True:
+        quiet = max(0.0, deadline - time.monotonic()) if wait_s else 0.2
+        if not select.select([p.stdout], [], [], quiet)[0]:
+            return last
+        chunk = os.read(p.stdout.fileno(), 1 << 16)
+        if not chunk:
+            raise AssertionError(f"the counter ended (exit status {p.poll()})")
+        *lines, pending = (pending + chunk).split(b"\n")
+        counts = [int(x) for x in lines if x.strip().isdigit()]
+        if counts:
+            last = counts[-1]
+            if wait_s:
+                return last
 
 
 def test_a_decision_freezes_at_once_and_no_step_is_lost(managed, recorder):  # noqa: F811
@@ -90,4 +99,5 @@ def test_a_decision_freezes_at_once_and_no_step_is_lost(managed, recorder):  # n
     out = act.handle(encode(to_decision(thaw[0], ts=time.time())), b"h1", 0, 1)
     assert out.status == "applied", out.message
     after = _last_count(p, wait_s=30)  # the first count it prints once it runs again
-    assert after is not None and after > frozen_at  # it goes on from where it was, not from 0
+    assert after is not None, f"nothing printed 30 s after the thaw; freezer.state {state.read_text().strip()}"
+    assert after > frozen_at  # it goes on from where it was, not from 0
