@@ -1,5 +1,6 @@
 """Exact recovery: a real worker SIGKILLed several times mid-stream decides, record by record,
-what the same logic decides in process without a kill (``--policy vpa``, state written at every commit).
+what the same logic decides in process without a kill (``--policy vpa``, state written at every commit;
+``--policy phase`` at the default write interval).
 
 The run is :func:`phasewise.apps.bench.recovery.run_once` (``phasewise bench recovery`` repeats it):
 240 ticks of 4 hosts x 6 containers produced while the worker is killed and restarted, every
@@ -25,11 +26,30 @@ def test_three_sigkills_mid_stream_give_the_unkilled_run_s_decisions(broker, tmp
     assert r["published"] == r["reference"], r
 
 
+def test_the_phase_policy_recovers_exactly_at_the_default_write_interval(broker, tmp_path):
+    """``--policy phase`` at the default settings: a container's VPA and phase states are written together
+    (the VPA state's source offset holds for both), so the restarted worker skips what they hold and
+    reads the rest again (tests/models/phases/test_phase_updater.py drives the same commit and restart
+    in process). The run publishes no model snapshot: both runs decide with the starting model."""
+    from phasewise.apps.bench.recovery import run_once
+    from phasewise.kit.kafka.client import ensure_topics
+    from phasewise.kit.settings import Settings
+
+    ensure_topics(Settings.from_env({"bootstrap": broker.bootstrap}, env={}))
+    r = run_once(broker.bootstrap, tmp_path, kills=3, state_write_interval_s=Settings().worker.state_write_interval_s,
+                 usage="noisy", policy="phase")
+    assert r["reference"] > 30  # the scenario decides enough to compare
+    assert (r["missing"], r["extra"]) == (0, 0), r
+    assert r["published"] == r["reference"], r
+
+
+@pytest.mark.parametrize("policy", ["vpa", "phase"])
 def test_at_the_default_write_interval_no_offset_is_committed_past_a_sample_the_stored_state_lacks(
-        broker, tmp_path):
+        broker, tmp_path, policy):
     """The guarantee itself: every sample below a committed offset is in its container's stored state (its
     ``so``), at ``state_write_interval_s`` 30 (the default), where steady containers are written only
-    every 30 s of event time. A restarted worker reads the rest again."""
+    every 30 s of event time. A restarted worker reads the rest again. With ``--policy phase`` the
+    container's phase state holds them too (written with its VPA state, the same ``so``)."""
     import json
     import time
     import uuid
@@ -50,7 +70,7 @@ def test_at_the_default_write_interval_no_offset_is_committed_past_a_sample_the_
     host, worker_id, port = f"hold-{uuid.uuid4().hex[:6]}", f"hold-{uuid.uuid4().hex[:6]}", free_port()
     env = {"PHASEWISE_BOOTSTRAP": broker.bootstrap, "PHASEWISE_WORKER_ID": worker_id, "PHASEWISE_WEB_PORT": "0",
            "PHASEWISE_METRICS_PORT": str(port), "PHASEWISE_DATA_DIR": str(tmp_path / "w"),
-           "PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_WORKER_HOSTS": host}
+           "PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_WORKER_HOSTS": host, "PHASEWISE_POLICY": policy}
     w = RoleProcess("worker", [], env=env, log_path=tmp_path / "worker.log").start()
     metrics = f"http://127.0.0.1:{port}/metrics"
     p = make_producer(s)
@@ -86,15 +106,22 @@ def test_at_the_default_write_interval_no_offset_is_committed_past_a_sample_the_
         finally:
             c.close()
         below = [o for o in offsets if o < tp.offset]
-        state = {k: json.loads(v) for k, v in changelog_records(s, f"{worker_id}-vpa-state-changelog") if v}
-        for k in (f"{host}/c{i}" for i in range(3)):  # each message holds every container
-            so = state[k]["so"] if k in state else None
-            assert not below or (so is not None and so >= below[-1]), (k, so, tp.offset, below[-3:], w.log_tail())
+        for table in ("vpa-state", "phase-state") if policy == "phase" else ("vpa-state",):
+            state = {k: json.loads(v) for k, v in changelog_records(s, f"{worker_id}-{table}-changelog") if v}
+            for k in (f"{host}/c{i}" for i in range(3)):  # each message holds every container
+                so = state[k].get("so") if k in state else None
+                assert not below or (so is not None and so >= below[-1]), (table, k, so, tp.offset, below[-3:],
+                                                                             w.log_tail())
         return len(below)
 
     try:
         wait_until(lambda: w.alive() and scrape_ready(metrics), 150, 0.2, "the worker ready")
-        send(range(20))  # 20 s of event time: no container reaches its 30-s write
+        # 20 s of event time: no container reaches its 30-s write; in two bursts with a commit between
+        # (the phase detector writes a container it sees first at once: one burst would be written whole)
+        send(range(10))
+        wait_until(lambda: processed() >= 30, 60, 0.2, "the first 10 ticks processed")
+        time.sleep(4)  # a commit interval
+        send(range(10, 20))
         wait_until(lambda: processed() >= 60, 60, 0.2, "the first 20 ticks processed")
         time.sleep(8)  # several commit intervals
         first = check()

@@ -23,7 +23,7 @@ from phasewise.kit.procs import RoleProcess
 from phasewise.kit.records import ContainerSample, Decision, HostSamples, SchemaError, decode, encode
 from phasewise.kit.settings import Settings
 from phasewise.kit.topics import DECISIONS, SAMPLES
-from phasewise.models.vpa.updater import process_host_samples
+from phasewise.models.vpa.updater import StateCache, worker_round
 from phasewise.streams.config import state_cache, updater_config
 
 __all__ = ["add_arguments", "messages", "reference", "run", "run_once"]
@@ -31,10 +31,18 @@ __all__ = ["add_arguments", "messages", "reference", "run", "run_once"]
 HOSTS, CONTAINERS, TICKS = 4, 6, 240
 
 
-def worker_env(state_write_interval_s: float) -> dict[str, str]:
-    return {"PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",
-            "PHASEWISE_SAFETY_RULES": "false", "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
-            "PHASEWISE_STATE_WRITE_INTERVAL_S": str(state_write_interval_s), "PHASEWISE_HYSTERESIS": "0.05"}
+#: the worker's policies a run can use: the VPA's, or the phase detector's (the VPA its fallback)
+POLICIES = ("vpa", "phase")
+
+
+def worker_env(state_write_interval_s: float, policy: str = "vpa") -> dict[str, str]:
+    env = {"PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",
+           "PHASEWISE_SAFETY_RULES": "false", "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
+           "PHASEWISE_STATE_WRITE_INTERVAL_S": str(state_write_interval_s), "PHASEWISE_HYSTERESIS": "0.05",
+           "PHASEWISE_POLICY": policy}
+    if policy == "phase":  # no snapshot within the run: the detector keeps its starting model in both runs
+        env["PHASEWISE_PHASE_SNAPSHOT_INTERVAL_S"] = "1000000"
+    return env
 
 
 #: how the containers use what they have: ``square`` waves (limits move and decisions keep coming), or the
@@ -62,17 +70,35 @@ def messages(run: str, t0: float, usage: str = "square") -> list[HostSamples]:
     return out
 
 
+class _Detector:
+    """The worker's phase detectors in process (what ``worker_round`` steps after the VPA)."""
+
+    def __init__(self, settings: Settings, cache: StateCache) -> None:
+        from phasewise.models.phases.updater import PhaseHooks
+        from phasewise.streams.config import detector_config, initial_model
+
+        self.hooks = PhaseHooks(detector_config(settings), cache, model=initial_model(settings)[0])
+        self.shadow: list[Decision] = []
+
+    def process_many(self, msgs: list[HostSamples]) -> list[Decision]:
+        out = self.hooks.process_many(msgs)
+        self.shadow = out.shadow
+        return out.decisions
+
+
 def reference(msgs: list[HostSamples], env: dict[str, str]) -> dict[str, Decision]:
-    """The decisions of the same logic in process, no kill (by id)."""
+    """The decisions of the same logic in process, no kill (by id): the worker's round over each message."""
     s = Settings.from_env(env=env)
     cache, cfg = state_cache(s), updater_config(s)
-    return {d.id: d for m in msgs for d in process_host_samples(cache, m, cfg)}
+    phase = _Detector(s, cache) if s.worker.policy == "phase" else None
+    return {d.id: d for m in msgs for d in worker_round(cache, [m], cfg, phase)}
 
 
-def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: float, usage: str = "square") -> dict:
+def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: float, usage: str = "square",
+             policy: str = "vpa") -> dict:
     s = Settings.from_env({"bootstrap": bootstrap}, env={})
     run = f"kill-{uuid.uuid4().hex[:6]}"
-    env0 = worker_env(state_write_interval_s)
+    env0 = worker_env(state_write_interval_s, policy)
     msgs = messages(run, time.time() - TICKS - 120, usage)
     want = reference(msgs, env0)
     port = free_port()
@@ -167,6 +193,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "container at every commit)")
     p.add_argument("--usage", choices=USAGES, default="square",
                    help="square waves, or the same with noisy samples (each sample moves the decisions)")
+    p.add_argument("--policy", choices=POLICIES, default="vpa",
+                   help="the worker's policy (phase: the detector on the shipped starting model, no snapshot "
+                        "published within a run, the VPA its fallback)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -178,8 +207,8 @@ def run(a: argparse.Namespace) -> int:
     for i in range(a.runs):  # a broker per run: a run's worker reads no earlier run's samples
         with EmbeddedBroker(log_path=work / f"broker-{i}.log") as broker:
             ensure_topics(Settings.from_env({"bootstrap": broker.bootstrap}, env={}))
-            runs.append(run_once(broker.bootstrap, work, a.kills, interval, a.usage))
-    out = {"state_write_interval_s": interval, "usage": a.usage, "runs": runs,
+            runs.append(run_once(broker.bootstrap, work, a.kills, interval, a.usage, a.policy))
+    out = {"policy": a.policy, "state_write_interval_s": interval, "usage": a.usage, "runs": runs,
            "exact_runs": sum(1 for r in runs if not r["missing"] and not r["extra"])}
     print(json.dumps(out) if a.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
     return 0

@@ -10,7 +10,7 @@ is a few array rows. Pure. The limit rule: docs/phases.md, "Limits".
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -530,6 +530,14 @@ class PhaseFleet:
         self._written[r] = -np.inf
         self._level[r] = level
         self._lscale[r] = lscale
+
+    def marked(self) -> set[str]:
+        """The containers marked for persisting (a copy; :meth:`pop_dirty` hands them out)."""
+        return set(self._dirty)
+
+    def mark(self, containers: Iterable[str]) -> None:
+        """Mark these containers (those held) for persisting at the next :meth:`pop_dirty`."""
+        self._dirty.update(c for c in containers if c in self._windows)
 
     def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
         """Containers whose state is due for persisting, with their state (each handed out once)."""

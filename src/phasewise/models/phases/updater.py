@@ -157,12 +157,34 @@ class PhaseHooks:
         self._carried = []
 
     def pop_dirty(self) -> list[tuple[str, dict[str, Any]]]:
-        """States marked for persisting since the last call (each container once, latest state)."""
+        """States marked for persisting since the last call (each container once, latest state), each with
+        ``"so"``, the source offset of the newest sample it holds (the VPA state's, written with it:
+        :meth:`pop_with`) where the VPA noted one."""
         out = self.fleet.pop_dirty()
+        offset = self.vpa_cache.source_offset
+        for k, st in out:
+            if (so := offset(k)) is not None:
+                st["so"] = so
         if self._carried:
             seen = {k for k, _ in out}
             out += [(k, st) for k, st in self._carried if k not in seen]
             self._carried = []
+        return out
+
+    def pop_with(self, cache: StateCache, now: float | None = None, max_unwritten_s: float | None = None
+                 ) -> list[tuple[str, dict[str, Any]]]:
+        """The VPA states *cache* hands out (:meth:`StateCache.pop_dirty`), a container's written whenever
+        its phase state is, and the phase states marked to go with them (run before :meth:`pop_dirty`).
+
+        A container's two states are written together, so both hold the same samples: the VPA state's
+        source offset is the phase state's too, and a restarted worker that skips the samples a stored
+        state holds (:meth:`StateCache.unlearned`) skips them for both. Written apart, the phase would
+        read a VPA fallback and rule state newer or older than the samples it steps again.
+        """
+        fleet = self.fleet
+        cache.dirty.update(k for k in fleet.marked() if k in cache)
+        out = cache.pop_dirty(now, max_unwritten_s)
+        fleet.mark(k for k, _ in out)
         return out
 
     def process(self, hs: HostSamples, vpa_decisions: list[Decision] | None = None) -> PhaseOutput:

@@ -385,6 +385,12 @@ class StateCache:
         self.fleet.clear()
         self.dirty.clear()
 
+    def source_offset(self, key: str) -> int | None:
+        """The source offset of the newest sample *key*'s state learned (None: not held, or never noted)."""
+        r = self._index.get(key)
+        so = None if r is None else self._source_offset[r]
+        return None if so is None or math.isnan(so) else int(so)
+
     def unlearned(self, msg: HostSamples, offset: int) -> HostSamples:
         """*msg* without the containers whose state already learned its source message (at *offset*).
 

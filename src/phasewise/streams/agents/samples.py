@@ -246,7 +246,7 @@ class SamplesAgent:
             app, settings, metrics, outputs)
         # marked states, collected at each commit
         interval = settings.worker.state_write_interval_s
-        self.writes = writes = barrier.table(self.table, lambda: self.cache.pop_dirty(time.monotonic(), interval))
+        self.writes = writes = barrier.table(self.table, lambda: self.take_states(interval))
         self.pmap = barrier.partitions
         # a state held for the next commit is newer than the table's
         self.cache = cache = state_cache(settings, loader=writes.get_state)
@@ -258,8 +258,8 @@ class SamplesAgent:
 
             self.phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
                                         dead_letter=dead_letter, outputs=outputs, barrier=barrier)
-        else:  # exact recovery: no sample offset is committed before the state that learned it is stored
-            hold_commits(app, self.topics.samples.get_topic_name(), cache.hold_back)
+        # exact recovery: no sample offset is committed before the state that learned it is stored
+        hold_commits(app, self.topics.samples.get_topic_name(), cache.hold_back)
         self.keyring = keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
         job_wiring = {"metrics": metrics, "outputs": outputs, "barrier": barrier, "dead_letter": dead_letter,
                       "keyring": keyring}
@@ -431,7 +431,7 @@ class SamplesAgent:
         """The batch's messages decoded and admitted (the others dead-lettered or skipped), the targets agent
         fed, each message's partition noted for its states' changelog records."""
         got: list[tuple[faust.types.EventT, HostSamples]] = []
-        cache, phase, targets, only_hosts = self.cache, self.phase, self.targets, self.only_hosts
+        cache, targets, only_hosts = self.cache, self.targets, self.only_hosts
         for event in events:
             try:
                 hs = decode_host_samples(event.message.value)
@@ -455,8 +455,7 @@ class SamplesAgent:
                     log.exception("the targets agent failed on the samples of host %s", hs.host)
             if refused:
                 self.refuse(hs.host, refused)
-            if phase is None:  # samples its stored state already learned (a restart after a kill)
-                hs = cache.unlearned(hs, event.message.offset)
+            hs = cache.unlearned(hs, event.message.offset)  # samples its stored state already learned (a restart)
             self.pmap.note(hs.host, event.message.partition, hs.containers)  # where its states' records go
             got.append((event, hs))
         return got
@@ -464,7 +463,7 @@ class SamplesAgent:
     async def batch(self, events: list[faust.types.EventT]) -> None:
         """One batch of the samples topic: admitted, stepped in rounds of distinct hosts, decisions sent,
         failures dead-lettered, expiry and counters after."""
-        cache, phase, metrics = self.cache, self.phase, self.metrics
+        cache, metrics = self.cache, self.metrics
         # the batch's containers are admitted before any is processed; none seen in it is evicted
         self.occupancy.begin(time.monotonic())
         if self.profiles is not None and (book := cache.priors) is not None:
@@ -476,10 +475,9 @@ class SamplesAgent:
         got = await self.decoded(events)
         t0 = time.perf_counter()
         failed = run_rounds(got, self.process_round, self.emit)
-        if phase is None:
-            now = time.monotonic()
-            for event, hs in got:  # before any await: a commit takes state and offsets together
-                cache.learned(hs, event.message.offset, event.message.partition, now)
+        now = time.monotonic()
+        for event, hs in got:  # before any await: a commit takes state and offsets together
+            cache.learned(hs, event.message.offset, event.message.partition, now)
         for event, e in failed:  # a bug on valid input: keep the message, keep going
             await self.dead_letter(event, f"processing failed: {type(e).__name__}: {e}", "processing")
         self.outputs.poll()
@@ -504,6 +502,13 @@ class SamplesAgent:
         metrics.messages.inc(len(got))
         metrics.containers.set(len(cache))
         self.activity.tick(len(got), samples, len(cache))
+
+    def take_states(self, interval: float) -> list[tuple[str, dict]]:
+        """The VPA states due at this commit (the barrier takes them before the phase table's): with the phase
+        machinery, a container's VPA and phase states are written together (one source offset for both)."""
+        if self.phase is None:
+            return self.cache.pop_dirty(time.monotonic(), interval)
+        return self.phase.hooks.pop_with(self.cache, time.monotonic(), interval)
 
     def forget(self) -> None:
         """Partitions were revoked: the table, restored on assignment, is the truth from here."""
