@@ -259,7 +259,11 @@ def test_a_restart_from_the_stored_states_decides_what_an_unkilled_worker_decide
             states = (hooks.pop_with(cache, float(pos), 30.0) if together
                       else cache.pop_dirty(float(pos), 30.0))
             vpa.update((k, json.dumps(st)) for k, st in states)
-            phase.update((k, json.dumps(st)) for k, st in hooks.pop_dirty())
+            phase_states = hooks.pop_dirty()
+            phase.update((k, json.dumps(st)) for k, st in phase_states)
+            if together:  # the same containers, holding the same samples
+                assert sorted(k for k, _ in phase_states) == sorted(k for k, _ in states)
+                assert all(st["so"] == cache.source_offset(k) >= pos - 1 for k, st in phase_states)
             committed = min(pos, cache.hold_back().get(0, pos))
         if pos in kills:
             kills.discard(pos)
