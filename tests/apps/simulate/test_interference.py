@@ -181,5 +181,13 @@ def test_horus_measured_only_with_interference(tmp_path, capsys):
     # more than the fragmentation of keeping them apart: horus-measured does
     assert res["horus"]["interference"]["colocated_jobs"] == 2
     assert res["horus-measured"]["interference"]["colocated_jobs"] == 0
+    # with no weight on the measured loss the fragmentation decides, as for horus: they share the GPU
+    assert main(["simulate", str(p), "--nodes", str(n), "--quiet", "--json", "--mode", "fill", "--jobs", "1",
+                 "--policies", "horus-measured", "--interference", "gavel", "--gavel-file", str(_gavel(tmp_path)),
+                 "--measured-weight", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["interference"]["colocated_jobs"] == 2
+    assert main(["simulate", str(p), "--nodes", str(n), "--quiet", "--measured-weight", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--measured-weight: must be a number >= 0" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(ValueError, match="needs measured co-location"):
         simulate(load_pods(p), load_nodes(n), "horus-measured", "fill", config=CONFIG)

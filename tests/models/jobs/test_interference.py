@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from phasewise.models.jobs.placement import Cluster, Gpu, Job, Node, Placement, PlacementConfig, make_policy
@@ -144,3 +145,21 @@ def test_measured_horus_puts_a_job_where_the_measured_loss_is_least():
     # a job without a workload is placed as horus places it
     assert pol.place(Job("x", 100, 1 << 20, gpus=0.3), c).gpus == make_policy("horus").place(
         Job("x", 100, 1 << 20, gpus=0.3), c).gpus
+
+
+def test_the_measured_loss_s_weight_scales_it_against_the_fragmentation_term():
+    c = Cluster([Node("n", 8000, 8 << 30, gpus=(Gpu("V100"),) * 2)],
+                PlacementConfig(isolate_inference=False, horus_frag_weight=1.0))
+    wl = {"a0": A, "b0": B, "new": A}
+    jobs = {k: Job(k, 100, 1 << 20, gpus=0.3) for k in wl}
+    c.allocate(jobs["a0"], Placement("a0", "n", (0,)))
+    c.allocate(jobs["b0"], Placement("b0", "n", (1,)))
+    rows = np.array([0])
+    h1, over1 = MeasuredHorus(TABLE, wl)._gpu_terms(jobs["new"], c, rows)
+    assert over1[0].tolist() == pytest.approx([1.0, 0.9])  # the measured losses (as above)
+    for w in (0.0, 0.25, 3.0):
+        h, over = MeasuredHorus(TABLE, wl, weight=w)._gpu_terms(jobs["new"], c, rows)
+        assert over[0].tolist() == pytest.approx([w * 1.0, w * 0.9]) and np.array_equal(h, h1)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="weight"):
+            MeasuredHorus(TABLE, wl, weight=bad)

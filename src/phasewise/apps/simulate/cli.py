@@ -23,7 +23,7 @@ from phasewise.apps.simulate.utilisation import load_util_cdf, with_utilisation
 from phasewise.kit.command import report_dir
 from phasewise.kit.settings import Settings
 from phasewise.models.jobs.placement import POLICIES, PlacementConfig, workload_types
-from phasewise.models.jobs.placement.interference import SLOWED, MeasuredHorus
+from phasewise.models.jobs.placement.interference import MEASURED_WEIGHT, SLOWED, MeasuredHorus
 
 FORMATS = ("openb",)
 
@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"pods' measured slowdown (GPU among {', '.join(GPU_TYPES)}; default v100; not with "
                         "--mode inflation)")
     p.add_argument("--interference-seed", type=int, default=0, help="seed of the workload draw (default 0)")
+    p.add_argument("--measured-weight", type=float, default=MEASURED_WEIGHT, metavar="W",
+                   help=f"{MeasuredHorus.name}: weight of the measured loss (GPUs of throughput) against the "
+                        f"fragmentation growth (default {MEASURED_WEIGHT:g}; docs/placement.md)")
     p.add_argument("--gavel-file", metavar="JSON.gz", default=str(GAVEL_FILE),
                    help="Gavel's throughput file (default: the shared physical_cluster_throughputs.json.gz)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -106,17 +109,18 @@ def _init(counter) -> None:
 
 
 def _one(task):
-    name, pods, nodes, mode, config, w, inter = task
+    name, pods, nodes, mode, config, w, inter, mw = task
     last = [0]
 
     def bump(n: int) -> None:
         with _done.get_lock():
             _done.value += n - last[0]
         last[0] = n
-    return simulate(pods, nodes, name, mode, config=config, progress=bump, workload=w, interference=inter)
+    return simulate(pods, nodes, name, mode, config=config, progress=bump, workload=w, interference=inter,
+                    measured_weight=mw)
 
 
-def _parallel(names, pods, nodes, mode, config, w, jobs, stream, inter=None):
+def _parallel(names, pods, nodes, mode, config, w, jobs, stream, inter=None, mw=1.0):
     """The policies in *jobs* processes (fork); one bar over all of them. Results in *names* order."""
     import multiprocessing as mp
 
@@ -124,7 +128,7 @@ def _parallel(names, pods, nodes, mode, config, w, jobs, stream, inter=None):
     counter = ctx.Value("q", 0)
     bar = Progress(",".join(names), len(pods) * len(names), stream)
     with ctx.Pool(jobs, initializer=_init, initargs=(counter,)) as pool:
-        pending = pool.map_async(_one, [(n, pods, nodes, mode, config, w, inter) for n in names])
+        pending = pool.map_async(_one, [(n, pods, nodes, mode, config, w, inter, mw) for n in names])
         while not pending.ready():
             pending.wait(0.2)
             bar(min(counter.value, bar.total))
@@ -145,8 +149,9 @@ def _seeds(text: str) -> list[int]:
 
 
 def _one_seed(task):
-    name, pods, nodes, ratio, seed, config, w, inter = task
-    return run_seed(pods, nodes, name, ratio=ratio, seed=seed, config=config, workload=w, interference=inter)
+    name, pods, nodes, ratio, seed, config, w, inter, mw = task
+    return run_seed(pods, nodes, name, ratio=ratio, seed=seed, config=config, workload=w, interference=inter,
+                    measured_weight=mw)
 
 
 def _inflation(args, names, pods, nodes, config, w, jobs, stream, inter) -> int:
@@ -156,7 +161,8 @@ def _inflation(args, names, pods, nodes, config, w, jobs, stream, inter) -> int:
         print(f"phasewise simulate: error: --seeds: {args.seeds!r} is not a list of seeds (42,43 or 42-51)",
               file=sys.stderr)
         return 2
-    tasks = [(n, pods, nodes, args.inflation_ratio, s, config, w, inter) for n in names for s in seeds]
+    tasks = [(n, pods, nodes, args.inflation_ratio, s, config, w, inter, args.measured_weight)
+             for n in names for s in seeds]
     t0 = time.perf_counter()
     if jobs <= 1:
         runs = []
@@ -222,9 +228,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.speed_up > 0:
         print(f"{prog}: error: --speed-up: must be > 0", file=sys.stderr)
         return 2
-    if not (args.horus_frag_weight >= 0 and math.isfinite(args.horus_frag_weight)):
-        print(f"{prog}: error: --horus-frag-weight: must be a number >= 0", file=sys.stderr)
-        return 2
+    for flag, v in (("--horus-frag-weight", args.horus_frag_weight), ("--measured-weight", args.measured_weight)):
+        if not (v >= 0 and math.isfinite(v)):
+            print(f"{prog}: error: {flag}: must be a number >= 0", file=sys.stderr)
+            return 2
     if not (args.inflation_ratio > 0 and math.isfinite(args.inflation_ratio)):
         print(f"{prog}: error: --inflation-ratio: must be a number > 0", file=sys.stderr)
         return 2
@@ -266,9 +273,10 @@ def run(args: argparse.Namespace) -> int:
         results = []
         for name in names:
             results.append(simulate(pods, nodes, name, args.mode, config=config,
-                                    progress=Progress(name, len(pods), stream), workload=w, interference=inter))
+                                    progress=Progress(name, len(pods), stream), workload=w, interference=inter,
+                                    measured_weight=args.measured_weight))
     else:
-        results = _parallel(names, pods, nodes, args.mode, config, w, jobs, stream, inter)
+        results = _parallel(names, pods, nodes, args.mode, config, w, jobs, stream, inter, args.measured_weight)
     wall = time.perf_counter() - t0
     if args.report:
         from phasewise.apps.simulate.report import write_report

@@ -92,19 +92,22 @@ def speed_up(pods: Sequence[Pod], factor: float) -> list[Pod]:
 
 
 def placement_policy(policy: str, workload: WorkloadTypes,
-                     interference: tuple[CoLocationTable, Mapping[str, Workload]] | None) -> Any:
-    """The policy named *policy* (``horus-measured`` needs *interference*: a table and the pods' workloads)."""
+                     interference: tuple[CoLocationTable, Mapping[str, Workload]] | None,
+                     measured_weight: float = 1.0) -> Any:
+    """The policy named *policy* (``horus-measured`` needs *interference*: a table and the pods' workloads;
+    *measured_weight*: its weight on the measured loss)."""
     if policy == MeasuredHorus.name:
         if interference is None:
             raise ValueError(f"{policy} needs measured co-location throughputs (interference)")
-        return MeasuredHorus(*interference, workload=workload)
+        return MeasuredHorus(*interference, workload=workload, weight=measured_weight)
     return make_policy(policy, workload)
 
 
 def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str = "timed", *,
              config: PlacementConfig, progress: Callable[[int], None] | None = None,
              max_points: int = 2000, workload: WorkloadTypes | None = None,
-             interference: tuple[CoLocationTable, Mapping[str, Workload]] | None = None) -> PolicyResult:
+             interference: tuple[CoLocationTable, Mapping[str, Workload]] | None = None,
+             measured_weight: float = 1.0) -> PolicyResult:
     """Run *pods* against *nodes* under *policy*; deterministic for the same input. *config* sets the
     hard rules' options and horus's weights; fgd and horus measure fragmentation against *workload*
     (default: the pods' own distribution of task types). With *interference* (a co-location table and
@@ -115,7 +118,7 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
     t0 = time.perf_counter()
     c = Cluster(nodes, config)
     w = workload if workload is not None else workload_types(p.job for p in pods)
-    pol = placement_policy(policy, w, interference)
+    pol = placement_policy(policy, w, interference, measured_weight)
     frag = _Frag(c, workload_types(p.job for p in pods if p.job.count))
     cap = max(c.gpu_capacity_milli(), 1)
     decide = 0.0

@@ -94,7 +94,8 @@ class SeedResult:
 def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: float, seed: int,
              config: PlacementConfig, workload: WorkloadTypes,
              progress: Callable[[int], None] | None = None,
-             interference: tuple[CoLocationTable, Mapping[str, Workload]] | None = None) -> SeedResult:
+             interference: tuple[CoLocationTable, Mapping[str, Workload]] | None = None,
+             measured_weight: float = 1.0) -> SeedResult:
     """Inflate *pods* with *seed* and place them in order under *policy*; fgd and horus (and the
     fragmentation measure) use *workload* as the target workload. With *interference* (a co-location
     table and the workload of each pod of the list; a copy runs its pod's) ``extra["interference"]``
@@ -109,7 +110,7 @@ def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: 
         table, drawn = interference
         copies = (table, {p.job.job: w for p in ps if (w := drawn.get(origin.get(p.job.job, p.job.job))) is not None})
         meter = InterferenceMeter(*copies)
-    pol = placement_policy(policy, workload, copies)
+    pol = placement_policy(policy, workload, copies, measured_weight)
     cap = max(c.gpu_capacity_milli(), 1)
     steps = int(math.floor(ratio * 100 + 1e-9)) + 1
     curve = np.full(steps, np.nan)

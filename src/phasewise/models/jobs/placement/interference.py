@@ -8,6 +8,7 @@ measured".
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -17,13 +18,15 @@ from phasewise.models.jobs.placement.cluster import Cluster, Job
 from phasewise.models.jobs.placement.fragmentation import WorkloadTypes
 from phasewise.models.jobs.placement.policies import Horus
 
-__all__ = ["SLOWED", "CoLocationTable", "InterferenceMeter", "MeasuredHorus", "Workload", "gpu_throughputs",
-           "parse_gavel", "score"]
+__all__ = ["MEASURED_WEIGHT", "SLOWED", "CoLocationTable", "InterferenceMeter", "MeasuredHorus", "Workload",
+           "gpu_throughputs", "parse_gavel", "score"]
 
 #: a workload: (Gavel's job type, e.g. "ResNet-50 (batch size 64)", scale factor = GPUs it runs on)
 Workload = tuple[str, int]
 #: a co-located job slowed by more than this share of its isolated throughput counts as "slowed"
 SLOWED = 0.2
+#: horus-measured's weight on the measured loss against the fragmentation growth (docs/placement.md)
+MEASURED_WEIGHT = 1.0
 
 
 @dataclass(frozen=True)
@@ -273,14 +276,16 @@ class MeasuredHorus(Horus):
     known, a GPU's over-capacity term becomes the throughput the GPU's jobs would lose by its coming (the
     rise of their summed slowdowns, in isolated GPUs); where the job or a neighbour is not measured, Horus's
     term stays. Everything else (fragmentation weight, ties) is horus's (docs/placement.md, "Interference
-    measured")."""
+    measured"). *weight* scales the measured loss against the fragmentation term (1: as Horus's term)."""
 
     name = "horus-measured"
 
     def __init__(self, table: CoLocationTable, workloads: Mapping[str, Workload],
-                 workload: WorkloadTypes | None = None, refresh_every: int = 64):
+                 workload: WorkloadTypes | None = None, refresh_every: int = 64, weight: float = MEASURED_WEIGHT):
         super().__init__(workload, refresh_every)
-        self.table, self.workloads = table, workloads
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise ValueError(f"the measured loss's weight must be a number >= 0, not {weight!r}")
+        self.table, self.workloads, self.weight = table, workloads, float(weight)
         self._on: dict[tuple[int, int], list[str]] = {}  # (node row, GPU) -> jobs, from the cluster's bookings
         self._booked: dict[str, tuple[tuple[int, int], ...]] = {}
         self._lost: dict[tuple, float | None] = {}
@@ -317,5 +322,5 @@ class MeasuredHorus(Horus):
             now = tuple(self.workloads.get(j) for j in jobs)
             before, after = self._lost_of(now), self._lost_of((*now, w))
             if before is not None and after is not None:
-                over[r, g] = after - before
+                over[r, g] = self.weight * (after - before)
         return h, over
