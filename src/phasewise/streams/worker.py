@@ -430,22 +430,13 @@ def _stop_now(grace: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    from phasewise.kit.job_signing import JobSigningError, trusted_submitters
     from phasewise.kit.kafka.client import BrokerUnavailable, ensure_topics, wait_for_broker
-    from phasewise.kit.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
     from phasewise.streams.metrics import WorkerMetrics
 
-    try:
-        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
-        trusted_submitters(settings.jobs.trusted_submitters)
-    except (SigningError, JobSigningError) as e:
-        print(f"phasewise worker: error: {e}", file=sys.stderr)
+    keyring, refused = start_checks(settings, "worker")
+    if refused:
         return 2
-    if (why := state_dir_problem(settings)) is not None:
-        print(f"phasewise worker: error: data_dir: {why}", file=sys.stderr)
-        return 2
-    print(settings.describe(), flush=True)
     if keyring is None:
         hints = settings.priority.agent and settings.priority.launcher == "place"
         warn_unsigned("worker", "decisions and hints" if hints else "decisions",
@@ -540,6 +531,26 @@ def run_faust(app: object, settings: Settings, metrics: object, *, role: str, re
     return code
 
 
+def start_checks(settings: Settings, role: str) -> tuple[Any, bool]:
+    """What a worker role checks before it touches the broker (the signing key file, the trusted
+    submitters, the data dir), then its settings printed: ``(keyring or None, False)``, or
+    ``(None, True)`` after a one-line error on stderr (the role exits 2)."""
+    from phasewise.kit.job_signing import JobSigningError, trusted_submitters
+    from phasewise.kit.signing import SigningError, keyring_of
+
+    try:
+        keyring = keyring_of(settings)  # a key file that cannot be used stops the role here, in one line
+        trusted_submitters(settings.jobs.trusted_submitters)
+    except (SigningError, JobSigningError) as e:
+        print(f"phasewise {role}: error: {e}", file=sys.stderr)
+        return None, True
+    if (why := state_dir_problem(settings)) is not None:
+        print(f"phasewise {role}: error: data_dir: {why}", file=sys.stderr)
+        return None, True
+    print(settings.describe(), flush=True)
+    return keyring, False
+
+
 def warn_unsigned(role: str, what: str, readers: str = "actuators") -> None:
     """The one start-up warning of a role that publishes *what* without a cluster key (*readers* refuse them)."""
     log.warning("phasewise %s: %s are published unsigned: %s with signing_key_file set refuse them "
@@ -556,21 +567,12 @@ def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: objec
     answers and ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
     unavailable, an agent died, an output could not be delivered or it was stuck not ready
     (``ready_stall_s``)."""
-    from phasewise.kit.job_signing import JobSigningError, trusted_submitters
     from phasewise.kit.kafka.client import BrokerUnavailable, ensure_topics, wait_for_broker
-    from phasewise.kit.signing import SigningError, keyring_of
     from phasewise.streams.app import create_app
 
-    try:
-        keyring = keyring_of(settings)  # a key file that cannot be used stops the worker here, in one line
-        trusted_submitters(settings.jobs.trusted_submitters)
-    except (SigningError, JobSigningError) as e:
-        print(f"phasewise {role}: error: {e}", file=sys.stderr)
+    keyring, refused = start_checks(settings, role)
+    if refused:
         return 2
-    if (why := state_dir_problem(settings)) is not None:
-        print(f"phasewise {role}: error: data_dir: {why}", file=sys.stderr)
-        return 2
-    print(settings.describe(), flush=True)
     if keyring is None:
         warn_unsigned(role, publishes, readers)
     stop = threading.Event()

@@ -18,7 +18,7 @@ import numpy as np
 from phasewise.kit.records import ContainerSample, HostSamples, encode
 
 __all__ = ["BacklogWindow", "bench_hosts", "square_wave_gpu", "square_wave_usage", "host_message", "scrape",
-           "rss_bytes", "cpu_seconds", "produce_messages", "drain_backlog"]
+           "rss_bytes", "cpu_seconds", "produce_messages", "drain_backlog", "print_result"]
 
 #: the worker's container-sample counter the throughput benchmarks read
 SAMPLES_COUNTER = "phasewise_worker_container_samples_total"
@@ -195,6 +195,16 @@ def drain_backlog(producer, topic: str, hosts: list[tuple[str, list[str]]], tick
 
 def dumps(obj: dict) -> str:
     return json.dumps(obj, sort_keys=False)
+
+
+def print_result(result: dict, as_json: bool, width: int = 32) -> int:
+    """A bench's figures: one JSON object, or a line each (the name padded to *width*); exit status 0."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:{width}s} {v}")
+    return 0
 
 
 def wait_until(pred, timeout_s: float, interval_s: float = 0.1, what: str = "condition") -> None:

@@ -5,7 +5,6 @@ process, and a real ``worker --policy phase``) and memory per container. docs/be
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -17,6 +16,7 @@ from phasewise.apps.bench.harness import (
     bench_hosts,
     drain_backlog,
     host_message,
+    print_result,
     rss_bytes,
     safety_env,
     scrape,
@@ -219,13 +219,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = run_bench(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:32s} {v}")
-    return 0
+    return print_result(run_bench(args), args.json, 32)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,7 +6,6 @@ actuator, bytes per container). docs/benchmarks.md, "What each bench measures".
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -20,6 +19,7 @@ from phasewise.apps.bench.harness import (
     bench_hosts,
     drain_backlog,
     host_message,
+    print_result,
     produce_messages,
     rss_bytes,
     safety_env,
@@ -243,13 +243,7 @@ def _collect_decision(m, since: float, out: list[float]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = run_bench(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:22s} {v}")
-    return 0
+    return print_result(run_bench(args), args.json, 22)
 
 
 if __name__ == "__main__":  # pragma: no cover
