@@ -256,7 +256,7 @@ def test_a_restart_from_the_stored_states_decides_what_an_unkilled_worker_decide
         cache.learned(m, pos, 0, now=float(pos))
         pos += 1
         if pos % 5 == 0:  # a commit: the states, then the offsets
-            states = (hooks.pop_with(cache, float(pos), 30.0) if together
+            states = (hooks.pop_with(float(pos), 30.0) if together
                       else cache.pop_dirty(float(pos), 30.0))
             vpa.update((k, json.dumps(st)) for k, st in states)
             phase_states = hooks.pop_dirty()

@@ -120,7 +120,7 @@ def _one(task):
                     measured_weight=mw)
 
 
-def _parallel(names, pods, nodes, mode, config, w, jobs, stream, inter=None, mw=1.0):
+def _parallel(names, pods, nodes, mode, config, w, jobs, stream, inter=None, mw=MEASURED_WEIGHT):
     """The policies in *jobs* processes (fork); one bar over all of them. Results in *names* order."""
     import multiprocessing as mp
 

@@ -25,6 +25,7 @@ from phasewise.models.jobs.placement import (
 )
 from phasewise.models.jobs.placement.fragmentation import _access, _frag
 from phasewise.models.jobs.placement.interference import (
+    MEASURED_WEIGHT,
     CoLocationTable,
     InterferenceMeter,
     MeasuredHorus,
@@ -93,7 +94,7 @@ def speed_up(pods: Sequence[Pod], factor: float) -> list[Pod]:
 
 def placement_policy(policy: str, workload: WorkloadTypes,
                      interference: tuple[CoLocationTable, Mapping[str, Workload]] | None,
-                     measured_weight: float = 1.0) -> Any:
+                     measured_weight: float = MEASURED_WEIGHT) -> Any:
     """The policy named *policy* (``horus-measured`` needs *interference*: a table and the pods' workloads;
     *measured_weight*: its weight on the measured loss)."""
     if policy == MeasuredHorus.name:
@@ -107,7 +108,7 @@ def simulate(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, mode: str 
              config: PlacementConfig, progress: Callable[[int], None] | None = None,
              max_points: int = 2000, workload: WorkloadTypes | None = None,
              interference: tuple[CoLocationTable, Mapping[str, Workload]] | None = None,
-             measured_weight: float = 1.0) -> PolicyResult:
+             measured_weight: float = MEASURED_WEIGHT) -> PolicyResult:
     """Run *pods* against *nodes* under *policy*; deterministic for the same input. *config* sets the
     hard rules' options and horus's weights; fgd and horus measure fragmentation against *workload*
     (default: the pods' own distribution of task types). With *interference* (a co-location table and

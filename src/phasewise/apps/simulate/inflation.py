@@ -18,7 +18,7 @@ from phasewise.apps.simulate.engine import placement_policy
 from phasewise.apps.simulate.openb import Pod
 from phasewise.models.jobs.placement import MILLI, Cluster, Node, PlacementConfig
 from phasewise.models.jobs.placement.fragmentation import WorkloadTypes, fragmentation
-from phasewise.models.jobs.placement.interference import CoLocationTable, InterferenceMeter, Workload
+from phasewise.models.jobs.placement.interference import MEASURED_WEIGHT, CoLocationTable, InterferenceMeter, Workload
 
 __all__ = ["SeedResult", "inflate", "run_seed", "summarise"]
 
@@ -95,7 +95,7 @@ def run_seed(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, *, ratio: 
              config: PlacementConfig, workload: WorkloadTypes,
              progress: Callable[[int], None] | None = None,
              interference: tuple[CoLocationTable, Mapping[str, Workload]] | None = None,
-             measured_weight: float = 1.0) -> SeedResult:
+             measured_weight: float = MEASURED_WEIGHT) -> SeedResult:
     """Inflate *pods* with *seed* and place them in order under *policy*; fgd and horus (and the
     fragmentation measure) use *workload* as the target workload. With *interference* (a co-location
     table and the workload of each pod of the list; a copy runs its pod's) ``extra["interference"]``

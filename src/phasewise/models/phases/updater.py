@@ -171,9 +171,9 @@ class PhaseHooks:
             self._carried = []
         return out
 
-    def pop_with(self, cache: StateCache, now: float | None = None, max_unwritten_s: float | None = None
+    def pop_with(self, now: float | None = None, max_unwritten_s: float | None = None
                  ) -> list[tuple[str, dict[str, Any]]]:
-        """The VPA states *cache* hands out (:meth:`StateCache.pop_dirty`), a container's written whenever
+        """The VPA states the VPA cache hands out (:meth:`StateCache.pop_dirty`), a container's written whenever
         its phase state is, and the phase states marked to go with them (run before :meth:`pop_dirty`).
 
         A container's two states are written together, so both hold the same samples: the VPA state's
@@ -181,7 +181,7 @@ class PhaseHooks:
         state holds (:meth:`StateCache.unlearned`) skips them for both. Written apart, the phase would
         read a VPA fallback and rule state newer or older than the samples it steps again.
         """
-        fleet = self.fleet
+        fleet, cache = self.fleet, self.vpa_cache
         cache.dirty.update(k for k in fleet.marked() if k in cache)
         out = cache.pop_dirty(now, max_unwritten_s)
         fleet.mark(k for k, _ in out)

@@ -508,7 +508,7 @@ class SamplesAgent:
         machinery, a container's VPA and phase states are written together (one source offset for both)."""
         if self.phase is None:
             return self.cache.pop_dirty(time.monotonic(), interval)
-        return self.phase.hooks.pop_with(self.cache, time.monotonic(), interval)
+        return self.phase.hooks.pop_with(time.monotonic(), interval)
 
     def forget(self) -> None:
         """Partitions were revoked: the table, restored on assignment, is the truth from here."""
