@@ -1,6 +1,6 @@
 """The signed runs in the VPA updater's step (pure): each run's profile from its samples, and the prior
 limits of a young run (:class:`~phasewise.models.priors.book.PriorBook`). The arrays are the
-:class:`~phasewise.models.vpa.updater.StateCache`'s (``_x_*``, one row per container). docs/priors.md.
+:class:`~phasewise.models.vpa.state.StateCache`'s (``_x_*``, one row per container). docs/priors.md.
 """
 
 from __future__ import annotations
