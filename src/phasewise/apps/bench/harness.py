@@ -216,6 +216,25 @@ def wait_until(pred, timeout_s: float, interval_s: float = 0.1, what: str = "con
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
+def worker_bench_env(bootstrap: str, data_dir: Path, metrics_port: int, safety: bool, policy: str) -> dict[str, str]:
+    """The environment of the worker a throughput bench starts: a recommendation every second of event time
+    on a VPA day scaled to 86 s (usage that moves yields decisions within the run), the safety rules as
+    :func:`safety_env` makes them, the deployed log level (the figures hold for a worker as deployed)."""
+    from phasewise.kit.broker import free_port
+
+    return {
+        "PHASEWISE_BOOTSTRAP": bootstrap,
+        "PHASEWISE_DATA_DIR": str(data_dir),
+        "PHASEWISE_METRICS_PORT": str(metrics_port),
+        "PHASEWISE_WEB_PORT": str(free_port()),
+        "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
+        "PHASEWISE_VPA_TIME_SCALE": "0.001",
+        "PHASEWISE_LOG_LEVEL": "info",
+        **safety_env(safety),
+        "PHASEWISE_POLICY": policy,
+    }
+
+
 def safety_env(on: bool, scale: float = 1 / 30) -> dict[str, str]:
     """The worker's safety-rule settings for a bench: on, with the rules' windows scaled by *scale* to the
     bench's minutes of backlog (the live 900 s of history, 300 s cooldown and 3600 s peak window become

@@ -18,11 +18,11 @@ from phasewise.apps.bench.harness import (
     host_message,
     print_result,
     rss_bytes,
-    safety_env,
     scrape,
     square_wave_gpu,
     square_wave_usage,
     wait_until,
+    worker_bench_env,
 )
 from phasewise.kit.procs import RoleProcess
 from phasewise.kit.records import decode_host_samples, encode
@@ -137,15 +137,8 @@ def worker_rate(args: argparse.Namespace, model: PhaseModel, hosts: list[tuple[s
         producer.flush(10)
         metrics_port = free_port()
         env = {
-            "PHASEWISE_BOOTSTRAP": bootstrap,
-            "PHASEWISE_DATA_DIR": str(workdir / "worker"),
-            "PHASEWISE_METRICS_PORT": str(metrics_port),
-            "PHASEWISE_WEB_PORT": str(free_port()),
-            "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
-            "PHASEWISE_VPA_TIME_SCALE": "0.001",
-            "PHASEWISE_LOG_LEVEL": "info",  # the default: the figures hold for a worker as deployed
-            **safety_env(getattr(args, "safety", "on") == "on"),
-            "PHASEWISE_POLICY": "phase",
+            **worker_bench_env(bootstrap, workdir / "worker", metrics_port, getattr(args, "safety", "on") == "on",
+                               "phase"),
             "PHASEWISE_PHASE_FEATURES": ",".join(model.features),
             "PHASEWISE_WORKER_ID": f"phasewise-bench-phases-{snap.version}",
         }

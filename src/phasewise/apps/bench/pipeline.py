@@ -22,10 +22,10 @@ from phasewise.apps.bench.harness import (
     print_result,
     produce_messages,
     rss_bytes,
-    safety_env,
     scrape,
     square_wave_usage,
     wait_until,
+    worker_bench_env,
 )
 from phasewise.kit.broker import EmbeddedBroker, free_port
 from phasewise.kit.command import arg_type
@@ -100,18 +100,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         raw = raw_consume_rate(s, sample_value, args.raw_messages)
 
         metrics_port = free_port()
-        env = {
-            "PHASEWISE_BOOTSTRAP": bootstrap,
-            "PHASEWISE_DATA_DIR": str(workdir / "worker"),
-            "PHASEWISE_METRICS_PORT": str(metrics_port),
-            "PHASEWISE_WEB_PORT": str(free_port()),
-            "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
-            # a VPA day in 86 s, so usage that moves yields decisions within the run
-            "PHASEWISE_VPA_TIME_SCALE": "0.001",
-            "PHASEWISE_LOG_LEVEL": "info",  # the default: the figures hold for a worker as deployed
-            **safety_env(getattr(args, "safety", "on") == "on"),
-            "PHASEWISE_POLICY": args.policy,
-        }
+        env = worker_bench_env(bootstrap, workdir / "worker", metrics_port, getattr(args, "safety", "on") == "on",
+                               args.policy)
         worker = RoleProcess("worker", [], env=env, log_path=workdir / "worker.log").start()
         roles.append(worker)
         url = f"http://127.0.0.1:{metrics_port}/metrics"
