@@ -2,9 +2,9 @@
 
 A private ``dockerd`` (overlay2 storage where overlayfs mounts, else vfs; no
 bridge, no iptables, cgroupfs driver, its own ``--cgroup-parent``) runs a
-busybox container that spins one core. Docker puts it at ``/sys/fs/cgroup/<controller>/<parent>/<container id>``,
-which is phasewise's layout with ``PHASEWISE_CGROUP_PREFIX=<parent>`` (on a
-Docker host: ``docker``). The test drives the real roles:
+busybox container that spins one core. Docker puts it at
+``/sys/fs/cgroup/<controller>/<parent>/<container id>``, which is phasewise's
+layout with ``PHASEWISE_CGROUP_PREFIX=<parent>`` (on a Docker host: ``docker``). The test drives the real roles:
 
 - ``phasewise produce --once`` reports the container by its Docker id, with
   its CPU use;

@@ -16,7 +16,7 @@ from phasewise.streams.faust_compat import bound_fetch_wait, seek_before_stream_
 
 __all__ = ["APP_VERSION", "broker_credentials", "create_app"]
 
-#: format of the worker's tables (see phasewise.models.vpa.updater.ContainerEntry)
+#: format of the worker's tables (see phasewise.models.vpa.state.ContainerEntry)
 APP_VERSION = 1
 
 

@@ -27,7 +27,8 @@ from phasewise.models.jobs.targets_step import TargetsStepConfig
 from phasewise.models.priors.book import PriorBook, PriorConfig
 from phasewise.models.safety.guard import GuardConfig
 from phasewise.models.safety.intake import IntakeConfig
-from phasewise.models.vpa.updater import StateCache, UpdaterConfig
+from phasewise.models.vpa.state import StateCache
+from phasewise.models.vpa.updater import UpdaterConfig
 
 if TYPE_CHECKING:  # (river: imported by the horus role alone; torch by the phase detector alone)
     from phasewise.models.horus.state import HorusStateConfig

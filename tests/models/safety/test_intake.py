@@ -8,7 +8,8 @@ import math
 from phasewise.kit.records import ContainerSample, HostSamples
 from phasewise.kit.settings import Settings
 from phasewise.models.safety.intake import IntakeConfig, Occupancy, event_time_problem
-from phasewise.models.vpa.updater import StateCache, UpdaterConfig, process_host_samples
+from phasewise.models.vpa.state import StateCache
+from phasewise.models.vpa.updater import UpdaterConfig, process_host_samples
 from phasewise.streams.config import intake_config
 
 

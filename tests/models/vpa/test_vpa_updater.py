@@ -10,7 +10,8 @@ from phasewise.kit.records import ContainerSample, Decision, HostSamples, decode
 from phasewise.kit.settings import Settings
 from phasewise.models.decisions import decision_id
 from phasewise.models.vpa.histogram import ExponentialBuckets
-from phasewise.models.vpa.updater import POLICY, StateCache, process_host_samples
+from phasewise.models.vpa.state import StateCache
+from phasewise.models.vpa.updater import POLICY, process_host_samples
 from phasewise.streams.config import state_cache, updater_config
 
 CPU = ExponentialBuckets(0.01, 1.05, 1000.0)

@@ -29,10 +29,9 @@ from phasewise.kit.records import (
 from phasewise.kit.settings import Settings
 from phasewise.models.decisions import decision_id
 from phasewise.models.vpa.recommender import VpaPolicy, VpaRecommender, VpaStateError
+from phasewise.models.vpa.state import ENTRY_VERSION, StateCache
 from phasewise.models.vpa.updater import (
-    ENTRY_VERSION,
     POLICY,
-    StateCache,
     process_host_samples,
     process_many,
     sample_usage,

@@ -23,7 +23,8 @@ from phasewise.kit.procs import RoleProcess
 from phasewise.kit.records import ContainerSample, Decision, HostSamples, SchemaError, decode, encode
 from phasewise.kit.settings import Settings
 from phasewise.kit.topics import DECISIONS, SAMPLES
-from phasewise.models.vpa.updater import StateCache, worker_round
+from phasewise.models.vpa.state import StateCache
+from phasewise.models.vpa.updater import worker_round
 from phasewise.streams.config import state_cache, updater_config
 
 __all__ = ["add_arguments", "messages", "reference", "run", "run_once"]

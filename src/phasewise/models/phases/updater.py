@@ -30,7 +30,7 @@ from phasewise.models.priors.book import Prior
 from phasewise.models.priors.runs import apply_priors, signatures
 from phasewise.models.safety.guard import GuardOutcome
 from phasewise.models.safety.workload import StepColumns, step_columns
-from phasewise.models.vpa.updater import StateCache
+from phasewise.models.vpa.state import StateCache
 
 __all__ = ["POLICY", "DetectorConfig", "PhaseHooks", "PhaseOutput"]
 

@@ -26,16 +26,13 @@ from phasewise.models.decisions import PHASE_POLICY, VPA_POLICY, VpaEvidence, ro
 from phasewise.models.priors.book import Prior
 from phasewise.models.priors.runs import apply_priors, signatures, track_runs
 from phasewise.models.safety.workload import step_columns
-from phasewise.models.vpa.state import ENTRY_VERSION, ContainerEntry, StateCache
+from phasewise.models.vpa.state import StateCache
 
 __all__ = [
-    "ENTRY_VERSION",
     "POLICY",
     "UPDATE_MODES",
-    "ContainerEntry",
     "RoundPhase",
     "RoundScorecard",
-    "StateCache",
     "UpdaterConfig",
     "moved",
     "outside",

@@ -21,7 +21,7 @@ from phasewise.kit.topics import LEARN_WINDOWS, MODELS, PHASES
 from phasewise.models.phases.learner import Learner
 from phasewise.models.phases.snapshots import model_name
 from phasewise.models.phases.updater import PhaseHooks, PhaseOutput
-from phasewise.models.vpa.updater import StateCache
+from phasewise.models.vpa.state import StateCache
 from phasewise.streams.config import detector_config, initial_model
 from phasewise.streams.follower import SnapshotFollower
 

@@ -33,7 +33,8 @@ from phasewise.kit.topics import DECISIONS, PROFILES, SAMPLES
 from phasewise.models.safety.guard import RULES
 from phasewise.models.safety.intake import Eviction, Occupancy, event_time_problem
 from phasewise.models.safety.workload import refusal_reason, unserved, without_off
-from phasewise.models.vpa.updater import StateCache, worker_round
+from phasewise.models.vpa.state import StateCache
+from phasewise.models.vpa.updater import worker_round
 from phasewise.streams.agents.scaffold import worker_outputs
 from phasewise.streams.config import intake_config, state_cache, updater_config
 from phasewise.streams.faust_compat import hold_commits
