@@ -49,7 +49,8 @@ def test_at_the_default_write_interval_no_offset_is_committed_past_a_sample_the_
     """The guarantee itself: every sample below a committed offset is in its container's stored state (its
     ``so``), at ``state_write_interval_s`` 30 (the default), where steady containers are written only
     every 30 s of event time. A restarted worker reads the rest again. With ``--policy phase`` the
-    container's phase state holds them too (written with its VPA state, the same ``so``)."""
+    container's phase state holds them too (written with its VPA state, the same ``so``). A partition that goes
+    quiet has its last samples committed once their states are written."""
     import json
     import time
     import uuid
@@ -131,6 +132,18 @@ def test_at_the_default_write_interval_no_offset_is_committed_past_a_sample_the_
         while (last := check()) <= first and time.monotonic() < deadline:
             time.sleep(1.0)
         assert last > first, "no commit after the containers' states were written"
+        # tick 60 is written (30 s after the last write); tick 61, a commit later, is not due: its offset is
+        # held back. Then the host goes quiet: within state_write_interval_s (of wall time) its state is
+        # written and that offset committed, with no new record on the partition to carry it.
+        send([60])
+        wait_until(lambda: processed() >= 183, 60, 0.2, "tick 60 processed")
+        time.sleep(4)  # a commit interval
+        send([61])
+        wait_until(lambda: processed() >= 186, 60, 0.2, "tick 61 processed")
+        deadline = time.monotonic() + 120
+        while (last := check()) < 62 and time.monotonic() < deadline:
+            time.sleep(2.0)
+        assert last == 62, f"the quiet partition's last sample was never committed ({last} of 62)"
     finally:
         w.stop()
 

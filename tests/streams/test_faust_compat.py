@@ -130,3 +130,56 @@ def test_the_offsets_sent_are_held_back_and_never_behind_what_was_sent_before():
     plain = SimpleNamespace(app=SimpleNamespace(), _thread=SimpleNamespace(commit=commit))  # another app: untouched
     asyncio.run(ThreadDelegateConsumer._commit(plain, {s0: 3}))
     assert sent[-1] == {s0: 3}
+
+
+def test_an_offset_held_back_on_a_partition_that_goes_quiet_is_committed_once_the_state_holds_it():
+    """Faust forgets the records behind an offset once it chose it: with no new record on the partition, the
+    held-back offset is offered again at each periodic commit until the hold lets it through; after a
+    rebalance (Faust's committed offset read back from the broker) it is dropped."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from faust.transport.consumer import Consumer, ThreadDelegateConsumer
+    from faust.types import TP
+
+    s0, s1 = TP("samples", 0), TP("samples", 1)
+    sent: list[dict] = []
+    acked: dict = {}      # the offset Faust would choose anew, per partition (taken once, as Faust does)
+    committed: dict = {}  # Faust's own idea of what it committed
+
+    async def commit(offsets):
+        sent.append(dict(offsets))
+        return True
+
+    app = SimpleNamespace()
+    hold = {0: 40}
+    assert faust_compat.hold_commits(app, "samples", lambda: hold)
+    consumer = SimpleNamespace(app=app, _thread=SimpleNamespace(commit=commit), _committed_offset=committed,
+                               _new_offset=lambda tp: acked.pop(tp, None),
+                               _should_commit=lambda tp, o: committed.get(tp) is None or o > committed[tp])
+
+    def periodic_commit() -> None:  # Faust's _commit_tps and _commit_offsets, reduced to what they do here
+        offsets = Consumer._filter_committable_offsets(consumer, iter([s0, s1]))
+        if offsets:
+            asyncio.run(ThreadDelegateConsumer._commit(consumer, offsets))
+            committed.update(offsets)
+
+    acked.update({s0: 50, s1: 70})
+    periodic_commit()
+    assert sent == [{s0: 40, s1: 70}]
+    periodic_commit()                   # nothing new, still held: nothing sent
+    assert sent == [{s0: 40, s1: 70}]
+    hold.clear()                        # the state holding offsets 40..49 was written
+    periodic_commit()
+    assert sent[-1] == {s0: 50}
+    periodic_commit()                   # sent: not offered again
+    assert len(sent) == 2
+
+    hold[0] = 55
+    acked[s0] = 60
+    periodic_commit()
+    assert sent[-1] == {s0: 55}
+    committed[s0] = 55                  # a rebalance: Faust read the broker's committed offset back
+    hold.clear()
+    periodic_commit()
+    assert len(sent) == 3               # the wanted 60 belonged to the earlier assignment: dropped

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__all__ = ["CHECKED", "bound_fetch_wait", "hold_commits", "patch_applies", "seek_before_stream_flow"]
+__all__ = ["CHECKED", "bound_fetch_wait", "held_offsets", "hold_commits", "patch_applies", "seek_before_stream_flow",
+           "still_wanted"]
 
 log = logging.getLogger(__name__)
 
@@ -105,35 +106,80 @@ def hold_commits(app: object, topic: str, hold_back: Callable[[], Mapping[int, i
     beyond it is lowered to it, and a partition whose lowered offset is not beyond the one this consumer
     last committed is left out. Faust's own bookkeeping keeps the offsets it chose (it does not read
     them again), so only a restarted or rebalanced worker reads the held-back records, and the state
-    skips what it holds. False (and one warning) when not applied.
+    skips what it holds.
+
+    Faust forgets the records behind an offset it chose once it is sent, so a partition whose records
+    stop (an idle host, the end of a backlog) would keep its held-back offset until a restart. The
+    offset Faust chose is kept as wanted while Faust still believes it committed it, and offered again
+    at each of Faust's periodic commits (whose flush hands out the states written by then) until it is
+    sent; after a rebalance Faust reads the committed offset from the broker again, and a wanted offset
+    it no longer matches is dropped. False (and one warning) when not applied.
     """
     if not _applies("a killed worker's state may miss up to state_write_interval_s of samples (exact "
                     "recovery needs state_write_interval_s=0)"):
         return False
-    from faust.transport.consumer import ThreadDelegateConsumer
+    from faust.transport.consumer import Consumer, ThreadDelegateConsumer
 
     original = getattr(ThreadDelegateConsumer, "_phasewise_original_commit", None) or ThreadDelegateConsumer._commit
+    choose = getattr(Consumer, "_phasewise_original_filter", None) or Consumer._filter_committable_offsets
 
     async def _commit(self, offsets):  # type: ignore[no-untyped-def]
         holds = getattr(self.app, "_phasewise_holds", None)
         if holds:
-            offsets = held_offsets(offsets, holds, getattr(self, "_phasewise_sent", None))
+            chosen = offsets
+            sent = self.__dict__.setdefault("_phasewise_sent", {})
+            wanted = self.__dict__.setdefault("_phasewise_wanted", {})
+            offsets = held_offsets(chosen, holds, sent)
+            for tp, o in chosen.items():  # held below Faust's choice: offered again until sent
+                if offsets.get(tp, sent.get(tp, -1)) < o:
+                    wanted[tp] = o
             if not offsets:
                 return True
         done = await original(self, offsets)
         if done and holds:
-            sent = self.__dict__.setdefault("_phasewise_sent", {})
             sent.update(offsets)
+            for tp in [tp for tp, o in wanted.items() if sent.get(tp, -1) >= o]:
+                del wanted[tp]
         return done
+
+    def _filter_committable_offsets(self, tps):  # type: ignore[no-untyped-def]
+        tps = list(tps)
+        out = choose(self, tps)
+        wanted = self.__dict__.get("_phasewise_wanted")
+        if wanted:
+            out.update(still_wanted(tps, out, wanted, self._committed_offset))
+        return out
 
     ThreadDelegateConsumer._phasewise_original_commit = original
     ThreadDelegateConsumer._commit = _commit
+    Consumer._phasewise_original_filter = choose
+    Consumer._filter_committable_offsets = _filter_committable_offsets
     holds = getattr(app, "_phasewise_holds", None)
     if holds is None:
         holds = {}
         app._phasewise_holds = holds  # type: ignore[attr-defined]
     holds[topic] = hold_back
     return True
+
+
+def still_wanted(tps: list[Any], chosen: Mapping[Any, int], wanted: dict[Any, int],
+                 committed: Mapping[Any, int | None]) -> dict[Any, int]:
+    """The wanted offsets of *tps* to offer again (those Faust did not *chosen* anew), dropping from *wanted*
+    each one Faust no longer believes *committed* (a rebalance read the broker's offset back).
+
+    >>> wanted = {"a": 9, "b": 5, "c": 7}
+    >>> still_wanted(["a", "b"], {"b": 6}, wanted, {"a": 9, "b": 5, "c": 3})
+    {'a': 9}
+    >>> sorted(wanted)            # c: Faust's committed offset is the broker's again (3), not 7
+    ['a', 'b']
+    """
+    out = {}
+    for tp in [tp for tp, o in wanted.items() if committed.get(tp) != o]:
+        del wanted[tp]
+    for tp in tps:
+        if tp not in chosen and (o := wanted.get(tp)) is not None:
+            out[tp] = o
+    return out
 
 
 def held_offsets(offsets: Mapping[Any, int], holds: Mapping[str, Callable[[], Mapping[int, int]]],
