@@ -143,6 +143,18 @@ def test_help_comes_without_importing_torch(args):
     assert "usage: phasewise" in r.stdout
 
 
+@pytest.mark.parametrize("role", ["worker", "horus", "place"])
+def test_a_key_file_that_cannot_be_used_stops_a_worker_role_before_its_models_are_imported(role):
+    """The one-line error comes before Faust, torch and river are loaded (seconds of CPU on a busy host)."""
+    code = (f"import sys; from phasewise.cli import main; rc = main([{role!r}]); "
+            "print(sorted(m for m in ('faust', 'torch', 'river') if m in sys.modules), rc)")
+    r = subprocess.run([sys.executable, "-c", code], env=clean_env(PHASEWISE_SIGNING_KEY_FILE="/proc/no-such-key"),
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.stdout.splitlines()[-1] == "[] 2", r.stdout + r.stderr
+    assert r.stderr.splitlines() == [f"phasewise {role}: error: signing_key_file: cannot read /proc/no-such-key: "
+                                     "No such file or directory"]
+
+
 def test_an_unknown_phasewise_variable_is_a_one_line_warning_naming_the_closest_setting():
     r = cli(["schemas", "--check", SCHEMAS], clean_env(PHASEWISE_BOOTSTRP="kafka:9092"))
     assert r.returncode == 0, r.stderr

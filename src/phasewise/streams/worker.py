@@ -430,13 +430,13 @@ def _stop_now(grace: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    keyring, refused = start_checks(settings, "worker")  # before Faust, torch and the models are imported
+    if refused:
+        return 2
     from phasewise.kit.kafka.client import BrokerUnavailable, ensure_topics, wait_for_broker
     from phasewise.streams.app import create_app
     from phasewise.streams.metrics import WorkerMetrics
 
-    keyring, refused = start_checks(settings, "worker")
-    if refused:
-        return 2
     if keyring is None:
         hints = settings.priority.agent and settings.priority.launcher == "place"
         warn_unsigned("worker", "decisions and hints" if hints else "decisions",
@@ -559,20 +559,18 @@ def warn_unsigned(role: str, what: str, readers: str = "actuators") -> None:
 
 def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: object,
                    register: Callable[[object, Settings], object], publishes: str = "decisions",
-                   readers: str = "actuators") -> int:
+                   readers: str = "actuators", *, keyring: Any = None) -> int:
     """A cluster-wide job worker (:class:`JobRole`): print the settings,
     wait for the broker, create missing topics, run a Faust app with id *worker_id* whose agents
     *register(app, settings)* adds, with *metrics* and its health on ``metrics_port`` at
     ``bind_address`` (``/metrics``, ``/healthz``: the event loop runs; ``/readyz``: the broker
     answers and ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
     unavailable, an agent died, an output could not be delivered or it was stuck not ready
-    (``ready_stall_s``)."""
+    (``ready_stall_s``). *keyring*: what :func:`start_checks` returned (the role runs them before it imports
+    its agents, so a key file that cannot be used stops it before torch or river is loaded)."""
     from phasewise.kit.kafka.client import BrokerUnavailable, ensure_topics, wait_for_broker
     from phasewise.streams.app import create_app
 
-    keyring, refused = start_checks(settings, role)
-    if refused:
-        return 2
     if keyring is None:
         warn_unsigned(role, publishes, readers)
     stop = threading.Event()
@@ -622,12 +620,16 @@ class JobRole:
 
     def run(self, args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
+        keyring, refused = start_checks(settings, self.name)  # before the agents (torch, river) are imported
+        if refused:
+            return 2
         from phasewise.streams import metrics as worker_metrics
 
         metrics = getattr(worker_metrics, self.metrics)()
         agent = importlib.import_module(self.agents).agent
         return run_job_worker(settings, self.name, self.worker_id(settings), metrics,
-                              lambda app, s: agent.register(app, s, metrics=metrics), self.publishes, self.readers)
+                              lambda app, s: agent.register(app, s, metrics=metrics), self.publishes, self.readers,
+                              keyring=keyring)
 
 
 #: ``phasewise horus``: the Horus worker (job events + samples -> utilisation predictions; learns online)
