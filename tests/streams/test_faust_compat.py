@@ -102,6 +102,19 @@ def test_faust_flushes_its_producer_between_choosing_offsets_and_sending_them():
     assert "self._thread.commit(offsets)" in inspect.getsource(original)
 
 
+def held_app(hold: dict, sent: list[dict]):
+    """An app whose samples commits *hold* holds back, and the broker's commit call (it records what is *sent*)."""
+    from types import SimpleNamespace
+
+    async def commit(offsets):
+        sent.append(dict(offsets))
+        return True
+
+    app = SimpleNamespace()
+    assert faust_compat.hold_commits(app, "samples", lambda: hold)
+    return app, commit
+
+
 def test_the_offsets_sent_are_held_back_and_never_behind_what_was_sent_before():
     import asyncio
     from types import SimpleNamespace
@@ -110,14 +123,8 @@ def test_the_offsets_sent_are_held_back_and_never_behind_what_was_sent_before():
     from faust.types import TP
 
     sent: list[dict] = []
-
-    async def commit(offsets):
-        sent.append(dict(offsets))
-        return True
-
-    app = SimpleNamespace()
     hold = {0: 40}
-    assert faust_compat.hold_commits(app, "samples", lambda: hold)
+    app, commit = held_app(hold, sent)
     consumer = SimpleNamespace(app=app, _thread=SimpleNamespace(commit=commit))
     s0, s1, d0 = TP("samples", 0), TP("samples", 1), TP("decisions", 0)
     run = lambda offsets: asyncio.run(ThreadDelegateConsumer._commit(consumer, offsets))  # noqa: E731
@@ -146,14 +153,8 @@ def test_an_offset_held_back_on_a_partition_that_goes_quiet_is_committed_once_th
     sent: list[dict] = []
     acked: dict = {}      # the offset Faust would choose anew, per partition (taken once, as Faust does)
     committed: dict = {}  # Faust's own idea of what it committed
-
-    async def commit(offsets):
-        sent.append(dict(offsets))
-        return True
-
-    app = SimpleNamespace()
     hold = {0: 40}
-    assert faust_compat.hold_commits(app, "samples", lambda: hold)
+    app, commit = held_app(hold, sent)
     consumer = SimpleNamespace(app=app, _thread=SimpleNamespace(commit=commit), _committed_offset=committed,
                                _new_offset=lambda tp: acked.pop(tp, None),
                                _should_commit=lambda tp, o: committed.get(tp) is None or o > committed[tp])
