@@ -79,12 +79,36 @@ def make_scorecard(config: ScorecardConfig) -> Scorecard | ExactScorecard:
 
 
 class _Containers:
-    """The container keys of a scorecard (its ``_index``: key -> row) and their removal (``forget``)."""
+    """The container keys of a scorecard (its ``_index``: key -> row), their rows (``_free``: rows to reuse,
+    ``_grow``: more of them) and their removal (``forget``)."""
 
     _index: dict[str, int]
+    _free: list[int]
+    #: rows allocated (``_grow`` sets it)
+    _capacity: int
 
     def forget(self, keys: Iterable[str]) -> None:  # pragma: no cover - each scorecard defines it
         raise NotImplementedError
+
+    def _grow(self, n: int) -> None:  # pragma: no cover - each scorecard defines it
+        raise NotImplementedError
+
+    def _row(self, key: str) -> int:
+        r = self._index.get(key)
+        if r is None:
+            if not self._free:
+                self._grow(2 * self._capacity)
+            r = self._free.pop()
+            self._index[key] = r
+        return r
+
+    def _rows(self, keys: Sequence[str]) -> np.ndarray:
+        """The rows of *keys*, new ones allocated."""
+        get = self._index.get
+        rows = [get(k) for k in keys]
+        if None in rows:
+            rows = [self._row(k) if r is None else r for k, r in zip(keys, rows)]
+        return np.asarray(rows, dtype=np.intp)
 
     def clear(self) -> None:
         self.forget(list(self._index))
@@ -129,15 +153,7 @@ class ExactScorecard(_Containers):
             self._free = list(range(n - 1, -1, -1))
         self._t, self._used, self._lim, self._held = t, used, lim, held
         self._pos, self._count, self._last = pos, count, last
-
-    def _row(self, key: str) -> int:
-        r = self._index.get(key)
-        if r is None:
-            if not self._free:
-                self._grow(2 * len(self._t))
-            r = self._free.pop()
-            self._index[key] = r
-        return r
+        self._capacity = n
 
     # ------------------------------------------------------------------ recording (hot path)
 
@@ -148,11 +164,7 @@ class ExactScorecard(_Containers):
         usage, is ignored."""
         if not len(keys):
             return
-        get = self._index.get
-        rows = [get(k) for k in keys]
-        if None in rows:
-            rows = [self._row(k) if r is None else r for k, r in zip(keys, rows)]
-        rows_a = np.asarray(rows, dtype=np.intp)
+        rows_a = self._rows(keys)
         ts = np.broadcast_to(np.asarray(ts, dtype=np.float64), (len(rows_a),))
         newer = (ts > self._last[rows_a]) & ~np.isnan(used).any(axis=1)
         if not newer.all():
@@ -376,15 +388,7 @@ class Scorecard(_Containers):
                 a[:k] = getattr(self, name)
             setattr(self, name, a)
         self._free = list(range(n - 1, k - 1, -1)) + self._free
-
-    def _row(self, key: str) -> int:
-        r = self._index.get(key)
-        if r is None:
-            if not self._free:
-                self._grow(2 * len(self._last))
-            r = self._free.pop()
-            self._index[key] = r
-        return r
+        self._capacity = n
 
     # ------------------------------------------------------------------ recording (hot path)
 
@@ -392,11 +396,7 @@ class Scorecard(_Containers):
         """As :meth:`ExactScorecard.observe`: one sample of each of *keys* (distinct)."""
         if not len(keys):
             return
-        get = self._index.get
-        rows = [get(k) for k in keys]
-        if None in rows:
-            rows = [self._row(k) if r is None else r for k, r in zip(keys, rows)]
-        rows_a = np.asarray(rows, dtype=np.intp)
+        rows_a = self._rows(keys)
         ts = np.broadcast_to(np.asarray(ts, dtype=np.float64), (len(rows_a),))
         used = np.asarray(used, dtype=np.float64)
         in_force = np.asarray(in_force, dtype=np.float64)
@@ -480,15 +480,8 @@ class Scorecard(_Containers):
         return out
 
     observe_round = ExactScorecard.observe_round
+    decide = ExactScorecard.decide  # (``_held``: the same layout in both)
     decide_many = ExactScorecard.decide_many
-
-    def decide(self, key: str, policy: str, limits: Mapping[str, float]) -> None:
-        """A decision of *policy* for *key*: its limits hold from the container's next sample on."""
-        r = self._row(key)
-        p = _P[policy]
-        for res, v in limits.items():
-            if res in RESOURCES:
-                self._held[r, p, RESOURCES.index(res)] = v
 
     def forget(self, keys: Iterable[str]) -> None:
         for k in keys:
