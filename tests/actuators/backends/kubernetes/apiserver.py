@@ -15,6 +15,7 @@ import json
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,7 +28,35 @@ def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class ApiServer:
+class Loopback:
+    """An HTTP server on 127.0.0.1 (a free port) whose *handler* answers from a daemon thread: ``url``,
+    :meth:`close`. The tests' stand-ins for the API server start one each."""
+
+    def _serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)  # (its request threads are daemons)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serving(make: Callable[[list], Loopback]) -> Iterator[Callable[..., Loopback]]:
+    """A fixture's body: ``start(*script)`` makes a server of *make* with that script; each is closed after."""
+    made: list[Loopback] = []
+
+    def start(*script: Any) -> Loopback:
+        made.append(make(list(script)))
+        return made[-1]
+
+    yield start
+    for s in made:
+        s.close()
+
+
+class ApiServer(Loopback):
     """Pods, bindings and the node's watch; :meth:`add_pod` before the actuator binds them."""
 
     def __init__(self, node: str) -> None:
@@ -52,11 +81,7 @@ class ApiServer:
             def log_message(self, *a) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._serve(H)
 
     # -- the pods' lives ------------------------------------------------------------------------
 
@@ -190,5 +215,4 @@ class ApiServer:
         self.closing = True
         with self.lock:
             self.lock.notify_all()
-        self.server.shutdown()
-        self.server.server_close()
+        super().close()

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from phasewise.actuators.backends.kubernetes import (
     plan_resize,
 )
 from phasewise.actuators.commands import Bind, Evict, Freeze, Scale, SetLimits, Terminate
+from tests.actuators.backends.kubernetes.apiserver import Loopback, serving
 from tests.conftest import requires_root
 
 FIX = Path(__file__).parents[2] / "fixtures" / "kubernetes"
@@ -38,7 +38,7 @@ def fx(name: str) -> dict:
     return json.loads((FIX / name).read_text())
 
 
-class Replay:
+class Replay(Loopback):
     """Answers requests from a script of ``(method, path, status, fixture, headers)``, in order."""
 
     def __init__(self, script: list[tuple]) -> None:
@@ -74,28 +74,12 @@ class Replay:
             def log_message(self, *a) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._serve(H)
 
 
 @pytest.fixture
 def serve():
-    made: list[Replay] = []
-
-    def start(*script):
-        r = Replay(list(script))
-        made.append(r)
-        return r
-
-    yield start
-    for r in made:
-        r.close()
+    yield from serving(Replay)
 
 
 def backend(r: Replay, token: str = "tok-1") -> KubernetesBackend:

@@ -10,8 +10,7 @@ chunked as the API server sends them. The pods are in the API server's shape
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.kit.settings import Settings
 from phasewise.kit.signing import Keyring
 from phasewise.kit.topics import JOB_EVENTS
+from tests.actuators.backends.kubernetes.apiserver import Loopback, serving
 from tests.actuators.conftest import Recorder
 
 FIX = Path(__file__).parents[2] / "fixtures" / "kubernetes"
@@ -36,7 +36,7 @@ def watch_path(rv: str) -> str:
     return f"/api/v1/pods?{SEL}&watch=true&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={rv}"
 
 
-class Server:
+class Server(Loopback):
     """Answers each ``(path, fixture)`` of its script in order: a ``.json`` fixture whole, a ``.ndjson`` one as
     a chunked watch stream, one event per chunk."""
 
@@ -72,28 +72,12 @@ class Server:
             def log_message(self, *a) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._serve(H)
 
 
 @pytest.fixture
 def serve():
-    made = []
-
-    def start(*script):
-        s = Server(list(script))
-        made.append(s)
-        return s
-
-    yield start
-    for s in made:
-        s.close()
+    yield from serving(Server)
 
 
 def actuator(srv: Server, ledger: Ledger) -> tuple[Actuator, Recorder, KubernetesBackend]:
