@@ -264,6 +264,28 @@ def test_freeze_is_not_possible_and_unreachable_is_temporary():
     assert out.status == "failed" and out.temporary
 
 
+def test_the_client_turns_every_failure_into_an_api_error_for_requests_and_watches(serve, tmp_path):
+    """An error answer (its Status), no answer, an unreadable token and an answer that is not JSON: each an
+    ApiError with the status (0: no answer), for a request and for a watch alike."""
+    r = serve(("GET", POD, 403, "status-403-forbidden.json"), ("GET", "/w", 403, "status-403-forbidden.json"),
+              ("GET", POD, 200, "watch-jobs.ndjson"))
+    api = KubeApi(r.url, token="t")
+    for call in (lambda a: a.request("GET", POD), lambda a: list(a.stream("/w", read_timeout_s=5))):
+        with pytest.raises(ApiError) as e:
+            call(api)
+        assert e.value.status == 403 and e.value.reason == "Forbidden" and not e.value.temporary
+        with pytest.raises(ApiError) as e:
+            call(KubeApi("http://127.0.0.1:9", timeout_s=0.5))
+        assert e.value.status == 0 and e.value.reason == "Unreachable" and e.value.temporary
+        with pytest.raises(ApiError) as e:
+            call(KubeApi(r.url, token_file=tmp_path / "no-token"))
+        assert e.value.reason == "TokenUnreadable" and "cannot read the service account token" in str(e.value)
+    with pytest.raises(ApiError) as e:  # a watch stream is lines of JSON, not one JSON answer
+        api.request("GET", POD)
+    assert e.value.reason == "BadAnswer"
+    assert [s["path"] for s in r.seen] == [POD, "/w", POD]  # the unreadable token sent nothing
+
+
 def test_memory_usage_from_metrics_api(serve):
     r = serve(LIST, ("GET", METRICS, 200, "podmetrics.json"))
     assert backend(r).memory_usage(MANAGED) == 2.5 * 2**30

@@ -78,9 +78,10 @@ class KubeApi:
             return self._token_file.read_text().strip()
         return self._token
 
-    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        """Send one request; the decoded JSON answer, or :class:`ApiError`."""
-        data = None if body is None else json.dumps(body).encode()
+    def _open(self, method: str, path: str, timeout_s: float, data: bytes | None = None,
+              content_type: str = "application/json") -> Any:
+        """The answer to one request, open (the caller reads and closes it); :class:`ApiError` for an error
+        answer, an unreadable token or no answer."""
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
         req.add_header("Accept", "application/json")
         if data is not None:
@@ -92,35 +93,30 @@ class KubeApi:
         if tok:
             req.add_header("Authorization", f"Bearer {tok}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:
-                raw = resp.read()
+            return urllib.request.urlopen(req, timeout=timeout_s, context=self._ssl)
         except urllib.error.HTTPError as e:
             raise _api_error(e.code, e.read(), e.headers.get("Retry-After")) from None
         except (urllib.error.URLError, OSError) as e:
             raise ApiError(0, "Unreachable", f"{method} {path}: {getattr(e, 'reason', e)}") from e
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        """Send one request; the decoded JSON answer, or :class:`ApiError`."""
+        data = None if body is None else json.dumps(body).encode()
+        resp = self._open(method, path, self.timeout_s, data, content_type)
+        try:
+            with resp:
+                raw = resp.read()
+        except OSError as e:  # a timeout or a reset while the answer came
+            raise ApiError(0, "Unreachable", f"{method} {path}: {e}") from e
         try:
             return json.loads(raw) if raw else None
         except ValueError as e:
             raise ApiError(0, "BadAnswer", f"{method} {path}: answer is not JSON") from e
 
-
     def stream(self, path: str, *, read_timeout_s: float) -> Iterator[Any]:
         """A watch: the decoded JSON of each line the server sends (``watch=true`` answers one JSON object
         per line, chunked), until it ends the answer; :class:`ApiError` for an error answer."""
-        req = urllib.request.Request(self.base_url + path, method="GET")
-        req.add_header("Accept", "application/json")
-        try:
-            tok = self._bearer()
-        except OSError as e:
-            raise ApiError(0, "TokenUnreadable", f"cannot read the service account token: {e}") from e
-        if tok:
-            req.add_header("Authorization", f"Bearer {tok}")
-        try:
-            resp = urllib.request.urlopen(req, timeout=read_timeout_s, context=self._ssl)
-        except urllib.error.HTTPError as e:
-            raise _api_error(e.code, e.read(), e.headers.get("Retry-After")) from None
-        except (urllib.error.URLError, OSError) as e:
-            raise ApiError(0, "Unreachable", f"GET {path}: {getattr(e, 'reason', e)}") from e
+        resp = self._open("GET", path, read_timeout_s)
         with resp:
             while True:
                 try:
