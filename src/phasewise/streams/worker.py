@@ -559,15 +559,16 @@ def warn_unsigned(role: str, what: str, readers: str = "actuators") -> None:
 
 def run_job_worker(settings: Settings, role: str, worker_id: str, metrics: object,
                    register: Callable[[object, Settings], object], publishes: str = "decisions",
-                   readers: str = "actuators", *, keyring: Any = None) -> int:
+                   readers: str = "actuators", *, keyring: Any) -> int:
     """A cluster-wide job worker (:class:`JobRole`): print the settings,
     wait for the broker, create missing topics, run a Faust app with id *worker_id* whose agents
     *register(app, settings)* adds, with *metrics* and its health on ``metrics_port`` at
     ``bind_address`` (``/metrics``, ``/healthz``: the event loop runs; ``/readyz``: the broker
     answers and ``phasewise_<role>_ready`` is 1). Exit status 0 after a clean stop; 1 when the broker is
     unavailable, an agent died, an output could not be delivered or it was stuck not ready
-    (``ready_stall_s``). *keyring*: what :func:`start_checks` returned (the role runs them before it imports
-    its agents, so a key file that cannot be used stops it before torch or river is loaded)."""
+    (``ready_stall_s``). *keyring*: what :func:`start_checks` returned (``None``: unsigned; the role runs
+    them before it imports its agents, so a key file that cannot be used stops it before torch or river is
+    loaded)."""
     from phasewise.kit.kafka.client import BrokerUnavailable, ensure_topics, wait_for_broker
     from phasewise.streams.app import create_app
 

@@ -10,6 +10,7 @@ whole trace scores as replay does). docs/worker.md, "The live scorecard".
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,7 +79,7 @@ def make_scorecard(config: ScorecardConfig) -> Scorecard | ExactScorecard:
     return ExactScorecard(config) if config.samples else Scorecard(config)
 
 
-class _Containers:
+class _Containers(abc.ABC):
     """The container keys of a scorecard (its ``_index``: key -> row), their rows (``_free``: rows to reuse,
     ``_grow``: more of them) and their removal (``forget``)."""
 
@@ -87,11 +88,13 @@ class _Containers:
     #: rows allocated (``_grow`` sets it)
     _capacity: int
 
-    def forget(self, keys: Iterable[str]) -> None:  # pragma: no cover - each scorecard defines it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drop *keys*' rows (their slots are reused)."""
 
-    def _grow(self, n: int) -> None:  # pragma: no cover - each scorecard defines it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _grow(self, n: int) -> None:
+        """Hold *n* rows (the new ones free); sets ``_capacity``."""
 
     def _row(self, key: str) -> int:
         r = self._index.get(key)
