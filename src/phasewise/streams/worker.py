@@ -90,6 +90,40 @@ def freeze_heap_when_ready(app: object) -> None:
             log.info("froze %d start-up objects out of garbage collection", frozen[0])
 
 
+def heap_trimmer() -> Callable[[], int] | None:
+    """glibc's ``malloc_trim(0)`` (gives the heap's free pages back to the OS), or None under another C library."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
+
+
+def trim_heap_every(app: object, seconds: float) -> bool:
+    """Give freed heap memory back to the OS every *seconds* (0: never); False where it is not done.
+
+    glibc raises its mmap threshold each time a large block is freed, so
+    numpy's later large arrays (a round's transients, a grown fleet) come
+    from the heap, and the holes they leave stay resident: after a flood of
+    100,000 new containers a third of the worker's resident memory was such
+    free space (docs/benchmarks.md). ``malloc_trim`` returns it (a walk of
+    the heap's free chunks: milliseconds); the thresholds themselves are left
+    as glibc sets them, so the hot path keeps reusing its heap between trims.
+    """
+    trim = heap_trimmer() if seconds > 0 else None
+    if trim is None:
+        return False
+
+    @app.timer(seconds)  # type: ignore[attr-defined]
+    async def _trim() -> None:
+        trim()
+
+    return True
+
+
 def state_dir_problem(settings: Settings) -> str | None:
     """Why the Faust worker's ``data_dir`` cannot be used (created 0700 when missing), or None."""
     from phasewise.kit.statedir import StateDirError, ensure_state_dir
@@ -488,6 +522,7 @@ def run_faust(app: object, settings: Settings, metrics: object, *, role: str, re
 
     probe = BrokerProbe(settings, inputs).start()
     health = watch(app, metrics, ready=ready, probe=probe)
+    trim_heap_every(app, settings.worker.heap_trim_interval_s)
     if settings.metrics_port:
         from phasewise.kit.observe import serve
 

@@ -130,6 +130,14 @@ class WorkerSettings(Group):
                                         "without subscribing to its topics while its broker answers, before it "
                                         "starts afresh in its own process (at most 3 starts), 0 = never")
 
+    #: glibc keeps the memory a process frees (the holes numpy's large transient arrays leave in its heap)
+    #: instead of giving it back: a Faust worker (worker, horus, place) hands it back every this many seconds
+    #: (``malloc_trim``; measured: a third of a flooded worker's resident memory, docs/benchmarks.md)
+    heap_trim_interval_s: float = setting(30.0, check=at_least(0),
+                                          help="seconds between a Faust worker's returns of freed heap memory to "
+                                               "the OS (glibc's malloc_trim; other C libraries: not done), "
+                                               "0 = never")
+
     #: the live scorecard (docs/worker.md): a fixed-size summary per container of time buckets per window
     #: (0 = no scorecard), or the last samples of each container scored exactly, and the windows of event time
     scorecard_buckets: int = setting(5, check=at_least(0), flag="--scorecard-buckets",

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from phasewise.models.arrays import grown
 from phasewise.models.phases.checkpoint import pack, unpack
 from phasewise.models.phases.clusterer import DEFAULT_QUANTILES, PhaseClusterer
 from phasewise.models.phases.crbm import CRBM
@@ -197,10 +198,10 @@ class Windows:
         if need <= cap:
             return
         new = max(need, 2 * cap)
-        self.frames = np.concatenate([self.frames, np.zeros((new - cap, *self.frames.shape[1:]), np.float32)])
-        self.filled = np.concatenate([self.filled, np.zeros(new - cap, np.int16)])
-        self.phase = np.concatenate([self.phase, np.full(new - cap, -1, np.int32)])
-        self.since = np.concatenate([self.since, np.zeros(new - cap, np.float64)])
+        self.frames = grown(self.frames, new - cap)
+        self.filled = grown(self.filled, new - cap)
+        self.phase = grown(self.phase, new - cap, -1)
+        self.since = grown(self.since, new - cap)
 
     def rows(self, containers: Sequence[str]) -> np.ndarray:
         """Row of each container, allocating rows for new ones."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from phasewise.models.arrays import grown
 from phasewise.models.phases.clusterer import DEFAULT_QUANTILES
 from phasewise.models.phases.detector import PhaseModel, Windows, detect, learn
 from phasewise.models.phases.transitions import Transition, TransitionBook
@@ -410,15 +411,15 @@ class PhaseFleet:
         old = len(self._limit_phase)
         if cap <= old:
             return
-        R = self.model.n_features
-        self._basis = np.concatenate([self._basis, np.full((cap - old, R), np.nan)])
-        self._from_phase = np.concatenate([self._from_phase, np.zeros((cap - old, R), bool)])
-        self._limit_phase = np.concatenate([self._limit_phase, np.full(cap - old, -1, np.int32)])
-        self._handed = np.concatenate([self._handed, np.full((cap - old, R), np.nan)])
-        self._written = np.concatenate([self._written, np.full(cap - old, -np.inf)])
-        self._level = np.concatenate([self._level, np.full((cap - old, R), np.nan)])
-        self._lscale = np.concatenate([self._lscale, np.zeros((cap - old, R))])
-        self._seen = np.concatenate([self._seen, np.full(cap - old, -np.inf)])
+        k = cap - old
+        self._basis = grown(self._basis, k, np.nan)
+        self._from_phase = grown(self._from_phase, k)
+        self._limit_phase = grown(self._limit_phase, k, -1)
+        self._handed = grown(self._handed, k, np.nan)
+        self._written = grown(self._written, k, -np.inf)
+        self._level = grown(self._level, k, np.nan)
+        self._lscale = grown(self._lscale, k)
+        self._seen = grown(self._seen, k, -np.inf)
 
     def _reset_rows(self, rows: np.ndarray) -> None:
         self._basis[rows] = np.nan

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from phasewise.models.arrays import grown
+
 __all__ = ["GuardConfig", "GuardOutcome", "LimitGuard", "RESOURCES", "RULES", "bounded_text", "oom_bump"]
 
 #: the resources a guard bounds, in column order
@@ -173,8 +175,7 @@ class LimitGuard:
             return
 
         def ext(a: np.ndarray, fill: Any) -> np.ndarray:
-            shape = (capacity - old, *a.shape[1:])
-            return np.concatenate([a, np.full(shape, fill, dtype=a.dtype)])
+            return grown(a, capacity - old, fill)
 
         for name in self._ROW:
             setattr(self, name, ext(getattr(self, name), np.nan))

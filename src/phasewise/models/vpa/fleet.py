@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from phasewise.models.arrays import all_true, count_true, nan_to_none
+from phasewise.models.arrays import all_true, count_true, grown, nan_to_none
 from phasewise.models.vpa.histogram_rows import HistogramRows, pow_exact, time_at
 from phasewise.models.vpa.recommender import (
     BOUNDS,
@@ -175,10 +175,10 @@ class VpaFleet:
         self._mem.grow(capacity)
         for name in _ROW_FLOATS:
             a = getattr(self, "_" + name)
-            setattr(self, "_" + name, np.concatenate([a, np.full(capacity - n, _NAN if name in _NAN_INIT else 0.0)]))
+            setattr(self, "_" + name, grown(a, capacity - n, _NAN if name in _NAN_INIT else 0.0))
         for name in _ROW_INTS:
             a = getattr(self, "_" + name)
-            setattr(self, "_" + name, np.concatenate([a, np.zeros(capacity - n, dtype=np.int64)]))
+            setattr(self, "_" + name, grown(a, capacity - n))
         self._mark = np.full(capacity, -1, dtype=np.intp)
         self.capacity = capacity
 

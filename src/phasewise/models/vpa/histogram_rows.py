@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from phasewise.models.arrays import all_true, count_true
+from phasewise.models.arrays import all_true, count_true, grown
 from phasewise.models.vpa.histogram import MAX_CHECKPOINT_WEIGHT, MAX_DECAY_EXPONENT, ExponentialBuckets
 
 __all__ = ["HistogramRows", "pow_exact", "time_at"]
@@ -73,15 +73,15 @@ class HistogramRows:
 
     def grow(self, capacity: int) -> None:
         k = capacity - len(self.total)
-        self.W = np.concatenate([self.W, np.zeros((k, self.nb))])
+        self.W = grown(self.W, k)
         self.Wf = self.W.reshape(-1)
-        self.total = np.concatenate([self.total, np.zeros(k)])
-        self.ref = np.concatenate([self.ref, np.full(k, _NAN)])
-        self.lo = np.concatenate([self.lo, np.full(k, self.nb, dtype=np.intp)])
-        self.hi = np.concatenate([self.hi, np.full(k, -1, dtype=np.intp)])
-        self.pc = np.concatenate([self.pc, np.zeros((k, self.pc.shape[1]))])
-        self.fresh = np.concatenate([self.fresh, np.zeros(k, dtype=bool)])
-        self.subeps = np.concatenate([self.subeps, np.zeros(k, dtype=bool)])
+        self.total = grown(self.total, k)
+        self.ref = grown(self.ref, k, _NAN)
+        self.lo = grown(self.lo, k, self.nb)
+        self.hi = grown(self.hi, k, -1)
+        self.pc = grown(self.pc, k)
+        self.fresh = grown(self.fresh, k)
+        self.subeps = grown(self.subeps, k)
 
     def reset(self, rows: np.ndarray) -> None:
         self.W[rows] = 0.0

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from phasewise.kit.records import ExecutionProfile, HostSamples
-from phasewise.models.arrays import count_true, nan_to_none
+from phasewise.models.arrays import count_true, grown, nan_to_none
 from phasewise.models.priors.book import PriorBook
 from phasewise.models.safety.guard import GuardConfig, LimitGuard
 from phasewise.models.vpa.fleet import VpaFleet
@@ -144,7 +144,7 @@ class StateCache:
         if len(self._decided_cpu) < cap:
             for name in self._BOOK:
                 a = getattr(self, name)
-                setattr(self, name, np.concatenate([a, np.full(cap - len(a), _NAN)]))
+                setattr(self, name, grown(a, cap - len(a), _NAN))
         for name in self._BOOK:
             getattr(self, name)[rows] = _NAN
         guard = self.guard
