@@ -109,7 +109,9 @@ class Collector(threading.Thread):
                       PREDICTIONS.name: (UtilisationPrediction, "predictions"), SAMPLES.name: (HostSamples, "samples"),
                       ACTUATIONS.name: (Actuation, "actuations"), DEAD_LETTERS.name: (DeadLetter, "dead_letters")}
         topics = (JOB_EVENTS, DECISIONS, PREDICTIONS, SAMPLES, ACTUATIONS, DEAD_LETTERS)
-        self.consumer = make_consumer(settings, f"phasewise-cluster-{uuid.uuid4().hex[:8]}")
+        # the run's record, not one of its hops: an idle fetch every 200 ms is enough
+        self.consumer = make_consumer(settings, f"phasewise-cluster-{uuid.uuid4().hex[:8]}",
+                                      **{"fetch.wait.max.ms": 200})
         self.consumer.assign([TopicPartition(t.name, p, OFFSET_BEGINNING) for t in topics
                               for p in range(t.partitions)])
         self.records = Records()
