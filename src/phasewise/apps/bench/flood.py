@@ -31,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-message", type=int, default=1000, help="containers per host message")
     p.add_argument("--ticks", type=int, default=3, help="samples per container")
     p.add_argument("--beyond", type=int, default=50_000, help="new containers sent once the cap is reached")
+    p.add_argument("--policy", choices=("vpa", "phase"), default="vpa", help="the worker's policy")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -44,7 +45,7 @@ def run(a: argparse.Namespace) -> int:
         env = {"PHASEWISE_BOOTSTRAP": broker.bootstrap, "PHASEWISE_DATA_DIR": str(work / "worker"),
                "PHASEWISE_METRICS_PORT": str(port), "PHASEWISE_WEB_PORT": "0",
                "PHASEWISE_RECOMMEND_INTERVAL_S": "1", "PHASEWISE_VPA_TIME_SCALE": "0.001",
-               "PHASEWISE_INTAKE_MAX_CONTAINERS_PER_WORKER": str(a.containers),
+               "PHASEWISE_POLICY": a.policy, "PHASEWISE_INTAKE_MAX_CONTAINERS_PER_WORKER": str(a.containers),
                "PHASEWISE_INTAKE_MAX_CONTAINERS_PER_MESSAGE": str(max(a.per_message, 1))}
         worker = RoleProcess("worker", [], env=env, log_path=work / "worker.log").start()
         url = f"http://127.0.0.1:{port}/metrics"
@@ -99,7 +100,7 @@ def run(a: argparse.Namespace) -> int:
             wait_until(lambda: refused() + evicted() >= a.beyond, 600, 0.5, "the refusals and evictions")
             time.sleep(trim_s + 2.0)
             rss2 = rss_bytes(worker.pid)
-            out = {"containers": a.containers, "per_message": a.per_message, "ticks": a.ticks,
+            out = {"policy": a.policy, "containers": a.containers, "per_message": a.per_message, "ticks": a.ticks,
                    "seconds": round(seconds, 1), "rss_idle_bytes": rss0, "rss_bytes": rss1,
                    "rss_bytes_per_container": round((rss1 - rss0) / a.containers), "heap_trim_interval_s": trim_s,
                    "containers_held": metric("phasewise_worker_containers"), "table_writes": metric(TABLE_WRITES),
