@@ -41,7 +41,7 @@ WHERE = {
     "worker_hosts": "worker.hosts", "state_write_interval_s": "worker.state_write_interval_s",
     "container_ttl_s": "worker.container_ttl_s", "worker_batch_max": "worker.batch_max",
     "worker_batch_wait_ms": "worker.batch_wait_ms", "ready_stall_s": "worker.ready_stall_s",
-    "start_stall_s": "worker.start_stall_s",
+    "start_stall_s": "worker.start_stall_s", "heap_trim_interval_s": "worker.heap_trim_interval_s",
     "vpa_time_scale": "vpa.time_scale", "vpa_min_cpu_cores": "vpa.min_cpu_cores",
     "vpa_min_mem_bytes": "vpa.min_mem_bytes", "vpa_throttle_threshold": "vpa.throttle_threshold",
     "vpa_throttle_bump": "vpa.throttle_bump", "vpa_update_mode": "vpa.update_mode",
