@@ -36,8 +36,7 @@ def grown(a: np.ndarray, rows: int, fill: float | bool = 0) -> np.ndarray:
     ([[1.0, 2.0], [0.0, 0.0], [0.0, 0.0]], [1, -1])
     """
     shape = (len(a) + rows, *a.shape[1:])
-    zero = fill == 0 and not (isinstance(fill, float) and math.isnan(fill))
-    out = np.zeros(shape, a.dtype) if zero else np.full(shape, fill, a.dtype)
+    out = np.zeros(shape, a.dtype) if fill == 0 else np.full(shape, fill, a.dtype)  # NaN == 0 is false
     out[: len(a)] = a
     return out
 

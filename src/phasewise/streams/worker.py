@@ -109,9 +109,10 @@ def trim_heap_every(app: object, seconds: float) -> bool:
     numpy's later large arrays (a round's transients, a grown fleet) come
     from the heap, and the holes they leave stay resident: after a flood of
     100,000 new containers a third of the worker's resident memory was such
-    free space (docs/benchmarks.md). ``malloc_trim`` returns it (a walk of
-    the heap's free chunks: ~7 ms on 800 MB, 80 ms handing back 750 MB); the thresholds themselves are left
-    as glibc sets them, so the hot path keeps reusing its heap between trims.
+    free space (docs/benchmarks.md). ``malloc_trim`` returns it, on the
+    event loop (a walk of the heap's free chunks: ~7 ms on 800 MB, 80 ms
+    handing back 750 MB); glibc's thresholds are left as they are, so the hot
+    path keeps reusing its heap between trims.
     """
     trim = heap_trimmer() if seconds > 0 else None
     if trim is None:
