@@ -184,3 +184,61 @@ def test_an_offset_held_back_on_a_partition_that_goes_quiet_is_committed_once_th
     hold.clear()
     periodic_commit()
     assert len(sent) == 3               # the wanted 60 belonged to the earlier assignment: dropped
+
+
+def seek_stub(broker_committed: dict, faust_committed: dict, first: int = 0):
+    """A consumer whose broker holds *broker_committed* (None: no offset) and whose Faust believes
+    *faust_committed*; its seeks are recorded in ``seeks``."""
+    from types import SimpleNamespace
+
+    seeks: list = []
+
+    async def seek_to_committed():  # aiokafka's: seeks only the partitions committed above 0
+        for tp, o in broker_committed.items():
+            if o and o > 0:
+                seeks.append((tp, o))
+        return dict(broker_committed)
+
+    async def earliest_offsets(*tps):
+        return {tp: first for tp in tps}
+
+    async def _seek(tp, offset):
+        seeks.append((tp, offset))
+
+    return SimpleNamespace(seek_to_committed=seek_to_committed, earliest_offsets=earliest_offsets, _seek=_seek,
+                           _is_changelog_tp=lambda tp: tp.topic.endswith("-changelog"), _read_offset={},
+                           _committed_offset=dict(faust_committed), seeks=seeks)
+
+
+def test_aiokafka_seeks_no_partition_without_a_committed_offset_and_faust_keeps_its_own_for_it():
+    """What the seek change mends, on the installed versions: aiokafka seeks a partition only when its
+    committed offset is above 0, and Faust's ``perform_seek`` leaves its committed offset for a partition the
+    broker has none for as it was (here, from a commit that failed in a rebalance)."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from faust.transport.consumer import Consumer
+    from faust.types import TP
+
+    assert "if offset and offset > 0:" in inspect.getsource(AIOKafkaConsumer.seek_to_committed)
+    assert faust_compat.seek_before_stream_flow()
+    s0, s3 = TP("samples", 0), TP("samples", 3)
+    c = seek_stub({s0: 50, s3: None}, {s0: 60, s3: 240})
+    asyncio.run(Consumer._phasewise_original_seek(c))
+    assert c.seeks == [(s0, 50)]                       # s3: no seek, its position wherever the fetcher left it
+    assert c._committed_offset == {s0: 50, s3: 240}    # and Faust still believes 240: it acks nothing below
+
+
+def test_after_the_seek_a_partition_without_a_committed_offset_starts_from_its_first_record():
+    import asyncio
+
+    from faust.transport.consumer import Consumer
+    from faust.types import TP
+
+    assert faust_compat.seek_before_stream_flow()
+    s0, s3, s4, ch = TP("samples", 0), TP("samples", 3), TP("samples", 4), TP("w-vpa-state-changelog", 3)
+    c = seek_stub({s0: 50, s3: None, s4: 0, ch: None}, {s0: 60, s3: 240}, first=7)
+    asyncio.run(Consumer.perform_seek(c))
+    assert sorted(c.seeks) == [(s0, 50), (s3, 7), (s4, 7)]  # a changelog partition is the recovery's, not sought
+    assert c._committed_offset == {s0: 50, s3: None, s4: None, ch: None}
+    assert c._read_offset == {s0: 50, s3: None, s4: 0, ch: None}

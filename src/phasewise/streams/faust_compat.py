@@ -94,7 +94,34 @@ def seek_before_stream_flow() -> bool:
 
     Consumer._phasewise_original_resume = original
     Consumer.resume_partitions = resume_partitions
+    if not hasattr(Consumer, "_phasewise_original_seek"):
+        Consumer._phasewise_original_seek = Consumer.perform_seek
+    Consumer.perform_seek = perform_seek
     return True
+
+
+async def perform_seek(self) -> None:  # type: ignore[no-untyped-def]
+    """Faust's ``Consumer.perform_seek`` (seek every assigned partition to its committed offset), where a source
+    partition the broker holds no committed offset for (or 0) starts from its first record.
+
+    aiokafka's ``seek_to_committed`` seeks only partitions whose committed offset is above 0, and Faust then
+    keeps its own committed offset for the others. Such a partition's fetch position is wherever the
+    fetcher left it: past the records Faust dropped while it recovered the tables, so a worker that was
+    killed before its first commit of a partition never processed those records, and never committed the
+    partition. And a commit that failed in a rebalance (Faust records it as done) left Faust believing an
+    offset the broker does not hold: records read again below it are never acknowledged. Here both are the
+    broker's: the position its first record (what ``consumer_auto_offset_reset="earliest"`` means), Faust's
+    committed offset none.
+    """
+    from faust.transport.consumer import ensure_TP
+
+    committed = await self.seek_to_committed()
+    unset = [tp for tp, o in committed.items() if not o and not self._is_changelog_tp(tp)]
+    if unset:
+        for tp, first in (await self.earliest_offsets(*unset)).items():
+            await self._seek(tp, first)
+    self._read_offset.update({tp: o if o is not None and o >= 0 else None for tp, o in committed.items()})
+    self._committed_offset.update({ensure_TP(tp): o if o else None for tp, o in committed.items()})
 
 
 def hold_commits(app: object, topic: str, hold_back: Callable[[], Mapping[int, int]]) -> bool:
