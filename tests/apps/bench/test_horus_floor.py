@@ -12,7 +12,7 @@ import pytest
 
 from phasewise.cli import main
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"  # ../shared beside the clone
 GPUMEMNET = SHARED / "gpumemnet-mlp-profiles" / "mlp_data_step2.csv.gz"
 
 
