@@ -1,24 +1,22 @@
 """Each actuator reads only its host's decisions partition: the partitioner agrees with the worker's
-producer, and the reading survives a rebalance (a second actuator of the host, the first one leaving)."""
+producer, and the reading survives a rebalance (a second ``phasewise actuate`` of the host, the first one
+leaving)."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from phasewise.actuators.backends import DryRunBackend
-from phasewise.actuators.consumer import run_actuator
-from phasewise.actuators.ledger import Ledger
-from phasewise.actuators.metrics import ActuatorMetrics
-from phasewise.kit.kafka.client import make_producer
+from phasewise.apps.bench.harness import scrape
+from phasewise.kit.broker import free_port
+from phasewise.kit.kafka.client import make_consumer, make_producer
 from phasewise.kit.kafka.partitions import partition_for
-from phasewise.kit.records import Decision, encode
-from phasewise.kit.topics import DECISIONS
+from phasewise.kit.procs import RoleProcess
+from phasewise.kit.records import Actuation, Decision, decode, encode
+from phasewise.kit.topics import ACTUATIONS, DECISIONS
 from phasewise.streams.output import output_producer
 
 pytestmark = [pytest.mark.broker]
@@ -54,45 +52,60 @@ def _other_hosts(host: str, n: int) -> list[str]:
     return out
 
 
-class Running:
-    """An actuator of *settings*' host on a thread, with the host's ledger file (as two pods of one host share
-    its data directory: a decision redelivered to the other after a rebalance is a duplicate, not applied)."""
+class Actuator:
+    """``phasewise actuate --backend dry-run`` for *settings*' host, as a user starts it, with the host's data
+    directory (as two pods of one host share it: a decision redelivered to the other after a rebalance is a
+    duplicate in the ledger, not applied again)."""
 
-    def __init__(self, settings) -> None:
-        self.metrics = ActuatorMetrics(CollectorRegistry())
-        self.backend = DryRunBackend()
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
-        ledger = Ledger(Path(settings.data_dir) / "ledger.sqlite")
-
-        def go() -> None:
-            try:
-                run_actuator(settings, self.backend, self.stop, metrics=self.metrics, ledger=ledger, host_cores=4.0)
-            except BaseException as e:  # noqa: BLE001 - reported by the test
-                self.errors.append(e)
-        self.thread = threading.Thread(target=go, daemon=True)
-        self.thread.start()
-
-    def applied(self) -> set[str]:
-        return {c.container for c in self.backend.commands}
+    def __init__(self, settings, name: str) -> None:
+        self.port = free_port()
+        self.proc = RoleProcess("actuate", ["--backend", "dry-run"], env={
+            "PHASEWISE_BOOTSTRAP": settings.kafka.bootstrap, "PHASEWISE_HOST": settings.host,
+            "PHASEWISE_DATA_DIR": settings.data_dir, "PHASEWISE_METRICS_PORT": str(self.port)},
+            log_path=Path(settings.data_dir).parent / f"{name}.log").start()
 
     def ignored(self) -> float:
-        return self.metrics.registry.get_sample_value("phasewise_actuator_ignored_total")
+        return scrape(f"http://127.0.0.1:{self.port}/metrics").get("phasewise_actuator_ignored_total", -1.0)
 
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
-        assert not self.errors, self.errors
+    def stop(self) -> None:
+        assert self.proc.stop(30) == 0, self.proc.log_tail()
 
 
-def wait(pred, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+class Actuations:
+    """The actuations topic from its start: the statuses of *host*'s containers, and any other host's."""
+
+    def __init__(self, settings) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        self.host = settings.host
+        self.by_container: dict[str, list[str]] = {}
+        self.other_hosts = 0
+        self.c = make_consumer(settings, f"pwtest-acts-{uuid.uuid4().hex[:6]}")
+        self.c.assign([TopicPartition(ACTUATIONS.name, q, OFFSET_BEGINNING) for q in range(ACTUATIONS.partitions)])
+
+    def until(self, done, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.by_container}"
+            m = self.c.poll(0.5)
+            if m is None or m.error() is not None:
+                continue
+            a = decode(Actuation, m.value())
+            if a.host == self.host:
+                self.by_container.setdefault(a.container, []).append(a.status)
+            else:
+                self.other_hosts += 1
+
+    def handled(self) -> set[str]:
+        """The containers with an outcome other than a duplicate (the dry-run backend rejects containers it
+        does not find under its prefix: an outcome as good as another for reading the right partition)."""
+        return {c for c, st in self.by_container.items() if any(x != "duplicate" for x in st)}
 
 
 def test_an_actuator_reads_only_its_hosts_partition_across_a_rebalance(settings):
+    """A rolling update of one host's actuator, two real ``phasewise actuate`` processes of one group: the
+    second joins (the group rebalances), the first stops; every decision of the host is handled once and no
+    other host's is read."""
     host = settings.host
     others = _other_hosts(host, 5)
     p = make_producer(settings, partitioner="murmur2_random")
@@ -102,30 +115,34 @@ def test_an_actuator_reads_only_its_hosts_partition_across_a_rebalance(settings)
                      policy="test", cpu_limit_cores=1.0)
         p.produce(DECISIONS.name, key=h.encode(), value=encode(d))
 
-    first = Running(settings)
+    acts = Actuations(settings)
+    first = Actuator(settings, "first")
+    second = None
     try:
         for i in range(5):
             send(host, f"a{i}")
             for h in others:
                 send(h, f"x{i}")
         assert p.flush(10) == 0
-        wait(lambda: first.applied() == {f"a{i}" for i in range(5)}, 40, "the first batch")
-        second = Running(settings)  # same host, same group: a rolling update
-        try:
-            time.sleep(8)  # the group rebalances: one of the two holds the host's partition
-            first.close()  # ... then the first leaves: the second must take the partition over
-            for i in range(5, 10):
-                send(host, f"a{i}")
-                for h in others:
-                    send(h, f"x{i}")
-            assert p.flush(10) == 0
-            want = {f"a{i}" for i in range(10)}
-            wait(lambda: first.applied() | second.applied() >= want, 40, "the second batch")
-            both = sorted(c.container for c in first.backend.commands + second.backend.commands)
-            assert both == sorted(want), both  # each applied once (a redelivery after the rebalance: duplicate)
-            assert first.ignored() == 0 and second.ignored() == 0  # no other host's decision was read
-        finally:
-            second.close()
+        acts.until(lambda: acts.handled() == {f"a{i}" for i in range(5)}, 60, "the first batch")
+        second = Actuator(settings, "second")  # same host, same group: a rolling update
+        time.sleep(8)  # the group rebalances: one of the two holds the host's partition
+        assert first.ignored() == 0  # no other host's decision was read
+        first.stop()  # ... then the first leaves: the second must take the partition over
+        for i in range(5, 10):
+            send(host, f"a{i}")
+            for h in others:
+                send(h, f"x{i}")
+        assert p.flush(10) == 0
+        want = {f"a{i}" for i in range(10)}
+        acts.until(lambda: acts.handled() >= want, 60, "the second batch")
+        assert second.ignored() == 0
+        # each handled once: a redelivery after the rebalance is a duplicate in the shared ledger
+        assert {c: len([x for x in st if x != "duplicate"]) for c, st in acts.by_container.items()} == {
+            c: 1 for c in want}
+        assert acts.other_hosts == 0
     finally:
-        if not first.stop.is_set():
-            first.close()
+        for a in (first, second):
+            if a is not None and a.proc.alive():
+                a.proc.stop(30)
+        acts.c.close()
