@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--safety", choices=["on", "off"], default="on",
                    help="the worker's safety rules (default on, their windows scaled to the bench's minutes; "
                         "off: to measure what they cost)")
+    p.add_argument("--hosts-tick", choices=["together", "spread"], default="together",
+                   help="latency: every host sends its samples at the same instant of each second (together: one "
+                        "round of every container, the worst case), or host i of n at i/n s into the second "
+                        "(spread: as independent host agents, started at different times, do)")
     p.add_argument("--bootstrap", help="use this Kafka instead of an embedded broker")
     p.add_argument("--json", action="store_true")
     p.add_argument("--keep-logs", action="store_true", help="print where role logs are kept")
@@ -146,22 +150,31 @@ def run_bench(args: argparse.Namespace) -> dict:
         agent_producer = make_producer(s, **PRODUCER_CONFIG)
         tick = [ticks]
 
+        spread = getattr(args, "hosts_tick", "together") == "spread"
+
+        def collect_until(t: float, since: float, latencies: list[float], worker_latencies: list[float]) -> None:
+            while time.time() < t:
+                _collect(consumer.poll(min(0.01, max(0.0, t - time.time()))), host0, since, latencies)
+                for m in dec_consumer.consume(1000, 0):
+                    _collect_decision(m, since, worker_latencies)
+
         def run_ticks(since: float, until, latencies: list[float], worker_latencies: list[float]) -> None:
             t_next = time.time()
             while not until():
-                now = time.time()
+                t_tick, now = t_next, time.time()
                 k = tick[0]
                 for i, (host, cs) in enumerate(hosts):
+                    if spread:  # host i of n sends at i/n s into the second
+                        collect_until(t_tick + i / len(hosts), since, latencies, worker_latencies)
                     cpu, mem = _usage(len(cs), k, i)
-                    agent_producer.produce(SAMPLES.name, key=host.encode(),
-                                           value=host_message(host, now, cs, cpu, mem, cpu_limit=2.0, mem_limit=4e9))
+                    agent_producer.produce(SAMPLES.name, key=host.encode(), value=host_message(
+                        host, time.time() if spread else now, cs, cpu, mem, cpu_limit=2.0, mem_limit=4e9))
+                    if spread:
+                        agent_producer.poll(0)
                 agent_producer.poll(0)
                 tick[0] += 1
                 t_next += 1.0
-                while time.time() < t_next:
-                    _collect(consumer.poll(min(0.01, max(0.0, t_next - time.time()))), host0, since, latencies)
-                    for m in dec_consumer.consume(1000, 0):
-                        _collect_decision(m, since, worker_latencies)
+                collect_until(t_next, since, latencies, worker_latencies)
 
         # warm-up, not measured: a freshly started actuator first reads the decisions topic's
         # backlog (the flood's decisions, all hosts); the target is the steady state at 1 Hz
@@ -195,6 +208,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             "per_host": args.per_host,
             "policy": args.policy,
             "safety": getattr(args, "safety", "on"),
+            "hosts_tick": getattr(args, "hosts_tick", "together"),
             "actuations_measured": int(len(lat_ms)),
             "worker_p50_ms": round(float(np.percentile(w_ms, 50)), 1) if len(w_ms) else None,
             "worker_p99_ms": round(float(np.percentile(w_ms, 99)), 1) if len(w_ms) else None,
