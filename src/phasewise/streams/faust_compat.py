@@ -1,9 +1,9 @@
 """The three changes phasewise makes to Faust's internals, fenced by the versions they were checked on
 (:data:`CHECKED`): :func:`bound_fetch_wait` (the consumer's fetch wait from
 ``kafka_fetch_wait_max_ms``), :func:`seek_before_stream_flow` (no record reaches an agent before a
-resumed partition is sought back to its committed offset, or to its first record where none is) and :func:`hold_commits` (a source offset is
-committed no further than the state that learned its records is stored). Why, and what they touch:
-docs/worker.md, "Changes to Faust's internals".
+resumed partition is sought back to its committed offset, or to its first record where none is) and
+:func:`hold_commits` (a source offset is committed no further than the state that learned its records is
+stored). Why, and what they touch: docs/worker.md, "Changes to Faust's internals".
 """
 
 from __future__ import annotations
