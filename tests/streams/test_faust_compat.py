@@ -242,3 +242,18 @@ def test_after_the_seek_a_partition_without_a_committed_offset_starts_from_its_f
     assert sorted(c.seeks) == [(s0, 50), (s3, 7), (s4, 7)]  # a changelog partition is the recovery's, not sought
     assert c._committed_offset == {s0: 50, s3: None, s4: None, ch: None}
     assert c._read_offset == {s0: 50, s3: None, s4: 0, ch: None}
+
+
+def test_an_app_that_starts_from_the_latest_record_is_not_sought_back_to_the_first():
+    import asyncio
+    from types import SimpleNamespace
+
+    from faust.transport.consumer import Consumer
+    from faust.types import TP
+
+    assert faust_compat.seek_before_stream_flow()
+    s3 = TP("samples", 3)
+    c = seek_stub({s3: None}, {s3: 240})
+    c.app = SimpleNamespace(conf=SimpleNamespace(consumer_auto_offset_reset="latest"))
+    asyncio.run(Consumer.perform_seek(c))
+    assert c.seeks == [] and c._committed_offset == {s3: None}
