@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
+from phasewise.apps.bench.harness import rss_bytes
 from phasewise.models.arrays import grown
 
 
 def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+    return rss_bytes(os.getpid())
 
 
 @pytest.mark.parametrize("fill", [0.0, np.nan, -1.0])

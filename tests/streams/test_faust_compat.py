@@ -186,7 +186,7 @@ def test_an_offset_held_back_on_a_partition_that_goes_quiet_is_committed_once_th
     assert len(sent) == 3               # the wanted 60 belonged to the earlier assignment: dropped
 
 
-def seek_stub(broker_committed: dict, faust_committed: dict, first: int = 0):
+def seeking_consumer(broker_committed: dict, faust_committed: dict, first: int = 0):
     """A consumer whose broker holds *broker_committed* (None: no offset) and whose Faust believes
     *faust_committed*; its seeks are recorded in ``seeks``."""
     from types import SimpleNamespace
@@ -206,6 +206,7 @@ def seek_stub(broker_committed: dict, faust_committed: dict, first: int = 0):
         seeks.append((tp, offset))
 
     return SimpleNamespace(seek_to_committed=seek_to_committed, earliest_offsets=earliest_offsets, _seek=_seek,
+                           app=SimpleNamespace(conf=SimpleNamespace(consumer_auto_offset_reset="earliest")),
                            _is_changelog_tp=lambda tp: tp.topic.endswith("-changelog"), _read_offset={},
                            _committed_offset=dict(faust_committed), seeks=seeks)
 
@@ -223,7 +224,7 @@ def test_aiokafka_seeks_no_partition_without_a_committed_offset_and_faust_keeps_
     assert "if offset and offset > 0:" in inspect.getsource(AIOKafkaConsumer.seek_to_committed)
     assert faust_compat.seek_before_stream_flow()
     s0, s3 = TP("samples", 0), TP("samples", 3)
-    c = seek_stub({s0: 50, s3: None}, {s0: 60, s3: 240})
+    c = seeking_consumer({s0: 50, s3: None}, {s0: 60, s3: 240})
     asyncio.run(Consumer._phasewise_original_seek(c))
     assert c.seeks == [(s0, 50)]                       # s3: no seek, its position wherever the fetcher left it
     assert c._committed_offset == {s0: 50, s3: 240}    # and Faust still believes 240: it acks nothing below
@@ -237,7 +238,7 @@ def test_after_the_seek_a_partition_without_a_committed_offset_starts_from_its_f
 
     assert faust_compat.seek_before_stream_flow()
     s0, s3, s4, ch = TP("samples", 0), TP("samples", 3), TP("samples", 4), TP("w-vpa-state-changelog", 3)
-    c = seek_stub({s0: 50, s3: None, s4: 0, ch: None}, {s0: 60, s3: 240}, first=7)
+    c = seeking_consumer({s0: 50, s3: None, s4: 0, ch: None}, {s0: 60, s3: 240}, first=7)
     asyncio.run(Consumer.perform_seek(c))
     assert sorted(c.seeks) == [(s0, 50), (s3, 7), (s4, 7)]  # a changelog partition is the recovery's, not sought
     assert c._committed_offset == {s0: 50, s3: None, s4: None, ch: None}
@@ -246,14 +247,13 @@ def test_after_the_seek_a_partition_without_a_committed_offset_starts_from_its_f
 
 def test_an_app_that_starts_from_the_latest_record_is_not_sought_back_to_the_first():
     import asyncio
-    from types import SimpleNamespace
 
     from faust.transport.consumer import Consumer
     from faust.types import TP
 
     assert faust_compat.seek_before_stream_flow()
     s3 = TP("samples", 3)
-    c = seek_stub({s3: None}, {s3: 240})
-    c.app = SimpleNamespace(conf=SimpleNamespace(consumer_auto_offset_reset="latest"))
+    c = seeking_consumer({s3: None}, {s3: 240})
+    c.app.conf.consumer_auto_offset_reset = "latest"
     asyncio.run(Consumer.perform_seek(c))
     assert c.seeks == [] and c._committed_offset == {s3: None}

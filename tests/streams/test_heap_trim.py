@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import ctypes
+import os
 
 import pytest
 
+from phasewise.apps.bench.harness import rss_bytes
 from phasewise.streams.worker import heap_trimmer, trim_heap_every
 
 
 def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+    return rss_bytes(os.getpid())
 
 
 glibc = pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="needs glibc (malloc_trim)")

@@ -117,8 +117,7 @@ async def perform_seek(self) -> None:  # type: ignore[no-untyped-def]
 
     committed = await self.seek_to_committed()
     unset = [tp for tp, o in committed.items() if not o and not self._is_changelog_tp(tp)]
-    conf = getattr(getattr(self, "app", None), "conf", None)
-    if unset and getattr(conf, "consumer_auto_offset_reset", "earliest") == "earliest":  # phasewise's apps
+    if unset and self.app.conf.consumer_auto_offset_reset == "earliest":  # phasewise's apps
         for tp, first in (await self.earliest_offsets(*unset)).items():
             await self._seek(tp, first)
     self._read_offset.update({tp: o if o is not None and o >= 0 else None for tp, o in committed.items()})

@@ -150,7 +150,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         agent_producer = make_producer(s, **PRODUCER_CONFIG)
         tick = [ticks]
 
-        spread = getattr(args, "hosts_tick", "together") == "spread"
+        spread = args.hosts_tick == "spread"
 
         def collect_until(t: float, since: float, latencies: list[float], worker_latencies: list[float]) -> None:
             while time.time() < t:
@@ -208,7 +208,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             "per_host": args.per_host,
             "policy": args.policy,
             "safety": getattr(args, "safety", "on"),
-            "hosts_tick": getattr(args, "hosts_tick", "together"),
+            "hosts_tick": args.hosts_tick,
             "actuations_measured": int(len(lat_ms)),
             "worker_p50_ms": round(float(np.percentile(w_ms, 50)), 1) if len(w_ms) else None,
             "worker_p99_ms": round(float(np.percentile(w_ms, 99)), 1) if len(w_ms) else None,

@@ -174,15 +174,13 @@ class LimitGuard:
         if capacity <= old:
             return
 
-        def ext(a: np.ndarray, fill: Any) -> np.ndarray:
-            return grown(a, capacity - old, fill)
-
+        k = capacity - old
         for name in self._ROW:
-            setattr(self, name, ext(getattr(self, name), np.nan))
-        self._pending = ext(self._pending, False)
-        self._peaks = ext(self._peaks, np.nan)
-        self._last = ext(self._last, np.nan)
-        self._last_dec = ext(self._last_dec, np.nan)
+            setattr(self, name, grown(getattr(self, name), k, np.nan))
+        self._pending = grown(self._pending, k, False)
+        self._peaks = grown(self._peaks, k, np.nan)
+        self._last = grown(self._last, k, np.nan)
+        self._last_dec = grown(self._last_dec, k, np.nan)
         self.capacity = capacity
 
     def add_rows(self, k: int) -> np.ndarray:
