@@ -457,7 +457,8 @@ class Bar:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated, of {', '.join(JOBS)}")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of NA, AO, FT, SR")
+    p.add_argument("--scenarios", default=None,
+                   help="comma-separated, of NA, AO, FT, SR (default all; --through-roles: NA and FT, the two it runs)")
     p.add_argument("--capacity", type=float, default=0.25,
                    help="the node's CPU cores (the parent cgroup's quota; below what the machine gives the jobs, "
                         "so the node, not other work on the machine, is what they share)")
@@ -492,7 +493,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_roles(args)
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
-    scenarios = [s.strip().upper() for s in args.scenarios.split(",") if s.strip()]
+    scenarios = [s.strip().upper() for s in (args.scenarios or ",".join(SCENARIOS)).split(",") if s.strip()]
     bad = [j for j in jobs if j not in JOBS] + [s for s in scenarios if s not in SCENARIOS]
     if bad or not jobs or not scenarios:
         print(f"{prog}: error: unknown or missing --jobs/--scenarios: {', '.join(bad) or 'none given'}",
