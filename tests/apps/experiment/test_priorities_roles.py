@@ -81,25 +81,41 @@ def test_the_targets_say_met_missed_or_not_measured():
     assert targets({"slo_violation_share": None, "training_steps_per_s": None}, st)["static_violates"] is None
 
 
+def test_through_the_roles_only_static_and_managed_are_scenarios_and_others_are_refused_in_one_line(capsys):
+    from phasewise.cli import main
+
+    assert main(["experiment", "priorities", "--through-roles", "--no-calibrate", "--scenarios",
+                 "managed,unweighted"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runs static and managed only, got unweighted" in err, err
+
+
+def test_one_scenario_leaves_the_targets_that_compare_two_unmeasured():
+    t = targets({}, {"slo_violation_share": 0.005, "training_steps_per_s": 96.0})
+    assert t["managed_violations_at_most_1pct"] is True
+    assert t["static_violates"] is None and t["training_throughput_ratio"] is None
+
+
 @pytest.mark.broker
 @pytest.mark.slow
 @pytest.mark.skipif(not (is_root() and Path("/sys/fs/cgroup/cpuset/cpuset.cpus").exists()),
                     reason="needs root and a cgroup v1 cpuset hierarchy")
-def test_static_and_managed_run_to_the_end_through_the_roles():
+def test_managed_runs_to_the_end_through_the_roles():
+    # managed alone: static is the same run with the worker's default configuration (no --priorities, no
+    # --autoscale; ~50 CPU-s of this suite), the configuration every other roles test runs
     r = subprocess.run([sys.executable, "-W", "ignore", "-m", "phasewise.cli", "experiment", "priorities",
-                        "--through-roles", "--roles-seconds", "20", "--no-calibrate", "--json"],
-                       capture_output=True, text=True, timeout=1200)
+                        "--through-roles", "--roles-seconds", "20", "--no-calibrate", "--scenarios", "managed",
+                        "--json"], capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(r.stdout)
-    assert set(s["scenarios"]) == {"static", "managed"}
-    for name, sc in s["scenarios"].items():
-        assert sc["stuck"] == [] and sc["terminal"] == 3 and sc["outcomes"] == {"finished": 3}, \
-            (name, sc["outcomes"], sc["failures"], sc)
-        assert sc["leaked_bookings"] == 0, (name, sc)
-        assert sc["requests"]["sent"] > 0 and sc["training_steps_per_s"] > 0, (name, sc)
-        assert set(s["targets"]) >= {"managed_violations_at_most_1pct", "training_throughput_ratio"}
-    # static: nothing weighted, one replica; managed: the priority agent's weights, the service's the highest
-    assert s["scenarios"]["static"]["weights"] == {} and s["scenarios"]["static"]["replicas_max"] == 1
-    w = s["scenarios"]["managed"]["weights"]
+    assert set(s["scenarios"]) == {"managed"}
+    sc = s["scenarios"]["managed"]
+    assert sc["stuck"] == [] and sc["terminal"] == 3 and sc["outcomes"] == {"finished": 3}, \
+        (sc["outcomes"], sc["failures"], sc)
+    assert sc["leaked_bookings"] == 0, sc
+    assert sc["requests"]["sent"] > 0 and sc["training_steps_per_s"] > 0, sc
+    assert s["targets"]["static_violates"] is None and s["targets"]["training_throughput_ratio"] is None
+    # the priority agent's weights: the service's the highest
+    w = sc["weights"]
     svc = next(k for k in w if k.startswith("svc-"))
     assert all(w[svc] > v for k, v in w.items() if k.startswith("train-")), w

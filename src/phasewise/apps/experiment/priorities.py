@@ -497,7 +497,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=d.duration_s, help="seconds per scenario")
     p.add_argument("--scenarios", default="static,managed",
                    help="comma-separated: static, managed (the agent, CPU weights by priority), unweighted (the "
-                        "agent without the weights)")
+                        "agent without the weights); --through-roles: static and managed")
     p.add_argument("--slo-ms", type=float, default=d.slo_ms, help="inference latency SLO (client-side), ms")
     p.add_argument("--rate-low", type=float, default=None,
                    help=f"requests/s in the first half (default {d.rate_low:g}; --through-roles: the first and "

@@ -282,6 +282,12 @@ def run_roles(args: argparse.Namespace) -> int:
     if args.prefix_cpu_shares is not None and not 2 <= args.prefix_cpu_shares <= 262144:
         print(f"{prog}: error: --prefix-cpu-shares must be in [2, 262144]", file=sys.stderr)
         return 2
+    chosen = list(dict.fromkeys(x.strip() for x in args.scenarios.split(",") if x.strip()))
+    bad = [x for x in chosen if x not in ROLE_SCENARIOS]
+    if bad or not chosen:
+        print(f"{prog}: error: --through-roles runs {' and '.join(ROLE_SCENARIOS)} only, got "
+              f"{', '.join(bad) or 'none'} in --scenarios", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print(f"{prog}: error: --through-roles starts jobs in cgroups as job_user: run it as root", file=sys.stderr)
         return 2
@@ -305,7 +311,8 @@ def run_roles(args: argparse.Namespace) -> int:
                            "rate_steps": rate_steps(args.rate_low, args.rate_high),
                            "requests_cores": {"training": TRAIN_CORES, "service_replica": SERVICE_CORES},
                            "scenarios": {}}
-    for scenario, (priorities, flags, env) in ROLE_SCENARIOS.items():
+    for scenario in chosen:
+        priorities, flags, env = ROLE_SCENARIOS[scenario]
         tag = f"{scenario[:2]}{uuid.uuid4().hex[:4]}"
         jobs = plan_jobs(tag, args.roles_seconds)
         cfg = Config(jobs=len(jobs), seed=0, trace=default_trace(), span_s=1.0, train_s=args.roles_seconds,
@@ -338,8 +345,7 @@ def run_roles(args: argparse.Namespace) -> int:
         if args.keep:
             out["scenarios"][scenario]["run_dir"] = str(c.run_dir)
         c.close()
-    st, ma = out["scenarios"]["static"], out["scenarios"]["managed"]
-    out["targets"] = targets(st, ma)
+    out["targets"] = targets(out["scenarios"].get("static", {}), out["scenarios"].get("managed", {}))
     out["host"] = {"cpus": len(os.sched_getaffinity(0)), "load1_at_end": round(os.getloadavg()[0], 2)}
     if args.json:
         print(json.dumps(out))
