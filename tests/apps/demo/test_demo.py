@@ -3,12 +3,14 @@ handling on real cgroups, and one real ``phasewise demo --json`` run end to end.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -335,6 +337,75 @@ def _roles_missing() -> list[str]:
     return [m for m in mods if importlib.util.find_spec(m) is None]
 
 
+def run_demo(args: list[str], done, ceiling_s: float = 240) -> tuple[int, str, str]:
+    """``phasewise demo --json ARGS --duration CEILING``, stopped as a user stops it (SIGTERM) once
+    ``done(stderr lines so far)`` holds: the test waits on what it checks, not on a fixed duration (--duration
+    only ends a run in which it never holds). Returns (exit status, stdout, stderr)."""
+    p = subprocess.Popen([sys.executable, "-m", "phasewise.cli", "demo", "--json", "--duration", str(ceiling_s),
+                          *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True)
+    reader.start()
+    try:
+        while p.poll() is None and not done(list(lines)):
+            time.sleep(0.5)
+        if p.poll() is None:
+            p.terminate()
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    reader.join(10)
+    return p.returncode, out, "".join(lines)
+
+
+class DecidedFor:
+    """``done`` for :func:`run_demo`: the worker decided for each of *jobs* (read from the run's decisions
+    topic) and has taken *messages* host-sample messages (from its metrics: one a second)."""
+
+    def __init__(self, jobs: tuple[str, ...], messages: int) -> None:
+        self.jobs, self.messages = set(jobs), messages
+        self.seen: set[str] = set()
+        self.consumer = None
+        self.metrics: str | None = None
+
+    def __call__(self, lines: list[str]) -> bool:
+        import re
+
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        from phasewise.apps.bench.harness import scrape
+        from phasewise.kit.kafka.client import make_consumer
+        from phasewise.kit.records import SchemaError, decode
+        from phasewise.kit.settings import Settings
+        from phasewise.kit.topics import DECISIONS
+
+        text = "".join(lines)
+        if self.consumer is None:
+            m = re.search(r"embedded broker listening on (\S+) ", text)
+            if m is None:
+                return False
+            self.consumer = make_consumer(Settings.from_env({"bootstrap": m.group(1)}, env={}),
+                                          f"pwtest-{uuid.uuid4().hex[:6]}")
+            meta = self.consumer.list_topics(DECISIONS.name, timeout=10).topics[DECISIONS.name]
+            self.consumer.assign([TopicPartition(DECISIONS.name, p, OFFSET_BEGINNING) for p in meta.partitions])
+        for msg in self.consumer.consume(1000, timeout=0.2):
+            if msg.error() is None:
+                with contextlib.suppress(SchemaError):
+                    self.seen.add(decode(Decision, msg.value()).container)
+        m = re.search(r"explain --worker (http://\S+) ", text)
+        if m is None or not self.jobs <= self.seen:
+            return False
+        try:
+            return scrape(f"{m.group(1)}/metrics").get("phasewise_worker_messages_total", 0) >= self.messages
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+
+
 def test_throttled_cuts_are_cpu_decreases_right_after_the_kernel_showed_throttling():
     r = Records(("job",))
     for t, share, lim in ((100.0, 0.0, 1.0), (101.0, 0.5, 1.0), (102.0, 0.0, 1.0), (110.0, 0.0, 1.0)):
@@ -410,16 +481,17 @@ def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path,
         pytest.skip(f"roles not in this checkout yet: {', '.join(missing)}")
     top = f"pwtest-demo-{uuid.uuid4().hex[:8]}"
     prefix = top if policy == "phase" else f"{top}/nested"  # a nested prefix: its parent goes too
-    r = subprocess.run(
-        [sys.executable, "-m", "phasewise.cli", "demo", "--duration", "45", "--json", "--policy", policy,
-         "--cgroup-prefix", prefix, "--data-dir", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=240,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
-    s = json.loads(r.stdout)  # exactly one JSON object on stdout
+    # until the worker decided for each job and took 15 s of samples (the figures asserted below), then SIGTERM
+    done = DecidedFor(JOBS, messages=15)
+    try:
+        rc, out, err = run_demo(["--policy", policy, "--cgroup-prefix", prefix, "--data-dir", str(tmp_path)], done)
+    finally:
+        done.close()
+    assert rc == 0, err[-4000:]
+    s = json.loads(out)  # exactly one JSON object on stdout
     assert {"decisions_made", "decisions_applied", "jobs", "cleanup"} <= set(s)
     assert s["error"] is None, s["error"]
-    assert s["decisions_made"] > 0, r.stderr[-4000:]
+    assert s["decisions_made"] > 0, err[-4000:]
     assert s["policy"] == policy
     # the safety rules' targets: no job killed for memory, no CPU cut while the kernel throttled it
     assert s["oom_kills"] == 0 and s["throttled_cuts"] == 0 and s["restarts"] == 0, s
@@ -494,17 +566,18 @@ def test_the_demo_submits_jobs_that_are_placed_started_and_finish(tmp_path):
     if _roles_missing():
         pytest.skip("roles not in this checkout yet")
     prefix = f"pwtest-demo-{uuid.uuid4().hex[:8]}"
-    r = subprocess.run(
-        [sys.executable, "-m", "phasewise.cli", "demo", "--duration", "90", "--json", "--policy", "vpa",
-         "--jobs", "forecaster", "--submit", "2", "--cgroup-prefix", prefix, "--data-dir", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
-    s = json.loads(r.stdout)
+    # until both jobs ended (the demo logs each job's end), then SIGTERM, as a user stops it
+    ended = ("finished", "failed", "rejected")
+    rc, out, stderr = run_demo(
+        ["--policy", "vpa", "--jobs", "forecaster", "--submit", "2", "--cgroup-prefix", prefix,
+         "--data-dir", str(tmp_path)],
+        lambda lines: all(any(f"job demo-submit-{i} {e}" in line for line in lines for e in ended) for i in (1, 2)))
+    assert rc == 0, stderr[-4000:]
+    s = json.loads(out)
     assert s["error"] is None, s["error"]
     assert set(s["submitted_jobs"]) == {"demo-submit-1", "demo-submit-2"}
     for job, state in s["submitted_jobs"].items():
-        assert state.startswith("finished: exit 0"), (job, state, r.stderr[-3000:])
+        assert state.startswith("finished: exit 0"), (job, state, stderr[-3000:])
     assert s["cleanup"] is True, s["cleanup_problems"]
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{prefix}"))
 
