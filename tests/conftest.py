@@ -16,18 +16,19 @@ from phasewise.kit.settings import Settings
 os.environ.setdefault("PHASEWISE_START_STALL_S", "20")
 
 
-#: the modules that take a minute or more of a `make test` run (measured there, longest first): started first,
+#: the modules that take half a minute or more of a `make test` run (measured there, longest first): started first,
 #: so that none is left running alone at the end of the parallel run (`make test` keeps this order:
 #: --no-loadscope-reorder; xdist would otherwise start the modules with the most tests first)
 FIRST = (
-    "tests/apps/demo/test_demo.py", "tests/apps/experiment/test_targets_roles.py",
-    "tests/apps/experiment/test_priorities_roles.py", "tests/streams/test_exact_recovery.py",
-    "tests/apps/bench/test_fuzz.py", "tests/cli/test_cli_errors.py", "tests/apps/experiment/test_cluster.py",
-    "tests/test_docker.py", "tests/streams/test_readiness.py", "tests/streams/test_horus_models.py",
-    "tests/streams/test_phase_agents.py", "tests/streams/test_horus_worker.py", "tests/apps/demo/test_jobs.py",
-    "tests/streams/test_horus_live.py", "tests/apps/replay/test_kafka.py", "tests/apps/experiment/test_corpus.py",
-    "tests/test_poison.py", "tests/streams/test_record_sizes.py", "tests/apps/experiment/test_corpus_live.py",
-    "tests/apps/experiment/test_targets_experiment.py", "tests/apps/experiment/test_priorities_experiment.py",
+    "tests/streams/test_exact_recovery.py", "tests/apps/demo/test_demo.py", "tests/streams/test_readiness.py",
+    "tests/test_docker.py", "tests/apps/experiment/test_priorities_roles.py",
+    "tests/apps/experiment/test_targets_roles.py", "tests/streams/test_horus_worker.py",
+    "tests/streams/test_phase_agents.py", "tests/apps/bench/test_fuzz.py", "tests/cli/test_cli_errors.py",
+    "tests/streams/test_horus_live.py", "tests/apps/replay/test_kafka.py", "tests/apps/experiment/test_cluster.py",
+    "tests/apps/experiment/test_corpus_live.py", "tests/streams/test_horus_models.py", "tests/test_poison.py",
+    "tests/streams/test_record_sizes.py", "tests/apps/demo/test_jobs.py", "tests/apps/bench/test_flood_bench.py",
+    "tests/apps/experiment/test_corpus.py", "tests/apps/experiment/test_priorities_experiment.py",
+    "tests/apps/experiment/test_targets_experiment.py",
 )
 
 

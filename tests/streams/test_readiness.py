@@ -10,6 +10,7 @@ the broker answers must say why and exit with status 1 instead of hanging.
 
 from __future__ import annotations
 
+import http.client
 import time
 import urllib.error
 import urllib.request
@@ -172,12 +173,17 @@ def broker(tmp_path):
 
 
 def readyz(port: int) -> tuple[int, str]:
+    """(status, body) of the role's /readyz; (0, why) for no whole answer (a role that starts afresh replaces
+    its process, and with it its server, even in the middle of an answer)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
             return r.status, r.read().decode().strip()
     except urllib.error.HTTPError as e:
-        return e.code, e.read().decode().strip()
-    except OSError as e:
+        try:
+            return e.code, e.read().decode().strip()
+        except (OSError, http.client.HTTPException) as cut:
+            return 0, f"HTTP {e.code}, its body cut off: {cut!r}"
+    except (OSError, http.client.HTTPException) as e:
         return 0, str(e)
 
 
