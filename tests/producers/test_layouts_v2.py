@@ -137,6 +137,8 @@ def test_the_agent_exports_how_many_workloads_are_in_each_mode_and_refused():
         for c, m, e in modes))
 
     class Sampler:
+        empty = 3  # containers the tick skipped: no process in their cgroup
+
         def sample(self):
             return msg
 
@@ -154,3 +156,4 @@ def test_the_agent_exports_how_many_workloads_are_in_each_mode_and_refused():
     got = {m: reg.get_sample_value("phasewise_producer_workloads", {"mode": m}) for m in ("off", "recommend", "apply")}
     assert got == {"off": 2, "recommend": 1, "apply": 2}
     assert reg.get_sample_value("phasewise_producer_workloads_refused") == 1
+    assert reg.get_sample_value("phasewise_producer_containers_empty") == 3

@@ -220,16 +220,76 @@ def test_a_real_v1_cgroup_with_a_cpu_burner_reads_one_core_then_throttles_under_
         layout.remove("burner")
 
 
+def sleeper_in(layout: CgroupLayout, container: str) -> subprocess.Popen:
+    p = subprocess.Popen(["sleep", "600"])
+    layout.attach(container, p.pid)
+    return p
+
+
 @requires_root
 def test_a_real_v1_cgroup_removed_between_samples_is_absent(real_v1_layout):
     layout = real_v1_layout
     layout.create("short")
     layout.create("long")
+    procs = [sleeper_in(layout, "short"), sleeper_in(layout, "long")]
     s = HostSampler(layout, host="h1", gpu=False)
-    s.sample()
-    time.sleep(0.1)
-    assert {c.container for c in s.sample().containers} == {"short", "long"}
-    layout.remove("short")
-    assert {c.container for c in s.sample().containers} == {"long"}
+    try:
+        s.sample()
+        time.sleep(0.1)
+        assert {c.container for c in s.sample().containers} == {"short", "long"}
+        procs[0].kill()
+        procs[0].wait()
+        layout.remove("short")
+        assert {c.container for c in s.sample().containers} == {"long"}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
     layout.remove("long")
+
+
+@requires_root
+def test_a_real_v1_cgroup_whose_processes_ended_is_not_sampled_until_one_runs_in_it_again(real_v1_layout):
+    """A job that ended (its cgroup left in place) or waits to be resumed is not a running container: its
+    idle readings would have the worker cut its limits. A process in it again: a new container (a baseline
+    first), as after it was recreated."""
+    layout = real_v1_layout
+    layout.create("job")
+    layout.create("parent")
+    (layout.path("parent", "cpuacct") / "child").mkdir()  # no process of its own, a cgroup below: unknown
+    p = sleeper_in(layout, "job")
+    s = HostSampler(layout, host="h1", gpu=False)
+    try:
+        s.sample()
+        time.sleep(0.1)
+        assert {c.container for c in s.sample().containers} == {"job", "parent"} and s.empty == 0
+        p.kill()
+        p.wait()
+        assert {c.container for c in s.sample().containers} == {"parent"} and s.empty == 1
+        p = sleeper_in(layout, "job")
+        assert {c.container for c in s.sample().containers} == {"parent"} and s.empty == 0  # first sight
+        time.sleep(0.1)
+        assert {c.container for c in s.sample().containers} == {"job", "parent"}
+    finally:
+        p.kill()
+        p.wait()
+        (layout.path("parent", "cpuacct") / "child").rmdir()
+    layout.remove("job")
+    layout.remove("parent")
+
+
+def test_a_v2_cgroup_that_says_it_is_unpopulated_is_skipped_and_one_that_cannot_tell_is_read(v2tree):
+    clock = Clock()
+    for name in ("running", "ended", "unknown"):
+        v2tree.set(name, cpu_s=1.0)
+    d = lambda name: v2tree.dirs(name)[0]  # noqa: E731
+    (d("running") / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    (d("ended") / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+    s = sampler_for(v2tree, clock)
+    s.sample()
+    clock.t += 1.0
+    assert set(by_name(s.sample())) == {"running", "unknown"} and s.empty == 1
+    (d("unknown") / "cgroup.events").write_text("not a keyed file at all\n")  # unreadable: read as before
+    clock.t += 1.0
+    assert set(by_name(s.sample())) == {"running", "unknown"}
 

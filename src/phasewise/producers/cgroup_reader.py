@@ -32,6 +32,7 @@ __all__ = [
     "parse_v2_mem_max",
     "parse_v2_throttling",
     "read_container",
+    "holds_no_process",
     "working_set",
 ]
 
@@ -246,6 +247,39 @@ def read_container(layout: CgroupLayout, container: str) -> CgroupCounters | Non
         raise CgroupError(
             f"{m.path} is missing although {m.path.parent} exists (is the controller enabled?)"
         ) from None
+
+
+def holds_no_process(layout: CgroupLayout, container: str) -> bool:
+    """True only where *container*'s cgroup is known to hold no process now: v2 ``cgroup.events`` says
+    ``populated 0`` (it counts the cgroups below it too); v1 its ``cgroup.procs`` (cpuacct) is empty and it
+    has no cgroup below it. False where that cannot be told (a file missing or unreadable, a v1 cgroup with
+    children): such a cgroup is read as before.
+
+    An empty cgroup is a container that is not running: a job that ended (the actuator leaves a started
+    job's cgroups in place) or one waiting to be resumed. Its samples would show an idle container, which
+    the worker would decide limits for and cut, and a resumed job would start under those cuts.
+    """
+    try:
+        if layout.version == 2:
+            return _populated_v2(layout.path(container)) is False
+        d = layout.path(container, "cpuacct")
+        if (d / "cgroup.procs").read_text().strip():
+            return False
+        return not any(c.is_dir() for c in d.iterdir())
+    except (OSError, CgroupError):
+        return False
+
+
+def _populated_v2(d: Path) -> bool | None:
+    try:
+        text = (d / "cgroup.events").read_text()
+    except OSError:
+        return None
+    try:
+        v = parse_keyed(text, "cgroup.events").get("populated")
+    except CgroupError:
+        return None
+    return None if v is None else v != 0
 
 
 def _read_v1(layout: CgroupLayout, name: str) -> CgroupCounters:

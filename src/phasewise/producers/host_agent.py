@@ -255,6 +255,7 @@ class Agent:
         self.metrics.sample_seconds.observe(time.perf_counter() - t0)
         self.metrics.samples.inc()
         self.metrics.containers.set(len(msg.containers))
+        self.metrics.containers_empty.set(self.sampler.empty)
         modes = {"off": 0, "recommend": 0, "apply": 0}
         refused = 0
         for c in msg.containers:

@@ -26,6 +26,8 @@ class ProducerMetrics:
         self.buffered = Gauge("phasewise_producer_buffered", "messages waiting for the broker", registry=r)
         self.dropped = Counter("phasewise_producer_dropped_total", "messages dropped: buffer full", registry=r)
         self.containers = Gauge("phasewise_producer_containers", "containers in the last message", registry=r)
+        self.containers_empty = Gauge("phasewise_producer_containers_empty",
+                                      "containers the last tick skipped: their cgroup holds no process", registry=r)
         self.workloads = Gauge("phasewise_producer_workloads", "containers in the last message by resolved mode",
                                ["mode"], registry=r)
         self.workloads_refused = Gauge("phasewise_producer_workloads_refused",

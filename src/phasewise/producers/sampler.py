@@ -19,7 +19,7 @@ from typing import Any
 
 from phasewise.kit.cgroups.fs import CgroupError, CgroupLayout
 from phasewise.kit.records import MAX_BYTES, MAX_CORES, ContainerSample, HostSamples
-from phasewise.producers.cgroup_reader import CgroupCounters, read_container
+from phasewise.producers.cgroup_reader import CgroupCounters, holds_no_process, read_container
 from phasewise.producers.nvml import GpuReading, NvmlSampler
 
 __all__ = ["HostSampler", "container_delta"]
@@ -143,6 +143,8 @@ class HostSampler:
         self._last_tick: float | None = None
         self._last_cpu: tuple[float, float] | None = None  # (monotonic, busy seconds)
         self._warned: set[str] = set()
+        #: containers the last tick skipped: their cgroup holds no process (:func:`holds_no_process`)
+        self.empty = 0
 
     # ------------------------------------------------------------------ host-wide
 
@@ -187,7 +189,11 @@ class HostSampler:
             names = []
         out: list[ContainerSample] = []
         seen: dict[str, _Seen] = {}
+        empty = 0
         for name in names:
+            if holds_no_process(self.layout, name):
+                empty += 1  # not running (a job that ended, one waiting to resume): sampled again from its
+                continue  # next process on, as a new container
             if self.workloads is not None:
                 try:
                     who = self.workloads.describe(name)
@@ -216,7 +222,8 @@ class HostSampler:
                 log.info("container %s: counters went backwards (recreated); new baseline", name)
                 continue
             out.append(dataclasses.replace(s, identity=who[0], workload=who[1]))
-        self._seen = seen  # containers that vanished are forgotten
+        self._seen = seen  # containers that vanished (or hold no process) are forgotten
+        self.empty = empty
         interval = 0.0 if self._last_tick is None else max(0.0, tick - self._last_tick)
         self._last_tick = tick
         return HostSamples(
