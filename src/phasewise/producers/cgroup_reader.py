@@ -20,6 +20,7 @@ from phasewise.kit.records import MAX_BYTES, MAX_CORES
 
 __all__ = [
     "CgroupCounters",
+    "holds_no_process",
     "parse_int",
     "parse_keyed",
     "parse_oom_kills",
@@ -32,7 +33,6 @@ __all__ = [
     "parse_v2_mem_max",
     "parse_v2_throttling",
     "read_container",
-    "holds_no_process",
     "working_set",
 ]
 
