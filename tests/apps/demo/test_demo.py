@@ -367,7 +367,7 @@ class DecidedFor:
         self.jobs, self.messages = set(jobs), messages
         self.seen: set[str] = set()
         self.consumer = None
-        self.metrics: str | None = None
+        self.worker: str | None = None  #: the worker's address, once the demo printed it
 
     def __call__(self, lines: list[str]) -> bool:
         import re
@@ -380,7 +380,7 @@ class DecidedFor:
         from phasewise.kit.settings import Settings
         from phasewise.kit.topics import DECISIONS
 
-        text = "".join(lines)
+        text = "".join(lines) if self.consumer is None or self.worker is None else ""
         if self.consumer is None:
             m = re.search(r"embedded broker listening on (\S+) ", text)
             if m is None:
@@ -393,11 +393,12 @@ class DecidedFor:
             if msg.error() is None:
                 with contextlib.suppress(SchemaError):
                     self.seen.add(decode(Decision, msg.value()).container)
-        m = re.search(r"explain --worker (http://\S+) ", text)
-        if m is None or not self.jobs <= self.seen:
+        if self.worker is None and (m := re.search(r"explain --worker (http://\S+) ", text)) is not None:
+            self.worker = m.group(1)
+        if self.worker is None or not self.jobs <= self.seen:
             return False
         try:
-            return scrape(f"{m.group(1)}/metrics").get("phasewise_worker_messages_total", 0) >= self.messages
+            return scrape(f"{self.worker}/metrics").get("phasewise_worker_messages_total", 0) >= self.messages
         except OSError:
             return False
 
