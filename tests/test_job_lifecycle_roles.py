@@ -4,7 +4,8 @@ docs/placement.md's local run: ``phasewise submit`` (a trusted submitter key) ->
 one-CPU slices of this host) -> ``phasewise actuate`` (cgroup backend, ``actuator_start_jobs``), with the
 cluster key on. Nine one-CPU jobs and one without a command: the first two start at once, each end
 (``finished``, signed by the actuator) frees a slice for the next, so the later seven are started too;
-the command-less one is ``rejected`` by the actuator and frees its slice. The test publishes only the
+the command-less one is ``rejected`` by the actuator and frees its slice; the finished jobs' cgroups are
+removed. The test publishes only the
 host's sample (the placement agent's nodes); every job event is a role's. Needs root and cgroup v1's
 cpuset controller (the cgroup backend).
 """
@@ -86,6 +87,8 @@ def test_nine_one_cpu_jobs_on_two_one_cpu_nodes_all_end_and_every_booking_frees(
             assert kinds[0] == "submitted" and "started" in kinds and "finished" in kinds, (j, kinds)
             fin = next(e for e in got[j] if e.kind == "finished")
             assert fin.exit_code == 0 and fin.run_s is not None and fin.run_s >= 0.9, fin
+        # a finished job's cgroups go with it (the actuator removes them once its end is published)
+        run.wait(lambda: run.layout.containers() == [], 60, "no job container left")
         rejected = [e for e in got[bare] if e.kind == "rejected"]
         assert rejected and rejected[0].reason, got[bare]
         assert not any(e.kind == "lost" for evs in got.values() for e in evs)

@@ -29,8 +29,9 @@ from tests.conftest import requires_root
 from tests.job_keys import TRUSTED
 
 GiB = 2**30
-ENV = "import json, os; json.dump({k: v for k, v in os.environ.items() if k.startswith(('CUDA_', 'PHASEWISE_'))}," \
-      " open('env.json', 'w'))"
+#: the job writes what it was started with (whole, by a rename), then runs until it is stopped
+ENV = "import json, os, time; f = open('env.tmp', 'w'); json.dump({k: v for k, v in os.environ.items() " \
+      "if k.startswith(('CUDA_', 'PHASEWISE_'))}, f); f.close(); os.rename('env.tmp', 'env.json'); time.sleep(600)"
 
 
 def share(job: str, sm: int = 40, mem: int = 3 * GiB, device: int = 1, host: str = "h1") -> Decision:
@@ -96,8 +97,10 @@ def test_a_placed_job_with_a_share_starts_under_the_mps_environment(tmp_path):
         a = act.handle(encode(_decision(job, str(cpu), [job_python(), "-c", ENV], device=(1,))), b"h1", 0, 2)
         assert a.status == "applied" and "GPU share advisory: no MPS control daemon" in a.message, a.message
         assert act.ledger.held_shares() == 0
-        backend.processes[job].wait(30)
-        env = json.loads((tmp_path / "jobs" / job / "env.json").read_text())
+        written, deadline = tmp_path / "jobs" / job / "env.json", time.monotonic() + 60
+        while not written.exists() and backend.processes[job].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = json.loads(written.read_text())
         assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["PHASEWISE_JOB"] == job
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"  # GPU 1 is the job's device 0

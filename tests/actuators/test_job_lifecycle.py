@@ -71,6 +71,10 @@ def states(act: Actuator, kind: str) -> float:
     return act.metrics.registry.get_sample_value("phasewise_actuator_job_states_total", {"kind": kind})
 
 
+def removed(act: Actuator, outcome: str) -> float:
+    return act.metrics.registry.get_sample_value("phasewise_actuator_job_cgroups_removed_total", {"outcome": outcome})
+
+
 @pytest.fixture
 def layout():
     lay = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}", version=1)
@@ -182,6 +186,32 @@ def test_exit_0_is_finished_3_is_failed_a_signal_and_the_oom_killer_are_failed_w
             assert Keyring(KEY).verify(t, k, v, rec.headers[i], now=time.time()) is None
     assert (states(act, "started"), states(act, "finished"), states(act, "failed")) == (4, 1, 3)
     assert backend.processes == {} and backend.watching() == []
+    # a finished or failed job is over: its cgroups went with its end (the cpuset slice too)
+    with act.lock:
+        assert backend.layout.containers() == []
+        assert [d.name for d in (backend.layout.controller_root("cpuset") / backend.layout.prefix).iterdir()
+                if d.is_dir()] == []
+        assert removed(act, "removed") == 4 and removed(act, "left") == 0
+
+
+@real_v1
+def test_a_job_that_leaves_a_process_behind_keeps_its_cgroups_and_the_setting_keeps_every_one(env):
+    s, new = env
+    backend = new()
+    act, rec = make(s, backend, Ledger(":memory:"))
+    # its shell exits 0 and leaves a sleeper in the cgroup: finished, and the container stays, saying why
+    assert handle(act, place("daemon", ["/bin/sh", "-c", "sleep 600 & exit 0"])).status == "applied"
+    assert rec.wait_job_event("daemon", "finished").exit_code == 0
+    with act.lock:
+        assert backend.exists("daemon") and backend._pids("daemon")
+        assert (removed(act, "removed"), removed(act, "left")) == (0, 1)
+    assert handle(act, decision("daemon", "terminate", grace_s=0)).status == "applied"
+    # actuator_remove_ended_jobs off: a finished job's cgroups stay
+    keep, rec_keep = make(s.replace(actuator_remove_ended_jobs=False), backend, Ledger(":memory:"))
+    assert handle(keep, place("kept", ["/bin/true"])).status == "applied"
+    rec_keep.wait_job_event("kept", "finished")
+    with keep.lock:
+        assert backend.exists("kept") and removed(keep, "removed") == 0
 
 
 @real_v1
@@ -208,6 +238,8 @@ def test_a_started_event_says_where_and_a_terminate_decision_ends_it_as_terminat
     assert "killed by SIGKILL" in end.reason
     assert [e.kind for e in rec.job_events("sleeper")] == ["started", "frozen", "thawed", "terminated"]
     assert states(act, "terminated") == 1 and states(act, "failed") == 0
+    with act.lock:  # a terminated job may be resumed in its container: it stays
+        assert backend.exists("sleeper") and removed(act, "removed") == 0
 
 
 @real_v1
@@ -290,11 +322,15 @@ def test_a_restarted_actuator_watches_its_running_jobs_again_and_reports_the_one
     assert d.reason == AWAY
     assert second.watching() == ["jb"]
     assert rec2.job_events("jb") == []
+    with act2.lock:  # the ended ones' cgroups went with their ends, the running one's stays
+        assert second.layout.containers() == ["jb"]
     # the job still running is watched again, not as its child: its end is seen when it comes
     gate_b.write_text("3\n")
     b = rec2.wait_job_event("jb", "failed")
     assert (b.exit_code, b.reason) == (3, "exited with status 3") and b.pid == procs["jb"].pid
     assert b.run_s is not None and b.run_s > 0
+    with act2.lock:
+        assert second.layout.containers() == [] and removed(act2, "removed") == 4
     m = act2.metrics.registry.get_sample_value
     assert (m("phasewise_actuator_jobs_recovered_total", {"outcome": "watched"}),
             m("phasewise_actuator_jobs_recovered_total", {"outcome": "ended"})) == (1, 3)

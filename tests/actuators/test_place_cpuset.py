@@ -21,7 +21,7 @@ from phasewise.actuators.safety import Rejected, plan
 from phasewise.kit.cgroups.fs import CgroupLayout
 from phasewise.kit.records import Decision, encode
 from phasewise.kit.settings import Settings
-from tests.actuators.conftest import job_backend, job_python, job_settings, remove_started_jobs
+from tests.actuators.conftest import Recorder, job_backend, job_python, job_settings, remove_started_jobs
 from tests.conftest import requires_root
 from tests.job_keys import TRUSTED, start
 
@@ -83,7 +83,8 @@ def test_placed_job_runs_in_its_cpuset(tmp_path):
     layout = CgroupLayout("/sys/fs/cgroup", prefix=f"pwtest-{uuid.uuid4().hex[:8]}", version=1)
     s = job_settings(tmp_path)
     backend = job_backend(layout, s)
-    act = Actuator(s, backend, Ledger(tmp_path / "ledger.sqlite"), _Sink(),
+    rec = Recorder()
+    act = Actuator(s, backend, Ledger(tmp_path / "ledger.sqlite"), rec,
                    metrics=ActuatorMetrics(CollectorRegistry()), submitters=TRUSTED)
     job, cpu = f"job-{uuid.uuid4().hex[:6]}", CPUS[-1]
     report = tmp_path / "jobs" / job / "report.json"
@@ -91,18 +92,19 @@ def test_placed_job_runs_in_its_cpuset(tmp_path):
     try:
         a = act.handle(encode(_decision(job, str(cpu), argv, device=(0, 1))), b"h1", 0, 1)
         assert a.status == "applied" and f"cpuset {cpu}" in a.message, a.message
-        running = backend.processes.get(job)  # gone from it once its end was reported
-        if running is not None:
-            running.wait(30)
+        rec.wait_job_event(job, "finished")
         got = json.loads(report.read_text())
         assert got["cpus"] == [cpu] and got["gpus"] == "0,1"
         cg = dict(line.split(":", 2)[1:] for line in got["cg"].splitlines())
         assert cg["cpuset"] == f"/{layout.prefix}/{job}" and cg["memory"] == f"/{layout.prefix}/{job}"
-        assert (layout.controller_root("cpuset") / layout.prefix / job / "cpuset.cpus").read_text().strip() == str(cpu)
+        with act.lock:  # finished: its cgroups and its cpuset slice went with its end
+            assert not layout.exists(job) and not (layout.controller_root("cpuset") / layout.prefix / job).exists()
         # the same decision again is a duplicate; another decision for the same job is refused
         assert act.handle(encode(_decision(job, str(cpu), argv)), b"h1", 0, 2).status == "duplicate"
         again = dataclasses.replace(_decision(job, str(cpu), argv), id=f"place-{job}-again")
-        assert act.handle(encode(again), b"h1", 0, 3).status == "rejected"
+        refused = act.handle(encode(again), b"h1", 0, 3)  # its container is gone; the registry remembers
+        assert refused.status == "rejected" and refused.message == (
+            f"job {job!r} already ran in container {job!r} and finished: a placed job is started once")
         # a command that cannot start fails and leaves no cgroup behind
         bad = act.handle(encode(_decision(f"{job}-b", str(cpu), ["/nonexistent/cmd"])), b"h1", 0, 4)
         assert bad.status == "failed" and not layout.exists(f"{job}-b")

@@ -276,6 +276,8 @@ class Actuator(JobStates):
             self.metrics.refused.labels(reason="jobs_off").inc()
             return Outcome("rejected", NOT_SCALING)
         self._deciding = d.id
+        if d.action == "place" and (over := self._over(d.container)) is not None:
+            return Outcome("rejected", over)
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
         workload = None
         if exists and d.action in SUPPORTED_ACTIONS:
@@ -409,6 +411,21 @@ class Actuator(JobStates):
             return f"its endpoint could not be opened: {e}"
         return f"service endpoint 127.0.0.1:{svc.port} -> replica 1 on port {svc.port + 1}"
 
+    def _over(self, container: str) -> str | None:
+        """Why no place decision may start a job in *container* again: this actuator started one there that
+        finished or failed (its container may be gone: ``actuator_remove_ended_jobs``); ``None`` otherwise."""
+        row = self.ledger.started_job(container)
+        if row is None or row.backend != self.backend.name or row.end_event is None:
+            return None
+        try:
+            ev = decode(JobEvent, row.end_event)
+        except SchemaError:
+            return None
+        if ev.kind not in ("finished", "failed"):
+            return None
+        return (f"job {row.job!r} already ran in container {container!r} and {ev.kind}: a placed job is started "
+                "once")
+
     def _started_spec(self, container: str) -> str | None:
         """The spec digest this actuator started *container*'s job with (``None``: it did not, or no digest)."""
         started = self.ledger.started_job(container)
@@ -439,6 +456,7 @@ class Actuator(JobStates):
                     self.ledger.record_published(row.container, pid=row.pid, now=self.clock())
                     continue
                 self._job_event(ev)
+                self._remove_ended(ev)
                 self.ledger.record_published(row.container, pid=row.pid, now=self.clock())
                 counts["republished"] += 1
             watch_pods = getattr(self.backend, "watch_pods", None)

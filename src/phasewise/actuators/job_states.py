@@ -190,8 +190,26 @@ class JobStates:
                                    end_event=encode(ev))
             self._terminating.pop(e.container, None)
             self._job_event(ev)
+            self._remove_ended(ev)
             self.ledger.record_published(e.container, pid=e.pid, now=self.clock())
             return ev
+
+    def _remove_ended(self, ev: JobEvent) -> None:
+        """A job this actuator started *finished* or *failed* (its end published): remove its container's
+        cgroups (``actuator_remove_ended_jobs``). Before the end is marked published, so that an actuator
+        stopped in between publishes it again after its restart and removes them then. A terminated job's
+        stay: the priority agent may resume it in its container."""
+        remove = getattr(self.backend, "remove_container", None)
+        if (ev.kind not in ("finished", "failed") or remove is None or not self.settings.actuator.remove_ended_jobs
+                or ev.container is None or not self.backend.exists(ev.container)):
+            return
+        why = remove(ev.container)
+        if why is None:
+            self.metrics.job_cgroups_removed.labels(outcome="removed").inc()
+            log.info("job %s %s: its container %s removed", ev.job, ev.kind, ev.container)
+        else:
+            self.metrics.job_cgroups_removed.labels(outcome="left").inc()
+            log.warning("job %s %s: its container %s stays: %s", ev.job, ev.kind, ev.container, why)
 
     def pod_seen(self, s: Any) -> JobEvent | None:
         """A job pod's state from the Kubernetes backend's pod watch

@@ -104,6 +104,7 @@ WHERE = {
     "terminate_grace_s": "actuator.terminate_grace_s", "terminate_grace_max_s": "actuator.terminate_grace_max_s",
     "cpu_weight_min": "actuator.cpu_weight_min", "cpu_weight_max": "actuator.cpu_weight_max",
     "actuator_max_replicas": "actuator.max_replicas", "actuator_start_jobs": "actuator.start_jobs",
+    "actuator_remove_ended_jobs": "actuator.remove_ended_jobs",
     "job_user": "actuator.job_user",
     "job_group": "actuator.job_group", "job_allow_root": "actuator.job_allow_root", "job_env": "actuator.job_env",
     "decision_max_age_s": "actuator.decision_max_age_s",

@@ -358,6 +358,23 @@ class CgroupBackend:
             self._freeze(container, False)  # frozen processes die once thawed
         return "frozen first, so none could fork", len(pids)
 
+    def remove_container(self, container: str, timeout_s: float = 2.0) -> str | None:
+        """Remove an ended job's container: its cgroups and (v1) the cpuset slice its start made. ``None``
+        once gone (or never there), else why it stays (a process still in it, a cgroup still busy)."""
+        try:
+            left = self._pids(container)
+            if left:
+                return f"{len(left)} process(es) still in it: {sorted(left)[:5]}"
+            self.layout.remove(container, timeout_s)
+            if self.layout.version == 1:
+                d = self.layout.path(container, "cpuset")
+                if d.exists():
+                    d.rmdir()
+        except (OSError, CgroupError) as e:
+            return str(e)
+        self._identity.pop(container, None)
+        return None
+
     # ------------------------------------------------------------------ started jobs (started_jobs.py: the child)
 
     def _start(self, cmd: StartJob) -> Outcome:

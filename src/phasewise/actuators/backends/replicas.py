@@ -337,12 +337,9 @@ class LocalReplicas:
 
     def _remove(self, name: str) -> None:
         """A stopped replica's cgroups (and, in v1, its cpuset slice the backend made)."""
-        layout = self.backend.layout
-        layout.remove(name)
-        if layout.version == 1:
-            d = layout.path(name, "cpuset")
-            if d.exists():
-                d.rmdir()
+        why = self.backend.remove_container(name, timeout_s=5.0)
+        if why is not None:
+            raise CgroupError(why)
 
     def _cpuset(self, container: str) -> str:
         """The first replica's cpuset (every replica runs where the placement put the service)."""
