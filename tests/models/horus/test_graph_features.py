@@ -57,6 +57,34 @@ def test_catalog_models_match_their_reference_sizes_and_flops():
         "resnet18", "cifar10", 32, False).flops
 
 
+class _Recurrent(nn.Module):
+    def __init__(self, kind: type[nn.RNNBase], layers: int, bidirectional: bool) -> None:
+        super().__init__()
+        self.rnn = kind(10, 6, layers, bidirectional=bidirectional)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0]
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN])
+def test_a_recurrent_layer_launches_what_cudnn_fuses_it_into_not_its_unrolled_operators(kind):
+    steps = 7  # VEC's batch of 7 is an unbatched sequence of 7 steps to a recurrent layer
+
+    def kernels(layers: int, bidirectional: bool) -> int:
+        return features(lambda: _Recurrent(kind, layers, bidirectional), name="r", shape=VEC, batch=steps,
+                        amp=False).kernels
+
+    # per layer and direction: a recurrent GEMM and a fused pointwise kernel per step, forward and backward,
+    # the input GEMM forward and backward and three weight and bias gradients; nothing else changes
+    per = 4 * steps + 5
+    assert kernels(2, False) - kernels(1, False) == per
+    assert kernels(1, True) - kernels(1, False) == per
+    assert kernels(3, True) - kernels(1, True) == 2 * 2 * per
+    # unrolled, the meta device dispatches several times as many operators per step
+    lm = catalog_features("lstm_lm", "wikitext2", 20, False)
+    assert lm.kernels < 2 * 2 * (4 * 35 + 5) + 40
+
+
 def test_features_are_cached_per_canonical_name():
     from phasewise.models.horus.graph_features import _catalog_features
 

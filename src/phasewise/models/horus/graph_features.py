@@ -144,6 +144,38 @@ class _KernelCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _fused_rnn_kernels(m: nn.RNNBase, steps: int) -> int:
+    """Kernels one forward and backward of recurrent module *m* over *steps* time steps launches as cuDNN's
+    standard algorithm runs it: per layer and direction, a recurrent GEMM and one fused pointwise kernel per
+    step, forward and backward (``4 * steps``), the input GEMM forward and backward and the gradients of the
+    input and recurrent weights and of the bias (5)."""
+    return m.num_layers * (2 if m.bidirectional else 1) * (4 * steps + 5)
+
+
+def _rnn_kernels(calls: list[tuple[nn.RNNBase, torch.Tensor]]) -> int:
+    """How many fewer kernels than counted the recurrent modules' *calls* launch: the meta device runs them
+    unrolled (an LSTM step is a dozen operators forward and twice as many backward), a GPU fused
+    (:func:`_fused_rnn_kernels`). Each call's unrolled count is taken again alone on its own input."""
+    fewer = 0
+    for m, x in calls:
+        steps = x.shape[1 if m.batch_first else 0] if x.dim() == 3 else x.shape[0]
+        grads = [(p, p.grad) for p in m.parameters()]
+        for p, _ in grads:
+            p.grad = None  # the step's gradients: accumulating into them would be counted as more operators
+        inp = x.detach().requires_grad_(x.requires_grad)
+        with torch.enable_grad():
+            try:
+                with _KernelCount() as alone:
+                    out = m(inp)[0]
+                    if out.requires_grad:
+                        torch.autograd.backward(out, torch.zeros_like(out))
+            finally:
+                for p, g in grads:
+                    p.grad = g
+        fewer += max(0, alone.n - _fused_rnn_kernels(m, int(steps)))
+    return fewer
+
+
 def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -168,6 +200,10 @@ def features(build: Callable[[], nn.Module], *, name: str, shape: DatasetShape, 
         raise FeatureError(f"model {name} is not a torch.nn.Module (got {type(model).__name__})")
     model.train()
     params = list(model.parameters())
+    rnn_calls: list[tuple[nn.RNNBase, torch.Tensor]] = []  # (module, its input) for each recurrent module's call
+    hooks = [m.register_forward_pre_hook(
+        lambda mod, args: rnn_calls.append((mod, args[0])) if args and isinstance(args[0], torch.Tensor) else None)
+        for m in model.modules() if isinstance(m, nn.RNNBase)]
     param_keys = {_storage_key(p) for p in params}
     saved: dict[int, int] = {}
 
@@ -192,11 +228,17 @@ def features(build: Callable[[], nn.Module], *, name: str, shape: DatasetShape, 
             loss = functools.reduce(torch.add, losses)
             if loss.requires_grad:
                 loss.backward()
+        for h in hooks:
+            h.remove()
+        fewer = _rnn_kernels(rnn_calls)
     except FeatureError:
         raise
     except Exception as e:  # a shape error in user code, an op without a meta kernel
         raise FeatureError(f"model {name} failed on a batch of {batch} from {shape.name}: "
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    finally:
+        for h in hooks:
+            h.remove()
     n_params = sum(p.numel() for p in params)
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     counts = _layer_counts(model)
@@ -207,7 +249,7 @@ def features(build: Callable[[], nn.Module], *, name: str, shape: DatasetShape, 
         optimizer_bytes=int(OPTIMIZER_STATE.get(optimizer, 2.0) * param_bytes), **counts,
         depth=counts["conv"] + counts["linear"] + counts["recurrent"] + counts["attention"],
         seq_len=shape.seq_len, image_size=shape.image_size, input_elements=math.prod(sample.shape) or 1,
-        kernels=kernels.n,
+        kernels=max(1, kernels.n - fewer),
     )
     if f.train_mem_bytes > MAX_STEP_BYTES:
         raise FeatureError(f"batch size {batch} of {name} on {shape.name} needs about "
