@@ -1,5 +1,5 @@
-"""The changes to Faust's internals (the fetch wait, the seek before the flow, the held-back commits) hold
-on the installed versions, or fail loudly.
+"""The changes to Faust's internals (the fetch wait, the seek before the flow, the held-back commits, the
+batches taken with no idle wake-up) hold on the installed versions, or fail loudly.
 
 An upgrade of faust-streaming or aiokafka fails here first: check that the
 private names still do what :mod:`phasewise.streams.faust_compat` says, then
@@ -257,3 +257,98 @@ def test_an_app_that_starts_from_the_latest_record_is_not_sought_back_to_the_fir
     c.app.conf.consumer_auto_offset_reset = "latest"
     asyncio.run(Consumer.perform_seek(c))
     assert c.seeks == [] and c._committed_offset == {s3: None}
+
+
+class _Stream:
+    """What :func:`faust_compat.take_batches` uses of a Faust ``Stream`` (each name checked against Faust's
+    below): values put on :attr:`queue` reach the processors one at a time, as Faust's passive drainer
+    hands them on; every wait with a timeout is counted (a wake-up)."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.channel, self.enable_acks, self.should_stop = [], True, False
+        self._processors: list = []
+        self._active_agens: set = set()
+        self.current_event = None
+        self.acked: list = []
+        self.timed_waits = 0
+
+    def add_processor(self, fn) -> None:
+        self._processors.append(fn)
+
+    def _enable_passive(self, channel) -> None:
+        import asyncio
+
+        async def drain() -> None:
+            while True:
+                self.current_event = value = await self.queue.get()
+                for fn in list(self._processors):
+                    await fn(value)
+
+        self.drainer = asyncio.ensure_future(drain())
+
+    async def wait(self, event) -> None:
+        await event.wait()
+
+    async def wait_for_stopped(self, event, timeout=None) -> bool:
+        import asyncio
+
+        if timeout is not None:
+            self.timed_waits += 1
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self.should_stop
+
+    async def ack(self, event) -> bool:
+        self.acked.append(event)
+        return True
+
+    async def crash(self, exc) -> None:
+        raise exc
+
+
+def test_take_batches_yields_at_most_max_events_in_order_acks_them_and_does_not_wake_while_idle():
+    import asyncio
+
+    from faust.streams import Stream
+
+    missing = [n for n in ("channel", "enable_acks", "should_stop", "_processors", "_active_agens", "current_event",
+                           "add_processor", "_enable_passive", "wait", "wait_for_stopped", "ack", "crash")
+               if not hasattr(Stream, n) and n not in Stream.__init__.__code__.co_names]
+    assert missing == [], f"Faust's Stream no longer has {missing}: re-check faust_compat.take_batches"
+
+    async def run() -> tuple[list[list[int]], _Stream]:
+        s = _Stream()
+        batches: list[list[int]] = []
+        agen = faust_compat.take_batches(s, 3, 0.05)
+        assert agen in s._active_agens  # closed by the stream's on_stop, as Faust's own
+        got = asyncio.Event()
+
+        async def consume() -> None:
+            async for events in agen:
+                batches.append(list(events))
+                got.set()
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.2)  # idle: no event, so no timed wait
+        idle_waits = s.timed_waits
+        for v in range(7):
+            s.queue.put_nowait(v)
+        while sum(len(b) for b in batches) < 7:
+            got.clear()
+            await got.wait()
+        assert s.enable_acks is False
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        s.drainer.cancel()
+        await asyncio.gather(s.drainer, return_exceptions=True)
+        assert idle_waits == 0, idle_waits
+        return batches, s
+
+    batches, s = asyncio.run(run())
+    assert [v for b in batches for v in b] == list(range(7)) and max(len(b) for b in batches) <= 3
+    assert s.acked == list(range(7)) and s.enable_acks is True and s._processors == []

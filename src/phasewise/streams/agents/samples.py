@@ -37,7 +37,7 @@ from phasewise.models.vpa.state import StateCache
 from phasewise.models.vpa.updater import worker_round
 from phasewise.streams.agents.scaffold import worker_outputs
 from phasewise.streams.config import intake_config, state_cache, updater_config
-from phasewise.streams.faust_compat import hold_commits
+from phasewise.streams.faust_compat import hold_commits, take_batches
 from phasewise.streams.metrics import WorkerMetrics
 from phasewise.streams.output import OutputSender
 from phasewise.streams.scorecard import LiveScorecard
@@ -541,7 +541,7 @@ def register(app: faust.App, settings: Settings, *, samples_partitions: int | No
     async def on_samples(stream: faust.StreamT) -> None:
         # up to batch_max messages at a time (waiting at most batch_wait_s for them): one vectorised
         # step over many hosts' containers costs about half as much per sample as one per message
-        async for events in stream.take_events(agent.batch_max, within=agent.batch_wait_s):
+        async for events in take_batches(stream, agent.batch_max, agent.batch_wait_s):
             await agent.batch(events)
 
     @app.on_partitions_revoked.connect
