@@ -31,17 +31,6 @@ REPORT = "import json, os, sys; json.dump({'cpus': sorted(os.sched_getaffinity(0
 CPUS = sorted(os.sched_getaffinity(0))
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes]] = []
-
-    def produce(self, topic, value=None, key=None, **kw):
-        self.sent.append((topic, value))
-
-    def poll(self, timeout=0):
-        return 0
-
-
 def _decision(job: str, cpuset: str, argv: list[str], device=(0,), host="h1") -> Decision:
     """A place decision of *job* as the placement agent makes it: the submitted job as signed, with *argv*."""
     return Decision(id=f"place-{job}", ts=time.time(), host=host, container=job, action="place", policy="horus",

@@ -237,13 +237,13 @@ def held_offsets(offsets: Mapping[Any, int], holds: Mapping[str, Callable[[], Ma
 
 
 def take_batches(stream: Any, max_: int, within: float) -> AsyncGenerator[list[Any], None]:
-    """*stream*'s events in lists of at most *max_*, each yielded *within* seconds after its first event
-    arrived (or once full): Faust's ``Stream.take_events`` but for one thing. Faust's waits *within* for a
-    full buffer again and again while nothing arrives (every 5 ms by default: 200 idle wake-ups a second,
-    ~3 % of a core for an idle worker); here a batch's wait starts at its first event, and an empty buffer
-    waits for one without a timeout. The latency a batch adds is the same bound (*within* after its first
-    event; 0: none, where Faust's reads 0 as no timeout at all). Faust's own ``take_events`` where the
-    versions are not the checked ones."""
+    """*stream*'s events in lists of at most *max_*, each yielded *within* seconds after its first event arrived (or
+    once full): Faust's ``Stream.take_events`` but for one thing. Faust's waits *within* for a full buffer again
+    and again while nothing arrives (every 5 ms by default: 200 idle wake-ups a second, a third or more of an idle
+    worker's CPU: docs/worker.md); here a batch's wait starts at its first event, and an empty buffer waits for
+    one without a timeout. The latency a batch adds is the same bound (*within* after its first event; 0: none,
+    where Faust's reads 0 as no timeout at all). Faust's own ``take_events`` where the versions are not the
+    checked ones."""
     if not _applies("an idle worker wakes every worker_batch_wait_ms (Faust's take_events)"):
         return stream.take_events(max_, within=within)  # type: ignore[no-any-return]
     agen = _take_batches(stream, max_, within)

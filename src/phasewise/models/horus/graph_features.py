@@ -228,9 +228,7 @@ def features(build: Callable[[], nn.Module], *, name: str, shape: DatasetShape, 
             loss = functools.reduce(torch.add, losses)
             if loss.requires_grad:
                 loss.backward()
-        for h in hooks:
-            h.remove()
-        fewer = _rnn_kernels(rnn_calls)
+        fewer = _rnn_kernels(list(rnn_calls))  # (its own calls of the modules add to rnn_calls, not to the list)
     except FeatureError:
         raise
     except Exception as e:  # a shape error in user code, an op without a meta kernel
