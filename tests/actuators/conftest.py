@@ -33,10 +33,11 @@ class Recorder:
             evs = [decode(JobEvent, v) for t, _, v in self.sent if t == JOB_EVENTS.name]
         return [e for e in evs if job is None or e.job == job]
 
-    def wait_job_event(self, job: str, kind: str, timeout: float = 60.0) -> JobEvent:
-        """The first *kind* event of *job*, waiting for it (at most *timeout* s: then the test fails)."""
+    def wait_job_event(self, job: str, kind: str, timeout: float = 60.0, count: int = 1) -> JobEvent:
+        """The *count*-th *kind* event of *job*, waiting for it (at most *timeout* s: then the test fails)."""
         def found():
-            return next((e for e in self.job_events(job) if e.kind == kind), None)
+            seen = [e for e in self.job_events(job) if e.kind == kind]
+            return seen[count - 1] if len(seen) >= count else None
 
         with self._cond:
             if not self._cond.wait_for(lambda: found() is not None, timeout):

@@ -94,8 +94,17 @@ def test_placed_job_runs_in_its_cpuset(tmp_path):
         refused = act.handle(encode(again), b"h1", 0, 3)  # its container is gone; the registry remembers
         assert refused.status == "rejected" and refused.message == (
             f"job {job!r} already ran in container {job!r} and finished: a placed job is started once")
+        # a resume is its agent's restart of a job it stopped (one that honoured the stop's control before the
+        # terminate decision came was reported finished): it starts again, in a container made again
+        report.unlink()
+        resumed = dataclasses.replace(_decision(job, str(cpu), argv), id=f"place-{job}-resume")
+        resumed.details["resume"] = True
+        a = act.handle(encode(resumed), b"h1", 0, 4)
+        assert a.status == "applied" and a.message.startswith("resumed pid "), a.message
+        rec.wait_job_event(job, "finished", count=2)
+        assert json.loads(report.read_text())["cpus"] == [cpu]
         # a command that cannot start fails and leaves no cgroup behind
-        bad = act.handle(encode(_decision(f"{job}-b", str(cpu), ["/nonexistent/cmd"])), b"h1", 0, 4)
+        bad = act.handle(encode(_decision(f"{job}-b", str(cpu), ["/nonexistent/cmd"])), b"h1", 0, 5)
         assert bad.status == "failed" and not layout.exists(f"{job}-b")
         assert not (layout.controller_root("cpuset") / layout.prefix / f"{job}-b").exists()
     finally:

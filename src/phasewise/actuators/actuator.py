@@ -78,10 +78,14 @@ OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight", "share")
 MAX_HELD_SHARES = 10_000
 
 
+def is_resume(d: Decision) -> bool:
+    """Whether *d* is a place decision that resumes a job its agent stopped (``details.resume``)."""
+    return d.action == "place" and isinstance(d.details, dict) and d.details.get("resume") is True
+
+
 def touches_a_job(d: Decision) -> bool:
     """Whether *d* acts on a job's existing container (freeze, thaw, terminate, weight, resume)."""
-    resume = isinstance(d.details, dict) and d.details.get("resume") is True
-    return d.action in OWNED_ACTIONS or (d.action == "place" and resume)
+    return d.action in OWNED_ACTIONS or is_resume(d)
 
 
 
@@ -276,7 +280,7 @@ class Actuator(JobStates):
             self.metrics.refused.labels(reason="jobs_off").inc()
             return Outcome("rejected", NOT_SCALING)
         self._deciding = d.id
-        if d.action == "place" and (over := self._over(d.container)) is not None:
+        if d.action == "place" and not is_resume(d) and (over := self._over(d.container)) is not None:
             return Outcome("rejected", over)
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
         workload = None
@@ -413,7 +417,10 @@ class Actuator(JobStates):
 
     def _over(self, container: str) -> str | None:
         """Why no place decision may start a job in *container* again: this actuator started one there that
-        finished or failed (its container may be gone: ``actuator_remove_ended_jobs``); ``None`` otherwise."""
+        finished or failed (its container may be gone: ``actuator_remove_ended_jobs``); ``None`` otherwise.
+        A resume (``details.resume``) is not asked: a job that honoured its checkpoint stop's control before
+        the terminate decision reached this actuator was reported finished or failed, and its agent resumes it
+        (in a container made again where its end removed it)."""
         row = self.ledger.started_job(container)
         if row is None or row.backend != self.backend.name or row.end_event is None:
             return None

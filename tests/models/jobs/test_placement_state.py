@@ -200,6 +200,28 @@ def test_after_admission_a_job_is_held_until_admitted_then_placed_on_that_host_o
     assert s.decide(now=1.0, ts=15.0) == []
 
 
+@pytest.mark.parametrize("kind", ["terminated", "finished", "failed"])
+def test_after_admission_any_end_of_a_job_the_priority_agent_stopped_is_that_stops_exit(kind):
+    """A job that honours the stop's checkpoint_exit control before the actuator handles the terminate decision
+    is reported finished or failed, not terminated: it is kept all the same and placed again when admitted
+    again; an end after its next start takes it out."""
+    s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
+    s.samples(_sample("h1", gpus=1))
+    s.submitted(_job("a", gpus=1), now=0.0)
+    s.admitted(_admitted("a", "h1"))
+    [(d, _)] = s.decide(now=1.0, ts=10.0)
+    s.job_event(JobEvent(job="a", ts=10.5, kind="started", host="h1", container="a"), now=1.0)
+    s.stopped("a", ts=11.0)
+    s.job_event(JobEvent(job="a", ts=11.5, kind=kind, exit_code=None if kind == "terminated" else 0), now=1.0)
+    assert s.holds("a") and "a" in s.events
+    s.admitted(_admitted("a", "h1", ts=12.0, resume=True, container="a"))
+    [(d, _)] = s.decide(now=1.0, ts=13.0)
+    assert (d.container, d.details["resume"]) == ("a", True)
+    s.job_event(JobEvent(job="a", ts=13.5, kind="started", host="h1", container="a"), now=1.0)
+    s.job_event(JobEvent(job="a", ts=20.0, kind="finished", exit_code=0), now=1.0)
+    assert not s.holds("a") and s.cluster.allocs.keys() == set()
+
+
 def test_after_admission_an_unknown_host_or_an_admission_before_the_submission():
     s = _state(place_prediction_wait_s=0.0, place_after_admission=True)
     s.samples(_sample("h1"))

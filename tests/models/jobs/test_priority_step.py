@@ -112,6 +112,24 @@ def test_checkpoint_and_stop_sends_a_checkpoint_exit_control():
     assert [(d.action, d.container, d.details["resume"]) for d in ds] == [("place", "low", True)]
 
 
+@pytest.mark.parametrize("kind", ["finished", "failed"])
+def test_a_job_that_ends_on_its_checkpoint_exit_control_before_the_terminate_is_resumed(kind):
+    """The control and the terminate decision go out together: a job that saves its checkpoint and exits before
+    the actuator handles the decision is reported finished (exit 0) or failed (killed by the signal), not
+    terminated. It is the stop's exit all the same: the job waits and is resumed, and only an end after that
+    (it was started again) takes it out of the policy."""
+    s = step()
+    run(s, [submitted("low", 1, cpu=2), submitted("hi", 2, cpu=2, priority=1)])
+    ds, cs, bad = run(s, [encode(JobEvent(job="low", ts=2.5, kind=kind, exit_code=0 if kind == "finished" else 143))])
+    assert (ds, cs, bad) == ([], [], [])
+    assert s.policy.state("low") is not None  # still the policy's: it waits for capacity
+    ds, _, _ = run(s, [finished("hi", 9)])
+    assert [(d.action, d.container, d.details["resume"]) for d in ds] == [("place", "low", True)]
+    run(s, [encode(JobEvent(job="low", ts=10, kind="started", host="n1", container="low"))])
+    run(s, [finished("low", 20)])  # its own end this time
+    assert s.policy.state("low") is None
+
+
 def test_poison_between_valid_records_is_refused_with_reasons_and_nothing_valid_is_lost():
     records = []
     valid = valid_stream()

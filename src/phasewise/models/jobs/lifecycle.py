@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 #: the states that end a job's run (``terminated`` ends it unless the agent that stopped it resumes it)
 END_KINDS = TERMINAL_KINDS | {"terminated"}
+#: the ends that, while the priority agent's checkpoint stop of a job is pending, are that stop's exit: a job
+#: that honours the stop's control before the actuator handles the terminate decision is reported finished
+#: (it saved its checkpoint and exited 0) or failed (killed by the signal), not terminated
+STOP_EXITS = frozenset({"terminated", "finished", "failed"})
 #: why a state was ignored (the metric's ``why`` label)
 IGNORED_WHY = ("repeated", "after_end", "unknown_job", "not_placed", "after_start")
 #: ended jobs remembered at most (those ended longest ago are forgotten first)

@@ -21,7 +21,7 @@ from typing import Any
 
 from phasewise.kit.records import TERMINAL_KINDS, Decision, JobControl, JobEvent, decode
 from phasewise.models.jobs.events import EventTimeRefused, JobPositions, Refused, SignatureRefused
-from phasewise.models.jobs.lifecycle import Lifecycle, submission_problem
+from phasewise.models.jobs.lifecycle import STOP_EXITS, Lifecycle, submission_problem
 from phasewise.models.jobs.priorities import Action, Capacity, JobRequest, PriorityConfig, PriorityPolicy, to_decision
 from phasewise.models.jobs.submissions import Submissions
 from phasewise.models.safety.intake import EventClock
@@ -227,16 +227,21 @@ class PriorityStep:
         return self.policy.rescale(ev.job, ev.replicas, now=ev.ts)
 
     def _ended(self, ev: JobEvent) -> list[Action]:
-        """A state that ends *ev.job* (:data:`~phasewise.kit.records.TERMINAL_KINDS`; ``terminated``
-        unless it is the exit of this agent's own checkpoint stop): it leaves the policy, whose capacity
-        it held frees."""
+        """A state that ends *ev.job* (:data:`~phasewise.kit.records.TERMINAL_KINDS`), unless it is the exit of
+        this agent's own checkpoint stop (any of :data:`STOP_EXITS` while that stop is pending): it leaves the
+        policy, whose capacity it held frees."""
         info = self.jobs.get(ev.job)
         if self.policy.state(ev.job) is None:
             if (why := self.lifecycle.unheld(ev.job, ev.kind, ev.ts)) is not None:
                 self.lifecycle.ignore(ev.job, ev.kind, why)
             return []
-        if ev.kind == "terminated" and info is not None and info.pop("stopping", None):
-            return []  # the exit its own checkpoint stop asked for: it is restarted in priority order
+        if ev.kind in STOP_EXITS and info is not None and info.pop("stopping", None):
+            # the exit its own checkpoint stop asked for: it is restarted in priority order (a job whose work was
+            # in fact done ends again at once when it resumes from its checkpoint)
+            if ev.kind != "terminated":
+                log.info("priorities: job %s %s during its checkpoint stop: taken as the stop's exit, resumed in "
+                         "priority order", ev.job, ev.kind)
+            return []
         if ev.kind == "rejected" and info is not None and info.get("up"):
             self.lifecycle.ignore(ev.job, ev.kind, "after_start", ev.reason or "")
             return []

@@ -21,7 +21,7 @@ import numpy as np
 from phasewise.kit.records import TERMINAL_KINDS, Decision, HostSamples, JobEvent, UtilisationPrediction, decode, encode
 from phasewise.kit.records.jobs import MAX_REASON
 from phasewise.models.jobs.events import Refused
-from phasewise.models.jobs.lifecycle import Lifecycle, submission_problem
+from phasewise.models.jobs.lifecycle import STOP_EXITS, Lifecycle, submission_problem
 from phasewise.models.jobs.placement.cluster import Cluster, Gpu, Job, Node, Placement, PlacementConfig
 from phasewise.models.jobs.placement.policies import make_policy, why_not
 from phasewise.models.jobs.placement.waiting import WaitingJobs, need_of
@@ -345,12 +345,12 @@ class PlacementState:
         self.put(ev.job, self._record(ev.job))
 
     def ended(self, ev: JobEvent) -> None:
-        """A state that ends *ev.job* (:data:`~phasewise.kit.records.TERMINAL_KINDS`, or ``terminated`` not of
-        the priority agent's own stop): what it booked frees and it is forgotten."""
+        """A state that ends *ev.job* (:data:`~phasewise.kit.records.TERMINAL_KINDS`, or ``terminated``), unless
+        it is the exit of the priority agent's own stop: what it booked frees and it is forgotten."""
         if not self.holds(ev.job):
             self._unheld(ev)
             return
-        if ev.kind == "terminated" and ev.job in self.resumable:
+        if ev.kind in STOP_EXITS and ev.job in self.resumable:
             # the priority agent stopped it to resume it (its booking freed then): the exit it asked for
             self.resumable.discard(ev.job)
             self.put(ev.job, self._record(ev.job))
