@@ -45,10 +45,11 @@ def real_v1(test):
     return requires_root(pytest.mark.skipif(not V1, reason="no cgroup v1 cpuset, freezer and memory hierarchies")(test))
 
 
-def place(job: str, argv, *, key=None, **kw) -> bytes:
+def place(job: str, argv, *, key=None, resume: bool = False, **kw) -> bytes:
     start = signed_start(job, tuple(argv), ts=time.time() - 1, **({"key": key} if key is not None else {}), **kw)
     return encode(Decision(id=uuid.uuid4().hex, ts=time.time(), host="h1", container=job, action="place",
-                           policy="test", details={"cpuset": None, "device": [], **start}))
+                           policy="test", details={"cpuset": None, "device": [], **start,
+                                                   **({"resume": True} if resume else {})}))
 
 
 def decision(job: str, action: str, **details) -> bytes:
@@ -238,8 +239,22 @@ def test_a_started_event_says_where_and_a_terminate_decision_ends_it_as_terminat
     assert "killed by SIGKILL" in end.reason
     assert [e.kind for e in rec.job_events("sleeper")] == ["started", "frozen", "thawed", "terminated"]
     assert states(act, "terminated") == 1 and states(act, "failed") == 0
-    with act.lock:  # a terminated job may be resumed in its container: it stays
-        assert backend.exists("sleeper") and removed(act, "removed") == 0
+    with act.lock:  # ended for good (a target's hard stop, an operator's terminate): its cgroups go
+        assert not backend.exists("sleeper") and removed(act, "removed") == 1
+    # a checkpoint stop (the priority agent's preemption): its agent resumes the job in its container, which stays
+    # (its first run sleeps; resumed, it sees its own file in its working directory and exits 0)
+    argv = ["/bin/sh", "-c", "test -e resumed && exit 0; touch resumed; exec sleep 600"]
+    assert handle(act, place("stopped", argv)).status == "applied"
+    rec.wait_job_event("stopped", "started")
+    assert handle(act, decision("stopped", "terminate", grace_s=0, mode="checkpoint")).status == "applied"
+    assert rec.wait_job_event("stopped", "terminated").signal == "SIGKILL"
+    with act.lock:
+        assert backend.exists("stopped") and removed(act, "removed") == 1
+    resumed = place("stopped", argv, resume=True)
+    assert handle(act, resumed).status == "applied"
+    rec.wait_job_event("stopped", "finished")
+    with act.lock:  # its run after the resume ended: they go now
+        assert not backend.exists("stopped") and removed(act, "removed") == 2
 
 
 @real_v1

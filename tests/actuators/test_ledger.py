@@ -75,6 +75,22 @@ def test_terminations_survive_a_restart_until_the_container_is_started_again(tmp
         assert led.terminated("job-c") is None
 
 
+def test_a_checkpoint_stop_is_resumable_and_a_ledger_from_before_the_column_gains_it(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with Ledger(path) as led:
+        led.record_termination("job-a", "t1", resumable=True)
+        led.record_termination("job-b", "t2")
+        assert (led.resumable("job-a"), led.resumable("job-b"), led.resumable("job-c")) == (True, False, False)
+    with sqlite3.connect(path) as db:  # as a ledger written before the column was
+        db.execute("ALTER TABLE terminations DROP COLUMN resumable")
+    with Ledger(path) as led:
+        assert led.terminated("job-a") is not None and not led.resumable("job-a")  # kept, as a plain terminate
+        led.record_termination("job-a", "t3", resumable=True)
+        assert led.resumable("job-a")
+
+
 # --------------------------------------------------------------------------- a new ledger is unverified
 
 

@@ -83,6 +83,12 @@ def is_resume(d: Decision) -> bool:
     return d.action == "place" and isinstance(d.details, dict) and d.details.get("resume") is True
 
 
+def is_checkpoint_stop(d: Decision) -> bool:
+    """Whether *d* is a terminate that stops a job at a checkpoint (``details.mode``), for its agent to resume it
+    (the priority agent's preemption); any other terminate (a target's hard stop, an operator's) ends the job."""
+    return d.action == "terminate" and isinstance(d.details, dict) and d.details.get("mode") == "checkpoint"
+
+
 def touches_a_job(d: Decision) -> bool:
     """Whether *d* acts on a job's existing container (freeze, thaw, terminate, weight, resume)."""
     return d.action in OWNED_ACTIONS or is_resume(d)
@@ -283,6 +289,8 @@ class Actuator(JobStates):
         if d.action == "place" and not is_resume(d) and (over := self._over(d.container)) is not None:
             return Outcome("rejected", over)
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
+        if d.action == "terminate" and not exists and (ended := self._ended_and_removed(d.container)) is not None:
+            return Outcome.applied(ended)
         workload = None
         if exists and d.action in SUPPORTED_ACTIONS:
             w = self._workload(d.container)
@@ -338,7 +346,7 @@ class Actuator(JobStates):
         if out.status != "applied":
             return out
         if d.action == "terminate":
-            self.ledger.record_termination(d.container, d.id, self.clock())
+            self.ledger.record_termination(d.container, d.id, self.clock(), resumable=is_checkpoint_stop(d))
             ended = self._service_ended(d.container)  # a service's other replicas and endpoint go with it
             row = self.ledger.started_job(d.container)
             if row is None or row.pid is None or not hasattr(self.backend, "on_exit"):
@@ -432,6 +440,20 @@ class Actuator(JobStates):
             return None
         return (f"job {row.job!r} already ran in container {container!r} and {ev.kind}: a placed job is started "
                 "once")
+
+    def _ended_and_removed(self, container: str) -> str | None:
+        """What to say of a terminate for *container* whose job this actuator saw end and whose container went
+        with its end (a job that honoured its checkpoint stop's control before the terminate came); ``None``
+        when the registry holds no such end."""
+        row = self.ledger.started_job(container)
+        if row is None or row.backend != self.backend.name or row.ended is None or row.end_event is None:
+            return None
+        try:
+            kind = decode(JobEvent, row.end_event).kind
+        except SchemaError:
+            return None
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row.ended))
+        return f"job {row.job!r} already ended ({kind} at {at}) and its container went with it: nothing to stop"
 
     def _started_spec(self, container: str) -> str | None:
         """The spec digest this actuator started *container*'s job with (``None``: it did not, or no digest)."""

@@ -195,13 +195,14 @@ class JobStates:
             return ev
 
     def _remove_ended(self, ev: JobEvent) -> None:
-        """A job this actuator started *finished* or *failed* (its end published): remove its container's
-        cgroups (``actuator_remove_ended_jobs``). Before the end is marked published, so that an actuator
-        stopped in between publishes it again after its restart and removes them then. A terminated job's
-        stay: the priority agent may resume it in its container."""
+        """A job this actuator started ended (its end published): remove its container's cgroups
+        (``actuator_remove_ended_jobs``). Before the end is marked published, so that an actuator stopped in
+        between publishes it again after its restart and removes them then. A job terminated by a checkpoint
+        stop keeps them: the priority agent resumes it in its container."""
         remove = getattr(self.backend, "remove_container", None)
-        if (ev.kind not in ("finished", "failed") or remove is None or not self.settings.actuator.remove_ended_jobs
-                or ev.container is None or not self.backend.exists(ev.container)):
+        if (remove is None or not self.settings.actuator.remove_ended_jobs or ev.container is None
+                or (ev.kind == "terminated" and self.ledger.resumable(ev.container))
+                or not self.backend.exists(ev.container)):
             return
         why = remove(ev.container)
         if why is None:

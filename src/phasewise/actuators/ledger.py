@@ -32,7 +32,8 @@ CREATE INDEX IF NOT EXISTS decisions_claimed ON decisions (claimed);
 CREATE TABLE IF NOT EXISTS terminations (
     container TEXT PRIMARY KEY,
     decision  TEXT NOT NULL,
-    at        REAL NOT NULL
+    at        REAL NOT NULL,
+    resumable INTEGER NOT NULL DEFAULT 0  -- a checkpoint stop: its agent may resume the job in its container
 );
 CREATE TABLE IF NOT EXISTS ledger_state (
     key       TEXT PRIMARY KEY,  -- 'unverified': created empty here, not yet checked for a lost predecessor
@@ -127,6 +128,8 @@ class Ledger:
         for col, kind in _JOBS_ADDED:
             if col not in have:
                 self._db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {kind}")
+        if "resumable" not in {r[1] for r in self._db.execute("PRAGMA table_info(terminations)")}:
+            self._db.execute("ALTER TABLE terminations ADD COLUMN resumable INTEGER NOT NULL DEFAULT 0")
         self._claims = 0
         self.prune()
 
@@ -177,10 +180,18 @@ class Ledger:
         row = self._db.execute("SELECT decision, at FROM terminations WHERE container = ?", (container,)).fetchone()
         return None if row is None else (row[0], row[1])
 
-    def record_termination(self, container: str, decision_id: str, now: float | None = None) -> None:
-        """*container* was terminated by *decision_id*."""
-        self._db.execute("INSERT OR REPLACE INTO terminations (container, decision, at) VALUES (?, ?, ?)",
-                         (container, decision_id, time.time() if now is None else now))
+    def record_termination(self, container: str, decision_id: str, now: float | None = None, *,
+                           resumable: bool = False) -> None:
+        """*container* was terminated by *decision_id* (*resumable*: a checkpoint stop, whose job its agent
+        may resume in the container)."""
+        self._db.execute("INSERT OR REPLACE INTO terminations (container, decision, at, resumable) "
+                         "VALUES (?, ?, ?, ?)", (container, decision_id, time.time() if now is None else now,
+                                                 int(resumable)))
+
+    def resumable(self, container: str) -> bool:
+        """Whether *container*'s termination (if any) was a checkpoint stop whose job may be resumed there."""
+        row = self._db.execute("SELECT resumable FROM terminations WHERE container = ?", (container,)).fetchone()
+        return row is not None and bool(row[0])
 
     def forget_termination(self, container: str) -> None:
         """*container* was started again: it may be terminated again."""

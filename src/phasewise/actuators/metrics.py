@@ -89,8 +89,8 @@ class ActuatorMetrics:
             self.jobs_recovered.labels(outcome=o)
         self.job_cgroups_removed = Counter(
             "phasewise_actuator_job_cgroups_removed",
-            "finished or failed jobs' containers: removed (their cgroups), or left (a process still in one, or "
-            "a cgroup busy: the log says which)", ["outcome"], registry=registry)
+            "ended jobs' containers (not a checkpoint stop's): removed (their cgroups), or left (a process still "
+            "in one, or a cgroup busy: the log says which)", ["outcome"], registry=registry)
         for o in ("removed", "left"):
             self.job_cgroups_removed.labels(outcome=o)
         self.jobs_watched = Gauge("phasewise_actuator_jobs_watched", "job processes whose end is watched now",

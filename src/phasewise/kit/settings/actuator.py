@@ -163,11 +163,11 @@ class ActuatorSettings(Group):
     #: job can do"); on, a job runs as job_user/job_group with an environment built from scratch
     start_jobs: bool = setting(False, name="actuator_start_jobs", flag="--start-jobs",
                                help="start the commands of placed jobs (place decisions); off: they are rejected")
-    #: a finished or failed job is over (its id cannot be placed again): its cgroups go with it, once its
-    #: end is published; a terminated one's stay (the priority agent may resume it in its container)
+    #: a job that ended is over (its id cannot be placed again, only resumed): its cgroups go with it, once
+    #: its end is published; one a checkpoint stop terminated keeps them (the priority agent resumes it there)
     remove_ended_jobs: bool = setting(True, name="actuator_remove_ended_jobs",
-                                      help="remove a started job's cgroups once it finished or failed (a "
-                                           "terminated job's stay: it may be resumed)")
+                                      help="remove a started job's cgroups once it ended (a job a checkpoint "
+                                           "stop terminated keeps them: it is resumed there)")
     job_user: str = setting("nobody", check=user_name, flag="--job-user",
                             help="the user (name or uid) started jobs run as; root is refused unless "
                                  "job_allow_root")
