@@ -246,6 +246,11 @@ def test_a_started_event_says_where_and_a_terminate_decision_ends_it_as_terminat
     argv = ["/bin/sh", "-c", "test -e resumed && exit 0; touch resumed; exec sleep 600"]
     assert handle(act, place("stopped", argv)).status == "applied"
     rec.wait_job_event("stopped", "started")
+    first_run = Path(s.data_dir) / "jobs" / "stopped" / "resumed"
+    deadline = time.monotonic() + 60
+    while not first_run.exists():  # its first run got as far as its file
+        assert time.monotonic() < deadline, "the job's first run wrote no file within 60 s"
+        time.sleep(0.05)
     assert handle(act, decision("stopped", "terminate", grace_s=0, mode="checkpoint")).status == "applied"
     assert rec.wait_job_event("stopped", "terminated").signal == "SIGKILL"
     with act.lock:
