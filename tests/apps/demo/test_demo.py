@@ -27,6 +27,9 @@ from phasewise.kit.records import Actuation, ContainerSample, Decision, HostSamp
 from tests.conftest import requires_root
 
 JOBS = ("charlstm", "transformer", "forecaster")
+#: the jobs `make demo` submits (--submit 3, its default) and the states that end one
+SUBMITTED = ("demo-submit-1", "demo-submit-2", "demo-submit-3")
+ENDED = ("finished", "failed", "rejected")
 GiB = 2**30
 
 
@@ -482,22 +485,33 @@ def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path,
         pytest.skip(f"roles not in this checkout yet: {', '.join(missing)}")
     top = f"pwtest-demo-{uuid.uuid4().hex[:8]}"
     prefix = top if policy == "phase" else f"{top}/nested"  # a nested prefix: its parent goes too
-    # until the worker decided for each job and took 15 s of samples (the figures asserted below), then SIGTERM
-    done = DecidedFor(JOBS, messages=15)
+    # until the worker decided for each job and took 15 s of samples (the figures asserted below) and (phase) the
+    # jobs the demo submits ended (it logs each one's end), then SIGTERM, as a user stops it
+    decided = DecidedFor(JOBS, messages=15)
+    submitted = SUBMITTED if policy == "phase" else ()
+
+    def done(lines: list[str]) -> bool:
+        return all(any(f"job {j} {e}" in line for line in lines for e in ENDED) for j in submitted) and decided(lines)
+
     try:
-        # phase: `make demo`'s configuration; vpa: also without the jobs' half (no place, nothing submitted) and
-        # lighter jobs (a quarter core each to start: its policy raises what it needs)
+        # phase: `make demo`'s configuration (its jobs' half too: three jobs submitted, placed on cpuset slices,
+        # started and reported); vpa: also without the jobs' half (no place, nothing submitted) and lighter jobs
+        # (a quarter core each to start: its policy raises what it needs)
         lighter = [] if policy == "phase" else ["--submit", "0", "--start-cpu", "0.25"]
         rc, out, err = run_demo(["--policy", policy, "--cgroup-prefix", prefix, "--data-dir", str(tmp_path),
                                  *lighter], done)
     finally:
-        done.close()
+        decided.close()
     assert rc == 0, err[-4000:]
     s = json.loads(out)  # exactly one JSON object on stdout
     assert {"decisions_made", "decisions_applied", "jobs", "cleanup"} <= set(s)
     assert s["error"] is None, s["error"]
     assert s["decisions_made"] > 0, err[-4000:]
     assert s["policy"] == policy
+    # the submitted jobs: signed with the run's key, placed, started by the actuator as job_user, finished
+    assert set(s["submitted_jobs"]) == set(submitted)
+    for job, state in s["submitted_jobs"].items():
+        assert state.startswith("finished: exit 0"), (job, state, err[-3000:])
     # the safety rules' targets: no job killed for memory, no CPU cut while the kernel throttled it
     assert s["oom_kills"] == 0 and s["throttled_cuts"] == 0 and s["restarts"] == 0, s
     assert set(s["jobs"]) == set(JOBS)
@@ -560,31 +574,6 @@ def test_every_role_the_demo_starts_gets_this_runs_signing_key_which_is_gone_aft
         with contextlib.ExitStack() as other:  # another run, another key
             assert keyring_of(Settings.from_env({"signing_key_file": str(d._signing_key(other))}, env={})).id != ring.id
     assert not key.exists() and not key.parent.exists()
-
-
-@requires_root
-@pytest.mark.slow
-@pytest.mark.broker
-def test_the_demo_submits_jobs_that_are_placed_started_and_finish(tmp_path):
-    """``--submit``: the example job, submitted with the run's key, placed on a cpuset slice, started by the
-    actuator as job_user and reported finished, in the summary; nothing left behind."""
-    if _roles_missing():
-        pytest.skip("roles not in this checkout yet")
-    prefix = f"pwtest-demo-{uuid.uuid4().hex[:8]}"
-    # until both jobs ended (the demo logs each job's end), then SIGTERM, as a user stops it
-    ended = ("finished", "failed", "rejected")
-    rc, out, stderr = run_demo(
-        ["--policy", "vpa", "--jobs", "forecaster", "--submit", "2", "--cgroup-prefix", prefix,
-         "--data-dir", str(tmp_path)],
-        lambda lines: all(any(f"job demo-submit-{i} {e}" in line for line in lines for e in ended) for i in (1, 2)))
-    assert rc == 0, stderr[-4000:]
-    s = json.loads(out)
-    assert s["error"] is None, s["error"]
-    assert set(s["submitted_jobs"]) == {"demo-submit-1", "demo-submit-2"}
-    for job, state in s["submitted_jobs"].items():
-        assert state.startswith("finished: exit 0"), (job, state, stderr[-3000:])
-    assert s["cleanup"] is True, s["cleanup_problems"]
-    assert not list(Path("/sys/fs/cgroup").glob(f"*/{prefix}"))
 
 
 def test_the_live_view_names_each_submitted_jobs_state():
