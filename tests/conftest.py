@@ -32,9 +32,22 @@ FIRST = (
 )
 
 
+def _waits(item) -> bool:
+    """Whether *item* runs against a broker (its roles mostly wait: group joins, commits, polls)."""
+    return item.get_closest_marker("broker") is not None or "broker" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config, items):
+    """FIRST in its order; then the other modules whose tests use a broker; then the rest (tests that only
+    compute), so that the run ends on short modules that keep both cores busy, not on modules that wait."""
     rank = {module: i for i, module in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(FIRST)))  # stable: the rest as collected
+    waiting = {item.nodeid.split("::", 1)[0] for item in items if _waits(item)}
+
+    def key(item) -> int:
+        module = item.nodeid.split("::", 1)[0]
+        return rank.get(module, len(FIRST) + (module not in waiting))
+
+    items.sort(key=key)  # stable: as collected within each group
 
 
 @pytest.fixture(scope="module")

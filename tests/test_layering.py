@@ -21,6 +21,7 @@ Each failure lists every offending import with its file and line.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,14 +201,17 @@ def _report(what: str, bad: list[Import]) -> str:
     return f"{len(bad)} {what}:\n" + "\n".join(f"  {b}" for b in bad)
 
 
-GRAPH = import_graph()
+@functools.cache
+def graph() -> tuple[dict[str, Path], list[Import]]:
+    """The project's import graph, read once where a check runs (not at collection, in every test process)."""
+    return import_graph()
 
 
 # ---------------------------------------------------------------- the checks
 
 
 def test_no_import_cycle():
-    modules, edges = GRAPH
+    modules, edges = graph()
     found = cycles(modules, edges)
     lines = []
     for comp in found:
@@ -217,12 +221,12 @@ def test_no_import_cycle():
 
 
 def test_every_import_points_down_the_tree():
-    bad = layer_violations(GRAPH[1])
+    bad = layer_violations(graph()[1])
     assert not bad, _report("imports against the layers (docs/architecture.md)", bad)
 
 
 def test_models_import_no_io():
-    bad = models_io(GRAPH[1])
+    bad = models_io(graph()[1])
     assert not bad, _report("IO imports in phasewise.models", bad)
 
 
@@ -239,7 +243,7 @@ def test_every_folder_is_a_layer_and_every_package_installs():
 
 
 def test_the_graph_holds_every_layer_and_the_imports_inside_functions():
-    modules, edges = GRAPH
+    modules, edges = graph()
     assert {"phasewise", "phasewise.apps.replay.cli", "phasewise.apps.demo.run", "phasewise.models.vpa.recommender",
             "phasewise.streams.worker", "phasewise.kit.broker", "phasewise.apps.bench.harness",
             "phasewise.apps.simulate.engine"} <= set(modules)
