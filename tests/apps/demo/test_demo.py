@@ -527,7 +527,9 @@ def test_the_demo_runs_the_loop_on_real_jobs_and_leaves_nothing_behind(tmp_path,
     # progress lines reach the demo (from each job's start; on a host loaded past its cores a job may still
     # be loading at the end: 0.07 core each in one run)
     phases = {"load", "resume", "train", "eval", "checkpoint", "done"}
-    assert all(j["progress_phase"] in phases for j in s["jobs"].values()), s["jobs"]
+    assert all(j["progress_phase"] in phases for j in s["jobs"].values()), (
+        {n: (j["progress_phase"], j["steps"], j["samples"], j["cpu_used"]) for n, j in s["jobs"].items()},
+        err[-3000:])
     assert s["cleanup"] is True, s["cleanup_problems"]
     # nothing left: no cgroup directory of the prefix (or of its parent the run made), no process of the run
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{top}"))
