@@ -1,10 +1,10 @@
 """``make test PYTEST_ARGS="-p tests.cpu_report"``: the CPU seconds each test module spent, printed at the end.
 
 On a 2-core machine the suite is bound mostly by CPU (with six parallel processes the cores are busy ~93 % of
-the run), so its wall time is about the CPU its tests burn over the cores, and the figure to cut is a module's CPU
-seconds, not its duration (``--durations`` shows tests that mostly wait on a broker). Each test counts the CPU of its process
-and of the child processes it waited for (``getrusage``: roles, jobs, a private dockerd at its module's end);
-containers' processes are not counted. With xdist each worker sends its figures to the controller.
+the run), so its wall time is about the CPU its tests burn over the cores, and the figure to cut is a module's
+CPU seconds, not its duration (``--durations`` shows tests that mostly wait on a broker). Each test counts the CPU
+of its process and of the child processes it waited for (``getrusage``: roles, jobs, a private dockerd at its
+module's end); containers' processes are not counted. With xdist each worker sends its figures to the controller.
 """
 
 from __future__ import annotations
