@@ -121,6 +121,30 @@ def test_a_job_the_priority_agent_stops_waits_to_resume_and_runs_again():
     assert (v.state, v.host, v.pid, v.reason, v.signal) == ("running", "h2", 10, None, None)
 
 
+@pytest.mark.parametrize("hinted", [True, False], ids=["stopped-hint", "terminate-decision"])
+@pytest.mark.parametrize("kind", ["finished", "failed"])
+def test_a_job_that_ends_on_its_checkpoint_stops_control_first_waits_to_resume(kind, hinted):
+    """The stop's exit reported finished or failed (the job honoured the control before the actuator handled the
+    terminate): seen from the ``stopped`` hint (placement after admission) or from the checkpoint stop's terminate
+    decision itself (the priority agent launches), the job waits to be resumed, and runs again when it is."""
+    f = fold()
+    f.job_event(ev("j", "submitted", 1.0))
+    f.decision(place("j", 2.0, host="h1"))
+    f.job_event(ev("j", "started", 3.0, host="h1", container="j", pid=9))
+    if hinted:
+        f.job_event(ev("j", "stopped", 10.0, host="h1"))
+    f.decision(Decision(id="stop-j", ts=10.0, host="h1", container="j", action="terminate", policy="priority",
+                        reason="preempted", details={"mode": "checkpoint", "grace_s": 5}))
+    f.job_event(ev("j", kind, 10.5, host="h1", exit_code=0 if kind == "finished" else 1, run_s=7.5))
+    v = view(f, "j", 12.0)
+    assert v.state == "waiting" and v.reason.startswith("stopped by the priority agent (checkpoint and exit)"), v
+    f.decision(place("j", 22.0, host="h1", resume=True))
+    f.job_event(ev("j", "started", 23.0, host="h1", container="j", pid=10))
+    assert view(f, "j").state == "running"
+    f.job_event(ev("j", kind, 40.0, host="h1", exit_code=0 if kind == "finished" else 1))  # its own end now
+    assert view(f, "j").state == kind
+
+
 def test_a_terminate_not_the_priority_agents_stop_ends_the_job():
     f = fold()
     f.job_event(ev("j", "submitted", 1.0))

@@ -34,6 +34,7 @@ from phasewise.kit.records import (
     JobEvent,
     UtilisationPrediction,
 )
+from phasewise.models.jobs.lifecycle import STOP_EXITS
 from phasewise.models.jobs.targets import passed
 
 __all__ = ["STATES", "TARGETS", "Entry", "JobView", "JobsFold", "ViewConfig"]
@@ -287,6 +288,7 @@ class _Walk:
         letters: list[DeadLetter] = []  # since it last changed state
         hint: str | None = None  # the priority agent's word on a waiting job
         stopped = False  # the priority agent stopped it since it last started (to resume it)
+        stopping = False  # a checkpoint stop's terminate decision was made since it last started
         timeline: list[Entry] = []
 
         def enter(new: str, ts: float) -> None:
@@ -342,34 +344,42 @@ class _Walk:
                 elif ev.kind == "priority":
                     priority = ev.priority
                 elif ev.kind in _STATE_OF:
-                    new = _STATE_OF[ev.kind]
-                    if ev.kind == "terminated" and stopped and state == "waiting":
+                    kind = ev.kind
+                    if kind in STOP_EXITS and stopping and state in ("running", "frozen"):
+                        # it honoured its checkpoint stop's control before the actuator handled the terminate
+                        # (reported finished or failed): the stop's exit, as the agents take it
+                        kind, stopped = "terminated", True
+                        enter("waiting", ts)
+                    new = _STATE_OF[kind]
+                    if kind in STOP_EXITS and stopped and state == "waiting":
                         # the exit of the priority agent's own stop: the job waits to be resumed
                         s.update(exit_code=ev.exit_code, signal=ev.signal, run_s=ev.run_s)
                         hint = ("stopped by the priority agent (checkpoint and exit), ended"
                                 + (f" ({ev.reason})" if ev.reason else "") + "; waits to be admitted again")
-                    elif ev.kind == "thawed" and state != "frozen":
+                    elif kind == "thawed" and state != "frozen":
                         ignored = f"while {state or 'unknown'} (not frozen)"
-                    elif ev.kind == "frozen" and state not in ("running", "placed"):
+                    elif kind == "frozen" and state not in ("running", "placed"):
                         ignored = f"while {state or 'unknown'}"
-                    elif state == new and ev.kind != "started":
+                    elif state == new and kind != "started":
                         ignored = f"already {state}"
                     else:
                         enter(new, ts)
-                        if ev.kind == "started":
-                            stopped = False
+                        if kind == "started":
+                            stopped = stopping = False
                             s.update(host=ev.host, container=ev.container or job, pid=ev.pid,
                                      cpuset=ev.cpuset or s["cpuset"], gpus=tuple(ev.devices) or s["gpus"],
                                      reason=None, exit_code=None, signal=None, oom=False, run_s=None)
-                        if ev.kind in ("finished", "failed", "terminated", "rejected", "lost"):
+                        if kind in ("finished", "failed", "terminated", "rejected", "lost"):
                             s.update(reason=ev.reason, exit_code=ev.exit_code, signal=ev.signal, oom=ev.oom,
                                      run_s=ev.run_s)
-                        if ev.kind == "rejected" and ev.host:
+                        if kind == "rejected" and ev.host:
                             s["host"] = ev.host
                 timeline.append(Entry(ts, source, ev.kind, text, ignored))
             elif source == "decisions":
                 d: Decision = r
                 decisions.append(d.id)
+                if d.action == "terminate" and isinstance(d.details, dict) and d.details.get("mode") == "checkpoint":
+                    stopping = True
                 if d.action == "place":
                     if state in (None, "waiting", "terminated"):
                         node = d.details.get("node")
