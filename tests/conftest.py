@@ -38,16 +38,21 @@ def _waits(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """FIRST in its order; then the other modules whose tests use a broker; then the rest (tests that only
-    compute), so that the run ends on short modules that keep both cores busy, not on modules that wait."""
+    """FIRST in its order; then the other modules, those whose tests use a broker (they mostly wait) spread
+    evenly among those that only compute, so that some test keeps the cores busy while others wait."""
     rank = {module: i for i, module in enumerate(FIRST)}
+    modules = list(dict.fromkeys(item.nodeid.split("::", 1)[0] for item in items))
     waiting = {item.nodeid.split("::", 1)[0] for item in items if _waits(item)}
+    rest = [m for m in modules if m not in rank]
+    waits, computes = [m for m in rest if m in waiting], [m for m in rest if m not in waiting]
+    # each module's place in [0, 1): the i-th of n in its group at (i + 1/2) / n
+    place = {m: (i + 0.5) / len(g) for g in (waits, computes) for i, m in enumerate(g)}
 
-    def key(item) -> int:
+    def key(item) -> tuple[int, float]:
         module = item.nodeid.split("::", 1)[0]
-        return rank.get(module, len(FIRST) + (module not in waiting))
+        return (rank[module], 0.0) if module in rank else (len(FIRST), place[module])
 
-    items.sort(key=key)  # stable: as collected within each group
+    items.sort(key=key)  # stable: a module's tests stay in the order collected
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from phasewise.apps.demo import jobs
 from phasewise.apps.demo.jobs import parse_progress
 
-RUN_S = 12.0
+RUN_S = 6.0
 #: and at least this many steps, however busy the host: the losses asserted come from seeded steps, not seconds
 MIN_STEPS = 40
 
@@ -24,8 +24,8 @@ def run_job(name: str, tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-W", "ignore", "-m", "phasewise.apps.demo.jobs", name, "--seconds", str(RUN_S),
          "--steps", str(MIN_STEPS),
-         "--threads", "1", "--scale", "0.2", "--report-every", "0.3", "--eval-every", "4",
-         "--checkpoint-every", "5", "--checkpoint-dir", str(tmp_path / name)],
+         "--threads", "1", "--scale", "0.2", "--report-every", "0.3", "--eval-every", "2",
+         "--checkpoint-every", "3", "--checkpoint-dir", str(tmp_path / name)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
