@@ -157,11 +157,7 @@ class PriorityStep:
                 self._weighed(a)
                 continue  # no container yet: the placement agent sends it with its place decision
             decisions.append(self._decision(a, ev.ts))
-        controls = [JobControl(id=hashlib.blake2b(f"priority|{d.id}".encode(), digest_size=12).hexdigest(),
-                               job=d.details.get("job", d.container), ts=ev.ts,
-                               action="checkpoint_exit", policy="priority", reason=d.reason,
-                               grace_s=d.details.get("grace_s"))
-                    for d in decisions if d.action == "terminate"]
+        controls = [self._control(d, ev.ts) for d in decisions if d.action == "terminate"]
         self.hints += hints
         return decisions, controls
 
