@@ -78,20 +78,9 @@ OWNED_ACTIONS = ("freeze", "thaw", "terminate", "weight", "share")
 MAX_HELD_SHARES = 10_000
 
 
-def is_resume(d: Decision) -> bool:
-    """Whether *d* is a place decision that resumes a job its agent stopped (``details.resume``)."""
-    return d.action == "place" and isinstance(d.details, dict) and d.details.get("resume") is True
-
-
-def is_checkpoint_stop(d: Decision) -> bool:
-    """Whether *d* is a terminate that stops a job at a checkpoint (``details.mode``), for its agent to resume it
-    (the priority agent's preemption); any other terminate (a target's hard stop, an operator's) ends the job."""
-    return d.action == "terminate" and isinstance(d.details, dict) and d.details.get("mode") == "checkpoint"
-
-
 def touches_a_job(d: Decision) -> bool:
     """Whether *d* acts on a job's existing container (freeze, thaw, terminate, weight, resume)."""
-    return d.action in OWNED_ACTIONS or is_resume(d)
+    return d.action in OWNED_ACTIONS or d.is_resume
 
 
 
@@ -286,7 +275,7 @@ class Actuator(JobStates):
             self.metrics.refused.labels(reason="jobs_off").inc()
             return Outcome("rejected", NOT_SCALING)
         self._deciding = d.id
-        if d.action == "place" and not is_resume(d) and (over := self._over(d.container)) is not None:
+        if d.action == "place" and not d.is_resume and (over := self._over(d.container)) is not None:
             return Outcome("rejected", over)
         exists = is_managed_name(d.container) and self.backend.exists(d.container)
         if d.action == "terminate" and not exists and (ended := self._ended_and_removed(d.container)) is not None:
@@ -346,7 +335,7 @@ class Actuator(JobStates):
         if out.status != "applied":
             return out
         if d.action == "terminate":
-            self.ledger.record_termination(d.container, d.id, self.clock(), resumable=is_checkpoint_stop(d))
+            self.ledger.record_termination(d.container, d.id, self.clock(), resumable=d.is_checkpoint_stop)
             ended = self._service_ended(d.container)  # a service's other replicas and endpoint go with it
             row = self.ledger.started_job(d.container)
             if row is None or row.pid is None or not hasattr(self.backend, "on_exit"):

@@ -442,7 +442,7 @@ def plan_place(decision: Decision, *, exists: bool, host_cpus: frozenset[int] | 
                             "on Kubernetes a placed job is a pending pod that its place decision binds to the node")
         namespace, _, pod = job.spec.pod.partition("/")
         return Planned(Bind(pod, decision.host, namespace, job=job.job))
-    resume = d.get("resume") is True
+    resume = decision.is_resume
     if exists and not resume:
         return Rejected(f"container {c!r} already exists: a placed job is started once")
     cpus, dev = d.get("cpuset"), d.get("device", [])
@@ -608,7 +608,7 @@ def plan_terminate(decision: Decision, *, settings: Settings, now: float,
         return Rejected(f"terminate decision for {c!r}: details.grace_s {raw!r} is not a finite number >= 0")
     else:
         grace = float(raw)
-    checkpoint = details.get("mode") == "checkpoint"
+    checkpoint = decision.is_checkpoint_stop
     what = "grace"
     if checkpoint:  # the grace began when the job was asked to checkpoint
         grace = max(0.0, min(grace, decision.ts + grace - now))

@@ -27,6 +27,18 @@ class Decision:
     details: dict = field(default={}, doc="the numbers behind the decision")
     v: int = field(default=1)
 
+    @property
+    def is_checkpoint_stop(self) -> bool:
+        """A ``terminate`` that stops a job at a checkpoint (``details.mode``), for its agent to resume it (the
+        priority agent's preemption); any other terminate (a target's hard stop, an operator's) ends the job."""
+        d = self.details
+        return self.action == "terminate" and isinstance(d, dict) and d.get("mode") == "checkpoint"
+
+    @property
+    def is_resume(self) -> bool:
+        """A ``place`` that starts again a job its agent stopped (``details.resume``)."""
+        return self.action == "place" and isinstance(self.details, dict) and self.details.get("resume") is True
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Actuation:

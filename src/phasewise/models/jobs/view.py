@@ -378,7 +378,7 @@ class _Walk:
             elif source == "decisions":
                 d: Decision = r
                 decisions.append(d.id)
-                if d.action == "terminate" and isinstance(d.details, dict) and d.details.get("mode") == "checkpoint":
+                if d.is_checkpoint_stop:
                     stopping = True
                 if d.action == "place":
                     if state in (None, "waiting", "terminated"):
