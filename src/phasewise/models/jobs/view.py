@@ -344,35 +344,33 @@ class _Walk:
                 elif ev.kind == "priority":
                     priority = ev.priority
                 elif ev.kind in _STATE_OF:
-                    kind = ev.kind
-                    if kind in STOP_EXITS and stopping and state in ("running", "frozen"):
-                        # it honoured its checkpoint stop's control before the actuator handled the terminate
-                        # (reported finished or failed): the stop's exit, as the agents take it
-                        kind, stopped = "terminated", True
+                    new = _STATE_OF[ev.kind]
+                    if ev.kind in STOP_EXITS and (stopped and state == "waiting"
+                                               or stopping and state in ("running", "frozen")):
+                        # the exit of the priority agent's own stop (known from its stopped hint or its terminate
+                        # decision; finished or failed where the job honoured the stop's control before the
+                        # actuator handled the terminate): the job waits to be resumed
                         enter("waiting", ts)
-                    new = _STATE_OF[kind]
-                    if kind in STOP_EXITS and stopped and state == "waiting":
-                        # the exit of the priority agent's own stop: the job waits to be resumed
                         s.update(exit_code=ev.exit_code, signal=ev.signal, run_s=ev.run_s)
                         hint = ("stopped by the priority agent (checkpoint and exit), ended"
                                 + (f" ({ev.reason})" if ev.reason else "") + "; waits to be admitted again")
-                    elif kind == "thawed" and state != "frozen":
+                    elif ev.kind == "thawed" and state != "frozen":
                         ignored = f"while {state or 'unknown'} (not frozen)"
-                    elif kind == "frozen" and state not in ("running", "placed"):
+                    elif ev.kind == "frozen" and state not in ("running", "placed"):
                         ignored = f"while {state or 'unknown'}"
-                    elif state == new and kind != "started":
+                    elif state == new and ev.kind != "started":
                         ignored = f"already {state}"
                     else:
                         enter(new, ts)
-                        if kind == "started":
+                        if ev.kind == "started":
                             stopped = stopping = False
                             s.update(host=ev.host, container=ev.container or job, pid=ev.pid,
                                      cpuset=ev.cpuset or s["cpuset"], gpus=tuple(ev.devices) or s["gpus"],
                                      reason=None, exit_code=None, signal=None, oom=False, run_s=None)
-                        if kind in ("finished", "failed", "terminated", "rejected", "lost"):
+                        if ev.kind in ("finished", "failed", "terminated", "rejected", "lost"):
                             s.update(reason=ev.reason, exit_code=ev.exit_code, signal=ev.signal, oom=ev.oom,
                                      run_s=ev.run_s)
-                        if kind == "rejected" and ev.host:
+                        if ev.kind == "rejected" and ev.host:
                             s["host"] = ev.host
                 timeline.append(Entry(ts, source, ev.kind, text, ignored))
             elif source == "decisions":
