@@ -29,7 +29,7 @@ from phasewise.actuators.backends.gpu_share_enforcement import carry, start_envi
 from phasewise.actuators.backends.replicas import LocalReplicas
 from phasewise.actuators.commands import Outcome, Scale, ScaleReplicas, SetLimits, StartJob
 from phasewise.actuators.job_states import AWAY, JobStates, job_of
-from phasewise.actuators.ledger import Ledger
+from phasewise.actuators.ledger import Ledger, StartedJob
 from phasewise.actuators.metrics import ActuatorMetrics
 from phasewise.actuators.safety import (
     SUPPORTED_ACTIONS,
@@ -412,35 +412,37 @@ class Actuator(JobStates):
             return f"its endpoint could not be opened: {e}"
         return f"service endpoint 127.0.0.1:{svc.port} -> replica 1 on port {svc.port + 1}"
 
+    def _ended(self, container: str) -> tuple[StartedJob, str] | None:
+        """The registry row of the job this actuator started in *container* and the kind of the end it recorded
+        (``finished``, ``failed``, ``terminated``); ``None`` when it recorded none (or none it can read)."""
+        row = self.ledger.started_job(container)
+        if row is None or row.backend != self.backend.name or row.ended is None or row.end_event is None:
+            return None
+        try:
+            return row, decode(JobEvent, row.end_event).kind
+        except SchemaError:
+            return None
+
     def _over(self, container: str) -> str | None:
         """Why no place decision may start a job in *container* again: this actuator started one there that
         finished or failed (its container may be gone: ``actuator_remove_ended_jobs``); ``None`` otherwise.
         A resume (``details.resume``) is not asked: a job that honoured its checkpoint stop's control before
         the terminate decision reached this actuator was reported finished or failed, and its agent resumes it
         (in a container made again where its end removed it)."""
-        row = self.ledger.started_job(container)
-        if row is None or row.backend != self.backend.name or row.end_event is None:
+        ended = self._ended(container)
+        if ended is None or ended[1] not in ("finished", "failed"):
             return None
-        try:
-            ev = decode(JobEvent, row.end_event)
-        except SchemaError:
-            return None
-        if ev.kind not in ("finished", "failed"):
-            return None
-        return (f"job {row.job!r} already ran in container {container!r} and {ev.kind}: a placed job is started "
-                "once")
+        row, kind = ended
+        return f"job {row.job!r} already ran in container {container!r} and {kind}: a placed job is started once"
 
     def _ended_and_removed(self, container: str) -> str | None:
         """What to say of a terminate for *container* whose job this actuator saw end and whose container went
         with its end (a job that honoured its checkpoint stop's control before the terminate came); ``None``
         when the registry holds no such end."""
-        row = self.ledger.started_job(container)
-        if row is None or row.backend != self.backend.name or row.ended is None or row.end_event is None:
+        ended = self._ended(container)
+        if ended is None:
             return None
-        try:
-            kind = decode(JobEvent, row.end_event).kind
-        except SchemaError:
-            return None
+        row, kind = ended
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row.ended))
         return f"job {row.job!r} already ended ({kind} at {at}) and its container went with it: nothing to stop"
 
