@@ -35,6 +35,9 @@ from phasewise.apps.experiment.cluster_plan import (
 from phasewise.kit.records import ContainerSample, HostSamples, Interval, JobEvent, UtilisationPrediction
 from tests.conftest import is_root
 
+#: the Pollux arrivals the experiment reads (../shared beside the clone, as CI has it)
+needs_trace = pytest.mark.skipif(not default_trace().is_file(), reason="../shared/data/pollux-traces not present")
+
 
 def ev(job: str, kind: str, ts: float, **kw) -> JobEvent:
     return JobEvent(job=job, ts=ts, kind=kind, **kw)
@@ -47,6 +50,7 @@ def pred(job: str, cores: float) -> UtilisationPrediction:
                                  mem_bytes=Interval(mean=1e8, lo=1e8, hi=1e8), coverage=0.8)
 
 
+@needs_trace
 def test_the_trace_shapes_the_arrivals():
     times = read_arrivals(default_trace())
     assert len(times) == 160 and times == sorted(times)
@@ -132,6 +136,7 @@ def test_the_summary_is_computed_from_the_records():
 @pytest.mark.slow
 @pytest.mark.skipif(not (is_root() and Path("/sys/fs/cgroup/cpuset/cpuset.cpus").exists()),
                     reason="needs root and a cgroup v1 cpuset hierarchy")
+@needs_trace
 def test_a_short_run_ends_every_job_and_leaks_no_booking(tmp_path):
     r = subprocess.run([sys.executable, "-W", "ignore", "-m", "phasewise.cli", "experiment", "cluster", "--jobs", "6",
                         "--span", "20", "--train-seconds", "25", "--service-seconds", "30",
