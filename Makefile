@@ -27,9 +27,11 @@ demo: install
 TEST_WORKERS ?= 6
 # The sources are compiled first, as pip compiles an installed package: every role and CLI process a test starts
 # (hundreds) then reads bytecode instead of compiling the modules it imports (0.17 CPU-s a role), also where
-# PYTHONDONTWRITEBYTECODE keeps Python from writing it on its own.
+# PYTHONDONTWRITEBYTECODE keeps Python from writing it on its own. Likewise pytest's rewritten test modules, once
+# (tests/rewrite_once.py), not once per process.
 test: install tools
 	$(BIN)/python -m compileall -q src
+	$(BIN)/python tests/rewrite_once.py
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # Test tools from Debian, best effort (root + apt): promtool (`prometheus`) for the
