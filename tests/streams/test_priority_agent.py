@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from phasewise.kit.records import Decision, JobControl
+from phasewise.kit.records import Decision, JobControl, JobEvent
 from tests.models.jobs.test_priority_step import EXPECTED_WEIGHTED, JOB_POISON, finished, submitted, valid_stream
 
 
@@ -64,6 +64,11 @@ def test_a_real_worker_with_priorities_decides_every_valid_event_and_dead_letter
         assert got == [*EXPECTED_WEIGHTED, ("terminate", "low"), ("place", "big"), ("weight", "big")]
         wait(lambda: any(c.job == f"{tag}-low" and c.action == "checkpoint_exit"
                          for c in records(JobControl, controls.drain())), 30, "the checkpoint_exit control", role)
+        # the stop is a state on the job's events too (the targets agent reads it), with this agent launching
+        events = Reader(settings, JOB_EVENTS.name, JOB_EVENTS.partitions)
+        wait(lambda: any(e.job == f"{tag}-low" and e.kind == "stopped" and e.host == host
+                         for e in records(JobEvent, events.drain())), 30, "the stopped event", role)
+        events.close()
         poisoned = sent.where("poison:")
         wait(lambda: set(poisoned) <= set(dead_letters(letters.drain(), JOB_EVENTS.name)), 30,
              "every dead letter", role)

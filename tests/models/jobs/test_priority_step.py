@@ -108,8 +108,11 @@ def test_checkpoint_and_stop_sends_a_checkpoint_exit_control():
     assert [(d.action, d.container, d.details.get("mode")) for d in ds] == [
         ("place", "low", None), ("terminate", "low", "checkpoint"), ("place", "hi", None)]
     assert [(c.job, c.action, c.grace_s) for c in cs] == [("low", "checkpoint_exit", 20.0)]
+    # the stop is a state on the job's events whoever launches (the targets agent reads it); starts are not
+    assert [(h.kind, h.job, h.host, h.container) for h in s.take_hints()] == [("stopped", "low", "n1", "low")]
     ds, cs, bad = run(s, [finished("hi", 9)])
     assert [(d.action, d.container, d.details["resume"]) for d in ds] == [("place", "low", True)]
+    assert s.take_hints() == []
 
 
 @pytest.mark.parametrize("kind", ["finished", "failed"])

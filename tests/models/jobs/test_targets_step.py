@@ -255,8 +255,8 @@ def test_a_progress_event_stamped_far_ahead_is_a_dead_letter_and_pins_nothing():
 
 
 def test_kinds_it_does_not_act_on_are_skipped_never_dead_lettered():
-    """The priority agent's hints (stamped by another job's event) and new priorities: neither a dead letter
-    nor the job's newest time, however they are stamped."""
+    """The priority agent's hints (stamped by another job's event; a ``stopped`` one marks the job, below) and new
+    priorities: neither a dead letter nor the job's newest time, however they are stamped."""
     from phasewise.models.safety.intake import EventClock
     from tests.models.safety.test_intake import config as intake
 
@@ -272,6 +272,64 @@ def test_kinds_it_does_not_act_on_are_skipped_never_dead_lettered():
     assert dead == [] and sent == []
     h.handle(5, progress("job-a", 1, 0.1, ts=400.0))  # 550 s behind started: within the bound (not 1040)
     assert dead == [] and [json.loads(v)["action"] for _, _, v in sent] == ["checkpoint_exit"]
+
+
+def ended(job: str, kind: str, ts: float) -> bytes:
+    return encode(JobEvent(job=job, ts=ts, kind=kind, exit_code=0 if kind == "finished" else 143))
+
+
+@pytest.mark.parametrize("kind", ["finished", "failed"])
+def test_a_job_that_exits_on_the_priority_agent_s_stop_before_its_terminate_is_followed_again_when_resumed(kind):
+    """The priority agent's checkpoint stop puts ``stopped`` on the job's events before its control; a job that
+    exits on the control before the actuator handles the terminate is reported finished or failed. That end
+    is the stop's exit: the job leaves its node (the others are divided again), its targets are kept, and its
+    resumed run is held to them; an end after it started again is its own. The mark survives a restart."""
+    h, sent, dead = make(targets_patience=1, targets_ewma_alpha=1.0, targets_node_cores=4.0)
+    for job in ("job-a", "job-b"):
+        h.handle("e0", submitted(job))
+        h.handle("e1", started(job))
+    h.handle("p1", progress("job-a", 1, 0.9))  # a past acceptable while b is short: held to 0.5 cores
+    assert [(decode(Decision, v).container, decode(Decision, v).cpu_limit_cores) for _, _, v in sent] == [
+        ("job-a", 0.5)]
+    h.handle("s", encode(JobEvent(job="job-a", ts=20.0, kind="stopped", host="node-7", container="job-a")))
+    assert h.fleet.jobs["job-a"].stopping and sent[1:] == []
+    restored = step(targets_patience=1, targets_ewma_alpha=1.0, targets_node_cores=4.0)
+    restored.restore([(k, v) for k, _p, v in h.writes()])
+    for agent in (h, restored):
+        agent.handle("x", ended("job-a", kind, 21.0))
+        assert "job-a" in agent.fleet.jobs and agent.fleet.jobs["job-a"].host is None and agent.dead == []
+        agent.handle("r", started("job-a", ts=30.0))  # resumed from its checkpoint
+        assert agent.fleet.jobs["job-a"].host == "node-7" and not agent.fleet.jobs["job-a"].stopping
+        agent.handle("p2", progress("job-a", 2, 0.4, ts=31.0))  # objective: asked to checkpoint and exit
+        assert [decode(JobControl, v).action for t, _, v in agent.sent if t == CONTROL.name] == ["checkpoint_exit"]
+        agent.handle("f", ended("job-a", "finished", 40.0))  # its own end now
+        assert "job-a" not in agent.fleet.jobs
+    assert dead == []
+
+
+def test_without_the_stop_an_end_is_the_job_s_end_and_an_unsigned_stopped_changes_nothing():
+    from phasewise.kit.signing import Keyring
+    from phasewise.kit.topics import JOB_EVENTS
+
+    h, _, _ = make(targets_patience=1, targets_ewma_alpha=1.0)
+    h.handle("e0", submitted("job-a"))
+    h.handle("e1", started("job-a"))
+    h.handle("f", ended("job-a", "finished", 21.0))
+    assert "job-a" not in h.fleet.jobs
+    h.handle("s", encode(JobEvent(job="job-a", ts=22.0, kind="stopped")))  # after its end: nothing, no letter
+    assert "job-a" not in h.fleet.jobs and h.dead == []
+    ring = Keyring(b"c" * 40)
+    h = step(verify=lambda key, value, headers: ring.verify(JOB_EVENTS.name, key, value, headers),
+             targets_patience=1, targets_ewma_alpha=1.0)
+    h.handle("e0", submitted("job-a"))
+    h.handle("e1", started("job-a"), key=b"job-a", headers=ring.headers(JOB_EVENTS.name, b"job-a", started("job-a")))
+    forged = encode(JobEvent(job="job-a", ts=20.0, kind="stopped", host="node-7"))
+    h.handle("s", forged, key=b"job-a")
+    assert [why.split(":")[0] for _, why, _ in h.dead] == ["JobEvent stopped job-a"]
+    assert not h.fleet.jobs["job-a"].stopping
+    end = ended("job-a", "finished", 21.0)
+    h.handle("f", end, key=b"job-a", headers=ring.headers(JOB_EVENTS.name, b"job-a", end))
+    assert "job-a" not in h.fleet.jobs
 
 
 def test_a_submitted_container_is_ignored_and_a_started_one_taken_only_when_signed_with_the_cluster_key():

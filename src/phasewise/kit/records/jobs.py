@@ -149,7 +149,8 @@ class JobEvent:
     ``finished``, ``failed`` and ``terminated`` by the actuator that applied the
     place, freeze, thaw or terminate decision; ``lost`` by the agent that released
     a booking no actuator reported on; ``admitted`` and ``stopped`` are the
-    priority agent's hints to the placement agent (``priority_launcher=place``).
+    priority agent's hints to the placement agent (``priority_launcher=place``;
+    ``stopped`` with either launcher: the targets agent reads it too).
     ``finished``, ``failed``, ``rejected`` and ``lost`` end a job; ``terminated``
     ends it unless the priority agent resumes it. A consumer ignores the kinds it
     does not act on.

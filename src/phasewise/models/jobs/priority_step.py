@@ -4,7 +4,8 @@ checkpoint controls and admission hints out.
 :class:`PriorityStep` decodes a record of the job-events topic, hands what it means to the
 :class:`~phasewise.models.jobs.priorities.PriorityPolicy` (DynamoML's preemption, CPU weights) and
 returns the :class:`~phasewise.kit.records.Decision` and :class:`~phasewise.kit.records.JobControl`
-records it causes; with ``launcher = place`` a start is an ``admitted`` hint instead (:meth:`take_hints`).
+records it causes; with ``launcher = place`` a start is an ``admitted`` hint instead, and with either launcher
+a checkpoint stop is also a ``stopped`` hint (:meth:`take_hints`).
 A record it cannot take raises :class:`~phasewise.kit.records.SchemaError` or a
 :class:`~phasewise.models.jobs.events.Refused`. It keeps each job's state for the changelogged table
 (:meth:`writes`, :meth:`restore`). Narrative: docs/priorities.md.
@@ -110,7 +111,7 @@ class PriorityStep:
         """What one record causes; raises :class:`SchemaError` or :class:`Refused` for a dead letter.
 
         *key*, *headers*: the record's, for the cluster key's check of a ``started`` event.
-        With ``launcher = place`` the hints it causes go to :attr:`hints`.
+        The hints it causes go to :attr:`hints`.
         """
         ev = decode(JobEvent, raw)
         if ev.kind not in ACTS_ON:
@@ -148,7 +149,9 @@ class PriorityStep:
         hinted_starts = set()
         for a in actions:
             self._note(a, ev.ts)
-            if self.launcher == "place" and a.kind in ("start", "restart", "checkpoint_stop"):
+            # a checkpoint stop is a state of the job whoever launches it (the targets agent keeps following a
+            # job whose exit it sees after it); starts and restarts are hints only for the placement agent
+            if a.kind == "checkpoint_stop" or (self.launcher == "place" and a.kind in ("start", "restart")):
                 hints.append(self._hint(a, ev.ts))
                 if a.kind != "checkpoint_stop":
                     hinted_starts.add(a.job)
@@ -303,7 +306,8 @@ class PriorityStep:
             info["w"] = a.details["cpu_weight"]
 
     def take_hints(self) -> list[JobEvent]:
-        """The hints caused since the last call (``launcher = place``), in order; cleared."""
+        """The hints caused since the last call (``admitted`` with ``launcher = place``, ``stopped`` with either),
+        in order; cleared."""
         out, self.hints = self.hints, []
         return out
 

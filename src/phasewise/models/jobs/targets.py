@@ -476,13 +476,17 @@ class _Job:
     cpu_at_report: float | None = None  #: cpu_s at its latest progress report
     limit: float | None = None  #: the CPU limit this fleet set last (None: none)
     crossed: str = ""  #: the reason of its acceptable event
+    #: the priority agent stopped it to resume it (its ``stopped`` event), until it starts again: an end seen
+    #: meanwhile is that stop's exit, not the job's end
+    stopping: bool = False
 
     def to_state(self) -> dict[str, Any]:
         t = self.tracker.targets
         return {"v": FLEET_STATE_VERSION, "targets": [t.acceptable, t.objective, t.direction, t.metric],
                 "tracker": self.tracker.to_state(), "host": self.host, "container": self.container, "use": self.use,
                 "cpu_s": self.cpu_s, "sample_ts": self.sample_ts, "first": self.first,
-                "cpu_at_report": self.cpu_at_report, "limit": self.limit, "crossed": self.crossed}
+                "cpu_at_report": self.cpu_at_report, "limit": self.limit, "crossed": self.crossed,
+                "stopping": self.stopping}
 
 
 FLEET_STATE_VERSION = 1
@@ -497,7 +501,8 @@ class TargetsFleet:
     (host, container); ``progress`` is checked (:func:`check_progress`) and learned;
     ``finished``, ``failed``, ``rejected``, ``lost`` stop following it, so does ``terminated`` once
     the objective was reached (another's stop, a preemption, takes it off its node until it starts
-    again). :meth:`process` returns the decisions and controls an
+    again; so does a ``finished`` or ``failed`` after the priority agent's ``stopped``: the exit of its
+    checkpoint stop, come before the actuator's ``terminated``). :meth:`process` returns the decisions and controls an
     event causes, or the reason it cannot be used (an unknown job, a NaN loss, steps going
     backwards, an absurd value): the caller dead-letters it and the job is unaffected.
     :meth:`samples` takes a host's samples: the use of the jobs' containers (for the share
@@ -583,20 +588,28 @@ class TargetsFleet:
                                      container=old.container if old else ev.container)
             self._dirty.add(ev.job)
             return [], [], None
+        if ev.kind == "stopped":  # the priority agent's checkpoint stop: its exit is not the job's end
+            job = self.jobs.get(ev.job)
+            if job is not None and job.tracker.state not in ("objective", "stopped") and not job.stopping:
+                job.stopping = True
+                self._dirty.add(ev.job)
+            return [], [], None
         if ev.kind == "started":
             job = self.jobs.get(ev.job)
             if job is None or not ev.host:
                 return [], [], None
             before = job.host
-            job.host, job.container = ev.host, ev.container or ev.job
+            job.host, job.container, job.stopping = ev.host, ev.container or ev.job, False
             self._dirty.add(ev.job)
             out = self._divide(ev.host, ev.ts)
             if before is not None and before != ev.host:
                 out += self._divide(before, ev.ts)
             return out, [], None
-        if ev.kind in ("finished", "failed", "rejected", "lost") or (
-                ev.kind == "terminated" and ev.job in self.jobs
-                and self.jobs[ev.job].tracker.state in ("objective", "stopped")):
+        followed = self.jobs.get(ev.job)
+        stop_exit = ev.kind in ("finished", "failed") and followed is not None and followed.stopping
+        if not stop_exit and (ev.kind in ("finished", "failed", "rejected", "lost") or (
+                ev.kind == "terminated" and followed is not None
+                and followed.tracker.state in ("objective", "stopped"))):
             # it ended (terminated: after the objective, the stop these targets asked for): no longer followed
             job = self.jobs.pop(ev.job, None)
             if job is None:
@@ -604,8 +617,9 @@ class TargetsFleet:
             job.tracker.finished()
             self._dirty.add(ev.job)
             return (self._divide(job.host, ev.ts) if job.host is not None else []), [], None
-        if ev.kind == "terminated":
-            # stopped by another (a preemption): off its node until a started event puts it back (resumed)
+        if ev.kind == "terminated" or stop_exit:
+            # stopped by another (a preemption; or the exit of the priority agent's checkpoint stop, seen before
+            # the actuator handled its terminate): off its node until a started event puts it back (resumed)
             job = self.jobs.get(ev.job)
             if job is None or job.host is None:
                 return [], [], None
@@ -749,7 +763,8 @@ class TargetsFleet:
         self.jobs[job] = _Job(TargetTracker.from_state(targets, self.config, state["tracker"]),
                               host=state["host"], container=state["container"], use=state["use"],
                               cpu_s=state["cpu_s"], sample_ts=state["sample_ts"], first=state["first"],
-                              cpu_at_report=state["cpu_at_report"], limit=state["limit"], crossed=state["crossed"])
+                              cpu_at_report=state["cpu_at_report"], limit=state["limit"], crossed=state["crossed"],
+                              stopping=bool(state.get("stopping", False)))
         if state.get("host_cores") and state["host"] is not None:
             self.host_cores.setdefault(state["host"], float(state["host_cores"]))
         if state.get("favoured") and state["host"] is not None:

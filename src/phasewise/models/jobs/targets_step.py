@@ -31,7 +31,7 @@ __all__ = ["ACTS_ON", "TargetsStep", "TargetsStepConfig"]
 log = logging.getLogger(__name__)
 
 #: the job-event kinds the targets agent acts on; the others are skipped, never dead-lettered
-ACTS_ON = frozenset({"submitted", "started", "progress", "terminated"} | TERMINAL_KINDS)
+ACTS_ON = frozenset({"submitted", "started", "stopped", "progress", "terminated"} | TERMINAL_KINDS)
 #: the dead-letter kind of every refusal but the event-time rule's (as this agent has always counted them)
 KIND = "schema"
 
@@ -97,7 +97,10 @@ class TargetsStep:
             return [], []
         if ev.kind == "submitted" and ev.container is not None:
             ev = dataclasses.replace(ev, container=None)  # a job's container is its id until an actuator says
-        if (ev.kind == "started" or ev.kind in END_KINDS) and self.verify is not None and ev.job in self.fleet.jobs:
+        if ev.kind == "stopped" and ev.job not in self.fleet.jobs:
+            return [], []  # the priority agent stopped a job it does not follow (no targets, or ended)
+        if (ev.kind in ("started", "stopped") or ev.kind in END_KINDS) and self.verify is not None \
+                and ev.job in self.fleet.jobs:
             why = self.verify(key, raw, headers)
             if why is not None:
                 raise SignatureRefused(f"JobEvent {ev.kind} {ev.job}: not signed by the cluster key ({why}): "
@@ -112,7 +115,9 @@ class TargetsStep:
         if self.positions.seen(ev.job, partition, offset):
             self.replayed += 1  # its effect is in the restored state already
             return [], []
-        if self.clock is not None and (why := self.clock.admit(ev.job, ev.ts, now=self.now())) is not None:
+        # (a stopped hint is stamped by the event that caused the stop, often another job's: not this job's time)
+        if self.clock is not None and ev.kind != "stopped" and (
+                why := self.clock.admit(ev.job, ev.ts, now=self.now())) is not None:
             raise EventTimeRefused(f"JobEvent {ev.kind} {ev.job}: {why}")
         if ev.kind == "submitted" and ev.job in self.fleet.jobs:
             raise Refused(f"JobEvent: job id {ev.job!r} already submitted: this submission is refused; submit it "

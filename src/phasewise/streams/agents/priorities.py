@@ -64,16 +64,17 @@ async def on_job_events(ctx: Context, event: Any) -> None:
 
 
 def emit(ctx: Context, decisions: list, controls: list, refused: Any = None) -> None:
-    """Send what the step decided: decisions signed, checkpoint controls, then its hints, signed."""
+    """Send what the step decided: its hints (signed), decisions (signed), then checkpoint controls. A ``stopped``
+    hint goes before the control that makes the job exit, so the job's events hold the stop before its exit."""
     step: PriorityStep = ctx.state
+    for h in step.take_hints():
+        ctx.send(JOB_EVENTS.name, h.job.encode(), encode(h), signed=True, on_refused=refused)
+        log.info("priority hint %s %s on %s%s", h.kind, h.job, h.host, " (resume)" if h.resume else "")
     for d in decisions:
         ctx.send_decision(d, on_refused=refused)
         log.info("priority decision %s %s/%s: %s", d.action, d.host, d.container, d.reason)
     for c in controls:
         ctx.send(CONTROL.name, c.job.encode(), encode(c), on_refused=refused)
-    for h in step.take_hints():
-        ctx.send(JOB_EVENTS.name, h.job.encode(), encode(h), signed=True, on_refused=refused)
-        log.info("priority hint %s %s on %s%s", h.kind, h.job, h.host, " (resume)" if h.resume else "")
     ctx.outputs.poll()
 
 
