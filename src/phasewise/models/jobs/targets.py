@@ -30,6 +30,7 @@ from typing import Any
 
 from phasewise.kit.records import Decision, JobControl
 from phasewise.models.decisions import decision_id
+from phasewise.models.jobs.lifecycle import STOP_EXITS
 
 __all__ = [
     "ABSURD", "DIRECTIONS", "Smoother", "TargetEvent", "TargetTracker", "Targets", "TargetsConfig",
@@ -606,7 +607,7 @@ class TargetsFleet:
                 out += self._divide(before, ev.ts)
             return out, [], None
         followed = self.jobs.get(ev.job)
-        stop_exit = ev.kind in ("finished", "failed") and followed is not None and followed.stopping
+        stop_exit = ev.kind in STOP_EXITS and followed is not None and followed.stopping
         if not stop_exit and (ev.kind in ("finished", "failed", "rejected", "lost") or (
                 ev.kind == "terminated" and followed is not None
                 and followed.tracker.state in ("objective", "stopped"))):
