@@ -38,8 +38,7 @@ def halves(root: Path = TESTS, n: int = PROCESSES) -> list[list[str]]:
 
 def main() -> int:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-           "-o", "addopts=--import-mode=importlib"]  # the run's import mode, without its doctests
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider"]
     procs = [subprocess.Popen([*cmd, *group], cwd=TESTS.parent, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for group in halves()]
     for p in procs:
