@@ -185,6 +185,12 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
     decide, changed = out.decide[rows].tolist(), out.changed[rows].tolist()
     cpus, mems = (a.tolist() for a in round_limits(out.limits[rows, ci], out.limits[rows, mi]))
     margin = clean(margin)
+    if safety is None:
+        sxs: list = [None] * len(rows)
+    elif hasattr(safety, "explain_rows"):
+        sxs = safety.explain_rows(rows)
+    else:
+        sxs = [safety.explain(i) for i in rows.tolist()]
     for k, (i, ex) in enumerate(zip(rows.tolist(), out.explain_rows(rows, quantile))):
         cpu = cpus[k] if decide[k][ci] else None
         mem = mems[k] if decide[k][mi] else None
@@ -212,7 +218,7 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
             reason = f"prior of {prior.runs} earlier runs of {prior.signature}, {reason}"
         if (ahead := out.ahead.get(i)) is not None:
             reason += "; " + ahead[0].text()
-        sx = None if safety is None else safety.explain(i)
+        sx = sxs[k]
         if sx is not None:
             details["safety"] = sx
             reason += bounded_text(sx)

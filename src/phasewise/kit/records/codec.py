@@ -361,7 +361,15 @@ def _check_finite(tree: Any, where: str) -> None:
     while stack:
         node = stack.pop()
         for v in (node.values() if isinstance(node, dict) else node):
-            if isinstance(v, float):
+            t = type(v)  # the exact common types first: this runs over every decision's details
+            if t is float:
+                if not _isfinite(v):
+                    raise _not_finite(where, v)
+            elif t is dict or t is list:
+                stack.append(v)
+            elif t is str or t is int or t is bool or v is None:
+                continue
+            elif isinstance(v, float):
                 if not _isfinite(v):
                     raise _not_finite(where, v)
             elif isinstance(v, (dict, list, tuple)):

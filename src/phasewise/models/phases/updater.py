@@ -88,8 +88,13 @@ class _Rows:
         self.pos[rows] = np.arange(len(rows))
 
     def explain(self, i: int) -> dict[str, Any] | None:
-        j = int(self.pos[i])
-        return None if j < 0 else self.outcome.explain(j)
+        return self.explain_rows([i])[0]
+
+    def explain_rows(self, rows: Any) -> list[dict[str, Any] | None]:
+        """:meth:`explain` of each of *rows* (step rows)."""
+        pos = self.pos[np.asarray(rows, dtype=np.intp)]
+        got = iter(self.outcome.explain_rows(pos[pos >= 0]))
+        return [None if j < 0 else next(got) for j in pos.tolist()]
 
 
 class PhaseHooks:

@@ -34,6 +34,16 @@ _BIT = {r: 1 << i for i, r in enumerate(RULES)}
 _CPU, _MEM = 0, 1
 STATE_VERSION = 1
 MIB = 2.0**20
+_isfinite = math.isfinite
+_NAMES: dict[int, tuple[str, ...]] = {}
+
+
+def _names(mask: int) -> tuple[str, ...]:
+    """The rules of a rule mask, in :data:`RULES` order (256 masks at most: kept once each)."""
+    got = _NAMES.get(mask)
+    if got is None:
+        got = _NAMES[mask] = tuple(name for name in RULES if mask & _BIT[name])
+    return got
 
 
 def oom_bump(limit: np.ndarray | float, ratio: float = 1.2, min_bump: float = 100 * MIB) -> np.ndarray | float:
@@ -109,27 +119,27 @@ class GuardOutcome:
 
     def rules_of(self, i: int) -> dict[str, list[str]]:
         """The rules that bounded row *i*, per resource (only resources some rule touched)."""
-        out = {}
-        for j, r in enumerate(RESOURCES):
-            m = int(self.rules[i, j])
-            if m:
-                out[r] = [name for name in RULES if m & _BIT[name]]
-        return out
+        return {r: list(_names(m)) for r, m in zip(RESOURCES, self.rules[i].tolist()) if m}
 
     def explain(self, i: int) -> dict[str, Any]:
         """What a decision of row *i* carries (``details["safety"]``): the rules that bounded each
         resource, the limits in force they compared with (None: unlimited), the peak working set in
         the window and the memory floor (None: unknown)."""
+        return self.explain_rows([i])[0]
 
-        def f(x: float) -> float | None:
-            return float(x) if math.isfinite(x) else None
-
-        return {
-            "bounded_by": self.rules_of(i),
-            "in_force": {r: f(self.in_force[i, j]) for j, r in enumerate(RESOURCES)},
-            "peak_mem_bytes": f(self.peak[i]),
-            "mem_floor_bytes": f(self.mem_floor[i]),
-        }
+    def explain_rows(self, rows: Any) -> list[dict[str, Any]]:
+        """:meth:`explain` of each of *rows* (the arrays are read once for all of them)."""
+        idx = np.asarray(rows, dtype=np.intp)
+        out = []
+        for masks, force, peak, floor in zip(self.rules[idx].tolist(), self.in_force[idx].tolist(),
+                                             self.peak[idx].tolist(), self.mem_floor[idx].tolist()):
+            out.append({
+                "bounded_by": {r: list(_names(m)) for r, m in zip(RESOURCES, masks) if m},
+                "in_force": {r: v if _isfinite(v) else None for r, v in zip(RESOURCES, force)},
+                "peak_mem_bytes": peak if _isfinite(peak) else None,
+                "mem_floor_bytes": floor if _isfinite(floor) else None,
+            })
+        return out
 
     def counts(self) -> dict[str, int]:
         """How many (row, resource) cells each rule touched."""
