@@ -11,7 +11,7 @@ apart from reading the latest snapshot through a callable. docs/phases.md,
 from __future__ import annotations
 
 import logging
-import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,6 +123,7 @@ class PhaseHooks:
         self._priors_on = config.prior_until_s > 0 and vpa_cache.priors is not None and vpa_cache.guard is not None
         self.fleet = self._fleet(model)
         self._fields = [_FIELD[f] for f in feats]
+        self._getter = operator.attrgetter(*self._fields)  # a frame's fields of a sample (None -> NaN in the array)
         self._cpu_mem_only = feats == LIMITED
         self._limited_cols = None if self._cpu_mem_only else [feats.index(r) for r in LIMITED]
         self._carried: list[tuple[str, dict[str, Any]]] = []  # marked states of a replaced fleet
@@ -235,9 +236,7 @@ class PhaseHooks:
         elif self._cpu_mem_only:
             X = np.array([(c.cpu_cores, c.mem_bytes) for m in msgs for c in m.containers], dtype=np.float64)
         else:  # a missing GPU reading (None) is NaN: the normaliser treats it as missing
-            get = self._fields
-            X = np.array([[math.nan if (v := getattr(c, f)) is None else v for f in get]
-                          for m in msgs for c in m.containers], dtype=np.float64)
+            X = np.array(list(map(self._getter, (c for m in msgs for c in m.containers))), dtype=np.float64)
         decided = self.vpa_cache.decided_limits
         cols = self._limited_cols
 
