@@ -79,6 +79,10 @@ class PhaseOutput:
     shadow: list[Decision] = field(default_factory=list)
 
 
+#: the fields of a phase change the round sets itself (the rest come from the detector, made JSON-safe)
+_OWN = frozenset({"stats", "host", "container"})
+
+
 class _Rows:
     """The safety rules' outcome over some rows of a step, read by the step's row index (None: not bounded)."""
 
@@ -278,9 +282,14 @@ class PhaseHooks:
         changes = []
         if out.changes:
             row = {k: i for i, k in enumerate(keys)}
+            stats: dict[int, Any] = {}  # a phase's statistics, made JSON-safe once per round (shared, never changed)
             for c in out.changes:
                 i = row[c["container"]]
-                changes.append(PhaseChange(**clean({**c, "host": hosts[i], "container": names[i]})))
+                st = stats.get(id(c["stats"]))
+                if st is None:
+                    st = stats[id(c["stats"])] = clean(c["stats"])
+                changes.append(PhaseChange(**{k: clean(v) for k, v in c.items() if k not in _OWN},
+                                           host=hosts[i], container=names[i], stats=st))
         batch = None
         if len(out.sample):
             sel = out.sample
