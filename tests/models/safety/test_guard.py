@@ -331,3 +331,25 @@ def test_a_cpu_cut_waits_for_a_sample_throttled_above_half_the_threshold():
     see(g, r, 10.0, thr=0.04)  # under half the threshold: not throttled
     out = bound(g, r, 10.0, cpu=0.8, in_cpu=1.0)
     assert out.emit[0, 0] and out.limits[0, 0] == 0.8 and "cpu" not in out.rules_of(0)
+
+
+def test_the_explanations_of_many_rows_are_each_rows_own():
+    """``explain_rows`` (what a round's decisions read at once) gives what ``explain`` gives row by row; read
+    through the phase step's subset of rows, a row the rules did not see is None."""
+    from phasewise.models.phases.updater import _Rows
+
+    g = LimitGuard(config(min_history_s=60.0, cooldown_s=30.0, max_decrease=0.25, peak_window_s=120.0,
+                          mem_margin_bytes=0.0, throttle_window_s=5.0))
+    rows = g.add_rows(3)
+    for t in range(0, 100, 5):
+        g.observe(rows, float(t), mem=np.array([1e8, 5e8, 2e8]), throttled_frac=np.array([0.0, 0.9, 0.0]),
+                  oom=np.zeros(3), mem_limit=np.array([NAN, 1e9, 4e8]))
+    out = g.bound(rows, 100.0, np.array([[0.5, 5e8], [0.2, 2e8], [NAN, 1e8]]),
+                  np.array([[1.0, 1e9], [1.0, 1e9], [NAN, NAN]]))
+    each = [out.explain(i) for i in range(3)]
+    assert out.explain_rows(np.arange(3)) == each == out.explain_rows([0, 1, 2])
+    assert each[1]["bounded_by"]["cpu"] == ["throttled"] and "bounded_by" in each[2]
+    assert each[2]["in_force"] == {"cpu": None, "mem": None}
+    sub = _Rows(out, np.array([1, 3, 4]), 5)  # step rows 1, 3 and 4 are the outcome's rows 0, 1 and 2
+    assert sub.explain_rows(np.array([0, 1, 2, 3, 4])) == [None, each[0], None, each[1], each[2]]
+    assert [sub.explain(i) for i in range(5)] == [None, each[0], None, each[1], each[2]]
