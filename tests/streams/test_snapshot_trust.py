@@ -129,3 +129,21 @@ def test_a_ladder_of_unsigned_snapshots_walks_the_version_up_only_without_a_key(
     nxt = encode(snapshot_of(MODEL, 6, 2, 1.7e9))
     f._handle(Msg(nxt, 99, ring.headers(MODELS.name, KEY, nxt)))
     assert f.latest()[0].version == 6
+
+
+def test_the_newest_valid_versions_are_kept_for_a_restarted_worker_and_refused_ones_are_not():
+    """A worker restarted on the version in force at its last commit gets it from the follower: the RECENT
+    newest valid snapshots are kept (older ones read after newer ones too), none that was refused."""
+    from phasewise.streams.follower import RECENT
+
+    f, bad = follower()
+    for i, v in enumerate([3, 1, 2]):  # the topic's order need not be the versions'
+        f._handle(Msg(encode(snapshot_of(MODEL, v, 1, 1.7e9)), i))
+    f._handle(Msg(b"{not json", 3))
+    assert f.versions() == [1, 2, 3] and f.latest()[0].version == 3 and len(bad) == 1
+    got = f.version(2)
+    assert got is not None and got[0].version == 2 and isinstance(got[1], PhaseModel)
+    assert f.version(7) is None
+    for v in range(4, 4 + RECENT):
+        f._handle(Msg(encode(snapshot_of(MODEL, v, 1, 1.7e9)), v))
+    assert f.versions() == list(range(4, 4 + RECENT)) and f.version(3) is None

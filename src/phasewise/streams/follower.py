@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 #: the largest snapshot version taken (integers above are not exact in every JSON reader)
 MAX_VERSION = 2**53
+#: how many of the newest valid snapshots are kept (a restarted worker starts on the one in force at its last
+#: commit: docs/worker.md, "Exact recovery across model snapshots"); a few KB to a few hundred KB each
+RECENT = 16
 
 
 class SnapshotFollower(Following):
@@ -53,6 +56,7 @@ class SnapshotFollower(Following):
         self.on_loaded = on_loaded
         self._lock = threading.Lock()
         self._latest: tuple[ModelSnapshot, PhaseModel] | None = None
+        self._recent: dict[int, tuple[ModelSnapshot, PhaseModel]] = {}  # the RECENT newest valid versions
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
@@ -104,6 +108,10 @@ class SnapshotFollower(Following):
             if self.on_bad is not None:
                 self.on_bad(msg.value(), key, msg.offset(), reason)
             return
+        with self._lock:  # kept for a restarted worker pinned to the version in force at its last commit
+            self._recent[snap.version] = (snap, model)
+            while len(self._recent) > RECENT:
+                del self._recent[min(self._recent)]
         if current is not None and snap.version <= current[0].version:
             return
         with self._lock:
@@ -142,3 +150,13 @@ class SnapshotFollower(Following):
     def latest(self) -> tuple[ModelSnapshot, PhaseModel] | None:
         with self._lock:
             return self._latest
+
+    def version(self, version: int) -> tuple[ModelSnapshot, PhaseModel] | None:
+        """Snapshot *version* of this model and its model, if it is among the :data:`RECENT` newest read."""
+        with self._lock:
+            return self._recent.get(version)
+
+    def versions(self) -> list[int]:
+        """The versions :meth:`version` can give."""
+        with self._lock:
+            return sorted(self._recent)

@@ -274,3 +274,118 @@ def test_a_restart_from_the_stored_states_decides_what_an_unkilled_worker_decide
         assert got == want
     else:
         assert got != want
+
+
+def _snapshot_models() -> dict[int, PhaseModel]:
+    """Versions of one model whose phase statistics differ (each decides other limits)."""
+    W = np.array([[regime(k + j) for j in range(3)] for k in range(120)])
+    out = {}
+    for v, scale in ((1, 1.0), (2, 1.6), (3, 0.6)):
+        m = warm_model()
+        m.clusterer.update_stats(m.predict(W), W[:, -1] * scale)
+        m.clusterer.update_rel_stats(m.predict(W), np.minimum(scale * W[:, -1] / W[:, -1].max(axis=0), 1.0))
+        out[v] = m
+    out[4] = out[2]
+    return out
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_restart_across_model_snapshots_decides_the_samples_read_again_as_they_were_decided(pinned):
+    """Snapshots land while a worker runs (in wall time, which goes on across a kill). The detectors swap only
+    at a commit that hands out every unwritten state, the version in force is recorded with it, and a
+    restarted worker starts on the recorded version and swaps no further until it has processed what its
+    partition held when it started (``ModelPin``): every decision a restarted worker makes for a sample the
+    killed one had read is one the killed one (or one before it) made. Swapping at every step instead
+    (``pinned`` False, the detectors as they were), the samples read again are decided with a newer model."""
+    import json
+
+    from phasewise.kit.records import ModelSnapshot
+    from phasewise.models.phases.pinning import ModelPin, record_key, record_value, recorded_version
+    from phasewise.models.vpa.updater import worker_round
+
+    s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
+                           "safety_rules": False, "hysteresis": 0.05, "state_write_interval_s": 100.0}, env={})
+    cfg, models = updater_config(s), _snapshot_models()
+    lands = {1: -1, 2: 37, 3: 62, 4: 150}  # the wall time at which each version becomes available
+    rng = np.random.default_rng(3)
+    msgs = [msg("h1", 1000.0 + t, {"job": regime(t, 7), "slow": regime(t, 23),
+                                   "noisy": (float(rng.uniform(0.1, 1.2)), float(rng.uniform(2e8, 9e8))),
+                                   "steady": (0.5, 5e8)})  # written seldom: it holds the commits back
+            for t in range(240)]
+    clock = [0]
+
+    def snapshot(v: int):
+        return ModelSnapshot(name=model_name(models[v].features), ts=1.0, version=v, payload_b64=""), models[v]
+
+    def latest():
+        return snapshot(max(k for k, t in lands.items() if t <= clock[0]))
+
+    def start(vpa: dict, phase: dict, end: int, committed: int | None):
+        cache = state_cache(s, loader=lambda k: json.loads(vpa[k]) if k in vpa else None)
+        snap, model = latest()  # a worker starts on the newest snapshot
+        hooks = PhaseHooks(detector_config(s), cache, model=model, version=snap.version,
+                           loader=lambda k: json.loads(phase[k]) if k in phase else None, latest=latest)
+        hooks.swap_on_step = not pinned
+        pin = ModelPin(hooks.version)
+        if pinned:
+            available = [k for k, t in lands.items() if t <= clock[0]]
+            v = pin.assigned({0: recorded_version(phase.get(record_key(0)))}, {0: end}, {0: committed}, available)
+            if v is not None:
+                hooks.use(*snapshot(v))
+        return cache, hooks, pin
+
+    def commit(cache, hooks, pin, pos, vpa, phase):
+        full = False
+        if pinned:  # what the phase agents do at the barrier's first step
+            newer = hooks.newer()
+            plan = pin.at_commit(None if newer is None else newer[0].version)
+            if plan.swap:
+                hooks.use(*newer)
+                full = True
+            for _, v in plan.records.items():
+                phase[record_key(0)] = record_value(v)
+        states = hooks.pop_with(float(clock[0]), 0.0 if full else 100.0)
+        vpa.update((k, json.dumps(st)) for k, st in states)
+        phase.update((k, json.dumps(st)) for k, st in hooks.pop_dirty())
+        return min(pos, cache.hold_back().get(0, pos))
+
+    def run(kills: set[int]):
+        """``(position, decision id, incarnation)`` of every decision, and the positions of the kills."""
+        vpa, phase = {}, {}
+        clock[0] = 0
+        cache, hooks, pin = start(vpa, phase, len(msgs), None)
+        out, pos, committed, inc, killed_at = [], 0, None, 0, []
+        while pos < len(msgs):
+            m = cache.unlearned(msgs[pos], pos)
+            out += [(pos, d.id, inc) for d in worker_round(cache, [m], cfg, _Round(hooks))]
+            cache.learned(m, pos, 0, now=float(clock[0]))
+            pin.processed(0, pos)
+            pos += 1
+            clock[0] += 1
+            if pos % 10 == 0:
+                committed = commit(cache, hooks, pin, pos, vpa, phase)
+            if pos in kills:
+                kills.discard(pos)
+                killed_at.append(pos)
+                clock[0] += 9  # the restart takes a while: a snapshot may land meanwhile
+                cache, hooks, pin = start(vpa, phase, pos + 2, committed)  # it had fetched 2 more
+                pos, inc = committed or 0, inc + 1
+        return out, killed_at
+
+    want, _ = run(set())
+    got, killed_at = run({58, 128, 198})
+    made: dict[tuple[int, int], set[str]] = {}
+    for p, i, inc in got:
+        made.setdefault((p, inc), set()).add(i)
+    again, differ = 0, []
+    for p, i, inc in got:  # a restarted incarnation's decisions for the samples the one before it had read
+        if inc > 0 and p < killed_at[inc - 1]:
+            again += 1
+            if i not in set().union(*(made.get((p, k), set()) for k in range(inc))):
+                differ.append((p, inc, i))
+    assert {(p, i) for p, i, inc in got if inc == 0} <= {(p, i) for p, i, _ in want}
+    assert again > 10 and killed_at == [58, 128, 198]
+    if pinned:
+        assert not differ
+    else:
+        assert differ

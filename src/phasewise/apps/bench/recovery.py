@@ -36,13 +36,15 @@ HOSTS, CONTAINERS, TICKS = 4, 6, 240
 POLICIES = ("vpa", "phase")
 
 
-def worker_env(state_write_interval_s: float, policy: str = "vpa") -> dict[str, str]:
+def worker_env(state_write_interval_s: float, policy: str = "vpa", snapshot_interval_s: float | None = None
+               ) -> dict[str, str]:
     env = {"PHASEWISE_VPA_TIME_SCALE": "0.001", "PHASEWISE_VPA_UPDATE_MODE": "hysteresis",
            "PHASEWISE_SAFETY_RULES": "false", "PHASEWISE_RECOMMEND_INTERVAL_S": "1",
            "PHASEWISE_STATE_WRITE_INTERVAL_S": str(state_write_interval_s), "PHASEWISE_HYSTERESIS": "0.05",
            "PHASEWISE_POLICY": policy}
-    if policy == "phase":  # no snapshot within the run: the detector keeps its starting model in both runs
-        env["PHASEWISE_PHASE_SNAPSHOT_INTERVAL_S"] = "1000000"
+    if policy == "phase":  # by default no snapshot within the run: the detector keeps its starting model in both
+        env["PHASEWISE_PHASE_SNAPSHOT_INTERVAL_S"] = "1000000" if snapshot_interval_s is None else \
+            repr(float(snapshot_interval_s))
     return env
 
 
@@ -96,10 +98,10 @@ def reference(msgs: list[HostSamples], env: dict[str, str]) -> dict[str, Decisio
 
 
 def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: float, usage: str = "square",
-             policy: str = "vpa") -> dict:
+             policy: str = "vpa", snapshot_interval_s: float | None = None) -> dict:
     s = Settings.from_env({"bootstrap": bootstrap}, env={})
     run = f"kill-{uuid.uuid4().hex[:6]}"
-    env0 = worker_env(state_write_interval_s, policy)
+    env0 = worker_env(state_write_interval_s, policy, snapshot_interval_s)
     msgs = messages(run, time.time() - TICKS - 120, usage)
     want = reference(msgs, env0)
     port = free_port()
@@ -126,6 +128,7 @@ def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: flo
     reader = make_consumer(s, f"recovery-reader-{uuid.uuid4().hex[:6]}")
     reader.assign([TopicPartition(DECISIONS.name, p, OFFSET_BEGINNING) for p in range(DECISIONS.partitions)])
     got: list[str] = []
+    sample_of: dict[str, tuple[str, str, float]] = {}  # decision id -> the sample it decided
 
     def read(for_s: float) -> None:
         deadline = time.monotonic() + for_s
@@ -139,6 +142,7 @@ def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: flo
                 continue
             if d.host.startswith(run):
                 got.append(d.id)
+                sample_of[d.id] = (d.host, d.container, d.ts)
 
     p = make_producer(s)
     done = threading.Event()
@@ -182,8 +186,29 @@ def run_once(bootstrap: str, work: Path, kills: int, state_write_interval_s: flo
         worker.stop()
         reader.close()
     seen = set(got)
+    per_sample: dict[tuple[str, str, float], set[str]] = {}
+    for i in seen:
+        per_sample.setdefault(sample_of[i], set()).add(i)
     return {"reference": len(want), "published": len(seen), "missing": len(set(want) - seen),
-            "extra": len(seen - set(want)), "repeated": len(got) - len(seen), "kills": kills}
+            "extra": len(seen - set(want)), "repeated": len(got) - len(seen), "kills": kills,
+            # samples decided two ways (a restarted worker deciding a sample read again otherwise than the
+            # killed one had): what exactness forbids, also where snapshots make the reference moot
+            "conflicting_samples": sum(1 for ids in per_sample.values() if len(ids) > 1),
+            "snapshots_published": snapshots_published(bootstrap) if snapshot_interval_s is not None else 0}
+
+
+def snapshots_published(bootstrap: str) -> int:
+    """Records on the models topic (the learner's snapshots of this run's broker)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from phasewise.kit.topics import MODELS
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"recovery-models-{uuid.uuid4().hex[:6]}"})
+    try:
+        lo, hi = c.get_watermark_offsets(TopicPartition(MODELS.name, 0), timeout=10)
+        return hi - lo
+    finally:
+        c.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -197,6 +222,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=POLICIES, default="vpa",
                    help="the worker's policy (phase: the detector on the shipped starting model, no snapshot "
                         "published within a run, the VPA its fallback)")
+    p.add_argument("--snapshot-interval", type=float, default=None,
+                   help="--policy phase: the learner publishes a model snapshot this often (seconds) during the "
+                        "run, so the detectors swap models between kills; the in-process reference keeps its "
+                        "starting model, so judge by conflicting_samples (default: no snapshot within a run)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -208,8 +237,11 @@ def run(a: argparse.Namespace) -> int:
     for i in range(a.runs):  # a broker per run: a run's worker reads no earlier run's samples
         with EmbeddedBroker(log_path=work / f"broker-{i}.log") as broker:
             ensure_topics(Settings.from_env({"bootstrap": broker.bootstrap}, env={}))
-            runs.append(run_once(broker.bootstrap, work, a.kills, interval, a.usage, a.policy))
+            runs.append(run_once(broker.bootstrap, work, a.kills, interval, a.usage, a.policy,
+                                 a.snapshot_interval if a.policy == "phase" else None))
     out = {"policy": a.policy, "state_write_interval_s": interval, "usage": a.usage, "runs": runs,
-           "exact_runs": sum(1 for r in runs if not r["missing"] and not r["extra"])}
+           "snapshot_interval_s": a.snapshot_interval if a.policy == "phase" else None,
+           "exact_runs": sum(1 for r in runs if not r["missing"] and not r["extra"]),
+           "runs_without_conflicts": sum(1 for r in runs if not r["conflicting_samples"])}
     print(json.dumps(out) if a.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
     return 0

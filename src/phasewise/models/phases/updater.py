@@ -137,6 +137,9 @@ class PhaseHooks:
         self.keep_shadow = True
         self._learn_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
         self._learn_n = 0  # windows held in _learn_parts
+        #: swap to a newer snapshot at every step (in process: replay, experiments); a worker swaps only at
+        #: its commits instead (:mod:`phasewise.models.phases.pinning`) and turns this off
+        self.swap_on_step = True
 
     def _fleet(self, model: PhaseModel) -> PhaseFleet:
         c = self.config
@@ -145,12 +148,21 @@ class PhaseHooks:
                           state_write_interval_s=c.state_write_interval_s, loader=self.loader, limited=LIMITED,
                           ratio_cap=c.ratio_cap, transitions=self.transitions)
 
+    def newer(self) -> tuple[ModelSnapshot, PhaseModel] | None:
+        """The follower's newest snapshot if it is newer than the one in use (None: none)."""
+        got = self.latest() if self.latest is not None else None
+        return None if got is None or got[0].version <= self.version else got
+
     def follow(self) -> bool:
         """Swap to the follower's newest snapshot if it is newer; True if swapped."""
-        got = self.latest() if self.latest is not None else None
-        if got is None or got[0].version <= self.version:
+        got = self.newer()
+        if got is None:
             return False
-        snap, model = got
+        self.use(*got)
+        return True
+
+    def use(self, snap: ModelSnapshot, model: PhaseModel) -> None:
+        """Decide with *model* (snapshot *snap*) from the next step on; the containers keep their state."""
         try:
             self.fleet.set_model(model)
         except ValueError as e:  # another window length: containers restart their windows
@@ -160,7 +172,6 @@ class PhaseHooks:
             self._learn_parts, self._learn_n = [], 0  # windows of the old length: the learner would refuse them
         self.version = snap.version
         log.info("detector now on model snapshot v%d", snap.version)
-        return True
 
     def clear(self) -> None:
         self.fleet.clear()
@@ -213,7 +224,8 @@ class PhaseHooks:
         about half as much per sample as one per 100-container message (the
         numpy / torch calls' fixed costs are shared).
         """
-        self.follow()
+        if self.swap_on_step:
+            self.follow()
         msgs = [m for m in msgs if m.containers]
         if not msgs:
             return PhaseOutput([], [], None)

@@ -19,6 +19,7 @@ from phasewise.kit.records.learn_batches import decode_learn_batch
 from phasewise.kit.settings import Settings
 from phasewise.kit.topics import LEARN_WINDOWS, MODELS, PHASES
 from phasewise.models.phases.learner import Learner
+from phasewise.models.phases.pinning import ModelPin, record_key, record_value, recorded_version
 from phasewise.models.phases.snapshots import model_name
 from phasewise.models.phases.updater import PhaseHooks, PhaseOutput
 from phasewise.models.vpa.state import StateCache
@@ -59,6 +60,11 @@ class PhaseAgents:
                  writes: Any, outputs: Any, metrics: Any, name_key: bytes) -> None:
         self.hooks, self.learner, self.follower, self.table, self.writes = hooks, learner, follower, table, writes
         self.outputs, self.metrics, self.name_key = outputs, metrics, name_key
+        #: the version the detectors decide with, swapped only at commits and recorded with them
+        self.pin = ModelPin(hooks.version)
+        hooks.swap_on_step = False
+        #: this commit hands out every state holding an unwritten sample (it swaps the model)
+        self.full = False
         self._pending: list[PhaseOutput] = []
         #: the last round's phase decisions of containers decided with the VPA (scored, never published)
         self.shadow: list[Decision] = []
@@ -89,9 +95,42 @@ class PhaseAgents:
         if batch is not None:
             self.outputs.send(LEARN_WINDOWS.name, self.name_key, batch)
 
+    def assigned(self, ends: dict[int, int], committed: dict[int, int | None]) -> None:
+        """Samples partitions were assigned (*ends*: their end offsets now, *committed*: their committed
+        offsets): decide with the model version their records name, and swap no further until they are
+        processed to those ends (:class:`~phasewise.models.phases.pinning.ModelPin`)."""
+        recorded = {p: recorded_version(self.writes.get(record_key(p))) for p in ends}
+        v = self.pin.assigned(recorded, ends, committed, self.follower.versions())
+        if v is not None:
+            got = self.follower.version(v)
+            if got is None:  # gone between the two calls (the follower keeps the RECENT newest)
+                self.pin.version = self.hooks.version
+            else:
+                self.hooks.use(*got)
+                log.info("decides with model v%d, in force at these partitions' last commit", v)
+        self.metrics.model_version.set(self.hooks.version)
+
+    def processed(self, partition: int, offset: int) -> None:
+        self.pin.processed(partition, offset)
+
+    def at_commit(self) -> None:
+        """Before every commit (the barrier's first step): swap to a newer snapshot if one is available and no
+        fence holds (this commit then hands out every unwritten state: :attr:`full`), and record the version
+        in force for each assigned partition whose record names another."""
+        newer = self.hooks.newer()
+        plan = self.pin.at_commit(None if newer is None else newer[0].version)
+        self.full = plan.swap
+        if plan.swap:
+            assert newer is not None
+            self.hooks.use(*newer)
+            self.metrics.model_version.set(self.hooks.version)
+        for p, v in plan.records.items():
+            self.writes.put(record_key(p), record_value(v), p)
+
     def clear(self) -> None:
         """Forget every container (after a rebalance the table is the truth)."""
         self.hooks.clear()
+        self.pin.clear()
 
     def expire(self, cutoff: float) -> list[str]:
         """Forget the detector's containers whose newest sample is older than *cutoff*."""
@@ -209,5 +248,6 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
         follower.stop()
 
     h = PhaseAgents(hooks, learner, follower, table, writes, outputs, metrics, name_key)
+    barrier.before.append(h.at_commit)  # before the tables' states are taken: a swap takes them all
     barrier.before.append(h.send_learn_batch)  # a partial batch goes out with every commit
     return h

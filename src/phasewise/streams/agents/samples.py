@@ -236,6 +236,7 @@ class SamplesAgent:
 
             metrics = WorkerMetrics(CollectorRegistry())
         self.metrics = metrics
+        self.app = app
         self.topics = worker_topics(app, samples_partitions)
         partitions = samples_partitions or settings.kafka.topic_partitions or SAMPLES.partitions
         # values are the compact JSON of ContainerEntry.to_state(), kept as bytes:
@@ -253,6 +254,7 @@ class SamplesAgent:
         self.cache = cache = state_cache(settings, loader=writes.get_state)
 
         self.phase = None  # --policy phase or --phase-workloads: the phase detector runs after the VPA (its fallback)
+        self.pin_due = True  # the phase detector learns its partitions' model version at the next batch
         self.served = served = settings.worker.served_policies()
         if "phase" in served:
             from phasewise.streams.agents.phases import register_phase
@@ -465,6 +467,8 @@ class SamplesAgent:
         """One batch of the samples topic: admitted, stepped in rounds of distinct hosts, decisions sent,
         failures dead-lettered, expiry and counters after."""
         cache, metrics = self.cache, self.metrics
+        if self.pin_due and self.phase is not None:
+            await self.pin_phase()
         # the batch's containers are admitted before any is processed; none seen in it is evicted
         self.occupancy.begin(time.monotonic())
         if self.profiles is not None and (book := cache.priors) is not None:
@@ -498,6 +502,9 @@ class SamplesAgent:
                     metrics.safety_bounded.labels(rule=rule).inc(now - before)
             self.guard_seen[:] = totals
         self.occupancy.settle(cache.__contains__)  # admitted but not taken (a message that failed): not held
+        if self.phase is not None:  # how far each partition is processed (the model pin's fence)
+            for event in events:
+                self.phase.processed(event.message.partition, event.message.offset)
         metrics.container_samples.inc(samples)
         metrics.process_seconds.inc(time.perf_counter() - t0)
         metrics.messages.inc(len(got))
@@ -506,14 +513,28 @@ class SamplesAgent:
 
     def take_states(self, interval: float) -> list[tuple[str, dict]]:
         """The VPA states due at this commit (the barrier takes them before the phase table's): with the phase
-        machinery, a container's VPA and phase states are written together (one source offset for both)."""
+        machinery, a container's VPA and phase states are written together (one source offset for both), and
+        a commit that swaps the detectors' model hands out every state holding an unwritten sample."""
         if self.phase is None:
             return self.cache.pop_dirty(time.monotonic(), interval)
-        return self.phase.hooks.pop_with(time.monotonic(), interval)
+        return self.phase.hooks.pop_with(time.monotonic(), 0.0 if self.phase.full else interval)
+
+    async def pin_phase(self) -> None:
+        """The first batch after an assignment: the phase detector takes the model version recorded for its
+        samples partitions, and the partitions' ends and committed offsets as its fence."""
+        consumer = self.app.consumer
+        name = self.topics.samples.get_topic_name()
+        tps = [tp for tp in consumer.assignment() if tp.topic == name]
+        ends = dict(await consumer.highwaters(*tps)) if tps else {}
+        committed = getattr(consumer, "_committed_offset", {})
+        self.phase.assigned({tp.partition: int(ends.get(tp, 0) or 0) for tp in tps},
+                            {tp.partition: committed.get(tp) for tp in tps})
+        self.pin_due = False
 
     def forget(self) -> None:
         """Partitions were revoked: the table, restored on assignment, is the truth from here."""
         self.expiry.reset()
+        self.pin_due = True
         self.cache.clear()
         self.occupancy.clear()
         if self.phase is not None:
