@@ -525,7 +525,12 @@ class SamplesAgent:
         consumer = self.app.consumer
         name = self.topics.samples.get_topic_name()
         tps = [tp for tp in consumer.assignment() if tp.topic == name]
-        ends = dict(await consumer.highwaters(*tps)) if tps else {}
+        try:
+            ends = dict(await consumer.highwaters(*tps)) if tps else {}
+        except Exception as e:  # noqa: BLE001 - the broker did not answer: try again at the next batch
+            log.warning("could not read the samples partitions' end offsets (%s: %s): the phase detector's "
+                        "model version is pinned at a later batch", type(e).__name__, e)
+            return
         committed = getattr(consumer, "_committed_offset", {})
         self.phase.assigned({tp.partition: int(ends.get(tp, 0) or 0) for tp in tps},
                             {tp.partition: committed.get(tp) for tp in tps})
