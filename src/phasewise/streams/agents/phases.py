@@ -18,6 +18,7 @@ from phasewise.kit.records import Decision, HostSamples, ModelSnapshot, SchemaEr
 from phasewise.kit.records.learn_batches import decode_learn_batch
 from phasewise.kit.settings import Settings
 from phasewise.kit.topics import LEARN_WINDOWS, MODELS, PHASES
+from phasewise.models.phases.detector import PhaseModel
 from phasewise.models.phases.learner import Learner
 from phasewise.models.phases.pinning import ModelPin, record_key, record_value, recorded_version
 from phasewise.models.phases.snapshots import model_name
@@ -57,9 +58,12 @@ class PhaseAgents:
     """
 
     def __init__(self, hooks: PhaseHooks, learner: Learner, follower: SnapshotFollower, table: Any,
-                 writes: Any, outputs: Any, metrics: Any, name_key: bytes) -> None:
+                 writes: Any, outputs: Any, metrics: Any, name_key: bytes,
+                 initial: Callable[[], PhaseModel] | None = None) -> None:
         self.hooks, self.learner, self.follower, self.table, self.writes = hooks, learner, follower, table, writes
         self.outputs, self.metrics, self.name_key = outputs, metrics, name_key
+        #: version 0: the model a worker starts with where no snapshot exists (the shipped pretrained one, or cold)
+        self.initial = initial
         #: the version the detectors decide with, swapped only at commits and recorded with them
         self.pin = ModelPin(hooks.version)
         hooks.swap_on_step = False
@@ -100,15 +104,23 @@ class PhaseAgents:
         offsets): decide with the model version their records name, and swap no further until they are
         processed to those ends (:class:`~phasewise.models.phases.pinning.ModelPin`)."""
         recorded = {p: recorded_version(self.writes.get(record_key(p))) for p in ends}
-        v = self.pin.assigned(recorded, ends, committed, self.follower.versions())
+        available = self.follower.versions() + ([0] if self.initial is not None else [])
+        v = self.pin.assigned(recorded, ends, committed, available)
         if v is not None:
-            got = self.follower.version(v)
+            got = self._snapshot(v)
             if got is None:  # gone between the two calls (the follower keeps the RECENT newest)
                 self.pin.version = self.hooks.version
             else:
                 self.hooks.use(*got)
-                log.info("decides with model v%d, in force at these partitions' last commit", v)
+        log.info("samples partitions %s assigned (models recorded: %s): deciding with model v%d%s",
+                 sorted(ends), {p: recorded[p] for p in sorted(recorded)}, self.hooks.version,
+                 ", no newer one until they are read to offsets " + str(self.pin.fence) if self.pin.fence else "")
         self.metrics.model_version.set(self.hooks.version)
+
+    def _snapshot(self, version: int) -> tuple[ModelSnapshot, PhaseModel] | None:
+        if version == 0 and self.initial is not None:
+            return ModelSnapshot(name=self.hooks.name, ts=0.0, version=0, payload_b64=""), self.initial()
+        return self.follower.version(version)
 
     def processed(self, partition: int, offset: int) -> None:
         self.pin.processed(partition, offset)
@@ -247,7 +259,8 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
     async def _stop_follower(app: Any, **kwargs: Any) -> None:
         follower.stop()
 
-    h = PhaseAgents(hooks, learner, follower, table, writes, outputs, metrics, name_key)
+    h = PhaseAgents(hooks, learner, follower, table, writes, outputs, metrics, name_key,
+                    initial=lambda: initial_model(settings)[0])
     barrier.before.append(h.at_commit)  # before the tables' states are taken: a swap takes them all
     barrier.before.append(h.send_learn_batch)  # a partial batch goes out with every commit
     return h
