@@ -105,7 +105,15 @@ class PhaseAgents:
         processed to those ends (:class:`~phasewise.models.phases.pinning.ModelPin`)."""
         recorded = {p: recorded_version(self.writes.get(record_key(p))) for p in ends}
         available = self.follower.versions() + ([0] if self.initial is not None else [])
-        v = self.pin.assigned(recorded, ends, committed, available)
+        pin = self.pin
+        missed, differed = pin.unavailable, pin.disagreed
+        v = pin.assigned(recorded, ends, committed, available)
+        if pin.unavailable > missed:
+            self.metrics.model_pins.labels(outcome="unavailable").inc()
+        if pin.disagreed > differed:
+            self.metrics.model_pins.labels(outcome="disagreed").inc()
+        if any(r is not None for r in recorded.values()) and pin.unavailable == missed:
+            self.metrics.model_pins.labels(outcome="pinned").inc()
         if v is not None:
             got = self._snapshot(v)
             if got is None:  # gone between the two calls (the follower keeps the RECENT newest)
