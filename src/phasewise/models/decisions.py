@@ -167,8 +167,8 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
                     priors: Mapping[int, Any] | None = None) -> list[Decision]:
     """``Decision`` (policy ``phase``) for each row of *out* with a limit to hand out (*hosts*, *names*,
     *ts*: per row); *safety*: the safety rules' outcome over the same rows (a
-    :class:`~phasewise.models.safety.guard.GuardOutcome`, or anything whose ``explain(row)`` gives
-    ``details["safety"]``, None for a row the rules did not bound).
+    :class:`~phasewise.models.safety.guard.GuardOutcome`, or anything whose ``explain_rows(rows)`` gives
+    each row's ``details["safety"]``, None for a row the rules did not bound).
 
     ``details["source"]`` says where the limits came from: ``"phase"`` (the
     phase's statistics), ``"fallback:vpa"`` (the VPA's last decided limit) or
@@ -185,12 +185,7 @@ def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], 
     decide, changed = out.decide[rows].tolist(), out.changed[rows].tolist()
     cpus, mems = (a.tolist() for a in round_limits(out.limits[rows, ci], out.limits[rows, mi]))
     margin = clean(margin)
-    if safety is None:
-        sxs: list = [None] * len(rows)
-    elif hasattr(safety, "explain_rows"):
-        sxs = safety.explain_rows(rows)
-    else:
-        sxs = [safety.explain(i) for i in rows.tolist()]
+    sxs = [None] * len(rows) if safety is None else safety.explain_rows(rows)
     for k, (i, ex) in enumerate(zip(rows.tolist(), out.explain_rows(rows, quantile))):
         cpu = cpus[k] if decide[k][ci] else None
         mem = mems[k] if decide[k][mi] else None

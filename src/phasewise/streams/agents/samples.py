@@ -502,8 +502,8 @@ class SamplesAgent:
                     metrics.safety_bounded.labels(rule=rule).inc(now - before)
             self.guard_seen[:] = totals
         self.occupancy.settle(cache.__contains__)  # admitted but not taken (a message that failed): not held
-        if self.phase is not None:  # how far each partition is processed (the model pin's fence)
-            for event in events:
+        if self.phase is not None and self.phase.pin.fence is not None:  # how far each partition is processed,
+            for event in events:  # while the model pin's fence holds
                 self.phase.processed(event.message.partition, event.message.offset)
         metrics.container_samples.inc(samples)
         metrics.process_seconds.inc(time.perf_counter() - t0)
