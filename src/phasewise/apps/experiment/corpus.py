@@ -309,6 +309,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="prior margins scored (default: 0.05, the setting's default, then 0, 0.1, 0.2)")
     pr.add_argument("--min-runs", type=int, default=3, help="earlier runs a prior needs (default 3)")
     pr.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    bo = sub.add_parser("bounds", help="what any policy could reach: hindsight bounds per block length, against the "
+                                       "frontier",
+                        description="Each execution of the split through the worker's round as anticipate runs it "
+                                    "(the bare phase policy), beside VPA and the window family; then, per resource, "
+                                    "the least allocation of a limit held constant over blocks of steps (a run, each "
+                                    "reported stage segment, each segment of the detector's phase, every N steps), "
+                                    "chosen knowing each block's usage, at the target fulfilment, and the slack it "
+                                    "cuts against the reactive frontier (docs/results.md, \"What any policy could "
+                                    "reach\").")
+    bo.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
+    bo.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                    help="the executions scored (train: each after the other train runs of its kind; default: "
+                         "heldout)")
+    bo.add_argument("--lengths", default=None, metavar="N,N,...",
+                    help="fixed block lengths, in steps (default: 60, 30, 10, 5, 2)")
+    bo.add_argument("--fulfilment", type=float, default=0.97,
+                    help="the pooled fulfilment the bounds are held to (default 0.97, issue 24's target)")
+    _model_arg(bo)
+    bo.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     lv = sub.add_parser("live", help="known-job priors through produce, worker and actuate on real runs (root)",
                         description="Runs of one kind through the roles a user runs (the embedded broker, produce "
                                     "with the kind as each run's signature, worker, actuate --backend cgroup): the "
@@ -358,6 +377,19 @@ def run(args: argparse.Namespace) -> int:
             horizons = _numbers("--horizons", args.horizons, 3600, "0,10") if args.horizons else HORIZONS
             res = anticipate(folder, args.split, horizons, model=args.start_model)
             text = format_anticipate(res)
+        elif args.corpus_command == "bounds":
+            from phasewise.apps.experiment.corpus_bounds import LENGTHS, bounds, format_bounds
+
+            lengths = LENGTHS
+            if args.lengths:
+                try:
+                    lengths = tuple(int(v) for v in args.lengths.split(","))
+                except ValueError:
+                    raise CorpusError(f"--lengths {args.lengths!r}: give whole numbers of steps, e.g. 30,5") from None
+            if not 0.0 <= args.fulfilment <= 1.0:
+                raise CorpusError(f"--fulfilment {args.fulfilment:g}: give a share in [0, 1], e.g. 0.97")
+            res = bounds(folder, args.split, lengths, model=args.start_model, fulfilment=args.fulfilment)
+            text = format_bounds(res)
         elif args.corpus_command == "prior":
             from phasewise.apps.experiment.corpus_prior import MARGINS, format_priors, priors
 
