@@ -104,6 +104,11 @@ def test_decisions_are_counted_by_bounded_policy_with_their_sample_to_decision_t
     assert v("phasewise_worker_sample_to_decision_seconds_sum", "other") == 0.0  # clock skew: not negative
     labels = {s.labels.get("policy") for f in reg.collect() for s in f.samples if "policy" in s.labels}
     assert labels == {"vpa", "phase", "other"}
+    m.decided([SimpleNamespace(policy="vpa", ts=100.5, details={"prior": {}}),
+               SimpleNamespace(policy="vpa", ts=100.5, details={"rule": "x"})], now=101.0)
+    assert v("phasewise_worker_recommendations_total", "vpa") == 3
+    assert v("phasewise_worker_sample_to_decision_seconds_count", "vpa") == 3
+    assert reg.get_sample_value("phasewise_worker_prior_decisions_total") == 1
 
 
 def test_consumer_lag_per_topic_from_librdkafka_statistics():

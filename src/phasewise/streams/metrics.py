@@ -81,9 +81,9 @@ class WorkerMetrics:
         self.sample_to_decision = Histogram(
             "phasewise_worker_sample_to_decision_seconds", "sample time (ts) to its decision being sent",
             ["policy"], buckets=LATENCY_BUCKETS, registry=registry)
-        for pol in (*WORKLOAD_POLICIES, "other"):
-            self.recommendations.labels(policy=pol)
-            self.sample_to_decision.labels(policy=pol)
+        # each policy's children, looked up once (labels() takes a lock and builds a key on every call)
+        self._decided = {pol: (self.recommendations.labels(policy=pol), self.sample_to_decision.labels(policy=pol))
+                         for pol in (*WORKLOAD_POLICIES, "other")}
         self.consumer_lag = Gauge("phasewise_worker_consumer_lag",
                                   "records not yet fetched on this worker's partitions, by topic", ["topic"],
                                   registry=registry)
@@ -149,13 +149,20 @@ class WorkerMetrics:
     def decided(self, decisions: Iterable, now: float | None = None) -> None:
         """Count *decisions* (``Decision`` records just sent) by policy, with their sample-to-decision time."""
         now = time.time() if now is None else now
+        children = self._decided
+        counts: dict[str, int] = {}
+        priors = 0
         for d in decisions:
-            pol = d.policy if d.policy in WORKLOAD_POLICIES else "other"
-            self.recommendations.labels(policy=pol).inc()
+            pol = d.policy if d.policy in children else "other"
+            counts[pol] = counts.get(pol, 0) + 1
             details = getattr(d, "details", None)
             if details and "prior" in details:
-                self.prior_decisions.inc()
-            self.sample_to_decision.labels(policy=pol).observe(max(0.0, now - d.ts))
+                priors += 1
+            children[pol][1].observe(max(0.0, now - d.ts))
+        for pol, n in counts.items():
+            children[pol][0].inc(n)
+        if priors:
+            self.prior_decisions.inc(priors)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
