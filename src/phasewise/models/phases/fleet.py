@@ -490,7 +490,7 @@ class PhaseFleet:
 
         return {
             "v": STATE_VERSION, "f": [fl(row) for row in w.frames[r]], "n": int(w.filled[r]),
-            "p": int(w.phase[r]), "s": float(w.since[r]), "b": fl(self._basis[r]),
+            "p": int(w.phase[r]), "s": fl(w.since[r:r + 1])[0], "b": fl(self._basis[r]),
             "src": [bool(x) for x in self._from_phase[r]], "lp": int(self._limit_phase[r]),
             "h": fl(self._handed[r]), "lv": fl(self._level[r]), "sc": fl(self._lscale[r]),
         }
@@ -507,7 +507,8 @@ class PhaseFleet:
                 raise ValueError(f"phase state shaped for another model (frames {frames.shape}, expected {(L, R)})")
             basis = np.array([np.nan if x is None else x for x in state["b"]], dtype=np.float64)
             handed = np.array([np.nan if x is None else x for x in state["h"]], dtype=np.float64)
-            filled, phase, since, lp = int(state["n"]), int(state["p"]), float(state["s"]), int(state["lp"])
+            filled, phase, lp = int(state["n"]), int(state["p"]), int(state["lp"])
+            since = np.nan if state["s"] is None else float(state["s"])
             src = np.array([bool(x) for x in state["src"]])
             if state["v"] >= 2:
                 level = np.array([np.nan if x is None else x for x in state["lv"]], dtype=np.float64)

@@ -465,7 +465,7 @@ class VpaFleet:
             "f": nan_to_none(self._first_t[row]), "l": nan_to_none(self._last_t[row]), "n": int(self._n[row]),
             "lc": nan_to_none(self._last_cpu_t[row]), "lm": nan_to_none(self._last_mem_t[row]),
             "we": nan_to_none(self._window_end[row]),
-            "mp": float(self._mem_peak[row]), "op": float(self._oom_peak[row]),
+            "mp": nan_to_none(self._mem_peak[row]), "op": nan_to_none(self._oom_peak[row]),
             "no": int(self._n_oom[row]), "nt": int(self._n_throttled[row]), "nm": int(self._n_mem[row]),
         }
 

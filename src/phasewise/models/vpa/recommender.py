@@ -509,7 +509,8 @@ class VpaRecommender:
             r._mem.load_state(state["m"])
             r._first_t, r._last_t, r._n = state["f"], state["l"], int(state["n"])
             r._last_cpu_t, r._last_mem_t, r._window_end = state["lc"], state["lm"], state["we"]
-            r._mem_peak, r._oom_peak = float(state["mp"]), float(state["op"])
+            # (null: a peak that was not a finite number, stored as "none seen")
+            r._mem_peak, r._oom_peak = (0.0 if state[k] is None else float(state[k]) for k in ("mp", "op"))
             r._n_oom, r._n_throttled, r._n_mem = int(state["no"]), int(state["nt"]), int(state["nm"])
         except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise VpaStateError(f"VPA state is malformed: {e}") from e
