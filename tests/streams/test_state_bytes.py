@@ -11,6 +11,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from phasewise.kit.records import ContainerSample, HostSamples, WorkloadPolicy
 from phasewise.kit.settings import Settings
@@ -109,3 +110,35 @@ def test_states_of_a_run_round_trip_through_the_stored_bytes():
     for k, s in vpa:
         fresh.rows([k])
         assert fresh.state_of(k) == s
+
+
+def test_a_commit_collects_its_states_with_the_garbage_collector_paused_and_resumes_it():
+    import gc
+
+    from phasewise.streams.output import DeferredWrites, PartitionMap
+
+    parts = PartitionMap()
+    parts.note("h", 3)
+    seen = []
+
+    def source():
+        seen.append(gc.isenabled())
+        return [("h/c0", {"v": 1, "x": [1.5, None]})]
+
+    writes = DeferredWrites(table={}, source=source, partitions=parts)
+    assert gc.isenabled()
+    assert writes.take() == {"h/c0": (3, b'{"v":1,"x":[1.5,null]}')}
+    assert seen == [False] and gc.isenabled()
+
+    def broken():
+        raise RuntimeError("a state source failed")
+
+    with pytest.raises(RuntimeError):
+        DeferredWrites(table={}, source=broken, partitions=parts).take()
+    assert gc.isenabled()  # resumed on the way out
+    gc.disable()
+    try:  # one paused by someone else stays paused
+        writes.take()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -11,6 +11,7 @@ docs/worker.md, "What is durable when".
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import time
@@ -322,12 +323,25 @@ class DeferredWrites:
         return len(self._pending)
 
     def take(self) -> dict[str, Any]:
-        """Collect the source's marked states and hold everything for writing (synchronous)."""
+        """Collect the source's marked states and hold everything for writing (synchronous).
+
+        The garbage collector is paused meanwhile: a commit that hands out every container's state (a model
+        swap) makes some twenty short-lived dicts and lists per container, acyclic (reference counting frees
+        them once serialised), and each collection their count set off scanned the whole heap (10,000
+        containers: 0.67 s to collect the states instead of 0.24 s, in process).
+        """
         if self.source is not None:
             assert self.partitions is not None, "a source needs a PartitionMap"
             of = self.partitions.of
-            for k, state in self.source():
-                self._pending[k] = (of(k), state_bytes(state))
+            paused = gc.isenabled()
+            if paused:
+                gc.disable()
+            try:
+                for k, state in self.source():
+                    self._pending[k] = (of(k), state_bytes(state))
+            finally:
+                if paused:
+                    gc.enable()
         if self._writing:  # taken again before it was written (the barrier after refused outputs): newer wins
             self._writing.update(self._pending)
             self._pending = {}
