@@ -18,6 +18,7 @@ import importlib
 import logging
 import os
 import re
+import signal
 import sys
 from typing import Any
 
@@ -116,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     for line in unknown_env(os.environ):
         print(f"{prog}: warning: {line}", file=sys.stderr)
     module = role_of(ROLES[args.role][0])
+    if args.role in _CLEANS_UP:
+        # SIGTERM (timeout, a supervisor, kill) ends it as Ctrl-C would, through its cleanup: the broker
+        # and roles it started are stopped, not left behind
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         settings = settings_from_args(args)  # every role checks the whole environment
         from phasewise.kit.kafka.security import check_security
@@ -128,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+#: commands that start a broker, roles or jobs of their own and stop them in their cleanup
+_CLEANS_UP = frozenset({"bench", "experiment"})
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _extra_for(role: str | None) -> str:

@@ -37,3 +37,32 @@ def test_every_hostile_message_is_dead_lettered_and_no_valid_one_is_lost(topic, 
     assert out["valid_handled"] == 50 and out["valid_lost"] == 0 and out["valid_dead_lettered"] == 0, out
     assert out["crashes"] == 0 and out["exit_code"] == 0 and out["decoder_crashes"] == 0, out
     assert rc == 0
+
+
+@pytest.mark.broker
+def test_a_bench_ended_by_sigterm_stops_the_broker_and_roles_it_started():
+    import signal
+    import time
+
+    import psutil
+
+    p = subprocess.Popen([sys.executable, "-m", "phasewise.cli", "bench", "fuzz", "--topic", "samples",
+                          "--messages", "100000", "--json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        me = psutil.Process(p.pid)
+        deadline = time.monotonic() + 120
+        started: list[psutil.Process] = []
+        while time.monotonic() < deadline and p.poll() is None:  # its broker and its worker are up
+            started = me.children(recursive=True)
+            if any("tansu" in " ".join(c.cmdline()) for c in started) and \
+                    any("worker" in c.cmdline() for c in started):
+                break
+            time.sleep(0.2)
+        assert p.poll() is None and len(started) >= 2, p.stderr.read().decode()[-2000:] if p.stderr else ""
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=120) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs(started, timeout=30)
+        assert alive == [], [c.cmdline() for c in alive]
+    finally:
+        if p.poll() is None:
+            p.kill()
