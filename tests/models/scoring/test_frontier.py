@@ -65,6 +65,9 @@ def test_above_every_member_the_comparison_is_at_the_highest_fulfilment_and_says
 
 def test_no_slack_to_cut_when_the_frontier_allocates_at_most_use():
     assert slack_cut(0.9, 1.0) is None and slack_cut(1.05, 0.98) is None
+    # nor about the use: under 1 % of slack, the ratio is noise over a near-zero denominator
+    assert slack_cut(1.08, 1.000046) is None and slack_cut(1.0, 1.0099) is None
+    assert slack_cut(1.005, 1.01) == pytest.approx(0.5)
     assert frontier_at({"a": (None, None)}, 0.9) is None and frontier_at({}, 0.9) is None
 
 

@@ -683,7 +683,7 @@ the frontier 1.200× (vpa): slack cut +50.0%, allocation cut +5.0%.']
                      s["frontier_fulfilment"])
     at = (f"at {pf:.1%} fulfilment" if not s["phase_fulfilment_above_every_reactive"] else
           f"at {pf:.1%} fulfilment, above every reactive baseline's (compared at the highest, {fR:.1%})")
-    sc_text = f"slack cut {sc:+.1%}" if sc is not None else "no slack to cut (R ≤ 1)"
+    sc_text = f"slack cut {sc:+.1%}" if sc is not None else "no slack to cut (R < 1.01)"
     return (f"`{r}`: the phase policy **{word}** the reactive frontier: {at} it allocates {pa:.3f}× use, "
             f"the frontier {R:.3f}× ({mix_text(s['frontier_mix'])}): {sc_text}, allocation cut {cut:+.1%}.")
 

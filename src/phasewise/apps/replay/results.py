@@ -88,7 +88,7 @@ def _num(v: float | None, nd: int = 6) -> float | None:
 
 def _frontier_fields(sc: dict[str, Score], reactive: list[str]) -> dict[str, Any]:
     """The phase policy against the reactive frontier of *reactive* (see :mod:`phasewise.models.scoring.frontier`)."""
-    from phasewise.models.scoring.frontier import alloc_cut, frontier, frontier_at, slack_cut
+    from phasewise.models.scoring.frontier import MIN_SLACK, alloc_cut, frontier, frontier_at, slack_cut
 
     pts = {n: (sc[n].alloc_over_used, sc[n].fulfilment) for n in reactive if sc[n].steps > 0}
     p = sc["phase"]
@@ -108,8 +108,9 @@ def _frontier_fields(sc: dict[str, Score], reactive: list[str]) -> dict[str, Any
     if at.above_every_member:
         out["frontier_note"] = (f"the phase policy's fulfilment ({p.fulfilment:.2%}) is above every reactive "
                                 f"baseline's; compared at the highest, {at.fulfilment:.2%}")
-    if at.alloc <= 1.0:
-        out["slack_note"] = "the frontier allocates at most the use there: no slack to cut"
+    if at.alloc < 1.0 + MIN_SLACK:
+        out["slack_note"] = (f"the frontier allocates {at.alloc:.4g} x the use there (less than {1 + MIN_SLACK:g}): "
+                             "no slack to cut")
     return out
 
 

@@ -120,7 +120,7 @@ def _savings() -> dict[str, Any]:
         "resource": {"type": "string"},
         "slack_cut_vs_frontier": _num(
             "1 - (phase - 1) / (R - 1): share of the reactive frontier's slack (allocation - use) the phase "
-            "policy removes at its fulfilment; null when not computed or R <= 1"),
+            "policy removes at its fulfilment; null when not computed or R < 1.01 (less slack than that to cut)"),
         "alloc_cut_vs_frontier": _num("1 - phase / R: share of the frontier's allocation the phase policy saves"),
         "savings_vs_best_reactive": _num(
             "1 - phase / B, B = the cheapest single reactive baseline at >= the phase policy's fulfilment"),

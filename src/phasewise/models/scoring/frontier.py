@@ -123,14 +123,19 @@ def alloc_cut(phase: float, frontier_alloc: float) -> float | None:
     return 1.0 - phase / frontier_alloc if frontier_alloc > 0 else None
 
 
+#: the least slack (``R - 1``) a slack cut is measured against: below it the ratio is noise over a near-zero
+#: denominator (a frontier at 1.00005 turned an allocation 8 % over use into a "cut" of -1,500,000 %)
+MIN_SLACK = 0.01
+
+
 def slack_cut(phase: float, frontier_alloc: float) -> float | None:
     """``1 - (phase - 1) / (R - 1)``: the share of the frontier's slack removed.
 
-    ``None`` when the frontier has no slack (``R <= 1``: the baselines under-allocate
-    there, so there is no slack to cut). Above 1 means the phase policy allocates
-    less than use in total.
+    ``None`` when the frontier leaves less than :data:`MIN_SLACK` of slack (``R < 1.01``:
+    the baselines allocate about the use there, or less, so there is no slack to cut).
+    Above 1 means the phase policy allocates less than use in total.
 
-    >>> round(slack_cut(1.1, 1.2), 6), slack_cut(1.2, 1.2), slack_cut(1.0, 0.95)
-    (0.5, 0.0, None)
+    >>> round(slack_cut(1.1, 1.2), 6), slack_cut(1.2, 1.2), slack_cut(1.0, 0.95), slack_cut(1.08, 1.00005)
+    (0.5, 0.0, None, None)
     """
-    return 1.0 - (phase - 1.0) / (frontier_alloc - 1.0) if frontier_alloc > 1.0 else None
+    return 1.0 - (phase - 1.0) / (frontier_alloc - 1.0) if frontier_alloc >= 1.0 + MIN_SLACK else None
