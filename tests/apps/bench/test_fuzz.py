@@ -26,6 +26,18 @@ def test_the_decoder_check_needs_no_broker_and_counts_every_kind():
     assert set(out["kinds"]) == set(KINDS["samples"])
 
 
+def test_every_valid_sample_is_stamped_in_the_past_however_many_messages():
+    import time
+
+    from phasewise.apps.bench.fuzz import Fuzzer
+    from phasewise.kit.records import HostSamples, decode
+
+    n = 20000  # the worker refuses samples stamped more than intake_max_future_s (300 s) ahead of its clock
+    fz = Fuzzer("samples", 0, messages=n)
+    assert decode(HostSamples, fz.valid(n - 1)[1]).ts < time.time() - 3000
+    assert decode(HostSamples, fz.valid(0)[1]).ts > time.time() - 3600 - n - 60
+
+
 @pytest.mark.broker
 @pytest.mark.slow
 @pytest.mark.parametrize("topic,policy", [("samples", "vpa"), ("samples", "phase"), ("decisions", "vpa"),

@@ -98,14 +98,17 @@ class Fuzzer:
     valid payload).
     """
 
-    def __init__(self, topic: str, seed: int = 0, *, host: str = "fuzz-host", model: Any = None) -> None:
+    def __init__(self, topic: str, seed: int = 0, *, host: str = "fuzz-host", model: Any = None,
+                 messages: int = 0) -> None:
         if topic not in TOPICS:
             raise ValueError(f"topic must be one of {', '.join(TOPICS)}, got {topic!r}")
         self.topic = topic
         self.rng = random.Random(seed)
         self.host = host
         self.run = uuid.UUID(int=self.rng.getrandbits(128)).hex[:8]
-        self.t0 = time.time() - 3600.0
+        # valid message i is stamped t0 + i: all of them in the past (the worker refuses samples stamped more
+        # than intake_max_future_s ahead of its clock), the first an hour and *messages* seconds ago
+        self.t0 = time.time() - 3600.0 - max(0, int(messages))
         self.model = model
         if topic in ("learn-windows", "models"):
             from phasewise.models.phases.snapshots import model_name
@@ -520,7 +523,7 @@ def _through_kafka(args: argparse.Namespace, model: Any, host: str) -> dict[str,
         ev_reader = (reader(DECISIONS.name, DECISIONS.partitions) if args.topic == "samples" else
                      reader(ACTUATIONS.name, ACTUATIONS.partitions) if args.topic == "decisions" else None)
 
-        fz = Fuzzer(args.topic, args.seed, host=host, model=model)
+        fz = Fuzzer(args.topic, args.seed, host=host, model=model, messages=args.messages)
         dec = decoder(args.topic, model)
         producer = make_producer(s, **{"linger.ms": 20})
         hostile: dict[tuple[int, int], str] = {}  # (partition, offset) -> kind
