@@ -28,6 +28,16 @@ def test_nothing_in_nothing_out():
     assert rounds([]) == []
 
 
+def test_samples_read_again_are_stepped_a_round_per_model_version_each_after_using_it():
+    version = {"a": 1, "b": 1, "c": 2, "d": 2, "e": 1}  # the model version each message was decided with
+    items = [m(h) for h in "abcde"]
+    assert hosts(rounds(items, lambda it: version[it[0]])) == [["a", "b"], ["c", "d"], ["e"]]
+    used, stepped = [], []
+    failed = run_rounds(items, lambda msgs: stepped.append((used[-1], [x.host for x in msgs])) or [],
+                        lambda ds: None, lambda it: version[it[0]], used.append)
+    assert not failed and stepped == [(1, ["a", "b"]), (2, ["c", "d"]), (1, ["e"])]
+
+
 def test_a_failing_round_is_stepped_again_message_by_message_and_only_the_bad_one_is_returned():
     steps, emitted = [], []
 

@@ -109,9 +109,10 @@ class WorkerMetrics:
                                      "newest valid phase model snapshot version read from the models topic "
                                      "(0 = none)", registry=registry)
         self.model_pins = Counter("phasewise_worker_model_pins",
-                                  "phase model versions taken at an assignment from the samples partitions' records "
-                                  "(outcome: pinned, unavailable = the recorded version was gone and the newest "
-                                  "was used, disagreed = the partitions named different versions)", ["outcome"],
+                                  "assignments whose samples partitions' records name model versions (outcome: "
+                                  "pinned = every version they name for the samples read again is kept, "
+                                  "unavailable = some were gone: those samples are decided with the version in "
+                                  "use)", ["outcome"],
                                   registry=registry)
         self.snapshots_published = Counter("phasewise_worker_snapshots_published",
                                            "phase model snapshots published by this worker's learner",

@@ -292,15 +292,16 @@ def _snapshot_models() -> dict[int, PhaseModel]:
 @pytest.mark.parametrize("pinned", [True, False])
 def test_a_restart_across_model_snapshots_decides_the_samples_read_again_as_they_were_decided(pinned):
     """Snapshots land while a worker runs (in wall time, which goes on across a kill). The detectors swap only
-    at a commit that hands out every unwritten state, the version in force is recorded with it, and a
-    restarted worker starts on the recorded version and swaps no further until it has processed what its
-    partition held when it started (``ModelPin``): every decision a restarted worker makes for a sample the
-    killed one had read is one the killed one (or one before it) made. Swapping at every step instead
-    (``pinned`` False, the detectors as they were), the samples read again are decided with a newer model."""
+    at a commit, which records from which offset each version decided (the partition's history; no state is
+    written for it), and a restarted worker decides each sample it reads again with the version the history
+    names for it, and swaps no further until it has processed what its partition held when it started
+    (``ModelPin``): every decision a restarted worker makes for a sample the killed one had read is one the
+    killed one (or one before it) made. Swapping at every step instead (``pinned`` False, the detectors as
+    they were), the samples read again are decided with a newer model."""
     import json
 
     from phasewise.kit.records import ModelSnapshot
-    from phasewise.models.phases.pinning import ModelPin, record_key, record_value, recorded_version
+    from phasewise.models.phases.pinning import ModelPin, record_key, record_value, recorded_history
     from phasewise.models.vpa.updater import worker_round
 
     s = Settings.from_env({"policy": "phase", "recommend_interval_s": 1.0, "vpa_time_scale": 0.001,
@@ -329,22 +330,20 @@ def test_a_restart_across_model_snapshots_decides_the_samples_read_again_as_they
         pin = ModelPin(hooks.version)
         if pinned:
             available = [k for k, t in lands.items() if t <= clock[0]]
-            v = pin.assigned({0: recorded_version(phase.get(record_key(0)))}, {0: end}, {0: committed}, available)
-            if v is not None:
-                hooks.use(*snapshot(v))
+            assert not pin.assigned({0: recorded_history(phase.get(record_key(0)))}, {0: end}, {0: committed},
+                                    available)
         return cache, hooks, pin
 
-    def commit(cache, hooks, pin, pos, vpa, phase):
-        full = False
+    def commit(cache, hooks, pin, pos, vpa, phase, committed):
         if pinned:  # what the phase agents do at the barrier's first step
             newer = hooks.newer()
-            plan = pin.at_commit(None if newer is None else newer[0].version)
+            pin.version = hooks.version
+            plan = pin.at_commit(None if newer is None else newer[0].version, {0: committed})
             if plan.swap:
                 hooks.use(*newer)
-                full = True
-            for _, v in plan.records.items():
-                phase[record_key(0)] = record_value(v)
-        states = hooks.pop_with(float(clock[0]), 0.0 if full else 100.0)
+            for _, h in plan.records.items():
+                phase[record_key(0)] = record_value(h)
+        states = hooks.pop_with(float(clock[0]), 100.0)
         vpa.update((k, json.dumps(st)) for k, st in states)
         phase.update((k, json.dumps(st)) for k, st in hooks.pop_dirty())
         return min(pos, cache.hold_back().get(0, pos))
@@ -356,6 +355,9 @@ def test_a_restart_across_model_snapshots_decides_the_samples_read_again_as_they
         cache, hooks, pin = start(vpa, phase, len(msgs), None)
         out, pos, committed, inc, killed_at = [], 0, None, 0, []
         while pos < len(msgs):
+            if pinned and (v := pin.version_at(0, pos)) != hooks.version:  # what the samples agent does
+                hooks.use(*snapshot(v))
+                pin.version = v
             m = cache.unlearned(msgs[pos], pos)
             out += [(pos, d.id, inc) for d in worker_round(cache, [m], cfg, _Round(hooks))]
             cache.learned(m, pos, 0, now=float(clock[0]))
@@ -363,7 +365,7 @@ def test_a_restart_across_model_snapshots_decides_the_samples_read_again_as_they
             pos += 1
             clock[0] += 1
             if pos % 10 == 0:
-                committed = commit(cache, hooks, pin, pos, vpa, phase)
+                committed = commit(cache, hooks, pin, pos, vpa, phase, committed)
             if pos in kills:
                 kills.discard(pos)
                 killed_at.append(pos)

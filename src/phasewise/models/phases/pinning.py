@@ -5,19 +5,19 @@ snapshot arrived, in wall time. A worker killed and restarted reads again the sa
 states do not hold, and decided them with whatever snapshot was newest then. :class:`ModelPin` makes
 the swap points part of the committed state instead:
 
-- the detectors swap only at an offset commit (a *checkpoint*): the commit that swaps hands out every
-  container's state that holds a sample not yet stored, so every sample decided with the older model
-  is held by a stored state, and a restarted worker skips it (``StateCache.unlearned``);
-- the version in force after that commit is written with it, one record per samples partition
-  (:data:`RECORD_PREFIX` + partition, in the phase table), delivered before the offsets are committed;
-- a worker given partitions starts on the version recorded for them (:meth:`ModelPin.assigned`), and
-  swaps no further until it has processed every record that was in those partitions when it got them
-  (the *fence*: the killed worker cannot have decided anything past them, and it decided everything up to
-  them with the recorded version).
+- the detectors swap only at an offset commit (a *checkpoint*), and each samples partition's record
+  (:data:`RECORD_PREFIX` + partition, in the phase table, delivered before the offsets are committed)
+  keeps its *history*: from which offset on each version decided its samples, back to the offset last
+  committed (the samples a restart reads again start there or later);
+- a worker given partitions decides each sample it reads again with the version its partition's history
+  names for that offset (:meth:`ModelPin.version_at`; the samples agent steps a round per version), until
+  it has processed every record the partitions held when it got them (the *fence*: the killed worker
+  decided nothing past them); from there it decides with one version, swapped at its commits.
 
-Pure: the streams layer (:mod:`phasewise.streams.agents.phases`) feeds it the assignment, the records,
-the partitions' ends and each processed offset, and asks it at every commit. Narrative: docs/worker.md,
-"Exact recovery across model snapshots".
+No state is written at a swap: the history says which samples each version decided, so the states
+stay written at their own interval. Pure: the streams layer (:mod:`phasewise.streams.agents.phases`)
+feeds it the assignment, the records, the partitions' ends and each processed offset, and asks it at
+every commit. Narrative: docs/worker.md, "Exact recovery across model snapshots".
 """
 
 from __future__ import annotations
@@ -35,82 +35,121 @@ log = logging.getLogger(__name__)
 #: the phase table key of a samples partition's record (no "/": never a container's ``host/container`` key)
 RECORD_PREFIX = "model-in-force@"
 
+#: a partition's history: ``(from_offset, version)``, offsets rising; a version decides from its offset to the next
+History = list[tuple[int, int]]
+
 
 def record_key(partition: int) -> str:
     return f"{RECORD_PREFIX}{int(partition)}"
 
 
-def record_value(version: int) -> bytes:
-    """The record of the model version in force from a checkpoint on (compact JSON, as the states are)."""
-    return json.dumps({"model_version": int(version)}, separators=(",", ":")).encode()
+def record_value(history: History | int) -> bytes:
+    """The record of a partition's *history* (a bare version: in force from offset 0): compact JSON,
+    ``{"model_version": <the last>, "since": [[offset, version], ...]}``."""
+    h = [(0, int(history))] if isinstance(history, int) else [(int(o), int(v)) for o, v in history]
+    return json.dumps({"model_version": h[-1][1], "since": [list(e) for e in h]}, separators=(",", ":")).encode()
 
 
-def recorded_version(raw: Any) -> int | None:
-    """The version a stored record names (None: no record, or one that is not a record of this kind)."""
+def recorded_history(raw: Any) -> History | None:
+    """The history a stored record holds (None: no record, or one that is not a record of this kind). A
+    record with a version only (written before histories) is that version from offset 0."""
     try:
         got = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
         v = got["model_version"]
-    except (ValueError, TypeError, KeyError):
+        since = got.get("since")
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    return v if type(v) is int and v >= 0 else None
+    if type(v) is not int or v < 0:
+        return None
+    if since is None:
+        return [(0, v)]
+    try:
+        h = [(o, w) for o, w in since]
+    except (TypeError, ValueError):
+        return None
+    if not h or any(type(o) is not int or type(w) is not int or o < 0 or w < 0 for o, w in h) or \
+            any(b[0] < a[0] for a, b in zip(h, h[1:])) or h[-1][1] != v:
+        return None
+    return h
+
+
+def recorded_version(raw: Any) -> int | None:
+    """The version a stored record names last (None: no record, or one that is not a record of this kind)."""
+    h = recorded_history(raw)
+    return None if h is None else h[-1][1]
+
+
+def version_in(history: History, offset: int) -> int:
+    """The version *history* names for *offset* (the first entry's before it begins)."""
+    v = history[0][1]
+    for o, w in history:
+        if o > offset:
+            break
+        v = w
+    return v
 
 
 @dataclass
 class CommitPlan:
-    """What one commit does: swap to the newer snapshot (after handing out every unwritten state), and
-    the records to write (partition -> version in force)."""
+    """What one commit does: swap to the newer snapshot, and the records to write (partition -> history)."""
 
     swap: bool = False
-    records: dict[int, int] = field(default_factory=dict)
+    records: dict[int, History] = field(default_factory=dict)
 
 
 class ModelPin:
-    """The model version a worker's detectors are pinned to, its records and its fence (see the module)."""
+    """The model versions a worker's detectors decide with, its records and its fence (see the module)."""
 
     def __init__(self, version: int = 0) -> None:
-        #: the version the detectors decide with
+        #: the version the detectors decide with outside the fence (kept by the caller as it swaps)
         self.version = int(version)
-        #: per assigned samples partition, the version its record names (as written or as found)
-        self.recorded: dict[int, int | None] = {}
-        #: per assigned partition, the end offset when it was assigned (None: no fence, swaps are free)
+        #: per assigned samples partition, its history (as found, then as this worker extends it)
+        self.history: dict[int, History] = {}
+        #: per assigned partition, the end offset when it was assigned (None: no fence)
         self.fence: dict[int, int] | None = None
-        #: per assigned partition, the offset after the last record processed (or committed) since then
+        #: per assigned partition, the offset after the last record processed (or committed)
         self.done: dict[int, int] = {}
-        #: counts for the metrics and the log: pins whose version was not available, partitions whose
-        #: records named different versions
+        #: per assigned partition, the offset its history starts at when it has none (the committed one)
+        self._start: dict[int, int] = {}
+        self._changed: set[int] = set()
+        #: versions a history named that were not available (decided with the version in use instead)
         self.unavailable = 0
-        self.disagreed = 0
+        self._available: set[int] | None = None
 
-    def assigned(self, recorded: Mapping[int, int | None], ends: Mapping[int, int],
-                 committed: Mapping[int, int | None], available: Iterable[int]) -> int | None:
-        """Partitions were assigned: *recorded* the version each one's record names (None: none),
-        *ends* their end offsets now, *committed* their committed offsets (None: none). Returns the version
-        to decide with from here (None: keep the current one): the recorded one, the newest of them where
-        they differ (the others' samples read again are decided with it: not exact for them), if
-        *available* holds it. Swaps wait until every partition has been processed to its end (the fence)."""
-        self.recorded = dict(recorded)
+    def assigned(self, histories: Mapping[int, History | None], ends: Mapping[int, int],
+                 committed: Mapping[int, int | None], available: Iterable[int]) -> set[int]:
+        """Partitions were assigned: *histories* their records' (None: none), *ends* their end offsets now,
+        *committed* their committed offsets (None: none), *available* the versions the caller can decide
+        with. Returns the versions the histories name from the committed offsets on that are not available
+        (their samples read again are decided with the version in use: not exact for them). Until every
+        partition has been processed to its end (the fence), :meth:`version_at` names each sample's version."""
         self.done = {p: int(o) for p, o in committed.items() if o is not None}
-        named = {v for v in recorded.values() if v is not None}
-        # no record: no worker decided these partitions with a recorded version (a first start), nothing to fence
-        self.fence = {p: int(e) for p, e in ends.items()} if named else None
-        if not named:
-            return None
-        want = max(named)
-        if len(named) > 1:
-            self.disagreed += 1
-            log.warning("the assigned partitions were decided with model versions %s: deciding their samples "
-                        "read again with v%d (those of the others may differ from what was published)",
-                        sorted(named), want)
-        if want == self.version:
-            return None
-        if want not in set(available):
+        self._start = {p: int(committed.get(p) or 0) for p in ends}
+        self.history = {p: list(h) for p, h in histories.items() if h}
+        self._changed = set()
+        for p in list(self.history):  # only what a restart reads again matters
+            self._prune(p, self._start.get(p, 0))
+        self.fence = {p: int(e) for p, e in ends.items()} if self.history else None
+        self._available = set(available)
+        needed = {v for h in self.history.values() for _, v in h}
+        missing = needed - self._available
+        if missing:
             self.unavailable += 1
-            log.warning("model v%d, in force when these partitions were last committed, is no longer on the "
-                        "models topic: deciding with v%d (samples read again may be decided differently)",
-                        want, self.version)
-            return None
-        self.version = want
-        return want
+            log.warning("model version(s) %s, in force when these partitions were last committed, are no longer "
+                        "on the models topic: deciding their samples read again with v%d (they may be decided "
+                        "differently)", sorted(missing), self.version)
+        return missing
+
+    def version_at(self, partition: int, offset: int) -> int:
+        """The version to decide a sample of *partition* at *offset* with: inside the fence, its history's
+        (where available); else the version in use."""
+        if self.fence is None:
+            return self.version
+        h = self.history.get(partition)
+        if not h:
+            return self.version
+        v = version_in(h, offset)
+        return v if self._available is None or v in self._available else self.version
 
     def processed(self, partition: int, offset: int) -> None:
         """A record of *partition* at *offset* was processed."""
@@ -118,29 +157,70 @@ class ModelPin:
             self.done[partition] = offset + 1
 
     def fenced(self) -> bool:
-        """Whether swaps still wait (some partition not yet processed to its end at assignment)."""
+        """Whether some partition is not yet processed to its end at assignment. When the fence opens, every
+        partition's history goes on with the version in use (:attr:`version`) from where it was processed."""
         fence = self.fence
         if fence is None:
             return False
         if all(self.done.get(p, 0) >= end for p, end in fence.items()):
             self.fence = None
+            for p in self._start:
+                self._extend(p, self.version)
             return False
         return True
 
-    def at_commit(self, newer: int | None) -> CommitPlan:
-        """The plan of a commit; *newer*: the version of a newer snapshot available (None: none). Swaps
-        when one is and no fence holds; records every assigned partition whose record does not name the
-        version in force from this commit on."""
+    def _extend(self, partition: int, version: int) -> None:
+        """*version* decides *partition*'s samples from the next one processed on."""
+        h = self.history.setdefault(partition, [])
+        if h and h[-1][1] == version:
+            return
+        self._changed.add(partition)
+        if not h:  # a first record: this worker decided everything since the offset it started at
+            h.append((self._start.get(partition, 0), version))
+            return
+        at = max(self.done.get(partition, 0), h[-1][0])
+        if h[-1][0] == at:  # nothing was decided with the last entry's version: it goes
+            h.pop()
+            if h and h[-1][1] == version:
+                return
+        h.append((at, version))
+
+    def _prune(self, partition: int, committed: int) -> None:
+        """Drop the entries no restart can need: those ending at or before the *committed* offset."""
+        h = self.history.get(partition)
+        if not h:
+            return
+        k = 0
+        while k + 1 < len(h) and h[k + 1][0] <= committed:
+            k += 1
+        if k:
+            del h[:k]
+            self._changed.add(partition)
+
+    def at_commit(self, newer: int | None, committed: Mapping[int, int | None] | None = None) -> CommitPlan:
+        """The plan of a commit; *newer*: the version of a newer snapshot available (None: none); *committed*:
+        the partitions' offsets committed so far (a restart reads again from there or later). Swaps when a
+        newer version is available and no fence holds; every assigned partition whose history changed (a
+        first record, a swap, entries no restart needs any more) is recorded."""
         plan = CommitPlan()
-        if newer is not None and newer > self.version and not self.fenced():
-            plan.swap = True
-            self.version = int(newer)
-        for p, v in self.recorded.items():
-            if v != self.version:
-                plan.records[p] = self.version
-        self.recorded.update(plan.records)
+        if not self.fenced():
+            for p in self._start:  # what decided the samples processed so far
+                self._extend(p, self.version)
+            if newer is not None and newer > self.version:
+                plan.swap = True
+                self.version = int(newer)
+                for p in self._start:  # and from the next one on
+                    self._extend(p, self.version)
+        for p, o in (committed or {}).items():
+            if o is not None and p in self.history:
+                self._prune(p, int(o))
+        for p in sorted(self._changed):
+            if p in self.history and p in self._start:
+                plan.records[p] = list(self.history[p])
+        self._changed = set()
         return plan
 
     def clear(self) -> None:
-        """Partitions were revoked: no records, no fence until the next assignment."""
-        self.recorded, self.fence, self.done = {}, None, {}
+        """Partitions were revoked: no histories, no fence until the next assignment."""
+        self.history, self.fence, self.done, self._start, self._changed = {}, None, {}, {}, set()
+        self._available = None

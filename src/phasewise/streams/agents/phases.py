@@ -20,7 +20,7 @@ from phasewise.kit.settings import Settings
 from phasewise.kit.topics import LEARN_WINDOWS, MODELS, PHASES
 from phasewise.models.phases.detector import PhaseModel
 from phasewise.models.phases.learner import Learner
-from phasewise.models.phases.pinning import ModelPin, record_key, record_value, recorded_version
+from phasewise.models.phases.pinning import ModelPin, record_key, record_value, recorded_history
 from phasewise.models.phases.snapshots import model_name
 from phasewise.models.phases.updater import PhaseHooks, PhaseOutput
 from phasewise.models.vpa.state import StateCache
@@ -64,11 +64,14 @@ class PhaseAgents:
         self.outputs, self.metrics, self.name_key = outputs, metrics, name_key
         #: version 0: the model a worker starts with where no snapshot exists (the shipped pretrained one, or cold)
         self.initial = initial
-        #: the version the detectors decide with, swapped only at commits and recorded with them
+        self._initial: tuple[ModelSnapshot, PhaseModel] | None = None
+        #: the versions the detectors decide with: per sample read again after an assignment, then one,
+        #: swapped only at commits; each partition's history recorded with them
         self.pin = ModelPin(hooks.version)
         hooks.swap_on_step = False
-        #: this commit hands out every state holding an unwritten sample (it swaps the model)
-        self.full = False
+        #: where the samples partitions' offsets were committed (the barrier's consumer: set by the samples
+        #: agent), for dropping history entries no restart needs
+        self.committed: Callable[[], dict[int, int | None]] = dict
         self._pending: list[PhaseOutput] = []
         #: the last round's phase decisions of containers decided with the VPA (scored, never published)
         self.shadow: list[Decision] = []
@@ -101,33 +104,43 @@ class PhaseAgents:
 
     def assigned(self, ends: dict[int, int], committed: dict[int, int | None]) -> None:
         """Samples partitions were assigned (*ends*: their end offsets now, *committed*: their committed
-        offsets): decide with the model version their records name, and swap no further until they are
-        processed to those ends (:class:`~phasewise.models.phases.pinning.ModelPin`)."""
-        recorded = {p: recorded_version(self.writes.get(record_key(p))) for p in ends}
+        offsets): decide each sample read again with the model version its partition's history names, and
+        swap no further until they are processed to those ends (:class:`~phasewise.models.phases.pinning.
+        ModelPin`)."""
+        histories = {p: recorded_history(self.writes.get(record_key(p))) for p in ends}
         available = self.follower.versions() + ([0] if self.initial is not None else [])
-        pin = self.pin
-        missed, differed = pin.unavailable, pin.disagreed
-        v = pin.assigned(recorded, ends, committed, available)
-        if pin.unavailable > missed:
+        missing = self.pin.assigned(histories, ends, committed, available)
+        if missing:
             self.metrics.model_pins.labels(outcome="unavailable").inc()
-        if pin.disagreed > differed:
-            self.metrics.model_pins.labels(outcome="disagreed").inc()
-        if any(r is not None for r in recorded.values()) and pin.unavailable == missed:
+        elif any(h is not None for h in histories.values()):
             self.metrics.model_pins.labels(outcome="pinned").inc()
-        if v is not None:
-            got = self._snapshot(v)
-            if got is None:  # gone between the two calls (the follower keeps the RECENT newest)
-                self.pin.version = self.hooks.version
-            else:
-                self.hooks.use(*got)
-        log.info("samples partitions %s assigned (models recorded: %s): deciding with model v%d%s",
-                 sorted(ends), {p: recorded[p] for p in sorted(recorded)}, self.hooks.version,
-                 ", no newer one until they are read to offsets " + str(self.pin.fence) if self.pin.fence else "")
+        log.info("samples partitions %s assigned (models recorded: %s): %s", sorted(ends),
+                 {p: histories[p] for p in sorted(histories)},
+                 f"deciding what they held with the recorded versions, up to offsets {self.pin.fence}"
+                 if self.pin.fence else f"deciding with model v{self.hooks.version}")
+
+    def version_at(self, partition: int, offset: int) -> int:
+        """The version to decide the sample of *partition* at *offset* with (see :meth:`ModelPin.version_at`)."""
+        return self.pin.version_at(partition, offset)
+
+    def use_version(self, version: int) -> None:
+        """Decide the next round with *version* (a version the pin named: one the follower keeps, or 0)."""
+        if version == self.hooks.version:
+            return
+        got = self._snapshot(version)
+        if got is None:  # gone between the pin's check and now (the follower keeps the RECENT newest)
+            log.warning("model v%d is no longer kept: deciding with v%d", version, self.hooks.version)
+            return
+        self.hooks.use(*got)
+        self.pin.version = self.hooks.version
         self.metrics.model_version.set(self.hooks.version)
 
     def _snapshot(self, version: int) -> tuple[ModelSnapshot, PhaseModel] | None:
         if version == 0 and self.initial is not None:
-            return ModelSnapshot(name=self.hooks.name, ts=0.0, version=0, payload_b64=""), self.initial()
+            if self._initial is None:  # built once: rounds read again may take it up many times
+                self._initial = (ModelSnapshot(name=self.hooks.name, ts=0.0, version=0, payload_b64=""),
+                                 self.initial())
+            return self._initial
         return self.follower.version(version)
 
     def processed(self, partition: int, offset: int) -> None:
@@ -135,17 +148,16 @@ class PhaseAgents:
 
     def at_commit(self) -> None:
         """Before every commit (the barrier's first step): swap to a newer snapshot if one is available and no
-        fence holds (this commit then hands out every unwritten state: :attr:`full`), and record the version
-        in force for each assigned partition whose record names another."""
+        fence holds, and record each assigned partition whose history changed."""
         newer = self.hooks.newer()
-        plan = self.pin.at_commit(None if newer is None else newer[0].version)
-        self.full = plan.swap
+        self.pin.version = self.hooks.version
+        plan = self.pin.at_commit(None if newer is None else newer[0].version, self.committed())
         if plan.swap:
             assert newer is not None
             self.hooks.use(*newer)
             self.metrics.model_version.set(self.hooks.version)
-        for p, v in plan.records.items():
-            self.writes.put(record_key(p), record_value(v), p)
+        for p, h in plan.records.items():
+            self.writes.put(record_key(p), record_value(h), p)
 
     def clear(self) -> None:
         """Forget every container (after a rebalance the table is the truth)."""

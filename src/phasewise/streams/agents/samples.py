@@ -173,39 +173,48 @@ class Activity:
         return line
 
 
-def rounds(items: list[tuple[Any, HostSamples]]) -> list[list[tuple[Any, HostSamples]]]:
+def rounds(items: list[tuple[Any, HostSamples]], key: Callable[[Any], Any] | None = None
+           ) -> list[list[tuple[Any, HostSamples]]]:
     """Consecutive runs of *items* (``(event, message)``) whose containers are distinct, in order.
 
     A new run starts when a host repeats (its next tick must see the state the
-    previous one left); a host name holding a "/" gets a run of its own (its
-    ``host/container`` keys could collide with another host's).
+    previous one left), and where *key* (of an item) changes; a host name
+    holding a "/" gets a run of its own (its ``host/container`` keys could
+    collide with another host's).
     """
     out: list[list[tuple[Any, HostSamples]]] = []
     hosts: set[str] = set()
     alone = False  # the current run holds a host with a "/"
+    last = None
     for item in items:
         host = item[1].host
         slash = "/" in host
-        if not out or alone or slash or host in hosts:
+        k = None if key is None else key(item)
+        if not out or alone or slash or host in hosts or k != last:
             out.append([])
             hosts = set()
         out[-1].append(item)
         hosts.add(host)
-        alone = slash
+        alone, last = slash, k
     return out
 
 
 def run_rounds(items: list[tuple[Any, HostSamples]], step: Callable[[list[HostSamples]], list[Decision]],
-               emit: Callable[[list[Decision]], None]) -> list[tuple[Any, Exception]]:
+               emit: Callable[[list[Decision]], None], version: Callable[[Any], int] | None = None,
+               use: Callable[[int], None] | None = None) -> list[tuple[Any, Exception]]:
     """Step each of :func:`rounds` of *items* and *emit* its decisions; returns ``(event, error)`` of failures.
 
-    A round whose step raises is stepped again message by message, so only
-    the message(s) that fail are returned (to be dead-lettered) and the
-    others are processed. A container the failed round had already learned
-    learns that sample once more (a repeated histogram sample; harmless).
+    With *version* (of an item) and *use*, rounds are also split where the version changes, and each is
+    stepped after ``use(its version)`` (samples read again after an assignment: the model versions that
+    decided them, :mod:`phasewise.models.phases.pinning`). A round whose step raises is stepped again
+    message by message, so only the message(s) that fail are returned (to be dead-lettered) and the
+    others are processed. A container the failed round had already learned learns that sample once more
+    (a repeated histogram sample; harmless).
     """
     failed: list[tuple[Any, Exception]] = []
-    for rnd in rounds(items):
+    for rnd in rounds(items, version):
+        if version is not None and use is not None:
+            use(version(rnd[0]))
         try:
             emit(step([hs for _, hs in rnd]))
             continue
@@ -261,6 +270,7 @@ class SamplesAgent:
 
             self.phase = register_phase(app, settings, vpa_cache=cache, partitions=partitions, metrics=metrics,
                                         dead_letter=dead_letter, outputs=outputs, barrier=barrier)
+            self.phase.committed = self.committed_offsets
         # exact recovery: no sample offset is committed before the state that learned it is stored
         hold_commits(app, self.topics.samples.get_topic_name(), cache.hold_back)
         self.keyring = keyring = keyring_of(settings)  # signs the decisions (signing_key_file; None: unsigned)
@@ -479,7 +489,13 @@ class SamplesAgent:
                 metrics.profiles.labels(way="read").inc(len(read))
         got = await self.decoded(events)
         t0 = time.perf_counter()
-        failed = run_rounds(got, self.process_round, self.emit)
+        phase = self.phase
+        if phase is not None and phase.pin.fence is not None:  # samples read again: each with its version
+            failed = run_rounds(got, self.process_round, self.emit,
+                                lambda item: phase.version_at(item[0].message.partition, item[0].message.offset),
+                                phase.use_version)
+        else:
+            failed = run_rounds(got, self.process_round, self.emit)
         now = time.monotonic()
         for event, hs in got:  # before any await: a commit takes state and offsets together
             cache.learned(hs, event.message.offset, event.message.partition, now)
@@ -502,8 +518,8 @@ class SamplesAgent:
                     metrics.safety_bounded.labels(rule=rule).inc(now - before)
             self.guard_seen[:] = totals
         self.occupancy.settle(cache.__contains__)  # admitted but not taken (a message that failed): not held
-        if self.phase is not None and self.phase.pin.fence is not None:  # how far each partition is processed,
-            for event in events:  # while the model pin's fence holds
+        if self.phase is not None:  # how far each partition is processed (the model pin's fence and history)
+            for event in events:
                 self.phase.processed(event.message.partition, event.message.offset)
         metrics.container_samples.inc(samples)
         metrics.process_seconds.inc(time.perf_counter() - t0)
@@ -513,11 +529,19 @@ class SamplesAgent:
 
     def take_states(self, interval: float) -> list[tuple[str, dict]]:
         """The VPA states due at this commit (the barrier takes them before the phase table's): with the phase
-        machinery, a container's VPA and phase states are written together (one source offset for both), and
-        a commit that swaps the detectors' model hands out every state holding an unwritten sample."""
+        machinery, a container's VPA and phase states are written together (one source offset for both)."""
         if self.phase is None:
             return self.cache.pop_dirty(time.monotonic(), interval)
-        return self.phase.hooks.pop_with(time.monotonic(), 0.0 if self.phase.full else interval)
+        return self.phase.hooks.pop_with(time.monotonic(), interval)
+
+    def committed_offsets(self) -> dict[int, int | None]:
+        """The samples partitions' committed offsets, by partition (as the consumer last committed them)."""
+        name = self.topics.samples.get_topic_name()
+        try:
+            committed = dict(getattr(self.app.consumer, "_committed_offset", {}) or {})
+        except Exception:  # noqa: BLE001 - no consumer (yet): nothing is dropped from the histories
+            return {}
+        return {tp.partition: o for tp, o in committed.items() if tp.topic == name}
 
     async def pin_phase(self) -> None:
         """The first batch after an assignment: the phase detector takes the model version recorded for its
