@@ -246,6 +246,14 @@ def _model_arg(p: argparse.ArgumentParser) -> None:
                         "ai4dl")
 
 
+def _path_and_split(p: argparse.ArgumentParser) -> None:
+    """The corpus folder and the split scored, each execution after the other train runs of its kind."""
+    p.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
+    p.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                   help="the executions scored (train: each after the other train runs of its kind; default: "
+                        "heldout)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="corpus_command", metavar="COMMAND", required=True)
     r = sub.add_parser("record", help="run and record executions one at a time (root: a cgroup each)",
@@ -276,10 +284,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                     "(same signature), once per horizon (0: off): the limits in force scored on the "
                                     "same steps, beside VPA and the window family, and the transition book scored "
                                     "as a predictor (docs/phases.md, \"Anticipated transitions\").")
-    an.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
-    an.add_argument("--split", choices=("heldout", "train"), default="heldout",
-                    help="the executions scored (train: each after the other train runs of its kind; default: "
-                         "heldout)")
+    _path_and_split(an)
     an.add_argument("--horizons", default=None, metavar="S,S,...",
                     help="horizons scored, seconds (default: 0, 5, 10, 20; 0 is anticipation off)")
     _model_arg(an)
@@ -301,10 +306,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                     "signature); its limits scored on the steps the prior limited, beside VPA "
                                     "without the safety rules and the window family on the same steps "
                                     "(docs/priors.md).")
-    pr.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
-    pr.add_argument("--split", choices=("heldout", "train"), default="heldout",
-                    help="the executions scored (train: each after the other train runs of its kind; default: "
-                         "heldout)")
+    _path_and_split(pr)
     pr.add_argument("--margins", default=None, metavar="M,M,...",
                     help="prior margins scored (default: 0.05, the setting's default, then 0, 0.1, 0.2)")
     pr.add_argument("--min-runs", type=int, default=3, help="earlier runs a prior needs (default 3)")
@@ -318,10 +320,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                     "chosen knowing each block's usage, at the target fulfilment, and the slack it "
                                     "cuts against the reactive frontier (docs/results.md, \"What any policy could "
                                     "reach\").")
-    bo.add_argument("path", nargs="?", help="the corpus folder (default: the corpus shipped with phasewise)")
-    bo.add_argument("--split", choices=("heldout", "train"), default="heldout",
-                    help="the executions scored (train: each after the other train runs of its kind; default: "
-                         "heldout)")
+    _path_and_split(bo)
     bo.add_argument("--lengths", default=None, metavar="N,N,...",
                     help="fixed block lengths, in steps (default: 60, 30, 10, 5, 2)")
     bo.add_argument("--fulfilment", type=float, default=0.97,
