@@ -163,7 +163,7 @@ def vpa_decision(host: str, ts: float, sample: ContainerSample, previous: tuple[
 
 
 def phase_decisions(out: FleetStep, hosts: Sequence[str], names: Sequence[str], ts: Sequence[float], *,
-                    quantile: float, margin: float, safety: Any = None,
+                    quantile: float, margin: float | Mapping[str, float], safety: Any = None,
                     priors: Mapping[int, Any] | None = None) -> list[Decision]:
     """``Decision`` (policy ``phase``) for each row of *out* with a limit to hand out (*hosts*, *names*,
     *ts*: per row); *safety*: the safety rules' outcome over the same rows (a

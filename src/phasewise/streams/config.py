@@ -114,6 +114,7 @@ def detector_config(settings: Settings) -> DetectorConfig:
         learn_every=phase.learn_every, learn_batch=phase.learn_batch, statistics=phase.statistics,
         state_write_interval_s=settings.worker.state_write_interval_s,
         ratio_cap=PhaseSettings.cap(phase.ratio_cap), default_policy=settings.worker.policy,
+        margins={"cpu": phase.cpu_margin, "mem": phase.mem_margin},
         anticipate=TransitionConfig(horizon_s=phase.anticipate_horizon_s,
                                     min_probability=phase.anticipate_min_probability,
                                     min_exits=phase.anticipate_min_exits,

@@ -77,7 +77,8 @@ def test_hooks_emit_phase_changes_and_phase_decisions_with_vpa_as_the_fallback()
     assert fb and ph
     d = ph[-1]
     assert d.details["phase"] is not None and d.details["stats"]["cpu"]["count"] >= 10
-    assert d.details["stats"]["cpu"]["p95"] * 1.1 <= d.cpu_limit_cores + 1e-3
+    assert d.details["margin"] == {"cpu": 0.05, "mem": 0.1}  # the settings' margins, each resource's own
+    assert d.details["stats"]["cpu"]["p95"] * 1.05 <= d.cpu_limit_cores + 1e-3
     assert d.details["statistics"] == "relative" and d.details["stats"]["cpu"]["level_before"] > 0
     assert batches > 0
     for d in decisions:  # every decision is a valid record

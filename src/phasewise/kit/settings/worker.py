@@ -269,6 +269,13 @@ class PhaseSettings(Group):
     ratio_cap: float = setting(1.5, check=at_least(0),
                                help="--policy phase: cap on a phase's quantile of usage/level "
                                     "(0 = no cap)")
+    #: a phase limit is the phase's p95 (of usage/level, times the level) x (1 + margin), per resource
+    #: (docs/results.md, "Phase margins": 0.05 for CPU was chosen on the corpus's train split over 0.1,
+    #: the margin before; memory overruns are OOM kills, its margin was left at 0.1)
+    cpu_margin: float = setting(0.05, check=in_range(0, 1),
+                                help="--policy phase: CPU phase limits are the phase quantile x (1 + this)")
+    mem_margin: float = setting(0.1, check=in_range(0, 1),
+                                help="--policy phase: memory phase limits are the phase quantile x (1 + this)")
     #: anticipated transitions (docs/phases.md): a container whose workload has a signature
     #: (phasewise.io/signature) gets the limit of the phase its signature's earlier phase exits say comes
     #: next, this many seconds ahead of it; 0 = off (the default: on the corpus's executions it cost more

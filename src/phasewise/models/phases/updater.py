@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,8 @@ class DetectorConfig:
     #: a young signed run (younger than this, seconds) whose signature has a prior in the VPA cache's
     #: book is limited from the prior, as the VPA's containers are (0: no priors; docs/priors.md)
     prior_until_s: float
+    #: per limited resource, phase limit = phase quantile x (1 + margin) (absent: the fleet's default, 0.1)
+    margins: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -146,7 +148,7 @@ class PhaseHooks:
         return PhaseFleet(model, floors={"cpu": c.min_cpu_cores, "mem": float(c.min_mem_bytes)},
                           learn_every=c.learn_every, frozen=True, statistics=c.statistics,
                           state_write_interval_s=c.state_write_interval_s, loader=self.loader, limited=LIMITED,
-                          ratio_cap=c.ratio_cap, transitions=self.transitions)
+                          ratio_cap=c.ratio_cap, transitions=self.transitions, resource_margins=dict(c.margins))
 
     def newer(self) -> tuple[ModelSnapshot, PhaseModel] | None:
         """The follower's newest snapshot if it is newer than the one in use (None: none)."""
@@ -282,7 +284,9 @@ class PhaseHooks:
                 out.decide[:] = False
             else:
                 out.decide[~phase_rows] = False
-        decisions = phase_decisions(out, hosts, names, ts, quantile=self.fleet.quantile, margin=self.fleet.margin,
+        fleet = self.fleet
+        margins = {r: fleet.resource_margins.get(r, fleet.margin) for r in LIMITED}  # what each limit applied
+        decisions = phase_decisions(out, hosts, names, ts, quantile=fleet.quantile, margin=margins,
                                     safety=safety, priors=priors)
         shadow: list[Decision] = []
         if phase_rows is False:
