@@ -75,3 +75,35 @@ def test_a_revocation_forgets_the_histories_and_the_fence():
     assert pin.fenced()
     pin.clear()
     assert not pin.fenced() and pin.at_commit(None).records == {} and pin.version_at(0, 5) == 2
+
+
+def test_every_sample_a_restart_could_read_again_is_named_with_the_version_that_decided_it():
+    """Random runs of two partitions with commits and swaps: after each commit, the records name, for every
+    offset at or past the one committed before it, the version that decided that sample, and last the
+    version in force."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        pin = ModelPin(0)
+        first = rng.randrange(0, 5)
+        pin.assigned({0: None, 1: None}, {0: first, 1: 0}, {0: first, 1: None}, [])
+        used: dict[int, dict[int, int]] = {0: {}, 1: {}}
+        off, v, committed, recs = {0: first, 1: 0}, 0, {0: first, 1: None}, {}
+        for _ in range(60):
+            p = rng.randrange(2)
+            used[p][off[p]] = v
+            pin.processed(p, off[p])
+            off[p] += 1
+            if rng.random() < 0.2:  # a commit, with a newer version half the time
+                pin.version = v
+                plan = pin.at_commit(v + 1 if rng.random() < 0.5 else None, committed)
+                v = pin.version
+                recs.update({q: recorded_history(record_value(h)) for q, h in plan.records.items()})
+                for q in (0, 1):
+                    h = recs.get(q)
+                    read_again = {o: w for o, w in used[q].items() if o >= (committed[q] or 0)}
+                    assert not read_again or h is not None
+                    assert all(version_in(h, o) == w for o, w in read_again.items()), (q, h, read_again)
+                    assert h is None or h[-1][1] == v
+                committed = {q: rng.randint(committed[q] or 0, off[q]) if off[q] else committed[q] for q in (0, 1)}
