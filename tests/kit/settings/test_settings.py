@@ -54,6 +54,8 @@ WHERE = {
     "phase_anticipate_min_probability": "phase.anticipate_min_probability",
     "phase_anticipate_min_exits": "phase.anticipate_min_exits",
     "phase_ratio_cap": "phase.ratio_cap",
+    "phase_cpu_margin": "phase.cpu_margin",
+    "phase_mem_margin": "phase.mem_margin",
     "phase_snapshot_max_bytes": "phase.snapshot_max_bytes",
     "phase_snapshot_max_unpacked_bytes": "phase.snapshot_max_unpacked_bytes",
     "phase_snapshot_max_version_step": "phase.snapshot_max_version_step",

@@ -67,7 +67,7 @@ class DetectorConfig:
     #: book is limited from the prior, as the VPA's containers are (0: no priors; docs/priors.md)
     prior_until_s: float
     #: per limited resource, phase limit = phase quantile x (1 + margin) (absent: the fleet's default, 0.1)
-    margins: Mapping[str, float] = field(default_factory=dict)
+    margins: Mapping[str, float]
 
 
 @dataclass
