@@ -83,13 +83,13 @@ def test_a_restart_decides_with_the_recorded_versions_and_a_commit_past_the_fenc
 
 
 def test_the_starting_model_is_version_0_and_a_version_gone_from_the_topic_is_counted():
-    writes = Writes({record_key(0): record_value(0)})
+    writes = Writes({record_key(0): record_value([(0, 0)])})
     h, hooks, metrics = agents({4: model(4)}, 4, writes)
     h.assigned({0: 3}, {0: 0})
     assert h.version_at(0, 1) == 0 and count(metrics, "pinned") == 1
     h.use_version(0)
     assert hooks.version == 0  # the starting model, rebuilt from the settings
-    writes = Writes({record_key(0): record_value(2)})
+    writes = Writes({record_key(0): record_value([(0, 2)])})
     h, hooks, metrics = agents({4: model(4)}, 4, writes)
     h.assigned({0: 3}, {0: 0})
     assert h.version_at(0, 1) == 4 and count(metrics, "unavailable") == 1 and count(metrics, "pinned") == 0

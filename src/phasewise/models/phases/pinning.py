@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RECORD_PREFIX", "CommitPlan", "ModelPin", "record_key", "record_value", "recorded_version"]
+__all__ = ["RECORD_PREFIX", "CommitPlan", "History", "ModelPin", "record_key", "record_value", "recorded_history",
+           "version_in"]
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,11 @@ def record_key(partition: int) -> str:
     return f"{RECORD_PREFIX}{int(partition)}"
 
 
-def record_value(history: History | int) -> bytes:
-    """The record of a partition's *history* (a bare version: in force from offset 0): compact JSON,
-    ``{"model_version": <the last>, "since": [[offset, version], ...]}``."""
-    h = [(0, int(history))] if isinstance(history, int) else [(int(o), int(v)) for o, v in history]
-    return json.dumps({"model_version": h[-1][1], "since": [list(e) for e in h]}, separators=(",", ":")).encode()
+def record_value(history: History) -> bytes:
+    """The record of a partition's *history*: compact JSON, ``{"model_version": <the last>, "since": [[offset,
+    version], ...]}``."""
+    return json.dumps({"model_version": history[-1][1], "since": [[int(o), int(v)] for o, v in history]},
+                      separators=(",", ":")).encode()
 
 
 def recorded_history(raw: Any) -> History | None:
@@ -71,12 +72,6 @@ def recorded_history(raw: Any) -> History | None:
             any(b[0] < a[0] for a, b in zip(h, h[1:])) or h[-1][1] != v:
         return None
     return h
-
-
-def recorded_version(raw: Any) -> int | None:
-    """The version a stored record names last (None: no record, or one that is not a record of this kind)."""
-    h = recorded_history(raw)
-    return None if h is None else h[-1][1]
 
 
 def version_in(history: History, offset: int) -> int:
@@ -114,7 +109,7 @@ class ModelPin:
         self._changed: set[int] = set()
         #: versions a history named that were not available (decided with the version in use instead)
         self.unavailable = 0
-        self._available: set[int] | None = None
+        self._available: set[int] = set()
 
     def assigned(self, histories: Mapping[int, History | None], ends: Mapping[int, int],
                  committed: Mapping[int, int | None], available: Iterable[int]) -> set[int]:
@@ -149,7 +144,7 @@ class ModelPin:
         if not h:
             return self.version
         v = version_in(h, offset)
-        return v if self._available is None or v in self._available else self.version
+        return v if v in self._available else self.version
 
     def processed(self, partition: int, offset: int) -> None:
         """A record of *partition* at *offset* was processed."""
@@ -157,17 +152,12 @@ class ModelPin:
             self.done[partition] = offset + 1
 
     def fenced(self) -> bool:
-        """Whether some partition is not yet processed to its end at assignment. When the fence opens, every
-        partition's history goes on with the version in use (:attr:`version`) from where it was processed."""
+        """Whether some partition is not yet processed to its end at assignment (the next commit, once it is,
+        goes on with the version in use)."""
         fence = self.fence
-        if fence is None:
-            return False
-        if all(self.done.get(p, 0) >= end for p, end in fence.items()):
-            self.fence = None
-            for p in self._start:
-                self._extend(p, self.version)
-            return False
-        return True
+        if fence is not None and all(self.done.get(p, 0) >= end for p, end in fence.items()):
+            self.fence = fence = None
+        return fence is not None
 
     def _extend(self, partition: int, version: int) -> None:
         """*version* decides *partition*'s samples from the next one processed on."""
@@ -223,4 +213,4 @@ class ModelPin:
     def clear(self) -> None:
         """Partitions were revoked: no histories, no fence until the next assignment."""
         self.history, self.fence, self.done, self._start, self._changed = {}, None, {}, {}, set()
-        self._available = None
+        self._available = set()

@@ -128,6 +128,8 @@ class PhaseHooks:
         #: young signed runs start from their signature's prior (the VPA cache's book, shared with the VPA)
         self._priors_on = config.prior_until_s > 0 and vpa_cache.priors is not None and vpa_cache.guard is not None
         self.fleet = self._fleet(model)
+        #: what each limited resource's phase limits apply (every fleet of these hooks is built from one config)
+        self._margins = {r: self.fleet.resource_margins.get(r, self.fleet.margin) for r in LIMITED}
         self._fields = [_FIELD[f] for f in feats]
         self._getter = operator.attrgetter(*self._fields)  # a frame's fields of a sample (None -> NaN in the array)
         self._cpu_mem_only = feats == LIMITED
@@ -284,9 +286,7 @@ class PhaseHooks:
                 out.decide[:] = False
             else:
                 out.decide[~phase_rows] = False
-        fleet = self.fleet
-        margins = {r: fleet.resource_margins.get(r, fleet.margin) for r in LIMITED}  # what each limit applied
-        decisions = phase_decisions(out, hosts, names, ts, quantile=fleet.quantile, margin=margins,
+        decisions = phase_decisions(out, hosts, names, ts, quantile=self.fleet.quantile, margin=self._margins,
                                     safety=safety, priors=priors)
         shadow: list[Decision] = []
         if phase_rows is False:

@@ -281,6 +281,6 @@ def register_phase(app: Any, settings: Settings, *, vpa_cache: StateCache, parti
 
     h = PhaseAgents(hooks, learner, follower, table, writes, outputs, metrics, name_key,
                     initial=lambda: initial_model(settings)[0])
-    barrier.before.append(h.at_commit)  # before the tables' states are taken: a swap takes them all
+    barrier.before.append(h.at_commit)  # before the tables' writes are taken: the records go with them
     barrier.before.append(h.send_learn_batch)  # a partial batch goes out with every commit
     return h

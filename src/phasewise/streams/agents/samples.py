@@ -555,9 +555,9 @@ class SamplesAgent:
             log.warning("could not read the samples partitions' end offsets (%s: %s): the phase detector's "
                         "model version is pinned at a later batch", type(e).__name__, e)
             return
-        committed = getattr(consumer, "_committed_offset", {})
+        committed = self.committed_offsets()
         self.phase.assigned({tp.partition: int(ends.get(tp, 0) or 0) for tp in tps},
-                            {tp.partition: committed.get(tp) for tp in tps})
+                            {tp.partition: committed.get(tp.partition) for tp in tps})
         self.pin_due = False
 
     def forget(self) -> None:
