@@ -20,7 +20,8 @@ def test_records_are_read_back_and_anything_else_is_no_record():
     for raw in (None, b"", b"{", b"[]", b'{"model_version":-1}', b'{"model_version":1.5}', b'{"v":3}',
                 b'{"model_version":true}', b'{"model_version":7,"since":[[0,3]]}',  # its last is not 7
                 b'{"model_version":7,"since":[[40,3],[0,7]]}', b'{"model_version":7,"since":[]}',
-                b'{"model_version":7,"since":[[0]]}', b'{"model_version":7,"since":"x"}'):
+                b'{"model_version":7,"since":[[0]]}', b'{"model_version":7,"since":"x"}',
+                b"[" * 100_000 + b"]" * 100_000, bytes(range(256)) * 2400):  # deep, and 600 kB of binary
         assert recorded_history(raw) is None, raw
     assert "/" not in record_key(3)  # never a container's host/container key
     assert [version_in([(10, 1), (20, 2)], o) for o in (0, 10, 19, 20, 99)] == [1, 1, 1, 2, 2]

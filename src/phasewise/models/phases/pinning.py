@@ -58,8 +58,8 @@ def recorded_history(raw: Any) -> History | None:
         got = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
         v = got["model_version"]
         since = got.get("since")
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, MemoryError):
+        return None  # (a 100,000-deep array, binary, not an object: no record)
     if type(v) is not int or v < 0:
         return None
     if since is None:
